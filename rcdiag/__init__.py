@@ -1,0 +1,59 @@
+"""rcdiag: offline diagnostics for training-inference mismatch in LLM RL.
+
+It runs verl's rollout correction (IS weights, RS masks and every ``rollout_corr/*`` metric, with verl v0.9.0's
+names and semantics) over saved dumps of per-token log-probs, streaming, on CPU or GPU.
+
+    >>> import rcdiag
+    >>> config = rcdiag.CorrectionConfig(rollout_rs="token_k1", rollout_rs_threshold="0.5_2.0")
+    >>> [option.name for option in config.resolve().rs_options]
+    ['token_k1']
+
+Public names are imported lazily, so ``rcdiag --help`` does not pay for numpy and pyarrow.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "analyze": "rcdiag.api",
+    "analyze_chunks": "rcdiag.api",
+    "PRESETS": "rcdiag.config",
+    "CorrectionConfig": "rcdiag.config",
+    "preset": "rcdiag.config",
+    "ConfigError": "rcdiag.errors",
+    "ExitCode": "rcdiag.errors",
+    "InputError": "rcdiag.errors",
+    "RcdiagError": "rcdiag.errors",
+    "Chunk": "rcdiag.io",
+    "ColumnMap": "rcdiag.io",
+    "Finding": "rcdiag.report",
+    "InputFacts": "rcdiag.report",
+    "Report": "rcdiag.report",
+    "StepReport": "rcdiag.report",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+if TYPE_CHECKING:
+    from rcdiag.api import analyze, analyze_chunks
+    from rcdiag.config import PRESETS, CorrectionConfig, preset
+    from rcdiag.errors import ConfigError, ExitCode, InputError, RcdiagError
+    from rcdiag.io import Chunk, ColumnMap
+    from rcdiag.report import Finding, InputFacts, Report, StepReport
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rcdiag' has no attribute '{name}'")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,310 @@
+"""Array backends: the few primitives the metric formulas need, for numpy (CPU) and torch (GPU).
+
+The formulas in ``rcdiag.metrics`` are written once against this interface. Elementwise maths runs in the
+arrays' own dtype (float32, as in verl) and every reduction accumulates in float64 and returns a Python
+number. Ragged data is reduced per sequence with segment reductions over the flat token array: numpy's
+``reduceat`` on CPU (0.2-0.4 ns/token, see docs/performance.md) and ``torch.segment_reduce`` on GPU.
+
+Segments may be empty (a row with no valid token): reductions are taken over the non-empty segments only and
+scattered back, so an empty row gets 0 for sums and the given fill value for max/min.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+Array = Any
+"""A 1-D numpy array or torch tensor."""
+
+
+class Segments(ABC):
+    """Row structure of one block: ``lengths[i]`` consecutive tokens belong to row ``i``."""
+
+    n_rows: int
+    n_tokens: int
+
+    @abstractmethod
+    def sum(self, x: Array) -> Array:
+        """Per-row float64 sums (0 for empty rows)."""
+
+    @abstractmethod
+    def max(self, x: Array, empty: float) -> Array:
+        """Per-row maxima in ``x``'s dtype (``empty`` for empty rows)."""
+
+    @abstractmethod
+    def min(self, x: Array, empty: float) -> Array:
+        """Per-row minima in ``x``'s dtype (``empty`` for empty rows)."""
+
+    def count(self, cond: Array) -> Array:
+        """Per-row number of true entries, as float64."""
+        return self.sum(cond)
+
+
+class Backend(ABC):
+    """Elementwise functions plus reductions to Python scalars."""
+
+    name: str
+
+    @abstractmethod
+    def asarray(self, values: np.ndarray) -> Array:
+        """Move a host numpy array to this backend (no copy on CPU)."""
+
+    @abstractmethod
+    def to_numpy(self, x: Array) -> np.ndarray:
+        """Bring an array back to host memory."""
+
+    @abstractmethod
+    def segments(self, lengths: np.ndarray) -> Segments:
+        """Segment structure for per-row reductions (``lengths`` is int64 on the host)."""
+
+    # elementwise -------------------------------------------------------------------------------------------
+    @abstractmethod
+    def exp(self, x: Array) -> Array: ...
+
+    @abstractmethod
+    def abs(self, x: Array) -> Array: ...
+
+    @abstractmethod
+    def clip(self, x: Array, lo: float | None, hi: float | None) -> Array: ...
+
+    @abstractmethod
+    def where(self, cond: Array, a: Array | float, b: Array | float) -> Array: ...
+
+    @abstractmethod
+    def to_float32(self, x: Array) -> Array: ...
+
+    @abstractmethod
+    def to_float64(self, x: Array) -> Array: ...
+
+    # reductions to Python scalars ----------------------------------------------------------------------------
+    @abstractmethod
+    def sum(self, x: Array) -> float:
+        """Sum accumulated in float64."""
+
+    @abstractmethod
+    def count(self, cond: Array) -> int:
+        """Number of true entries."""
+
+    @abstractmethod
+    def max(self, x: Array) -> float:
+        """Maximum (NaN-propagating, like torch); ``-inf`` for an empty array."""
+
+    @abstractmethod
+    def min(self, x: Array) -> float:
+        """Minimum (NaN-propagating, like torch); ``+inf`` for an empty array."""
+
+    @abstractmethod
+    def dot(self, a: Array, b: Array) -> float:
+        """``sum(a * b)`` with the products taken and summed in float64 (a square is then exact)."""
+
+
+# ------------------------------------------------------------------------------------------------------ numpy
+
+
+class _NumpySegments(Segments):
+    def __init__(self, lengths: np.ndarray) -> None:
+        self.lengths = lengths
+        self.n_rows = int(lengths.shape[0])
+        self.n_tokens = int(lengths.sum())
+        self.nonempty = lengths > 0
+        self.all_nonempty = bool(self.nonempty.all())
+        starts = np.zeros(self.n_rows, dtype=np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
+        self.starts = starts if self.all_nonempty else starts[self.nonempty]
+
+    def _scatter(self, reduced: np.ndarray, fill: float) -> np.ndarray:
+        if self.all_nonempty:
+            return reduced
+        out = np.full(self.n_rows, fill, dtype=reduced.dtype)
+        out[self.nonempty] = reduced
+        return out
+
+    def sum(self, x: np.ndarray) -> np.ndarray:
+        if self.n_tokens == 0:
+            return np.zeros(self.n_rows, dtype=np.float64)
+        return self._scatter(np.add.reduceat(x, self.starts, dtype=np.float64), 0.0)
+
+    def max(self, x: np.ndarray, empty: float) -> np.ndarray:
+        if self.n_tokens == 0:
+            return np.full(self.n_rows, empty, dtype=x.dtype)
+        return self._scatter(np.maximum.reduceat(x, self.starts), empty)
+
+    def min(self, x: np.ndarray, empty: float) -> np.ndarray:
+        if self.n_tokens == 0:
+            return np.full(self.n_rows, empty, dtype=x.dtype)
+        return self._scatter(np.minimum.reduceat(x, self.starts), empty)
+
+
+class NumpyBackend(Backend):
+    """CPU backend; the default, and the fast path on CPU."""
+
+    name = "cpu"
+
+    def asarray(self, values: np.ndarray) -> np.ndarray:
+        return values
+
+    def to_numpy(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x)
+
+    def segments(self, lengths: np.ndarray) -> Segments:
+        return _NumpySegments(lengths)
+
+    def exp(self, x: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.exp(x)
+
+    def abs(self, x: np.ndarray) -> np.ndarray:
+        return np.abs(x)
+
+    def clip(self, x: np.ndarray, lo: float | None, hi: float | None) -> np.ndarray:
+        # np.clip keeps NaN, like torch.clamp.
+        return np.clip(x, lo, hi)
+
+    def where(self, cond: np.ndarray, a: Any, b: Any) -> np.ndarray:
+        return np.where(cond, a, b)
+
+    def to_float32(self, x: np.ndarray) -> np.ndarray:
+        return x.astype(np.float32, copy=False)
+
+    def to_float64(self, x: np.ndarray) -> np.ndarray:
+        return x.astype(np.float64, copy=False)
+
+    def sum(self, x: np.ndarray) -> float:
+        return float(np.add.reduce(x, dtype=np.float64)) if x.size else 0.0
+
+    def dot(self, a: np.ndarray, b: np.ndarray) -> float:
+        if not a.size:
+            return 0.0
+        return float(np.add.reduce(np.multiply(a, b, dtype=np.float64)))
+
+    def count(self, cond: np.ndarray) -> int:
+        return int(np.count_nonzero(cond))
+
+    def max(self, x: np.ndarray) -> float:
+        return float(np.max(x)) if x.size else float("-inf")
+
+    def min(self, x: np.ndarray) -> float:
+        return float(np.min(x)) if x.size else float("inf")
+
+
+# ------------------------------------------------------------------------------------------------------ torch
+
+
+class _TorchSegments(Segments):
+    def __init__(self, torch: Any, lengths: np.ndarray, device: Any) -> None:
+        self.torch = torch
+        self.n_rows = int(lengths.shape[0])
+        self.n_tokens = int(lengths.sum())
+        nonempty = lengths > 0
+        self.all_nonempty = bool(nonempty.all())
+        self.nonempty = torch.from_numpy(nonempty).to(device)
+        self.lengths = torch.from_numpy(lengths[nonempty]).to(device)
+        self.device = device
+
+    def _reduce(self, x: Any, how: str, fill: float) -> Any:
+        torch = self.torch
+        if self.n_tokens == 0:
+            return torch.full((self.n_rows,), fill, dtype=x.dtype, device=self.device)
+        reduced = torch.segment_reduce(x, how, lengths=self.lengths)
+        if self.all_nonempty:
+            return reduced
+        out = torch.full((self.n_rows,), fill, dtype=x.dtype, device=self.device)
+        out[self.nonempty] = reduced
+        return out
+
+    def sum(self, x: Any) -> Any:
+        return self._reduce(x.to(self.torch.float64), "sum", 0.0)
+
+    def max(self, x: Any, empty: float) -> Any:
+        return self._reduce(x, "max", empty)
+
+    def min(self, x: Any, empty: float) -> Any:
+        return self._reduce(x, "min", empty)
+
+
+class TorchBackend(Backend):
+    """torch backend, used for ``--device cuda`` (it also runs on a CPU device, for parity tests)."""
+
+    def __init__(self, device: str = "cuda") -> None:
+        import torch
+
+        self.torch = torch
+        self.device = torch.device(device)
+        self.name = str(self.device)
+
+    def asarray(self, values: np.ndarray) -> Any:
+        tensor = self.torch.from_numpy(np.ascontiguousarray(values))
+        if self.device.type == "cuda":
+            return tensor.pin_memory().to(self.device, non_blocking=True)
+        return tensor
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        return x.detach().cpu().numpy()
+
+    def segments(self, lengths: np.ndarray) -> Segments:
+        return _TorchSegments(self.torch, lengths, self.device)
+
+    def exp(self, x: Any) -> Any:
+        return self.torch.exp(x)
+
+    def abs(self, x: Any) -> Any:
+        return self.torch.abs(x)
+
+    def clip(self, x: Any, lo: float | None, hi: float | None) -> Any:
+        return self.torch.clamp(x, lo, hi)
+
+    def where(self, cond: Any, a: Any, b: Any) -> Any:
+        return self.torch.where(cond, a, b)
+
+    def to_float32(self, x: Any) -> Any:
+        return x.to(self.torch.float32)
+
+    def to_float64(self, x: Any) -> Any:
+        return x.to(self.torch.float64)
+
+    def sum(self, x: Any) -> float:
+        return float(x.to(self.torch.float64).sum().item()) if x.numel() else 0.0
+
+    def dot(self, a: Any, b: Any) -> float:
+        f64 = self.torch.float64
+        return float((a.to(f64) * b.to(f64)).sum().item()) if a.numel() else 0.0
+
+    def count(self, cond: Any) -> int:
+        return int(self.torch.count_nonzero(cond).item())
+
+    def max(self, x: Any) -> float:
+        return float(x.max().item()) if x.numel() else float("-inf")
+
+    def min(self, x: Any) -> float:
+        return float(x.min().item()) if x.numel() else float("inf")
+
+
+def get_backend(device: str = "cpu") -> Backend:
+    """``cpu`` (numpy), ``cuda`` / ``cuda:N`` (torch), or ``auto`` (cuda when torch sees a GPU, else cpu)."""
+    from rcdiag.errors import ConfigError
+
+    if device == "cpu":
+        return NumpyBackend()
+    if device == "auto" or device.startswith("cuda"):
+        try:
+            import torch
+        except ImportError:
+            if device == "auto":
+                return NumpyBackend()
+            raise ConfigError(
+                f"--device {device} needs PyTorch, which is not installed (pip install 'rcdiag[gpu]')."
+            ) from None
+        if not torch.cuda.is_available():
+            if device == "auto":
+                return NumpyBackend()
+            raise ConfigError(f"--device {device}: no CUDA device is available (use --device cpu or auto).")
+        return TorchBackend("cuda" if device == "auto" else device)
+    if device == "torch-cpu":  # torch on the CPU: slower than numpy; for parity checks without a GPU
+        try:
+            return TorchBackend("cpu")
+        except ImportError:
+            raise ConfigError("--device torch-cpu needs PyTorch, which is not installed.") from None
+    raise ConfigError(f"Unknown device '{device}'. Use cpu, cuda, cuda:N or auto.")

@@ -1,0 +1,74 @@
+"""``rcdiag analyze``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from rcdiag.cli.options import (
+    DEFAULT_CHUNK,
+    BatchNormOpt,
+    ChunkOpt,
+    DeviceOpt,
+    IsOpt,
+    IsThresholdOpt,
+    PresetOpt,
+    RsOpt,
+    RsThresholdOpt,
+)
+from rcdiag.render import OutputFormat
+
+
+def analyze(
+    path: Annotated[Path, typer.Argument(help="The dump: a Parquet file with one row per response.", metavar="PATH", show_default=False)],
+    is_level: IsOpt = None,
+    is_threshold: IsThresholdOpt = None,
+    rs: RsOpt = None,
+    rs_threshold: RsThresholdOpt = None,
+    batch_normalize: BatchNormOpt = None,
+    preset: PresetOpt = None,
+    device: DeviceOpt = "cpu",
+    chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
+    output_format: Annotated[
+        OutputFormat, typer.Option("--format", help="`table` (terminal) or `json`.", rich_help_panel="Output")
+    ] = OutputFormat.table,
+    output: Annotated[
+        Optional[Path],
+        typer.Option("--output", "-o", metavar="FILE", help="Write the report here instead of stdout.", rich_help_panel="Output"),
+    ] = None,
+) -> None:
+    """Run verl's rollout correction over a dump and report every `rollout_corr/*` metric with findings.
+
+    With no IS/RS flag and no preset you get verl's default: the 13 off-policy metrics (kl, k3_kl,
+    chi2_token/seq, PPLs). Examples:
+
+    * `rcdiag analyze run.parquet --rs token_k1 --rs-threshold 0.5_2.0`
+    * `rcdiag analyze run.parquet --preset decoupled_geo_rs_token_tis --format json -o report.json`
+    * `rcdiag analyze run.parquet --is sequence --is-threshold 5 --batch-normalize`
+
+    Exit codes: 0 done (findings do not change it), 2 bad option, configuration or input, 3 internal error.
+    """
+    from rcdiag.api import analyze as run_analysis
+    from rcdiag.cli.engine_config import build_config
+    from rcdiag.cli.output import write_report
+
+    config = build_config(
+        preset_name=preset,
+        is_level=is_level,
+        is_threshold=is_threshold,
+        rs=rs,
+        rs_threshold=rs_threshold,
+        batch_normalize=batch_normalize,
+    )
+    config.resolve()  # configuration errors before any reading
+    report = run_analysis(path, config, device=device, chunk_tokens=chunk_tokens)
+    write_report(report, output_format, output)
+    if output is not None:
+        counts = {s: sum(f.severity == s for f in report.findings) for s in ("error", "warning")}
+        print(
+            f"rcdiag: wrote {output} ({counts['error']} error(s), {counts['warning']} warning(s) in findings)",
+            file=sys.stderr,
+        )

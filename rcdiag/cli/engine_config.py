@@ -1,0 +1,33 @@
+"""Turning engine flags into a ``CorrectionConfig`` (preset first, flags on top)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rcdiag.cli.options import ISLevel
+from rcdiag.config import CorrectionConfig, preset
+
+
+def build_config(
+    *,
+    preset_name: str | None,
+    is_level: ISLevel | None,
+    is_threshold: str | None,
+    rs: str | None,
+    rs_threshold: str | None,
+    batch_normalize: bool | None,
+) -> CorrectionConfig:
+    """The configuration the flags describe; raises ``ConfigError`` for an unknown preset."""
+    config = preset(preset_name) if preset_name else CorrectionConfig()
+    changes: dict[str, Any] = {}
+    if is_level is not None:
+        changes["rollout_is"] = None if is_level is ISLevel.none else is_level.value
+    if is_threshold is not None:
+        changes["rollout_is_threshold"] = is_threshold
+    if rs is not None:
+        changes["rollout_rs"] = None if rs.strip().lower() == "none" else rs
+    if rs_threshold is not None:
+        changes["rollout_rs_threshold"] = rs_threshold
+    if batch_normalize is not None:
+        changes["rollout_is_batch_normalize"] = batch_normalize
+    return config.replace(**changes)

@@ -1,0 +1,105 @@
+"""Options shared by the commands that run the engine (analyze now; compare and check reuse them)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Optional
+
+import typer
+
+from rcdiag.io.base import DEFAULT_CHUNK_TOKENS
+
+ENGINE = "Rollout correction (verl's algorithm.rollout_correction)"
+RUN = "Run"
+
+
+class ISLevel(str, enum.Enum):
+    """``--is`` choices."""
+
+    token = "token"
+    sequence = "sequence"
+    none = "none"
+
+
+IsOpt = Annotated[
+    Optional[ISLevel],
+    typer.Option(
+        "--is",
+        help="IS weight level (verl's `rollout_is`); `none` turns IS off. Default: off.",
+        rich_help_panel=ENGINE,
+        show_default=False,
+    ),
+]
+IsThresholdOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--is-threshold",
+        metavar="SPEC",
+        help="`rollout_is_threshold`: `U` truncates weights at U (TIS); `L_U` zeroes weights outside [L, U] "
+        "(IcePop). Default 2.0.",
+        rich_help_panel=ENGINE,
+        show_default=False,
+    ),
+]
+RsOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--rs",
+        metavar="OPTIONS",
+        help="`rollout_rs`: comma-separated RS options (token_k1..k3, seq_sum_k1..k3, seq_mean_k1..k3, "
+        "seq_max_k2/k3), combined with AND; `none` turns RS off.",
+        rich_help_panel=ENGINE,
+        show_default=False,
+    ),
+]
+RsThresholdOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--rs-threshold",
+        metavar="SPEC",
+        help="`rollout_rs_threshold`: one spec for all options or one per option, comma-separated. k1: "
+        "`L_U` ratio bounds (a bare `U` means [1/U, U]); k2/k3: an upper bound.",
+        rich_help_panel=ENGINE,
+        show_default=False,
+    ),
+]
+BatchNormOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--batch-normalize/--no-batch-normalize",
+        help="`rollout_is_batch_normalize`: normalise IS weights to mean 1 per batch (reports the factor).",
+        rich_help_panel=ENGINE,
+        show_default=False,
+    ),
+]
+PresetOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--preset",
+        metavar="NAME",
+        help="One of verl's 19 RolloutCorrectionConfig presets (`rcdiag presets` lists them); the flags above "
+        "override its fields.",
+        rich_help_panel=ENGINE,
+        show_default=False,
+    ),
+]
+DeviceOpt = Annotated[
+    str,
+    typer.Option(
+        "--device",
+        help="`cpu` (numpy), `cuda`/`cuda:N` (PyTorch), or `auto` (a GPU when one is visible).",
+        rich_help_panel=RUN,
+    ),
+]
+ChunkOpt = Annotated[
+    int,
+    typer.Option(
+        "--chunk-tokens",
+        metavar="N",
+        help="Read about N tokens at a time (bounds memory; never changes a metric). A longer response "
+        "forms its own chunk.",
+        rich_help_panel=RUN,
+        min=1,
+    ),
+]
+DEFAULT_CHUNK = DEFAULT_CHUNK_TOKENS

@@ -1,0 +1,348 @@
+"""verl's rollout-correction configuration: fields, presets and threshold parsing (verl v0.9.0).
+
+``CorrectionConfig`` mirrors ``verl.trainer.config.algorithm.RolloutCorrectionConfig`` field for field, but its
+defaults are verl's YAML defaults (metrics only), which is what a run without an explicit
+``rollout_correction`` block gets. ``resolve()`` parses the thresholds exactly as verl's helper does and raises
+``ConfigError`` with verl's own message where verl raises ``ValueError``/``TypeError``. Where verl crashes with
+an unhelpful exception (``ZeroDivisionError`` for a bare k1 threshold of ``"0"``, a raw float-conversion error
+for a non-numeric bare k1 threshold), rcdiag raises a clear ``ConfigError`` that says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rcdiag.errors import ConfigError
+
+SAFETY_BOUND = 20.0
+"""verl clamps log-ratios to [-20, 20] before every exp (exp(20) ~ 4.85e8)."""
+
+IS_LEVELS = ("token", "sequence")
+RS_OPTIONS = (
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+)
+"""The 11 options of ``SUPPORTED_ROLLOUT_RS_OPTIONS`` (there is no ``seq_max_k1``)."""
+
+ThresholdSpec = float | int | str
+
+
+@dataclass(frozen=True)
+class CorrectionConfig:
+    """The seven fields of verl's ``algorithm.rollout_correction`` block.
+
+    Defaults are those of verl's YAML (``rollout_is: null``, ``rollout_rs: null``): the 13 off-policy metrics
+    only. Note that verl's *dataclass* default is ``rollout_is="sequence"``; use ``preset(...)`` or pass
+    fields explicitly to get anything else.
+    """
+
+    rollout_is: str | None = None
+    rollout_is_threshold: ThresholdSpec | None = 2.0
+    rollout_is_batch_normalize: bool = False
+    rollout_rs: str | None = None
+    rollout_rs_threshold: ThresholdSpec | None = None
+    bypass_mode: bool = False
+    loss_type: str = "ppo_clip"
+
+    def replace(self, **changes: Any) -> CorrectionConfig:
+        """Return a copy with some fields changed (CLI flags on top of a preset)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict with verl's field names, for reports."""
+        return dataclasses.asdict(self)
+
+    def resolve(self) -> ResolvedConfig:
+        """Parse and validate the thresholds; raise ``ConfigError`` where verl would raise."""
+        return _resolve(self)
+
+
+@dataclass(frozen=True)
+class ISSpec:
+    """Resolved importance-sampling settings."""
+
+    level: Literal["token", "sequence"]
+    upper: float
+    lower: float | None
+    """IcePop lower bound; ``None`` means truncated IS (TIS)."""
+    batch_normalize: bool
+
+    @property
+    def icepop(self) -> bool:
+        """IcePop (weights outside [lower, upper] are zeroed) rather than TIS (weights clamped at upper)."""
+        return self.lower is not None
+
+    @property
+    def metric_lower(self) -> float:
+        """The lower bound used by the ``*_fraction_low`` metrics: ``lower`` for IcePop, ``1/upper`` for TIS."""
+        return self.lower if self.lower is not None else 1.0 / self.upper
+
+
+@dataclass(frozen=True)
+class RSOption:
+    """One resolved rejection-sampling option, e.g. ``seq_mean_k1`` with bounds ``[0.999, 1.001]``."""
+
+    name: str
+    agg: Literal["token", "sum", "mean", "max"]
+    estimator: Literal["k1", "k2", "k3"]
+    upper: float
+    lower: float | None
+    """Ratio lower bound, k1 options only."""
+
+    @property
+    def level(self) -> Literal["token", "sequence"]:
+        """Token options decide per token; the others decide per sequence."""
+        return "token" if self.agg == "token" else "sequence"
+
+    @property
+    def is_k1(self) -> bool:
+        """k1 options are two-sided and compared in log space."""
+        return self.estimator == "k1"
+
+    @property
+    def thr_hi(self) -> float:
+        """Upper bound on the statistic: ``log(upper)`` for k1, ``upper`` for k2/k3."""
+        return math.log(self.upper) if self.is_k1 else self.upper
+
+    @property
+    def thr_lo(self) -> float:
+        """Lower bound on the statistic: ``log(lower)`` for k1; 0 for k2/k3 (used only as the std clamp floor)."""
+        return math.log(self.lower) if self.is_k1 and self.lower is not None else 0.0
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """A validated configuration: what the engine computes."""
+
+    config: CorrectionConfig
+    is_spec: ISSpec | None
+    rs_options: tuple[RSOption, ...]
+
+
+# --------------------------------------------------------------------------------------------------- parsing
+
+
+def parse_is_threshold(spec: Any) -> tuple[float, float | None]:
+    """``rollout_is_threshold`` -> ``(upper, lower or None)``, exactly as verl's ``_parse_rollout_is_threshold``.
+
+    A number or a float-like string is TIS; ``"lower_upper"`` (split on the first ``_``) is IcePop.
+    """
+    if isinstance(spec, bool):
+        raise ConfigError(
+            "rollout_is_threshold must be specified as a float or a string threshold specification, "
+            "not a boolean."
+        )
+    lower: float | None
+    if isinstance(spec, int | float):
+        upper, lower = float(spec), None
+    elif isinstance(spec, str):
+        text = spec.strip()
+        if not text:
+            raise ConfigError("rollout_is_threshold must not be an empty string.")
+        try:
+            if "_" in text:
+                lower_text, upper_text = text.split("_", 1)
+                lower, upper = float(lower_text), float(upper_text)
+            else:
+                upper, lower = float(text), None
+        except ValueError:
+            raise ConfigError(f"Invalid rollout_is_threshold '{spec}'.") from None
+    else:
+        raise ConfigError("rollout_is_threshold must be a float or a string threshold specification.")
+    if upper <= 0:
+        raise ConfigError(f"rollout_is_threshold upper bound must be positive, got {upper}.")
+    if lower is not None:
+        if lower <= 0:
+            raise ConfigError(f"rollout_is_threshold lower bound must be positive, got {lower}.")
+        if lower > upper:
+            raise ConfigError("rollout_is_threshold lower bound must be <= upper bound.")
+    return upper, lower
+
+
+def parse_rs_options(rollout_rs: Any) -> list[str]:
+    """Split, strip, validate and de-duplicate (first occurrence wins) a ``rollout_rs`` string."""
+    if not isinstance(rollout_rs, str):
+        raise ConfigError("rollout_rs must be a non-empty string (comma separated for multiple options).")
+    parts = [part.strip() for part in rollout_rs.split(",") if part.strip()]
+    if not parts:
+        raise ConfigError("rollout_rs must contain at least one valid option.")
+    options: list[str] = []
+    for option in parts:
+        if option not in RS_OPTIONS:
+            raise ConfigError(f"Invalid rollout_rs option: {option}. Must be one of {sorted(RS_OPTIONS)}.")
+        if option not in options:
+            options.append(option)
+    return options
+
+
+def parse_rs_thresholds(options: list[str], spec: Any) -> dict[str, tuple[float | None, float]]:
+    """Per-option ``(lower, upper)`` from ``rollout_rs_threshold``, as verl's ``_parse_rollout_rs_thresholds``.
+
+    One spec is broadcast to every option; otherwise there must be one per (de-duplicated) option. A bare
+    number ``u`` for a k1 option means ``[1/u, u]``.
+    """
+    if spec is None:
+        raise ConfigError("rollout_rs_threshold must be provided for rejection sampling.")
+    if isinstance(spec, int | float):
+        specs = [str(spec)]
+    elif isinstance(spec, str):
+        specs = [part.strip() for part in spec.split(",") if part.strip()]
+    else:
+        raise ConfigError(
+            "rollout_rs_threshold must be a string or numeric value specifying per-option thresholds."
+        )
+    if not specs:
+        raise ConfigError("rollout_rs_threshold must contain at least one threshold value.")
+    if len(specs) not in (1, len(options)):
+        raise ConfigError(
+            "rollout_rs_threshold expects either one threshold shared by all options or exactly "
+            f"{len(options)} thresholds to match the provided rollout_rs options."
+        )
+    if len(specs) == 1:
+        specs = specs * len(options)
+    return {option: _parse_one_rs_threshold(option, text) for option, text in zip(options, specs)}
+
+
+def _parse_one_rs_threshold(option: str, spec: str) -> tuple[float | None, float]:
+    if option.endswith("k1"):
+        if "_" in spec:
+            lower_text, upper_text = spec.split("_", 1)
+        else:
+            upper_text = spec
+            try:
+                upper_value = float(upper_text)
+            except ValueError:
+                raise ConfigError(
+                    f"Invalid numeric threshold '{spec}' for option '{option}'. (verl v0.9.0 crashes here "
+                    f"with a bare ValueError: could not convert string to float: '{spec}')"
+                ) from None
+            if upper_value == 0:
+                raise ConfigError(
+                    f"Thresholds for option '{option}' must be positive, got {spec}. A bare k1 threshold u "
+                    "means [1/u, u] (verl v0.9.0 crashes here with ZeroDivisionError)."
+                )
+            lower_text = str(1.0 / upper_value)
+        try:
+            lower, upper = float(lower_text), float(upper_text)
+        except ValueError:
+            raise ConfigError(f"Invalid numeric threshold '{spec}' for option '{option}'.") from None
+        if lower <= 0 or upper <= 0:
+            raise ConfigError(f"Thresholds for option '{option}' must be positive, got {spec}.")
+        if lower > upper:
+            raise ConfigError(f"Thresholds for option '{option}' must be lower <= upper, got {spec}.")
+        return lower, upper
+    if "_" in spec:
+        raise ConfigError(
+            f"rollout_rs_threshold for option '{option}' must provide a single upper bound without '_'. "
+            f"Received '{spec}'."
+        )
+    try:
+        upper = float(spec)
+    except ValueError:
+        raise ConfigError(f"Invalid numeric threshold '{spec}' for option '{option}'.") from None
+    if upper <= 0:
+        raise ConfigError(f"Threshold for option '{option}' must be positive, got {spec}.")
+    return None, upper
+
+
+def _resolve(config: CorrectionConfig) -> ResolvedConfig:
+    is_spec: ISSpec | None = None
+    # verl runs IS only when both the level and the threshold are set; a None threshold silently skips IS.
+    if config.rollout_is is not None and config.rollout_is_threshold is not None:
+        if config.rollout_is not in IS_LEVELS:
+            raise ConfigError(
+                f"Invalid rollout_is: {config.rollout_is}. Must be one of {{'token', 'sequence'}}."
+            )
+        upper, lower = parse_is_threshold(config.rollout_is_threshold)
+        is_spec = ISSpec(config.rollout_is, upper, lower, bool(config.rollout_is_batch_normalize))  # type: ignore[arg-type]
+    rs_options: list[RSOption] = []
+    if config.rollout_rs is not None:
+        if config.rollout_rs_threshold is None:
+            raise ConfigError(
+                "rollout_rs_threshold must be explicitly provided when rollout_rs is enabled. "
+                "Set rollout_rs_threshold to the desired threshold value."
+            )
+        names = parse_rs_options(config.rollout_rs)
+        bounds = parse_rs_thresholds(names, config.rollout_rs_threshold)
+        for name in names:
+            agg, estimator = name.rsplit("_", 1)
+            lower, upper = bounds[name]
+            rs_options.append(
+                RSOption(
+                    name=name,
+                    agg="token" if agg == "token" else agg.removeprefix("seq_"),  # type: ignore[arg-type]
+                    estimator=estimator,  # type: ignore[arg-type]
+                    upper=upper,
+                    lower=lower,
+                )
+            )
+    if config.bypass_mode and config.loss_type not in ("ppo_clip", "reinforce"):
+        raise ConfigError(f"Invalid loss_type: {config.loss_type}. Must be 'reinforce' or 'ppo_clip'.")
+    return ResolvedConfig(config=config, is_spec=is_spec, rs_options=tuple(rs_options))
+
+
+# --------------------------------------------------------------------------------------------------- presets
+
+_GEO = "0.999_1.001"
+
+
+def _preset(**fields: Any) -> Callable[..., CorrectionConfig]:
+    def build() -> CorrectionConfig:
+        return CorrectionConfig(**fields)
+
+    return build
+
+
+PRESETS: dict[str, Callable[[], CorrectionConfig]] = {
+    "decoupled_token_is": _preset(rollout_is="token"),
+    "decoupled_seq_is": _preset(rollout_is="sequence"),
+    "decoupled_token_icepop": _preset(rollout_is="token", rollout_is_threshold="0.5_5.0"),
+    "decoupled_seq_is_rs": _preset(rollout_is="sequence", rollout_rs="seq_sum_k1", rollout_rs_threshold="0.5_2.0"),
+    "decoupled_geo_rs": _preset(rollout_rs="seq_mean_k1", rollout_rs_threshold=_GEO),
+    "decoupled_geo_rs_seq_tis": _preset(rollout_is="sequence", rollout_rs="seq_mean_k1", rollout_rs_threshold=_GEO),
+    "decoupled_geo_rs_token_tis": _preset(rollout_is="token", rollout_rs="seq_mean_k1", rollout_rs_threshold=_GEO),
+    "decoupled_k3_rs": _preset(rollout_rs="seq_mean_k3", rollout_rs_threshold=0.01),
+    "decoupled_k3_rs_seq_tis": _preset(rollout_is="sequence", rollout_rs="seq_mean_k3", rollout_rs_threshold=0.01),
+    "decoupled_k3_rs_token_tis": _preset(rollout_is="token", rollout_rs="seq_mean_k3", rollout_rs_threshold=0.01),
+    "bypass_ppo_clip": _preset(bypass_mode=True),
+    "bypass_ppo_clip_geo_rs": _preset(rollout_rs="seq_mean_k1", rollout_rs_threshold=_GEO, bypass_mode=True),
+    "bypass_ppo_clip_k3_rs": _preset(rollout_rs="seq_mean_k3", rollout_rs_threshold=0.01, bypass_mode=True),
+    "bypass_pg_is": _preset(rollout_is="sequence", bypass_mode=True, loss_type="reinforce"),
+    "bypass_pg_token_icepop": _preset(
+        rollout_is="token", rollout_is_threshold="0.5_5.0", bypass_mode=True, loss_type="reinforce"
+    ),
+    "bypass_pg_geo_rs": _preset(
+        rollout_rs="seq_mean_k1", rollout_rs_threshold=_GEO, bypass_mode=True, loss_type="reinforce"
+    ),
+    "bypass_pg_geo_rs_seq_tis": _preset(
+        rollout_is="sequence", rollout_rs="seq_mean_k1", rollout_rs_threshold=_GEO, bypass_mode=True,
+        loss_type="reinforce",
+    ),
+    "bypass_pg_geo_rs_token_tis": _preset(
+        rollout_is="token", rollout_rs="seq_mean_k1", rollout_rs_threshold=_GEO, bypass_mode=True,
+        loss_type="reinforce",
+    ),
+    "disabled": _preset(),
+}
+"""verl v0.9.0's 19 ``RolloutCorrectionConfig`` classmethod presets, with their default arguments."""
+
+
+def preset(name: str) -> CorrectionConfig:
+    """The configuration of one of verl's presets, by its classmethod name (e.g. ``"decoupled_geo_rs"``)."""
+    try:
+        return PRESETS[name]()
+    except KeyError:
+        raise ConfigError(f"Unknown preset '{name}'. Known presets: {', '.join(PRESETS)}.") from None

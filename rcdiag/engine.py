@@ -1,0 +1,181 @@
+"""The streaming engine: chunks in, one ``BatchMetrics`` per training step out.
+
+For each chunk it drops padding (mask 0), checks the values of valid tokens, groups rows by step and feeds
+blocks of whole rows (about 128k tokens on CPU, where numpy's temporaries stay in cache) to the step's
+accumulators. Merging is the only way results combine, so the result does not depend on chunk size, row order
+or how steps interleave in the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rcdiag.backend import Backend, NumpyBackend
+from rcdiag.config import ResolvedConfig
+from rcdiag.errors import InputError
+from rcdiag.io.base import Chunk, split_rows
+from rcdiag.metrics.batch import BatchMetrics
+from rcdiag.metrics.block import Block
+
+CPU_BLOCK_TOKENS = 1 << 17
+GPU_BLOCK_TOKENS = 1 << 24
+POSITIVE_TOLERANCE = 1e-3
+"""A log-prob above this is not a log-prob (probabilities, logits or a sign error); see docs/input.md."""
+
+StepKey = int | None
+
+
+@dataclass
+class EngineState:
+    """Accumulated state of a whole dump: one ``BatchMetrics`` per step, plus input counters."""
+
+    resolved: ResolvedConfig
+    batches: dict[StepKey, BatchMetrics] = field(default_factory=dict)
+    rows: int = 0
+    tokens: int = 0
+    valid_tokens: int = 0
+
+    def batch(self, step: StepKey) -> BatchMetrics:
+        """The accumulators of one step (created on first use)."""
+        batch = self.batches.get(step)
+        if batch is None:
+            batch = self.batches[step] = BatchMetrics(self.resolved)
+        return batch
+
+    def merge(self, other: EngineState) -> EngineState:
+        """Fold another state (same configuration) into this one; returns ``self``."""
+        if other.resolved.config != self.resolved.config:
+            raise ValueError("cannot merge states computed with different configurations")
+        for step, batch in other.batches.items():
+            self.batch(step).merge(batch)
+        self.rows += other.rows
+        self.tokens += other.tokens
+        self.valid_tokens += other.valid_tokens
+        return self
+
+    def pooled(self) -> BatchMetrics:
+        """Every step merged into one batch (the all-steps view)."""
+        pooled = BatchMetrics(self.resolved)
+        for batch in self.batches.values():
+            pooled.merge(batch)
+        return pooled
+
+    def state_dict(self) -> dict[str, Any]:
+        """Serializable state."""
+        return {
+            "rows": self.rows,
+            "tokens": self.tokens,
+            "valid_tokens": self.valid_tokens,
+            "batches": [[step, batch.state_dict()] for step, batch in self.batches.items()],
+        }
+
+
+class Engine:
+    """Folds chunks into an ``EngineState`` on one backend."""
+
+    def __init__(self, resolved: ResolvedConfig, backend: Backend | None = None) -> None:
+        self.resolved = resolved
+        self.backend = backend or NumpyBackend()
+        self.block_tokens = CPU_BLOCK_TOKENS if isinstance(self.backend, NumpyBackend) else GPU_BLOCK_TOKENS
+        self.state = EngineState(resolved)
+
+    def run(self, chunks: Iterable[Chunk]) -> EngineState:
+        """Consume every chunk; returns the state."""
+        for chunk in chunks:
+            self.update(chunk)
+        return self.state
+
+    def update(self, chunk: Chunk) -> None:
+        """Fold one chunk of whole rows in."""
+        # inf - inf and exp overflow are legitimate here (verl computes them too); no numpy warnings.
+        with np.errstate(all="ignore"):
+            self._update(chunk)
+
+    def _update(self, chunk: Chunk) -> None:
+        state = self.state
+        lengths = np.diff(chunk.offsets)
+        state.rows += chunk.n_rows
+        state.tokens += chunk.n_tokens
+        old, rollout, lengths = _drop_padding(chunk, lengths)
+        state.valid_tokens += int(old.shape[0])
+        _check_values(chunk, old, rollout, lengths)
+        offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        steps = chunk.steps
+        if steps is not None and steps.shape[0] > 1 and _run_count(steps) > 8:
+            old, rollout, lengths, offsets, steps = _group_by_step(old, rollout, lengths, offsets, steps)
+        for step, r0, r1 in _step_runs(steps, lengths.shape[0]):
+            batch = state.batch(step)
+            run_lengths = lengths[r0:r1]
+            for b0, b1 in split_rows(run_lengths, self.block_tokens):
+                t0, t1 = int(offsets[r0 + b0]), int(offsets[r0 + b1])
+                batch.update(Block(self.backend, old[t0:t1], rollout[t0:t1], run_lengths[b0:b1]))
+
+
+def _drop_padding(chunk: Chunk, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Keep valid tokens only; returns the compacted arrays and per-row valid counts."""
+    mask = chunk.mask
+    if mask is None or mask.all():
+        return chunk.old, chunk.rollout, lengths
+    valid_lengths = np.zeros(lengths.shape[0], dtype=np.int64)
+    nonempty = lengths > 0
+    if mask.size:
+        starts = chunk.offsets[:-1][nonempty]
+        valid_lengths[nonempty] = np.add.reduceat(mask, starts, dtype=np.int64)
+    return chunk.old[mask], chunk.rollout[mask], valid_lengths
+
+
+def _check_values(chunk: Chunk, old: np.ndarray, rollout: np.ndarray, lengths: np.ndarray) -> None:
+    """NaN, +inf or a positive log-prob at a valid position is an ``InputError`` (``-inf`` is legal)."""
+    for name, values in zip(chunk.column_names, (old, rollout)):
+        ok = values <= POSITIVE_TOLERANCE
+        if ok.all():
+            continue
+        bad_index = np.flatnonzero(~ok)
+        first = int(bad_index[0])
+        value = float(values[first])
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        rows = np.searchsorted(offsets, bad_index, side="right") - 1
+        row = int(rows[0])
+        if value != value:
+            what = "NaN"
+        elif value == float("inf"):
+            what = "+inf"
+        else:
+            what = f"a positive log-prob ({value:.6g}); log-probs are <= 0 (is this column probabilities or logits?)"
+        raise InputError(
+            f"holds {what} at valid position {first - int(offsets[row])} of the response; "
+            f"{len(np.unique(rows))} row(s) of this chunk are affected",
+            path=chunk.source or None,
+            row=chunk.first_row + row,
+            column=name,
+        )
+
+
+def _run_count(steps: np.ndarray) -> int:
+    return int(np.count_nonzero(steps[1:] != steps[:-1])) + 1
+
+
+def _step_runs(steps: np.ndarray | None, n_rows: int) -> list[tuple[StepKey, int, int]]:
+    if steps is None:
+        return [(None, 0, n_rows)]
+    if n_rows == 0:
+        return []
+    bounds = [0, *(np.flatnonzero(steps[1:] != steps[:-1]) + 1).tolist(), n_rows]
+    return [(int(steps[a]), a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _group_by_step(
+    old: np.ndarray, rollout: np.ndarray, lengths: np.ndarray, offsets: np.ndarray, steps: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Reorder rows so that each step's rows are contiguous (a ragged gather)."""
+    order = np.argsort(steps, kind="stable")
+    new_lengths = lengths[order]
+    new_offsets = np.zeros(new_lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(new_lengths, out=new_offsets[1:])
+    index = np.repeat(offsets[:-1][order] - new_offsets[:-1], new_lengths) + np.arange(new_offsets[-1])
+    return old[index], rollout[index], new_lengths, new_offsets, steps[order]

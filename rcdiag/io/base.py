@@ -1,0 +1,141 @@
+"""What every reader produces: chunks of whole sequences as flat arrays plus offsets.
+
+A reader (one module per input format) turns a dump into ``Chunk`` objects. A chunk holds whole rows only,
+so every per-row quantity can be computed inside it; how rows are grouped into chunks never changes a metric.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+DEFAULT_CHUNK_TOKENS = 1 << 20
+"""Rows are read about a million tokens at a time: big enough to amortise decoding, small enough that memory
+stays flat (docs/performance.md)."""
+
+
+@dataclass(frozen=True)
+class ColumnMap:
+    """Which columns hold the three arrays (and the optional step)."""
+
+    old: str = "old_log_prob"
+    rollout: str = "rollout_log_prob"
+    mask: str = "response_mask"
+    step: str = "step"
+
+
+@dataclass
+class Chunk:
+    """Whole rows as flat values: row ``i`` is ``values[offsets[i]:offsets[i+1]]``.
+
+    ``old`` and ``rollout`` are float32; ``mask`` is a bool array (``None`` = every position valid);
+    ``steps`` gives each row's step (``None`` = no step column). ``first_row`` is the global index of the
+    first row, for error messages.
+    """
+
+    old: np.ndarray
+    rollout: np.ndarray
+    offsets: np.ndarray
+    mask: np.ndarray | None = None
+    steps: np.ndarray | None = None
+    first_row: int = 0
+    source: str = ""
+    column_names: tuple[str, str] = ("old_log_prob", "rollout_log_prob")
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.offsets.shape[0] - 1)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.offsets[-1] - self.offsets[0])
+
+
+@dataclass
+class SourceInfo:
+    """Facts about a dump known before (``format``, ``columns``) or after (the rest) reading it."""
+
+    path: str
+    format: str
+    columns: dict[str, str | None] = field(default_factory=dict)
+    dtypes: dict[str, str] = field(default_factory=dict)
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+class Source(ABC):
+    """An opened dump."""
+
+    info: SourceInfo
+
+    @abstractmethod
+    def chunks(self, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Iterator[Chunk]:
+        """Yield chunks of whole rows holding at most ``chunk_tokens`` list values each, except that a row
+        longer than that forms its own chunk."""
+
+
+def split_rows(lengths: np.ndarray, max_tokens: int) -> list[tuple[int, int]]:
+    """Split rows into consecutive ``[start, stop)`` ranges of at most ``max_tokens`` tokens (a longer row
+    forms its own range)."""
+    n = int(lengths.shape[0])
+    if n == 0:
+        return []
+    ends = np.cumsum(lengths)
+    if int(ends[-1]) <= max_tokens:
+        return [(0, n)]
+    ranges = []
+    start, base = 0, 0
+    while start < n:
+        stop = int(np.searchsorted(ends, base + max_tokens, side="right"))
+        stop = max(stop, start + 1)
+        ranges.append((start, stop))
+        base = int(ends[stop - 1])
+        start = stop
+    return ranges
+
+
+_DONE = object()
+
+
+def prefetch(iterator: Iterator[Chunk], depth: int = 2) -> Iterator[Chunk]:
+    """Run ``iterator`` in a background thread, ``depth`` items ahead: decoding overlaps the maths (+15-25%
+    on 2 cores). Exceptions are re-raised in the consumer; abandoning the generator stops the thread."""
+    items: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in iterator:
+                while not stop.is_set():
+                    try:
+                        items.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            items.put(_DONE)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            items.put(exc)
+
+    thread = threading.Thread(target=produce, name="rcdiag-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = items.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():
+            try:
+                items.get_nowait()
+            except queue.Empty:
+                thread.join(timeout=0.05)

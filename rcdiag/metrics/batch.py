@@ -1,0 +1,142 @@
+"""All metric groups of one batch (one training step), built from a resolved configuration.
+
+The groups run in verl's order: IS, then each RS option and the RS aggregates, then the off-policy metrics;
+``compute`` returns the ``rollout_corr/*`` keys in exactly the order verl inserts them into its metrics dict,
+and rcdiag's own diagnostics separately.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rcdiag.config import ResolvedConfig
+from rcdiag.metrics.base import Accumulator, MetricValue, VerlCrash, verl_float
+from rcdiag.metrics.block import Block
+from rcdiag.metrics.extras import ExtraMetrics
+from rcdiag.metrics.importance import ISMetrics
+from rcdiag.metrics.offpolicy import OffPolicyMetrics
+from rcdiag.metrics.rejection import RSAggregateMetrics, RSOptionMetrics
+
+PREFIX = "rollout_corr/"
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """Metric values of one batch (or of several merged)."""
+
+    metrics: dict[str, MetricValue]
+    """verl's ``rollout_corr/*`` keys, in verl's order; ``None`` where verl would crash or the value is not finite."""
+    extras: dict[str, MetricValue]
+    """rcdiag's own ``rcdiag/*`` diagnostics."""
+    raw: dict[str, float | None] = field(repr=False)
+    """The same values before non-finite ones were turned into ``None`` (inf and NaN kept)."""
+    crashes: tuple[VerlCrash, ...]
+    rows: int
+    valid_tokens: int
+    empty_rows: int
+
+
+class BatchMetrics:
+    """The accumulators of one batch; ``update`` with blocks, ``merge`` batches, ``compute`` the metrics."""
+
+    def __init__(self, resolved: ResolvedConfig) -> None:
+        self.resolved = resolved
+        self.importance = ISMetrics(resolved.is_spec) if resolved.is_spec is not None else None
+        self.rs_options = [RSOptionMetrics(option) for option in resolved.rs_options]
+        self.rs_aggregate = RSAggregateMetrics() if self.rs_options else None
+        self.offpolicy = OffPolicyMetrics()
+        self.extras = ExtraMetrics()
+        self.rows = 0
+        self.valid_tokens = 0
+        self.empty_rows = 0
+
+    def groups(self) -> list[Accumulator]:
+        """Every accumulator, in verl's key order (rcdiag's extras last)."""
+        groups: list[Accumulator] = []
+        if self.importance is not None:
+            groups.append(self.importance)
+        groups.extend(self.rs_options)
+        if self.rs_aggregate is not None:
+            groups.append(self.rs_aggregate)
+        groups.extend([self.offpolicy, self.extras])
+        return groups
+
+    def update(self, block: Block) -> None:
+        """Fold one block of whole rows into every group."""
+        self.rows += block.n_rows
+        self.valid_tokens += block.n_tokens
+        self.empty_rows += block.n_rows - block.n_valid_rows
+        if self.importance is not None:
+            self.importance.update(block)
+        rejections = [option.update(block) for option in self.rs_options]
+        if self.rs_aggregate is not None:
+            self.rs_aggregate.update(block, rejections)
+        self.offpolicy.update(block)
+        self.extras.update(block)
+
+    def merge(self, other: BatchMetrics) -> BatchMetrics:
+        """Fold another batch's state (same configuration) into this one; returns ``self``."""
+        if other.resolved.config != self.resolved.config:
+            raise ValueError("cannot merge batches computed with different configurations")
+        for mine, theirs in zip(self.groups(), other.groups()):
+            mine.merge(theirs)
+        self.rows += other.rows
+        self.valid_tokens += other.valid_tokens
+        self.empty_rows += other.empty_rows
+        return self
+
+    def compute(self) -> BatchResult:
+        """The batch's metrics; a batch without a valid token gives ``None`` everywhere and a crash note."""
+        raw: dict[str, float | None] = {}
+        crashes: list[VerlCrash] = []
+        for group in self.groups():
+            values, group_crashes = group.compute()
+            raw.update(values)
+            crashes.extend(group_crashes)
+        if self.valid_tokens == 0:
+            crashes = [
+                VerlCrash(
+                    "verl_crash_empty_batch",
+                    None,
+                    "this batch has no valid token (every response is empty or fully masked): verl raises "
+                    "ValueError('response_mask must contain at least one valid token (1).') and logs nothing",
+                )
+            ]
+        metrics: dict[str, MetricValue] = {}
+        extras: dict[str, MetricValue] = {}
+        for key, value in raw.items():
+            value = verl_float(value)
+            finite = value is not None and abs(value) != float("inf") and value == value
+            target = extras if key.startswith("rcdiag/") else metrics
+            target[key if key.startswith("rcdiag/") else PREFIX + key] = value if finite else None
+            raw[key] = value
+        return BatchResult(
+            metrics=metrics,
+            extras=extras,
+            raw={(k if k.startswith("rcdiag/") else PREFIX + k): v for k, v in raw.items()},
+            crashes=tuple(crashes),
+            rows=self.rows,
+            valid_tokens=self.valid_tokens,
+            empty_rows=self.empty_rows,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Serializable state (merge it back with ``load_state_dict`` + ``merge``)."""
+        return {
+            "rows": self.rows,
+            "valid_tokens": self.valid_tokens,
+            "empty_rows": self.empty_rows,
+            "groups": [group.state_dict() for group in self.groups()],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace this batch's state with a saved one (same configuration)."""
+        groups = self.groups()
+        if len(state["groups"]) != len(groups):
+            raise ValueError("saved state was computed with a different configuration")
+        for group, group_state in zip(groups, state["groups"]):
+            group.load_state_dict(group_state)
+        self.rows = int(state["rows"])
+        self.valid_tokens = int(state["valid_tokens"])
+        self.empty_rows = int(state["empty_rows"])

@@ -1,0 +1,103 @@
+"""A block: whole sequences of one batch, valid tokens only, on one backend.
+
+Per-token arrays are float32, as in verl, so clamps, exp overflow and threshold comparisons behave the same;
+per-row arrays are float64 (there are few rows, and their sums and means are where float32 loses digits).
+
+Padding (mask 0) is dropped before a block is built, so every token in a block is valid and a row may have
+zero tokens (an empty or fully masked response, which still counts in verl's all-rows metrics). Derived
+per-token and per-row arrays are computed once, on first use, and shared by every metric group.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Literal
+
+import numpy as np
+
+from rcdiag.backend import Array, Backend
+from rcdiag.config import SAFETY_BOUND
+
+
+class Block:
+    """Flat float32 log-probs of valid tokens plus per-row token counts."""
+
+    def __init__(self, backend: Backend, old: np.ndarray, rollout: np.ndarray, lengths: np.ndarray) -> None:
+        self.b = backend
+        self.old: Array = backend.asarray(old)
+        self.rollout: Array = backend.asarray(rollout)
+        self.seg = backend.segments(lengths)
+        self.row_len: Array = backend.asarray(lengths.astype(np.float64))
+        self.n_rows = self.seg.n_rows
+        self.n_tokens = self.seg.n_tokens
+
+    @cached_property
+    def row_valid(self) -> Array:
+        """Rows with at least one valid token (verl's ``seq_valid_mask``)."""
+        return self.row_len > 0
+
+    @cached_property
+    def n_valid_rows(self) -> int:
+        return self.b.count(self.row_valid)
+
+    def row_mean(self, row_sums: Array) -> Array:
+        """Per-row masked mean (float64), 0 for empty rows (verl's ``masked_mean(..., axis=-1)``)."""
+        return row_sums / self.b.clip(self.row_len, 1.0, None)
+
+    @cached_property
+    def lr(self) -> Array:
+        """``old - rollout``: log(pi_train / pi_rollout) per token, float32, unclamped."""
+        return self.old - self.rollout
+
+    @cached_property
+    def lr_safe(self) -> Array:
+        """The log-ratio clamped to [-20, 20]."""
+        return self.b.clip(self.lr, -SAFETY_BOUND, SAFETY_BOUND)
+
+    @cached_property
+    def ratio(self) -> Array:
+        """Token IS ratio ``exp(clamp(lr))``."""
+        return self.b.exp(self.lr_safe)
+
+    @cached_property
+    def row_sum_lr(self) -> Array:
+        """Per-row sum of the unclamped log-ratio, float64."""
+        return self.seg.sum(self.lr)
+
+    @property
+    def seq_log_ratio(self) -> Array:
+        """verl's sequence log-ratio S_i: the per-row sum of the unclamped log-ratio (0 for empty rows)."""
+        return self.row_sum_lr
+
+    @cached_property
+    def row_mean_old(self) -> Array:
+        return self.row_mean(self.seg.sum(self.old))
+
+    @cached_property
+    def row_mean_rollout(self) -> Array:
+        return self.row_mean(self.seg.sum(self.rollout))
+
+    def k(self, estimator: Literal["k1", "k2", "k3"]) -> Array:
+        """Per-token divergence statistic on the clamped log-ratio d: k1 = -d, k2 = d^2/2, k3 = e^d - 1 - d."""
+        return self._k[estimator]
+
+    @cached_property
+    def _k(self) -> dict[str, Array]:
+        return _LazyK(self)
+
+
+class _LazyK(dict):
+    def __init__(self, block: Block) -> None:
+        super().__init__()
+        self.block = block
+
+    def __missing__(self, estimator: str) -> Array:
+        d = self.block.lr_safe
+        if estimator == "k1":
+            value = -d
+        elif estimator == "k2":
+            value = 0.5 * d * d
+        else:
+            value = self.block.ratio - 1.0 - d
+        self[estimator] = value
+        return value

@@ -1,0 +1,80 @@
+"""Diagnostics rcdiag adds beyond verl's keys; reported under ``rcdiag/``, never under ``rollout_corr/``.
+
+* ``abs_log_ratio_mean`` / ``abs_log_ratio_max``: mean and max of |log pi_train - log pi_rollout| over valid
+  tokens: the number TRL (``sampling_logp_difference``), slime (``train_rollout_logprob_abs_diff``) and SkyRL log.
+* ``token_mult_prob_error``: mean of exp(|log-ratio|) over valid tokens (NeMo-RL's metric; 1.0 is exact).
+* ``kl_std_error``: standard error of ``kl``, treating sequences (not tokens) as the independent units, since
+  tokens of one response are correlated: sqrt(sum_i (S_i - kl_hat * n_i)^2) / N with S_i the row sum of
+  log(pi_rollout/pi_train) and n_i its valid tokens.
+* ``clamped_token_fraction``: share of valid tokens whose |log-ratio| exceeds verl's safety bound of 20, where
+  verl's clamps change the IS weights and chi2.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+from rcdiag.config import SAFETY_BOUND
+from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
+from rcdiag.metrics.block import Block
+
+EXTRA_KEYS = (
+    "rcdiag/abs_log_ratio_mean",
+    "rcdiag/abs_log_ratio_max",
+    "rcdiag/token_mult_prob_error",
+    "rcdiag/kl_std_error",
+    "rcdiag/clamped_token_fraction",
+)
+
+
+class ExtraMetrics(Accumulator):
+    """rcdiag's own mismatch diagnostics (see the module docstring)."""
+
+    STATES: ClassVar[dict[str, Reduce]] = {
+        "tokens": "sum",
+        "abs_sum": "sum",
+        "abs_max": "max",
+        "exp_abs": "sum",
+        "clamped": "sum",
+        "s_sum": "sum",
+        "s_sq": "sum",
+        "sn": "sum",
+        "n_sq": "sum",
+    }
+
+    def update(self, block: Block) -> None:
+        b = block.b
+        abs_lr = b.abs(block.lr)
+        s = block.row_sum_lr
+        n = block.row_len
+        self.add(
+            tokens=block.n_tokens,
+            abs_sum=b.sum(abs_lr),
+            abs_max=b.max(abs_lr),
+            exp_abs=b.sum(b.exp(abs_lr)),
+            clamped=b.count(abs_lr > SAFETY_BOUND),
+            s_sum=b.sum(s),
+            s_sq=b.dot(s, s),
+            sn=b.dot(s, n),
+            n_sq=b.dot(n, n),
+        )
+
+    def keys(self) -> list[str]:
+        return list(EXTRA_KEYS)
+
+    def compute(self) -> tuple[dict[str, MetricValue], list[VerlCrash]]:
+        st = self.state
+        n = st["tokens"]
+        if n == 0:
+            return dict.fromkeys(EXTRA_KEYS), []
+        mean_lr = st["s_sum"] / n
+        # sum_i (S_i - m n_i)^2 = sum S^2 - 2 m sum S n + m^2 sum n^2
+        spread = st["s_sq"] - 2.0 * mean_lr * st["sn"] + mean_lr * mean_lr * st["n_sq"]
+        return {
+            "rcdiag/abs_log_ratio_mean": st["abs_sum"] / n,
+            "rcdiag/abs_log_ratio_max": st["abs_max"],
+            "rcdiag/token_mult_prob_error": st["exp_abs"] / n,
+            "rcdiag/kl_std_error": math.sqrt(max(spread, 0.0)) / n if spread == spread else math.nan,
+            "rcdiag/clamped_token_fraction": st["clamped"] / n,
+        }, []

@@ -1,0 +1,231 @@
+"""Importance-sampling weights and their metrics (verl's ``compute_rollout_correction_weights``).
+
+Weights: token level ``exp(clamp(lr, ±20))`` per token; sequence level ``exp(clamp(S_i, ±20))`` per row with
+``S_i`` the row sum of the *unclamped* log-ratio, broadcast to the row's tokens. TIS clamps them from above at
+``U``; IcePop zeroes those outside ``[L, U]`` (inclusive) and never touches the mask. Metrics describe the
+applied weights before batch normalization, except the ``*_fraction_*`` metrics, which look at the raw ones.
+The ``seq_*`` metrics and the sequence-level ratio fractions run over **all** rows (an empty row has mean
+weight 0, so it always counts as ``seq_fraction_low``); the batch-normalization factor at sequence level
+averages over rows with a valid token only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import numpy as np
+
+from rcdiag.backend import Array, Backend
+from rcdiag.config import SAFETY_BOUND, ISSpec
+from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash, f32, variance
+from rcdiag.metrics.block import Block
+
+_SEQ_KEYS = (
+    "rollout_is_seq_mean",
+    "rollout_is_seq_std",
+    "rollout_is_seq_max",
+    "rollout_is_seq_min",
+    "rollout_is_seq_max_deviation",
+    "rollout_is_seq_fraction_high",
+    "rollout_is_seq_fraction_low",
+)
+TOKEN_KEYS = (
+    "rollout_is_mean",
+    "rollout_is_ratio_fraction_high",
+    "rollout_is_ratio_fraction_low",
+    "rollout_is_max",
+    "rollout_is_min",
+    "rollout_is_std",
+    "rollout_is_eff_sample_size",
+    *_SEQ_KEYS,
+)
+SEQUENCE_KEYS = (
+    "rollout_is_max",
+    "rollout_is_min",
+    "rollout_is_mean",
+    "rollout_is_ratio_fraction_high",
+    "rollout_is_ratio_fraction_low",
+    "rollout_is_std",
+    "rollout_is_eff_sample_size",
+    *_SEQ_KEYS,
+)
+
+
+class ISMetrics(Accumulator):
+    """The 14 IS metrics, plus ``rollout_is_oob_ratio`` (IcePop) and ``rollout_is_batch_norm_factor``."""
+
+    STATES: ClassVar[dict[str, Reduce]] = {
+        "tokens": "sum",
+        "rows": "sum",
+        "valid_rows": "sum",
+        # token-weighted applied weights w
+        "w_sum": "sum",
+        "w_sq": "sum",
+        "w_dev": "sum",
+        "w_dev_sq": "sum",
+        "w_max": "max",
+        "w_min": "min",
+        # raw ratio beyond the bounds: tokens (token level) or rows (sequence level)
+        "raw_hi": "sum",
+        "raw_lo": "sum",
+        "oob_tokens": "sum",
+        # sequence level: extremes of the row log-ratio S_i over all rows
+        "s_max": "max",
+        "s_min": "min",
+        # per-row mean applied weight a_i over all rows
+        "a_sum": "sum",
+        "a_sq": "sum",
+        "a_dev": "sum",
+        "a_dev_sq": "sum",
+        "a_max": "max",
+        "a_min": "min",
+        "a_max_dev": "max",
+        "rawmean_hi": "sum",
+        "rawmean_lo": "sum",
+    }
+
+    def __init__(self, spec: ISSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.upper = f32(spec.upper)
+        self.lower = f32(spec.lower) if spec.lower is not None else None
+        self.metric_lower = f32(spec.metric_lower)
+        # verl takes the log of a float32 tensor holding the bound.
+        with np.errstate(divide="ignore"):
+            self.log_upper = float(np.log(np.float32(spec.upper)))
+            self.log_lower = float(np.log(np.float32(spec.metric_lower)))
+
+    def signature(self) -> tuple:
+        return (type(self).__name__, self.spec)
+
+    def _apply(self, b: Backend, raw: Array) -> Array:
+        """TIS: clamp at U; IcePop: zero outside [L, U]."""
+        if self.lower is None:
+            return b.clip(raw, None, self.upper)
+        keep = (raw >= self.lower) & (raw <= self.upper)
+        return b.where(keep, raw, 0.0)
+
+    def update(self, block: Block) -> None:
+        b = block.b
+        if self.spec.level == "token":
+            raw = block.ratio
+            w = self._apply(b, raw)
+            w_dev = w - 1.0
+            a = block.row_mean(block.seg.sum(w))
+            raw_mean = block.row_mean(block.seg.sum(raw))
+            token_stats = {
+                "w_sum": b.sum(w),
+                "w_sq": b.dot(w, w),
+                "w_dev": b.sum(w_dev),
+                "w_dev_sq": b.dot(w_dev, w_dev),
+                "w_max": b.max(w),
+                "w_min": b.min(w),
+                "raw_hi": b.count(raw > self.upper),
+                "raw_lo": b.count(raw < self.metric_lower),
+            }
+            if self.lower is not None:
+                token_stats["oob_tokens"] = b.count((raw < self.lower) | (raw > self.upper))
+        else:
+            s = block.seq_log_ratio
+            raw_row = b.exp(b.clip(s, -SAFETY_BOUND, SAFETY_BOUND))
+            w_row = self._apply(b, raw_row)
+            n = block.row_len
+            w_dev = w_row - 1.0
+            valid = block.row_valid
+            a = b.where(valid, w_row, 0.0)
+            raw_mean = b.where(valid, raw_row, 0.0)
+            token_stats = {
+                "w_sum": b.dot(n, w_row),
+                "w_sq": b.dot(n * w_row, w_row),
+                "w_dev": b.dot(n, w_dev),
+                "w_dev_sq": b.dot(n * w_dev, w_dev),
+                "s_max": b.max(s),
+                "s_min": b.min(s),
+                "raw_hi": b.count(s > self.log_upper),
+                "raw_lo": b.count(s < self.log_lower),
+            }
+            if self.lower is not None:
+                oob = (raw_row < self.lower) | (raw_row > self.upper)
+                token_stats["oob_tokens"] = b.sum(b.where(oob, n, 0.0))
+        a_dev = a - 1.0
+        self.add(
+            tokens=block.n_tokens,
+            rows=block.n_rows,
+            valid_rows=block.n_valid_rows,
+            a_sum=b.sum(a),
+            a_sq=b.dot(a, a),
+            a_dev=b.sum(a_dev),
+            a_dev_sq=b.dot(a_dev, a_dev),
+            a_max=b.max(a),
+            a_min=b.min(a),
+            a_max_dev=b.max(b.abs(a_dev)),
+            rawmean_hi=b.count(raw_mean > self.upper),
+            rawmean_lo=b.count(raw_mean < self.metric_lower),
+            **token_stats,
+        )
+
+    def keys(self) -> list[str]:
+        keys = list(TOKEN_KEYS if self.spec.level == "token" else SEQUENCE_KEYS)
+        if self.spec.icepop:
+            keys.append("rollout_is_oob_ratio")
+        if self.spec.batch_normalize:
+            keys.append("rollout_is_batch_norm_factor")
+        return keys
+
+    def compute(self) -> tuple[dict[str, MetricValue], list[VerlCrash]]:
+        st = self.state
+        n_tok, n_rows = st["tokens"], st["rows"]
+        if n_tok == 0:
+            return dict.fromkeys(self.keys()), []
+        crashes: list[VerlCrash] = []
+        mean = st["w_sum"] / n_tok
+        std = 0.0
+        if n_tok > 1:
+            std = math.sqrt(variance(n_tok, st["w_sum"], st["w_sq"], st["w_dev"], st["w_dev_sq"]))
+        # ESS = 1 / E[(w / (E[w] + 1e-8))^2]; verl divides a Python float by it, so all-zero weights crash.
+        second = (st["w_sq"] / n_tok) / (mean + 1e-8) ** 2
+        ess: MetricValue
+        if second == 0.0:
+            ess = None
+            crashes.append(
+                VerlCrash(
+                    "verl_crash_ess_zero_division",
+                    "rollout_is_eff_sample_size",
+                    "every applied IS weight in this batch is 0 (IcePop rejected all of them), so verl's "
+                    "ESS computes 1.0 / 0.0 and the trainer dies with ZeroDivisionError",
+                )
+            )
+        else:
+            ess = 1.0 / second
+        seq_std = 0.0
+        if n_rows > 1:
+            pop = variance(n_rows, st["a_sum"], st["a_sq"], st["a_dev"], st["a_dev_sq"])
+            seq_std = math.sqrt(pop * n_rows / (n_rows - 1))
+        values: dict[str, MetricValue] = {
+            "rollout_is_mean": mean,
+            "rollout_is_ratio_fraction_high": st["raw_hi"] / (n_tok if self.spec.level == "token" else n_rows),
+            "rollout_is_ratio_fraction_low": st["raw_lo"] / (n_tok if self.spec.level == "token" else n_rows),
+            "rollout_is_std": std,
+            "rollout_is_eff_sample_size": ess,
+            "rollout_is_seq_mean": st["a_sum"] / n_rows,
+            "rollout_is_seq_std": seq_std,
+            "rollout_is_seq_max": st["a_max"],
+            "rollout_is_seq_min": st["a_min"],
+            "rollout_is_seq_max_deviation": st["a_max_dev"],
+            "rollout_is_seq_fraction_high": st["rawmean_hi"] / n_rows,
+            "rollout_is_seq_fraction_low": st["rawmean_lo"] / n_rows,
+        }
+        if self.spec.level == "token":
+            values["rollout_is_max"] = st["w_max"]
+            values["rollout_is_min"] = st["w_min"]
+        else:
+            with np.errstate(over="ignore", under="ignore"):
+                values["rollout_is_max"] = float(np.exp(min(st["s_max"], SAFETY_BOUND)))
+                values["rollout_is_min"] = float(np.exp(np.float64(st["s_min"])))
+        if self.spec.icepop:
+            values["rollout_is_oob_ratio"] = st["oob_tokens"] / n_tok
+        if self.spec.batch_normalize:
+            factor = mean if self.spec.level == "token" else st["a_sum"] / max(st["valid_rows"], 1e-8)
+            values["rollout_is_batch_norm_factor"] = factor if factor > 1e-8 else 1.0
+        return {key: values[key] for key in self.keys()}, crashes

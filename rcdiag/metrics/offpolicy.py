@@ -1,0 +1,102 @@
+"""verl's 13 off-policy metrics (``compute_offpolicy_metrics``), always computed, on the original mask.
+
+Row sets: the PPL, log-PPL, ``log_ppl_*``, ``ppl_ratio`` and ``chi2_seq`` metrics average over **all** rows of
+the batch, empty rows included (their per-row mean log-prob is 0, so they contribute PPL 1 and chi2 term 1);
+``kl``, ``k3_kl`` and ``chi2_token`` are token-weighted over valid tokens. ``kl``, ``k3_kl`` and the PPLs use the
+unclamped log-ratio; ``chi2_token`` and ``chi2_seq`` clamp to [-20, 20] (chi2_seq clamps the per-row sum).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rcdiag.config import SAFETY_BOUND
+from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
+from rcdiag.metrics.block import Block
+
+OFFPOLICY_KEYS = (
+    "training_ppl",
+    "training_log_ppl",
+    "kl",
+    "k3_kl",
+    "rollout_ppl",
+    "rollout_log_ppl",
+    "log_ppl_diff",
+    "log_ppl_abs_diff",
+    "log_ppl_diff_max",
+    "log_ppl_diff_min",
+    "ppl_ratio",
+    "chi2_token",
+    "chi2_seq",
+)
+
+
+class OffPolicyMetrics(Accumulator):
+    """kl, k3_kl, chi2_token/seq, training/rollout PPL and log-PPL differences."""
+
+    STATES: ClassVar[dict[str, Reduce]] = {
+        "rows": "sum",
+        "tokens": "sum",
+        "exp_neg_mo": "sum",
+        "neg_mo": "sum",
+        "exp_neg_mr": "sum",
+        "neg_mr": "sum",
+        "neg_lr": "sum",
+        "k3": "sum",
+        "delta": "sum",
+        "abs_delta": "sum",
+        "delta_max": "max",
+        "delta_min": "min",
+        "exp_delta": "sum",
+        "ratio_sq": "sum",
+        "exp_2s": "sum",
+    }
+
+    def update(self, block: Block) -> None:
+        b = block.b
+        mo, mr = block.row_mean_old, block.row_mean_rollout
+        delta = mr - mo
+        lr = block.lr
+        s = block.seq_log_ratio
+        self.add(
+            rows=block.n_rows,
+            tokens=block.n_tokens,
+            exp_neg_mo=b.sum(b.exp(-mo)),
+            neg_mo=-b.sum(mo),
+            exp_neg_mr=b.sum(b.exp(-mr)),
+            neg_mr=-b.sum(mr),
+            neg_lr=-b.sum(block.row_sum_lr),
+            k3=b.sum(b.exp(lr) - lr - 1.0),
+            delta=b.sum(delta),
+            abs_delta=b.sum(b.abs(delta)),
+            delta_max=b.max(delta),
+            delta_min=b.min(delta),
+            exp_delta=b.sum(b.exp(delta)),
+            ratio_sq=b.dot(block.ratio, block.ratio),
+            exp_2s=b.sum(b.exp(2.0 * b.clip(s, -SAFETY_BOUND, SAFETY_BOUND))),
+        )
+
+    def keys(self) -> list[str]:
+        return list(OFFPOLICY_KEYS)
+
+    def compute(self) -> tuple[dict[str, MetricValue], list[VerlCrash]]:
+        st = self.state
+        rows, tokens = st["rows"], st["tokens"]
+        if tokens == 0:
+            return dict.fromkeys(OFFPOLICY_KEYS), []
+        values = {
+            "training_ppl": st["exp_neg_mo"] / rows,
+            "training_log_ppl": st["neg_mo"] / rows,
+            "kl": st["neg_lr"] / tokens,
+            "k3_kl": st["k3"] / tokens,
+            "rollout_ppl": st["exp_neg_mr"] / rows,
+            "rollout_log_ppl": st["neg_mr"] / rows,
+            "log_ppl_diff": st["delta"] / rows,
+            "log_ppl_abs_diff": st["abs_delta"] / rows,
+            "log_ppl_diff_max": st["delta_max"],
+            "log_ppl_diff_min": st["delta_min"],
+            "ppl_ratio": st["exp_delta"] / rows,
+            "chi2_token": st["ratio_sq"] / tokens - 1.0,
+            "chi2_seq": st["exp_2s"] / rows - 1.0,
+        }
+        return values, []

@@ -1,0 +1,230 @@
+"""Rejection sampling: per-option masks and metrics, and the two aggregates (verl's
+``compute_rollout_rejection_mask`` / ``compute_rs_metrics``).
+
+Statistics on the clamped log-ratio d = clamp(old - rollout, ±20): k1 = -d, k2 = d²/2, k3 = e^d - 1 - d, taken
+per token (``token_*``) or per row as the sum, mean or max over the row's valid tokens. k1 keeps
+``log(L) <= stat <= log(U)``, which is ``1/U <= ratio <= 1/L`` (the reverse of what verl's docs say for
+asymmetric bounds); k2/k3 keep ``stat <= U``. Bounds are inclusive, fractions strict, NaN is rejected. Options
+combine with AND. Per-option ``seq_*`` metrics and ``seq_masked_fraction`` run over rows with a valid token;
+the aggregate ``rollout_rs_seq_masked_fraction`` runs over all rows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from rcdiag.backend import Array
+from rcdiag.config import RSOption
+from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash, f32, variance
+from rcdiag.metrics.block import Block
+
+_SUFFIXES = (
+    "mean",
+    "max",
+    "min",
+    "fraction_high",
+    "fraction_low",
+    "std",
+    "seq_mean",
+    "seq_std",
+    "seq_max",
+    "seq_min",
+    "seq_max_deviation",
+    "seq_fraction_high",
+    "seq_fraction_low",
+    "masked_fraction",
+    "seq_masked_fraction",
+)
+AGGREGATE_KEYS = ("rollout_rs_masked_fraction", "rollout_rs_seq_masked_fraction")
+
+
+@dataclass
+class Rejection:
+    """What one option rejected in a block: tokens (token options) or rows (sequence options)."""
+
+    tokens: Array | None = None
+    rows: Array | None = None
+
+
+class RSOptionMetrics(Accumulator):
+    """The 15 (k1) or 14 (k2/k3) ``rollout_rs_<option>_*`` metrics of one option."""
+
+    STATES: ClassVar[dict[str, Reduce]] = {
+        "tokens": "sum",
+        "valid_rows": "sum",
+        "stat_sum": "sum",
+        "tok_max": "max",
+        "tok_min": "min",
+        "tok_hi": "sum",
+        "tok_lo": "sum",
+        "c_sum": "sum",
+        "c_sq": "sum",
+        "v_sum": "sum",
+        "v_sq": "sum",
+        "v_max": "max",
+        "v_min": "min",
+        "v_abs_max": "max",
+        "v_hi": "sum",
+        "v_lo": "sum",
+        "masked_tokens": "sum",
+        "masked_rows": "sum",
+    }
+
+    def __init__(self, option: RSOption) -> None:
+        super().__init__()
+        self.option = option
+        # Bounds as verl compares them: Python floats against float32 tensors, i.e. rounded to float32.
+        self.hi = f32(option.thr_hi)
+        self.lo = f32(option.thr_lo)
+        self.prefix = f"rollout_rs_{option.name}"
+
+    def signature(self) -> tuple:
+        return (type(self).__name__, self.option)
+
+    def _keep(self, stat: Array) -> Array:
+        if self.option.is_k1:
+            return (stat >= self.lo) & (stat <= self.hi)
+        return stat <= self.hi
+
+    def update(self, block: Block) -> Rejection:
+        """Fold a block in and return what this option rejects there."""
+        b, opt = block.b, self.option
+        token_stat = block.k(opt.estimator)
+        valid = block.row_valid
+        if opt.level == "token":
+            stat = token_stat
+            reject = ~self._keep(stat)
+            seq_value = block.row_mean(block.seg.sum(stat))
+            clamped = b.clip(stat, self.lo, self.hi)
+            rows_rejecting = block.seg.count(reject) > 0
+            self.add(
+                stat_sum=b.sum(stat),
+                tok_max=b.max(stat),
+                tok_min=b.min(stat),
+                tok_hi=b.count(stat > self.hi),
+                tok_lo=b.count(stat < self.lo) if opt.is_k1 else 0.0,
+                c_sum=b.sum(clamped),
+                c_sq=b.dot(clamped, clamped),
+                masked_tokens=b.count(reject),
+                masked_rows=b.count(rows_rejecting),
+            )
+            result = Rejection(tokens=reject)
+        else:
+            if opt.agg == "sum":
+                seq_value = block.seg.sum(token_stat)
+            elif opt.agg == "mean":
+                seq_value = block.row_mean(block.seg.sum(token_stat))
+            else:
+                seq_value = block.seg.max(token_stat, 0.0)
+            reject = ~self._keep(seq_value) & valid
+            n = block.row_len
+            clamped = b.clip(seq_value, self.lo, self.hi)
+            self.add(
+                stat_sum=b.dot(n, seq_value),
+                c_sum=b.dot(n, clamped),
+                c_sq=b.dot(n * clamped, clamped),
+                masked_tokens=b.sum(b.where(reject, n, 0.0)),
+                masked_rows=b.count(reject),
+            )
+            result = Rejection(rows=reject)
+        v = seq_value[valid] if block.n_valid_rows < block.n_rows else seq_value
+        self.add(
+            tokens=block.n_tokens,
+            valid_rows=block.n_valid_rows,
+            v_sum=b.sum(v),
+            v_sq=b.dot(v, v),
+            v_max=b.max(v),
+            v_min=b.min(v),
+            v_abs_max=b.max(b.abs(v)),
+            v_hi=b.count(v > self.hi),
+            v_lo=b.count(v < self.lo) if opt.is_k1 else 0.0,
+        )
+        return result
+
+    def keys(self) -> list[str]:
+        suffixes = [s for s in _SUFFIXES if s != "seq_fraction_low" or self.option.is_k1]
+        return [f"{self.prefix}_{suffix}" for suffix in suffixes]
+
+    def compute(self) -> tuple[dict[str, MetricValue], list[VerlCrash]]:
+        st, opt = self.state, self.option
+        n_tok, n_valid = st["tokens"], st["valid_rows"]
+        if n_tok == 0:
+            return dict.fromkeys(self.keys()), []
+        std = math.sqrt(variance(n_tok, st["c_sum"], st["c_sq"])) if n_tok > 1 else 0.0
+        seq_std = 0.0
+        if n_valid > 1:
+            seq_std = math.sqrt(variance(n_valid, st["v_sum"], st["v_sq"]) * n_valid / (n_valid - 1))
+        if opt.level == "token":
+            extremes = (st["tok_max"], st["tok_min"], st["tok_hi"] / n_tok, st["tok_lo"] / n_tok)
+        else:
+            extremes = (st["v_max"], st["v_min"], st["v_hi"] / n_valid, st["v_lo"] / n_valid)
+        values: dict[str, MetricValue] = {
+            "mean": st["stat_sum"] / n_tok,
+            "max": extremes[0],
+            "min": extremes[1],
+            "fraction_high": extremes[2],
+            "fraction_low": extremes[3] if opt.is_k1 else 0.0,
+            "std": std,
+            "seq_mean": st["v_sum"] / n_valid,
+            "seq_std": seq_std,
+            "seq_max": st["v_max"],
+            "seq_min": st["v_min"],
+            "seq_max_deviation": st["v_abs_max"],
+            "seq_fraction_high": st["v_hi"] / n_valid,
+            "seq_fraction_low": st["v_lo"] / n_valid,
+            "masked_fraction": st["masked_tokens"] / n_tok,
+            "seq_masked_fraction": st["masked_rows"] / n_valid,
+        }
+        return {key: values[key.removeprefix(self.prefix + "_")] for key in self.keys()}, []
+
+
+class RSAggregateMetrics(Accumulator):
+    """``rollout_rs_masked_fraction`` (valid tokens rejected by any option) and
+    ``rollout_rs_seq_masked_fraction`` (rows, of all rows, with a rejected valid token)."""
+
+    STATES: ClassVar[dict[str, Reduce]] = {
+        "tokens": "sum",
+        "rows": "sum",
+        "masked_tokens": "sum",
+        "masked_rows": "sum",
+    }
+
+    def update(self, block: Block, rejections: list[Rejection]) -> None:
+        b = block.b
+        token_reject = _any([r.tokens for r in rejections if r.tokens is not None])
+        row_reject = _any([r.rows for r in rejections if r.rows is not None])
+        if token_reject is None:
+            masked_tokens = b.sum(b.where(row_reject, block.row_len, 0.0))
+            masked_rows = b.count(row_reject)
+        else:
+            per_row = block.seg.count(token_reject)
+            if row_reject is None:
+                masked_tokens = b.count(token_reject)
+                masked_rows = b.count(per_row > 0)
+            else:
+                masked_tokens = b.sum(b.where(row_reject, block.row_len, per_row))
+                masked_rows = b.count(row_reject | (per_row > 0))
+        self.add(tokens=block.n_tokens, rows=block.n_rows, masked_tokens=masked_tokens, masked_rows=masked_rows)
+
+    def keys(self) -> list[str]:
+        return list(AGGREGATE_KEYS)
+
+    def compute(self) -> tuple[dict[str, MetricValue], list[VerlCrash]]:
+        st = self.state
+        if st["tokens"] == 0:
+            return dict.fromkeys(AGGREGATE_KEYS), []
+        return {
+            "rollout_rs_masked_fraction": st["masked_tokens"] / st["tokens"],
+            "rollout_rs_seq_masked_fraction": st["masked_rows"] / st["rows"],
+        }, []
+
+
+def _any(arrays: list[Array]) -> Array | None:
+    if not arrays:
+        return None
+    out = arrays[0]
+    for other in arrays[1:]:
+        out = out | other
+    return out

@@ -1,0 +1,214 @@
+"""The terminal report: rich tables of every metric with a reading, a per-step trend, and a findings checklist."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from rcdiag import health
+from rcdiag.config import CorrectionConfig
+from rcdiag.render.readings import reading
+from rcdiag.report import Finding, Report
+
+P = "rollout_corr/"
+_SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+_TREND_KEYS = (
+    P + "kl",
+    P + "k3_kl",
+    P + "chi2_token",
+    P + "log_ppl_abs_diff",
+    P + "rollout_is_eff_sample_size",
+    P + "rollout_rs_masked_fraction",
+)
+MAX_TREND_ROWS = 24
+
+
+def fmt(value: float | None) -> str:
+    """Numbers as verl logs would show them, to 6 significant digits; ``—`` for null."""
+    if value is None:
+        return "—"
+    if value == 0:
+        return "0"
+    return f"{value:.6g}"
+
+
+def render_table(report: Report, console: Console) -> None:
+    """Print the whole report."""
+    console.print(_header(report))
+    metrics = report.metrics
+    title_suffix = " (all steps pooled)" if report.steps else ""
+    off = [k for k in metrics if _group(k) == "offpolicy"]
+    console.print(_metric_table("Off-policy diagnostics" + title_suffix, off, metrics))
+    is_keys = [k for k in metrics if _group(k) == "is"]
+    if is_keys:
+        console.print(_metric_table(_is_title(report.config) + title_suffix, is_keys, metrics))
+    for option, keys in _rs_groups(metrics).items():
+        console.print(_metric_table(_rs_title(option, report.config) + title_suffix, keys, metrics))
+    aggregates = [k for k in metrics if _group(k) == "rs_aggregate"]
+    if aggregates:
+        console.print(_metric_table("Rejection sampling, all options combined" + title_suffix, aggregates, metrics))
+    console.print(_metric_table("rcdiag diagnostics (not verl keys)" + title_suffix, list(report.extras), report.extras))
+    if report.steps:
+        console.print(_trend_table(report))
+    console.print(_checklist(report))
+    for finding in report.findings:
+        style = _SEVERITY_STYLE[finding.severity]
+        console.print(Text.assemble((f"{finding.severity.upper()} ", style), (f"[{finding.code}] ", "bold"), finding.message))
+
+
+def _header(report: Report) -> Text:
+    facts = report.input
+    parts = [
+        f"rcdiag {report.version}",
+        facts.path,
+        f"{facts.rows:,} rows",
+        f"{facts.valid_tokens:,} valid tokens of {facts.tokens:,}",
+    ]
+    if facts.empty_rows:
+        parts.append(f"{facts.empty_rows:,} empty rows")
+    if facts.steps:
+        parts.append(f"{facts.steps} steps")
+    parts.append(f"device {report.device}")
+    text = Text(" · ".join(parts), style="bold")
+    text.append("\nconfig: " + describe_config(report.config), style="dim")
+    return text
+
+
+def describe_config(config: dict) -> str:
+    """One line saying what is computed."""
+    cfg = CorrectionConfig(**config)
+    bits = []
+    if cfg.rollout_is is not None and cfg.rollout_is_threshold is not None:
+        bits.append(f"rollout_is={cfg.rollout_is} threshold={cfg.rollout_is_threshold}")
+        if cfg.rollout_is_batch_normalize:
+            bits.append("batch-normalized")
+    else:
+        bits.append("rollout_is=null")
+    if cfg.rollout_rs is not None:
+        bits.append(f"rollout_rs={cfg.rollout_rs} threshold={cfg.rollout_rs_threshold}")
+    else:
+        bits.append("rollout_rs=null")
+    if cfg.bypass_mode:
+        bits.append(f"bypass_mode loss_type={cfg.loss_type}")
+    return ", ".join(bits)
+
+
+def _group(key: str) -> str:
+    name = key.removeprefix(P)
+    if name.startswith("rollout_is_"):
+        return "is"
+    if name in ("rollout_rs_masked_fraction", "rollout_rs_seq_masked_fraction"):
+        return "rs_aggregate"
+    if name.startswith("rollout_rs_"):
+        return "rs"
+    return "offpolicy"
+
+
+def _rs_groups(metrics: dict) -> dict[str, list[str]]:
+    from rcdiag.config import RS_OPTIONS
+
+    groups: dict[str, list[str]] = {}
+    for key in metrics:
+        if _group(key) != "rs":
+            continue
+        name = key.removeprefix(P + "rollout_rs_")
+        option = next(opt for opt in sorted(RS_OPTIONS, key=len, reverse=True) if name.startswith(opt + "_"))
+        groups.setdefault(option, []).append(key)
+    return groups
+
+
+def _is_title(config: dict) -> str:
+    resolved = CorrectionConfig(**config).resolve().is_spec
+    assert resolved is not None
+    if resolved.icepop:
+        how = f"IcePop: weights outside [{resolved.lower:g}, {resolved.upper:g}] zeroed"
+    else:
+        how = f"TIS: weights clamped at {resolved.upper:g}"
+    norm = ", batch-normalized" if resolved.batch_normalize else ""
+    return f"IS weights, {resolved.level} level ({how}{norm})"
+
+
+def _rs_title(option: str, config: dict) -> str:
+    resolved = CorrectionConfig(**config).resolve()
+    spec = next(o for o in resolved.rs_options if o.name == option)
+    if spec.is_k1:
+        assert spec.lower is not None
+        keeps = f"keeps ratio pi_train/pi_rollout in [{1 / spec.upper:.6g}, {1 / spec.lower:.6g}]"
+    else:
+        keeps = f"keeps {spec.estimator} {'per token' if spec.level == 'token' else spec.agg + ' per response'} <= {spec.upper:g}"
+    return f"RS {option}: {keeps}"
+
+
+def _metric_table(title: str, keys: list[str], values: dict) -> Table:
+    table = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+    table.add_column("metric", no_wrap=True)
+    table.add_column("value", justify="right", no_wrap=True)
+    table.add_column("reading", overflow="fold")
+    for key in keys:
+        table.add_row(key, fmt(values[key]), Text(reading(key, values[key])))
+    return table
+
+
+def _trend_table(report: Report) -> Table:
+    present = [k for k in _TREND_KEYS if k in report.metrics]
+    steps = list(report.steps)
+    shown = steps
+    if len(steps) > MAX_TREND_ROWS:
+        stride = (len(steps) - 1) / (MAX_TREND_ROWS - 1)
+        shown = [steps[round(i * stride)] for i in range(MAX_TREND_ROWS)]
+    title = "Per step (what verl logged at each step)"
+    if len(shown) < len(steps):
+        title += f": {len(shown)} of {len(steps)} steps shown, evenly spaced; all are in --format json"
+    table = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+    table.add_column("step", justify="right")
+    table.add_column("rows", justify="right")
+    for key in present:
+        table.add_column(key.removeprefix(P), justify="right")
+    for step in shown:
+        table.add_row(str(step.step), f"{step.rows:,}", *(fmt(step.metrics.get(k)) for k in present))
+    return table
+
+
+_CHECKS: tuple[tuple[str, str, str], ...] = (
+    ("verl_crash_empty_batch", "", "every batch has a valid token (else verl raises ValueError)"),
+    ("verl_crash_ess_zero_division", P + "rollout_is_eff_sample_size", "IS leaves a nonzero weight (else verl's ESS divides by 0)"),
+    ("is_mean_out_of_range", P + "rollout_is_mean", f"IS mean within [{health.IS_MEAN_RANGE[0]}, {health.IS_MEAN_RANGE[1]}]"),
+    ("is_ess_low", P + "rollout_is_eff_sample_size", f"IS effective sample size >= {health.ESS_MIN}"),
+    ("is_std_high", P + "rollout_is_std", f"IS std <= {health.IS_STD_MAX}"),
+    ("kl_high", P + "kl", f"|kl| <= {health.KL_ABS_MAX}"),
+    ("chi2_token_high", P + "chi2_token", f"chi2_token <= {health.CHI2_TOKEN_MAX}"),
+    ("kl_k3_disagree", P + "kl", "kl agrees with k3_kl (no systematic shift)"),
+    ("rs_rejects_all_tokens", P + "rollout_rs_masked_fraction", "RS leaves some tokens to train on"),
+    ("metric_not_finite", "", "every metric is finite"),
+)
+
+
+def _checklist(report: Report) -> Table:
+    fired: dict[str, Finding] = {}
+    for finding in report.findings:
+        fired.setdefault(finding.code, finding)
+    table = Table(title="Findings checklist", title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+    table.add_column("", no_wrap=True)
+    table.add_column("check")
+    table.add_column("code", style="dim")
+    table.add_column("where", overflow="fold")
+    for code, metric, label in _CHECKS:
+        if metric and metric not in report.metrics:
+            table.add_row(Text("–", style="dim"), Text(label, style="dim"), code, Text("not computed for this config", style="dim"))
+            continue
+        finding = fired.get(code)
+        if finding is None:
+            table.add_row(Text("✓", style="green"), label, code, "")
+            continue
+        mark = Text("✗", style=_SEVERITY_STYLE[finding.severity])
+        where = "whole dump" if finding.steps is None else _steps_text(finding.steps)
+        if finding.value is not None:
+            where = f"{fmt(finding.value)} ({where})"
+        table.add_row(mark, label, code, where)
+    return table
+
+
+def _steps_text(steps: tuple[int, ...]) -> str:
+    listed = ", ".join(map(str, steps[:6])) + (", ..." if len(steps) > 6 else "")
+    return f"{len(steps)} step{'s' if len(steps) != 1 else ''}: {listed}"

@@ -1,0 +1,112 @@
+"""Frozen result records: what ``analyze`` returns and every renderer reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Severity = Literal["error", "warning", "info"]
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One health observation, with a stable ``code`` (documented in docs/findings.md)."""
+
+    code: str
+    severity: Severity
+    message: str
+    metric: str | None = None
+    value: float | None = None
+    threshold: float | tuple[float, float] | None = None
+    steps: tuple[int, ...] | None = None
+    """Steps at which it holds; ``None`` for a dump without steps (one batch) or the dump as a whole."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["value"] = _finite(self.value)
+        out["threshold"] = list(self.threshold) if isinstance(self.threshold, tuple) else self.threshold
+        out["steps"] = list(self.steps) if self.steps is not None else None
+        return out
+
+
+@dataclass(frozen=True)
+class InputFacts:
+    """What was read."""
+
+    path: str
+    format: str
+    rows: int
+    tokens: int
+    """List values read, padding included."""
+    valid_tokens: int
+    empty_rows: int
+    """Rows without a valid token (empty or fully masked responses)."""
+    steps: int
+    """Distinct values of the step column (0 without one)."""
+    skipped_rows: int
+    columns: dict[str, str | None]
+    dtypes: dict[str, str]
+    metadata: dict[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """Metrics of one training step: what verl would have logged at that step."""
+
+    step: int
+    rows: int
+    valid_tokens: int
+    metrics: dict[str, float | None]
+    extras: dict[str, float | None]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "rows": self.rows,
+            "valid_tokens": self.valid_tokens,
+            "metrics": self.metrics,
+            "extras": self.extras,
+        }
+
+
+@dataclass(frozen=True)
+class Report:
+    """The result of analysing one dump.
+
+    ``metrics`` holds verl's ``rollout_corr/*`` keys for the whole dump as one batch (for a dump with a step
+    column, the all-steps view: every step's rows pooled); ``steps`` holds the per-step values verl would
+    have logged; ``extras`` holds rcdiag's own ``rcdiag/*`` diagnostics. Non-finite values are ``None``.
+    """
+
+    config: dict[str, Any]
+    input: InputFacts
+    metrics: dict[str, float | None]
+    extras: dict[str, float | None]
+    steps: tuple[StepReport, ...]
+    findings: tuple[Finding, ...]
+    device: str
+    version: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (schema documented in docs/json.md)."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "rcdiag_version": self.version,
+            "config": self.config,
+            "input": self.input.to_dict(),
+            "device": self.device,
+            "metrics": self.metrics,
+            "extras": self.extras,
+            "steps": [step.to_dict() for step in self.steps],
+            "findings": [finding.to_dict() for finding in self.findings],
+        }
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
