@@ -39,11 +39,11 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
-    from rcdiag.api import analyze, analyze_chunks
-    from rcdiag.config import PRESETS, CorrectionConfig, preset
-    from rcdiag.errors import ConfigError, ExitCode, InputError, RcdiagError
-    from rcdiag.io import Chunk, ColumnMap
-    from rcdiag.report import Finding, InputFacts, Report, StepReport
+    from rcdiag.api import analyze, analyze_chunks  # noqa: F401
+    from rcdiag.config import PRESETS, CorrectionConfig, preset  # noqa: F401
+    from rcdiag.errors import ConfigError, ExitCode, InputError, RcdiagError  # noqa: F401
+    from rcdiag.io import Chunk, ColumnMap  # noqa: F401
+    from rcdiag.report import Finding, InputFacts, Report, StepReport  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

@@ -142,8 +142,7 @@ def parse_is_threshold(spec: Any) -> tuple[float, float | None]:
     """
     if isinstance(spec, bool):
         raise ConfigError(
-            "rollout_is_threshold must be specified as a float or a string threshold specification, "
-            "not a boolean."
+            "rollout_is_threshold must be specified as a float or a string threshold specification, not a boolean."
         )
     lower: float | None
     if isinstance(spec, int | float):
@@ -201,9 +200,7 @@ def parse_rs_thresholds(options: list[str], spec: Any) -> dict[str, tuple[float 
     elif isinstance(spec, str):
         specs = [part.strip() for part in spec.split(",") if part.strip()]
     else:
-        raise ConfigError(
-            "rollout_rs_threshold must be a string or numeric value specifying per-option thresholds."
-        )
+        raise ConfigError("rollout_rs_threshold must be a string or numeric value specifying per-option thresholds.")
     if not specs:
         raise ConfigError("rollout_rs_threshold must contain at least one threshold value.")
     if len(specs) not in (1, len(options)):
@@ -213,7 +210,7 @@ def parse_rs_thresholds(options: list[str], spec: Any) -> dict[str, tuple[float 
         )
     if len(specs) == 1:
         specs = specs * len(options)
-    return {option: _parse_one_rs_threshold(option, text) for option, text in zip(options, specs)}
+    return {option: _parse_one_rs_threshold(option, text) for option, text in zip(options, specs, strict=True)}
 
 
 def _parse_one_rs_threshold(option: str, spec: str) -> tuple[float | None, float]:
@@ -263,9 +260,7 @@ def _resolve(config: CorrectionConfig) -> ResolvedConfig:
     # verl runs IS only when both the level and the threshold are set; a None threshold silently skips IS.
     if config.rollout_is is not None and config.rollout_is_threshold is not None:
         if config.rollout_is not in IS_LEVELS:
-            raise ConfigError(
-                f"Invalid rollout_is: {config.rollout_is}. Must be one of {{'token', 'sequence'}}."
-            )
+            raise ConfigError(f"Invalid rollout_is: {config.rollout_is}. Must be one of {{'token', 'sequence'}}.")
         upper, lower = parse_is_threshold(config.rollout_is_threshold)
         is_spec = ISSpec(config.rollout_is, upper, lower, bool(config.rollout_is_batch_normalize))  # type: ignore[arg-type]
     rs_options: list[RSOption] = []
@@ -328,11 +323,17 @@ PRESETS: dict[str, Callable[[], CorrectionConfig]] = {
         rollout_rs="seq_mean_k1", rollout_rs_threshold=_GEO, bypass_mode=True, loss_type="reinforce"
     ),
     "bypass_pg_geo_rs_seq_tis": _preset(
-        rollout_is="sequence", rollout_rs="seq_mean_k1", rollout_rs_threshold=_GEO, bypass_mode=True,
+        rollout_is="sequence",
+        rollout_rs="seq_mean_k1",
+        rollout_rs_threshold=_GEO,
+        bypass_mode=True,
         loss_type="reinforce",
     ),
     "bypass_pg_geo_rs_token_tis": _preset(
-        rollout_is="token", rollout_rs="seq_mean_k1", rollout_rs_threshold=_GEO, bypass_mode=True,
+        rollout_is="token",
+        rollout_rs="seq_mean_k1",
+        rollout_rs_threshold=_GEO,
+        bypass_mode=True,
         loss_type="reinforce",
     ),
     "disabled": _preset(),

@@ -8,6 +8,7 @@ or how steps interleave in the file.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,7 +132,7 @@ def _drop_padding(chunk: Chunk, lengths: np.ndarray) -> tuple[np.ndarray, np.nda
 
 def _check_values(chunk: Chunk, old: np.ndarray, rollout: np.ndarray, lengths: np.ndarray) -> None:
     """NaN, +inf or a positive log-prob at a valid position is an ``InputError`` (``-inf`` is legal)."""
-    for name, values in zip(chunk.column_names, (old, rollout)):
+    for name, values in zip(chunk.column_names, (old, rollout), strict=True):
         ok = values <= POSITIVE_TOLERANCE
         if ok.all():
             continue
@@ -166,7 +167,7 @@ def _step_runs(steps: np.ndarray | None, n_rows: int) -> list[tuple[StepKey, int
     if n_rows == 0:
         return []
     bounds = [0, *(np.flatnonzero(steps[1:] != steps[:-1]) + 1).tolist(), n_rows]
-    return [(int(steps[a]), a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    return [(int(steps[a]), a, b) for a, b in itertools.pairwise(bounds)]
 
 
 def _group_by_step(

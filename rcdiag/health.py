@@ -258,12 +258,13 @@ def evaluate(batches: list[tuple[int | None, BatchResult]], resolved: ResolvedCo
             findings.append(Finding(code, worst.severity, worst.message, worst.metric, worst.value, worst.threshold))
             continue
         steps = tuple(sorted(int(step) for step, _ in hits if step is not None))
-        where = f"at {len(steps)} of {total} steps" if len(steps) < total else f"at every step ({total})"
-        listed = ", ".join(map(str, steps[:10])) + (", ..." if len(steps) > 10 else "")
-        message = f"{where} ({listed}); at step {worst_step}: {worst.message}"
-        findings.append(
-            Finding(code, worst.severity, message, worst.metric, worst.value, worst.threshold, steps=steps)
-        )
+        if len(steps) < total:
+            listed = ", ".join(map(str, steps[:10])) + (", ..." if len(steps) > 10 else "")
+            where = f"at {len(steps)} of {total} steps ({listed})"
+        else:
+            where = f"at all {total} steps"
+        message = f"{where}; worst at step {worst_step}: {worst.message}"
+        findings.append(Finding(code, worst.severity, message, worst.metric, worst.value, worst.threshold, steps=steps))
     order = {code: i for i, code in enumerate(FINDING_CODES)}
     severity_rank = {"error": 0, "warning": 1, "info": 2}
     findings.sort(key=lambda f: (severity_rank[f.severity], order.get(f.code, 99)))

@@ -13,8 +13,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import rcdiag  # noqa: E402
-from rcdiag.io import Chunk  # noqa: E402
+import rcdiag
+from rcdiag.io import Chunk
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_data"

@@ -71,10 +71,7 @@ def importance(
         s = np.where(m, d, 0.0).sum(1)
         raw = np.repeat(np.exp(np.clip(s, -SAFE, SAFE))[:, None], m.shape[1], axis=1)
     raw = np.where(m, raw, 0.0)
-    if lower is None:
-        w = np.minimum(raw, upper)
-    else:
-        w = np.where((raw >= lower) & (raw <= upper), raw, 0.0)
+    w = np.minimum(raw, upper) if lower is None else np.where((raw >= lower) & (raw <= upper), raw, 0.0)
     wv = w[m]
     n = wv.size
     mean = float(wv.mean())
@@ -126,7 +123,7 @@ def parse_rs(options: str, spec: str | float) -> list[tuple[str, float | None, f
     if len(specs) == 1:
         specs = specs * len(names)
     out = []
-    for name, text in zip(names, specs):
+    for name, text in zip(names, specs, strict=True):
         if name.endswith("k1"):
             if "_" in text:
                 lo, hi = (float(v) for v in text.split("_", 1))
@@ -208,7 +205,11 @@ def all_metrics(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray, **config
     if config.get("rollout_is") is not None:
         out.update(
             importance(
-                old, rollout, m, str(config["rollout_is"]), config.get("rollout_is_threshold", 2.0),  # type: ignore[arg-type]
+                old,
+                rollout,
+                m,
+                str(config["rollout_is"]),
+                config.get("rollout_is_threshold", 2.0),  # type: ignore[arg-type]
                 bool(config.get("rollout_is_batch_normalize", False)),
             )
         )

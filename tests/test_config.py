@@ -74,7 +74,11 @@ def test_rs_thresholds_broadcast_zip_and_k1_reciprocal() -> None:
         (["token_k1"], "2_1", "must be lower <= upper, got 2_1."),
         # where verl itself crashes (ZeroDivisionError / a bare float() error), rcdiag says why
         (["token_k1"], "0", "verl v0.9.0 crashes here with ZeroDivisionError"),
-        (["seq_sum_k1"], "abc", "Invalid numeric threshold 'abc' for option 'seq_sum_k1'. (verl v0.9.0 crashes"),
+        (
+            ["seq_sum_k1"],
+            "abc",
+            "Invalid numeric threshold 'abc' for option 'seq_sum_k1'. (verl v0.9.0 crashes",
+        ),
     ],
 )
 def test_rs_threshold_errors(options: list, spec: object, message: str) -> None:
@@ -87,12 +91,21 @@ def test_rs_threshold_errors(options: list, spec: object, message: str) -> None:
     ("fields", "message"),
     [
         ({"rollout_is": "geometric"}, "Invalid rollout_is: geometric. Must be one of"),
-        ({"rollout_rs": "token_k1"}, "rollout_rs_threshold must be explicitly provided when rollout_rs is enabled."),
+        (
+            {"rollout_rs": "token_k1"},
+            "rollout_rs_threshold must be explicitly provided when rollout_rs is enabled.",
+        ),
         ({"rollout_rs": "sequence", "rollout_rs_threshold": 2.0}, "Invalid rollout_rs option: sequence."),
         ({"rollout_rs": "seq_max_k1", "rollout_rs_threshold": 2.0}, "Invalid rollout_rs option: seq_max_k1."),
         ({"rollout_rs": "Token_K1", "rollout_rs_threshold": 2.0}, "Invalid rollout_rs option: Token_K1."),
-        ({"rollout_rs": " , ", "rollout_rs_threshold": 2.0}, "rollout_rs must contain at least one valid option."),
-        ({"bypass_mode": True, "loss_type": "ppo"}, "Invalid loss_type: ppo. Must be 'reinforce' or 'ppo_clip'."),
+        (
+            {"rollout_rs": " , ", "rollout_rs_threshold": 2.0},
+            "rollout_rs must contain at least one valid option.",
+        ),
+        (
+            {"bypass_mode": True, "loss_type": "ppo"},
+            "Invalid loss_type: ppo. Must be 'reinforce' or 'ppo_clip'.",
+        ),
     ],
 )
 def test_config_errors(fields: dict, message: str) -> None:
@@ -124,7 +137,10 @@ def test_nineteen_presets() -> None:
         preset(name).resolve()
     assert preset("decoupled_token_icepop").rollout_is_threshold == "0.5_5.0"
     assert preset("bypass_pg_geo_rs_token_tis") == CorrectionConfig(
-        rollout_is="token", rollout_rs="seq_mean_k1", rollout_rs_threshold="0.999_1.001", bypass_mode=True,
+        rollout_is="token",
+        rollout_rs="seq_mean_k1",
+        rollout_rs_threshold="0.999_1.001",
+        bypass_mode=True,
         loss_type="reinforce",
     )
     with pytest.raises(ConfigError, match="Unknown preset 'decoupled_k1_rs'"):

@@ -45,7 +45,11 @@ def test_extreme_log_ratios_follow_verl_clamps() -> None:
     old = np.array([[-0.1, -0.2, -30.0, -0.5], [-95.0, -0.3, -0.1, -0.2], [-0.4, -0.4, -0.4, -0.4]], np.float32)
     rollout = np.array([[-0.1, -25.0, -0.1, -0.5], [-0.1, -0.3, -0.1, -0.2], [-0.4, -0.3, -0.5, -0.4]], np.float32)
     mask = np.ones_like(old, dtype=np.int64)
-    for config in ({"rollout_is": "token"}, {"rollout_is": "sequence"}, {"rollout_rs": "seq_sum_k2", "rollout_rs_threshold": 5}):
+    for config in (
+        {"rollout_is": "token"},
+        {"rollout_is": "sequence"},
+        {"rollout_rs": "seq_sum_k2", "rollout_rs_threshold": 5},
+    ):
         report = run_padded(old, rollout, mask, **config)
         expected = all_metrics(old, rollout, mask, **config)
         assert_metrics_close(report.metrics, expected, rel=1e-5, abs_tol=1e-6)

@@ -3,12 +3,13 @@ metric beyond float tolerance."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import padded_chunk, random_batch, ragged_lists, write_dump
+from conftest import padded_chunk, ragged_lists, random_batch, write_dump
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -38,12 +39,16 @@ def close(a: dict, b: dict, rel: float = 1e-9, abs_tol: float = 1e-12) -> None:
 
 def ragged_chunks(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray, cuts: list[int]) -> list[Chunk]:
     """Split a padded batch into chunks of whole rows at the given row cuts (padding kept, mask 0)."""
-    bounds = [0, *sorted(set(c for c in cuts if 0 < c < old.shape[0])), old.shape[0]]
-    return [padded_chunk(old[a:b], rollout[a:b], mask[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    bounds = [0, *sorted({c for c in cuts if 0 < c < old.shape[0]}), old.shape[0]]
+    return [padded_chunk(old[a:b], rollout[a:b], mask[a:b]) for a, b in itertools.pairwise(bounds)]
 
 
 @SETTINGS
-@given(seed=st.integers(0, 10_000), cuts=st.lists(st.integers(0, 30), max_size=6), config=st.sampled_from([CONFIG, TOKEN_IS]))
+@given(
+    seed=st.integers(0, 10_000),
+    cuts=st.lists(st.integers(0, 30), max_size=6),
+    config=st.sampled_from([CONFIG, TOKEN_IS]),
+)
 def test_chunking_and_row_order_do_not_matter(seed: int, cuts: list[int], config: rcdiag.CorrectionConfig) -> None:
     rng = np.random.default_rng(seed)
     old, rollout, mask = random_batch(rng, rows=30, width=25, noise=0.3, empty_rows=3, outliers=0.02)
@@ -66,7 +71,9 @@ def test_padding_with_mask_zero_changes_nothing(seed: int, extra: int, garbage: 
     padded = rcdiag.analyze_chunks(
         [
             padded_chunk(
-                np.hstack([old, pad]), np.hstack([rollout, pad]), np.hstack([mask, np.zeros((old.shape[0], extra), np.int64)])
+                np.hstack([old, pad]),
+                np.hstack([rollout, pad]),
+                np.hstack([mask, np.zeros((old.shape[0], extra), np.int64)]),
             )
         ],
         CONFIG,
@@ -136,7 +143,7 @@ def test_reader_chunk_size_does_not_matter(tmp_path: Path, chunk_tokens: int) ->
     reference = rcdiag.analyze(path, CONFIG)
     report = rcdiag.analyze(path, CONFIG, chunk_tokens=chunk_tokens)
     close(report.metrics, reference.metrics)
-    for a, b in zip(report.steps, reference.steps):
+    for a, b in zip(report.steps, reference.steps, strict=True):
         close(a.metrics, b.metrics)
 
 

@@ -29,7 +29,9 @@ def rows_with_ratios(ratios: list[list[float]], rollout_lp: float = -3.0) -> tup
 
 def test_token_rs_masks_tokens_and_keeps_weights() -> None:
     old, rollout, mask = rows_with_ratios([[math.exp(-1)] * 3, [math.exp(0.5)] * 3])
-    m = run_padded(old, rollout, mask, rollout_is="token", rollout_rs="token_k1", rollout_rs_threshold="0.5_2.0").metrics
+    m = run_padded(
+        old, rollout, mask, rollout_is="token", rollout_rs="token_k1", rollout_rs_threshold="0.5_2.0"
+    ).metrics
     assert m[P + "rollout_rs_masked_fraction"] == pytest.approx(0.5)
     assert m[P + "rollout_rs_token_k1_masked_fraction"] == pytest.approx(0.5)
     assert m[P + "rollout_rs_seq_masked_fraction"] == pytest.approx(0.5)
@@ -131,7 +133,12 @@ def test_batch_normalization_factors() -> None:
 def test_batch_norm_factor_falls_back_to_one() -> None:
     old, rollout, mask = rows_with_ratios([[9.0, 0.1]])
     m = run_padded(
-        old, rollout, mask, rollout_is="token", rollout_is_threshold="0.5_5.0", rollout_is_batch_normalize=True
+        old,
+        rollout,
+        mask,
+        rollout_is="token",
+        rollout_is_threshold="0.5_5.0",
+        rollout_is_batch_normalize=True,
     ).metrics
     assert m[P + "rollout_is_batch_norm_factor"] == 1.0
 
@@ -140,7 +147,11 @@ def test_identities_between_metrics() -> None:
     rng = np.random.default_rng(9)
     old, rollout, mask = random_batch(rng, rows=20, width=30, noise=0.2, empty_rows=0)
     m = run_padded(
-        old, rollout, mask, rollout_rs="token_k1,seq_mean_k1,seq_mean_k3", rollout_rs_threshold="0.5_2.0,0.5_2.0,1.0"
+        old,
+        rollout,
+        mask,
+        rollout_rs="token_k1,seq_mean_k1,seq_mean_k3",
+        rollout_rs_threshold="0.5_2.0,0.5_2.0,1.0",
     ).metrics
     assert m[P + "rollout_rs_token_k1_mean"] == pytest.approx(m[P + "kl"], rel=1e-6)
     assert m[P + "rollout_rs_seq_mean_k1_mean"] == pytest.approx(m[P + "kl"], rel=1e-5)
@@ -153,8 +164,14 @@ def test_identities_between_metrics() -> None:
 def test_duplicate_rs_options_are_merged_first_occurrence_wins() -> None:
     rng = np.random.default_rng(2)
     old, rollout, mask = random_batch(rng)
-    m = run_padded(old, rollout, mask, rollout_rs="token_k1, seq_max_k2,token_k1", rollout_rs_threshold="0.5_2.0,1.0").metrics
-    options = [k.removesuffix("_mean").removeprefix(P + "rollout_rs_") for k in m if k.endswith("_mean") and "_rs_" in k and not k.endswith("_seq_mean")]
+    m = run_padded(
+        old, rollout, mask, rollout_rs="token_k1, seq_max_k2,token_k1", rollout_rs_threshold="0.5_2.0,1.0"
+    ).metrics
+    options = [
+        k.removesuffix("_mean").removeprefix(P + "rollout_rs_")
+        for k in m
+        if k.endswith("_mean") and "_rs_" in k and not k.endswith("_seq_mean")
+    ]
     assert options == ["token_k1", "seq_max_k2"]
     with pytest.raises(ConfigError, match="exactly 1 thresholds"):
         rcdiag.CorrectionConfig(rollout_rs="token_k1,token_k1", rollout_rs_threshold="0.5_2.0,0.6_1.5").resolve()
@@ -193,7 +210,15 @@ def test_key_order_follows_verl() -> None:
         "training_ppl", "training_log_ppl", "kl", "k3_kl", "rollout_ppl", "rollout_log_ppl", "log_ppl_diff",
         "log_ppl_abs_diff", "log_ppl_diff_max", "log_ppl_diff_min", "ppl_ratio", "chi2_token", "chi2_seq",
     ]  # fmt: skip
-    tail = ["seq_mean", "seq_std", "seq_max", "seq_min", "seq_max_deviation", "seq_fraction_high", "seq_fraction_low"]
+    tail = [
+        "seq_mean",
+        "seq_std",
+        "seq_max",
+        "seq_min",
+        "seq_max_deviation",
+        "seq_fraction_high",
+        "seq_fraction_low",
+    ]
     head_token = ["mean", "ratio_fraction_high", "ratio_fraction_low", "max", "min", "std", "eff_sample_size"]
     head_seq = ["max", "min", "mean", "ratio_fraction_high", "ratio_fraction_low", "std", "eff_sample_size"]
     assert token == [P + "rollout_is_" + k for k in head_token + tail] + [P + k for k in offpolicy]

@@ -46,8 +46,9 @@ def compare_with_verl(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray, co
         assert report.metrics["rollout_corr/rollout_is_eff_sample_size"] is None
         return
     except ValueError as exc:
-        assert "at least one valid token" in str(exc)
-        assert [f.code for f in report.findings] == ["verl_crash_empty_batch"]
+        message = str(exc)
+        assert [f.code for f in report.findings] == ["verl_crash_empty_batch"], message
+        assert "at least one valid token" in message
         return
     assert list(report.metrics) == list(expected)
     bad = []
@@ -76,7 +77,10 @@ CONFIGS = [
     {"rollout_is": "sequence", "rollout_is_batch_normalize": True},
     {"rollout_is": "token", "rollout_is_threshold": "0.5_5.0", "rollout_is_batch_normalize": True},
     {"rollout_is": "sequence", "rollout_is_threshold": "0.5_5.0"},
-    {"rollout_rs": ",".join(RS_OPTIONS), "rollout_rs_threshold": "0.7_1.3,2,0.02,0.5_2.0,5,0.5,0.99_1.01,0.01,0.01,0.5,0.2"},
+    {
+        "rollout_rs": ",".join(RS_OPTIONS),
+        "rollout_rs_threshold": "0.7_1.3,2,0.02,0.5_2.0,5,0.5,0.99_1.01,0.01,0.01,0.5,0.2",
+    },
     {"rollout_is": "token", "rollout_rs": "token_k1,seq_mean_k3", "rollout_rs_threshold": "0.9_1.05,0.001"},
     *[{k: v for k, v in build().to_dict().items() if k.startswith("rollout_")} for build in PRESETS.values()],
 ]
@@ -110,7 +114,7 @@ def rs_config(draw: st.DrawFn) -> dict:
             specs.append(draw(st.sampled_from([f"{lo}_{hi}", f"{hi}"])))
         else:
             specs.append(str(draw(st.floats(1e-3, 2.0))))
-    shared = draw(st.booleans()) and all(o.endswith("k1") for o in unique) or len(unique) == 1
+    shared = (draw(st.booleans()) and all(o.endswith("k1") for o in unique)) or len(unique) == 1
     return {"rollout_rs": ",".join(options), "rollout_rs_threshold": specs[0] if shared else ",".join(specs)}
 
 
@@ -142,5 +146,7 @@ def any_config(draw: st.DrawFn) -> dict:
 )
 def test_random_configs_and_batches(config: dict, seed: int, rows: int, width: int, noise: float, empty: int) -> None:
     rng = np.random.default_rng(seed)
-    old, rollout, mask = random_batch(rng, rows=rows, width=width, noise=noise, empty_rows=min(empty, rows), outliers=0.05)
+    old, rollout, mask = random_batch(
+        rng, rows=rows, width=width, noise=noise, empty_rows=min(empty, rows), outliers=0.05
+    )
     compare_with_verl(old, rollout, mask, config)

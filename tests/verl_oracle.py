@@ -28,7 +28,7 @@ def load_verl() -> tuple[Any, Any] | None:
     spec = importlib.util.find_spec("verl")
     if spec is None or not spec.submodule_search_locations:
         return None
-    root = list(spec.submodule_search_locations)[0]
+    root = next(iter(spec.submodule_search_locations))
     saved = {name: sys.modules.get(name) for name in _STUBBED}
 
     def package(name: str, path: str) -> None:
@@ -75,9 +75,7 @@ _STUBS: dict[str, dict[str, Any]] = {
 _STUBBED = tuple(_STUBS)
 
 
-def verl_metrics(
-    old: Any, rollout: Any, mask: Any, **config: Any
-) -> dict[str, float]:
+def verl_metrics(old: Any, rollout: Any, mask: Any, **config: Any) -> dict[str, float]:
     """verl's ``rollout_corr/*`` metrics for padded (B, T) tensors and a config (verl's field names)."""
     loaded = load_verl()
     assert loaded is not None

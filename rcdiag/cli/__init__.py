@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except BrokenPipeError:
         sys.exit(ExitCode.OK)
-    except Exception as exc:  # noqa: BLE001 - the contract is: no traceback, exit 3
+    except Exception as exc:
         # typer vendors click in recent releases, so click's exceptions are recognised by name.
         kinds = {cls.__name__ for cls in type(exc).__mro__}
         context = getattr(exc, "ctx", None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -23,7 +23,10 @@ from rcdiag.render import OutputFormat
 
 
 def analyze(
-    path: Annotated[Path, typer.Argument(help="The dump: a Parquet file with one row per response.", metavar="PATH", show_default=False)],
+    path: Annotated[
+        Path,
+        typer.Argument(help="The dump: a Parquet file with one row per response.", metavar="PATH", show_default=False),
+    ],
     is_level: IsOpt = None,
     is_threshold: IsThresholdOpt = None,
     rs: RsOpt = None,
@@ -36,8 +39,14 @@ def analyze(
         OutputFormat, typer.Option("--format", help="`table` (terminal) or `json`.", rich_help_panel="Output")
     ] = OutputFormat.table,
     output: Annotated[
-        Optional[Path],
-        typer.Option("--output", "-o", metavar="FILE", help="Write the report here instead of stdout.", rich_help_panel="Output"),
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            metavar="FILE",
+            help="Write the report here instead of stdout.",
+            rich_help_panel="Output",
+        ),
     ] = None,
 ) -> None:
     """Run verl's rollout correction over a dump and report every `rollout_corr/*` metric with findings.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -22,7 +22,7 @@ class ISLevel(str, enum.Enum):
 
 
 IsOpt = Annotated[
-    Optional[ISLevel],
+    ISLevel | None,
     typer.Option(
         "--is",
         help="IS weight level (verl's `rollout_is`); `none` turns IS off. Default: off.",
@@ -31,7 +31,7 @@ IsOpt = Annotated[
     ),
 ]
 IsThresholdOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         "--is-threshold",
         metavar="SPEC",
@@ -42,7 +42,7 @@ IsThresholdOpt = Annotated[
     ),
 ]
 RsOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         "--rs",
         metavar="OPTIONS",
@@ -53,7 +53,7 @@ RsOpt = Annotated[
     ),
 ]
 RsThresholdOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         "--rs-threshold",
         metavar="SPEC",
@@ -64,7 +64,7 @@ RsThresholdOpt = Annotated[
     ),
 ]
 BatchNormOpt = Annotated[
-    Optional[bool],
+    bool | None,
     typer.Option(
         "--batch-normalize/--no-batch-normalize",
         help="`rollout_is_batch_normalize`: normalise IS weights to mean 1 per batch (reports the factor).",
@@ -73,7 +73,7 @@ BatchNormOpt = Annotated[
     ),
 ]
 PresetOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         "--preset",
         metavar="NAME",

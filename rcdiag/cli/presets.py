@@ -8,11 +8,18 @@ def presets() -> None:
     from rich.table import Table
 
     from rcdiag.cli.console import stdout_console
-
     from rcdiag.config import PRESETS
 
     table = Table(title="verl v0.9.0 presets", title_justify="left", show_edge=False, pad_edge=False)
-    for column in ("preset", "rollout_is", "is_threshold", "rollout_rs", "rs_threshold", "bypass_mode", "loss_type"):
+    for column in (
+        "preset",
+        "rollout_is",
+        "is_threshold",
+        "rollout_rs",
+        "rs_threshold",
+        "bypass_mode",
+        "loss_type",
+    ):
         table.add_column(column, no_wrap=True)
     for name, build in PRESETS.items():
         c = build()

@@ -19,8 +19,7 @@ def check_logprob_type(arrow_type: pa.DataType, column: str, path: str) -> None:
     """A log-prob column must be a list of floats."""
     if not is_list_type(arrow_type) or not pa.types.is_floating(arrow_type.value_type):
         raise InputError(
-            f"has type {arrow_type}, expected a list of float32/float64 (one list of per-token log-probs per "
-            "response)",
+            f"has type {arrow_type}, expected a list of float32/float64 (one list of per-token log-probs per response)",
             path=path,
             column=column,
         )
@@ -94,8 +93,7 @@ def mask_values(values: pa.Array, offsets: np.ndarray, column: str, path: str, f
         row = int(np.searchsorted(offsets, flat_index, side="right") - 1)
         count = int(np.count_nonzero(np.add.reduceat(bad, offsets[:-1][np.diff(offsets) > 0]) > 0))
         raise InputError(
-            f"holds the value {out[flat_index]} (a mask must be 0 or 1); {count} row(s) of this chunk are "
-            "affected",
+            f"holds the value {out[flat_index]} (a mask must be 0 or 1); {count} row(s) of this chunk are affected",
             path=path,
             row=first_row + row,
             column=column,

@@ -6,6 +6,7 @@ so every per-row quantity can be computed inside it; how rows are grouped into c
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from abc import ABC, abstractmethod
@@ -119,7 +120,7 @@ def prefetch(iterator: Iterator[Chunk], depth: int = 2) -> Iterator[Chunk]:
                 if stop.is_set():
                     return
             items.put(_DONE)
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+        except BaseException as exc:
             items.put(exc)
 
     thread = threading.Thread(target=produce, name="rcdiag-reader", daemon=True)
@@ -135,7 +136,12 @@ def prefetch(iterator: Iterator[Chunk], depth: int = 2) -> Iterator[Chunk]:
     finally:
         stop.set()
         while thread.is_alive():
-            try:
-                items.get_nowait()
-            except queue.Empty:
-                thread.join(timeout=0.05)
+            _drain(items)
+            thread.join(timeout=0.05)
+
+
+def _drain(items: queue.Queue) -> None:
+    """Empty the queue so a producer blocked on ``put`` can see the stop flag."""
+    with contextlib.suppress(queue.Empty):
+        while True:
+            items.get_nowait()

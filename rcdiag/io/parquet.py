@@ -43,6 +43,8 @@ class ParquetSource(Source):
             raise InputError(
                 f"cannot be read as Parquet ({_short(exc)}); is it a complete .parquet file?", path=self.path
             ) from None
+        if self.file.metadata.num_rows == 0:
+            raise InputError("has no rows: there is nothing to analyze", path=self.path)
         schema = self.file.schema_arrow
         names = set(schema.names)
         cols = self.columns
@@ -97,12 +99,15 @@ class ParquetSource(Source):
             (i for i in range(meta.num_columns) if meta.schema.column(i).path.split(".")[0] == self.columns.old),
             None,
         )
-        values = sum(meta.row_group(g).column(leaf).num_values for g in range(meta.num_row_groups)) if leaf is not None else 0
+        values = (
+            sum(meta.row_group(g).column(leaf).num_values for g in range(meta.num_row_groups))
+            if leaf is not None
+            else 0
+        )
         mean_length = max(values / meta.num_rows, 1.0)
         return int(min(max(chunk_tokens / mean_length, 1), 1 << 20))
 
     def chunks(self, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Iterator[Chunk]:
-        cols = self.columns
         row = 0
         batches = self.file.iter_batches(
             batch_size=self._rows_per_batch(chunk_tokens), columns=self._read_columns(), use_threads=True

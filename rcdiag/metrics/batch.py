@@ -79,7 +79,7 @@ class BatchMetrics:
         """Fold another batch's state (same configuration) into this one; returns ``self``."""
         if other.resolved.config != self.resolved.config:
             raise ValueError("cannot merge batches computed with different configurations")
-        for mine, theirs in zip(self.groups(), other.groups()):
+        for mine, theirs in zip(self.groups(), other.groups(), strict=True):
             mine.merge(theirs)
         self.rows += other.rows
         self.valid_tokens += other.valid_tokens
@@ -135,7 +135,7 @@ class BatchMetrics:
         groups = self.groups()
         if len(state["groups"]) != len(groups):
             raise ValueError("saved state was computed with a different configuration")
-        for group, group_state in zip(groups, state["groups"]):
+        for group, group_state in zip(groups, state["groups"], strict=True):
             group.load_state_dict(group_state)
         self.rows = int(state["rows"])
         self.valid_tokens = int(state["valid_tokens"])

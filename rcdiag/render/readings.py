@@ -106,7 +106,8 @@ def _dynamic(name: str, value: float) -> str:
             "" if 0.5 <= value <= 2.0 else " (outside [0.5, 2]: systematic shift)"
         )
     if name == "rollout_is_eff_sample_size":
-        return f"effective share of the batch after weighting ({'healthy' if value >= 0.5 else 'low' if value >= 0.3 else 'too low'})"
+        verdict = "healthy" if value >= 0.5 else "low" if value >= 0.3 else "too low"
+        return f"effective share of the batch after weighting ({verdict})"
     if name == "rollout_is_std":
         return "spread of applied IS weights" + (" (> 1: high variance)" if value > 1.0 else "")
     return ""

@@ -48,13 +48,17 @@ def render_table(report: Report, console: Console) -> None:
     aggregates = [k for k in metrics if _group(k) == "rs_aggregate"]
     if aggregates:
         console.print(_metric_table("Rejection sampling, all options combined" + title_suffix, aggregates, metrics))
-    console.print(_metric_table("rcdiag diagnostics (not verl keys)" + title_suffix, list(report.extras), report.extras))
+    console.print(
+        _metric_table("rcdiag diagnostics (not verl keys)" + title_suffix, list(report.extras), report.extras)
+    )
     if report.steps:
         console.print(_trend_table(report))
     console.print(_checklist(report))
     for finding in report.findings:
         style = _SEVERITY_STYLE[finding.severity]
-        console.print(Text.assemble((f"{finding.severity.upper()} ", style), (f"[{finding.code}] ", "bold"), finding.message))
+        console.print(
+            Text.assemble((f"{finding.severity.upper()} ", style), (f"[{finding.code}] ", "bold"), finding.message)
+        )
 
 
 def _header(report: Report) -> Text:
@@ -136,7 +140,8 @@ def _rs_title(option: str, config: dict) -> str:
         assert spec.lower is not None
         keeps = f"keeps ratio pi_train/pi_rollout in [{1 / spec.upper:.6g}, {1 / spec.lower:.6g}]"
     else:
-        keeps = f"keeps {spec.estimator} {'per token' if spec.level == 'token' else spec.agg + ' per response'} <= {spec.upper:g}"
+        where = "per token" if spec.level == "token" else f"{spec.agg} per response"
+        keeps = f"keeps {spec.estimator} {where} <= {spec.upper:g}"
     return f"RS {option}: {keeps}"
 
 
@@ -172,8 +177,16 @@ def _trend_table(report: Report) -> Table:
 
 _CHECKS: tuple[tuple[str, str, str], ...] = (
     ("verl_crash_empty_batch", "", "every batch has a valid token (else verl raises ValueError)"),
-    ("verl_crash_ess_zero_division", P + "rollout_is_eff_sample_size", "IS leaves a nonzero weight (else verl's ESS divides by 0)"),
-    ("is_mean_out_of_range", P + "rollout_is_mean", f"IS mean within [{health.IS_MEAN_RANGE[0]}, {health.IS_MEAN_RANGE[1]}]"),
+    (
+        "verl_crash_ess_zero_division",
+        P + "rollout_is_eff_sample_size",
+        "IS leaves a nonzero weight (else verl's ESS divides by 0)",
+    ),
+    (
+        "is_mean_out_of_range",
+        P + "rollout_is_mean",
+        f"IS mean within [{health.IS_MEAN_RANGE[0]}, {health.IS_MEAN_RANGE[1]}]",
+    ),
     ("is_ess_low", P + "rollout_is_eff_sample_size", f"IS effective sample size >= {health.ESS_MIN}"),
     ("is_std_high", P + "rollout_is_std", f"IS std <= {health.IS_STD_MAX}"),
     ("kl_high", P + "kl", f"|kl| <= {health.KL_ABS_MAX}"),
@@ -195,7 +208,12 @@ def _checklist(report: Report) -> Table:
     table.add_column("where", overflow="fold")
     for code, metric, label in _CHECKS:
         if metric and metric not in report.metrics:
-            table.add_row(Text("–", style="dim"), Text(label, style="dim"), code, Text("not computed for this config", style="dim"))
+            table.add_row(
+                Text("–", style="dim"),
+                Text(label, style="dim"),
+                code,
+                Text("not computed for this config", style="dim"),
+            )
             continue
         finding = fired.get(code)
         if finding is None:

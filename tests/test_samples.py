@@ -1,0 +1,54 @@
+"""The shipped sample dumps show what sample_data/README.md says, and the generator reproduces them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import SAMPLES
+
+import rcdiag
+
+P = "rollout_corr/"
+
+
+def codes(path: Path, config: rcdiag.CorrectionConfig | None = None) -> dict[str, tuple | None]:
+    return {f.code: f.steps for f in rcdiag.analyze(path, config).findings}
+
+
+def test_healthy_sample_is_quiet_under_every_preset() -> None:
+    path = SAMPLES / "healthy.parquet"
+    assert codes(path) == {}
+    assert codes(path, rcdiag.CorrectionConfig(rollout_rs="token_k1", rollout_rs_threshold="0.5_2.0")) == {}
+    for name in ("decoupled_token_is", "decoupled_seq_is", "decoupled_token_icepop", "decoupled_seq_is_rs"):
+        assert codes(path, rcdiag.preset(name)) == {}, name
+    report = rcdiag.analyze(path)
+    assert report.metrics[P + "kl"] == pytest.approx(2.74e-4, rel=0.05)
+    assert report.input.rows == 384 and report.input.steps == 6 and report.input.empty_rows == 2
+
+
+def test_topk_offset_sample() -> None:
+    found = codes(SAMPLES / "topk_offset.parquet")
+    assert found == {"kl_high": (0, 1, 2, 3, 4, 5), "kl_k3_disagree": (0, 1, 2, 3, 4, 5)}
+    metrics = rcdiag.analyze(SAMPLES / "topk_offset.parquet").metrics
+    assert metrics[P + "kl"] == pytest.approx(0.207, rel=0.02)
+    assert metrics[P + "k3_kl"] == pytest.approx(0.039, rel=0.03)
+
+
+def test_forgotten_temperature_sample() -> None:
+    found = codes(SAMPLES / "train_forgot_temperature.parquet")
+    assert set(found) == {"kl_high", "chi2_token_high"}
+    assert found["kl_high"] == (0, 1, 2, 3, 4, 5)
+
+
+def test_generator_reproduces_the_shipped_files(tmp_path: Path) -> None:
+    sys.path.insert(0, str(SAMPLES))
+    import make_samples
+
+    from rcdiag import synthetic
+
+    for filename, (scenario, seed) in make_samples.SAMPLES.items():
+        path = tmp_path / filename
+        synthetic.write(synthetic.generate(scenario, rows=384, steps=6, seed=seed), path)
+        assert rcdiag.analyze(path).metrics == rcdiag.analyze(SAMPLES / filename).metrics, filename
