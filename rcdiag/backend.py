@@ -96,6 +96,30 @@ class Backend(ABC):
     def min(self, x: Array) -> float:
         """Minimum (NaN-propagating, like torch); ``+inf`` for an empty array."""
 
+    def moments(self, x: Array, weights: Array | None = None) -> tuple[float, float, float]:
+        """``(n, mean, M2)`` of ``x`` (optionally weighted), centred on this block's own mean, in float64."""
+        if weights is None:
+            n = float(self.numel(x))
+            if n == 0:
+                return 0.0, 0.0, 0.0
+            mean = self.sum(x) / n
+            d = self.minus64(x, mean)
+            return n, mean, self.dot(d, d)
+        n = self.sum(weights)
+        if n == 0:
+            return 0.0, 0.0, 0.0
+        mean = self.dot(weights, x) / n
+        d = self.minus64(x, mean)
+        return n, mean, self.dot(weights * d, d)
+
+    @abstractmethod
+    def numel(self, x: Array) -> int:
+        """Number of elements."""
+
+    @abstractmethod
+    def minus64(self, x: Array, value: float) -> Array:
+        """``x - value`` computed in float64."""
+
     @abstractmethod
     def dot(self, a: Array, b: Array) -> float:
         """``sum(a * b)`` with the products taken and summed in float64 (a square is then exact)."""
@@ -174,6 +198,12 @@ class NumpyBackend(Backend):
 
     def sum(self, x: np.ndarray) -> float:
         return float(np.add.reduce(x, dtype=np.float64)) if x.size else 0.0
+
+    def numel(self, x: np.ndarray) -> int:
+        return int(x.size)
+
+    def minus64(self, x: np.ndarray, value: float) -> np.ndarray:
+        return np.subtract(x, value, dtype=np.float64)
 
     def dot(self, a: np.ndarray, b: np.ndarray) -> float:
         if not a.size:
@@ -267,6 +297,12 @@ class TorchBackend(Backend):
 
     def sum(self, x: Any) -> float:
         return float(x.to(self.torch.float64).sum().item()) if x.numel() else 0.0
+
+    def numel(self, x: Any) -> int:
+        return int(x.numel())
+
+    def minus64(self, x: Any, value: float) -> Any:
+        return x.to(self.torch.float64) - value
 
     def dot(self, a: Any, b: Any) -> float:
         f64 = self.torch.float64

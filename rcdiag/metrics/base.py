@@ -1,10 +1,12 @@
 """The accumulator protocol: declared state, update, merge, compute.
 
-Each metric group declares its state as named float64 sums, maxima and minima (``STATES``). ``update`` folds one
-block of whole sequences into that state, ``merge`` combines two states (chunks, files, workers, steps: it is
-the only way results combine), and ``compute`` turns the state into metric values. A finished mean is never
-stored, only its sums and counts, so a merge is exact up to float64 rounding and every metric is independent of
-chunk size and row order.
+Each metric group declares its state as named float64 sums, maxima, minima and moments (``STATES``). ``update``
+folds one block of whole sequences into that state, ``merge`` combines two states (chunks, files, workers, steps:
+it is the only way results combine), and ``compute`` turns the state into metric values. A finished mean is
+never stored on its own: sums and counts, or (count, mean, M2) moments merged with Chan et al.'s pairwise
+formula, so a merge is exact up to float64 rounding and every metric is independent of chunk size and row order.
+Moments are centred per block, so a spread far smaller than the mean (IS weights near 1, a statistic clamped
+to one bound) is not lost to cancellation in E[x^2] - E[x]^2.
 """
 
 from __future__ import annotations
@@ -12,15 +14,51 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 
-Reduce = Literal["sum", "max", "min"]
+Reduce = Literal["sum", "max", "min", "moments"]
 MetricValue = float | None
 """A metric value; ``None`` where verl would crash or the value does not exist for this batch."""
 
-_DEFAULTS: dict[str, float] = {"sum": 0.0, "max": -math.inf, "min": math.inf}
+
+
+@dataclass(frozen=True)
+class Moments:
+    """Weighted count, mean and sum of squared deviations (M2) of some values, in float64."""
+
+    n: float = 0.0
+    mean: float = 0.0
+    m2: float = 0.0
+
+    def merge(self, other: Moments) -> Moments:
+        """Chan, Golub & LeVeque's pairwise update."""
+        if other.n == 0:
+            return self
+        if self.n == 0:
+            return other
+        n = self.n + other.n
+        delta = other.mean - self.mean
+        return Moments(n, self.mean + delta * other.n / n, self.m2 + other.m2 + delta * delta * self.n * other.n / n)
+
+    @property
+    def variance(self) -> float:
+        """Population (weighted) variance; 0 without weight."""
+        return max(self.m2 / self.n, 0.0) if self.n > 0 else 0.0
+
+    @property
+    def unbiased_variance(self) -> float:
+        """Sample variance with Bessel's correction (as ``torch.std``); 0 for fewer than two values."""
+        return max(self.m2 / (self.n - 1), 0.0) if self.n > 1 else 0.0
+
+    @property
+    def second_moment(self) -> float:
+        """E[x^2] = variance + mean^2."""
+        return self.variance + self.mean * self.mean
+
+
+_DEFAULTS: dict[str, Any] = {"sum": 0.0, "max": -math.inf, "min": math.inf, "moments": Moments()}
 
 A = TypeVar("A", bound="Accumulator")
 
@@ -40,14 +78,14 @@ class Accumulator:
     STATES: ClassVar[dict[str, Reduce]] = {}
 
     def __init__(self) -> None:
-        self.state: dict[str, float] = {name: _DEFAULTS[how] for name, how in self.STATES.items()}
+        self.state: dict[str, Any] = {name: _DEFAULTS[how] for name, how in self.STATES.items()}
 
     def reset(self) -> None:
         """Back to the empty state."""
         self.state = {name: _DEFAULTS[how] for name, how in self.STATES.items()}
 
-    def add(self, **values: float) -> None:
-        """Fold values into the state by each state's declared reduction."""
+    def add(self, **values: Any) -> None:
+        """Fold values into the state by each state's declared reduction (moments: a ``Moments`` or a tuple)."""
         state = self.state
         for name, value in values.items():
             how = self.STATES[name]
@@ -55,8 +93,10 @@ class Accumulator:
                 state[name] += value
             elif how == "max":
                 state[name] = _nanmax(state[name], value)
-            else:
+            elif how == "min":
                 state[name] = _nanmin(state[name], value)
+            else:
+                state[name] = state[name].merge(value if isinstance(value, Moments) else Moments(*value))
 
     def merge(self: A, other: A) -> A:
         """Fold another accumulator of the same kind and configuration into this one; returns ``self``."""
@@ -69,17 +109,20 @@ class Accumulator:
         """What must match for two states to merge (the kind and its configuration)."""
         return (type(self).__name__,)
 
-    def state_dict(self) -> dict[str, float]:
-        """A copy of the raw state (serializable)."""
-        return dict(self.state)
+    def state_dict(self) -> dict[str, Any]:
+        """A copy of the raw state: floats, and moments as ``[n, mean, m2]`` (JSON-serializable)."""
+        return {k: [v.n, v.mean, v.m2] if isinstance(v, Moments) else v for k, v in self.state.items()}
 
-    def load_state_dict(self, state: dict[str, float]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace the state; the names must match the declaration exactly."""
         missing = set(self.STATES) - set(state)
         unexpected = set(state) - set(self.STATES)
         if missing or unexpected:
             raise ValueError(f"state mismatch: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
-        self.state = {name: float(state[name]) for name in self.STATES}
+        self.state = {
+            name: Moments(*map(float, state[name])) if how == "moments" else float(state[name])
+            for name, how in self.STATES.items()
+        }
 
     def keys(self) -> list[str]:
         """Metric keys in verl's order (unprefixed)."""
@@ -125,17 +168,3 @@ def verl_float(x: MetricValue) -> MetricValue:
     if x is None or x != x or abs(x) <= _F32_MAX:
         return x
     return math.copysign(math.inf, x)
-
-
-def variance(n: float, s1: float, s2: float, d1: float | None = None, d2: float | None = None) -> float:
-    """Population variance from float64 sums, choosing the better-conditioned of two forms.
-
-    ``s1, s2`` are the sums of x and x**2; ``d1, d2`` (optional) are the sums of (x - 1) and (x - 1)**2. For
-    quantities that sit near 1 (IS weights) the shifted form avoids the cancellation in E[x^2] - E[x]^2; for
-    quantities near 0 the plain form is better. Picking the form with the smaller second moment keeps the
-    result accurate in both regimes.
-    """
-    if d1 is not None and d2 is not None and d2 < s2:
-        s1, s2 = d1, d2
-    mean = s1 / n
-    return max(s2 / n - mean * mean, 0.0)

@@ -18,7 +18,7 @@ import numpy as np
 
 from rcdiag.backend import Array, Backend
 from rcdiag.config import SAFETY_BOUND, ISSpec
-from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash, f32, variance
+from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash, f32
 from rcdiag.metrics.block import Block
 
 _SEQ_KEYS = (
@@ -59,11 +59,8 @@ class ISMetrics(Accumulator):
         "tokens": "sum",
         "rows": "sum",
         "valid_rows": "sum",
-        # token-weighted applied weights w
-        "w_sum": "sum",
-        "w_sq": "sum",
-        "w_dev": "sum",
-        "w_dev_sq": "sum",
+        # token-weighted moments of the applied weights w
+        "w": "moments",
         "w_max": "max",
         "w_min": "min",
         # raw ratio beyond the bounds: tokens (token level) or rows (sequence level)
@@ -73,11 +70,8 @@ class ISMetrics(Accumulator):
         # sequence level: extremes of the row log-ratio S_i over all rows
         "s_max": "max",
         "s_min": "min",
-        # per-row mean applied weight a_i over all rows
-        "a_sum": "sum",
-        "a_sq": "sum",
-        "a_dev": "sum",
-        "a_dev_sq": "sum",
+        # moments of the per-row mean applied weight a_i over all rows
+        "a": "moments",
         "a_max": "max",
         "a_min": "min",
         "a_max_dev": "max",
@@ -111,14 +105,10 @@ class ISMetrics(Accumulator):
         if self.spec.level == "token":
             raw = block.ratio
             w = self._apply(b, raw)
-            w_dev = w - 1.0
             a = block.row_mean(block.seg.sum(w))
             raw_mean = block.row_mean(block.seg.sum(raw))
             token_stats = {
-                "w_sum": b.sum(w),
-                "w_sq": b.dot(w, w),
-                "w_dev": b.sum(w_dev),
-                "w_dev_sq": b.dot(w_dev, w_dev),
+                "w": b.moments(w),
                 "w_max": b.max(w),
                 "w_min": b.min(w),
                 "raw_hi": b.count(raw > self.upper),
@@ -131,15 +121,11 @@ class ISMetrics(Accumulator):
             raw_row = b.exp(b.clip(s, -SAFETY_BOUND, SAFETY_BOUND))
             w_row = self._apply(b, raw_row)
             n = block.row_len
-            w_dev = w_row - 1.0
             valid = block.row_valid
             a = b.where(valid, w_row, 0.0)
             raw_mean = b.where(valid, raw_row, 0.0)
             token_stats = {
-                "w_sum": b.dot(n, w_row),
-                "w_sq": b.dot(n * w_row, w_row),
-                "w_dev": b.dot(n, w_dev),
-                "w_dev_sq": b.dot(n * w_dev, w_dev),
+                "w": b.moments(w_row, n),
                 "s_max": b.max(s),
                 "s_min": b.min(s),
                 "raw_hi": b.count(s > self.log_upper),
@@ -148,18 +134,14 @@ class ISMetrics(Accumulator):
             if self.lower is not None:
                 oob = (raw_row < self.lower) | (raw_row > self.upper)
                 token_stats["oob_tokens"] = b.sum(b.where(oob, n, 0.0))
-        a_dev = a - 1.0
         self.add(
             tokens=block.n_tokens,
             rows=block.n_rows,
             valid_rows=block.n_valid_rows,
-            a_sum=b.sum(a),
-            a_sq=b.dot(a, a),
-            a_dev=b.sum(a_dev),
-            a_dev_sq=b.dot(a_dev, a_dev),
+            a=b.moments(a),
             a_max=b.max(a),
             a_min=b.min(a),
-            a_max_dev=b.max(b.abs(a_dev)),
+            a_max_dev=b.max(b.abs(a - 1.0)),
             rawmean_hi=b.count(raw_mean > self.upper),
             rawmean_lo=b.count(raw_mean < self.metric_lower),
             **token_stats,
@@ -179,12 +161,11 @@ class ISMetrics(Accumulator):
         if n_tok == 0:
             return dict.fromkeys(self.keys()), []
         crashes: list[VerlCrash] = []
-        mean = st["w_sum"] / n_tok
-        std = 0.0
-        if n_tok > 1:
-            std = math.sqrt(variance(n_tok, st["w_sum"], st["w_sq"], st["w_dev"], st["w_dev_sq"]))
+        w, a = st["w"], st["a"]
+        mean = w.mean
+        std = math.sqrt(w.variance) if n_tok > 1 else 0.0
         # ESS = 1 / E[(w / (E[w] + 1e-8))^2]; verl divides a Python float by it, so all-zero weights crash.
-        second = (st["w_sq"] / n_tok) / (mean + 1e-8) ** 2
+        second = w.second_moment / (mean + 1e-8) ** 2
         ess: MetricValue
         if second == 0.0:
             ess = None
@@ -198,17 +179,14 @@ class ISMetrics(Accumulator):
             )
         else:
             ess = 1.0 / second
-        seq_std = 0.0
-        if n_rows > 1:
-            pop = variance(n_rows, st["a_sum"], st["a_sq"], st["a_dev"], st["a_dev_sq"])
-            seq_std = math.sqrt(pop * n_rows / (n_rows - 1))
+        seq_std = math.sqrt(a.unbiased_variance) if n_rows > 1 else 0.0
         values: dict[str, MetricValue] = {
             "rollout_is_mean": mean,
             "rollout_is_ratio_fraction_high": st["raw_hi"] / (n_tok if self.spec.level == "token" else n_rows),
             "rollout_is_ratio_fraction_low": st["raw_lo"] / (n_tok if self.spec.level == "token" else n_rows),
             "rollout_is_std": std,
             "rollout_is_eff_sample_size": ess,
-            "rollout_is_seq_mean": st["a_sum"] / n_rows,
+            "rollout_is_seq_mean": a.mean,
             "rollout_is_seq_std": seq_std,
             "rollout_is_seq_max": st["a_max"],
             "rollout_is_seq_min": st["a_min"],
@@ -226,6 +204,6 @@ class ISMetrics(Accumulator):
         if self.spec.icepop:
             values["rollout_is_oob_ratio"] = st["oob_tokens"] / n_tok
         if self.spec.batch_normalize:
-            factor = mean if self.spec.level == "token" else st["a_sum"] / max(st["valid_rows"], 1e-8)
+            factor = mean if self.spec.level == "token" else a.mean * a.n / max(st["valid_rows"], 1e-8)
             values["rollout_is_batch_norm_factor"] = factor if factor > 1e-8 else 1.0
         return {key: values[key] for key in self.keys()}, crashes

@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from rcdiag.backend import Array
 from rcdiag.config import RSOption
-from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash, f32, variance
+from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash, f32
 from rcdiag.metrics.block import Block
 
 _SUFFIXES = (
@@ -59,10 +59,8 @@ class RSOptionMetrics(Accumulator):
         "tok_min": "min",
         "tok_hi": "sum",
         "tok_lo": "sum",
-        "c_sum": "sum",
-        "c_sq": "sum",
-        "v_sum": "sum",
-        "v_sq": "sum",
+        "clamped": "moments",
+        "v": "moments",
         "v_max": "max",
         "v_min": "min",
         "v_abs_max": "max",
@@ -105,8 +103,7 @@ class RSOptionMetrics(Accumulator):
                 tok_min=b.min(stat),
                 tok_hi=b.count(stat > self.hi),
                 tok_lo=b.count(stat < self.lo) if opt.is_k1 else 0.0,
-                c_sum=b.sum(clamped),
-                c_sq=b.dot(clamped, clamped),
+                clamped=b.moments(clamped),
                 masked_tokens=b.count(reject),
                 masked_rows=b.count(rows_rejecting),
             )
@@ -123,8 +120,7 @@ class RSOptionMetrics(Accumulator):
             clamped = b.clip(seq_value, self.lo, self.hi)
             self.add(
                 stat_sum=b.dot(n, seq_value),
-                c_sum=b.dot(n, clamped),
-                c_sq=b.dot(n * clamped, clamped),
+                clamped=b.moments(clamped, n),
                 masked_tokens=b.sum(b.where(reject, n, 0.0)),
                 masked_rows=b.count(reject),
             )
@@ -133,8 +129,7 @@ class RSOptionMetrics(Accumulator):
         self.add(
             tokens=block.n_tokens,
             valid_rows=block.n_valid_rows,
-            v_sum=b.sum(v),
-            v_sq=b.dot(v, v),
+            v=b.moments(v),
             v_max=b.max(v),
             v_min=b.min(v),
             v_abs_max=b.max(b.abs(v)),
@@ -152,10 +147,8 @@ class RSOptionMetrics(Accumulator):
         n_tok, n_valid = st["tokens"], st["valid_rows"]
         if n_tok == 0:
             return dict.fromkeys(self.keys()), []
-        std = math.sqrt(variance(n_tok, st["c_sum"], st["c_sq"])) if n_tok > 1 else 0.0
-        seq_std = 0.0
-        if n_valid > 1:
-            seq_std = math.sqrt(variance(n_valid, st["v_sum"], st["v_sq"]) * n_valid / (n_valid - 1))
+        std = math.sqrt(st["clamped"].variance) if n_tok > 1 else 0.0
+        seq_std = math.sqrt(st["v"].unbiased_variance) if n_valid > 1 else 0.0
         if opt.level == "token":
             extremes = (st["tok_max"], st["tok_min"], st["tok_hi"] / n_tok, st["tok_lo"] / n_tok)
         else:
@@ -167,7 +160,7 @@ class RSOptionMetrics(Accumulator):
             "fraction_high": extremes[2],
             "fraction_low": extremes[3] if opt.is_k1 else 0.0,
             "std": std,
-            "seq_mean": st["v_sum"] / n_valid,
+            "seq_mean": st["v"].mean,
             "seq_std": seq_std,
             "seq_max": st["v_max"],
             "seq_min": st["v_min"],
