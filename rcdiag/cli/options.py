@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from rcdiag.io.base import DEFAULT_CHUNK_TOKENS
+from rcdiag.constants import DEFAULT_CHUNK_TOKENS
 
 ENGINE = "Rollout correction (verl's algorithm.rollout_correction)"
 RUN = "Run"

@@ -15,9 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-DEFAULT_CHUNK_TOKENS = 1 << 20
-"""Rows are read about a million tokens at a time: big enough to amortise decoding, small enough that memory
-stays flat (docs/performance.md)."""
+from rcdiag.constants import DEFAULT_CHUNK_TOKENS
 
 
 @dataclass(frozen=True)

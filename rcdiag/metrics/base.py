@@ -23,7 +23,6 @@ MetricValue = float | None
 """A metric value; ``None`` where verl would crash or the value does not exist for this batch."""
 
 
-
 @dataclass(frozen=True)
 class Moments:
     """Weighted count, mean and sum of squared deviations (M2) of some values, in float64."""

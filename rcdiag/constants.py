@@ -1,0 +1,5 @@
+"""Constants shared by the library and the CLI, in a module that imports nothing (keeps ``--help`` fast)."""
+
+DEFAULT_CHUNK_TOKENS = 1 << 20
+"""Rows are read about a million tokens at a time: big enough to amortise decoding, small enough that memory
+stays flat (docs/performance.md)."""
