@@ -17,15 +17,13 @@ import numpy as np
 
 from rcdiag.backend import Backend, NumpyBackend
 from rcdiag.config import ResolvedConfig
-from rcdiag.errors import InputError
 from rcdiag.io.base import Chunk, split_rows
 from rcdiag.metrics.batch import BatchMetrics
 from rcdiag.metrics.block import Block
+from rcdiag.validate import check_values
 
 CPU_BLOCK_TOKENS = 1 << 17
 GPU_BLOCK_TOKENS = 1 << 24
-POSITIVE_TOLERANCE = 1e-3
-"""A log-prob above this is not a log-prob (probabilities, logits or a sign error); see docs/input.md."""
 
 StepKey = int | None
 
@@ -103,7 +101,7 @@ class Engine:
         state.tokens += chunk.n_tokens
         old, rollout, lengths = _drop_padding(chunk, lengths)
         state.valid_tokens += int(old.shape[0])
-        _check_values(chunk, old, rollout, lengths)
+        check_values(chunk, old, rollout, lengths)
         offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         steps = chunk.steps
@@ -128,33 +126,6 @@ def _drop_padding(chunk: Chunk, lengths: np.ndarray) -> tuple[np.ndarray, np.nda
         starts = chunk.offsets[:-1][nonempty]
         valid_lengths[nonempty] = np.add.reduceat(mask, starts, dtype=np.int64)
     return chunk.old[mask], chunk.rollout[mask], valid_lengths
-
-
-def _check_values(chunk: Chunk, old: np.ndarray, rollout: np.ndarray, lengths: np.ndarray) -> None:
-    """NaN, +inf or a positive log-prob at a valid position is an ``InputError`` (``-inf`` is legal)."""
-    for name, values in zip(chunk.column_names, (old, rollout), strict=True):
-        ok = values <= POSITIVE_TOLERANCE
-        if ok.all():
-            continue
-        bad_index = np.flatnonzero(~ok)
-        first = int(bad_index[0])
-        value = float(values[first])
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        rows = np.searchsorted(offsets, bad_index, side="right") - 1
-        row = int(rows[0])
-        if value != value:
-            what = "NaN"
-        elif value == float("inf"):
-            what = "+inf"
-        else:
-            what = f"a positive log-prob ({value:.6g}); log-probs are <= 0 (is this column probabilities or logits?)"
-        raise InputError(
-            f"holds {what} at valid position {first - int(offsets[row])} of the response; "
-            f"{len(np.unique(rows))} row(s) of this chunk are affected",
-            path=chunk.source or None,
-            row=chunk.first_row + row,
-            column=name,
-        )
 
 
 def _run_count(steps: np.ndarray) -> int:
