@@ -98,6 +98,7 @@ def test_ess_zero_division_is_null_with_a_crash_finding() -> None:
     assert report.metrics[P + "rollout_is_mean"] == 0.0
     crash = [f for f in report.findings if f.code == "verl_crash_ess_zero_division"]
     assert len(crash) == 1 and crash[0].severity == "error"
+    assert crash[0].metric == P + "rollout_is_eff_sample_size"
     assert "ZeroDivisionError" in crash[0].message
 
 

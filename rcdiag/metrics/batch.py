@@ -93,7 +93,7 @@ class BatchMetrics:
         for group in self.groups():
             values, group_crashes = group.compute()
             raw.update(values)
-            crashes.extend(group_crashes)
+            crashes.extend(_prefixed(crash) for crash in group_crashes)
         if self.valid_tokens == 0:
             crashes = [
                 VerlCrash(
@@ -140,3 +140,10 @@ class BatchMetrics:
         self.rows = int(state["rows"])
         self.valid_tokens = int(state["valid_tokens"])
         self.empty_rows = int(state["empty_rows"])
+
+
+def _prefixed(crash: VerlCrash) -> VerlCrash:
+    """Crash notes name metrics with the key users see (``rollout_corr/...``)."""
+    if crash.metric is None or crash.metric.startswith(("rcdiag/", PREFIX)):
+        return crash
+    return VerlCrash(crash.code, PREFIX + crash.metric, crash.message)
