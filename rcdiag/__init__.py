@@ -21,6 +21,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "analyze": "rcdiag.api",
     "analyze_chunks": "rcdiag.api",
+    "accumulate": "rcdiag.api",
+    "merge_states": "rcdiag.api",
     "PRESETS": "rcdiag.config",
     "CorrectionConfig": "rcdiag.config",
     "preset": "rcdiag.config",
@@ -39,7 +41,7 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
-    from rcdiag.api import analyze, analyze_chunks  # noqa: F401
+    from rcdiag.api import accumulate, analyze, analyze_chunks, merge_states  # noqa: F401
     from rcdiag.config import PRESETS, CorrectionConfig, preset  # noqa: F401
     from rcdiag.errors import ConfigError, ExitCode, InputError, RcdiagError  # noqa: F401
     from rcdiag.io import Chunk, ColumnMap  # noqa: F401

@@ -131,6 +131,16 @@ class ResolvedConfig:
     is_spec: ISSpec | None
     rs_options: tuple[RSOption, ...]
 
+    def same_computation(self, other: ResolvedConfig) -> bool:
+        """Whether two configurations compute the same metrics (``2`` and ``"2.0"`` are the same threshold)."""
+        mine, theirs = self.config, other.config
+        return (self.is_spec, self.rs_options, mine.bypass_mode, mine.loss_type) == (
+            other.is_spec,
+            other.rs_options,
+            theirs.bypass_mode,
+            theirs.loss_type,
+        )
+
 
 # --------------------------------------------------------------------------------------------------- parsing
 

@@ -47,7 +47,7 @@ class EngineState:
 
     def merge(self, other: EngineState) -> EngineState:
         """Fold another state (same configuration) into this one; returns ``self``."""
-        if other.resolved.config != self.resolved.config:
+        if not self.resolved.same_computation(other.resolved):
             raise ValueError("cannot merge states computed with different configurations")
         for step, batch in other.batches.items():
             self.batch(step).merge(batch)
@@ -64,13 +64,23 @@ class EngineState:
         return pooled
 
     def state_dict(self) -> dict[str, Any]:
-        """Serializable state."""
+        """Serializable state (``from_state_dict`` with the same configuration restores it)."""
         return {
             "rows": self.rows,
             "tokens": self.tokens,
             "valid_tokens": self.valid_tokens,
             "batches": [[step, batch.state_dict()] for step, batch in self.batches.items()],
         }
+
+    @classmethod
+    def from_state_dict(cls, resolved: ResolvedConfig, state: dict[str, Any]) -> EngineState:
+        """Rebuild a state saved by ``state_dict`` under the same configuration."""
+        out = cls(
+            resolved, rows=int(state["rows"]), tokens=int(state["tokens"]), valid_tokens=int(state["valid_tokens"])
+        )
+        for step, batch_state in state["batches"]:
+            out.batch(None if step is None else int(step)).load_state_dict(batch_state)
+        return out
 
 
 class Engine:

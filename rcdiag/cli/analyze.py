@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -13,11 +12,15 @@ from rcdiag.cli.options import (
     BatchNormOpt,
     ChunkOpt,
     DeviceOpt,
+    FormatOpt,
     IsOpt,
     IsThresholdOpt,
+    OutputOpt,
     PresetOpt,
     RsOpt,
     RsThresholdOpt,
+    SaveStateOpt,
+    WorkersOpt,
 )
 from rcdiag.render import OutputFormat
 
@@ -35,19 +38,10 @@ def analyze(
     preset: PresetOpt = None,
     device: DeviceOpt = "cpu",
     chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
-    output_format: Annotated[
-        OutputFormat, typer.Option("--format", help="`table` (terminal) or `json`.", rich_help_panel="Output")
-    ] = OutputFormat.table,
-    output: Annotated[
-        Path | None,
-        typer.Option(
-            "--output",
-            "-o",
-            metavar="FILE",
-            help="Write the report here instead of stdout.",
-            rich_help_panel="Output",
-        ),
-    ] = None,
+    workers: WorkersOpt = 1,
+    save_state: SaveStateOpt = None,
+    output_format: FormatOpt = OutputFormat.table,
+    output: OutputOpt = None,
 ) -> None:
     """Run verl's rollout correction over a dump and report every `rollout_corr/*` metric with findings.
 
@@ -57,6 +51,7 @@ def analyze(
     * `rcdiag analyze run.parquet --rs token_k1 --rs-threshold 0.5_2.0`
     * `rcdiag analyze run.parquet --preset decoupled_geo_rs_token_tis --format json -o report.json`
     * `rcdiag analyze run.parquet --is sequence --is-threshold 5 --batch-normalize`
+    * `rcdiag analyze shard-07.parquet --save-state s07.json`, then `rcdiag merge s*.json`
 
     Exit codes: 0 done (findings do not change it), 2 bad option, configuration or input, 3 internal error.
     """
@@ -73,11 +68,7 @@ def analyze(
         batch_normalize=batch_normalize,
     )
     config.resolve()  # configuration errors before any reading
-    report = run_analysis(path, config, device=device, chunk_tokens=chunk_tokens)
+    report = run_analysis(
+        path, config, device=device, chunk_tokens=chunk_tokens, workers=workers, save_state=save_state
+    )
     write_report(report, output_format, output)
-    if output is not None:
-        counts = {s: sum(f.severity == s for f in report.findings) for s in ("error", "warning")}
-        print(
-            f"rcdiag: wrote {output} ({counts['error']} error(s), {counts['warning']} warning(s) in findings)",
-            file=sys.stderr,
-        )

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import enum
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from rcdiag.constants import DEFAULT_CHUNK_TOKENS
+from rcdiag.render import OutputFormat
 
 ENGINE = "Rollout correction (verl's algorithm.rollout_correction)"
 RUN = "Run"
@@ -103,3 +105,32 @@ ChunkOpt = Annotated[
     ),
 ]
 DEFAULT_CHUNK = DEFAULT_CHUNK_TOKENS
+WorkersOpt = Annotated[
+    int,
+    typer.Option(
+        "--workers",
+        metavar="N",
+        help="Split the file's row groups among N processes (CPU); the report is the same as with one.",
+        rich_help_panel=RUN,
+        min=1,
+    ),
+]
+SaveStateOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--save-state",
+        metavar="FILE",
+        help="Also write the accumulated state here; `rcdiag merge` combines states of shards into one report.",
+        rich_help_panel=RUN,
+        show_default=False,
+    ),
+]
+FormatOpt = Annotated[
+    OutputFormat, typer.Option("--format", help="`table` (terminal) or `json`.", rich_help_panel="Output")
+]
+OutputOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--output", "-o", metavar="FILE", help="Write the report here instead of stdout.", rich_help_panel="Output"
+    ),
+]

@@ -12,7 +12,18 @@ from rcdiag.report import Report
 
 
 def write_report(report: Report, output_format: OutputFormat, output: Path | None) -> None:
-    """Render ``report`` to ``output`` (a file, written only once the report exists) or to stdout."""
+    """Render ``report`` to ``output`` (a file, written only once the report exists) or to stdout; with a file,
+    say on stderr what was written."""
+    _render(report, output_format, output)
+    if output is not None:
+        counts = {s: sum(f.severity == s for f in report.findings) for s in ("error", "warning")}
+        print(
+            f"rcdiag: wrote {output} ({counts['error']} error(s), {counts['warning']} warning(s) in findings)",
+            file=sys.stderr,
+        )
+
+
+def _render(report: Report, output_format: OutputFormat, output: Path | None) -> None:
     if output_format is OutputFormat.json:
         text = render_json(report)
         if output is None:

@@ -107,10 +107,31 @@ class ParquetSource(Source):
         mean_length = max(values / meta.num_rows, 1.0)
         return int(min(max(chunk_tokens / mean_length, 1), 1 << 20))
 
-    def chunks(self, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Iterator[Chunk]:
-        row = 0
+    def partitions(self, n: int) -> list[tuple[int, ...]]:
+        """Up to ``n`` contiguous runs of row groups of about equal size, for parallel workers."""
+        meta = self.file.metadata
+        sizes = [meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)]
+        total = sum(sizes) or 1
+        parts: list[list[int]] = [[]]
+        done = 0
+        for group, size in enumerate(sizes):
+            if parts[-1] and done >= total * len(parts) / n and len(parts) < n:
+                parts.append([])
+            parts[-1].append(group)
+            done += size
+        return [tuple(part) for part in parts if part]
+
+    def chunks(
+        self, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, row_groups: tuple[int, ...] | None = None
+    ) -> Iterator[Chunk]:
+        """Chunks of the whole file, or of some (contiguous) row groups."""
+        meta = self.file.metadata
+        row = sum(meta.row_group(g).num_rows for g in range(row_groups[0])) if row_groups else 0
         batches = self.file.iter_batches(
-            batch_size=self._rows_per_batch(chunk_tokens), columns=self._read_columns(), use_threads=True
+            batch_size=self._rows_per_batch(chunk_tokens),
+            row_groups=list(row_groups) if row_groups is not None else None,
+            columns=self._read_columns(),
+            use_threads=True,
         )
         while True:
             try:

@@ -77,7 +77,7 @@ class BatchMetrics:
 
     def merge(self, other: BatchMetrics) -> BatchMetrics:
         """Fold another batch's state (same configuration) into this one; returns ``self``."""
-        if other.resolved.config != self.resolved.config:
+        if not self.resolved.same_computation(other.resolved):
             raise ValueError("cannot merge batches computed with different configurations")
         for mine, theirs in zip(self.groups(), other.groups(), strict=True):
             mine.merge(theirs)
@@ -127,7 +127,7 @@ class BatchMetrics:
             "rows": self.rows,
             "valid_tokens": self.valid_tokens,
             "empty_rows": self.empty_rows,
-            "groups": [group.state_dict() for group in self.groups()],
+            "groups": [{"kind": type(group).__name__, "state": group.state_dict()} for group in self.groups()],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -135,8 +135,12 @@ class BatchMetrics:
         groups = self.groups()
         if len(state["groups"]) != len(groups):
             raise ValueError("saved state was computed with a different configuration")
-        for group, group_state in zip(groups, state["groups"], strict=True):
-            group.load_state_dict(group_state)
+        for group, saved in zip(groups, state["groups"], strict=True):
+            if saved["kind"] != type(group).__name__:
+                raise ValueError(
+                    f"saved state holds {saved['kind']} where this configuration has {type(group).__name__}"
+                )
+            group.load_state_dict(saved["state"])
         self.rows = int(state["rows"])
         self.valid_tokens = int(state["valid_tokens"])
         self.empty_rows = int(state["empty_rows"])

@@ -1,0 +1,128 @@
+"""Saved engine states: run shards anywhere, merge the states, get the report of one run over all of them.
+
+A state file is JSON: the configuration, what was read (paths, formats, columns, metadata) and every step's
+accumulator state (float64 sums, extremes, moments). Floats are written with ``repr`` precision, so a round trip
+is exact; non-finite values are written as the strings ``"inf"``, ``"-inf"`` and ``"nan"``. Merging refuses
+states computed with a configuration that computes something else.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rcdiag import __version__
+from rcdiag.config import CorrectionConfig
+from rcdiag.engine import EngineState
+from rcdiag.errors import ConfigError, InputError
+from rcdiag.io.base import SourceInfo
+
+STATE_FORMAT = "rcdiag-state"
+STATE_VERSION = 1
+
+
+def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo]) -> None:
+    """Write a state file atomically (a reader never sees a half-written file)."""
+    payload = {
+        "format": STATE_FORMAT,
+        "version": STATE_VERSION,
+        "rcdiag_version": __version__,
+        "config": state.resolved.config.to_dict(),
+        "sources": [asdict(info) for info in sources],
+        "state": _encode(state.state_dict()),
+    }
+    target = Path(path)
+    try:
+        with tempfile.NamedTemporaryFile("w", dir=target.parent or ".", prefix=f".{target.name}.", delete=False) as f:
+            json.dump(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(f.name, target)
+    except OSError as exc:
+        raise InputError(f"cannot write the state file ({exc.strerror})", path=str(path)) from None
+
+
+def load_state(path: str | Path) -> tuple[EngineState, list[SourceInfo]]:
+    """Read a state file; any problem is an ``InputError`` naming the file."""
+    name = str(path)
+    try:
+        payload = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError("file not found", path=name) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"is not an rcdiag state file ({exc})", path=name) from None
+    if not isinstance(payload, dict) or payload.get("format") != STATE_FORMAT:
+        raise InputError("is not an rcdiag state file (write one with 'rcdiag analyze ... --save-state')", path=name)
+    if payload.get("version") != STATE_VERSION:
+        raise InputError(f"has state version {payload.get('version')}; this rcdiag reads {STATE_VERSION}", path=name)
+    try:
+        resolved = CorrectionConfig(**payload["config"]).resolve()
+        state = EngineState.from_state_dict(resolved, _decode(payload["state"]))
+        sources = [SourceInfo(**info) for info in payload["sources"]]
+    except ConfigError:
+        raise
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"holds a damaged state ({exc})", path=name) from None
+    return state, sources
+
+
+def merge_state_files(paths: list[str | Path]) -> tuple[EngineState, list[SourceInfo]]:
+    """Load and merge state files; they must compute the same metrics."""
+    if not paths:
+        raise ConfigError("no state files to merge")
+    merged, sources = load_state(paths[0])
+    for path in paths[1:]:
+        state, more = load_state(path)
+        if not merged.resolved.same_computation(state.resolved):
+            raise ConfigError(
+                f"{path} was computed with a different configuration ({_describe(state.resolved.config)}) than "
+                f"{paths[0]} ({_describe(merged.resolved.config)}); states merge only under the same configuration"
+            )
+        if merged.batches and state.batches and (None in merged.batches) != (None in state.batches):
+            raise ConfigError(f"{path}: cannot merge a dump that has a step column with one that has none")
+        merged.merge(state)
+        sources.extend(more)
+    return merged, sources
+
+
+def combined_info(sources: list[SourceInfo]) -> SourceInfo:
+    """One description of several inputs: their paths, and the columns and metadata they agree on."""
+    if len(sources) == 1:
+        return sources[0]
+    paths = [s.path for s in sources]
+    path = ", ".join(paths) if len(paths) <= 3 else f"{paths[0]} and {len(paths) - 1} more"
+    formats = sorted({s.format for s in sources})
+    first = sources[0]
+    metadata = {k: v for k, v in first.metadata.items() if all(s.metadata.get(k) == v for s in sources)}
+    columns = first.columns if all(s.columns == first.columns for s in sources) else {}
+    dtypes = first.dtypes if all(s.dtypes == first.dtypes for s in sources) else {}
+    return SourceInfo(path=path, format="+".join(formats), columns=columns, dtypes=dtypes, metadata=metadata)
+
+
+def _describe(config: CorrectionConfig) -> str:
+    return ", ".join(f"{k}={v}" for k, v in config.to_dict().items())
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if value != value else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _encode(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_encode(v) for v in value]
+    return value
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, str) and value in ("nan", "inf", "-inf"):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value
