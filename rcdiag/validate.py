@@ -14,9 +14,9 @@ POSITIVE_TOLERANCE = 1e-3
 def check_values(chunk: Chunk, old: np.ndarray, rollout: np.ndarray, lengths: np.ndarray) -> None:
     """NaN, +inf or a positive log-prob at a valid position is an ``InputError`` (``-inf`` is legal)."""
     for name, values in zip(chunk.column_names, (old, rollout), strict=True):
-        ok = values <= POSITIVE_TOLERANCE
-        if ok.all():
+        if not values.size or values.max() <= POSITIVE_TOLERANCE:  # one pass, no allocation; NaN fails it
             continue
+        ok = values <= POSITIVE_TOLERANCE
         bad_index = np.flatnonzero(~ok)
         first = int(bad_index[0])
         value = float(values[first])

@@ -38,7 +38,9 @@ class ParquetSource(Source):
         if not Path(path).exists():
             raise InputError("file not found", path=self.path)
         try:
-            self.file = pq.ParquetFile(self.path, buffer_size=READ_BUFFER)
+            # pre_buffer=False: pyarrow's default pre-buffering keeps every column chunk read so far in memory
+            # until the file is closed (RSS grows with the file: 178 MB held for a 178 MB dump).
+            self.file = pq.ParquetFile(self.path, buffer_size=READ_BUFFER, pre_buffer=False)
         except (pa.ArrowException, OSError) as exc:
             raise InputError(
                 f"cannot be read as Parquet ({_short(exc)}); is it a complete .parquet file?", path=self.path

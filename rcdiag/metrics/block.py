@@ -10,6 +10,7 @@ per-token and per-row arrays are computed once, on first use, and shared by ever
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
 from typing import Literal
 
@@ -50,9 +51,20 @@ class Block:
         return self.old - self.rollout
 
     @cached_property
+    def lr_range(self) -> tuple[float, float]:
+        """(min, max) of the log-ratio over the block (NaN if any is NaN)."""
+        return self.b.min(self.lr), self.b.max(self.lr)
+
+    @cached_property
+    def within_clamp(self) -> bool:
+        """Every log-ratio is a number within [-20, 20], so verl's clamps change nothing in this block."""
+        low, high = self.lr_range
+        return low >= -SAFETY_BOUND and high <= SAFETY_BOUND
+
+    @cached_property
     def lr_safe(self) -> Array:
-        """The log-ratio clamped to [-20, 20]."""
-        return self.b.clip(self.lr, -SAFETY_BOUND, SAFETY_BOUND)
+        """The log-ratio clamped to [-20, 20] (the log-ratio itself when no value is beyond the bound)."""
+        return self.lr if self.within_clamp else self.b.clip(self.lr, -SAFETY_BOUND, SAFETY_BOUND)
 
     @cached_property
     def ratio(self) -> Array:
@@ -61,8 +73,17 @@ class Block:
 
     @cached_property
     def row_sum_lr(self) -> Array:
-        """Per-row sum of the unclamped log-ratio, float64."""
-        return self.seg.sum(self.lr)
+        """Per-row sum of the unclamped log-ratio, float64: the difference of the rows' log-prob sums, which
+        is exact in float64 where summing float32 per-token differences would round each of them."""
+        return self.row_sum_old - self.row_sum_rollout
+
+    @cached_property
+    def row_sum_old(self) -> Array:
+        return self.seg.sum(self.old)
+
+    @cached_property
+    def row_sum_rollout(self) -> Array:
+        return self.seg.sum(self.rollout)
 
     @property
     def seq_log_ratio(self) -> Array:
@@ -71,33 +92,31 @@ class Block:
 
     @cached_property
     def row_mean_old(self) -> Array:
-        return self.row_mean(self.seg.sum(self.old))
+        return self.row_mean(self.row_sum_old)
 
     @cached_property
     def row_mean_rollout(self) -> Array:
-        return self.row_mean(self.seg.sum(self.rollout))
+        return self.row_mean(self.row_sum_rollout)
 
     def k(self, estimator: Literal["k1", "k2", "k3"]) -> Array:
         """Per-token divergence statistic on the clamped log-ratio d: k1 = -d, k2 = d^2/2, k3 = e^d - 1 - d."""
-        return self._k[estimator]
+        return self._memo(("k", estimator), lambda: _k_stat(self, estimator))
 
-    @cached_property
-    def _k(self) -> dict[str, Array]:
-        return _LazyK(self)
+    def row_sum_k(self, estimator: Literal["k1", "k2", "k3"]) -> Array:
+        """Per-row float64 sums of a k statistic (shared by every option that needs them)."""
+        return self._memo(("row_sum_k", estimator), lambda: self.seg.sum(self.k(estimator)))
+
+    def _memo(self, key: tuple, compute: Callable[[], Array]) -> Array:
+        cache = self.__dict__.setdefault("_cache", {})
+        if key not in cache:
+            cache[key] = compute()
+        return cache[key]
 
 
-class _LazyK(dict):
-    def __init__(self, block: Block) -> None:
-        super().__init__()
-        self.block = block
-
-    def __missing__(self, estimator: str) -> Array:
-        d = self.block.lr_safe
-        if estimator == "k1":
-            value = -d
-        elif estimator == "k2":
-            value = 0.5 * d * d
-        else:
-            value = self.block.ratio - 1.0 - d
-        self[estimator] = value
-        return value
+def _k_stat(block: Block, estimator: str) -> Array:
+    d = block.lr_safe
+    if estimator == "k1":
+        return -d
+    if estimator == "k2":
+        return 0.5 * d * d
+    return block.ratio - 1.0 - d

@@ -48,12 +48,13 @@ class ExtraMetrics(Accumulator):
         abs_lr = b.abs(block.lr)
         s = block.row_sum_lr
         n = block.row_len
+        low, high = block.lr_range
         self.add(
             tokens=block.n_tokens,
             abs_sum=b.sum(abs_lr),
-            abs_max=b.max(abs_lr),
+            abs_max=max(-low, high) if block.n_tokens else -math.inf,
             exp_abs=b.sum(b.exp(abs_lr)),
-            clamped=b.count(abs_lr > SAFETY_BOUND),
+            clamped=0 if block.within_clamp else b.count(abs_lr > SAFETY_BOUND),
             s_sum=b.sum(s),
             s_sq=b.dot(s, s),
             sn=b.dot(s, n),

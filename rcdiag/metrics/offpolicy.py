@@ -56,7 +56,6 @@ class OffPolicyMetrics(Accumulator):
         b = block.b
         mo, mr = block.row_mean_old, block.row_mean_rollout
         delta = mr - mo
-        lr = block.lr
         s = block.seq_log_ratio
         self.add(
             rows=block.n_rows,
@@ -66,7 +65,7 @@ class OffPolicyMetrics(Accumulator):
             exp_neg_mr=b.sum(b.exp(-mr)),
             neg_mr=-b.sum(mr),
             neg_lr=-b.sum(block.row_sum_lr),
-            k3=b.sum(b.exp(lr) - lr - 1.0),
+            k3=_k3_sum(block),
             delta=b.sum(delta),
             abs_delta=b.sum(b.abs(delta)),
             delta_max=b.max(delta),
@@ -100,3 +99,16 @@ class OffPolicyMetrics(Accumulator):
             "chi2_seq": st["exp_2s"] / rows - 1.0,
         }
         return values, []
+
+
+def _k3_sum(block: Block) -> float:
+    """Sum of exp(lr) - lr - 1 over the block's tokens (unclamped, as verl).
+
+    When no log-ratio reaches the clamp, exp(lr) is the token IS ratio already computed, and the sum is
+    sum(ratio) - sum(lr) - N in float64: one pass instead of four, and no float32 rounding of each term.
+    """
+    b = block.b
+    if block.within_clamp:
+        return b.sum(block.ratio) - b.sum(block.row_sum_lr) - block.n_tokens
+    lr = block.lr
+    return b.sum(b.exp(lr) - lr - 1.0)

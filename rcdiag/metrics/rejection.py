@@ -12,6 +12,7 @@ the aggregate ``rollout_rs_seq_masked_fraction`` runs over all rows.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -42,9 +43,15 @@ AGGREGATE_KEYS = ("rollout_rs_masked_fraction", "rollout_rs_seq_masked_fraction"
 
 @dataclass
 class Rejection:
-    """What one option rejected in a block: tokens (token options) or rows (sequence options)."""
+    """What one option rejected in a block.
 
-    tokens: Array | None = None
+    ``masked_tokens`` counts rejected valid tokens and ``rows_hit`` marks rows with a rejected token; token
+    options give ``token_mask`` (built only if the aggregate needs it), sequence options give ``rows``.
+    """
+
+    masked_tokens: float
+    rows_hit: Array
+    token_mask: Callable[[], Array] | None = None
     rows: Array | None = None
 
 
@@ -92,39 +99,26 @@ class RSOptionMetrics(Accumulator):
         token_stat = block.k(opt.estimator)
         valid = block.row_valid
         if opt.level == "token":
-            stat = token_stat
-            reject = ~self._keep(stat)
-            seq_value = block.row_mean(block.seg.sum(stat))
-            clamped = b.clip(stat, self.lo, self.hi)
-            rows_rejecting = block.seg.count(reject) > 0
-            self.add(
-                stat_sum=b.sum(stat),
-                tok_max=b.max(stat),
-                tok_min=b.min(stat),
-                tok_hi=b.count(stat > self.hi),
-                tok_lo=b.count(stat < self.lo) if opt.is_k1 else 0.0,
-                clamped=b.moments(clamped),
-                masked_tokens=b.count(reject),
-                masked_rows=b.count(rows_rejecting),
-            )
-            result = Rejection(tokens=reject)
+            result = self._update_token_option(block, token_stat)
+            seq_value = block.row_mean(block.row_sum_k(opt.estimator))
         else:
             if opt.agg == "sum":
-                seq_value = block.seg.sum(token_stat)
+                seq_value = block.row_sum_k(opt.estimator)
             elif opt.agg == "mean":
-                seq_value = block.row_mean(block.seg.sum(token_stat))
+                seq_value = block.row_mean(block.row_sum_k(opt.estimator))
             else:
                 seq_value = block.seg.max(token_stat, 0.0)
             reject = ~self._keep(seq_value) & valid
             n = block.row_len
             clamped = b.clip(seq_value, self.lo, self.hi)
+            masked_tokens = b.sum(b.where(reject, n, 0.0))
             self.add(
                 stat_sum=b.dot(n, seq_value),
                 clamped=b.moments(clamped, n),
-                masked_tokens=b.sum(b.where(reject, n, 0.0)),
+                masked_tokens=masked_tokens,
                 masked_rows=b.count(reject),
             )
-            result = Rejection(rows=reject)
+            result = Rejection(masked_tokens=masked_tokens, rows_hit=reject, rows=reject)
         v = seq_value[valid] if block.n_valid_rows < block.n_rows else seq_value
         self.add(
             tokens=block.n_tokens,
@@ -137,6 +131,37 @@ class RSOptionMetrics(Accumulator):
             v_lo=b.count(v < self.lo) if opt.is_k1 else 0.0,
         )
         return result
+
+    def _update_token_option(self, block: Block, stat: Array) -> Rejection:
+        """Token options, in as few passes as possible: extremes per row (fast segment max/min) give the
+        global extremes and the rows with a rejected token; the two strict counts give the masked tokens,
+        since a token is rejected exactly when it lies below the lower or above the upper bound (or is NaN,
+        handled on the slow path)."""
+        b, seg, k1 = block.b, block.seg, self.option.is_k1
+        row_max, row_min = seg.max(stat, -math.inf), seg.min(stat, math.inf)
+        tok_max, tok_min = b.max(row_max), b.min(row_min)
+        stat_sum = b.sum(stat)
+        above = b.count(stat > self.hi)
+        below = b.count(stat < self.lo) if k1 else 0
+        if math.isfinite(stat_sum):
+            masked_tokens: float = above + below
+            rows_hit = (row_max > self.hi) | (row_min < self.lo) if k1 else row_max > self.hi
+        else:  # NaN statistics fail every comparison: verl rejects them
+            reject = ~self._keep(stat)
+            masked_tokens = b.count(reject)
+            rows_hit = seg.count(reject) > 0
+        no_clamp = self.lo <= tok_min and tok_max <= self.hi
+        self.add(
+            stat_sum=stat_sum,
+            tok_max=tok_max,
+            tok_min=tok_min,
+            tok_hi=above,
+            tok_lo=below,
+            clamped=b.moments(stat if no_clamp else b.clip(stat, self.lo, self.hi)),
+            masked_tokens=masked_tokens,
+            masked_rows=b.count(rows_hit),
+        )
+        return Rejection(masked_tokens=masked_tokens, rows_hit=rows_hit, token_mask=lambda: ~self._keep(stat))
 
     def keys(self) -> list[str]:
         suffixes = [s for s in _SUFFIXES if s != "seq_fraction_low" or self.option.is_k1]
@@ -186,7 +211,16 @@ class RSAggregateMetrics(Accumulator):
 
     def update(self, block: Block, rejections: list[Rejection]) -> None:
         b = block.b
-        token_reject = _any([r.tokens for r in rejections if r.tokens is not None])
+        if len(rejections) == 1:
+            only = rejections[0]
+            self.add(
+                tokens=block.n_tokens,
+                rows=block.n_rows,
+                masked_tokens=only.masked_tokens,
+                masked_rows=b.count(only.rows_hit),
+            )
+            return
+        token_reject = _any([r.token_mask() for r in rejections if r.token_mask is not None])
         row_reject = _any([r.rows for r in rejections if r.rows is not None])
         if token_reject is None:
             masked_tokens = b.sum(b.where(row_reject, block.row_len, 0.0))
