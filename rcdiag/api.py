@@ -6,6 +6,7 @@ import multiprocessing
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from rcdiag import __version__
 from rcdiag.backend import Backend, NumpyBackend, get_backend
@@ -79,7 +80,7 @@ def accumulate(
         raise ConfigError(f"workers must be at least 1, got {workers}.")
     backend = device if isinstance(device, Backend) else get_backend(device)
     source = open_dump(path, columns)
-    partitions = source.partitions(workers) if workers > 1 and hasattr(source, "partitions") else []
+    partitions = source.partitions(workers) if workers > 1 else []
     if len(partitions) > 1:
         if not isinstance(backend, NumpyBackend):
             raise ConfigError("--workers runs several CPU processes; use it with --device cpu.")
@@ -102,7 +103,7 @@ def merge_states(paths: list[str | Path]) -> Report:
 
 
 def _accumulate_in_processes(
-    source: Source, config: CorrectionConfig, partitions: list[tuple[int, ...]], chunk_tokens: int
+    source: Source, config: CorrectionConfig, partitions: list[Any], chunk_tokens: int
 ) -> EngineState:
     context = multiprocessing.get_context("spawn")  # the parent holds Arrow threads: fork is not safe
     columns = getattr(source, "columns", None)
@@ -119,11 +120,11 @@ def _accumulate_in_processes(
 
 
 def _accumulate_part(
-    path: str, columns: ColumnMap | None, row_groups: tuple[int, ...], config: CorrectionConfig, chunk_tokens: int
+    path: str, columns: ColumnMap | None, part: Any, config: CorrectionConfig, chunk_tokens: int
 ) -> dict:
     source = open_dump(path, columns)
     engine = Engine(config.resolve())
-    return engine.run(prefetch(source.chunks(chunk_tokens, row_groups=row_groups))).state_dict()
+    return engine.run(prefetch(source.chunks(chunk_tokens, part=part))).state_dict()
 
 
 def analyze_chunks(

@@ -12,6 +12,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -72,9 +73,16 @@ class Source(ABC):
     info: SourceInfo
 
     @abstractmethod
-    def chunks(self, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> Iterator[Chunk]:
+    def chunks(self, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, part: Any = None) -> Iterator[Chunk]:
         """Yield chunks of whole rows holding at most ``chunk_tokens`` list values each, except that a row
-        longer than that forms its own chunk."""
+        longer than that forms its own chunk. ``part`` (one of ``partitions()``) restricts to a part."""
+
+    def partitions(self, n: int) -> list[Any]:
+        """Up to ``n`` disjoint parts that together cover the dump, for parallel workers (``--workers``).
+
+        Each part is a small picklable value passed back to ``chunks(part=...)`` of a source reopened in a
+        worker process. The default is one part: the whole dump (no parallelism)."""
+        return [None]
 
 
 def split_rows(lengths: np.ndarray, max_tokens: int) -> list[tuple[int, int]]:

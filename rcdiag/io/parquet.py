@@ -123,10 +123,9 @@ class ParquetSource(Source):
             done += size
         return [tuple(part) for part in parts if part]
 
-    def chunks(
-        self, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, row_groups: tuple[int, ...] | None = None
-    ) -> Iterator[Chunk]:
-        """Chunks of the whole file, or of some (contiguous) row groups."""
+    def chunks(self, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, part: tuple[int, ...] | None = None) -> Iterator[Chunk]:
+        """Chunks of the whole file, or of a part: a run of contiguous row groups from ``partitions``."""
+        row_groups = part
         meta = self.file.metadata
         row = sum(meta.row_group(g).num_rows for g in range(row_groups[0])) if row_groups else 0
         batches = self.file.iter_batches(
