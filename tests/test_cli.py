@@ -208,3 +208,13 @@ def test_library_import_does_not_load_the_cli_stack() -> None:
     code = "import rcdiag, sys; rcdiag.analyze; rcdiag.CorrectionConfig; print(sorted(m for m in ('typer', 'rich', 'torch') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_cuda_without_a_gpu_is_a_usage_error(capsys: pytest.CaptureFixture) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    code, _, err = run(capsys, "analyze", HEALTHY, "--device", "cuda")
+    assert code == 2 and "no CUDA device is available" in err
+    code, out, _ = run(capsys, "analyze", HEALTHY, "--device", "auto", "--format", "json")
+    assert code == 0 and json.loads(out)["device"] == "cpu"
