@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from rcdiag import __version__
@@ -13,6 +14,19 @@ from rcdiag.health import evaluate
 from rcdiag.io import DEFAULT_CHUNK_TOKENS, Chunk, ColumnMap, open_dump, prefetch
 from rcdiag.io.base import SourceInfo
 from rcdiag.report import InputFacts, Report, StepReport
+from rcdiag.validate import OnBadRow, Screen, ScreenStats
+
+
+@dataclass(frozen=True)
+class ReadProgress:
+    """Reading so far, for a progress display: rows and list values read, and the dump's rows if known."""
+
+    rows: int
+    tokens: int
+    total_rows: int | None
+
+
+ProgressCallback = Callable[[ReadProgress], None]
 
 
 def analyze(
@@ -22,17 +36,22 @@ def analyze(
     device: str | Backend = "cpu",
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     columns: ColumnMap | None = None,
+    on_bad_row: OnBadRow | str = OnBadRow.error,
+    on_chunk: ProgressCallback | None = None,
 ) -> Report:
     """Run verl's rollout correction over a dump and return the report.
 
     Args:
-        path: the dump (canonical Parquet: ``old_log_prob``, ``rollout_log_prob``, optional ``response_mask``
-            and ``step``).
+        path: the dump: a Parquet, Arrow IPC, JSONL (NeMo-RL, prime-rl), ``.pt`` or ``.npz`` file, a
+            directory of shards or a glob (docs/formats.md).
         config: verl's ``rollout_correction`` fields; default: metrics only (verl's YAML default).
         device: ``cpu`` (numpy), ``cuda`` / ``cuda:N`` (torch) or ``auto``; or a ``Backend``.
         chunk_tokens: read about this many tokens at a time (memory is bounded by it; results do not
             depend on it).
-        columns: column names when they differ from the canonical ones.
+        columns: column names when the common names are not recognised or are ambiguous.
+        on_bad_row: ``"error"`` (default) or ``"skip"``: leave out rows with NaN, +inf, positive log-probs
+            or mask values other than 0/1, counted in ``report.input.skipped_by_reason``.
+        on_chunk: called after each chunk is read with a ``ReadProgress`` (for a progress bar).
 
     Raises:
         ConfigError: invalid configuration (the message is verl's, where verl has one).
@@ -50,21 +69,39 @@ def analyze(
         raise ConfigError(f"chunk_tokens must be a positive number of tokens, got {chunk_tokens}.")
     backend = device if isinstance(device, Backend) else get_backend(device)
     source = open_dump(path, columns)
-    state = Engine(resolved, backend).run(prefetch(source.chunks(chunk_tokens)))
-    return build_report(state, source.info, backend.name)
+    screen = Screen(on_bad_row)
+    chunks = prefetch(source.chunks(chunk_tokens))
+    if on_chunk is not None:
+        chunks = _report_progress(chunks, on_chunk, source.info.total_rows)
+    state = Engine(resolved, backend).run(screen(chunks))
+    return build_report(state, source.info, backend.name, screen.stats)
+
+
+def _report_progress(chunks: Iterable[Chunk], on_chunk: ProgressCallback, total_rows: int | None) -> Iterator[Chunk]:
+    rows = tokens = 0
+    for chunk in chunks:
+        rows += chunk.n_rows
+        tokens += chunk.n_tokens
+        on_chunk(ReadProgress(rows, tokens, total_rows))
+        yield chunk
 
 
 def analyze_chunks(
-    chunks: Iterable[Chunk], config: CorrectionConfig | None = None, *, device: str | Backend = "cpu"
+    chunks: Iterable[Chunk],
+    config: CorrectionConfig | None = None,
+    *,
+    device: str | Backend = "cpu",
+    on_bad_row: OnBadRow | str = OnBadRow.error,
 ) -> Report:
     """Like ``analyze`` but over chunks you built yourself (e.g. from tensors in a training loop)."""
     resolved = (config or CorrectionConfig()).resolve()
     backend = device if isinstance(device, Backend) else get_backend(device)
-    state = Engine(resolved, backend).run(chunks)
-    return build_report(state, SourceInfo(path="<memory>", format="chunks"), backend.name)
+    screen = Screen(on_bad_row)
+    state = Engine(resolved, backend).run(screen(chunks))
+    return build_report(state, SourceInfo(path="<memory>", format="chunks"), backend.name, screen.stats)
 
 
-def build_report(state: EngineState, info: SourceInfo, device: str) -> Report:
+def build_report(state: EngineState, info: SourceInfo, device: str, screen: ScreenStats | None = None) -> Report:
     """Compute every batch, the all-steps view and the findings."""
     has_steps = any(step is not None for step in state.batches)
     per_step = sorted(
@@ -86,10 +123,13 @@ def build_report(state: EngineState, info: SourceInfo, device: str) -> Report:
         valid_tokens=state.valid_tokens,
         empty_rows=pooled.empty_rows,
         steps=len(steps),
-        skipped_rows=0,
+        skipped_rows=screen.skipped_rows if screen else 0,
         columns=dict(info.columns),
         dtypes=dict(info.dtypes),
         metadata=dict(info.metadata),
+        skipped_by_reason=dict(screen.skipped_by_reason) if screen else {},
+        neg_inf_tokens=dict(screen.neg_inf_tokens) if screen else {},
+        files=info.files,
     )
     return Report(
         config=state.resolved.config.to_dict(),
