@@ -10,14 +10,22 @@ import typer
 
 from rcdiag.cli.options import (
     DEFAULT_CHUNK,
+    BadRowPolicy,
     BatchNormOpt,
     ChunkOpt,
     DeviceOpt,
     IsOpt,
     IsThresholdOpt,
+    MaskColOpt,
+    OldColOpt,
+    OnBadRowOpt,
     PresetOpt,
+    QuietOpt,
+    RolloutColOpt,
     RsOpt,
     RsThresholdOpt,
+    SeqColOpt,
+    StepColOpt,
 )
 from rcdiag.render import OutputFormat
 
@@ -25,7 +33,12 @@ from rcdiag.render import OutputFormat
 def analyze(
     path: Annotated[
         Path,
-        typer.Argument(help="The dump: a Parquet file with one row per response.", metavar="PATH", show_default=False),
+        typer.Argument(
+            help="The dump: Parquet, Arrow IPC, NeMo-RL/prime-rl JSONL, .pt or .npz; a directory of shards or a "
+            "quoted glob.",
+            metavar="PATH",
+            show_default=False,
+        ),
     ],
     is_level: IsOpt = None,
     is_threshold: IsThresholdOpt = None,
@@ -33,6 +46,12 @@ def analyze(
     rs_threshold: RsThresholdOpt = None,
     batch_normalize: BatchNormOpt = None,
     preset: PresetOpt = None,
+    old_col: OldColOpt = None,
+    rollout_col: RolloutColOpt = None,
+    mask_col: MaskColOpt = None,
+    step_col: StepColOpt = None,
+    seq_col: SeqColOpt = None,
+    on_bad_row: OnBadRowOpt = BadRowPolicy.error,
     device: DeviceOpt = "cpu",
     chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
     output_format: Annotated[
@@ -48,6 +67,7 @@ def analyze(
             rich_help_panel="Output",
         ),
     ] = None,
+    quiet: QuietOpt = False,
 ) -> None:
     """Run verl's rollout correction over a dump and report every `rollout_corr/*` metric with findings.
 
@@ -57,12 +77,15 @@ def analyze(
     * `rcdiag analyze run.parquet --rs token_k1 --rs-threshold 0.5_2.0`
     * `rcdiag analyze run.parquet --preset decoupled_geo_rs_token_tis --format json -o report.json`
     * `rcdiag analyze run.parquet --is sequence --is-threshold 5 --batch-normalize`
+    * `rcdiag analyze logs/exp_001/` (NeMo-RL `train_data_step*.jsonl`), `rcdiag analyze "dumps/*.pt" --on-bad-row skip`
 
     Exit codes: 0 done (findings do not change it), 2 bad option, configuration or input, 3 internal error.
     """
     from rcdiag.api import analyze as run_analysis
     from rcdiag.cli.engine_config import build_config
     from rcdiag.cli.output import write_report
+    from rcdiag.cli.progress import progress_bar, wanted
+    from rcdiag.io import ColumnMap
 
     config = build_config(
         preset_name=preset,
@@ -73,7 +96,18 @@ def analyze(
         batch_normalize=batch_normalize,
     )
     config.resolve()  # configuration errors before any reading
-    report = run_analysis(path, config, device=device, chunk_tokens=chunk_tokens)
+    columns = ColumnMap(old=old_col, rollout=rollout_col, mask=mask_col, step=step_col, seq=seq_col)
+    show = wanted(quiet, json_to_stdout=output_format is OutputFormat.json and output is None)
+    with progress_bar(show) as on_chunk:
+        report = run_analysis(
+            path,
+            config,
+            device=device,
+            chunk_tokens=chunk_tokens,
+            columns=columns,
+            on_bad_row=on_bad_row.value,
+            on_chunk=on_chunk,
+        )
     write_report(report, output_format, output)
     if output is not None:
         counts = {s: sum(f.severity == s for f in report.findings) for s in ("error", "warning")}
