@@ -282,3 +282,15 @@ def test_dump_writer_round_trip(batch: dict, canonical: rcdiag.Report, tmp_path:
     report = rcdiag.analyze(directory, CONFIG)
     same(report, canonical)
     assert report.input.metadata["temperature"] == "1.0" and report.input.metadata["model"] == "toy"
+
+
+def test_plain_jsonl(batch: dict, canonical: rcdiag.Report, tmp_path: Path) -> None:
+    lists = ragged_lists(batch["old"], batch["rollout"], batch["mask"])
+    path = tmp_path / "dump.jsonl"
+    with open(path, "w") as handle:
+        for i in range(batch["old"].shape[0]):
+            record = {key: [float(v) for v in values[i]] for key, values in lists.items()}
+            handle.write(json.dumps({**record, "step": int(batch["steps"][i])}) + "\n")
+    report = rcdiag.analyze(path, CONFIG, chunk_tokens=50)
+    same(report, canonical)
+    assert report.input.format == "jsonl"
