@@ -36,6 +36,7 @@ _EXPORTS = {
     "InputFacts": "rcdiag.report",
     "Report": "rcdiag.report",
     "StepReport": "rcdiag.report",
+    "DumpWriter": "rcdiag.writer",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from rcdiag.errors import ConfigError, ExitCode, InputError, RcdiagError  # noqa: F401
     from rcdiag.io import Chunk, ColumnMap  # noqa: F401
     from rcdiag.report import Finding, InputFacts, Report, StepReport  # noqa: F401
+    from rcdiag.writer import DumpWriter  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

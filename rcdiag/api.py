@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,19 @@ from rcdiag.health import evaluate
 from rcdiag.io import DEFAULT_CHUNK_TOKENS, Chunk, ColumnMap, open_dump, prefetch
 from rcdiag.io.base import Source, SourceInfo
 from rcdiag.report import InputFacts, Report, StepReport
+from rcdiag.validate import OnBadRow, Screen, ScreenStats
+
+
+@dataclass(frozen=True)
+class ReadProgress:
+    """Reading so far, for a progress display: rows and list values read, and the dump's rows if known."""
+
+    rows: int
+    tokens: int
+    total_rows: int | None
+
+
+ProgressCallback = Callable[[ReadProgress], None]
 
 
 def analyze(
@@ -26,19 +40,25 @@ def analyze(
     device: str | Backend = "cpu",
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     columns: ColumnMap | None = None,
+    on_bad_row: OnBadRow | str = OnBadRow.error,
+    on_chunk: ProgressCallback | None = None,
     workers: int = 1,
     save_state: str | Path | None = None,
 ) -> Report:
     """Run verl's rollout correction over a dump and return the report.
 
     Args:
-        path: the dump (canonical Parquet: ``old_log_prob``, ``rollout_log_prob``, optional ``response_mask``
-            and ``step``).
+        path: the dump: a Parquet, Arrow IPC, JSONL (NeMo-RL, prime-rl), ``.pt`` or ``.npz`` file, a
+            directory of shards or a glob (docs/formats.md).
         config: verl's ``rollout_correction`` fields; default: metrics only (verl's YAML default).
         device: ``cpu`` (numpy), ``cuda`` / ``cuda:N`` (torch) or ``auto``; or a ``Backend``.
         chunk_tokens: read about this many tokens at a time (memory is bounded by it; results do not
             depend on it).
-        columns: column names when they differ from the canonical ones.
+        columns: column names when the common names are not recognised or are ambiguous.
+        on_bad_row: ``"error"`` (default) or ``"skip"``: leave out rows with NaN, +inf, positive log-probs
+            or mask values other than 0/1, counted in ``report.input.skipped_by_reason``.
+        on_chunk: called after each chunk is read with a ``ReadProgress`` (for a progress bar; not called
+            with ``workers > 1``).
         workers: split the file's row groups among this many processes (CPU only); same result.
         save_state: also write the accumulated state here, for ``merge_states`` (scale-out over shards).
 
@@ -51,10 +71,28 @@ def analyze(
         >>> report = analyze("sample_data/healthy.parquet", preset("decoupled_geo_rs"))  # doctest: +SKIP
         >>> report.metrics["rollout_corr/kl"]  # doctest: +SKIP
     """
-    state, info, device_name = accumulate(
-        path, config, device=device, chunk_tokens=chunk_tokens, columns=columns, workers=workers, save_state=save_state
+    accumulated = accumulate(
+        path,
+        config,
+        device=device,
+        chunk_tokens=chunk_tokens,
+        columns=columns,
+        on_bad_row=on_bad_row,
+        on_chunk=on_chunk,
+        workers=workers,
+        save_state=save_state,
     )
-    return build_report(state, info, device_name)
+    return build_report(accumulated.state, accumulated.info, accumulated.device, accumulated.screen)
+
+
+@dataclass(frozen=True)
+class Accumulated:
+    """A dump read into mergeable accumulators, before the report is computed."""
+
+    state: EngineState
+    info: SourceInfo
+    device: str
+    screen: ScreenStats
 
 
 def accumulate(
@@ -64,14 +102,15 @@ def accumulate(
     device: str | Backend = "cpu",
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     columns: ColumnMap | None = None,
+    on_bad_row: OnBadRow | str = OnBadRow.error,
+    on_chunk: ProgressCallback | None = None,
     workers: int = 1,
     save_state: str | Path | None = None,
-) -> tuple[EngineState, SourceInfo, str]:
+) -> Accumulated:
     """Read a dump into an ``EngineState`` (the mergeable accumulators), without computing the report.
 
-    With ``workers > 1`` the file's row groups are split among that many processes, whose states are merged:
-    the result is the same as one process reading everything. Returns the state, what was read, and the
-    device used.
+    With ``workers > 1`` the dump's parts (runs of Parquet row groups) are read by that many processes, whose
+    states are merged: the result is the same as one process reading everything.
     """
     resolved = (config or CorrectionConfig()).resolve()
     if chunk_tokens < 1:
@@ -84,60 +123,86 @@ def accumulate(
     if len(partitions) > 1:
         if not isinstance(backend, NumpyBackend):
             raise ConfigError("--workers runs several CPU processes; use it with --device cpu.")
-        state = _accumulate_in_processes(source, resolved.config, partitions, chunk_tokens)
+        state, stats = _accumulate_in_processes(source, columns, resolved.config, partitions, chunk_tokens, on_bad_row)
     else:
-        state = Engine(resolved, backend).run(prefetch(source.chunks(chunk_tokens)))
+        screen = Screen(on_bad_row)
+        chunks = prefetch(source.chunks(chunk_tokens))
+        if on_chunk is not None:
+            chunks = _report_progress(chunks, on_chunk, source.info.total_rows)
+        state = Engine(resolved, backend).run(screen(chunks))
+        stats = screen.stats
     if save_state is not None:
         from rcdiag.state import save_state as write_state
 
-        write_state(save_state, state, [source.info])
-    return state, source.info, backend.name
+        write_state(save_state, state, [source.info], stats)
+    return Accumulated(state, source.info, backend.name, stats)
 
 
 def merge_states(paths: list[str | Path]) -> Report:
     """The report of one run over every shard whose state files are given (``analyze --save-state``)."""
     from rcdiag.state import combined_info, merge_state_files
 
-    state, sources = merge_state_files(paths)
-    return build_report(state, combined_info(sources), "merged")
+    state, sources, stats = merge_state_files(paths)
+    return build_report(state, combined_info(sources), "merged", stats)
 
 
 def _accumulate_in_processes(
-    source: Source, config: CorrectionConfig, partitions: list[Any], chunk_tokens: int
-) -> EngineState:
+    source: Source,
+    columns: ColumnMap | None,
+    config: CorrectionConfig,
+    partitions: list[Any],
+    chunk_tokens: int,
+    on_bad_row: OnBadRow | str,
+) -> tuple[EngineState, ScreenStats]:
     context = multiprocessing.get_context("spawn")  # the parent holds Arrow threads: fork is not safe
-    columns = getattr(source, "columns", None)
     with ProcessPoolExecutor(max_workers=len(partitions), mp_context=context) as pool:
         futures = [
-            pool.submit(_accumulate_part, source.info.path, columns, part, config, chunk_tokens) for part in partitions
+            pool.submit(_accumulate_part, source.info.path, columns, part, config, chunk_tokens, str(on_bad_row))
+            for part in partitions
         ]
-        states = [future.result() for future in futures]
+        results = [future.result() for future in futures]
     resolved = config.resolve()
-    merged = EngineState(resolved)
-    for saved in states:
-        merged.merge(EngineState.from_state_dict(resolved, saved))
-    return merged
+    merged, stats = EngineState(resolved), ScreenStats()
+    for saved_state, saved_stats in results:
+        merged.merge(EngineState.from_state_dict(resolved, saved_state))
+        stats = stats.merge(ScreenStats.from_dict(saved_stats))
+    return merged, stats
 
 
 def _accumulate_part(
-    path: str, columns: ColumnMap | None, part: Any, config: CorrectionConfig, chunk_tokens: int
-) -> dict:
+    path: str, columns: ColumnMap | None, part: Any, config: CorrectionConfig, chunk_tokens: int, on_bad_row: str
+) -> tuple[dict, dict]:
     source = open_dump(path, columns)
-    engine = Engine(config.resolve())
-    return engine.run(prefetch(source.chunks(chunk_tokens, part=part))).state_dict()
+    screen = Screen(on_bad_row)
+    state = Engine(config.resolve()).run(screen(prefetch(source.chunks(chunk_tokens, part=part))))
+    return state.state_dict(), screen.stats.to_dict()
+
+
+def _report_progress(chunks: Iterable[Chunk], on_chunk: ProgressCallback, total_rows: int | None) -> Iterator[Chunk]:
+    rows = tokens = 0
+    for chunk in chunks:
+        rows += chunk.n_rows
+        tokens += chunk.n_tokens
+        on_chunk(ReadProgress(rows, tokens, total_rows))
+        yield chunk
 
 
 def analyze_chunks(
-    chunks: Iterable[Chunk], config: CorrectionConfig | None = None, *, device: str | Backend = "cpu"
+    chunks: Iterable[Chunk],
+    config: CorrectionConfig | None = None,
+    *,
+    device: str | Backend = "cpu",
+    on_bad_row: OnBadRow | str = OnBadRow.error,
 ) -> Report:
     """Like ``analyze`` but over chunks you built yourself (e.g. from tensors in a training loop)."""
     resolved = (config or CorrectionConfig()).resolve()
     backend = device if isinstance(device, Backend) else get_backend(device)
-    state = Engine(resolved, backend).run(chunks)
-    return build_report(state, SourceInfo(path="<memory>", format="chunks"), backend.name)
+    screen = Screen(on_bad_row)
+    state = Engine(resolved, backend).run(screen(chunks))
+    return build_report(state, SourceInfo(path="<memory>", format="chunks"), backend.name, screen.stats)
 
 
-def build_report(state: EngineState, info: SourceInfo, device: str) -> Report:
+def build_report(state: EngineState, info: SourceInfo, device: str, screen: ScreenStats | None = None) -> Report:
     """Compute every batch, the all-steps view and the findings."""
     has_steps = any(step is not None for step in state.batches)
     per_step = sorted(
@@ -159,10 +224,13 @@ def build_report(state: EngineState, info: SourceInfo, device: str) -> Report:
         valid_tokens=state.valid_tokens,
         empty_rows=pooled.empty_rows,
         steps=len(steps),
-        skipped_rows=0,
+        skipped_rows=screen.skipped_rows if screen else 0,
         columns=dict(info.columns),
         dtypes=dict(info.dtypes),
         metadata=dict(info.metadata),
+        skipped_by_reason=dict(screen.skipped_by_reason) if screen else {},
+        neg_inf_tokens=dict(screen.neg_inf_tokens) if screen else {},
+        files=info.files,
     )
     return Report(
         config=state.resolved.config.to_dict(),

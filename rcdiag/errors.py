@@ -36,17 +36,26 @@ class ConfigError(RcdiagError, ValueError):
 class InputError(RcdiagError):
     """A dump that cannot be read or holds invalid values.
 
-    ``path``, ``row`` and ``column`` locate the problem when known; they are also in the message.
+    ``path``, ``row`` (0-based) or ``sequence`` (the id of a long-layout sequence) and ``column`` locate the
+    problem when known; they are also in the message.
     """
 
     def __init__(
-        self, message: str, *, path: str | None = None, row: int | None = None, column: str | None = None
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        row: int | None = None,
+        column: str | None = None,
+        sequence: object = None,
     ) -> None:
         where = []
         if path is not None:
             where.append(str(path))
         if row is not None:
             where.append(f"row {row}")
+        if sequence is not None:
+            where.append(f"sequence {sequence!r}")
         if column is not None:
             where.append(f"column '{column}'")
         super().__init__(f"{': '.join([', '.join(where), message]) if where else message}")

@@ -47,9 +47,17 @@ class InputFacts:
     steps: int
     """Distinct values of the step column (0 without one)."""
     skipped_rows: int
+    """Rows left out by ``--on-bad-row skip`` (not in ``rows``)."""
     columns: dict[str, str | None]
+    """Canonical role -> the column (or JSON key) used; ``None`` for an absent optional column."""
     dtypes: dict[str, str]
     metadata: dict[str, str]
+    """Run facts from the dump: key-value metadata, then constant columns such as ``temperature``."""
+    skipped_by_reason: dict[str, int] = dataclasses.field(default_factory=dict)
+    """``skipped_rows`` by reason: bad_mask, nan, pos_inf, positive_logprob (a row counts under its first)."""
+    neg_inf_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Valid tokens whose log-prob is ``-inf`` (legal: probability 0), per side."""
+    files: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -21,12 +21,13 @@ from rcdiag.config import CorrectionConfig
 from rcdiag.engine import EngineState
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.io.base import SourceInfo
+from rcdiag.validate import ScreenStats
 
 STATE_FORMAT = "rcdiag-state"
 STATE_VERSION = 1
 
 
-def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo]) -> None:
+def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo], screen: ScreenStats) -> None:
     """Write a state file atomically (a reader never sees a half-written file)."""
     payload = {
         "format": STATE_FORMAT,
@@ -34,6 +35,7 @@ def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo]) 
         "rcdiag_version": __version__,
         "config": state.resolved.config.to_dict(),
         "sources": [asdict(info) for info in sources],
+        "screen": screen.to_dict(),
         "state": _encode(state.state_dict()),
     }
     target = Path(path)
@@ -47,7 +49,7 @@ def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo]) 
         raise InputError(f"cannot write the state file ({exc.strerror})", path=str(path)) from None
 
 
-def load_state(path: str | Path) -> tuple[EngineState, list[SourceInfo]]:
+def load_state(path: str | Path) -> tuple[EngineState, list[SourceInfo], ScreenStats]:
     """Read a state file; any problem is an ``InputError`` naming the file."""
     name = str(path)
     try:
@@ -64,20 +66,21 @@ def load_state(path: str | Path) -> tuple[EngineState, list[SourceInfo]]:
         resolved = CorrectionConfig(**payload["config"]).resolve()
         state = EngineState.from_state_dict(resolved, _decode(payload["state"]))
         sources = [SourceInfo(**info) for info in payload["sources"]]
+        screen = ScreenStats.from_dict(payload["screen"])
     except ConfigError:
         raise
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(f"holds a damaged state ({exc})", path=name) from None
-    return state, sources
+    return state, sources, screen
 
 
-def merge_state_files(paths: list[str | Path]) -> tuple[EngineState, list[SourceInfo]]:
+def merge_state_files(paths: list[str | Path]) -> tuple[EngineState, list[SourceInfo], ScreenStats]:
     """Load and merge state files; they must compute the same metrics."""
     if not paths:
         raise ConfigError("no state files to merge")
-    merged, sources = load_state(paths[0])
+    merged, sources, screen = load_state(paths[0])
     for path in paths[1:]:
-        state, more = load_state(path)
+        state, more, more_screen = load_state(path)
         if not merged.resolved.same_computation(state.resolved):
             raise ConfigError(
                 f"{path} was computed with a different configuration ({_describe(state.resolved.config)}) than "
@@ -87,7 +90,8 @@ def merge_state_files(paths: list[str | Path]) -> tuple[EngineState, list[Source
             raise ConfigError(f"{path}: cannot merge a dump that has a step column with one that has none")
         merged.merge(state)
         sources.extend(more)
-    return merged, sources
+        screen = screen.merge(more_screen)
+    return merged, sources, screen
 
 
 def combined_info(sources: list[SourceInfo]) -> SourceInfo:
@@ -101,7 +105,16 @@ def combined_info(sources: list[SourceInfo]) -> SourceInfo:
     metadata = {k: v for k, v in first.metadata.items() if all(s.metadata.get(k) == v for s in sources)}
     columns = first.columns if all(s.columns == first.columns for s in sources) else {}
     dtypes = first.dtypes if all(s.dtypes == first.dtypes for s in sources) else {}
-    return SourceInfo(path=path, format="+".join(formats), columns=columns, dtypes=dtypes, metadata=metadata)
+    rows = [s.total_rows for s in sources]
+    return SourceInfo(
+        path=path,
+        format="+".join(formats),
+        columns=columns,
+        dtypes=dtypes,
+        metadata=metadata,
+        total_rows=None if None in rows else sum(r for r in rows if r is not None),
+        files=sum(s.files for s in sources),
+    )
 
 
 def _describe(config: CorrectionConfig) -> str:

@@ -1,6 +1,18 @@
-"""Value checks on the valid tokens of a chunk: what is not a log-prob is an input error, never a silent NaN."""
+"""Value checks on the valid tokens of each chunk: what is not a log-prob never silently becomes a metric.
+
+``Screen`` runs between the reader and the engine. A row is *bad* when, at a valid position (mask 1), a log-prob
+is NaN, +inf or above ``POSITIVE_TOLERANCE``, or when its mask holds a value other than 0/1. By default the
+first bad row is an ``InputError`` naming it, its column and how many rows of the dump are bad (the rest of the
+dump is still read, to count them); with ``on_bad_row="skip"`` bad rows are dropped whole before any metric sees
+them and counted by reason. ``-inf`` (probability 0) is legal; such tokens are counted.
+"""
 
 from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -8,11 +20,209 @@ from rcdiag.errors import InputError
 from rcdiag.io.base import Chunk
 
 POSITIVE_TOLERANCE = 1e-3
-"""A log-prob above this is not a log-prob (probabilities, logits or a sign error); see docs/input.md."""
+"""A log-prob above this is not a log-prob (probabilities, logits or a sign error); see docs/formats.md."""
+
+REASONS = ("bad_mask", "nan", "pos_inf", "positive_logprob")
+"""Why a row is bad, in the order used when a row has several problems (it is counted under the first)."""
+
+
+class OnBadRow(str, enum.Enum):
+    """What to do with a row holding invalid values."""
+
+    error = "error"
+    skip = "skip"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass
+class ScreenStats:
+    """What the screen saw: rows skipped by reason and ``-inf`` tokens per side."""
+
+    rows_read: int = 0
+    skipped_by_reason: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+    neg_inf_tokens: dict[str, int] = field(default_factory=lambda: {"old_log_prob": 0, "rollout_log_prob": 0})
+
+    @property
+    def skipped_rows(self) -> int:
+        return sum(self.skipped_by_reason.values())
+
+    def merge(self, other: ScreenStats) -> ScreenStats:
+        """The counts of two screens together (parallel workers, merged shard states)."""
+        return ScreenStats(
+            rows_read=self.rows_read + other.rows_read,
+            skipped_by_reason={k: v + other.skipped_by_reason.get(k, 0) for k, v in self.skipped_by_reason.items()},
+            neg_inf_tokens={k: v + other.neg_inf_tokens.get(k, 0) for k, v in self.neg_inf_tokens.items()},
+        )
+
+    def to_dict(self) -> dict:
+        """Plain data, for state files and worker processes."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ScreenStats:
+        """Inverse of ``to_dict``."""
+        return cls(
+            rows_read=int(data["rows_read"]),
+            skipped_by_reason={k: int(v) for k, v in data["skipped_by_reason"].items()},
+            neg_inf_tokens={k: int(v) for k, v in data["neg_inf_tokens"].items()},
+        )
+
+
+@dataclass
+class _Problem:
+    """The first bad row: where it is and what it holds."""
+
+    where: dict
+    column: str
+    what: str
+    position: int | None
+
+
+class Screen:
+    """Check every chunk; drop or report bad rows; make masks boolean."""
+
+    def __init__(self, on_bad_row: OnBadRow | str = OnBadRow.error) -> None:
+        self.on_bad_row = OnBadRow(on_bad_row)
+        self.stats = ScreenStats()
+        self._first: _Problem | None = None
+
+    def __call__(self, chunks: Iterable[Chunk]) -> Iterator[Chunk]:
+        for chunk in chunks:
+            self.stats.rows_read += chunk.n_rows
+            clean = self.screen(chunk)
+            if clean is not None and self._first is None and clean.n_rows:
+                yield clean
+        if self._first is not None:
+            first = self._first
+            bad = self.stats.skipped_rows
+            at = f" at valid position {first.position} of the response" if first.position is not None else ""
+            raise InputError(
+                f"holds {first.what}{at}; {bad} row(s) of the dump are bad ({self._breakdown()}); fix the dump, or "
+                "pass --on-bad-row skip to leave those rows out",
+                column=first.column,
+                **first.where,
+            )
+        if self.stats.rows_read and self.stats.skipped_rows == self.stats.rows_read:
+            raise InputError(
+                f"every row was skipped ({self.stats.skipped_rows} rows: {self._breakdown()}); there is nothing "
+                "to analyze"
+            )
+
+    def _breakdown(self) -> str:
+        return ", ".join(f"{k} {v}" for k, v in self.stats.skipped_by_reason.items() if v)
+
+    def screen(self, chunk: Chunk) -> Chunk | None:
+        """The chunk with a boolean mask and without bad rows (``None`` once an error is pending)."""
+        lengths = np.diff(chunk.offsets)
+        valid, bad_mask = _valid(chunk.mask)
+        flagged: dict[int, np.ndarray] = {}
+        if bad_mask is not None:
+            flagged[1] = bad_mask
+        for values, key in ((chunk.old, "old_log_prob"), (chunk.rollout, "rollout_log_prob")):
+            ok = values <= POSITIVE_TOLERANCE
+            if valid is not None:
+                ok |= ~valid
+            if not ok.all():
+                bad = ~ok
+                for code, hit in ((2, np.isnan(values)), (3, values == np.inf), (4, values > POSITIVE_TOLERANCE)):
+                    flagged[code] = flagged[code] | (bad & hit) if code in flagged else bad & hit
+            neg_inf = values == -np.inf
+            if valid is not None:
+                neg_inf &= valid
+            self.stats.neg_inf_tokens[key] += int(np.count_nonzero(neg_inf))
+        reasons = np.zeros(lengths.shape[0], dtype=np.int8)  # 0 = fine, else 1 + index in REASONS
+        for code in sorted(flagged):
+            rows = _rows_with(flagged[code], chunk.offsets, lengths)
+            reasons[rows & (reasons == 0)] = code
+        bad_rows = np.flatnonzero(reasons)
+        if bad_rows.size:
+            counts = np.bincount(reasons[bad_rows], minlength=len(REASONS) + 1)
+            for i, reason in enumerate(REASONS):
+                self.stats.skipped_by_reason[reason] += int(counts[i + 1])
+            if self.on_bad_row is OnBadRow.error:
+                if self._first is None:
+                    self._first = _describe(chunk, int(bad_rows[0]), int(reasons[bad_rows[0]]), valid)
+                return None
+            return _keep_rows(chunk, reasons == 0, valid)
+        return dataclasses.replace(chunk, mask=valid, screened=True)
+
+
+def _valid(mask: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``(boolean mask, positions holding values other than 0/1)``."""
+    if mask is None:
+        return None, None
+    if mask.dtype == np.bool_:
+        return mask, None
+    ones = mask == 1
+    bad = ~(ones | (mask == 0))
+    return ones, (bad if bad.any() else None)
+
+
+def _rows_with(token_flags: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Rows holding at least one flagged token."""
+    rows = np.zeros(lengths.shape[0], dtype=bool)
+    if token_flags.any():
+        nonempty = lengths > 0
+        rows[nonempty] = np.logical_or.reduceat(token_flags, offsets[:-1][nonempty])
+    return rows
+
+
+def _describe(chunk: Chunk, row: int, code: int, valid: np.ndarray | None) -> _Problem:
+    lo, hi = int(chunk.offsets[row]), int(chunk.offsets[row + 1])
+    where = chunk.where(row)
+    if code == 1:
+        values = chunk.mask[lo:hi]  # type: ignore[index]
+        position = int(np.flatnonzero((values != 0) & (values != 1))[0])
+        value = values[position]
+        shown = int(value) if float(value).is_integer() else float(value)
+        return _Problem(where, chunk.mask_name, f"the mask value {shown} (a mask must be 0 or 1)", position)
+    for values, name in zip((chunk.old, chunk.rollout), chunk.column_names, strict=True):
+        row_values = values[lo:hi]
+        row_valid = np.ones(hi - lo, dtype=bool) if valid is None else valid[lo:hi]
+        tests = {
+            2: np.isnan(row_values),
+            3: row_values == np.inf,
+            4: row_values > POSITIVE_TOLERANCE,
+        }
+        hits = np.flatnonzero(tests[code] & row_valid)
+        if hits.size:
+            position = int(hits[0])
+            value = float(row_values[position])
+            what = {
+                2: "NaN",
+                3: "+inf",
+                4: f"a positive log-prob ({value:.6g}); log-probs are <= 0 (is this column probabilities or logits?)",
+            }[code]
+            return _Problem(where, name, what, position)
+    raise AssertionError("a bad row without a bad value")  # pragma: no cover
+
+
+def _keep_rows(chunk: Chunk, keep: np.ndarray, valid: np.ndarray | None) -> Chunk:
+    """The rows where ``keep`` is true, as a new chunk (a ragged gather)."""
+    lengths = np.diff(chunk.offsets)[keep]
+    offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    token_keep = np.repeat(keep, np.diff(chunk.offsets))
+    mask = None if valid is None else valid[token_keep]
+    return dataclasses.replace(
+        chunk,
+        old=chunk.old[token_keep],
+        rollout=chunk.rollout[token_keep],
+        offsets=offsets,
+        mask=mask,
+        steps=None if chunk.steps is None else chunk.steps[keep],
+        seq_ids=None if chunk.seq_ids is None else chunk.seq_ids[keep],
+        screened=True,
+    )
 
 
 def check_values(chunk: Chunk, old: np.ndarray, rollout: np.ndarray, lengths: np.ndarray) -> None:
-    """NaN, +inf or a positive log-prob at a valid position is an ``InputError`` (``-inf`` is legal)."""
+    """The engine's own guard for chunks that did not pass through a ``Screen`` (NaN, +inf or a positive
+    log-prob at a valid position is an ``InputError``); free for screened chunks."""
+    if chunk.screened:
+        return
     for name, values in zip(chunk.column_names, (old, rollout), strict=True):
         if not values.size or values.max() <= POSITIVE_TOLERANCE:  # one pass, no allocation; NaN fails it
             continue

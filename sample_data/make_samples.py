@@ -17,6 +17,8 @@ SAMPLES = {
     "healthy.parquet": ("healthy", 1),
     "topk_offset.parquet": ("topk_offset", 2),
     "train_forgot_temperature.parquet": ("train_forgot_temperature", 3),
+    "healthy_t06.parquet": ("healthy_t06", 4),
+    "outliers.parquet": ("outliers", 5),
 }
 
 

@@ -155,7 +155,7 @@ def test_bad_values_in_the_dump_exit_2(capsys: pytest.CaptureFixture, tmp_path: 
     assert code == 2
     assert (
         err
-        == f"rcdiag: error: {path}, row 1, column 'old_log_prob': holds NaN at valid position 0 of the response; 1 row(s) of this chunk are affected\n"
+        == f"rcdiag: error: {path}, row 1, column 'old_log_prob': holds NaN at valid position 0 of the response; 1 row(s) of the dump are bad (nan 1); fix the dump, or pass --on-bad-row skip to leave those rows out\n"
     )
 
 

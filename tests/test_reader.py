@@ -106,18 +106,19 @@ def test_truncated_file(tmp_path: Path, batch: tuple) -> None:
 
 
 def test_missing_column_names_what_is_there(tmp_path: Path) -> None:
-    path = write_dump(tmp_path / "x.parquet", {"old_log_prob": [[-1.0]], "rollout_log_probs": [[-1.0]]})
+    path = write_dump(tmp_path / "x.parquet", {"old_log_prob": [[-1.0]], "rollout_lp": [[-1.0]]})
     message = _error(path)
-    assert "no column 'rollout_log_prob'" in message and "rollout_log_probs" in message
+    assert "no column for the rollout engine's per-token log-probs" in message
+    assert "'rollout_lp'" in message and "--rollout-col NAME" in message
 
 
 @pytest.mark.parametrize(
     ("columns", "types", "expected"),
     [
         (
-            {"old_log_prob": [1.0], "rollout_log_prob": [[-1.0]]},
-            {"old_log_prob": pa.float64()},
-            "column 'old_log_prob': has type double",
+            {"old_log_prob": [1.0], "rollout_log_prob": [[-1.0]], "seq_id": [0]},
+            {"old_log_prob": pa.float64(), "seq_id": pa.int64()},
+            "column 'rollout_log_prob': has type list<element: float>, expected a float (one log-prob per row",
         ),
         (
             {"old_log_prob": [[1]], "rollout_log_prob": [[-1.0]]},
@@ -125,9 +126,9 @@ def test_missing_column_names_what_is_there(tmp_path: Path) -> None:
             "expected a list of float32/float64",
         ),
         (
-            {"old_log_prob": [[-1.0]], "rollout_log_prob": [[-1.0]], "response_mask": [[0.5]]},
-            {"response_mask": pa.list_(pa.float32())},
-            "column 'response_mask': has type list<element: float>",
+            {"old_log_prob": [[-1.0]], "rollout_log_prob": [[-1.0]], "response_mask": [["1"]]},
+            {"response_mask": pa.list_(pa.string())},
+            "column 'response_mask': has type list<element: string>",
         ),
         (
             {"old_log_prob": [[-1.0]], "rollout_log_prob": [[-1.0]], "step": ["a"]},
@@ -164,7 +165,7 @@ def test_bad_values(tmp_path: Path) -> None:
         "response_mask": [[1], [1, 2]],
     }
     message = _error(write_dump(tmp_path / "m.parquet", columns))
-    assert "row 1, column 'response_mask': holds the value 2" in message
+    assert "row 1, column 'response_mask': holds the mask value 2 (a mask must be 0 or 1)" in message
     columns = {"old_log_prob": [[-1.0], [-1.0, float("nan")]], "rollout_log_prob": [[-1.0], [-2.0, -1.0]]}
     assert "row 1, column 'old_log_prob': holds NaN at valid position 1" in _error(
         write_dump(tmp_path / "n.parquet", columns)

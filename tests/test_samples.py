@@ -42,6 +42,38 @@ def test_forgotten_temperature_sample() -> None:
     assert found["kl_high"] == (0, 1, 2, 3, 4, 5)
 
 
+def test_healthy_at_temperature_06_sample() -> None:
+    path = SAMPLES / "healthy_t06.parquet"
+    assert codes(path) == {}
+    for name in ("decoupled_token_is", "decoupled_seq_is", "decoupled_token_icepop", "decoupled_geo_rs"):
+        assert codes(path, rcdiag.preset(name)) == {}, name
+    report = rcdiag.analyze(path)
+    assert report.metrics[P + "kl"] == pytest.approx(7.1e-4, rel=0.05)
+    assert report.input.metadata["temperature"] == "0.6"
+
+
+def test_outliers_sample() -> None:
+    path = SAMPLES / "outliers.parquet"
+    assert codes(path) == {"chi2_token_high": (2,), "kl_k3_disagree": (2,)}
+    assert codes(path, rcdiag.preset("decoupled_seq_is"))["is_mean_out_of_range"] == (0, 2, 3, 5)
+    report = rcdiag.analyze(path)
+    assert report.metrics[P + "kl"] == pytest.approx(0.0083, rel=0.03)
+    assert report.metrics[P + "k3_kl"] == pytest.approx(0.091, rel=0.03)
+    assert report.extras["rcdiag/abs_log_ratio_max"] > 10
+    assert report.extras["rcdiag/token_mult_prob_error"] == pytest.approx(3.96, rel=0.02)
+
+
+def test_every_generator_scenario_ships_as_a_sample() -> None:
+    sys.path.insert(0, str(SAMPLES))
+    import make_samples
+
+    from rcdiag import synthetic
+
+    assert {scenario for scenario, _ in make_samples.SAMPLES.values()} == set(synthetic.SCENARIOS)
+    for filename in make_samples.SAMPLES:
+        assert (SAMPLES / filename).stat().st_size < 1_500_000, filename
+
+
 def test_generator_reproduces_the_shipped_files(tmp_path: Path) -> None:
     sys.path.insert(0, str(SAMPLES))
     import make_samples

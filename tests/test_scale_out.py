@@ -146,3 +146,20 @@ def test_workers_report_bad_rows_with_their_global_row(tmp_path: Path) -> None:
     pq.write_table(table, path, row_group_size=10)
     with pytest.raises(rcdiag.InputError, match="row 33"):
         rcdiag.analyze(path, workers=2)
+
+
+def test_workers_and_states_carry_skipped_rows(tmp_path: Path) -> None:
+    columns = {"old_log_prob": [[-1.0, -0.5]] * 40, "rollout_log_prob": [[-1.1, -0.4]] * 40}
+    columns["old_log_prob"][3] = [float("nan"), -0.5]
+    columns["old_log_prob"][33] = [0.7, -0.5]
+    path = tmp_path / "bad.parquet"
+    table = pa.table({k: pa.array(v, pa.list_(pa.float32())) for k, v in columns.items()})
+    pq.write_table(table, path, row_group_size=10)
+    one = rcdiag.analyze(path, on_bad_row="skip", save_state=tmp_path / "s.json")
+    two = rcdiag.analyze(path, on_bad_row="skip", workers=2)
+    merged = rcdiag.merge_states([tmp_path / "s.json"])
+    for report in (one, two, merged):
+        assert report.input.skipped_rows == 2 and report.input.rows == 38
+        assert report.input.skipped_by_reason["nan"] == 1 and report.input.skipped_by_reason["positive_logprob"] == 1
+    close(two.metrics, one.metrics)
+    close(merged.metrics, one.metrics)

@@ -9,17 +9,25 @@ import typer
 
 from rcdiag.cli.options import (
     DEFAULT_CHUNK,
+    BadRowPolicy,
     BatchNormOpt,
     ChunkOpt,
     DeviceOpt,
     FormatOpt,
     IsOpt,
     IsThresholdOpt,
+    MaskColOpt,
+    OldColOpt,
+    OnBadRowOpt,
     OutputOpt,
     PresetOpt,
+    QuietOpt,
+    RolloutColOpt,
     RsOpt,
     RsThresholdOpt,
     SaveStateOpt,
+    SeqColOpt,
+    StepColOpt,
     WorkersOpt,
 )
 from rcdiag.render import OutputFormat
@@ -28,7 +36,12 @@ from rcdiag.render import OutputFormat
 def analyze(
     path: Annotated[
         Path,
-        typer.Argument(help="The dump: a Parquet file with one row per response.", metavar="PATH", show_default=False),
+        typer.Argument(
+            help="The dump: a Parquet/Arrow file, a directory or quoted glob of shards, NeMo-RL or prime-rl JSONL, "
+            "or a .pt/.npz file of tensors.",
+            metavar="PATH",
+            show_default=False,
+        ),
     ],
     is_level: IsOpt = None,
     is_threshold: IsThresholdOpt = None,
@@ -36,12 +49,19 @@ def analyze(
     rs_threshold: RsThresholdOpt = None,
     batch_normalize: BatchNormOpt = None,
     preset: PresetOpt = None,
+    old_col: OldColOpt = None,
+    rollout_col: RolloutColOpt = None,
+    mask_col: MaskColOpt = None,
+    step_col: StepColOpt = None,
+    seq_col: SeqColOpt = None,
+    on_bad_row: OnBadRowOpt = BadRowPolicy.error,
     device: DeviceOpt = "cpu",
     chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
     workers: WorkersOpt = 1,
     save_state: SaveStateOpt = None,
     output_format: FormatOpt = OutputFormat.table,
     output: OutputOpt = None,
+    quiet: QuietOpt = False,
 ) -> None:
     """Run verl's rollout correction over a dump and report every `rollout_corr/*` metric with findings.
 
@@ -51,6 +71,7 @@ def analyze(
     * `rcdiag analyze run.parquet --rs token_k1 --rs-threshold 0.5_2.0`
     * `rcdiag analyze run.parquet --preset decoupled_geo_rs_token_tis --format json -o report.json`
     * `rcdiag analyze run.parquet --is sequence --is-threshold 5 --batch-normalize`
+    * `rcdiag analyze logs/exp_001/` (NeMo-RL `train_data_step*.jsonl`), `rcdiag analyze "dumps/*.pt" --on-bad-row skip`
     * `rcdiag analyze shard-07.parquet --save-state s07.json`, then `rcdiag merge s*.json`
 
     Exit codes: 0 done (findings do not change it), 2 bad option, configuration or input, 3 internal error.
@@ -58,6 +79,8 @@ def analyze(
     from rcdiag.api import analyze as run_analysis
     from rcdiag.cli.engine_config import build_config
     from rcdiag.cli.output import write_report
+    from rcdiag.cli.progress import progress_bar, wanted
+    from rcdiag.io import ColumnMap
 
     config = build_config(
         preset_name=preset,
@@ -68,7 +91,18 @@ def analyze(
         batch_normalize=batch_normalize,
     )
     config.resolve()  # configuration errors before any reading
-    report = run_analysis(
-        path, config, device=device, chunk_tokens=chunk_tokens, workers=workers, save_state=save_state
-    )
+    columns = ColumnMap(old=old_col, rollout=rollout_col, mask=mask_col, step=step_col, seq=seq_col)
+    show = wanted(quiet, json_to_stdout=output_format is OutputFormat.json and output is None)
+    with progress_bar(show and workers == 1) as on_chunk:
+        report = run_analysis(
+            path,
+            config,
+            device=device,
+            chunk_tokens=chunk_tokens,
+            columns=columns,
+            on_bad_row=on_bad_row.value,
+            on_chunk=on_chunk,
+            workers=workers,
+            save_state=save_state,
+        )
     write_report(report, output_format, output)

@@ -134,3 +134,42 @@ OutputOpt = Annotated[
         "--output", "-o", metavar="FILE", help="Write the report here instead of stdout.", rich_help_panel="Output"
     ),
 ]
+
+INPUT = "Input"
+
+
+class BadRowPolicy(str, enum.Enum):
+    """``--on-bad-row`` choices (mirrors ``rcdiag.validate.OnBadRow`` without importing numpy)."""
+
+    error = "error"
+    skip = "skip"
+
+
+def _column_option(flag: str, role: str) -> typer.models.OptionInfo:
+    return typer.Option(
+        flag,
+        metavar="NAME",
+        help=f"Column (or JSON/tensor key) holding {role}. Default: recognised by its common names.",
+        rich_help_panel=INPUT,
+        show_default=False,
+    )
+
+
+OldColOpt = Annotated[str | None, _column_option("--old-col", "the trainer's log-probs (old_log_prob)")]
+RolloutColOpt = Annotated[str | None, _column_option("--rollout-col", "the rollout engine's log-probs")]
+MaskColOpt = Annotated[str | None, _column_option("--mask-col", "the response mask (1 = valid token)")]
+StepColOpt = Annotated[str | None, _column_option("--step-col", "the training step")]
+SeqColOpt = Annotated[str | None, _column_option("--seq-col", "the sequence id of a one-row-per-token dump")]
+OnBadRowOpt = Annotated[
+    BadRowPolicy,
+    typer.Option(
+        "--on-bad-row",
+        help="Rows with NaN, +inf, a log-prob above +1e-3 or a mask value other than 0/1 at a valid position: "
+        "`error` stops with exit 2 naming the first; `skip` leaves them out and reports how many, by reason.",
+        rich_help_panel=INPUT,
+    ),
+]
+QuietOpt = Annotated[
+    bool,
+    typer.Option("--quiet", "-q", help="No progress bar on stderr.", rich_help_panel=RUN),
+]

@@ -21,21 +21,27 @@ from rcdiag.constants import DEFAULT_CHUNK_TOKENS
 
 @dataclass(frozen=True)
 class ColumnMap:
-    """Which columns hold the three arrays (and the optional step)."""
+    """Column names given by the user; ``None`` = recognise the role by its common names (``rcdiag.io.columns``).
 
-    old: str = "old_log_prob"
-    rollout: str = "rollout_log_prob"
-    mask: str = "response_mask"
-    step: str = "step"
+    ``seq`` is the sequence-id column of a long (one row per token) dump.
+    """
+
+    old: str | None = None
+    rollout: str | None = None
+    mask: str | None = None
+    step: str | None = None
+    seq: str | None = None
 
 
 @dataclass
 class Chunk:
     """Whole rows as flat values: row ``i`` is ``values[offsets[i]:offsets[i+1]]``.
 
-    ``old`` and ``rollout`` are float32; ``mask`` is a bool array (``None`` = every position valid);
-    ``steps`` gives each row's step (``None`` = no step column). ``first_row`` is the global index of the
-    first row, for error messages.
+    ``old`` and ``rollout`` are float32; ``mask`` is a bool array (``None`` = every position valid). Readers
+    may leave the mask in its stored numeric type; ``rcdiag.validate.Screen`` checks it is 0/1 and makes it
+    bool before the engine sees it. ``steps`` gives each row's step (``None`` = no step column).
+    ``first_row`` is the index of the first row in ``source``, and ``seq_ids`` (long layout) the sequence id of
+    each row, both for error messages. ``screened`` marks a chunk whose values were already checked.
     """
 
     old: np.ndarray
@@ -46,6 +52,16 @@ class Chunk:
     first_row: int = 0
     source: str = ""
     column_names: tuple[str, str] = ("old_log_prob", "rollout_log_prob")
+    mask_name: str = "response_mask"
+    seq_ids: np.ndarray | None = None
+    screened: bool = False
+
+    def where(self, row: int) -> dict:
+        """``InputError`` location keywords of local row ``row``."""
+        if self.seq_ids is not None:
+            seq = self.seq_ids[row]
+            return {"path": self.source or None, "sequence": seq.item() if isinstance(seq, np.generic) else seq}
+        return {"path": self.source or None, "row": self.first_row + row}
 
     @property
     def n_rows(self) -> int:
@@ -65,6 +81,9 @@ class SourceInfo:
     columns: dict[str, str | None] = field(default_factory=dict)
     dtypes: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
+    total_rows: int | None = None
+    """Rows in the dump when known before reading (for a progress bar)."""
+    files: int = 1
 
 
 class Source(ABC):

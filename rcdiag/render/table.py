@@ -75,8 +75,24 @@ def _header(report: Report) -> Text:
         parts.append(f"{facts.steps} steps")
     parts.append(f"device {report.device}")
     text = Text(" · ".join(parts), style="bold")
+    text.append("\ninput: " + describe_input(report), style="dim")
+    if facts.metadata:
+        text.append("\nrun: " + ", ".join(f"{k}={v}" for k, v in facts.metadata.items()), style="dim")
+    if facts.skipped_rows:
+        reasons = ", ".join(f"{k} {v}" for k, v in facts.skipped_by_reason.items() if v)
+        text.append(f"\nskipped {facts.skipped_rows:,} bad rows ({reasons}) with --on-bad-row skip", style="yellow")
+    neg_inf = {k: v for k, v in facts.neg_inf_tokens.items() if v}
+    if neg_inf:
+        counts = ", ".join(f"{k} {v:,}" for k, v in neg_inf.items())
+        text.append(f"\n-inf log-probs at valid positions (legal; verl's clamps apply): {counts}", style="dim")
     text.append("\nconfig: " + describe_config(report.config), style="dim")
     return text
+
+
+def describe_input(report: Report) -> str:
+    """Format and the column used for each role."""
+    used = ", ".join(f"{role}={name}" for role, name in report.input.columns.items() if name is not None)
+    return f"{report.input.format}; columns {used}"
 
 
 def describe_config(config: dict) -> str:

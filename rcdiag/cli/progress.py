@@ -1,0 +1,50 @@
+"""The reading progress bar: rows, tokens and throughput on stderr, fed by the library's ``on_chunk`` callback."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+
+def wanted(quiet: bool, json_to_stdout: bool) -> bool:
+    """A bar only on an interactive stderr, not with ``--quiet``, and not while JSON goes to a piped stdout."""
+    if quiet or not sys.stderr.isatty():
+        return False
+    return not (json_to_stdout and not sys.stdout.isatty())
+
+
+@contextmanager
+def progress_bar(enabled: bool) -> Iterator[Callable[[Any], None] | None]:
+    """Yield an ``on_chunk`` callback that drives a rich progress bar (``None`` when disabled)."""
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(
+        TextColumn("reading"),
+        BarColumn(),
+        TextColumn("{task.fields[rows]} rows · {task.fields[tokens]} tokens · {task.fields[rate]}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    task = progress.add_task("read", total=None, rows="0", tokens="0", rate="")
+
+    def update(event: Any) -> None:
+        elapsed = progress.tasks[task].elapsed or 0.0
+        rate = f"{event.tokens / elapsed / 1e6:.1f} M tokens/s" if elapsed > 0 else ""
+        progress.update(
+            task,
+            total=event.total_rows,
+            completed=event.rows,
+            rows=f"{event.rows:,}",
+            tokens=f"{event.tokens:,}",
+            rate=rate,
+        )
+
+    with progress:
+        yield update

@@ -1,0 +1,111 @@
+"""Which column holds what: flags first, then the names trainers actually use, never a guess between two.
+
+A dump from verl says ``old_log_probs``, NeMo-RL ``prev_logprobs``, prime-rl ``trainer_logprobs``; all mean the
+trainer's per-token log-probs. ``resolve`` maps a dump's column names onto rcdiag's five roles. A role named by
+the user must exist; otherwise exactly one alias may match, and two matches are an error naming both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from rcdiag.errors import InputError
+from rcdiag.io.base import ColumnMap
+
+ALIASES: dict[str, tuple[str, ...]] = {
+    "old": (
+        "old_log_prob", "old_log_probs", "old_logprob", "old_logprobs", "prev_logprobs", "prev_log_probs",
+        "trainer_logprobs", "trainer_log_probs", "train_log_prob", "train_log_probs", "training_logprobs",
+        "old_per_token_logps",
+    ),
+    "rollout": (
+        "rollout_log_prob", "rollout_log_probs", "rollout_logprob", "rollout_logprobs", "generation_logprobs",
+        "generation_log_probs", "inference_logprobs", "inference_log_probs", "sampling_logprobs",
+        "sampling_per_token_logps",
+    ),
+    "mask": (
+        "response_mask", "response_masks", "loss_mask", "loss_masks", "token_loss_mask", "completion_mask",
+        "action_mask",
+    ),
+    "step": ("step", "global_step", "train_step", "training_step"),
+    "seq": ("seq_id", "sequence_id", "seq_idx", "sample_id", "sample_idx", "response_id"),
+}  # fmt: skip
+"""Recognised names per role, exact and case-sensitive."""
+
+ROLE_FLAGS = {"old": "--old-col", "rollout": "--rollout-col", "mask": "--mask-col", "step": "--step-col",
+              "seq": "--seq-col"}  # fmt: skip
+ROLE_KEYS = {"old": "old_log_prob", "rollout": "rollout_log_prob", "mask": "response_mask", "step": "step",
+             "seq": "seq_id"}  # fmt: skip
+"""Canonical names: the keys of ``InputFacts.columns``."""
+_WHAT = {
+    "old": "the trainer's per-token log-probs",
+    "rollout": "the rollout engine's per-token log-probs",
+    "mask": "the response mask",
+    "step": "the training step",
+    "seq": "the sequence id",
+}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The column used for each role (``None``: the optional role is absent)."""
+
+    old: str
+    rollout: str
+    mask: str | None
+    step: str | None
+    seq: str | None
+
+    def used(self, long: bool) -> dict[str, str | None]:
+        """``InputFacts.columns``: canonical role name -> column used."""
+        out = {ROLE_KEYS[r]: getattr(self, r) for r in ("old", "rollout", "mask", "step")}
+        if long:
+            out["seq_id"] = self.seq
+        return out
+
+
+def resolve(
+    names: Iterable[str],
+    columns: ColumnMap | None,
+    path: str,
+    *,
+    extra: Mapping[str, tuple[str, ...]] | None = None,
+    need_seq: bool = False,
+) -> Resolved:
+    """Pick a column for every role; ``extra`` adds format-specific aliases (e.g. slime's ``log_probs``)."""
+    present = list(names)
+    columns = columns or ColumnMap()
+    chosen: dict[str, str | None] = {}
+    for role in ("old", "rollout", "mask", "step", "seq"):
+        given = getattr(columns, role)
+        if given is not None:
+            if given not in present:
+                raise InputError(
+                    f"has no column '{given}' (given with {ROLE_FLAGS[role]}); columns present: {_list(present)}",
+                    path=path,
+                )
+            chosen[role] = given
+            continue
+        aliases = ALIASES[role] + tuple((extra or {}).get(role, ()))
+        taken = {v for v in chosen.values() if v is not None}
+        found = [name for name in present if name in aliases and name not in taken]
+        if len(found) > 1:
+            raise InputError(
+                f"has several columns that could hold {_WHAT[role]}: {_list(found)}; pick one with "
+                f"{ROLE_FLAGS[role]} NAME",
+                path=path,
+            )
+        if (not found and role in ("old", "rollout")) or (role == "seq" and need_seq and not found):
+            raise InputError(
+                f"has no column for {_WHAT[role]} (looked for {_list(aliases[:6])}, ...; columns present: "
+                f"{_list(present)}); name it with {ROLE_FLAGS[role]} NAME",
+                path=path,
+            )
+        chosen[role] = found[0] if found else None
+    return Resolved(**chosen)  # type: ignore[arg-type]
+
+
+def _list(names: Iterable[str]) -> str:
+    items = [f"'{n}'" for n in names]
+    return ", ".join(items) if items else "none"

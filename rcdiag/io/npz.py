@@ -1,0 +1,39 @@
+"""NumPy ``.npz`` dumps with verl's batch names (``old_log_probs``, ``rollout_log_probs``, ``response_mask``).
+
+Loaded with ``allow_pickle=False``: object arrays (ragged lists) would need pickle and are refused; save
+padded 2-D arrays with a mask, or 1-D per-token arrays with a sequence id (the long layout).
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rcdiag.errors import InputError
+from rcdiag.io.base import ColumnMap
+from rcdiag.io.tensors import TensorSource
+
+
+def load_npz(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(arrays, 0-d scalars)`` of an ``.npz`` file."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            items = {name: data[name] for name in data.files}
+    except ValueError as exc:
+        raise InputError(
+            f"holds object arrays ({exc}); save numeric arrays: padded 2-D log-probs with a mask", path=path
+        ) from None
+    except (OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise InputError(f"cannot be read as .npz ({str(exc)[:160]}); is it complete?", path=path) from None
+    scalars = {k: v.item() for k, v in items.items() if v.ndim == 0}
+    return {k: v for k, v in items.items() if v.ndim > 0}, scalars
+
+
+class NpzSource(TensorSource):
+    """One ``.npz`` file."""
+
+    def __init__(self, path: str | Path, columns: ColumnMap | None = None) -> None:
+        super().__init__(path, columns, format="npz", load=load_npz)

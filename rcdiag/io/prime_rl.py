@@ -1,0 +1,29 @@
+"""prime-rl's token exports, ``token_exports/step_*/rank_*.jsonl`` (one JSON object per sequence).
+
+``trainer_logprobs`` are the trainer's log-probs, ``inference_logprobs`` the inference engine's and
+``loss_mask`` the mask (false on prompt tokens); ``step`` is a field of every record and the per-token
+``temperatures`` become the report's ``temperature``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from rcdiag.io.base import ColumnMap
+from rcdiag.io.jsonl import JsonlSource
+
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def is_prime_rl(path: Path) -> bool:
+    """A prime-rl export file, by its place under a ``token_exports`` directory."""
+    return path.suffix == ".jsonl" and "token_exports" in path.parts
+
+
+class PrimeRlSource(JsonlSource):
+    """One ``rank_*.jsonl`` export file."""
+
+    def __init__(self, path: str | Path, columns: ColumnMap | None = None) -> None:
+        match = STEP_DIR.match(Path(path).parent.name)
+        super().__init__(path, columns, format="prime-rl", file_step=int(match.group(1)) if match else None)

@@ -1,0 +1,86 @@
+"""PyTorch ``.pt`` dumps: a dict of tensors with verl's batch names, or slime's debug train data.
+
+Always loaded with ``torch.load(..., weights_only=True)``: a dump can only hold tensors, lists, dicts and
+numbers, never code to run. Recognised structures:
+
+* ``{"old_log_probs": B x T, "rollout_log_probs": B x T, "response_mask": B x T, ...}`` (verl's
+  ``DataProto.batch`` names; saved e.g. with ``torch.save(dict(batch.batch), path)``);
+* the same dict under a ``"batch"`` key;
+* slime ``--save-debug-train-data``: ``{"rollout_id": N, "rollout_data": {"log_probs": [...],
+  "rollout_log_probs": [...], "loss_masks": [...], ...}}`` with one 1-D tensor per sample; the step is
+  ``rollout_id``.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rcdiag.errors import InputError
+from rcdiag.io.base import ColumnMap
+from rcdiag.io.tensors import TensorSource
+
+SLIME_ALIASES = {"old": ("log_probs",)}
+"""slime calls the trainer's log-probs ``log_probs``; recognised only inside slime's ``rollout_data``."""
+
+
+def _numpy(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu()
+        if tensor.dtype in (torch.bfloat16, torch.float16):
+            tensor = tensor.float()
+        return tensor.numpy() if tensor.ndim else tensor.item()
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
+        return [_numpy(v) for v in value]
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, list) for v in value):
+        return [np.asarray(v, dtype=np.float64) for v in value]
+    return value
+
+
+def load_pt(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(arrays, file-level scalars)`` of a ``.pt`` dump, loaded without running code."""
+    try:
+        import torch
+    except ImportError:
+        raise InputError(
+            "is a PyTorch file; reading it needs PyTorch (pip install torch, or pip install 'rcdiag[gpu]')", path=path
+        ) from None
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else "unsupported object"
+        raise InputError(
+            f"holds objects other than tensors, lists, dicts and numbers ({first}); rcdiag loads .pt files with "
+            "weights_only=True and never runs code from a dump: save a plain dict of tensors",
+            path=path,
+        ) from None
+    except (RuntimeError, OSError, EOFError, ValueError) as exc:
+        raise InputError(f"cannot be read as a PyTorch file ({str(exc)[:160]}); is it complete?", path=path) from None
+    if not isinstance(obj, dict):
+        raise InputError(
+            f"holds a {type(obj).__name__}, expected a dict of tensors (e.g. old_log_probs, rollout_log_probs, "
+            "response_mask)",
+            path=path,
+        )
+    scalars = {k: _numpy(v) for k, v in obj.items() if not isinstance(v, (dict, list, tuple))}
+    for key in ("rollout_data", "batch"):
+        if isinstance(obj.get(key), dict):
+            obj = obj[key]
+            break
+    arrays = {str(k): _numpy(v) for k, v in obj.items()}
+    scalars.update({k: v for k, v in arrays.items() if isinstance(v, (int, float, str))})
+    return arrays, {k: v for k, v in scalars.items() if isinstance(v, (int, float, str, np.integer))}
+
+
+class TorchSource(TensorSource):
+    """One ``.pt`` file."""
+
+    def __init__(self, path: str | Path, columns: ColumnMap | None = None) -> None:
+        arrays, _ = load_pt(str(path))
+        slime = "rollout_log_probs" in arrays and "log_probs" in arrays and "old_log_probs" not in arrays
+        super().__init__(path, columns, format="torch", load=load_pt, extra_aliases=SLIME_ALIASES if slime else None)

@@ -1,0 +1,156 @@
+"""``DumpWriter``: write a dump from inside a training loop, one durable file per step.
+
+Each ``write`` call appends one step to a Parquet *dataset* (a directory of part files) in the canonical schema:
+``old_log_prob`` and ``rollout_log_prob`` as ``list<float32>``, ``response_mask`` as ``list<int8>``, ``step`` as
+int64, with the run facts as key-value metadata. A step is durable when ``write`` returns: the part file is
+written under a hidden temporary name, flushed and fsync'd, then atomically renamed, and the directory is
+fsync'd. A process killed at any moment leaves complete steps and at most one hidden temporary file, which
+readers ignore (names starting with ``.``). ``rcdiag analyze DIR`` reads the directory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rcdiag import __version__
+
+PART = re.compile(r"^step-(-?\d+)-(\d+)\.parquet$")
+
+
+def _numpy(value: Any, dtype: type) -> np.ndarray | list[np.ndarray]:
+    """A 2-D array, or a list of 1-D arrays, from a tensor, an array or (nested) lists."""
+    if hasattr(value, "detach"):  # a torch tensor, without importing torch
+        value = value.detach()
+        if value.dtype.is_floating_point:
+            value = value.float()
+        return value.cpu().numpy().astype(dtype, copy=False)
+    if isinstance(value, np.ndarray):
+        return value.astype(dtype, copy=False)
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        rows = [_numpy(row, dtype) if not isinstance(row, (int, float)) else None for row in value]
+        if any(row is None for row in rows):
+            return np.asarray(value, dtype=dtype)
+        return [np.asarray(row, dtype=dtype).reshape(-1) for row in rows]  # type: ignore[arg-type]
+    raise TypeError(f"expected a tensor, an array or a list of rows, got {type(value).__name__}")
+
+
+def _rows(value: np.ndarray | list[np.ndarray], name: str) -> list[np.ndarray]:
+    if isinstance(value, np.ndarray):
+        if value.ndim == 1:
+            return [value]
+        if value.ndim != 2:
+            raise ValueError(f"{name} must be 2-D (responses x tokens) or a list of 1-D rows, got shape {value.shape}")
+        return list(value)
+    return value
+
+
+def _lists(rows: list[np.ndarray], lengths: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.concatenate([row[:n] for row, n in zip(rows, lengths, strict=True)]) if rows else np.zeros(0)
+    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat, type=arrow_type.value_type)).cast(arrow_type)
+
+
+class DumpWriter:
+    """Append steps to a Parquet dataset directory.
+
+    >>> writer = DumpWriter("dumps/run1", metadata={"temperature": 1.0, "model": "Qwen3-8B"})  # doctest: +SKIP
+    >>> writer.write(step=3, old_log_prob=old, rollout_log_prob=rollout, response_mask=mask)  # doctest: +SKIP
+
+    ``old_log_prob``, ``rollout_log_prob`` and ``response_mask`` are torch tensors, numpy arrays or lists: 2-D
+    padded (responses x tokens; padding must carry mask 0) or a list of 1-D rows. Padding after a row's last
+    valid token is not written. Without a mask every position is valid.
+    """
+
+    def __init__(
+        self, directory: str | Path, *, metadata: Mapping[str, object] | None = None, compression: str = "zstd"
+    ) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.compression = compression
+        self.metadata = {str(k): str(v) for k, v in (metadata or {}).items()}
+        self.metadata.setdefault("rcdiag.writer", f"rcdiag {__version__} DumpWriter")
+        self.schema = pa.schema(
+            [
+                ("old_log_prob", pa.list_(pa.float32())),
+                ("rollout_log_prob", pa.list_(pa.float32())),
+                ("response_mask", pa.list_(pa.int8())),
+                ("step", pa.int64()),
+            ],
+            metadata=self.metadata,
+        )
+
+    def write(self, *, step: int, old_log_prob: Any, rollout_log_prob: Any, response_mask: Any | None = None) -> Path:
+        """Write one step (durable on return); returns the part file. Writing a step twice adds a second part."""
+        old = _rows(_numpy(old_log_prob, np.float32), "old_log_prob")
+        rollout = _rows(_numpy(rollout_log_prob, np.float32), "rollout_log_prob")
+        if response_mask is None:
+            mask = [np.ones(row.shape[0], dtype=np.int8) for row in old]
+        else:
+            mask = _rows(_numpy(response_mask, np.int8), "response_mask")
+        if not len(old) == len(rollout) == len(mask):
+            raise ValueError(
+                f"old_log_prob, rollout_log_prob and response_mask have {len(old)}, {len(rollout)} and {len(mask)} "
+                "rows; they must describe the same responses"
+            )
+        lengths = np.zeros(len(old), dtype=np.int64)
+        for i, (a, b, m) in enumerate(zip(old, rollout, mask, strict=True)):
+            if not a.shape[0] == b.shape[0] == m.shape[0]:
+                raise ValueError(
+                    f"row {i}: old_log_prob, rollout_log_prob and response_mask have {a.shape[0]}, {b.shape[0]} "
+                    f"and {m.shape[0]} tokens; they must have one value per token"
+                )
+            valid = np.flatnonzero(m)
+            lengths[i] = int(valid[-1]) + 1 if valid.size else 0
+        table = pa.table(
+            [
+                _lists(old, lengths, self.schema.field("old_log_prob").type),
+                _lists(rollout, lengths, self.schema.field("rollout_log_prob").type),
+                _lists(mask, lengths, self.schema.field("response_mask").type),
+                pa.array(np.full(len(old), int(step), dtype=np.int64)),
+            ],
+            schema=self.schema,
+        )
+        return self._commit(table, int(step))
+
+    def _commit(self, table: pa.Table, step: int) -> Path:
+        taken = [
+            int(m.group(2)) for p in self.directory.iterdir() if (m := PART.match(p.name)) and int(m.group(1)) == step
+        ]
+        final = self.directory / f"step-{step:09d}-{max(taken, default=-1) + 1:04d}.parquet"
+        temporary = self.directory / f".{final.name}.{os.getpid()}.tmp"
+        with open(temporary, "wb") as handle:
+            pq.write_table(table, handle, compression=self.compression)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, final)
+        _fsync_directory(self.directory)
+        return final
+
+    def close(self) -> None:
+        """Nothing is buffered; kept so the writer can be used as a context manager."""
+
+    def __enter__(self) -> DumpWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. Windows: directories cannot be opened; the rename is durable enough there
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
