@@ -1,13 +1,15 @@
-"""Options shared by the commands that run the engine (analyze now; compare and check reuse them)."""
+"""Options shared by the commands that run the engine (analyze, compare, check)."""
 
 from __future__ import annotations
 
 import enum
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from rcdiag.constants import DEFAULT_CHUNK_TOKENS
+from rcdiag.render import OutputFormat
 
 ENGINE = "Rollout correction (verl's algorithm.rollout_correction)"
 RUN = "Run"
@@ -103,3 +105,16 @@ ChunkOpt = Annotated[
     ),
 ]
 DEFAULT_CHUNK = DEFAULT_CHUNK_TOKENS
+FormatOpt = Annotated[
+    OutputFormat, typer.Option("--format", help="`table` (terminal) or `json`.", rich_help_panel="Output")
+]
+OutputOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--output",
+        "-o",
+        metavar="FILE",
+        help="Write the result here instead of stdout.",
+        rich_help_panel="Output",
+    ),
+]
