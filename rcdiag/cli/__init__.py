@@ -13,6 +13,7 @@ import typer
 
 from rcdiag import __version__
 from rcdiag.cli.analyze import analyze
+from rcdiag.cli.check import check
 from rcdiag.cli.compare import compare
 from rcdiag.cli.presets import presets
 from rcdiag.errors import ExitCode, RcdiagError
@@ -45,6 +46,7 @@ def _root(
 
 app.command(no_args_is_help=True)(analyze)
 app.command(no_args_is_help=True)(compare)
+app.command(no_args_is_help=True)(check)
 app.command()(presets)
 
 
