@@ -13,6 +13,8 @@ import typer
 
 from rcdiag import __version__
 from rcdiag.cli.analyze import analyze
+from rcdiag.cli.check import check
+from rcdiag.cli.compare import compare
 from rcdiag.cli.merge import merge
 from rcdiag.cli.presets import presets
 from rcdiag.errors import ExitCode, RcdiagError
@@ -44,6 +46,8 @@ def _root(
 
 
 app.command(no_args_is_help=True)(analyze)
+app.command(no_args_is_help=True)(compare)
+app.command(no_args_is_help=True)(check)
 app.command(no_args_is_help=True)(merge)
 app.command()(presets)
 

@@ -16,9 +16,11 @@ def build_config(
     rs: str | None,
     rs_threshold: str | None,
     batch_normalize: bool | None,
+    base: CorrectionConfig | None = None,
 ) -> CorrectionConfig:
-    """The configuration the flags describe; raises ``ConfigError`` for an unknown preset."""
-    config = preset(preset_name) if preset_name else CorrectionConfig()
+    """The configuration the flags describe, on top of ``--preset``, else ``base`` (a rules file's ``[engine]``),
+    else verl's default; raises ``ConfigError`` for an unknown preset."""
+    config = preset(preset_name) if preset_name else base or CorrectionConfig()
     changes: dict[str, Any] = {}
     if is_level is not None:
         changes["rollout_is"] = None if is_level is ISLevel.none else is_level.value

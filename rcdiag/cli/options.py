@@ -1,4 +1,4 @@
-"""Options shared by the commands that run the engine (analyze now; compare and check reuse them)."""
+"""Options shared by the commands that run the engine (analyze, compare, check)."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ FormatOpt = Annotated[
 OutputOpt = Annotated[
     Path | None,
     typer.Option(
-        "--output", "-o", metavar="FILE", help="Write the report here instead of stdout.", rich_help_panel="Output"
+        "--output", "-o", metavar="FILE", help="Write the result here instead of stdout.", rich_help_panel="Output"
     ),
 ]
 

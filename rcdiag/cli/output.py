@@ -1,14 +1,19 @@
-"""Where and how a report is written: stdout or a file, table or JSON."""
+"""Where and how a result is written: stdout or a file, table or JSON."""
 
 from __future__ import annotations
 
 import io
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rcdiag.errors import InputError
 from rcdiag.render import OutputFormat, render_json
 from rcdiag.report import Report
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def write_report(report: Report, output_format: OutputFormat, output: Path | None) -> None:
@@ -25,27 +30,39 @@ def write_report(report: Report, output_format: OutputFormat, output: Path | Non
 
 def _render(report: Report, output_format: OutputFormat, output: Path | None) -> None:
     if output_format is OutputFormat.json:
-        text = render_json(report)
-        if output is None:
-            sys.stdout.write(text)
-        else:
-            _write(output, text)
+        write_text(render_json(report), output)
         return
+    from rcdiag.render.table import render_table
+
+    write_rich(lambda console: render_table(report, console), output)
+
+
+def write_text(text: str, output: Path | None) -> None:
+    """Plain text (JSON) to a file or stdout."""
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        write_file(output, text)
+
+
+def write_rich(render: Callable[[Console], None], output: Path | None) -> None:
+    """A rich rendering to stdout (terminal width, 160 columns when piped) or to a file as plain text."""
     from rich.console import Console
 
     from rcdiag.cli.console import PIPE_WIDTH, stdout_console
-    from rcdiag.render.table import render_table
 
     if output is None:
-        render_table(report, stdout_console())
+        render(stdout_console())
         return
     console = Console(record=True, width=PIPE_WIDTH, file=io.StringIO())
-    render_table(report, console)
-    _write(output, console.export_text())
+    render(console)
+    write_file(output, console.export_text())
 
 
-def _write(path: Path, text: str) -> None:
+def write_file(path: Path, text: str, *, append: bool = False) -> None:
+    """Write (or append) ``text``; an unwritable path is an input error (exit 2), not a traceback."""
     try:
-        path.write_text(text, encoding="utf-8")
+        with path.open("a" if append else "w", encoding="utf-8") as handle:
+            handle.write(text)
     except OSError as exc:
-        raise InputError(f"cannot write the report ({exc.strerror})", path=str(path)) from None
+        raise InputError(f"cannot write the file ({exc.strerror})", path=str(path)) from None

@@ -1,0 +1,250 @@
+"""``rcdiag check``: a CI gate."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rcdiag.cli.options import (
+    DEFAULT_CHUNK,
+    BadRowPolicy,
+    BatchNormOpt,
+    ChunkOpt,
+    DeviceOpt,
+    FormatOpt,
+    IsOpt,
+    IsThresholdOpt,
+    MaskColOpt,
+    OldColOpt,
+    OnBadRowOpt,
+    OutputOpt,
+    PresetOpt,
+    RolloutColOpt,
+    RsOpt,
+    RsThresholdOpt,
+    SeqColOpt,
+    StepColOpt,
+    WorkersOpt,
+)
+from rcdiag.render import OutputFormat
+
+RULES = "Rules"
+CI = "CI output"
+
+
+def _assignments(help_text: str, flag: str) -> object:
+    return typer.Option(flag, metavar="NAME=VALUE", help=help_text, rich_help_panel=RULES, show_default=False)
+
+
+def check(
+    path: Annotated[Path, typer.Argument(help="The dump to check.", metavar="PATH", show_default=False)],
+    max_rules: Annotated[
+        list[str] | None, _assignments("Upper bound, e.g. `kl=2e-3` (short or full metric name). Repeatable.", "--max")
+    ] = None,
+    min_rules: Annotated[
+        list[str] | None, _assignments("Lower bound, e.g. `rollout_is_eff_sample_size=0.8`. Repeatable.", "--min")
+    ] = None,
+    max_abs_rules: Annotated[
+        list[str] | None, _assignments("Bound on the absolute value, e.g. `kl=0.1`. Repeatable.", "--max-abs")
+    ] = None,
+    max_increase: Annotated[
+        list[str] | None,
+        _assignments(
+            "At most this much above the baseline: `kl=50%` (of |baseline|) or `kl=1e-4` (absolute). Needs "
+            "`--baseline`. Repeatable.",
+            "--max-increase",
+        ),
+    ] = None,
+    max_decrease: Annotated[
+        list[str] | None,
+        _assignments(
+            "At most this much below the baseline, e.g. `rollout_is_eff_sample_size=10%`. Needs `--baseline`.",
+            "--max-decrease",
+        ),
+    ] = None,
+    packs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--pack",
+            metavar="NAME",
+            help="Rule pack from documented practice: `verl` (IS mean in [0.5, 2], ESS >= 0.3, IS std <= 1, "
+            "|kl| <= 0.1, chi2_token <= 1), `nemo-rl` (token_mult_prob_error <= 1.05, k3_kl <= 1e-3), "
+            "`miles-dense` (k3_kl <= 1e-3), `miles-moe` (k3_kl <= 0.1). Rules on metrics the configuration does "
+            "not compute are skipped. Repeatable.",
+            rich_help_panel=RULES,
+            show_default=False,
+        ),
+    ] = None,
+    rules_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--rules",
+            metavar="FILE",
+            help="TOML rules: its `[tool.rcdiag.check]` table, or its top level (format: docs/check.md). "
+            "Without it, `./pyproject.toml`'s `[tool.rcdiag.check]` is used when present.",
+            rich_help_panel=RULES,
+            show_default=False,
+        ),
+    ] = None,
+    no_pyproject: Annotated[
+        bool,
+        typer.Option("--no-pyproject", help="Ignore `./pyproject.toml`.", rich_help_panel=RULES),
+    ] = False,
+    steps: Annotated[
+        str,
+        typer.Option(
+            "--steps",
+            metavar="MODE",
+            help="Which steps a rule reads: `every` (each step must hold; a failure names the step), `last`, or "
+            "`mean` (over steps). Rules files may set their own.",
+            rich_help_panel=RULES,
+        ),
+    ] = "every",
+    tolerate: Annotated[
+        float,
+        typer.Option(
+            "--tolerate",
+            metavar="FRACTION",
+            help="With `--steps every`: the fraction of steps allowed to fail (e.g. 0.1).",
+            rich_help_panel=RULES,
+        ),
+    ] = 0.0,
+    baseline: Annotated[
+        Path | None,
+        typer.Option(
+            "--baseline",
+            metavar="FILE",
+            help="The last good run, for `--max-increase`/`--max-decrease` (analysed with the same configuration).",
+            rich_help_panel=RULES,
+            show_default=False,
+        ),
+    ] = None,
+    is_level: IsOpt = None,
+    is_threshold: IsThresholdOpt = None,
+    rs: RsOpt = None,
+    rs_threshold: RsThresholdOpt = None,
+    batch_normalize: BatchNormOpt = None,
+    preset: PresetOpt = None,
+    old_col: OldColOpt = None,
+    rollout_col: RolloutColOpt = None,
+    mask_col: MaskColOpt = None,
+    step_col: StepColOpt = None,
+    seq_col: SeqColOpt = None,
+    on_bad_row: OnBadRowOpt = BadRowPolicy.error,
+    device: DeviceOpt = "cpu",
+    chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
+    workers: WorkersOpt = 1,
+    output_format: FormatOpt = OutputFormat.table,
+    output: OutputOpt = None,
+    junit: Annotated[
+        Path | None,
+        typer.Option(
+            "--junit", metavar="FILE", help="Write a JUnit XML report (a testcase per rule).", rich_help_panel=CI
+        ),
+    ] = None,
+    markdown: Annotated[
+        Path | None,
+        typer.Option(
+            "--markdown",
+            metavar="FILE",
+            help="Write a Markdown summary (appended when FILE is `$GITHUB_STEP_SUMMARY`).",
+            rich_help_panel=CI,
+        ),
+    ] = None,
+) -> None:
+    """Check a dump against rules on its metrics: exit 0 when every rule holds, 1 when one fails.
+
+    Rules name any metric by its verl name, short (`kl`) or full (`rollout_corr/kl`), or an `rcdiag/*` extra.
+    Engine flags decide which metrics exist. Under GitHub Actions (GITHUB_ACTIONS=true) each failed rule is also
+    printed as an `::error` annotation. Examples:
+
+    * `rcdiag check run.parquet --max kl=2e-3 --max k3_kl=1e-3`
+    * `rcdiag check run.parquet --is token --pack verl --junit rcdiag.xml --markdown "$GITHUB_STEP_SUMMARY"`
+    * `rcdiag check new.parquet --baseline good.parquet --max-increase kl=50% --steps mean`
+
+    Exit codes: 0 every rule holds, 1 a rule failed, 2 bad option, rule, configuration or input, 3 internal error.
+    """
+    from rcdiag.check import RuleKind, find_project_rules, load_rules, pack, parse_assignment
+    from rcdiag.check import check as run_check
+    from rcdiag.cli.engine_config import build_config
+    from rcdiag.errors import ConfigError
+    from rcdiag.io import ColumnMap
+
+    if steps not in ("every", "last", "mean"):
+        raise ConfigError(f"--steps must be every, last or mean, got '{steps}'.")
+    defaults = {"steps": steps, "tolerate": tolerate}
+    rules = []
+    options: tuple[tuple[RuleKind, str, list[str] | None], ...] = (
+        ("max", "--max", max_rules),
+        ("min", "--min", min_rules),
+        ("max_abs", "--max-abs", max_abs_rules),
+        ("max_increase", "--max-increase", max_increase),
+        ("max_decrease", "--max-decrease", max_decrease),
+    )
+    for kind, flag, texts in options:
+        rules += [parse_assignment(text, kind, option=flag, steps=steps, tolerate=tolerate) for text in texts or []]  # type: ignore[arg-type]
+    for name in packs or []:
+        rules += pack(name, steps=steps, tolerate=tolerate)  # type: ignore[arg-type]
+    loaded = (
+        load_rules(rules_file, **defaults) if rules_file else None if no_pyproject else find_project_rules(**defaults)
+    )
+    if loaded is not None:
+        rules += loaded.rules
+        if rules_file is None:
+            print(f"rcdiag: using [tool.rcdiag.check] from {loaded.path}", file=sys.stderr)
+    config = build_config(
+        preset_name=preset,
+        is_level=is_level,
+        is_threshold=is_threshold,
+        rs=rs,
+        rs_threshold=rs_threshold,
+        batch_normalize=batch_normalize,
+        base=loaded.config() if loaded is not None else None,
+    )
+    result = run_check(
+        path,
+        rules,
+        config,
+        baseline=baseline or (loaded.baseline if loaded is not None else None),
+        device=device,
+        chunk_tokens=chunk_tokens,
+        columns=ColumnMap(old=old_col, rollout=rollout_col, mask=mask_col, step=step_col, seq=seq_col),
+        on_bad_row=on_bad_row.value,
+        workers=workers,
+    )
+    _emit(result, output_format, output, junit, markdown)
+    if not result.passed:
+        raise typer.Exit(1)
+
+
+def _emit(
+    result: object, output_format: OutputFormat, output: Path | None, junit: Path | None, markdown: Path | None
+) -> None:
+    from rcdiag.check import CheckResult
+    from rcdiag.cli.output import write_file, write_rich, write_text
+    from rcdiag.render.check_formats import github_annotations, render_check_json, render_junit, render_markdown
+
+    assert isinstance(result, CheckResult)
+    if junit is not None:
+        write_file(junit, render_junit(result))
+    if markdown is not None:
+        summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        write_file(markdown, render_markdown(result), append=summary is not None and Path(summary) == markdown)
+    json_on_stdout = output_format is OutputFormat.json and output is None
+    if output_format is OutputFormat.json:
+        write_text(render_check_json(result), output)
+    else:
+        from rcdiag.render.check_table import render_check
+
+        write_rich(lambda console: render_check(result, console), output)
+    if os.environ.get("GITHUB_ACTIONS") == "true":
+        stream = sys.stderr if json_on_stdout else sys.stdout
+        for line in github_annotations(result):
+            print(line, file=stream)
+    if output is not None:
+        counts = result.counts()
+        print(f"rcdiag: wrote {output} ({counts['failed']} of {len(result.results)} rule(s) failed)", file=sys.stderr)

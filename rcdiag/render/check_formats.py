@@ -1,0 +1,126 @@
+"""``check`` results for machines and CI: JSON, JUnit XML, a Markdown step summary, GitHub Actions annotations.
+
+No rich here: these are plain strings (the JUnit file is built with the standard library's ElementTree).
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+from rcdiag.check import CheckResult, RuleResult
+
+_MARK = {"passed": "✅", "failed": "❌", "skipped": "⏭️"}
+
+
+def render_check_json(result: CheckResult) -> str:
+    """One JSON object (schema in docs/check.md); non-finite numbers are ``null``."""
+    return json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n"
+
+
+def render_junit(result: CheckResult) -> str:
+    """A JUnit XML report: one ``testcase`` per rule, a ``failure`` per failed rule, ``skipped`` per skipped one."""
+    counts = result.counts()
+    facts = result.report.input
+    totals = {
+        "tests": str(len(result.results)),
+        "failures": str(counts["failed"]),
+        "errors": "0",
+        "skipped": str(counts["skipped"]),
+    }
+    root = ET.Element("testsuites", {"name": "rcdiag check", **totals})
+    suite = ET.SubElement(root, "testsuite", {"name": f"rcdiag check {facts.path}", **totals})
+    properties = ET.SubElement(suite, "properties")
+    props = {
+        "dump": facts.path,
+        "rows": str(facts.rows),
+        "steps": str(facts.steps),
+        "config": json.dumps(result.report.config),
+    }
+    if result.baseline is not None:
+        props["baseline"] = result.baseline.input.path
+    for name, value in props.items():
+        ET.SubElement(properties, "property", {"name": name, "value": value})
+    for item in result.results:
+        case = ET.SubElement(suite, "testcase", {"classname": f"rcdiag.check.{item.rule.source}", "name": item.label})
+        if item.status == "failed":
+            failure = ET.SubElement(case, "failure", {"message": item.message, "type": "rcdiag.RuleFailed"})
+            failure.text = _details(item)
+        elif item.status == "skipped":
+            ET.SubElement(case, "skipped", {"message": item.message})
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _details(item: RuleResult) -> str:
+    lines = [
+        f"rule: {item.label}",
+        f"source: {item.rule.source}",
+        f"value: {_g(item.value)}",
+        f"limit: {_g(item.limit)}",
+    ]
+    if item.step is not None:
+        lines.append(f"step: {item.step}")
+    if item.failing_steps:
+        lines.append("failing steps: " + ", ".join(map(str, item.failing_steps)))
+    if item.baseline is not None:
+        lines.append(f"baseline: {_g(item.baseline)}")
+    lines.append(item.message)
+    return "\n".join(lines)
+
+
+def render_markdown(result: CheckResult) -> str:
+    """A Markdown summary for a CI step (e.g. ``$GITHUB_STEP_SUMMARY``)."""
+    counts = result.counts()
+    facts = result.report.input
+    total = len(result.results)
+    if result.passed:
+        headline = f"✅ rcdiag check passed: {counts['passed']} of {total} rules hold"
+    else:
+        headline = f"❌ rcdiag check failed: {counts['failed']} of {total} rules failed"
+    if counts["skipped"]:
+        headline += f" ({counts['skipped']} skipped)"
+    lines = [f"### {headline}", ""]
+    about = f"`{facts.path}` · {facts.rows:,} rows · {facts.valid_tokens:,} valid tokens"
+    if facts.steps:
+        about += f" · {facts.steps} steps"
+    if result.baseline is not None:
+        about += f" · baseline `{result.baseline.input.path}`"
+    lines += [about, "", "| | rule | value | limit | step | source | detail |", "|---|---|---|---|---|---|---|"]
+    for item in result.results:
+        cells = [
+            _MARK[item.status],
+            f"`{item.rule.describe(item.key)}` ({item.rule.mode()})",
+            _g(item.value),
+            _g(item.limit),
+            "" if item.step is None else str(item.step),
+            item.rule.source,
+            item.message,
+        ]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def github_annotations(result: CheckResult) -> list[str]:
+    """``::error`` workflow commands, one per failed rule (GitHub shows them on the run's summary)."""
+    out = []
+    for item in result.failed:
+        title = _property(f"rcdiag check: {item.rule.describe(item.key)}")
+        out.append(f"::error title={title}::{_data(f'{result.report.input.path}: {item.label}: {item.message}')}")
+    return out
+
+
+def _data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _property(text: str) -> str:
+    return _data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def _g(value: float | None) -> str:
+    return "—" if value is None else f"{value:.6g}"

@@ -1,0 +1,56 @@
+"""The terminal checklist of ``rcdiag check``: one row per rule with its value, bound and step."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from rcdiag.check import CheckResult
+from rcdiag.render.table import describe_config, fmt
+
+_MARK = {"passed": Text("✓", style="green"), "failed": Text("✗", style="bold red"), "skipped": Text("–", style="dim")}
+
+
+def render_check(result: CheckResult, console: Console) -> None:
+    """Print the header, the checklist and a one-line verdict."""
+    facts = result.report.input
+    header = Text(f"rcdiag {result.report.version} check · {facts.path} · {facts.rows:,} rows", style="bold")
+    if facts.steps:
+        header.append(f" · {facts.steps} steps", style="bold")
+    if result.baseline is not None:
+        header.append(f" · baseline {result.baseline.input.path}", style="bold")
+    header.append("\nconfig: " + describe_config(result.report.config), style="dim")
+    console.print(header)
+    table = Table(title="Checklist", title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+    table.add_column("", no_wrap=True)
+    table.add_column("rule", no_wrap=True)
+    table.add_column("steps")
+    table.add_column("value", justify="right", no_wrap=True)
+    table.add_column("limit", justify="right", no_wrap=True)
+    table.add_column("step", justify="right")
+    table.add_column("source", style="dim")
+    table.add_column("detail", overflow="fold")
+    for item in result.results:
+        style = "dim" if item.status == "skipped" else ""
+        table.add_row(
+            _MARK[item.status],
+            Text(item.rule.describe(item.key), style=style),
+            item.rule.mode(),
+            fmt(item.value),
+            fmt(item.limit),
+            "" if item.step is None else str(item.step),
+            item.rule.source,
+            Text(item.message, style=style),
+        )
+    console.print(table)
+    counts = result.counts()
+    skipped = f", {counts['skipped']} skipped" if counts["skipped"] else ""
+    if result.passed:
+        console.print(
+            Text(f"PASSED: {counts['passed']} of {len(result.results)} rules hold{skipped}", style="bold green")
+        )
+    else:
+        console.print(
+            Text(f"FAILED: {counts['failed']} of {len(result.results)} rules failed{skipped}", style="bold red")
+        )

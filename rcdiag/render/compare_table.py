@@ -1,0 +1,137 @@
+"""The terminal view of a ``Comparison``: both sides' metrics with difference and ratio, the temperature section,
+the per-step difference, and the verdicts."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from rcdiag.compare import Comparison, MetricDiff
+from rcdiag.render.table import describe_config, fmt
+from rcdiag.report import Report
+
+_SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+_STEP_KEYS = ("rollout_corr/kl", "rollout_corr/k3_kl", "rollout_corr/chi2_token")
+MAX_STEP_ROWS = 24
+
+
+def render_comparison(comparison: Comparison, console: Console) -> None:
+    """Print the whole comparison."""
+    console.print(_header(comparison))
+    suffix = " (all steps pooled)" if comparison.a.steps or comparison.b.steps else ""
+    console.print(_metric_table("Metrics side by side" + suffix, comparison.metrics))
+    console.print(_temperature_table(comparison))
+    for line in comparison.temperature.explanation:
+        console.print(Text("  " + line))
+    if comparison.steps:
+        console.print(_step_table(comparison))
+    for side, steps in comparison.unpaired_steps.items():
+        if steps:
+            listed = ", ".join(map(str, steps[:10])) + (", ..." if len(steps) > 10 else "")
+            console.print(Text(f"steps only in {side}: {listed} (not paired)", style="dim"))
+    console.print(Text("Findings", style="bold"))
+    for side, report in (("a", comparison.a), ("b", comparison.b)):
+        codes = ", ".join(f.code for f in report.findings) or "none"
+        console.print(Text(f"  analyze on side {side}: {codes}", style="dim"))
+    for finding in comparison.findings:
+        where = f"side {finding.side}: " if finding.side and not finding.message.startswith("side") else ""
+        console.print(
+            Text.assemble(
+                (f"{finding.severity.upper()} ", _SEVERITY_STYLE[finding.severity]),
+                (f"[{finding.code}] ", "bold"),
+                where + finding.message,
+            )
+        )
+
+
+def _describe(side: str, report: Report) -> str:
+    facts = report.input
+    parts = [f"{side}: {facts.path}", f"{facts.rows:,} rows", f"{facts.valid_tokens:,} valid tokens"]
+    if facts.steps:
+        parts.append(f"{facts.steps} steps")
+    return " · ".join(parts)
+
+
+def _header(comparison: Comparison) -> Text:
+    text = Text(f"rcdiag {comparison.a.version} compare · device {comparison.a.device}", style="bold")
+    text.append("\n" + _describe("a", comparison.a))
+    text.append("\n" + _describe("b", comparison.b))
+    text.append("\nconfig (both sides): " + describe_config(comparison.a.config), style="dim")
+    return text
+
+
+def _metric_table(title: str, rows: tuple[MetricDiff, ...]) -> Table:
+    table = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+    table.add_column("metric", no_wrap=True)
+    for column in ("a", "b", "b - a", "b / a"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for row in rows:
+        table.add_row(row.key, fmt(row.a), fmt(row.b), fmt(row.difference), _ratio(row.ratio))
+    return table
+
+
+def _ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3g}x"
+
+
+def _temperature_table(comparison: Comparison) -> Table:
+    t = comparison.temperature
+    table = Table(
+        title="Temperature: kl ~ Var(eps)/(2 T^2), so kl*T^2 and T*sqrt(2 kl) are comparable across temperatures",
+        title_justify="left",
+        title_style="bold",
+        show_edge=False,
+        pad_edge=False,
+    )
+    table.add_column("side")
+    table.add_column("T", justify="right")
+    table.add_column("from")
+    table.add_column("kl", justify="right")
+    table.add_column("k3_kl", justify="right")
+    table.add_column("kl*T^2", justify="right")
+    table.add_column("noise T*sqrt(2 kl) [kl ± 2 se]", justify="right")
+    for side, st in (("a", t.a), ("b", t.b)):
+        noise = fmt(st.noise)
+        if st.noise_low is not None and st.noise_high is not None:
+            noise += f" [{st.noise_low:.3g}, {st.noise_high:.3g}]"
+        table.add_row(
+            side,
+            fmt(st.temperature),
+            st.source or "unknown",
+            fmt(st.kl),
+            fmt(st.k3_kl),
+            fmt(st.kl_t2),
+            noise,
+        )
+    return table
+
+
+def _step_table(comparison: Comparison) -> Table:
+    pairs = list(comparison.steps)
+    shown = pairs
+    if len(pairs) > MAX_STEP_ROWS:
+        stride = (len(pairs) - 1) / (MAX_STEP_ROWS - 1)
+        shown = [pairs[round(i * stride)] for i in range(MAX_STEP_ROWS)]
+    title = "Per step (steps in both dumps): a, b and b - a"
+    if len(shown) < len(pairs):
+        title += f"; {len(shown)} of {len(pairs)} steps shown, evenly spaced; all are in --format json"
+    table = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+    table.add_column("step", justify="right")
+    keys = [k for k in _STEP_KEYS if pairs[0].get(k) is not None]
+    for key in keys:
+        name = key.removeprefix("rollout_corr/")
+        for column in (f"{name} a", f"{name} b", f"{name} b-a"):
+            table.add_column(column, justify="right", no_wrap=True)
+    for pair in shown:
+        cells = [str(pair.step)]
+        for key in keys:
+            row = pair.get(key)
+            assert row is not None
+            cells += [fmt(row.a), fmt(row.b), fmt(row.difference)]
+        table.add_row(*cells)
+    slopes = [f"{k.removeprefix('rollout_corr/')} {fmt(v)}/step" for k, v in comparison.trend.items() if v is not None]
+    if slopes:
+        table.caption = "trend of b - a (least-squares slope): " + ", ".join(slopes)
+        table.caption_justify = "left"
+    return table
