@@ -18,10 +18,7 @@ def renamed(tmp_path: Path) -> Path:
     lists = ragged_lists(old, rollout, mask)
     lists["old_log_prob"][4] = [float("nan")] * len(lists["old_log_prob"][4])
     columns = {"logp_train": lists["old_log_prob"], "logp_infer": lists["rollout_log_prob"]}
-    types = {"logp_train": None, "logp_infer": None}
-    import pyarrow as pa
-
-    return write_dump(tmp_path / "renamed.parquet", columns, types={k: pa.list_(pa.float32()) for k in types})
+    return write_dump(tmp_path / "renamed.parquet", columns, types={k: pa.list_(pa.float32()) for k in columns})
 
 
 def test_compare_and_check_take_the_input_options(capsys: pytest.CaptureFixture, renamed: Path) -> None:
