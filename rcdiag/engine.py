@@ -1,7 +1,7 @@
 """The streaming engine: chunks in, one ``BatchMetrics`` per training step out.
 
 For each chunk it drops padding (mask 0), checks the values of valid tokens, groups rows by step and feeds
-blocks of whole rows (about 64k tokens on CPU, where numpy's temporaries stay in cache) to the step's
+blocks of whole rows (about 128k tokens on CPU, where numpy's temporaries stay in cache) to the step's
 accumulators. Merging is the only way results combine, so the result does not depend on chunk size, row order
 or how steps interleave in the file.
 """
@@ -22,7 +22,7 @@ from rcdiag.metrics.batch import BatchMetrics
 from rcdiag.metrics.block import Block
 from rcdiag.validate import check_values
 
-CPU_BLOCK_TOKENS = 1 << 16
+CPU_BLOCK_TOKENS = 1 << 17
 GPU_BLOCK_TOKENS = 1 << 24
 
 StepKey = int | None

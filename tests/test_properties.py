@@ -84,9 +84,16 @@ def test_padding_with_mask_zero_changes_nothing(seed: int, extra: int, garbage: 
 
 
 @pytest.mark.parametrize("block_tokens", [1, 7, 64, 1 << 20])
-def test_block_size_does_not_matter(block_tokens: int) -> None:
+@pytest.mark.parametrize("extreme", [False, True])
+def test_block_size_does_not_matter(block_tokens: int, extreme: bool) -> None:
+    """Also with log-ratios beyond verl's clamp and -inf log-probs in some rows: the way a row's sums are
+    taken depends on the row alone, never on the block it falls in."""
     rng = np.random.default_rng(3)
     old, rollout, mask = random_batch(rng, rows=40, width=30, noise=0.5, empty_rows=4)
+    if extreme:
+        rollout[3, :4] = old[3, :4] - 30.0
+        old[11, 2] = -np.inf
+        rollout[17, 5] = -np.inf
     chunk = padded_chunk(old, rollout, mask)
     reference = Engine(CONFIG.resolve()).run([chunk]).pooled().compute()
     engine = Engine(CONFIG.resolve())

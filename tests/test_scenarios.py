@@ -265,3 +265,22 @@ def test_invalid_values_are_input_errors() -> None:
     # NaN in padding is ignored, as in verl's masked ops
     old[1, 1] = np.nan
     run_padded(old, rollout, mask)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_rs_aggregate_with_token_and_sequence_options(overlap: bool) -> None:
+    # row 0: one token rejected by token_k1; row 1: rejected whole by seq_sum_k1; row 2: clean;
+    # with overlap, row 1 also has a token rejected by token_k1 (it must not be counted twice)
+    ratios = [[3.0, 0.6, 0.6], [1.6, 1.6, 1.5], [1.0, 1.0, 1.0]]
+    if overlap:
+        ratios[1][0] = 2.5
+    old, rollout, mask = rows_with_ratios(ratios)
+    config = {"rollout_rs": "token_k1,seq_sum_k1", "rollout_rs_threshold": "0.5_2.0,0.4_2.5"}
+    m = run_padded(old, rollout, mask, **config).metrics
+    from reference import all_metrics
+
+    expected = all_metrics(old, rollout, mask, **config)
+    assert m[P + "rollout_rs_masked_fraction"] == pytest.approx(4 / 9)
+    assert m[P + "rollout_rs_seq_masked_fraction"] == pytest.approx(2 / 3)
+    for key in (P + "rollout_rs_masked_fraction", P + "rollout_rs_seq_masked_fraction"):
+        assert m[key] == pytest.approx(expected[key])

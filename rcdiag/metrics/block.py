@@ -103,8 +103,22 @@ class Block:
         return self._memo(("k", estimator), lambda: _k_stat(self, estimator))
 
     def row_sum_k(self, estimator: Literal["k1", "k2", "k3"]) -> Array:
-        """Per-row float64 sums of a k statistic (shared by every option that needs them)."""
+        """Per-row float64 sums of a k statistic (shared by every option that needs them).
+
+        k1 = -clamp(lr): for a row whose log-ratios all lie within the bound, its sum is the negated row sum of
+        the log-ratio (already known, exact in float64); other rows sum their clamped values. The choice depends
+        on the row alone, never on the block, so no metric depends on how rows fall into blocks.
+        """
+        if estimator == "k1":
+            return self._memo(("row_sum_k", "k1"), self._row_sum_k1)
         return self._memo(("row_sum_k", estimator), lambda: self.seg.sum(self.k(estimator)))
+
+    def _row_sum_k1(self) -> Array:
+        if self.within_clamp:
+            return -self.row_sum_lr
+        b, seg = self.b, self.seg
+        inside = (seg.max(self.lr, 0.0) <= SAFETY_BOUND) & (seg.min(self.lr, 0.0) >= -SAFETY_BOUND)
+        return b.where(inside, -self.row_sum_lr, seg.sum(self.k("k1")))
 
     def _memo(self, key: tuple, compute: Callable[[], Array]) -> Array:
         cache = self.__dict__.setdefault("_cache", {})

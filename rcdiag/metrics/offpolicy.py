@@ -102,13 +102,11 @@ class OffPolicyMetrics(Accumulator):
 
 
 def _k3_sum(block: Block) -> float:
-    """Sum of exp(lr) - lr - 1 over the block's tokens (unclamped, as verl).
-
-    When no log-ratio reaches the clamp, exp(lr) is the token IS ratio already computed, and the sum is
-    sum(ratio) - sum(lr) - N in float64: one pass instead of four, and no float32 rounding of each term.
+    """Sum of exp(lr) - lr - 1 over the block's tokens (unclamped, as verl), as sum(exp(lr)) - sum(lr) - N in
+    float64: no float32 rounding of each term, and sum(lr) is already known. When no log-ratio reaches the
+    clamp, exp(lr) is the token IS ratio already computed (the same float32 values), so one pass instead of
+    four; either way the same numbers are summed, so the result does not depend on how rows fall into blocks.
     """
     b = block.b
-    if block.within_clamp:
-        return b.sum(block.ratio) - b.sum(block.row_sum_lr) - block.n_tokens
-    lr = block.lr
-    return b.sum(b.exp(lr) - lr - 1.0)
+    exp_sum = b.sum(block.ratio) if block.within_clamp else b.sum(b.exp(block.lr))
+    return exp_sum - b.sum(block.row_sum_lr) - block.n_tokens

@@ -140,7 +140,7 @@ class RSOptionMetrics(Accumulator):
         b, seg, k1 = block.b, block.seg, self.option.is_k1
         row_max, row_min = seg.max(stat, -math.inf), seg.min(stat, math.inf)
         tok_max, tok_min = b.max(row_max), b.min(row_min)
-        stat_sum = b.sum(stat)
+        stat_sum = b.sum(block.row_sum_k("k1")) if k1 else b.sum(stat)
         above = b.count(stat > self.hi)
         below = b.count(stat < self.lo) if k1 else 0
         if math.isfinite(stat_sum):
@@ -220,8 +220,20 @@ class RSAggregateMetrics(Accumulator):
                 masked_rows=b.count(only.rows_hit),
             )
             return
-        token_reject = _any([r.token_mask() for r in rejections if r.token_mask is not None])
+        token_options = [r for r in rejections if r.token_mask is not None]
         row_reject = _any([r.rows for r in rejections if r.rows is not None])
+        if len(token_options) == 1 and row_reject is not None:
+            only = token_options[0]
+            if not b.count(only.rows_hit & row_reject):
+                # No row is hit by both kinds: the token option's rejections and the rejected rows' tokens add up.
+                self.add(
+                    tokens=block.n_tokens,
+                    rows=block.n_rows,
+                    masked_tokens=only.masked_tokens + b.sum(b.where(row_reject, block.row_len, 0.0)),
+                    masked_rows=b.count(only.rows_hit | row_reject),
+                )
+                return
+        token_reject = _any([r.token_mask() for r in token_options])
         if token_reject is None:
             masked_tokens = b.sum(b.where(row_reject, block.row_len, 0.0))
             masked_rows = b.count(row_reject)
