@@ -91,8 +91,6 @@ class Engine:
         self.backend = backend or NumpyBackend()
         self.block_tokens = CPU_BLOCK_TOKENS if isinstance(self.backend, NumpyBackend) else GPU_BLOCK_TOKENS
         self.state = EngineState(resolved)
-        self._compact_old = np.empty(0, dtype=np.float32)
-        self._compact_rollout = np.empty(0, dtype=np.float32)
 
     def run(self, chunks: Iterable[Chunk]) -> EngineState:
         """Consume every chunk; returns the state."""
@@ -111,45 +109,43 @@ class Engine:
         lengths = np.diff(chunk.offsets)
         state.rows += chunk.n_rows
         state.tokens += chunk.n_tokens
-        old, rollout, lengths = self._drop_padding(chunk, lengths)
-        state.valid_tokens += int(old.shape[0])
-        check_values(chunk, old, rollout, lengths)
-        offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        steps = chunk.steps
+        mask = chunk.mask
+        if mask is not None and int(np.count_nonzero(mask)) == mask.shape[0]:
+            mask = None
+        valid_lengths = lengths if mask is None else _valid_lengths(mask, chunk.offsets, lengths)
+        state.valid_tokens += int(valid_lengths.sum())
+        if not chunk.screened:  # the engine's own guard, for chunks that did not pass through a Screen
+            check_values(chunk, *_compacted(chunk.old, chunk.rollout, mask), valid_lengths)
+        old, rollout, offsets, steps = chunk.old, chunk.rollout, chunk.offsets, chunk.steps
         if steps is not None and steps.shape[0] > 1 and _run_count(steps) > 8:
-            old, rollout, lengths, offsets, steps = _group_by_step(old, rollout, lengths, offsets, steps)
+            old, rollout, mask, lengths, valid_lengths, offsets, steps = _group_by_step(
+                old, rollout, mask, lengths, valid_lengths, offsets, steps
+            )
         for step, r0, r1 in _step_runs(steps, lengths.shape[0]):
             batch = state.batch(step)
-            run_lengths = lengths[r0:r1]
-            for b0, b1 in split_rows(run_lengths, self.block_tokens):
+            for b0, b1 in split_rows(valid_lengths[r0:r1], self.block_tokens):
                 t0, t1 = int(offsets[r0 + b0]), int(offsets[r0 + b1])
-                batch.update(Block(self.backend, old[t0:t1], rollout[t0:t1], run_lengths[b0:b1]))
+                block_old, block_rollout = _compacted(old[t0:t1], rollout[t0:t1], None if mask is None else mask[t0:t1])
+                batch.update(Block(self.backend, block_old, block_rollout, valid_lengths[r0 + b0 : r0 + b1]))
 
-    def _drop_padding(self, chunk: Chunk, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Keep valid tokens only; returns the compacted arrays and per-row valid counts.
 
-        The compacted values go into two buffers reused from chunk to chunk: a fresh multi-megabyte array per
-        chunk makes glibc raise its mmap threshold and then fragment the heap (peak RSS 450+ MB instead of
-        about 300 MB, see docs/performance.md).
-        """
-        mask = chunk.mask
-        if mask is None:
-            return chunk.old, chunk.rollout, lengths
-        n_valid = int(np.count_nonzero(mask))
-        if n_valid == mask.shape[0]:
-            return chunk.old, chunk.rollout, lengths
-        valid_lengths = np.zeros(lengths.shape[0], dtype=np.int64)
-        nonempty = lengths > 0
-        if mask.size:
-            starts = chunk.offsets[:-1][nonempty]
-            valid_lengths[nonempty] = np.add.reduceat(mask, starts, dtype=np.int64)
-        if self._compact_old.shape[0] < n_valid:
-            self._compact_old = np.empty(n_valid, dtype=np.float32)
-            self._compact_rollout = np.empty(n_valid, dtype=np.float32)
-        old = np.compress(mask, chunk.old, out=self._compact_old[:n_valid])
-        rollout = np.compress(mask, chunk.rollout, out=self._compact_rollout[:n_valid])
-        return old, rollout, valid_lengths
+def _valid_lengths(mask: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Valid tokens per row."""
+    valid = np.zeros(lengths.shape[0], dtype=np.int64)
+    nonempty = lengths > 0
+    if mask.size:
+        valid[nonempty] = np.add.reduceat(mask, offsets[:-1][nonempty], dtype=np.int64)
+    return valid
+
+
+def _compacted(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Valid tokens only. Padding is dropped block by block (about 128k tokens): boolean indexing is numpy's
+    fastest compaction (0.4 ns/token, against 1.1 for ``np.compress`` into a buffer), and block-sized arrays
+    keep glibc from raising its mmap threshold to chunk-sized ones and fragmenting the heap (docs/performance.md).
+    """
+    if mask is None:
+        return old, rollout
+    return old[mask], rollout[mask]
 
 
 def _run_count(steps: np.ndarray) -> int:
@@ -166,12 +162,19 @@ def _step_runs(steps: np.ndarray | None, n_rows: int) -> list[tuple[StepKey, int
 
 
 def _group_by_step(
-    old: np.ndarray, rollout: np.ndarray, lengths: np.ndarray, offsets: np.ndarray, steps: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Reorder rows so that each step's rows are contiguous (a ragged gather)."""
+    old: np.ndarray,
+    rollout: np.ndarray,
+    mask: np.ndarray | None,
+    lengths: np.ndarray,
+    valid_lengths: np.ndarray,
+    offsets: np.ndarray,
+    steps: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Reorder rows so that each step's rows are contiguous (a ragged gather of every per-token array)."""
     order = np.argsort(steps, kind="stable")
     new_lengths = lengths[order]
     new_offsets = np.zeros(new_lengths.shape[0] + 1, dtype=np.int64)
     np.cumsum(new_lengths, out=new_offsets[1:])
     index = np.repeat(offsets[:-1][order] - new_offsets[:-1], new_lengths) + np.arange(new_offsets[-1])
-    return old[index], rollout[index], new_lengths, new_offsets, steps[order]
+    new_mask = None if mask is None else mask[index]
+    return old[index], rollout[index], new_mask, new_lengths, valid_lengths[order], new_offsets, steps[order]
