@@ -30,7 +30,8 @@ def _tolerance(key: str, expected: dict[str, float]) -> float:
     if key.endswith("_std"):
         family = key[: -len("std")]
         scale = max((abs(expected.get(family + s, 0.0)) for s in ("max", "min")), default=0.0)
-        return 2e-3 + 1e-6 * (scale if math.isfinite(scale) else 0.0)
+        # verl's sqrt(E[x^2] - E[x]^2) in float32 is off by up to about sqrt(8 * 6e-8) * |x|, i.e. 7e-4 * |x|.
+        return 2e-3 + 1e-3 * (scale if math.isfinite(scale) else 0.0)
     if "chi2" in key:
         return 1e-5
     return 1e-6

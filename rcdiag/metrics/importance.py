@@ -165,7 +165,10 @@ class ISMetrics(Accumulator):
         mean = w.mean
         std = math.sqrt(w.variance) if n_tok > 1 else 0.0
         # ESS = 1 / E[(w / (E[w] + 1e-8))^2]; verl divides a Python float by it, so all-zero weights crash.
-        second = w.second_moment / (mean + 1e-8) ** 2
+        # verl adds the 1e-8 to a float32 mean, where it vanishes unless the mean is tiny: so here too (equal
+        # weights give an ESS of exactly 1, not 1 + 2e-8/mean).
+        guard = 1e-8 if np.float32(mean) + np.float32(1e-8) != np.float32(mean) else 0.0
+        second = w.second_moment / (mean + guard) ** 2
         ess: MetricValue
         if second == 0.0:
             ess = None
