@@ -462,6 +462,18 @@ def test_junit_file_parses_with_one_testcase_per_rule(capsys: pytest.CaptureFixt
     assert props["dump"] == FORGOT and props["steps"] == "6"
 
 
+def test_junit_file_reads_with_a_junit_parser(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    """What CI systems do with the file: junitparser (the library Jenkins-style tooling uses) reads it."""
+    junitparser = pytest.importorskip("junitparser")
+    target = tmp_path / "rcdiag.xml"
+    assert run(capsys, "check", FORGOT, "--pack", "verl", "--max", "k3_kl=1", "--junit", str(target))[0] == 1
+    (suite,) = list(junitparser.JUnitXml.fromfile(str(target)))
+    assert (suite.tests, suite.failures, suite.errors, suite.skipped) == (7, 2, 0, 4)
+    outcome = {case.name: [type(r).__name__ for r in case.result] for case in suite}
+    assert outcome["|rollout_corr/kl| <= 0.1 (every step)"] == ["Failure"]
+    assert outcome["rollout_corr/k3_kl <= 1 (every step)"] == []
+
+
 def test_markdown_summary(capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "summary.md"
     code, _, _ = run(capsys, "check", FORGOT, "--max", "kl=2e-3", "--max-abs", "kl=1", "--markdown", str(target))
