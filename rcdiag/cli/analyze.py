@@ -77,10 +77,9 @@ def analyze(
     Exit codes: 0 done (findings do not change it), 2 bad option, configuration or input, 3 internal error.
     """
     from rcdiag.api import analyze as run_analysis
-    from rcdiag.cli.engine_config import build_config
+    from rcdiag.cli.engine_config import build_config, read_options
     from rcdiag.cli.output import write_report
     from rcdiag.cli.progress import progress_bar, wanted
-    from rcdiag.io import ColumnMap
 
     config = build_config(
         preset_name=preset,
@@ -91,18 +90,23 @@ def analyze(
         batch_normalize=batch_normalize,
     )
     config.resolve()  # configuration errors before any reading
-    columns = ColumnMap(old=old_col, rollout=rollout_col, mask=mask_col, step=step_col, seq=seq_col)
     show = wanted(quiet, json_to_stdout=output_format is OutputFormat.json and output is None)
     with progress_bar(show and workers == 1) as on_chunk:
         report = run_analysis(
             path,
             config,
-            device=device,
-            chunk_tokens=chunk_tokens,
-            columns=columns,
-            on_bad_row=on_bad_row.value,
             on_chunk=on_chunk,
-            workers=workers,
             save_state=save_state,
+            **read_options(
+                device=device,
+                chunk_tokens=chunk_tokens,
+                old_col=old_col,
+                rollout_col=rollout_col,
+                mask_col=mask_col,
+                step_col=step_col,
+                seq_col=seq_col,
+                on_bad_row=on_bad_row,
+                workers=workers,
+            ),
         )
     write_report(report, output_format, output)

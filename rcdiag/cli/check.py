@@ -170,9 +170,8 @@ def check(
     """
     from rcdiag.check import RuleKind, find_project_rules, load_rules, pack, parse_assignment
     from rcdiag.check import check as run_check
-    from rcdiag.cli.engine_config import build_config
+    from rcdiag.cli.engine_config import build_config, read_options
     from rcdiag.errors import ConfigError
-    from rcdiag.io import ColumnMap
 
     if steps not in ("every", "last", "mean"):
         raise ConfigError(f"--steps must be every, last or mean, got '{steps}'.")
@@ -210,11 +209,17 @@ def check(
         rules,
         config,
         baseline=baseline or (loaded.baseline if loaded is not None else None),
-        device=device,
-        chunk_tokens=chunk_tokens,
-        columns=ColumnMap(old=old_col, rollout=rollout_col, mask=mask_col, step=step_col, seq=seq_col),
-        on_bad_row=on_bad_row.value,
-        workers=workers,
+        **read_options(
+            device=device,
+            chunk_tokens=chunk_tokens,
+            old_col=old_col,
+            rollout_col=rollout_col,
+            mask_col=mask_col,
+            step_col=step_col,
+            seq_col=seq_col,
+            on_bad_row=on_bad_row,
+            workers=workers,
+        ),
     )
     _emit(result, output_format, output, junit, markdown)
     if not result.passed:

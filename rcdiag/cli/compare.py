@@ -88,10 +88,9 @@ def compare(
 
     Exit codes: 0 done (findings do not change it), 2 bad option, configuration or input, 3 internal error.
     """
-    from rcdiag.cli.engine_config import build_config
+    from rcdiag.cli.engine_config import build_config, read_options
     from rcdiag.cli.output import write_rich, write_text
     from rcdiag.compare import compare as run_compare
-    from rcdiag.io import ColumnMap
 
     config = build_config(
         preset_name=preset,
@@ -108,11 +107,17 @@ def compare(
         config,
         temperature_a=temperature_a,
         temperature_b=temperature_b,
-        device=device,
-        chunk_tokens=chunk_tokens,
-        columns=ColumnMap(old=old_col, rollout=rollout_col, mask=mask_col, step=step_col, seq=seq_col),
-        on_bad_row=on_bad_row.value,
-        workers=workers,
+        **read_options(
+            device=device,
+            chunk_tokens=chunk_tokens,
+            old_col=old_col,
+            rollout_col=rollout_col,
+            mask_col=mask_col,
+            step_col=step_col,
+            seq_col=seq_col,
+            on_bad_row=on_bad_row,
+            workers=workers,
+        ),
     )
     if output_format is OutputFormat.json:
         import json

@@ -1,10 +1,11 @@
-"""Turning engine flags into a ``CorrectionConfig`` (preset first, flags on top)."""
+"""Turning the flags every engine command shares into library arguments: a ``CorrectionConfig`` (preset first,
+flags on top) and the keyword arguments that say how to read a dump."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rcdiag.cli.options import ISLevel
+from rcdiag.cli.options import BadRowPolicy, ISLevel
 from rcdiag.config import CorrectionConfig, preset
 
 
@@ -33,3 +34,27 @@ def build_config(
     if batch_normalize is not None:
         changes["rollout_is_batch_normalize"] = batch_normalize
     return config.replace(**changes)
+
+
+def read_options(
+    *,
+    device: str,
+    chunk_tokens: int,
+    old_col: str | None,
+    rollout_col: str | None,
+    mask_col: str | None,
+    step_col: str | None,
+    seq_col: str | None,
+    on_bad_row: BadRowPolicy,
+    workers: int,
+) -> dict[str, Any]:
+    """The keyword arguments of ``rcdiag.analyze`` (and ``compare``, ``check``) that say how to read a dump."""
+    from rcdiag.io import ColumnMap
+
+    return {
+        "device": device,
+        "chunk_tokens": chunk_tokens,
+        "columns": ColumnMap(old=old_col, rollout=rollout_col, mask=mask_col, step=step_col, seq=seq_col),
+        "on_bad_row": on_bad_row.value,
+        "workers": workers,
+    }
