@@ -121,17 +121,23 @@ class Screen:
         if bad_mask is not None:
             flagged[1] = bad_mask
         for values, key in ((chunk.old, "old_log_prob"), (chunk.rollout, "rollout_log_prob")):
-            ok = values <= POSITIVE_TOLERANCE
-            if valid is not None:
-                ok |= ~valid
-            if not ok.all():
-                bad = ~ok
-                for code, hit in ((2, np.isnan(values)), (3, values == np.inf), (4, values > POSITIVE_TOLERANCE)):
-                    flagged[code] = flagged[code] | (bad & hit) if code in flagged else bad & hit
-            neg_inf = values == -np.inf
-            if valid is not None:
-                neg_inf &= valid
-            self.stats.neg_inf_tokens[key] += int(np.count_nonzero(neg_inf))
+            if not values.size:
+                continue
+            # Fast paths, one pass each: no value anywhere (padding included) above the tolerance or NaN, and
+            # no -inf anywhere. Only when they fail are the valid positions looked at one by one.
+            if not values.max() <= POSITIVE_TOLERANCE:
+                ok = values <= POSITIVE_TOLERANCE
+                if valid is not None:
+                    ok |= ~valid
+                if not ok.all():
+                    bad = ~ok
+                    for code, hit in ((2, np.isnan(values)), (3, values == np.inf), (4, values > POSITIVE_TOLERANCE)):
+                        flagged[code] = flagged[code] | (bad & hit) if code in flagged else bad & hit
+            if not values.min() > -np.inf:  # NaN also takes this path
+                neg_inf = values == -np.inf
+                if valid is not None:
+                    neg_inf &= valid
+                self.stats.neg_inf_tokens[key] += int(np.count_nonzero(neg_inf))
         reasons = np.zeros(lengths.shape[0], dtype=np.int8)  # 0 = fine, else 1 + index in REASONS
         for code in sorted(flagged):
             rows = _rows_with(flagged[code], chunk.offsets, lengths)
@@ -155,6 +161,9 @@ def _valid(mask: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | Non
         return None, None
     if mask.dtype == np.bool_:
         return mask, None
+    if mask.size and mask.dtype.kind in "iu" and mask.min() >= 0 and mask.max() <= 1:
+        # 0/1 integers: one byte wide, they already are a valid boolean array (no copy); wider ones convert.
+        return (mask.view(np.bool_) if mask.dtype.itemsize == 1 else mask.astype(np.bool_)), None
     ones = mask == 1
     bad = ~(ones | (mask == 0))
     return ones, (bad if bad.any() else None)
