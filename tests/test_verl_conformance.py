@@ -8,11 +8,13 @@ ones (tests/test_metrics_reference.py checks them against a float64 reference).
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import random_batch, run_padded
+from conftest import ragged_lists, random_batch, run_padded, write_dump
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from verl_oracle import load_verl, verl_metrics
@@ -151,3 +153,48 @@ def test_random_configs_and_batches(config: dict, seed: int, rows: int, width: i
         rng, rows=rows, width=width, noise=noise, empty_rows=min(empty, rows), outliers=0.05
     )
     compare_with_verl(old, rollout, mask, config)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        (),
+        ("--preset", "decoupled_seq_is_rs"),
+        ("--is", "token", "--is-threshold", "0.5_5.0", "--batch-normalize"),
+        ("--rs", "token_k1,seq_mean_k3,seq_max_k2", "--rs-threshold", "0.7_1.4,0.02,0.5"),
+    ],
+)
+def test_cli_json_per_step_matches_verl(capsys: pytest.CaptureFixture, tmp_path: Path, flags: tuple) -> None:
+    """End to end: a Parquet dump with steps, through `rcdiag analyze --format json`, against verl run on each
+    step's padded batch and on all rows at once (the pooled view)."""
+    from test_cli import run
+
+    rng = np.random.default_rng(len(flags))
+    old, rollout, mask = random_batch(rng, rows=36, width=30, noise=0.3, empty_rows=3, outliers=0.01)
+    columns = ragged_lists(old, rollout, mask)
+    steps = np.array([i % 3 for i in range(36)])
+    columns["step"] = steps.tolist()
+    path = write_dump(tmp_path / "dump.parquet", columns)
+    code, out, err = run(capsys, "analyze", str(path), "--format", "json", *flags)
+    assert code == 0, err
+    report = json.loads(out)
+    config = dict(report["config"])
+    config.pop("bypass_mode"), config.pop("loss_type")
+    for step in report["steps"]:
+        rows = steps == step["step"]
+        expected = verl_metrics(*(torch.from_numpy(a[rows]) for a in (old, rollout, mask)), **config)
+        _assert_close(step["metrics"], expected)
+    _assert_close(report["metrics"], verl_metrics(*(torch.from_numpy(a) for a in (old, rollout, mask)), **config))
+
+
+def _assert_close(ours: dict, expected: dict) -> None:
+    assert list(ours) == list(expected)
+    bad = [
+        (k, ours[k], v)
+        for k, v in expected.items()
+        if not (
+            (ours[k] is None and not math.isfinite(v))
+            or (ours[k] is not None and math.isclose(ours[k], v, rel_tol=1e-4, abs_tol=_tolerance(k, expected)))
+        )
+    ]
+    assert not bad, bad
