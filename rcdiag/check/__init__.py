@@ -1,0 +1,104 @@
+"""``check``: rules on metrics, evaluated per training step, for a CI gate.
+
+A rule bounds one metric (verl's short name ``kl``, its full name ``rollout_corr/kl``, or an ``rcdiag/*`` extra)
+with ``max``/``min``/``max_abs``, or relative to a baseline run with ``max_increase``/``max_decrease`` (an
+absolute amount or a percentage of the baseline's value). It applies to every step by default (each step is one
+batch, as verl logs it); ``steps="last"`` or ``"mean"`` look at the last step or the mean over steps, and
+``tolerate`` lets a fraction of steps fail. Rule packs encode thresholds documented by verl, NeMo-RL and Miles.
+Rules come from code, the command line, or TOML (docs/check.md).
+
+The package splits by concern: ``rules`` (the rule model and ``NAME=VALUE`` bounds), ``results`` (outcomes),
+``packs``, ``metric_names`` (metric resolution and validation), ``evaluate`` (rules over a report's steps) and
+``rules_file`` (TOML). This module re-exports the public API and runs ``check``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from rcdiag.api import analyze
+from rcdiag.backend import Backend
+from rcdiag.check.evaluate import evaluate_rules
+from rcdiag.check.metric_names import PREFIXES, metric_names, resolve_metric, validate_rules
+from rcdiag.check.packs import PACK_SOURCES, describe_packs, pack
+from rcdiag.check.results import CheckResult, RuleResult
+from rcdiag.check.rules import (
+    RELATIVE_KINDS,
+    RULE_KINDS,
+    STEP_MODES,
+    Rule,
+    RuleKind,
+    Status,
+    StepMode,
+    parse_assignment,
+)
+from rcdiag.check.rules_file import CONFIG_TABLE, RuleFile, find_project_rules, load_rules
+from rcdiag.config import CorrectionConfig
+from rcdiag.constants import DEFAULT_CHUNK_TOKENS
+from rcdiag.errors import ConfigError
+from rcdiag.io.base import ColumnMap
+
+__all__ = [
+    "CONFIG_TABLE",
+    "PACK_SOURCES",
+    "PREFIXES",
+    "RELATIVE_KINDS",
+    "RULE_KINDS",
+    "STEP_MODES",
+    "CheckResult",
+    "Rule",
+    "RuleFile",
+    "RuleKind",
+    "RuleResult",
+    "Status",
+    "StepMode",
+    "analyze",
+    "check",
+    "describe_packs",
+    "evaluate_rules",
+    "find_project_rules",
+    "load_rules",
+    "metric_names",
+    "pack",
+    "parse_assignment",
+    "resolve_metric",
+    "validate_rules",
+]
+
+
+def check(
+    path: str | Path,
+    rules: Sequence[Rule],
+    config: CorrectionConfig | None = None,
+    *,
+    baseline: str | Path | None = None,
+    device: str | Backend = "cpu",
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    columns: ColumnMap | None = None,
+    on_bad_row: str = "error",
+    workers: int = 1,
+) -> CheckResult:
+    """Analyse ``path`` (and ``baseline``) with ``config`` and evaluate ``rules``.
+
+    Rules are validated against the configuration before any file is read: a rule on a metric the configuration
+    does not compute raises ``ConfigError`` listing the available names (rule-pack rules are skipped instead).
+    """
+    if not rules:
+        raise ConfigError(
+            "no rules to check: give --max/--min/--max-abs NAME=VALUE, --pack NAME, --rules FILE, or a "
+            "[tool.rcdiag.check] table in pyproject.toml."
+        )
+    config = config or CorrectionConfig()
+    resolved = config.resolve()
+    validate_rules(rules, metric_names(resolved), has_baseline=baseline is not None)
+    read = {
+        "device": device,
+        "chunk_tokens": chunk_tokens,
+        "columns": columns,
+        "on_bad_row": on_bad_row,
+        "workers": workers,
+    }
+    report = analyze(path, config, **read)
+    base = analyze(baseline, config, **read) if baseline is not None else None
+    return CheckResult(report, base, evaluate_rules(report, rules, base))

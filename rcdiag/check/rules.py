@@ -1,0 +1,106 @@
+"""The rule model and the ``NAME=VALUE`` bound syntax every rule source shares.
+
+Kept free of reports and engines so that the command line, the packs and the TOML loader can build and validate
+rules before any file is read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rcdiag.errors import ConfigError
+
+RuleKind = Literal["max", "min", "max_abs", "max_increase", "max_decrease"]
+StepMode = Literal["every", "last", "mean"]
+Status = Literal["passed", "failed", "skipped"]
+
+RULE_KINDS: tuple[RuleKind, ...] = ("max", "min", "max_abs", "max_increase", "max_decrease")
+RELATIVE_KINDS = ("max_increase", "max_decrease")
+STEP_MODES: tuple[StepMode, ...] = ("every", "last", "mean")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One bound on one metric."""
+
+    metric: str
+    """As written: ``kl``, ``rollout_corr/kl`` or ``rcdiag/token_mult_prob_error``."""
+    kind: RuleKind
+    bound: float
+    relative: bool = False
+    """For ``max_increase``/``max_decrease``: ``bound`` is a fraction of |baseline| (``50%`` -> 0.5)."""
+    steps: StepMode = "every"
+    tolerate: float = 0.0
+    """Fraction of steps allowed to fail (``steps="every"`` only)."""
+    source: str = "command line"
+    optional: bool = False
+    """Skipped (not an error) when the configuration does not compute the metric: rule packs."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in RULE_KINDS:
+            raise ConfigError(f"unknown rule kind '{self.kind}'; use one of {', '.join(RULE_KINDS)}.")
+        if self.steps not in STEP_MODES:
+            raise ConfigError(f"steps must be one of {', '.join(STEP_MODES)}, got '{self.steps}'.")
+        if not math.isfinite(self.bound):
+            raise ConfigError(f"the bound of a rule on '{self.metric}' must be a finite number, got {self.bound}.")
+        if self.relative and self.kind not in RELATIVE_KINDS:
+            raise ConfigError(f"a percentage bound only makes sense for max_increase/max_decrease ({self.metric}).")
+        if not 0.0 <= self.tolerate < 1.0:
+            raise ConfigError(f"tolerate must be a fraction in [0, 1), got {self.tolerate}.")
+        if self.tolerate and self.steps != "every":
+            raise ConfigError(f"tolerate applies to steps='every' only (rule on '{self.metric}' has '{self.steps}').")
+        if self.kind == "max_abs" and self.bound < 0:
+            raise ConfigError(f"a max_abs bound must be >= 0 ({self.metric}={self.bound}).")
+
+    def describe(self, key: str | None = None) -> str:
+        """``rollout_corr/kl <= 0.002``, ``|kl| <= 0.1``, ``kl <= baseline + 50%``."""
+        name = key or self.metric
+        amount = f"{self.bound * 100:g}%" if self.relative else f"{self.bound:g}"
+        return {
+            "max": f"{name} <= {self.bound:g}",
+            "min": f"{name} >= {self.bound:g}",
+            "max_abs": f"|{name}| <= {self.bound:g}",
+            "max_increase": f"{name} <= baseline + {amount}",
+            "max_decrease": f"{name} >= baseline - {amount}",
+        }[self.kind]
+
+    def mode(self) -> str:
+        """``every step``, ``every step, 10% may fail``, ``last step``, ``mean over steps``."""
+        if self.steps == "last":
+            return "last step"
+        if self.steps == "mean":
+            return "mean over steps"
+        return "every step" + (f", {self.tolerate * 100:g}% may fail" if self.tolerate else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def parse_assignment(
+    text: str, kind: RuleKind, *, option: str, steps: StepMode = "every", tolerate: float = 0.0
+) -> Rule:
+    """``kl=2e-3`` (or ``kl=50%`` for a relative rule) from a command-line option."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip() or not value.strip():
+        raise ConfigError(f"{option} expects NAME=VALUE (e.g. {option} kl=2e-3), got '{text}'.")
+    bound, relative = _parse_bound(value.strip(), kind, f"{option} {text}")
+    return Rule(name.strip(), kind, bound, relative, steps, tolerate, option)
+
+
+def _parse_bound(value: Any, kind: RuleKind, where: str) -> tuple[float, bool]:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ConfigError(f"{where}: the bound must be a number{' or a percentage' if kind in RELATIVE_KINDS else ''}.")
+    relative = isinstance(value, str) and value.strip().endswith("%")
+    text = value.strip().removesuffix("%") if isinstance(value, str) else value
+    try:
+        number = float(text)
+    except ValueError:
+        raise ConfigError(f"{where}: '{value}' is not a number.") from None
+    if relative and kind not in RELATIVE_KINDS:
+        raise ConfigError(f"{where}: a percentage is only allowed for max_increase/max_decrease.")
+    if kind in RELATIVE_KINDS and number < 0:
+        raise ConfigError(f"{where}: an allowed increase/decrease must be >= 0.")
+    return (number / 100.0 if relative else number), relative

@@ -1,0 +1,167 @@
+"""Rules from TOML: a standalone rules file, or the ``[tool.rcdiag.check]`` table of a pyproject.toml.
+
+TOML errors are the user's input errors (``InputError``, naming the file and table), not configuration errors,
+so they are reported against the file that holds them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rcdiag.check.packs import pack
+from rcdiag.check.rules import RULE_KINDS, STEP_MODES, Rule, StepMode, _parse_bound
+from rcdiag.config import CorrectionConfig, preset
+from rcdiag.errors import ConfigError, InputError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+CONFIG_TABLE = ("tool", "rcdiag", "check")
+
+
+@dataclass(frozen=True)
+class RuleFile:
+    """What a TOML rules table holds."""
+
+    path: Path
+    rules: tuple[Rule, ...]
+    engine: dict[str, Any]
+    """``preset`` and verl's ``rollout_correction`` fields for the engine (empty: flags/defaults)."""
+    baseline: Path | None
+    """Resolved against the TOML file's directory."""
+
+    def config(self) -> CorrectionConfig | None:
+        """The engine configuration the file asks for, or ``None`` if it sets none."""
+        if not self.engine:
+            return None
+        fields = {k: v for k, v in self.engine.items() if k != "preset"}
+        name = self.engine.get("preset")
+        try:
+            base = preset(name) if name else CorrectionConfig()
+            return base.replace(**fields)
+        except TypeError as exc:
+            raise ConfigError(f"{self.path}: [engine]: {exc}") from None
+
+
+_TABLE_KEYS = {"packs", "steps", "tolerate", "baseline", "engine", "rule", *RULE_KINDS}
+_RULE_KEYS = {"metric", "steps", "tolerate", *RULE_KINDS}
+_ENGINE_KEYS = {"preset", *(f.name for f in dataclasses.fields(CorrectionConfig))}
+
+
+def load_rules(
+    path: str | Path, *, steps: StepMode = "every", tolerate: float = 0.0, required: bool = True
+) -> RuleFile | None:
+    """Rules from a TOML file: its ``[tool.rcdiag.check]`` table if it has one, else its top level.
+
+    ``steps``/``tolerate`` are the defaults for rules that set neither (the file's own top-level ``steps`` and
+    ``tolerate`` override them). With ``required=False`` a file without ``[tool.rcdiag.check]`` gives ``None``
+    (a pyproject.toml that does not configure rcdiag).
+    """
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError("file not found", path=str(p)) from None
+    except OSError as exc:
+        raise InputError(f"cannot read the rules file ({exc.strerror})", path=str(p)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"not valid TOML ({exc})", path=str(p)) from None
+    table: Any = data
+    for part in CONFIG_TABLE:
+        table = table.get(part) if isinstance(table, dict) else None
+    if table is None:
+        if not required or p.name == "pyproject.toml":
+            if required:
+                raise InputError("has no [tool.rcdiag.check] table", path=str(p))
+            return None
+        table, where = data, "top level"
+    else:
+        where = "[tool.rcdiag.check]"
+    if not isinstance(table, dict):
+        raise InputError(f"{where} must be a table", path=str(p))
+    return _parse_table(p, table, where, steps, tolerate)
+
+
+def _parse_table(path: Path, table: dict, where: str, steps: Any, tolerate: Any) -> RuleFile:
+    def fail(message: str) -> InputError:
+        return InputError(f"{where}: {message}", path=str(path))
+
+    unknown = sorted(set(table) - _TABLE_KEYS)
+    if unknown:
+        raise fail(f"unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(_TABLE_KEYS))}")
+    steps = _mode(table.get("steps", steps), "steps", fail)
+    tolerate = _fraction(table.get("tolerate", tolerate), "tolerate", fail)
+    rules: list[Rule] = []
+    source = path.name
+    try:
+        for name in _list_of_str(table.get("packs", []), "packs", fail):
+            rules.extend(pack(name, steps=steps, tolerate=tolerate))
+        for kind in RULE_KINDS:
+            entries = table.get(kind, {})
+            if not isinstance(entries, dict):
+                raise fail(f"[{kind}] must be a table of NAME = VALUE")
+            for metric, value in entries.items():
+                bound, relative = _parse_bound(value, kind, f"{path}: {where} [{kind}] {metric}")
+                rules.append(Rule(metric, kind, bound, relative, steps, tolerate, source))
+        entries = table.get("rule", [])
+        if not isinstance(entries, list):
+            raise fail("rule must be an array of tables ([[rule]])")
+        for index, entry in enumerate(entries):
+            if not isinstance(entry, dict) or not isinstance(entry.get("metric"), str):
+                raise fail(f'[[rule]] #{index + 1} needs metric = "NAME"')
+            bad = sorted(set(entry) - _RULE_KEYS)
+            if bad:
+                raise fail(
+                    f"[[rule]] #{index + 1}: unknown key(s) {', '.join(bad)}; known: {', '.join(sorted(_RULE_KEYS))}"
+                )
+            kinds = [k for k in RULE_KINDS if k in entry]
+            if not kinds:
+                raise fail(f"[[rule]] #{index + 1} ({entry['metric']}) sets no bound ({', '.join(RULE_KINDS)})")
+            for kind in kinds:
+                bound, relative = _parse_bound(entry[kind], kind, f"{path}: {where} [[rule]] #{index + 1} {kind}")
+                label = f"[[rule]] #{index + 1}"
+                rule_steps = _mode(entry.get("steps", steps), f"{label} steps", fail)
+                rule_tolerate = _fraction(entry.get("tolerate", tolerate), f"{label} tolerate", fail)
+                rules.append(Rule(entry["metric"], kind, bound, relative, rule_steps, rule_tolerate, source))
+    except ConfigError as exc:
+        message = str(exc)
+        raise (InputError(message) if message.startswith(str(path)) else fail(message)) from None
+    engine = table.get("engine", {})
+    if not isinstance(engine, dict) or set(engine) - _ENGINE_KEYS:
+        raise fail(f"[engine] takes {', '.join(sorted(_ENGINE_KEYS))}")
+    baseline = table.get("baseline")
+    if baseline is not None and not isinstance(baseline, str):
+        raise fail("baseline must be a path string")
+    return RuleFile(path, tuple(rules), dict(engine), (path.parent / baseline) if baseline else None)
+
+
+def _mode(value: Any, name: str, fail: Any) -> StepMode:
+    if value not in STEP_MODES:
+        raise fail(f"{name} must be one of {', '.join(STEP_MODES)}, got {value!r}")
+    return value
+
+
+def _fraction(value: Any, name: str, fail: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+        raise fail(f"{name} must be a fraction in [0, 1), got {value!r}")
+    return float(value)
+
+
+def _list_of_str(value: Any, name: str, fail: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise fail(f"{name} must be a list of strings")
+    return value
+
+
+def find_project_rules(directory: str | Path = ".", **defaults: Any) -> RuleFile | None:
+    """``[tool.rcdiag.check]`` of ``directory/pyproject.toml``, if that file exists and has the table."""
+    candidate = Path(directory) / "pyproject.toml"
+    if not candidate.is_file():
+        return None
+    return load_rules(candidate, required=False, **defaults)

@@ -1,0 +1,158 @@
+"""The frozen records a comparison is made of, and the report keys they are read from.
+
+Kept apart from the analysis so that renderers and API users depend on plain data only; every record has a
+``to_dict`` for the JSON of ``rcdiag compare`` (docs/compare.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rcdiag.report import SCHEMA_VERSION, Report, Severity
+
+Side = Literal["a", "b"]
+P = "rollout_corr/"
+KL = P + "kl"
+K3 = P + "k3_kl"
+KL_SE = "rcdiag/kl_std_error"
+
+
+@dataclass(frozen=True)
+class CompareFinding:
+    """One verdict about the pair; ``side`` says which dump it is about (``None``: the pair as a whole)."""
+
+    code: str
+    severity: Severity
+    message: str
+    side: Side | None = None
+    metric: str | None = None
+    value: float | None = None
+    threshold: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"value": _finite(self.value)}
+
+
+@dataclass(frozen=True)
+class MetricDiff:
+    """One metric on both sides: ``difference`` is b - a, ``ratio`` is b / a (``None`` where undefined)."""
+
+    key: str
+    a: float | None
+    b: float | None
+    difference: float | None
+    ratio: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class SideTemperature:
+    """What one side's kl says about its logit noise, given its sampling temperature."""
+
+    temperature: float | None
+    source: Literal["option", "metadata"] | None
+    train_temperature: float | None
+    """From the dump's ``train_temperature`` metadata, when recorded."""
+    kl: float | None
+    k3_kl: float | None
+    kl_std_error: float | None
+    kl_t2: float | None
+    """kl * T^2: constant across temperatures in the ideal case."""
+    noise: float | None
+    """T * sqrt(2 kl): the logit-noise estimate, comparable across temperatures (``None`` unless kl > 0)."""
+    noise_low: float | None
+    """T * sqrt(2 max(kl - 2 se, 0)): the low end of the estimate given kl's standard error."""
+    noise_high: float | None
+    """T * sqrt(2 (kl + 2 se)): the high end."""
+
+    @property
+    def noise_resolved(self) -> bool:
+        """kl is more than ``SIGMAS`` standard errors above 0: the side's noise is measurably nonzero."""
+        return bool(self.noise_low)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class TemperatureAnalysis:
+    """Both sides' noise estimates and the kl ratio against the ideal 1/T^2 scaling."""
+
+    a: SideTemperature
+    b: SideTemperature
+    kl_ratio: float | None
+    """kl_a / kl_b as measured."""
+    ideal_kl_ratio: float | None
+    """(T_b / T_a)^2: kl_a / kl_b if the engines' logit noise were the same and Var_pi(eps) did not depend on T."""
+    noise_ratio: float | None
+    """noise_b / noise_a (both resolved)."""
+    explanation: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "a": self.a.to_dict(),
+            "b": self.b.to_dict(),
+            "kl_ratio": self.kl_ratio,
+            "ideal_kl_ratio": self.ideal_kl_ratio,
+            "noise_ratio": self.noise_ratio,
+            "explanation": list(self.explanation),
+        }
+
+
+@dataclass(frozen=True)
+class StepPair:
+    """One training step present in both dumps: every metric on both sides and b - a."""
+
+    step: int
+    metrics: tuple[MetricDiff, ...]
+
+    def get(self, key: str) -> MetricDiff | None:
+        return next((m for m in self.metrics if m.key == key), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "metrics": [m.to_dict() for m in self.metrics]}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The result of ``compare``: both reports, the metric-by-metric diff, the temperature analysis, findings."""
+
+    a: Report
+    b: Report
+    metrics: tuple[MetricDiff, ...]
+    temperature: TemperatureAnalysis
+    steps: tuple[StepPair, ...]
+    """Steps present in both dumps, in step order."""
+    unpaired_steps: dict[str, tuple[int, ...]]
+    """Steps found in only one dump (``{"a": (...), "b": (...)}``): listed, never dropped silently."""
+    trend: dict[str, float | None]
+    """Least-squares slope of (b - a) per step over the paired steps, for the ``TREND_KEYS`` present."""
+    findings: tuple[CompareFinding, ...]
+
+    def metric(self, key: str) -> MetricDiff:
+        """The row of one metric (full key)."""
+        return next(m for m in self.metrics if m.key == key)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (schema in docs/compare.md)."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "comparison",
+            "a": self.a.to_dict(),
+            "b": self.b.to_dict(),
+            "metrics": [m.to_dict() for m in self.metrics],
+            "temperature": self.temperature.to_dict(),
+            "steps": [s.to_dict() for s in self.steps],
+            "unpaired_steps": {side: list(steps) for side, steps in self.unpaired_steps.items()},
+            "trend": self.trend,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None

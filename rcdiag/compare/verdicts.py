@@ -1,0 +1,208 @@
+"""The verdict: findings about the pair from the temperature analysis and each side's own report.
+
+One place for every finding code, its severity and its message, so that docs/compare.md can document them all
+and findings are listed in a stable order.
+"""
+
+from __future__ import annotations
+
+import math
+
+from rcdiag.compare.records import KL, CompareFinding, Side, SideTemperature, TemperatureAnalysis
+from rcdiag.compare.temperature import NOISE_RATIO_LIMIT, SIGMAS, _g
+from rcdiag.report import Report
+
+TEMPERATURE_KL_LIMIT = 0.1
+"""kl at or above this at T != 1 is the size a log-prob computed without the temperature gives (0.1-1)."""
+
+COMPARE_FINDING_CODES = (
+    "temperature_kl_high",
+    "temperature_noise_mismatch",
+    "temperature_recorded_mismatch",
+    "engine_noise_differs",
+    "systematic_shift",
+    "temperature_unknown",
+    "noise_inconclusive",
+    "noise_consistent",
+)
+"""Every code ``compare`` can give, in the order findings are listed (documented in docs/compare.md)."""
+
+
+def _findings(a: Report, b: Report, t: TemperatureAnalysis) -> list[CompareFinding]:
+    findings: list[CompareFinding] = []
+    sides: dict[Side, tuple[Report, SideTemperature]] = {"a": (a, t.a), "b": (b, t.b)}
+    for side, (report, st) in sides.items():
+        findings.extend(_side_findings(side, report, st))
+    shifted = {f.side for f in findings if f.code == "systematic_shift"}
+    findings.extend(_noise_findings(t, shifted))
+    problems = [f for f in findings if f.severity != "info"]
+    if not problems and t.noise_ratio is not None and 1 / NOISE_RATIO_LIMIT < t.noise_ratio < NOISE_RATIO_LIMIT:
+        findings.append(_consistent(t))
+    order = {code: i for i, code in enumerate(COMPARE_FINDING_CODES)}
+    rank = {"error": 0, "warning": 1, "info": 2}
+    findings.sort(key=lambda f: (rank[f.severity], order[f.code], f.side or ""))
+    return findings
+
+
+def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[CompareFinding]:
+    out: list[CompareFinding] = []
+    other = "b" if side == "a" else "a"
+    if st.temperature is None:
+        out.append(
+            CompareFinding(
+                "temperature_unknown",
+                "info",
+                f"side {side}'s sampling temperature is unknown: pass --temperature-{side} (or write 'temperature' "
+                "into the dump's metadata) to get the temperature analysis for it.",
+                side,
+            )
+        )
+    elif st.kl is not None and st.kl >= TEMPERATURE_KL_LIMIT and st.temperature != 1.0:
+        agree = st.k3_kl is not None and abs(st.kl - st.k3_kl) <= 0.5 * max(abs(st.kl), abs(st.k3_kl))
+        shape = (
+            "kl and k3_kl agree, as they do when one side's distribution is a re-tempered but still normalised "
+            "copy of the other's"
+            if agree
+            else "kl and k3_kl also disagree, so part of it is a systematic shift"
+        )
+        out.append(
+            CompareFinding(
+                "temperature_kl_high",
+                "warning",
+                f"side {side}: kl = {st.kl:.3g} at T={st.temperature:g}. Numerical engine noise gives kl of "
+                f"1e-5..1e-2; kl of order {TEMPERATURE_KL_LIMIT:g}-1 at T != 1 is what log-probs computed without "
+                f"the temperature on one side give ({shape}). Check that the trainer divides its logits by the "
+                "rollout temperature before log_softmax, and that the rollout engine reports log-probs after "
+                "temperature scaling.",
+                side,
+                KL,
+                st.kl,
+                TEMPERATURE_KL_LIMIT,
+            )
+        )
+    recorded = st.source == "metadata" and st.train_temperature is not None
+    if recorded and st.train_temperature != st.temperature:
+        out.append(
+            CompareFinding(
+                "temperature_recorded_mismatch",
+                "warning",
+                f"side {side}'s dump records a rollout temperature of {st.temperature:g} but a trainer temperature "
+                f"of {st.train_temperature:g}: its old_log_prob is not from the distribution the tokens were "
+                "sampled from.",
+                side,
+                None,
+                st.train_temperature,
+                st.temperature,
+            )
+        )
+    shift = next((f for f in report.findings if f.code == "kl_k3_disagree"), None)
+    if shift is not None:
+        out.append(
+            CompareFinding(
+                "systematic_shift",
+                "warning",
+                f"side {side}: kl ({_g(st.kl)}) and k3_kl ({_g(st.k3_kl)}) disagree, so its mismatch is not "
+                "small noise and its noise estimate T*sqrt(2 kl) does not hold (the second-order expansion "
+                f"behind it assumes they agree). The cause is on side {side}'s log-prob plumbing, not something "
+                f"side {other} shares: top-k/top-p renormalised on one engine only, a constant offset, or "
+                "shifted positions. analyze's finding: " + shift.message,
+                side,
+                KL,
+                shift.value,
+                shift.threshold if isinstance(shift.threshold, float) else None,
+            )
+        )
+    return out
+
+
+def _noise_findings(t: TemperatureAnalysis, shifted: set[Side | None]) -> list[CompareFinding]:
+    """The noise comparison on the point estimates; where the quieter side's kl is within ``SIGMAS`` standard
+    errors of 0, "far apart" must also hold against the high end of its band. Silent for a side with a systematic
+    shift, where the estimate does not hold."""
+    a, b = t.a, t.b
+    if a.noise_high is None or b.noise_high is None:
+        return []  # a temperature or kl is unknown
+    side: Side = "b" if (b.noise or 0.0) >= (a.noise or 0.0) else "a"
+    noisy, quiet = (b, a) if side == "b" else (a, b)
+    other = "a" if side == "b" else "b"
+    if side in shifted or not noisy.noise:
+        return []
+    point = noisy.noise / quiet.noise if quiet.noise else math.inf
+    if point < NOISE_RATIO_LIMIT:
+        return []
+    assert noisy.temperature is not None
+    worst_case = noisy.noise / quiet.noise_high if quiet.noise_high else math.inf
+    quiet_text = f"{quiet.noise:.3g}" if quiet.noise else "none measurable (kl <= 0)"
+    numbers = (
+        f"side {side}'s logit-noise estimate T*sqrt(2 kl) is {noisy.noise:.3g} against {quiet_text} on side {other}"
+    )
+    if not quiet.noise_resolved and worst_case < NOISE_RATIO_LIMIT:
+        return [
+            CompareFinding(
+                "noise_inconclusive",
+                "info",
+                f"{numbers}: {point:.3g}x apart, but side {other}'s kl ({_g(quiet.kl)}) is within {SIGMAS:g} "
+                f"standard errors ({_g(quiet.kl_std_error)}) of 0, and at the high end of its band the two are "
+                f"{worst_case:.3g}x apart, within {NOISE_RATIO_LIMIT:g}x. Compare larger dumps (more responses) "
+                "for a verdict.",
+                side,
+                KL,
+                point,
+                NOISE_RATIO_LIMIT,
+            )
+        ]
+    apart = f"{point:.3g}x apart" if quiet.noise else "apart"
+    if noisy.temperature != 1.0 and quiet.noise:
+        return [
+            CompareFinding(
+                "temperature_noise_mismatch",
+                "warning",
+                f"{numbers}: {apart} (limit {NOISE_RATIO_LIMIT:g}x). Temperature cannot explain this, because the "
+                f"estimate already corrects for it; at T={noisy.temperature:g} the likely cause is temperature "
+                f"handling on side {side}: log-probs taken before or without dividing by T on one engine, or a "
+                f"different T on each. If the temperature is handled identically, side {side}'s engines are "
+                "simply noisier (another kernel, dtype or parallel layout).",
+                side,
+                KL,
+                noisy.noise,
+                NOISE_RATIO_LIMIT,
+            )
+        ]
+    if noisy.temperature == 1.0:
+        why = "At T=1 the temperature cannot be the cause (dividing by 1 changes nothing), so"
+    else:
+        why = f"Side {other} shows no measurable noise (kl <= 0: bitwise-equal engines?), so"
+    return [
+        CompareFinding(
+            "engine_noise_differs",
+            "warning",
+            f"{numbers}: {apart} (limit {NOISE_RATIO_LIMIT:g}x). {why} side {side}'s two engines disagree more: "
+            "another kernel, dtype, parallel layout, engine version or checkpoint.",
+            side,
+            KL,
+            noisy.noise,
+            NOISE_RATIO_LIMIT,
+        )
+    ]
+
+
+def _consistent(t: TemperatureAnalysis) -> CompareFinding:
+    assert t.a.noise is not None
+    assert t.b.noise is not None
+    assert t.noise_ratio is not None
+    message = (
+        f"engine noise is consistent across the two runs: logit-noise estimates {t.a.noise:.3g} (a) and "
+        f"{t.b.noise:.3g} (b), ratio {t.noise_ratio:.3g}, within {NOISE_RATIO_LIMIT:g}x."
+    )
+    rough = [side for side, st in (("a", t.a), ("b", t.b)) if not st.noise_resolved]
+    if rough:
+        message += (
+            f" (Side {' and '.join(rough)}'s kl is within {SIGMAS:g} standard errors of 0, so its estimate is rough.)"
+        )
+    if t.a.temperature != t.b.temperature and t.kl_ratio is not None and t.ideal_kl_ratio is not None:
+        message += (
+            f" The kl difference (kl_a/kl_b = {t.kl_ratio:.3g}) comes from the temperatures "
+            f"({t.a.temperature:g} vs {t.b.temperature:g}; ideal {t.ideal_kl_ratio:.3g}x, usually less because a "
+            "sharper distribution shrinks Var_pi(eps)), not from a change in the engines."
+        )
+    return CompareFinding("noise_consistent", "info", message, None, KL, t.noise_ratio, NOISE_RATIO_LIMIT)
