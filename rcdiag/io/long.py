@@ -27,9 +27,9 @@ import pyarrow.compute as pc
 
 from rcdiag.errors import InputError
 from rcdiag.io.arrow_lists import float_values
-from rcdiag.io.base import Chunk, split_rows
+from rcdiag.io.base import Chunk
 from rcdiag.io.columns import Resolved
-from rcdiag.io.tables import Batch, mask_array
+from rcdiag.io.tables import Batch, mask_array, slice_chunks
 
 IN_MEMORY_FACTOR = 4
 BUCKET_FACTOR = 2
@@ -162,21 +162,9 @@ def bucket_chunks(table: pa.Table, cols: Resolved, path: str, chunk_tokens: int)
                 sequence=_plain(seq_ids[row]),
             )
         steps = token_steps[starts]
-    lengths = np.diff(offsets)
-    for start, stop in split_rows(lengths, chunk_tokens):
-        lo, hi = int(offsets[start]), int(offsets[stop])
-        yield Chunk(
-            old=old[lo:hi],
-            rollout=rollout[lo:hi],
-            offsets=offsets[start : stop + 1] - lo,
-            mask=None if mask is None else mask[lo:hi],
-            steps=None if steps is None else steps[start:stop],
-            first_row=0,
-            source=path,
-            column_names=(cols.old, cols.rollout),
-            mask_name=cols.mask or "response_mask",
-            seq_ids=seq_ids[start:stop],
-        )
+    yield from slice_chunks(
+        old, rollout, offsets, mask, steps, cols, path, chunk_tokens, first_row=None, seq_ids=seq_ids
+    )
 
 
 def _plain(value: object) -> object:

@@ -215,8 +215,25 @@ def list_chunks(batch: Batch, cols: Resolved, chunk_tokens: int) -> Iterator[Chu
         steps = np.full(data.num_rows, batch.step, dtype=np.int64)
     old = float_values(old_values)
     rollout = float_values(rollout_values)
-    lengths = np.diff(offsets)
-    for start, stop in split_rows(lengths, chunk_tokens):
+    yield from slice_chunks(old, rollout, offsets, mask, steps, cols, path, chunk_tokens, first_row=row)
+
+
+def slice_chunks(
+    old: np.ndarray,
+    rollout: np.ndarray,
+    offsets: np.ndarray,
+    mask: np.ndarray | None,
+    steps: np.ndarray | None,
+    cols: Resolved,
+    path: str,
+    chunk_tokens: int,
+    *,
+    first_row: int | None,
+    seq_ids: np.ndarray | None = None,
+) -> Iterator[Chunk]:
+    """Cut flat whole rows into chunks of at most ``chunk_tokens`` values (a longer row is its own chunk).
+    ``first_row`` is the file row of the first row, or ``None`` when rows are not file rows (long layout)."""
+    for start, stop in split_rows(np.diff(offsets), chunk_tokens):
         lo, hi = int(offsets[start]), int(offsets[stop])
         yield Chunk(
             old=old[lo:hi],
@@ -224,10 +241,11 @@ def list_chunks(batch: Batch, cols: Resolved, chunk_tokens: int) -> Iterator[Chu
             offsets=offsets[start : stop + 1] - lo,
             mask=None if mask is None else mask[lo:hi],
             steps=None if steps is None else steps[start:stop],
-            first_row=row + start,
+            first_row=0 if first_row is None else first_row + start,
             source=path,
             column_names=(cols.old, cols.rollout),
             mask_name=cols.mask or "response_mask",
+            seq_ids=None if seq_ids is None else seq_ids[start:stop],
         )
 
 

@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rcdiag.compare import Comparison, MetricDiff
-from rcdiag.render.table import describe_config, fmt
+from rcdiag.render.table import describe_config, evenly_spaced, fmt
 from rcdiag.report import Report
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -109,10 +109,7 @@ def _temperature_table(comparison: Comparison) -> Table:
 
 def _step_table(comparison: Comparison) -> Table:
     pairs = list(comparison.steps)
-    shown = pairs
-    if len(pairs) > MAX_STEP_ROWS:
-        stride = (len(pairs) - 1) / (MAX_STEP_ROWS - 1)
-        shown = [pairs[round(i * stride)] for i in range(MAX_STEP_ROWS)]
+    shown = evenly_spaced(pairs, MAX_STEP_ROWS)
     title = "Per step (steps in both dumps): a, b and b - a"
     if len(shown) < len(pairs):
         title += f"; {len(shown)} of {len(pairs)} steps shown, evenly spaced; all are in --format json"

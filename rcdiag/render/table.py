@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -12,6 +14,7 @@ from rcdiag.render.readings import reading
 from rcdiag.report import Finding, Report
 
 P = "rollout_corr/"
+T = TypeVar("T")
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 _TREND_KEYS = (
     P + "kl",
@@ -171,13 +174,18 @@ def _metric_table(title: str, keys: list[str], values: dict) -> Table:
     return table
 
 
+def evenly_spaced(items: list[T], most: int) -> list[T]:
+    """All items, or ``most`` of them evenly spaced (first and last included), for a readable table."""
+    if len(items) <= most:
+        return items
+    stride = (len(items) - 1) / (most - 1)
+    return [items[round(i * stride)] for i in range(most)]
+
+
 def _trend_table(report: Report) -> Table:
     present = [k for k in _TREND_KEYS if k in report.metrics]
     steps = list(report.steps)
-    shown = steps
-    if len(steps) > MAX_TREND_ROWS:
-        stride = (len(steps) - 1) / (MAX_TREND_ROWS - 1)
-        shown = [steps[round(i * stride)] for i in range(MAX_TREND_ROWS)]
+    shown = evenly_spaced(steps, MAX_TREND_ROWS)
     title = "Per step (what verl logged at each step)"
     if len(shown) < len(steps):
         title += f": {len(shown)} of {len(steps)} steps shown, evenly spaced; all are in --format json"
