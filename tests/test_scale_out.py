@@ -163,3 +163,21 @@ def test_workers_and_states_carry_skipped_rows(tmp_path: Path) -> None:
         assert report.input.skipped_by_reason["nan"] == 1 and report.input.skipped_by_reason["positive_logprob"] == 1
     close(two.metrics, one.metrics)
     close(merged.metrics, one.metrics)
+
+
+def test_workers_split_shards_of_a_directory(tmp_path: Path, dump: tuple) -> None:
+    whole, shards = dump
+    directory = tmp_path / "shards"
+    directory.mkdir()
+    for shard in shards:
+        shard.rename(directory / shard.name)
+    from rcdiag.io import open_dump
+
+    parts = open_dump(directory).partitions(2)
+    assert len(parts) == 2 and sorted(i for part in parts for i in part) == [0, 1, 2]
+    one = rcdiag.analyze(whole, CONFIG)
+    two = rcdiag.analyze(directory, CONFIG, workers=2)
+    close(two.metrics, one.metrics)
+    for a, b in zip(two.steps, one.steps, strict=True):
+        close(a.metrics, b.metrics)
+    assert two.input.rows == one.input.rows == 90

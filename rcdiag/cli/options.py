@@ -110,7 +110,8 @@ WorkersOpt = Annotated[
     typer.Option(
         "--workers",
         metavar="N",
-        help="Split the file's row groups among N processes (CPU); the report is the same as with one.",
+        help="Split the dump (a Parquet file's row groups, or the files of a directory of shards) among N "
+        "processes (CPU); the report is the same as with one.",
         rich_help_panel=RUN,
         min=1,
     ),

@@ -104,6 +104,19 @@ class Source(ABC):
         return [None]
 
 
+def balanced_runs(sizes: list[int], n: int) -> list[tuple[int, ...]]:
+    """Split items ``0..len(sizes)-1`` into at most ``n`` runs of consecutive items of about equal total size."""
+    total = sum(sizes) or 1
+    parts: list[list[int]] = [[]]
+    done = 0
+    for index, size in enumerate(sizes):
+        if parts[-1] and done >= total * len(parts) / n and len(parts) < n:
+            parts.append([])
+        parts[-1].append(index)
+        done += size
+    return [tuple(part) for part in parts if part]
+
+
 def split_rows(lengths: np.ndarray, max_tokens: int) -> list[tuple[int, int]]:
     """Split rows into consecutive ``[start, stop)`` ranges of at most ``max_tokens`` tokens (a longer row
     forms its own range)."""

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rcdiag.errors import InputError
-from rcdiag.io.base import ColumnMap
+from rcdiag.io.base import ColumnMap, balanced_runs
 from rcdiag.io.tables import Batch, TableSource, short
 
 READ_BUFFER = 1 << 20
@@ -73,16 +73,7 @@ class ParquetSource(TableSource):
         meta = self.file.metadata
         if self.long or n < 2:
             return [None]
-        sizes = [meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)]
-        total = sum(sizes) or 1
-        parts: list[list[int]] = [[]]
-        done = 0
-        for group, size in enumerate(sizes):
-            if parts[-1] and done >= total * len(parts) / n and len(parts) < n:
-                parts.append([])
-            parts[-1].append(group)
-            done += size
-        return [tuple(part) for part in parts if part]
+        return balanced_runs([meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)], n)
 
     def batches(self, chunk_tokens: int, columns: list[str], part: tuple[int, ...] | None = None) -> Iterator[Batch]:
         """Record batches of the whole file, or of a part: a run of contiguous row groups from ``partitions``."""

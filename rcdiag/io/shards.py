@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from rcdiag.errors import InputError
-from rcdiag.io.base import ColumnMap
+from rcdiag.io.base import ColumnMap, balanced_runs
 from rcdiag.io.tables import Batch, TableSource
 
 
@@ -58,8 +58,17 @@ class ShardSource(TableSource):
         self.info.files = len(files)
         self.info.total_rows = None if self.long else self.total_rows
 
-    def batches(self, chunk_tokens: int, columns: list[str]) -> Iterator[Batch]:
-        for shard in self.shards:
+    def partitions(self, n: int) -> list[tuple[int, ...] | None]:
+        """Up to ``n`` runs of consecutive shards of about equal size on disk, for parallel workers. A dump in
+        the long layout is one part: a response's tokens may sit in several files."""
+        if self.long or n < 2 or len(self.shards) < 2:
+            return [None]
+        return balanced_runs([Path(shard.path).stat().st_size for shard in self.shards], n)
+
+    def batches(self, chunk_tokens: int, columns: list[str], part: tuple[int, ...] | None = None) -> Iterator[Batch]:
+        """Record batches of every shard in order, or of the shards of one part (``partitions``)."""
+        for index in part if part is not None else range(len(self.shards)):
+            shard = self.shards[index]
             yield from shard.batches(chunk_tokens, [c for c in columns if c in shard.schema.names])
 
 
