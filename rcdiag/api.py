@@ -18,7 +18,7 @@ from rcdiag.health import evaluate
 from rcdiag.io import DEFAULT_CHUNK_TOKENS, Chunk, ColumnMap, open_dump, prefetch
 from rcdiag.io.base import Source, SourceInfo
 from rcdiag.report import InputFacts, Report, StepReport
-from rcdiag.validate import OnBadRow, Screen, ScreenStats
+from rcdiag.validate import OnBadRow, Problem, Screen, ScreenStats, raise_for_bad_rows
 
 
 @dataclass(frozen=True)
@@ -163,19 +163,22 @@ def _accumulate_in_processes(
         results = [future.result() for future in futures]
     resolved = config.resolve()
     merged, stats = EngineState(resolved), ScreenStats()
-    for saved_state, saved_stats in results:
+    first: Problem | None = None
+    for saved_state, saved_stats, problem in results:  # in part order: the first bad row is the earliest
         merged.merge(EngineState.from_state_dict(resolved, saved_state))
         stats = stats.merge(ScreenStats.from_dict(saved_stats))
+        first = first or problem
+    raise_for_bad_rows(first, stats)  # counted over the whole dump, not one part
     return merged, stats
 
 
 def _accumulate_part(
     path: str, columns: ColumnMap | None, part: Any, config: CorrectionConfig, chunk_tokens: int, on_bad_row: str
-) -> tuple[dict, dict]:
+) -> tuple[dict, dict, Problem | None]:
     source = open_dump(path, columns)
-    screen = Screen(on_bad_row)
+    screen = Screen(on_bad_row, verdict_at_end=False)
     state = Engine(config.resolve()).run(screen(prefetch(source.chunks(chunk_tokens, part=part))))
-    return state.state_dict(), screen.stats.to_dict()
+    return state.state_dict(), screen.stats.to_dict(), screen.first
 
 
 def _report_progress(chunks: Iterable[Chunk], on_chunk: ProgressCallback, total_rows: int | None) -> Iterator[Chunk]:

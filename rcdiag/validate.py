@@ -71,7 +71,7 @@ class ScreenStats:
 
 
 @dataclass
-class _Problem:
+class Problem:
     """The first bad row: where it is and what it holds."""
 
     where: dict
@@ -83,35 +83,22 @@ class _Problem:
 class Screen:
     """Check every chunk; drop or report bad rows; make masks boolean."""
 
-    def __init__(self, on_bad_row: OnBadRow | str = OnBadRow.error) -> None:
+    def __init__(self, on_bad_row: OnBadRow | str = OnBadRow.error, *, verdict_at_end: bool = True) -> None:
+        """``verdict_at_end=False`` leaves the final error to the caller (``raise_for_bad_rows``): a worker
+        screening one part of a dump cannot tell how many rows of the whole dump are bad, or whether all are."""
         self.on_bad_row = OnBadRow(on_bad_row)
         self.stats = ScreenStats()
-        self._first: _Problem | None = None
+        self.first: Problem | None = None
+        self.verdict_at_end = verdict_at_end
 
     def __call__(self, chunks: Iterable[Chunk]) -> Iterator[Chunk]:
         for chunk in chunks:
             self.stats.rows_read += chunk.n_rows
             clean = self.screen(chunk)
-            if clean is not None and self._first is None and clean.n_rows:
+            if clean is not None and self.first is None and clean.n_rows:
                 yield clean
-        if self._first is not None:
-            first = self._first
-            bad = self.stats.skipped_rows
-            at = f" at valid position {first.position} of the response" if first.position is not None else ""
-            raise InputError(
-                f"holds {first.what}{at}; {bad} row(s) of the dump are bad ({self._breakdown()}); fix the dump, or "
-                "pass --on-bad-row skip to leave those rows out",
-                column=first.column,
-                **first.where,
-            )
-        if self.stats.rows_read and self.stats.skipped_rows == self.stats.rows_read:
-            raise InputError(
-                f"every row was skipped ({self.stats.skipped_rows} rows: {self._breakdown()}); there is nothing "
-                "to analyze"
-            )
-
-    def _breakdown(self) -> str:
-        return ", ".join(f"{k} {v}" for k, v in self.stats.skipped_by_reason.items() if v)
+        if self.verdict_at_end:
+            raise_for_bad_rows(self.first, self.stats)
 
     def screen(self, chunk: Chunk) -> Chunk | None:
         """The chunk with a boolean mask and without bad rows (``None`` once an error is pending)."""
@@ -148,11 +135,27 @@ class Screen:
             for i, reason in enumerate(REASONS):
                 self.stats.skipped_by_reason[reason] += int(counts[i + 1])
             if self.on_bad_row is OnBadRow.error:
-                if self._first is None:
-                    self._first = _describe(chunk, int(bad_rows[0]), int(reasons[bad_rows[0]]), valid)
+                if self.first is None:
+                    self.first = _describe(chunk, int(bad_rows[0]), int(reasons[bad_rows[0]]), valid)
                 return None
             return _keep_rows(chunk, reasons == 0, valid)
         return dataclasses.replace(chunk, mask=valid, screened=True)
+
+
+def raise_for_bad_rows(first: Problem | None, stats: ScreenStats) -> None:
+    """The end of a screen: the first bad row (in error mode) with the count over the whole dump, or every row
+    skipped; nothing otherwise."""
+    breakdown = ", ".join(f"{k} {v}" for k, v in stats.skipped_by_reason.items() if v)
+    if first is not None:
+        at = f" at valid position {first.position} of the response" if first.position is not None else ""
+        raise InputError(
+            f"holds {first.what}{at}; {stats.skipped_rows} row(s) of the dump are bad ({breakdown}); fix the dump, "
+            "or pass --on-bad-row skip to leave those rows out",
+            column=first.column,
+            **first.where,
+        )
+    if stats.rows_read and stats.skipped_rows == stats.rows_read:
+        raise InputError(f"every row was skipped ({stats.skipped_rows} rows: {breakdown}); there is nothing to analyze")
 
 
 def _valid(mask: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -178,7 +181,7 @@ def _rows_with(token_flags: np.ndarray, offsets: np.ndarray, lengths: np.ndarray
     return rows
 
 
-def _describe(chunk: Chunk, row: int, code: int, valid: np.ndarray | None) -> _Problem:
+def _describe(chunk: Chunk, row: int, code: int, valid: np.ndarray | None) -> Problem:
     lo, hi = int(chunk.offsets[row]), int(chunk.offsets[row + 1])
     where = chunk.where(row)
     if code == 1:
@@ -186,7 +189,7 @@ def _describe(chunk: Chunk, row: int, code: int, valid: np.ndarray | None) -> _P
         position = int(np.flatnonzero((values != 0) & (values != 1))[0])
         value = values[position]
         shown = int(value) if float(value).is_integer() else float(value)
-        return _Problem(where, chunk.mask_name, f"the mask value {shown} (a mask must be 0 or 1)", position)
+        return Problem(where, chunk.mask_name, f"the mask value {shown} (a mask must be 0 or 1)", position)
     for values, name in zip((chunk.old, chunk.rollout), chunk.column_names, strict=True):
         row_values = values[lo:hi]
         row_valid = np.ones(hi - lo, dtype=bool) if valid is None else valid[lo:hi]
@@ -204,7 +207,7 @@ def _describe(chunk: Chunk, row: int, code: int, valid: np.ndarray | None) -> _P
                 3: "+inf",
                 4: f"a positive log-prob ({value:.6g}); log-probs are <= 0 (is this column probabilities or logits?)",
             }[code]
-            return _Problem(where, name, what, position)
+            return Problem(where, name, what, position)
     raise AssertionError("a bad row without a bad value")  # pragma: no cover
 
 

@@ -181,3 +181,23 @@ def test_workers_split_shards_of_a_directory(tmp_path: Path, dump: tuple) -> Non
     for a, b in zip(two.steps, one.steps, strict=True):
         close(a.metrics, b.metrics)
     assert two.input.rows == one.input.rows == 90
+
+
+def test_workers_judge_bad_rows_over_the_whole_dump(tmp_path: Path) -> None:
+    """A part whose rows are all bad is no error when other parts have good rows (skip mode), and in error mode
+    the count covers every part."""
+    columns = {"old_log_prob": [[-1.0, -0.5]] * 40, "rollout_log_prob": [[-1.1, -0.4]] * 40}
+    for row in range(30, 40):  # the whole last part
+        columns["old_log_prob"][row] = [float("nan"), -0.5]
+    columns["old_log_prob"][5] = [0.9, -0.5]
+    path = tmp_path / "bad.parquet"
+    table = pa.table({k: pa.array(v, pa.list_(pa.float32())) for k, v in columns.items()})
+    pq.write_table(table, path, row_group_size=10)
+    one = rcdiag.analyze(path, on_bad_row="skip")
+    four = rcdiag.analyze(path, on_bad_row="skip", workers=4)
+    assert four.input.skipped_rows == one.input.skipped_rows == 11 and four.input.rows == 29
+    close(four.metrics, one.metrics)
+    with pytest.raises(
+        rcdiag.InputError, match=r"row 5.*11 row\(s\) of the dump are bad \(nan 10, positive_logprob 1\)"
+    ):
+        rcdiag.analyze(path, workers=4)
