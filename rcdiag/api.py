@@ -109,8 +109,8 @@ def accumulate(
 ) -> Accumulated:
     """Read a dump into an ``EngineState`` (the mergeable accumulators), without computing the report.
 
-    With ``workers > 1`` the dump's parts (runs of Parquet row groups) are read by that many processes, whose
-    states are merged: the result is the same as one process reading everything.
+    With ``workers > 1`` the dump's parts (runs of Parquet row groups, or of a directory's shards) are read by
+    that many processes, whose states are merged: the result is the same as one process reading everything.
     """
     resolved = (config or CorrectionConfig()).resolve()
     if chunk_tokens < 1:
