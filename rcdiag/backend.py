@@ -53,10 +53,6 @@ class Backend(ABC):
         """Move a host numpy array to this backend (no copy on CPU)."""
 
     @abstractmethod
-    def to_numpy(self, x: Array) -> np.ndarray:
-        """Bring an array back to host memory."""
-
-    @abstractmethod
     def segments(self, lengths: np.ndarray) -> Segments:
         """Segment structure for per-row reductions (``lengths`` is int64 on the host)."""
 
@@ -72,12 +68,6 @@ class Backend(ABC):
 
     @abstractmethod
     def where(self, cond: Array, a: Array | float, b: Array | float) -> Array: ...
-
-    @abstractmethod
-    def to_float32(self, x: Array) -> Array: ...
-
-    @abstractmethod
-    def to_float64(self, x: Array) -> Array: ...
 
     # reductions to Python scalars ----------------------------------------------------------------------------
     @abstractmethod
@@ -130,7 +120,6 @@ class Backend(ABC):
 
 class _NumpySegments(Segments):
     def __init__(self, lengths: np.ndarray) -> None:
-        self.lengths = lengths
         self.n_rows = int(lengths.shape[0])
         self.n_tokens = int(lengths.sum())
         self.nonempty = lengths > 0
@@ -170,9 +159,6 @@ class NumpyBackend(Backend):
     def asarray(self, values: np.ndarray) -> np.ndarray:
         return values
 
-    def to_numpy(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(x)
-
     def segments(self, lengths: np.ndarray) -> Segments:
         return _NumpySegments(lengths)
 
@@ -189,12 +175,6 @@ class NumpyBackend(Backend):
 
     def where(self, cond: np.ndarray, a: Any, b: Any) -> np.ndarray:
         return np.where(cond, a, b)
-
-    def to_float32(self, x: np.ndarray) -> np.ndarray:
-        return x.astype(np.float32, copy=False)
-
-    def to_float64(self, x: np.ndarray) -> np.ndarray:
-        return x.astype(np.float64, copy=False)
 
     def sum(self, x: np.ndarray) -> float:
         return float(np.add.reduce(x, dtype=np.float64)) if x.size else 0.0
@@ -274,9 +254,6 @@ class TorchBackend(Backend):
             return tensor.pin_memory().to(self.device, non_blocking=True)
         return tensor
 
-    def to_numpy(self, x: Any) -> np.ndarray:
-        return x.detach().cpu().numpy()
-
     def segments(self, lengths: np.ndarray) -> Segments:
         return _TorchSegments(self.torch, lengths, self.device)
 
@@ -291,12 +268,6 @@ class TorchBackend(Backend):
 
     def where(self, cond: Any, a: Any, b: Any) -> Any:
         return self.torch.where(cond, a, b)
-
-    def to_float32(self, x: Any) -> Any:
-        return x.to(self.torch.float32)
-
-    def to_float64(self, x: Any) -> Any:
-        return x.to(self.torch.float64)
 
     def sum(self, x: Any) -> float:
         return float(x.to(self.torch.float64).sum().item()) if x.numel() else 0.0

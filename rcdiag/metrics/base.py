@@ -12,7 +12,6 @@ to one bound) is not lost to cancellation in E[x^2] - E[x]^2.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -79,10 +78,6 @@ class Accumulator:
     def __init__(self) -> None:
         self.state: dict[str, Any] = {name: _DEFAULTS[how] for name, how in self.STATES.items()}
 
-    def reset(self) -> None:
-        """Back to the empty state."""
-        self.state = {name: _DEFAULTS[how] for name, how in self.STATES.items()}
-
     def add(self, **values: Any) -> None:
         """Fold values into the state by each state's declared reduction (moments: a ``Moments`` or a tuple)."""
         state = self.state
@@ -130,15 +125,6 @@ class Accumulator:
     def compute(self) -> tuple[dict[str, MetricValue], list[VerlCrash]]:
         """Metric values in verl's key order, plus any conditions under which verl would crash."""
         raise NotImplementedError
-
-
-def merge_all(accumulators: Iterable[A]) -> A:
-    """Merge a non-empty iterable of accumulators into the first one."""
-    iterator = iter(accumulators)
-    first = next(iterator)
-    for other in iterator:
-        first.merge(other)
-    return first
 
 
 def _nanmax(a: float, b: float) -> float:
