@@ -18,7 +18,7 @@ from rcdiag.health import evaluate
 from rcdiag.io import DEFAULT_CHUNK_TOKENS, Chunk, ColumnMap, open_dump, prefetch
 from rcdiag.io.base import Source, SourceInfo
 from rcdiag.report import InputFacts, Report, StepReport
-from rcdiag.validate import OnBadRow, Problem, Screen, ScreenStats, raise_for_bad_rows
+from rcdiag.validate import OnBadRow, Problem, Screen, ScreenStats, as_chunk, raise_for_bad_rows
 
 
 @dataclass(frozen=True)
@@ -197,11 +197,16 @@ def analyze_chunks(
     device: str | Backend = "cpu",
     on_bad_row: OnBadRow | str = OnBadRow.error,
 ) -> Report:
-    """Like ``analyze`` but over chunks you built yourself (e.g. from tensors in a training loop)."""
+    """Like ``analyze`` but over chunks you built yourself (e.g. from tensors in a training loop).
+
+    A chunk's arrays may be numpy arrays or torch tensors (any device; converted to float32 numpy), flat with
+    ``offsets``, or 2-D (rows x positions) with ``offsets=None``; a malformed chunk is an ``InputError`` naming
+    it (``chunk 0``, ...). Example in docs/index.md.
+    """
     resolved = (config or CorrectionConfig()).resolve()
     backend = device if isinstance(device, Backend) else get_backend(device)
     screen = Screen(on_bad_row)
-    state = Engine(resolved, backend).run(screen(chunks))
+    state = Engine(resolved, backend).run(screen(as_chunk(chunk, index) for index, chunk in enumerate(chunks)))
     return build_report(state, SourceInfo(path="<memory>", format="chunks"), backend.name, screen.stats)
 
 

@@ -1,7 +1,7 @@
 """rcdiag against verl v0.9.0 itself: same keys, same order, same values, same crashes.
 
 verl is loaded from its installed package (``pip install --no-deps verl==0.9.0``, done by .ci/run); without it
-these tests are skipped. Tolerances: relative 1e-4, plus an absolute floor where verl's own float32 arithmetic
+these tests skip saying what to install, and fail under ``CI=true``. Tolerances: relative 1e-4, plus an absolute floor where verl's own float32 arithmetic
 loses digits (std as E[x^2] - E[x]^2, chi2 as E[ratio^2] - 1): there rcdiag's float64 sums are the accurate
 ones (tests/test_metrics_reference.py checks them against a float64 reference).
 """
@@ -17,14 +17,25 @@ import pytest
 from conftest import ragged_lists, random_batch, run_padded, write_dump
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from missing_components import missing
 from verl_oracle import load_verl, verl_metrics
 
 from rcdiag.config import PRESETS, RS_OPTIONS
 
 pytestmark = pytest.mark.verl
-torch = pytest.importorskip("torch")
-if load_verl() is None:
-    pytest.skip("verl v0.9.0 is not installed (pip install --no-deps verl==0.9.0)", allow_module_level=True)
+try:
+    import torch
+except ImportError:  # the tests below report it (a failure under CI=true)
+    torch = None
+
+
+@pytest.fixture(autouse=True)
+def _verl() -> None:
+    """Every test here needs verl itself: missing, it skips saying what to install, or fails under CI=true."""
+    if torch is None:
+        missing("torch")
+    if load_verl() is None:
+        missing("verl")
 
 
 def _tolerance(key: str, expected: dict[str, float]) -> float:
