@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from rcdiag.metrics.block import Block
 
 Reduce = Literal["sum", "max", "min", "moments"]
 MetricValue = float | None
@@ -71,7 +74,12 @@ class VerlCrash:
 
 
 class Accumulator:
-    """Base class: subclasses declare ``STATES`` and implement ``update`` and ``compute``."""
+    """Base class: subclasses declare ``STATES`` and implement ``update`` and ``compute``.
+
+    Every accumulator has the same protocol: ``update(block)`` folds a block in and returns nothing, ``merge``
+    folds another accumulator in, ``compute()`` gives the metrics. What several accumulators share within a block
+    (a statistic, what an RS option rejects) is memoized on the block, never passed between them.
+    """
 
     STATES: ClassVar[dict[str, Reduce]] = {}
 
@@ -117,6 +125,10 @@ class Accumulator:
             name: Moments(*map(float, state[name])) if how == "moments" else float(state[name])
             for name, how in self.STATES.items()
         }
+
+    def update(self, block: Block) -> None:
+        """Fold one block of whole rows into the state."""
+        raise NotImplementedError
 
     def keys(self) -> list[str]:
         """Metric keys in verl's order (unprefixed)."""

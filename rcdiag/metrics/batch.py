@@ -44,7 +44,7 @@ class BatchMetrics:
         self.resolved = resolved
         self.importance = ISMetrics(resolved.is_spec) if resolved.is_spec is not None else None
         self.rs_options = [RSOptionMetrics(option) for option in resolved.rs_options]
-        self.rs_aggregate = RSAggregateMetrics() if self.rs_options else None
+        self.rs_aggregate = RSAggregateMetrics(resolved.rs_options) if self.rs_options else None
         self.offpolicy = OffPolicyMetrics()
         self.extras = ExtraMetrics()
         self.rows = 0
@@ -67,13 +67,8 @@ class BatchMetrics:
         self.rows += block.n_rows
         self.valid_tokens += block.n_tokens
         self.empty_rows += block.n_rows - block.n_valid_rows
-        if self.importance is not None:
-            self.importance.update(block)
-        rejections = [option.update(block) for option in self.rs_options]
-        if self.rs_aggregate is not None:
-            self.rs_aggregate.update(block, rejections)
-        self.offpolicy.update(block)
-        self.extras.update(block)
+        for group in self.groups():
+            group.update(block)
 
     def merge(self, other: BatchMetrics) -> BatchMetrics:
         """Fold another batch's state (same configuration) into this one; returns ``self``."""

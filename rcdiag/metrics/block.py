@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import cached_property
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -100,7 +100,7 @@ class Block:
 
     def k(self, estimator: Literal["k1", "k2", "k3"]) -> Array:
         """Per-token divergence statistic on the clamped log-ratio d: k1 = -d, k2 = d^2/2, k3 = e^d - 1 - d."""
-        return self._memo(("k", estimator), lambda: _k_stat(self, estimator))
+        return self.memo(("k", estimator), lambda: _k_stat(self, estimator))
 
     def row_sum_k(self, estimator: Literal["k1", "k2", "k3"]) -> Array:
         """Per-row float64 sums of a k statistic (shared by every option that needs them).
@@ -110,8 +110,8 @@ class Block:
         on the row alone, never on the block, so no metric depends on how rows fall into blocks.
         """
         if estimator == "k1":
-            return self._memo(("row_sum_k", "k1"), self._row_sum_k1)
-        return self._memo(("row_sum_k", estimator), lambda: self.seg.sum(self.k(estimator)))
+            return self.memo(("row_sum_k", "k1"), self._row_sum_k1)
+        return self.memo(("row_sum_k", estimator), lambda: self.seg.sum(self.k(estimator)))
 
     def _row_sum_k1(self) -> Array:
         if self.within_clamp:
@@ -120,7 +120,8 @@ class Block:
         inside = (seg.max(self.lr, 0.0) <= SAFETY_BOUND) & (seg.min(self.lr, 0.0) >= -SAFETY_BOUND)
         return b.where(inside, -self.row_sum_lr, seg.sum(self.k("k1")))
 
-    def _memo(self, key: tuple, compute: Callable[[], Array]) -> Array:
+    def memo(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        """``compute()``, once per block and ``key`` (values several metric groups share)."""
         cache = self.__dict__.setdefault("_cache", {})
         if key not in cache:
             cache[key] = compute()
