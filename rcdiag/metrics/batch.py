@@ -7,6 +7,8 @@ and rcdiag's own diagnostics separately.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,6 +141,23 @@ class BatchMetrics:
         self.rows = int(state["rows"])
         self.valid_tokens = int(state["valid_tokens"])
         self.empty_rows = int(state["empty_rows"])
+
+
+def state_layout() -> str:
+    """A short signature of every accumulator's declared state (class, state names and their reductions).
+
+    A state file records it (``rcdiag.state``); a file written under another layout is refused, so a changed
+    accumulator can never load an old file silently.
+    """
+    declared: dict[str, list] = {}
+    pending = list(Accumulator.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if cls.__module__.startswith("rcdiag."):
+            declared[f"{cls.__module__}.{cls.__qualname__}"] = sorted(cls.STATES.items())
+    text = json.dumps(sorted(declared.items()), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _prefixed(crash: VerlCrash) -> VerlCrash:
