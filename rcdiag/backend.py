@@ -61,6 +61,16 @@ class Backend(ABC):
     def exp(self, x: Array) -> Array: ...
 
     @abstractmethod
+    def expm1(self, x: Array) -> Array:
+        """``exp(x) - 1`` without the cancellation near 0 (in ``x``'s dtype)."""
+
+    @abstractmethod
+    def to_float32(self, x: Array) -> Array: ...
+
+    @abstractmethod
+    def to_float64(self, x: Array) -> Array: ...
+
+    @abstractmethod
     def abs(self, x: Array) -> Array: ...
 
     @abstractmethod
@@ -166,6 +176,17 @@ class NumpyBackend(Backend):
         with np.errstate(over="ignore", invalid="ignore"):
             return np.exp(x)
 
+    def expm1(self, x: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.expm1(x)
+
+    def to_float32(self, x: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):  # beyond float32's range: inf, as verl's float32 arithmetic gives
+            return x.astype(np.float32, copy=False)
+
+    def to_float64(self, x: np.ndarray) -> np.ndarray:
+        return x.astype(np.float64, copy=False)
+
     def abs(self, x: np.ndarray) -> np.ndarray:
         return np.abs(x)
 
@@ -259,6 +280,15 @@ class TorchBackend(Backend):
 
     def exp(self, x: Any) -> Any:
         return self.torch.exp(x)
+
+    def expm1(self, x: Any) -> Any:
+        return self.torch.expm1(x)
+
+    def to_float32(self, x: Any) -> Any:
+        return x.to(self.torch.float32)
+
+    def to_float64(self, x: Any) -> Any:
+        return x.to(self.torch.float64)
 
     def abs(self, x: Any) -> Any:
         return self.torch.abs(x)

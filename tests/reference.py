@@ -38,7 +38,7 @@ def offpolicy(old: np.ndarray, rollout: np.ndarray, m: np.ndarray) -> dict[str, 
             "training_ppl": float(np.exp(-mo).mean()),
             "training_log_ppl": float((-mo).mean()),
             "kl": _mall(rollout - old, m),
-            "k3_kl": _mall(np.exp(d) - d - 1, m),
+            "k3_kl": _mall(np.expm1(d) - d, m),
             "rollout_ppl": float(np.exp(-mr).mean()),
             "rollout_log_ppl": float((-mr).mean()),
             "log_ppl_diff": float(delta.mean()),
@@ -46,8 +46,8 @@ def offpolicy(old: np.ndarray, rollout: np.ndarray, m: np.ndarray) -> dict[str, 
             "log_ppl_diff_max": float(delta.max()),
             "log_ppl_diff_min": float(delta.min()),
             "ppl_ratio": float(np.exp(delta).mean()),
-            "chi2_token": _mall(np.exp(np.clip(d, -SAFE, SAFE)) ** 2, m) - 1.0,
-            "chi2_seq": float(np.exp(2 * np.clip(s, -SAFE, SAFE)).mean()) - 1.0,
+            "chi2_token": _mall(np.expm1(2 * np.clip(d, -SAFE, SAFE)), m),
+            "chi2_seq": float(np.expm1(2 * np.clip(s, -SAFE, SAFE)).mean()),
         }
 
 
@@ -138,7 +138,7 @@ def parse_rs(options: str, spec: str | float) -> list[tuple[str, float | None, f
 
 def rejection(old: np.ndarray, rollout: np.ndarray, m: np.ndarray, options: str, spec: str | float) -> dict[str, float]:
     d = np.clip(old - rollout, -SAFE, SAFE)
-    stats = {"k1": -d, "k2": 0.5 * d**2, "k3": np.exp(d) - 1 - d}
+    stats = {"k1": -d, "k2": 0.5 * d**2, "k3": np.expm1(d) - d}
     valid = m.any(1)
     out: dict[str, float] = {}
     reject_any = np.zeros_like(m)

@@ -17,25 +17,21 @@ import pytest
 from conftest import ragged_lists, random_batch, run_padded, write_dump
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from missing_components import missing
-from verl_oracle import load_verl, verl_metrics
+from verl_oracle import load_verl, require_verl, verl_metrics
 
 from rcdiag.config import PRESETS, RS_OPTIONS
 
 pytestmark = pytest.mark.verl
 try:
     import torch
-except ImportError:  # the tests below report it (a failure under CI=true)
+except ImportError:  # the fixture below reports it (a failure under CI=true)
     torch = None
 
 
 @pytest.fixture(autouse=True)
 def _verl() -> None:
     """Every test here needs verl itself: missing, it skips saying what to install, or fails under CI=true."""
-    if torch is None:
-        missing("torch")
-    if load_verl() is None:
-        missing("verl")
+    require_verl()
 
 
 def _tolerance(key: str, expected: dict[str, float]) -> float:

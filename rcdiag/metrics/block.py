@@ -2,6 +2,9 @@
 
 Per-token arrays are float32, as in verl, so clamps, exp overflow and threshold comparisons behave the same;
 per-row arrays are float64 (there are few rows, and their sums and means are where float32 loses digits).
+Expressions that cancel (k3 = e^d - 1 - d, e^(2d) - 1 for chi2) are evaluated in float64 with ``expm1`` and,
+per token, rounded once to float32: the correctly rounded value, where float32 arithmetic would keep only a
+few digits of a small k3 (and so keep a token whose exact k3 is above its threshold).
 
 Padding (mask 0) is dropped before a block is built, so every token in a block is valid and a row may have
 zero tokens (an empty or fully masked response, which still counts in verl's all-rows metrics). Derived
@@ -65,6 +68,11 @@ class Block:
     def lr_safe(self) -> Array:
         """The log-ratio clamped to [-20, 20] (the log-ratio itself when no value is beyond the bound)."""
         return self.lr if self.within_clamp else self.b.clip(self.lr, -SAFETY_BOUND, SAFETY_BOUND)
+
+    @cached_property
+    def lr_safe64(self) -> Array:
+        """The clamped log-ratio in float64, for the statistics that cancel in float32."""
+        return self.b.to_float64(self.lr_safe)
 
     @cached_property
     def ratio(self) -> Array:
@@ -134,4 +142,11 @@ def _k_stat(block: Block, estimator: str) -> Array:
         return -d
     if estimator == "k2":
         return 0.5 * d * d
-    return block.ratio - 1.0 - d
+    return k3_tokens(block.b, block.lr_safe64)
+
+
+def k3_tokens(b: Backend, d64: Array) -> Array:
+    """Per-token k3 = e^d - 1 - d of float64 log-ratios, as float32: ``expm1(d) - d`` in float64 (exact to float64
+    rounding; float32 ``exp(d) - 1 - d`` keeps about 3 digits at d = 0.04), rounded once. Beyond float32's
+    range it is inf, as verl's float32 exp gives."""
+    return b.to_float32(b.expm1(d64) - d64)
