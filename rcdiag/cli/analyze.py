@@ -30,6 +30,7 @@ from rcdiag.cli.options import (
     StepColOpt,
     WorkersOpt,
 )
+from rcdiag.io import format_names
 from rcdiag.render import OutputFormat
 
 
@@ -37,8 +38,7 @@ def analyze(
     path: Annotated[
         Path,
         typer.Argument(
-            help="The dump: a Parquet/Arrow file, a directory or quoted glob of shards, NeMo-RL or prime-rl JSONL, "
-            "or a .pt/.npz file of tensors.",
+            help=f"The dump: a file ({', '.join(format_names())}), or a directory or quoted glob of shards.",
             metavar="PATH",
             show_default=False,
         ),
