@@ -71,7 +71,9 @@ def test_directory_mixing_kinds_stops_naming_them(capsys: pytest.CaptureFixture,
     assert "mixes nemo-rl, npz, parquet and prime-rl files (1 nemo-rl, 1 npz, 1 parquet, 1 prime-rl)" in err, err
 
 
-def test_nemo_rl_log_directory_still_ignores_its_validation_files(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+def test_nemo_rl_log_directory_still_ignores_its_validation_files(
+    capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
     nemo = {"prev_logprobs": [[-1.0, -2.0]], "generation_logprobs": [[-1.5, -2.0]], "token_loss_mask": [[1, 1]]}
     (tmp_path / "train_data_step4.jsonl").write_text(json.dumps(nemo) + "\n")
     (tmp_path / "val_data_step4.jsonl").write_text(json.dumps({"reward": 1.0}) + "\n")
@@ -180,7 +182,8 @@ def test_csv_says_it_is_not_a_dump_and_how_to_convert_it(capsys: pytest.CaptureF
     seq = np.repeat(np.arange(5), 4)
     csv = tmp_path / "tokens.csv"
     lines = ["seq_id,old_log_prob,rollout_log_prob"]
-    lines += [f"{s},{o!r},{r!r}" for s, o, r in zip(seq, old.reshape(-1).tolist(), rollout.reshape(-1).tolist())]
+    flat = zip(seq.tolist(), old.reshape(-1).tolist(), rollout.reshape(-1).tolist(), strict=True)
+    lines += [f"{s},{o!r},{r!r}" for s, o, r in flat]
     csv.write_text("\n".join(lines) + "\n")
     err = one_line_error(capsys, "analyze", str(csv))
     assert f"{csv}: is CSV, which is not a dump format" in err, err
