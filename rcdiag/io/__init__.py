@@ -15,32 +15,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rcdiag.errors import InputError
+from rcdiag.io import registry
 from rcdiag.io.paths import glob_files, list_files, read_head
-from rcdiag.io.registry import FORMATS, NOT_DUMPS, InputFormat, candidates, format_names, suffixes
+from rcdiag.io.registry import NOT_DUMPS, InputFormat, candidates, format_names, suffixes
 
 if TYPE_CHECKING:
     from rcdiag.io.base import ColumnMap, Source
 
-_EXPORTS = {
-    "DEFAULT_CHUNK_TOKENS": "rcdiag.constants",
-    "Chunk": "rcdiag.io.base",
-    "ColumnMap": "rcdiag.io.base",
-    "Source": "rcdiag.io.base",
-    "SourceInfo": "rcdiag.io.base",
-    "prefetch": "rcdiag.io.base",
-    "split_rows": "rcdiag.io.base",
-}
+_EXPORTS = ("DEFAULT_CHUNK_TOKENS", "Chunk", "ColumnMap", "Source", "SourceInfo", "prefetch", "split_rows")
+"""Names of ``rcdiag.io.base`` offered here too; loaded on first use so that importing this package stays cheap."""
 
 __all__ = ["format_names", "format_of", "open_dump", *_EXPORTS]
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rcdiag.io' has no attribute '{name}'")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    if name in _EXPORTS:
+        return getattr(importlib.import_module("rcdiag.io.base"), name)
+    raise AttributeError(f"module 'rcdiag.io' has no attribute '{name}'")
 
 
 def open_dump(path: str | Path, columns: ColumnMap | None = None) -> Source:
@@ -82,7 +73,7 @@ def format_of(path: Path) -> InputFormat:
 def _directory_files(root: Path) -> list[Path]:
     """A format's run directory holds its dumps in ``run_dir`` (prime-rl's ``token_exports``); any other directory
     is read whole, recursively."""
-    for fmt in FORMATS:
+    for fmt in registry.FORMATS:
         if fmt.run_dir is not None:
             found = root if root.name == fmt.run_dir else root / fmt.run_dir
             if found.is_dir():
