@@ -63,12 +63,16 @@ def test_directory_mixing_kinds_stops_naming_them(capsys: pytest.CaptureFixture,
     (tmp_path / "train_data_step1.jsonl").write_text(json.dumps(nemo) + "\n")
     write_dump(tmp_path / "padded.parquet", GOOD)
     np.savez(tmp_path / "batch.npz", old_log_probs=-np.ones((2, 3)), rollout_log_probs=-np.ones((2, 3)))
+    (tmp_path / "step_7.pt").write_bytes(b"PK\x03\x04")  # recognised by its suffix, never opened
     exports = tmp_path / "run" / "token_exports" / "step_1"
     exports.mkdir(parents=True)
     prime = {"trainer_logprobs": [-1.0], "inference_logprobs": [-1.0], "loss_mask": [True], "step": 1}
     (exports / "rank_0.jsonl").write_text(json.dumps(prime) + "\n")
     err = one_line_error(capsys, "analyze", str(tmp_path))
-    assert "mixes nemo-rl, npz, parquet and prime-rl files (1 nemo-rl, 1 npz, 1 parquet, 1 prime-rl)" in err, err
+    expected = (
+        "mixes nemo-rl, npz, parquet, prime-rl and torch files (1 nemo-rl, 1 npz, 1 parquet, 1 prime-rl, 1 torch)"
+    )
+    assert expected in err, err
 
 
 def test_nemo_rl_log_directory_still_ignores_its_validation_files(
