@@ -134,6 +134,8 @@ def combined_info(sources: list[SourceInfo]) -> SourceInfo:
         metadata=metadata,
         total_rows=None if None in rows else sum(r for r in rows if r is not None),
         files=sum(s.files for s in sources),
+        step_source=first.step_source if all(s.step_source == first.step_source for s in sources) else "",
+        reads=[read for s in sources for read in s.reads],
     )
 
 

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rcdiag.errors import InputError
-from rcdiag.io import registry
-from rcdiag.io.paths import glob_files, list_files, read_head
+from rcdiag.io.paths import expand, read_head
 from rcdiag.io.registry import NOT_DUMPS, InputFormat, candidates, format_names, suffixes
 
 if TYPE_CHECKING:
@@ -43,14 +42,7 @@ def open_dump(path: str | Path, columns: ColumnMap | None = None) -> Source:
     from rcdiag.io.table_source import TableSource
 
     label = str(path)
-    files = glob_files(label)
-    if files is None:
-        p = Path(path)
-        if not p.exists():
-            raise InputError("file not found", path=label)
-        files = _directory_files(p) if p.is_dir() else [p]
-        if not files:
-            raise InputError(f"is a directory without dump files ({', '.join(suffixes())})", path=label)
+    files = expand(path)
     kinds = _one_kind(label, {file: format_of(file) for file in files})
     return TableSource(label, [kinds[file].open(file, columns) for file in kinds])
 
@@ -68,17 +60,6 @@ def format_of(path: Path) -> InputFormat:
         f"({', '.join(suffixes())})",
         path=str(path),
     )
-
-
-def _directory_files(root: Path) -> list[Path]:
-    """A format's run directory holds its dumps in ``run_dir`` (prime-rl's ``token_exports``); any other directory
-    is read whole, recursively."""
-    for fmt in registry.FORMATS:
-        if fmt.run_dir is not None:
-            found = root if root.name == fmt.run_dir else root / fmt.run_dir
-            if found.is_dir():
-                return list_files(found, fmt.suffixes)
-    return list_files(root, suffixes())
 
 
 def _one_kind(label: str, kinds: dict[Path, InputFormat]) -> dict[Path, InputFormat]:

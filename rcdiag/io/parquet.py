@@ -24,8 +24,6 @@ class ParquetFile(TableFile):
 
     def __init__(self, path: str | Path, columns: ColumnMap | None = None) -> None:
         name = str(path)
-        if not Path(path).exists():
-            raise InputError("file not found", path=name)
         try:
             # pre_buffer=False: pyarrow's default pre-buffering keeps every column chunk read so far in memory
             # until the file is closed (RSS grows with the file: 178 MB held for a 178 MB dump).

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from rcdiag.errors import InputError
+from rcdiag.io import registry
 
 GLOB_CHARS = "*?["
 
@@ -27,6 +28,34 @@ def is_hidden(path: Path, root: Path | None = None) -> bool:
     """Temporary or marker files: any path component below ``root`` starting with ``.`` or ``_``."""
     parts = path.relative_to(root).parts if root is not None else (path.name,)
     return any(part.startswith((".", "_")) for part in parts)
+
+
+def expand(path: str | Path) -> list[Path]:
+    """The files a dump path names: a file, a directory (read recursively) or a glob."""
+    text = str(path)
+    files = glob_files(text)
+    if files is not None:
+        return files
+    p = Path(path)
+    if not p.exists():
+        raise InputError("file not found", path=text)
+    if not p.is_dir():
+        return [p]
+    files = directory_files(p)
+    if not files:
+        raise InputError(f"is a directory without dump files ({', '.join(registry.suffixes())})", path=text)
+    return files
+
+
+def directory_files(root: Path) -> list[Path]:
+    """A format's run directory holds its dumps in ``run_dir`` (prime-rl's ``token_exports``); any other directory
+    is read whole, recursively."""
+    for fmt in registry.FORMATS:
+        if fmt.run_dir is not None:
+            found = root if root.name == fmt.run_dir else root / fmt.run_dir
+            if found.is_dir():
+                return list_files(found, fmt.suffixes)
+    return list_files(root, registry.suffixes())
 
 
 def glob_files(pattern: str) -> list[Path] | None:

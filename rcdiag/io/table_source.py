@@ -7,7 +7,6 @@ Rows are read file by file in the order given; in the long layout tokens are gro
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -57,7 +56,7 @@ class TableSource(Source):
             return [None]
         if len(self.files) == 1:
             return self.files[0].partitions(n)
-        return balanced_runs([Path(file.path).stat().st_size for file in self.files], n)
+        return balanced_runs([read["size"] for read in self.info.reads], n)
 
     def chunks(self, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, part: Any = None) -> Iterator[Chunk]:
         batches = self._with_metadata(self._batches(chunk_tokens, part))
