@@ -72,10 +72,11 @@ def _one_kind(label: str, kinds: dict[Path, InputFormat]) -> dict[Path, InputFor
     if len(counts) > 1:
         names = sorted(counts)
         listed = ", ".join(f"{counts[n]} {n}" for n in names)
-        example = present[names[0]].suffixes[0]
+        root = label.rstrip("/") if Path(label).is_dir() else str(Path(label).parent)
+        example = f"{root}/**/*{present[names[0]].suffixes[0]}"
         raise InputError(
             f"mixes {', '.join(names[:-1])} and {names[-1]} files ({listed}); point rcdiag at one kind, e.g. a "
-            f"quoted glob such as '{label.rstrip('/')}/**/*{example}', or move the others out",
+            f"quoted glob such as '{example}', or move the others out",
             path=label,
         )
     return kept

@@ -11,7 +11,11 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rcdiag.io.base import ColumnMap
+    from rcdiag.io.tables import TableFile
 
 
 @dataclass(frozen=True)
@@ -33,11 +37,12 @@ class InputFormat:
     run_dir: str | None = None
     companions: str | None = None
 
-    def open(self, path: Path, columns: Any) -> Any:
+    def open(self, path: Path, columns: ColumnMap | None) -> TableFile:
         """The format's ``TableFile`` for ``path``."""
         return _load(self.opener)(path, columns)
 
     def accepts(self, path: Path) -> bool:
+        """Whether this format reads ``path`` (once its suffix or magic matched)."""
         return self.claims is None or bool(_load(self.claims)(path))
 
 
