@@ -146,6 +146,17 @@ def test_pt_file_name_disagreeing_with_a_step_column_is_an_error(capsys: pytest.
     assert "step_3.pt, row 2, column 'step': holds step 8 but the file is named for step 3" in err, err
 
 
+def test_npz_files_take_their_steps_from_the_file_names_too(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    for step, shift in ((5, 0.0), (6, 0.5)):
+        old = np.array([[-1.0, -2.0]], dtype=np.float32)
+        np.savez(tmp_path / f"global_step-{step}.npz", old_log_probs=old, rollout_log_probs=old - shift)
+    code, out, err = run(capsys, "analyze", str(tmp_path), "--format", "json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert [s["step"] for s in report["steps"]] == [5, 6] and report["input"]["step_source"] == "file name"
+    assert [s["metrics"]["rollout_corr/kl"] for s in report["steps"]] == pytest.approx([0.0, -0.5])
+
+
 # issue 15, item 5 -------------------------------------------------------------------------------------------------
 
 
