@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from rcdiag._version import __version__
 
 _EXPORTS = {
     "analyze": "rcdiag.api",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rcdiag import __version__
+from rcdiag._version import __version__
 from rcdiag.backend import Backend, NumpyBackend, get_backend
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import Engine, EngineState

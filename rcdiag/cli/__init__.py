@@ -11,7 +11,7 @@ import sys
 
 import typer
 
-from rcdiag import __version__
+from rcdiag._version import __version__
 from rcdiag.cli.analyze import analyze
 from rcdiag.cli.check import check
 from rcdiag.cli.compare import compare

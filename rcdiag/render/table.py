@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rcdiag import health
+import rcdiag.health as health
 from rcdiag.config import CorrectionConfig
 from rcdiag.render.readings import reading
 from rcdiag.report import Finding, Report
