@@ -7,6 +7,7 @@ a traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -59,7 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     except RcdiagError as exc:
         print(f"rcdiag: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
-    except BrokenPipeError:
+    except BrokenPipeError:  # the reader of stdout went away (`| head`): nothing more to say
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not complain
         sys.exit(ExitCode.OK)
     except Exception as exc:
         # typer vendors click in recent releases, so click's exceptions are recognised by name.

@@ -37,9 +37,9 @@ from rcdiag.compare.temperature import (
     SIGMAS,
     TEMPERATURE_KEY,
     TRAIN_TEMPERATURE_KEY,
-    _check_temperature,
     _side,
     _temperature_analysis,
+    check_temperature,
 )
 from rcdiag.compare.verdicts import COMPARE_FINDING_CODES, TEMPERATURE_KL_LIMIT, _findings
 from rcdiag.config import CorrectionConfig
@@ -67,6 +67,7 @@ __all__ = [
     "StepPair",
     "TemperatureAnalysis",
     "analyze",
+    "check_temperature",
     "compare",
     "compare_reports",
 ]
@@ -92,7 +93,7 @@ def compare(
     ``ConfigError`` for a bad temperature and the errors of ``rcdiag.analyze`` for bad inputs.
     """
     for name, value in (("temperature_a", temperature_a), ("temperature_b", temperature_b)):
-        _check_temperature(value, name)
+        check_temperature(value, name)
     config = config or CorrectionConfig()
     config.resolve()
     read = ReadOptions.of(read, options)

@@ -24,7 +24,9 @@ SIGMAS = 2.0
 """Noise estimates carry a band from kl +- this many standard errors; "far apart" must hold across the bands."""
 
 
-def _check_temperature(value: float | None, name: str) -> None:
+def check_temperature(value: float | None, name: str) -> None:
+    """A given temperature must be a positive finite number; ``name`` is how the caller spelled it (the library's
+    ``temperature_a``, the CLI's ``--temperature-a``)."""
     if value is not None and not (math.isfinite(value) and value > 0):
         raise ConfigError(f"{name} must be a positive number, got {value}.")
 
