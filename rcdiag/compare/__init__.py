@@ -106,7 +106,8 @@ def compare_reports(
     a: Report, b: Report, *, temperature_a: float | None = None, temperature_b: float | None = None
 ) -> Comparison:
     """``compare`` over two reports you already have (same engine configuration)."""
-    if a.config != b.config:
+    config_a, config_b = CorrectionConfig(**a.config).resolve(), CorrectionConfig(**b.config).resolve()
+    if not config_a.same_computation(config_b):  # as merge judges states: 2.0 and "2" are one threshold
         raise ConfigError("the two reports were computed with different engine configurations; compare needs one.")
     temperature = _temperature_analysis(
         _side(a, temperature_a, "--temperature-a"), _side(b, temperature_b, "--temperature-b")

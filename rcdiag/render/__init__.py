@@ -15,3 +15,8 @@ def render_json(result: Serialisable) -> str:
     """Any result as one JSON object (schemas: docs/json.md, compare.md, check.md); non-finite numbers are
     ``null``."""
     return json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n"
+
+
+def counted(count: int, noun: str) -> str:
+    """``1 step``, ``6 steps``, ``1,024 rows``: a count with its noun in the right number."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
