@@ -17,6 +17,7 @@ from rcdiag.cli.analyze import analyze
 from rcdiag.cli.check import check
 from rcdiag.cli.compare import compare
 from rcdiag.cli.merge import merge
+from rcdiag.cli.output import StdoutClosedError
 from rcdiag.cli.presets import presets
 from rcdiag.errors import ExitCode, RcdiagError
 
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     except RcdiagError as exc:
         print(f"rcdiag: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
-    except BrokenPipeError:  # the reader of stdout went away (`| head`): nothing more to say
+    except (StdoutClosedError, BrokenPipeError):  # the reader of stdout went away (`| head`): nothing more to say
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not complain
         sys.exit(ExitCode.OK)

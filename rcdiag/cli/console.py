@@ -7,13 +7,15 @@ import sys
 
 from rich.console import Console
 
+from rcdiag.cli.output import StdoutClosedError
+
 PIPE_WIDTH = 160
 
 
 class _StdoutConsole(Console):
     def on_broken_pipe(self) -> None:
         self.quiet = True
-        raise BrokenPipeError  # rcdiag.cli.main turns it into exit 0
+        raise StdoutClosedError  # rcdiag.cli.main turns it into exit 0
 
 
 def stdout_console() -> Console:

@@ -18,6 +18,12 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
+class StdoutClosedError(Exception):
+    """The reader of stdout went away (``rcdiag analyze X | head -1``); ``rcdiag.cli.main`` exits 0 quietly.
+
+    Not an ``OSError``: click turns an ``EPIPE`` ``OSError`` into exit 1 before ``main`` could see it."""
+
+
 def checked_path(text: str | None, flag: str) -> Path | None:
     """``text`` as a file path that can be written, or ``None`` when the flag was not given. An empty value (an
     unset variable such as ``$GITHUB_STEP_SUMMARY``), a directory or a missing directory is a ``ConfigError``
@@ -79,8 +85,11 @@ def _summary(result: Any) -> str:
 def write_text(text: str, output: Path | None) -> None:
     """Plain text to a file or stdout."""
     if output is None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise StdoutClosedError from None
     else:
         write_file(output, text)
 
