@@ -174,7 +174,9 @@ def test_a_format_a_command_cannot_render_is_refused(
 ) -> None:
     from rcdiag.render import registry
 
-    monkeypatch.setitem(registry.FORMATS, "json", {"report": registry.FORMATS["json"]["report"]})
+    json_format = registry.FORMATS["json"]
+    only_reports = registry.Format(json_format.description, {"report": json_format.renderers["report"]})
+    monkeypatch.setitem(registry.FORMATS, "json", only_reports)
     code, out, err = run(capsys, "check", MISSING, "--max", "kl=1", "--format", "json")
     assert (code, out) == (2, "") and err == "rcdiag: error: rcdiag check cannot write --format json; it writes table.\n"
     code, out, err = run(capsys, "compare", MISSING, MISSING, "--format", "json")

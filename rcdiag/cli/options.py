@@ -1,6 +1,9 @@
 """The flags shared by commands, each declared once, and the groups that turn them into one value each: the engine
-flags (``ENGINE``), how to read a dump (``READ``, a ``ReadOptions``), per-side columns (``side_columns``) and the
-output target (``output_flags``). A command takes a group with ``@with_flags(GROUP)``."""
+flags (``ENGINE_FLAGS``), how to read a dump (``READ_FLAGS``, a ``ReadOptions``), per-side columns
+(``side_columns``) and the output target (``output_flags``). A command takes groups with
+``@with_flags(ENGINE_FLAGS, READ_FLAGS, output_flags(...))``; a new command that reads dumps needs that one line.
+
+A new input option is a ``ReadOptions`` field, a ``Flag`` in ``READ_FLAGS`` and a row in docs/options.md."""
 
 from __future__ import annotations
 
@@ -238,6 +241,7 @@ SaveStateOpt = path_option(
 OUTPUT = "Output"
 FormatName = enum.Enum("FormatName", {name: name for name in FORMATS}, type=str)  # type: ignore[misc]
 """``--format`` choices: every format in the renderer registry."""
+FORMAT_HELP = "; ".join(f"`{name}`: {fmt.description}" for name, fmt in FORMATS.items()) + "."
 
 
 def output_flags(kind: ResultKind, command: str) -> FlagGroup:
@@ -245,7 +249,7 @@ def output_flags(kind: ResultKind, command: str) -> FlagGroup:
     configuration error, raised before anything is read."""
     fmt = Flag(
         "output_format",
-        Annotated[FormatName, typer.Option("--format", help="`table` (terminal) or `json`.", rich_help_panel=OUTPUT)],
+        Annotated[FormatName, typer.Option("--format", help=FORMAT_HELP, rich_help_panel=OUTPUT)],
         FormatName("table"),
     )
     out = Flag("output", path_option("--output", "Write the result here instead of stdout.", OUTPUT, "-o"))

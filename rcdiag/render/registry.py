@@ -30,25 +30,36 @@ class Renderer:
         return getattr(importlib.import_module(module), name)
 
 
+@dataclass(frozen=True)
+class Format:
+    """One ``--format`` value: what it writes (for ``--help``) and its renderer for each kind of result."""
+
+    description: str
+    renderers: dict[ResultKind, Renderer]
+
+
 _JSON = Renderer("rcdiag.render:render_json")
 
-FORMATS: dict[str, dict[ResultKind, Renderer]] = {
-    "table": {
-        "report": Renderer("rcdiag.render.table:render_table", console=True),
-        "comparison": Renderer("rcdiag.render.compare_table:render_comparison", console=True),
-        "check": Renderer("rcdiag.render.check_table:render_check", console=True),
-    },
-    "json": {"report": _JSON, "comparison": _JSON, "check": _JSON},
+FORMATS: dict[str, Format] = {
+    "table": Format(
+        "terminal tables",
+        {
+            "report": Renderer("rcdiag.render.table:render_table", console=True),
+            "comparison": Renderer("rcdiag.render.compare_table:render_comparison", console=True),
+            "check": Renderer("rcdiag.render.check_table:render_check", console=True),
+        },
+    ),
+    "json": Format("one JSON object", {"report": _JSON, "comparison": _JSON, "check": _JSON}),
 }
-"""``--format`` value -> the renderer for each kind of result it can write."""
+"""``--format`` value -> the format, with the renderer for each kind of result it can write."""
 
 
 def renderer(name: str, kind: ResultKind, command: str) -> Renderer:
     """The renderer of format ``name`` for ``kind``; ``ConfigError`` when the format cannot write that kind."""
     if name not in FORMATS:
         raise ConfigError(f"unknown --format '{name}'; use one of {', '.join(FORMATS)}.")
-    found = FORMATS[name].get(kind)
+    found = FORMATS[name].renderers.get(kind)
     if found is None:
-        usable = ", ".join(f for f, kinds in FORMATS.items() if kind in kinds)
+        usable = ", ".join(f for f, fmt in FORMATS.items() if kind in fmt.renderers)
         raise ConfigError(f"rcdiag {command} cannot write --format {name}; it writes {usable}.")
     return found
