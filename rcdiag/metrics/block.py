@@ -2,9 +2,9 @@
 
 Per-token arrays are float32, as in verl, so clamps, exp overflow and threshold comparisons behave the same;
 per-row arrays are float64 (there are few rows, and their sums and means are where float32 loses digits).
-Expressions that cancel (k3 = e^d - 1 - d, e^(2d) - 1 for chi2) are evaluated in float64 with ``expm1`` and,
-per token, rounded once to float32: the correctly rounded value, where float32 arithmetic would keep only a
-few digits of a small k3 (and so keep a token whose exact k3 is above its threshold).
+Expressions that cancel (k3 = e^d - 1 - d, e^(2d) - 1 for chi2) are evaluated in float64 from ``expm1``; the k3
+statistic RS compares with its threshold is then rounded once to float32 (the correctly rounded value, where
+float32 arithmetic keeps a few digits of a small k3 and so can keep a token whose exact k3 is above the bound).
 
 Padding (mask 0) is dropped before a block is built, so every token in a block is valid and a row may have
 zero tokens (an empty or fully masked response, which still counts in verl's all-rows metrics). Derived
@@ -75,6 +75,12 @@ class Block:
         return self.b.to_float64(self.lr_safe)
 
     @cached_property
+    def ratio_minus_one(self) -> Array:
+        """``e^d - 1`` of the clamped log-ratio, float64 ``expm1``: exact where ``ratio - 1`` would cancel. k3 is
+        ``ratio_minus_one - d`` and chi2's ``ratio^2 - 1`` is ``ratio_minus_one * (ratio_minus_one + 2)``."""
+        return self.b.expm1(self.lr_safe64)
+
+    @cached_property
     def ratio(self) -> Array:
         """Token IS ratio ``exp(clamp(lr))``."""
         return self.b.exp(self.lr_safe)
@@ -142,11 +148,5 @@ def _k_stat(block: Block, estimator: str) -> Array:
         return -d
     if estimator == "k2":
         return 0.5 * d * d
-    return k3_tokens(block.b, block.lr_safe64)
-
-
-def k3_tokens(b: Backend, d64: Array) -> Array:
-    """Per-token k3 = e^d - 1 - d of float64 log-ratios, as float32: ``expm1(d) - d`` in float64 (exact to float64
-    rounding; float32 ``exp(d) - 1 - d`` keeps about 3 digits at d = 0.04), rounded once. Beyond float32's
-    range it is inf, as verl's float32 exp gives."""
-    return b.to_float32(b.expm1(d64) - d64)
+    # float64 expm1(d) - d, rounded once: float32 exp(d) - 1 - d keeps about 3 digits at d = 0.04
+    return block.b.to_float32(block.ratio_minus_one - block.lr_safe64)

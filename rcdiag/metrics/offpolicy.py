@@ -10,11 +10,14 @@ Nothing is computed as a difference of nearly equal numbers: k3 as ``expm1(d) - 
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
+
+import numpy as np
 
 from rcdiag.config import SAFETY_BOUND
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
-from rcdiag.metrics.block import Block, k3_tokens
+from rcdiag.metrics.block import Block
 
 OFFPOLICY_KEYS = (
     "training_ppl",
@@ -73,7 +76,7 @@ class OffPolicyMetrics(Accumulator):
             delta_max=b.max(delta),
             delta_min=b.min(delta),
             exp_delta=b.sum(b.exp(delta)),
-            chi2_token=b.sum(b.expm1(2.0 * block.lr_safe64)),
+            chi2_token=b.sum(block.ratio_minus_one * (block.ratio_minus_one + 2.0)),
             chi2_seq=b.sum(b.expm1(2.0 * b.clip(s, -SAFETY_BOUND, SAFETY_BOUND))),
         )
 
@@ -104,11 +107,16 @@ class OffPolicyMetrics(Accumulator):
 
 
 def _k3_sum(block: Block) -> float:
-    """Sum of e^lr - 1 - lr over the block's tokens, unclamped as in verl: the per-token k3 (float64 ``expm1``,
-    rounded once to float32; inf where verl's float32 exp overflows). When no log-ratio reaches the clamp it is
-    the RS statistic already computed for the block; the values are the same either way, so the result does not
-    depend on how rows fall into blocks."""
+    """Sum of e^lr - 1 - lr over the block's tokens, unclamped as in verl, in float64 from ``expm1``; inf for a
+    log-ratio whose e^lr overflows float32, as in verl. When no log-ratio reaches the clamp, ``e^d - 1`` is the
+    one already computed for the block; the values are the same either way, so the result does not depend on how
+    rows fall into blocks."""
     b = block.b
     if block.within_clamp:
-        return b.sum(block.k("k3"))
-    return b.sum(k3_tokens(b, b.to_float64(block.lr)))
+        return b.sum(block.ratio_minus_one - block.lr_safe64)
+    lr = b.to_float64(block.lr)
+    return b.sum(b.where(lr > _LOG_F32_MAX, math.inf, b.expm1(lr) - lr))
+
+
+_LOG_F32_MAX = math.log(float(np.finfo(np.float32).max))
+"""Above this log-ratio, verl's float32 exp overflows to inf."""
