@@ -106,7 +106,8 @@ class Engine:
             self._update(chunk)
 
     def _update(self, chunk: Chunk) -> None:
-        if not chunk.screened or (chunk.mask is not None and chunk.mask.dtype != np.bool_):
+        mask = chunk.mask
+        if not (chunk.screened and isinstance(chunk.old, np.ndarray) and (mask is None or mask.dtype == np.bool_)):
             # The engine's own guard for chunks that did not pass through a Screen (built by hand): the same
             # checks, and the mask made boolean (an integer mask would index values instead of selecting them).
             chunk = screen_one(chunk)

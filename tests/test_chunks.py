@@ -65,6 +65,8 @@ def test_torch_tensors_are_accepted() -> None:
     )
     for chunk in (flat, padded):
         assert_metrics_close(rcdiag.analyze_chunks([chunk], config).metrics, expected, rel=2e-5, abs_tol=2e-6)
+    # given to the engine directly, even marked as screened, tensors are converted and checked
+    assert_metrics_close(_engine_metrics(dataclasses.replace(flat, screened=True)), expected, rel=2e-5, abs_tol=2e-6)
     # bfloat16 (numpy has no such type) and float64 tensors are converted; the values are the rounded ones
     half = Chunk(
         old=torch.from_numpy(old).bfloat16(), rollout=torch.from_numpy(rollout).double(), mask=None, offsets=None
