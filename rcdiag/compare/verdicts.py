@@ -1,13 +1,14 @@
 """The verdict: findings about the pair from the temperature analysis and each side's own report.
 
-One place for every finding code, its severity and its message, so that docs/compare.md can document them all
-and findings are listed in a stable order.
+Codes, severities and their order come from the finding catalogue (``rcdiag.catalogue.findings``); the
+messages, which quote the measured numbers, are built here.
 """
 
 from __future__ import annotations
 
 import math
 
+from rcdiag.catalogue.findings import codes_for, finding, listing_order
 from rcdiag.compare.records import KL, CompareFinding, Side, SideTemperature, TemperatureAnalysis
 from rcdiag.compare.temperature import NOISE_RATIO_LIMIT, SIGMAS, _g
 from rcdiag.report import Report
@@ -15,16 +16,7 @@ from rcdiag.report import Report
 TEMPERATURE_KL_LIMIT = 0.1
 """kl at or above this at T != 1 is the size a log-prob computed without the temperature gives (0.1-1)."""
 
-COMPARE_FINDING_CODES = (
-    "temperature_kl_high",
-    "temperature_noise_mismatch",
-    "temperature_recorded_mismatch",
-    "engine_noise_differs",
-    "systematic_shift",
-    "temperature_unknown",
-    "noise_inconclusive",
-    "noise_consistent",
-)
+COMPARE_FINDING_CODES = codes_for("compare")
 """Every code ``compare`` can give, in the order findings are listed (documented in docs/compare.md)."""
 
 
@@ -38,9 +30,7 @@ def _findings(a: Report, b: Report, t: TemperatureAnalysis) -> list[CompareFindi
     problems = [f for f in findings if f.severity != "info"]
     if not problems and t.noise_ratio is not None and 1 / NOISE_RATIO_LIMIT < t.noise_ratio < NOISE_RATIO_LIMIT:
         findings.append(_consistent(t))
-    order = {code: i for i, code in enumerate(COMPARE_FINDING_CODES)}
-    rank = {"error": 0, "warning": 1, "info": 2}
-    findings.sort(key=lambda f: (rank[f.severity], order[f.code], f.side or ""))
+    findings.sort(key=lambda f: (*listing_order(f.code, f.severity), f.side or ""))
     return findings
 
 
@@ -51,7 +41,7 @@ def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[Comp
         out.append(
             CompareFinding(
                 "temperature_unknown",
-                "info",
+                finding("temperature_unknown").severity,
                 f"side {side}'s sampling temperature is unknown: pass --temperature-{side} (or write 'temperature' "
                 "into the dump's metadata) to get the temperature analysis for it.",
                 side,
@@ -68,7 +58,7 @@ def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[Comp
         out.append(
             CompareFinding(
                 "temperature_kl_high",
-                "warning",
+                finding("temperature_kl_high").severity,
                 f"side {side}: kl = {st.kl:.3g} at T={st.temperature:g}. Numerical engine noise gives kl of "
                 f"1e-5..1e-2; kl of order {TEMPERATURE_KL_LIMIT:g}-1 at T != 1 is what log-probs computed without "
                 f"the temperature on one side give ({shape}). Check that the trainer divides its logits by the "
@@ -85,7 +75,7 @@ def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[Comp
         out.append(
             CompareFinding(
                 "temperature_recorded_mismatch",
-                "warning",
+                finding("temperature_recorded_mismatch").severity,
                 f"side {side}'s dump records a rollout temperature of {st.temperature:g} but a trainer temperature "
                 f"of {st.train_temperature:g}: its old_log_prob is not from the distribution the tokens were "
                 "sampled from.",
@@ -100,7 +90,7 @@ def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[Comp
         out.append(
             CompareFinding(
                 "systematic_shift",
-                "warning",
+                finding("systematic_shift").severity,
                 f"side {side}: kl ({_g(st.kl)}) and k3_kl ({_g(st.k3_kl)}) disagree, so its mismatch is not "
                 "small noise and its noise estimate T*sqrt(2 kl) does not hold (the second-order expansion "
                 f"behind it assumes they agree). The cause is on side {side}'s log-prob plumbing, not something "
@@ -140,7 +130,7 @@ def _noise_findings(t: TemperatureAnalysis, shifted: set[Side | None]) -> list[C
         return [
             CompareFinding(
                 "noise_inconclusive",
-                "info",
+                finding("noise_inconclusive").severity,
                 f"{numbers}: {point:.3g}x apart, but side {other}'s kl ({_g(quiet.kl)}) is within {SIGMAS:g} "
                 f"standard errors ({_g(quiet.kl_std_error)}) of 0, and at the high end of its band the two are "
                 f"{worst_case:.3g}x apart, within {NOISE_RATIO_LIMIT:g}x. Compare larger dumps (more responses) "
@@ -156,7 +146,7 @@ def _noise_findings(t: TemperatureAnalysis, shifted: set[Side | None]) -> list[C
         return [
             CompareFinding(
                 "temperature_noise_mismatch",
-                "warning",
+                finding("temperature_noise_mismatch").severity,
                 f"{numbers}: {apart} (limit {NOISE_RATIO_LIMIT:g}x). Temperature cannot explain this, because the "
                 f"estimate already corrects for it; at T={noisy.temperature:g} the likely cause is temperature "
                 f"handling on side {side}: log-probs taken before or without dividing by T on one engine, or a "
@@ -175,7 +165,7 @@ def _noise_findings(t: TemperatureAnalysis, shifted: set[Side | None]) -> list[C
     return [
         CompareFinding(
             "engine_noise_differs",
-            "warning",
+            finding("engine_noise_differs").severity,
             f"{numbers}: {apart} (limit {NOISE_RATIO_LIMIT:g}x). {why} side {side}'s two engines disagree more: "
             "another kernel, dtype, parallel layout, engine version or checkpoint.",
             side,
@@ -205,4 +195,6 @@ def _consistent(t: TemperatureAnalysis) -> CompareFinding:
             f"({t.a.temperature:g} vs {t.b.temperature:g}; ideal {t.ideal_kl_ratio:.3g}x, usually less because a "
             "sharper distribution shrinks Var_pi(eps)), not from a change in the engines."
         )
-    return CompareFinding("noise_consistent", "info", message, None, KL, t.noise_ratio, NOISE_RATIO_LIMIT)
+    return CompareFinding(
+        "noise_consistent", finding("noise_consistent").severity, message, None, KL, t.noise_ratio, NOISE_RATIO_LIMIT
+    )
