@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from conftest import ROOT, random_batch, run_padded
 
-from rcdiag.config import PRESETS, RS_OPTIONS
-from rcdiag.errors import ExitCode
 from rcdiag.catalogue import FINDINGS, PREFIX, every_key, finding
 from rcdiag.catalogue.findings import listing_order
+from rcdiag.config import PRESETS, RS_OPTIONS
+from rcdiag.errors import ExitCode
 from rcdiag.health import FINDING_CODES
 
 DOCS = "\n".join(path.read_text() for path in sorted((ROOT / "docs").glob("*.md")))
