@@ -85,7 +85,9 @@ def _worst_rs_option(result: BatchResult) -> str:
     shares = {
         option: value
         for key, value in result.metrics.items()
-        if value is not None and key.endswith("_masked_fraction") and (option := rs_option(key)) is not None
+        if value is not None
+        and (option := rs_option(key)) is not None
+        and key == full_key(f"rollout_rs_{option}_masked_fraction")
     }
     if not shares:
         return ""

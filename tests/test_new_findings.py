@@ -106,6 +106,11 @@ def test_rs_rejects_most_tokens_boundary_and_names_the_option() -> None:
     found = by_code(report)["rs_rejects_most_tokens"]
     assert found.value == 0.25 and found.threshold == 0.2 and found.metric == P + "rollout_rs_masked_fraction"
     assert "token_k1 rejects the most on its own (25.0%)" in found.message and "rcdiag sweep" in found.message
+    # a sequence option: its share of tokens (2 of 7), not its share of rows (2 of 4)
+    short_rows = rows_with_ratios([[0.2], [0.2], [1.0] * 3, [1.0, 1.0]])
+    report = run_padded(*short_rows, rollout_rs="seq_mean_k1", rollout_rs_threshold="0.5_2.0")
+    assert report.metrics[P + "rollout_rs_seq_mean_k1_seq_masked_fraction"] == 0.5
+    assert "seq_mean_k1 rejects the most on its own (28.6%)" in by_code(report)["rs_rejects_most_tokens"].message
     everything = rows_with_ratios([[3.0], [3.0]])
     codes = by_code(run_padded(*everything, rollout_rs="token_k1", rollout_rs_threshold="0.5_2.0"))
     assert "rs_rejects_all_tokens" in codes and "rs_rejects_most_tokens" not in codes
