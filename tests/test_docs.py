@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -10,7 +11,7 @@ from conftest import ROOT, random_batch, run_padded
 
 from rcdiag.catalogue import FINDINGS, PREFIX, every_key, finding
 from rcdiag.catalogue.findings import listing_order
-from rcdiag.config import PRESETS, RS_OPTIONS
+from rcdiag.config import PRESETS, RS_OPTIONS, CorrectionConfig
 from rcdiag.errors import ExitCode
 from rcdiag.health import FINDING_CODES
 
@@ -38,6 +39,12 @@ def documented_keys() -> set[str]:
 @pytest.mark.parametrize("key", every_key())
 def test_every_catalogue_key_is_in_the_metrics_page(key: str) -> None:
     assert key.removeprefix(PREFIX) in documented_keys()  # whole keys: `kl` is not found inside `k3_kl`
+
+
+def test_the_metrics_page_lists_no_key_the_catalogue_lacks() -> None:
+    fields = {f.name for f in dataclasses.fields(CorrectionConfig)}
+    keyish = {k for k in documented_keys() if re.fullmatch(r"(rollout_(is|rs)_|rcdiag/)\w+", k)}
+    assert keyish - fields - {k.removeprefix(PREFIX) for k in every_key()} == set()
 
 
 def test_reported_keys_are_exactly_the_catalogue() -> None:
