@@ -99,3 +99,9 @@ def test_checklist_rows_come_from_the_finding_catalogue() -> None:
             assert spec.code in text
     assert "IS weights average near 1: rollout_is_mean in [0.5, 2]" in text
     assert "chi2_token <= 1" in text
+
+
+def test_crash_codes_raised_by_accumulators_are_in_the_catalogue() -> None:
+    raised = {code for text in SOURCES.values() for code in re.findall(r'VerlCrash\(\s*"(\w+)"', text)}
+    assert raised == {"verl_crash_empty_batch", "verl_crash_ess_zero_division"}
+    assert all(finding(code).severity == "error" for code in raised)

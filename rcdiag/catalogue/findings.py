@@ -21,7 +21,9 @@ class FindingSpec:
     """One finding code."""
 
     code: str
+    """Stable: scripts key on it."""
     severity: Severity
+    """The same wherever the code is raised (analyze, compare, an accumulator's crash note)."""
     trigger: str
     """When it fires, in one line (the docs table says the same)."""
     check: str | None = None

@@ -11,6 +11,7 @@ import math
 from rcdiag.catalogue.findings import codes_for, finding, listing_order
 from rcdiag.compare.records import KL, CompareFinding, Side, SideTemperature, TemperatureAnalysis
 from rcdiag.compare.temperature import NOISE_RATIO_LIMIT, SIGMAS, _g
+from rcdiag.health import KL_K3_RELATIVE_GAP
 from rcdiag.report import Report
 
 TEMPERATURE_KL_LIMIT = 0.1
@@ -34,21 +35,32 @@ def _findings(a: Report, b: Report, t: TemperatureAnalysis) -> list[CompareFindi
     return findings
 
 
+def _verdict(
+    code: str,
+    message: str,
+    side: Side | None = None,
+    metric: str | None = None,
+    value: float | None = None,
+    threshold: float | None = None,
+) -> CompareFinding:
+    """A finding with its catalogue severity."""
+    return CompareFinding(code, finding(code).severity, message, side, metric, value, threshold)
+
+
 def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[CompareFinding]:
     out: list[CompareFinding] = []
     other = "b" if side == "a" else "a"
     if st.temperature is None:
         out.append(
-            CompareFinding(
+            _verdict(
                 "temperature_unknown",
-                finding("temperature_unknown").severity,
                 f"side {side}'s sampling temperature is unknown: pass --temperature-{side} (or write 'temperature' "
                 "into the dump's metadata) to get the temperature analysis for it.",
                 side,
             )
         )
     elif st.kl is not None and st.kl >= TEMPERATURE_KL_LIMIT and st.temperature != 1.0:
-        agree = st.k3_kl is not None and abs(st.kl - st.k3_kl) <= 0.5 * max(abs(st.kl), abs(st.k3_kl))
+        agree = st.k3_kl is not None and abs(st.kl - st.k3_kl) <= KL_K3_RELATIVE_GAP * max(abs(st.kl), abs(st.k3_kl))
         shape = (
             "kl and k3_kl agree, as they do when one side's distribution is a re-tempered but still normalised "
             "copy of the other's"
@@ -56,9 +68,8 @@ def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[Comp
             else "kl and k3_kl also disagree, so part of it is a systematic shift"
         )
         out.append(
-            CompareFinding(
+            _verdict(
                 "temperature_kl_high",
-                finding("temperature_kl_high").severity,
                 f"side {side}: kl = {st.kl:.3g} at T={st.temperature:g}. Numerical engine noise gives kl of "
                 f"1e-5..1e-2; kl of order {TEMPERATURE_KL_LIMIT:g}-1 at T != 1 is what log-probs computed without "
                 f"the temperature on one side give ({shape}). Check that the trainer divides its logits by the "
@@ -73,12 +84,10 @@ def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[Comp
     recorded = st.source == "metadata" and st.train_temperature is not None
     if recorded and st.train_temperature != st.temperature:
         out.append(
-            CompareFinding(
+            _verdict(
                 "temperature_recorded_mismatch",
-                finding("temperature_recorded_mismatch").severity,
                 f"side {side}'s dump records a rollout temperature of {st.temperature:g} but a trainer temperature "
-                f"of {st.train_temperature:g}: its old_log_prob is not from the distribution the tokens were "
-                "sampled from.",
+                f"of {st.train_temperature:g}. " + finding("temperature_recorded_mismatch").advice,
                 side,
                 None,
                 st.train_temperature,
@@ -88,9 +97,8 @@ def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[Comp
     shift = next((f for f in report.findings if f.code == "kl_k3_disagree"), None)
     if shift is not None:
         out.append(
-            CompareFinding(
+            _verdict(
                 "systematic_shift",
-                finding("systematic_shift").severity,
                 f"side {side}: kl ({_g(st.kl)}) and k3_kl ({_g(st.k3_kl)}) disagree, so its mismatch is not "
                 "small noise and its noise estimate T*sqrt(2 kl) does not hold (the second-order expansion "
                 f"behind it assumes they agree). The cause is on side {side}'s log-prob plumbing, not something "
@@ -128,9 +136,8 @@ def _noise_findings(t: TemperatureAnalysis, shifted: set[Side | None]) -> list[C
     )
     if not quiet.noise_resolved and worst_case < NOISE_RATIO_LIMIT:
         return [
-            CompareFinding(
+            _verdict(
                 "noise_inconclusive",
-                finding("noise_inconclusive").severity,
                 f"{numbers}: {point:.3g}x apart, but side {other}'s kl ({_g(quiet.kl)}) is within {SIGMAS:g} "
                 f"standard errors ({_g(quiet.kl_std_error)}) of 0, and at the high end of its band the two are "
                 f"{worst_case:.3g}x apart, within {NOISE_RATIO_LIMIT:g}x. Compare larger dumps (more responses) "
@@ -144,9 +151,8 @@ def _noise_findings(t: TemperatureAnalysis, shifted: set[Side | None]) -> list[C
     apart = f"{point:.3g}x apart" if quiet.noise else "apart"
     if noisy.temperature != 1.0 and quiet.noise:
         return [
-            CompareFinding(
+            _verdict(
                 "temperature_noise_mismatch",
-                finding("temperature_noise_mismatch").severity,
                 f"{numbers}: {apart} (limit {NOISE_RATIO_LIMIT:g}x). Temperature cannot explain this, because the "
                 f"estimate already corrects for it; at T={noisy.temperature:g} the likely cause is temperature "
                 f"handling on side {side}: log-probs taken before or without dividing by T on one engine, or a "
@@ -163,9 +169,8 @@ def _noise_findings(t: TemperatureAnalysis, shifted: set[Side | None]) -> list[C
     else:
         why = f"Side {other} shows no measurable noise (kl <= 0: bitwise-equal engines?), so"
     return [
-        CompareFinding(
+        _verdict(
             "engine_noise_differs",
-            finding("engine_noise_differs").severity,
             f"{numbers}: {apart} (limit {NOISE_RATIO_LIMIT:g}x). {why} side {side}'s two engines disagree more: "
             "another kernel, dtype, parallel layout, engine version or checkpoint.",
             side,
@@ -195,6 +200,4 @@ def _consistent(t: TemperatureAnalysis) -> CompareFinding:
             f"({t.a.temperature:g} vs {t.b.temperature:g}; ideal {t.ideal_kl_ratio:.3g}x, usually less because a "
             "sharper distribution shrinks Var_pi(eps)), not from a change in the engines."
         )
-    return CompareFinding(
-        "noise_consistent", finding("noise_consistent").severity, message, None, KL, t.noise_ratio, NOISE_RATIO_LIMIT
-    )
+    return _verdict("noise_consistent", message, None, KL, t.noise_ratio, NOISE_RATIO_LIMIT)
