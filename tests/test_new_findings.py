@@ -202,3 +202,36 @@ def test_analyze_reports_differing_recorded_temperatures(tmp_path: Path) -> None
     same = synthetic.generate(synthetic.with_overrides("healthy", t_rollout=0.7, t_train=0.7), rows=24, steps=1)
     synthetic.write(same, tmp_path / "d.parquet")
     assert "temperature_recorded_mismatch" not in by_code(rcdiag.analyze(tmp_path / "d.parquet"))
+
+
+# ------------------------------------------------------------------------------------------ end to end
+
+
+def test_cli_json_carries_the_input_findings(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from conftest import write_dump
+
+    from rcdiag.cli import main
+
+    inf = float("-inf")
+    path = write_dump(
+        tmp_path / "d.parquet",
+        {
+            "old_log_prob": [[-1.0, -1.0, -1.0]] * 2 + [[-1.0, inf, -1.0]],
+            "rollout_log_prob": [[-1.0, -1.0, -1.0]] * 3,
+            "response_mask": [[0, 0, 0]] * 2 + [[1, 1, 0]],  # 2 of 3 rows empty
+        },
+        metadata={"temperature": "0.6", "train_temperature": "1"},
+    )
+    with pytest.raises(SystemExit) as info:
+        main(["analyze", str(path), "--format", "json"])
+    assert not info.value.code
+    report = json.loads(capsys.readouterr().out)
+    found = {f["code"]: f for f in report["findings"]}
+    assert set(found) == {"mask_looks_inverted", "temperature_recorded_mismatch", "logprob_neg_inf"}
+    assert found["logprob_neg_inf"]["detail"]["rollout_corr/kl"] == "inf"
+    assert "row 2, position 1" in found["logprob_neg_inf"]["message"]
+    assert report["input"]["neg_inf_first"] == {"old_log_prob": [2, 1]}
+    with pytest.raises(SystemExit):
+        main(["analyze", str(path)])
+    out = capsys.readouterr().out
+    assert "[logprob_neg_inf]" in out and "metric_not_finite]" not in out
