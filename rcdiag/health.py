@@ -21,6 +21,7 @@ from rcdiag.config import ResolvedConfig
 from rcdiag.constants import TEMPERATURE_KEY, TRAIN_TEMPERATURE_KEY
 from rcdiag.metrics.batch import BatchResult
 from rcdiag.report import Finding, InputFacts
+from rcdiag.stats import t_critical
 
 FINDING_CODES = codes_for("analyze")
 """Every code ``analyze`` can give, in listing order (docs/findings.md)."""
@@ -100,28 +101,34 @@ def _thresholds(result: BatchResult, context: Context) -> list[Hit]:
     return [hit for hit in hits if hit is not None]
 
 
-def kl_k3_critical_z(tests: int) -> float:
+def kl_k3_critical(tests: int, dof: float | None = None) -> float:
     """Standard errors a gap must exceed so that ``tests`` independent clean batches fire with probability
-    ``KL_K3_FALSE_ALARM_RATE`` in all (Šidák: per test 1 - (1 - alpha)^(1/tests), two-sided normal)."""
+    ``KL_K3_FALSE_ALARM_RATE`` in all: Šidák's per-test rate 1 - (1 - alpha)^(1/tests), two-sided, from Student's
+    t with ``dof`` degrees of freedom (the normal distribution without)."""
     per_test = -math.expm1(math.log1p(-KL_K3_FALSE_ALARM_RATE) / max(tests, 1))
-    return NormalDist().inv_cdf(1.0 - per_test / 2.0)
+    if dof is None:
+        return NormalDist().inv_cdf(1.0 - per_test / 2.0)
+    return t_critical(per_test, dof)
 
 
 def _kl_k3(result: BatchResult, context: Context) -> list[Hit]:
     kl, k3, se = _value(result, "kl"), _value(result, "k3_kl"), _value(result, "rcdiag/kl_std_error") or 0.0
-    if kl is None or k3 is None:
-        return []
+    responses = _value(result, "rcdiag/kl_std_error_dof")
+    if kl is None or k3 is None or responses is None or responses < 2.0:
+        return []  # fewer than two responses' worth: no noise estimate to test against
     gap = kl - k3
-    z_limit = kl_k3_critical_z(context.batches)
-    tolerance = max(z_limit * se, KL_K3_RELATIVE_GAP * max(abs(kl), abs(k3)), KL_K3_ABS_FLOOR)
+    dof = responses - 1.0
+    limit = kl_k3_critical(context.batches, dof)
+    tolerance = max(limit * se, KL_K3_RELATIVE_GAP * max(abs(kl), abs(k3)), KL_K3_ABS_FLOOR)
     if abs(gap) <= tolerance:
         return []
     sigmas = f"{abs(gap) / se:.1f}" if se > 0 else "infinitely many"
     steps = f"{context.batches} batches" if context.batches != 1 else "1 batch"
     message = (
         f"kl ({kl:.3g}) and k3_kl ({k3:.3g}) disagree: kl - k3_kl = 1 - mean(ratio) = {gap:.3g}, {sigmas} standard "
-        f"errors of kl (rcdiag/kl_std_error = {se:.3g}); noise stays within {z_limit:.2f} standard errors over "
-        f"{steps} tested (false-alarm rate {KL_K3_FALSE_ALARM_RATE:g} per dump). {finding('kl_k3_disagree').advice}"
+        f"errors of kl (rcdiag/kl_std_error = {se:.3g}, {dof:.3g} degrees of freedom); noise stays within "
+        f"{limit:.2f} standard errors over {steps} tested (false-alarm rate {KL_K3_FALSE_ALARM_RATE:g} per dump). "
+        + finding("kl_k3_disagree").advice
     )
     return [Hit("kl_k3_disagree", full_key("kl"), kl, tolerance, message, abs(gap) / tolerance)]
 

@@ -13,7 +13,7 @@ from test_scenarios import rows_with_ratios
 
 import rcdiag
 from rcdiag import synthetic
-from rcdiag.health import Context, _kl_k3, kl_k3_critical_z
+from rcdiag.health import Context, _kl_k3, kl_k3_critical
 from rcdiag.metrics.batch import BatchResult
 from rcdiag.validate import ScreenStats
 
@@ -39,19 +39,21 @@ def normal_upper_quantile(tail: float) -> float:
 @pytest.mark.parametrize("tests", [1, 8, 1000])
 def test_critical_z_holds_the_dump_wide_false_alarm_rate(tests: int) -> None:
     per_test = 1 - (1 - 1e-4) ** (1 / tests)
-    assert kl_k3_critical_z(tests) == pytest.approx(normal_upper_quantile(per_test), abs=1e-6)
-    assert kl_k3_critical_z(1) == pytest.approx(3.8906, abs=1e-4)  # two-sided 1e-4, a table value
+    assert kl_k3_critical(tests) == pytest.approx(normal_upper_quantile(per_test), abs=1e-6)
+    assert kl_k3_critical(1) == pytest.approx(3.8906, abs=1e-4)  # two-sided 1e-4, a table value
+    assert kl_k3_critical(1, dof=10) == pytest.approx(6.2111, abs=1e-3)  # t_10, two-sided 1e-4 (tables)
+    assert kl_k3_critical(tests, dof=1e7) == pytest.approx(kl_k3_critical(tests), rel=1e-5)
 
 
-def batch(kl: float, k3: float, se: float) -> BatchResult:
+def batch(kl: float, k3: float, se: float, responses: float = 1e9) -> BatchResult:
     metrics = {P + "kl": kl, P + "k3_kl": k3}
-    extras = {"rcdiag/kl_std_error": se}
+    extras = {"rcdiag/kl_std_error": se, "rcdiag/kl_std_error_dof": responses}
     return BatchResult(metrics, extras, {**metrics, **extras}, (), 10, 100, 0)
 
 
 def test_kl_k3_boundary_is_the_noise_limit() -> None:
     se, steps = 1e-3, 8
-    limit = kl_k3_critical_z(steps) * se  # above half the KL and the floor
+    limit = kl_k3_critical(steps, 1e9 - 1) * se  # above half the KL and the floor
     assert _kl_k3(batch(limit, 0.0, se), Context(steps)) == []  # a gap exactly on the limit holds
     assert _kl_k3(batch(1e-3 + limit * 0.999, 1e-3, se), Context(steps)) == []
     (hit,) = _kl_k3(batch(1e-3 + limit * 1.001, 1e-3, se), Context(steps))
@@ -59,6 +61,14 @@ def test_kl_k3_boundary_is_the_noise_limit() -> None:
     assert f"{limit * 1.001 / se:.1f} standard errors" in hit.message and "8 batches" in hit.message
     # the same gap is noise when 1000 steps are tested at once
     assert _kl_k3(batch(1e-3 + limit * 1.001, 1e-3, se), Context(1000)) == []
+
+
+def test_kl_k3_limit_grows_when_few_responses_carry_the_noise() -> None:
+    se = 1e-3
+    gap = 5.0 * se  # beyond the normal limit for one batch (3.89), within t with 9 degrees of freedom (6.59)
+    assert _kl_k3(batch(1e-3 + gap, 1e-3, se), Context(1))
+    assert _kl_k3(batch(1e-3 + gap, 1e-3, se, responses=10), Context(1)) == []
+    assert _kl_k3(batch(1.0, 0.0, 0.0, responses=1.5), Context(1)) == []  # one response: no noise estimate
 
 
 def test_kl_k3_needs_the_gap_to_be_half_the_kl_too() -> None:

@@ -314,6 +314,11 @@ METRICS: tuple[MetricSpec, ...] = (
         thresholds=(Threshold("max", 1.05, packs=("nemo-rl",)),),
     ),
     MetricSpec("rcdiag/kl_std_error", "extras", "standard error of kl (responses as independent units)"),
+    MetricSpec(
+        "rcdiag/kl_std_error_dof",
+        "extras",
+        "effective responses behind kl_std_error (its degrees of freedom + 1); few when a few long responses dominate",
+    ),
     MetricSpec("rcdiag/clamped_token_fraction", "extras", "share of tokens with |gap| > 20, where verl's clamps bite"),
 )
 """Every metric, in the order the docs list them (reports keep verl's insertion order)."""
