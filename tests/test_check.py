@@ -79,7 +79,7 @@ def test_parse_assignment() -> None:
 
 def test_metric_names_follow_the_configuration() -> None:
     plain = metric_names(rcdiag.CorrectionConfig().resolve())
-    assert len(plain) == 13 + 5 and P + "kl" in plain and "rcdiag/token_mult_prob_error" in plain
+    assert len(plain) == 13 + 6 and P + "kl" in plain and "rcdiag/token_mult_prob_error" in plain
     with_is = metric_names(rcdiag.CorrectionConfig(rollout_is="token").resolve())
     assert P + "rollout_is_eff_sample_size" in with_is and P + "rollout_is_eff_sample_size" not in plain
     assert metric_names(rcdiag.CorrectionConfig(rollout_is="token").resolve()) == [
