@@ -9,16 +9,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rcdiag import __version__
+from rcdiag._version import __version__
 from rcdiag.backend import Backend, NumpyBackend, get_backend
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import Engine, EngineState
 from rcdiag.errors import ConfigError
 from rcdiag.health import evaluate
-from rcdiag.io import DEFAULT_CHUNK_TOKENS, Chunk, ColumnMap, open_dump, prefetch
+from rcdiag.io import Chunk, open_dump, prefetch
 from rcdiag.io.base import Source, SourceInfo
+from rcdiag.options import ReadOptions
 from rcdiag.report import InputFacts, Report, StepReport
-from rcdiag.validate import OnBadRow, Problem, Screen, ScreenStats, raise_for_bad_rows
+from rcdiag.validate import Problem, Screen, ScreenStats, raise_for_bad_rows
 
 
 @dataclass(frozen=True)
@@ -36,14 +37,11 @@ ProgressCallback = Callable[[ReadProgress], None]
 def analyze(
     path: str | Path,
     config: CorrectionConfig | None = None,
+    read: ReadOptions | None = None,
     *,
-    device: str | Backend = "cpu",
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    columns: ColumnMap | None = None,
-    on_bad_row: OnBadRow | str = OnBadRow.error,
     on_chunk: ProgressCallback | None = None,
-    workers: int = 1,
     save_state: str | Path | None = None,
+    **options: Any,
 ) -> Report:
     """Run verl's rollout correction over a dump and return the report.
 
@@ -51,16 +49,13 @@ def analyze(
         path: the dump: a Parquet, Arrow IPC, JSONL (NeMo-RL, prime-rl), ``.pt`` or ``.npz`` file, a
             directory of shards or a glob (docs/formats.md).
         config: verl's ``rollout_correction`` fields; default: metrics only (verl's YAML default).
-        device: ``cpu`` (numpy), ``cuda`` / ``cuda:N`` (torch) or ``auto``; or a ``Backend``.
-        chunk_tokens: read about this many tokens at a time (memory is bounded by it; results do not
-            depend on it).
-        columns: column names when the common names are not recognised or are ambiguous.
-        on_bad_row: ``"error"`` (default) or ``"skip"``: leave out rows with NaN, +inf, positive log-probs
-            or mask values other than 0/1, counted in ``report.input.skipped_by_reason``.
+        read: how to read the dump (``rcdiag.ReadOptions``: columns, bad-row policy, device, chunk size,
+            workers); default: recognise the columns, stop at a bad row, one CPU process.
         on_chunk: called after each chunk is read with a ``ReadProgress`` (for a progress bar; not called
             with ``workers > 1``).
-        workers: split the file's row groups among this many processes (CPU only); same result.
         save_state: also write the accumulated state here, for ``merge_states`` (scale-out over shards).
+        options: ``ReadOptions`` fields as keywords (``device="cuda"``, ``columns=ColumnMap(...)``), applied
+            on top of ``read``.
 
     Raises:
         ConfigError: invalid configuration (the message is verl's, where verl has one).
@@ -71,17 +66,7 @@ def analyze(
         >>> report = analyze("sample_data/healthy.parquet", preset("decoupled_geo_rs"))  # doctest: +SKIP
         >>> report.metrics["rollout_corr/kl"]  # doctest: +SKIP
     """
-    accumulated = accumulate(
-        path,
-        config,
-        device=device,
-        chunk_tokens=chunk_tokens,
-        columns=columns,
-        on_bad_row=on_bad_row,
-        on_chunk=on_chunk,
-        workers=workers,
-        save_state=save_state,
-    )
+    accumulated = accumulate(path, config, ReadOptions.of(read, options), on_chunk=on_chunk, save_state=save_state)
     return build_report(accumulated.state, accumulated.info, accumulated.device, accumulated.screen)
 
 
@@ -98,14 +83,11 @@ class Accumulated:
 def accumulate(
     path: str | Path,
     config: CorrectionConfig | None = None,
+    read: ReadOptions | None = None,
     *,
-    device: str | Backend = "cpu",
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    columns: ColumnMap | None = None,
-    on_bad_row: OnBadRow | str = OnBadRow.error,
     on_chunk: ProgressCallback | None = None,
-    workers: int = 1,
     save_state: str | Path | None = None,
+    **options: Any,
 ) -> Accumulated:
     """Read a dump into an ``EngineState`` (the mergeable accumulators), without computing the report.
 
@@ -113,20 +95,17 @@ def accumulate(
     that many processes, whose states are merged: the result is the same as one process reading everything.
     """
     resolved = (config or CorrectionConfig()).resolve()
-    if chunk_tokens < 1:
-        raise ConfigError(f"chunk_tokens must be a positive number of tokens, got {chunk_tokens}.")
-    if workers < 1:
-        raise ConfigError(f"workers must be at least 1, got {workers}.")
-    backend = device if isinstance(device, Backend) else get_backend(device)
-    source = open_dump(path, columns)
-    partitions = source.partitions(workers) if workers > 1 else []
+    read = ReadOptions.of(read, options)
+    backend = _backend(read.device)
+    source = open_dump(path, read.columns)
+    partitions = source.partitions(read.workers) if read.workers > 1 else []
     if len(partitions) > 1:
         if not isinstance(backend, NumpyBackend):
-            raise ConfigError("--workers runs several CPU processes; use it with --device cpu.")
-        state, stats = _accumulate_in_processes(source, columns, resolved.config, partitions, chunk_tokens, on_bad_row)
+            raise ConfigError("workers > 1 runs several CPU processes; use it with device 'cpu'.")
+        state, stats = _accumulate_in_processes(source, resolved.config, partitions, read)
     else:
-        screen = Screen(on_bad_row)
-        chunks = prefetch(source.chunks(chunk_tokens))
+        screen = Screen(read.on_bad_row)
+        chunks = prefetch(source.chunks(read.chunk_tokens))
         if on_chunk is not None:
             chunks = _report_progress(chunks, on_chunk, source.info.total_rows)
         state = Engine(resolved, backend).run(screen(chunks))
@@ -147,17 +126,12 @@ def merge_states(paths: list[str | Path]) -> Report:
 
 
 def _accumulate_in_processes(
-    source: Source,
-    columns: ColumnMap | None,
-    config: CorrectionConfig,
-    partitions: list[Any],
-    chunk_tokens: int,
-    on_bad_row: OnBadRow | str,
+    source: Source, config: CorrectionConfig, partitions: list[Any], read: ReadOptions
 ) -> tuple[EngineState, ScreenStats]:
     context = multiprocessing.get_context("spawn")  # the parent holds Arrow threads: fork is not safe
     with ProcessPoolExecutor(max_workers=len(partitions), mp_context=context) as pool:
         futures = [
-            pool.submit(_accumulate_part, source.info.path, columns, part, config, chunk_tokens, str(on_bad_row))
+            pool.submit(_accumulate_part, source.info.path, part, config, read.replace(device="cpu"))
             for part in partitions
         ]
         results = [future.result() for future in futures]
@@ -173,11 +147,11 @@ def _accumulate_in_processes(
 
 
 def _accumulate_part(
-    path: str, columns: ColumnMap | None, part: Any, config: CorrectionConfig, chunk_tokens: int, on_bad_row: str
+    path: str, part: Any, config: CorrectionConfig, read: ReadOptions
 ) -> tuple[dict, dict, Problem | None]:
-    source = open_dump(path, columns)
-    screen = Screen(on_bad_row, verdict_at_end=False)
-    state = Engine(config.resolve()).run(screen(prefetch(source.chunks(chunk_tokens, part=part))))
+    source = open_dump(path, read.columns)
+    screen = Screen(read.on_bad_row, verdict_at_end=False)
+    state = Engine(config.resolve()).run(screen(prefetch(source.chunks(read.chunk_tokens, part=part))))
     return state.state_dict(), screen.stats.to_dict(), screen.first
 
 
@@ -191,18 +165,20 @@ def _report_progress(chunks: Iterable[Chunk], on_chunk: ProgressCallback, total_
 
 
 def analyze_chunks(
-    chunks: Iterable[Chunk],
-    config: CorrectionConfig | None = None,
-    *,
-    device: str | Backend = "cpu",
-    on_bad_row: OnBadRow | str = OnBadRow.error,
+    chunks: Iterable[Chunk], config: CorrectionConfig | None = None, read: ReadOptions | None = None, **options: Any
 ) -> Report:
-    """Like ``analyze`` but over chunks you built yourself (e.g. from tensors in a training loop)."""
+    """Like ``analyze`` but over chunks you built yourself (e.g. from tensors in a training loop); of ``read``,
+    ``device`` and ``on_bad_row`` apply."""
     resolved = (config or CorrectionConfig()).resolve()
-    backend = device if isinstance(device, Backend) else get_backend(device)
-    screen = Screen(on_bad_row)
+    read = ReadOptions.of(read, options)
+    backend = _backend(read.device)
+    screen = Screen(read.on_bad_row)
     state = Engine(resolved, backend).run(screen(chunks))
     return build_report(state, SourceInfo(path="<memory>", format="chunks"), backend.name, screen.stats)
+
+
+def _backend(device: str | Backend) -> Backend:
+    return device if isinstance(device, Backend) else get_backend(device)
 
 
 def build_report(state: EngineState, info: SourceInfo, device: str, screen: ScreenStats | None = None) -> Report:
@@ -233,6 +209,7 @@ def build_report(state: EngineState, info: SourceInfo, device: str, screen: Scre
         skipped_by_reason=dict(screen.skipped_by_reason) if screen else {},
         neg_inf_tokens=dict(screen.neg_inf_tokens) if screen else {},
         files=info.files,
+        step_source=info.step_source if steps else "",
         neg_inf_first=dict(screen.neg_inf_first) if screen else {},
     )
     findings = evaluate(per_step if per_step else [(None, pooled)], state.resolved, facts)

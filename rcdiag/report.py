@@ -60,6 +60,8 @@ class InputFacts:
     neg_inf_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
     """Valid tokens whose log-prob is ``-inf`` (legal: probability 0), per side."""
     files: int = 1
+    step_source: str = ""
+    """Where the steps come from: "column 'NAME'", "file name", "directory name", "key 'NAME'"; "" without."""
     neg_inf_first: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     """Per side, ``[row, position]`` of the first valid token with a ``-inf`` log-prob (0-based)."""
 

@@ -26,7 +26,7 @@ def test_the_prefix_is_written_once() -> None:
 
 
 @pytest.mark.parametrize(
-    "literal", ["0.5, 2.0", "ESS_MIN", "IS_STD_MAX", "KL_ABS_MAX", "CHI2_TOKEN_MAX", "IS_MEAN_RANGE", "1.05"]
+    "literal", ["(0.5, 2.0)", "ESS_MIN", "IS_STD_MAX", "KL_ABS_MAX", "CHI2_TOKEN_MAX", "IS_MEAN_RANGE", "1.05"]
 )
 def test_health_thresholds_live_only_in_the_catalogue(literal: str) -> None:
     places = [path.relative_to(ROOT).as_posix() for path, text in SOURCES.items() if literal in text]

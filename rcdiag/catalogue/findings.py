@@ -183,6 +183,12 @@ FINDINGS: tuple[FindingSpec, ...] = (
         commands=("analyze", "compare"),
     ),
     FindingSpec(
+        "temperature_option_overrides_metadata",
+        "warning",
+        "--temperature-X disagrees with the temperature the dump's metadata records",
+        commands=("compare",),
+    ),
+    FindingSpec(
         "engine_noise_differs",
         "warning",
         "the noise estimates are far apart and temperature cannot be blamed",

@@ -81,6 +81,23 @@ def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[Comp
                 TEMPERATURE_KL_LIMIT,
             )
         )
+    overridden = st.source == "option" and st.recorded_temperature not in (None, st.temperature)
+    if overridden:
+        assert st.temperature is not None
+        assert st.recorded_temperature is not None
+        out.append(
+            _verdict(
+                "temperature_option_overrides_metadata",
+                f"side {side}: --temperature-{side} {st.temperature:g} disagrees with the temperature the dump "
+                f"records ({st.recorded_temperature:g}); the analysis uses {st.temperature:g}. If the dump's "
+                f"metadata is right, drop --temperature-{side}: the noise estimate T*sqrt(2 kl) and the verdict "
+                "depend on it.",
+                side,
+                None,
+                st.temperature,
+                st.recorded_temperature,
+            )
+        )
     recorded = st.source == "metadata" and st.train_temperature is not None
     if recorded and st.train_temperature != st.temperature:
         out.append(

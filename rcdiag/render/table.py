@@ -11,6 +11,7 @@ from rich.text import Text
 from rcdiag.catalogue import FINDINGS, metric, reading, short_key
 from rcdiag.catalogue.metrics import rs_option, step_columns
 from rcdiag.config import CorrectionConfig
+from rcdiag.render import counted
 from rcdiag.report import Finding, Report
 
 T = TypeVar("T")
@@ -60,13 +61,13 @@ def _header(report: Report) -> Text:
     parts = [
         f"rcdiag {report.version}",
         facts.path,
-        f"{facts.rows:,} rows",
+        counted(facts.rows, "row"),
         f"{facts.valid_tokens:,} valid tokens of {facts.tokens:,}",
     ]
     if facts.empty_rows:
         parts.append(f"{facts.empty_rows:,} empty rows")
     if facts.steps:
-        parts.append(f"{facts.steps} steps")
+        parts.append(counted(facts.steps, "step"))
     parts.append(f"device {report.device}")
     text = Text(" · ".join(parts), style="bold")
     text.append("\ninput: " + describe_input(report), style="dim")
@@ -86,7 +87,8 @@ def _header(report: Report) -> Text:
 def describe_input(report: Report) -> str:
     """Format and the column used for each role."""
     used = ", ".join(f"{role}={name}" for role, name in report.input.columns.items() if name is not None)
-    return f"{report.input.format}; columns {used}"
+    steps = f"; steps from the {report.input.step_source}" if report.input.step_source else ""
+    return f"{report.input.format}; columns {used}{steps}"
 
 
 def describe_config(config: dict) -> str:
@@ -103,8 +105,8 @@ def describe_config(config: dict) -> str:
         bits.append(f"rollout_rs={cfg.rollout_rs} threshold={cfg.rollout_rs_threshold}")
     else:
         bits.append("rollout_rs=null")
-    if cfg.bypass_mode:
-        bits.append(f"bypass_mode loss_type={cfg.loss_type}")
+    # loss_type matters in bypass mode only; decoupled runs say so instead of printing a field that is unused
+    bits.append(f"bypass_mode=true loss_type={cfg.loss_type}" if cfg.bypass_mode else "bypass_mode=false (decoupled)")
     return ", ".join(bits)
 
 
