@@ -19,6 +19,7 @@ from rcdiag.catalogue.findings import codes_for, listing_order
 from rcdiag.catalogue.metrics import MetricSpec, Threshold, rs_option, thresholds_with_findings
 from rcdiag.config import ResolvedConfig
 from rcdiag.constants import TEMPERATURE_KEY, TRAIN_TEMPERATURE_KEY
+from rcdiag.io.registry import FORMATS
 from rcdiag.metrics.batch import BatchResult
 from rcdiag.report import Finding, InputFacts
 from rcdiag.stats import t_critical
@@ -33,8 +34,8 @@ KL_K3_ABS_FLOOR = 1e-5
 """Gaps at or below this are float rounding (bitwise-equal engines have a standard error of 0)."""
 MASK_EMPTY_ROW_SHARE = 0.5
 """More than this share of rows without a valid token: the mask looks inverted."""
-FORMATS_WITH_PROMPTS = ("nemo-rl",)
-"""Formats whose rows hold prompt and padding, so a missing mask counts them as response tokens."""
+FORMATS_WITH_PROMPTS = tuple(f.name for f in FORMATS if f.prompts)
+"""Formats whose rows hold prompt and padding (the format registry says which)."""
 
 
 @dataclass(frozen=True)
