@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from statistics import NormalDist
@@ -234,7 +235,8 @@ def _input_findings(facts: InputFacts) -> list[Finding]:
             facts.empty_rows / facts.rows,
             MASK_EMPTY_ROW_SHARE,
         )
-    if facts.format in FORMATS_WITH_PROMPTS and facts.columns.get("response_mask", "") is None:
+    kinds = set(re.split(r"[^\w-]+", facts.format))  # "nemo-rl", "nemo-rl, 3 files", "a+b" for merged states
+    if kinds & set(FORMATS_WITH_PROMPTS) and facts.columns.get("response_mask", "") is None:
         add(
             "mask_missing",
             f"this {facts.format} dump has no mask key, so every position counts as a response token, prompt and "

@@ -167,7 +167,27 @@ def test_mask_missing_in_a_format_with_prompts(tmp_path: Path) -> None:
     nemo_rl_file(path, with_mask=False)
     found = by_code(rcdiag.analyze(path))["mask_missing"]
     assert "32 valid tokens of 32" in found.message and "--mask-col" in found.message
+    nemo_rl_file(tmp_path / "train_data_step2.jsonl", with_mask=False)
+    assert "mask_missing" in by_code(rcdiag.analyze(tmp_path))  # "nemo-rl, 2 files"
     nemo_rl_file(path, with_mask=True)
+    assert rcdiag.analyze(path).findings == ()
+
+
+def test_mask_missing_in_prime_rl_exports(tmp_path: Path) -> None:
+    step = tmp_path / "token_exports" / "step_0"
+    step.mkdir(parents=True)
+    record = {"step": 0, "inference_logprobs": [-0.5, -1.0, -0.2], "trainer_logprobs": [-0.5, -1.0, -0.2]}
+    (step / "rank_0.jsonl").write_text(json.dumps(record) + "\n")
+    assert "mask_missing" in by_code(rcdiag.analyze(tmp_path))
+    record["loss_mask"] = [False, True, True]
+    (step / "rank_0.jsonl").write_text(json.dumps(record) + "\n")
+    assert "mask_missing" not in by_code(rcdiag.analyze(tmp_path))
+
+
+def test_a_format_without_prompts_needs_no_mask(tmp_path: Path) -> None:
+    from conftest import write_dump
+
+    path = write_dump(tmp_path / "d.parquet", {"old_log_prob": [[-1.0, -2.0]], "rollout_log_prob": [[-1.0, -2.0]]})
     assert rcdiag.analyze(path).findings == ()
 
 

@@ -56,7 +56,7 @@ FORMATS: tuple[InputFormat, ...] = (
     InputFormat("nemo-rl", "NeMo-RL JSONL", (".jsonl",), (b"{",), "rcdiag.io.nemo_rl:NemoRlFile",
                 claims="rcdiag.io.nemo_rl:claims", companions=r"^val_data_step\d+\.jsonl$", prompts=True),
     InputFormat("prime-rl", "prime-rl JSONL", (".jsonl",), (b"{",), "rcdiag.io.prime_rl:PrimeRlFile",
-                claims="rcdiag.io.prime_rl:claims", run_dir="token_exports"),
+                claims="rcdiag.io.prime_rl:claims", run_dir="token_exports", prompts=True),
     InputFormat("jsonl", "JSONL", (".jsonl",), (b"{",), "rcdiag.io.jsonl:JsonlFile"),
     InputFormat("torch", "PyTorch .pt", (".pt", ".pth"), (), "rcdiag.io.torch_pt:TorchFile"),
     InputFormat("npz", "NumPy .npz", (".npz",), (b"PK\x03\x04",), "rcdiag.io.npz:NpzFile"),
