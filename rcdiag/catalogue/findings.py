@@ -62,7 +62,8 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "warning",
         "no mask column in a format whose rows hold prompt and padding",
         check="the dump has a mask where its format needs one",
-        advice="Pass --mask-col with the key holding the loss mask (NeMo-RL writes token_loss_mask).",
+        advice="Pass --mask-col with the key holding the loss mask (NeMo-RL writes token_loss_mask, prime-rl "
+        "loss_mask).",
     ),
     FindingSpec(
         "is_mean_out_of_range",
