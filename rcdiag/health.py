@@ -75,27 +75,36 @@ def _threshold_hit(result: BatchResult, spec: MetricSpec, threshold: Threshold) 
         return None
     code = threshold.finding
     assert code is not None
-    facts = f"{spec.short} = {value:.4g}, against {threshold.describe(spec.short)}"
-    if code == "rs_rejects_most_tokens":
-        if value >= 1.0:
-            return None  # rs_rejects_all_tokens says it
-        facts = f"RS rejects {value:.1%} of the valid tokens (against {threshold.describe(spec.short)})"
-        facts += _worst_rs_option(result)
+    rule = threshold.describe(spec.short)
+    facts = _FACTS.get(code, _plain_facts)(result, value, spec.short, rule)
+    if facts is None:
+        return None
     return Hit(code, spec.name, value, threshold.bound, f"{facts}. {finding(code).advice}", threshold.badness(value))
 
 
-def _worst_rs_option(result: BatchResult) -> str:
+def _plain_facts(result: BatchResult, value: float, name: str, rule: str) -> str:
+    return f"{name} = {value:.4g}, against {rule}"
+
+
+def _rs_most_facts(result: BatchResult, value: float, name: str, rule: str) -> str | None:
+    if value >= 1.0:
+        return None  # rs_rejects_all_tokens says it
     shares = {
-        option: value
-        for key, value in result.metrics.items()
-        if value is not None
+        option: share
+        for key, share in result.metrics.items()
+        if share is not None
         and (option := rs_option(key)) is not None
         and key == full_key(f"rollout_rs_{option}_masked_fraction")
     }
-    if not shares:
-        return ""
-    option = max(shares, key=lambda o: shares[o])
-    return f"; {option} rejects the most on its own ({shares[option]:.1%})"
+    text = f"RS rejects {value:.1%} of the valid tokens (against {rule})"
+    if shares:
+        option = max(shares, key=lambda o: shares[o])
+        text += f"; {option} rejects the most on its own ({shares[option]:.1%})"
+    return text
+
+
+_FACTS: dict[str, Callable[[BatchResult, float, str, str], str | None]] = {"rs_rejects_most_tokens": _rs_most_facts}
+"""Findings whose message says more than "metric = value, against the rule" (``None``: do not fire)."""
 
 
 def _thresholds(result: BatchResult, context: Context) -> list[Hit]:
