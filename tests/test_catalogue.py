@@ -105,3 +105,13 @@ def test_crash_codes_raised_by_accumulators_are_in_the_catalogue() -> None:
     raised = {code for text in SOURCES.values() for code in re.findall(r'VerlCrash\(\s*"(\w+)"', text)}
     assert raised == {"verl_crash_empty_batch", "verl_crash_ess_zero_division"}
     assert all(finding(code).severity == "error" for code in raised)
+
+
+@pytest.mark.parametrize("name", list(PACKS))
+def test_check_docs_give_each_pack_its_catalogue_bounds(name: str) -> None:
+    from rcdiag.catalogue.metrics import pack_rules
+
+    row = next(line for line in (ROOT / "docs" / "check.md").read_text().splitlines() if line.startswith(f"| `{name}`"))
+    numbers = {float(n) for n in re.findall(r"\d+(?:\.\d+)?(?:e-?\d+)?", row)}
+    for key, _kind, bound in pack_rules(name):
+        assert f"`{key}`" in row and bound in numbers, (key, bound)
