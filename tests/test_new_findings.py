@@ -265,3 +265,12 @@ def test_cli_json_carries_the_input_findings(tmp_path: Path, capsys: pytest.Capt
         main(["analyze", str(path)])
     out = capsys.readouterr().out
     assert "[logprob_neg_inf]" in out and "metric_not_finite]" not in out
+
+
+def test_topk_table_reads_negative_chi2_as_a_shift(capsys: pytest.CaptureFixture) -> None:
+    from rcdiag.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["analyze", str(Path(__file__).parents[1] / "sample_data" / "topk_offset.parquet")])
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("rollout_corr/chi2_token"))
+    assert "-0.28" in row and "negative" in row and "small spread" not in row
