@@ -115,3 +115,11 @@ def test_check_docs_give_each_pack_its_catalogue_bounds(name: str) -> None:
     numbers = {float(n) for n in re.findall(r"\d+(?:\.\d+)?(?:e-?\d+)?", row)}
     for key, _kind, bound in pack_rules(name):
         assert f"`{key}`" in row and bound in numbers, (key, bound)
+
+
+def test_a_crash_note_needs_a_catalogued_code() -> None:
+    from rcdiag.metrics.base import VerlCrash
+
+    assert VerlCrash("verl_crash_empty_batch", None, "no valid token").code == "verl_crash_empty_batch"
+    with pytest.raises(KeyError):
+        VerlCrash("verl_crash_not_in_the_catalogue", None, "")
