@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 
+from rcdiag.catalogue.findings import finding
+
 if TYPE_CHECKING:
     from rcdiag.metrics.block import Block
 
@@ -69,8 +71,12 @@ class VerlCrash:
     """A condition under which verl v0.9.0 raises instead of logging metrics for this batch."""
 
     code: str
+    """A code of the finding catalogue (``rcdiag.catalogue.findings``), which gives its severity and docs."""
     metric: str | None
     message: str
+
+    def __post_init__(self) -> None:
+        finding(self.code)  # KeyError for a code the catalogue lacks: a bug, caught by the first test that crashes
 
 
 class Accumulator:

@@ -8,6 +8,8 @@
   log(pi_rollout/pi_train) and n_i its valid tokens. The sum of squares comes from the moments of the row means
   x_i = S_i / n_i weighted by n_i^2 (mean mu, M2) as M2 + sum(n_i^2) (mu - kl_hat)^2, a sum of non-negative terms,
   not from raw moments (sum S^2 - 2 kl_hat sum S n + ...), which cancel when the spread is small.
+* ``kl_std_error_dof``: degrees of freedom of that standard error, (sum_i n_i^2)^2 / sum_i n_i^4 (Satterthwaite,
+  with a response's variance growing as the square of its length): a few long responses leave few.
 * ``clamped_token_fraction``: share of valid tokens whose |log-ratio| exceeds verl's safety bound of 20, where
   verl's clamps change the IS weights and chi2.
 """
@@ -26,6 +28,7 @@ EXTRA_KEYS = (
     "rcdiag/abs_log_ratio_max",
     "rcdiag/token_mult_prob_error",
     "rcdiag/kl_std_error",
+    "rcdiag/kl_std_error_dof",
     "rcdiag/clamped_token_fraction",
 )
 
@@ -41,6 +44,7 @@ class ExtraMetrics(Accumulator):
         "clamped": "sum",
         "s_sum": "sum",
         "row_mean": "moments",
+        "n_4": "sum",
     }
 
     def update(self, block: Block) -> None:
@@ -57,6 +61,7 @@ class ExtraMetrics(Accumulator):
             clamped=0 if block.within_clamp else b.count(abs_lr > SAFETY_BOUND),
             s_sum=b.sum(s),
             row_mean=b.moments(block.row_mean(s), n * n),
+            n_4=b.dot(n * n, n * n),
         )
 
     def keys(self) -> list[str]:
@@ -76,5 +81,6 @@ class ExtraMetrics(Accumulator):
             "rcdiag/abs_log_ratio_max": st["abs_max"],
             "rcdiag/token_mult_prob_error": st["exp_abs"] / n,
             "rcdiag/kl_std_error": math.sqrt(max(spread, 0.0)) / n if spread == spread else math.nan,
+            "rcdiag/kl_std_error_dof": x.n**2 / st["n_4"],  # x.n = sum_i n_i^2
             "rcdiag/clamped_token_fraction": st["clamped"] / n,
         }, []
