@@ -137,6 +137,7 @@ class _NumpySegments(Segments):
         starts = np.zeros(self.n_rows, dtype=np.int64)
         np.cumsum(lengths[:-1], out=starts[1:])
         self.starts = starts if self.all_nonempty else starts[self.nonempty]
+        self.lengths = lengths
 
     def _scatter(self, reduced: np.ndarray, fill: float) -> np.ndarray:
         if self.all_nonempty:
@@ -149,6 +150,15 @@ class _NumpySegments(Segments):
         if self.n_tokens == 0:
             return np.zeros(self.n_rows, dtype=np.float64)
         return self._scatter(np.add.reduceat(x, self.starts, dtype=np.float64), 0.0)
+
+    def count(self, cond: np.ndarray) -> np.ndarray:
+        # Rejections are usually rare: the rows of the true entries, counted, beat a reduceat over every token
+        # (which casts each one to float64). Dense conditions take the reduceat.
+        hits = np.flatnonzero(cond)
+        if hits.size * 8 > cond.size:
+            return self.sum(cond)
+        rows = np.searchsorted(np.cumsum(self.lengths), hits, side="right")
+        return np.bincount(rows, minlength=self.n_rows).astype(np.float64)
 
     def max(self, x: np.ndarray, empty: float) -> np.ndarray:
         if self.n_tokens == 0:
@@ -199,6 +209,17 @@ class NumpyBackend(Backend):
 
     def sum(self, x: np.ndarray) -> float:
         return float(np.add.reduce(x, dtype=np.float64)) if x.size else 0.0
+
+    def moments(self, x: np.ndarray, weights: np.ndarray | None = None) -> tuple[float, float, float]:
+        if weights is not None or x.dtype != np.float32 or not x.size:
+            return super().moments(x, weights)
+        # float32 values: cast once and centre in place (summing float32 with dtype=float64 casts every value
+        # again on each pass).
+        d = x.astype(np.float64)
+        n = d.shape[0]
+        mean = float(np.add.reduce(d)) / n
+        d -= mean
+        return float(n), mean, float(np.einsum("i,i->", d, d))
 
     def numel(self, x: np.ndarray) -> int:
         return int(x.size)

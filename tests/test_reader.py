@@ -212,3 +212,44 @@ def test_single_giant_row_group_is_streamed(tmp_path: Path) -> None:
     chunks = list(open_dump(path).chunks(chunk_tokens=500))
     assert len(chunks) > 5 and max(c.n_tokens for c in chunks) <= 500
     assert sum(c.n_rows for c in chunks) == 200
+
+
+def test_row_groups_decoded_in_parallel_come_in_file_order(tmp_path: Path) -> None:
+    """Small row groups are decoded two at a time, large ones streamed: either way every row arrives once, in
+    file order, with its file row number (for error messages), as a plain pyarrow scan sees them."""
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 40, 300)
+    old = [(-rng.random(n)).astype(np.float32).tolist() for n in lengths]
+    table = pa.table(
+        {
+            "old_log_prob": pa.array(old, type=pa.list_(pa.float32())),
+            "rollout_log_prob": pa.array(old, type=pa.list_(pa.float32())),
+            "response_mask": pa.array([[1] * n for n in lengths], type=pa.list_(pa.int8())),
+        }
+    )
+    path = tmp_path / "groups.parquet"
+    with pq.ParquetWriter(path, table.schema) as writer:
+        start = 0
+        for size in (7, 60, 5, 5, 150, 3, 70):  # 150 and 70 rows: more than two 300-token chunks, streamed
+            writer.write_table(table.slice(start, size))
+            start += size
+    assert pq.ParquetFile(path).metadata.num_row_groups == 7
+    from rcdiag.io import open_dump
+
+    chunks = list(open_dump(path).chunks(chunk_tokens=300))
+    assert [c.first_row for c in chunks] == list(np.cumsum([0] + [c.n_rows for c in chunks[:-1]]))
+    flat = np.concatenate([c.old for c in chunks])
+    np.testing.assert_array_equal(flat, np.concatenate(old).astype(np.float32))
+    assert max(c.n_tokens for c in chunks) <= 300
+
+
+def test_sparse_and_dense_segment_counts_agree() -> None:
+    from rcdiag.backend import NumpyBackend
+
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(0, 30, 200)  # empty rows included
+    seg = NumpyBackend().segments(lengths)
+    for density in (0.001, 0.05, 0.5, 1.0):
+        cond = rng.random(int(lengths.sum())) < density
+        expected = [int(part.sum()) for part in np.split(cond, np.cumsum(lengths)[:-1])]
+        assert seg.count(cond).tolist() == expected
