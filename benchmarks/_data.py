@@ -76,3 +76,17 @@ def _write(path: Path, tokens: int, seed: int, compression: str) -> None:
         if writer is not None:
             writer.close()
     tmp.replace(path)
+
+
+def ipc_copy(parquet: Path) -> Path:
+    """The same dump as an uncompressed Arrow IPC file (``.arrow``, read memory-mapped), written on first use
+    row group by row group."""
+    path = parquet.with_suffix(".arrow")
+    if not path.exists():
+        source = pq.ParquetFile(parquet)
+        tmp = path.with_suffix(".arrow.tmp")
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, source.schema_arrow) as writer:
+            for group in range(source.metadata.num_row_groups):
+                writer.write_table(source.read_row_group(group))
+        tmp.replace(path)
+    return path

@@ -1,24 +1,91 @@
-"""Throughput: rcdiag end to end against the I/O floor and the padded approach, measured side by side.
+"""Throughput: rcdiag end to end against a bare Parquet decode, and the new features against their budgets, in one run.
 
     python benchmarks/throughput.py --tokens 100M --rounds 3
 
-Each round times every method once, in turn (interleaved, so load on a shared machine hits all of them); the
-report gives medians over rounds, in million tokens per second, and the ratios within the same run. The padded
-baseline is slow, so it reads only the first ``--padded-tokens`` of the dump (throughput does not depend on
-file size). A GPU row is added when torch sees a CUDA device.
+The floor is ``decode``: pyarrow reading each row group with its threads and flattening the three list columns,
+nothing else. ``scan_sum`` is the benchmark's former floor (a batch scan that also sums every value in float64),
+kept as a second reference. One warm-up round runs every method once (it also brings the dump into the page
+cache), then each round times every method once, in turn (interleaved, so load on a shared machine hits all of
+them); the report gives medians over rounds in million tokens per second, and the ratios within this run:
+
+* ``rcdiag`` (verl's default configuration) and ``rcdiag is_rs`` (``--is sequence --is-threshold 2.0
+  --rs token_k1,seq_mean_k1 --rs-threshold 0.5_2.0,0.999_1.001``) against ``decode`` (target >= 0.8);
+* the same dump as a memory-mapped Arrow IPC file against the maths alone (``maths``: the engine over chunks
+  already in memory), to show IPC is bound by the maths, not the reads;
+* ``--explain`` against plain analyze (time, target <= 1.5x), the default sweep against one
+  ``analyze --rs token_k1`` (time, <= 3x), ``--ray`` on 2 local CPUs against ``--workers 2`` (throughput, >= 0.8):
+  each measured where this checkout has the feature, else reported as not measured;
+* the padded approach trainers use (verl's own helper on ``[B, T]`` tensors) on the first ``--padded-tokens``;
+* a ``--device cuda`` row where torch sees a GPU.
+
+Finally ``rcdiag --help`` is timed (fresh processes, median of 5). Peak memory: benchmarks/memory.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
+import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
+from pathlib import Path
 
-from _data import dump, parse_tokens
-from _methods import io_floor, padded, rcdiag_e2e
+from _data import dump, ipc_copy, parse_tokens
+from _methods import CONFIG, decode, padded, rcdiag_e2e, scan_sum
+from startup import startup
 
+import rcdiag
 from rcdiag.constants import DEFAULT_CHUNK_TOKENS
+
+Method = Callable[[], int]
+
+
+def maths_only(path: Path, chunk_tokens: int, tokens: int) -> Method:
+    """The engine alone (screen + maths, one thread) over the first ``tokens`` of the dump held in memory."""
+    from rcdiag.engine import Engine
+    from rcdiag.io import open_dump
+    from rcdiag.validate import Screen
+
+    chunks, held = [], 0
+    for chunk in open_dump(path).chunks(chunk_tokens):
+        chunks.append(chunk)
+        held += chunk.n_tokens
+        if held >= tokens:
+            break
+
+    def run() -> int:
+        Engine(CONFIG.resolve()).run(Screen()(chunks))
+        return held
+
+    return run
+
+
+def feature_methods(path: Path, chunk: int) -> tuple[dict[str, Method], list[str]]:
+    """The new features' methods this checkout has, and a line for each one it lacks."""
+    methods: dict[str, Method] = {}
+    missing: list[str] = []
+    params = inspect.signature(rcdiag.analyze).parameters
+    if "explain" in params:
+        methods["rcdiag --explain"] = lambda: rcdiag.analyze(path, explain=True, chunk_tokens=chunk).input.tokens
+    else:
+        missing.append("--explain: not in this checkout (not measured)")
+    try:
+        from _methods import analyze_token_k1, sweep_default
+    except ImportError:
+        missing.append("sweep: not in this checkout (not measured)")
+    else:
+        methods["analyze --rs token_k1"] = lambda: analyze_token_k1(path, chunk)
+        methods["sweep (default)"] = lambda: sweep_default(path, chunk)
+    ray = _ray() if "ray" in params else None
+    if ray is None:
+        missing.append("--ray: not in this checkout, or ray is not installed (not measured)")
+    else:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        methods["rcdiag is_rs --workers 2"] = lambda: rcdiag_e2e(path, chunk, workers=2)
+        methods["rcdiag is_rs --ray (2 CPUs)"] = lambda: rcdiag_e2e(path, chunk, ray=True)
+    return methods, missing
 
 
 def main() -> None:
@@ -27,37 +94,96 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS)
     parser.add_argument("--padded-tokens", default="10M", help="tokens the padded baseline reads (0 = skip it)")
+    parser.add_argument("--maths-tokens", default="10M", help="tokens held in memory for the maths-only row")
+    parser.add_argument("--no-ipc", action="store_true", help="skip the Arrow IPC rows")
+    parser.add_argument("--no-features", action="store_true", help="skip --explain, sweep and --ray")
     args = parser.parse_args()
-    path = dump(parse_tokens(args.tokens))
-    padded_tokens = parse_tokens(args.padded_tokens)
-    methods = {
-        "io_floor": lambda: io_floor(path, args.chunk_tokens),
-        "rcdiag": lambda: rcdiag_e2e(path, args.chunk_tokens),
+    path, chunk = dump(parse_tokens(args.tokens)), args.chunk_tokens
+    methods: dict[str, Method] = {
+        "decode": lambda: decode(path),
+        "scan_sum (former floor)": lambda: scan_sum(path, chunk),
+        "rcdiag": lambda: rcdiag_e2e(path, chunk, config="default"),
+        "rcdiag is_rs": lambda: rcdiag_e2e(path, chunk),
     }
+    if not args.no_ipc:
+        ipc = ipc_copy(path)
+        methods["rcdiag, IPC mmap"] = lambda: rcdiag_e2e(ipc, chunk, config="default")
+        methods["rcdiag is_rs, IPC mmap"] = lambda: rcdiag_e2e(ipc, chunk)
+        methods["maths (is_rs, in memory)"] = maths_only(path, chunk, parse_tokens(args.maths_tokens))
+    missing: list[str] = []
+    if not args.no_features:
+        features, missing = feature_methods(path, chunk)
+        methods |= features
+    padded_tokens = parse_tokens(args.padded_tokens)
     if padded_tokens:
-        methods["padded"] = lambda: padded(path, args.chunk_tokens, padded_tokens)
+        methods["padded (verl helper)"] = lambda: padded(path, chunk, padded_tokens)
     if _cuda():
-        methods["rcdiag_cuda"] = lambda: rcdiag_e2e(path, args.chunk_tokens, device="cuda")
-    rates: dict[str, list[float]] = {name: [] for name in methods}
-    print(f"{path.name}: {path.stat().st_size / 1e6:.0f} MB, chunk {args.chunk_tokens:,} tokens, {args.rounds} rounds")
+        methods["rcdiag is_rs --device cuda"] = lambda: rcdiag_e2e(path, chunk, device="cuda")
+    print(f"{path.name}: {path.stat().st_size / 1e6:.0f} MB, chunk {chunk:,} tokens, 1 warm-up + {args.rounds} rounds")
     print(f"machine: {platform.processor() or platform.machine()}, {_cpus()} CPUs, Python {platform.python_version()}")
-    for round_ in range(args.rounds):
+    print(f"load average before: {_load()}")
+    seconds: dict[str, list[float]] = {name: [] for name in methods}
+    tokens: dict[str, int] = {}
+    for round_ in range(args.rounds + 1):
         for name, method in methods.items():
             start = time.perf_counter()
-            tokens = method()
-            seconds = time.perf_counter() - start
-            rates[name].append(tokens / seconds / 1e6)
-            print(f"  round {round_ + 1}: {name:12s} {tokens / seconds / 1e6:7.1f} M tok/s ({seconds:.1f} s)")
-    medians = {name: statistics.median(values) for name, values in rates.items()}
-    print("\nmedian M tok/s (min-max):")
-    for name, values in rates.items():
-        print(f"  {name:12s} {medians[name]:7.1f} ({min(values):.1f}-{max(values):.1f})")
-    print("\nratios (same run):")
-    print(f"  rcdiag / io_floor = {medians['rcdiag'] / medians['io_floor']:.2f}   (target >= 0.7)")
-    if "padded" in medians:
-        print(f"  rcdiag / padded   = {medians['rcdiag'] / medians['padded']:.1f}x  (target >= 10x)")
-    if "rcdiag_cuda" in medians:
-        print(f"  cuda / cpu        = {medians['rcdiag_cuda'] / medians['rcdiag']:.2f}")
+            tokens[name] = method()
+            elapsed = time.perf_counter() - start
+            label = "warm-up" if round_ == 0 else f"round {round_}"
+            print(f"  {label}: {name:28s} {tokens[name] / elapsed / 1e6:7.1f} M tok/s ({elapsed:.1f} s)", flush=True)
+            if round_:
+                seconds[name].append(elapsed)
+    rate = {name: statistics.median(tokens[name] / s / 1e6 for s in values) for name, values in seconds.items()}
+    print(f"load average after: {_load()}\n")
+    print("| method | M tokens/s, median (min-max) |\n|---|---|")
+    for name, values in seconds.items():
+        rates = [tokens[name] / s / 1e6 for s in values]
+        print(f"| {name} | {rate[name]:.1f} ({min(rates):.1f}-{max(rates):.1f}) |")
+    print("\n| ratio (same run) | measured | target |\n|---|---|---|")
+    ratio = _ratios(rate, seconds)
+    for label, value, target in ratio:
+        print(f"| {label} | {value} | {target} |")
+    for line in missing:
+        print(f"| {line} | | |")
+    help_seconds = startup(["--help"], repeats=5)
+    print(f"\n`rcdiag --help`: {help_seconds:.2f} s (median of 5 fresh processes; load average {_load()})")
+
+
+def _ratios(rate: dict[str, float], seconds: dict[str, list[float]]) -> list[tuple[str, str, str]]:
+    def time_ratio(a: str, b: str) -> float:
+        return statistics.median(seconds[a]) / statistics.median(seconds[b])
+
+    out = [
+        ("rcdiag / decode", f"**{rate['rcdiag'] / rate['decode']:.2f}**", ">= 0.8"),
+        ("rcdiag is_rs / decode", f"**{rate['rcdiag is_rs'] / rate['decode']:.2f}**", ">= 0.8"),
+        ("scan_sum (former floor) / decode", f"{rate['scan_sum (former floor)'] / rate['decode']:.2f}", ""),
+    ]
+    if "rcdiag is_rs, IPC mmap" in rate:
+        ipc, maths = rate["rcdiag is_rs, IPC mmap"], rate["maths (is_rs, in memory)"]
+        out.append(("rcdiag is_rs: IPC mmap / maths alone", f"{ipc / maths:.2f}", "close to 1 (bound by the maths)"))
+        out.append(("rcdiag is_rs: IPC mmap / Parquet", f"{ipc / rate['rcdiag is_rs']:.2f}", ""))
+    if "rcdiag --explain" in seconds:
+        value = time_ratio("rcdiag --explain", "rcdiag")
+        out.append(("time: --explain / plain analyze", f"**{value:.2f}x**", "<= 1.5x"))
+    if "sweep (default)" in seconds:
+        value = time_ratio("sweep (default)", "analyze --rs token_k1")
+        out.append(("time: default sweep / analyze --rs token_k1", f"**{value:.2f}x**", "<= 3x"))
+    if "rcdiag is_rs --ray (2 CPUs)" in rate:
+        value = rate["rcdiag is_rs --ray (2 CPUs)"] / rate["rcdiag is_rs --workers 2"]
+        out.append(("--ray (2 CPUs) / --workers 2", f"**{value:.2f}**", ">= 0.8"))
+    if "padded (verl helper)" in rate:
+        out.append(("rcdiag is_rs / padded", f"{rate['rcdiag is_rs'] / rate['padded (verl helper)']:.0f}x", ">= 10x"))
+    if "rcdiag is_rs --device cuda" in rate:
+        out.append(("cuda / cpu (is_rs)", f"{rate['rcdiag is_rs --device cuda'] / rate['rcdiag is_rs']:.2f}", ""))
+    return out
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        return None
+    return ray
 
 
 def _cuda() -> bool:
@@ -69,9 +195,11 @@ def _cuda() -> bool:
 
 
 def _cpus() -> int:
-    import os
-
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
+
+
+def _load() -> str:
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":
