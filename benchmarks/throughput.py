@@ -122,25 +122,10 @@ def main() -> None:
     print(f"{path.name}: {path.stat().st_size / 1e6:.0f} MB, chunk {chunk:,} tokens, 1 warm-up + {args.rounds} rounds")
     print(f"machine: {platform.processor() or platform.machine()}, {_cpus()} CPUs, Python {platform.python_version()}")
     print(f"load average before: {_load()}")
-    seconds: dict[str, list[float]] = {name: [] for name in methods}
-    tokens: dict[str, int] = {}
-    for round_ in range(args.rounds + 1):
-        for name, method in methods.items():
-            start = time.perf_counter()
-            tokens[name] = method()
-            elapsed = time.perf_counter() - start
-            label = "warm-up" if round_ == 0 else f"round {round_}"
-            print(f"  {label}: {name:28s} {tokens[name] / elapsed / 1e6:7.1f} M tok/s ({elapsed:.1f} s)", flush=True)
-            if round_:
-                seconds[name].append(elapsed)
-    rate = {name: statistics.median(tokens[name] / s / 1e6 for s in values) for name, values in seconds.items()}
-    print(f"load average after: {_load()}\n")
-    print("| method | M tokens/s, median (min-max) |\n|---|---|")
-    for name, values in seconds.items():
-        rates = [tokens[name] / s / 1e6 for s in values]
-        print(f"| {name} | {rate[name]:.1f} ({min(rates):.1f}-{max(rates):.1f}) |")
+    rate = interleaved(methods, args.rounds, warmup=True)
+    print(f"load average after: {_load()}")
     print("\n| ratio (same run) | measured | target |\n|---|---|---|")
-    ratio = _ratios(rate, seconds)
+    ratio = _ratios(rate)
     for label, value, target in ratio:
         print(f"| {label} | {value} | {target} |")
     for line in missing:
@@ -149,9 +134,29 @@ def main() -> None:
     print(f"\n`rcdiag --help`: {help_seconds:.2f} s (median of 5 fresh processes; load average {_load()})")
 
 
-def _ratios(rate: dict[str, float], seconds: dict[str, list[float]]) -> list[tuple[str, str, str]]:
-    def time_ratio(a: str, b: str) -> float:
-        return statistics.median(seconds[a]) / statistics.median(seconds[b])
+def interleaved(methods: dict[str, Method], rounds: int, warmup: bool = False) -> dict[str, float]:
+    """Time every method (returning the tokens it read) once per round, in turn, after an untimed warm-up round
+    if asked; print each time and a table of the medians (M tokens/s, min-max), and return the medians."""
+    rates: dict[str, list[float]] = {name: [] for name in methods}
+    for round_ in range(rounds + int(warmup)):
+        for name, method in methods.items():
+            start = time.perf_counter()
+            tokens = method()
+            seconds = time.perf_counter() - start
+            label = "warm-up" if warmup and round_ == 0 else f"round {round_ + int(not warmup)}"
+            print(f"  {label}: {name:28s} {tokens / seconds / 1e6:7.1f} M tok/s ({seconds:.1f} s)", flush=True)
+            if label != "warm-up":
+                rates[name].append(tokens / seconds / 1e6)
+    medians = {name: statistics.median(values) for name, values in rates.items()}
+    print("\n| method | M tokens/s, median (min-max) |\n|---|---|")
+    for name, values in rates.items():
+        print(f"| {name} | {medians[name]:.1f} ({min(values):.1f}-{max(values):.1f}) |")
+    return medians
+
+
+def _ratios(rate: dict[str, float]) -> list[tuple[str, str, str]]:
+    def time_ratio(a: str, b: str) -> float:  # both read the same tokens: times are inverse to rates
+        return rate[b] / rate[a]
 
     out = [
         ("rcdiag / decode", f"**{rate['rcdiag'] / rate['decode']:.2f}**", ">= 0.8"),
@@ -162,10 +167,10 @@ def _ratios(rate: dict[str, float], seconds: dict[str, list[float]]) -> list[tup
         ipc, maths = rate["rcdiag is_rs, IPC mmap"], rate["maths (is_rs, in memory)"]
         out.append(("rcdiag is_rs: IPC mmap / maths alone", f"{ipc / maths:.2f}", "close to 1 (bound by the maths)"))
         out.append(("rcdiag is_rs: IPC mmap / Parquet", f"{ipc / rate['rcdiag is_rs']:.2f}", ""))
-    if "rcdiag --explain" in seconds:
+    if "rcdiag --explain" in rate:
         value = time_ratio("rcdiag --explain", "rcdiag")
         out.append(("time: --explain / plain analyze", f"**{value:.2f}x**", "<= 1.5x"))
-    if "sweep (default)" in seconds:
+    if "sweep (default)" in rate:
         value = time_ratio("sweep (default)", "analyze --rs token_k1")
         out.append(("time: default sweep / analyze --rs token_k1", f"**{value:.2f}x**", "<= 3x"))
     if "rcdiag is_rs --ray (2 CPUs)" in rate:
