@@ -8,6 +8,7 @@ responses. Files are cached under benchmarks/data/ (git-ignored) by token count 
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -15,7 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(os.environ.get("RCDIAG_BENCH_DATA") or Path(__file__).resolve().parent / "data")
+"""Where dumps are cached (``RCDIAG_BENCH_DATA`` overrides it, e.g. for the smoke test)."""
 ROWS_PER_STEP = 512
 
 
@@ -30,7 +32,7 @@ def parse_tokens(text: str) -> int:
 
 def dump(tokens: int, seed: int = 0, compression: str = "zstd") -> Path:
     """Path of a cached dump of about ``tokens`` tokens (generated on first use)."""
-    DATA.mkdir(exist_ok=True)
+    DATA.mkdir(parents=True, exist_ok=True)
     path = DATA / f"bench_{tokens}_{seed}_{compression}.parquet"
     if not path.exists():
         _write(path, tokens, seed, compression)

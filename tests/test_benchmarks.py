@@ -1,0 +1,40 @@
+"""The benchmark scripts run end to end on a tiny dump and print the tables docs/performance.md quotes (their
+numbers are measured by running them, never asserted here: see docs/performance.md)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _run(tmp_path: Path, script: str, *args: str) -> str:
+    env = os.environ | {"RCDIAG_BENCH_DATA": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args], cwd=BENCHMARKS, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "expected"),
+    [
+        (
+            "throughput.py",
+            ("--tokens", "200k", "--rounds", "1", "--padded-tokens", "0", "--maths-tokens", "100k", "--no-features"),
+            ["| decode |", "| rcdiag is_rs, IPC mmap |", "| rcdiag / decode |", "IPC mmap / maths alone", "--help`:"],
+        ),
+        ("memory.py", ("--tokens", "100k,200k", "--padded-tokens", "0"), ["| rcdiag is_rs | IPC mmap |", "RssAnon"]),
+        ("cpu_time.py", ("--tokens", "200k", "--repeats", "1"), ["| decode (the floor) |", "| engine, is_rs |"]),
+    ],
+)
+def test_benchmark_scripts_run(tmp_path: Path, script: str, args: tuple[str, ...], expected: list[str]) -> None:
+    out = _run(tmp_path, script, *args)
+    for text in expected:
+        assert text in out
