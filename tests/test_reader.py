@@ -214,9 +214,9 @@ def test_single_giant_row_group_is_streamed(tmp_path: Path) -> None:
     assert sum(c.n_rows for c in chunks) == 200
 
 
-def test_row_groups_decoded_in_parallel_come_in_file_order(tmp_path: Path) -> None:
-    """Small row groups are decoded two at a time, large ones streamed: either way every row arrives once, in
-    file order, with its file row number (for error messages), as a plain pyarrow scan sees them."""
+def test_row_groups_of_mixed_sizes_come_in_file_order(tmp_path: Path) -> None:
+    """Row groups smaller and larger than a chunk: every row arrives once, in file order, with its file row
+    number (for error messages), in chunks of at most the chunk size."""
     rng = np.random.default_rng(3)
     lengths = rng.integers(1, 40, 300)
     old = [(-rng.random(n)).astype(np.float32).tolist() for n in lengths]
@@ -230,7 +230,7 @@ def test_row_groups_decoded_in_parallel_come_in_file_order(tmp_path: Path) -> No
     path = tmp_path / "groups.parquet"
     with pq.ParquetWriter(path, table.schema) as writer:
         start = 0
-        for size in (7, 60, 5, 5, 150, 3, 70):  # 150 and 70 rows: more than two 300-token chunks, streamed
+        for size in (7, 60, 5, 5, 150, 3, 70):
             writer.write_table(table.slice(start, size))
             start += size
     assert pq.ParquetFile(path).metadata.num_row_groups == 7
