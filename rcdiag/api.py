@@ -14,10 +14,16 @@ from rcdiag.backend import Backend, NumpyBackend, get_backend
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import Engine, EngineState
 from rcdiag.errors import ConfigError
+from rcdiag.explain.detectors import detect
+from rcdiag.explain.sequences import SequenceWriter, cleanup, temporary_directory
+from rcdiag.explain.sequences import check_target as check_sequences_target
+from rcdiag.explain.sequences import finish as finish_sequences
+from rcdiag.explain.state import ExplainState, number_rows
+from rcdiag.explain.worst import DEFAULT_WORST
 from rcdiag.health import evaluate
 from rcdiag.io import DEFAULT_CHUNK_TOKENS, Chunk, ColumnMap, open_dump, prefetch
 from rcdiag.io.base import Source, SourceInfo
-from rcdiag.report import InputFacts, Report, StepReport
+from rcdiag.report import ExplainReport, InputFacts, Report, StepReport
 from rcdiag.validate import OnBadRow, Problem, Screen, ScreenStats, raise_for_bad_rows
 
 
@@ -44,6 +50,9 @@ def analyze(
     on_chunk: ProgressCallback | None = None,
     workers: int = 1,
     save_state: str | Path | None = None,
+    explain: bool = False,
+    worst: int = DEFAULT_WORST,
+    sequences: str | Path | None = None,
 ) -> Report:
     """Run verl's rollout correction over a dump and return the report.
 
@@ -61,6 +70,11 @@ def analyze(
             with ``workers > 1``).
         workers: split the file's row groups among this many processes (CPU only); same result.
         save_state: also write the accumulated state here, for ``merge_states`` (scale-out over shards).
+        explain: also say where the mismatch sits: breakdowns by position, rollout probability and length, the
+            ``worst`` most extreme responses and the bias detectors (``report.explain``, docs/explain.md).
+        worst: how many responses the worst-responses list keeps (implies ``explain``).
+        sequences: write one row per response to this Parquet file (implies ``explain``; read it back with
+            ``report.sequences_frame()``).
 
     Raises:
         ConfigError: invalid configuration (the message is verl's, where verl has one).
@@ -81,8 +95,13 @@ def analyze(
         on_chunk=on_chunk,
         workers=workers,
         save_state=save_state,
+        explain=explain or worst != DEFAULT_WORST or sequences is not None,
+        worst=worst,
+        sequences=sequences,
     )
-    return build_report(accumulated.state, accumulated.info, accumulated.device, accumulated.screen)
+    return build_report(
+        accumulated.state, accumulated.info, accumulated.device, accumulated.screen, sequences_path=sequences
+    )
 
 
 @dataclass(frozen=True)
@@ -106,6 +125,9 @@ def accumulate(
     on_chunk: ProgressCallback | None = None,
     workers: int = 1,
     save_state: str | Path | None = None,
+    explain: bool = False,
+    worst: int = DEFAULT_WORST,
+    sequences: str | Path | None = None,
 ) -> Accumulated:
     """Read a dump into an ``EngineState`` (the mergeable accumulators), without computing the report.
 
@@ -117,25 +139,69 @@ def accumulate(
         raise ConfigError(f"chunk_tokens must be a positive number of tokens, got {chunk_tokens}.")
     if workers < 1:
         raise ConfigError(f"workers must be at least 1, got {workers}.")
+    if worst < 0:
+        raise ConfigError(f"--worst must be 0 or more responses, got {worst}.")
+    if sequences is not None:
+        check_sequences_target(sequences)
     backend = device if isinstance(device, Backend) else get_backend(device)
     source = open_dump(path, columns)
     partitions = source.partitions(workers) if workers > 1 else []
-    if len(partitions) > 1:
-        if not isinstance(backend, NumpyBackend):
-            raise ConfigError("--workers runs several CPU processes; use it with --device cpu.")
-        state, stats = _accumulate_in_processes(source, columns, resolved.config, partitions, chunk_tokens, on_bad_row)
-    else:
-        screen = Screen(on_bad_row)
-        chunks = prefetch(source.chunks(chunk_tokens))
-        if on_chunk is not None:
-            chunks = _report_progress(chunks, on_chunk, source.info.total_rows)
-        state = Engine(resolved, backend).run(screen(chunks))
-        stats = screen.stats
+    scratch = temporary_directory(sequences) if sequences is not None else None
+    try:
+        if len(partitions) > 1:
+            if not isinstance(backend, NumpyBackend):
+                raise ConfigError("--workers runs several CPU processes; use it with --device cpu.")
+            explain_parts = ExplainParts(worst, scratch) if explain else None
+            state, stats = _accumulate_in_processes(
+                source, columns, resolved.config, partitions, chunk_tokens, on_bad_row, explain_parts
+            )
+        else:
+            screen = Screen(on_bad_row)
+            explain_state = ExplainState(worst) if explain else None
+            writer = _sequence_writer(explain_state, resolved, scratch, 0)
+            chunks = number_rows(prefetch(source.chunks(chunk_tokens)), explain_state)
+            if on_chunk is not None:
+                chunks = _report_progress(chunks, on_chunk, source.info.total_rows)
+            state = Engine(resolved, backend, explain_state).run(screen(chunks))
+            stats = screen.stats
+            if writer is not None:
+                writer.flush()
+        if scratch is not None and sequences is not None:
+            finish_sequences(_part_offsets(scratch, state), sequences)
+    finally:
+        if scratch is not None:
+            cleanup(scratch)
     if save_state is not None:
         from rcdiag.state import save_state as write_state
 
         write_state(save_state, state, [source.info], stats)
     return Accumulated(state, source.info, backend.name, stats)
+
+
+@dataclass(frozen=True)
+class ExplainParts:
+    """What worker processes need for ``--explain``: the list size and where part files go."""
+
+    worst: int
+    scratch: Path | None
+
+
+def _sequence_writer(
+    explain_state: ExplainState | None, resolved: Any, scratch: Path | None, part: int
+) -> SequenceWriter | None:
+    if explain_state is None or scratch is None:
+        return None
+    writer = SequenceWriter(resolved, scratch / f"part-{part:04d}")
+    explain_state.observers.append(writer)
+    return writer
+
+
+def _part_offsets(scratch: Path, state: EngineState) -> list[tuple[Path, int]]:
+    """Each worker part's directory with the rows read before it (parts are in reading order)."""
+    offsets = state.explain.part_rows if state.explain is not None else []
+    directories = sorted(p for p in scratch.iterdir() if p.is_dir())
+    starts = [sum(offsets[:i]) for i in range(len(directories))] if offsets else [0] * len(directories)
+    return list(zip(directories, starts, strict=True))
 
 
 def merge_states(paths: list[str | Path]) -> Report:
@@ -153,31 +219,52 @@ def _accumulate_in_processes(
     partitions: list[Any],
     chunk_tokens: int,
     on_bad_row: OnBadRow | str,
+    explain: ExplainParts | None = None,
 ) -> tuple[EngineState, ScreenStats]:
     context = multiprocessing.get_context("spawn")  # the parent holds Arrow threads: fork is not safe
     with ProcessPoolExecutor(max_workers=len(partitions), mp_context=context) as pool:
         futures = [
-            pool.submit(_accumulate_part, source.info.path, columns, part, config, chunk_tokens, str(on_bad_row))
-            for part in partitions
+            pool.submit(
+                _accumulate_part, source.info.path, columns, part, config, chunk_tokens, str(on_bad_row), explain, i
+            )
+            for i, part in enumerate(partitions)
         ]
         results = [future.result() for future in futures]
     resolved = config.resolve()
-    merged, stats = EngineState(resolved), ScreenStats()
+    merged, stats = EngineState(resolved, explain=ExplainState(explain.worst) if explain else None), ScreenStats()
+    part_rows = []
     first: Problem | None = None
     for saved_state, saved_stats, problem in results:  # in part order: the first bad row is the earliest
-        merged.merge(EngineState.from_state_dict(resolved, saved_state))
+        part = EngineState.from_state_dict(resolved, saved_state)
+        part_rows.append(part.explain.rows_read if part.explain is not None else 0)
+        merged.merge(part)
         stats = stats.merge(ScreenStats.from_dict(saved_stats))
         first = first or problem
     raise_for_bad_rows(first, stats)  # counted over the whole dump, not one part
+    if merged.explain is not None:
+        merged.explain.part_rows = part_rows
     return merged, stats
 
 
 def _accumulate_part(
-    path: str, columns: ColumnMap | None, part: Any, config: CorrectionConfig, chunk_tokens: int, on_bad_row: str
+    path: str,
+    columns: ColumnMap | None,
+    part: Any,
+    config: CorrectionConfig,
+    chunk_tokens: int,
+    on_bad_row: str,
+    explain: ExplainParts | None = None,
+    index: int = 0,
 ) -> tuple[dict, dict, Problem | None]:
     source = open_dump(path, columns)
     screen = Screen(on_bad_row, verdict_at_end=False)
-    state = Engine(config.resolve()).run(screen(prefetch(source.chunks(chunk_tokens, part=part))))
+    resolved = config.resolve()
+    explain_state = ExplainState(explain.worst) if explain is not None else None
+    writer = _sequence_writer(explain_state, resolved, explain.scratch if explain else None, index)
+    chunks = number_rows(prefetch(source.chunks(chunk_tokens, part=part)), explain_state)
+    state = Engine(resolved, explain=explain_state).run(screen(chunks))
+    if writer is not None:
+        writer.flush()
     return state.state_dict(), screen.stats.to_dict(), screen.first
 
 
@@ -205,8 +292,15 @@ def analyze_chunks(
     return build_report(state, SourceInfo(path="<memory>", format="chunks"), backend.name, screen.stats)
 
 
-def build_report(state: EngineState, info: SourceInfo, device: str, screen: ScreenStats | None = None) -> Report:
-    """Compute every batch, the all-steps view and the findings."""
+def build_report(
+    state: EngineState,
+    info: SourceInfo,
+    device: str,
+    screen: ScreenStats | None = None,
+    *,
+    sequences_path: str | Path | None = None,
+) -> Report:
+    """Compute every batch, the all-steps view and the findings (and ``--explain``'s, when it ran)."""
     has_steps = any(step is not None for step in state.batches)
     per_step = sorted(
         ((step, batch.compute()) for step, batch in state.batches.items()),
@@ -214,6 +308,16 @@ def build_report(state: EngineState, info: SourceInfo, device: str, screen: Scre
     )
     pooled = per_step[0][1] if not has_steps and per_step else state.pooled().compute()
     findings = evaluate(per_step if per_step else [(None, pooled)], state.resolved)
+    explained = None
+    if state.explain is not None:
+        detected = detect(state.explain, [(step, result.metrics) for step, result in per_step if step is not None])
+        rank = {"error": 0, "warning": 1, "info": 2}
+        findings = sorted([*findings, *detected], key=lambda f: rank[f.severity])
+        explained = ExplainReport(
+            breakdowns=state.explain.breakdowns.compute(),
+            worst_sequences=tuple(entry.to_dict() for entry in state.explain.worst.entries()),
+            sequences_path=None if sequences_path is None else str(sequences_path),
+        )
     steps = tuple(
         StepReport(int(step), result.rows, result.valid_tokens, result.metrics, result.extras)
         for step, result in per_step
@@ -244,4 +348,5 @@ def build_report(state: EngineState, info: SourceInfo, device: str, screen: Scre
         findings=tuple(findings),
         device=device,
         version=__version__,
+        explain=explained,
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from rcdiag.io.base import Chunk, split_rows
 from rcdiag.metrics.batch import BatchMetrics
 from rcdiag.metrics.block import Block
 from rcdiag.validate import check_values
+
+if TYPE_CHECKING:
+    from rcdiag.explain.state import ExplainState
 
 CPU_BLOCK_TOKENS = 1 << 17
 GPU_BLOCK_TOKENS = 1 << 24
@@ -37,6 +40,8 @@ class EngineState:
     rows: int = 0
     tokens: int = 0
     valid_tokens: int = 0
+    explain: ExplainState | None = None
+    """``analyze --explain``'s state (breakdowns, worst responses, detector sums), for the whole dump."""
 
     def batch(self, step: StepKey) -> BatchMetrics:
         """The accumulators of one step (created on first use)."""
@@ -49,8 +54,12 @@ class EngineState:
         """Fold another state (same configuration) into this one; returns ``self``."""
         if not self.resolved.same_computation(other.resolved):
             raise ValueError("cannot merge states computed with different configurations")
+        if (self.explain is None) != (other.explain is None):
+            raise ValueError("cannot merge a state computed with --explain and one without")
         for step, batch in other.batches.items():
             self.batch(step).merge(batch)
+        if self.explain is not None and other.explain is not None:
+            self.explain.merge(other.explain)
         self.rows += other.rows
         self.tokens += other.tokens
         self.valid_tokens += other.valid_tokens
@@ -65,12 +74,15 @@ class EngineState:
 
     def state_dict(self) -> dict[str, Any]:
         """Serializable state (``from_state_dict`` with the same configuration restores it)."""
-        return {
+        out = {
             "rows": self.rows,
             "tokens": self.tokens,
             "valid_tokens": self.valid_tokens,
             "batches": [[step, batch.state_dict()] for step, batch in self.batches.items()],
         }
+        if self.explain is not None:
+            out["explain"] = self.explain.state_dict()
+        return out
 
     @classmethod
     def from_state_dict(cls, resolved: ResolvedConfig, state: dict[str, Any]) -> EngineState:
@@ -80,17 +92,23 @@ class EngineState:
         )
         for step, batch_state in state["batches"]:
             out.batch(None if step is None else int(step)).load_state_dict(batch_state)
+        if "explain" in state:
+            from rcdiag.explain.state import ExplainState
+
+            out.explain = ExplainState.from_state_dict(state["explain"])
         return out
 
 
 class Engine:
     """Folds chunks into an ``EngineState`` on one backend."""
 
-    def __init__(self, resolved: ResolvedConfig, backend: Backend | None = None) -> None:
+    def __init__(
+        self, resolved: ResolvedConfig, backend: Backend | None = None, explain: ExplainState | None = None
+    ) -> None:
         self.resolved = resolved
         self.backend = backend or NumpyBackend()
         self.block_tokens = CPU_BLOCK_TOKENS if isinstance(self.backend, NumpyBackend) else GPU_BLOCK_TOKENS
-        self.state = EngineState(resolved)
+        self.state = EngineState(resolved, explain=explain)
 
     def run(self, chunks: Iterable[Chunk]) -> EngineState:
         """Consume every chunk; returns the state."""
@@ -117,7 +135,12 @@ class Engine:
         if not chunk.screened:  # the engine's own guard, for chunks that did not pass through a Screen
             check_values(chunk, *_compacted(chunk.old, chunk.rollout, mask), valid_lengths)
         old, rollout, offsets, steps = chunk.old, chunk.rollout, chunk.offsets, chunk.steps
+        explain = state.explain
+        per_row = _explain_rows(chunk, explain)
         if steps is not None and steps.shape[0] > 1 and _run_count(steps) > 8:
+            if per_row is not None:
+                order = np.argsort(steps, kind="stable")
+                per_row = {name: None if values is None else values[order] for name, values in per_row.items()}
             old, rollout, mask, lengths, valid_lengths, offsets, steps = _group_by_step(
                 old, rollout, mask, lengths, valid_lengths, offsets, steps
             )
@@ -125,8 +148,48 @@ class Engine:
             batch = state.batch(step)
             for b0, b1 in split_rows(valid_lengths[r0:r1], self.block_tokens):
                 t0, t1 = int(offsets[r0 + b0]), int(offsets[r0 + b1])
-                block_old, block_rollout = _compacted(old[t0:t1], rollout[t0:t1], None if mask is None else mask[t0:t1])
-                batch.update(Block(self.backend, block_old, block_rollout, valid_lengths[r0 + b0 : r0 + b1]))
+                block_mask = None if mask is None else mask[t0:t1]
+                block_old, block_rollout = _compacted(old[t0:t1], rollout[t0:t1], block_mask)
+                block = Block(self.backend, block_old, block_rollout, valid_lengths[r0 + b0 : r0 + b1])
+                rejections = batch.update(block)
+                if explain is not None and per_row is not None:
+                    from rcdiag.explain.state import RowContext
+
+                    if not isinstance(self.backend, NumpyBackend):  # explain always runs on the host
+                        block = Block(NumpyBackend(), block_old, block_rollout, valid_lengths[r0 + b0 : r0 + b1])
+                        rejections = [_host(self.backend, rejection) for rejection in rejections]
+                    ids = per_row["ids"]
+                    context = RowContext(
+                        lengths=lengths[r0 + b0 : r0 + b1],
+                        mask=block_mask,
+                        rows=per_row["rows"][r0 + b0 : r0 + b1],
+                        ids=None if ids is None else ids[r0 + b0 : r0 + b1],
+                        step=step,
+                        rejections=rejections,
+                    )
+                    explain.update(block, context)
+
+
+def _explain_rows(chunk: Chunk, explain: ExplainState | None) -> dict[str, np.ndarray | None] | None:
+    """Row numbers and ids for ``--explain`` (rows not numbered by the reader are numbered here)."""
+    if explain is None:
+        return None
+    if chunk.rows is None:
+        explain.number(chunk)
+    return {"rows": chunk.rows, "ids": chunk.ids}
+
+
+def _host(backend: Backend, rejection: Any) -> Any:
+    """A rejection's per-row arrays on the host (``--explain`` with ``--device cuda``)."""
+    import dataclasses
+
+    return dataclasses.replace(
+        rejection,
+        rows_hit=backend.to_numpy(rejection.rows_hit),
+        rows=None if rejection.rows is None else backend.to_numpy(rejection.rows),
+        seq_value=None if rejection.seq_value is None else backend.to_numpy(rejection.seq_value),
+        token_mask=None,
+    )
 
 
 def _valid_lengths(mask: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -224,9 +224,8 @@ def _keep_rows(chunk: Chunk, keep: np.ndarray, valid: np.ndarray | None) -> Chun
         rollout=chunk.rollout[token_keep],
         offsets=offsets,
         mask=mask,
-        steps=None if chunk.steps is None else chunk.steps[keep],
-        seq_ids=None if chunk.seq_ids is None else chunk.seq_ids[keep],
         screened=True,
+        **{name: None if getattr(chunk, name) is None else getattr(chunk, name)[keep] for name in Chunk.PER_ROW},
     )
 
 

@@ -99,7 +99,8 @@ class TableSource(Source):
 
     def read_columns(self) -> list[str]:
         cols = self.cols
-        return [name for name in (cols.old, cols.rollout, cols.mask, cols.step, cols.seq) if name is not None]
+        names = [name for name in (cols.old, cols.rollout, cols.mask, cols.step, cols.seq) if name is not None]
+        return names + ([cols.id] if cols.id is not None and cols.id not in names else [])
 
     def chunks(self, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, part: Any = None) -> Iterator[Chunk]:
         wanted = self.read_columns() + list(self.metadata_columns)
@@ -197,6 +198,11 @@ def step_array(column: pa.Array, name: str, path: str, first_row: int) -> np.nda
     return column.to_numpy().astype(np.int64, copy=False)
 
 
+def id_array(column: pa.Array) -> np.ndarray:
+    """Per-row ids as numpy (strings and nulls as Python objects)."""
+    return column.to_numpy(zero_copy_only=False)
+
+
 def list_chunks(batch: Batch, cols: Resolved, chunk_tokens: int) -> Iterator[Chunk]:
     """Chunks of whole rows from one batch of list columns."""
     data, path, row = batch.data, batch.path, batch.first_row
@@ -215,7 +221,8 @@ def list_chunks(batch: Batch, cols: Resolved, chunk_tokens: int) -> Iterator[Chu
         steps = np.full(data.num_rows, batch.step, dtype=np.int64)
     old = float_values(old_values)
     rollout = float_values(rollout_values)
-    yield from slice_chunks(old, rollout, offsets, mask, steps, cols, path, chunk_tokens, first_row=row)
+    ids = id_array(data.column(cols.id)) if cols.id is not None else None
+    yield from slice_chunks(old, rollout, offsets, mask, steps, cols, path, chunk_tokens, first_row=row, ids=ids)
 
 
 def slice_chunks(
@@ -230,6 +237,7 @@ def slice_chunks(
     *,
     first_row: int | None,
     seq_ids: np.ndarray | None = None,
+    ids: np.ndarray | None = None,
 ) -> Iterator[Chunk]:
     """Cut flat whole rows into chunks of at most ``chunk_tokens`` values (a longer row is its own chunk).
     ``first_row`` is the file row of the first row, or ``None`` when rows are not file rows (long layout)."""
@@ -246,6 +254,7 @@ def slice_chunks(
             column_names=(cols.old, cols.rollout),
             mask_name=cols.mask or "response_mask",
             seq_ids=None if seq_ids is None else seq_ids[start:stop],
+            ids=None if ids is None else ids[start:stop],
         )
 
 

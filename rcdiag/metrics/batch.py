@@ -16,7 +16,7 @@ from rcdiag.metrics.block import Block
 from rcdiag.metrics.extras import ExtraMetrics
 from rcdiag.metrics.importance import ISMetrics
 from rcdiag.metrics.offpolicy import OffPolicyMetrics
-from rcdiag.metrics.rejection import RSAggregateMetrics, RSOptionMetrics
+from rcdiag.metrics.rejection import Rejection, RSAggregateMetrics, RSOptionMetrics
 
 PREFIX = "rollout_corr/"
 
@@ -62,8 +62,8 @@ class BatchMetrics:
         groups.extend([self.offpolicy, self.extras])
         return groups
 
-    def update(self, block: Block) -> None:
-        """Fold one block of whole rows into every group."""
+    def update(self, block: Block) -> list[Rejection]:
+        """Fold one block of whole rows into every group; returns what each RS option rejected there."""
         self.rows += block.n_rows
         self.valid_tokens += block.n_tokens
         self.empty_rows += block.n_rows - block.n_valid_rows
@@ -74,6 +74,7 @@ class BatchMetrics:
             self.rs_aggregate.update(block, rejections)
         self.offpolicy.update(block)
         self.extras.update(block)
+        return rejections
 
     def merge(self, other: BatchMetrics) -> BatchMetrics:
         """Fold another batch's state (same configuration) into this one; returns ``self``."""

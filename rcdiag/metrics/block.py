@@ -72,6 +72,12 @@ class Block:
         return self.b.exp(self.lr_safe)
 
     @cached_property
+    def exp_lr(self) -> Array:
+        """``exp`` of the unclamped log-ratio (k3_kl's term); the token IS ratio itself when no log-ratio
+        reaches the clamp (the same float32 values, no second pass)."""
+        return self.ratio if self.within_clamp else self.b.exp(self.lr)
+
+    @cached_property
     def row_sum_lr(self) -> Array:
         """Per-row sum of the unclamped log-ratio, float64: the difference of the rows' log-prob sums, which
         is exact in float64 where summing float32 per-token differences would round each of them."""

@@ -83,11 +83,12 @@ class OffPolicyMetrics(Accumulator):
         rows, tokens = st["rows"], st["tokens"]
         if tokens == 0:
             return dict.fromkeys(OFFPOLICY_KEYS), []
+        token_level = token_metrics(tokens, -st["neg_lr"], st["k3"], st["ratio_sq"])
         values = {
             "training_ppl": st["exp_neg_mo"] / rows,
             "training_log_ppl": st["neg_mo"] / rows,
-            "kl": st["neg_lr"] / tokens,
-            "k3_kl": st["k3"] / tokens,
+            "kl": token_level["kl"],
+            "k3_kl": token_level["k3_kl"],
             "rollout_ppl": st["exp_neg_mr"] / rows,
             "rollout_log_ppl": st["neg_mr"] / rows,
             "log_ppl_diff": st["delta"] / rows,
@@ -95,18 +96,28 @@ class OffPolicyMetrics(Accumulator):
             "log_ppl_diff_max": st["delta_max"],
             "log_ppl_diff_min": st["delta_min"],
             "ppl_ratio": st["exp_delta"] / rows,
-            "chi2_token": st["ratio_sq"] / tokens - 1.0,
+            "chi2_token": token_level["chi2_token"],
             "chi2_seq": st["exp_2s"] / rows - 1.0,
         }
         return values, []
 
 
+def token_metrics(tokens: float, lr_sum: float, k3_sum: float, ratio_sq_sum: float) -> dict[str, float]:
+    """verl's token-weighted off-policy metrics from sums over any set of valid tokens (a batch, or one bucket
+    of ``analyze --explain``'s breakdowns): kl = mean(rollout - old), k3_kl = mean(exp(d) - d - 1) with d the
+    unclamped log-ratio, chi2_token = mean(exp(clamp(d))^2) - 1."""
+    return {"kl": -lr_sum / tokens, "k3_kl": k3_sum / tokens, "chi2_token": ratio_sq_sum / tokens - 1.0}
+
+
+def k3_sum(exp_lr_sum: float, lr_sum: float, tokens: float) -> float:
+    """Sum of exp(lr) - lr - 1 over tokens, as sum(exp(lr)) - sum(lr) - N in float64: no float32 rounding of
+    each term, and sum(lr) is already known."""
+    return exp_lr_sum - lr_sum - tokens
+
+
 def _k3_sum(block: Block) -> float:
-    """Sum of exp(lr) - lr - 1 over the block's tokens (unclamped, as verl), as sum(exp(lr)) - sum(lr) - N in
-    float64: no float32 rounding of each term, and sum(lr) is already known. When no log-ratio reaches the
-    clamp, exp(lr) is the token IS ratio already computed (the same float32 values), so one pass instead of
-    four; either way the same numbers are summed, so the result does not depend on how rows fall into blocks.
-    """
+    """k3_kl's sum over the block (``Block.exp_lr`` is the token IS ratio when no log-ratio reaches the clamp,
+    so one pass instead of four); the same numbers are summed either way, so the result does not depend on
+    how rows fall into blocks."""
     b = block.b
-    exp_sum = b.sum(block.ratio) if block.within_clamp else b.sum(b.exp(block.lr))
-    return exp_sum - b.sum(block.row_sum_lr) - block.n_tokens
+    return k3_sum(b.sum(block.exp_lr), b.sum(block.row_sum_lr), block.n_tokens)

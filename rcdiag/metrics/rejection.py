@@ -53,6 +53,8 @@ class Rejection:
     rows_hit: Array
     token_mask: Callable[[], Array] | None = None
     rows: Array | None = None
+    seq_value: Array | None = None
+    """The per-row statistic (for token options: the row mean of the token statistic), float64."""
 
 
 class RSOptionMetrics(Accumulator):
@@ -101,6 +103,7 @@ class RSOptionMetrics(Accumulator):
         if opt.level == "token":
             result = self._update_token_option(block, token_stat)
             seq_value = block.row_mean(block.row_sum_k(opt.estimator))
+            result.seq_value = seq_value
         else:
             if opt.agg == "sum":
                 seq_value = block.row_sum_k(opt.estimator)
@@ -118,7 +121,7 @@ class RSOptionMetrics(Accumulator):
                 masked_tokens=masked_tokens,
                 masked_rows=b.count(reject),
             )
-            result = Rejection(masked_tokens=masked_tokens, rows_hit=reject, rows=reject)
+            result = Rejection(masked_tokens=masked_tokens, rows_hit=reject, rows=reject, seq_value=seq_value)
         v = seq_value[valid] if block.n_valid_rows < block.n_rows else seq_value
         self.add(
             tokens=block.n_tokens,
