@@ -13,7 +13,9 @@ from rcdiag.cli.options import (
     BatchNormOpt,
     ChunkOpt,
     DeviceOpt,
+    ExplainOpt,
     FormatOpt,
+    IdColOpt,
     IsOpt,
     IsThresholdOpt,
     MaskColOpt,
@@ -27,8 +29,10 @@ from rcdiag.cli.options import (
     RsThresholdOpt,
     SaveStateOpt,
     SeqColOpt,
+    SequencesOpt,
     StepColOpt,
     WorkersOpt,
+    WorstOpt,
 )
 from rcdiag.render import OutputFormat
 
@@ -54,11 +58,15 @@ def analyze(
     mask_col: MaskColOpt = None,
     step_col: StepColOpt = None,
     seq_col: SeqColOpt = None,
+    id_col: IdColOpt = None,
     on_bad_row: OnBadRowOpt = BadRowPolicy.error,
     device: DeviceOpt = "cpu",
     chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
     workers: WorkersOpt = 1,
     save_state: SaveStateOpt = None,
+    explain: ExplainOpt = False,
+    worst: WorstOpt = 10,
+    sequences: SequencesOpt = None,
     output_format: FormatOpt = OutputFormat.table,
     output: OutputOpt = None,
     quiet: QuietOpt = False,
@@ -73,6 +81,7 @@ def analyze(
     * `rcdiag analyze run.parquet --is sequence --is-threshold 5 --batch-normalize`
     * `rcdiag analyze logs/exp_001/` (NeMo-RL `train_data_step*.jsonl`), `rcdiag analyze "dumps/*.pt" --on-bad-row skip`
     * `rcdiag analyze shard-07.parquet --save-state s07.json`, then `rcdiag merge s*.json`
+    * `rcdiag analyze run.parquet --explain --worst 20 --sequences per_response.parquet`
 
     Exit codes: 0 done (findings do not change it), 2 bad option, configuration or input, 3 internal error.
     """
@@ -97,6 +106,9 @@ def analyze(
             config,
             on_chunk=on_chunk,
             save_state=save_state,
+            explain=explain,
+            worst=worst,
+            sequences=sequences,
             **read_options(
                 device=device,
                 chunk_tokens=chunk_tokens,
@@ -105,6 +117,7 @@ def analyze(
                 mask_col=mask_col,
                 step_col=step_col,
                 seq_col=seq_col,
+                id_col=id_col,
                 on_bad_row=on_bad_row,
                 workers=workers,
             ),

@@ -47,6 +47,7 @@ def read_options(
     seq_col: str | None,
     on_bad_row: BadRowPolicy,
     workers: int,
+    id_col: str | None = None,
 ) -> dict[str, Any]:
     """The keyword arguments of ``rcdiag.analyze`` (and ``compare``, ``check``) that say how to read a dump."""
     from rcdiag.io import ColumnMap
@@ -54,7 +55,7 @@ def read_options(
     return {
         "device": device,
         "chunk_tokens": chunk_tokens,
-        "columns": ColumnMap(old=old_col, rollout=rollout_col, mask=mask_col, step=step_col, seq=seq_col),
+        "columns": ColumnMap(old=old_col, rollout=rollout_col, mask=mask_col, step=step_col, seq=seq_col, id=id_col),
         "on_bad_row": on_bad_row.value,
         "workers": workers,
     }

@@ -161,6 +161,17 @@ RolloutColOpt = Annotated[str | None, _column_option("--rollout-col", "the rollo
 MaskColOpt = Annotated[str | None, _column_option("--mask-col", "the response mask (1 = valid token)")]
 StepColOpt = Annotated[str | None, _column_option("--step-col", "the training step")]
 SeqColOpt = Annotated[str | None, _column_option("--seq-col", "the sequence id of a one-row-per-token dump")]
+IdColOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--id-col",
+        metavar="NAME",
+        help="Column naming each response in --explain's worst responses and --sequences. Default: uid, "
+        "sample_id or prompt_id (the long layout's sequence id).",
+        rich_help_panel=INPUT,
+        show_default=False,
+    ),
+]
 OnBadRowOpt = Annotated[
     BadRowPolicy,
     typer.Option(
@@ -173,4 +184,37 @@ OnBadRowOpt = Annotated[
 QuietOpt = Annotated[
     bool,
     typer.Option("--quiet", "-q", help="No progress bar on stderr.", rich_help_panel=RUN),
+]
+
+EXPLAIN = "Explain (where the mismatch sits)"
+ExplainOpt = Annotated[
+    bool,
+    typer.Option(
+        "--explain",
+        help="Also break the mismatch down by token position, rollout probability and response length, list the "
+        "worst responses and run the bias detectors (temperature_mismatch, logprob_offset, position_drift, "
+        "mismatch_trend).",
+        rich_help_panel=EXPLAIN,
+    ),
+]
+WorstOpt = Annotated[
+    int,
+    typer.Option(
+        "--worst",
+        metavar="N",
+        min=0,
+        help="Responses in the worst-responses list (implies --explain).",
+        rich_help_panel=EXPLAIN,
+    ),
+]
+SequencesOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--sequences",
+        metavar="FILE.parquet",
+        help="Write one row per response (log-ratio sum, mean and max, the sequence IS weight, each RS option's "
+        "statistic and verdict) to this Parquet file (implies --explain).",
+        rich_help_panel=EXPLAIN,
+        show_default=False,
+    ),
 ]

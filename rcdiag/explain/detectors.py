@@ -19,6 +19,14 @@ from rcdiag.explain.state import ExplainState
 from rcdiag.explain.statistics import RATIO_CAP, SHIFT_TOL, OffsetSums, ScaleSums, group_spread
 from rcdiag.report import Finding
 
+DETECTORS = {
+    "temperature_mismatch": "log-probs not a scaled copy of each other (same temperature on both sides)",
+    "logprob_offset": "no systematic shift between the engines' log-probs",
+    "position_drift": "mismatch does not grow along the response",
+    "mismatch_trend": "mismatch does not grow across training steps",
+}
+"""Each detector's code and what it checks, in the order they are listed."""
+
 Z = 3.0
 """Standard errors an effect must clear beyond its threshold."""
 MIN_TOKENS = 2000
@@ -87,13 +95,13 @@ def temperature_mismatch(scale: ScaleSums) -> Finding | None:
     se_low = group_spread([math.log(min(s[:2])) for s in per_group])
     se_high = group_spread([math.log(max(s[:2])) for s in per_group])
     ratio = slopes[2]
-    if math.log(low) - Z * se_low > math.log1p(SCALE_TOLERANCE):
+    interval = (low * math.exp(-Z * se_low), high * math.exp(Z * se_high))
+    if interval[0] > 1.0 + SCALE_TOLERANCE:
         direction = "sharper"
-    elif math.log(high) + Z * se_high < math.log1p(-SCALE_TOLERANCE):
+    elif interval[1] < 1.0 - SCALE_TOLERANCE:
         direction = "flatter"
     else:
         return None
-    interval = (low * math.exp(-Z * se_low), high * math.exp(Z * se_high))
     evidence = {
         "ratio": ratio,
         "interval": list(interval),
