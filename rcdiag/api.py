@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rcdiag import __version__
+from rcdiag._version import __version__
 from rcdiag.backend import Backend, NumpyBackend, get_backend
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import Engine, EngineState
@@ -18,13 +18,14 @@ from rcdiag.explain.detectors import detect
 from rcdiag.explain.sequences import SequenceWriter, cleanup, temporary_directory
 from rcdiag.explain.sequences import check_target as check_sequences_target
 from rcdiag.explain.sequences import finish as finish_sequences
-from rcdiag.explain.state import ExplainState, number_rows
+from rcdiag.explain.state import ExplainOptions, ExplainState, number_rows
 from rcdiag.explain.worst import DEFAULT_WORST
 from rcdiag.health import evaluate
-from rcdiag.io import DEFAULT_CHUNK_TOKENS, Chunk, ColumnMap, open_dump, prefetch
+from rcdiag.io import Chunk, open_dump, prefetch
 from rcdiag.io.base import Source, SourceInfo
+from rcdiag.options import ReadOptions
 from rcdiag.report import ExplainReport, InputFacts, Report, StepReport
-from rcdiag.validate import OnBadRow, Problem, Screen, ScreenStats, raise_for_bad_rows
+from rcdiag.validate import Problem, Screen, ScreenStats, raise_for_bad_rows
 
 
 @dataclass(frozen=True)
@@ -42,17 +43,14 @@ ProgressCallback = Callable[[ReadProgress], None]
 def analyze(
     path: str | Path,
     config: CorrectionConfig | None = None,
+    read: ReadOptions | None = None,
     *,
-    device: str | Backend = "cpu",
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    columns: ColumnMap | None = None,
-    on_bad_row: OnBadRow | str = OnBadRow.error,
     on_chunk: ProgressCallback | None = None,
-    workers: int = 1,
     save_state: str | Path | None = None,
     explain: bool = False,
     worst: int = DEFAULT_WORST,
     sequences: str | Path | None = None,
+    **options: Any,
 ) -> Report:
     """Run verl's rollout correction over a dump and return the report.
 
@@ -60,21 +58,18 @@ def analyze(
         path: the dump: a Parquet, Arrow IPC, JSONL (NeMo-RL, prime-rl), ``.pt`` or ``.npz`` file, a
             directory of shards or a glob (docs/formats.md).
         config: verl's ``rollout_correction`` fields; default: metrics only (verl's YAML default).
-        device: ``cpu`` (numpy), ``cuda`` / ``cuda:N`` (torch) or ``auto``; or a ``Backend``.
-        chunk_tokens: read about this many tokens at a time (memory is bounded by it; results do not
-            depend on it).
-        columns: column names when the common names are not recognised or are ambiguous.
-        on_bad_row: ``"error"`` (default) or ``"skip"``: leave out rows with NaN, +inf, positive log-probs
-            or mask values other than 0/1, counted in ``report.input.skipped_by_reason``.
+        read: how to read the dump (``rcdiag.ReadOptions``: columns, bad-row policy, device, chunk size,
+            workers); default: recognise the columns, stop at a bad row, one CPU process.
         on_chunk: called after each chunk is read with a ``ReadProgress`` (for a progress bar; not called
             with ``workers > 1``).
-        workers: split the file's row groups among this many processes (CPU only); same result.
         save_state: also write the accumulated state here, for ``merge_states`` (scale-out over shards).
         explain: also say where the mismatch sits: breakdowns by position, rollout probability and length, the
             ``worst`` most extreme responses and the bias detectors (``report.explain``, docs/explain.md).
-        worst: how many responses the worst-responses list keeps (implies ``explain``).
+        worst: how many responses the worst-responses list keeps (a value other than 10 implies ``explain``).
         sequences: write one row per response to this Parquet file (implies ``explain``; read it back with
             ``report.sequences_frame()``).
+        options: ``ReadOptions`` fields as keywords (``device="cuda"``, ``columns=ColumnMap(...)``), applied
+            on top of ``read``.
 
     Raises:
         ConfigError: invalid configuration (the message is verl's, where verl has one).
@@ -85,19 +80,9 @@ def analyze(
         >>> report = analyze("sample_data/healthy.parquet", preset("decoupled_geo_rs"))  # doctest: +SKIP
         >>> report.metrics["rollout_corr/kl"]  # doctest: +SKIP
     """
+    wanted = ExplainOptions.of(explain, worst, sequences)
     accumulated = accumulate(
-        path,
-        config,
-        device=device,
-        chunk_tokens=chunk_tokens,
-        columns=columns,
-        on_bad_row=on_bad_row,
-        on_chunk=on_chunk,
-        workers=workers,
-        save_state=save_state,
-        explain=explain or worst != DEFAULT_WORST or sequences is not None,
-        worst=worst,
-        sequences=sequences,
+        path, config, ReadOptions.of(read, options), on_chunk=on_chunk, save_state=save_state, explain=wanted
     )
     return build_report(
         accumulated.state, accumulated.info, accumulated.device, accumulated.screen, sequences_path=sequences
@@ -117,57 +102,45 @@ class Accumulated:
 def accumulate(
     path: str | Path,
     config: CorrectionConfig | None = None,
+    read: ReadOptions | None = None,
     *,
-    device: str | Backend = "cpu",
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    columns: ColumnMap | None = None,
-    on_bad_row: OnBadRow | str = OnBadRow.error,
     on_chunk: ProgressCallback | None = None,
-    workers: int = 1,
     save_state: str | Path | None = None,
-    explain: bool = False,
-    worst: int = DEFAULT_WORST,
-    sequences: str | Path | None = None,
+    explain: ExplainOptions | None = None,
+    **options: Any,
 ) -> Accumulated:
     """Read a dump into an ``EngineState`` (the mergeable accumulators), without computing the report.
 
     With ``workers > 1`` the dump's parts (runs of Parquet row groups, or of a directory's shards) are read by
     that many processes, whose states are merged: the result is the same as one process reading everything.
+    ``explain`` adds ``--explain``'s accumulators (and writes its ``sequences`` file).
     """
     resolved = (config or CorrectionConfig()).resolve()
-    if chunk_tokens < 1:
-        raise ConfigError(f"chunk_tokens must be a positive number of tokens, got {chunk_tokens}.")
-    if workers < 1:
-        raise ConfigError(f"workers must be at least 1, got {workers}.")
-    if worst < 0:
-        raise ConfigError(f"--worst must be 0 or more responses, got {worst}.")
-    if sequences is not None:
-        check_sequences_target(sequences)
-    backend = device if isinstance(device, Backend) else get_backend(device)
-    source = open_dump(path, columns)
-    partitions = source.partitions(workers) if workers > 1 else []
-    scratch = temporary_directory(sequences) if sequences is not None else None
+    read = ReadOptions.of(read, options)
+    if explain is not None and explain.sequences is not None:
+        check_sequences_target(explain.sequences)
+    backend = _backend(read.device)
+    source = open_dump(path, read.columns)
+    partitions = source.partitions(read.workers) if read.workers > 1 else []
+    scratch = temporary_directory(explain.sequences) if explain is not None and explain.sequences else None
     try:
         if len(partitions) > 1:
             if not isinstance(backend, NumpyBackend):
-                raise ConfigError("--workers runs several CPU processes; use it with --device cpu.")
-            explain_parts = ExplainParts(worst, scratch) if explain else None
-            state, stats = _accumulate_in_processes(
-                source, columns, resolved.config, partitions, chunk_tokens, on_bad_row, explain_parts
-            )
+                raise ConfigError("workers > 1 runs several CPU processes; use it with device 'cpu'.")
+            state, stats = _accumulate_in_processes(source, resolved.config, partitions, read, explain, scratch)
         else:
-            screen = Screen(on_bad_row)
-            explain_state = ExplainState(worst) if explain else None
+            screen = Screen(read.on_bad_row)
+            explain_state = ExplainState(explain.worst) if explain is not None else None
             writer = _sequence_writer(explain_state, resolved, scratch, 0)
-            chunks = number_rows(prefetch(source.chunks(chunk_tokens)), explain_state)
+            chunks = number_rows(prefetch(source.chunks(read.chunk_tokens)), explain_state)
             if on_chunk is not None:
                 chunks = _report_progress(chunks, on_chunk, source.info.total_rows)
             state = Engine(resolved, backend, explain_state).run(screen(chunks))
             stats = screen.stats
             if writer is not None:
                 writer.flush()
-        if scratch is not None and sequences is not None:
-            finish_sequences(_part_offsets(scratch, state), sequences)
+        if scratch is not None and explain is not None and explain.sequences is not None:
+            finish_sequences(_part_offsets(scratch, state), explain.sequences)
     finally:
         if scratch is not None:
             cleanup(scratch)
@@ -176,14 +149,6 @@ def accumulate(
 
         write_state(save_state, state, [source.info], stats)
     return Accumulated(state, source.info, backend.name, stats)
-
-
-@dataclass(frozen=True)
-class ExplainParts:
-    """What worker processes need for ``--explain``: the list size and where part files go."""
-
-    worst: int
-    scratch: Path | None
 
 
 def _sequence_writer(
@@ -197,11 +162,10 @@ def _sequence_writer(
 
 
 def _part_offsets(scratch: Path, state: EngineState) -> list[tuple[Path, int]]:
-    """Each worker part's directory with the rows read before it (parts are in reading order)."""
-    offsets = state.explain.part_rows if state.explain is not None else []
+    """Each part's directory of ``--sequences`` files with the rows read before it (parts in reading order)."""
     directories = sorted(p for p in scratch.iterdir() if p.is_dir())
-    starts = [sum(offsets[:i]) for i in range(len(directories))] if offsets else [0] * len(directories)
-    return list(zip(directories, starts, strict=True))
+    rows = state.explain.part_rows if state.explain is not None and state.explain.part_rows else [0]
+    return [(directory, sum(rows[:i])) for i, directory in enumerate(directories)]
 
 
 def merge_states(paths: list[str | Path]) -> Report:
@@ -214,18 +178,17 @@ def merge_states(paths: list[str | Path]) -> Report:
 
 def _accumulate_in_processes(
     source: Source,
-    columns: ColumnMap | None,
     config: CorrectionConfig,
     partitions: list[Any],
-    chunk_tokens: int,
-    on_bad_row: OnBadRow | str,
-    explain: ExplainParts | None = None,
+    read: ReadOptions,
+    explain: ExplainOptions | None = None,
+    scratch: Path | None = None,
 ) -> tuple[EngineState, ScreenStats]:
     context = multiprocessing.get_context("spawn")  # the parent holds Arrow threads: fork is not safe
     with ProcessPoolExecutor(max_workers=len(partitions), mp_context=context) as pool:
         futures = [
             pool.submit(
-                _accumulate_part, source.info.path, columns, part, config, chunk_tokens, str(on_bad_row), explain, i
+                _accumulate_part, source.info.path, part, config, read.replace(device="cpu"), explain, scratch, i
             )
             for i, part in enumerate(partitions)
         ]
@@ -248,20 +211,19 @@ def _accumulate_in_processes(
 
 def _accumulate_part(
     path: str,
-    columns: ColumnMap | None,
     part: Any,
     config: CorrectionConfig,
-    chunk_tokens: int,
-    on_bad_row: str,
-    explain: ExplainParts | None = None,
+    read: ReadOptions,
+    explain: ExplainOptions | None = None,
+    scratch: Path | None = None,
     index: int = 0,
 ) -> tuple[dict, dict, Problem | None]:
-    source = open_dump(path, columns)
-    screen = Screen(on_bad_row, verdict_at_end=False)
+    source = open_dump(path, read.columns)
+    screen = Screen(read.on_bad_row, verdict_at_end=False)
     resolved = config.resolve()
     explain_state = ExplainState(explain.worst) if explain is not None else None
-    writer = _sequence_writer(explain_state, resolved, explain.scratch if explain else None, index)
-    chunks = number_rows(prefetch(source.chunks(chunk_tokens, part=part)), explain_state)
+    writer = _sequence_writer(explain_state, resolved, scratch, index)
+    chunks = number_rows(prefetch(source.chunks(read.chunk_tokens, part=part)), explain_state)
     state = Engine(resolved, explain=explain_state).run(screen(chunks))
     if writer is not None:
         writer.flush()
@@ -278,18 +240,20 @@ def _report_progress(chunks: Iterable[Chunk], on_chunk: ProgressCallback, total_
 
 
 def analyze_chunks(
-    chunks: Iterable[Chunk],
-    config: CorrectionConfig | None = None,
-    *,
-    device: str | Backend = "cpu",
-    on_bad_row: OnBadRow | str = OnBadRow.error,
+    chunks: Iterable[Chunk], config: CorrectionConfig | None = None, read: ReadOptions | None = None, **options: Any
 ) -> Report:
-    """Like ``analyze`` but over chunks you built yourself (e.g. from tensors in a training loop)."""
+    """Like ``analyze`` but over chunks you built yourself (e.g. from tensors in a training loop); of ``read``,
+    ``device`` and ``on_bad_row`` apply."""
     resolved = (config or CorrectionConfig()).resolve()
-    backend = device if isinstance(device, Backend) else get_backend(device)
-    screen = Screen(on_bad_row)
+    read = ReadOptions.of(read, options)
+    backend = _backend(read.device)
+    screen = Screen(read.on_bad_row)
     state = Engine(resolved, backend).run(screen(chunks))
     return build_report(state, SourceInfo(path="<memory>", format="chunks"), backend.name, screen.stats)
+
+
+def _backend(device: str | Backend) -> Backend:
+    return device if isinstance(device, Backend) else get_backend(device)
 
 
 def build_report(

@@ -324,6 +324,7 @@ class TorchBackend(Backend):
 def get_backend(device: str = "cpu") -> Backend:
     """``cpu`` (numpy), ``cuda`` / ``cuda:N`` (torch), or ``auto`` (cuda when torch sees a GPU, else cpu)."""
     from rcdiag.errors import ConfigError
+    from rcdiag.options import DEVICES
 
     if device == "cpu":
         return NumpyBackend()
@@ -334,16 +335,16 @@ def get_backend(device: str = "cpu") -> Backend:
             if device == "auto":
                 return NumpyBackend()
             raise ConfigError(
-                f"--device {device} needs PyTorch, which is not installed (pip install 'rcdiag[gpu]')."
+                f"device '{device}' needs PyTorch, which is not installed (pip install 'rcdiag[gpu]')."
             ) from None
         if not torch.cuda.is_available():
             if device == "auto":
                 return NumpyBackend()
-            raise ConfigError(f"--device {device}: no CUDA device is available (use --device cpu or auto).")
+            raise ConfigError(f"device '{device}': no CUDA device is available (use device 'cpu' or 'auto').")
         return TorchBackend("cuda" if device == "auto" else device)
     if device == "torch-cpu":  # torch on the CPU: slower than numpy; for parity checks without a GPU
         try:
             return TorchBackend("cpu")
         except ImportError:
-            raise ConfigError("--device torch-cpu needs PyTorch, which is not installed.") from None
-    raise ConfigError(f"Unknown device '{device}'. Use cpu, cuda, cuda:N or auto.")
+            raise ConfigError("device 'torch-cpu' needs PyTorch, which is not installed.") from None
+    raise ConfigError(f"Unknown device '{device}'. Use one of {', '.join(DEVICES)}.")

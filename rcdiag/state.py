@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rcdiag import __version__
+from rcdiag._version import __version__
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import EngineState
 from rcdiag.errors import ConfigError, InputError

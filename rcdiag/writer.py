@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rcdiag import __version__
+from rcdiag._version import __version__
 
 PART = re.compile(r"^step-(-?\d+)-(\d+)\.parquet$")
 

@@ -312,7 +312,7 @@ def test_cli_id_col_and_sequences(tmp_path: Path, capsys: pytest.CaptureFixture)
     [
         (["--id-col", "nope"], "no column 'nope'"),
         (["--sequences", "out.csv"], ".parquet suffix"),
-        (["--sequences", "missing_dir/out.parquet"], "no such directory"),
+        (["--sequences", "missing_dir/out.parquet"], "does not exist"),
     ],
 )
 def test_cli_explain_errors_are_one_line(

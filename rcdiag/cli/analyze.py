@@ -3,40 +3,28 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from rcdiag.cli.options import (
-    DEFAULT_CHUNK,
-    BadRowPolicy,
-    BatchNormOpt,
-    ChunkOpt,
-    DeviceOpt,
+    ENGINE_FLAGS,
+    READ_FLAGS,
     ExplainOpt,
-    FormatOpt,
-    IdColOpt,
-    IsOpt,
-    IsThresholdOpt,
-    MaskColOpt,
-    OldColOpt,
-    OnBadRowOpt,
-    OutputOpt,
-    PresetOpt,
-    QuietOpt,
-    RolloutColOpt,
-    RsOpt,
-    RsThresholdOpt,
     SaveStateOpt,
-    SeqColOpt,
     SequencesOpt,
-    StepColOpt,
-    WorkersOpt,
     WorstOpt,
+    output_flags,
 )
-from rcdiag.render import OutputFormat
+from rcdiag.cli.params import with_flags
+
+if TYPE_CHECKING:
+    from rcdiag.cli.engine_config import EngineFlags
+    from rcdiag.cli.output import Output
+    from rcdiag.options import ReadOptions
 
 
+@with_flags(ENGINE_FLAGS, READ_FLAGS, output_flags("report", "analyze"))
 def analyze(
     path: Annotated[
         Path,
@@ -47,29 +35,14 @@ def analyze(
             show_default=False,
         ),
     ],
-    is_level: IsOpt = None,
-    is_threshold: IsThresholdOpt = None,
-    rs: RsOpt = None,
-    rs_threshold: RsThresholdOpt = None,
-    batch_normalize: BatchNormOpt = None,
-    preset: PresetOpt = None,
-    old_col: OldColOpt = None,
-    rollout_col: RolloutColOpt = None,
-    mask_col: MaskColOpt = None,
-    step_col: StepColOpt = None,
-    seq_col: SeqColOpt = None,
-    id_col: IdColOpt = None,
-    on_bad_row: OnBadRowOpt = BadRowPolicy.error,
-    device: DeviceOpt = "cpu",
-    chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
-    workers: WorkersOpt = 1,
     save_state: SaveStateOpt = None,
     explain: ExplainOpt = False,
     worst: WorstOpt = 10,
     sequences: SequencesOpt = None,
-    output_format: FormatOpt = OutputFormat.table,
-    output: OutputOpt = None,
-    quiet: QuietOpt = False,
+    *,
+    engine: EngineFlags,
+    read: ReadOptions,
+    out: Output,
 ) -> None:
     """Run verl's rollout correction over a dump and report every `rollout_corr/*` metric with findings.
 
@@ -86,40 +59,21 @@ def analyze(
     Exit codes: 0 done (findings do not change it), 2 bad option, configuration or input, 3 internal error.
     """
     from rcdiag.api import analyze as run_analysis
-    from rcdiag.cli.engine_config import build_config, read_options
-    from rcdiag.cli.output import write_report
-    from rcdiag.cli.progress import progress_bar, wanted
+    from rcdiag.cli.output import checked_path
+    from rcdiag.cli.progress import progress
 
-    config = build_config(
-        preset_name=preset,
-        is_level=is_level,
-        is_threshold=is_threshold,
-        rs=rs,
-        rs_threshold=rs_threshold,
-        batch_normalize=batch_normalize,
-    )
-    config.resolve()  # configuration errors before any reading
-    show = wanted(quiet, json_to_stdout=output_format is OutputFormat.json and output is None)
-    with progress_bar(show and workers == 1) as on_chunk:
+    config = engine.config()
+    state_file = checked_path(save_state, "--save-state")
+    sequences_file = checked_path(sequences, "--sequences")
+    with progress(read, out) as on_chunk:
         report = run_analysis(
             path,
             config,
+            read,
             on_chunk=on_chunk,
-            save_state=save_state,
+            save_state=state_file,
             explain=explain,
             worst=worst,
-            sequences=sequences,
-            **read_options(
-                device=device,
-                chunk_tokens=chunk_tokens,
-                old_col=old_col,
-                rollout_col=rollout_col,
-                mask_col=mask_col,
-                step_col=step_col,
-                seq_col=seq_col,
-                id_col=id_col,
-                on_bad_row=on_bad_row,
-                workers=workers,
-            ),
+            sequences=sequences_file,
         )
-    write_report(report, output_format, output)
+    out.emit(report)

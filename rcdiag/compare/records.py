@@ -69,6 +69,8 @@ class SideTemperature:
     """T * sqrt(2 max(kl - 2 se, 0)): the low end of the estimate given kl's standard error."""
     noise_high: float | None
     """T * sqrt(2 (kl + 2 se)): the high end."""
+    recorded_temperature: float | None = None
+    """The dump's ``temperature`` metadata, also when an option gave the temperature (``None``: not recorded)."""
 
     @property
     def noise_resolved(self) -> bool:

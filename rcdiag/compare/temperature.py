@@ -24,7 +24,9 @@ SIGMAS = 2.0
 """Noise estimates carry a band from kl +- this many standard errors; "far apart" must hold across the bands."""
 
 
-def _check_temperature(value: float | None, name: str) -> None:
+def check_temperature(value: float | None, name: str) -> None:
+    """A given temperature must be a positive finite number; ``name`` is how the caller spelled it (the library's
+    ``temperature_a``, the CLI's ``--temperature-a``)."""
     if value is not None and not (math.isfinite(value) and value > 0):
         raise ConfigError(f"{name} must be a positive number, got {value}.")
 
@@ -46,7 +48,13 @@ def _metadata_temperature(report: Report, key: str, option: str) -> float | None
 
 
 def _side(report: Report, given: float | None, option: str) -> SideTemperature:
-    recorded = _metadata_temperature(report, TEMPERATURE_KEY, option) if given is None else None
+    if given is None:
+        recorded = _metadata_temperature(report, TEMPERATURE_KEY, option)
+    else:  # the option wins; a recorded value that disagrees is reported, one that is unreadable is ignored
+        try:
+            recorded = _metadata_temperature(report, TEMPERATURE_KEY, option)
+        except InputError:
+            recorded = None
     temperature = given if given is not None else recorded
     source: Literal["option", "metadata"] | None = "option" if given is not None else "metadata" if recorded else None
     kl = report.metrics.get(KL)
@@ -66,6 +74,7 @@ def _side(report: Report, given: float | None, option: str) -> SideTemperature:
         noise=estimate(kl) if kl is not None and kl > 0 else None,
         noise_low=estimate(kl - SIGMAS * se) if kl is not None else None,
         noise_high=estimate(kl + SIGMAS * se) if kl is not None else None,
+        recorded_temperature=recorded,
     )
 
 

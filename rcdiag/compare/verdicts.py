@@ -19,6 +19,7 @@ COMPARE_FINDING_CODES = (
     "temperature_kl_high",
     "temperature_noise_mismatch",
     "temperature_recorded_mismatch",
+    "temperature_option_overrides_metadata",
     "engine_noise_differs",
     "systematic_shift",
     "temperature_unknown",
@@ -78,6 +79,24 @@ def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[Comp
                 KL,
                 st.kl,
                 TEMPERATURE_KL_LIMIT,
+            )
+        )
+    overridden = st.source == "option" and st.recorded_temperature not in (None, st.temperature)
+    if overridden:
+        assert st.temperature is not None
+        assert st.recorded_temperature is not None
+        out.append(
+            CompareFinding(
+                "temperature_option_overrides_metadata",
+                "warning",
+                f"side {side}: --temperature-{side} {st.temperature:g} disagrees with the temperature the dump "
+                f"records ({st.recorded_temperature:g}); the analysis uses {st.temperature:g}. If the dump's "
+                f"metadata is right, drop --temperature-{side}: the noise estimate T*sqrt(2 kl) and the verdict "
+                "depend on it.",
+                side,
+                None,
+                st.temperature,
+                st.recorded_temperature,
             )
         )
     recorded = st.source == "metadata" and st.train_temperature is not None

@@ -9,15 +9,37 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rcdiag.errors import ConfigError
 from rcdiag.explain.breakdowns import Breakdowns, token_positions
 from rcdiag.explain.statistics import OffsetSums, ScaleSums, row_groups
 from rcdiag.explain.worst import DEFAULT_WORST, WorstResponses
 from rcdiag.io.base import Chunk
 from rcdiag.metrics.block import Block
+
+
+@dataclass(frozen=True)
+class ExplainOptions:
+    """What ``--explain`` computes beyond its defaults: the worst-list size and the per-response file."""
+
+    worst: int = DEFAULT_WORST
+    sequences: str | Path | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.worst, bool) or not isinstance(self.worst, int) or self.worst < 0:
+            raise ConfigError(f"worst must be 0 or more responses, got {self.worst}.")
+
+    @classmethod
+    def of(cls, explain: bool, worst: int, sequences: str | Path | None) -> ExplainOptions | None:
+        """The options, or ``None`` when explain is off (a non-default ``worst`` or a ``sequences`` file turn it
+        on)."""
+        if not explain and worst == DEFAULT_WORST and sequences is None:
+            return None
+        return cls(worst, sequences)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rcdiag.compare import Comparison, MetricDiff
+from rcdiag.render import counted
 from rcdiag.render.table import describe_config, evenly_spaced, fmt
 from rcdiag.report import Report
 
@@ -47,9 +48,9 @@ def render_comparison(comparison: Comparison, console: Console) -> None:
 
 def _describe(side: str, report: Report) -> str:
     facts = report.input
-    parts = [f"{side}: {facts.path}", f"{facts.rows:,} rows", f"{facts.valid_tokens:,} valid tokens"]
+    parts = [f"{side}: {facts.path}", counted(facts.rows, "row"), f"{facts.valid_tokens:,} valid tokens"]
     if facts.steps:
-        parts.append(f"{facts.steps} steps")
+        parts.append(counted(facts.steps, "step"))
     return " · ".join(parts)
 
 

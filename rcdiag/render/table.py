@@ -8,8 +8,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rcdiag import health
+import rcdiag.health as health
 from rcdiag.config import CorrectionConfig
+from rcdiag.render import counted
 from rcdiag.render.readings import reading
 from rcdiag.report import Finding, Report
 
@@ -73,13 +74,13 @@ def _header(report: Report) -> Text:
     parts = [
         f"rcdiag {report.version}",
         facts.path,
-        f"{facts.rows:,} rows",
+        counted(facts.rows, "row"),
         f"{facts.valid_tokens:,} valid tokens of {facts.tokens:,}",
     ]
     if facts.empty_rows:
         parts.append(f"{facts.empty_rows:,} empty rows")
     if facts.steps:
-        parts.append(f"{facts.steps} steps")
+        parts.append(counted(facts.steps, "step"))
     parts.append(f"device {report.device}")
     text = Text(" · ".join(parts), style="bold")
     text.append("\ninput: " + describe_input(report), style="dim")
@@ -116,8 +117,8 @@ def describe_config(config: dict) -> str:
         bits.append(f"rollout_rs={cfg.rollout_rs} threshold={cfg.rollout_rs_threshold}")
     else:
         bits.append("rollout_rs=null")
-    if cfg.bypass_mode:
-        bits.append(f"bypass_mode loss_type={cfg.loss_type}")
+    # loss_type matters in bypass mode only; decoupled runs say so instead of printing a field that is unused
+    bits.append(f"bypass_mode=true loss_type={cfg.loss_type}" if cfg.bypass_mode else "bypass_mode=false (decoupled)")
     return ", ".join(bits)
 
 
