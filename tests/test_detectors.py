@@ -135,7 +135,7 @@ def drift_state(early_k3: float, late_k3: float) -> ExplainState:
     for bucket, k3 in ((0, early_k3), (4, late_k3)):
         sums[:, bucket, 0] = 1024
         sums[:, bucket, SUMS.index("exp_lr")] = 1024 + 1024 * k3
-    state.breakdowns.joint[:, :, 0, :] = sums
+    state.breakdowns.position = sums
     return state
 
 

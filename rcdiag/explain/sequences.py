@@ -18,6 +18,7 @@ import numpy as np
 from rcdiag.backend import NumpyBackend
 from rcdiag.config import SAFETY_BOUND, ResolvedConfig
 from rcdiag.errors import InputError
+from rcdiag.explain.breakdowns import token_positions
 from rcdiag.explain.state import RowContext
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.importance import ISMetrics
@@ -58,8 +59,8 @@ class SequenceWriter:
         self.buffered = 0
         self.parts = 0
 
-    def __call__(self, block: Block, context: RowContext, positions: np.ndarray) -> None:
-        self.buffer.append(self._columns(block, context, positions))
+    def __call__(self, block: Block, context: RowContext) -> None:
+        self.buffer.append(self._columns(block, context, token_positions(context.lengths, context.mask)))
         self.buffered += block.n_rows
         if self.buffered >= BATCH_ROWS:
             self.flush()

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from rcdiag.errors import ConfigError
-from rcdiag.explain.breakdowns import Breakdowns, token_positions
+from rcdiag.explain.breakdowns import Breakdowns
 from rcdiag.explain.statistics import OffsetSums, ScaleSums, row_groups
 from rcdiag.explain.worst import DEFAULT_WORST, WorstResponses
 from rcdiag.io.base import Chunk
@@ -73,15 +73,13 @@ class ExplainState:
 
     def update(self, block: Block, context: RowContext) -> None:
         """Fold in a block (numpy backend) of whole rows."""
-        positions = token_positions(context.lengths, context.mask)
         groups = row_groups(block)
-        token_groups = np.repeat(groups, block.row_len.astype(np.int64))
-        self.breakdowns.update(block, positions, token_groups, groups)
+        self.breakdowns.update(block, context.lengths, context.mask, groups)
         self.scale.update(block, groups)
         self.offset.update(block, groups)
-        self.worst.update(block, positions, context.rows, context.ids, context.step)
+        self.worst.update(block, context)
         for observer in self.observers:
-            observer(block, context, positions)
+            observer(block, context)
 
     def number(self, chunk: Chunk) -> Chunk:
         """Give a chunk's rows their numbers in reading order (before any can be skipped)."""

@@ -54,14 +54,7 @@ class WorstResponses:
     def _floor(self) -> float:
         return self.heap[0][0][0] if len(self.heap) >= self.n else -math.inf
 
-    def update(
-        self,
-        block: Block,
-        positions: np.ndarray,
-        rows: np.ndarray,
-        ids: np.ndarray | None,
-        step: int | None,
-    ) -> None:
+    def update(self, block: Block, context: Any) -> None:
         """Offer a (numpy) block's responses; only those that could enter the heap are looked at closely."""
         if self.n == 0 or block.n_rows == 0:
             return
@@ -76,9 +69,14 @@ class WorstResponses:
             return
         starts = np.zeros(block.n_rows + 1, dtype=np.int64)
         np.cumsum(block.row_len.astype(np.int64), out=starts[1:])
+        list_starts = np.zeros(block.n_rows + 1, dtype=np.int64)
+        np.cumsum(context.lengths, out=list_starts[1:])
+        ids = context.ids
         for i in candidates.tolist():
             lo, hi = int(starts[i]), int(starts[i + 1])
-            self.offer(_describe(block, i, lo, hi, positions, int(rows[i]), None if ids is None else ids[i], step))
+            mask = None if context.mask is None else context.mask[list_starts[i] : list_starts[i + 1]]
+            identifier = None if ids is None else ids[i]
+            self.offer(_describe(block, i, lo, hi, mask, int(context.rows[i]), identifier, context.step))
 
     def offer(self, entry: WorstResponse) -> None:
         item = (entry.key, entry)
@@ -107,8 +105,9 @@ class WorstResponses:
 
 
 def _describe(
-    block: Block, i: int, lo: int, hi: int, positions: np.ndarray, row: int, identifier: Any, step: int | None
+    block: Block, i: int, lo: int, hi: int, mask: np.ndarray | None, row: int, identifier: Any, step: int | None
 ) -> WorstResponse:
+    """The entry of row ``i`` (its valid tokens are ``lo:hi`` of the block; ``mask`` is its list's mask)."""
     s = float(block.row_sum_lr[i])
     if hi == lo:
         return WorstResponse(row, step, _plain(identifier), 0, s, None, None, None, None)
@@ -121,7 +120,7 @@ def _describe(
         length=hi - lo,
         log_ratio_sum=s,
         max_abs_log_ratio=float(abs(lr[at])),
-        position_of_max=int(positions[lo + at]),
+        position_of_max=at if mask is None else int(np.flatnonzero(mask)[at]),
         old_log_prob_at_max=float(block.old[lo + at]),
         rollout_log_prob_at_max=float(block.rollout[lo + at]),
     )
