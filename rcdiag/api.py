@@ -302,6 +302,7 @@ def build_report(
         skipped_by_reason=dict(screen.skipped_by_reason) if screen else {},
         neg_inf_tokens=dict(screen.neg_inf_tokens) if screen else {},
         files=info.files,
+        step_source=info.step_source if steps else "",
     )
     return Report(
         config=state.resolved.config.to_dict(),

@@ -64,6 +64,8 @@ class InputFacts:
     neg_inf_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
     """Valid tokens whose log-prob is ``-inf`` (legal: probability 0), per side."""
     files: int = 1
+    step_source: str = ""
+    """Where the steps come from: "column 'NAME'", "file name", "directory name", "key 'NAME'"; "" without."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

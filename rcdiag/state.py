@@ -79,8 +79,10 @@ def merge_state_files(paths: list[str | Path]) -> tuple[EngineState, list[Source
     if not paths:
         raise ConfigError("no state files to merge")
     merged, sources, screen = load_state(paths[0])
+    seen = {_read_key(read): paths[0] for info in sources for read in info.reads}
     for path in paths[1:]:
         state, more, more_screen = load_state(path)
+        _check_not_merged(path, more, seen)
         if not merged.resolved.same_computation(state.resolved):
             raise ConfigError(
                 f"{path} was computed with a different configuration ({_describe(state.resolved.config)}) than "
@@ -104,6 +106,24 @@ def merge_state_files(paths: list[str | Path]) -> tuple[EngineState, list[Source
     return merged, sources, screen
 
 
+def _read_key(read: dict[str, Any]) -> tuple:
+    return read.get("path"), read.get("size"), read.get("mtime_ns")
+
+
+def _check_not_merged(path: str | Path, sources: list[SourceInfo], seen: dict[tuple, str | Path]) -> None:
+    """A part read by two states would be counted twice: refuse (a state of the whole file overlaps any part)."""
+    for info in sources:
+        for read in info.reads:
+            key = _read_key(read)
+            if key in seen:
+                raise InputError(
+                    f"read {key[0]}, which {seen[key]} also read (same file, size and modification time); merging "
+                    "it twice would count its rows twice: give each shard's state once",
+                    path=str(path),
+                )
+            seen[key] = path
+
+
 def combined_info(sources: list[SourceInfo]) -> SourceInfo:
     """One description of several inputs: their paths, and the columns and metadata they agree on."""
     if len(sources) == 1:
@@ -124,6 +144,8 @@ def combined_info(sources: list[SourceInfo]) -> SourceInfo:
         metadata=metadata,
         total_rows=None if None in rows else sum(r for r in rows if r is not None),
         files=sum(s.files for s in sources),
+        step_source=first.step_source if all(s.step_source == first.step_source for s in sources) else "",
+        reads=[read for s in sources for read in s.reads],
     )
 
 

@@ -212,10 +212,10 @@ def test_save_state_and_merge_give_the_single_run(tmp_path: Path, capsys: pytest
 
 
 def test_merge_refuses_a_state_without_explain(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    sample = SAMPLES / "healthy.parquet"
-    assert cli(capsys, "analyze", sample, "--explain", "--save-state", tmp_path / "a.json", "-q")[0] == 0
-    assert cli(capsys, "analyze", sample, "--save-state", tmp_path / "b.json", "-q")[0] == 0
-    assert cli(capsys, "analyze", sample, "--worst", "3", "--save-state", tmp_path / "c.json", "-q")[0] == 0
+    for name, flags in (("a", ["--explain"]), ("b", []), ("c", ["--worst", "3"])):
+        shard = tmp_path / f"{name}.parquet"
+        shard.write_bytes((SAMPLES / "healthy.parquet").read_bytes())
+        assert cli(capsys, "analyze", shard, *flags, "--save-state", tmp_path / f"{name}.json", "-q")[0] == 0
     code, _, err = cli(capsys, "merge", tmp_path / "a.json", tmp_path / "b.json")
     assert code == 2 and "--explain" in err and "Traceback" not in err
     code, _, err = cli(capsys, "merge", tmp_path / "a.json", tmp_path / "c.json")

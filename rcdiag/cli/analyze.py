@@ -17,6 +17,7 @@ from rcdiag.cli.options import (
     output_flags,
 )
 from rcdiag.cli.params import with_flags
+from rcdiag.io import format_names
 
 if TYPE_CHECKING:
     from rcdiag.cli.engine_config import EngineFlags
@@ -29,8 +30,7 @@ def analyze(
     path: Annotated[
         Path,
         typer.Argument(
-            help="The dump: a Parquet/Arrow file, a directory or quoted glob of shards, NeMo-RL or prime-rl JSONL, "
-            "or a .pt/.npz file of tensors.",
+            help=f"The dump: a file ({', '.join(format_names())}), or a directory or quoted glob of shards.",
             metavar="PATH",
             show_default=False,
         ),

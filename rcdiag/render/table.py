@@ -100,7 +100,8 @@ def _header(report: Report) -> Text:
 def describe_input(report: Report) -> str:
     """Format and the column used for each role."""
     used = ", ".join(f"{role}={name}" for role, name in report.input.columns.items() if name is not None)
-    return f"{report.input.format}; columns {used}"
+    steps = f"; steps from the {report.input.step_source}" if report.input.step_source else ""
+    return f"{report.input.format}; columns {used}{steps}"
 
 
 def describe_config(config: dict) -> str:
