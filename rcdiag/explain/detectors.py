@@ -56,6 +56,9 @@ TREND_GROWTH_MIN = 2.0
 """mismatch_trend: fitted growth of k3_kl over the steps analysed."""
 TREND_T_MIN = 4.0
 """mismatch_trend: the growth rate in standard errors of the fit (residual scatter)."""
+TREND_HALVES_MIN = 1.4
+"""mismatch_trend: the median k3_kl of the later half of the steps over that of the earlier half (one spiking
+step cannot move a median)."""
 KL_WARN = 0.1
 CHI2_WARN = 1.0
 """verl's warning thresholds (|kl| > 0.1, chi2_token > 1.0) projected by the trend."""
@@ -260,7 +263,10 @@ def mismatch_trend(steps: Sequence[tuple[int, dict[str, float | None]]]) -> Find
     span = float(x[-1] - x[0])
     growth = math.exp(slope * span)
     t = slope / se if se > 0 else math.inf
-    if growth < TREND_GROWTH_MIN or t < TREND_T_MIN:
+    half = len(points) // 2
+    values = [v for _, v in points]
+    halves = float(np.median(values[-half:]) / np.median(values[:half]))
+    if growth < TREND_GROWTH_MIN or t < TREND_T_MIN or halves < TREND_HALVES_MIN:
         return None
     crossing = {
         "kl": _crossing(steps, "rollout_corr/kl", KL_WARN),
@@ -273,6 +279,7 @@ def mismatch_trend(steps: Sequence[tuple[int, dict[str, float | None]]]) -> Find
         "growth_per_step": math.exp(slope),
         "growth_over_run": growth,
         "t": t if math.isfinite(t) else None,
+        "halves_ratio": halves,
         "crossing_step": crossing,
     }
     limits = (KL_WARN, CHI2_WARN)
