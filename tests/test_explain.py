@@ -322,3 +322,64 @@ def test_cli_explain_errors_are_one_line(
     code, _, err = cli(capsys, "analyze", SAMPLES / "healthy.parquet", "--explain", *args)
     assert code == 2
     assert text in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------------------------------ invariants
+
+
+def test_row_order_changes_no_breakdown_or_detector(tmp_path: Path) -> None:
+    path, table = long_dump(tmp_path)
+    shuffled = tmp_path / "shuffled.parquet"
+    order = np.random.default_rng(3).permutation(table.num_rows)
+    pq.write_table(table.take(pa.array(order)), shuffled, row_group_size=33)
+    a = rcdiag.analyze(path, explain=True)
+    b = rcdiag.analyze(shuffled, explain=True, chunk_tokens=5000)
+    for name, buckets in a.explain.breakdowns.items():
+        for x, y in zip(buckets, b.explain.breakdowns[name], strict=True):
+            assert x["tokens"] == y["tokens"]
+            assert x["kl"] == y["kl"] or x["kl"] == pytest.approx(y["kl"], rel=1e-9, abs=1e-15)
+    # the same responses are the worst, under their new row numbers
+    assert [order[w["row"]] for w in b.explain.worst_sequences] == [w["row"] for w in a.explain.worst_sequences]
+    assert [f.code for f in a.findings] == [f.code for f in b.findings]
+
+
+def test_explain_does_not_depend_on_the_device(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="pip install torch to compare the torch backend")
+    path, _, _ = planted(tmp_path)
+    config = rcdiag.CorrectionConfig(rollout_rs="token_k1", rollout_rs_threshold="0.5_2.0")
+    cpu = rcdiag.analyze(path, config, explain=True, sequences=tmp_path / "cpu.parquet")
+    torch_cpu = rcdiag.analyze(path, config, explain=True, device="torch-cpu", sequences=tmp_path / "t.parquet")
+    assert cpu.explain.breakdowns == torch_cpu.explain.breakdowns
+    assert cpu.explain.worst_sequences == torch_cpu.explain.worst_sequences
+    a, b = cpu.sequences_frame(), torch_cpu.sequences_frame()
+    own = [c for c in a.columns if c != "rs_token_k1_stat"]
+    assert a.select(own).equals(b.select(own))
+    # the RS statistic is the engine's own, computed on the device: float64 row sums in another order
+    np.testing.assert_allclose(a["rs_token_k1_stat"].to_numpy(), b["rs_token_k1_stat"].to_numpy(), rtol=1e-12)
+
+
+def test_long_layout_names_responses_by_sequence_id(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    seq = np.repeat(np.array([30, 10, 20]), [50, 40, 60])
+    old = -np.abs(rng.normal(0, 1, seq.size)).astype(np.float32)
+    rollout = old.copy()
+    rollout[seq == 20] -= 0.3  # sequence 20 is the worst
+    order = rng.permutation(seq.size)  # tokens of a sequence anywhere in the file
+    path = tmp_path / "long.parquet"
+    pq.write_table(
+        pa.table({"seq_id": seq[order], "old_log_prob": old[order], "rollout_log_prob": rollout[order]}), path
+    )
+    worst = rcdiag.analyze(path, worst=1).explain.worst_sequences[0]
+    assert worst["id"] == 20 and worst["length"] == 60
+    assert worst["log_ratio_sum"] == pytest.approx(60 * 0.3, rel=1e-5)
+
+
+def test_skipped_rows_keep_their_numbers(tmp_path: Path) -> None:
+    _, _, table = planted(tmp_path)
+    data = table.to_pydict()
+    data["old_log_prob"][2][0] = float("nan")  # row 2 is bad and skipped
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table(data, schema=table.schema), bad)
+    report = rcdiag.analyze(bad, explain=True, worst=3, on_bad_row="skip")
+    assert report.input.skipped_rows == 1
+    assert [w["row"] for w in report.explain.worst_sequences] == [95, 7, 150]
