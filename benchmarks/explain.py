@@ -4,8 +4,9 @@
 
 On the largest dump, each round times plain analyze and analyze --explain once each, in turn (interleaved, so
 load on a shared machine hits both); the report gives medians over rounds and the ratio explain / plain within
-the same run (target: at most 1.5). Peak RSS (``ru_maxrss``) of both is measured in a fresh process on every
-dump size (targets: explain's peak within 1.1x of plain's, and flat as the dump grows).
+the same run (target: at most 1.5), and the same ratio of CPU time (all threads of the process: the work added,
+whatever the machine's load). Peak RSS (``ru_maxrss``) of both is measured in a fresh process on every dump size
+(targets: explain's peak within 1.1x of plain's, and flat as the dump grows).
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ def main() -> None:
     path = paths[-1]
     methods = {"plain": rcdiag_e2e, "explain": rcdiag_explain}
     seconds: dict[str, list[float]] = {name: [] for name in methods}
+    cpu: dict[str, list[float]] = {name: [] for name in methods}
     print(f"{path.name}: {path.stat().st_size / 1e6:.0f} MB, chunk {args.chunk_tokens:,} tokens, {args.rounds} rounds")
     tokens = 0
     for round_ in range(args.rounds):
         for name, method in methods.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             tokens = method(path, args.chunk_tokens)
             seconds[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
             took = seconds[name][-1]
             print(f"  round {round_ + 1}: {name:8s} {tokens / took / 1e6:7.1f} M tok/s ({took:.1f} s)")
     medians = {name: statistics.median(values) for name, values in seconds.items()}
@@ -47,6 +50,8 @@ def main() -> None:
         f"explain / plain time = {medians['explain'] / medians['plain']:.2f} (per round: "
         f"{', '.join(f'{r:.2f}' for r in ratios)}; target <= 1.5)"
     )
+    cpu_ratio = statistics.median(cpu["explain"]) / statistics.median(cpu["plain"])
+    print(f"explain / plain CPU time (all threads) = {cpu_ratio:.2f}")
     print("\npeak RSS (fresh process each):")
     for size, dump_path in zip(args.tokens.split(","), paths, strict=True):
         _, plain_rss = peak("rcdiag_e2e", dump_path, args.chunk_tokens)

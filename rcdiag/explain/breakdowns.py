@@ -72,12 +72,21 @@ LOG_PROB_THRESHOLDS = _log_thresholds()
 
 
 def prob_bucket(rollout_log_prob: np.ndarray) -> np.ndarray:
-    """Bucket index in ``PROB_EDGES`` of exp(rollout_log_prob): a sum of comparisons with the edges (seven
-    one-byte passes; ``searchsorted`` costs ten times as much per token)."""
+    """Bucket index in ``PROB_EDGES`` of exp(rollout_log_prob)."""
+    return prob_buckets(rollout_log_prob)[0]
+
+
+def prob_buckets(rollout_log_prob: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each token's bucket index in ``PROB_EDGES`` of exp(rollout_log_prob), and the tokens per bucket: a sum of
+    comparisons with the edges (seven one-byte passes; ``searchsorted`` costs ten times as much per token)."""
     bucket = np.zeros(rollout_log_prob.shape, dtype=np.uint8)
+    at_least = [rollout_log_prob.shape[0]]
     for edge in LOG_PROB_THRESHOLDS:
-        bucket += rollout_log_prob >= edge
-    return bucket
+        above = rollout_log_prob >= edge
+        at_least.append(int(np.count_nonzero(above)))
+        bucket += above
+    at_least.append(0)
+    return bucket, -np.diff(np.asarray(at_least, dtype=np.float64))
 
 
 _LANES = 64
@@ -112,10 +121,12 @@ def position_segments(
     row_start = np.zeros(n_rows, dtype=np.int64)
     np.cumsum(lengths[:-1], out=row_start[1:])
     at = row_start[run_row] + np.asarray(DOUBLING_EDGES, dtype=np.int64)[run_bucket]
-    if mask is not None:
-        valid_before = np.zeros(mask.shape[0] + 1, dtype=np.int64)
-        np.cumsum(mask, out=valid_before[1:])
-        at = valid_before[at]
+    if mask is not None and runs:
+        # valid tokens per run (one sequential pass over the mask), then where each run starts among them
+        flags = mask.view(np.uint8) if mask.dtype == np.bool_ else (mask != 0).view(np.uint8)
+        valid = np.add.reduceat(flags, at, dtype=np.int64)
+        at = np.zeros(runs, dtype=np.int64)
+        np.cumsum(valid[:-1], out=at[1:])
     ends = np.append(at[1:], int(valid_lengths.sum()))
     keep = ends > at
     return at[keep], run_row[keep], run_bucket[keep]
@@ -145,10 +156,12 @@ class Breakdowns:
             return
         b = block.b
         terms = (block.lr, b.abs(block.lr), block.exp_lr, block.ratio * block.ratio)
-        cell = (prob_bucket(block.rollout).astype(np.intp) << 6) | _lane_index(n)
+        bucket, counts = prob_buckets(block.rollout)
+        cell = (bucket.astype(np.intp) << 6) | _lane_index(n)
         size = N_PROB * _LANES
-        prob = [np.bincount(cell, minlength=size)] + [np.bincount(cell, weights=t, minlength=size) for t in terms]
-        self.prob += np.stack(prob, axis=-1).reshape(N_PROB, _LANES, len(SUMS)).sum(axis=1)
+        sums = np.stack([np.bincount(cell, weights=t, minlength=size) for t in terms], axis=-1)
+        self.prob[:, 0] += counts
+        self.prob[:, 1:] += sums.reshape(N_PROB, _LANES, len(terms)).sum(axis=1)
 
         starts, run_row, run_bucket = position_segments(block.row_len.astype(np.int64), lengths, mask)
         counts = np.diff(np.append(starts, n)).astype(np.float64)
