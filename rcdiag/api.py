@@ -11,6 +11,7 @@ from typing import Any
 
 from rcdiag._version import __version__
 from rcdiag.backend import Backend, NumpyBackend, get_backend
+from rcdiag.catalogue.findings import listing_order
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import Engine, EngineState
 from rcdiag.errors import ConfigError
@@ -271,17 +272,6 @@ def build_report(
         key=lambda item: (item[0] is None, item[0] or 0),
     )
     pooled = per_step[0][1] if not has_steps and per_step else state.pooled().compute()
-    findings = evaluate(per_step if per_step else [(None, pooled)], state.resolved)
-    explained = None
-    if state.explain is not None:
-        detected = detect(state.explain, [(step, result.metrics) for step, result in per_step if step is not None])
-        rank = {"error": 0, "warning": 1, "info": 2}
-        findings = sorted([*findings, *detected], key=lambda f: rank[f.severity])
-        explained = ExplainReport(
-            breakdowns=state.explain.breakdowns.compute(),
-            worst_sequences=tuple(entry.to_dict() for entry in state.explain.worst.entries()),
-            sequences_path=None if sequences_path is None else str(sequences_path),
-        )
     steps = tuple(
         StepReport(int(step), result.rows, result.valid_tokens, result.metrics, result.extras)
         for step, result in per_step
@@ -303,7 +293,18 @@ def build_report(
         neg_inf_tokens=dict(screen.neg_inf_tokens) if screen else {},
         files=info.files,
         step_source=info.step_source if steps else "",
+        neg_inf_first=dict(screen.neg_inf_first) if screen else {},
     )
+    findings = evaluate(per_step if per_step else [(None, pooled)], state.resolved, facts)
+    explained = None
+    if state.explain is not None:
+        detected = detect(state.explain, [(step, result.metrics) for step, result in per_step if step is not None])
+        findings = sorted([*findings, *detected], key=lambda f: listing_order(f.code, f.severity))
+        explained = ExplainReport(
+            breakdowns=state.explain.breakdowns.compute(),
+            worst_sequences=tuple(entry.to_dict() for entry in state.explain.worst.entries()),
+            sequences_path=None if sequences_path is None else str(sequences_path),
+        )
     return Report(
         config=state.resolved.config.to_dict(),
         input=facts,

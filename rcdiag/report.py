@@ -23,15 +23,14 @@ class Finding:
     threshold: float | tuple[float, float] | None = None
     steps: tuple[int, ...] | None = None
     """Steps at which it holds; ``None`` for a dump without steps (one batch) or the dump as a whole."""
+    detail: dict[str, str] | None = None
+    """Per-metric detail folded into this finding (``logprob_neg_inf``: each non-finite metric and its value)."""
     evidence: dict[str, Any] | None = None
     """The numbers behind a detector's verdict (``analyze --explain``), as in its message."""
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        if self.evidence is None:
-            del out["evidence"]
-        else:
-            out["evidence"] = _finite_tree(self.evidence)
+        out["evidence"] = None if self.evidence is None else _finite_tree(self.evidence)
         out["value"] = _finite(self.value)
         out["threshold"] = list(self.threshold) if isinstance(self.threshold, tuple) else self.threshold
         out["steps"] = list(self.steps) if self.steps is not None else None
@@ -66,6 +65,8 @@ class InputFacts:
     files: int = 1
     step_source: str = ""
     """Where the steps come from: "column 'NAME'", "file name", "directory name", "key 'NAME'"; "" without."""
+    neg_inf_first: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """Per side, ``[row, position]`` of the first valid token with a ``-inf`` log-prob (0-based)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

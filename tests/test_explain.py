@@ -288,7 +288,7 @@ def test_cli_explain_json_and_table(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert [w["id"] for w in data["worst_sequences"]] == ["u0095", "u0007"]
     code, out, _ = cli(capsys, "analyze", path, "--explain", "-q")
     assert code == 0
-    for text in ("By token position", "Worst responses", "Bias detectors", "u0095"):
+    for text in ("By token position", "Worst responses", "temperature_mismatch", "u0095"):
         assert text in out
     plain = json.loads(cli(capsys, "analyze", path, "--format", "json")[1])
     assert "breakdowns" not in plain and "worst_sequences" not in plain

@@ -14,18 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from rcdiag.catalogue.findings import FINDINGS, finding
 from rcdiag.explain.breakdowns import DOUBLING_EDGES, N_DOUBLING, bucket_metrics
 from rcdiag.explain.state import ExplainState
 from rcdiag.explain.statistics import RATIO_CAP, SHIFT_TOL, OffsetSums, ScaleSums, group_spread
 from rcdiag.report import Finding
 
-DETECTORS = {
-    "temperature_mismatch": "log-probs not a scaled copy of each other (same temperature on both sides)",
-    "logprob_offset": "no systematic shift between the engines' log-probs",
-    "position_drift": "mismatch does not grow along the response",
-    "mismatch_trend": "mismatch does not grow across training steps",
-}
-"""Each detector's code and what it checks, in the order they are listed."""
+DETECTORS = tuple(spec.code for spec in FINDINGS if spec.explain)
+"""The detectors' codes, in catalogue order (their wording and advice live in the finding catalogue)."""
 
 Z = 3.0
 """Standard errors an effect must clear beyond its threshold."""
@@ -71,8 +67,11 @@ def detect(state: ExplainState, steps: Sequence[tuple[int, dict[str, float | Non
     return [f for f in found if f is not None]
 
 
-def _finding(code: str, message: str, value: float, threshold: float, evidence: dict[str, Any]) -> Finding:
-    return Finding(code, "warning", message, metric=None, value=value, threshold=threshold, evidence=evidence)
+def _finding(code: str, facts: str, value: float, threshold: float, evidence: dict[str, Any]) -> Finding:
+    """The measured ``facts`` followed by the catalogue's advice."""
+    spec = finding(code)
+    message = f"{facts} {spec.advice}"
+    return Finding(code, spec.severity, message, metric=None, value=value, threshold=threshold, evidence=evidence)
 
 
 # ------------------------------------------------------------------------------------------- temperature
@@ -124,7 +123,7 @@ def temperature_mismatch(scale: ScaleSums) -> Finding | None:
         f"(regression slopes {low:.3g}..{high:.3g}, interval {interval[0]:.3g}..{interval[1]:.3g} over "
         f"{int(n):,} tokens; numerical noise keeps 1 inside). The rollout distribution is {direction}: {side}. "
         "The slope understates T_train/T_rollout (each position's normaliser differs), so read it as direction "
-        "and a lower bound on the size. Apply the same temperature on both sides."
+        "and a lower bound on the size."
     )
     return _finding("temperature_mismatch", message, ratio, SCALE_TOLERANCE, evidence)
 
@@ -169,8 +168,7 @@ def logprob_offset(offset: OffsetSums) -> Finding | None:
         f"the {higher} side's log-probs sit systematically higher: estimated offset {abs(estimate):.3g} nats "
         f"(mean IS ratio, capped at {RATIO_CAP:.3g}, is {mean_ratio:.4g} +- {se:.2g}; it is 1 whenever both sides "
         f"are proper distributions over the same tokens), and {abs(share):.0%} more tokens are shifted up than "
-        f"down by more than {SHIFT_TOL} nats. Typical cause: log-probs renormalised over top-k/top-p (or another "
-        "truncated support) on one side only; return log-probs of the full distribution on both sides."
+        f"down by more than {SHIFT_TOL} nats."
     )
     return _finding("logprob_offset", message, abs(estimate), OFFSET_MIN, evidence)
 
@@ -225,9 +223,7 @@ def position_drift(state: ExplainState) -> Finding | None:
         f"mismatch grows along the response: k3_kl is {k3_late:.3g} at positions >= {DOUBLING_EDGES[LATE_FROM]} "
         f"against {k3_early:.3g} at positions < 64 ({ratio:.3g}x; {median:.3g}x in the median of "
         f"{len(group_ratios)} row groups, {share:.0%} of them above {DRIFT_LOWER_MIN:g}x), about {growth:.3g}x per "
-        "doubling of position. Numerical noise does not depend on position; look for precision lost with "
-        "context length (KV-cache dtype, RoPE or attention kernels at long context, positions shifted between "
-        "the engines)."
+        "doubling of position."
     )
     return _finding("position_drift", message, ratio, DRIFT_RATIO_MIN, evidence)
 
@@ -287,8 +283,7 @@ def mismatch_trend(steps: Sequence[tuple[int, dict[str, float | None]]]) -> Find
     message = (
         f"mismatch grows across training steps: k3_kl rises {math.exp(slope):.3g}x per step ({growth:.3g}x from "
         f"step {int(x[0])} to {int(x[-1])}, {t:.3g} standard errors of the fit). At this rate verl's warnings "
-        f"trip: {when}. Training-inference mismatch that feeds on itself precedes collapse; correct it (token "
-        "or sequence IS, RS) or find the drifting component before it does."
+        f"trip: {when}."
     )
     return _finding("mismatch_trend", message, math.exp(slope), TREND_GROWTH_MIN, evidence)
 

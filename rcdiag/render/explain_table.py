@@ -5,9 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
-from rich.text import Text
 
-from rcdiag.explain.detectors import DETECTORS
 from rcdiag.render.table import fmt
 from rcdiag.report import ExplainReport, Report
 
@@ -23,14 +21,14 @@ _METRICS = ("kl", "k3_kl", "chi2_token", "abs_log_ratio_mean")
 
 
 def render_explain(report: Report, console: Console) -> None:
-    """Print the breakdowns, the worst responses and the detectors (nothing without ``--explain``)."""
+    """Print the breakdowns and the worst responses (nothing without ``--explain``); the detectors are rows of
+    the findings checklist."""
     explained = report.explain
     if explained is None:
         return
     for name, title in _BREAKDOWNS.items():
         console.print(_breakdown(title, explained.breakdowns[name]))
     console.print(_worst(explained))
-    console.print(_detectors(report))
 
 
 def _bucket(entry: dict[str, Any]) -> str:
@@ -78,20 +76,4 @@ def _worst(explained: ExplainReport) -> Table:
             "—" if e["position_of_max"] is None else str(e["position_of_max"]),
             at,
         )
-    return table
-
-
-def _detectors(report: Report) -> Table:
-    fired = {f.code: f for f in report.findings}
-    table = Table(title="Bias detectors", title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
-    table.add_column("", no_wrap=True)
-    table.add_column("check")
-    table.add_column("code", style="dim")
-    table.add_column("value", justify="right")
-    for code, label in DETECTORS.items():
-        finding = fired.get(code)
-        if finding is None:
-            table.add_row(Text("✓", style="green"), label, code, "")
-        else:
-            table.add_row(Text("✗", style="yellow"), label, code, fmt(finding.value))
     return table
