@@ -245,10 +245,7 @@ def test_packs() -> None:
         ("rollout_is_eff_sample_size", "min", 0.3), ("rollout_is_std", "max", 1.0),
         ("kl", "max_abs", 0.1), ("chi2_token", "max", 1.0),
     ])  # fmt: skip
-    assert sorted((r.metric, r.bound) for r in pack("nemo-rl")) == [
-        ("k3_kl", 1e-3),
-        ("rcdiag/token_mult_prob_error", 1.05),
-    ]
+    assert sorted((r.metric, r.bound) for r in pack("nemo-rl")) == [("k3_kl", 1e-3), ("rcdiag/token_mult_prob_error", 1.05)]
     result = check(HEALTHY, pack("verl"))  # no IS: the IS rules are skipped, not errors
     statuses = {(r.rule.metric, r.rule.kind): r.status for r in result.results}
     assert result.passed and statuses[("kl", "max_abs")] == statuses[("chi2_token", "max")] == "passed"
