@@ -1,9 +1,9 @@
 """The streaming engine: chunks in, one ``BatchMetrics`` per training step out.
 
-For each chunk it drops padding (mask 0), checks the values of valid tokens, groups rows by step and feeds
-blocks of whole rows (about 128k tokens on CPU, where numpy's temporaries stay in cache) to the step's
-accumulators. Merging is the only way results combine, so the result does not depend on chunk size, row order
-or how steps interleave in the file.
+For each chunk it drops padding (mask 0), groups rows by step and feeds blocks of whole rows (about 128k tokens
+on CPU, where numpy's temporaries stay in cache) to the step's accumulators. Chunks come checked by a
+``rcdiag.validate.Screen``; one that did not (built by hand) is checked here the same way. Merging is the only
+way results combine, so the result does not depend on chunk size, row order or how steps interleave in the file.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from rcdiag.config import ResolvedConfig
 from rcdiag.io.base import Chunk, split_rows
 from rcdiag.metrics.batch import BatchMetrics
 from rcdiag.metrics.block import Block
-from rcdiag.validate import check_values
+from rcdiag.ragged import take_rows
+from rcdiag.validate import screen_one
 
 if TYPE_CHECKING:
     from rcdiag.explain.state import ExplainState
@@ -123,73 +124,56 @@ class Engine:
             self._update(chunk)
 
     def _update(self, chunk: Chunk) -> None:
+        mask = chunk.mask
+        if not (chunk.screened and isinstance(chunk.old, np.ndarray) and (mask is None or mask.dtype == np.bool_)):
+            # The engine's own guard for chunks that did not pass through a Screen (built by hand): the same
+            # checks, and the mask made boolean (an integer mask would index values instead of selecting them).
+            chunk = screen_one(chunk)
         state = self.state
-        lengths = np.diff(chunk.offsets)
+        explain = state.explain
+        if explain is not None and chunk.rows is None:
+            explain.number(chunk)  # rows not numbered before screening (chunks built by hand)
         state.rows += chunk.n_rows
         state.tokens += chunk.n_tokens
+        steps = chunk.steps
+        if steps is not None and steps.shape[0] > 1 and _run_count(steps) > 8:
+            chunk = take_rows(chunk, np.argsort(steps, kind="stable"))  # each step's rows contiguous
+        old, rollout, offsets, steps = chunk.old, chunk.rollout, chunk.offsets, chunk.steps
+        lengths = np.diff(offsets)
         mask = chunk.mask
         if mask is not None and int(np.count_nonzero(mask)) == mask.shape[0]:
             mask = None
-        valid_lengths = lengths if mask is None else _valid_lengths(mask, chunk.offsets, lengths)
+        valid_lengths = lengths if mask is None else _valid_lengths(mask, offsets, lengths)
         state.valid_tokens += int(valid_lengths.sum())
-        if not chunk.screened:  # the engine's own guard, for chunks that did not pass through a Screen
-            check_values(chunk, *_compacted(chunk.old, chunk.rollout, mask), valid_lengths)
-        old, rollout, offsets, steps = chunk.old, chunk.rollout, chunk.offsets, chunk.steps
-        explain = state.explain
-        per_row = _explain_rows(chunk, explain)
-        if steps is not None and steps.shape[0] > 1 and _run_count(steps) > 8:
-            if per_row is not None:
-                order = np.argsort(steps, kind="stable")
-                per_row = {name: None if values is None else values[order] for name, values in per_row.items()}
-            old, rollout, mask, lengths, valid_lengths, offsets, steps = _group_by_step(
-                old, rollout, mask, lengths, valid_lengths, offsets, steps
-            )
         for step, r0, r1 in _step_runs(steps, lengths.shape[0]):
             batch = state.batch(step)
             for b0, b1 in split_rows(valid_lengths[r0:r1], self.block_tokens):
                 t0, t1 = int(offsets[r0 + b0]), int(offsets[r0 + b1])
                 block_mask = None if mask is None else mask[t0:t1]
                 block_old, block_rollout = _compacted(old[t0:t1], rollout[t0:t1], block_mask)
-                block = Block(self.backend, block_old, block_rollout, valid_lengths[r0 + b0 : r0 + b1])
-                rejections = batch.update(block)
-                if explain is not None and per_row is not None:
-                    from rcdiag.explain.state import RowContext
-
-                    if not isinstance(self.backend, NumpyBackend):  # explain always runs on the host
-                        block = Block(NumpyBackend(), block_old, block_rollout, valid_lengths[r0 + b0 : r0 + b1])
-                        rejections = [_host(self.backend, rejection) for rejection in rejections]
-                    ids = per_row["ids"]
-                    context = RowContext(
-                        lengths=lengths[r0 + b0 : r0 + b1],
-                        mask=block_mask,
-                        rows=per_row["rows"][r0 + b0 : r0 + b1],
-                        ids=None if ids is None else ids[r0 + b0 : r0 + b1],
-                        step=step,
-                        rejections=rejections,
+                valid = valid_lengths[r0 + b0 : r0 + b1]
+                block = Block(self.backend, block_old, block_rollout, valid)
+                batch.update(block)
+                if explain is not None:  # always on the host: the same numbers on every device
+                    host = (
+                        block
+                        if isinstance(self.backend, NumpyBackend)
+                        else Block(NumpyBackend(), block_old, block_rollout, valid)
                     )
-                    explain.update(block, context)
+                    _explain(explain, chunk, host, block_mask, step, r0 + b0, r0 + b1)
 
 
-def _explain_rows(chunk: Chunk, explain: ExplainState | None) -> dict[str, np.ndarray | None] | None:
-    """Row numbers and ids for ``--explain`` (rows not numbered by the reader are numbered here)."""
-    if explain is None:
-        return None
-    if chunk.rows is None:
-        explain.number(chunk)
-    return {"rows": chunk.rows, "ids": chunk.ids}
+def _explain(
+    explain: ExplainState, chunk: Chunk, block: Block, mask: np.ndarray | None, step: StepKey, a: int, b: int
+) -> None:
+    """Feed rows ``a:b`` of the chunk (one numpy block) to ``--explain``."""
+    from rcdiag.explain.state import RowContext
 
-
-def _host(backend: Backend, rejection: Any) -> Any:
-    """A rejection's per-row arrays on the host (``--explain`` with ``--device cuda``)."""
-    import dataclasses
-
-    return dataclasses.replace(
-        rejection,
-        rows_hit=backend.to_numpy(rejection.rows_hit),
-        rows=None if rejection.rows is None else backend.to_numpy(rejection.rows),
-        seq_value=None if rejection.seq_value is None else backend.to_numpy(rejection.seq_value),
-        token_mask=None,
-    )
+    lengths = np.diff(chunk.offsets[a : b + 1])
+    ids = chunk.ids
+    rows = chunk.rows
+    assert rows is not None  # numbered when the chunk entered the engine
+    explain.update(block, RowContext(lengths, mask, rows[a:b], None if ids is None else ids[a:b], step))
 
 
 def _valid_lengths(mask: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -222,22 +206,3 @@ def _step_runs(steps: np.ndarray | None, n_rows: int) -> list[tuple[StepKey, int
         return []
     bounds = [0, *(np.flatnonzero(steps[1:] != steps[:-1]) + 1).tolist(), n_rows]
     return [(int(steps[a]), a, b) for a, b in itertools.pairwise(bounds)]
-
-
-def _group_by_step(
-    old: np.ndarray,
-    rollout: np.ndarray,
-    mask: np.ndarray | None,
-    lengths: np.ndarray,
-    valid_lengths: np.ndarray,
-    offsets: np.ndarray,
-    steps: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Reorder rows so that each step's rows are contiguous (a ragged gather of every per-token array)."""
-    order = np.argsort(steps, kind="stable")
-    new_lengths = lengths[order]
-    new_offsets = np.zeros(new_lengths.shape[0] + 1, dtype=np.int64)
-    np.cumsum(new_lengths, out=new_offsets[1:])
-    index = np.repeat(offsets[:-1][order] - new_offsets[:-1], new_lengths) + np.arange(new_offsets[-1])
-    new_mask = None if mask is None else mask[index]
-    return old[index], rollout[index], new_mask, new_lengths, valid_lengths[order], new_offsets, steps[order]

@@ -129,12 +129,12 @@ def test_topk_sample_offset_is_the_missing_mass() -> None:
 
 
 def drift_state(early_k3: float, late_k3: float) -> ExplainState:
-    """Every row group holds 1024 early and 1024 late tokens with the given k3_kl (lr = 0, exp_lr = n + k3 n)."""
+    """Every row group holds 1024 early and 1024 late tokens with the given k3_kl."""
     state = ExplainState()
     sums = np.zeros((GROUPS, N_DOUBLING, len(SUMS)))
     for bucket, k3 in ((0, early_k3), (4, late_k3)):
         sums[:, bucket, 0] = 1024
-        sums[:, bucket, SUMS.index("exp_lr")] = 1024 + 1024 * k3
+        sums[:, bucket, SUMS.index("k3")] = 1024 * k3
     state.breakdowns.position = sums
     return state
 

@@ -383,3 +383,14 @@ def test_skipped_rows_keep_their_numbers(tmp_path: Path) -> None:
     report = rcdiag.analyze(bad, explain=True, worst=3, on_bad_row="skip")
     assert report.input.skipped_rows == 1
     assert [w["row"] for w in report.explain.worst_sequences] == [95, 7, 150]
+
+
+def test_a_state_file_with_another_explain_layout_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    shard = tmp_path / "a.parquet"
+    shard.write_bytes((SAMPLES / "healthy.parquet").read_bytes())
+    assert cli(capsys, "analyze", shard, "--explain", "--save-state", tmp_path / "a.json", "-q")[0] == 0
+    saved = json.loads((tmp_path / "a.json").read_text())
+    saved["state"]["explain"]["layout"] = "0123456789abcdef"
+    (tmp_path / "a.json").write_text(json.dumps(saved))
+    code, _, err = cli(capsys, "merge", tmp_path / "a.json")
+    assert code == 2 and "layout 0123456789abcdef" in err and "Traceback" not in err

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from rcdiag.metrics.block import Block
-from rcdiag.metrics.offpolicy import k3_sum, token_metrics
+from rcdiag.metrics.offpolicy import chi2_terms, k3_terms, token_metrics
 
 GROUPS = 16
 """Rows are dealt into this many groups by a hash of their content (never by position in the dump, so workers
@@ -33,8 +33,9 @@ PROB_EDGES = (0.0, 1e-4, 1e-3, 1e-2, 0.1, 0.5, 0.9, 0.99, 1.0)
 """Rollout-probability buckets; the last, [0.99, 1], includes 1."""
 N_PROB = len(PROB_EDGES) - 1
 
-SUMS = ("tokens", "lr", "abs_lr", "exp_lr", "ratio_sq")
-"""Per-bucket sums: valid tokens, log-ratio (old - rollout), |log-ratio|, exp(log-ratio), exp(clamp(lr))^2."""
+SUMS = ("tokens", "lr", "abs_lr", "k3", "chi2")
+"""Per-bucket sums: valid tokens, log-ratio (old - rollout), |log-ratio|, and the engine's per-token k3_kl and
+chi2_token terms (``rcdiag.metrics.offpolicy.k3_terms`` / ``chi2_terms``)."""
 
 _LUT_SIZE = 1 << 16
 
@@ -155,7 +156,7 @@ class Breakdowns:
         if n == 0:
             return
         b = block.b
-        terms = (block.lr, b.abs(block.lr), block.exp_lr, block.ratio * block.ratio)
+        terms = (block.lr, b.abs(block.lr), k3_terms(block), chi2_terms(block))
         bucket, counts = prob_buckets(block.rollout)
         cell = (bucket.astype(np.intp) << 6) | _lane_index(n)
         size = N_PROB * _LANES
@@ -205,10 +206,10 @@ def _scatter(cells: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
 
 def bucket_metrics(sums: np.ndarray) -> dict[str, float | None]:
     """kl, k3_kl, chi2_token and abs_log_ratio_mean of one bucket's sums (``None`` for an empty bucket)."""
-    tokens, lr, abs_lr, exp_lr, ratio_sq = (float(v) for v in sums)
+    tokens, lr, abs_lr, k3, chi2 = (float(v) for v in sums)
     if tokens == 0:
         return {"kl": None, "k3_kl": None, "chi2_token": None, "abs_log_ratio_mean": None}
-    values: dict[str, float | None] = dict(token_metrics(tokens, lr, k3_sum(exp_lr, lr, tokens), ratio_sq))
+    values: dict[str, float | None] = dict(token_metrics(tokens, lr, k3, chi2))
     values["abs_log_ratio_mean"] = abs_lr / tokens
     return {k: v if v is not None and math.isfinite(v) else None for k, v in values.items()}
 

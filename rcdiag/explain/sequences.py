@@ -22,6 +22,7 @@ from rcdiag.explain.breakdowns import token_positions
 from rcdiag.explain.state import RowContext
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.importance import ISMetrics
+from rcdiag.metrics.rejection import rejection
 
 BATCH_ROWS = 1 << 16
 
@@ -87,9 +88,10 @@ class SequenceWriter:
             "position_of_max": _position_of_max(abs_lr, row_max, n.astype(np.int64), positions),
             "seq_is_weight": np.where(n > 0, weight, np.nan),
         }
-        for option, rejection in zip(self.resolved.rs_options, context.rejections, strict=True):
-            columns[f"rs_{option.name}_stat"] = np.asarray(rejection.seq_value, dtype=np.float64)
-            columns[f"rs_{option.name}_rejected"] = np.asarray(rejection.rows_hit, dtype=bool)
+        for option in self.resolved.rs_options:
+            found = rejection(block, option)  # the engine's own, shared with the RS accumulators (memoised)
+            columns[f"rs_{option.name}_stat"] = np.asarray(found.seq_value, dtype=np.float64)
+            columns[f"rs_{option.name}_rejected"] = np.asarray(found.rows_hit, dtype=bool)
         return columns
 
     def flush(self) -> None:

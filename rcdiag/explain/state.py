@@ -7,6 +7,8 @@ following this one's (worker parts and shard states merge in reading order), so 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from rcdiag.errors import ConfigError
-from rcdiag.explain.breakdowns import Breakdowns
-from rcdiag.explain.statistics import OffsetSums, ScaleSums, row_groups
+from rcdiag.explain.breakdowns import DOUBLING_EDGES, GROUPS, PROB_EDGES, SUMS, Breakdowns
+from rcdiag.explain.statistics import RATIO_CAP, SHIFT_TOL, OffsetSums, ScaleSums, row_groups
 from rcdiag.explain.worst import DEFAULT_WORST, WorstResponses
 from rcdiag.io.base import Chunk
 from rcdiag.metrics.block import Block
@@ -53,7 +55,16 @@ class RowContext:
     rows: np.ndarray
     ids: np.ndarray | None
     step: int | None
-    rejections: list[Any]
+
+
+def explain_layout() -> str:
+    """A short signature of what the state's arrays mean (bucket edges, sums, groups, statistics): a state file
+    written under another layout is refused rather than merged into numbers that mean something else."""
+    declared = [
+        list(SUMS), GROUPS, list(DOUBLING_EDGES), list(PROB_EDGES), list(ScaleSums.NAMES), list(OffsetSums.NAMES),
+        RATIO_CAP, SHIFT_TOL,
+    ]  # fmt: skip
+    return hashlib.sha256(json.dumps(declared).encode()).hexdigest()[:16]
 
 
 class ExplainState:
@@ -100,6 +111,7 @@ class ExplainState:
 
     def state_dict(self) -> dict[str, Any]:
         return {
+            "layout": explain_layout(),
             "rows_read": self.rows_read,
             "breakdowns": self.breakdowns.state_dict(),
             "worst": self.worst.state_dict(),
@@ -109,6 +121,11 @@ class ExplainState:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> ExplainState:
+        if state.get("layout") != explain_layout():
+            raise ValueError(
+                f"its --explain state has layout {state.get('layout')}, this rcdiag's is {explain_layout()}; "
+                "analyze the shard again with this version"
+            )
         out = cls(int(state["worst"]["n"]))
         out.rows_read = int(state["rows_read"])
         out.breakdowns.load_state_dict(state["breakdowns"])

@@ -4,12 +4,18 @@ Row sets: the PPL, log-PPL, ``log_ppl_*``, ``ppl_ratio`` and ``chi2_seq`` metric
 the batch, empty rows included (their per-row mean log-prob is 0, so they contribute PPL 1 and chi2 term 1);
 ``kl``, ``k3_kl`` and ``chi2_token`` are token-weighted over valid tokens. ``kl``, ``k3_kl`` and the PPLs use the
 unclamped log-ratio; ``chi2_token`` and ``chi2_seq`` clamp to [-20, 20] (chi2_seq clamps the per-row sum).
+Nothing is computed as a difference of nearly equal numbers: k3 as ``expm1(d) - d`` and chi2 as the mean of
+``expm1(2d)`` (not E[ratio^2] - 1), in float64.
 """
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
+import numpy as np
+
+from rcdiag.backend import Array
 from rcdiag.config import SAFETY_BOUND
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
 from rcdiag.metrics.block import Block
@@ -48,8 +54,8 @@ class OffPolicyMetrics(Accumulator):
         "delta_max": "max",
         "delta_min": "min",
         "exp_delta": "sum",
-        "ratio_sq": "sum",
-        "exp_2s": "sum",
+        "chi2_token": "sum",
+        "chi2_seq": "sum",
     }
 
     def update(self, block: Block) -> None:
@@ -65,14 +71,14 @@ class OffPolicyMetrics(Accumulator):
             exp_neg_mr=b.sum(b.exp(-mr)),
             neg_mr=-b.sum(mr),
             neg_lr=-b.sum(block.row_sum_lr),
-            k3=_k3_sum(block),
+            k3=b.sum(k3_terms(block)),
             delta=b.sum(delta),
             abs_delta=b.sum(b.abs(delta)),
             delta_max=b.max(delta),
             delta_min=b.min(delta),
             exp_delta=b.sum(b.exp(delta)),
-            ratio_sq=b.dot(block.ratio, block.ratio),
-            exp_2s=b.sum(b.exp(2.0 * b.clip(s, -SAFETY_BOUND, SAFETY_BOUND))),
+            chi2_token=b.sum(chi2_terms(block)),
+            chi2_seq=b.sum(b.expm1(2.0 * b.clip(s, -SAFETY_BOUND, SAFETY_BOUND))),
         )
 
     def keys(self) -> list[str]:
@@ -83,7 +89,7 @@ class OffPolicyMetrics(Accumulator):
         rows, tokens = st["rows"], st["tokens"]
         if tokens == 0:
             return dict.fromkeys(OFFPOLICY_KEYS), []
-        token_level = token_metrics(tokens, -st["neg_lr"], st["k3"], st["ratio_sq"])
+        token_level = token_metrics(tokens, -st["neg_lr"], st["k3"], st["chi2_token"])
         values = {
             "training_ppl": st["exp_neg_mo"] / rows,
             "training_log_ppl": st["neg_mo"] / rows,
@@ -97,27 +103,37 @@ class OffPolicyMetrics(Accumulator):
             "log_ppl_diff_min": st["delta_min"],
             "ppl_ratio": st["exp_delta"] / rows,
             "chi2_token": token_level["chi2_token"],
-            "chi2_seq": st["exp_2s"] / rows - 1.0,
+            "chi2_seq": st["chi2_seq"] / rows,
         }
         return values, []
 
 
-def token_metrics(tokens: float, lr_sum: float, k3_sum: float, ratio_sq_sum: float) -> dict[str, float]:
-    """verl's token-weighted off-policy metrics from sums over any set of valid tokens (a batch, or one bucket
-    of ``analyze --explain``'s breakdowns): kl = mean(rollout - old), k3_kl = mean(exp(d) - d - 1) with d the
-    unclamped log-ratio, chi2_token = mean(exp(clamp(d))^2) - 1."""
-    return {"kl": -lr_sum / tokens, "k3_kl": k3_sum / tokens, "chi2_token": ratio_sq_sum / tokens - 1.0}
+def token_metrics(tokens: float, lr_sum: float, k3_sum: float, chi2_sum: float) -> dict[str, float]:
+    """verl's token-weighted off-policy metrics from sums of the per-token terms over any set of valid tokens (a
+    batch, or one bucket of ``analyze --explain``'s breakdowns): kl = mean(rollout - old), k3_kl = mean of
+    ``k3_terms``, chi2_token = mean of ``chi2_terms``."""
+    return {"kl": -lr_sum / tokens, "k3_kl": k3_sum / tokens, "chi2_token": chi2_sum / tokens}
 
 
-def k3_sum(exp_lr_sum: float, lr_sum: float, tokens: float) -> float:
-    """Sum of exp(lr) - lr - 1 over tokens, as sum(exp(lr)) - sum(lr) - N in float64: no float32 rounding of
-    each term, and sum(lr) is already known."""
-    return exp_lr_sum - lr_sum - tokens
+def k3_terms(block: Block) -> Array:
+    """Per token, e^lr - 1 - lr, unclamped as in verl, in float64 from ``expm1``; inf for a log-ratio whose e^lr
+    overflows float32, as in verl. When no log-ratio reaches the clamp, ``e^d - 1`` is the one already computed
+    for the block; the values are the same either way, so no sum depends on how rows fall into blocks."""
+
+    def compute() -> Array:
+        b = block.b
+        if block.within_clamp:
+            return block.ratio_minus_one - block.lr_safe64
+        lr = b.to_float64(block.lr)
+        return b.where(lr > _LOG_F32_MAX, math.inf, b.expm1(lr) - lr)
+
+    return block.memo(("k3_terms",), compute)
 
 
-def _k3_sum(block: Block) -> float:
-    """k3_kl's sum over the block (``Block.exp_lr`` is the token IS ratio when no log-ratio reaches the clamp,
-    so one pass instead of four); the same numbers are summed either way, so the result does not depend on
-    how rows fall into blocks."""
-    b = block.b
-    return k3_sum(b.sum(block.exp_lr), b.sum(block.row_sum_lr), block.n_tokens)
+def chi2_terms(block: Block) -> Array:
+    """Per token, ratio^2 - 1 of the clamped log-ratio, as ``(e^d - 1)(e^d + 1)`` in float64 (no cancellation)."""
+    return block.memo(("chi2_terms",), lambda: block.ratio_minus_one * (block.ratio_minus_one + 2.0))
+
+
+_LOG_F32_MAX = math.log(float(np.finfo(np.float32).max))
+"""Above this log-ratio, verl's float32 exp overflows to inf."""
