@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import SAMPLES
@@ -150,3 +151,15 @@ def test_trend_needs_four_steps_and_real_growth() -> None:
     assert mismatch_trend(rising) is not None
     wobble = [(s, {"rollout_corr/k3_kl": 1e-4 * (1.3 if s % 2 else 0.8)}) for s in range(8)]
     assert mismatch_trend(wobble) is None
+
+
+def test_detectors_stay_quiet_on_non_finite_log_ratios(tmp_path: Path) -> None:
+    """-inf on both sides (NaN log-ratio) or an overflowing k3 leave the detectors silent, not crashing."""
+    table = synthetic.generate("healthy", rows=256, steps=6, seed=4)
+    data = table.to_pydict()
+    data["old_log_prob"][3][0] = data["rollout_log_prob"][3][0] = float("-inf")
+    data["rollout_log_prob"][5][1] = -100.0  # log-ratio ~100: exp overflows float32
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table(data, schema=table.schema), path)
+    found = {f.code for f in rcdiag.analyze(path, explain=True).findings}
+    assert not found & set(DETECTORS)

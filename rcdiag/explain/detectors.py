@@ -145,7 +145,7 @@ def logprob_offset(offset: OffsetSums) -> Finding | None:
         return None
     mean_ratio = float(capped.sum()) / n
     groups = [c / k for c, k in zip(capped, n_col, strict=True) if k > 0]
-    if len(groups) < MIN_GROUPS:
+    if len(groups) < MIN_GROUPS or not math.isfinite(mean_ratio):  # NaN log-ratios (-inf on both sides)
         return None
     se = group_spread(groups)
     share = float(up.sum() - down.sum()) / n
@@ -195,6 +195,8 @@ def position_drift(state: ExplainState) -> Finding | None:
     if k3_early is None or k3_late is None or early[:, 0].sum() < MIN_TOKENS or late[:, 0].sum() < MIN_TOKENS:
         return None
     ratio = k3_late / k3_early
+    if not math.isfinite(ratio):  # k3_kl overflows with a log-ratio above ~88 (metric_not_finite says so)
+        return None
     group_ratios = []
     for group_early, group_late in zip(early, late, strict=True):
         ke, kl = _k3(group_early), _k3(group_late)
