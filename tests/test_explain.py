@@ -394,3 +394,21 @@ def test_a_state_file_with_another_explain_layout_is_refused(tmp_path: Path, cap
     (tmp_path / "a.json").write_text(json.dumps(saved))
     code, _, err = cli(capsys, "merge", tmp_path / "a.json")
     assert code == 2 and "layout 0123456789abcdef" in err and "Traceback" not in err
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pad=st.integers(min_value=1, max_value=700), seed=st.integers(min_value=0, max_value=99))
+def test_trailing_padding_changes_nothing(tmp_path: Path, pad: int, seed: int) -> None:
+    """Padding after the last valid token (mask 0, any values) moves no token's position, so nothing changes."""
+    table = synthetic.generate("outliers", rows=64, steps=2, seed=seed)
+    data = table.to_pydict()
+    for key, fill in (("old_log_prob", -3.0), ("rollout_log_prob", -0.1), ("response_mask", 0)):
+        data[key] = [row + [fill] * pad for row in data[key]]
+    padded = tmp_path / "padded.parquet"
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(pa.table(data, schema=table.schema), padded)
+    pq.write_table(table, plain)
+    a, b = rcdiag.analyze(plain, explain=True), rcdiag.analyze(padded, explain=True)
+    assert a.explain.breakdowns == b.explain.breakdowns
+    assert a.explain.worst_sequences == b.explain.worst_sequences
+    assert [f.code for f in a.findings] == [f.code for f in b.findings]
