@@ -37,7 +37,7 @@ HEAVY = [
 ]  # fmt: skip
 
 
-def explained(tmp_path: Path, scenario: Scenario | str, seed: int, rows: int = 256) -> dict[str, rcdiag.Finding]:
+def explained(tmp_path: Path, scenario: Scenario | str, seed: int, rows: int = 192) -> dict[str, rcdiag.Finding]:
     path = tmp_path / "dump.parquet"
     synthetic.write(synthetic.generate(scenario, rows=rows, steps=6, seed=seed), path)
     return {f.code: f for f in rcdiag.analyze(path, explain=True).findings if f.code in DETECTORS}
