@@ -1,8 +1,9 @@
 """The mergeable state of ``analyze --explain``: breakdowns, worst responses and the detectors' sums.
 
 One ``ExplainState`` covers the whole dump (not one per step). It sees every block the engine folds in, with
-each valid token's position and each row's number in reading order. Merging treats the other state's rows as
-following this one's (worker parts and shard states merge in reading order), so row numbers stay global.
+its rows' list lengths and mask (which place each valid token in its response) and each row's number in
+reading order. Merging treats the other state's rows as following this one's (worker parts and shard states
+merge in reading order), so row numbers stay global.
 """
 
 from __future__ import annotations
