@@ -162,7 +162,8 @@ FINDINGS: tuple[FindingSpec, ...] = (
     FindingSpec(
         "temperature_mismatch",
         "warning",
-        "both regression slopes of rollout on trainer log-probs beyond 1 +- 0.1, by 3 standard errors",
+        "both regression slopes of rollout on trainer log-probs beyond 1 +- SCALE_TOLERANCE by Z standard errors "
+        "(thresholds: rcdiag.explain.detectors)",
         check="log-probs are not a scaled copy of each other (same temperature on both sides)",
         advice="Apply the same temperature on both sides: the trainer divides its logits by the rollout's sampling "
         "temperature, and the rollout engine reports log-probs of the tempered distribution it sampled from.",
@@ -171,8 +172,8 @@ FINDINGS: tuple[FindingSpec, ...] = (
     FindingSpec(
         "logprob_offset",
         "warning",
-        "the capped mean IS ratio is more than 0.02 (beyond 3 standard errors) from 1, with >= 25% net tokens "
-        "shifted the same way",
+        "the capped mean IS ratio is more than OFFSET_MIN (beyond Z standard errors) from 1, with at least "
+        "OFFSET_SHARE_MIN net tokens shifted the same way",
         check="no systematic shift between the engines' log-probs",
         advice="Typical cause: log-probs renormalised over top-k/top-p (or another truncated support) on one side "
         "only; return log-probs of the same distribution on both sides.",
@@ -181,7 +182,8 @@ FINDINGS: tuple[FindingSpec, ...] = (
     FindingSpec(
         "position_drift",
         "warning",
-        "k3_kl at positions >= 256 is >= 3x that at positions < 64, pooled and in the median row group",
+        "late positions' k3_kl is at least DRIFT_RATIO_MIN times the early positions', pooled and in most row "
+        "groups",
         check="mismatch does not grow along the response",
         advice="Numerical noise does not depend on position; look for precision lost with context length "
         "(KV-cache dtype, RoPE or attention kernels at long context, positions shifted between the engines).",
@@ -190,7 +192,8 @@ FINDINGS: tuple[FindingSpec, ...] = (
     FindingSpec(
         "mismatch_trend",
         "warning",
-        "k3_kl fitted to grow >= 2x over >= 4 steps, at >= 4 standard errors of the fit",
+        "k3_kl fitted to grow at least TREND_GROWTH_MIN-fold over at least TREND_MIN_STEPS steps, beyond the "
+        "fit's scatter",
         check="mismatch does not grow across training steps",
         advice="Mismatch that feeds on itself precedes collapse: correct it now (token or sequence IS, RS) and "
         "look for the component that drifts with training.",
