@@ -112,7 +112,9 @@ def check(
     junit: Annotated[str | None, path_option("--junit", "Write a JUnit XML report (a testcase per rule).", CI)] = None,
     markdown: Annotated[
         str | None,
-        path_option("--markdown", "Write a Markdown summary (appended when FILE is `$GITHUB_STEP_SUMMARY`).", CI),
+        path_option(
+            "--markdown", "Write a Markdown summary (appended when FILE is `$GITHUB_STEP_SUMMARY`).", CI
+        ),
     ] = None,
     *,
     engine: EngineFlags,
