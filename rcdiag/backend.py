@@ -155,7 +155,7 @@ class _NumpySegments(Segments):
         # Rejections are usually rare: the rows of the true entries, counted, beat a reduceat over every token
         # (which casts each one to float64). Dense conditions take the reduceat.
         hits = np.flatnonzero(cond)
-        if hits.size * 8 > cond.size:
+        if hits.size * 32 > cond.size:  # above about 3% of tokens the reduceat is cheaper (measured)
             return self.sum(cond)
         rows = np.searchsorted(np.cumsum(self.lengths), hits, side="right")
         return np.bincount(rows, minlength=self.n_rows).astype(np.float64)
