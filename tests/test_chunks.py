@@ -109,24 +109,3 @@ def test_the_training_loop_example_in_the_docs_runs() -> None:
     old, rollout, mask = (namespace[k].numpy() for k in ("old_log_prob", "rollout_log_prob", "response_mask"))
     expected = all_metrics(old, rollout, mask, **rcdiag.preset("decoupled_token_is").to_dict())
     assert_metrics_close(namespace["report"].metrics, expected, rel=2e-5, abs_tol=2e-6)
-
-
-def test_pipelined_and_serial_runs_fold_the_same_state() -> None:
-    """``Engine.run`` prepares chunks in a background thread by default; the state is the one a serial run folds
-    (same blocks, same order: identical sums), steps and masked tokens included, and an error raised while the
-    chunks are produced reaches the caller."""
-    rng = np.random.default_rng(7)
-    chunks = []
-    for index in range(5):
-        old, rollout, mask = random_batch(rng, rows=30, width=40, noise=0.2, hole_rate=0.3)
-        chunks.append(padded_chunk(old, rollout, mask, steps=np.repeat([index, index + 1], 15)))
-    resolved = rcdiag.CorrectionConfig(**CONFIG).resolve()
-    serial = Engine(resolved).run(chunks, pipelined=False).state_dict()
-    assert Engine(resolved).run(chunks).state_dict() == serial
-
-    def failing():
-        yield chunks[0]
-        raise rcdiag.InputError("the producer failed")
-
-    with pytest.raises(rcdiag.InputError, match="the producer failed"):
-        Engine(resolved).run(failing())
