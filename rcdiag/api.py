@@ -254,8 +254,7 @@ def analyze_chunks(
     read = ReadOptions.of(read, options)
     backend = _backend(read.device)
     screen = Screen(read.on_bad_row)
-    chunks_in = screen(as_chunk(chunk, index) for index, chunk in enumerate(chunks))
-    state = Engine(resolved, backend).run(chunks_in, pipelined=False)  # the caller's iterator stays on its thread
+    state = Engine(resolved, backend).run(screen(as_chunk(chunk, index) for index, chunk in enumerate(chunks)))
     return build_report(state, SourceInfo(path="<memory>", format="chunks"), backend.name, screen.stats)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from rcdiag.backend import Backend, NumpyBackend
 from rcdiag.config import ResolvedConfig
-from rcdiag.io.base import Chunk, prefetch, split_rows
+from rcdiag.io.base import Chunk, split_rows
 from rcdiag.metrics.batch import BatchMetrics
 from rcdiag.metrics.block import Block
 from rcdiag.ragged import take_rows
@@ -111,42 +111,30 @@ class Engine:
         self.block_tokens = CPU_BLOCK_TOKENS if isinstance(self.backend, NumpyBackend) else GPU_BLOCK_TOKENS
         self.state = EngineState(resolved, explain=explain)
 
-    def run(self, chunks: Iterable[Chunk], *, pipelined: bool = True) -> EngineState:
-        """Consume every chunk; returns the state.
-
-        Pipelined (the default), a background thread pulls the chunks (so whatever produces them, the value
-        screen included, runs there) and prepares each one (``prepare``: padding dropped, blocks cut) while
-        this thread runs the maths on the previous one: on two cores the single-threaded maths is then the only
-        work left on this thread (docs/performance.md). ``pipelined=False`` does everything here, in order.
-        """
-        if not pipelined:
-            for chunk in chunks:
-                self.update(chunk)
-            return self.state
-        for prepared in prefetch(map(self.prepare, chunks)):
-            self.fold(prepared)
+    def run(self, chunks: Iterable[Chunk]) -> EngineState:
+        """Consume every chunk; returns the state."""
+        for chunk in chunks:
+            self.update(chunk)
         return self.state
 
     def update(self, chunk: Chunk) -> None:
         """Fold one chunk of whole rows in."""
-        self.fold(self.prepare(chunk))
-
-    def prepare(self, chunk: Chunk) -> Prepared:
-        """The host-side work on a chunk, which touches no accumulator (it may run in another thread): the
-        engine's own screen for chunks built by hand, rows grouped by step, padding dropped block by block."""
+        # inf - inf and exp overflow are legitimate here (verl computes them too); no numpy warnings.
         with np.errstate(all="ignore"):
-            return self._prepare(chunk)
+            self._update(chunk)
 
-    def _prepare(self, chunk: Chunk) -> Prepared:
+    def _update(self, chunk: Chunk) -> None:
         mask = chunk.mask
         if not (chunk.screened and isinstance(chunk.old, np.ndarray) and (mask is None or mask.dtype == np.bool_)):
             # The engine's own guard for chunks that did not pass through a Screen (built by hand): the same
             # checks, and the mask made boolean (an integer mask would index values instead of selecting them).
             chunk = screen_one(chunk)
-        explain = self.state.explain
+        state = self.state
+        explain = state.explain
         if explain is not None and chunk.rows is None:
             explain.number(chunk)  # rows not numbered before screening (chunks built by hand)
-        rows, tokens = chunk.n_rows, chunk.n_tokens
+        state.rows += chunk.n_rows
+        state.tokens += chunk.n_tokens
         steps = chunk.steps
         if steps is not None and steps.shape[0] > 1 and _run_count(steps) > 8:
             chunk = take_rows(chunk, np.argsort(steps, kind="stable"))  # each step's rows contiguous
@@ -156,61 +144,23 @@ class Engine:
         if mask is not None and int(np.count_nonzero(mask)) == mask.shape[0]:
             mask = None
         valid_lengths = lengths if mask is None else _valid_lengths(mask, offsets, lengths)
-        blocks = []
+        state.valid_tokens += int(valid_lengths.sum())
         for step, r0, r1 in _step_runs(steps, lengths.shape[0]):
+            batch = state.batch(step)
             for b0, b1 in split_rows(valid_lengths[r0:r1], self.block_tokens):
                 t0, t1 = int(offsets[r0 + b0]), int(offsets[r0 + b1])
                 block_mask = None if mask is None else mask[t0:t1]
                 block_old, block_rollout = _compacted(old[t0:t1], rollout[t0:t1], block_mask)
                 valid = valid_lengths[r0 + b0 : r0 + b1]
-                blocks.append(_HostBlock(step, block_old, block_rollout, valid, block_mask, r0 + b0, r0 + b1))
-        return Prepared(chunk, rows, tokens, int(valid_lengths.sum()), blocks)
-
-    def fold(self, prepared: Prepared) -> None:
-        """Run the maths of a prepared chunk into the accumulators."""
-        with np.errstate(all="ignore"):  # inf - inf and exp overflow are legitimate (verl computes them too)
-            self._fold(prepared)
-
-    def _fold(self, prepared: Prepared) -> None:
-        state = self.state
-        explain = state.explain
-        state.rows += prepared.rows
-        state.tokens += prepared.tokens
-        state.valid_tokens += prepared.valid_tokens
-        for part in prepared.blocks:
-            block = Block(self.backend, part.old, part.rollout, part.valid)
-            state.batch(part.step).update(block)
-            if explain is not None:  # always on the host: the same numbers on every device
-                host = (
-                    block
-                    if isinstance(self.backend, NumpyBackend)
-                    else Block(NumpyBackend(), part.old, part.rollout, part.valid)
-                )
-                _explain(explain, prepared.chunk, host, part.mask, part.step, part.first, part.stop)
-
-
-@dataclass
-class _HostBlock:
-    """One block's valid tokens on the host: rows ``first:stop`` of the chunk, all of one step."""
-
-    step: StepKey
-    old: np.ndarray
-    rollout: np.ndarray
-    valid: np.ndarray
-    mask: np.ndarray | None
-    first: int
-    stop: int
-
-
-@dataclass
-class Prepared:
-    """A chunk ready for the maths: its counts and its blocks of valid tokens."""
-
-    chunk: Chunk
-    rows: int
-    tokens: int
-    valid_tokens: int
-    blocks: list[_HostBlock]
+                block = Block(self.backend, block_old, block_rollout, valid)
+                batch.update(block)
+                if explain is not None:  # always on the host: the same numbers on every device
+                    host = (
+                        block
+                        if isinstance(self.backend, NumpyBackend)
+                        else Block(NumpyBackend(), block_old, block_rollout, valid)
+                    )
+                    _explain(explain, chunk, host, block_mask, step, r0 + b0, r0 + b1)
 
 
 def _explain(
