@@ -31,6 +31,8 @@ class ReadProgress:
 
 
 ProgressCallback = Callable[[ReadProgress], None]
+StateFactory = Callable[[], EngineState]
+"""Builds the empty state a read folds blocks into (picklable: worker processes call it too)."""
 
 
 def analyze(
@@ -106,11 +108,14 @@ def accumulate(
     on_chunk: ProgressCallback | None = None,
     workers: int = 1,
     save_state: str | Path | None = None,
+    new_state: StateFactory | None = None,
 ) -> Accumulated:
     """Read a dump into an ``EngineState`` (the mergeable accumulators), without computing the report.
 
     With ``workers > 1`` the dump's parts (runs of Parquet row groups, or of a directory's shards) are read by
     that many processes, whose states are merged: the result is the same as one process reading everything.
+    ``new_state`` builds the empty state blocks are folded into (default: the analyze accumulators of
+    ``config``; the sweep passes its own); it must pickle, for the worker processes.
     """
     resolved = (config or CorrectionConfig()).resolve()
     if chunk_tokens < 1:
@@ -123,13 +128,15 @@ def accumulate(
     if len(partitions) > 1:
         if not isinstance(backend, NumpyBackend):
             raise ConfigError("--workers runs several CPU processes; use it with --device cpu.")
-        state, stats = _accumulate_in_processes(source, columns, resolved.config, partitions, chunk_tokens, on_bad_row)
+        state, stats = _accumulate_in_processes(
+            source, columns, resolved.config, partitions, chunk_tokens, on_bad_row, new_state
+        )
     else:
         screen = Screen(on_bad_row)
         chunks = prefetch(source.chunks(chunk_tokens))
         if on_chunk is not None:
             chunks = _report_progress(chunks, on_chunk, source.info.total_rows)
-        state = Engine(resolved, backend).run(screen(chunks))
+        state = Engine(resolved, backend, new_state() if new_state else None).run(screen(chunks))
         stats = screen.stats
     if save_state is not None:
         from rcdiag.state import save_state as write_state
@@ -153,19 +160,22 @@ def _accumulate_in_processes(
     partitions: list[Any],
     chunk_tokens: int,
     on_bad_row: OnBadRow | str,
+    new_state: StateFactory | None = None,
 ) -> tuple[EngineState, ScreenStats]:
     context = multiprocessing.get_context("spawn")  # the parent holds Arrow threads: fork is not safe
     with ProcessPoolExecutor(max_workers=len(partitions), mp_context=context) as pool:
         futures = [
-            pool.submit(_accumulate_part, source.info.path, columns, part, config, chunk_tokens, str(on_bad_row))
+            pool.submit(
+                _accumulate_part, source.info.path, columns, part, config, chunk_tokens, str(on_bad_row), new_state
+            )
             for part in partitions
         ]
         results = [future.result() for future in futures]
     resolved = config.resolve()
-    merged, stats = EngineState(resolved), ScreenStats()
+    merged, stats = (new_state() if new_state else EngineState(resolved)), ScreenStats()
     first: Problem | None = None
     for saved_state, saved_stats, problem in results:  # in part order: the first bad row is the earliest
-        merged.merge(EngineState.from_state_dict(resolved, saved_state))
+        merged.merge(type(merged).from_state_dict(resolved, saved_state))
         stats = stats.merge(ScreenStats.from_dict(saved_stats))
         first = first or problem
     raise_for_bad_rows(first, stats)  # counted over the whole dump, not one part
@@ -173,11 +183,18 @@ def _accumulate_in_processes(
 
 
 def _accumulate_part(
-    path: str, columns: ColumnMap | None, part: Any, config: CorrectionConfig, chunk_tokens: int, on_bad_row: str
+    path: str,
+    columns: ColumnMap | None,
+    part: Any,
+    config: CorrectionConfig,
+    chunk_tokens: int,
+    on_bad_row: str,
+    new_state: StateFactory | None = None,
 ) -> tuple[dict, dict, Problem | None]:
     source = open_dump(path, columns)
     screen = Screen(on_bad_row, verdict_at_end=False)
-    state = Engine(config.resolve()).run(screen(prefetch(source.chunks(chunk_tokens, part=part))))
+    engine = Engine(config.resolve(), state=new_state() if new_state else None)
+    state = engine.run(screen(prefetch(source.chunks(chunk_tokens, part=part))))
     return state.state_dict(), screen.stats.to_dict(), screen.first
 
 
@@ -219,14 +236,28 @@ def build_report(state: EngineState, info: SourceInfo, device: str, screen: Scre
         for step, result in per_step
         if step is not None
     )
-    facts = InputFacts(
+    return Report(
+        config=state.resolved.config.to_dict(),
+        input=input_facts(state, info, screen),
+        metrics=pooled.metrics,
+        extras=pooled.extras,
+        steps=steps,
+        findings=tuple(findings),
+        device=device,
+        version=__version__,
+    )
+
+
+def input_facts(state: EngineState, info: SourceInfo, screen: ScreenStats | None = None) -> InputFacts:
+    """What was read: the dump's description and the counts the state holds."""
+    return InputFacts(
         path=info.path,
         format=info.format,
         rows=state.rows,
         tokens=state.tokens,
         valid_tokens=state.valid_tokens,
-        empty_rows=pooled.empty_rows,
-        steps=len(steps),
+        empty_rows=sum(batch.empty_rows for batch in state.batches.values()),
+        steps=sum(step is not None for step in state.batches),
         skipped_rows=screen.skipped_rows if screen else 0,
         columns=dict(info.columns),
         dtypes=dict(info.dtypes),
@@ -234,14 +265,4 @@ def build_report(state: EngineState, info: SourceInfo, device: str, screen: Scre
         skipped_by_reason=dict(screen.skipped_by_reason) if screen else {},
         neg_inf_tokens=dict(screen.neg_inf_tokens) if screen else {},
         files=info.files,
-    )
-    return Report(
-        config=state.resolved.config.to_dict(),
-        input=facts,
-        metrics=pooled.metrics,
-        extras=pooled.extras,
-        steps=steps,
-        findings=tuple(findings),
-        device=device,
-        version=__version__,
     )

@@ -86,11 +86,15 @@ class EngineState:
 class Engine:
     """Folds chunks into an ``EngineState`` on one backend."""
 
-    def __init__(self, resolved: ResolvedConfig, backend: Backend | None = None) -> None:
+    def __init__(
+        self, resolved: ResolvedConfig, backend: Backend | None = None, state: EngineState | None = None
+    ) -> None:
         self.resolved = resolved
         self.backend = backend or NumpyBackend()
         self.block_tokens = CPU_BLOCK_TOKENS if isinstance(self.backend, NumpyBackend) else GPU_BLOCK_TOKENS
-        self.state = EngineState(resolved)
+        self.state = state if state is not None else EngineState(resolved)
+        """What blocks are folded into: the analyze accumulators by default, or another state with the same
+        interface (the sweep's)."""
 
     def run(self, chunks: Iterable[Chunk]) -> EngineState:
         """Consume every chunk; returns the state."""
