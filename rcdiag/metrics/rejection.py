@@ -55,6 +55,16 @@ class Rejection:
     rows: Array | None = None
 
 
+def row_statistic(block: Block, option: RSOption) -> Array:
+    """verl's per-row value of an option: the row's sum, mean or max of the token statistic (0 for an empty
+    row); for token options, the row mean (what the ``seq_*`` metrics of a token option describe)."""
+    if option.agg == "sum":
+        return block.row_sum_k(option.estimator)
+    if option.agg == "max":
+        return block.seg.max(block.k(option.estimator), 0.0)
+    return block.row_mean(block.row_sum_k(option.estimator))
+
+
 class RSOptionMetrics(Accumulator):
     """The 15 (k1) or 14 (k2/k3) ``rollout_rs_<option>_*`` metrics of one option."""
 
@@ -98,16 +108,10 @@ class RSOptionMetrics(Accumulator):
         b, opt = block.b, self.option
         token_stat = block.k(opt.estimator)
         valid = block.row_valid
+        seq_value = row_statistic(block, opt)
         if opt.level == "token":
             result = self._update_token_option(block, token_stat)
-            seq_value = block.row_mean(block.row_sum_k(opt.estimator))
         else:
-            if opt.agg == "sum":
-                seq_value = block.row_sum_k(opt.estimator)
-            elif opt.agg == "mean":
-                seq_value = block.row_mean(block.row_sum_k(opt.estimator))
-            else:
-                seq_value = block.seg.max(token_stat, 0.0)
             reject = ~self._keep(seq_value) & valid
             n = block.row_len
             clamped = b.clip(seq_value, self.lo, self.hi)

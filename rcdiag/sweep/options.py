@@ -17,7 +17,7 @@ from rcdiag.backend import NumpyBackend
 from rcdiag.metrics.base import Accumulator, MetricValue, VerlCrash
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.importance import ISMetrics
-from rcdiag.metrics.rejection import RSAggregateMetrics, RSOptionMetrics
+from rcdiag.metrics.rejection import RSAggregateMetrics, RSOptionMetrics, row_statistic
 from rcdiag.sweep.cells import CellArrays, CellMap, Cells, band_map, clip_map, count_above, count_below
 from rcdiag.sweep.grid import Threshold
 
@@ -120,7 +120,7 @@ class TokenRSSweep(OptionSweep):
         row_min = _host(block, seg.min(stat, np.inf))
         nan_rows = np.isnan(row_max)
         valid = _host(block, block.row_valid)
-        v = _host(block, block.row_mean(block.row_sum_k(self.estimator)))[valid]
+        v = _host(block, row_statistic(block, self._rs()[0].option))[valid]
         for accumulator in self._rs():
             hit = (row_max > accumulator.hi) | nan_rows
             if self.k1:
