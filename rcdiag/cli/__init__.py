@@ -17,6 +17,7 @@ from rcdiag.cli.check import check
 from rcdiag.cli.compare import compare
 from rcdiag.cli.merge import merge
 from rcdiag.cli.presets import presets
+from rcdiag.cli.sweep import sweep
 from rcdiag.errors import ExitCode, RcdiagError
 
 app = typer.Typer(
@@ -49,6 +50,7 @@ app.command(no_args_is_help=True)(analyze)
 app.command(no_args_is_help=True)(compare)
 app.command(no_args_is_help=True)(check)
 app.command(no_args_is_help=True)(merge)
+app.command(no_args_is_help=True)(sweep)
 app.command()(presets)
 
 

@@ -270,13 +270,13 @@ def _spec(option: str, threshold: float) -> str:
         return _float_spec(threshold)
     # k1: keep -t <= log-ratio statistic <= t, i.e. the band [exp(-t), exp(t)], exact in float32.
     t = float(np.float32(threshold))
-    lower, upper = math.exp(-t), math.exp(t)
-    spec = f"{lower!r}_{upper!r}"
-    option_spec = resolve(option, spec).rs_option
-    assert option_spec is not None
-    if float(np.float32(option_spec.thr_hi)) != t or float(np.float32(option_spec.thr_lo)) != -t:
-        raise AssertionError(f"k1 band {spec} does not give +-{t} exactly")
-    return spec
+    for digits in range(4, 18):  # the shortest decimals that still give exactly +-t
+        spec = f"{math.exp(-t):.{digits}g}_{math.exp(t):.{digits}g}"
+        option_spec = resolve(option, spec).rs_option
+        assert option_spec is not None
+        if float(np.float32(option_spec.thr_hi)) == t and float(np.float32(option_spec.thr_lo)) == -t:
+            return spec
+    raise AssertionError(f"no k1 band gives +-{t} exactly")
 
 
 def _float_spec(value: float) -> str:

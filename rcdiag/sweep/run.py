@@ -51,9 +51,9 @@ def sweep(
         chunk_tokens=chunk_tokens,
         columns=columns,
         on_bad_row=on_bad_row,
+        on_chunk=on_chunk,
     )
     accumulated = read(
-        on_chunk=on_chunk,
         workers=workers,
         save_state=save_state,
         new_state=functools.partial(_new_state, grid.specs()),
@@ -66,7 +66,7 @@ def sweep(
 
         recommendations = recommend(state, target_reject, read, workers=workers)
     facts = input_facts(state, accumulated.info, accumulated.screen)
-    return build_sweep_report(state, facts, accumulated.device, recommendations, min_ess)
+    return build_sweep_report(state, facts, accumulated.device, recommendations, min_ess, target_reject)
 
 
 def sweep_chunks(

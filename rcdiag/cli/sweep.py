@@ -1,0 +1,171 @@
+"""``rcdiag sweep``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rcdiag.cli.options import (
+    DEFAULT_CHUNK,
+    ENGINE,
+    BadRowPolicy,
+    ChunkOpt,
+    DeviceOpt,
+    FormatOpt,
+    MaskColOpt,
+    OldColOpt,
+    OnBadRowOpt,
+    OutputOpt,
+    QuietOpt,
+    RolloutColOpt,
+    SaveStateOpt,
+    SeqColOpt,
+    StepColOpt,
+    WorkersOpt,
+)
+from rcdiag.render import OutputFormat
+
+SWEEP = "Sweep"
+
+
+def sweep(
+    path: Annotated[
+        Path,
+        typer.Argument(help="The dump (any format `rcdiag analyze` reads).", metavar="PATH", show_default=False),
+    ],
+    is_levels: Annotated[
+        str | None,
+        typer.Option(
+            "--is",
+            metavar="LEVEL[,LEVEL]",
+            help="Sweep these IS levels (`token`, `sequence`). With neither --is nor --rs: every option.",
+            rich_help_panel=ENGINE,
+            show_default=False,
+        ),
+    ] = None,
+    rs: Annotated[
+        str | None,
+        typer.Option(
+            "--rs",
+            metavar="OPTION[,OPTION]",
+            help="Sweep these RS options (token_k1..k3, seq_sum_k1..k3, seq_mean_k1..k3, seq_max_k2/k3).",
+            rich_help_panel=ENGINE,
+            show_default=False,
+        ),
+    ] = None,
+    thresholds: Annotated[
+        str | None,
+        typer.Option(
+            "--thresholds",
+            metavar="SPEC[,SPEC...]",
+            help="The grid, when exactly one option is named; specs as in analyze (`2.0`, `0.5_2.0`). "
+            "Default: docs/sweep.md.",
+            rich_help_panel=ENGINE,
+            show_default=False,
+        ),
+    ] = None,
+    target_reject: Annotated[
+        float,
+        typer.Option(
+            "--target-reject",
+            metavar="F",
+            help="Recommend per option the threshold rejecting the share closest to F without exceeding it "
+            "(token share for token_* and token IS, response share for seq_* and sequence IS).",
+            rich_help_panel=SWEEP,
+            min=0.0,
+            max=1.0,
+        ),
+    ] = 0.01,
+    recommend: Annotated[
+        bool,
+        typer.Option(
+            "--recommend/--no-recommend",
+            help="Recommendations read the dump a second time; --no-recommend skips them.",
+            rich_help_panel=SWEEP,
+        ),
+    ] = True,
+    min_ess: Annotated[
+        float,
+        typer.Option(
+            "--min-ess",
+            metavar="E",
+            help="Rank verl's presets whose IS leaves an ESS below E last.",
+            rich_help_panel=SWEEP,
+            min=0.0,
+            max=1.0,
+        ),
+    ] = 0.0,
+    old_col: OldColOpt = None,
+    rollout_col: RolloutColOpt = None,
+    mask_col: MaskColOpt = None,
+    step_col: StepColOpt = None,
+    seq_col: SeqColOpt = None,
+    on_bad_row: OnBadRowOpt = BadRowPolicy.error,
+    device: DeviceOpt = "cpu",
+    chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
+    workers: WorkersOpt = 1,
+    save_state: SaveStateOpt = None,
+    output_format: FormatOpt = OutputFormat.table,
+    output: OutputOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """What every threshold of every IS level and RS option would do, in one pass over the dump, and which
+    threshold to pick.
+
+    Each row equals `rcdiag analyze` with that single option at that threshold. Examples:
+
+    * `rcdiag sweep run.parquet` (every option over the default grids, recommendations for 1% rejected)
+    * `rcdiag sweep run.parquet --rs seq_mean_k1 --thresholds 0.99_1.01,0.999_1.001 --format json`
+    * `rcdiag sweep run.parquet --target-reject 0.005 --min-ess 0.5`
+    * `rcdiag sweep shard-07.parquet --save-state s07.json --no-recommend`, then `rcdiag merge s*.json`
+
+    Exit codes: 0 done (verl-would-crash rows do not change it), 2 bad option, threshold or input, 3 internal error.
+    """
+    from rcdiag.cli.engine_config import read_options
+    from rcdiag.cli.progress import progress_bar, wanted
+    from rcdiag.sweep.grid import build_grid, split_list
+    from rcdiag.sweep.run import sweep as run_sweep
+
+    grid = build_grid(split_list(is_levels), split_list(rs), split_list(thresholds))
+    show = wanted(quiet, json_to_stdout=output_format is OutputFormat.json and output is None)
+    with progress_bar(show and workers == 1) as on_chunk:
+        report = run_sweep(
+            path,
+            grid,
+            on_chunk=on_chunk,
+            save_state=save_state,
+            target_reject=target_reject if recommend else None,
+            min_ess=min_ess,
+            **read_options(
+                device=device,
+                chunk_tokens=chunk_tokens,
+                old_col=old_col,
+                rollout_col=rollout_col,
+                mask_col=mask_col,
+                step_col=step_col,
+                seq_col=seq_col,
+                on_bad_row=on_bad_row,
+                workers=workers,
+            ),
+        )
+    write_sweep(report, output_format, output)
+
+
+def write_sweep(report: object, output_format: OutputFormat, output: Path | None) -> None:
+    """Render a sweep report as a table or JSON, to stdout or ``-o FILE``."""
+    import json
+    import sys
+
+    from rcdiag.cli.output import write_rich, write_text
+    from rcdiag.render.sweep_table import render_sweep
+    from rcdiag.sweep.report import SweepReport
+
+    assert isinstance(report, SweepReport)
+    if output_format is OutputFormat.json:
+        write_text(json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n", output)
+    else:
+        write_rich(lambda console: render_sweep(report, console), output)
+    if output is not None:
+        print(f"rcdiag: wrote {output} ({len(report.findings)} verl-would-crash finding(s))", file=sys.stderr)
