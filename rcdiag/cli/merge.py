@@ -21,8 +21,8 @@ def merge(
     output_format: FormatOpt = OutputFormat.table,
     output: OutputOpt = None,
 ) -> None:
-    """Merge the saved states of shards analysed (or swept) anywhere (Slurm arrays, Ray, Kubernetes jobs) into the report of
-    one run over all of them.
+    """Merge the saved states of shards analysed (or swept) anywhere (Slurm arrays, Ray, Kubernetes jobs) into
+    the report of one run over all of them.
 
     Every state must have been computed with the same configuration (exit 2 otherwise). Example:
 
