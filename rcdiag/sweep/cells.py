@@ -102,7 +102,7 @@ class Cells:
             with np.errstate(invalid="ignore", divide="ignore"):
                 mean = np.bincount(cells, weights=values, minlength=self.count) / np.where(n > 0, n, 1.0)
             out.n, out.mean = n, mean
-            out.m2 = np.bincount(cells, weights=(values - mean[cells]) ** 2, minlength=self.count)
+            out.m2 = np.bincount(cells, weights=(values - mean[cells]) ** 2, minlength=self.count).astype(float)
             np.maximum.at(out.max, cells, values)
             np.minimum.at(out.min, cells, values)
         inner = x[core]

@@ -200,7 +200,8 @@ class TokenISSweep(OptionSweep):
         row_of = np.searchsorted(ends, tail, side="right")
         flat = row_of * n_cells + cells
         counts = np.bincount(flat, minlength=n_rows * n_cells).reshape(n_rows, n_cells).astype(np.float64)
-        sums = np.bincount(flat, weights=x[tail], minlength=n_rows * n_cells).reshape(n_rows, n_cells)
+        # float64 even for an empty tail (bincount then returns integers)
+        sums = np.bincount(flat, weights=x[tail], minlength=n_rows * n_cells).reshape(n_rows, n_cells).astype(float)
         counts[:, cells_of.core] = lengths - counts.sum(axis=1)
         sums[:, cells_of.core] = segments.sum(np.where(core, x, np.float32(0.0)))
         row_len = np.maximum(lengths, 1).astype(np.float64)

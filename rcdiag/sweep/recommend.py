@@ -192,8 +192,13 @@ def choose(collector: Collector, option: str, target: float) -> Recommendation |
         return _sequence_is(rows, lengths, collector, target)
     if c.token_level:
         assert c.histogram is not None
-        threshold = _from_histogram(c.histogram, target * collector.tokens)
-        token_reject = float(_rejected_tokens(c.histogram, threshold)) / collector.tokens
+        histogram = c.histogram
+        if option == "is_token":  # IS counts ratios above U; NaN is not above anything (verl's fraction_high)
+            histogram = histogram.copy()
+            histogram[int(_bucket(np.asarray([np.inf], dtype=np.float32))[0]) :] = 0
+            rows = np.where(np.isnan(rows), -np.inf, rows)
+        threshold = _from_histogram(histogram, target * collector.tokens)
+        token_reject = float(_rejected_tokens(histogram, threshold)) / collector.tokens
     else:
         threshold = _order_statistic(rows, math.floor(target * collector.valid_rows + 1e-9))
         token_reject = float(lengths[_rejected(rows, threshold)].sum()) / collector.tokens
@@ -244,13 +249,10 @@ def _round_up(value: float) -> float:
 def _sequence_is(rows: np.ndarray, lengths: np.ndarray, collector: Collector, target: float) -> Recommendation:
     """Sequence TIS: rows with ``S > log(U)`` (log taken in float32, as verl), over all rows."""
     allowed = math.floor(target * collector.rows + 1e-9)
-    finite = np.sort(rows[~np.isnan(rows)])[::-1]
+    rows = np.where(np.isnan(rows), -np.inf, rows)  # NaN is never above the bound (verl's fraction_high)
+    finite = np.sort(rows)[::-1]
     s = float(finite[allowed]) if allowed < finite.size else float(finite[-1]) - 1.0
-    upper = np.float32(min(math.exp(min(s, 80.0)), 3e38))
-    while float(np.log(upper)) < s:
-        upper = np.nextafter(upper, np.float32(np.inf))
-    while float(np.log(np.nextafter(upper, np.float32(0.0)))) >= s and upper > np.float32(1e-30):
-        upper = np.nextafter(upper, np.float32(0.0))
+    upper = _smallest_with_log_at_least(s)
     spec = _float_spec(float(upper))
     log_upper = float(np.log(np.float32(float(spec))))
     hit = _rejected(rows, log_upper)
@@ -262,6 +264,20 @@ def _sequence_is(rows: np.ndarray, lengths: np.ndarray, collector: Collector, ta
         "response",
         verl_yaml("is_sequence", spec),
     )
+
+
+def _smallest_with_log_at_least(s: float) -> np.float32:
+    """The smallest positive float32 ``u`` whose float32 log (verl's IS log-threshold) is ``>= s``: a bisection
+    over the bit patterns of positive float32 values, on which ``log`` is monotone."""
+    lo, hi = 1, 0x7F800000  # smallest subnormal .. +inf
+    with np.errstate(divide="ignore"):
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if float(np.log(np.uint32(mid).view(np.float32))) >= s:
+                hi = mid
+            else:
+                lo = mid + 1
+    return np.uint32(lo).view(np.float32)
 
 
 def _spec(option: str, threshold: float) -> str:
