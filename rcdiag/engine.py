@@ -91,10 +91,11 @@ class Engine:
     ) -> None:
         self.resolved = resolved
         self.backend = backend or NumpyBackend()
-        self.block_tokens = CPU_BLOCK_TOKENS if isinstance(self.backend, NumpyBackend) else GPU_BLOCK_TOKENS
         self.state = state if state is not None else EngineState(resolved)
         """What blocks are folded into: the analyze accumulators by default, or another state with the same
-        interface (the sweep's)."""
+        interface (the sweep's, which may ask for larger CPU blocks: ``cpu_block_tokens``)."""
+        cpu_block = getattr(self.state, "cpu_block_tokens", CPU_BLOCK_TOKENS)
+        self.block_tokens = cpu_block if isinstance(self.backend, NumpyBackend) else GPU_BLOCK_TOKENS
 
     def run(self, chunks: Iterable[Chunk]) -> EngineState:
         """Consume every chunk; returns the state."""

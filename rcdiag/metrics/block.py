@@ -113,6 +113,10 @@ class Block:
             return self._memo(("row_sum_k", "k1"), self._row_sum_k1)
         return self._memo(("row_sum_k", estimator), lambda: self.seg.sum(self.k(estimator)))
 
+    def row_max_k(self, estimator: Literal["k1", "k2", "k3"]) -> Array:
+        """Per-row maxima of a k statistic (0 for empty rows), shared by every option that needs them."""
+        return self._memo(("row_max_k", estimator), lambda: self.seg.max(self.k(estimator), 0.0))
+
     def _row_sum_k1(self) -> Array:
         if self.within_clamp:
             return -self.row_sum_lr

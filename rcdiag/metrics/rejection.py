@@ -61,7 +61,7 @@ def row_statistic(block: Block, option: RSOption) -> Array:
     if option.agg == "sum":
         return block.row_sum_k(option.estimator)
     if option.agg == "max":
-        return block.seg.max(block.k(option.estimator), 0.0)
+        return block.row_max_k(option.estimator)
     return block.row_mean(block.row_sum_k(option.estimator))
 
 

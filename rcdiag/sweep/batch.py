@@ -7,7 +7,7 @@ state files, workers and merging all carry over unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import EngineState, StepKey
@@ -95,6 +95,9 @@ class SweepState(EngineState):
     """An engine state whose batches are sweeps over ``grid``."""
 
     grid: SweepGrid = field(default_factory=lambda: SweepGrid(()))
+    cpu_block_tokens: ClassVar[int] = 1 << 19
+    """Larger blocks than analyze's: each block runs ~130 accumulators' per-row work, whose Python overhead
+    a 512k-token block spreads thinner."""
 
     def batch(self, step: StepKey) -> SweepBatch:  # type: ignore[override]
         batch = self.batches.get(step)

@@ -62,23 +62,29 @@ class CellArrays:
 class Cells:
     """The cell layout of one statistic: its edges and which open cell is the core."""
 
-    def __init__(self, edges: list[float], reference: float) -> None:
+    def __init__(self, edges: list[float], reference: float, extremes: bool = True) -> None:
         self.edges = np.asarray(sorted(set(edges)), dtype=np.float32)
         self.m = int(self.edges.shape[0])
         self.count = 2 * self.m + 2
         self.nan_cell = 2 * self.m + 1
-        # The core: the open cell holding the reference value (the one above it if it is an edge).
+        # The default core (small blocks): the open cell holding the reference value (the one above it if it
+        # is an edge).
         self.core_open = int(np.searchsorted(self.edges, np.float32(reference), side="right"))
-        self.core = 2 * self.core_open
         self.index = {float(e): i for i, e in enumerate(self.edges.tolist())}
+        self.extremes = extremes
+        """Keep each cell's max and min (IS needs them; RS takes its extremes from the engine's accumulator)."""
 
     def point(self, value: float) -> int:
         """The cell of an edge value."""
         return 2 * self.index[value] + 1
 
-    def split(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(core mask, tail positions, tail cells)`` of a block's values."""
-        j, e = self.core_open, self.edges
+    def split(self, x: np.ndarray) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+        """``(core cell, core mask, tail positions, tail cells)`` of a block's values.
+
+        The core is the open cell most of an evenly spaced sample of the block falls into; the tail is located
+        with two comparisons per edge (a few tenths of a nanosecond each, against ~50 ns per value for a
+        binary search over unsorted values)."""
+        j, e = self._core_of(x), self.edges
         if self.m == 0:
             core = ~np.isnan(x)
         elif j == 0:
@@ -89,11 +95,28 @@ class Cells:
             core = (x > e[j - 1]) & (x < e[j])
         tail = np.flatnonzero(~core)
         values = x[tail]
-        cells = np.searchsorted(e, values, side="left") + np.searchsorted(e, values, side="right")
+        small = np.zeros(values.shape[0], dtype=np.uint8 if self.count < 256 else np.intp)
+        scratch = np.empty(values.shape[0], dtype=bool)
+        for edge in e:
+            small += np.greater_equal(values, edge, out=scratch)
+            small += np.greater(values, edge, out=scratch)
+        cells = small.astype(np.intp)
         cells[np.isnan(values)] = self.nan_cell
-        return core, tail, cells
+        return 2 * j, core, tail, cells
 
-    def block_arrays(self, x: np.ndarray, core: np.ndarray, tail: np.ndarray, cells: np.ndarray) -> CellArrays:
+    def _core_of(self, x: np.ndarray) -> int:
+        """The open cell holding most of a sample of ``x`` (the reference cell for a small block)."""
+        sample = x[:: max(1, x.shape[0] // 1024)]
+        sample = sample[~np.isnan(sample)]
+        if sample.shape[0] < 64:
+            return self.core_open
+        cells = np.searchsorted(self.edges, sample, side="left") + np.searchsorted(self.edges, sample, side="right")
+        counts = np.bincount(cells, minlength=self.count)[0 : self.count - 1 : 2]  # open cells only
+        return int(np.argmax(counts))
+
+    def block_arrays(
+        self, x: np.ndarray, core_cell: int, core: np.ndarray, tail: np.ndarray, cells: np.ndarray
+    ) -> CellArrays:
         """This block's per-cell state."""
         out = CellArrays.empty(self.count)
         values = x[tail].astype(np.float64)
@@ -103,13 +126,14 @@ class Cells:
                 mean = np.bincount(cells, weights=values, minlength=self.count) / np.where(n > 0, n, 1.0)
             out.n, out.mean = n, mean
             out.m2 = np.bincount(cells, weights=(values - mean[cells]) ** 2, minlength=self.count).astype(float)
-            np.maximum.at(out.max, cells, values)
-            np.minimum.at(out.min, cells, values)
+            if self.extremes:
+                np.maximum.at(out.max, cells, values)
+                np.minimum.at(out.min, cells, values)
         inner = x[core]
         if inner.size:
             n_core, mean_core, m2_core = _NP.moments(inner)
-            out.n[self.core], out.mean[self.core], out.m2[self.core] = n_core, mean_core, m2_core
-            out.max[self.core], out.min[self.core] = float(inner.max()), float(inner.min())
+            out.n[core_cell], out.mean[core_cell], out.m2[core_cell] = n_core, mean_core, m2_core
+            out.max[core_cell], out.min[core_cell] = float(inner.max()), float(inner.min())
         return out
 
 

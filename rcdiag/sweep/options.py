@@ -103,7 +103,7 @@ class TokenRSSweep(OptionSweep):
         """Runs as in analyze; its threshold-independent state (mean, extremes, per-row moments) is shared."""
         bounds = [(a.lo if self.k1 else None, a.hi) for a in self._rs()]
         edges = [b for pair in bounds for b in pair if b is not None] + ([] if self.k1 else [0.0])
-        self.cells = Cells(edges, reference=0.0)
+        self.cells = Cells(edges, reference=0.0, extremes=False)
         self.arrays = CellArrays.empty(self.cells.count)
 
     def _rs(self) -> list[RSOptionMetrics]:
@@ -113,8 +113,7 @@ class TokenRSSweep(OptionSweep):
         self.base.update(block)
         stat = block.k(self.estimator)
         x = _host(block, stat)
-        core, tail, cells = self.cells.split(x)
-        self.arrays.merge(self.cells.block_arrays(x, core, tail, cells))
+        self.arrays.merge(self.cells.block_arrays(x, *self.cells.split(x)))
         seg = block.seg
         row_max = _host(block, seg.max(stat, -np.inf))
         row_min = _host(block, seg.min(stat, np.inf))
@@ -191,8 +190,8 @@ class TokenISSweep(OptionSweep):
         ratio = block.ratio
         x = _host(block, ratio)
         cells_of = self.cells
-        core, tail, cells = cells_of.split(x)
-        self.arrays.merge(cells_of.block_arrays(x, core, tail, cells))
+        core_cell, core, tail, cells = cells_of.split(x)
+        self.arrays.merge(cells_of.block_arrays(x, core_cell, core, tail, cells))
         lengths = _host_lengths(block)
         n_rows, n_cells = lengths.shape[0], cells_of.count
         segments = _NP.segments(lengths)
@@ -202,8 +201,8 @@ class TokenISSweep(OptionSweep):
         counts = np.bincount(flat, minlength=n_rows * n_cells).reshape(n_rows, n_cells).astype(np.float64)
         # float64 even for an empty tail (bincount then returns integers)
         sums = np.bincount(flat, weights=x[tail], minlength=n_rows * n_cells).reshape(n_rows, n_cells).astype(float)
-        counts[:, cells_of.core] = lengths - counts.sum(axis=1)
-        sums[:, cells_of.core] = segments.sum(np.where(core, x, np.float32(0.0)))
+        counts[:, core_cell] = lengths - counts.sum(axis=1)
+        sums[:, core_cell] = segments.sum(np.where(core, x, np.float32(0.0)))
         row_len = np.maximum(lengths, 1).astype(np.float64)
         raw_mean = _host(block, block.row_mean(block.seg.sum(ratio)))
         for accumulator, cell_map in zip(self._is(), self.maps, strict=True):
