@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 import rcdiag
-from rcdiag.io.parquet import READ_BUFFER, ParquetSource
+from rcdiag.io.parquet import READ_BUFFER, ParquetFile
 
 CONFIG = rcdiag.CorrectionConfig(
     rollout_is="sequence", rollout_rs="token_k1,seq_mean_k1", rollout_rs_threshold="0.5_2.0,0.999_1.001"
@@ -20,7 +20,7 @@ COLUMNS = ["old_log_prob", "rollout_log_prob", "response_mask"]
 
 def rows_per_batch(path: Path, chunk_tokens: int) -> int:
     """The batch size rcdiag's reader uses for this file and chunk size (so all methods read alike)."""
-    return ParquetSource(path)._rows_per_batch(chunk_tokens)
+    return ParquetFile(path)._rows_per_batch(chunk_tokens)
 
 
 def open_parquet(path: Path) -> pq.ParquetFile:

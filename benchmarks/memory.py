@@ -10,13 +10,12 @@ default chunk size on every dump size, and the padded baseline at the same chunk
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from _data import dump, parse_tokens
+from startup import startup
 
 from rcdiag.constants import DEFAULT_CHUNK_TOKENS
 
@@ -35,16 +34,6 @@ def peak(method: str, path: Path, chunk: int, extra: str = "") -> tuple[int, flo
     code = CHILD.format(here=str(HERE), method=method, path=str(path), chunk=chunk, extra=extra)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     return int(out[0]), int(out[1]) / 1024
-
-
-def startup(args: list[str], repeats: int = 5) -> float:
-    """Median wall time of a CLI invocation, seconds."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "rcdiag", *args], capture_output=True, check=True)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:

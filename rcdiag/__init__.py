@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from rcdiag._version import __version__
 
 _EXPORTS = {
     "analyze": "rcdiag.api",
@@ -28,6 +28,7 @@ _EXPORTS = {
     "preset": "rcdiag.config",
     "ConfigError": "rcdiag.errors",
     "ExitCode": "rcdiag.errors",
+    "ReadOptions": "rcdiag.options",
     "InputError": "rcdiag.errors",
     "RcdiagError": "rcdiag.errors",
     "Chunk": "rcdiag.io",
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from rcdiag.config import PRESETS, CorrectionConfig, preset  # noqa: F401
     from rcdiag.errors import ConfigError, ExitCode, InputError, RcdiagError  # noqa: F401
     from rcdiag.io import Chunk, ColumnMap  # noqa: F401
+    from rcdiag.options import ReadOptions  # noqa: F401
     from rcdiag.report import Finding, InputFacts, Report, StepReport  # noqa: F401
     from rcdiag.writer import DumpWriter  # noqa: F401
 

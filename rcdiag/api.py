@@ -9,16 +9,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rcdiag import __version__
+from rcdiag._version import __version__
 from rcdiag.backend import Backend, NumpyBackend, get_backend
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import Engine, EngineState
 from rcdiag.errors import ConfigError
 from rcdiag.health import evaluate
-from rcdiag.io import DEFAULT_CHUNK_TOKENS, Chunk, ColumnMap, open_dump, prefetch
+from rcdiag.io import Chunk, open_dump, prefetch
 from rcdiag.io.base import Source, SourceInfo
+from rcdiag.options import ReadOptions
 from rcdiag.report import InputFacts, Report, StepReport
-from rcdiag.validate import OnBadRow, Problem, Screen, ScreenStats, raise_for_bad_rows
+from rcdiag.validate import Problem, Screen, ScreenStats, as_chunk, raise_for_bad_rows
 
 
 @dataclass(frozen=True)
@@ -38,14 +39,11 @@ StateFactory = Callable[[], EngineState]
 def analyze(
     path: str | Path,
     config: CorrectionConfig | None = None,
+    read: ReadOptions | None = None,
     *,
-    device: str | Backend = "cpu",
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    columns: ColumnMap | None = None,
-    on_bad_row: OnBadRow | str = OnBadRow.error,
     on_chunk: ProgressCallback | None = None,
-    workers: int = 1,
     save_state: str | Path | None = None,
+    **options: Any,
 ) -> Report:
     """Run verl's rollout correction over a dump and return the report.
 
@@ -53,16 +51,13 @@ def analyze(
         path: the dump: a Parquet, Arrow IPC, JSONL (NeMo-RL, prime-rl), ``.pt`` or ``.npz`` file, a
             directory of shards or a glob (docs/formats.md).
         config: verl's ``rollout_correction`` fields; default: metrics only (verl's YAML default).
-        device: ``cpu`` (numpy), ``cuda`` / ``cuda:N`` (torch) or ``auto``; or a ``Backend``.
-        chunk_tokens: read about this many tokens at a time (memory is bounded by it; results do not
-            depend on it).
-        columns: column names when the common names are not recognised or are ambiguous.
-        on_bad_row: ``"error"`` (default) or ``"skip"``: leave out rows with NaN, +inf, positive log-probs
-            or mask values other than 0/1, counted in ``report.input.skipped_by_reason``.
+        read: how to read the dump (``rcdiag.ReadOptions``: columns, bad-row policy, device, chunk size,
+            workers); default: recognise the columns, stop at a bad row, one CPU process.
         on_chunk: called after each chunk is read with a ``ReadProgress`` (for a progress bar; not called
             with ``workers > 1``).
-        workers: split the file's row groups among this many processes (CPU only); same result.
         save_state: also write the accumulated state here, for ``merge_states`` (scale-out over shards).
+        options: ``ReadOptions`` fields as keywords (``device="cuda"``, ``columns=ColumnMap(...)``), applied
+            on top of ``read``.
 
     Raises:
         ConfigError: invalid configuration (the message is verl's, where verl has one).
@@ -73,17 +68,7 @@ def analyze(
         >>> report = analyze("sample_data/healthy.parquet", preset("decoupled_geo_rs"))  # doctest: +SKIP
         >>> report.metrics["rollout_corr/kl"]  # doctest: +SKIP
     """
-    accumulated = accumulate(
-        path,
-        config,
-        device=device,
-        chunk_tokens=chunk_tokens,
-        columns=columns,
-        on_bad_row=on_bad_row,
-        on_chunk=on_chunk,
-        workers=workers,
-        save_state=save_state,
-    )
+    accumulated = accumulate(path, config, ReadOptions.of(read, options), on_chunk=on_chunk, save_state=save_state)
     return build_report(accumulated.state, accumulated.info, accumulated.device, accumulated.screen)
 
 
@@ -100,15 +85,12 @@ class Accumulated:
 def accumulate(
     path: str | Path,
     config: CorrectionConfig | None = None,
+    read: ReadOptions | None = None,
     *,
-    device: str | Backend = "cpu",
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    columns: ColumnMap | None = None,
-    on_bad_row: OnBadRow | str = OnBadRow.error,
     on_chunk: ProgressCallback | None = None,
-    workers: int = 1,
     save_state: str | Path | None = None,
     new_state: StateFactory | None = None,
+    **options: Any,
 ) -> Accumulated:
     """Read a dump into an ``EngineState`` (the mergeable accumulators), without computing the report.
 
@@ -118,22 +100,17 @@ def accumulate(
     ``config``; the sweep passes its own); it must pickle, for the worker processes.
     """
     resolved = (config or CorrectionConfig()).resolve()
-    if chunk_tokens < 1:
-        raise ConfigError(f"chunk_tokens must be a positive number of tokens, got {chunk_tokens}.")
-    if workers < 1:
-        raise ConfigError(f"workers must be at least 1, got {workers}.")
-    backend = device if isinstance(device, Backend) else get_backend(device)
-    source = open_dump(path, columns)
-    partitions = source.partitions(workers) if workers > 1 else []
+    read = ReadOptions.of(read, options)
+    backend = _backend(read.device)
+    source = open_dump(path, read.columns)
+    partitions = source.partitions(read.workers) if read.workers > 1 else []
     if len(partitions) > 1:
         if not isinstance(backend, NumpyBackend):
-            raise ConfigError("--workers runs several CPU processes; use it with --device cpu.")
-        state, stats = _accumulate_in_processes(
-            source, columns, resolved.config, partitions, chunk_tokens, on_bad_row, new_state
-        )
+            raise ConfigError("workers > 1 runs several CPU processes; use it with device 'cpu'.")
+        state, stats = _accumulate_in_processes(source, resolved.config, partitions, read, new_state)
     else:
-        screen = Screen(on_bad_row)
-        chunks = prefetch(source.chunks(chunk_tokens))
+        screen = Screen(read.on_bad_row)
+        chunks = prefetch(source.chunks(read.chunk_tokens))
         if on_chunk is not None:
             chunks = _report_progress(chunks, on_chunk, source.info.total_rows)
         state = Engine(resolved, backend, new_state() if new_state else None).run(screen(chunks))
@@ -155,19 +132,15 @@ def merge_states(paths: list[str | Path]) -> Report:
 
 def _accumulate_in_processes(
     source: Source,
-    columns: ColumnMap | None,
     config: CorrectionConfig,
     partitions: list[Any],
-    chunk_tokens: int,
-    on_bad_row: OnBadRow | str,
+    read: ReadOptions,
     new_state: StateFactory | None = None,
 ) -> tuple[EngineState, ScreenStats]:
     context = multiprocessing.get_context("spawn")  # the parent holds Arrow threads: fork is not safe
     with ProcessPoolExecutor(max_workers=len(partitions), mp_context=context) as pool:
         futures = [
-            pool.submit(
-                _accumulate_part, source.info.path, columns, part, config, chunk_tokens, str(on_bad_row), new_state
-            )
+            pool.submit(_accumulate_part, source.info.path, part, config, read.replace(device="cpu"), new_state)
             for part in partitions
         ]
         results = [future.result() for future in futures]
@@ -183,18 +156,12 @@ def _accumulate_in_processes(
 
 
 def _accumulate_part(
-    path: str,
-    columns: ColumnMap | None,
-    part: Any,
-    config: CorrectionConfig,
-    chunk_tokens: int,
-    on_bad_row: str,
-    new_state: StateFactory | None = None,
+    path: str, part: Any, config: CorrectionConfig, read: ReadOptions, new_state: StateFactory | None = None
 ) -> tuple[dict, dict, Problem | None]:
-    source = open_dump(path, columns)
-    screen = Screen(on_bad_row, verdict_at_end=False)
+    source = open_dump(path, read.columns)
+    screen = Screen(read.on_bad_row, verdict_at_end=False)
     engine = Engine(config.resolve(), state=new_state() if new_state else None)
-    state = engine.run(screen(prefetch(source.chunks(chunk_tokens, part=part))))
+    state = engine.run(screen(prefetch(source.chunks(read.chunk_tokens, part=part))))
     return state.state_dict(), screen.stats.to_dict(), screen.first
 
 
@@ -208,18 +175,25 @@ def _report_progress(chunks: Iterable[Chunk], on_chunk: ProgressCallback, total_
 
 
 def analyze_chunks(
-    chunks: Iterable[Chunk],
-    config: CorrectionConfig | None = None,
-    *,
-    device: str | Backend = "cpu",
-    on_bad_row: OnBadRow | str = OnBadRow.error,
+    chunks: Iterable[Chunk], config: CorrectionConfig | None = None, read: ReadOptions | None = None, **options: Any
 ) -> Report:
-    """Like ``analyze`` but over chunks you built yourself (e.g. from tensors in a training loop)."""
+    """Like ``analyze`` but over chunks you built yourself (e.g. from tensors in a training loop); of ``read``,
+    ``device`` and ``on_bad_row`` apply.
+
+    A chunk's arrays may be numpy arrays or torch tensors (any device; converted to float32 numpy), flat with
+    ``offsets``, or 2-D (rows x positions) with ``offsets=None``; a malformed chunk is an ``InputError`` naming
+    it (``chunk 0``, ...). Example in docs/index.md.
+    """
     resolved = (config or CorrectionConfig()).resolve()
-    backend = device if isinstance(device, Backend) else get_backend(device)
-    screen = Screen(on_bad_row)
-    state = Engine(resolved, backend).run(screen(chunks))
+    read = ReadOptions.of(read, options)
+    backend = _backend(read.device)
+    screen = Screen(read.on_bad_row)
+    state = Engine(resolved, backend).run(screen(as_chunk(chunk, index) for index, chunk in enumerate(chunks)))
     return build_report(state, SourceInfo(path="<memory>", format="chunks"), backend.name, screen.stats)
+
+
+def _backend(device: str | Backend) -> Backend:
+    return device if isinstance(device, Backend) else get_backend(device)
 
 
 def build_report(state: EngineState, info: SourceInfo, device: str, screen: ScreenStats | None = None) -> Report:
@@ -230,15 +204,16 @@ def build_report(state: EngineState, info: SourceInfo, device: str, screen: Scre
         key=lambda item: (item[0] is None, item[0] or 0),
     )
     pooled = per_step[0][1] if not has_steps and per_step else state.pooled().compute()
-    findings = evaluate(per_step if per_step else [(None, pooled)], state.resolved)
     steps = tuple(
         StepReport(int(step), result.rows, result.valid_tokens, result.metrics, result.extras)
         for step, result in per_step
         if step is not None
     )
+    facts = input_facts(state, info, screen)
+    findings = evaluate(per_step if per_step else [(None, pooled)], state.resolved, facts)
     return Report(
         config=state.resolved.config.to_dict(),
-        input=input_facts(state, info, screen),
+        input=facts,
         metrics=pooled.metrics,
         extras=pooled.extras,
         steps=steps,
@@ -250,6 +225,7 @@ def build_report(state: EngineState, info: SourceInfo, device: str, screen: Scre
 
 def input_facts(state: EngineState, info: SourceInfo, screen: ScreenStats | None = None) -> InputFacts:
     """What was read: the dump's description and the counts the state holds."""
+    steps = sum(step is not None for step in state.batches)
     return InputFacts(
         path=info.path,
         format=info.format,
@@ -257,7 +233,7 @@ def input_facts(state: EngineState, info: SourceInfo, screen: ScreenStats | None
         tokens=state.tokens,
         valid_tokens=state.valid_tokens,
         empty_rows=sum(batch.empty_rows for batch in state.batches.values()),
-        steps=sum(step is not None for step in state.batches),
+        steps=steps,
         skipped_rows=screen.skipped_rows if screen else 0,
         columns=dict(info.columns),
         dtypes=dict(info.dtypes),
@@ -265,4 +241,6 @@ def input_facts(state: EngineState, info: SourceInfo, screen: ScreenStats | None
         skipped_by_reason=dict(screen.skipped_by_reason) if screen else {},
         neg_inf_tokens=dict(screen.neg_inf_tokens) if screen else {},
         files=info.files,
+        step_source=info.step_source if steps else "",
+        neg_inf_first=dict(screen.neg_inf_first) if screen else {},
     )

@@ -54,7 +54,7 @@ class Backend(ABC):
 
     @abstractmethod
     def to_numpy(self, x: Array) -> np.ndarray:
-        """Bring an array back to host memory."""
+        """Bring an array back to host memory (the sweep bins token statistics on the host)."""
 
     @abstractmethod
     def segments(self, lengths: np.ndarray) -> Segments:
@@ -65,6 +65,16 @@ class Backend(ABC):
     def exp(self, x: Array) -> Array: ...
 
     @abstractmethod
+    def expm1(self, x: Array) -> Array:
+        """``exp(x) - 1`` without the cancellation near 0 (in ``x``'s dtype)."""
+
+    @abstractmethod
+    def to_float32(self, x: Array) -> Array: ...
+
+    @abstractmethod
+    def to_float64(self, x: Array) -> Array: ...
+
+    @abstractmethod
     def abs(self, x: Array) -> Array: ...
 
     @abstractmethod
@@ -72,12 +82,6 @@ class Backend(ABC):
 
     @abstractmethod
     def where(self, cond: Array, a: Array | float, b: Array | float) -> Array: ...
-
-    @abstractmethod
-    def to_float32(self, x: Array) -> Array: ...
-
-    @abstractmethod
-    def to_float64(self, x: Array) -> Array: ...
 
     # reductions to Python scalars ----------------------------------------------------------------------------
     @abstractmethod
@@ -130,7 +134,6 @@ class Backend(ABC):
 
 class _NumpySegments(Segments):
     def __init__(self, lengths: np.ndarray) -> None:
-        self.lengths = lengths
         self.n_rows = int(lengths.shape[0])
         self.n_tokens = int(lengths.sum())
         self.nonempty = lengths > 0
@@ -180,6 +183,17 @@ class NumpyBackend(Backend):
         with np.errstate(over="ignore", invalid="ignore"):
             return np.exp(x)
 
+    def expm1(self, x: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.expm1(x)
+
+    def to_float32(self, x: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):  # beyond float32's range: inf, as verl's float32 arithmetic gives
+            return x.astype(np.float32, copy=False)
+
+    def to_float64(self, x: np.ndarray) -> np.ndarray:
+        return x.astype(np.float64, copy=False)
+
     def abs(self, x: np.ndarray) -> np.ndarray:
         return np.abs(x)
 
@@ -189,12 +203,6 @@ class NumpyBackend(Backend):
 
     def where(self, cond: np.ndarray, a: Any, b: Any) -> np.ndarray:
         return np.where(cond, a, b)
-
-    def to_float32(self, x: np.ndarray) -> np.ndarray:
-        return x.astype(np.float32, copy=False)
-
-    def to_float64(self, x: np.ndarray) -> np.ndarray:
-        return x.astype(np.float64, copy=False)
 
     def sum(self, x: np.ndarray) -> float:
         return float(np.add.reduce(x, dtype=np.float64)) if x.size else 0.0
@@ -283,6 +291,15 @@ class TorchBackend(Backend):
     def exp(self, x: Any) -> Any:
         return self.torch.exp(x)
 
+    def expm1(self, x: Any) -> Any:
+        return self.torch.expm1(x)
+
+    def to_float32(self, x: Any) -> Any:
+        return x.to(self.torch.float32)
+
+    def to_float64(self, x: Any) -> Any:
+        return x.to(self.torch.float64)
+
     def abs(self, x: Any) -> Any:
         return self.torch.abs(x)
 
@@ -291,12 +308,6 @@ class TorchBackend(Backend):
 
     def where(self, cond: Any, a: Any, b: Any) -> Any:
         return self.torch.where(cond, a, b)
-
-    def to_float32(self, x: Any) -> Any:
-        return x.to(self.torch.float32)
-
-    def to_float64(self, x: Any) -> Any:
-        return x.to(self.torch.float64)
 
     def sum(self, x: Any) -> float:
         return float(x.to(self.torch.float64).sum().item()) if x.numel() else 0.0
@@ -324,6 +335,7 @@ class TorchBackend(Backend):
 def get_backend(device: str = "cpu") -> Backend:
     """``cpu`` (numpy), ``cuda`` / ``cuda:N`` (torch), or ``auto`` (cuda when torch sees a GPU, else cpu)."""
     from rcdiag.errors import ConfigError
+    from rcdiag.options import DEVICES
 
     if device == "cpu":
         return NumpyBackend()
@@ -334,16 +346,16 @@ def get_backend(device: str = "cpu") -> Backend:
             if device == "auto":
                 return NumpyBackend()
             raise ConfigError(
-                f"--device {device} needs PyTorch, which is not installed (pip install 'rcdiag[gpu]')."
+                f"device '{device}' needs PyTorch, which is not installed (pip install 'rcdiag[gpu]')."
             ) from None
         if not torch.cuda.is_available():
             if device == "auto":
                 return NumpyBackend()
-            raise ConfigError(f"--device {device}: no CUDA device is available (use --device cpu or auto).")
+            raise ConfigError(f"device '{device}': no CUDA device is available (use device 'cpu' or 'auto').")
         return TorchBackend("cuda" if device == "auto" else device)
     if device == "torch-cpu":  # torch on the CPU: slower than numpy; for parity checks without a GPU
         try:
             return TorchBackend("cpu")
         except ImportError:
-            raise ConfigError("--device torch-cpu needs PyTorch, which is not installed.") from None
-    raise ConfigError(f"Unknown device '{device}'. Use cpu, cuda, cuda:N or auto.")
+            raise ConfigError("device 'torch-cpu' needs PyTorch, which is not installed.") from None
+    raise ConfigError(f"Unknown device '{device}'. Use one of {', '.join(DEVICES)}.")

@@ -223,6 +223,23 @@ def parse_rs_thresholds(options: list[str], spec: Any) -> dict[str, tuple[float 
     return {option: _parse_one_rs_threshold(option, text) for option, text in zip(options, specs, strict=True)}
 
 
+def _band_hint(options: list[str], spec: Any) -> str:
+    """For ``0.5,2.0`` or ``[0.5, 2.0]`` meant as one k1 band: how a band is written."""
+    if not isinstance(spec, str) or not any(option.endswith("k1") for option in options):
+        return ""
+    parts = [part.strip() for part in spec.strip().strip("[]()").split(",")]
+    try:
+        lower, upper = (float(part) for part in parts)
+    except ValueError:
+        return ""
+    return (
+        f" A k1 band is written lower_upper with an underscore: '{parts[0]}_{parts[1]}' "
+        f"(a comma separates one threshold per option). It keeps the ratio in [{1 / upper:g}, {1 / lower:g}]."
+        if lower > 0 and upper > 0
+        else ""
+    )
+
+
 def _parse_one_rs_threshold(option: str, spec: str) -> tuple[float | None, float]:
     if option.endswith("k1"):
         if "_" in spec:
@@ -281,7 +298,13 @@ def _resolve(config: CorrectionConfig) -> ResolvedConfig:
                 "Set rollout_rs_threshold to the desired threshold value."
             )
         names = parse_rs_options(config.rollout_rs)
-        bounds = parse_rs_thresholds(names, config.rollout_rs_threshold)
+        try:
+            bounds = parse_rs_thresholds(names, config.rollout_rs_threshold)
+        except ConfigError as exc:
+            hint = _band_hint(names, config.rollout_rs_threshold)
+            if not hint:
+                raise
+            raise ConfigError(f"{exc}{hint}") from None
         for name in names:
             agg, estimator = name.rsplit("_", 1)
             lower, upper = bounds[name]

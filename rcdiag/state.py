@@ -3,7 +3,9 @@
 A state file is JSON: the configuration, what was read (paths, formats, columns, metadata) and every step's
 accumulator state (float64 sums, extremes, moments). Floats are written with ``repr`` precision, so a round trip
 is exact; non-finite values are written as the strings ``"inf"``, ``"-inf"`` and ``"nan"``. Merging refuses
-states computed with a configuration that computes something else.
+states computed with a configuration that computes something else. The file records the signature of the
+accumulators' declared states (``state_layout``) and the rcdiag version that wrote it: a file written under
+another layout is refused, naming that version.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rcdiag import __version__
+from rcdiag._version import __version__
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import EngineState
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.io.base import SourceInfo
+from rcdiag.metrics.batch import state_layout
 from rcdiag.validate import ScreenStats
 
 STATE_FORMAT = "rcdiag-state"
@@ -34,6 +37,7 @@ def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo], 
         "version": STATE_VERSION,
         "kind": state_kind_of(state),
         "rcdiag_version": __version__,
+        "layout": state_layout(),
         "config": state.resolved.config.to_dict(),
         "sources": [asdict(info) for info in sources],
         "screen": screen.to_dict(),
@@ -61,8 +65,20 @@ def load_state(path: str | Path) -> tuple[EngineState, list[SourceInfo], ScreenS
         raise InputError(f"is not an rcdiag state file ({exc})", path=name) from None
     if not isinstance(payload, dict) or payload.get("format") != STATE_FORMAT:
         raise InputError("is not an rcdiag state file (write one with 'rcdiag analyze ... --save-state')", path=name)
+    writer = f"rcdiag {payload.get('rcdiag_version', '(unknown version)')}"
     if payload.get("version") != STATE_VERSION:
-        raise InputError(f"has state version {payload.get('version')}; this rcdiag reads {STATE_VERSION}", path=name)
+        raise InputError(
+            f"has state version {payload.get('version')} (written by {writer}); rcdiag {__version__} reads "
+            f"version {STATE_VERSION}: re-run 'rcdiag analyze ... --save-state' with this rcdiag",
+            path=name,
+        )
+    if payload.get("layout") != state_layout():
+        raise InputError(
+            f"was written by {writer}, whose accumulators hold a different state (layout "
+            f"{payload.get('layout') or 'not recorded'}; rcdiag {__version__} has {state_layout()}), so it cannot "
+            "be loaded or merged: re-run 'rcdiag analyze ... --save-state' with this rcdiag",
+            path=name,
+        )
     try:
         resolved = CorrectionConfig(**payload["config"]).resolve()
         state = _state_class(payload.get("kind", "analyze")).from_state_dict(resolved, _decode(payload["state"]))
@@ -102,8 +118,10 @@ def merge_state_files(paths: list[str | Path]) -> tuple[EngineState, list[Source
     if not paths:
         raise ConfigError("no state files to merge")
     merged, sources, screen = load_state(paths[0])
+    seen = {_read_key(read): paths[0] for info in sources for read in info.reads}
     for path in paths[1:]:
         state, more, more_screen = load_state(path)
+        _check_not_merged(path, more, seen)
         if not merged.resolved.same_computation(state.resolved):
             raise ConfigError(
                 f"{path} was computed with a different configuration ({_describe(state.resolved.config)}) than "
@@ -118,6 +136,24 @@ def merge_state_files(paths: list[str | Path]) -> tuple[EngineState, list[Source
         sources.extend(more)
         screen = screen.merge(more_screen)
     return merged, sources, screen
+
+
+def _read_key(read: dict[str, Any]) -> tuple:
+    return read.get("path"), read.get("size"), read.get("mtime_ns")
+
+
+def _check_not_merged(path: str | Path, sources: list[SourceInfo], seen: dict[tuple, str | Path]) -> None:
+    """A part read by two states would be counted twice: refuse (a state of the whole file overlaps any part)."""
+    for info in sources:
+        for read in info.reads:
+            key = _read_key(read)
+            if key in seen:
+                raise InputError(
+                    f"read {key[0]}, which {seen[key]} also read (same file, size and modification time); merging "
+                    "it twice would count its rows twice: give each shard's state once",
+                    path=str(path),
+                )
+            seen[key] = path
 
 
 def combined_info(sources: list[SourceInfo]) -> SourceInfo:
@@ -140,6 +176,8 @@ def combined_info(sources: list[SourceInfo]) -> SourceInfo:
         metadata=metadata,
         total_rows=None if None in rows else sum(r for r in rows if r is not None),
         files=sum(s.files for s in sources),
+        step_source=first.step_source if all(s.step_source == first.step_source for s in sources) else "",
+        reads=[read for s in sources for read in s.reads],
     )
 
 

@@ -20,7 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rcdiag import __version__
+from rcdiag._version import __version__
+from rcdiag.validate import POSITIVE_TOLERANCE
 
 PART = re.compile(r"^step-(-?\d+)-(\d+)\.parquet$")
 
@@ -89,25 +90,29 @@ class DumpWriter:
         )
 
     def write(self, *, step: int, old_log_prob: Any, rollout_log_prob: Any, response_mask: Any | None = None) -> Path:
-        """Write one step (durable on return); returns the part file. Writing a step twice adds a second part."""
+        """Write one step (durable on return); returns the part file. Writing a step twice adds a second part.
+
+        Raises ``ValueError`` for what ``rcdiag analyze`` would refuse later: a step that is not an integer,
+        arrays that disagree in shape, a mask value other than 0/1, or a NaN, ``+inf`` or positive log-prob at a
+        valid position (``-inf`` is legal)."""
+        step = _step(step)
         old = _rows(_numpy(old_log_prob, np.float32), "old_log_prob")
         rollout = _rows(_numpy(rollout_log_prob, np.float32), "rollout_log_prob")
+        given = {"old_log_prob": old, "rollout_log_prob": rollout}
         if response_mask is None:
             mask = [np.ones(row.shape[0], dtype=np.int8) for row in old]
         else:
-            mask = _rows(_numpy(response_mask, np.int8), "response_mask")
-        if not len(old) == len(rollout) == len(mask):
-            raise ValueError(
-                f"old_log_prob, rollout_log_prob and response_mask have {len(old)}, {len(rollout)} and {len(mask)} "
-                "rows; they must describe the same responses"
-            )
+            mask = given["response_mask"] = _rows(_numpy(response_mask, np.int8), "response_mask")
+        names = " and ".join(", ".join(given).rsplit(", ", 1))
+        if len({len(rows) for rows in given.values()}) > 1:
+            counts = " and ".join(", ".join(str(len(rows)) for rows in given.values()).rsplit(", ", 1))
+            raise ValueError(f"{names} have {counts} rows; they must describe the same responses")
         lengths = np.zeros(len(old), dtype=np.int64)
-        for i, (a, b, m) in enumerate(zip(old, rollout, mask, strict=True)):
-            if not a.shape[0] == b.shape[0] == m.shape[0]:
-                raise ValueError(
-                    f"row {i}: old_log_prob, rollout_log_prob and response_mask have {a.shape[0]}, {b.shape[0]} "
-                    f"and {m.shape[0]} tokens; they must have one value per token"
-                )
+        for i, m in enumerate(mask):
+            tokens = [rows[i].shape[0] for rows in given.values()]
+            if len(set(tokens)) > 1:
+                counts = " and ".join(", ".join(map(str, tokens)).rsplit(", ", 1))
+                raise ValueError(f"row {i}: {names} have {counts} tokens; they must have one value per token")
             valid = np.flatnonzero(m)
             lengths[i] = int(valid[-1]) + 1 if valid.size else 0
         table = pa.table(
@@ -115,11 +120,12 @@ class DumpWriter:
                 _lists(old, lengths, self.schema.field("old_log_prob").type),
                 _lists(rollout, lengths, self.schema.field("rollout_log_prob").type),
                 _lists(mask, lengths, self.schema.field("response_mask").type),
-                pa.array(np.full(len(old), int(step), dtype=np.int64)),
+                pa.array(np.full(len(old), step, dtype=np.int64)),
             ],
             schema=self.schema,
         )
-        return self._commit(table, int(step))
+        _check_values(table)
+        return self._commit(table, step)
 
     def _commit(self, table: pa.Table, step: int) -> Path:
         taken = [
@@ -143,6 +149,33 @@ class DumpWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _step(step: Any) -> int:
+    value = step.item() if hasattr(step, "item") else step
+    if isinstance(value, bool) or not isinstance(value, int | float) or not float(value).is_integer():
+        raise ValueError(f"step must be an integer training step, got {step!r}")
+    return int(value)
+
+
+def _check_values(table: pa.Table) -> None:
+    """The checks ``rcdiag analyze`` makes, at valid positions, so a bad step fails here and not at analysis."""
+    column = table.column("response_mask").combine_chunks()
+    offsets = np.asarray(column.offsets)
+    mask = column.values.to_numpy(zero_copy_only=False)
+    problems = [("response_mask", "holds {value}; a mask must be 0 or 1", (mask != 0) & (mask != 1))]
+    for name in ("old_log_prob", "rollout_log_prob"):
+        values = table.column(name).combine_chunks().values.to_numpy(zero_copy_only=False)
+        with np.errstate(invalid="ignore"):
+            bad = (mask == 1) & (np.isnan(values) | (values > POSITIVE_TOLERANCE))
+        problems.append((name, "holds {value} at a valid position (NaN, +inf and log-probs > 1e-3 cannot be "
+                         "analysed; -inf is legal)", bad))  # fmt: skip
+    for name, what, bad in problems:
+        if bad.any():
+            flat = int(np.flatnonzero(bad)[0])
+            row = int(np.searchsorted(offsets, flat, side="right") - 1)
+            value = table.column(name).combine_chunks().values[flat].as_py()
+            raise ValueError(f"row {row}, position {flat - int(offsets[row])}: {name} {what.format(value=value)}")
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -253,7 +253,8 @@ def test_slime_debug_train_data(batch: dict, canonical: rcdiag.Report, tmp_path:
         torch.save({"rollout_id": int(step), "rank": 0, "rollout_data": data}, tmp_path / f"rollout_{step}_rank0.pt")
     report = rcdiag.analyze(tmp_path, CONFIG)
     same(report, canonical)
-    assert report.input.columns["old_log_prob"] == "log_probs" and report.input.columns["step"] == "<file name>"
+    assert report.input.columns["old_log_prob"] == "log_probs" and report.input.columns["step"] == "rollout_id"
+    assert report.input.step_source == "key 'rollout_id'"
 
 
 def test_npz(batch: dict, canonical: rcdiag.Report, tmp_path: Path) -> None:

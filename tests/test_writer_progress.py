@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -51,9 +52,55 @@ def test_writer_accepts_tensors_lists_and_repeated_steps(tmp_path: Path) -> None
     assert (report.input.rows, report.input.tokens, report.input.valid_tokens) == (2, 3, 3)
     assert report.metrics["rollout_corr/kl"] == pytest.approx(((-1.5 + 1.0) + 0.0 + (-0.25 + 0.5)) / 3)
     with pytest.raises(ValueError, match="row 0: old_log_prob, rollout_log_prob and response_mask have 2, 1"):
-        writer.write(step=4, old_log_prob=[[-1.0, -1.0]], rollout_log_prob=[[-1.0]])
+        writer.write(step=4, old_log_prob=[[-1.0, -1.0]], rollout_log_prob=[[-1.0]], response_mask=[[1, 1]])
     with pytest.raises(ValueError, match="have 1, 2 and 1 rows"):
         writer.write(step=4, old_log_prob=[[-1.0]], rollout_log_prob=[[-1.0], [-1.0]], response_mask=[[1]])
+
+
+def test_writer_names_only_the_arrays_it_was_given(tmp_path: Path) -> None:
+    writer = rcdiag.DumpWriter(tmp_path)
+    with pytest.raises(ValueError, match=r"^row 0: old_log_prob and rollout_log_prob have 2 and 1 tokens; they must"):
+        writer.write(step=4, old_log_prob=[[-1.0, -1.0]], rollout_log_prob=[[-1.0]])
+    with pytest.raises(ValueError, match=r"^old_log_prob and rollout_log_prob have 1 and 2 rows; they must"):
+        writer.write(step=4, old_log_prob=[[-1.0]], rollout_log_prob=[[-1.0], [-1.0]])
+    assert list(tmp_path.iterdir()) == []
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    ("old", "rollout", "mask", "step", "message"),
+    [
+        ([[-1.0, NAN]], [[-1.0, -1.0]], None, 0, "row 0, position 1: old_log_prob holds nan at a valid position"),
+        ([[-1.0], [-1.0]], [[-1.0], [INF]], None, 0, "row 1, position 0: rollout_log_prob holds inf at a valid"),
+        ([[0.5, -1.0]], [[-1.0, -1.0]], None, 0, "row 0, position 0: old_log_prob holds 0.5 at a valid position"),
+        ([[-1.0, -1.0]], [[-1.0, -1.0]], [[1, 2]], 0, "row 0, position 1: response_mask holds 2; a mask must be 0 or"),
+        ([[-1.0]], [[-1.0]], None, NAN, "step must be an integer training step, got nan"),
+        ([[-1.0]], [[-1.0]], None, 2.5, "step must be an integer training step, got 2.5"),
+    ],
+    ids=["NaN", "+inf", "positive", "mask 2", "NaN step", "fractional step"],
+)
+def test_writer_refuses_what_analyze_would_refuse(
+    tmp_path: Path, old: list, rollout: list, mask: list | None, step: object, message: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        rcdiag.DumpWriter(tmp_path).write(step=step, old_log_prob=old, rollout_log_prob=rollout, response_mask=mask)
+    assert [p for p in tmp_path.iterdir() if p.suffix == ".parquet"] == []
+
+
+def test_writer_accepts_nan_where_the_mask_is_zero_and_minus_inf(tmp_path: Path) -> None:
+    writer = rcdiag.DumpWriter(tmp_path)
+    nan, inf = float("nan"), float("inf")
+    writer.write(
+        step=np.int64(2),
+        old_log_prob=[[-1.0, nan, -inf, nan]],
+        rollout_log_prob=[[-1.5, nan, -2.0, nan]],
+        response_mask=[[1, 0, 1, 0]],
+    )
+    report = rcdiag.analyze(tmp_path)
+    assert report.input.valid_tokens == 2 and report.input.neg_inf_tokens["old_log_prob"] == 1
+    assert [s.step for s in report.steps] == [2]
 
 
 def test_progress_callback_counts_every_row(tmp_path: Path) -> None:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from rcdiag.api import analyze
-from rcdiag.backend import Backend
+from rcdiag.api import ProgressCallback, analyze
 from rcdiag.check.evaluate import evaluate_rules
 from rcdiag.check.metric_names import PREFIXES, metric_names, resolve_metric, validate_rules
 from rcdiag.check.packs import PACK_SOURCES, describe_packs, pack
@@ -35,9 +35,8 @@ from rcdiag.check.rules import (
 )
 from rcdiag.check.rules_file import CONFIG_TABLE, RuleFile, find_project_rules, load_rules
 from rcdiag.config import CorrectionConfig
-from rcdiag.constants import DEFAULT_CHUNK_TOKENS
 from rcdiag.errors import ConfigError
-from rcdiag.io.base import ColumnMap
+from rcdiag.options import ReadOptions
 
 __all__ = [
     "CONFIG_TABLE",
@@ -71,18 +70,17 @@ def check(
     path: str | Path,
     rules: Sequence[Rule],
     config: CorrectionConfig | None = None,
+    read: ReadOptions | None = None,
     *,
     baseline: str | Path | None = None,
-    device: str | Backend = "cpu",
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    columns: ColumnMap | None = None,
-    on_bad_row: str = "error",
-    workers: int = 1,
+    on_chunk: ProgressCallback | None = None,
+    **options: Any,
 ) -> CheckResult:
-    """Analyse ``path`` (and ``baseline``) with ``config`` and evaluate ``rules``.
+    """Analyse ``path`` (and ``baseline``, read the same way) with ``config`` and evaluate ``rules``.
 
     Rules are validated against the configuration before any file is read: a rule on a metric the configuration
     does not compute raises ``ConfigError`` listing the available names (rule-pack rules are skipped instead).
+    ``read`` and the keyword ``ReadOptions`` fields say how to read the dumps, as for ``rcdiag.analyze``.
     """
     if not rules:
         raise ConfigError(
@@ -92,13 +90,7 @@ def check(
     config = config or CorrectionConfig()
     resolved = config.resolve()
     validate_rules(rules, metric_names(resolved), has_baseline=baseline is not None)
-    read = {
-        "device": device,
-        "chunk_tokens": chunk_tokens,
-        "columns": columns,
-        "on_bad_row": on_bad_row,
-        "workers": workers,
-    }
-    report = analyze(path, config, **read)
-    base = analyze(baseline, config, **read) if baseline is not None else None
+    read = ReadOptions.of(read, options)
+    report = analyze(path, config, read, on_chunk=on_chunk)
+    base = analyze(baseline, config, read, on_chunk=on_chunk) if baseline is not None else None
     return CheckResult(report, base, evaluate_rules(report, rules, base))

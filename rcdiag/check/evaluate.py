@@ -102,7 +102,8 @@ def _evaluate(report: Report, rule: Rule, available: list[str], baseline: Report
             scope = "the dump"
         else:
             scope = "the last step" if rule.steps == "last" else f"all {len(series)} steps"
-        text = f"holds for {scope}; closest {shown}{where}"
+            scope = "the one step" if len(series) == 1 and rule.steps != "last" else scope
+        text = f"holds for {scope}; nearest the limit: {shown}{where}"
     else:
         steps = [s for s, _ in failing if s is not None]
         scope = f"fails at {len(failing)} of {len(series)} step(s)" + (f" ({_list(steps)})" if steps else "")

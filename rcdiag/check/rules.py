@@ -82,7 +82,7 @@ class Rule:
 def parse_assignment(
     text: str, kind: RuleKind, *, option: str, steps: StepMode = "every", tolerate: float = 0.0
 ) -> Rule:
-    """``kl=2e-3`` (or ``kl=50%`` for a relative rule) from a command-line option."""
+    """``kl=2e-3`` (``kl=50%`` or ``kl=abs:1e-4`` for a relative rule) from a command-line option."""
     name, sep, value = text.partition("=")
     if not sep or not name.strip() or not value.strip():
         raise ConfigError(f"{option} expects NAME=VALUE (e.g. {option} kl=2e-3), got '{text}'.")
@@ -90,17 +90,32 @@ def parse_assignment(
     return Rule(name.strip(), kind, bound, relative, steps, tolerate, option)
 
 
+ABSOLUTE_PREFIX = "abs:"
+"""``kl=abs:1e-4``: an allowed increase/decrease in the metric's own units (``kl=50%``: a share of |baseline|)."""
+
+
 def _parse_bound(value: Any, kind: RuleKind, where: str) -> tuple[float, bool]:
+    """``(bound, relative)``. A relative kind needs its unit spelled out (``50%`` or ``abs:0.002``): a bare number
+    is refused, since ``kl=50`` meant as 50% would be an absolute +50 that always passes."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ConfigError(f"{where}: the bound must be a number{' or a percentage' if kind in RELATIVE_KINDS else ''}.")
-    relative = isinstance(value, str) and value.strip().endswith("%")
-    text = value.strip().removesuffix("%") if isinstance(value, str) else value
+        raise ConfigError(f"{where}: the bound must be a number{' with a unit' if kind in RELATIVE_KINDS else ''}.")
+    text = value.strip() if isinstance(value, str) else value
+    relative = isinstance(text, str) and text.endswith("%")
+    absolute = isinstance(text, str) and text.lower().startswith(ABSOLUTE_PREFIX)
+    if kind in RELATIVE_KINDS and not (relative or absolute):
+        raise ConfigError(
+            f"{where}: give the unit of an allowed change: '{value}%' (a share of |baseline|) or "
+            f"'{ABSOLUTE_PREFIX}{value}' (in the metric's own units)."
+        )
+    if (relative or absolute) and kind not in RELATIVE_KINDS:
+        unit = "a percentage" if relative else f"'{ABSOLUTE_PREFIX}'"
+        raise ConfigError(f"{where}: {unit} is only allowed for max_increase/max_decrease.")
+    if isinstance(text, str):
+        text = text.removesuffix("%") if relative else text[len(ABSOLUTE_PREFIX) :] if absolute else text
     try:
         number = float(text)
     except ValueError:
         raise ConfigError(f"{where}: '{value}' is not a number.") from None
-    if relative and kind not in RELATIVE_KINDS:
-        raise ConfigError(f"{where}: a percentage is only allowed for max_increase/max_decrease.")
     if kind in RELATIVE_KINDS and number < 0:
         raise ConfigError(f"{where}: an allowed increase/decrease must be >= 0.")
     return (number / 100.0 if relative else number), relative

@@ -7,15 +7,17 @@ a traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
 
-from rcdiag import __version__
+from rcdiag._version import __version__
 from rcdiag.cli.analyze import analyze
 from rcdiag.cli.check import check
 from rcdiag.cli.compare import compare
 from rcdiag.cli.merge import merge
+from rcdiag.cli.output import StdoutClosedError
 from rcdiag.cli.presets import presets
 from rcdiag.cli.sweep import sweep
 from rcdiag.errors import ExitCode, RcdiagError
@@ -61,7 +63,9 @@ def main(argv: list[str] | None = None) -> None:
     except RcdiagError as exc:
         print(f"rcdiag: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
-    except BrokenPipeError:
+    except (StdoutClosedError, BrokenPipeError):  # the reader of stdout went away (`| head`): nothing more to say
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not complain
         sys.exit(ExitCode.OK)
     except Exception as exc:
         # typer vendors click in recent releases, so click's exceptions are recognised by name.

@@ -3,65 +3,35 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rcdiag.cli.options import (
-    DEFAULT_CHUNK,
-    BadRowPolicy,
-    BatchNormOpt,
-    ChunkOpt,
-    DeviceOpt,
-    FormatOpt,
-    IsOpt,
-    IsThresholdOpt,
-    MaskColOpt,
-    OldColOpt,
-    OnBadRowOpt,
-    OutputOpt,
-    PresetOpt,
-    QuietOpt,
-    RolloutColOpt,
-    RsOpt,
-    RsThresholdOpt,
-    SaveStateOpt,
-    SeqColOpt,
-    StepColOpt,
-    WorkersOpt,
-)
-from rcdiag.render import OutputFormat
+from rcdiag.cli.options import ENGINE_FLAGS, READ_FLAGS, SaveStateOpt, output_flags
+from rcdiag.cli.params import with_flags
+from rcdiag.io import format_names
+
+if TYPE_CHECKING:
+    from rcdiag.cli.engine_config import EngineFlags
+    from rcdiag.cli.output import Output
+    from rcdiag.options import ReadOptions
 
 
+@with_flags(ENGINE_FLAGS, READ_FLAGS, output_flags("report", "analyze"))
 def analyze(
     path: Annotated[
         Path,
         typer.Argument(
-            help="The dump: a Parquet/Arrow file, a directory or quoted glob of shards, NeMo-RL or prime-rl JSONL, "
-            "or a .pt/.npz file of tensors.",
+            help=f"The dump: a file ({', '.join(format_names())}), or a directory or quoted glob of shards.",
             metavar="PATH",
             show_default=False,
         ),
     ],
-    is_level: IsOpt = None,
-    is_threshold: IsThresholdOpt = None,
-    rs: RsOpt = None,
-    rs_threshold: RsThresholdOpt = None,
-    batch_normalize: BatchNormOpt = None,
-    preset: PresetOpt = None,
-    old_col: OldColOpt = None,
-    rollout_col: RolloutColOpt = None,
-    mask_col: MaskColOpt = None,
-    step_col: StepColOpt = None,
-    seq_col: SeqColOpt = None,
-    on_bad_row: OnBadRowOpt = BadRowPolicy.error,
-    device: DeviceOpt = "cpu",
-    chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
-    workers: WorkersOpt = 1,
     save_state: SaveStateOpt = None,
-    output_format: FormatOpt = OutputFormat.table,
-    output: OutputOpt = None,
-    quiet: QuietOpt = False,
+    *,
+    engine: EngineFlags,
+    read: ReadOptions,
+    out: Output,
 ) -> None:
     """Run verl's rollout correction over a dump and report every `rollout_corr/*` metric with findings.
 
@@ -77,36 +47,11 @@ def analyze(
     Exit codes: 0 done (findings do not change it), 2 bad option, configuration or input, 3 internal error.
     """
     from rcdiag.api import analyze as run_analysis
-    from rcdiag.cli.engine_config import build_config, read_options
-    from rcdiag.cli.output import write_report
-    from rcdiag.cli.progress import progress_bar, wanted
+    from rcdiag.cli.output import checked_path
+    from rcdiag.cli.progress import progress
 
-    config = build_config(
-        preset_name=preset,
-        is_level=is_level,
-        is_threshold=is_threshold,
-        rs=rs,
-        rs_threshold=rs_threshold,
-        batch_normalize=batch_normalize,
-    )
-    config.resolve()  # configuration errors before any reading
-    show = wanted(quiet, json_to_stdout=output_format is OutputFormat.json and output is None)
-    with progress_bar(show and workers == 1) as on_chunk:
-        report = run_analysis(
-            path,
-            config,
-            on_chunk=on_chunk,
-            save_state=save_state,
-            **read_options(
-                device=device,
-                chunk_tokens=chunk_tokens,
-                old_col=old_col,
-                rollout_col=rollout_col,
-                mask_col=mask_col,
-                step_col=step_col,
-                seq_col=seq_col,
-                on_bad_row=on_bad_row,
-                workers=workers,
-            ),
-        )
-    write_report(report, output_format, output)
+    config = engine.config()
+    state_file = checked_path(save_state, "--save-state")
+    with progress(read, out) as on_chunk:
+        report = run_analysis(path, config, read, on_chunk=on_chunk, save_state=state_file)
+    out.emit(report)

@@ -5,32 +5,19 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rcdiag.cli.options import (
-    DEFAULT_CHUNK,
-    BadRowPolicy,
-    BatchNormOpt,
-    ChunkOpt,
-    DeviceOpt,
-    FormatOpt,
-    IsOpt,
-    IsThresholdOpt,
-    MaskColOpt,
-    OldColOpt,
-    OnBadRowOpt,
-    OutputOpt,
-    PresetOpt,
-    RolloutColOpt,
-    RsOpt,
-    RsThresholdOpt,
-    SeqColOpt,
-    StepColOpt,
-    WorkersOpt,
-)
-from rcdiag.render import OutputFormat
+from rcdiag.catalogue.metrics import packs_help
+from rcdiag.cli.options import ENGINE_FLAGS, READ_FLAGS, output_flags, path_option
+from rcdiag.cli.params import with_flags
+
+if TYPE_CHECKING:
+    from rcdiag.check import CheckResult
+    from rcdiag.cli.engine_config import EngineFlags
+    from rcdiag.cli.output import Output
+    from rcdiag.options import ReadOptions
 
 RULES = "Rules"
 CI = "CI output"
@@ -40,6 +27,7 @@ def _assignments(help_text: str, flag: str) -> object:
     return typer.Option(flag, metavar="NAME=VALUE", help=help_text, rich_help_panel=RULES, show_default=False)
 
 
+@with_flags(ENGINE_FLAGS, READ_FLAGS, output_flags("check", "check"))
 def check(
     path: Annotated[Path, typer.Argument(help="The dump to check.", metavar="PATH", show_default=False)],
     max_rules: Annotated[
@@ -71,9 +59,7 @@ def check(
         typer.Option(
             "--pack",
             metavar="NAME",
-            help="Rule pack from documented practice: `verl` (IS mean in [0.5, 2], ESS >= 0.3, IS std <= 1, "
-            "|kl| <= 0.1, chi2_token <= 1), `nemo-rl` (token_mult_prob_error <= 1.05, k3_kl <= 1e-3), "
-            "`miles-dense` (k3_kl <= 1e-3), `miles-moe` (k3_kl <= 0.1). Rules on metrics the configuration does "
+            help=f"Rule pack from documented practice: {packs_help()}. Rules on metrics the configuration does "
             "not compute are skipped. Repeatable.",
             rich_help_panel=RULES,
             show_default=False,
@@ -123,38 +109,17 @@ def check(
             show_default=False,
         ),
     ] = None,
-    is_level: IsOpt = None,
-    is_threshold: IsThresholdOpt = None,
-    rs: RsOpt = None,
-    rs_threshold: RsThresholdOpt = None,
-    batch_normalize: BatchNormOpt = None,
-    preset: PresetOpt = None,
-    old_col: OldColOpt = None,
-    rollout_col: RolloutColOpt = None,
-    mask_col: MaskColOpt = None,
-    step_col: StepColOpt = None,
-    seq_col: SeqColOpt = None,
-    on_bad_row: OnBadRowOpt = BadRowPolicy.error,
-    device: DeviceOpt = "cpu",
-    chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
-    workers: WorkersOpt = 1,
-    output_format: FormatOpt = OutputFormat.table,
-    output: OutputOpt = None,
-    junit: Annotated[
-        Path | None,
-        typer.Option(
-            "--junit", metavar="FILE", help="Write a JUnit XML report (a testcase per rule).", rich_help_panel=CI
-        ),
-    ] = None,
+    junit: Annotated[str | None, path_option("--junit", "Write a JUnit XML report (a testcase per rule).", CI)] = None,
     markdown: Annotated[
-        Path | None,
-        typer.Option(
-            "--markdown",
-            metavar="FILE",
-            help="Write a Markdown summary (appended when FILE is `$GITHUB_STEP_SUMMARY`).",
-            rich_help_panel=CI,
+        str | None,
+        path_option(
+            "--markdown", "Write a Markdown summary (appended when FILE is `$GITHUB_STEP_SUMMARY`).", CI
         ),
     ] = None,
+    *,
+    engine: EngineFlags,
+    read: ReadOptions,
+    out: Output,
 ) -> None:
     """Check a dump against rules on its metrics: exit 0 when every rule holds, 1 when one fails.
 
@@ -170,8 +135,11 @@ def check(
     """
     from rcdiag.check import RuleKind, find_project_rules, load_rules, pack, parse_assignment
     from rcdiag.check import check as run_check
-    from rcdiag.cli.engine_config import build_config, read_options
+    from rcdiag.cli.output import checked_path
+    from rcdiag.cli.progress import progress
     from rcdiag.errors import ConfigError
+
+    junit_file, markdown_file = checked_path(junit, "--junit"), checked_path(markdown, "--markdown")
 
     if steps not in ("every", "last", "mean"):
         raise ConfigError(f"--steps must be every, last or mean, got '{steps}'.")
@@ -195,61 +163,32 @@ def check(
         rules += loaded.rules
         if rules_file is None:
             print(f"rcdiag: using [tool.rcdiag.check] from {loaded.path}", file=sys.stderr)
-    config = build_config(
-        preset_name=preset,
-        is_level=is_level,
-        is_threshold=is_threshold,
-        rs=rs,
-        rs_threshold=rs_threshold,
-        batch_normalize=batch_normalize,
-        base=loaded.config() if loaded is not None else None,
-    )
-    result = run_check(
-        path,
-        rules,
-        config,
-        baseline=baseline or (loaded.baseline if loaded is not None else None),
-        **read_options(
-            device=device,
-            chunk_tokens=chunk_tokens,
-            old_col=old_col,
-            rollout_col=rollout_col,
-            mask_col=mask_col,
-            step_col=step_col,
-            seq_col=seq_col,
-            on_bad_row=on_bad_row,
-            workers=workers,
-        ),
-    )
-    _emit(result, output_format, output, junit, markdown)
+    config = engine.config(base=loaded.config() if loaded is not None else None)
+    with progress(read, out) as on_chunk:
+        result = run_check(
+            path,
+            rules,
+            config,
+            read,
+            baseline=baseline or (loaded.baseline if loaded is not None else None),
+            on_chunk=on_chunk,
+        )
+    _emit(result, out, junit_file, markdown_file)
     if not result.passed:
         raise typer.Exit(1)
 
 
-def _emit(
-    result: object, output_format: OutputFormat, output: Path | None, junit: Path | None, markdown: Path | None
-) -> None:
-    from rcdiag.check import CheckResult
-    from rcdiag.cli.output import write_file, write_rich, write_text
-    from rcdiag.render.check_formats import github_annotations, render_check_json, render_junit, render_markdown
+def _emit(result: CheckResult, out: Output, junit: Path | None, markdown: Path | None) -> None:
+    from rcdiag.cli.output import write_file
+    from rcdiag.render.check_formats import github_annotations, render_junit, render_markdown
 
-    assert isinstance(result, CheckResult)
     if junit is not None:
         write_file(junit, render_junit(result))
     if markdown is not None:
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
-        write_file(markdown, render_markdown(result), append=summary is not None and Path(summary) == markdown)
-    json_on_stdout = output_format is OutputFormat.json and output is None
-    if output_format is OutputFormat.json:
-        write_text(render_check_json(result), output)
-    else:
-        from rcdiag.render.check_table import render_check
-
-        write_rich(lambda console: render_check(result, console), output)
+        write_file(markdown, render_markdown(result), append=bool(summary) and Path(summary) == markdown)
+    out.emit(result)
     if os.environ.get("GITHUB_ACTIONS") == "true":
-        stream = sys.stderr if json_on_stdout else sys.stdout
+        stream = sys.stderr if out.text_to_stdout else sys.stdout
         for line in github_annotations(result):
             print(line, file=stream)
-    if output is not None:
-        counts = result.counts()
-        print(f"rcdiag: wrote {output} ({counts['failed']} of {len(result.results)} rule(s) failed)", file=sys.stderr)

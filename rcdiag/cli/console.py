@@ -1,4 +1,5 @@
-"""A rich console for stdout that does not squeeze tables into 80 columns when piped."""
+"""A rich console for stdout that does not squeeze tables into 80 columns when piped, and that lets a closed pipe
+end the command quietly (``rcdiag analyze X | head -1`` exits 0; rich's own handler exits 1)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,17 @@ import sys
 
 from rich.console import Console
 
+from rcdiag.cli.output import StdoutClosedError
+
 PIPE_WIDTH = 160
+
+
+class _StdoutConsole(Console):
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise StdoutClosedError  # rcdiag.cli.main turns it into exit 0
 
 
 def stdout_console() -> Console:
     """The terminal's width on a terminal, 160 columns otherwise."""
-    return Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
+    return _StdoutConsole(width=None if sys.stdout.isatty() else PIPE_WIDTH)

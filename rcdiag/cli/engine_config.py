@@ -1,60 +1,62 @@
-"""Turning the flags every engine command shares into library arguments: a ``CorrectionConfig`` (preset first,
-flags on top) and the keyword arguments that say how to read a dump."""
+"""The engine flags every engine command shares, turned into a ``CorrectionConfig``: preset first, flags on top,
+and a flag that would change nothing (a threshold without its option) refused before any file is read."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from rcdiag.cli.options import BadRowPolicy, ISLevel
+from rcdiag.cli.options import ISLevel
 from rcdiag.config import CorrectionConfig, preset
+from rcdiag.errors import ConfigError
 
 
-def build_config(
-    *,
-    preset_name: str | None,
-    is_level: ISLevel | None,
-    is_threshold: str | None,
-    rs: str | None,
-    rs_threshold: str | None,
-    batch_normalize: bool | None,
-    base: CorrectionConfig | None = None,
-) -> CorrectionConfig:
-    """The configuration the flags describe, on top of ``--preset``, else ``base`` (a rules file's ``[engine]``),
-    else verl's default; raises ``ConfigError`` for an unknown preset."""
-    config = preset(preset_name) if preset_name else base or CorrectionConfig()
-    changes: dict[str, Any] = {}
-    if is_level is not None:
-        changes["rollout_is"] = None if is_level is ISLevel.none else is_level.value
-    if is_threshold is not None:
-        changes["rollout_is_threshold"] = is_threshold
-    if rs is not None:
-        changes["rollout_rs"] = None if rs.strip().lower() == "none" else rs
-    if rs_threshold is not None:
-        changes["rollout_rs_threshold"] = rs_threshold
-    if batch_normalize is not None:
-        changes["rollout_is_batch_normalize"] = batch_normalize
-    return config.replace(**changes)
+@dataclass(frozen=True)
+class EngineFlags:
+    """The values of ``--is``, ``--is-threshold``, ``--rs``, ``--rs-threshold``, ``--batch-normalize`` and
+    ``--preset`` (``None``: not given)."""
 
+    is_level: ISLevel | None = None
+    is_threshold: str | None = None
+    rs: str | None = None
+    rs_threshold: str | None = None
+    batch_normalize: bool | None = None
+    preset: str | None = None
 
-def read_options(
-    *,
-    device: str,
-    chunk_tokens: int,
-    old_col: str | None,
-    rollout_col: str | None,
-    mask_col: str | None,
-    step_col: str | None,
-    seq_col: str | None,
-    on_bad_row: BadRowPolicy,
-    workers: int,
-) -> dict[str, Any]:
-    """The keyword arguments of ``rcdiag.analyze`` (and ``compare``, ``check``) that say how to read a dump."""
-    from rcdiag.io import ColumnMap
+    def config(self, base: CorrectionConfig | None = None) -> CorrectionConfig:
+        """The configuration the flags describe, on top of ``--preset``, else ``base`` (a rules file's
+        ``[engine]``), else verl's default; resolved here, so that every configuration error comes first."""
+        config = preset(self.preset) if self.preset else base or CorrectionConfig()
+        changes: dict[str, Any] = {}
+        if self.is_level is not None:
+            changes["rollout_is"] = None if self.is_level is ISLevel.none else self.is_level.value
+        if self.is_threshold is not None:
+            changes["rollout_is_threshold"] = self.is_threshold
+        if self.rs is not None:
+            changes["rollout_rs"] = None if self.rs.strip().lower() == "none" else self.rs
+        if self.rs_threshold is not None:
+            changes["rollout_rs_threshold"] = self.rs_threshold
+        if self.batch_normalize is not None:
+            changes["rollout_is_batch_normalize"] = self.batch_normalize
+        config = config.replace(**changes)
+        self._refuse_unused(config)
+        config.resolve()
+        return config
 
-    return {
-        "device": device,
-        "chunk_tokens": chunk_tokens,
-        "columns": ColumnMap(old=old_col, rollout=rollout_col, mask=mask_col, step=step_col, seq=seq_col),
-        "on_bad_row": on_bad_row.value,
-        "workers": workers,
-    }
+    def _refuse_unused(self, config: CorrectionConfig) -> None:
+        """verl ignores an IS threshold or batch normalisation while IS is off, and an RS threshold while RS is
+        off; a flag the user typed must not be ignored silently."""
+        if config.rollout_is is None:
+            given = (("--is-threshold", self.is_threshold), ("--batch-normalize", self.batch_normalize or None))
+            for flag, value in given:
+                if value is not None:
+                    shown = flag if isinstance(value, bool) else f"{flag} {value}"
+                    raise ConfigError(
+                        f"{shown} has no effect while IS is off: add --is token or --is sequence (or a preset that "
+                        "sets rollout_is), or leave it out."
+                    )
+        if config.rollout_rs is None and self.rs_threshold is not None:
+            raise ConfigError(
+                f"--rs-threshold {self.rs_threshold} has no effect while RS is off: add --rs OPTIONS (or a preset "
+                "that sets rollout_rs), or leave it out."
+            )

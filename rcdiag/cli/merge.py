@@ -3,28 +3,36 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rcdiag.cli.options import FormatOpt, OutputOpt
-from rcdiag.render import OutputFormat
+from rcdiag.cli.options import QUIET_FLAGS, output_flags
+from rcdiag.cli.params import with_flags
+
+if TYPE_CHECKING:
+    from rcdiag.cli.output import Output
 
 
+@with_flags(QUIET_FLAGS, output_flags("report", "merge"))
 def merge(
     states: Annotated[
         list[Path],
         typer.Argument(
-            help="State files written by `rcdiag analyze ... --save-state`.", metavar="STATE", show_default=False
+            help="State files written by `rcdiag analyze ... --save-state` (or all by `rcdiag sweep`).",
+            metavar="STATE",
+            show_default=False,
         ),
     ],
-    output_format: FormatOpt = OutputFormat.table,
-    output: OutputOpt = None,
+    *,
+    quiet: bool,
+    out: Output,
 ) -> None:
     """Merge the saved states of shards analysed (or swept) anywhere (Slurm arrays, Ray, Kubernetes jobs) into
     the report of one run over all of them.
 
-    Every state must have been computed with the same configuration (exit 2 otherwise). Example:
+    Every state must have been computed with the same configuration (exit 2 otherwise). The flags that say how to
+    read a dump were used when each state was written; `-q` is accepted (merge draws no progress bar). Example:
 
     * `rcdiag analyze part-0.parquet --preset decoupled_geo_rs --save-state s0.json` (on each machine)
     * `rcdiag merge s0.json s1.json s2.json --format json -o report.json`
@@ -32,12 +40,12 @@ def merge(
     from rcdiag.state import state_kind
 
     if states and state_kind(states[0]) == "sweep":  # states of `rcdiag sweep --save-state`
-        from rcdiag.cli.sweep import write_sweep
+        from rcdiag.cli.output import Output
+        from rcdiag.render.registry import renderer
         from rcdiag.sweep.run import merge_sweep_states
 
-        write_sweep(merge_sweep_states(list(states)), output_format, output)
+        Output(out.format, out.path, renderer(out.format, "sweep", "merge")).emit(merge_sweep_states(list(states)))
         return
     from rcdiag.api import merge_states
-    from rcdiag.cli.output import write_report
 
-    write_report(merge_states(list(states)), output_format, output)
+    out.emit(merge_states(list(states)))

@@ -1,15 +1,21 @@
-"""Options shared by the commands that run the engine (analyze, compare, check)."""
+"""The flags shared by commands, each declared once, and the groups that turn them into one value each: the engine
+flags (``ENGINE_FLAGS``), how to read a dump (``READ_FLAGS``, a ``ReadOptions``), per-side columns
+(``side_columns``) and the output target (``output_flags``). A command takes groups with
+``@with_flags(ENGINE_FLAGS, READ_FLAGS, output_flags(...))``; a new command that reads dumps needs that one line.
+
+A new input option is a ``ReadOptions`` field, a ``Flag`` in ``READ_FLAGS`` and a row in docs/options.md."""
 
 from __future__ import annotations
 
 import enum
-from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
+from rcdiag.cli.params import Flag, FlagGroup
 from rcdiag.constants import DEFAULT_CHUNK_TOKENS
-from rcdiag.render import OutputFormat
+from rcdiag.options import BAD_ROW_POLICIES, DEVICES
+from rcdiag.render.registry import FORMATS, ResultKind
 
 ENGINE = "Rollout correction (verl's algorithm.rollout_correction)"
 RUN = "Run"
@@ -85,11 +91,83 @@ PresetOpt = Annotated[
         show_default=False,
     ),
 ]
+ENGINE_FLAGS = FlagGroup(
+    "engine",
+    (
+        Flag("is_level", IsOpt),
+        Flag("is_threshold", IsThresholdOpt),
+        Flag("rs", RsOpt),
+        Flag("rs_threshold", RsThresholdOpt),
+        Flag("batch_normalize", BatchNormOpt),
+        Flag("preset", PresetOpt),
+    ),
+    lambda values: _engine_flags(values),
+)
+"""verl's ``rollout_correction`` fields (and ``--preset``) -> ``EngineFlags``."""
+
+
+def _engine_flags(values: dict[str, Any]) -> Any:
+    from rcdiag.cli.engine_config import EngineFlags
+
+    return EngineFlags(**values)
+
+
+INPUT = "Input"
+
+COLUMN_ROLES = {
+    "old": "the trainer's log-probs (old_log_prob)",
+    "rollout": "the rollout engine's log-probs",
+    "mask": "the response mask (1 = valid token)",
+    "step": "the training step",
+    "seq": "the sequence id of a one-row-per-token dump",
+}
+"""``ColumnMap`` field -> what its column holds; each gives ``--<field>-col`` (and ``--<field>-col-a/-b`` in
+compare)."""
+
+
+def _column_flag(role: str, side: str = "") -> Flag:
+    suffix = f"-{side}" if side else ""
+    default = "Default: recognised by its common names." if not side else f"Default: --{role}-col."
+    what = COLUMN_ROLES[role] + (f", in dump {side.upper()} only" if side else "")
+    option = typer.Option(
+        f"--{role}-col{suffix}",
+        metavar="NAME",
+        help=f"Column (or JSON/tensor key) holding {what}. {default}",
+        rich_help_panel=INPUT,
+        show_default=False,
+    )
+    return Flag(f"{role}_col{suffix.replace('-', '_')}", Annotated[str | None, option])
+
+
+def _columns(values: dict[str, Any], side: str = "") -> dict[str, str]:
+    suffix = f"_{side}" if side else ""
+    return {role: values[f"{role}_col{suffix}"] for role in COLUMN_ROLES if values[f"{role}_col{suffix}"] is not None}
+
+
+def side_columns(side: str) -> FlagGroup:
+    """``--old-col-a`` ... for one side of ``compare``: the column names that differ from the shared ones."""
+    flags = tuple(_column_flag(role, side) for role in COLUMN_ROLES)
+    return FlagGroup(f"columns_{side}", flags, lambda values: _columns(values, side))
+
+
+BadRowPolicy = enum.Enum("BadRowPolicy", {name: name for name in BAD_ROW_POLICIES}, type=str)  # type: ignore[misc]
+"""``--on-bad-row`` choices, from ``rcdiag.options``."""
+OnBadRowOpt = Annotated[
+    BadRowPolicy,
+    typer.Option(
+        "--on-bad-row",
+        help="Rows with NaN, +inf, a log-prob above +1e-3 or a mask value other than 0/1 at a valid position: "
+        "`error` stops with exit 2 naming the first; `skip` leaves them out and reports how many, by reason.",
+        rich_help_panel=INPUT,
+    ),
+]
 DeviceOpt = Annotated[
     str,
     typer.Option(
         "--device",
-        help="`cpu` (numpy), `cuda`/`cuda:N` (PyTorch), or `auto` (a GPU when one is visible).",
+        metavar="|".join(DEVICES),
+        help="`cpu` (numpy), `cuda`/`cuda:N` (PyTorch), `auto` (a GPU when one is visible) or `torch-cpu` "
+        "(PyTorch on the CPU, for parity checks).",
         rich_help_panel=RUN,
     ),
 ]
@@ -104,7 +182,6 @@ ChunkOpt = Annotated[
         min=1,
     ),
 ]
-DEFAULT_CHUNK = DEFAULT_CHUNK_TOKENS
 WorkersOpt = Annotated[
     int,
     typer.Option(
@@ -116,61 +193,70 @@ WorkersOpt = Annotated[
         min=1,
     ),
 ]
-SaveStateOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--save-state",
-        metavar="FILE",
-        help="Also write the accumulated state here; `rcdiag merge` combines states of shards into one report.",
-        rich_help_panel=RUN,
-        show_default=False,
+QUIET = Flag(
+    "quiet",
+    Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar on stderr.", rich_help_panel=RUN)],
+    False,
+)
+
+READ_FLAGS = FlagGroup(
+    "read",
+    (
+        *(_column_flag(role) for role in COLUMN_ROLES),
+        Flag("on_bad_row", OnBadRowOpt, BadRowPolicy("error")),
+        Flag("device", DeviceOpt, "cpu"),
+        Flag("chunk_tokens", ChunkOpt, DEFAULT_CHUNK_TOKENS),
+        Flag("workers", WorkersOpt, 1),
+        QUIET,
     ),
-]
-FormatOpt = Annotated[
-    OutputFormat, typer.Option("--format", help="`table` (terminal) or `json`.", rich_help_panel="Output")
-]
-OutputOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--output", "-o", metavar="FILE", help="Write the result here instead of stdout.", rich_help_panel="Output"
-    ),
-]
+    lambda values: _read_options(values),
+)
+"""Every flag that says how to read a dump -> ``rcdiag.ReadOptions`` (a new field: one ``Flag`` here)."""
 
-INPUT = "Input"
+QUIET_FLAGS = FlagGroup("quiet", (QUIET,), lambda values: values["quiet"])
+"""``-q`` alone, for commands that read no dump (``merge``): accepted everywhere, so scripts can pass it."""
 
 
-class BadRowPolicy(str, enum.Enum):
-    """``--on-bad-row`` choices (mirrors ``rcdiag.validate.OnBadRow`` without importing numpy)."""
+def _read_options(values: dict[str, Any]) -> Any:
+    from rcdiag.io.base import ColumnMap
+    from rcdiag.options import ReadOptions
 
-    error = "error"
-    skip = "skip"
+    fields = {k: v for k, v in values.items() if not k.endswith("_col")}
+    return ReadOptions(columns=ColumnMap(**_columns(values)), **fields | {"on_bad_row": values["on_bad_row"].value})
 
 
-def _column_option(flag: str, role: str) -> typer.models.OptionInfo:
-    return typer.Option(
-        flag,
-        metavar="NAME",
-        help=f"Column (or JSON/tensor key) holding {role}. Default: recognised by its common names.",
-        rich_help_panel=INPUT,
-        show_default=False,
+def path_option(flag: str, help_text: str, panel: str, short: str | None = None) -> Any:
+    """A FILE option kept as text, so that an empty value (an unset variable) can be refused by name."""
+    names = (flag, short) if short else (flag,)
+    return Annotated[
+        str | None, typer.Option(*names, metavar="FILE", help=help_text, rich_help_panel=panel, show_default=False)
+    ]
+
+
+SaveStateOpt = path_option(
+    "--save-state",
+    "Also write the accumulated state here; `rcdiag merge` combines states of shards into one report.",
+    RUN,
+)
+OUTPUT = "Output"
+FormatName = enum.Enum("FormatName", {name: name for name in FORMATS}, type=str)  # type: ignore[misc]
+"""``--format`` choices: every format in the renderer registry."""
+FORMAT_HELP = "; ".join(f"`{name}`: {fmt.description}" for name, fmt in FORMATS.items()) + "."
+
+
+def output_flags(kind: ResultKind, command: str) -> FlagGroup:
+    """``--format`` and ``-o`` for a command whose result is ``kind``; a format without a renderer for it is a
+    configuration error, raised before anything is read."""
+    fmt = Flag(
+        "output_format",
+        Annotated[FormatName, typer.Option("--format", help=FORMAT_HELP, rich_help_panel=OUTPUT)],
+        FormatName("table"),
     )
+    out = Flag("output", path_option("--output", "Write the result here instead of stdout.", OUTPUT, "-o"))
 
+    def build(values: dict[str, Any]) -> Any:
+        from rcdiag.cli.output import Output
 
-OldColOpt = Annotated[str | None, _column_option("--old-col", "the trainer's log-probs (old_log_prob)")]
-RolloutColOpt = Annotated[str | None, _column_option("--rollout-col", "the rollout engine's log-probs")]
-MaskColOpt = Annotated[str | None, _column_option("--mask-col", "the response mask (1 = valid token)")]
-StepColOpt = Annotated[str | None, _column_option("--step-col", "the training step")]
-SeqColOpt = Annotated[str | None, _column_option("--seq-col", "the sequence id of a one-row-per-token dump")]
-OnBadRowOpt = Annotated[
-    BadRowPolicy,
-    typer.Option(
-        "--on-bad-row",
-        help="Rows with NaN, +inf, a log-prob above +1e-3 or a mask value other than 0/1 at a valid position: "
-        "`error` stops with exit 2 naming the first; `skip` leaves them out and reports how many, by reason.",
-        rich_help_panel=INPUT,
-    ),
-]
-QuietOpt = Annotated[
-    bool,
-    typer.Option("--quiet", "-q", help="No progress bar on stderr.", rich_help_panel=RUN),
-]
+        return Output.of(values["output_format"].value, values["output"], kind, command)
+
+    return FlagGroup("out", (fmt, out), build)

@@ -1,46 +1,95 @@
-"""Where and how a result is written: stdout or a file, table or JSON."""
+"""Where and how a result is written, for every command: stdout or ``-o FILE``, in a registered format, and the
+"wrote" line on stderr. Output paths are checked when the flags are read, before anything is read or written."""
 
 from __future__ import annotations
 
 import io
+import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from rcdiag.errors import InputError
-from rcdiag.render import OutputFormat, render_json
-from rcdiag.report import Report
+from rcdiag.errors import ConfigError, InputError
+from rcdiag.render.registry import Renderer, ResultKind, renderer
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 
-def write_report(report: Report, output_format: OutputFormat, output: Path | None) -> None:
-    """Render ``report`` to ``output`` (a file, written only once the report exists) or to stdout; with a file,
-    say on stderr what was written."""
-    _render(report, output_format, output)
-    if output is not None:
-        counts = {s: sum(f.severity == s for f in report.findings) for s in ("error", "warning")}
-        print(
-            f"rcdiag: wrote {output} ({counts['error']} error(s), {counts['warning']} warning(s) in findings)",
-            file=sys.stderr,
+class StdoutClosedError(Exception):
+    """The reader of stdout went away (``rcdiag analyze X | head -1``); ``rcdiag.cli.main`` exits 0 quietly.
+
+    Not an ``OSError``: click turns an ``EPIPE`` ``OSError`` into exit 1 before ``main`` could see it."""
+
+
+def checked_path(text: str | None, flag: str) -> Path | None:
+    """``text`` as a file path that can be written, or ``None`` when the flag was not given. An empty value (an
+    unset variable such as ``$GITHUB_STEP_SUMMARY``), a directory or a missing directory is a ``ConfigError``
+    naming ``flag``."""
+    if text is None:
+        return None
+    if not text.strip():
+        raise ConfigError(
+            f"{flag} was given an empty file name (an unset variable such as $GITHUB_STEP_SUMMARY?); "
+            f"give a file, or leave {flag} out."
         )
+    path = Path(text)
+    if path.is_dir():
+        raise ConfigError(f"{flag} {text}: is a directory; give a file name.")
+    parent = path.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {text}: the directory {parent} does not exist.")
+    if not os.access(path if path.exists() else parent, os.W_OK):
+        raise ConfigError(f"{flag} {text}: cannot be written (permission denied).")
+    return path
 
 
-def _render(report: Report, output_format: OutputFormat, output: Path | None) -> None:
-    if output_format is OutputFormat.json:
-        write_text(render_json(report), output)
-        return
-    from rcdiag.render.table import render_table
+@dataclass(frozen=True)
+class Output:
+    """A result's destination (``path``; ``None``: stdout) and its renderer."""
 
-    write_rich(lambda console: render_table(report, console), output)
+    format: str
+    path: Path | None
+    renderer: Renderer
+
+    @classmethod
+    def of(cls, format_name: str, path: str | None, kind: ResultKind, command: str) -> Output:
+        return cls(format_name, checked_path(path, "--output"), renderer(format_name, kind, command))
+
+    @property
+    def text_to_stdout(self) -> bool:
+        """Machine-readable text on stdout: keep stderr free of progress bars when stdout is piped."""
+        return self.path is None and not self.renderer.console
+
+    def emit(self, result: Any) -> None:
+        """Render ``result``; with a file, say on stderr what was written."""
+        render = self.renderer.load()
+        if self.renderer.console:
+            write_rich(lambda console: render(result, console), self.path)
+        else:
+            write_text(render(result), self.path)
+        if self.path is not None:
+            print(f"rcdiag: wrote {self.path} ({_summary(result)})", file=sys.stderr)
+
+
+def _summary(result: Any) -> str:
+    counts = getattr(result, "counts", None)
+    if counts is not None:  # a check: its rules
+        return f"{counts()['failed']} of {len(result.results)} rule(s) failed"
+    found = {s: sum(f.severity == s for f in result.findings) for s in ("error", "warning")}
+    return f"{found['error']} error(s), {found['warning']} warning(s) in findings"
 
 
 def write_text(text: str, output: Path | None) -> None:
-    """Plain text (JSON) to a file or stdout."""
+    """Plain text to a file or stdout."""
     if output is None:
-        sys.stdout.write(text)
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise StdoutClosedError from None
     else:
         write_file(output, text)
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rcdiag.cli.output import Output
+    from rcdiag.options import ReadOptions
 
 
 def wanted(quiet: bool, json_to_stdout: bool) -> bool:
@@ -13,6 +17,11 @@ def wanted(quiet: bool, json_to_stdout: bool) -> bool:
     if quiet or not sys.stderr.isatty():
         return False
     return not (json_to_stdout and not sys.stdout.isatty())
+
+
+def progress(read: ReadOptions, out: Output) -> AbstractContextManager[Callable[[Any], None] | None]:
+    """The bar a command that reads dumps shows (one process only: workers report no chunks)."""
+    return progress_bar(wanted(read.quiet, out.text_to_stdout) and read.workers == 1)
 
 
 @contextmanager

@@ -3,33 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rcdiag.cli.options import (
-    DEFAULT_CHUNK,
-    ENGINE,
-    BadRowPolicy,
-    ChunkOpt,
-    DeviceOpt,
-    FormatOpt,
-    MaskColOpt,
-    OldColOpt,
-    OnBadRowOpt,
-    OutputOpt,
-    QuietOpt,
-    RolloutColOpt,
-    SaveStateOpt,
-    SeqColOpt,
-    StepColOpt,
-    WorkersOpt,
-)
-from rcdiag.render import OutputFormat
+from rcdiag.cli.options import ENGINE, READ_FLAGS, SaveStateOpt, output_flags
+from rcdiag.cli.params import with_flags
+
+if TYPE_CHECKING:
+    from rcdiag.cli.output import Output
+    from rcdiag.options import ReadOptions
 
 SWEEP = "Sweep"
 
 
+@with_flags(READ_FLAGS, output_flags("sweep", "sweep"))
 def sweep(
     path: Annotated[
         Path,
@@ -97,19 +85,10 @@ def sweep(
             max=1.0,
         ),
     ] = 0.0,
-    old_col: OldColOpt = None,
-    rollout_col: RolloutColOpt = None,
-    mask_col: MaskColOpt = None,
-    step_col: StepColOpt = None,
-    seq_col: SeqColOpt = None,
-    on_bad_row: OnBadRowOpt = BadRowPolicy.error,
-    device: DeviceOpt = "cpu",
-    chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
-    workers: WorkersOpt = 1,
     save_state: SaveStateOpt = None,
-    output_format: FormatOpt = OutputFormat.table,
-    output: OutputOpt = None,
-    quiet: QuietOpt = False,
+    *,
+    read: ReadOptions,
+    out: Output,
 ) -> None:
     """What every threshold of every IS level and RS option would do, in one pass over the dump, and which
     threshold to pick.
@@ -123,49 +102,21 @@ def sweep(
 
     Exit codes: 0 done (verl-would-crash rows do not change it), 2 bad option, threshold or input, 3 internal error.
     """
-    from rcdiag.cli.engine_config import read_options
-    from rcdiag.cli.progress import progress_bar, wanted
+    from rcdiag.cli.output import checked_path
+    from rcdiag.cli.progress import progress
     from rcdiag.sweep.grid import build_grid, split_list
     from rcdiag.sweep.run import sweep as run_sweep
 
     grid = build_grid(split_list(is_levels), split_list(rs), split_list(thresholds))
-    show = wanted(quiet, json_to_stdout=output_format is OutputFormat.json and output is None)
-    with progress_bar(show and workers == 1) as on_chunk:
+    state_file = checked_path(save_state, "--save-state")
+    with progress(read, out) as on_chunk:
         report = run_sweep(
             path,
             grid,
+            read,
             on_chunk=on_chunk,
-            save_state=save_state,
+            save_state=state_file,
             target_reject=target_reject if recommend else None,
             min_ess=min_ess,
-            **read_options(
-                device=device,
-                chunk_tokens=chunk_tokens,
-                old_col=old_col,
-                rollout_col=rollout_col,
-                mask_col=mask_col,
-                step_col=step_col,
-                seq_col=seq_col,
-                on_bad_row=on_bad_row,
-                workers=workers,
-            ),
         )
-    write_sweep(report, output_format, output)
-
-
-def write_sweep(report: object, output_format: OutputFormat, output: Path | None) -> None:
-    """Render a sweep report as a table or JSON, to stdout or ``-o FILE``."""
-    import json
-    import sys
-
-    from rcdiag.cli.output import write_rich, write_text
-    from rcdiag.render.sweep_table import render_sweep
-    from rcdiag.sweep.report import SweepReport
-
-    assert isinstance(report, SweepReport)
-    if output_format is OutputFormat.json:
-        write_text(json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n", output)
-    else:
-        write_rich(lambda console: render_sweep(report, console), output)
-    if output is not None:
-        print(f"rcdiag: wrote {output} ({len(report.findings)} verl-would-crash finding(s))", file=sys.stderr)
+    out.emit(report)

@@ -15,9 +15,9 @@ holds the entry points ``compare`` and ``compare_reports``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from rcdiag.api import analyze
-from rcdiag.backend import Backend
+from rcdiag.api import ProgressCallback, analyze
 from rcdiag.compare.diffs import TREND_KEYS, _diffs, _slope
 from rcdiag.compare.records import (
     K3,
@@ -26,7 +26,6 @@ from rcdiag.compare.records import (
     CompareFinding,
     Comparison,
     MetricDiff,
-    P,
     Side,
     SideTemperature,
     StepPair,
@@ -37,15 +36,14 @@ from rcdiag.compare.temperature import (
     SIGMAS,
     TEMPERATURE_KEY,
     TRAIN_TEMPERATURE_KEY,
-    _check_temperature,
     _side,
     _temperature_analysis,
+    check_temperature,
 )
 from rcdiag.compare.verdicts import COMPARE_FINDING_CODES, TEMPERATURE_KL_LIMIT, _findings
 from rcdiag.config import CorrectionConfig
-from rcdiag.constants import DEFAULT_CHUNK_TOKENS
 from rcdiag.errors import ConfigError
-from rcdiag.io.base import ColumnMap
+from rcdiag.options import ReadOptions
 from rcdiag.report import Report
 
 __all__ = [
@@ -62,12 +60,12 @@ __all__ = [
     "CompareFinding",
     "Comparison",
     "MetricDiff",
-    "P",
     "Side",
     "SideTemperature",
     "StepPair",
     "TemperatureAnalysis",
     "analyze",
+    "check_temperature",
     "compare",
     "compare_reports",
 ]
@@ -77,34 +75,28 @@ def compare(
     path_a: str | Path,
     path_b: str | Path,
     config: CorrectionConfig | None = None,
+    read: ReadOptions | None = None,
     *,
+    read_b: ReadOptions | None = None,
     temperature_a: float | None = None,
     temperature_b: float | None = None,
-    device: str | Backend = "cpu",
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    columns: ColumnMap | None = None,
-    on_bad_row: str = "error",
-    workers: int = 1,
+    on_chunk: ProgressCallback | None = None,
+    **options: Any,
 ) -> Comparison:
     """Analyse both dumps with ``config`` and compare them.
 
-    Temperatures given here override the dumps' ``temperature`` metadata. ``columns``, ``on_bad_row`` and
-    ``workers`` are passed to ``rcdiag.analyze`` for both dumps. Raises ``ConfigError`` for a bad temperature and
-    the errors of ``rcdiag.analyze`` for bad inputs.
+    ``read`` (with any ``ReadOptions`` field given as a keyword on top) says how to read both dumps; ``read_b``,
+    when given, replaces it for B (two dumps with different column names). Temperatures given here are used
+    instead of the dumps' ``temperature`` metadata; a disagreement is reported as a finding. Raises
+    ``ConfigError`` for a bad temperature and the errors of ``rcdiag.analyze`` for bad inputs.
     """
     for name, value in (("temperature_a", temperature_a), ("temperature_b", temperature_b)):
-        _check_temperature(value, name)
+        check_temperature(value, name)
     config = config or CorrectionConfig()
     config.resolve()
-    read = {
-        "device": device,
-        "chunk_tokens": chunk_tokens,
-        "columns": columns,
-        "on_bad_row": on_bad_row,
-        "workers": workers,
-    }
-    report_a = analyze(path_a, config, **read)
-    report_b = analyze(path_b, config, **read)
+    read = ReadOptions.of(read, options)
+    report_a = analyze(path_a, config, read, on_chunk=on_chunk)
+    report_b = analyze(path_b, config, read_b or read, on_chunk=on_chunk)
     return compare_reports(report_a, report_b, temperature_a=temperature_a, temperature_b=temperature_b)
 
 
@@ -112,7 +104,8 @@ def compare_reports(
     a: Report, b: Report, *, temperature_a: float | None = None, temperature_b: float | None = None
 ) -> Comparison:
     """``compare`` over two reports you already have (same engine configuration)."""
-    if a.config != b.config:
+    config_a, config_b = CorrectionConfig(**a.config).resolve(), CorrectionConfig(**b.config).resolve()
+    if not config_a.same_computation(config_b):  # as merge judges states: 2.0 and "2" are one threshold
         raise ConfigError("the two reports were computed with different engine configurations; compare needs one.")
     temperature = _temperature_analysis(
         _side(a, temperature_a, "--temperature-a"), _side(b, temperature_b, "--temperature-b")

@@ -11,13 +11,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rcdiag.catalogue.metrics import full_key
 from rcdiag.report import SCHEMA_VERSION, Report, Severity
 
 Side = Literal["a", "b"]
-P = "rollout_corr/"
-KL = P + "kl"
-K3 = P + "k3_kl"
-KL_SE = "rcdiag/kl_std_error"
+KL = full_key("kl")
+K3 = full_key("k3_kl")
+KL_SE = full_key("rcdiag/kl_std_error")
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,8 @@ class SideTemperature:
     """T * sqrt(2 max(kl - 2 se, 0)): the low end of the estimate given kl's standard error."""
     noise_high: float | None
     """T * sqrt(2 (kl + 2 se)): the high end."""
+    recorded_temperature: float | None = None
+    """The dump's ``temperature`` metadata, also when an option gave the temperature (``None``: not recorded)."""
 
     @property
     def noise_resolved(self) -> bool:

@@ -10,13 +10,9 @@ import math
 from typing import Literal
 
 from rcdiag.compare.records import K3, KL, KL_SE, SideTemperature, TemperatureAnalysis
+from rcdiag.constants import TEMPERATURE_KEY, TRAIN_TEMPERATURE_KEY
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.report import Report
-
-TEMPERATURE_KEY = "temperature"
-"""Dump metadata key holding the rollout sampling temperature."""
-TRAIN_TEMPERATURE_KEY = "train_temperature"
-"""Dump metadata key holding the temperature the trainer divided its logits by, when the dump records it."""
 
 NOISE_RATIO_LIMIT = 3.0
 """Noise estimates further apart than this factor are not the same engine noise (kl differs by 9x)."""
@@ -24,7 +20,9 @@ SIGMAS = 2.0
 """Noise estimates carry a band from kl +- this many standard errors; "far apart" must hold across the bands."""
 
 
-def _check_temperature(value: float | None, name: str) -> None:
+def check_temperature(value: float | None, name: str) -> None:
+    """A given temperature must be a positive finite number; ``name`` is how the caller spelled it (the library's
+    ``temperature_a``, the CLI's ``--temperature-a``)."""
     if value is not None and not (math.isfinite(value) and value > 0):
         raise ConfigError(f"{name} must be a positive number, got {value}.")
 
@@ -46,7 +44,13 @@ def _metadata_temperature(report: Report, key: str, option: str) -> float | None
 
 
 def _side(report: Report, given: float | None, option: str) -> SideTemperature:
-    recorded = _metadata_temperature(report, TEMPERATURE_KEY, option) if given is None else None
+    if given is None:
+        recorded = _metadata_temperature(report, TEMPERATURE_KEY, option)
+    else:  # the option wins; a recorded value that disagrees is reported, one that is unreadable is ignored
+        try:
+            recorded = _metadata_temperature(report, TEMPERATURE_KEY, option)
+        except InputError:
+            recorded = None
     temperature = given if given is not None else recorded
     source: Literal["option", "metadata"] | None = "option" if given is not None else "metadata" if recorded else None
     kl = report.metrics.get(KL)
@@ -66,6 +70,7 @@ def _side(report: Report, given: float | None, option: str) -> SideTemperature:
         noise=estimate(kl) if kl is not None and kl > 0 else None,
         noise_low=estimate(kl - SIGMAS * se) if kl is not None else None,
         noise_high=estimate(kl + SIGMAS * se) if kl is not None else None,
+        recorded_temperature=recorded,
     )
 
 

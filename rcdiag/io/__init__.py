@@ -1,140 +1,36 @@
 """Readers: any dump -> chunks of whole sequences (flat values + offsets).
 
-``open_dump`` is the one place that picks a reader: from the path (a file, a directory, a glob) and, where the
-suffix does not say, from the file's first bytes. Adding an input format means one module with a
-``TableSource`` subclass and a line here.
+``open_dump`` is the one place that picks a reader: it expands the path (a file, a directory, a glob; see
+``rcdiag.io.paths``), recognises each file's format from the registry (``rcdiag.io.registry``: suffix, else first
+bytes) and reads files of one kind as one dump. Importing this package is cheap (the CLI lists the formats in its
+help); the readers and their pyarrow/numpy imports load on first use.
 """
 
 from __future__ import annotations
 
-import glob
-import json
-from collections.abc import Callable
+import importlib
+import re
+from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rcdiag.errors import InputError
-from rcdiag.io.base import DEFAULT_CHUNK_TOKENS, Chunk, ColumnMap, Source, SourceInfo, prefetch, split_rows
-from rcdiag.io.parquet import ParquetSource
-from rcdiag.io.tables import TableSource
+from rcdiag.io.paths import expand, read_head
+from rcdiag.io.registry import NOT_DUMPS, InputFormat, candidates, format_names, suffixes
 
-__all__ = [
-    "DEFAULT_CHUNK_TOKENS",
-    "Chunk",
-    "ColumnMap",
-    "ParquetSource",
-    "Source",
-    "SourceInfo",
-    "open_dump",
-    "prefetch",
-    "split_rows",
-]
+if TYPE_CHECKING:
+    from rcdiag.io.base import ColumnMap, Source
 
-Opener = Callable[[Path, ColumnMap | None], TableSource]
+_EXPORTS = ("DEFAULT_CHUNK_TOKENS", "Chunk", "ColumnMap", "Source", "SourceInfo", "prefetch", "split_rows")
+"""Names of ``rcdiag.io.base`` offered here too; loaded on first use so that importing this package stays cheap."""
 
-KINDS = {
-    ".parquet": "parquet",
-    ".pq": "parquet",
-    ".arrow": "arrow",
-    ".feather": "arrow",
-    ".ipc": "arrow",
-    ".arrows": "arrow",
-    ".jsonl": "jsonl",
-    ".pt": "torch",
-    ".pth": "torch",
-    ".npz": "npz",
-}
-MAGIC = {b"PAR1": "parquet", b"ARROW1": "arrow", b"PK\x03\x04": "npz"}
+__all__ = ["format_names", "format_of", "open_dump", *_EXPORTS]
 
 
-def _opener(kind: str) -> Opener:
-    if kind == "parquet":
-        return ParquetSource
-    if kind == "arrow":
-        from rcdiag.io.arrow_ipc import ArrowIpcSource
-
-        return ArrowIpcSource
-    if kind == "jsonl":
-        return _open_jsonl
-    if kind == "torch":
-        from rcdiag.io.torch_pt import TorchSource
-
-        return TorchSource
-    from rcdiag.io.npz import NpzSource
-
-    return NpzSource
-
-
-def _open_jsonl(path: Path, columns: ColumnMap | None) -> TableSource:
-    from rcdiag.io.jsonl import JsonlSource
-    from rcdiag.io.nemo_rl import NemoRlSource, is_nemo_rl
-    from rcdiag.io.prime_rl import PrimeRlSource, is_prime_rl
-
-    if is_nemo_rl(path) or _first_keys(path) >= {"prev_logprobs", "generation_logprobs"}:
-        return NemoRlSource(path, columns)
-    if is_prime_rl(path) or _first_keys(path) >= {"trainer_logprobs", "inference_logprobs"}:
-        return PrimeRlSource(path, columns)
-    return JsonlSource(path, columns, format="jsonl")
-
-
-def _first_keys(path: Path) -> set[str]:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                if line.strip():
-                    record = json.loads(line)
-                    return set(record) if isinstance(record, dict) else set()
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return set()
-    return set()
-
-
-def _kind_of_file(path: Path) -> str:
-    kind = KINDS.get(path.suffix.lower())
-    if kind is not None:
-        return kind
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(8)
-    except OSError as exc:
-        raise InputError(f"cannot be read ({exc.strerror})", path=str(path)) from None
-    for magic, magic_kind in MAGIC.items():
-        if head.startswith(magic):
-            return magic_kind
-    if head[:1] in (b"\xff", b"\x00") and len(head) >= 8:  # Arrow IPC stream: continuation marker or length
-        return "arrow"
-    if head.lstrip()[:1] == b"{":
-        return "jsonl"
-    raise InputError(
-        "is not a dump format rcdiag recognises (Parquet, Arrow IPC, JSONL, .pt, .npz); give it the usual suffix",
-        path=str(path),
-    )
-
-
-def _open_files(label: str, files: list[Path], columns: ColumnMap | None) -> TableSource:
-    from rcdiag.io.shards import ShardSource
-
-    kinds = sorted({_kind_of_file(f) for f in files})
-    if len(kinds) > 1:
-        raise InputError(
-            f"mixes {' and '.join(kinds)} files; point rcdiag at one kind (e.g. a glob such as '{label}/*.parquet')",
-            path=label,
-        )
-    opener = _opener(kinds[0])
-    if len(files) == 1:
-        return opener(files[0], columns)
-    return ShardSource(label, files, columns, opener)
-
-
-def _directory_files(root: Path) -> list[Path]:
-    from rcdiag.io.shards import list_files, natural_key
-
-    nemo = sorted(root.rglob("train_data_step*.jsonl"), key=natural_key)
-    if nemo:
-        return nemo
-    exports = root if root.name == "token_exports" else root / "token_exports"
-    if exports.is_dir():
-        return list_files(exports, (".jsonl",))
-    return list_files(root, tuple(KINDS))
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module("rcdiag.io.base"), name)
+    raise AttributeError(f"module 'rcdiag.io' has no attribute '{name}'")
 
 
 def open_dump(path: str | Path, columns: ColumnMap | None = None) -> Source:
@@ -143,25 +39,44 @@ def open_dump(path: str | Path, columns: ColumnMap | None = None) -> Source:
     ``path`` is a file, a directory of shards (or a NeMo-RL log directory, or prime-rl's ``token_exports``), or
     a glob such as ``"dumps/step_*.parquet"``.
     """
-    text = str(path)
-    p = Path(path)
-    if not p.exists() and any(ch in text for ch in "*?["):
-        from rcdiag.io.shards import is_hidden, natural_key
+    from rcdiag.io.table_source import TableSource
 
-        files = sorted(
-            (Path(f) for f in glob.glob(text, recursive=True) if Path(f).is_file() and not is_hidden(Path(f))),
-            key=natural_key,
+    label = str(path)
+    files = expand(path)
+    kinds = _one_kind(label, {file: format_of(file) for file in files})
+    return TableSource(label, [kinds[file].open(file, columns) for file in kinds])
+
+
+def format_of(path: Path) -> InputFormat:
+    """The registered format of a file: by suffix, else by its first bytes; the first whose ``claims`` accepts it."""
+    hint = NOT_DUMPS.get(path.suffix.lower())
+    if hint is not None:
+        raise InputError(hint.format(path=path, stem=path.with_suffix("")), path=str(path))
+    for fmt in candidates(path, lambda: read_head(path)):
+        if fmt.accepts(path):
+            return fmt
+    raise InputError(
+        f"is not a dump format rcdiag recognises ({', '.join(format_names())}); give it the usual suffix "
+        f"({', '.join(suffixes())})",
+        path=str(path),
+    )
+
+
+def _one_kind(label: str, kinds: dict[Path, InputFormat]) -> dict[Path, InputFormat]:
+    """Files of one format; files a present format writes beside its dumps (NeMo-RL's ``val_data_step*``) are left
+    out; several formats are an error naming them."""
+    present = {fmt.name: fmt for fmt in kinds.values()}
+    skip = [re.compile(fmt.companions) for fmt in present.values() if fmt.companions is not None]
+    kept = {file: fmt for file, fmt in kinds.items() if not any(p.search(file.name) for p in skip)} or kinds
+    counts = Counter(fmt.name for fmt in kept.values())
+    if len(counts) > 1:
+        names = sorted(counts)
+        listed = ", ".join(f"{counts[n]} {n}" for n in names)
+        root = label.rstrip("/") if Path(label).is_dir() else str(Path(label).parent)
+        example = f"{root}/**/*{present[names[0]].suffixes[0]}"
+        raise InputError(
+            f"mixes {', '.join(names[:-1])} and {names[-1]} files ({listed}); point rcdiag at one kind, e.g. a "
+            f"quoted glob such as '{example}', or move the others out",
+            path=label,
         )
-        if not files:
-            raise InputError("matches no file", path=text)
-        return _open_files(text, files, columns)
-    if not p.exists():
-        raise InputError("file not found", path=text)
-    if p.is_dir():
-        files = _directory_files(p)
-        if not files:
-            raise InputError(
-                "is a directory without dump files (.parquet, .arrow, .feather, .jsonl, .pt, .npz)", path=text
-            )
-        return _open_files(text, files, columns)
-    return _open_files(text, [p], columns)
+    return kept

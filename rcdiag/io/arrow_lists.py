@@ -15,33 +15,6 @@ def is_list_type(arrow_type: pa.DataType) -> bool:
     return any(check(arrow_type) for check in _LIST_TYPES)
 
 
-def check_logprob_type(arrow_type: pa.DataType, column: str, path: str) -> None:
-    """A log-prob column must be a list of floats."""
-    if not is_list_type(arrow_type) or not pa.types.is_floating(arrow_type.value_type):
-        raise InputError(
-            f"has type {arrow_type}, expected a list of float32/float64 (one list of per-token log-probs per response)",
-            path=path,
-            column=column,
-        )
-
-
-def check_mask_type(arrow_type: pa.DataType, column: str, path: str) -> None:
-    """A mask column must be a list of integers or booleans."""
-    value_type = arrow_type.value_type if is_list_type(arrow_type) else None
-    if value_type is None or not (pa.types.is_integer(value_type) or pa.types.is_boolean(value_type)):
-        raise InputError(
-            f"has type {arrow_type}, expected a list of int or bool (1 = valid token, 0 = padding)",
-            path=path,
-            column=column,
-        )
-
-
-def check_step_type(arrow_type: pa.DataType, column: str, path: str) -> None:
-    """The step column must hold integers."""
-    if not pa.types.is_integer(arrow_type):
-        raise InputError(f"has type {arrow_type}, expected an integer training step", path=path, column=column)
-
-
 def _first_null_row(array: pa.Array) -> int:
     return int(np.flatnonzero(~np.asarray(array.is_valid()))[0])
 
@@ -80,25 +53,6 @@ def float_values(values: pa.Array) -> np.ndarray:
     """Flat float32 numpy values (zero-copy when the column is already float32)."""
     out = values.to_numpy(zero_copy_only=False)
     return out if out.dtype == np.float32 else out.astype(np.float32)
-
-
-def mask_values(values: pa.Array, offsets: np.ndarray, column: str, path: str, first_row: int) -> np.ndarray:
-    """Flat boolean mask; values other than 0/1 are an ``InputError`` naming the first bad row."""
-    out = values.to_numpy(zero_copy_only=False)
-    if out.dtype == np.bool_:
-        return out
-    bad = (out != 0) & (out != 1)
-    if bad.any():
-        flat_index = int(np.flatnonzero(bad)[0])
-        row = int(np.searchsorted(offsets, flat_index, side="right") - 1)
-        count = int(np.count_nonzero(np.add.reduceat(bad, offsets[:-1][np.diff(offsets) > 0]) > 0))
-        raise InputError(
-            f"holds the value {out[flat_index]} (a mask must be 0 or 1); {count} row(s) of this chunk are affected",
-            path=path,
-            row=first_row + row,
-            column=column,
-        )
-    return out.astype(np.bool_)
 
 
 def check_same_lengths(

@@ -84,10 +84,18 @@ class SourceInfo:
     total_rows: int | None = None
     """Rows in the dump when known before reading (for a progress bar)."""
     files: int = 1
+    step_source: str = ""
+    """Where the steps come from: "column 'NAME'", "file name", "directory name", "key 'NAME'"; "" without."""
+    reads: list[dict[str, Any]] = field(default_factory=list)
+    """What was read, one entry per file: ``path`` (absolute), ``size``, ``mtime_ns`` and ``part`` (``None``:
+    the whole file). ``rcdiag merge`` refuses two states that read the same part."""
 
 
 class Source(ABC):
-    """An opened dump."""
+    """An opened dump: what every reader gives the engine.
+
+    ``info`` is known once the dump is opened; ``chunks`` streams whole rows; ``partitions`` (optional) splits the
+    dump for parallel workers, each of which reopens the dump and reads its part."""
 
     info: SourceInfo
 

@@ -28,8 +28,8 @@ import pyarrow.compute as pc
 from rcdiag.errors import InputError
 from rcdiag.io.arrow_lists import float_values
 from rcdiag.io.base import Chunk
+from rcdiag.io.batch import Batch, mask_array, slice_chunks
 from rcdiag.io.columns import Resolved
-from rcdiag.io.tables import Batch, mask_array, slice_chunks
 
 IN_MEMORY_FACTOR = 4
 BUCKET_FACTOR = 2

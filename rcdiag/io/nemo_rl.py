@@ -11,17 +11,18 @@ import re
 from pathlib import Path
 
 from rcdiag.io.base import ColumnMap
-from rcdiag.io.jsonl import JsonlSource
+from rcdiag.io.json_records import JsonRecordsFile, first_keys
 
 FILE_PATTERN = re.compile(r"train_data_step(\d+)\.jsonl$")
+KEYS = {"prev_logprobs", "generation_logprobs"}
 
 
-def is_nemo_rl(path: Path) -> bool:
-    """A NeMo-RL training dump, by its file name."""
-    return FILE_PATTERN.search(path.name) is not None
+def claims(path: Path) -> bool:
+    """A NeMo-RL training dump: by its file name, or by its keys."""
+    return FILE_PATTERN.search(path.name) is not None or first_keys(path) >= KEYS
 
 
-class NemoRlSource(JsonlSource):
+class NemoRlFile(JsonRecordsFile):
     """One ``train_data_step{N}.jsonl`` file."""
 
     def __init__(self, path: str | Path, columns: ColumnMap | None = None) -> None:
@@ -30,6 +31,6 @@ class NemoRlSource(JsonlSource):
             path,
             columns,
             format="nemo-rl",
-            file_step=int(match.group(1)) if match else None,
+            step=int(match.group(1)) if match else None,
             mask_factor="sample_loss_mask",
         )

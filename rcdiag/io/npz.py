@@ -14,7 +14,7 @@ import numpy as np
 
 from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap
-from rcdiag.io.tensors import TensorSource
+from rcdiag.io.tensors import TensorFile
 
 
 def load_npz(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -32,7 +32,7 @@ def load_npz(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return {k: v for k, v in items.items() if v.ndim > 0}, scalars
 
 
-class NpzSource(TensorSource):
+class NpzFile(TensorFile):
     """One ``.npz`` file."""
 
     def __init__(self, path: str | Path, columns: ColumnMap | None = None) -> None:

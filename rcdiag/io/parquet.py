@@ -13,43 +13,32 @@ import pyarrow.parquet as pq
 
 from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap, balanced_runs
-from rcdiag.io.tables import Batch, TableSource, short
+from rcdiag.io.batch import Batch
+from rcdiag.io.tables import TableFile, schema_metadata, short
 
 READ_BUFFER = 1 << 20
 
 
-def schema_metadata(schema: pa.Schema) -> dict[str, str]:
-    """Key-value metadata as strings, without Arrow's internal keys and the pandas blob."""
-    return {
-        key.decode(errors="replace"): value.decode(errors="replace")
-        for key, value in (schema.metadata or {}).items()
-        if not key.startswith(b"ARROW:") and key != b"pandas"
-    }
-
-
-class ParquetSource(TableSource):
+class ParquetFile(TableFile):
     """One Parquet file."""
 
-    format = "parquet"
-
     def __init__(self, path: str | Path, columns: ColumnMap | None = None) -> None:
-        self.path = str(path)
-        if not Path(path).exists():
-            raise InputError("file not found", path=self.path)
+        name = str(path)
         try:
             # pre_buffer=False: pyarrow's default pre-buffering keeps every column chunk read so far in memory
             # until the file is closed (RSS grows with the file: 178 MB held for a 178 MB dump).
-            self.file = pq.ParquetFile(self.path, buffer_size=READ_BUFFER, pre_buffer=False)
+            self.file = pq.ParquetFile(name, buffer_size=READ_BUFFER, pre_buffer=False)
         except (pa.ArrowException, OSError) as exc:
             raise InputError(
-                f"cannot be read as Parquet ({short(exc)}); is it a complete .parquet file?", path=self.path
+                f"cannot be read as Parquet ({short(exc)}); is it a complete .parquet file?", path=name
             ) from None
-        self.total_rows = self.file.metadata.num_rows
-        if self.total_rows == 0:
-            raise InputError("has no rows: there is nothing to analyze", path=self.path)
-        self.schema = self.file.schema_arrow
-        self.kv_metadata = schema_metadata(self.schema)
-        self.setup(columns)
+        rows = self.file.metadata.num_rows
+        if rows == 0:
+            raise InputError("has no rows: there is nothing to analyze", path=name)
+        schema = self.file.schema_arrow
+        super().__init__(
+            name, columns, format="parquet", schema=schema, kv_metadata=schema_metadata(schema), total_rows=rows
+        )
 
     def _rows_per_batch(self, chunk_tokens: int) -> int:
         if self.long:
@@ -68,10 +57,9 @@ class ParquetSource(TableSource):
         return int(min(max(chunk_tokens / mean_length, 1), 1 << 20))
 
     def partitions(self, n: int) -> list[tuple[int, ...] | None]:
-        """Up to ``n`` contiguous runs of row groups of about equal size, for parallel workers. A dump in the
-        long layout is one part: a response's tokens may sit in several row groups."""
+        """Up to ``n`` contiguous runs of row groups of about equal size, for parallel workers."""
         meta = self.file.metadata
-        if self.long or n < 2:
+        if n < 2:
             return [None]
         return balanced_runs([meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)], n)
 

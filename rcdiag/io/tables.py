@@ -1,28 +1,24 @@
-"""Arrow record batches -> chunks: the one conversion every tabular reader shares.
+"""One file read as Arrow record batches: the contract every tabular format implements, and the conversion to chunks.
 
-A reader (Parquet, Arrow IPC, JSONL, tensors, shards) only says how to get record batches and the schema;
-``TableSource`` resolves the columns once, checks their types, recognises the layout (lists per response,
-ragged or padded, or long: one row per token) and turns batches into chunks of whole responses.
+A format module (Parquet, Arrow IPC, JSONL, tensors) only says how to get the schema and record batches of one file;
+``TableFile`` resolves the columns once, checks their types and recognises the layout (lists per response, ragged
+or padded, or long: one row per token). ``rcdiag.io.table_source.TableSource`` reads one or several such files as a
+dump.
 """
 
 from __future__ import annotations
 
-from abc import abstractmethod
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from rcdiag.errors import InputError
-from rcdiag.io.arrow_lists import (
-    check_same_lengths,
-    flatten_list,
-    float_values,
-    is_list_type,
-)
-from rcdiag.io.base import DEFAULT_CHUNK_TOKENS, Chunk, ColumnMap, Source, SourceInfo, split_rows
+from rcdiag.io.arrow_lists import check_same_lengths, flatten_list, float_values, is_list_type
+from rcdiag.io.base import Chunk, ColumnMap
+from rcdiag.io.batch import Batch, mask_array, slice_chunks, step_array
 from rcdiag.io.columns import Resolved, resolve
 
 METADATA_COLUMNS = {
@@ -38,113 +34,99 @@ METADATA_COLUMNS = {
     "train_dtype": "train_dtype",
 }
 """Columns holding run facts (constant or nearly so) -> ``InputFacts.metadata`` key."""
-MAX_METADATA_VALUES = 8
 
 
-@dataclass(frozen=True)
-class Batch:
-    """A record batch with where it came from: ``first_row`` is the index of its first row in ``path``."""
+class TableFile(ABC):
+    """One file of a dump, read as Arrow record batches.
 
-    data: pa.RecordBatch
-    path: str
-    first_row: int
-    step: int | None = None
-    """The step of every row when the container says it (a NeMo-RL file name), else ``None``."""
+    A subclass learns its schema (and what else it can say without reading the rows) in ``__init__``, then calls
+    ``super().__init__``, which resolves the columns and the layout; it implements ``batches``, and
+    ``partitions`` when the file splits into parts for parallel workers.
+    """
 
-
-class TableSource(Source):
-    """A dump read as Arrow record batches. Subclasses set ``path``, ``schema``, ``kv_metadata``, ``format``
-    (and optionally ``total_rows``, ``file_step``) in ``__init__`` and implement ``batches``."""
-
-    path: str
-    format: str
-    schema: pa.Schema
-    kv_metadata: dict[str, str]
-    total_rows: int | None = None
-    file_step: bool = False
-    """Rows get their step from the container (``Batch.step``) when the dump has no step column."""
-    extra_aliases: dict[str, tuple[str, ...]] | None = None
+    def __init__(
+        self,
+        path: str,
+        columns: ColumnMap | None,
+        *,
+        format: str,
+        schema: pa.Schema,
+        kv_metadata: dict[str, str] | None = None,
+        total_rows: int | None = None,
+        step: int | None = None,
+        step_origin: str = "file name",
+        extra_aliases: dict[str, tuple[str, ...]] | None = None,
+    ) -> None:
+        self.path = path
+        self.format = format
+        self.schema = schema
+        self.kv_metadata = dict(kv_metadata or {})
+        self.total_rows = total_rows
+        self.step = step
+        """The step of every row when the container says it; ``step_origin`` says where ("file name",
+        "directory name" or "key 'NAME'"), used only when the dump has no step column."""
+        names = schema.names
+        first = resolve(names, columns, path, extra=extra_aliases)
+        self.long = not is_list_type(schema.field(first.old).type)
+        self.cols: Resolved = resolve(names, columns, path, extra=extra_aliases, need_seq=True) if self.long else first
+        check_types(schema, self.cols, self.long, path)
+        used = {self.cols.old, self.cols.rollout, self.cols.mask, self.cols.step}
+        self.metadata_columns = {
+            name: key for name, key in METADATA_COLUMNS.items() if name in names and name not in used
+        }
+        self.columns_used = self.cols.used(self.long)
+        """``InputFacts.columns``: canonical role -> the column, key or ``"<file name>"`` the values come from."""
+        self.step_source = ""
+        if self.cols.step is not None:
+            self.step_source = f"column '{self.cols.step}'"
+        elif step is not None:
+            key = step_origin.removeprefix("key ").strip("'")
+            self.columns_used["step"] = key if step_origin.startswith("key ") else f"<{step_origin}>"
+            self.step_source = step_origin
+        self.mask_candidates = _mask_candidates(schema, self.cols) if self.cols.mask is None else ()
 
     @abstractmethod
-    def batches(self, chunk_tokens: int, columns: list[str]) -> Iterator[Batch]:
-        """Record batches of about ``chunk_tokens`` values holding ``columns``."""
+    def batches(self, chunk_tokens: int, columns: list[str], part: Any = None) -> Iterator[Batch]:
+        """Record batches of about ``chunk_tokens`` values holding ``columns``, of the file or of one part."""
 
-    def setup(self, columns: ColumnMap | None) -> None:
-        """Resolve the columns and the layout; call at the end of ``__init__``."""
-        schema = self.schema
-        names = schema.names
-        first = resolve(names, columns, self.path, extra=self.extra_aliases)
-        self.long = not is_list_type(schema.field(first.old).type)
-        self.cols: Resolved = (
-            resolve(names, columns, self.path, extra=self.extra_aliases, need_seq=True) if self.long else first
-        )
-        check_types(schema, self.cols, self.long, self.path)
-        self.metadata_columns = {
-            name: key
-            for name, key in METADATA_COLUMNS.items()
-            if name in names and name not in {self.cols.old, self.cols.rollout, self.cols.mask, self.cols.step}
-        }
-        self._metadata_values: dict[str, set[str]] = {}
-        columns_used = self.cols.used(self.long)
-        if self.cols.step is None and self.file_step:
-            columns_used["step"] = "<file name>"
-        self.info = SourceInfo(
-            path=self.path,
-            format=self.format + (" (long)" if self.long else ""),
-            columns=columns_used,
-            dtypes={name: str(schema.field(name).type) for name in self.read_columns()},
-            metadata=dict(self.kv_metadata),
-            total_rows=None if self.long else self.total_rows,
-        )
+    def partitions(self, n: int) -> list[Any]:
+        """Up to ``n`` disjoint parts of the file for parallel workers; by default one: the whole file."""
+        return [None]
 
     def read_columns(self) -> list[str]:
         cols = self.cols
         return [name for name in (cols.old, cols.rollout, cols.mask, cols.step, cols.seq) if name is not None]
 
-    def chunks(self, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, part: Any = None) -> Iterator[Chunk]:
-        wanted = self.read_columns() + list(self.metadata_columns)
-        # Only sources that override ``partitions`` get a part, and their ``batches`` accept it.
-        source = self.batches(chunk_tokens, wanted) if part is None else self.batches(chunk_tokens, wanted, part=part)  # type: ignore[call-arg]
-        if self.long:
-            from rcdiag.io.long import group_sequences
 
-            batches = self._with_metadata(source)
-            yield from group_sequences(batches, self.cols, self.path, chunk_tokens, self.total_rows)
-        else:
-            for batch in self._with_metadata(source):
-                yield from list_chunks(batch, self.cols, chunk_tokens)
-        self._finish_metadata()
-
-    def _with_metadata(self, batches: Iterator[Batch]) -> Iterator[Batch]:
-        for batch in batches:
-            for name, key in self.metadata_columns.items():
-                if name in batch.data.schema.names:
-                    self._collect(key, batch.data.column(name))
-            yield batch
-
-    def _collect(self, key: str, column: pa.Array) -> None:
-        values = self._metadata_values.setdefault(key, set())
-        if len(values) > MAX_METADATA_VALUES:
-            return
-        if is_list_type(column.type):
-            column = column.flatten()
-        for value in column.unique().to_pylist():
-            if value is not None:
-                values.add(_fmt(value))
-
-    def _finish_metadata(self) -> None:
-        for key, values in self._metadata_values.items():
-            if key in self.info.metadata or not values:
-                continue
-            shown = sorted(values)[:MAX_METADATA_VALUES]
-            more = ", ..." if len(values) > MAX_METADATA_VALUES else ""
-            self.info.metadata[key] = ", ".join(shown) + more
+def _mask_candidates(schema: pa.Schema, cols: Resolved) -> tuple[str, ...]:
+    """Unused columns that could be a mask the aliases do not know (``attention_mask``, ``mask``, ...)."""
+    used = {cols.old, cols.rollout, cols.step, cols.seq}
+    return tuple(name for name in schema.names if "mask" in name.lower() and name not in used)
 
 
-def _fmt(value: object) -> str:
-    if isinstance(value, float) and value.is_integer():
-        return repr(value)
-    return str(value)
+def check_unmasked(chunk: Chunk, candidates: tuple[str, ...]) -> None:
+    """Without a mask column, NaN or +inf log-probs are usually padding: say so, not "skip the bad rows"."""
+    for values, name in zip((chunk.old, chunk.rollout), chunk.column_names, strict=True):
+        bad = np.flatnonzero(np.isnan(values) | np.isposinf(values))
+        if bad.size:
+            row = int(np.searchsorted(chunk.offsets, bad[0], side="right") - 1)
+            listed = ", ".join(f"'{c}'" for c in candidates)
+            raise InputError(
+                f"holds {values[bad[0]]} at position {int(bad[0] - chunk.offsets[row])} and the dump has no mask "
+                f"column, so padding counts as valid tokens; columns that could be the mask: {listed}; name it "
+                "with --mask-col NAME",
+                **chunk.where(row),
+                column=name,
+            )
+
+
+def schema_metadata(schema: pa.Schema) -> dict[str, str]:
+    """Key-value metadata as strings, without Arrow's internal keys and the pandas blob."""
+    return {
+        key.decode(errors="replace"): value.decode(errors="replace")
+        for key, value in (schema.metadata or {}).items()
+        if not key.startswith(b"ARROW:") and key != b"pandas"
+    }
 
 
 def check_types(schema: pa.Schema, cols: Resolved, long: bool, path: str) -> None:
@@ -184,19 +166,6 @@ def check_types(schema: pa.Schema, cols: Resolved, long: bool, path: str) -> Non
             )
 
 
-def mask_array(values: pa.Array) -> np.ndarray:
-    """Flat mask values as numpy (bool stays bool; numbers are checked to be 0/1 by ``validate.Screen``)."""
-    return values.to_numpy(zero_copy_only=False)
-
-
-def step_array(column: pa.Array, name: str, path: str, first_row: int) -> np.ndarray:
-    """Per-row steps as int64; a null step is an ``InputError``."""
-    if column.null_count:
-        null_row = int(np.flatnonzero(~np.asarray(column.is_valid()))[0])
-        raise InputError("is null; every row needs a step", path=path, row=first_row + null_row, column=name)
-    return column.to_numpy().astype(np.int64, copy=False)
-
-
 def list_chunks(batch: Batch, cols: Resolved, chunk_tokens: int) -> Iterator[Chunk]:
     """Chunks of whole rows from one batch of list columns."""
     data, path, row = batch.data, batch.path, batch.first_row
@@ -216,37 +185,6 @@ def list_chunks(batch: Batch, cols: Resolved, chunk_tokens: int) -> Iterator[Chu
     old = float_values(old_values)
     rollout = float_values(rollout_values)
     yield from slice_chunks(old, rollout, offsets, mask, steps, cols, path, chunk_tokens, first_row=row)
-
-
-def slice_chunks(
-    old: np.ndarray,
-    rollout: np.ndarray,
-    offsets: np.ndarray,
-    mask: np.ndarray | None,
-    steps: np.ndarray | None,
-    cols: Resolved,
-    path: str,
-    chunk_tokens: int,
-    *,
-    first_row: int | None,
-    seq_ids: np.ndarray | None = None,
-) -> Iterator[Chunk]:
-    """Cut flat whole rows into chunks of at most ``chunk_tokens`` values (a longer row is its own chunk).
-    ``first_row`` is the file row of the first row, or ``None`` when rows are not file rows (long layout)."""
-    for start, stop in split_rows(np.diff(offsets), chunk_tokens):
-        lo, hi = int(offsets[start]), int(offsets[stop])
-        yield Chunk(
-            old=old[lo:hi],
-            rollout=rollout[lo:hi],
-            offsets=offsets[start : stop + 1] - lo,
-            mask=None if mask is None else mask[lo:hi],
-            steps=None if steps is None else steps[start:stop],
-            first_row=0 if first_row is None else first_row + start,
-            source=path,
-            column_names=(cols.old, cols.rollout),
-            mask_name=cols.mask or "response_mask",
-            seq_ids=None if seq_ids is None else seq_ids[start:stop],
-        )
 
 
 def short(exc: BaseException) -> str:

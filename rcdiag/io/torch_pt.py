@@ -21,7 +21,7 @@ import numpy as np
 
 from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap
-from rcdiag.io.tensors import TensorSource
+from rcdiag.io.tensors import TensorFile
 
 SLIME_ALIASES = {"old": ("log_probs",)}
 """slime calls the trainer's log-probs ``log_probs``; recognised only inside slime's ``rollout_data``."""
@@ -77,7 +77,7 @@ def load_pt(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return arrays, {k: v for k, v in scalars.items() if isinstance(v, (int, float, str, np.integer))}
 
 
-class TorchSource(TensorSource):
+class TorchFile(TensorFile):
     """One ``.pt`` file."""
 
     def __init__(self, path: str | Path, columns: ColumnMap | None = None) -> None:

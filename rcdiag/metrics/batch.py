@@ -7,9 +7,12 @@ and rcdiag's own diagnostics separately.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import ResolvedConfig
 from rcdiag.metrics.base import Accumulator, MetricValue, VerlCrash, verl_float
 from rcdiag.metrics.block import Block
@@ -17,8 +20,6 @@ from rcdiag.metrics.extras import ExtraMetrics
 from rcdiag.metrics.importance import ISMetrics
 from rcdiag.metrics.offpolicy import OffPolicyMetrics
 from rcdiag.metrics.rejection import RSAggregateMetrics, RSOptionMetrics
-
-PREFIX = "rollout_corr/"
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class BatchMetrics:
         self.resolved = resolved
         self.importance = ISMetrics(resolved.is_spec) if resolved.is_spec is not None else None
         self.rs_options = [RSOptionMetrics(option) for option in resolved.rs_options]
-        self.rs_aggregate = RSAggregateMetrics() if self.rs_options else None
+        self.rs_aggregate = RSAggregateMetrics(resolved.rs_options) if self.rs_options else None
         self.offpolicy = OffPolicyMetrics()
         self.extras = ExtraMetrics()
         self.rows = 0
@@ -67,13 +68,8 @@ class BatchMetrics:
         self.rows += block.n_rows
         self.valid_tokens += block.n_tokens
         self.empty_rows += block.n_rows - block.n_valid_rows
-        if self.importance is not None:
-            self.importance.update(block)
-        rejections = [option.update(block) for option in self.rs_options]
-        if self.rs_aggregate is not None:
-            self.rs_aggregate.update(block, rejections)
-        self.offpolicy.update(block)
-        self.extras.update(block)
+        for group in self.groups():
+            group.update(block)
 
     def merge(self, other: BatchMetrics) -> BatchMetrics:
         """Fold another batch's state (same configuration) into this one; returns ``self``."""
@@ -93,16 +89,9 @@ class BatchMetrics:
         for group in self.groups():
             values, group_crashes = group.compute()
             raw.update(values)
-            crashes.extend(_prefixed(crash) for crash in group_crashes)
+            crashes.extend(prefixed_crash(crash) for crash in group_crashes)
         if self.valid_tokens == 0:
-            crashes = [
-                VerlCrash(
-                    "verl_crash_empty_batch",
-                    None,
-                    "this batch has no valid token (every response is empty or fully masked): verl raises "
-                    "ValueError('response_mask must contain at least one valid token (1).') and logs nothing",
-                )
-            ]
+            crashes = [empty_batch_crash()]
         metrics: dict[str, MetricValue] = {}
         extras: dict[str, MetricValue] = {}
         for key, value in raw.items():
@@ -146,7 +135,34 @@ class BatchMetrics:
         self.empty_rows = int(state["empty_rows"])
 
 
-def _prefixed(crash: VerlCrash) -> VerlCrash:
+def state_layout() -> str:
+    """A short signature of every accumulator's declared state (class, state names and their reductions).
+
+    A state file records it (``rcdiag.state``); a file written under another layout is refused, so a changed
+    accumulator can never load an old file silently.
+    """
+    declared: dict[str, list] = {}
+    pending = list(Accumulator.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if cls.__module__.startswith("rcdiag."):
+            declared[f"{cls.__module__}.{cls.__qualname__}"] = sorted(cls.STATES.items())
+    text = json.dumps(sorted(declared.items()), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def empty_batch_crash() -> VerlCrash:
+    """What verl does with a batch that has no valid token."""
+    return VerlCrash(
+        "verl_crash_empty_batch",
+        None,
+        "this batch has no valid token (every response is empty or fully masked): verl raises "
+        "ValueError('response_mask must contain at least one valid token (1).') and logs nothing",
+    )
+
+
+def prefixed_crash(crash: VerlCrash) -> VerlCrash:
     """Crash notes name metrics with the key users see (``rollout_corr/...``)."""
     if crash.metric is None or crash.metric.startswith(("rcdiag/", PREFIX)):
         return crash

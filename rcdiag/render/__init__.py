@@ -1,24 +1,22 @@
-"""Renderers: a ``Report`` -> text. One module per output format; ``OutputFormat`` lists them."""
+"""Renderers: a result (a ``Report``, a ``Comparison``, a ``CheckResult``) -> text. One module per output format;
+``rcdiag.render.registry`` maps every ``--format`` value to its renderer for each kind of result."""
 
 from __future__ import annotations
 
-import enum
 import json
-
-from rcdiag.report import Report
-
-
-@enum.unique
-class OutputFormat(str, enum.Enum):
-    """``--format`` choices."""
-
-    table = "table"
-    json = "json"
-
-    def __str__(self) -> str:
-        return self.value
+from typing import Any, Protocol
 
 
-def render_json(report: Report) -> str:
-    """The report as one JSON object (schema: docs/json.md); non-finite numbers are ``null``."""
-    return json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n"
+class Serialisable(Protocol):
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+def render_json(result: Serialisable) -> str:
+    """Any result as one JSON object (schemas: docs/json.md, compare.md, check.md); non-finite numbers are
+    ``null``."""
+    return json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n"
+
+
+def counted(count: int, noun: str) -> str:
+    """``1 step``, ``6 steps``, ``1,024 rows``: a count with its noun in the right number."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"

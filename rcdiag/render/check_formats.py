@@ -9,6 +9,7 @@ import json
 import xml.etree.ElementTree as ET
 
 from rcdiag.check import CheckResult, RuleResult
+from rcdiag.render import counted
 
 _MARK = {"passed": "✅", "failed": "❌", "skipped": "⏭️"}
 
@@ -81,9 +82,9 @@ def render_markdown(result: CheckResult) -> str:
     if counts["skipped"]:
         headline += f" ({counts['skipped']} skipped)"
     lines = [f"### {headline}", ""]
-    about = f"`{facts.path}` · {facts.rows:,} rows · {facts.valid_tokens:,} valid tokens"
+    about = f"`{facts.path}` · {counted(facts.rows, 'row')} · {facts.valid_tokens:,} valid tokens"
     if facts.steps:
-        about += f" · {facts.steps} steps"
+        about += f" · {counted(facts.steps, 'step')}"
     if result.baseline is not None:
         about += f" · baseline `{result.baseline.input.path}`"
     lines += [about, "", "| | rule | value | limit | step | source | detail |", "|---|---|---|---|---|---|---|"]

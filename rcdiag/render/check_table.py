@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rcdiag.check import CheckResult
+from rcdiag.render import counted
 from rcdiag.render.table import describe_config, fmt
 
 _MARK = {"passed": Text("✓", style="green"), "failed": Text("✗", style="bold red"), "skipped": Text("–", style="dim")}
@@ -15,20 +16,28 @@ _MARK = {"passed": Text("✓", style="green"), "failed": Text("✗", style="bold
 def render_check(result: CheckResult, console: Console) -> None:
     """Print the header, the checklist and a one-line verdict."""
     facts = result.report.input
-    header = Text(f"rcdiag {result.report.version} check · {facts.path} · {facts.rows:,} rows", style="bold")
+    header = Text(f"rcdiag {result.report.version} check · {facts.path} · {counted(facts.rows, 'row')}", style="bold")
     if facts.steps:
-        header.append(f" · {facts.steps} steps", style="bold")
+        header.append(f" · {counted(facts.steps, 'step')}", style="bold")
     if result.baseline is not None:
         header.append(f" · baseline {result.baseline.input.path}", style="bold")
     header.append("\nconfig: " + describe_config(result.report.config), style="dim")
     console.print(header)
-    table = Table(title="Checklist", title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+    table = Table(
+        title="Checklist",
+        title_justify="left",
+        title_style="bold",
+        caption="worst value: the step's value nearest the limit where a rule holds, furthest beyond it where it fails",
+        caption_justify="left",
+        show_edge=False,
+        pad_edge=False,
+    )
     table.add_column("", no_wrap=True)
     table.add_column("rule", no_wrap=True)
     table.add_column("steps")
-    table.add_column("value", justify="right", no_wrap=True)
+    table.add_column("worst value", justify="right", no_wrap=True)
     table.add_column("limit", justify="right", no_wrap=True)
-    table.add_column("step", justify="right")
+    table.add_column("at step", justify="right")
     table.add_column("source", style="dim")
     table.add_column("detail", overflow="fold")
     for item in result.results:

@@ -10,10 +10,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.render.table import fmt
 from rcdiag.sweep.report import SweepReport, SweepRow
 
-P = "rollout_corr/"
+P = PREFIX
 _SPARK = "▁▂▃▄▅▆▇█"
 BAR_WIDTH = 20
 

@@ -9,20 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import EngineState, StepKey
 from rcdiag.metrics.base import MetricValue, VerlCrash, verl_float
-from rcdiag.metrics.batch import PREFIX
+from rcdiag.metrics.batch import empty_batch_crash, prefixed_crash
 from rcdiag.metrics.block import Block
 from rcdiag.sweep.grid import SweepGrid
 from rcdiag.sweep.options import OptionSweep, option_sweep
 
-EMPTY_BATCH = VerlCrash(
-    "verl_crash_empty_batch",
-    None,
-    "this batch has no valid token (every response is empty or fully masked): verl raises "
-    "ValueError('response_mask must contain at least one valid token (1).') and logs nothing",
-)
+SWEEP_STATE_VERSION = 1
+"""Bumped whenever the sweep's own state (cells, per-threshold parts) changes shape."""
 
 
 @dataclass(frozen=True)
@@ -67,10 +64,10 @@ class SweepBatch:
             for index, threshold in enumerate(sweep.thresholds):
                 values, crashes = sweep.compute(index, self.rows)
                 if self.valid_tokens == 0:
-                    crashes = [EMPTY_BATCH]
+                    crashes = [empty_batch_crash()]
                 out[sweep.option, threshold.spec] = PointResult(
                     {PREFIX + key: _finite(value) for key, value in values.items()},
-                    tuple(_prefixed(crash) for crash in crashes),
+                    tuple(prefixed_crash(crash) for crash in crashes),
                 )
         return out
 
@@ -112,10 +109,14 @@ class SweepState(EngineState):
         return pooled
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "grid": self.grid.specs()}
+        return {**super().state_dict(), "grid": self.grid.specs(), "sweep_version": SWEEP_STATE_VERSION}
 
     @classmethod
     def from_state_dict(cls, resolved: Any, state: dict[str, Any]) -> SweepState:
+        if state.get("sweep_version") != SWEEP_STATE_VERSION:
+            raise ValueError(
+                f"sweep state version {state.get('sweep_version')}, this rcdiag reads {SWEEP_STATE_VERSION}"
+            )
         out = cls(
             resolved,
             rows=int(state["rows"]),
@@ -136,9 +137,3 @@ def new_sweep_state(grid: SweepGrid) -> SweepState:
 def _finite(value: MetricValue) -> MetricValue:
     value = verl_float(value)
     return value if value is not None and abs(value) != float("inf") and value == value else None
-
-
-def _prefixed(crash: VerlCrash) -> VerlCrash:
-    if crash.metric is None or crash.metric.startswith(PREFIX):
-        return crash
-    return VerlCrash(crash.code, PREFIX + crash.metric, crash.message)

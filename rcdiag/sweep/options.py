@@ -17,7 +17,7 @@ from rcdiag.backend import NumpyBackend
 from rcdiag.metrics.base import Accumulator, MetricValue, VerlCrash
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.importance import ISMetrics
-from rcdiag.metrics.rejection import RSAggregateMetrics, RSOptionMetrics, row_statistic
+from rcdiag.metrics.rejection import RSAggregateMetrics, RSOptionMetrics, bounds, row_statistic
 from rcdiag.sweep.cells import CellArrays, CellMap, Cells, band_map, clip_map, count_above, count_below
 from rcdiag.sweep.grid import Threshold
 
@@ -67,7 +67,7 @@ class OptionSweep:
         accumulator = self._filled(index)
         values, crashes = accumulator.compute()
         if isinstance(accumulator, RSOptionMetrics):
-            aggregate = RSAggregateMetrics()
+            aggregate = RSAggregateMetrics((accumulator.option,))
             st = accumulator.state
             aggregate.state = {
                 "tokens": st["tokens"],
@@ -101,8 +101,7 @@ class TokenRSSweep(OptionSweep):
         self.estimator = first.option.estimator
         self.base = RSOptionMetrics(first.option)
         """Runs as in analyze; its threshold-independent state (mean, extremes, per-row moments) is shared."""
-        bounds = [(a.lo if self.k1 else None, a.hi) for a in self._rs()]
-        edges = [b for pair in bounds for b in pair if b is not None] + ([] if self.k1 else [0.0])
+        edges = [b for a in self._rs() for b in bounds(a.option)]  # k2/k3: 0, the std clamp's floor
         self.cells = Cells(edges, reference=0.0, extremes=False)
         self.arrays = CellArrays.empty(self.cells.count)
 
@@ -121,12 +120,13 @@ class TokenRSSweep(OptionSweep):
         valid = _host(block, block.row_valid)
         v = _host(block, row_statistic(block, self._rs()[0].option))[valid]
         for accumulator in self._rs():
-            hit = (row_max > accumulator.hi) | nan_rows
+            lo, hi = bounds(accumulator.option)
+            hit = (row_max > hi) | nan_rows
             if self.k1:
-                hit |= row_min < accumulator.lo
+                hit |= row_min < lo
             accumulator.add(
-                v_hi=int(np.count_nonzero(v > accumulator.hi)),
-                v_lo=int(np.count_nonzero(v < accumulator.lo)) if self.k1 else 0.0,
+                v_hi=int(np.count_nonzero(v > hi)),
+                v_lo=int(np.count_nonzero(v < lo)) if self.k1 else 0.0,
                 masked_rows=int(np.count_nonzero(hit)),
             )
 
@@ -148,14 +148,15 @@ class TokenRSSweep(OptionSweep):
         own = self._rs()[index]
         out = RSOptionMetrics(own.option)
         cells, arrays = self.cells, self.arrays
-        above = count_above(cells, arrays, own.hi)
-        below = count_below(cells, arrays, own.lo) if self.k1 else 0.0
+        lo, hi = bounds(own.option)
+        above = count_above(cells, arrays, hi)
+        below = count_below(cells, arrays, lo) if self.k1 else 0.0
         nan = float(arrays.n[cells.nan_cell])
         out.state = {
             **self.base.state,
             "tok_hi": above,
             "tok_lo": below,
-            "clamped": clip_map(cells, own.lo, own.hi).moments(arrays),
+            "clamped": clip_map(cells, lo, hi).moments(arrays),
             "masked_tokens": above + below + nan,
             "v_hi": own.state["v_hi"],
             "v_lo": own.state["v_lo"],

@@ -7,10 +7,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rcdiag import __version__
+from rcdiag._version import __version__
+from rcdiag.catalogue.findings import finding
+from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import PRESETS
 from rcdiag.metrics.base import MetricValue, VerlCrash
-from rcdiag.metrics.batch import PREFIX
 from rcdiag.report import Finding, InputFacts
 from rcdiag.sweep.batch import PointResult, SweepState
 
@@ -170,7 +171,7 @@ def _crash_findings(rows: list[SweepRow]) -> list[Finding]:
     return [
         Finding(
             code=crash.code,
-            severity="error",
+            severity=finding(crash.code).severity,
             message=f"{row.option} at {row.threshold}: {crash.message}",
             metric=crash.metric,
             steps=row.crash_steps or None,

@@ -5,17 +5,19 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from rcdiag.api import ProgressCallback, accumulate, input_facts
 from rcdiag.backend import Backend, get_backend
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import Engine
-from rcdiag.io import DEFAULT_CHUNK_TOKENS, Chunk, ColumnMap
+from rcdiag.io import Chunk
 from rcdiag.io.base import SourceInfo
+from rcdiag.options import ReadOptions
 from rcdiag.sweep.batch import SweepState, new_sweep_state
 from rcdiag.sweep.grid import SweepGrid, build_grid
 from rcdiag.sweep.report import SweepReport, build_sweep_report
-from rcdiag.validate import OnBadRow, Screen
+from rcdiag.validate import Screen, as_chunk
 
 
 def _new_state(specs: dict[str, list[str]]) -> SweepState:
@@ -25,46 +27,32 @@ def _new_state(specs: dict[str, list[str]]) -> SweepState:
 def sweep(
     path: str | Path,
     grid: SweepGrid | None = None,
+    read: ReadOptions | None = None,
     *,
-    device: str | Backend = "cpu",
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-    columns: ColumnMap | None = None,
-    on_bad_row: OnBadRow | str = OnBadRow.error,
     on_chunk: ProgressCallback | None = None,
-    workers: int = 1,
     save_state: str | Path | None = None,
     target_reject: float | None = 0.01,
     min_ess: float = 0.0,
+    **options: Any,
 ) -> SweepReport:
     """Every option of ``grid`` (default: both IS levels and all 11 RS options over the default grids) at every
-    threshold, in one pass over the dump; plus, with ``target_reject``, the recommended threshold per option
-    (a second pass, docs/sweep.md) and verl's presets ranked.
+    threshold, in one pass over the dump; with ``target_reject``, the recommended threshold per option (a second
+    pass, docs/sweep.md); and verl's presets ranked (``min_ess``: those leaving a lower ESS last).
 
-    Each row's metrics equal ``rcdiag.analyze`` with that single option at that threshold.
+    ``read`` (or its fields as keywords) says how to read the dump, as for ``rcdiag.analyze``. Each row's
+    metrics equal ``rcdiag.analyze`` with that single option at that threshold.
     """
     grid = grid or build_grid()
-    read = functools.partial(
-        accumulate,
-        path,
-        CorrectionConfig(),
-        device=device,
-        chunk_tokens=chunk_tokens,
-        columns=columns,
-        on_bad_row=on_bad_row,
-        on_chunk=on_chunk,
-    )
-    accumulated = read(
-        workers=workers,
-        save_state=save_state,
-        new_state=functools.partial(_new_state, grid.specs()),
-    )
+    read = ReadOptions.of(read, options)
+    again = functools.partial(accumulate, path, CorrectionConfig(), read, on_chunk=on_chunk)
+    accumulated = again(save_state=save_state, new_state=functools.partial(_new_state, grid.specs()))
     state = accumulated.state
     assert isinstance(state, SweepState)
     recommendations = None
     if target_reject is not None:
         from rcdiag.sweep.recommend import recommend
 
-        recommendations = recommend(state, target_reject, read, workers=workers)
+        recommendations = recommend(state, target_reject, again)
     facts = input_facts(state, accumulated.info, accumulated.screen)
     return build_sweep_report(state, facts, accumulated.device, recommendations, min_ess, target_reject)
 
@@ -72,16 +60,18 @@ def sweep(
 def sweep_chunks(
     chunks: Iterable[Chunk],
     grid: SweepGrid | None = None,
+    read: ReadOptions | None = None,
     *,
-    device: str | Backend = "cpu",
-    on_bad_row: OnBadRow | str = OnBadRow.error,
     min_ess: float = 0.0,
+    **options: Any,
 ) -> SweepReport:
-    """Like ``sweep`` but over chunks you built yourself (no recommendations: they need a second pass)."""
+    """Like ``sweep`` but over chunks you built yourself (no recommendations: they need a second pass); of
+    ``read``, ``device`` and ``on_bad_row`` apply."""
     state = new_sweep_state(grid or build_grid())
-    backend = device if isinstance(device, Backend) else get_backend(device)
-    screen = Screen(on_bad_row)
-    Engine(state.resolved, backend, state).run(screen(chunks))
+    read = ReadOptions.of(read, options)
+    backend = read.device if isinstance(read.device, Backend) else get_backend(read.device)
+    screen = Screen(read.on_bad_row)
+    Engine(state.resolved, backend, state).run(screen(as_chunk(chunk, i) for i, chunk in enumerate(chunks)))
     facts = input_facts(state, SourceInfo(path="<memory>", format="chunks"), screen.stats)
     return build_sweep_report(state, facts, backend.name, None, min_ess)
 

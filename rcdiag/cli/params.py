@@ -1,0 +1,74 @@
+"""Flag groups: flags declared once and turned into one value a command receives (a ``ReadOptions``, the engine
+flags, the output target), so that a command takes a whole group with one decorator argument.
+
+typer reads a command's parameters from its signature; ``with_flags`` gives the command a signature in which the
+group's argument is replaced by the group's flags, and builds the value from them before the command runs (so
+every check a builder makes happens before any file is opened).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One command-line parameter: its Python name, ``Annotated[type, typer.Option(...)]`` and default."""
+
+    name: str
+    annotation: Any
+    default: Any = None
+
+
+@dataclass(frozen=True)
+class FlagGroup:
+    """Flags that build one value, passed to the command as ``argument``."""
+
+    argument: str
+    flags: tuple[Flag, ...]
+    build: Callable[[dict[str, Any]], Any]
+
+
+def with_flags(*groups: FlagGroup) -> Callable[[F], F]:
+    """Give the decorated command every flag of ``groups``; it receives each group's value as its argument."""
+
+    def decorate(command: F) -> F:
+        signature = inspect.signature(command)
+        arguments = {group.argument for group in groups}
+        missing = arguments - set(signature.parameters)
+        if missing:
+            raise TypeError(f"{command.__name__} takes no argument(s) {', '.join(sorted(missing))}")
+        own = [  # the group arguments' annotations may name types imported for type checking only
+            p.replace(annotation=_evaluated(p.annotation, command))
+            for p in signature.parameters.values()
+            if p.name not in arguments
+        ]
+        added = [
+            inspect.Parameter(flag.name, KEYWORD_ONLY, default=flag.default, annotation=flag.annotation)
+            for group in groups
+            for flag in group.flags
+        ]
+
+        @functools.wraps(command)
+        def run(**values: Any) -> Any:
+            for group in groups:
+                values[group.argument] = group.build({flag.name: values.pop(flag.name) for flag in group.flags})
+            return command(**values)
+
+        parameters = own + added
+        run.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in parameters}
+        return run  # type: ignore[return-value]
+
+    return decorate
+
+
+def _evaluated(annotation: Any, command: Callable[..., Any]) -> Any:
+    return eval(annotation, command.__globals__) if isinstance(annotation, str) else annotation

@@ -1,0 +1,68 @@
+"""Arrow record batches and the cut into chunks of whole rows, shared by the list and the long layout."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from rcdiag.errors import InputError
+from rcdiag.io.base import Chunk, split_rows
+from rcdiag.io.columns import Resolved
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A record batch with where it came from: ``first_row`` is the index of its first row in ``path``."""
+
+    data: pa.RecordBatch
+    path: str
+    first_row: int
+    step: int | None = None
+    """The step of every row when the container says it (a NeMo-RL file name), else ``None``."""
+
+
+def mask_array(values: pa.Array) -> np.ndarray:
+    """Flat mask values as numpy (bool stays bool; numbers are checked to be 0/1 by ``validate.Screen``)."""
+    return values.to_numpy(zero_copy_only=False)
+
+
+def step_array(column: pa.Array, name: str, path: str, first_row: int) -> np.ndarray:
+    """Per-row steps as int64; a null step is an ``InputError``."""
+    if column.null_count:
+        null_row = int(np.flatnonzero(~np.asarray(column.is_valid()))[0])
+        raise InputError("is null; every row needs a step", path=path, row=first_row + null_row, column=name)
+    return column.to_numpy().astype(np.int64, copy=False)
+
+
+def slice_chunks(
+    old: np.ndarray,
+    rollout: np.ndarray,
+    offsets: np.ndarray,
+    mask: np.ndarray | None,
+    steps: np.ndarray | None,
+    cols: Resolved,
+    path: str,
+    chunk_tokens: int,
+    *,
+    first_row: int | None,
+    seq_ids: np.ndarray | None = None,
+) -> Iterator[Chunk]:
+    """Cut flat whole rows into chunks of at most ``chunk_tokens`` values (a longer row is its own chunk).
+    ``first_row`` is the file row of the first row, or ``None`` when rows are not file rows (long layout)."""
+    for start, stop in split_rows(np.diff(offsets), chunk_tokens):
+        lo, hi = int(offsets[start]), int(offsets[stop])
+        yield Chunk(
+            old=old[lo:hi],
+            rollout=rollout[lo:hi],
+            offsets=offsets[start : stop + 1] - lo,
+            mask=None if mask is None else mask[lo:hi],
+            steps=None if steps is None else steps[start:stop],
+            first_row=0 if first_row is None else first_row + start,
+            source=path,
+            column_names=(cols.old, cols.rollout),
+            mask_name=cols.mask or "response_mask",
+            seq_ids=None if seq_ids is None else seq_ids[start:stop],
+        )

@@ -1,0 +1,94 @@
+"""The input formats rcdiag reads: one line each, and what the dispatcher, error texts and ``--help`` list.
+
+An entry names its reader as ``"module:attribute"`` and is imported only when a file of that format is opened:
+listing the formats (``format_names``, the CLI help) costs no pyarrow or numpy import. Adding a format means its
+module (a ``TableFile`` subclass, and optionally a ``claims(path)`` function) and one line in ``FORMATS``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rcdiag.io.base import ColumnMap
+    from rcdiag.io.tables import TableFile
+
+
+@dataclass(frozen=True)
+class InputFormat:
+    """How a format is recognised and opened.
+
+    ``name`` is the kind named in messages; ``suffixes`` and ``magic`` (prefixes of the first bytes, leading
+    whitespace ignored) recognise a file; among formats that share a suffix or magic the first whose ``claims``
+    accepts the file wins (no ``claims``: always). ``run_dir`` names the sub-directory holding the dumps in this
+    tool's run directory; ``companions`` are file names this tool writes beside its dumps that are not dumps.
+    ``prompts``: its rows hold the prompt and padding too, so a dump of it without a mask counts them as response
+    tokens (the ``mask_missing`` finding).
+    """
+
+    name: str
+    title: str
+    suffixes: tuple[str, ...]
+    magic: tuple[bytes, ...]
+    opener: str
+    claims: str | None = None
+    run_dir: str | None = None
+    companions: str | None = None
+    prompts: bool = False
+
+    def open(self, path: Path, columns: ColumnMap | None) -> TableFile:
+        """The format's ``TableFile`` for ``path``."""
+        return _load(self.opener)(path, columns)
+
+    def accepts(self, path: Path) -> bool:
+        """Whether this format reads ``path`` (once its suffix or magic matched)."""
+        return self.claims is None or bool(_load(self.claims)(path))
+
+
+FORMATS: tuple[InputFormat, ...] = (
+    InputFormat("parquet", "Parquet", (".parquet", ".pq"), (b"PAR1",), "rcdiag.io.parquet:ParquetFile"),
+    InputFormat("arrow", "Arrow IPC", (".arrow", ".feather", ".ipc", ".arrows"), (b"ARROW1", b"\xff\xff\xff\xff"),
+                "rcdiag.io.arrow_ipc:ArrowIpcFile"),
+    InputFormat("nemo-rl", "NeMo-RL JSONL", (".jsonl",), (b"{",), "rcdiag.io.nemo_rl:NemoRlFile",
+                claims="rcdiag.io.nemo_rl:claims", companions=r"^val_data_step\d+\.jsonl$", prompts=True),
+    InputFormat("prime-rl", "prime-rl JSONL", (".jsonl",), (b"{",), "rcdiag.io.prime_rl:PrimeRlFile",
+                claims="rcdiag.io.prime_rl:claims", run_dir="token_exports", prompts=True),
+    InputFormat("jsonl", "JSONL", (".jsonl",), (b"{",), "rcdiag.io.jsonl:JsonlFile"),
+    InputFormat("torch", "PyTorch .pt", (".pt", ".pth"), (), "rcdiag.io.torch_pt:TorchFile"),
+    InputFormat("npz", "NumPy .npz", (".npz",), (b"PK\x03\x04",), "rcdiag.io.npz:NpzFile"),
+)  # fmt: skip
+
+NOT_DUMPS = {
+    ".csv": "is CSV, which is not a dump format (it cannot hold a list of log-probs per response); with one row "
+    'per token and a sequence id it is the long layout: convert it with python -c "import pyarrow.csv as c, '
+    "pyarrow.parquet as p; p.write_table(c.read_csv('{path}'), '{stem}.parquet')\" and analyze the .parquet",
+}
+"""Suffixes of files that are not dumps, with what to do instead (``{path}``, ``{stem}`` filled in)."""
+
+
+def format_names() -> tuple[str, ...]:
+    """The readable formats, in registry order (for help and error texts)."""
+    return tuple(f.title for f in FORMATS)
+
+
+def suffixes() -> tuple[str, ...]:
+    """Every suffix of a readable format."""
+    return tuple(dict.fromkeys(s for f in FORMATS for s in f.suffixes))
+
+
+def candidates(path: Path, head: Callable[[], bytes]) -> list[InputFormat]:
+    """Formats that may hold ``path``: by suffix, else by the first bytes (``head`` reads them)."""
+    found = [f for f in FORMATS if path.suffix.lower() in f.suffixes]
+    if found:
+        return found
+    start = head().lstrip()
+    return [f for f in FORMATS if any(start.startswith(m) for m in f.magic)]
+
+
+def _load(reference: str) -> Any:
+    module, _, attribute = reference.partition(":")
+    return getattr(importlib.import_module(module), attribute)

@@ -1,0 +1,67 @@
+"""How to read a dump: one frozen record that every entry point takes (analyze, compare, check, sweeps to come).
+
+The CLI declares one flag per field (``rcdiag.cli.read_flags``) and passes the record through unchanged, so a new
+input option is a field here, a flag there and a row in docs/options.md. Imports nothing heavy: the CLI's
+``--help`` loads this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rcdiag.constants import DEFAULT_CHUNK_TOKENS
+from rcdiag.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rcdiag.backend import Backend
+    from rcdiag.io.base import ColumnMap
+
+BAD_ROW_POLICIES = ("error", "skip")
+"""``on_bad_row`` values: stop at the first bad row, or leave bad rows out and count them."""
+DEVICES = ("cpu", "cuda", "cuda:N", "auto", "torch-cpu")
+"""``device`` spellings (``cuda:N`` stands for any GPU index); ``rcdiag.backend.get_backend`` reads them."""
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How a dump is read. None of these changes a metric except ``columns`` (which data) and ``on_bad_row``
+    (which rows, all counted in the report)."""
+
+    columns: ColumnMap | None = None
+    """Column (or JSON/tensor key) names where the common names are not recognised; ``None``: recognise all."""
+    on_bad_row: str = "error"
+    """``"error"``: stop at the first row holding NaN, +inf, a positive log-prob or a mask value other than 0/1;
+    ``"skip"``: leave such rows out, counted in ``report.input.skipped_by_reason``."""
+    device: str | Backend = "cpu"
+    """``cpu`` (numpy), ``cuda`` / ``cuda:N`` (torch), ``auto``, ``torch-cpu``; or a ``Backend``."""
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+    """Read about this many list values at a time: bounds memory, never changes a metric."""
+    workers: int = 1
+    """Split the dump's parts (Parquet row groups, a directory's shards) among this many CPU processes."""
+    quiet: bool = False
+    """No progress display. The library draws none itself; the CLI's bar honours it."""
+
+    def __post_init__(self) -> None:
+        if str(self.on_bad_row) not in BAD_ROW_POLICIES:
+            raise ConfigError(f"on_bad_row must be one of {', '.join(BAD_ROW_POLICIES)}, got '{self.on_bad_row}'.")
+        object.__setattr__(self, "on_bad_row", str(self.on_bad_row))
+        if isinstance(self.chunk_tokens, bool) or not isinstance(self.chunk_tokens, int) or self.chunk_tokens < 1:
+            raise ConfigError(f"chunk_tokens must be a positive number of tokens, got {self.chunk_tokens}.")
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise ConfigError(f"workers must be at least 1, got {self.workers}.")
+
+    def replace(self, **changes: Any) -> ReadOptions:
+        """A copy with some fields changed (an unknown field is a ``TypeError``, as for the constructor)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def of(cls, read: ReadOptions | None, options: dict[str, Any]) -> ReadOptions:
+        """``read`` (or the defaults) with loose keyword arguments on top: the entry points accept both
+        ``read=ReadOptions(...)`` and the older ``device=..., columns=...`` keywords."""
+        base = read if read is not None else cls()
+        unknown = set(options) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+        return base.replace(**options) if options else base
