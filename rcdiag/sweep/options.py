@@ -208,17 +208,7 @@ class TokenISSweep(OptionSweep):
         raw_mean = _host(block, block.row_mean(block.seg.sum(ratio)))
         for accumulator, cell_map in zip(self._is(), self.maps, strict=True):
             a = cell_map.row_sums(sums, counts) / row_len
-            accumulator.add(
-                tokens=block.n_tokens,
-                rows=block.n_rows,
-                valid_rows=block.n_valid_rows,
-                a=_NP.moments(a),
-                a_max=_NP.max(a),
-                a_min=_NP.min(a),
-                a_max_dev=_NP.max(np.abs(a - 1.0)),
-                rawmean_hi=int(np.count_nonzero(raw_mean > accumulator.upper)),
-                rawmean_lo=int(np.count_nonzero(raw_mean < accumulator.metric_lower)),
-            )
+            accumulator.add(**accumulator.row_states(_NP, block, a, raw_mean))
 
     def merge(self, other: OptionSweep) -> None:
         assert isinstance(other, TokenISSweep)
