@@ -15,6 +15,7 @@ from rcdiag.engine import EngineState, StepKey
 from rcdiag.metrics.base import MetricValue, VerlCrash, verl_float
 from rcdiag.metrics.batch import empty_batch_crash, prefixed_crash
 from rcdiag.metrics.block import Block
+from rcdiag.sweep.collector import Collector
 from rcdiag.sweep.grid import SweepGrid
 from rcdiag.sweep.options import OptionSweep, option_sweep
 
@@ -33,8 +34,10 @@ class PointResult:
 class SweepBatch:
     """Every option of the grid over one batch."""
 
-    def __init__(self, grid: SweepGrid) -> None:
+    def __init__(self, grid: SweepGrid, collector: Collector | None = None) -> None:
         self.grid = grid
+        self.collector = collector
+        """The state's pooled collector for recommendations (fed every block; not this batch's to merge)."""
         self.sweeps: list[OptionSweep] = [option_sweep(option, thresholds) for option, thresholds in grid.options]
         self.rows = 0
         self.valid_tokens = 0
@@ -46,6 +49,8 @@ class SweepBatch:
         self.empty_rows += block.n_rows - block.n_valid_rows
         for sweep in self.sweeps:
             sweep.update(block)
+        if self.collector is not None:
+            self.collector.update(block)
 
     def merge(self, other: SweepBatch) -> SweepBatch:
         if self.grid.specs() != other.grid.specs():
@@ -92,14 +97,18 @@ class SweepState(EngineState):
     """An engine state whose batches are sweeps over ``grid``."""
 
     grid: SweepGrid = field(default_factory=lambda: SweepGrid(()))
-    cpu_block_tokens: ClassVar[int] = 1 << 19
+    collector: Collector | None = None
+    """Pooled over steps: what the recommendations need (``None``: no recommendations)."""
+    target_reject: float | None = None
+    """The share the recommendations aim at (kept in state files, so a merge recommends as the run would)."""
+    cpu_block_tokens: ClassVar[int] = 1 << 20
     """Larger blocks than analyze's: each block runs ~130 accumulators' per-row work, whose Python overhead
-    a 512k-token block spreads thinner."""
+    a 1M-token block (the default chunk) spreads thinner."""
 
     def batch(self, step: StepKey) -> SweepBatch:  # type: ignore[override]
         batch = self.batches.get(step)
         if batch is None:
-            batch = self.batches[step] = SweepBatch(self.grid)  # type: ignore[assignment]
+            batch = self.batches[step] = SweepBatch(self.grid, self.collector)  # type: ignore[assignment]
         return batch  # type: ignore[return-value]
 
     def pooled(self) -> SweepBatch:  # type: ignore[override]
@@ -108,8 +117,26 @@ class SweepState(EngineState):
             pooled.merge(batch)  # type: ignore[arg-type]
         return pooled
 
+    def merge(self, other: EngineState) -> SweepState:
+        assert isinstance(other, SweepState)
+        if self.grid.specs() != other.grid.specs():
+            raise ValueError("cannot merge sweeps over different grids")
+        super().merge(other)
+        if self.collector is not None and other.collector is not None:
+            self.collector.merge(other.collector)
+        else:  # recommendations need every part's collector
+            self.collector = None
+        return self
+
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "grid": self.grid.specs(), "sweep_version": SWEEP_STATE_VERSION}
+        collector = None if self.collector is None else self.collector.state_dict()
+        return {
+            **super().state_dict(),
+            "grid": self.grid.specs(),
+            "sweep_version": SWEEP_STATE_VERSION,
+            "collector": collector,
+            "target_reject": self.target_reject,
+        }
 
     @classmethod
     def from_state_dict(cls, resolved: Any, state: dict[str, Any]) -> SweepState:
@@ -124,14 +151,20 @@ class SweepState(EngineState):
             valid_tokens=int(state["valid_tokens"]),
             grid=SweepGrid.from_specs(state["grid"]),
         )
+        out.target_reject = state.get("target_reject")
+        if state.get("collector") is not None:
+            out.collector = Collector([option for option, _ in out.grid.options])
+            out.collector.load_state_dict(state["collector"])
         for step, batch_state in state["batches"]:
             out.batch(None if step is None else int(step)).load_state_dict(batch_state)
         return out
 
 
-def new_sweep_state(grid: SweepGrid) -> SweepState:
-    """An empty sweep state (the engine's configuration is verl's metrics-only default; the grid is separate)."""
-    return SweepState(CorrectionConfig().resolve(), grid=grid)
+def new_sweep_state(grid: SweepGrid, target_reject: float | None = None) -> SweepState:
+    """An empty sweep state (the engine's configuration is verl's metrics-only default; the grid is separate);
+    with ``target_reject``, it also collects what the recommendations need."""
+    collector = Collector([option for option, _ in grid.options]) if target_reject is not None else None
+    return SweepState(CorrectionConfig().resolve(), grid=grid, collector=collector, target_reject=target_reject)
 
 
 def _finite(value: MetricValue) -> MetricValue:

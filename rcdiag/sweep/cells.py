@@ -62,7 +62,7 @@ class CellArrays:
 class Cells:
     """The cell layout of one statistic: its edges and which open cell is the core."""
 
-    def __init__(self, edges: list[float], reference: float, extremes: bool = True) -> None:
+    def __init__(self, edges: list[float], reference: float) -> None:
         self.edges = np.asarray(sorted(set(edges)), dtype=np.float32)
         self.m = int(self.edges.shape[0])
         self.count = 2 * self.m + 2
@@ -71,8 +71,6 @@ class Cells:
         # is an edge).
         self.core_open = int(np.searchsorted(self.edges, np.float32(reference), side="right"))
         self.index = {float(e): i for i, e in enumerate(self.edges.tolist())}
-        self.extremes = extremes
-        """Keep each cell's max and min (IS needs them; RS takes its extremes from the engine's accumulator)."""
 
     def point(self, value: float) -> int:
         """The cell of an edge value."""
@@ -114,6 +112,26 @@ class Cells:
         counts = np.bincount(cells, minlength=self.count)[0 : self.count - 1 : 2]  # open cells only
         return int(np.argmax(counts))
 
+    def sorted_arrays(self, x: np.ndarray) -> CellArrays:
+        """This block's per-cell state from the sorted values (no per-token cell needed): each cell is a
+        contiguous run, found by locating the edges in the sorted block (NaN sorts last)."""
+        out = CellArrays.empty(self.count)
+        if not x.size:
+            return out
+        ordered = np.sort(x)
+        finite = int(np.searchsorted(ordered, np.float32(np.inf), side="right"))
+        bounds = np.empty(self.count + 1, dtype=np.int64)
+        bounds[0], bounds[-2], bounds[-1] = 0, finite, x.shape[0]
+        bounds[1:-2:2] = np.searchsorted(ordered[:finite], self.edges, side="left")
+        bounds[2:-2:2] = np.searchsorted(ordered[:finite], self.edges, side="right")
+        n = np.diff(bounds).astype(np.float64)
+        out.n = n
+        for cell in np.flatnonzero(n[:-1] > 0).tolist():  # the NaN cell only counts
+            run = ordered[bounds[cell] : bounds[cell + 1]]
+            _, out.mean[cell], out.m2[cell] = _NP.moments(run)  # centred on the cell's own mean, as analyze's
+            out.min[cell], out.max[cell] = float(run[0]), float(run[-1])
+        return out
+
     def block_arrays(
         self, x: np.ndarray, core_cell: int, core: np.ndarray, tail: np.ndarray, cells: np.ndarray
     ) -> CellArrays:
@@ -126,9 +144,8 @@ class Cells:
                 mean = np.bincount(cells, weights=values, minlength=self.count) / np.where(n > 0, n, 1.0)
             out.n, out.mean = n, mean
             out.m2 = np.bincount(cells, weights=(values - mean[cells]) ** 2, minlength=self.count).astype(float)
-            if self.extremes:
-                np.maximum.at(out.max, cells, values)
-                np.minimum.at(out.min, cells, values)
+            np.maximum.at(out.max, cells, values)
+            np.minimum.at(out.min, cells, values)
         inner = x[core]
         if inner.size:
             n_core, mean_core, m2_core = _NP.moments(inner)

@@ -102,7 +102,7 @@ class TokenRSSweep(OptionSweep):
         self.base = RSOptionMetrics(first.option)
         """Runs as in analyze; its threshold-independent state (mean, extremes, per-row moments) is shared."""
         edges = [b for a in self._rs() for b in bounds(a.option)]  # k2/k3: 0, the std clamp's floor
-        self.cells = Cells(edges, reference=0.0, extremes=False)
+        self.cells = Cells(edges, reference=0.0)
         self.arrays = CellArrays.empty(self.cells.count)
 
     def _rs(self) -> list[RSOptionMetrics]:
@@ -112,7 +112,7 @@ class TokenRSSweep(OptionSweep):
         self.base.update(block)
         stat = block.k(self.estimator)
         x = _host(block, stat)
-        self.arrays.merge(self.cells.block_arrays(x, *self.cells.split(x)))
+        self.arrays.merge(self.cells.sorted_arrays(x))
         seg = block.seg
         row_max = _host(block, seg.max(stat, -np.inf))
         row_min = _host(block, seg.min(stat, np.inf))

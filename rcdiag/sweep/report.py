@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,15 +133,12 @@ class SweepReport:
         }
 
 
-def build_sweep_report(
-    state: SweepState,
-    facts: InputFacts,
-    device: str,
-    recommendations: Sequence[Recommendation] | None,
-    min_ess: float,
-    target_reject: float | None = None,
-) -> SweepReport:
-    """Compute every row (pooled and per step), the crash findings and the preset ranking."""
+def build_sweep_report(state: SweepState, facts: InputFacts, device: str, min_ess: float) -> SweepReport:
+    """Compute every row (pooled and per step), the recommendations, the crash findings and the preset ranking."""
+    from rcdiag.sweep.recommend import recommend
+
+    target = state.target_reject
+    recommendations = recommend(state.collector, target) if state.collector and target is not None else None
     per_step = sorted(
         ((step, batch.compute()) for step, batch in state.batches.items()),  # type: ignore[attr-defined]
         key=lambda item: (item[0] is None, item[0] or 0),
@@ -158,7 +154,7 @@ def build_sweep_report(
     return SweepReport(
         rows=tuple(rows),
         recommendations=tuple(recommendations or ()),
-        target_reject=target_reject if recommendations is not None else None,
+        target_reject=target if recommendations is not None else None,
         presets=tuple(rank_presets(rows, min_ess)),
         min_ess=min_ess,
         input=facts,

@@ -20,8 +20,8 @@ from rcdiag.sweep.report import SweepReport, build_sweep_report
 from rcdiag.validate import Screen, as_chunk
 
 
-def _new_state(specs: dict[str, list[str]]) -> SweepState:
-    return new_sweep_state(SweepGrid.from_specs(specs))
+def _new_state(specs: dict[str, list[str]], target_reject: float | None) -> SweepState:
+    return new_sweep_state(SweepGrid.from_specs(specs), target_reject)
 
 
 def sweep(
@@ -36,25 +36,22 @@ def sweep(
     **options: Any,
 ) -> SweepReport:
     """Every option of ``grid`` (default: both IS levels and all 11 RS options over the default grids) at every
-    threshold, in one pass over the dump; with ``target_reject``, the recommended threshold per option (a second
-    pass, docs/sweep.md); and verl's presets ranked (``min_ess``: those leaving a lower ESS last).
+    threshold, in one pass over the dump; with ``target_reject``, the recommended threshold per option (from the
+    same pass, docs/sweep.md); and verl's presets ranked (``min_ess``: those leaving a lower ESS last).
 
     ``read`` (or its fields as keywords) says how to read the dump, as for ``rcdiag.analyze``. Each row's
     metrics equal ``rcdiag.analyze`` with that single option at that threshold.
     """
     grid = grid or build_grid()
     read = ReadOptions.of(read, options)
-    again = functools.partial(accumulate, path, CorrectionConfig(), read, on_chunk=on_chunk)
-    accumulated = again(save_state=save_state, new_state=functools.partial(_new_state, grid.specs()))
+    new_state = functools.partial(_new_state, grid.specs(), target_reject)
+    accumulated = accumulate(
+        path, CorrectionConfig(), read, on_chunk=on_chunk, save_state=save_state, new_state=new_state
+    )
     state = accumulated.state
     assert isinstance(state, SweepState)
-    recommendations = None
-    if target_reject is not None:
-        from rcdiag.sweep.recommend import recommend
-
-        recommendations = recommend(state, target_reject, again)
     facts = input_facts(state, accumulated.info, accumulated.screen)
-    return build_sweep_report(state, facts, accumulated.device, recommendations, min_ess, target_reject)
+    return build_sweep_report(state, facts, accumulated.device, min_ess)
 
 
 def sweep_chunks(
@@ -62,26 +59,26 @@ def sweep_chunks(
     grid: SweepGrid | None = None,
     read: ReadOptions | None = None,
     *,
+    target_reject: float | None = 0.01,
     min_ess: float = 0.0,
     **options: Any,
 ) -> SweepReport:
-    """Like ``sweep`` but over chunks you built yourself (no recommendations: they need a second pass); of
-    ``read``, ``device`` and ``on_bad_row`` apply."""
-    state = new_sweep_state(grid or build_grid())
+    """Like ``sweep`` but over chunks you built yourself; of ``read``, ``device`` and ``on_bad_row`` apply."""
+    state = new_sweep_state(grid or build_grid(), target_reject)
     read = ReadOptions.of(read, options)
     backend = read.device if isinstance(read.device, Backend) else get_backend(read.device)
     screen = Screen(read.on_bad_row)
     Engine(state.resolved, backend, state).run(screen(as_chunk(chunk, i) for i, chunk in enumerate(chunks)))
     facts = input_facts(state, SourceInfo(path="<memory>", format="chunks"), screen.stats)
-    return build_sweep_report(state, facts, backend.name, None, min_ess)
+    return build_sweep_report(state, facts, backend.name, min_ess)
 
 
 def merge_sweep_states(paths: list[str | Path], min_ess: float = 0.0) -> SweepReport:
-    """The sweep of one run over every shard whose ``rcdiag sweep --save-state`` files are given (no
-    recommendations: they read the dump a second time)."""
+    """The sweep of one run over every shard whose ``rcdiag sweep --save-state`` files are given; recommendations
+    (at the target the states were written with) when every state carries what they need."""
     from rcdiag.state import combined_info, merge_state_files
 
     state, sources, stats = merge_state_files(paths)
     assert isinstance(state, SweepState)
     facts = input_facts(state, combined_info(sources), stats)
-    return build_sweep_report(state, facts, "merged", None, min_ess)
+    return build_sweep_report(state, facts, "merged", min_ess)
