@@ -98,7 +98,7 @@ def analyze_token_k1(path: Path, chunk_tokens: int) -> int:
 
 
 def sweep_default(path: Path, chunk_tokens: int, recommend: bool = True) -> int:
-    """``rcdiag sweep`` with the default grids (every option), with or without the recommendations' second pass."""
+    """``rcdiag sweep`` with the default grids (every option), with or without recommendations."""
     from rcdiag.sweep.run import sweep
 
     report = sweep(path, chunk_tokens=chunk_tokens, target_reject=0.01 if recommend else None)

@@ -2,9 +2,9 @@
 
     python benchmarks/sweep.py --tokens 100M --rounds 3
 
-Each round times, in turn: ``analyze --rs token_k1``, the default sweep without recommendations (one pass over
-the dump) and the default sweep with them (a second pass); the report gives medians over rounds and the
-ratios to analyze (target: the default sweep at most 3x). Peak RSS (``ru_maxrss``) of each sweep is measured
+Each round times, in turn: ``analyze --rs token_k1``, the default sweep (every option, default grids,
+recommendations) and the same with ``--no-recommend``; the report gives medians over rounds and the ratios to
+analyze (target: the default sweep at most 3x). Peak RSS (``ru_maxrss``) of each sweep is measured
 in a fresh process, on this dump and, with ``--small``, on a smaller one, to show it stays flat.
 """
 
@@ -31,8 +31,8 @@ def main() -> None:
     path, chunk = dump(parse_tokens(args.tokens)), args.chunk_tokens
     methods = {
         "analyze --rs token_k1": lambda: analyze_token_k1(path, chunk),
-        "sweep (one pass)": lambda: sweep_default(path, chunk, recommend=False),
-        "sweep + recommendations": lambda: sweep_default(path, chunk),
+        "sweep (default)": lambda: sweep_default(path, chunk),
+        "sweep --no-recommend": lambda: sweep_default(path, chunk, recommend=False),
     }
     times: dict[str, list[float]] = {name: [] for name in methods}
     tokens = 0
@@ -50,7 +50,7 @@ def main() -> None:
     for where in [*paths, path]:
         for method, extra in (("sweep_default", ", False"), ("sweep_default", "")):
             read, mb = peak(method, where, chunk, extra)
-            what = "one pass" if extra else "with recommendations"
+            what = "--no-recommend" if extra else "default"
             print(f"  peak RSS, sweep {what:21s} {read / 1e6:6.1f}M tokens: {mb:6.0f} MB")
 
 

@@ -70,7 +70,7 @@ def sweep(
         bool,
         typer.Option(
             "--recommend/--no-recommend",
-            help="Recommendations read the dump a second time; --no-recommend skips them.",
+            help="--no-recommend skips the recommendations (and what they collect while reading).",
             rich_help_panel=SWEEP,
         ),
     ] = True,
@@ -98,7 +98,7 @@ def sweep(
     * `rcdiag sweep run.parquet` (every option over the default grids, recommendations for 1% rejected)
     * `rcdiag sweep run.parquet --rs seq_mean_k1 --thresholds 0.99_1.01,0.999_1.001 --format json`
     * `rcdiag sweep run.parquet --target-reject 0.005 --min-ess 0.5`
-    * `rcdiag sweep shard-07.parquet --save-state s07.json --no-recommend`, then `rcdiag merge s*.json`
+    * `rcdiag sweep shard-07.parquet --save-state s07.json`, then `rcdiag merge s*.json`
 
     Exit codes: 0 done (verl-would-crash rows do not change it), 2 bad option, threshold or input, 3 internal error.
     """
