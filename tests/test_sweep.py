@@ -338,3 +338,28 @@ def test_torch_backend_rows_equal_analyze_on_torch() -> None:
         expected = rcdiag.analyze_chunks([chunk], config, device="torch-cpu").metrics
         for key, value in row.metrics.items():
             assert _close(value, expected[key]), (row.option, row.threshold, key)
+
+
+def test_output_file_and_the_wrote_line(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    healthy = str(Path(__file__).resolve().parents[1] / "sample_data" / "healthy.parquet")
+    target = tmp_path / "sweep.json"
+    code, out, err = run(capsys, "sweep", healthy, "--rs", "seq_mean_k1", "--format", "json", "-o", str(target))
+    assert code == 0 and out == ""
+    assert err == f"rcdiag: wrote {target} (0 error(s), 0 warning(s) in findings)\n"
+    written = json.loads(target.read_text())
+    assert [row["threshold"] for row in written["sweep"]] == list(DEFAULT_GRIDS["seq_mean_k1"])
+    assert written["recommendations"][0]["option"] == "seq_mean_k1"
+
+
+def test_the_worked_example_in_docs_is_what_the_sweep_gives(capsys: pytest.CaptureFixture) -> None:
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "sweep.md").read_text()
+    healthy = str(root / "sample_data" / "healthy.parquet")
+    result = _sweep_json(capsys, healthy, "--rs", "seq_mean_k1,token_k3", "--is", "sequence", "--min-ess", "0.8")
+    for rec in result["recommendations"]:
+        assert f"│ {rec['option']}" in page and rec["threshold"] in page, rec
+    geo = {r["threshold"]: r for r in result["sweep"] if r["option"] == "seq_mean_k1"}["0.999_1.001"]
+    assert f"{geo['metrics'][P + 'rollout_rs_seq_mean_k1_masked_fraction']:.6g}" in page
+    spec = next(r["threshold"] for r in result["recommendations"] if r["option"] == "seq_mean_k1")
+    code, out, _ = run(capsys, "analyze", healthy, "--rs", "seq_mean_k1", "--rs-threshold", spec, "--format", "json")
+    assert code == 0 and json.loads(out)["metrics"][P + "rollout_rs_seq_mean_k1_seq_masked_fraction"] <= 0.01
