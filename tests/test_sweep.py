@@ -363,3 +363,14 @@ def test_the_worked_example_in_docs_is_what_the_sweep_gives(capsys: pytest.Captu
     spec = next(r["threshold"] for r in result["recommendations"] if r["option"] == "seq_mean_k1")
     code, out, _ = run(capsys, "analyze", healthy, "--rs", "seq_mean_k1", "--rs-threshold", spec, "--format", "json")
     assert code == 0 and json.loads(out)["metrics"][P + "rollout_rs_seq_mean_k1_seq_masked_fraction"] <= 0.01
+
+
+def test_a_step_without_valid_tokens_gives_one_empty_batch_finding() -> None:
+    old, rollout, mask = _batch(5)
+    mask[:16] = 0  # step 0: every response empty or fully masked
+    report = sweep_chunks([padded_chunk(old, rollout, mask, np.repeat([0, 1, 2], 16))])
+    assert [(f.code, f.steps) for f in report.findings] == [("verl_crash_empty_batch", (0,))]
+    for row in report.rows:
+        assert all(v is None for v in row.steps[0][1].values()), row.option
+        assert all(v is not None for v in row.steps[1][1].values()), row.option
+    assert len(report.recommendations) == len(OPTIONS)

@@ -62,6 +62,8 @@ class Collector:
         self.collectors = {
             o: OptionCollector(o, token_level=o == "is_token" or o.startswith("token_")) for o in options
         }
+        self.specs = {o: spec for o in options if (spec := resolve(o, "1.0").rs_option) is not None}
+        """Each RS option (its threshold does not matter here), for the engine's per-row statistic."""
         self.tokens = 0
         self.rows = 0
         self.valid_rows = 0
@@ -89,9 +91,7 @@ class Collector:
                 collector.histogram = counts if collector.histogram is None else collector.histogram + counts
                 worst = b.to_numpy(block.seg.max(stat, -np.inf)).astype(np.float64)
             else:
-                option_spec = resolve(option, "1.0").rs_option
-                assert option_spec is not None
-                worst = b.to_numpy(row_statistic(block, option_spec)).astype(np.float64)
+                worst = b.to_numpy(row_statistic(block, self.specs[option])).astype(np.float64)
                 if option.endswith("k1"):
                     worst = np.abs(worst)
             collector.rows.append(worst[valid])

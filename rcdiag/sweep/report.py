@@ -164,17 +164,27 @@ def build_sweep_report(state: SweepState, facts: InputFacts, device: str, min_es
 
 
 def _crash_findings(rows: list[SweepRow]) -> list[Finding]:
-    return [
-        Finding(
-            code=crash.code,
-            severity=finding(crash.code).severity,
-            message=f"{row.option} at {row.threshold}: {crash.message}",
-            metric=crash.metric,
-            steps=row.crash_steps or None,
-        )
-        for row in rows
-        for crash in row.crashes
-    ]
+    """One finding per row where verl would crash at that threshold; an empty batch crashes verl whatever the
+    threshold, so it is one finding for the sweep."""
+    findings: list[Finding] = []
+    empty_seen = False
+    for row in rows:
+        for crash in row.crashes:
+            empty = crash.code == "verl_crash_empty_batch"
+            if empty and empty_seen:
+                continue
+            empty_seen = empty_seen or empty
+            where = "" if empty else f"{row.option} at {row.threshold}: "
+            findings.append(
+                Finding(
+                    code=crash.code,
+                    severity=finding(crash.code).severity,
+                    message=where + crash.message,
+                    metric=crash.metric,
+                    steps=row.crash_steps or None,
+                )
+            )
+    return findings
 
 
 def rank_presets(rows: list[SweepRow], min_ess: float) -> list[PresetRank]:
