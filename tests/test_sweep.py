@@ -374,3 +374,38 @@ def test_a_step_without_valid_tokens_gives_one_empty_batch_finding() -> None:
         assert all(v is None for v in row.steps[0][1].values()), row.option
         assert all(v is not None for v in row.steps[1][1].values()), row.option
     assert len(report.recommendations) == len(OPTIONS)
+
+
+def test_values_exactly_on_a_threshold_are_kept_as_verl_keeps_them() -> None:
+    """Planted log-ratios exactly on every kind of bound (k1 both sides, k2/k3 upper, TIS U, IcePop L and U):
+    inclusive keeps and strict fractions, counted by hand."""
+    d = np.array([-0.125, 0.25, -0.5, 0.5, 0.0625, -0.1875, 0.75, 0.5, -0.125, -0.25], dtype=np.float32)
+    old = np.full((1, d.size), -1.0, dtype=np.float32)
+    rollout = old - d[None, :]
+    assert (old - rollout == d).all()  # the float32 log-ratios are exactly the planted ones
+    chunk = padded_chunk(old, rollout, np.ones_like(old, dtype=np.int64))
+    k3 = np.float32(math.expm1(0.5) - 0.5)
+    specs = {
+        "token_k1": f"{math.exp(-0.25)!r}_{math.exp(0.125)!r}",  # keeps -0.25 <= -d <= 0.125
+        "token_k2": "0.125",  # keeps d^2/2 <= 0.125, i.e. |d| <= 0.5
+        "token_k3": repr(float(k3)),  # keeps e^d - 1 - d <= its value at d = 0.5
+        "is_token": f"{float(np.exp(np.float32(-0.25)))!r}_{float(np.exp(np.float32(0.5)))!r}",
+    }
+    expected_rejected = {
+        "token_k1": int(np.count_nonzero((-d > 0.125) | (-d < -0.25))),
+        "token_k2": int(np.count_nonzero(np.abs(d) > 0.5)),
+        "token_k3": int(np.count_nonzero(d > 0.5)) + int(np.count_nonzero(d < -0.5)),
+        "is_token": int(np.count_nonzero((d > 0.5) | (d < -0.25))),  # IcePop: outside [L, U] is zeroed
+    }
+    for option, spec in specs.items():
+        is_level = [option.removeprefix("is_")] if option.startswith("is_") else None
+        grid = build_grid(is_level, None if is_level else [option], [spec])
+        row = sweep_chunks([chunk], grid, target_reject=None).rows[0]
+        expected = rcdiag.analyze_chunks([chunk], resolve(option, spec).config(option)).metrics
+        for key, value in row.metrics.items():
+            assert _close(value, expected[key]), (option, key)
+        if option.startswith("is_"):
+            rejected = row.metrics[P + "rollout_is_oob_ratio"] * d.size
+        else:
+            rejected = row.metrics[P + f"rollout_rs_{option}_masked_fraction"] * d.size
+        assert round(rejected) == expected_rejected[option], option
