@@ -91,32 +91,40 @@ def _reject(block: Block, opt: RSOption) -> Rejection:
     lo, hi = bounds(opt)
     token_stat = block.k(opt.estimator)
     valid = block.row_valid
-    seq_value = row_statistic(block, opt)
     if opt.level == "token":
         result = _reject_tokens(block, opt, token_stat)
     else:
+        seq_value = row_statistic(block, opt)
         reject = ~_keep(opt, seq_value) & valid
         n = block.row_len
         masked_tokens = b.sum(b.where(reject, n, 0.0))
         states = {
-            "stat_sum": b.dot(n, seq_value),
             "clamped": b.moments(b.clip(seq_value, lo, hi), n),
             "masked_tokens": masked_tokens,
             "masked_rows": b.count(reject),
         }
         result = Rejection(masked_tokens=masked_tokens, rows_hit=reject, states=states, rows=reject)
-    v = seq_value[valid] if block.n_valid_rows < block.n_rows else seq_value
-    result.states.update(
-        tokens=block.n_tokens,
-        valid_rows=block.n_valid_rows,
-        v=b.moments(v),
-        v_max=b.max(v),
-        v_min=b.min(v),
-        v_abs_max=b.max(b.abs(v)),
-        v_hi=b.count(v > hi),
-        v_lo=b.count(v < lo) if opt.is_k1 else 0.0,
-    )
+    v, row_states = block.memo(("row_value_states", opt.agg, opt.estimator), lambda: _row_value_states(block, opt))
+    result.states.update(row_states, v_hi=b.count(v > hi), v_lo=b.count(v < lo) if opt.is_k1 else 0.0)
     return result
+
+
+def _row_value_states(block: Block, opt: RSOption) -> tuple[Array, dict[str, float | tuple]]:
+    """The states of an option that do not depend on its threshold: computed once per block, whatever the number
+    of thresholds (``rcdiag sweep`` runs many). Returns the valid rows' values too."""
+    b, seq_value = block.b, row_statistic(block, opt)
+    v = seq_value[block.row_valid] if block.n_valid_rows < block.n_rows else seq_value
+    states: dict[str, float | tuple] = {
+        "tokens": block.n_tokens,
+        "valid_rows": block.n_valid_rows,
+        "v": b.moments(v),
+        "v_max": b.max(v),
+        "v_min": b.min(v),
+        "v_abs_max": b.max(b.abs(v)),
+    }
+    if opt.level != "token":
+        states["stat_sum"] = b.dot(block.row_len, seq_value)
+    return v, states
 
 
 def _reject_tokens(block: Block, opt: RSOption, stat: Array) -> Rejection:
