@@ -104,14 +104,40 @@ def _reject(block: Block, opt: RSOption) -> Rejection:
             "masked_rows": b.count(reject),
         }
         result = Rejection(masked_tokens=masked_tokens, rows_hit=reject, states=states, rows=reject)
-    v, row_states = block.memo(("row_value_states", opt.agg, opt.estimator), lambda: _row_value_states(block, opt))
+    v, row_states = _row_value_states(block, opt)
     result.states.update(row_states, v_hi=b.count(v > hi), v_lo=b.count(v < lo) if opt.is_k1 else 0.0)
     return result
 
 
+def threshold_free_states(block: Block, option: RSOption) -> dict[str, float | tuple]:
+    """The states of an option that do not depend on its threshold (the statistic's sum and extremes, the per-row
+    values' moments and extremes), computed once per block: ``rcdiag sweep`` folds them in once for all of an
+    option's thresholds."""
+    states = dict(_row_value_states(block, option)[1])
+    if option.level == "token":
+        states.update(_token_value_states(block, option))
+    return states
+
+
+def _token_value_states(block: Block, opt: RSOption) -> dict[str, float | tuple]:
+    """Token options: the statistic's sum and extremes (the extremes from the per-row ones)."""
+
+    def compute() -> dict[str, float | tuple]:
+        b = block.b
+        row_max, row_min = block.row_extremes_k(opt.estimator)
+        stat_sum = b.sum(block.row_sum_k("k1")) if opt.is_k1 else b.sum(block.k(opt.estimator))
+        return {"stat_sum": stat_sum, "tok_max": b.max(row_max), "tok_min": b.min(row_min)}
+
+    return block.memo(("token_value_states", opt.estimator), compute)
+
+
 def _row_value_states(block: Block, opt: RSOption) -> tuple[Array, dict[str, float | tuple]]:
-    """The states of an option that do not depend on its threshold: computed once per block, whatever the number
-    of thresholds (``rcdiag sweep`` runs many). Returns the valid rows' values too."""
+    """The threshold-free states of the per-row values (once per block, whatever the number of thresholds), and
+    the valid rows' values."""
+    return block.memo(("row_value_states", opt.agg, opt.estimator), lambda: _row_values(block, opt))
+
+
+def _row_values(block: Block, opt: RSOption) -> tuple[Array, dict[str, float | tuple]]:
     b, seq_value = block.b, row_statistic(block, opt)
     v = seq_value[block.row_valid] if block.n_valid_rows < block.n_rows else seq_value
     states: dict[str, float | tuple] = {
@@ -134,9 +160,9 @@ def _reject_tokens(block: Block, opt: RSOption, stat: Array) -> Rejection:
     path)."""
     b, seg, k1 = block.b, block.seg, opt.is_k1
     lo, hi = bounds(opt)
-    row_max, row_min = seg.max(stat, -math.inf), seg.min(stat, math.inf)
-    tok_max, tok_min = b.max(row_max), b.min(row_min)
-    stat_sum = b.sum(block.row_sum_k("k1")) if k1 else b.sum(stat)
+    row_max, row_min = block.row_extremes_k(opt.estimator)
+    free = _token_value_states(block, opt)
+    tok_max, tok_min, stat_sum = free["tok_max"], free["tok_min"], free["stat_sum"]
     above = b.count(stat > hi)
     below = b.count(stat < lo) if k1 else 0
     if math.isfinite(stat_sum):
@@ -148,9 +174,7 @@ def _reject_tokens(block: Block, opt: RSOption, stat: Array) -> Rejection:
         rows_hit = seg.count(reject) > 0
     no_clamp = lo <= tok_min and tok_max <= hi
     states = {
-        "stat_sum": stat_sum,
-        "tok_max": tok_max,
-        "tok_min": tok_min,
+        **free,
         "tok_hi": above,
         "tok_lo": below,
         "clamped": b.moments(stat if no_clamp else b.clip(stat, lo, hi)),

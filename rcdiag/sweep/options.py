@@ -17,7 +17,7 @@ from rcdiag.backend import NumpyBackend
 from rcdiag.metrics.base import Accumulator, MetricValue, VerlCrash
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.importance import ISMetrics
-from rcdiag.metrics.rejection import RSAggregateMetrics, RSOptionMetrics, bounds, row_statistic
+from rcdiag.metrics.rejection import RSAggregateMetrics, RSOptionMetrics, bounds, row_statistic, threshold_free_states
 from rcdiag.sweep.cells import CellArrays, CellMap, Cells, band_map, clip_map, count_above, count_below
 from rcdiag.sweep.grid import Threshold
 
@@ -100,7 +100,7 @@ class TokenRSSweep(OptionSweep):
         self.k1 = first.option.is_k1
         self.estimator = first.option.estimator
         self.base = RSOptionMetrics(first.option)
-        """Runs as in analyze; its threshold-independent state (mean, extremes, per-row moments) is shared."""
+        """Holds the option's threshold-free state (mean, extremes, per-row moments), shared by every threshold."""
         edges = [b for a in self._rs() for b in bounds(a.option)]  # k2/k3: 0, the std clamp's floor
         self.cells = Cells(edges, reference=0.0)
         self.arrays = CellArrays.empty(self.cells.count)
@@ -109,13 +109,10 @@ class TokenRSSweep(OptionSweep):
         return [a for a in self.accumulators if isinstance(a, RSOptionMetrics)]
 
     def update(self, block: Block) -> None:
-        self.base.update(block)
-        stat = block.k(self.estimator)
-        x = _host(block, stat)
+        self.base.add(**threshold_free_states(block, self.base.option))
+        x = _host(block, block.k(self.estimator))
         self.arrays.merge(self.cells.sorted_arrays(x))
-        seg = block.seg
-        row_max = _host(block, seg.max(stat, -np.inf))
-        row_min = _host(block, seg.min(stat, np.inf))
+        row_max, row_min = (_host(block, r) for r in block.row_extremes_k(self.estimator))
         nan_rows = np.isnan(row_max)
         valid = _host(block, block.row_valid)
         v = _host(block, row_statistic(block, self._rs()[0].option))[valid]
