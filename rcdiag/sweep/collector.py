@@ -24,9 +24,11 @@ _SHIFT = 23 - BUCKET_BITS
 BUCKETS = 1 << (31 - _SHIFT)  # sign bit dropped: every statistic here is >= 0 (or NaN, always rejected)
 
 
-def bucket(values: np.ndarray) -> np.ndarray:
-    """Bucket index of non-negative float32 values (negative ones count as 0; NaN lands in the top buckets)."""
-    bits = np.maximum(values, np.float32(0.0)).view(np.uint32) & np.uint32(0x7FFFFFFF)
+def bucket(values: np.ndarray, nonnegative: bool = False) -> np.ndarray:
+    """Bucket index of non-negative float32 values (negative ones count as 0; NaN lands in the top buckets).
+    ``nonnegative``: the values are known to be >= 0 or -0.0 (ratios, squares, absolute values): no clamp."""
+    clamped = values if nonnegative else np.maximum(values, np.float32(0.0))
+    bits = clamped.view(np.uint32) & np.uint32(0x7FFFFFFF)
     return bits >> np.uint32(_SHIFT)
 
 
@@ -87,15 +89,25 @@ class Collector:
                 if option.endswith("k1"):
                     stat = b.abs(stat)
                 x = b.to_numpy(stat)
-                counts = np.bincount(bucket(x), minlength=BUCKETS).astype(np.int64)
+                nonnegative = not option.endswith("k3")  # k3 in float32 may round below 0
+                counts = np.bincount(bucket(x, nonnegative), minlength=BUCKETS)
                 collector.histogram = counts if collector.histogram is None else collector.histogram + counts
-                worst = b.to_numpy(block.seg.max(stat, -np.inf)).astype(np.float64)
+                worst = self._worst_token(block, option)
             else:
                 worst = b.to_numpy(row_statistic(block, self.specs[option])).astype(np.float64)
                 if option.endswith("k1"):
                     worst = np.abs(worst)
             collector.rows.append(worst[valid])
             collector.lengths.append(lengths[valid])
+
+    @staticmethod
+    def _worst_token(block: Block, option: str) -> np.ndarray:
+        """Each row's largest token statistic (|k1| for k1), from the per-row extremes the engine keeps."""
+        b = block.b
+        if option == "is_token":
+            return b.to_numpy(block.seg.max(block.ratio, -np.inf)).astype(np.float64)
+        row_max, row_min = (b.to_numpy(r).astype(np.float64) for r in block.row_extremes_k(_estimator(option)))
+        return np.maximum(np.abs(row_max), np.abs(row_min)) if option.endswith("k1") else row_max
 
     def merge(self, other: Collector) -> Collector:
         for option, collector in self.collectors.items():
