@@ -55,6 +55,8 @@ class Rejection:
     states: dict[str, float | tuple]
     token_mask: Callable[[], Array] | None = None
     rows: Array | None = None
+    seq_value: Array | None = None
+    """The per-row statistic (for token options: the row mean of the token statistic), float64."""
 
 
 def row_statistic(block: Block, option: RSOption) -> Array:
@@ -105,6 +107,7 @@ def _reject(block: Block, opt: RSOption) -> Rejection:
         }
         result = Rejection(masked_tokens=masked_tokens, rows_hit=reject, states=states, rows=reject)
     v, row_states = _row_value_states(block, opt)
+    result.seq_value = row_statistic(block, opt)
     result.states.update(row_states, v_hi=b.count(v > hi), v_lo=b.count(v < lo) if opt.is_k1 else 0.0)
     return result
 

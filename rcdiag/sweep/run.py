@@ -68,7 +68,7 @@ def sweep_chunks(
     read = ReadOptions.of(read, options)
     backend = read.device if isinstance(read.device, Backend) else get_backend(read.device)
     screen = Screen(read.on_bad_row)
-    Engine(state.resolved, backend, state).run(screen(as_chunk(chunk, i) for i, chunk in enumerate(chunks)))
+    Engine(state.resolved, backend, state=state).run(screen(as_chunk(chunk, i) for i, chunk in enumerate(chunks)))
     facts = input_facts(state, SourceInfo(path="<memory>", format="chunks"), screen.stats)
     return build_sweep_report(state, facts, backend.name, min_ess)
 
