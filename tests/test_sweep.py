@@ -409,3 +409,21 @@ def test_values_exactly_on_a_threshold_are_kept_as_verl_keeps_them() -> None:
         else:
             rejected = row.metrics[P + f"rollout_rs_{option}_masked_fraction"] * d.size
         assert round(rejected) == expected_rejected[option], option
+
+
+@pytest.fixture(scope="module")
+def grouped_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    old, rollout, mask = _batch(17)
+    return _write_padded(tmp_path_factory.mktemp("grouped") / "d.parquet", old, rollout, mask, np.repeat([0, 1], 24))
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workers=st.integers(2, 4), chunk=st.integers(30, 3000))
+def test_workers_and_chunk_size_change_no_row_and_no_recommendation(
+    grouped_dump: Path, workers: int, chunk: int
+) -> None:
+    grid = build_grid(["token"], ["token_k3", "seq_sum_k1"])
+    one = rcdiag.sweep.sweep(grouped_dump, grid)
+    many = rcdiag.sweep.sweep(grouped_dump, grid, workers=workers, chunk_tokens=chunk)
+    _same(_points(one), _points(many))
+    assert one.recommendations == many.recommendations
