@@ -75,7 +75,7 @@ def _option_table(option: str, rows: list[SweepRow]) -> Table:
     share = [r.token_reject if option != "is_sequence" else r.seq_reject for r in rows]
     what = "beyond the bounds" if is_option else "rejected"
     title = f"{option}: share {what} by threshold  {sparkline(share)}"
-    table = Table(title=title, title_justify="left", title_style="bold")
+    table = _table(title)
     table.add_column("threshold")
     table.add_column("tokens " + what if option != "is_sequence" else "responses " + what, justify="right")
     if not is_option:
@@ -125,11 +125,7 @@ def _worst_step(row: SweepRow) -> str:
 
 def _recommendations(report: SweepReport) -> Table:
     target = report.target_reject
-    table = Table(
-        title=f"Recommended thresholds: closest to {target:g} rejected without exceeding it",
-        title_justify="left",
-        title_style="bold",
-    )
+    table = _table(f"Recommended thresholds: closest to {target:g} rejected without exceeding it")
     for name in ("option", "threshold", "share targeted", "tokens rejected", "responses rejected"):
         table.add_column(name, justify="left" if name in ("option", "threshold") else "right")
     for rec in report.recommendations:
@@ -138,11 +134,7 @@ def _recommendations(report: SweepReport) -> Table:
 
 
 def _presets(report: SweepReport) -> Table:
-    table = Table(
-        title=f"verl presets on this dump, least rejected first (ESS >= {report.min_ess:g} first)",
-        title_justify="left",
-        title_style="bold",
-    )
+    table = _table(f"verl presets on this dump, least rejected first (ESS >= {report.min_ess:g} first)")
     for name in ("preset", "tokens rejected", "responses rejected", "ESS"):
         table.add_column(name, justify="left" if name == "preset" else "right")
     for preset in report.presets:
@@ -150,3 +142,7 @@ def _presets(report: SweepReport) -> Table:
         style = None if preset.meets_min_ess else "dim"
         table.add_row(preset.name, fmt(preset.token_reject), fmt(preset.seq_reject), ess, style=style)
     return table
+
+
+def _table(title: str) -> Table:
+    return Table(title=title, title_justify="left", title_style="bold")
