@@ -222,4 +222,5 @@ def build_report(state: EngineState, info: SourceInfo, device: str, screen: Scre
         findings=tuple(findings),
         device=device,
         version=__version__,
+        log_ratio=pooled.log_ratio,
     )

@@ -70,6 +70,20 @@ class InputFacts:
 
 
 @dataclass(frozen=True)
+class Histogram:
+    """Valid tokens per bin of a per-token value: bin ``i`` holds ``[edges[i-1], edges[i])``, the first bin
+    everything below ``edges[0]`` and the last everything from ``edges[-1]`` up (so ``len(counts) ==
+    len(edges) + 1``); ``nan`` counts the tokens no bin holds."""
+
+    edges: tuple[float, ...]
+    counts: tuple[int, ...]
+    nan: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"edges": list(self.edges), "counts": list(self.counts), "nan": self.nan}
+
+
+@dataclass(frozen=True)
 class StepReport:
     """Metrics of one training step: what verl would have logged at that step."""
 
@@ -106,6 +120,9 @@ class Report:
     findings: tuple[Finding, ...]
     device: str
     version: str
+    log_ratio: Histogram | None = None
+    """Valid tokens per bin of the log-ratio ``log pi_train - log pi_rollout``, all steps pooled (logarithmic bins,
+    ``rcdiag.metrics.histogram``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (schema documented in docs/json.md)."""
@@ -119,6 +136,7 @@ class Report:
             "extras": self.extras,
             "steps": [step.to_dict() for step in self.steps],
             "findings": [finding.to_dict() for finding in self.findings],
+            "log_ratio_histogram": self.log_ratio.to_dict() if self.log_ratio is not None else None,
         }
 
 

@@ -24,7 +24,8 @@ from rcdiag.io.base import SourceInfo
 from rcdiag.validate import ScreenStats
 
 STATE_FORMAT = "rcdiag-state"
-STATE_VERSION = 1
+STATE_VERSION = 2
+"""2: every step also holds the log-ratio histogram."""
 
 
 def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo], screen: ScreenStats) -> None:

@@ -15,9 +15,11 @@ from rcdiag.config import ResolvedConfig
 from rcdiag.metrics.base import Accumulator, MetricValue, VerlCrash, verl_float
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.extras import ExtraMetrics
+from rcdiag.metrics.histogram import EDGES, LogRatioHistogram
 from rcdiag.metrics.importance import ISMetrics
 from rcdiag.metrics.offpolicy import OffPolicyMetrics
 from rcdiag.metrics.rejection import RSAggregateMetrics, RSOptionMetrics
+from rcdiag.report import Histogram
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,8 @@ class BatchResult:
     rows: int
     valid_tokens: int
     empty_rows: int
+    log_ratio: Histogram | None = None
+    """Valid tokens per log-ratio bin (``None`` only where a result is built by hand)."""
 
 
 class BatchMetrics:
@@ -46,19 +50,20 @@ class BatchMetrics:
         self.rs_aggregate = RSAggregateMetrics() if self.rs_options else None
         self.offpolicy = OffPolicyMetrics()
         self.extras = ExtraMetrics()
+        self.log_ratio = LogRatioHistogram()
         self.rows = 0
         self.valid_tokens = 0
         self.empty_rows = 0
 
     def groups(self) -> list[Accumulator]:
-        """Every accumulator, in verl's key order (rcdiag's extras last)."""
+        """Every accumulator, in verl's key order (rcdiag's extras, then the log-ratio histogram, last)."""
         groups: list[Accumulator] = []
         if self.importance is not None:
             groups.append(self.importance)
         groups.extend(self.rs_options)
         if self.rs_aggregate is not None:
             groups.append(self.rs_aggregate)
-        groups.extend([self.offpolicy, self.extras])
+        groups.extend([self.offpolicy, self.extras, self.log_ratio])
         return groups
 
     def update(self, block: Block) -> None:
@@ -73,6 +78,7 @@ class BatchMetrics:
             self.rs_aggregate.update(block, rejections)
         self.offpolicy.update(block)
         self.extras.update(block)
+        self.log_ratio.update(block)
 
     def merge(self, other: BatchMetrics) -> BatchMetrics:
         """Fold another batch's state (same configuration) into this one; returns ``self``."""
@@ -118,6 +124,9 @@ class BatchMetrics:
             rows=self.rows,
             valid_tokens=self.valid_tokens,
             empty_rows=self.empty_rows,
+            log_ratio=Histogram(
+                tuple(EDGES.tolist()), tuple(self.log_ratio.counts.tolist()), int(self.log_ratio.state["nan"])
+            ),
         )
 
     def state_dict(self) -> dict[str, Any]:
