@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rcdiag.errors import ConfigError, InputError
-from rcdiag.render.registry import Renderer, ResultKind, renderer
+from rcdiag.render.registry import FORMATS, Renderer, ResultKind, check_extra, renderer
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -48,15 +48,26 @@ def checked_path(text: str | None, flag: str) -> Path | None:
 
 @dataclass(frozen=True)
 class Output:
-    """A result's destination (``path``; ``None``: stdout) and its renderer."""
+    """A result's destination (``path``; ``None``: stdout) and its renderer, plus the pictures asked for with their
+    own flags (``--html FILE``): each a file and its renderer."""
 
     format: str
     path: Path | None
     renderer: Renderer
+    files: tuple[tuple[Path, Renderer], ...] = ()
 
     @classmethod
-    def of(cls, format_name: str, path: str | None, kind: ResultKind, command: str) -> Output:
-        return cls(format_name, checked_path(path, "--output"), renderer(format_name, kind, command))
+    def of(
+        cls, format_name: str, path: str | None, kind: ResultKind, command: str, files: dict[str, str] | None = None
+    ) -> Output:
+        pictures = []
+        for name, file in (files or {}).items():
+            picture = FORMATS[name]
+            check_extra(picture)
+            target = checked_path(file, picture.flag or name)
+            assert target is not None
+            pictures.append((target, picture.renderers[kind]))
+        return cls(format_name, checked_path(path, "--output"), renderer(format_name, kind, command), tuple(pictures))
 
     @property
     def text_to_stdout(self) -> bool:
@@ -72,6 +83,10 @@ class Output:
             write_text(render(result), self.path)
         if self.path is not None:
             print(f"rcdiag: wrote {self.path} ({_summary(result)})", file=sys.stderr)
+        for path, picture in self.files:
+            drawn = picture.load()(result)
+            write_bytes(path, drawn) if picture.binary else write_file(path, drawn)
+            print(f"rcdiag: wrote {path} ({os.path.getsize(path):,} bytes)", file=sys.stderr)
 
 
 def _summary(result: Any) -> str:
@@ -106,6 +121,14 @@ def write_rich(render: Callable[[Console], None], output: Path | None) -> None:
     console = Console(record=True, width=PIPE_WIDTH, file=io.StringIO())
     render(console)
     write_file(output, console.export_text())
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write a binary file (a PNG); an unwritable path is an input error (exit 2)."""
+    try:
+        path.write_bytes(data)
+    except OSError as exc:
+        raise InputError(f"cannot write the file ({exc.strerror})", path=str(path)) from None
 
 
 def write_file(path: Path, text: str, *, append: bool = False) -> None:

@@ -10,7 +10,8 @@ from rich.text import Text
 from rcdiag.catalogue.metrics import short_key, step_columns
 from rcdiag.compare import Comparison, MetricDiff
 from rcdiag.render import counted
-from rcdiag.render.table import describe_config, evenly_spaced, fmt
+from rcdiag.render.table import evenly_spaced
+from rcdiag.render.text import describe_config, fmt
 from rcdiag.report import Report
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}

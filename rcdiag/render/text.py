@@ -1,0 +1,97 @@
+"""Plain-text pieces every renderer shares (terminal, HTML): numbers, the input and configuration lines, and the
+findings checklist's rows. Imports no rich."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from rcdiag.catalogue import FINDINGS, metric
+from rcdiag.config import CorrectionConfig
+from rcdiag.report import Finding, Report, Severity
+
+
+def fmt(value: float | None) -> str:
+    """Numbers as verl logs would show them, to 6 significant digits; ``—`` for null."""
+    if value is None:
+        return "—"
+    if value == 0:
+        return "0"
+    return f"{value:.6g}"
+
+
+def describe_input(report: Report) -> str:
+    """Format and the column used for each role."""
+    used = ", ".join(f"{role}={name}" for role, name in report.input.columns.items() if name is not None)
+    steps = f"; steps from the {report.input.step_source}" if report.input.step_source else ""
+    return f"{report.input.format}; columns {used}{steps}"
+
+
+def describe_config(config: dict) -> str:
+    """One line saying what is computed."""
+    cfg = CorrectionConfig(**config)
+    bits = []
+    if cfg.rollout_is is not None and cfg.rollout_is_threshold is not None:
+        bits.append(f"rollout_is={cfg.rollout_is} threshold={cfg.rollout_is_threshold}")
+        if cfg.rollout_is_batch_normalize:
+            bits.append("batch-normalized")
+    else:
+        bits.append("rollout_is=null")
+    if cfg.rollout_rs is not None:
+        bits.append(f"rollout_rs={cfg.rollout_rs} threshold={cfg.rollout_rs_threshold}")
+    else:
+        bits.append("rollout_rs=null")
+    # loss_type matters in bypass mode only; decoupled runs say so instead of printing a field that is unused
+    bits.append(f"bypass_mode=true loss_type={cfg.loss_type}" if cfg.bypass_mode else "bypass_mode=false (decoupled)")
+    return ", ".join(bits)
+
+
+@dataclass(frozen=True)
+class ChecklistRow:
+    """One check: ``ok``, a finding's severity when it fired, or ``not_computed`` for this configuration."""
+
+    status: Literal["ok", "not_computed"] | Severity
+    label: str
+    code: str
+    where: str
+
+
+def _checks() -> list[tuple[str, str | None, str]]:
+    """(code, full metric key or None, label) of every checklist row, from the finding catalogue."""
+    rows = []
+    for spec in FINDINGS:
+        if spec.check is None or "analyze" not in spec.commands:
+            continue
+        needed = metric(spec.metric) if spec.metric is not None else None
+        label = spec.check
+        if needed is not None and "{rule}" in label:
+            threshold = next(t for t in needed.thresholds if t.finding == spec.code)
+            label = label.format(rule=threshold.describe(needed.short))
+        rows.append((spec.code, needed.name if needed is not None else None, label))
+    return rows
+
+
+def checklist(report: Report) -> list[ChecklistRow]:
+    """Every analyze check of the finding catalogue, with whether (and where) it fired."""
+    fired: dict[str, Finding] = {}
+    for finding in report.findings:
+        fired.setdefault(finding.code, finding)
+    rows = []
+    for code, key, label in _checks():
+        if key and key not in report.metrics:
+            rows.append(ChecklistRow("not_computed", label, code, "not computed for this config"))
+            continue
+        finding = fired.get(code)
+        if finding is None:
+            rows.append(ChecklistRow("ok", label, code, ""))
+            continue
+        where = "whole dump" if finding.steps is None else _steps_text(finding.steps)
+        if finding.value is not None:
+            where = f"{fmt(finding.value)} ({where})"
+        rows.append(ChecklistRow(finding.severity, label, code, where))
+    return rows
+
+
+def _steps_text(steps: tuple[int, ...]) -> str:
+    listed = ", ".join(map(str, steps[:6])) + (", ..." if len(steps) > 6 else "")
+    return f"{len(steps)} step{'s' if len(steps) != 1 else ''}: {listed}"
