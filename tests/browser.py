@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from missing_components import INSTALL as MISSING_HINTS
+
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 FLAGS = (
     "--headless",
@@ -36,14 +38,14 @@ FLAGS = (
     "--host-resolver-rules=MAP * ~NOTFOUND",
     "--proxy-server=127.0.0.1:9",
 )
-INSTALL = "apt-get install chromium (Debian), or set RCDIAG_CHROMIUM to a Chromium or Chrome binary"
+INSTALL = MISSING_HINTS["chromium"]
 
 
 def find_chromium() -> str | None:
-    """``$RCDIAG_CHROMIUM``, else the first Chromium or Chrome on the PATH."""
+    """``$RCDIAG_CHROMIUM`` (when it is an executable), else the first Chromium or Chrome on the PATH."""
     given = os.environ.get("RCDIAG_CHROMIUM")
     if given:
-        return given
+        return shutil.which(given)
     return next((found for name in CHROMIUM_NAMES if (found := shutil.which(name))), None)
 
 
