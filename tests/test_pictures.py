@@ -252,3 +252,16 @@ def test_a_missing_browser_fails_in_ci_and_skips_elsewhere(ci: str, outcome: str
     )  # fmt: skip
     assert outcome in done.stdout and (done.returncode != 0) == bool(ci), done.stdout
     assert "missing component: chromium" in done.stdout and "apt-get install chromium" in done.stdout
+
+
+# ------------------------------------------------------------------------------------------------- docs
+
+
+def test_docs_pictures_exist_and_are_pictures() -> None:
+    page = (ROOT / "docs" / "report.md").read_text()
+    for name, least in (("report.png", (1200, 1500)), ("dashboard.png", (1500, 1000))):
+        assert f"(img/{name})" in page
+        width, height = not_blank((ROOT / "docs" / "img" / name).read_bytes())
+        assert width >= least[0] and height >= least[1], name
+    script = (ROOT / "docs" / "make_pictures.py").read_text()
+    assert "python docs/make_pictures.py" in page and "--png" in script and "--html" in script
