@@ -105,9 +105,27 @@ def test_saved_states_merge_into_the_whole_dumps_histogram(tmp_path: Path) -> No
     assert merged.log_ratio.counts == rcdiag.analyze(whole).log_ratio.counts  # type: ignore[union-attr]
 
 
-def test_torch_backend_bins_like_numpy() -> None:
-    pytest.importorskip("torch", reason="torch parity needs PyTorch: pip install torch")
+def edge_batch() -> list:
+    """Random log-ratios plus every edge and its float32 neighbours: where float64 and float32 comparisons would
+    disagree if the edges were not float32 numbers."""
     rng = np.random.default_rng(5)
     old, rollout, mask = random_batch(rng, rows=20, width=30, noise=1.0, empty_rows=1, outliers=0.1)
-    chunk = [padded_chunk(old, rollout, mask)]
-    assert rcdiag.analyze_chunks(chunk).log_ratio == rcdiag.analyze_chunks(chunk, device="torch-cpu").log_ratio
+    edges = EDGES.astype(np.float32)
+    values = np.concatenate([edges, np.nextafter(edges, np.float32(-np.inf)), np.nextafter(edges, np.float32(np.inf))])
+    exact = (np.minimum(values, 0)[None, :], np.minimum(-values, 0)[None, :], np.ones((1, values.size), bool))
+    return [padded_chunk(old, rollout, mask), padded_chunk(*exact)]
+
+
+def test_torch_backend_bins_like_numpy() -> None:
+    pytest.importorskip("torch")
+    chunks = edge_batch()
+    assert rcdiag.analyze_chunks(chunks).log_ratio == rcdiag.analyze_chunks(chunks, device="torch-cpu").log_ratio
+
+
+@pytest.mark.gpu
+def test_cuda_bins_like_numpy() -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    chunks = edge_batch()
+    assert rcdiag.analyze_chunks(chunks).log_ratio == rcdiag.analyze_chunks(chunks, device="cuda").log_ratio

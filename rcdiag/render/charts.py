@@ -18,6 +18,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from rcdiag.catalogue import short_key
 from rcdiag.config import SAFETY_BOUND
@@ -103,8 +104,12 @@ def draw_trend(ax: Axes, panel: Panel, lines: Sequence[Line]) -> None:
             values += [v for v in ys if math.isfinite(v)]
             few = len(ys) <= 40
             ax.plot(line.series.steps, ys, line.style, color=line.color, label=line.series.label,
-                    marker="o" if few else None, markersize=4, linewidth=1.6)  # fmt: skip
+                    marker="o" if few else None, markersize=4 if len(ys) > 1 else 8, linewidth=1.6)  # fmt: skip
         ax.ticklabel_format(axis="y", useOffset=False)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if all(len(line.series.steps) == 1 for line in drawn):  # no step column: the whole dump is one point
+            ax.set_xticks([drawn[0].series.steps[0]], ["whole dump"])
+            ax.set_xlabel("")
         lo, hi = min(values), max(values)
         magnitude = max(abs(lo), abs(hi))
         reach = REACH * magnitude if magnitude > 0 else math.inf  # all zero: every line shows how far away it is
