@@ -96,7 +96,9 @@ def test_analyze_html_opens_offline_with_every_finding_and_metric(
     assert "verl warns: rollout_is_mean in [0.5, 2]" in load.text
 
 
-def test_compare_html_overlays_both_dumps_offline(browser: object, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_compare_html_overlays_both_dumps_offline(
+    browser: object, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     page = tmp_path / "compare.html"
     code, _, _ = run(capsys, "compare", HEALTHY, PROBLEM, "--is", "token", "-q", "--html", str(page), "--format",
                      "json", "-o", str(tmp_path / "c.json"))  # fmt: skip
@@ -131,6 +133,16 @@ def test_png_dashboard_is_large_and_not_blank(tmp_path: Path, capsys: pytest.Cap
     assert code == 0 and f"wrote {png}" in err
     width, height = not_blank(png.read_bytes())
     assert width >= 1500 and height >= 1000
+
+
+def test_merge_draws_the_merged_report(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    states = [str(tmp_path / f"{name}.json") for name in ("a", "b")]
+    for sample, state in zip((HEALTHY, str(SAMPLES / "healthy_t06.parquet")), states, strict=True):
+        assert run(capsys, "analyze", sample, "-q", "--save-state", state, "-o", str(tmp_path / "x.txt"))[0] == 0
+    page, png = tmp_path / "merged.html", tmp_path / "merged.png"
+    code, _, _ = run(capsys, "merge", *states, "--html", str(page), "--png", str(png), "-o", str(tmp_path / "m.txt"))
+    assert code == 0 and "rcdiag report" in page.read_text()
+    assert not_blank(png.read_bytes())[0] >= 1500
 
 
 def test_png_is_refused_by_compare(capsys: pytest.CaptureFixture) -> None:
