@@ -229,6 +229,16 @@ def test_analyze_table_has_a_trend_row_of_every_step(capsys: pytest.CaptureFixtu
     assert sparkline(kl, 12)[low] == "▁" and sparkline(kl, 12)[high] == "█"  # 6 steps: one character each
 
 
+def test_compare_table_has_a_trend_row_for_a_b_and_the_difference(capsys: pytest.CaptureFixture) -> None:
+    code, out, _ = run(capsys, "compare", HEALTHY, PROBLEM, "--format", "json")
+    steps = json.loads(out)["steps"]
+    kl = [next(m for m in s["metrics"] if m["key"] == "rollout_corr/kl") for s in steps]
+    expected = [sparkline([m[side] for m in kl]) for side in ("a", "b", "difference")]
+    code, out, _ = run(capsys, "compare", HEALTHY, PROBLEM)
+    trend = next(line for line in out.splitlines() if line.startswith("trend"))
+    assert code == 0 and [cell.strip() for cell in trend.split("│")[1:4]] == expected
+
+
 # ---------------------------------------------------------------------------- the extra and start-up cost
 
 
