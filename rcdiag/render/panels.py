@@ -108,7 +108,8 @@ def series(report: Report, key: str, label: str | None = None) -> Series:
 
 
 def thinned(steps: list[float], values: list[float | None], most: int) -> tuple[list[float], list[float | None]]:
-    """At most ``most`` points: each run of steps keeps its lowest and highest value, in step order."""
+    """At most ``most`` points: each run of steps keeps its lowest and highest value, in step order (a run
+    without a finite value is one gap)."""
     if len(steps) <= most:
         return steps, values
     runs = max(most // 2, 1)
@@ -116,16 +117,10 @@ def thinned(steps: list[float], values: list[float | None], most: int) -> tuple[
     out_values: list[float | None] = []
     for i in range(runs):
         a, b = i * len(steps) // runs, (i + 1) * len(steps) // runs
-        present = [j for j in range(a, b) if values[j] is not None and math.isfinite(values[j])]  # type: ignore[arg-type]
-        if not present:
-            out_steps.append(steps[a])
-            out_values.append(None)
-            continue
-        low = min(present, key=lambda j: values[j])  # type: ignore[arg-type,return-value]
-        high = max(present, key=lambda j: values[j])  # type: ignore[arg-type,return-value]
-        for j in sorted({low, high}):
-            out_steps.append(steps[j])
-            out_values.append(values[j])
+        present = {j: v for j in range(a, b) if (v := values[j]) is not None and math.isfinite(v)}
+        kept = sorted({min(present, key=present.__getitem__), max(present, key=present.__getitem__)}) if present else []
+        out_steps += [steps[j] for j in kept] or [steps[a]]
+        out_values += [values[j] for j in kept] or [None]
     return out_steps, out_values
 
 
