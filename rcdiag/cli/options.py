@@ -259,8 +259,7 @@ def output_flags(kind: ResultKind, command: str) -> FlagGroup:
             name,
             path_option(
                 picture.flag or "",
-                f"FILE: {picture.description} (besides the --format output; needs "
-                f'`pip install "rcdiag[{picture.extra}]"`).',
+                f'Also write {picture.description} to FILE. Needs `pip install "rcdiag[{picture.extra}]"`.',
                 OUTPUT,
             ),
         )

@@ -63,7 +63,7 @@ FORMATS: dict[str, Format] = {
     ),
     "json": Format("one JSON object", {"report": _JSON, "comparison": _JSON, "check": _JSON}),
     "html": Format(
-        "a self-contained HTML report: findings, charts (inline SVG) and tables; no network request when opened",
+        "a self-contained HTML report (findings, charts as inline SVG, tables; opens offline)",
         {
             "report": Renderer("rcdiag.render.html:render_html"),
             "comparison": Renderer("rcdiag.render.html:render_comparison_html"),
@@ -73,7 +73,7 @@ FORMATS: dict[str, Format] = {
         module="matplotlib",
     ),
     "png": Format(
-        "the six-panel dashboard over steps (IS mean, ESS, RS rejected share, kl vs k3_kl, PPL ratio, chi2), "
+        "the six-panel dashboard over steps (IS mean, ESS, RS rejected share, kl vs k3_kl, PPL ratio, chi2) as a "
         "1920x1200 PNG",
         {"report": Renderer("rcdiag.render.dashboard:render_png", binary=True)},
         flag="--png",
