@@ -44,6 +44,10 @@ def render_table(report: Report, console: Console) -> None:
     if report.steps:
         console.print(_trend_table(report))
     console.print(_checklist(report))
+    if report.explain is not None:
+        from rcdiag.render.explain_table import render_explain
+
+        render_explain(report, console)
     for finding in report.findings:
         style = _SEVERITY_STYLE[finding.severity]
         console.print(

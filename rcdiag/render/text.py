@@ -56,11 +56,12 @@ class ChecklistRow:
     where: str
 
 
-def _checks() -> list[tuple[str, str | None, str]]:
-    """(code, full metric key or None, label) of every checklist row, from the finding catalogue."""
+def _checks(*, explain: bool = False) -> list[tuple[str, str | None, str]]:
+    """(code, full metric key or None, label) of every checklist row, from the finding catalogue; ``--explain``'s
+    detectors only when they ran."""
     rows = []
     for spec in FINDINGS:
-        if spec.check is None or "analyze" not in spec.commands:
+        if spec.check is None or "analyze" not in spec.commands or (spec.explain and not explain):
             continue
         needed = metric(spec.metric) if spec.metric is not None else None
         label = spec.check
@@ -77,7 +78,7 @@ def checklist(report: Report) -> list[ChecklistRow]:
     for finding in report.findings:
         fired.setdefault(finding.code, finding)
     rows = []
-    for code, key, label in _checks():
+    for code, key, label in _checks(explain=report.explain is not None):
         if key and key not in report.metrics:
             rows.append(ChecklistRow("not_computed", label, code, "not computed for this config"))
             continue
