@@ -308,6 +308,7 @@ def build_report(
         explained = ExplainReport(
             breakdowns=state.explain.breakdowns.compute(),
             worst_sequences=tuple(entry.to_dict() for entry in state.explain.worst.entries()),
+            traces=tuple(state.explain.worst.plotted()),
             sequences_path=None if sequences_path is None else str(sequences_path),
         )
     return Report(

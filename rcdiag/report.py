@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from rcdiag.explain.worst import TokenTrace
 
 Severity = Literal["error", "warning", "info"]
 SCHEMA_VERSION = 1
@@ -116,6 +119,9 @@ class ExplainReport:
     """Most extreme |log-ratio sum| first."""
     sequences_path: str | None = None
     """Where ``--sequences`` wrote one row per response."""
+    traces: tuple[TokenTrace, ...] = ()
+    """Per-token log-ratios of the few worst responses (bounded, ``rcdiag.explain.worst``), for the HTML report's
+    plot; not in the JSON."""
 
 
 @dataclass(frozen=True)

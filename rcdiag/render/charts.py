@@ -154,14 +154,32 @@ def draw_histogram(ax: Axes, histograms: Sequence[tuple[str, Histogram, str]], s
         ax.legend(loc="upper center")
 
 
-def draw_bars(ax: Axes, title: str, labels: Sequence[str], values: Sequence[float | None], ylabel: str) -> None:
-    """A bar per bucket (explain's breakdowns)."""
+def draw_breakdown(ax: Axes, title: str, labels: Sequence[str], series: dict[str, Sequence[float | None]]) -> None:
+    """Grouped bars: one group per bucket (explain's breakdowns), one bar per metric."""
     with matplotlib.rc_context(STYLE):
-        ax.set_title(title, loc="left")
-        heights = [math.nan if v is None else v for v in values]
-        ax.bar(range(len(labels)), heights, color=PALETTE[0])
-        ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
-        ax.set_ylabel(ylabel)
+        ax.set_title(title, loc="left", fontsize=11)
+        width = 0.8 / max(len(series), 1)
+        for i, (name, values) in enumerate(series.items()):
+            heights = [math.nan if v is None else v for v in values]
+            offsets = [x + (i - (len(series) - 1) / 2) * width for x in range(len(labels))]
+            ax.bar(offsets, heights, width, color=PALETTE[i % len(PALETTE)], label=name)
+        ax.axhline(0, color="#555555", linewidth=0.8)
+        ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=9)
+        ax.legend(loc="best")
+
+
+def draw_trace(ax: Axes, title: str, positions: Sequence[int], log_ratios: Sequence[float], peak: int | None) -> None:
+    """One response's log-ratio at each valid token, the largest |log-ratio| marked."""
+    with matplotlib.rc_context(STYLE):
+        ax.set_title(title, loc="left", fontsize=11)
+        ax.plot(positions, log_ratios, color=PALETTE[0], linewidth=1.0)
+        ax.axhline(0, color="#555555", linewidth=0.8)
+        if peak is not None and peak in positions:
+            at = positions.index(peak)
+            ax.plot([peak], [log_ratios[at]], "o", color=WARN, markersize=7, label=f"max |log-ratio| at {peak}")
+            ax.legend(loc="best")
+        ax.set_xlabel("token position in the response")
+        ax.set_ylabel("log π_train − log π_rollout")
 
 
 def svg(fig: Figure, salt: str) -> str:

@@ -14,10 +14,31 @@ from typing import TYPE_CHECKING
 from rcdiag.catalogue import metric, reading, short_key
 from rcdiag.catalogue.metrics import step_columns
 from rcdiag.render import counted
-from rcdiag.render.charts import PALETTE, SIDES, Line, draw_histogram, draw_trend, figure, svg, trend_lines
+from rcdiag.render.charts import (
+    PALETTE,
+    SIDES,
+    Line,
+    draw_breakdown,
+    draw_histogram,
+    draw_trace,
+    draw_trend,
+    figure,
+    svg,
+    trend_lines,
+)
 from rcdiag.render.panels import TRENDS
 from rcdiag.render.table import evenly_spaced
-from rcdiag.render.text import checklist, describe_config, describe_input, fmt
+from rcdiag.render.text import (
+    BREAKDOWN_METRICS,
+    BREAKDOWNS,
+    WORST_COLUMNS,
+    bucket_label,
+    checklist,
+    describe_config,
+    describe_input,
+    fmt,
+    worst_cells,
+)
 from rcdiag.report import Finding, Report
 
 if TYPE_CHECKING:
@@ -100,6 +121,7 @@ def render_html(report: Report) -> str:
             section("Token log-ratio distribution", _histogram([("all tokens", report, PALETTE[0])], share=False)),
             section("Metrics" + (" (all steps pooled)" if report.steps else ""), _metrics(report)),
             *([section("Per step", _steps(report))] if report.steps else []),
+            *_explain(report),
         ],
     )
 
@@ -195,6 +217,50 @@ def _steps(report: Report) -> str:
     rows = [(str(s.step), f"{s.rows:,}", *(fmt(s.metrics.get(k)) for k in keys)) for s in shown]
     headers = ("step", "rows", *(e(short_key(k)) for k in keys))
     return note + table(headers, rows, numeric=range(len(headers)))
+
+
+# --------------------------------------------------------------------------------------------------- explain
+
+CHARTED = ("kl", "k3_kl")
+"""The breakdown metrics drawn as bars (the tables show every one)."""
+
+
+def _explain(report: Report) -> list[str]:
+    """With ``--explain``: where the mismatch sits, and the worst responses with their tokens."""
+    explained = report.explain
+    if explained is None:
+        return []
+    charts, tables = [], []
+    for i, (name, title) in enumerate(BREAKDOWNS.items()):
+        entries = explained.breakdowns[name]
+        labels = [bucket_label(entry) for entry in entries]
+        fig = figure(5.6, 3.6)
+        draw_breakdown(fig.subplots(), title, labels, {key: [entry[key] for entry in entries] for key in CHARTED})
+        charts.append(chart(svg(fig, f"breakdown{i}")))
+        rows = [(e(label), f"{entry['tokens']:,}", *(fmt(entry[key]) for key in BREAKDOWN_METRICS))
+                for label, entry in zip(labels, entries, strict=True)]  # fmt: skip
+        headers = ("bucket", "tokens", *(e(label) for label in BREAKDOWN_METRICS.values()))
+        tables.append(f"<h3>{e(title)}</h3>" + table(headers, rows, numeric=range(1, len(headers))))
+    where = section("Where the mismatch sits (--explain)", f'<div class="grid">{"".join(charts)}</div>', *tables)
+    worst = table(WORST_COLUMNS, ([e(cell) for cell in worst_cells(entry)] for entry in explained.worst_sequences),
+                  numeric=(0, 1, 3, 4, 5, 6))  # fmt: skip
+    entries = {entry["row"]: entry for entry in explained.worst_sequences}
+    plots = []
+    for i, trace in enumerate(explained.traces):
+        entry = entries[trace.row]
+        step = "" if entry["step"] is None else f", step {entry['step']}"
+        fig = figure(5.6, 3.2)
+        draw_trace(fig.subplots(), f"row {trace.row}{step}: sum {fmt(entry['log_ratio_sum'])}", trace.positions,
+                   trace.log_ratios, entry["position_of_max"])  # fmt: skip
+        plots.append(chart(svg(fig, f"trace{i}")))
+    note = (
+        f'<p class="note">The {len(plots)} worst, token by token (a response longer than the plot keeps each run '
+        "of tokens' lowest and highest log-ratio).</p>"
+        if plots
+        else ""
+    )
+    title = f"Worst responses (largest |sum of log-ratios|, top {len(explained.worst_sequences)})"
+    return [where, section(title, worst, note, f'<div class="grid">{"".join(plots)}</div>')]
 
 
 # --------------------------------------------------------------------------------------------------- compare

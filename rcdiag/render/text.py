@@ -4,7 +4,7 @@ findings checklist's rows. Imports no rich."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from rcdiag.catalogue import FINDINGS, metric
 from rcdiag.config import CorrectionConfig
@@ -96,3 +96,42 @@ def checklist(report: Report) -> list[ChecklistRow]:
 def _steps_text(steps: tuple[int, ...]) -> str:
     listed = ", ".join(map(str, steps[:6])) + (", ..." if len(steps) > 6 else "")
     return f"{len(steps)} step{'s' if len(steps) != 1 else ''}: {listed}"
+
+
+BREAKDOWNS = {
+    "position": "By token position in the response",
+    "rollout_prob": "By the rollout engine's probability of the sampled token",
+    "length": "By response length (valid tokens)",
+}
+"""``--explain``'s breakdowns and their titles."""
+BREAKDOWN_METRICS = {"kl": "kl", "k3_kl": "k3_kl", "chi2_token": "chi2_token", "abs_log_ratio_mean": "mean |log-ratio|"}
+"""Each breakdown bucket's metrics and their column labels."""
+WORST_COLUMNS = ("row", "step", "id", "valid tokens", "log-ratio sum", "max |log-ratio|", "at position",
+                 "old / rollout log-prob there")  # fmt: skip
+
+
+def bucket_label(entry: dict[str, Any]) -> str:
+    """``[0, 32)``, ``[0.99, 1]``, ``>= 2048``."""
+    lo, hi = entry["lo"], entry["hi"]
+    if hi is None:
+        return f">= {lo:g}"
+    return f"[{lo:g}, {hi:g}{']' if hi == 1.0 and isinstance(hi, float) else ')'}"
+
+
+def worst_cells(entry: dict[str, Any]) -> tuple[str, ...]:
+    """One worst-responses row, in ``WORST_COLUMNS`` order."""
+    at = (
+        "—"
+        if entry["old_log_prob_at_max"] is None
+        else f"{fmt(entry['old_log_prob_at_max'])} / {fmt(entry['rollout_log_prob_at_max'])}"
+    )
+    return (
+        str(entry["row"]),
+        "—" if entry["step"] is None else str(entry["step"]),
+        "—" if entry["id"] is None else str(entry["id"]),
+        f"{entry['length']:,}",
+        fmt(entry["log_ratio_sum"]),
+        fmt(entry["max_abs_log_ratio"]),
+        "—" if entry["position_of_max"] is None else str(entry["position_of_max"]),
+        at,
+    )
