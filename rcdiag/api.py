@@ -39,6 +39,8 @@ class ReadProgress:
 
 
 ProgressCallback = Callable[[ReadProgress], None]
+StateFactory = Callable[[], EngineState]
+"""Builds the empty state a read folds blocks into (picklable: worker processes call it too)."""
 
 
 def analyze(
@@ -108,13 +110,16 @@ def accumulate(
     on_chunk: ProgressCallback | None = None,
     save_state: str | Path | None = None,
     explain: ExplainOptions | None = None,
+    new_state: StateFactory | None = None,
     **options: Any,
 ) -> Accumulated:
     """Read a dump into an ``EngineState`` (the mergeable accumulators), without computing the report.
 
     With ``workers > 1`` the dump's parts (runs of Parquet row groups, or of a directory's shards) are read by
     that many processes, whose states are merged: the result is the same as one process reading everything.
-    ``explain`` adds ``--explain``'s accumulators (and writes its ``sequences`` file).
+    ``explain`` adds ``--explain``'s accumulators (and writes its ``sequences`` file). ``new_state`` builds the
+    empty state blocks are folded into instead of the analyze accumulators of ``config`` (the sweep passes its
+    own); it must pickle, for the worker processes.
     """
     resolved = (config or CorrectionConfig()).resolve()
     read = ReadOptions.of(read, options)
@@ -128,7 +133,9 @@ def accumulate(
         if len(partitions) > 1:
             if not isinstance(backend, NumpyBackend):
                 raise ConfigError("workers > 1 runs several CPU processes; use it with device 'cpu'.")
-            state, stats = _accumulate_in_processes(source, resolved.config, partitions, read, explain, scratch)
+            state, stats = _accumulate_in_processes(
+                source, resolved.config, partitions, read, explain, scratch, new_state
+            )
         else:
             screen = Screen(read.on_bad_row)
             explain_state = ExplainState(explain.worst) if explain is not None else None
@@ -136,7 +143,8 @@ def accumulate(
             chunks = number_rows(prefetch(source.chunks(read.chunk_tokens)), explain_state)
             if on_chunk is not None:
                 chunks = _report_progress(chunks, on_chunk, source.info.total_rows)
-            state = Engine(resolved, backend, explain_state).run(screen(chunks))
+            engine = Engine(resolved, backend, explain_state, state=new_state() if new_state else None)
+            state = engine.run(screen(chunks))
             stats = screen.stats
             if writer is not None:
                 writer.flush()
@@ -184,22 +192,33 @@ def _accumulate_in_processes(
     read: ReadOptions,
     explain: ExplainOptions | None = None,
     scratch: Path | None = None,
+    new_state: StateFactory | None = None,
 ) -> tuple[EngineState, ScreenStats]:
     context = multiprocessing.get_context("spawn")  # the parent holds Arrow threads: fork is not safe
     with ProcessPoolExecutor(max_workers=len(partitions), mp_context=context) as pool:
         futures = [
             pool.submit(
-                _accumulate_part, source.info.path, part, config, read.replace(device="cpu"), explain, scratch, i
+                _accumulate_part,
+                source.info.path,
+                part,
+                config,
+                read.replace(device="cpu"),
+                explain,
+                scratch,
+                i,
+                new_state,
             )
             for i, part in enumerate(partitions)
         ]
         results = [future.result() for future in futures]
     resolved = config.resolve()
-    merged, stats = EngineState(resolved, explain=ExplainState(explain.worst) if explain else None), ScreenStats()
+    explain_state = ExplainState(explain.worst) if explain else None
+    merged = new_state() if new_state else EngineState(resolved, explain=explain_state)
+    stats = ScreenStats()
     part_rows = []
     first: Problem | None = None
     for saved_state, saved_stats, problem in results:  # in part order: the first bad row is the earliest
-        part = EngineState.from_state_dict(resolved, saved_state)
+        part = type(merged).from_state_dict(resolved, saved_state)
         part_rows.append(part.explain.rows_read if part.explain is not None else 0)
         merged.merge(part)
         stats = stats.merge(ScreenStats.from_dict(saved_stats))
@@ -218,6 +237,7 @@ def _accumulate_part(
     explain: ExplainOptions | None = None,
     scratch: Path | None = None,
     index: int = 0,
+    new_state: StateFactory | None = None,
 ) -> tuple[dict, dict, Problem | None]:
     source = open_dump(path, read.columns)
     screen = Screen(read.on_bad_row, verdict_at_end=False)
@@ -225,7 +245,7 @@ def _accumulate_part(
     explain_state = ExplainState(explain.worst) if explain is not None else None
     writer = _sequence_writer(explain_state, resolved, scratch, index)
     chunks = number_rows(prefetch(source.chunks(read.chunk_tokens, part=part)), explain_state)
-    state = Engine(resolved, explain=explain_state).run(screen(chunks))
+    state = Engine(resolved, explain=explain_state, state=new_state() if new_state else None).run(screen(chunks))
     if writer is not None:
         writer.flush()
     return state.state_dict(), screen.stats.to_dict(), screen.first
@@ -282,24 +302,7 @@ def build_report(
         for step, result in per_step
         if step is not None
     )
-    facts = InputFacts(
-        path=info.path,
-        format=info.format,
-        rows=state.rows,
-        tokens=state.tokens,
-        valid_tokens=state.valid_tokens,
-        empty_rows=pooled.empty_rows,
-        steps=len(steps),
-        skipped_rows=screen.skipped_rows if screen else 0,
-        columns=dict(info.columns),
-        dtypes=dict(info.dtypes),
-        metadata=dict(info.metadata),
-        skipped_by_reason=dict(screen.skipped_by_reason) if screen else {},
-        neg_inf_tokens=dict(screen.neg_inf_tokens) if screen else {},
-        files=info.files,
-        step_source=info.step_source if steps else "",
-        neg_inf_first=dict(screen.neg_inf_first) if screen else {},
-    )
+    facts = input_facts(state, info, screen)
     findings = evaluate(per_step if per_step else [(None, pooled)], state.resolved, facts)
     explained = None
     if state.explain is not None:
@@ -322,4 +325,27 @@ def build_report(
         version=__version__,
         log_ratio=pooled.log_ratio,
         explain=explained,
+    )
+
+
+def input_facts(state: EngineState, info: SourceInfo, screen: ScreenStats | None = None) -> InputFacts:
+    """What was read: the dump's description and the counts the state holds."""
+    steps = sum(step is not None for step in state.batches)
+    return InputFacts(
+        path=info.path,
+        format=info.format,
+        rows=state.rows,
+        tokens=state.tokens,
+        valid_tokens=state.valid_tokens,
+        empty_rows=sum(batch.empty_rows for batch in state.batches.values()),
+        steps=steps,
+        skipped_rows=screen.skipped_rows if screen else 0,
+        columns=dict(info.columns),
+        dtypes=dict(info.dtypes),
+        metadata=dict(info.metadata),
+        skipped_by_reason=dict(screen.skipped_by_reason) if screen else {},
+        neg_inf_tokens=dict(screen.neg_inf_tokens) if screen else {},
+        files=info.files,
+        step_source=info.step_source if steps else "",
+        neg_inf_first=dict(screen.neg_inf_first) if screen else {},
     )
