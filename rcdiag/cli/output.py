@@ -54,7 +54,8 @@ class Output:
     format: str
     path: Path | None
     renderer: Renderer
-    files: tuple[tuple[Path, Renderer], ...] = ()
+    files: tuple[tuple[str, Path, Renderer], ...] = ()
+    """(format name, file, renderer) of each picture."""
 
     @classmethod
     def of(
@@ -66,8 +67,19 @@ class Output:
             check_extra(picture)
             target = checked_path(file, picture.flag or name)
             assert target is not None
-            pictures.append((target, picture.renderers[kind]))
+            pictures.append((name, target, picture.renderers[kind]))
         return cls(format_name, checked_path(path, "--output"), renderer(format_name, kind, command), tuple(pictures))
+
+    def as_kind(self, kind: ResultKind, command: str) -> Output:
+        """The same destinations for another kind of result (``merge`` of sweep states); a picture that cannot
+        render it is a ``ConfigError``."""
+        files = []
+        for name, path, _ in self.files:
+            picture = FORMATS[name]
+            if kind not in picture.renderers:
+                raise ConfigError(f"rcdiag {command} cannot write {picture.flag} for a {kind}.")
+            files.append((name, path, picture.renderers[kind]))
+        return Output(self.format, self.path, renderer(self.format, kind, command), tuple(files))
 
     @property
     def text_to_stdout(self) -> bool:
@@ -83,7 +95,7 @@ class Output:
             write_text(render(result), self.path)
         if self.path is not None:
             print(f"rcdiag: wrote {self.path} ({_summary(result)})", file=sys.stderr)
-        for path, picture in self.files:
+        for _, path, picture in self.files:
             drawn = picture.load()(result)
             write_bytes(path, drawn) if picture.binary else write_file(path, drawn)
             print(f"rcdiag: wrote {path} ({os.path.getsize(path):,} bytes)", file=sys.stderr)

@@ -182,6 +182,34 @@ def draw_trace(ax: Axes, title: str, positions: Sequence[int], log_ratios: Seque
         ax.set_ylabel("log π_train − log π_rollout")
 
 
+def draw_sweep(
+    ax: Axes,
+    option: str,
+    curves: dict[str, tuple[Sequence[float], Sequence[float | None]]],
+    recommended: tuple[float, float, str] | None,
+    target: float | None,
+) -> None:
+    """Rejected share against a threshold's upper bound, one line per curve (tokens, responses; TIS and IcePop
+    apart), the target share and the recommended threshold marked."""
+    with matplotlib.rc_context(STYLE):
+        ax.set_title(option, loc="left", fontsize=12)
+        ax.set_xscale("log")
+        ax.set_yscale("symlog", linthresh=1e-4)
+        ax.set_xlabel("threshold (its upper bound)")
+        ax.set_ylabel("share rejected")
+        for i, (label, (xs, ys)) in enumerate(curves.items()):
+            style = "--" if "responses" in label else "-"
+            values = [math.nan if y is None else y for y in ys]
+            ax.plot(xs, values, style, marker="o", markersize=4, color=PALETTE[i // 2 % len(PALETTE)], label=label)
+        if target is not None:
+            ax.axhline(target, color="#2ca02c", linestyle=":", linewidth=1.2, label=f"target {fmt(target)}")
+        if recommended is not None:
+            x, y, label = recommended
+            ax.plot([x], [y], "*", color=WARN, markersize=15, label=f"recommended {label}", zorder=5)
+        ax.set_ylim(bottom=0)
+        ax.legend(loc="best", fontsize=8)
+
+
 def svg(fig: Figure, salt: str) -> str:
     """The figure as an ``<svg>`` element to inline in HTML: no XML prolog, scalable, and ids unique to ``salt``
     (several charts share one page)."""

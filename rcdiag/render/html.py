@@ -20,6 +20,7 @@ from rcdiag.render.charts import (
     Line,
     draw_breakdown,
     draw_histogram,
+    draw_sweep,
     draw_trace,
     draw_trend,
     figure,
@@ -43,6 +44,7 @@ from rcdiag.report import Finding, Report
 
 if TYPE_CHECKING:
     from rcdiag.compare.records import CompareFinding, Comparison
+    from rcdiag.sweep.report import SweepReport, SweepRow
 
 MAX_STEP_ROWS = 400
 """Per-step table rows; a longer run shows this many evenly spaced steps (every step is in the charts)."""
@@ -311,3 +313,89 @@ def _diffs(comparison: Comparison) -> str:
 def _what(key: str) -> str:
     spec = metric(key)
     return spec.reading if spec is not None else ""
+
+
+# ----------------------------------------------------------------------------------------------------- sweep
+
+
+def render_sweep_html(report: SweepReport) -> str:
+    """The sweep: each option's rejected share against its threshold with the recommended point, the
+    recommendations with their verl YAML, the presets ranked and every row."""
+    facts = report.input
+    target = "" if report.target_reject is None else f" · target {fmt(report.target_reject)} rejected"
+    return page(
+        "rcdiag sweep",
+        f"{facts.path} · {facts.rows:,} rows · {facts.valid_tokens:,} valid tokens{target} · rcdiag {report.version}",
+        [
+            section("Findings", _findings(report.findings, "No finding: no threshold makes verl crash.")),
+            section("Rejected share by threshold", _sweep_curves(report)),
+            *([section("Recommended thresholds", _recommendations(report))] if report.recommendations else []),
+            *([section("verl presets on this dump", _presets(report))] if report.presets else []),
+            section("Every threshold", _sweep_rows(report)),
+        ],
+    )
+
+
+def _upper(spec: str) -> float:
+    """A threshold spec's upper bound (``0.5_2.0`` -> 2.0, ``0.01`` -> 0.01): the x of the sweep curves."""
+    return float(spec.split("_")[-1])
+
+
+def _shares(rows: list[SweepRow]) -> dict[str, tuple[list[float], list[float | None]]]:
+    curves: dict[str, tuple[list[float], list[float | None]]] = {}
+    for row in rows:
+        kind = ("IcePop " if "_" in row.threshold else "TIS ") if row.option.startswith("is_") else ""
+        for what, value in (("tokens", row.token_reject), ("responses", row.seq_reject)):
+            if value is None and what == "tokens" and row.option == "is_sequence":
+                continue
+            xs, ys = curves.setdefault(f"{kind}{what}", ([], []))
+            xs.append(_upper(row.threshold))
+            ys.append(value)
+    return {label: curve for label, curve in curves.items() if any(y is not None for y in curve[1])}
+
+
+def _sweep_curves(report: SweepReport) -> str:
+    recommended = {rec.option: rec for rec in report.recommendations}
+    charts = []
+    options = list(dict.fromkeys(row.option for row in report.rows))
+    for i, option in enumerate(options):
+        rows = [row for row in report.rows if row.option == option]
+        rec = recommended.get(option)
+        point = None
+        if rec is not None:
+            share = rec.token_reject if rec.share == "token" else rec.seq_reject
+            point = None if share is None else (_upper(rec.threshold), share, rec.threshold)
+        fig = figure(5.6, 3.6)
+        draw_sweep(fig.subplots(), option, _shares(rows), point, report.target_reject)
+        charts.append(chart(svg(fig, f"sweep{i}")))
+    return f'<div class="grid">{"".join(charts)}</div>'
+
+
+def _recommendations(report: SweepReport) -> str:
+    rows = [
+        (f"<code>{e(r.option)}</code>", f"<code>{e(r.threshold)}</code>", e(r.share), fmt(r.token_reject),
+         fmt(r.seq_reject), f"<pre>{e(r.yaml.rstrip())}</pre>")
+        for r in report.recommendations
+    ]  # fmt: skip
+    headers = ("option", "threshold", "share targeted", "tokens rejected", "responses rejected", "verl YAML")
+    return table(headers, rows, numeric=(3, 4))
+
+
+def _presets(report: SweepReport) -> str:
+    rows = [
+        (f"<code>{e(p.name)}</code>", fmt(p.token_reject), fmt(p.seq_reject), "no IS" if p.ess is None else fmt(p.ess),
+         "yes" if p.meets_min_ess else "no")
+        for p in report.presets
+    ]  # fmt: skip
+    note = f'<p class="note">Least rejected first; presets leaving an ESS below {fmt(report.min_ess)} last.</p>'
+    return note + table(("preset", "tokens rejected", "responses rejected", "ESS", "ESS ok"), rows, numeric=(1, 2, 3))
+
+
+def _sweep_rows(report: SweepReport) -> str:
+    rows = [
+        (f"<code>{e(r.option)}</code>", f"<code>{e(r.threshold)}</code>", fmt(r.token_reject), fmt(r.seq_reject),
+         fmt(r.ess), "verl would crash" if r.crashes else "")
+        for r in report.rows
+    ]  # fmt: skip
+    headers = ("option", "threshold", "tokens rejected", "responses rejected", "ESS", "")
+    return table(headers, rows, numeric=(2, 3, 4))

@@ -68,6 +68,7 @@ FORMATS: dict[str, Format] = {
         {
             "report": Renderer("rcdiag.render.html:render_html"),
             "comparison": Renderer("rcdiag.render.html:render_comparison_html"),
+            "sweep": Renderer("rcdiag.render.html:render_sweep_html"),
         },
         flag="--html",
         extra="plot",
