@@ -114,3 +114,16 @@ def assert_metrics_close(
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
+
+
+@pytest.fixture(scope="session")
+def browser() -> object:
+    """The headless-Chromium harness (tests/browser.py), or a skip saying what to install (a failure under
+    CI=true)."""
+    import browser as harness
+    from missing_components import missing
+
+    if harness.find_chromium() is None:
+        missing("chromium")
+    pytest.importorskip("websocket")
+    return harness

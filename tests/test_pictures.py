@@ -15,7 +15,6 @@ import pytest
 from conftest import ROOT, SAMPLES
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from missing_components import missing
 from test_cli import run
 
 from rcdiag.catalogue import metric
@@ -29,17 +28,6 @@ HEALTHY = str(SAMPLES / "healthy.parquet")
 ENGINE = ("--is", "token", "--rs", "token_k1,seq_mean_k3", "--rs-threshold", "0.5_2.0,0.01")
 MAIN_METRICS = ("kl", "k3_kl", "chi2_token", "chi2_seq", "ppl_ratio", "rollout_is_mean", "rollout_is_eff_sample_size",
                 "rollout_rs_masked_fraction")  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def browser() -> object:
-    """The browser harness, or a skip saying what to install (a failure under CI=true)."""
-    import browser as harness
-
-    if harness.find_chromium() is None:
-        missing("chromium")
-    pytest.importorskip("websocket", reason="could not import 'websocket': pip install -e '.[test]'")
-    return harness
 
 
 def not_blank(png: bytes) -> tuple[int, int]:
@@ -56,6 +44,17 @@ def assert_clean_offline_load(load: object, page: Path) -> None:
     assert load.requests == [page.resolve().as_uri()]  # type: ignore[attr-defined]  # the file itself, nothing else
     assert load.failed == [] and load.console_errors == []  # type: ignore[attr-defined]
     not_blank(load.screenshot)  # type: ignore[attr-defined]
+
+
+def opened(browser: object, capsys: pytest.CaptureFixture, tmp_path: Path, *args: str) -> tuple[Path, object, dict]:
+    """Run ``rcdiag ARGS --html`` (and ``--format json``), open the page offline and check that it loaded
+    cleanly: the page, what the browser saw, and the JSON result."""
+    page, result = tmp_path / "page.html", tmp_path / "result.json"
+    code, _, err = run(capsys, *args, "-q", "--html", str(page), "--format", "json", "-o", str(result))
+    assert code == 0 and f"wrote {page}" in err
+    load = browser.open_offline(page)  # type: ignore[attr-defined]
+    assert_clean_offline_load(load, page)
+    return page, load, json.loads(result.read_text())
 
 
 # ------------------------------------------------------------------------------------------- the browser
@@ -78,15 +77,9 @@ def test_the_harness_sees_remote_requests_and_console_errors(browser: object, tm
 def test_analyze_html_opens_offline_with_every_finding_and_metric(
     browser: object, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    page = tmp_path / "report.html"
-    code, _, err = run(capsys, "analyze", PROBLEM, *ENGINE, "-q", "--html", str(page), "--format", "json",
-                       "-o", str(tmp_path / "r.json"))  # fmt: skip
-    assert code == 0 and f"wrote {page}" in err
-    report = json.loads((tmp_path / "r.json").read_text())
+    _, load, report = opened(browser, capsys, tmp_path, "analyze", PROBLEM, *ENGINE)
     codes = {f["code"] for f in report["findings"]}
     assert {"kl_high", "chi2_token_high", "rs_rejects_all_tokens"} <= codes  # T=0.6 vs 1.0; k3 bound 0.01
-    load = browser.open_offline(page)  # type: ignore[attr-defined]
-    assert_clean_offline_load(load, page)
     for finding in report["findings"]:
         assert finding["code"] in load.text and finding["message"] in load.text
     for name in MAIN_METRICS:
@@ -99,13 +92,7 @@ def test_analyze_html_opens_offline_with_every_finding_and_metric(
 def test_compare_html_overlays_both_dumps_offline(
     browser: object, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    page = tmp_path / "compare.html"
-    code, _, _ = run(capsys, "compare", HEALTHY, PROBLEM, "--is", "token", "-q", "--html", str(page), "--format",
-                     "json", "-o", str(tmp_path / "c.json"))  # fmt: skip
-    assert code == 0
-    comparison = json.loads((tmp_path / "c.json").read_text())
-    load = browser.open_offline(page)  # type: ignore[attr-defined]
-    assert_clean_offline_load(load, page)
+    _, load, comparison = opened(browser, capsys, tmp_path, "compare", HEALTHY, PROBLEM, "--is", "token")
     assert comparison["findings"]
     for finding in comparison["findings"]:
         assert finding["code"] in load.text

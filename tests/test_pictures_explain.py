@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import SAMPLES
 from test_cli import run
-from test_pictures import assert_clean_offline_load, browser  # noqa: F401  (a fixture)
+from test_pictures import opened
 
 import rcdiag
 from rcdiag.explain.worst import PLOTTED, TRACE_POINTS, TokenTrace
@@ -78,18 +78,12 @@ def test_saved_states_carry_the_traces(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_explain_html_opens_offline_with_breakdowns_worst_and_traces(
-    browser: object,  # noqa: F811
+    browser: object,
     tmp_path: Path,
     capsys: pytest.CaptureFixture,
 ) -> None:
-    page = tmp_path / "explain.html"
-    code, _, _ = run(
-        capsys, "analyze", str(DRIFT), "--explain", "-q", "--html", str(page), "-o", str(tmp_path / "r.txt")
-    )
-    assert code == 0
+    page, load, _ = opened(browser, capsys, tmp_path, "analyze", str(DRIFT), "--explain")
     report = rcdiag.analyze(DRIFT, explain=True)
-    load = browser.open_offline(page)  # type: ignore[attr-defined]
-    assert_clean_offline_load(load, page)
     assert "position_drift" in {f.code for f in report.findings}
     for finding in report.findings:
         assert finding.code in load.text and finding.message in load.text

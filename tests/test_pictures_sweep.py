@@ -3,31 +3,24 @@ every row, checked in a real browser with the network cut."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import pytest
 from conftest import SAMPLES
 from test_cli import run
-from test_pictures import assert_clean_offline_load, browser  # noqa: F401  (a fixture)
+from test_pictures import opened
 
 pytest.importorskip("matplotlib")
 OUTLIERS = str(SAMPLES / "outliers.parquet")
 
 
 def test_sweep_html_opens_offline_with_every_option_and_recommendation(
-    browser: object,  # noqa: F811
+    browser: object,
     tmp_path: Path,
     capsys: pytest.CaptureFixture,
 ) -> None:
-    page = tmp_path / "sweep.html"
-    code, _, err = run(capsys, "sweep", OUTLIERS, "-q", "--html", str(page), "--format", "json",
-                       "-o", str(tmp_path / "s.json"))  # fmt: skip
-    assert code == 0 and f"wrote {page}" in err
-    sweep = json.loads((tmp_path / "s.json").read_text())
-    load = browser.open_offline(page)  # type: ignore[attr-defined]
-    assert_clean_offline_load(load, page)
+    page, load, sweep = opened(browser, capsys, tmp_path, "sweep", OUTLIERS)
     options = list(dict.fromkeys(row["option"] for row in sweep["sweep"]))
     assert len(options) == 13
     text = page.read_text()
