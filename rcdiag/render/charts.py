@@ -82,8 +82,13 @@ def dashboard(reports: Sequence[tuple[str | None, Report]], title: str) -> Figur
         fig.suptitle(title, x=0.01, ha="left", fontsize=13)
         axes = fig.subplots(2, 3)
     for ax, panel in zip(axes.flat, TRENDS, strict=True):
-        draw_trend(ax, panel, [line for side, report in reports for line in trend_lines(report, panel, side)])
+        draw_trend(ax, panel, panel_lines(panel, reports))
     return fig
+
+
+def panel_lines(panel: Panel, reports: Sequence[tuple[str | None, Report]]) -> list[Line]:
+    """Every report's lines for the panel (compare: both sides)."""
+    return [line for side, report in reports for line in trend_lines(report, panel, side)]
 
 
 def draw_trend(ax: Axes, panel: Panel, lines: Sequence[Line]) -> None:
@@ -94,7 +99,8 @@ def draw_trend(ax: Axes, panel: Panel, lines: Sequence[Line]) -> None:
         drawn = [line for line in lines if line.series.present]
         if not drawn:
             ax.set_axis_off()
-            ax.text(0.5, 0.5, f"not computed for this configuration:\n{panel.needs()}", ha="center", va="center",
+            why = "no finite value at any step" if lines else f"not computed for this configuration:\n{panel.needs()}"
+            ax.text(0.5, 0.5, why, ha="center", va="center",
                     transform=ax.transAxes, color="#555555",
                     bbox={"boxstyle": "round,pad=0.8", "facecolor": "#f3f3f3", "edgecolor": "#cccccc"})  # fmt: skip
             return

@@ -17,15 +17,14 @@ from rcdiag.render import counted
 from rcdiag.render.charts import (
     PALETTE,
     SIDES,
-    Line,
     draw_breakdown,
     draw_histogram,
     draw_sweep,
     draw_trace,
     draw_trend,
     figure,
+    panel_lines,
     svg,
-    trend_lines,
 )
 from rcdiag.render.panels import TRENDS
 from rcdiag.render.table import evenly_spaced
@@ -185,8 +184,7 @@ def _trends(reports: Sequence[tuple[str | None, Report]]) -> str:
     charts = []
     for i, panel in enumerate(TRENDS):
         fig = figure(5.6, 3.6)
-        lines: list[Line] = [line for side, report in reports for line in trend_lines(report, panel, side)]
-        draw_trend(fig.subplots(), panel, lines)
+        draw_trend(fig.subplots(), panel, panel_lines(panel, reports))
         charts.append(chart(svg(fig, f"trend{i}")))
     return f'<div class="grid">{"".join(charts)}</div>'
 

@@ -86,8 +86,9 @@ class Series:
 
 
 def panel_keys(panel: Panel, report: Report) -> list[str]:
-    """The keys the panel draws for this report (RS options as the configuration has them)."""
-    keys = list(panel.keys)
+    """The keys the panel draws for this report (RS options as the configuration has them); none when the
+    configuration does not compute the panel's metrics."""
+    keys = [k for k in panel.keys if k in report.metrics]
     if panel.per_rs_option:
         options = [k for k in report.metrics if rs_option(k) is not None and k.endswith("_masked_fraction")]
         options = [k for k in options if not k.endswith("_seq_masked_fraction")]
