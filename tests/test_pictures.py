@@ -274,3 +274,17 @@ def test_docs_pictures_exist_and_are_pictures() -> None:
         assert width >= least[0] and height >= least[1], name
     script = (ROOT / "docs" / "make_pictures.py").read_text()
     assert "python docs/make_pictures.py" in page and "--png" in script and "--html" in script
+
+
+def test_an_empty_panel_says_why() -> None:
+    import dataclasses
+
+    import rcdiag
+    from rcdiag.render.html import render_html
+
+    report = rcdiag.analyze(HEALTHY)  # no IS, no RS
+    steps = tuple(dataclasses.replace(s, metrics={**s.metrics, "rollout_corr/ppl_ratio": None}) for s in report.steps)
+    text = render_html(dataclasses.replace(report, steps=steps))
+    assert text.count("no finite value at any step") == 1  # ppl_ratio
+    assert text.count("IS metrics need --is token|sequence") == 2  # IS mean and ESS
+    assert text.count("RS metrics need --rs and --rs-threshold") == 1
