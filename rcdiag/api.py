@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,10 +14,11 @@ from rcdiag.engine import Engine, EngineState
 from rcdiag.errors import ConfigError
 from rcdiag.health import evaluate
 from rcdiag.io import Chunk, open_dump, prefetch
-from rcdiag.io.base import Source, SourceInfo
+from rcdiag.io.base import SourceInfo
 from rcdiag.options import ReadOptions
+from rcdiag.parallel import RAY_MAX_PARTS, PartCallback, PartResult, in_processes, merge_parts, on_ray
 from rcdiag.report import InputFacts, Report, StepReport
-from rcdiag.validate import Problem, Screen, ScreenStats, raise_for_bad_rows
+from rcdiag.validate import Screen, ScreenStats
 
 
 @dataclass(frozen=True)
@@ -29,6 +28,9 @@ class ReadProgress:
     rows: int
     tokens: int
     total_rows: int | None
+    parts: int | None = None
+    """Parts finished, when parts are read in parallel (``--workers``, ``--ray``); ``None``: one process."""
+    total_parts: int | None = None
 
 
 ProgressCallback = Callable[[ReadProgress], None]
@@ -51,8 +53,8 @@ def analyze(
         config: verl's ``rollout_correction`` fields; default: metrics only (verl's YAML default).
         read: how to read the dump (``rcdiag.ReadOptions``: columns, bad-row policy, device, chunk size,
             workers); default: recognise the columns, stop at a bad row, one CPU process.
-        on_chunk: called after each chunk is read with a ``ReadProgress`` (for a progress bar; not called
-            with ``workers > 1``).
+        on_chunk: called after each chunk is read with a ``ReadProgress`` (for a progress bar); with
+            ``workers > 1`` or ``ray``, after each part instead.
         save_state: also write the accumulated state here, for ``merge_states`` (scale-out over shards).
         options: ``ReadOptions`` fields as keywords (``device="cuda"``, ``columns=ColumnMap(...)``), applied
             on top of ``read``.
@@ -92,17 +94,20 @@ def accumulate(
     """Read a dump into an ``EngineState`` (the mergeable accumulators), without computing the report.
 
     With ``workers > 1`` the dump's parts (runs of Parquet row groups, or of a directory's shards) are read by
-    that many processes, whose states are merged: the result is the same as one process reading everything.
+    that many processes; with ``ray`` each row group or shard is a Ray task. Their states are merged: the result is
+    the same as one process reading everything.
     """
     resolved = (config or CorrectionConfig()).resolve()
     read = ReadOptions.of(read, options)
     backend = _backend(read.device)
     source = open_dump(path, read.columns)
-    partitions = source.partitions(read.workers) if read.workers > 1 else []
-    if len(partitions) > 1:
+    parts = source.partitions(RAY_MAX_PARTS if read.ray else read.workers)
+    if read.ray or len(parts) > 1:
         if not isinstance(backend, NumpyBackend):
-            raise ConfigError("workers > 1 runs several CPU processes; use it with device 'cpu'.")
-        state, stats = _accumulate_in_processes(source, resolved.config, partitions, read)
+            raise ConfigError(f"{'ray' if read.ray else 'workers > 1'} reads on CPUs; use it with device 'cpu'.")
+        run_parts = on_ray if read.ray else in_processes
+        on_part = _part_progress(on_chunk, len(parts), source.info.total_rows) if on_chunk is not None else None
+        state, stats = merge_parts(source, resolved.config, run_parts(parts, resolved.config, read, on_part))
     else:
         screen = Screen(read.on_bad_row)
         chunks = prefetch(source.chunks(read.chunk_tokens))
@@ -125,34 +130,16 @@ def merge_states(paths: list[str | Path]) -> Report:
     return build_report(state, combined_info(sources), "merged", stats)
 
 
-def _accumulate_in_processes(
-    source: Source, config: CorrectionConfig, partitions: list[Any], read: ReadOptions
-) -> tuple[EngineState, ScreenStats]:
-    context = multiprocessing.get_context("spawn")  # the parent holds Arrow threads: fork is not safe
-    with ProcessPoolExecutor(max_workers=len(partitions), mp_context=context) as pool:
-        futures = [
-            pool.submit(_accumulate_part, source.info.path, part, config, read.replace(device="cpu"))
-            for part in partitions
-        ]
-        results = [future.result() for future in futures]
-    resolved = config.resolve()
-    merged, stats = EngineState(resolved), ScreenStats()
-    first: Problem | None = None
-    for saved_state, saved_stats, problem in results:  # in part order: the first bad row is the earliest
-        merged.merge(EngineState.from_state_dict(resolved, saved_state))
-        stats = stats.merge(ScreenStats.from_dict(saved_stats))
-        first = first or problem
-    raise_for_bad_rows(first, stats)  # counted over the whole dump, not one part
-    return merged, stats
+def _part_progress(on_chunk: ProgressCallback, total: int, total_rows: int | None) -> PartCallback:
+    """Progress over parts (each finished part adds its rows and tokens)."""
+    seen = {"rows": 0, "tokens": 0}
 
+    def update(done: int, _: int, result: PartResult) -> None:
+        seen["rows"] += result.rows
+        seen["tokens"] += result.tokens
+        on_chunk(ReadProgress(seen["rows"], seen["tokens"], total_rows, parts=done, total_parts=total))
 
-def _accumulate_part(
-    path: str, part: Any, config: CorrectionConfig, read: ReadOptions
-) -> tuple[dict, dict, Problem | None]:
-    source = open_dump(path, read.columns)
-    screen = Screen(read.on_bad_row, verdict_at_end=False)
-    state = Engine(config.resolve()).run(screen(prefetch(source.chunks(read.chunk_tokens, part=part))))
-    return state.state_dict(), screen.stats.to_dict(), screen.first
+    return update
 
 
 def _report_progress(chunks: Iterable[Chunk], on_chunk: ProgressCallback, total_rows: int | None) -> Iterator[Chunk]:

@@ -28,7 +28,7 @@ STATE_VERSION = 1
 
 
 def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo], screen: ScreenStats) -> None:
-    """Write a state file atomically (a reader never sees a half-written file)."""
+    """Write a state file atomically (a reader never sees a half-written file), locally or to object storage."""
     payload = {
         "format": STATE_FORMAT,
         "version": STATE_VERSION,
@@ -38,7 +38,13 @@ def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo], 
         "screen": screen.to_dict(),
         "state": _encode(state.state_dict()),
     }
-    target = Path(path)
+    from rcdiag.io import storage
+
+    text = storage.local_path(str(path))
+    if storage.is_remote(text):  # one upload: the object appears whole or not at all
+        storage.write_bytes(storage.parse(text), json.dumps(payload).encode())
+        return
+    target = Path(text)
     try:
         with tempfile.NamedTemporaryFile("w", dir=target.parent or ".", prefix=f".{target.name}.", delete=False) as f:
             json.dump(payload, f)
@@ -51,9 +57,11 @@ def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo], 
 
 def load_state(path: str | Path) -> tuple[EngineState, list[SourceInfo], ScreenStats]:
     """Read a state file; any problem is an ``InputError`` naming the file."""
+    from rcdiag.io.paths import read_bytes
+
     name = str(path)
     try:
-        payload = json.loads(Path(path).read_text(encoding="utf-8"))
+        payload = json.loads(read_bytes(name).decode("utf-8"))
     except FileNotFoundError:
         raise InputError("file not found", path=name) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

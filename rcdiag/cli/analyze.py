@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -20,9 +19,10 @@ if TYPE_CHECKING:
 @with_flags(ENGINE_FLAGS, READ_FLAGS, output_flags("report", "analyze"))
 def analyze(
     path: Annotated[
-        Path,
+        str,
         typer.Argument(
-            help=f"The dump: a file ({', '.join(format_names())}), or a directory or quoted glob of shards.",
+            help=f"The dump: a file ({', '.join(format_names())}), or a directory or quoted glob of shards; a local "
+            "path or an s3://, gs://, hdfs:// or file:// URL.",
             metavar="PATH",
             show_default=False,
         ),
@@ -51,7 +51,7 @@ def analyze(
     from rcdiag.cli.progress import progress
 
     config = engine.config()
-    state_file = checked_path(save_state, "--save-state")
+    state_file = save_state if save_state and "://" in save_state else checked_path(save_state, "--save-state")
     with progress(read, out) as on_chunk:
         report = run_analysis(path, config, read, on_chunk=on_chunk, save_state=state_file)
     out.emit(report)
