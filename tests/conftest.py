@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -112,3 +114,118 @@ def assert_metrics_close(
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
+
+
+# ------------------------------------------------------------------ real components: an S3 server and a Ray instance
+
+
+def require(module: str, install: str) -> Any:
+    """Import ``module``; without it, fail under CI=true (the component must be there) and skip elsewhere, saying
+    what to install."""
+    import importlib
+    import os
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{module} is missing under CI=true: {install}")
+        pytest.skip(f"needs {module}: {install}")
+
+
+@pytest.fixture(scope="session")
+def s3_env() -> Iterator[int]:
+    """The standard AWS variables, pointing at a free port on 127.0.0.1 where ``s3_server`` listens. Set for the
+    whole session (before Ray starts, so that Ray's workers inherit them)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        patch.delenv("AWS_PROFILE", raising=False)
+        yield port
+
+
+@pytest.fixture(scope="session")
+def s3_server(s3_env: int) -> Iterator[Any]:
+    """moto's S3 server (``moto[server]``) on 127.0.0.1, started for the session and stopped after; yields a boto3
+    client for putting objects."""
+    import subprocess
+    import time
+    import urllib.request
+
+    require("moto.server", 'pip install "moto[server]"')
+    boto3 = require("boto3", 'pip install "moto[server]"')
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s3_env)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{s3_env}/", timeout=1).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail("moto's S3 server did not start")
+                time.sleep(0.2)
+        yield boto3.client("s3")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def ray_local(s3_env: int) -> Iterator[Any]:
+    """A local Ray instance with 2 CPUs for the session (its workers see the S3 variables)."""
+    ray = require("ray", 'pip install "rcdiag[ray]"')
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 1024 * 1024)
+    yield ray
+    ray.shutdown()
+
+
+BUCKET = "dumps"
+
+
+def shard_columns() -> list[dict]:
+    """Three shards of one run (5 steps, a step crossing shards), with bad rows to skip in two of them."""
+    old, rollout, mask = random_batch(np.random.default_rng(21), rows=90, width=30, noise=0.3, empty_rows=3)
+    columns = ragged_lists(old, rollout, mask)
+    columns["step"] = [i // 18 for i in range(90)]
+    columns["old_log_prob"][4] = [float("nan"), *columns["old_log_prob"][4][1:]]
+    columns["rollout_log_prob"][70] = [0.5] * len(columns["rollout_log_prob"][70])
+    return [{name: values[a:b] for name, values in columns.items()} for a, b in ((0, 25), (25, 61), (61, 90))]
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shards on disk (each written with row groups of 8 rows), plus the files a writer leaves beside them."""
+    root = tmp_path_factory.mktemp("run")
+    for k, columns in enumerate(shard_columns()):
+        table = pq.read_table(write_dump(root / f"tmp{k}.parquet", columns))
+        (root / f"tmp{k}.parquet").unlink()
+        pq.write_table(table, root / f"shard-{k}.parquet", row_group_size=8)
+    (root / "_SUCCESS").write_text("")
+    (root / ".shard-3.parquet.tmp").write_text("half written")
+    return root
+
+
+@pytest.fixture(scope="module")
+def s3_run(s3_server: Any, local_run: Path) -> str:
+    """The same files under s3://dumps/run1/."""
+    s3_server.create_bucket(Bucket=BUCKET)
+    for file in local_run.iterdir():
+        s3_server.upload_file(str(file), BUCKET, f"run1/{file.name}")
+    return f"s3://{BUCKET}/run1/"

@@ -1,0 +1,91 @@
+"""``--ray`` on a real local Ray instance (``ray.init(num_cpus=2)``, see conftest): a task per row group or shard,
+reading from disk or from the S3 server, gives the single-process report to 1e-12 with the same skipped rows; a
+failing part is retried by Ray and then named in one line; without Ray, exit 2 naming the extra."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from test_cli import run
+from test_storage import analyze_json, same_report
+
+import rcdiag
+from rcdiag.io import Part
+from rcdiag.parallel import RAY_RETRIES, PartFailedError, on_ray
+
+
+def test_ray_on_local_shards_equals_one_process(capsys: pytest.CaptureFixture, ray_local, local_run: Path) -> None:
+    one = analyze_json(capsys, str(local_run))
+    assert one["input"]["skipped_rows"] == 2
+    same_report(analyze_json(capsys, str(local_run), "--ray"), one)
+    # one file: a task per row group (4 of them), bad row included
+    shard = str(local_run / "shard-1.parquet")
+    assert pq.ParquetFile(shard).num_row_groups == 5
+    same_report(analyze_json(capsys, shard, "--ray"), analyze_json(capsys, shard))
+
+
+def test_ray_on_an_s3_prefix_equals_one_process(capsys: pytest.CaptureFixture, ray_local, local_run: Path,
+                                                s3_run: str) -> None:  # fmt: skip
+    same_report(analyze_json(capsys, s3_run, "--ray"), analyze_json(capsys, str(local_run)))
+
+
+def test_progress_over_parts(ray_local, local_run: Path) -> None:
+    events = []
+    report = rcdiag.analyze(local_run / "shard-1.parquet", on_bad_row="skip", ray=True, on_chunk=events.append)
+    assert [e.parts for e in events] == [1, 2, 3, 4, 5] and {e.total_parts for e in events} == {5}
+    assert events[-1].rows == report.input.rows + report.input.skipped_rows == 36
+
+
+def test_bad_rows_stop_the_run_as_in_one_process(capsys: pytest.CaptureFixture, ray_local, local_run: Path) -> None:
+    code, _, one = run(capsys, "analyze", str(local_run))
+    code_ray, out, err = run(capsys, "analyze", str(local_run), "--ray")
+    assert code == code_ray == 2 and err == one and err.count("\n") == 1 and out == ""
+    assert "shard-0.parquet, row 4, column 'old_log_prob'" in err and "2 row(s) of the dump are bad" in err
+
+
+def test_an_unreadable_part_is_one_line_naming_the_file(
+    capsys: pytest.CaptureFixture, ray_local, local_run: Path, tmp_path: Path
+) -> None:
+    for name in ("shard-0.parquet", "shard-1.parquet"):
+        (tmp_path / name).write_bytes((local_run / name).read_bytes())
+    data = (local_run / "shard-2.parquet").read_bytes()
+    (tmp_path / "shard-2.parquet").write_bytes(data[:4] + b"\0" * 400 + data[404:])  # column chunks destroyed
+    code, _, err = run(capsys, "analyze", str(tmp_path), "--ray", "--on-bad-row", "skip")
+    assert code == 2 and err.count("\n") == 1 and f"{tmp_path / 'shard-2.parquet'}: cannot be read" in err, err
+
+
+def test_a_failing_task_is_retried_then_named(ray_local, local_run: Path) -> None:
+    """A part that raises something other than an rcdiag error (here: a format no registry knows) is tried
+    1 + RAY_RETRIES times by Ray, then the run stops with one line naming the part."""
+    part = Part(str(local_run), (("no-such-format", str(local_run / "shard-1.parquet")),), (2, 3))
+    with pytest.raises(PartFailedError) as info:
+        on_ray([part], rcdiag.CorrectionConfig(), rcdiag.ReadOptions(ray=True))
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"part 1 of 1 ({local_run / 'shard-1.parquet'} row groups 2-3) failed "
+                              f"{RAY_RETRIES + 1} times; the last error: KeyError")  # fmt: skip
+
+
+def test_without_ray_the_flag_names_the_extra(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, local_run: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError, as when it is not installed
+    code, out, err = run(capsys, "analyze", str(local_run), "--ray")
+    assert code == 2 and out == ""
+    assert err == "rcdiag: error: --ray needs Ray, which is not installed: pip install 'rcdiag[ray]'\n"
+
+
+def test_ray_options(capsys: pytest.CaptureFixture, local_run: Path) -> None:
+    assert rcdiag.ReadOptions(ray_address="auto").ray
+    for kwargs, message in (({"ray": True, "workers": 2}, "use one"), ({"ray_address": " "}, "is empty")):
+        with pytest.raises(rcdiag.ConfigError, match=message):
+            rcdiag.ReadOptions(**kwargs)
+    code, _, err = run(capsys, "analyze", str(local_run), "--ray", "--device", "torch-cpu")
+    assert code == 2 and "ray reads on CPUs" in err
+    code, _, err = run(capsys, "compare", str(local_run), str(local_run), "--ray", "--workers", "2")
+    assert code == 2 and "use one" in err
+    assert json.loads(json.dumps({"ok": True}))
