@@ -84,6 +84,9 @@ def load_state(path: str | Path) -> tuple[EngineState, list[SourceInfo], ScreenS
 
 def merge_state_files(paths: list[str | Path]) -> tuple[EngineState, list[SourceInfo], ScreenStats]:
     """Load and merge state files; they must compute the same metrics."""
+    from rcdiag.io.paths import state_files
+
+    paths = [file for path in paths for file in state_files(str(path))]
     if not paths:
         raise ConfigError("no state files to merge")
     merged, sources, screen = load_state(paths[0])

@@ -18,7 +18,8 @@ def merge(
     states: Annotated[
         list[str],
         typer.Argument(
-            help="State files written by `rcdiag analyze ... --save-state` (paths or URLs).",
+            help="State files written by `rcdiag analyze ... --save-state`: paths or URLs, or a directory, prefix or "
+            "quoted glob of them (`'s3://bucket/states/*.json'`).",
             metavar="STATE",
             show_default=False,
         ),

@@ -76,6 +76,25 @@ def _expand_remote(url: str) -> list[FilePath]:
     return files
 
 
+def state_files(path: str) -> list[str]:
+    """The state files one ``merge`` argument names: itself, or the ``.json`` files of a directory, prefix or
+    glob (a URL's glob cannot be left to the shell)."""
+    text = storage.local_path(path)
+    remote = storage.is_remote(text)
+    is_glob = any(ch in text for ch in GLOB_CHARS)
+    if remote and not is_glob and storage.is_dir(storage.parse(text)):
+        files: list[FilePath] = list_files(storage.parse(text), (".json",))
+    elif not remote and not is_glob and Path(text).is_dir():
+        files = list_files(Path(text), (".json",))
+    elif is_glob:
+        files = _expand_remote(text) if remote else (glob_files(text) or [Path(text)])
+    else:
+        return [path]
+    if not files:
+        raise InputError("holds no state files (.json)", path=path)
+    return [str(f) for f in files]
+
+
 def _is_dir(path: FilePath) -> bool:
     return storage.is_dir(path) if isinstance(path, RemotePath) else path.is_dir()
 
