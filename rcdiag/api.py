@@ -176,7 +176,6 @@ def build_report(state: EngineState, info: SourceInfo, device: str, screen: Scre
         key=lambda item: (item[0] is None, item[0] or 0),
     )
     pooled = per_step[0][1] if not has_steps and per_step else state.pooled().compute()
-    findings = evaluate(per_step if per_step else [(None, pooled)], state.resolved)
     steps = tuple(
         StepReport(int(step), result.rows, result.valid_tokens, result.metrics, result.extras)
         for step, result in per_step
@@ -198,7 +197,9 @@ def build_report(state: EngineState, info: SourceInfo, device: str, screen: Scre
         neg_inf_tokens=dict(screen.neg_inf_tokens) if screen else {},
         files=info.files,
         step_source=info.step_source if steps else "",
+        neg_inf_first=dict(screen.neg_inf_first) if screen else {},
     )
+    findings = evaluate(per_step if per_step else [(None, pooled)], state.resolved, facts)
     return Report(
         config=state.resolved.config.to_dict(),
         input=facts,

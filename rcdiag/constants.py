@@ -3,3 +3,8 @@
 DEFAULT_CHUNK_TOKENS = 1 << 20
 """Rows are read about a million tokens at a time: big enough to amortise decoding, small enough that memory
 stays flat (docs/performance.md)."""
+
+TEMPERATURE_KEY = "temperature"
+"""Dump metadata key holding the rollout sampling temperature."""
+TRAIN_TEMPERATURE_KEY = "train_temperature"
+"""Dump metadata key holding the temperature the trainer divided its logits by, when the dump records it."""

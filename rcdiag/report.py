@@ -23,6 +23,8 @@ class Finding:
     threshold: float | tuple[float, float] | None = None
     steps: tuple[int, ...] | None = None
     """Steps at which it holds; ``None`` for a dump without steps (one batch) or the dump as a whole."""
+    detail: dict[str, str] | None = None
+    """Per-metric detail folded into this finding (``logprob_neg_inf``: each non-finite metric and its value)."""
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -60,6 +62,8 @@ class InputFacts:
     files: int = 1
     step_source: str = ""
     """Where the steps come from: "column 'NAME'", "file name", "directory name", "key 'NAME'"; "" without."""
+    neg_inf_first: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """Per side, ``[row, position]`` of the first valid token with a ``-inf`` log-prob (0-based)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -43,6 +43,8 @@ class ScreenStats:
     rows_read: int = 0
     skipped_by_reason: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
     neg_inf_tokens: dict[str, int] = field(default_factory=lambda: {"old_log_prob": 0, "rollout_log_prob": 0})
+    neg_inf_first: dict[str, list[int]] = field(default_factory=dict)
+    """Per side, ``[row, position]`` of the first ``-inf`` at a valid token (the earliest row wins a merge)."""
 
     @property
     def skipped_rows(self) -> int:
@@ -54,6 +56,10 @@ class ScreenStats:
             rows_read=self.rows_read + other.rows_read,
             skipped_by_reason={k: v + other.skipped_by_reason.get(k, 0) for k, v in self.skipped_by_reason.items()},
             neg_inf_tokens={k: v + other.neg_inf_tokens.get(k, 0) for k, v in self.neg_inf_tokens.items()},
+            neg_inf_first={
+                k: min(at for at in (self.neg_inf_first.get(k), other.neg_inf_first.get(k)) if at is not None)
+                for k in {*self.neg_inf_first, *other.neg_inf_first}
+            },
         )
 
     def to_dict(self) -> dict:
@@ -67,6 +73,7 @@ class ScreenStats:
             rows_read=int(data["rows_read"]),
             skipped_by_reason={k: int(v) for k, v in data["skipped_by_reason"].items()},
             neg_inf_tokens={k: int(v) for k, v in data["neg_inf_tokens"].items()},
+            neg_inf_first={k: [int(v) for v in at] for k, at in data.get("neg_inf_first", {}).items()},
         )
 
 
@@ -124,7 +131,12 @@ class Screen:
                 neg_inf = values == -np.inf
                 if valid is not None:
                     neg_inf &= valid
-                self.stats.neg_inf_tokens[key] += int(np.count_nonzero(neg_inf))
+                count = int(np.count_nonzero(neg_inf))
+                self.stats.neg_inf_tokens[key] += count
+                if count and key not in self.stats.neg_inf_first:
+                    index = int(np.argmax(neg_inf))
+                    row = int(np.searchsorted(chunk.offsets, index, side="right")) - 1
+                    self.stats.neg_inf_first[key] = [chunk.first_row + row, index - int(chunk.offsets[row])]
         reasons = np.zeros(lengths.shape[0], dtype=np.int8)  # 0 = fine, else 1 + index in REASONS
         for code in sorted(flagged):
             rows = _rows_with(flagged[code], chunk.offsets, lengths)

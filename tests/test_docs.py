@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
 import pytest
 from conftest import ROOT, random_batch, run_padded
 
-from rcdiag.config import PRESETS, RS_OPTIONS
+from rcdiag.catalogue import FINDINGS, PREFIX, every_key, finding
+from rcdiag.catalogue.findings import listing_order
+from rcdiag.config import PRESETS, RS_OPTIONS, CorrectionConfig
 from rcdiag.errors import ExitCode
 from rcdiag.health import FINDING_CODES
 
@@ -27,14 +30,51 @@ def all_metric_keys() -> set[str]:
     return keys
 
 
-@pytest.mark.parametrize("key", sorted(all_metric_keys()))
-def test_every_metric_key_is_documented(key: str) -> None:
-    assert key.removeprefix("rollout_corr/") in DOCS
+def documented_keys() -> set[str]:
+    """Every whole key written in backticks in docs/metrics.md (`kl`, `rollout_corr/kl`, `rcdiag/kl_std_error`)."""
+    page = (ROOT / "docs" / "metrics.md").read_text()
+    return {m.removeprefix(PREFIX) for m in re.findall(r"`([A-Za-z0-9_/]+)`", page)}
+
+
+@pytest.mark.parametrize("key", every_key())
+def test_every_catalogue_key_is_in_the_metrics_page(key: str) -> None:
+    assert key.removeprefix(PREFIX) in documented_keys()  # whole keys: `kl` is not found inside `k3_kl`
+
+
+def test_the_metrics_page_lists_no_key_the_catalogue_lacks() -> None:
+    fields = {f.name for f in dataclasses.fields(CorrectionConfig)}
+    keyish = {k for k in documented_keys() if re.fullmatch(r"(rollout_(is|rs)_|rcdiag/)\w+", k)}
+    assert keyish - fields - {k.removeprefix(PREFIX) for k in every_key()} == set()
+
+
+def test_reported_keys_are_exactly_the_catalogue() -> None:
+    assert all_metric_keys() == set(every_key())
+
+
+def test_whole_key_matching_cannot_pass_on_a_substring() -> None:
+    assert "kl" in documented_keys() and "l_ppl_diff" not in documented_keys()
+
+
+def code_table(page: str) -> list[tuple[str, str]]:
+    """(code, severity) of each row of a page's first code table."""
+    text = (ROOT / "docs" / page).read_text()
+    return re.findall(r"^\| `([a-z0-9_]+)` \| (error|warning|info) \|", text, flags=re.MULTILINE)
+
+
+@pytest.mark.parametrize(("page", "command"), [("findings.md", "analyze"), ("compare.md", "compare")])
+def test_finding_docs_list_exactly_the_catalogue(page: str, command: str) -> None:
+    listed = [(spec.code, spec.severity) for spec in FINDINGS if command in spec.commands]
+    assert code_table(page) == sorted(listed, key=lambda item: listing_order(*item))
 
 
 @pytest.mark.parametrize("code", FINDING_CODES)
-def test_every_finding_code_is_documented(code: str) -> None:
-    assert f"`{code}`" in DOCS
+def test_every_finding_code_has_a_section(code: str) -> None:
+    spec = finding(code)
+    assert f"### `{code}` ({spec.severity})" in (ROOT / "docs" / "findings.md").read_text()
+
+
+def test_findings_doc_does_not_call_check_future_work() -> None:
+    assert "future" not in (ROOT / "docs" / "findings.md").read_text()
 
 
 @pytest.mark.parametrize("name", list(PRESETS))

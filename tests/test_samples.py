@@ -21,11 +21,21 @@ def test_healthy_sample_is_quiet_under_every_preset() -> None:
     path = SAMPLES / "healthy.parquet"
     assert codes(path) == {}
     assert codes(path, rcdiag.CorrectionConfig(rollout_rs="token_k1", rollout_rs_threshold="0.5_2.0")) == {}
-    for name in ("decoupled_token_is", "decoupled_seq_is", "decoupled_token_icepop", "decoupled_seq_is_rs"):
+    for name in ("decoupled_token_is", "decoupled_seq_is", "decoupled_token_icepop", "decoupled_k3_rs"):
         assert codes(path, rcdiag.preset(name)) == {}, name
+    # RS presets tighter than outlier removal warn, at the steps where they reject more than one token in five
+    for name in ("decoupled_seq_is_rs", "decoupled_geo_rs"):
+        assert codes(path, rcdiag.preset(name)) == {"rs_rejects_most_tokens": rejecting_steps(path, name)}, name
+    assert rejecting_steps(path, "decoupled_geo_rs") == (0, 1, 2, 3, 4, 5)
     report = rcdiag.analyze(path)
     assert report.metrics[P + "kl"] == pytest.approx(2.74e-4, rel=0.05)
     assert report.input.rows == 384 and report.input.steps == 6 and report.input.empty_rows == 2
+
+
+def rejecting_steps(path: Path, preset: str) -> tuple[int, ...]:
+    """Steps at which RS rejects more than 20% of the valid tokens (rs_rejects_most_tokens' documented share)."""
+    report = rcdiag.analyze(path, rcdiag.preset(preset))
+    return tuple(s.step for s in report.steps if s.metrics[P + "rollout_rs_masked_fraction"] > 0.2)
 
 
 def test_topk_offset_sample() -> None:
@@ -38,15 +48,24 @@ def test_topk_offset_sample() -> None:
 
 def test_forgotten_temperature_sample() -> None:
     found = codes(SAMPLES / "train_forgot_temperature.parquet")
-    assert set(found) == {"kl_high", "chi2_token_high"}
+    assert set(found) == {"kl_high", "chi2_token_high", "temperature_recorded_mismatch"}
     assert found["kl_high"] == (0, 1, 2, 3, 4, 5)
+    # the generator samples at T=0.6 and scores at T=1.0, and records both
+    recorded = next(
+        f
+        for f in rcdiag.analyze(SAMPLES / "train_forgot_temperature.parquet").findings
+        if f.code == "temperature_recorded_mismatch"
+    )
+    assert (recorded.value, recorded.threshold, recorded.steps) == (1.0, 0.6, None)
 
 
 def test_healthy_at_temperature_06_sample() -> None:
     path = SAMPLES / "healthy_t06.parquet"
     assert codes(path) == {}
-    for name in ("decoupled_token_is", "decoupled_seq_is", "decoupled_token_icepop", "decoupled_geo_rs"):
+    for name in ("decoupled_token_is", "decoupled_seq_is", "decoupled_token_icepop"):
         assert codes(path, rcdiag.preset(name)) == {}, name
+    assert codes(path, rcdiag.preset("decoupled_geo_rs")) == {"rs_rejects_most_tokens": (0, 1, 2, 3, 4, 5)}
+    assert rejecting_steps(path, "decoupled_geo_rs") == (0, 1, 2, 3, 4, 5)
     report = rcdiag.analyze(path)
     assert report.metrics[P + "kl"] == pytest.approx(7.1e-4, rel=0.05)
     assert report.input.metadata["temperature"] == "0.6"

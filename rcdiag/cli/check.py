@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from rcdiag.catalogue.metrics import packs_help
 from rcdiag.cli.options import ENGINE_FLAGS, READ_FLAGS, output_flags, path_option
 from rcdiag.cli.params import with_flags
 
@@ -58,9 +59,7 @@ def check(
         typer.Option(
             "--pack",
             metavar="NAME",
-            help="Rule pack from documented practice: `verl` (IS mean in [0.5, 2], ESS >= 0.3, IS std <= 1, "
-            "|kl| <= 0.1, chi2_token <= 1), `nemo-rl` (token_mult_prob_error <= 1.05, k3_kl <= 1e-3), "
-            "`miles-dense` (k3_kl <= 1e-3), `miles-moe` (k3_kl <= 0.1). Rules on metrics the configuration does "
+            help=f"Rule pack from documented practice: {packs_help()}. Rules on metrics the configuration does "
             "not compute are skipped. Repeatable.",
             rich_help_panel=RULES,
             show_default=False,

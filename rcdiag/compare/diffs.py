@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from rcdiag.compare.records import K3, KL, MetricDiff, P, StepPair, _finite
+from rcdiag.catalogue.metrics import step_columns
+from rcdiag.compare.records import MetricDiff, StepPair, _finite
 
-TREND_KEYS = (KL, K3, P + "chi2_token", P + "log_ppl_abs_diff", "rcdiag/abs_log_ratio_mean")
+TREND_KEYS = tuple(step_columns("compare_trend"))
 
 
 def _diffs(a: Mapping[str, float | None], b: Mapping[str, float | None]) -> tuple[MetricDiff, ...]:

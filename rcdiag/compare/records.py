@@ -11,13 +11,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rcdiag.catalogue.metrics import full_key
 from rcdiag.report import SCHEMA_VERSION, Report, Severity
 
 Side = Literal["a", "b"]
-P = "rollout_corr/"
-KL = P + "kl"
-K3 = P + "k3_kl"
-KL_SE = "rcdiag/kl_std_error"
+KL = full_key("kl")
+K3 = full_key("k3_kl")
+KL_SE = full_key("rcdiag/kl_std_error")
 
 
 @dataclass(frozen=True)

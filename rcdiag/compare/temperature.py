@@ -10,13 +10,9 @@ import math
 from typing import Literal
 
 from rcdiag.compare.records import K3, KL, KL_SE, SideTemperature, TemperatureAnalysis
+from rcdiag.constants import TEMPERATURE_KEY, TRAIN_TEMPERATURE_KEY
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.report import Report
-
-TEMPERATURE_KEY = "temperature"
-"""Dump metadata key holding the rollout sampling temperature."""
-TRAIN_TEMPERATURE_KEY = "train_temperature"
-"""Dump metadata key holding the temperature the trainer divided its logits by, when the dump records it."""
 
 NOISE_RATIO_LIMIT = 3.0
 """Noise estimates further apart than this factor are not the same engine noise (kl differs by 9x)."""

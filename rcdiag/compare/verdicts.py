@@ -1,31 +1,23 @@
 """The verdict: findings about the pair from the temperature analysis and each side's own report.
 
-One place for every finding code, its severity and its message, so that docs/compare.md can document them all
-and findings are listed in a stable order.
+Codes, severities and their order come from the finding catalogue (``rcdiag.catalogue.findings``); the
+messages, which quote the measured numbers, are built here.
 """
 
 from __future__ import annotations
 
 import math
 
+from rcdiag.catalogue.findings import codes_for, finding, listing_order
 from rcdiag.compare.records import KL, CompareFinding, Side, SideTemperature, TemperatureAnalysis
 from rcdiag.compare.temperature import NOISE_RATIO_LIMIT, SIGMAS, _g
+from rcdiag.health import KL_K3_RELATIVE_GAP
 from rcdiag.report import Report
 
 TEMPERATURE_KL_LIMIT = 0.1
 """kl at or above this at T != 1 is the size a log-prob computed without the temperature gives (0.1-1)."""
 
-COMPARE_FINDING_CODES = (
-    "temperature_kl_high",
-    "temperature_noise_mismatch",
-    "temperature_recorded_mismatch",
-    "temperature_option_overrides_metadata",
-    "engine_noise_differs",
-    "systematic_shift",
-    "temperature_unknown",
-    "noise_inconclusive",
-    "noise_consistent",
-)
+COMPARE_FINDING_CODES = codes_for("compare")
 """Every code ``compare`` can give, in the order findings are listed (documented in docs/compare.md)."""
 
 
@@ -39,10 +31,20 @@ def _findings(a: Report, b: Report, t: TemperatureAnalysis) -> list[CompareFindi
     problems = [f for f in findings if f.severity != "info"]
     if not problems and t.noise_ratio is not None and 1 / NOISE_RATIO_LIMIT < t.noise_ratio < NOISE_RATIO_LIMIT:
         findings.append(_consistent(t))
-    order = {code: i for i, code in enumerate(COMPARE_FINDING_CODES)}
-    rank = {"error": 0, "warning": 1, "info": 2}
-    findings.sort(key=lambda f: (rank[f.severity], order[f.code], f.side or ""))
+    findings.sort(key=lambda f: (*listing_order(f.code, f.severity), f.side or ""))
     return findings
+
+
+def _verdict(
+    code: str,
+    message: str,
+    side: Side | None = None,
+    metric: str | None = None,
+    value: float | None = None,
+    threshold: float | None = None,
+) -> CompareFinding:
+    """A finding with its catalogue severity."""
+    return CompareFinding(code, finding(code).severity, message, side, metric, value, threshold)
 
 
 def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[CompareFinding]:
@@ -50,16 +52,15 @@ def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[Comp
     other = "b" if side == "a" else "a"
     if st.temperature is None:
         out.append(
-            CompareFinding(
+            _verdict(
                 "temperature_unknown",
-                "info",
                 f"side {side}'s sampling temperature is unknown: pass --temperature-{side} (or write 'temperature' "
                 "into the dump's metadata) to get the temperature analysis for it.",
                 side,
             )
         )
     elif st.kl is not None and st.kl >= TEMPERATURE_KL_LIMIT and st.temperature != 1.0:
-        agree = st.k3_kl is not None and abs(st.kl - st.k3_kl) <= 0.5 * max(abs(st.kl), abs(st.k3_kl))
+        agree = st.k3_kl is not None and abs(st.kl - st.k3_kl) <= KL_K3_RELATIVE_GAP * max(abs(st.kl), abs(st.k3_kl))
         shape = (
             "kl and k3_kl agree, as they do when one side's distribution is a re-tempered but still normalised "
             "copy of the other's"
@@ -67,9 +68,8 @@ def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[Comp
             else "kl and k3_kl also disagree, so part of it is a systematic shift"
         )
         out.append(
-            CompareFinding(
+            _verdict(
                 "temperature_kl_high",
-                "warning",
                 f"side {side}: kl = {st.kl:.3g} at T={st.temperature:g}. Numerical engine noise gives kl of "
                 f"1e-5..1e-2; kl of order {TEMPERATURE_KL_LIMIT:g}-1 at T != 1 is what log-probs computed without "
                 f"the temperature on one side give ({shape}). Check that the trainer divides its logits by the "
@@ -86,9 +86,8 @@ def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[Comp
         assert st.temperature is not None
         assert st.recorded_temperature is not None
         out.append(
-            CompareFinding(
+            _verdict(
                 "temperature_option_overrides_metadata",
-                "warning",
                 f"side {side}: --temperature-{side} {st.temperature:g} disagrees with the temperature the dump "
                 f"records ({st.recorded_temperature:g}); the analysis uses {st.temperature:g}. If the dump's "
                 f"metadata is right, drop --temperature-{side}: the noise estimate T*sqrt(2 kl) and the verdict "
@@ -102,12 +101,10 @@ def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[Comp
     recorded = st.source == "metadata" and st.train_temperature is not None
     if recorded and st.train_temperature != st.temperature:
         out.append(
-            CompareFinding(
+            _verdict(
                 "temperature_recorded_mismatch",
-                "warning",
                 f"side {side}'s dump records a rollout temperature of {st.temperature:g} but a trainer temperature "
-                f"of {st.train_temperature:g}: its old_log_prob is not from the distribution the tokens were "
-                "sampled from.",
+                f"of {st.train_temperature:g}. " + finding("temperature_recorded_mismatch").advice,
                 side,
                 None,
                 st.train_temperature,
@@ -117,9 +114,8 @@ def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[Comp
     shift = next((f for f in report.findings if f.code == "kl_k3_disagree"), None)
     if shift is not None:
         out.append(
-            CompareFinding(
+            _verdict(
                 "systematic_shift",
-                "warning",
                 f"side {side}: kl ({_g(st.kl)}) and k3_kl ({_g(st.k3_kl)}) disagree, so its mismatch is not "
                 "small noise and its noise estimate T*sqrt(2 kl) does not hold (the second-order expansion "
                 f"behind it assumes they agree). The cause is on side {side}'s log-prob plumbing, not something "
@@ -157,9 +153,8 @@ def _noise_findings(t: TemperatureAnalysis, shifted: set[Side | None]) -> list[C
     )
     if not quiet.noise_resolved and worst_case < NOISE_RATIO_LIMIT:
         return [
-            CompareFinding(
+            _verdict(
                 "noise_inconclusive",
-                "info",
                 f"{numbers}: {point:.3g}x apart, but side {other}'s kl ({_g(quiet.kl)}) is within {SIGMAS:g} "
                 f"standard errors ({_g(quiet.kl_std_error)}) of 0, and at the high end of its band the two are "
                 f"{worst_case:.3g}x apart, within {NOISE_RATIO_LIMIT:g}x. Compare larger dumps (more responses) "
@@ -173,9 +168,8 @@ def _noise_findings(t: TemperatureAnalysis, shifted: set[Side | None]) -> list[C
     apart = f"{point:.3g}x apart" if quiet.noise else "apart"
     if noisy.temperature != 1.0 and quiet.noise:
         return [
-            CompareFinding(
+            _verdict(
                 "temperature_noise_mismatch",
-                "warning",
                 f"{numbers}: {apart} (limit {NOISE_RATIO_LIMIT:g}x). Temperature cannot explain this, because the "
                 f"estimate already corrects for it; at T={noisy.temperature:g} the likely cause is temperature "
                 f"handling on side {side}: log-probs taken before or without dividing by T on one engine, or a "
@@ -192,9 +186,8 @@ def _noise_findings(t: TemperatureAnalysis, shifted: set[Side | None]) -> list[C
     else:
         why = f"Side {other} shows no measurable noise (kl <= 0: bitwise-equal engines?), so"
     return [
-        CompareFinding(
+        _verdict(
             "engine_noise_differs",
-            "warning",
             f"{numbers}: {apart} (limit {NOISE_RATIO_LIMIT:g}x). {why} side {side}'s two engines disagree more: "
             "another kernel, dtype, parallel layout, engine version or checkpoint.",
             side,
@@ -224,4 +217,4 @@ def _consistent(t: TemperatureAnalysis) -> CompareFinding:
             f"({t.a.temperature:g} vs {t.b.temperature:g}; ideal {t.ideal_kl_ratio:.3g}x, usually less because a "
             "sharper distribution shrinks Var_pi(eps)), not from a change in the engines."
         )
-    return CompareFinding("noise_consistent", "info", message, None, KL, t.noise_ratio, NOISE_RATIO_LIMIT)
+    return _verdict("noise_consistent", message, None, KL, t.noise_ratio, NOISE_RATIO_LIMIT)

@@ -26,6 +26,8 @@ class InputFormat:
     whitespace ignored) recognise a file; among formats that share a suffix or magic the first whose ``claims``
     accepts the file wins (no ``claims``: always). ``run_dir`` names the sub-directory holding the dumps in this
     tool's run directory; ``companions`` are file names this tool writes beside its dumps that are not dumps.
+    ``prompts``: its rows hold the prompt and padding too, so a dump of it without a mask counts them as response
+    tokens (the ``mask_missing`` finding).
     """
 
     name: str
@@ -36,6 +38,7 @@ class InputFormat:
     claims: str | None = None
     run_dir: str | None = None
     companions: str | None = None
+    prompts: bool = False
 
     def open(self, path: FilePath, columns: ColumnMap | None) -> TableFile:
         """The format's ``TableFile`` for ``path``."""
@@ -51,9 +54,9 @@ FORMATS: tuple[InputFormat, ...] = (
     InputFormat("arrow", "Arrow IPC", (".arrow", ".feather", ".ipc", ".arrows"), (b"ARROW1", b"\xff\xff\xff\xff"),
                 "rcdiag.io.arrow_ipc:ArrowIpcFile"),
     InputFormat("nemo-rl", "NeMo-RL JSONL", (".jsonl",), (b"{",), "rcdiag.io.nemo_rl:NemoRlFile",
-                claims="rcdiag.io.nemo_rl:claims", companions=r"^val_data_step\d+\.jsonl$"),
+                claims="rcdiag.io.nemo_rl:claims", companions=r"^val_data_step\d+\.jsonl$", prompts=True),
     InputFormat("prime-rl", "prime-rl JSONL", (".jsonl",), (b"{",), "rcdiag.io.prime_rl:PrimeRlFile",
-                claims="rcdiag.io.prime_rl:claims", run_dir="token_exports"),
+                claims="rcdiag.io.prime_rl:claims", run_dir="token_exports", prompts=True),
     InputFormat("jsonl", "JSONL", (".jsonl",), (b"{",), "rcdiag.io.jsonl:JsonlFile"),
     InputFormat("torch", "PyTorch .pt", (".pt", ".pth"), (), "rcdiag.io.torch_pt:TorchFile"),
     InputFormat("npz", "NumPy .npz", (".npz",), (b"PK\x03\x04",), "rcdiag.io.npz:NpzFile"),

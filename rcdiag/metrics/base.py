@@ -18,6 +18,8 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 
+from rcdiag.catalogue.findings import finding
+
 Reduce = Literal["sum", "max", "min", "moments"]
 MetricValue = float | None
 """A metric value; ``None`` where verl would crash or the value does not exist for this batch."""
@@ -67,8 +69,12 @@ class VerlCrash:
     """A condition under which verl v0.9.0 raises instead of logging metrics for this batch."""
 
     code: str
+    """A code of the finding catalogue (``rcdiag.catalogue.findings``), which gives its severity and docs."""
     metric: str | None
     message: str
+
+    def __post_init__(self) -> None:
+        finding(self.code)  # KeyError for a code the catalogue lacks: a bug, caught by the first test that crashes
 
 
 class Accumulator:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import ResolvedConfig
 from rcdiag.metrics.base import Accumulator, MetricValue, VerlCrash, verl_float
 from rcdiag.metrics.block import Block
@@ -17,8 +18,6 @@ from rcdiag.metrics.extras import ExtraMetrics
 from rcdiag.metrics.importance import ISMetrics
 from rcdiag.metrics.offpolicy import OffPolicyMetrics
 from rcdiag.metrics.rejection import RSAggregateMetrics, RSOptionMetrics
-
-PREFIX = "rollout_corr/"
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@
 * ``kl_std_error``: standard error of ``kl``, treating sequences (not tokens) as the independent units, since
   tokens of one response are correlated: sqrt(sum_i (S_i - kl_hat * n_i)^2) / N with S_i the row sum of
   log(pi_rollout/pi_train) and n_i its valid tokens.
+* ``kl_std_error_dof``: degrees of freedom of that standard error, (sum_i n_i^2)^2 / sum_i n_i^4 (Satterthwaite,
+  with a response's variance growing as the square of its length): a few long responses leave few.
 * ``clamped_token_fraction``: share of valid tokens whose |log-ratio| exceeds verl's safety bound of 20, where
   verl's clamps change the IS weights and chi2.
 """
@@ -24,6 +26,7 @@ EXTRA_KEYS = (
     "rcdiag/abs_log_ratio_max",
     "rcdiag/token_mult_prob_error",
     "rcdiag/kl_std_error",
+    "rcdiag/kl_std_error_dof",
     "rcdiag/clamped_token_fraction",
 )
 
@@ -41,6 +44,7 @@ class ExtraMetrics(Accumulator):
         "s_sq": "sum",
         "sn": "sum",
         "n_sq": "sum",
+        "n_4": "sum",
     }
 
     def update(self, block: Block) -> None:
@@ -59,6 +63,7 @@ class ExtraMetrics(Accumulator):
             s_sq=b.dot(s, s),
             sn=b.dot(s, n),
             n_sq=b.dot(n, n),
+            n_4=b.dot(n * n, n * n),
         )
 
     def keys(self) -> list[str]:
@@ -77,5 +82,6 @@ class ExtraMetrics(Accumulator):
             "rcdiag/abs_log_ratio_max": st["abs_max"],
             "rcdiag/token_mult_prob_error": st["exp_abs"] / n,
             "rcdiag/kl_std_error": math.sqrt(max(spread, 0.0)) / n if spread == spread else math.nan,
+            "rcdiag/kl_std_error_dof": st["n_sq"] ** 2 / st["n_4"],
             "rcdiag/clamped_token_fraction": st["clamped"] / n,
         }, []

@@ -7,13 +7,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from rcdiag.catalogue.metrics import short_key, step_columns
 from rcdiag.compare import Comparison, MetricDiff
 from rcdiag.render import counted
 from rcdiag.render.table import describe_config, evenly_spaced, fmt
 from rcdiag.report import Report
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
-_STEP_KEYS = ("rollout_corr/kl", "rollout_corr/k3_kl", "rollout_corr/chi2_token")
 MAX_STEP_ROWS = 24
 
 
@@ -116,9 +116,9 @@ def _step_table(comparison: Comparison) -> Table:
         title += f"; {len(shown)} of {len(pairs)} steps shown, evenly spaced; all are in --format json"
     table = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
     table.add_column("step", justify="right")
-    keys = [k for k in _STEP_KEYS if pairs[0].get(k) is not None]
+    keys = [k for k in step_columns("compare") if pairs[0].get(k) is not None]
     for key in keys:
-        name = key.removeprefix("rollout_corr/")
+        name = short_key(key)
         for column in (f"{name} a", f"{name} b", f"{name} b-a"):
             table.add_column(column, justify="right", no_wrap=True)
     for pair in shown:
@@ -128,7 +128,7 @@ def _step_table(comparison: Comparison) -> Table:
             assert row is not None
             cells += [fmt(row.a), fmt(row.b), fmt(row.difference)]
         table.add_row(*cells)
-    slopes = [f"{k.removeprefix('rollout_corr/')} {fmt(v)}/step" for k, v in comparison.trend.items() if v is not None]
+    slopes = [f"{short_key(k)} {fmt(v)}/step" for k, v in comparison.trend.items() if v is not None]
     if slopes:
         table.caption = "trend of b - a (least-squares slope): " + ", ".join(slopes)
         table.caption_justify = "left"

@@ -8,23 +8,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-import rcdiag.health as health
+from rcdiag.catalogue import FINDINGS, metric, reading, short_key
+from rcdiag.catalogue.metrics import rs_option, step_columns
 from rcdiag.config import CorrectionConfig
 from rcdiag.render import counted
-from rcdiag.render.readings import reading
 from rcdiag.report import Finding, Report
 
-P = "rollout_corr/"
 T = TypeVar("T")
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
-_TREND_KEYS = (
-    P + "kl",
-    P + "k3_kl",
-    P + "chi2_token",
-    P + "log_ppl_abs_diff",
-    P + "rollout_is_eff_sample_size",
-    P + "rollout_rs_masked_fraction",
-)
 MAX_TREND_ROWS = 24
 
 
@@ -120,26 +111,16 @@ def describe_config(config: dict) -> str:
 
 
 def _group(key: str) -> str:
-    name = key.removeprefix(P)
-    if name.startswith("rollout_is_"):
-        return "is"
-    if name in ("rollout_rs_masked_fraction", "rollout_rs_seq_masked_fraction"):
-        return "rs_aggregate"
-    if name.startswith("rollout_rs_"):
-        return "rs"
-    return "offpolicy"
+    spec = metric(key)
+    return spec.group if spec is not None else "extras"
 
 
 def _rs_groups(metrics: dict) -> dict[str, list[str]]:
-    from rcdiag.config import RS_OPTIONS
-
     groups: dict[str, list[str]] = {}
     for key in metrics:
-        if _group(key) != "rs":
-            continue
-        name = key.removeprefix(P + "rollout_rs_")
-        option = next(opt for opt in sorted(RS_OPTIONS, key=len, reverse=True) if name.startswith(opt + "_"))
-        groups.setdefault(option, []).append(key)
+        option = rs_option(key)
+        if option is not None:
+            groups.setdefault(option, []).append(key)
     return groups
 
 
@@ -185,7 +166,7 @@ def evenly_spaced(items: list[T], most: int) -> list[T]:
 
 
 def _trend_table(report: Report) -> Table:
-    present = [k for k in _TREND_KEYS if k in report.metrics]
+    present = [k for k in step_columns("analyze") if k in report.metrics]
     steps = list(report.steps)
     shown = evenly_spaced(steps, MAX_TREND_ROWS)
     title = "Per step (what verl logged at each step)"
@@ -195,32 +176,25 @@ def _trend_table(report: Report) -> Table:
     table.add_column("step", justify="right")
     table.add_column("rows", justify="right")
     for key in present:
-        table.add_column(key.removeprefix(P), justify="right")
+        table.add_column(short_key(key), justify="right")
     for step in shown:
         table.add_row(str(step.step), f"{step.rows:,}", *(fmt(step.metrics.get(k)) for k in present))
     return table
 
 
-_CHECKS: tuple[tuple[str, str, str], ...] = (
-    ("verl_crash_empty_batch", "", "every batch has a valid token (else verl raises ValueError)"),
-    (
-        "verl_crash_ess_zero_division",
-        P + "rollout_is_eff_sample_size",
-        "IS leaves a nonzero weight (else verl's ESS divides by 0)",
-    ),
-    (
-        "is_mean_out_of_range",
-        P + "rollout_is_mean",
-        f"IS mean within [{health.IS_MEAN_RANGE[0]}, {health.IS_MEAN_RANGE[1]}]",
-    ),
-    ("is_ess_low", P + "rollout_is_eff_sample_size", f"IS effective sample size >= {health.ESS_MIN}"),
-    ("is_std_high", P + "rollout_is_std", f"IS std <= {health.IS_STD_MAX}"),
-    ("kl_high", P + "kl", f"|kl| <= {health.KL_ABS_MAX}"),
-    ("chi2_token_high", P + "chi2_token", f"chi2_token <= {health.CHI2_TOKEN_MAX}"),
-    ("kl_k3_disagree", P + "kl", "kl agrees with k3_kl (no systematic shift)"),
-    ("rs_rejects_all_tokens", P + "rollout_rs_masked_fraction", "RS leaves some tokens to train on"),
-    ("metric_not_finite", "", "every metric is finite"),
-)
+def _checks() -> list[tuple[str, str | None, str]]:
+    """(code, full metric key or None, label) of every checklist row, from the finding catalogue."""
+    rows = []
+    for spec in FINDINGS:
+        if spec.check is None or "analyze" not in spec.commands:
+            continue
+        needed = metric(spec.metric) if spec.metric is not None else None
+        label = spec.check
+        if needed is not None and "{rule}" in label:
+            threshold = next(t for t in needed.thresholds if t.finding == spec.code)
+            label = label.format(rule=threshold.describe(needed.short))
+        rows.append((spec.code, needed.name if needed is not None else None, label))
+    return rows
 
 
 def _checklist(report: Report) -> Table:
@@ -232,8 +206,8 @@ def _checklist(report: Report) -> Table:
     table.add_column("check")
     table.add_column("code", style="dim")
     table.add_column("where", overflow="fold")
-    for code, metric, label in _CHECKS:
-        if metric and metric not in report.metrics:
+    for code, key, label in _checks():
+        if key and key not in report.metrics:
             table.add_row(
                 Text("–", style="dim"),
                 Text(label, style="dim"),

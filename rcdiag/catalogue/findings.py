@@ -1,0 +1,240 @@
+"""Every finding code: its severity, which commands give it, its checklist wording and what it advises.
+
+Codes are stable (scripts key on them). Findings are listed in this order within a severity; docs/findings.md
+documents the ``analyze`` codes and docs/compare.md the ``compare`` codes, and tests hold both to this table.
+A threshold finding's bound lives with its metric (``rcdiag.catalogue.metrics``), never here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Literal
+
+from rcdiag.report import Severity
+
+Command = Literal["analyze", "compare"]
+
+
+@dataclass(frozen=True)
+class FindingSpec:
+    """One finding code."""
+
+    code: str
+    """Stable: scripts key on it."""
+    severity: Severity
+    """The same wherever the code is raised (analyze, compare, an accumulator's crash note)."""
+    trigger: str
+    """When it fires, in one line (the docs table says the same)."""
+    check: str | None = None
+    """Wording of its row in analyze's checklist (``{rule}``: the metric's threshold); ``None``: no row."""
+    metric: str | None = None
+    """The metric it needs; the checklist marks the row "not computed" without it."""
+    advice: str = ""
+    """What to try, appended to the measured facts of the message."""
+    commands: tuple[Command, ...] = ("analyze",)
+
+
+FINDINGS: tuple[FindingSpec, ...] = (
+    FindingSpec(
+        "verl_crash_empty_batch",
+        "error",
+        "a batch has no valid token",
+        check="every batch has a valid token (else verl raises ValueError)",
+    ),
+    FindingSpec(
+        "verl_crash_ess_zero_division",
+        "error",
+        "IS on and every applied weight of a batch is 0",
+        check="IS leaves a nonzero weight (else verl's ESS divides by 0)",
+        metric="rollout_is_eff_sample_size",
+    ),
+    FindingSpec(
+        "mask_looks_inverted",
+        "warning",
+        "more than half of the rows have no valid token",
+        check="most rows have a valid token (the mask is not inverted)",
+        advice="The mask must be 1 at response tokens and 0 at prompt and padding: check the mask column (or pass "
+        "--mask-col with the right one) before reading any metric.",
+    ),
+    FindingSpec(
+        "mask_missing",
+        "warning",
+        "no mask column in a format whose rows hold prompt and padding",
+        check="the dump has a mask where its format needs one",
+        advice="Pass --mask-col with the key holding the loss mask (NeMo-RL writes token_loss_mask, prime-rl "
+        "loss_mask).",
+    ),
+    FindingSpec(
+        "is_mean_out_of_range",
+        "warning",
+        "the mean applied IS weight is outside its range",
+        check="IS weights average near 1: {rule}",
+        metric="rollout_is_mean",
+        advice="The two engines' log-probs differ systematically, not by noise. Check that the rollout engine "
+        "returns log-probs of the sampled tokens (calculate_log_probs), that both sides use the same temperature "
+        "and sampling filters, and the log-prob plumbing.",
+    ),
+    FindingSpec(
+        "is_ess_low",
+        "warning",
+        "the IS effective sample size is below its minimum",
+        check="IS effective sample size: {rule}",
+        metric="rollout_is_eff_sample_size",
+        advice="A few tokens or sequences carry most of the IS weight, so the corrected gradient is high-variance. "
+        "Tighten the IS threshold, or reject outliers with length-normalised RS (seq_mean_k1 'Geo-RS', or "
+        "seq_mean_k3).",
+    ),
+    FindingSpec(
+        "is_std_high",
+        "warning",
+        "the standard deviation of the applied IS weights is above its maximum",
+        check="IS weight spread: {rule}",
+        metric="rollout_is_std",
+        advice="High-variance correction. Tighten the IS threshold or add length-normalised RS.",
+    ),
+    FindingSpec(
+        "kl_high",
+        "warning",
+        "|kl| is above its maximum",
+        check="{rule}",
+        metric="kl",
+        advice="Training and rollout disagree far beyond numerical noise (k3 KL typically runs 1e-5..1e-3 on "
+        "dense models, 1e-3..1e-1 on MoE). Likely causes: temperature applied on one side only, top-k/top-p "
+        "log-probs not renormalised alike, a stale or different checkpoint, or misaligned token positions.",
+    ),
+    FindingSpec(
+        "chi2_token_high",
+        "warning",
+        "chi2_token is above its maximum",
+        check="{rule}",
+        metric="chi2_token",
+        advice="The second moment of the token IS ratio is large, so some tokens have ratios far above 1. "
+        "Token-level IS needs a tight cap, or reject those tokens (token_k1/token_k3 RS).",
+    ),
+    FindingSpec(
+        "kl_k3_disagree",
+        "warning",
+        "kl - k3_kl is beyond its noise (corrected for the number of steps tested) and beyond half the KL",
+        check="kl agrees with k3_kl within noise (no systematic shift)",
+        metric="kl",
+        advice="Both estimate KL(rollout || training) and agree when the mismatch is noise, because the mean ratio "
+        "pi_train/pi_rollout of tokens sampled from the rollout policy is 1. A gap beyond noise means a "
+        "systematic shift: the rollout log-probs are not those of the distribution that sampled the tokens "
+        "(top-k/top-p truncation renormalised on one side, a constant offset, shifted positions).",
+    ),
+    FindingSpec(
+        "rs_rejects_all_tokens",
+        "warning",
+        "RS rejects every valid token of a batch",
+        check="RS leaves some tokens to train on",
+        metric="rollout_rs_masked_fraction",
+        advice="The step trains on nothing. (verl <= v0.7.1 crashed here: 'Expected at least one valid token in "
+        "response_mask'.) Loosen the RS thresholds.",
+    ),
+    FindingSpec(
+        "rs_rejects_most_tokens",
+        "warning",
+        "RS rejects more than its documented share of the valid tokens of a batch (but not all)",
+        check="RS removes outliers only: {rule}",
+        metric="rollout_rs_masked_fraction",
+        advice="verl's RS is a hard filter for extreme outliers; removing this much of a batch trains on a biased "
+        "subset. Loosen that option's --rs-threshold (rcdiag sweep scans thresholds for one that fits).",
+    ),
+    FindingSpec(
+        "logprob_neg_inf",
+        "warning",
+        "valid tokens have -inf log-probs, so the unclamped metrics are infinite",
+        check="no -inf log-prob at a valid token",
+        advice="A log-prob of -inf says the engine gave the sampled token probability 0: a sampling filter "
+        "(top-k/top-p/min-p) applied on one side only, or a masked-out vocabulary entry. Every metric it made "
+        "infinite is listed in this finding's detail (JSON).",
+    ),
+    FindingSpec(
+        "metric_not_finite",
+        "warning",
+        "a metric is +inf, -inf or NaN for a reason other than -inf log-probs",
+        check="every metric is finite",
+    ),
+    FindingSpec(
+        "is_weights_unused",
+        "info",
+        "bypass_mode with loss_type ppo_clip and IS on (configuration-level)",
+    ),
+    # compare's verdicts about a pair of dumps (docs/compare.md)
+    FindingSpec(
+        "temperature_kl_high",
+        "warning",
+        "a side's kl at T != 1 is the size a missing temperature gives",
+        commands=("compare",),
+    ),
+    FindingSpec(
+        "temperature_noise_mismatch",
+        "warning",
+        "the noise estimates are far apart and the noisier side is at T != 1",
+        commands=("compare",),
+    ),
+    FindingSpec(
+        "temperature_recorded_mismatch",
+        "warning",
+        "the dump's metadata records a train_temperature different from its temperature",
+        check="recorded temperature and train_temperature agree",
+        advice="Its old_log_prob is not from the distribution the tokens were sampled from: the trainer must divide "
+        "its logits by the rollout temperature before log_softmax.",
+        commands=("analyze", "compare"),
+    ),
+    FindingSpec(
+        "temperature_option_overrides_metadata",
+        "warning",
+        "--temperature-X disagrees with the temperature the dump's metadata records",
+        commands=("compare",),
+    ),
+    FindingSpec(
+        "engine_noise_differs",
+        "warning",
+        "the noise estimates are far apart and temperature cannot be blamed",
+        commands=("compare",),
+    ),
+    FindingSpec(
+        "systematic_shift",
+        "warning",
+        "analyze reported kl_k3_disagree for a side",
+        commands=("compare",),
+    ),
+    FindingSpec("temperature_unknown", "info", "a side's temperature is unknown", commands=("compare",)),
+    FindingSpec(
+        "noise_inconclusive",
+        "info",
+        "the noise estimates are far apart, but not across the quieter side's noise band",
+        commands=("compare",),
+    ),
+    FindingSpec(
+        "noise_consistent",
+        "info",
+        "no warning fired and the noise estimates are close",
+        commands=("compare",),
+    ),
+)
+
+
+@cache
+def _by_code() -> dict[str, FindingSpec]:
+    return {spec.code: spec for spec in FINDINGS}
+
+
+def finding(code: str) -> FindingSpec:
+    """The spec of a code; ``KeyError`` for a code not in the catalogue (a bug, not an input error)."""
+    return _by_code()[code]
+
+
+def codes_for(command: Command) -> tuple[str, ...]:
+    """The codes a command can give, in listing order."""
+    return tuple(spec.code for spec in FINDINGS if command in spec.commands)
+
+
+SEVERITY_RANK: dict[Severity, int] = {"error": 0, "warning": 1, "info": 2}
+
+
+def listing_order(code: str, severity: Severity) -> tuple[int, int]:
+    """Sort key: severity first, then catalogue order."""
+    return SEVERITY_RANK[severity], [spec.code for spec in FINDINGS].index(code)

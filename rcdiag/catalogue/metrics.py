@@ -1,0 +1,421 @@
+"""Every metric rcdiag reports: its key, table group, reading, and the thresholds that judge it.
+
+verl's keys are declared without their ``rollout_corr/`` prefix (``kl``) and rcdiag's own with theirs
+(``rcdiag/kl_std_error``). A per-option RS key is declared once as a template, ``rollout_rs_{option}_<suffix>``,
+and stands for that suffix of every RS option. Each ``Threshold`` is a health check: with a ``finding`` code,
+``analyze`` warns when it fails; with ``packs``, ``rcdiag check --pack`` turns it into rules.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from functools import cache
+from typing import Literal
+
+from rcdiag.config import RS_OPTIONS
+
+PREFIX = "rollout_corr/"
+"""verl's prefix for the keys it logs."""
+EXTRA_PREFIX = "rcdiag/"
+"""rcdiag's own diagnostics (not verl keys)."""
+
+Group = Literal["offpolicy", "is", "rs_option", "rs_aggregate", "extras"]
+ThresholdKind = Literal["min", "max", "max_abs", "range"]
+StepTable = Literal["analyze", "compare", "compare_trend"]
+"""Per-step views: analyze's step table, compare's step table, compare's trend of b - a."""
+
+GROUP_NEEDS: dict[Group, str] = {
+    "offpolicy": "always computed",
+    "is": "IS metrics need --is token|sequence",
+    "rs_option": "RS metrics need --rs with that option and --rs-threshold",
+    "rs_aggregate": "RS metrics need --rs and --rs-threshold",
+    "extras": "always computed",
+}
+"""What a group's metrics need, for the hint when a rule names a metric the configuration lacks."""
+
+
+PACKS: dict[str, str] = {
+    "verl": "verl's documented health thresholds (docs/algo/rollout_corr.md)",
+    "nemo-rl": "NeMo-RL's acceptance levels (token_mult_prob_error, generation k3 KL)",
+    "miles-dense": "upper end of the k3 KL range Miles reports for dense models (1e-5..1e-3)",
+    "miles-moe": "upper end of the k3 KL range Miles reports for MoE models (1e-3..1e-1)",
+}
+"""``rcdiag check --pack`` names and where their thresholds come from; the thresholds say which packs hold them."""
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """A health bound on a metric: ``min`` (value >= bound), ``max`` (<=), ``max_abs`` (|value| <=) or
+    ``range`` (lo <= value <= hi), every bound inclusive (the value on the bound holds)."""
+
+    kind: ThresholdKind
+    bound: float | tuple[float, float]
+    finding: str | None = None
+    """``analyze``'s finding code when it fails (docs/findings.md)."""
+    packs: tuple[str, ...] = ()
+    """``rcdiag check`` rule packs holding it."""
+
+    def holds(self, value: float) -> bool:
+        if self.kind == "range":
+            lo, hi = self.bounds
+            return lo <= value <= hi
+        if self.kind == "min":
+            return value >= self.limit
+        return (abs(value) if self.kind == "max_abs" else value) <= self.limit
+
+    def badness(self, value: float) -> float:
+        """Larger is worse: the distance in log space for a range, else the value in the failing direction."""
+        if self.kind == "range":
+            return abs(math.log(max(value, 1e-300)))
+        if self.kind == "min":
+            return -value
+        return abs(value) if self.kind == "max_abs" else value
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        assert isinstance(self.bound, tuple)
+        return self.bound
+
+    @property
+    def limit(self) -> float:
+        assert not isinstance(self.bound, tuple)
+        return self.bound
+
+    def rules(self) -> tuple[tuple[Literal["min", "max", "max_abs"], float], ...]:
+        """As ``rcdiag check`` rule kinds: a range is two rules."""
+        if self.kind == "range":
+            return (("min", self.bounds[0]), ("max", self.bounds[1]))
+        return ((self.kind, self.limit),)
+
+    def describe(self, name: str) -> str:
+        """``kl`` -> ``|kl| <= 0.1``; ``rollout_is_mean in [0.5, 2]``."""
+        if self.kind == "range":
+            return f"{name} in [{self.bounds[0]:g}, {self.bounds[1]:g}]"
+        if self.kind == "min":
+            return f"{name} >= {self.limit:g}"
+        return f"|{name}| <= {self.limit:g}" if self.kind == "max_abs" else f"{name} <= {self.limit:g}"
+
+
+@dataclass(frozen=True)
+class Band:
+    """A reading for values below ``below`` (the first band that fits is used)."""
+
+    below: float
+    text: str
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric (or, for a ``{option}`` template, one suffix of every RS option)."""
+
+    key: str
+    group: Group
+    reading: str
+    bands: tuple[Band, ...] = ()
+    """Value-dependent addition to the reading."""
+    bands_on_abs: bool = False
+    thresholds: tuple[Threshold, ...] = ()
+    breach: str = ""
+    """Reading addition when a threshold with a finding fails."""
+    per_step: tuple[StepTable, ...] = ()
+    """Step tables that show it as a column."""
+    needs: str | None = None
+    """What computes it, when more than its group needs."""
+    k1_only: bool = False
+    """A template suffix that only k1 options have."""
+
+    @property
+    def name(self) -> str:
+        """The key as reported (prefixed)."""
+        return full_key(self.key)
+
+    @property
+    def short(self) -> str:
+        return short_key(self.key)
+
+    def how_to_compute(self) -> str:
+        return self.needs or GROUP_NEEDS[self.group]
+
+
+KL_BANDS = (
+    Band(1e-4, "tiny: engines nearly agree"),
+    Band(1e-3, "small: typical of dense models"),
+    Band(1e-2, "moderate: typical of MoE or low-precision rollout"),
+    Band(math.inf, "large: correction matters"),
+)
+NEGATIVE_CHI2 = Band(
+    0.0,
+    "negative: E[ratio^2] < 1 forces the mean ratio below 1, a systematic shift (kl_k3_disagree says whether it "
+    "is beyond noise), not a small spread",
+)
+_OPT = "rollout_rs_{option}_"
+
+METRICS: tuple[MetricSpec, ...] = (
+    # verl's off-policy metrics (always present)
+    MetricSpec("training_ppl", "offpolicy", "mean per-response perplexity under the trainer"),
+    MetricSpec("training_log_ppl", "offpolicy", "mean per-response log-perplexity under the trainer"),
+    MetricSpec(
+        "kl",
+        "offpolicy",
+        "~KL(rollout||train) per token",
+        bands=KL_BANDS,
+        bands_on_abs=True,
+        thresholds=(Threshold("max_abs", 0.1, finding="kl_high", packs=("verl",)),),
+        breach="likely a bug: temperature, sampling filters, checkpoint",
+        per_step=("analyze", "compare", "compare_trend"),
+    ),
+    MetricSpec(
+        "k3_kl",
+        "offpolicy",
+        "low-variance estimate of the same KL (should match kl)",
+        bands=KL_BANDS,
+        bands_on_abs=True,
+        thresholds=(
+            Threshold("max", 1e-3, packs=("nemo-rl", "miles-dense")),
+            Threshold("max", 1e-1, packs=("miles-moe",)),
+        ),
+        per_step=("analyze", "compare", "compare_trend"),
+    ),
+    MetricSpec("rollout_ppl", "offpolicy", "mean per-response perplexity under the rollout engine"),
+    MetricSpec("rollout_log_ppl", "offpolicy", "mean per-response log-perplexity under the rollout engine"),
+    MetricSpec(
+        "log_ppl_diff",
+        "offpolicy",
+        "mean log-PPL(train) - log-PPL(rollout)",
+        bands=(
+            Band(-1e-3, "the rollout engine finds responses less likely"),
+            Band(1e-3, "no systematic gap"),
+            Band(math.inf, "the trainer finds responses less likely"),
+        ),
+    ),
+    MetricSpec(
+        "log_ppl_abs_diff",
+        "offpolicy",
+        "mean |log-PPL gap| per response: size of the gap regardless of sign",
+        per_step=("analyze", "compare_trend"),
+    ),
+    MetricSpec(
+        "log_ppl_diff_max", "offpolicy", "largest per-response log-PPL gap (trainer finds this response least likely)"
+    ),
+    MetricSpec("log_ppl_diff_min", "offpolicy", "most negative per-response log-PPL gap"),
+    MetricSpec("ppl_ratio", "offpolicy", "mean of PPL_train/PPL_rollout per response; 1 = no gap"),
+    MetricSpec(
+        "chi2_token",
+        "offpolicy",
+        "E[ratio^2] - 1 per token",
+        bands=(NEGATIVE_CHI2, Band(0.1, "small spread"), Band(math.inf, "wide spread of token ratios")),
+        thresholds=(Threshold("max", 1.0, finding="chi2_token_high", packs=("verl",)),),
+        breach="some tokens have ratios far above 1",
+        per_step=("analyze", "compare", "compare_trend"),
+    ),
+    MetricSpec(
+        "chi2_seq",
+        "offpolicy",
+        "E[(prod ratio)^2] - 1 per response: the variance a sequence-level IS weight would have; grows with length",
+        bands=(NEGATIVE_CHI2,),
+    ),
+    # verl's IS metrics
+    MetricSpec(
+        "rollout_is_mean",
+        "is",
+        "mean applied IS weight; ~1 when the mismatch is noise",
+        thresholds=(Threshold("range", (0.5, 2.0), finding="is_mean_out_of_range", packs=("verl",)),),
+        breach="systematic shift",
+    ),
+    MetricSpec("rollout_is_ratio_fraction_high", "is", "share with raw ratio above the upper bound"),
+    MetricSpec("rollout_is_ratio_fraction_low", "is", "share with raw ratio below the lower bound (1/U for TIS)"),
+    MetricSpec("rollout_is_max", "is", "largest applied IS weight"),
+    MetricSpec("rollout_is_min", "is", "smallest applied IS weight"),
+    MetricSpec(
+        "rollout_is_std",
+        "is",
+        "spread of applied IS weights",
+        thresholds=(Threshold("max", 1.0, finding="is_std_high", packs=("verl",)),),
+        breach="high variance",
+    ),
+    MetricSpec(
+        "rollout_is_eff_sample_size",
+        "is",
+        "effective share of the batch after weighting",
+        bands=(Band(0.5, "low"), Band(math.inf, "healthy")),
+        thresholds=(Threshold("min", 0.3, finding="is_ess_low", packs=("verl",)),),
+        breach="too low",
+        per_step=("analyze",),
+    ),
+    MetricSpec("rollout_is_seq_mean", "is", "mean over responses of the per-response mean weight"),
+    MetricSpec("rollout_is_seq_std", "is", "spread of per-response mean weights"),
+    MetricSpec("rollout_is_seq_max", "is", "largest per-response mean weight"),
+    MetricSpec("rollout_is_seq_min", "is", "smallest per-response mean weight (0 for empty responses)"),
+    MetricSpec("rollout_is_seq_max_deviation", "is", "largest |per-response mean weight - 1|"),
+    MetricSpec(
+        "rollout_is_seq_fraction_high", "is", "share of responses whose mean raw weight exceeds the upper bound"
+    ),
+    MetricSpec(
+        "rollout_is_seq_fraction_low",
+        "is",
+        "share of responses whose mean raw weight is below the lower bound (empty responses count here)",
+    ),
+    MetricSpec(
+        "rollout_is_oob_ratio",
+        "is",
+        "share of tokens IcePop zeroed (raw ratio outside [L, U])",
+        needs="it needs an IcePop --is-threshold L_U",
+    ),
+    MetricSpec(
+        "rollout_is_batch_norm_factor",
+        "is",
+        "the mean weight the batch is divided by to normalise it to 1",
+        needs="it needs --batch-normalize",
+    ),
+    # verl's per-option RS metrics, one template per suffix
+    MetricSpec(_OPT + "mean", "rs_option", "token-weighted mean of the statistic (ideal 0)"),
+    MetricSpec(_OPT + "max", "rs_option", "largest value"),
+    MetricSpec(_OPT + "min", "rs_option", "smallest value"),
+    MetricSpec(_OPT + "fraction_high", "rs_option", "share above the upper bound"),
+    MetricSpec(_OPT + "fraction_low", "rs_option", "share below the lower bound"),
+    MetricSpec(_OPT + "std", "rs_option", "spread of the statistic clamped to the bounds"),
+    MetricSpec(_OPT + "seq_mean", "rs_option", "mean over responses of the per-response value"),
+    MetricSpec(_OPT + "seq_std", "rs_option", "spread over responses"),
+    MetricSpec(_OPT + "seq_max", "rs_option", "largest per-response value"),
+    MetricSpec(_OPT + "seq_min", "rs_option", "smallest per-response value"),
+    MetricSpec(_OPT + "seq_max_deviation", "rs_option", "largest |per-response value| (ideal 0)"),
+    MetricSpec(_OPT + "seq_fraction_high", "rs_option", "share of responses above the upper bound"),
+    MetricSpec(_OPT + "seq_fraction_low", "rs_option", "share of responses below the lower bound", k1_only=True),
+    MetricSpec(_OPT + "masked_fraction", "rs_option", "share of valid tokens this option rejects"),
+    MetricSpec(
+        _OPT + "seq_masked_fraction", "rs_option", "share of responses (with a valid token) this option touches"
+    ),
+    # verl's RS aggregates
+    MetricSpec(
+        "rollout_rs_masked_fraction",
+        "rs_aggregate",
+        "share of valid tokens rejected by any RS option",
+        thresholds=(Threshold("max", 0.2, finding="rs_rejects_most_tokens"),),
+        breach="more than an outlier filter should remove",
+        per_step=("analyze",),
+    ),
+    MetricSpec(
+        "rollout_rs_seq_masked_fraction", "rs_aggregate", "share of all responses with at least one rejected token"
+    ),
+    # rcdiag's own diagnostics
+    MetricSpec(
+        "rcdiag/abs_log_ratio_mean",
+        "extras",
+        "mean |log-prob gap| per token (TRL/slime/SkyRL's abs-diff metric)",
+        per_step=("compare_trend",),
+    ),
+    MetricSpec("rcdiag/abs_log_ratio_max", "extras", "largest |log-prob gap| of any token"),
+    MetricSpec(
+        "rcdiag/token_mult_prob_error",
+        "extras",
+        "mean exp(|gap|) per token (NeMo-RL's metric; its gate is 1.05)",
+        thresholds=(Threshold("max", 1.05, packs=("nemo-rl",)),),
+    ),
+    MetricSpec("rcdiag/kl_std_error", "extras", "standard error of kl (responses as independent units)"),
+    MetricSpec(
+        "rcdiag/kl_std_error_dof",
+        "extras",
+        "effective responses behind kl_std_error (its degrees of freedom + 1); few when a few long responses dominate",
+    ),
+    MetricSpec("rcdiag/clamped_token_fraction", "extras", "share of tokens with |gap| > 20, where verl's clamps bite"),
+)
+"""Every metric, in the order the docs list them (reports keep verl's insertion order)."""
+
+
+def full_key(key: str) -> str:
+    """``kl`` -> ``rollout_corr/kl``; an ``rcdiag/`` or already prefixed key is unchanged."""
+    return key if key.startswith((PREFIX, EXTRA_PREFIX)) else PREFIX + key
+
+
+def short_key(key: str) -> str:
+    """``rollout_corr/kl`` -> ``kl`` (how tables and rules name verl's keys)."""
+    return key.removeprefix(PREFIX)
+
+
+def _options_for(spec: MetricSpec) -> tuple[str, ...]:
+    return tuple(o for o in RS_OPTIONS if not spec.k1_only or o.endswith("k1"))
+
+
+@cache
+def _index() -> dict[str, tuple[MetricSpec, str | None]]:
+    """Full key -> (spec, RS option or None), templates expanded over every RS option."""
+    out: dict[str, tuple[MetricSpec, str | None]] = {}
+    for spec in METRICS:
+        if "{option}" in spec.key:
+            out.update({full_key(spec.key.format(option=o)): (spec, o) for o in _options_for(spec)})
+        else:
+            out[spec.name] = (spec, None)
+    return out
+
+
+def metric(key: str) -> MetricSpec | None:
+    """The spec of a reported key (full or short), or ``None`` for a key the catalogue does not know."""
+    found = _index().get(full_key(key))
+    return found[0] if found else None
+
+
+def rs_option(key: str) -> str | None:
+    """The RS option a per-option key belongs to (``rollout_rs_token_k1_mean`` -> ``token_k1``)."""
+    found = _index().get(full_key(key))
+    return found[1] if found else None
+
+
+def every_key() -> list[str]:
+    """Every full key the catalogue declares, templates expanded option by option."""
+    return list(_index())
+
+
+def template_pattern(spec: MetricSpec) -> re.Pattern[str]:
+    """The keys a spec stands for, as a pattern over full keys."""
+    options = "|".join(_options_for(spec)) or "(?!)"
+    return re.compile(re.escape(spec.name).replace(re.escape("{option}"), f"({options})") + "$")
+
+
+def reading(key: str, value: float | None) -> str:
+    """A short plain-language reading of one metric's value; ``""`` for an unknown key."""
+    spec = metric(key)
+    if spec is None:
+        return ""
+    text = spec.reading
+    if value is None:
+        return text
+    measured = abs(value) if spec.bands_on_abs else value
+    band = next((b.text for b in spec.bands if measured < b.below), "")
+    if band:
+        text += f"; {band}"
+    failed = [t for t in spec.thresholds if t.finding is not None and not t.holds(value)]
+    if failed and spec.breach:
+        text += f" (fails {failed[0].describe(spec.short)}: {spec.breach})"
+    return text
+
+
+def thresholds_with_findings() -> list[tuple[MetricSpec, Threshold]]:
+    """Every (metric, threshold) pair that ``analyze`` checks, in catalogue order."""
+    return [(spec, t) for spec in METRICS for t in spec.thresholds if t.finding is not None]
+
+
+def pack_rules(pack: str) -> list[tuple[str, Literal["min", "max", "max_abs"], float]]:
+    """(short metric name, rule kind, bound) of every threshold in a rule pack, in catalogue order."""
+    return [
+        (spec.short, kind, bound)
+        for spec in METRICS
+        for t in spec.thresholds
+        if pack in t.packs
+        for kind, bound in t.rules()
+    ]
+
+
+def step_columns(table: StepTable) -> list[str]:
+    """Full keys shown as columns of a per-step table, in catalogue order."""
+    return [spec.name for spec in METRICS if table in spec.per_step]
+
+
+def packs_help() -> str:
+    """Every pack with its rules, for ``--pack``'s help: ``verl`` (rollout_is_mean in [0.5, 2], ...)."""
+    parts = []
+    for name in PACKS:
+        rules = [t.describe(spec.short) for spec in METRICS for t in spec.thresholds if name in t.packs]
+        parts.append(f"`{name}` ({', '.join(rules)})")
+    return ", ".join(parts)

@@ -1,0 +1,62 @@
+"""Student's t tail and critical values, for noise tests on few (or unequal) responses, without scipy.
+
+The two-sided tail is P(|T_nu| > t) = I_x(nu/2, 1/2) with x = nu / (nu + t^2), the regularized incomplete beta
+function, evaluated by Lentz's continued fraction (Numerical Recipes, ``betacf``); the critical value is found by
+bisection on that tail.
+"""
+
+from __future__ import annotations
+
+import math
+
+_TINY = 1e-300
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > _TINY else _TINY)
+    h = d
+    for m in range(1, 1000):
+        for aa in (
+            m * (b - m) * x / ((qam + 2 * m) * (a + 2 * m)),
+            -(a + m) * (qab + m) * x / ((a + 2 * m) * (qap + 2 * m)),
+        ):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > _TINY else _TINY)
+            c = 1.0 + aa / c
+            c = c if abs(c) > _TINY else _TINY
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def regularized_beta(a: float, b: float, x: float) -> float:
+    """I_x(a, b) for a, b > 0 and 0 <= x <= 1."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _beta_fraction(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _beta_fraction(b, a, 1.0 - x) / b
+
+
+def t_two_sided_tail(t: float, dof: float) -> float:
+    """P(|T| > t) for Student's t with ``dof`` degrees of freedom (any positive real)."""
+    return regularized_beta(dof / 2.0, 0.5, dof / (dof + t * t))
+
+
+def t_critical(tail: float, dof: float) -> float:
+    """The t with P(|T_dof| > t) = ``tail`` (two-sided)."""
+    lo, hi = 0.0, 1.0
+    while t_two_sided_tail(hi, dof) > tail:
+        lo, hi = hi, hi * 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if t_two_sided_tail(mid, dof) > tail else (lo, mid)
+        if hi - lo <= 1e-12 * hi:
+            break
+    return hi
