@@ -156,7 +156,7 @@ def _connect(ray: Any, address: str | None) -> None:
     target = address or os.environ.get("RAY_ADDRESS") or None
     local = {} if target else {"include_dashboard": False}
     try:
-        ray.init(address=target, logging_level=logging.WARNING, log_to_driver=False, **local)
+        ray.init(address=target, logging_level=logging.ERROR, log_to_driver=False, **local)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ConfigError(f"cannot connect to the Ray cluster at {target}: {_first_line(exc)}") from None
 

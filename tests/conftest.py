@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from collections.abc import Iterator
@@ -137,11 +138,7 @@ def require(module: str, install: str) -> Any:
 def s3_env() -> Iterator[int]:
     """The standard AWS variables, pointing at a free port on 127.0.0.1 where ``s3_server`` listens. Set for the
     whole session (before Ray starts, so that Ray's workers inherit them)."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = {
         "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
         "AWS_ACCESS_KEY_ID": "testing",
@@ -156,18 +153,29 @@ def s3_env() -> Iterator[int]:
         yield port
 
 
-@pytest.fixture(scope="session")
-def s3_server(s3_env: int) -> Iterator[Any]:
-    """moto's S3 server (``moto[server]``) on 127.0.0.1, started for the session and stopped after; yields a boto3
-    client for putting objects."""
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def moto_server(port: int, **env: str) -> Iterator[Any]:
+    """moto's S3 server (``moto[server]``) in its own process on 127.0.0.1:``port`` (``env`` added to its
+    environment), stopped on exit; yields a boto3 client of it for putting objects."""
+    import os
     import subprocess
     import time
+    import urllib.error
     import urllib.request
 
     require("moto.server", 'pip install "moto[server]"')
     boto3 = require("boto3", 'pip install "moto[server]"')
     server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s3_env)],
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        env=os.environ | env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -175,16 +183,25 @@ def s3_server(s3_env: int) -> Iterator[Any]:
         deadline = time.monotonic() + 60
         while True:
             try:
-                urllib.request.urlopen(f"http://127.0.0.1:{s3_env}/", timeout=1).close()
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/", timeout=1).close()
+                break
+            except urllib.error.HTTPError:  # it answers
                 break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
                     pytest.fail("moto's S3 server did not start")
                 time.sleep(0.2)
-        yield boto3.client("s3")
+        yield boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}")
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def s3_server(s3_env: int) -> Iterator[Any]:
+    """The session's S3 server, where ``AWS_ENDPOINT_URL`` points."""
+    with moto_server(s3_env) as client:
+        yield client
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from conftest import BUCKET, SAMPLES, random_batch, shard_columns
 from test_cli import run
 
 import rcdiag
+from rcdiag.io.storage import filesystem
 
 FLAGS = ("--is", "token", "--rs", "token_k1,seq_mean_k3", "--rs-threshold", "0.7_1.4,0.05", "--on-bad-row", "skip")
 
@@ -148,3 +149,21 @@ def test_a_scheme_pyarrow_lacks_goes_through_fsspec(capsys: pytest.CaptureFixtur
     same_report(analyze_json(capsys, "memory://samples/healthy.parquet"), local)
     code, _, err = run(capsys, "analyze", "nosuchscheme://x/y.parquet")
     assert code == 2 and "nosuchscheme://x/y.parquet: uses 'nosuchscheme://'" in err and err.count("\n") == 1
+
+
+def test_a_refused_permission_is_one_line(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that checks credentials (moto with authentication on) refuses the test keys."""
+    from conftest import free_port, moto_server
+
+    port = free_port()
+    with moto_server(port, INITIAL_NO_AUTH_ACTION_COUNT="2") as client:  # two unchecked calls to set it up
+        client.create_bucket(Bucket="locked")
+        client.put_object(Bucket="locked", Key="run/a.parquet", Body=(SAMPLES / "healthy.parquet").read_bytes())
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+        try:
+            for url in ("s3://locked/run/a.parquet", "s3://locked/run/"):
+                code, out, err = run(capsys, "analyze", url)
+                assert code == 2 and out == "" and err.count("\n") == 1
+                assert err.startswith(f"rcdiag: error: {url}: access denied; check the credentials"), err
+        finally:
+            filesystem.cache_clear()  # the bucket's filesystem points at this server

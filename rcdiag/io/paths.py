@@ -153,6 +153,11 @@ def arrow_input(path: str, *, memory_map: bool = False) -> Any:
     return pa.memory_map(text) if memory_map else pa.OSFile(text)
 
 
+def read_buffer(path: str, local: int) -> int:
+    """The read buffer for ``path``: ``local`` on disk, ``storage.READ_BUFFER`` in object storage."""
+    return storage.READ_BUFFER if storage.is_remote(storage.local_path(path)) else local
+
+
 def open_text(path: str) -> IO[str]:
     """A UTF-8 text file, local or in object storage (read through a buffer)."""
     text = storage.local_path(path)
