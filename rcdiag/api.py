@@ -49,9 +49,10 @@ def analyze(
 
     Args:
         path: the dump: a Parquet, Arrow IPC, JSONL (NeMo-RL, prime-rl), ``.pt`` or ``.npz`` file, a
-            directory of shards or a glob (docs/formats.md).
+            directory of shards or a glob (docs/formats.md); a local path or an ``s3://``, ``gs://``,
+            ``hdfs://`` or ``file://`` URL (docs/storage.md).
         config: verl's ``rollout_correction`` fields; default: metrics only (verl's YAML default).
-        read: how to read the dump (``rcdiag.ReadOptions``: columns, bad-row policy, device, chunk size,
+        read: how to read the dump (``rcdiag.ReadOptions``: columns, bad-row policy, device, chunk size, Ray,
             workers); default: recognise the columns, stop at a bad row, one CPU process.
         on_chunk: called after each chunk is read with a ``ReadProgress`` (for a progress bar); with
             ``workers > 1`` or ``ray``, after each part instead.

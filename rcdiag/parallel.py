@@ -61,11 +61,14 @@ def merge_parts(source: Source, config: CorrectionConfig, results: list[PartResu
     resolved = config.resolve()
     merged, stats = EngineState(resolved), ScreenStats()
     first: Problem | None = None
+    seen: dict[str, set[str]] = {}
     for result in results:
         merged.merge(EngineState.from_state_dict(resolved, result.state))
         stats = stats.merge(ScreenStats.from_dict(result.stats))
         first = first or result.problem
-        source.add_metadata(result.metadata)
+        for key, values in result.metadata.items():
+            seen.setdefault(key, set()).update(values)
+    source.add_metadata({key: sorted(values) for key, values in seen.items()})
     raise_for_bad_rows(first, stats)  # counted over the whole dump, not one part
     return merged, stats
 

@@ -88,4 +88,30 @@ def test_ray_options(capsys: pytest.CaptureFixture, local_run: Path) -> None:
     assert code == 2 and "ray reads on CPUs" in err
     code, _, err = run(capsys, "compare", str(local_run), str(local_run), "--ray", "--workers", "2")
     assert code == 2 and "use one" in err
-    assert json.loads(json.dumps({"ok": True}))
+
+
+def test_compare_and_check_take_ray(capsys: pytest.CaptureFixture, ray_local, local_run: Path, s3_run: str) -> None:
+    args = ("compare", str(local_run / "shard-1.parquet"), f"{s3_run}shard-2.parquet", "--on-bad-row", "skip",
+            "--format", "json")  # fmt: skip
+    one, many = (json.loads(run(capsys, *args, *flag)[1]) for flag in ((), ("--ray",)))
+    for a, b in zip(one["metrics"], many["metrics"], strict=True):
+        assert a["key"] == b["key"] and (a["a"], a["b"]) == pytest.approx((b["a"], b["b"]), rel=1e-12, abs=1e-12)
+    code, out, err = run(capsys, "check", s3_run, "--max", "kl=10", "--on-bad-row", "skip", "--ray", "--no-pyproject")
+    assert code == 0 and "PASSED" in out, err
+
+
+def test_run_facts_from_columns_survive_the_split(ray_local, tmp_path: Path) -> None:
+    """A ``temperature`` column read in parts gives the report the same run facts as one process reading it."""
+    import pyarrow as pa
+
+    rows = 40
+    table = pa.table({
+        "old_log_prob": pa.array([[-1.0, -0.5]] * rows, pa.list_(pa.float32())),
+        "rollout_log_prob": pa.array([[-1.1, -0.4]] * rows, pa.list_(pa.float32())),
+        "temperature": pa.array([0.7] * 30 + [1.0] * 10, pa.float64()),
+    })  # fmt: skip
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=10)
+    one = rcdiag.analyze(tmp_path / "t.parquet")
+    assert one.input.metadata["temperature"] == "0.7, 1.0"
+    for options in ({"ray": True}, {"workers": 2}):
+        assert rcdiag.analyze(tmp_path / "t.parquet", **options).input.metadata == one.input.metadata

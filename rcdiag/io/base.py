@@ -137,7 +137,8 @@ class Source(ABC):
 
     @abstractmethod
     def add_metadata(self, seen: dict[str, list[str]]) -> None:
-        """Fold in what workers' sources saw (``seen_metadata``), as if this source had read their rows."""
+        """Fold in what workers' sources saw (``seen_metadata``, all parts together, once), as if this source had
+        read their rows."""
 
 
 def balanced_runs(sizes: list[int], n: int) -> list[tuple[int, ...]]:
