@@ -18,7 +18,7 @@ from rcdiag.io.base import SourceInfo
 from rcdiag.options import ReadOptions
 from rcdiag.parallel import RAY_MAX_PARTS, PartCallback, PartResult, in_processes, merge_parts, on_ray
 from rcdiag.report import InputFacts, Report, StepReport
-from rcdiag.validate import Screen, ScreenStats
+from rcdiag.validate import Screen, ScreenStats, as_chunk
 
 
 @dataclass(frozen=True)
@@ -156,12 +156,17 @@ def analyze_chunks(
     chunks: Iterable[Chunk], config: CorrectionConfig | None = None, read: ReadOptions | None = None, **options: Any
 ) -> Report:
     """Like ``analyze`` but over chunks you built yourself (e.g. from tensors in a training loop); of ``read``,
-    ``device`` and ``on_bad_row`` apply."""
+    ``device`` and ``on_bad_row`` apply.
+
+    A chunk's arrays may be numpy arrays or torch tensors (any device; converted to float32 numpy), flat with
+    ``offsets``, or 2-D (rows x positions) with ``offsets=None``; a malformed chunk is an ``InputError`` naming
+    it (``chunk 0``, ...). Example in docs/index.md.
+    """
     resolved = (config or CorrectionConfig()).resolve()
     read = ReadOptions.of(read, options)
     backend = _backend(read.device)
     screen = Screen(read.on_bad_row)
-    state = Engine(resolved, backend).run(screen(chunks))
+    state = Engine(resolved, backend).run(screen(as_chunk(chunk, index) for index, chunk in enumerate(chunks)))
     return build_report(state, SourceInfo(path="<memory>", format="chunks"), backend.name, screen.stats)
 
 

@@ -53,16 +53,22 @@ class Backend(ABC):
         """Move a host numpy array to this backend (no copy on CPU)."""
 
     @abstractmethod
-    def to_numpy(self, x: Array) -> np.ndarray:
-        """Bring an array back to host memory."""
-
-    @abstractmethod
     def segments(self, lengths: np.ndarray) -> Segments:
         """Segment structure for per-row reductions (``lengths`` is int64 on the host)."""
 
     # elementwise -------------------------------------------------------------------------------------------
     @abstractmethod
     def exp(self, x: Array) -> Array: ...
+
+    @abstractmethod
+    def expm1(self, x: Array) -> Array:
+        """``exp(x) - 1`` without the cancellation near 0 (in ``x``'s dtype)."""
+
+    @abstractmethod
+    def to_float32(self, x: Array) -> Array: ...
+
+    @abstractmethod
+    def to_float64(self, x: Array) -> Array: ...
 
     @abstractmethod
     def abs(self, x: Array) -> Array: ...
@@ -72,12 +78,6 @@ class Backend(ABC):
 
     @abstractmethod
     def where(self, cond: Array, a: Array | float, b: Array | float) -> Array: ...
-
-    @abstractmethod
-    def to_float32(self, x: Array) -> Array: ...
-
-    @abstractmethod
-    def to_float64(self, x: Array) -> Array: ...
 
     # reductions to Python scalars ----------------------------------------------------------------------------
     @abstractmethod
@@ -130,7 +130,6 @@ class Backend(ABC):
 
 class _NumpySegments(Segments):
     def __init__(self, lengths: np.ndarray) -> None:
-        self.lengths = lengths
         self.n_rows = int(lengths.shape[0])
         self.n_tokens = int(lengths.sum())
         self.nonempty = lengths > 0
@@ -170,15 +169,23 @@ class NumpyBackend(Backend):
     def asarray(self, values: np.ndarray) -> np.ndarray:
         return values
 
-    def to_numpy(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(x)
-
     def segments(self, lengths: np.ndarray) -> Segments:
         return _NumpySegments(lengths)
 
     def exp(self, x: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore", invalid="ignore"):
             return np.exp(x)
+
+    def expm1(self, x: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.expm1(x)
+
+    def to_float32(self, x: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):  # beyond float32's range: inf, as verl's float32 arithmetic gives
+            return x.astype(np.float32, copy=False)
+
+    def to_float64(self, x: np.ndarray) -> np.ndarray:
+        return x.astype(np.float64, copy=False)
 
     def abs(self, x: np.ndarray) -> np.ndarray:
         return np.abs(x)
@@ -189,12 +196,6 @@ class NumpyBackend(Backend):
 
     def where(self, cond: np.ndarray, a: Any, b: Any) -> np.ndarray:
         return np.where(cond, a, b)
-
-    def to_float32(self, x: np.ndarray) -> np.ndarray:
-        return x.astype(np.float32, copy=False)
-
-    def to_float64(self, x: np.ndarray) -> np.ndarray:
-        return x.astype(np.float64, copy=False)
 
     def sum(self, x: np.ndarray) -> float:
         return float(np.add.reduce(x, dtype=np.float64)) if x.size else 0.0
@@ -274,14 +275,20 @@ class TorchBackend(Backend):
             return tensor.pin_memory().to(self.device, non_blocking=True)
         return tensor
 
-    def to_numpy(self, x: Any) -> np.ndarray:
-        return x.detach().cpu().numpy()
-
     def segments(self, lengths: np.ndarray) -> Segments:
         return _TorchSegments(self.torch, lengths, self.device)
 
     def exp(self, x: Any) -> Any:
         return self.torch.exp(x)
+
+    def expm1(self, x: Any) -> Any:
+        return self.torch.expm1(x)
+
+    def to_float32(self, x: Any) -> Any:
+        return x.to(self.torch.float32)
+
+    def to_float64(self, x: Any) -> Any:
+        return x.to(self.torch.float64)
 
     def abs(self, x: Any) -> Any:
         return self.torch.abs(x)
@@ -291,12 +298,6 @@ class TorchBackend(Backend):
 
     def where(self, cond: Any, a: Any, b: Any) -> Any:
         return self.torch.where(cond, a, b)
-
-    def to_float32(self, x: Any) -> Any:
-        return x.to(self.torch.float32)
-
-    def to_float64(self, x: Any) -> Any:
-        return x.to(self.torch.float64)
 
     def sum(self, x: Any) -> float:
         return float(x.to(self.torch.float64).sum().item()) if x.numel() else 0.0

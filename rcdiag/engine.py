@@ -1,9 +1,9 @@
 """The streaming engine: chunks in, one ``BatchMetrics`` per training step out.
 
-For each chunk it drops padding (mask 0), checks the values of valid tokens, groups rows by step and feeds
-blocks of whole rows (about 128k tokens on CPU, where numpy's temporaries stay in cache) to the step's
-accumulators. Merging is the only way results combine, so the result does not depend on chunk size, row order
-or how steps interleave in the file.
+For each chunk it drops padding (mask 0), groups rows by step and feeds blocks of whole rows (about 128k tokens
+on CPU, where numpy's temporaries stay in cache) to the step's accumulators. Chunks come checked by a
+``rcdiag.validate.Screen``; one that did not (built by hand) is checked here the same way. Merging is the only
+way results combine, so the result does not depend on chunk size, row order or how steps interleave in the file.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from rcdiag.config import ResolvedConfig
 from rcdiag.io.base import Chunk, split_rows
 from rcdiag.metrics.batch import BatchMetrics
 from rcdiag.metrics.block import Block
-from rcdiag.validate import check_values
+from rcdiag.ragged import take_rows
+from rcdiag.validate import screen_one
 
 CPU_BLOCK_TOKENS = 1 << 17
 GPU_BLOCK_TOKENS = 1 << 24
@@ -105,22 +106,24 @@ class Engine:
             self._update(chunk)
 
     def _update(self, chunk: Chunk) -> None:
+        mask = chunk.mask
+        if not (chunk.screened and isinstance(chunk.old, np.ndarray) and (mask is None or mask.dtype == np.bool_)):
+            # The engine's own guard for chunks that did not pass through a Screen (built by hand): the same
+            # checks, and the mask made boolean (an integer mask would index values instead of selecting them).
+            chunk = screen_one(chunk)
         state = self.state
-        lengths = np.diff(chunk.offsets)
         state.rows += chunk.n_rows
         state.tokens += chunk.n_tokens
+        steps = chunk.steps
+        if steps is not None and steps.shape[0] > 1 and _run_count(steps) > 8:
+            chunk = take_rows(chunk, np.argsort(steps, kind="stable"))  # each step's rows contiguous
+        old, rollout, offsets, steps = chunk.old, chunk.rollout, chunk.offsets, chunk.steps
+        lengths = np.diff(offsets)
         mask = chunk.mask
         if mask is not None and int(np.count_nonzero(mask)) == mask.shape[0]:
             mask = None
-        valid_lengths = lengths if mask is None else _valid_lengths(mask, chunk.offsets, lengths)
+        valid_lengths = lengths if mask is None else _valid_lengths(mask, offsets, lengths)
         state.valid_tokens += int(valid_lengths.sum())
-        if not chunk.screened:  # the engine's own guard, for chunks that did not pass through a Screen
-            check_values(chunk, *_compacted(chunk.old, chunk.rollout, mask), valid_lengths)
-        old, rollout, offsets, steps = chunk.old, chunk.rollout, chunk.offsets, chunk.steps
-        if steps is not None and steps.shape[0] > 1 and _run_count(steps) > 8:
-            old, rollout, mask, lengths, valid_lengths, offsets, steps = _group_by_step(
-                old, rollout, mask, lengths, valid_lengths, offsets, steps
-            )
         for step, r0, r1 in _step_runs(steps, lengths.shape[0]):
             batch = state.batch(step)
             for b0, b1 in split_rows(valid_lengths[r0:r1], self.block_tokens):
@@ -159,22 +162,3 @@ def _step_runs(steps: np.ndarray | None, n_rows: int) -> list[tuple[StepKey, int
         return []
     bounds = [0, *(np.flatnonzero(steps[1:] != steps[:-1]) + 1).tolist(), n_rows]
     return [(int(steps[a]), a, b) for a, b in itertools.pairwise(bounds)]
-
-
-def _group_by_step(
-    old: np.ndarray,
-    rollout: np.ndarray,
-    mask: np.ndarray | None,
-    lengths: np.ndarray,
-    valid_lengths: np.ndarray,
-    offsets: np.ndarray,
-    steps: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Reorder rows so that each step's rows are contiguous (a ragged gather of every per-token array)."""
-    order = np.argsort(steps, kind="stable")
-    new_lengths = lengths[order]
-    new_offsets = np.zeros(new_lengths.shape[0] + 1, dtype=np.int64)
-    np.cumsum(new_lengths, out=new_offsets[1:])
-    index = np.repeat(offsets[:-1][order] - new_offsets[:-1], new_lengths) + np.arange(new_offsets[-1])
-    new_mask = None if mask is None else mask[index]
-    return old[index], rollout[index], new_mask, new_lengths, valid_lengths[order], new_offsets, steps[order]

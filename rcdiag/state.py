@@ -3,7 +3,9 @@
 A state file is JSON: the configuration, what was read (paths, formats, columns, metadata) and every step's
 accumulator state (float64 sums, extremes, moments). Floats are written with ``repr`` precision, so a round trip
 is exact; non-finite values are written as the strings ``"inf"``, ``"-inf"`` and ``"nan"``. Merging refuses
-states computed with a configuration that computes something else.
+states computed with a configuration that computes something else. The file records the signature of the
+accumulators' declared states (``state_layout``) and the rcdiag version that wrote it: a file written under
+another layout is refused, naming that version.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from rcdiag.config import CorrectionConfig
 from rcdiag.engine import EngineState
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.io.base import SourceInfo
+from rcdiag.metrics.batch import state_layout
 from rcdiag.validate import ScreenStats
 
 STATE_FORMAT = "rcdiag-state"
@@ -33,6 +36,7 @@ def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo], 
         "format": STATE_FORMAT,
         "version": STATE_VERSION,
         "rcdiag_version": __version__,
+        "layout": state_layout(),
         "config": state.resolved.config.to_dict(),
         "sources": [asdict(info) for info in sources],
         "screen": screen.to_dict(),
@@ -68,8 +72,20 @@ def load_state(path: str | Path) -> tuple[EngineState, list[SourceInfo], ScreenS
         raise InputError(f"is not an rcdiag state file ({exc})", path=name) from None
     if not isinstance(payload, dict) or payload.get("format") != STATE_FORMAT:
         raise InputError("is not an rcdiag state file (write one with 'rcdiag analyze ... --save-state')", path=name)
+    writer = f"rcdiag {payload.get('rcdiag_version', '(unknown version)')}"
     if payload.get("version") != STATE_VERSION:
-        raise InputError(f"has state version {payload.get('version')}; this rcdiag reads {STATE_VERSION}", path=name)
+        raise InputError(
+            f"has state version {payload.get('version')} (written by {writer}); rcdiag {__version__} reads "
+            f"version {STATE_VERSION}: re-run 'rcdiag analyze ... --save-state' with this rcdiag",
+            path=name,
+        )
+    if payload.get("layout") != state_layout():
+        raise InputError(
+            f"was written by {writer}, whose accumulators hold a different state (layout "
+            f"{payload.get('layout') or 'not recorded'}; rcdiag {__version__} has {state_layout()}), so it cannot "
+            "be loaded or merged: re-run 'rcdiag analyze ... --save-state' with this rcdiag",
+            path=name,
+        )
     try:
         resolved = CorrectionConfig(**payload["config"]).resolve()
         state = EngineState.from_state_dict(resolved, _decode(payload["state"]))

@@ -18,6 +18,7 @@ import numpy as np
 
 from rcdiag.errors import InputError
 from rcdiag.io.base import Chunk
+from rcdiag.ragged import take_rows
 
 POSITIVE_TOLERANCE = 1e-3
 """A log-prob above this is not a log-prob (probabilities, logits or a sign error); see docs/formats.md."""
@@ -150,7 +151,8 @@ class Screen:
                 if self.first is None:
                     self.first = _describe(chunk, int(bad_rows[0]), int(reasons[bad_rows[0]]), valid)
                 return None
-            return _keep_rows(chunk, reasons == 0, valid)
+            kept = dataclasses.replace(chunk, mask=valid, screened=True)
+            return take_rows(kept, np.flatnonzero(reasons == 0))
         return dataclasses.replace(chunk, mask=valid, screened=True)
 
 
@@ -223,50 +225,82 @@ def _describe(chunk: Chunk, row: int, code: int, valid: np.ndarray | None) -> Pr
     raise AssertionError("a bad row without a bad value")  # pragma: no cover
 
 
-def _keep_rows(chunk: Chunk, keep: np.ndarray, valid: np.ndarray | None) -> Chunk:
-    """The rows where ``keep`` is true, as a new chunk (a ragged gather)."""
-    lengths = np.diff(chunk.offsets)[keep]
-    offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    token_keep = np.repeat(keep, np.diff(chunk.offsets))
-    mask = None if valid is None else valid[token_keep]
+def screen_one(chunk: Chunk) -> Chunk:
+    """A chunk that did not pass through a ``Screen`` (built by hand and given to the engine), checked as the
+    screen checks a dump: its layout (``as_chunk``), then its values; the first bad row is an ``InputError``."""
+    chunk = as_chunk(chunk)
+    screen = Screen(OnBadRow.error)
+    screen.stats.rows_read = chunk.n_rows
+    clean = screen.screen(chunk)
+    raise_for_bad_rows(screen.first, screen.stats)
+    assert clean is not None  # no bad row, or raise_for_bad_rows raised
+    return clean
+
+
+def as_chunk(chunk: Chunk, index: int | None = None) -> Chunk:
+    """A hand-built chunk (``rcdiag.analyze_chunks``) in the layout readers produce: numpy arrays (torch tensors
+    and lists are converted), float32 log-probs, int64 offsets that cover the values exactly. 2-D arrays with
+    ``offsets=None`` are the rows of a padded batch. Anything else is an ``InputError`` saying what is wrong."""
+    name = "chunk" if index is None else f"chunk {index}"
+    if not isinstance(chunk, Chunk):
+        raise InputError(f"is a {type(chunk).__name__}, not an rcdiag.Chunk", path=name)
+    where = chunk.source or name
+    old, rollout = _array(chunk.old, "old", where), _array(chunk.rollout, "rollout", where)
+    mask = None if chunk.mask is None else _array(chunk.mask, "mask", where)
+    offsets, steps = chunk.offsets, chunk.steps
+    if offsets is None:
+        if old.ndim != 2:
+            raise InputError(
+                "has offsets=None: give offsets (row i is old[offsets[i]:offsets[i+1]]) with 1-D values, or 2-D "
+                "(rows x positions) values for a padded batch",
+                path=where,
+            )
+        offsets = np.arange(old.shape[0] + 1, dtype=np.int64) * old.shape[1]
+        old, rollout = old.reshape(-1), rollout.reshape(-1) if rollout.ndim == 2 else rollout
+        mask = mask.reshape(-1) if mask is not None and mask.ndim == 2 else mask
+    offsets = _array(offsets, "offsets", where)
+    for name, values in (("old", old), ("rollout", rollout), ("mask", mask), ("offsets", offsets)):
+        if values is not None and values.ndim != 1:
+            raise InputError(f"'{name}' has shape {values.shape}; a chunk holds flat (1-D) arrays", path=where)
+    if rollout.shape != old.shape or (mask is not None and mask.shape != old.shape):
+        shapes = f"old {old.shape[0]}, rollout {rollout.shape[0]}" + ("" if mask is None else f", mask {mask.shape[0]}")
+        raise InputError(f"holds arrays of different lengths ({shapes}); they need one value per token", path=where)
+    if old.dtype.kind != "f" or rollout.dtype.kind != "f":
+        raise InputError(f"holds log-probs of type {old.dtype}/{rollout.dtype}; they must be floats", path=where)
+    if offsets.dtype.kind not in "iu" or not offsets.size or offsets[0] != 0 or offsets[-1] != old.shape[0]:
+        raise InputError(
+            f"has offsets that do not cover the values (they must be integers from 0 to {old.shape[0]}, the number "
+            "of values)",
+            path=where,
+        )
+    if (np.diff(offsets) < 0).any():
+        raise InputError("has decreasing offsets; row i is old[offsets[i]:offsets[i+1]]", path=where)
+    if mask is not None and mask.dtype.kind not in "biuf":
+        raise InputError(f"has a mask of type {mask.dtype}; a mask holds 0/1 or booleans", path=where)
+    if steps is not None:
+        steps = _array(steps, "steps", where)
+        if steps.shape != (offsets.shape[0] - 1,) or steps.dtype.kind not in "iu":
+            raise InputError("has 'steps' that are not one integer per row", path=where)
+        steps = steps.astype(np.int64, copy=False)
     return dataclasses.replace(
         chunk,
-        old=chunk.old[token_keep],
-        rollout=chunk.rollout[token_keep],
-        offsets=offsets,
+        old=old.astype(np.float32, copy=False),
+        rollout=rollout.astype(np.float32, copy=False),
+        offsets=offsets.astype(np.int64, copy=False),
         mask=mask,
-        steps=None if chunk.steps is None else chunk.steps[keep],
-        seq_ids=None if chunk.seq_ids is None else chunk.seq_ids[keep],
-        screened=True,
+        steps=steps,
+        source=where,
     )
 
 
-def check_values(chunk: Chunk, old: np.ndarray, rollout: np.ndarray, lengths: np.ndarray) -> None:
-    """The engine's own guard for chunks that did not pass through a ``Screen`` (NaN, +inf or a positive
-    log-prob at a valid position is an ``InputError``); free for screened chunks."""
-    if chunk.screened:
-        return
-    for name, values in zip(chunk.column_names, (old, rollout), strict=True):
-        if not values.size or values.max() <= POSITIVE_TOLERANCE:  # one pass, no allocation; NaN fails it
-            continue
-        ok = values <= POSITIVE_TOLERANCE
-        bad_index = np.flatnonzero(~ok)
-        first = int(bad_index[0])
-        value = float(values[first])
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        rows = np.searchsorted(offsets, bad_index, side="right") - 1
-        row = int(rows[0])
-        if value != value:
-            what = "NaN"
-        elif value == float("inf"):
-            what = "+inf"
-        else:
-            what = f"a positive log-prob ({value:.6g}); log-probs are <= 0 (is this column probabilities or logits?)"
-        raise InputError(
-            f"holds {what} at valid position {first - int(offsets[row])} of the response; "
-            f"{len(np.unique(rows))} row(s) of this chunk are affected",
-            path=chunk.source or None,
-            row=chunk.first_row + row,
-            column=name,
-        )
+def _array(values: object, name: str, where: str) -> np.ndarray:
+    """numpy from numpy, torch (any device or dtype) or a list."""
+    if hasattr(values, "detach"):  # a torch tensor
+        tensor = values.detach().cpu()  # type: ignore[attr-defined]
+        if tensor.is_floating_point() and tensor.element_size() < 4:  # bfloat16 / float16: numpy has no bfloat16
+            tensor = tensor.float()
+        return tensor.numpy()
+    try:
+        return np.asarray(values)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"'{name}' is not an array ({exc})", path=where) from None

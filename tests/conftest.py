@@ -16,6 +16,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from missing_components import missing, pytest_runtest_makereport  # noqa: F401  (the CI=true rule: missing means fail)
+
 import rcdiag
 from rcdiag.io import Chunk
 
@@ -120,18 +122,15 @@ def rng() -> np.random.Generator:
 # ------------------------------------------------------------------ real components: an S3 server and a Ray instance
 
 
-def require(module: str, install: str) -> Any:
-    """Import ``module``; without it, fail under CI=true (the component must be there) and skip elsewhere, saying
-    what to install."""
+def require(module: str, component: str) -> Any:
+    """Import ``module``; without it the test skips saying what installs ``component`` (a failure under CI=true,
+    see missing_components.py)."""
     import importlib
-    import os
 
     try:
         return importlib.import_module(module)
     except ImportError:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{module} is missing under CI=true: {install}")
-        pytest.skip(f"needs {module}: {install}")
+        missing(component)
 
 
 @pytest.fixture(scope="session")
@@ -171,8 +170,8 @@ def moto_server(port: int, **env: str) -> Iterator[Any]:
     import urllib.error
     import urllib.request
 
-    require("moto.server", 'pip install "moto[server]"')
-    boto3 = require("boto3", 'pip install "moto[server]"')
+    require("moto.server", "moto")
+    boto3 = require("boto3", "moto")
     server = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         env=os.environ | env,
@@ -207,7 +206,7 @@ def s3_server(s3_env: int) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def ray_local(s3_env: int) -> Iterator[Any]:
     """A local Ray instance with 2 CPUs for the session (its workers see the S3 variables)."""
-    ray = require("ray", 'pip install "rcdiag[ray]"')
+    ray = require("ray", "ray")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 1024 * 1024)
     yield ray
     ray.shutdown()

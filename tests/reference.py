@@ -38,7 +38,7 @@ def offpolicy(old: np.ndarray, rollout: np.ndarray, m: np.ndarray) -> dict[str, 
             "training_ppl": float(np.exp(-mo).mean()),
             "training_log_ppl": float((-mo).mean()),
             "kl": _mall(rollout - old, m),
-            "k3_kl": _mall(np.exp(d) - d - 1, m),
+            "k3_kl": _mall(np.expm1(d) - d, m),
             "rollout_ppl": float(np.exp(-mr).mean()),
             "rollout_log_ppl": float((-mr).mean()),
             "log_ppl_diff": float(delta.mean()),
@@ -46,8 +46,8 @@ def offpolicy(old: np.ndarray, rollout: np.ndarray, m: np.ndarray) -> dict[str, 
             "log_ppl_diff_max": float(delta.max()),
             "log_ppl_diff_min": float(delta.min()),
             "ppl_ratio": float(np.exp(delta).mean()),
-            "chi2_token": _mall(np.exp(np.clip(d, -SAFE, SAFE)) ** 2, m) - 1.0,
-            "chi2_seq": float(np.exp(2 * np.clip(s, -SAFE, SAFE)).mean()) - 1.0,
+            "chi2_token": _mall(np.expm1(2 * np.clip(d, -SAFE, SAFE)), m),
+            "chi2_seq": float(np.expm1(2 * np.clip(s, -SAFE, SAFE)).mean()),
         }
 
 
@@ -59,7 +59,13 @@ def parse_is(threshold: float | str) -> tuple[float, float | None]:
 
 
 def importance(
-    old: np.ndarray, rollout: np.ndarray, m: np.ndarray, level: str, threshold: float | str, batch_norm: bool
+    old: np.ndarray,
+    rollout: np.ndarray,
+    m: np.ndarray,
+    level: str,
+    threshold: float | str,
+    batch_norm: bool,
+    spreads: dict[str, tuple[float, float]] | None = None,
 ) -> dict[str, float | None]:
     upper, lower = parse_is(threshold)
     lm = lower if lower is not None else 1.0 / upper
@@ -91,6 +97,10 @@ def importance(
         out["rollout_is_min"] = float(wv.min())
     wc = np.clip(wv, 0.0, upper)
     out["rollout_is_std"] = float(wc.std()) if n > 1 else 0.0
+    if spreads is not None:
+        # verl's weights differ from these by float32 rounding of exp (and of S_i, a float32 sum, at sequence level)
+        row_abs = np.where(m, np.abs(d), 0.0).sum(1, keepdims=True) if level == "sequence" else 0.0
+        spreads["rollout_is_std"] = (float((wc * wc).mean()), float((w * (1.0 + row_abs))[m].max()))
     second = float(((wc / (wc.mean() + 1e-8)) ** 2).mean())
     out["rollout_is_eff_sample_size"] = 1.0 / second if second > 0 else None
     a = _mrow(w, m)
@@ -136,9 +146,19 @@ def parse_rs(options: str, spec: str | float) -> list[tuple[str, float | None, f
     return out
 
 
-def rejection(old: np.ndarray, rollout: np.ndarray, m: np.ndarray, options: str, spec: str | float) -> dict[str, float]:
+def rejection(
+    old: np.ndarray,
+    rollout: np.ndarray,
+    m: np.ndarray,
+    options: str,
+    spec: str | float,
+    spreads: dict[str, tuple[float, float]] | None = None,
+) -> dict[str, float]:
     d = np.clip(old - rollout, -SAFE, SAFE)
-    stats = {"k1": -d, "k2": 0.5 * d**2, "k3": np.exp(d) - 1 - d}
+    stats = {"k1": -d, "k2": 0.5 * d**2, "k3": np.expm1(d) - d}
+    # the size of verl's float32 rounding per token: its k3 is exp(d) - 1 - d (an ulp of e^d); k1, k2 are exact
+    # float32 operations, the same as rcdiag's, until verl sums them per row in float32
+    exact = {"k1": np.zeros_like(d), "k2": np.zeros_like(d), "k3": np.exp(d)}
     valid = m.any(1)
     out: dict[str, float] = {}
     reject_any = np.zeros_like(m)
@@ -152,7 +172,12 @@ def rejection(old: np.ndarray, rollout: np.ndarray, m: np.ndarray, options: str,
             tok = k
             keep = (tok >= thr_lo) & (tok <= thr_hi) if k1 else tok <= thr_hi
             seq_vals = _mrow(tok, m)
+            scale = exact[est]
         else:
+            rounding = np.where(m, np.abs(k) + exact[est], 0.0)
+            scale = np.repeat(
+                rounding.sum(1, keepdims=True) if agg != "seq_max" else rounding.max(1, keepdims=True), m.shape[1], 1
+            )
             if agg == "seq_sum":
                 seq = np.where(m, k, 0.0).sum(1)
             elif agg == "seq_mean":
@@ -179,6 +204,8 @@ def rejection(old: np.ndarray, rollout: np.ndarray, m: np.ndarray, options: str,
             out[p + "fraction_low"] = float((v < thr_lo).mean()) if k1 else 0.0
         c = np.clip(tok[m], thr_lo, thr_hi)
         out[p + "std"] = float(c.std()) if m.sum() > 1 else 0.0
+        if spreads is not None:
+            spreads[p + "std"] = (float((c * c).mean()), float(scale[m].max()))
         out[p + "seq_mean"] = float(v.mean())
         out[p + "seq_std"] = float(v.std(ddof=1)) if v.size > 1 else 0.0
         out[p + "seq_max"] = float(v.max())
@@ -196,8 +223,18 @@ def rejection(old: np.ndarray, rollout: np.ndarray, m: np.ndarray, options: str,
     return out
 
 
-def all_metrics(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray, **config: object) -> dict[str, float | None]:
-    """Every ``rollout_corr/*`` metric verl would log for one padded batch and config."""
+def all_metrics(
+    old: np.ndarray,
+    rollout: np.ndarray,
+    mask: np.ndarray,
+    spreads: dict[str, tuple[float, float]] | None = None,
+    **config: object,
+) -> dict[str, float | None]:
+    """Every ``rollout_corr/*`` metric verl would log for one padded batch and config.
+
+    ``spreads``, if given, receives for each population ``*_std`` metric (unprefixed key) E[x^2] of the (clamped)
+    values behind it, and the magnitude whose float32 rounding separates verl's values from exact ones (for the
+    conformance tolerance)."""
     old = old.astype(np.float64)
     rollout = rollout.astype(np.float64)
     m = mask.astype(bool)
@@ -211,9 +248,11 @@ def all_metrics(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray, **config
                 str(config["rollout_is"]),
                 config.get("rollout_is_threshold", 2.0),  # type: ignore[arg-type]
                 bool(config.get("rollout_is_batch_normalize", False)),
+                spreads,
             )
         )
     if config.get("rollout_rs") is not None:
-        out.update(rejection(old, rollout, m, str(config["rollout_rs"]), config["rollout_rs_threshold"]))  # type: ignore[arg-type]
+        options, spec = str(config["rollout_rs"]), config["rollout_rs_threshold"]
+        out.update(rejection(old, rollout, m, options, spec, spreads))  # type: ignore[arg-type]
     out.update(offpolicy(old, rollout, m))
     return {"rollout_corr/" + k: v for k, v in out.items()}

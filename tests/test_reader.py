@@ -181,7 +181,8 @@ def test_bad_values(tmp_path: Path) -> None:
         "rollout_log_prob": [[-1.0, 5.0]],
         "response_mask": [[1, 0]],
     }
-    rcdiag.analyze(write_dump(tmp_path / "ok.parquet", columns))
+    report = rcdiag.analyze(write_dump(tmp_path / "ok.parquet", columns))
+    assert (report.input.valid_tokens, report.metrics["rollout_corr/kl"]) == (1, 0.0)
 
 
 def test_empty_dump_and_all_masked_dump(tmp_path: Path) -> None:

@@ -119,16 +119,21 @@ def test_batch_without_a_valid_token() -> None:
 
 
 def test_batch_normalization_factors() -> None:
+    """The factors against numpy on the raw arrays (TIS at 2.0): token level the token-weighted mean weight,
+    sequence level the mean weight over rows with a valid token (seq_mean averages over all rows)."""
     rng = np.random.default_rng(5)
-    old, rollout, mask = random_batch(rng, rows=16, width=20, noise=0.3, empty_rows=0, hole_rate=0.0)
+    old, rollout, mask = random_batch(rng, rows=16, width=20, noise=0.3, empty_rows=4, hole_rate=0.1)
+    valid = mask.astype(bool)
+    d = old.astype(np.float64) - rollout
     m = run_padded(old, rollout, mask, rollout_is="token", rollout_is_batch_normalize=True).metrics
-    assert m[P + "rollout_is_batch_norm_factor"] == m[P + "rollout_is_mean"]
+    assert m[P + "rollout_is_batch_norm_factor"] == pytest.approx(np.minimum(np.exp(d), 2.0)[valid].mean(), rel=1e-6)
+    assert m[P + "rollout_is_batch_norm_factor"] == m[P + "rollout_is_mean"]  # verl's identity, bit for bit
     m = run_padded(old, rollout, mask, rollout_is="sequence", rollout_is_batch_normalize=True).metrics
-    assert m[P + "rollout_is_batch_norm_factor"] == pytest.approx(m[P + "rollout_is_seq_mean"], rel=1e-12)
-    # with empty rows the sequence factor averages over valid rows only, seq_mean over all rows
-    old, rollout, mask = random_batch(rng, rows=16, width=20, noise=0.3, empty_rows=4, hole_rate=0.0)
-    m = run_padded(old, rollout, mask, rollout_is="sequence", rollout_is_batch_normalize=True).metrics
-    assert m[P + "rollout_is_batch_norm_factor"] == pytest.approx(m[P + "rollout_is_seq_mean"] * 16 / 12, rel=1e-9)
+    row_weight = np.minimum(np.exp(np.where(valid, d, 0.0).sum(1)), 2.0)
+    nonempty = valid.any(1)
+    assert nonempty.sum() == 12
+    assert m[P + "rollout_is_batch_norm_factor"] == pytest.approx(row_weight[nonempty].mean(), rel=1e-6)
+    assert m[P + "rollout_is_seq_mean"] == pytest.approx(row_weight[nonempty].sum() / 16, rel=1e-6)
 
 
 def test_batch_norm_factor_falls_back_to_one() -> None:
@@ -262,9 +267,11 @@ def test_invalid_values_are_input_errors() -> None:
     report = run_padded(old, rollout, mask, rollout_is="token")
     assert report.metrics[P + "rollout_is_max"] == 2.0
     assert report.extras["rcdiag/clamped_token_fraction"] == pytest.approx(1 / 3)
-    # NaN in padding is ignored, as in verl's masked ops
+    # NaN in padding is ignored, as in verl's masked ops: the same report as without it
+    assert mask[1, 1] == 0
     old[1, 1] = np.nan
-    run_padded(old, rollout, mask)
+    with_nan = run_padded(old, rollout, mask, rollout_is="token")
+    assert with_nan.metrics == report.metrics and with_nan.extras == report.extras
 
 
 @pytest.mark.parametrize("overlap", [False, True])

@@ -75,6 +75,19 @@ _STUBS: dict[str, dict[str, Any]] = {
 _STUBBED = tuple(_STUBS)
 
 
+def require_verl() -> Any:
+    """The torch module, with verl loaded; or skip saying what to install (a failure under ``CI=true``)."""
+    from missing_components import missing
+
+    try:
+        import torch
+    except ImportError:
+        missing("torch")
+    if load_verl() is None:
+        missing("verl")
+    return torch
+
+
 def verl_metrics(old: Any, rollout: Any, mask: Any, **config: Any) -> dict[str, float]:
     """verl's ``rollout_corr/*`` metrics for padded (B, T) tensors and a config (verl's field names)."""
     loaded = load_verl()

@@ -12,13 +12,15 @@ to one bound) is not lost to cancellation in E[x^2] - E[x]^2.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 
 from rcdiag.catalogue.findings import finding
+
+if TYPE_CHECKING:
+    from rcdiag.metrics.block import Block
 
 Reduce = Literal["sum", "max", "min", "moments"]
 MetricValue = float | None
@@ -78,16 +80,17 @@ class VerlCrash:
 
 
 class Accumulator:
-    """Base class: subclasses declare ``STATES`` and implement ``update`` and ``compute``."""
+    """Base class: subclasses declare ``STATES`` and implement ``update`` and ``compute``.
+
+    Every accumulator has the same protocol: ``update(block)`` folds a block in and returns nothing, ``merge``
+    folds another accumulator in, ``compute()`` gives the metrics. What several accumulators share within a block
+    (a statistic, what an RS option rejects) is memoized on the block, never passed between them.
+    """
 
     STATES: ClassVar[dict[str, Reduce]] = {}
 
     def __init__(self) -> None:
         self.state: dict[str, Any] = {name: _DEFAULTS[how] for name, how in self.STATES.items()}
-
-    def reset(self) -> None:
-        """Back to the empty state."""
-        self.state = {name: _DEFAULTS[how] for name, how in self.STATES.items()}
 
     def add(self, **values: Any) -> None:
         """Fold values into the state by each state's declared reduction (moments: a ``Moments`` or a tuple)."""
@@ -129,6 +132,10 @@ class Accumulator:
             for name, how in self.STATES.items()
         }
 
+    def update(self, block: Block) -> None:
+        """Fold one block of whole rows into the state."""
+        raise NotImplementedError
+
     def keys(self) -> list[str]:
         """Metric keys in verl's order (unprefixed)."""
         raise NotImplementedError
@@ -136,15 +143,6 @@ class Accumulator:
     def compute(self) -> tuple[dict[str, MetricValue], list[VerlCrash]]:
         """Metric values in verl's key order, plus any conditions under which verl would crash."""
         raise NotImplementedError
-
-
-def merge_all(accumulators: Iterable[A]) -> A:
-    """Merge a non-empty iterable of accumulators into the first one."""
-    iterator = iter(accumulators)
-    first = next(iterator)
-    for other in iterator:
-        first.merge(other)
-    return first
 
 
 def _nanmax(a: float, b: float) -> float:

@@ -7,6 +7,8 @@ and rcdiag's own diagnostics separately.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +45,7 @@ class BatchMetrics:
         self.resolved = resolved
         self.importance = ISMetrics(resolved.is_spec) if resolved.is_spec is not None else None
         self.rs_options = [RSOptionMetrics(option) for option in resolved.rs_options]
-        self.rs_aggregate = RSAggregateMetrics() if self.rs_options else None
+        self.rs_aggregate = RSAggregateMetrics(resolved.rs_options) if self.rs_options else None
         self.offpolicy = OffPolicyMetrics()
         self.extras = ExtraMetrics()
         self.rows = 0
@@ -66,13 +68,8 @@ class BatchMetrics:
         self.rows += block.n_rows
         self.valid_tokens += block.n_tokens
         self.empty_rows += block.n_rows - block.n_valid_rows
-        if self.importance is not None:
-            self.importance.update(block)
-        rejections = [option.update(block) for option in self.rs_options]
-        if self.rs_aggregate is not None:
-            self.rs_aggregate.update(block, rejections)
-        self.offpolicy.update(block)
-        self.extras.update(block)
+        for group in self.groups():
+            group.update(block)
 
     def merge(self, other: BatchMetrics) -> BatchMetrics:
         """Fold another batch's state (same configuration) into this one; returns ``self``."""
@@ -143,6 +140,23 @@ class BatchMetrics:
         self.rows = int(state["rows"])
         self.valid_tokens = int(state["valid_tokens"])
         self.empty_rows = int(state["empty_rows"])
+
+
+def state_layout() -> str:
+    """A short signature of every accumulator's declared state (class, state names and their reductions).
+
+    A state file records it (``rcdiag.state``); a file written under another layout is refused, so a changed
+    accumulator can never load an old file silently.
+    """
+    declared: dict[str, list] = {}
+    pending = list(Accumulator.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if cls.__module__.startswith("rcdiag."):
+            declared[f"{cls.__module__}.{cls.__qualname__}"] = sorted(cls.STATES.items())
+    text = json.dumps(sorted(declared.items()), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _prefixed(crash: VerlCrash) -> VerlCrash:

@@ -2,6 +2,9 @@
 
 Per-token arrays are float32, as in verl, so clamps, exp overflow and threshold comparisons behave the same;
 per-row arrays are float64 (there are few rows, and their sums and means are where float32 loses digits).
+Expressions that cancel (k3 = e^d - 1 - d, e^(2d) - 1 for chi2) are evaluated in float64 from ``expm1``; the k3
+statistic RS compares with its threshold is then rounded once to float32 (the correctly rounded value, where
+float32 arithmetic keeps a few digits of a small k3 and so can keep a token whose exact k3 is above the bound).
 
 Padding (mask 0) is dropped before a block is built, so every token in a block is valid and a row may have
 zero tokens (an empty or fully masked response, which still counts in verl's all-rows metrics). Derived
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import cached_property
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -67,6 +70,17 @@ class Block:
         return self.lr if self.within_clamp else self.b.clip(self.lr, -SAFETY_BOUND, SAFETY_BOUND)
 
     @cached_property
+    def lr_safe64(self) -> Array:
+        """The clamped log-ratio in float64, for the statistics that cancel in float32."""
+        return self.b.to_float64(self.lr_safe)
+
+    @cached_property
+    def ratio_minus_one(self) -> Array:
+        """``e^d - 1`` of the clamped log-ratio, float64 ``expm1``: exact where ``ratio - 1`` would cancel. k3 is
+        ``ratio_minus_one - d`` and chi2's ``ratio^2 - 1`` is ``ratio_minus_one * (ratio_minus_one + 2)``."""
+        return self.b.expm1(self.lr_safe64)
+
+    @cached_property
     def ratio(self) -> Array:
         """Token IS ratio ``exp(clamp(lr))``."""
         return self.b.exp(self.lr_safe)
@@ -100,7 +114,7 @@ class Block:
 
     def k(self, estimator: Literal["k1", "k2", "k3"]) -> Array:
         """Per-token divergence statistic on the clamped log-ratio d: k1 = -d, k2 = d^2/2, k3 = e^d - 1 - d."""
-        return self._memo(("k", estimator), lambda: _k_stat(self, estimator))
+        return self.memo(("k", estimator), lambda: _k_stat(self, estimator))
 
     def row_sum_k(self, estimator: Literal["k1", "k2", "k3"]) -> Array:
         """Per-row float64 sums of a k statistic (shared by every option that needs them).
@@ -110,8 +124,8 @@ class Block:
         on the row alone, never on the block, so no metric depends on how rows fall into blocks.
         """
         if estimator == "k1":
-            return self._memo(("row_sum_k", "k1"), self._row_sum_k1)
-        return self._memo(("row_sum_k", estimator), lambda: self.seg.sum(self.k(estimator)))
+            return self.memo(("row_sum_k", "k1"), self._row_sum_k1)
+        return self.memo(("row_sum_k", estimator), lambda: self.seg.sum(self.k(estimator)))
 
     def _row_sum_k1(self) -> Array:
         if self.within_clamp:
@@ -120,7 +134,8 @@ class Block:
         inside = (seg.max(self.lr, 0.0) <= SAFETY_BOUND) & (seg.min(self.lr, 0.0) >= -SAFETY_BOUND)
         return b.where(inside, -self.row_sum_lr, seg.sum(self.k("k1")))
 
-    def _memo(self, key: tuple, compute: Callable[[], Array]) -> Array:
+    def memo(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        """``compute()``, once per block and ``key`` (values several metric groups share)."""
         cache = self.__dict__.setdefault("_cache", {})
         if key not in cache:
             cache[key] = compute()
@@ -133,4 +148,5 @@ def _k_stat(block: Block, estimator: str) -> Array:
         return -d
     if estimator == "k2":
         return 0.5 * d * d
-    return block.ratio - 1.0 - d
+    # float64 expm1(d) - d, rounded once: float32 exp(d) - 1 - d keeps about 3 digits at d = 0.04
+    return block.b.to_float32(block.ratio_minus_one - block.lr_safe64)

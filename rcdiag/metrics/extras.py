@@ -5,7 +5,9 @@
 * ``token_mult_prob_error``: mean of exp(|log-ratio|) over valid tokens (NeMo-RL's metric; 1.0 is exact).
 * ``kl_std_error``: standard error of ``kl``, treating sequences (not tokens) as the independent units, since
   tokens of one response are correlated: sqrt(sum_i (S_i - kl_hat * n_i)^2) / N with S_i the row sum of
-  log(pi_rollout/pi_train) and n_i its valid tokens.
+  log(pi_rollout/pi_train) and n_i its valid tokens. The sum of squares comes from the moments of the row means
+  x_i = S_i / n_i weighted by n_i^2 (mean mu, M2) as M2 + sum(n_i^2) (mu - kl_hat)^2, a sum of non-negative terms,
+  not from raw moments (sum S^2 - 2 kl_hat sum S n + ...), which cancel when the spread is small.
 * ``kl_std_error_dof``: degrees of freedom of that standard error, (sum_i n_i^2)^2 / sum_i n_i^4 (Satterthwaite,
   with a response's variance growing as the square of its length): a few long responses leave few.
 * ``clamped_token_fraction``: share of valid tokens whose |log-ratio| exceeds verl's safety bound of 20, where
@@ -41,9 +43,7 @@ class ExtraMetrics(Accumulator):
         "exp_abs": "sum",
         "clamped": "sum",
         "s_sum": "sum",
-        "s_sq": "sum",
-        "sn": "sum",
-        "n_sq": "sum",
+        "row_mean": "moments",
         "n_4": "sum",
     }
 
@@ -60,9 +60,7 @@ class ExtraMetrics(Accumulator):
             exp_abs=b.sum(b.exp(abs_lr)),
             clamped=0 if block.within_clamp else b.count(abs_lr > SAFETY_BOUND),
             s_sum=b.sum(s),
-            s_sq=b.dot(s, s),
-            sn=b.dot(s, n),
-            n_sq=b.dot(n, n),
+            row_mean=b.moments(block.row_mean(s), n * n),
             n_4=b.dot(n * n, n * n),
         )
 
@@ -75,13 +73,14 @@ class ExtraMetrics(Accumulator):
         if n == 0:
             return dict.fromkeys(EXTRA_KEYS), []
         mean_lr = st["s_sum"] / n
-        # sum_i (S_i - m n_i)^2 = sum S^2 - 2 m sum S n + m^2 sum n^2
-        spread = st["s_sq"] - 2.0 * mean_lr * st["sn"] + mean_lr * mean_lr * st["n_sq"]
+        # sum_i (S_i - m n_i)^2 = sum_i n_i^2 (x_i - m)^2 = M2 + W (mu - m)^2 (x_i, mu, M2, W: row-mean moments)
+        x = st["row_mean"]
+        spread = x.m2 + x.n * (x.mean - mean_lr) ** 2
         return {
             "rcdiag/abs_log_ratio_mean": st["abs_sum"] / n,
             "rcdiag/abs_log_ratio_max": st["abs_max"],
             "rcdiag/token_mult_prob_error": st["exp_abs"] / n,
             "rcdiag/kl_std_error": math.sqrt(max(spread, 0.0)) / n if spread == spread else math.nan,
-            "rcdiag/kl_std_error_dof": st["n_sq"] ** 2 / st["n_4"],
+            "rcdiag/kl_std_error_dof": x.n**2 / st["n_4"],  # x.n = sum_i n_i^2
             "rcdiag/clamped_token_fraction": st["clamped"] / n,
         }, []

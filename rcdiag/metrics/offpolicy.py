@@ -4,11 +4,16 @@ Row sets: the PPL, log-PPL, ``log_ppl_*``, ``ppl_ratio`` and ``chi2_seq`` metric
 the batch, empty rows included (their per-row mean log-prob is 0, so they contribute PPL 1 and chi2 term 1);
 ``kl``, ``k3_kl`` and ``chi2_token`` are token-weighted over valid tokens. ``kl``, ``k3_kl`` and the PPLs use the
 unclamped log-ratio; ``chi2_token`` and ``chi2_seq`` clamp to [-20, 20] (chi2_seq clamps the per-row sum).
+Nothing is computed as a difference of nearly equal numbers: k3 as ``expm1(d) - d`` and chi2 as the mean of
+``expm1(2d)`` (not E[ratio^2] - 1), in float64.
 """
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
+
+import numpy as np
 
 from rcdiag.config import SAFETY_BOUND
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
@@ -48,8 +53,8 @@ class OffPolicyMetrics(Accumulator):
         "delta_max": "max",
         "delta_min": "min",
         "exp_delta": "sum",
-        "ratio_sq": "sum",
-        "exp_2s": "sum",
+        "chi2_token": "sum",
+        "chi2_seq": "sum",
     }
 
     def update(self, block: Block) -> None:
@@ -71,8 +76,8 @@ class OffPolicyMetrics(Accumulator):
             delta_max=b.max(delta),
             delta_min=b.min(delta),
             exp_delta=b.sum(b.exp(delta)),
-            ratio_sq=b.dot(block.ratio, block.ratio),
-            exp_2s=b.sum(b.exp(2.0 * b.clip(s, -SAFETY_BOUND, SAFETY_BOUND))),
+            chi2_token=b.sum(block.ratio_minus_one * (block.ratio_minus_one + 2.0)),
+            chi2_seq=b.sum(b.expm1(2.0 * b.clip(s, -SAFETY_BOUND, SAFETY_BOUND))),
         )
 
     def keys(self) -> list[str]:
@@ -95,18 +100,23 @@ class OffPolicyMetrics(Accumulator):
             "log_ppl_diff_max": st["delta_max"],
             "log_ppl_diff_min": st["delta_min"],
             "ppl_ratio": st["exp_delta"] / rows,
-            "chi2_token": st["ratio_sq"] / tokens - 1.0,
-            "chi2_seq": st["exp_2s"] / rows - 1.0,
+            "chi2_token": st["chi2_token"] / tokens,
+            "chi2_seq": st["chi2_seq"] / rows,
         }
         return values, []
 
 
 def _k3_sum(block: Block) -> float:
-    """Sum of exp(lr) - lr - 1 over the block's tokens (unclamped, as verl), as sum(exp(lr)) - sum(lr) - N in
-    float64: no float32 rounding of each term, and sum(lr) is already known. When no log-ratio reaches the
-    clamp, exp(lr) is the token IS ratio already computed (the same float32 values), so one pass instead of
-    four; either way the same numbers are summed, so the result does not depend on how rows fall into blocks.
-    """
+    """Sum of e^lr - 1 - lr over the block's tokens, unclamped as in verl, in float64 from ``expm1``; inf for a
+    log-ratio whose e^lr overflows float32, as in verl. When no log-ratio reaches the clamp, ``e^d - 1`` is the
+    one already computed for the block; the values are the same either way, so the result does not depend on how
+    rows fall into blocks."""
     b = block.b
-    exp_sum = b.sum(block.ratio) if block.within_clamp else b.sum(b.exp(block.lr))
-    return exp_sum - b.sum(block.row_sum_lr) - block.n_tokens
+    if block.within_clamp:
+        return b.sum(block.ratio_minus_one - block.lr_safe64)
+    lr = b.to_float64(block.lr)
+    return b.sum(b.where(lr > _LOG_F32_MAX, math.inf, b.expm1(lr) - lr))
+
+
+_LOG_F32_MAX = math.log(float(np.finfo(np.float32).max))
+"""Above this log-ratio, verl's float32 exp overflows to inf."""

@@ -43,16 +43,109 @@ AGGREGATE_KEYS = ("rollout_rs_masked_fraction", "rollout_rs_seq_masked_fraction"
 
 @dataclass
 class Rejection:
-    """What one option rejected in a block.
+    """What one option finds in one block: what it rejects, and the values its accumulator folds in.
 
     ``masked_tokens`` counts rejected valid tokens and ``rows_hit`` marks rows with a rejected token; token
     options give ``token_mask`` (built only if the aggregate needs it), sequence options give ``rows``.
+    ``states`` holds the option's accumulator values for this block.
     """
 
     masked_tokens: float
     rows_hit: Array
+    states: dict[str, float | tuple]
     token_mask: Callable[[], Array] | None = None
     rows: Array | None = None
+
+
+def rejection(block: Block, option: RSOption) -> Rejection:
+    """What ``option`` rejects in ``block``, computed once per block: the option's own metrics and the RS
+    aggregates both read it, so every accumulator's ``update`` takes only the block."""
+    return block.memo(("rejection", option), lambda: _reject(block, option))
+
+
+def _bounds(option: RSOption) -> tuple[float, float]:
+    """``(lower, upper)`` bounds on the statistic as verl compares them: Python floats against float32 tensors,
+    i.e. rounded to float32."""
+    return f32(option.thr_lo), f32(option.thr_hi)
+
+
+def _keep(option: RSOption, stat: Array) -> Array:
+    lo, hi = _bounds(option)
+    if option.is_k1:
+        return (stat >= lo) & (stat <= hi)
+    return stat <= hi
+
+
+def _reject(block: Block, opt: RSOption) -> Rejection:
+    b = block.b
+    lo, hi = _bounds(opt)
+    token_stat = block.k(opt.estimator)
+    valid = block.row_valid
+    if opt.level == "token":
+        result = _reject_tokens(block, opt, token_stat)
+        seq_value = block.row_mean(block.row_sum_k(opt.estimator))
+    else:
+        if opt.agg == "sum":
+            seq_value = block.row_sum_k(opt.estimator)
+        elif opt.agg == "mean":
+            seq_value = block.row_mean(block.row_sum_k(opt.estimator))
+        else:
+            seq_value = block.seg.max(token_stat, 0.0)
+        reject = ~_keep(opt, seq_value) & valid
+        n = block.row_len
+        masked_tokens = b.sum(b.where(reject, n, 0.0))
+        states = {
+            "stat_sum": b.dot(n, seq_value),
+            "clamped": b.moments(b.clip(seq_value, lo, hi), n),
+            "masked_tokens": masked_tokens,
+            "masked_rows": b.count(reject),
+        }
+        result = Rejection(masked_tokens=masked_tokens, rows_hit=reject, states=states, rows=reject)
+    v = seq_value[valid] if block.n_valid_rows < block.n_rows else seq_value
+    result.states.update(
+        tokens=block.n_tokens,
+        valid_rows=block.n_valid_rows,
+        v=b.moments(v),
+        v_max=b.max(v),
+        v_min=b.min(v),
+        v_abs_max=b.max(b.abs(v)),
+        v_hi=b.count(v > hi),
+        v_lo=b.count(v < lo) if opt.is_k1 else 0.0,
+    )
+    return result
+
+
+def _reject_tokens(block: Block, opt: RSOption, stat: Array) -> Rejection:
+    """Token options, in as few passes as possible: extremes per row (fast segment max/min) give the global
+    extremes and the rows with a rejected token; the two strict counts give the masked tokens, since a token is
+    rejected exactly when it lies below the lower or above the upper bound (or is NaN, handled on the slow
+    path)."""
+    b, seg, k1 = block.b, block.seg, opt.is_k1
+    lo, hi = _bounds(opt)
+    row_max, row_min = seg.max(stat, -math.inf), seg.min(stat, math.inf)
+    tok_max, tok_min = b.max(row_max), b.min(row_min)
+    stat_sum = b.sum(block.row_sum_k("k1")) if k1 else b.sum(stat)
+    above = b.count(stat > hi)
+    below = b.count(stat < lo) if k1 else 0
+    if math.isfinite(stat_sum):
+        masked_tokens: float = above + below
+        rows_hit = (row_max > hi) | (row_min < lo) if k1 else row_max > hi
+    else:  # NaN statistics fail every comparison: verl rejects them
+        reject = ~_keep(opt, stat)
+        masked_tokens = b.count(reject)
+        rows_hit = seg.count(reject) > 0
+    no_clamp = lo <= tok_min and tok_max <= hi
+    states = {
+        "stat_sum": stat_sum,
+        "tok_max": tok_max,
+        "tok_min": tok_min,
+        "tok_hi": above,
+        "tok_lo": below,
+        "clamped": b.moments(stat if no_clamp else b.clip(stat, lo, hi)),
+        "masked_tokens": masked_tokens,
+        "masked_rows": b.count(rows_hit),
+    }
+    return Rejection(masked_tokens, rows_hit, states, token_mask=lambda: ~_keep(opt, stat))
 
 
 class RSOptionMetrics(Accumulator):
@@ -80,88 +173,13 @@ class RSOptionMetrics(Accumulator):
     def __init__(self, option: RSOption) -> None:
         super().__init__()
         self.option = option
-        # Bounds as verl compares them: Python floats against float32 tensors, i.e. rounded to float32.
-        self.hi = f32(option.thr_hi)
-        self.lo = f32(option.thr_lo)
         self.prefix = f"rollout_rs_{option.name}"
 
     def signature(self) -> tuple:
         return (type(self).__name__, self.option)
 
-    def _keep(self, stat: Array) -> Array:
-        if self.option.is_k1:
-            return (stat >= self.lo) & (stat <= self.hi)
-        return stat <= self.hi
-
-    def update(self, block: Block) -> Rejection:
-        """Fold a block in and return what this option rejects there."""
-        b, opt = block.b, self.option
-        token_stat = block.k(opt.estimator)
-        valid = block.row_valid
-        if opt.level == "token":
-            result = self._update_token_option(block, token_stat)
-            seq_value = block.row_mean(block.row_sum_k(opt.estimator))
-        else:
-            if opt.agg == "sum":
-                seq_value = block.row_sum_k(opt.estimator)
-            elif opt.agg == "mean":
-                seq_value = block.row_mean(block.row_sum_k(opt.estimator))
-            else:
-                seq_value = block.seg.max(token_stat, 0.0)
-            reject = ~self._keep(seq_value) & valid
-            n = block.row_len
-            clamped = b.clip(seq_value, self.lo, self.hi)
-            masked_tokens = b.sum(b.where(reject, n, 0.0))
-            self.add(
-                stat_sum=b.dot(n, seq_value),
-                clamped=b.moments(clamped, n),
-                masked_tokens=masked_tokens,
-                masked_rows=b.count(reject),
-            )
-            result = Rejection(masked_tokens=masked_tokens, rows_hit=reject, rows=reject)
-        v = seq_value[valid] if block.n_valid_rows < block.n_rows else seq_value
-        self.add(
-            tokens=block.n_tokens,
-            valid_rows=block.n_valid_rows,
-            v=b.moments(v),
-            v_max=b.max(v),
-            v_min=b.min(v),
-            v_abs_max=b.max(b.abs(v)),
-            v_hi=b.count(v > self.hi),
-            v_lo=b.count(v < self.lo) if opt.is_k1 else 0.0,
-        )
-        return result
-
-    def _update_token_option(self, block: Block, stat: Array) -> Rejection:
-        """Token options, in as few passes as possible: extremes per row (fast segment max/min) give the
-        global extremes and the rows with a rejected token; the two strict counts give the masked tokens,
-        since a token is rejected exactly when it lies below the lower or above the upper bound (or is NaN,
-        handled on the slow path)."""
-        b, seg, k1 = block.b, block.seg, self.option.is_k1
-        row_max, row_min = seg.max(stat, -math.inf), seg.min(stat, math.inf)
-        tok_max, tok_min = b.max(row_max), b.min(row_min)
-        stat_sum = b.sum(block.row_sum_k("k1")) if k1 else b.sum(stat)
-        above = b.count(stat > self.hi)
-        below = b.count(stat < self.lo) if k1 else 0
-        if math.isfinite(stat_sum):
-            masked_tokens: float = above + below
-            rows_hit = (row_max > self.hi) | (row_min < self.lo) if k1 else row_max > self.hi
-        else:  # NaN statistics fail every comparison: verl rejects them
-            reject = ~self._keep(stat)
-            masked_tokens = b.count(reject)
-            rows_hit = seg.count(reject) > 0
-        no_clamp = self.lo <= tok_min and tok_max <= self.hi
-        self.add(
-            stat_sum=stat_sum,
-            tok_max=tok_max,
-            tok_min=tok_min,
-            tok_hi=above,
-            tok_lo=below,
-            clamped=b.moments(stat if no_clamp else b.clip(stat, self.lo, self.hi)),
-            masked_tokens=masked_tokens,
-            masked_rows=b.count(rows_hit),
-        )
-        return Rejection(masked_tokens=masked_tokens, rows_hit=rows_hit, token_mask=lambda: ~self._keep(stat))
+    def update(self, block: Block) -> None:
+        self.add(**rejection(block, self.option).states)
 
     def keys(self) -> list[str]:
         suffixes = [s for s in _SUFFIXES if s != "seq_fraction_low" or self.option.is_k1]
@@ -199,7 +217,7 @@ class RSOptionMetrics(Accumulator):
 
 
 class RSAggregateMetrics(Accumulator):
-    """``rollout_rs_masked_fraction`` (valid tokens rejected by any option) and
+    """``rollout_rs_masked_fraction`` (valid tokens rejected by any of ``options``) and
     ``rollout_rs_seq_masked_fraction`` (rows, of all rows, with a rejected valid token)."""
 
     STATES: ClassVar[dict[str, Reduce]] = {
@@ -209,8 +227,16 @@ class RSAggregateMetrics(Accumulator):
         "masked_rows": "sum",
     }
 
-    def update(self, block: Block, rejections: list[Rejection]) -> None:
+    def __init__(self, options: tuple[RSOption, ...]) -> None:
+        super().__init__()
+        self.options = options
+
+    def signature(self) -> tuple:
+        return (type(self).__name__, self.options)
+
+    def update(self, block: Block) -> None:
         b = block.b
+        rejections = [rejection(block, option) for option in self.options]
         if len(rejections) == 1:
             only = rejections[0]
             self.add(

@@ -1,0 +1,26 @@
+"""Whole rows picked out of a chunk's flat values: the one ragged gather (bad rows left out, rows grouped by step)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from rcdiag.io.base import Chunk
+
+
+def take_rows(chunk: Chunk, rows: np.ndarray) -> Chunk:
+    """The rows at the indices ``rows`` (in that order) as a new chunk; every per-token and per-row array follows."""
+    lengths = np.diff(chunk.offsets)[rows]
+    offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    index = np.repeat(chunk.offsets[:-1][rows] - offsets[:-1], lengths) + np.arange(offsets[-1])
+    return dataclasses.replace(
+        chunk,
+        old=chunk.old[index],
+        rollout=chunk.rollout[index],
+        offsets=offsets,
+        mask=None if chunk.mask is None else chunk.mask[index],
+        steps=None if chunk.steps is None else chunk.steps[rows],
+        seq_ids=None if chunk.seq_ids is None else chunk.seq_ids[rows],
+    )
