@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import time
 
 from _data import dump, parse_tokens
 from _methods import CONFIG
+from throughput import interleaved
 
 import rcdiag
 
@@ -36,22 +36,11 @@ def main() -> None:
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
     print(f"ray.init(num_cpus={args.cpus}): {time.perf_counter() - start:.1f} s (once per cluster, not timed below)")
     methods = {
-        "one_process": lambda: rcdiag.analyze(path, CONFIG),
-        f"workers_{args.cpus}": lambda: rcdiag.analyze(path, CONFIG, workers=args.cpus),
-        "ray": lambda: rcdiag.analyze(path, CONFIG, ray=True),
+        "one_process": lambda: rcdiag.analyze(path, CONFIG).input.tokens,
+        f"workers_{args.cpus}": lambda: rcdiag.analyze(path, CONFIG, workers=args.cpus).input.tokens,
+        "ray": lambda: rcdiag.analyze(path, CONFIG, ray=True).input.tokens,
     }
-    rates: dict[str, list[float]] = {name: [] for name in methods}
-    for round_ in range(args.rounds):
-        for name, method in methods.items():
-            start = time.perf_counter()
-            tokens = method().input.tokens
-            seconds = time.perf_counter() - start
-            rates[name].append(tokens / seconds / 1e6)
-            print(f"  round {round_ + 1}: {name:12s} {rates[name][-1]:7.1f} M tok/s ({seconds:.1f} s)")
-    medians = {name: statistics.median(values) for name, values in rates.items()}
-    print("\nmedian M tok/s (min-max):")
-    for name, values in rates.items():
-        print(f"  {name:12s} {medians[name]:7.1f} ({min(values):.1f}-{max(values):.1f})")
+    medians = interleaved(methods, args.rounds)
     workers = medians[f"workers_{args.cpus}"]
     print(f"\nratios (same run):\n  ray / workers_{args.cpus} = {medians['ray'] / workers:.2f}   (target >= 0.8)")
     print(f"  workers_{args.cpus} / one_process = {workers / medians['one_process']:.2f}")
