@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rcdiag.errors import InputError
-from rcdiag.io.paths import GLOB_CHARS, FilePath, expand, read_head
+from rcdiag.io.paths import GLOB_CHARS, FilePath, expand, map_files, read_head
 from rcdiag.io.registry import NOT_DUMPS, InputFormat, candidates, format_names, suffixes
 
 if TYPE_CHECKING:
@@ -44,8 +44,9 @@ def open_dump(path: str | Path, columns: ColumnMap | None = None) -> Source:
 
     label = str(path)
     files = expand(path)
-    kinds = _one_kind(label, {file: format_of(file) for file in files})
-    return TableSource(label, [kinds[file].open(file, columns) for file in kinds], next(iter(kinds.values())).name)
+    kinds = _one_kind(label, dict(zip(files, map_files(format_of, files), strict=True)))
+    opened = map_files(lambda file: kinds[file].open(file, columns), list(kinds))
+    return TableSource(label, opened, next(iter(kinds.values())).name)
 
 
 def open_part(part: Part, columns: ColumnMap | None = None) -> Source:

@@ -16,7 +16,7 @@ from rcdiag.io.arrow_lists import is_list_type
 from rcdiag.io.base import DEFAULT_CHUNK_TOKENS, Chunk, Part, Source, SourceInfo, balanced_runs
 from rcdiag.io.batch import Batch
 from rcdiag.io.long import group_sequences
-from rcdiag.io.paths import identity
+from rcdiag.io.paths import identity, map_files
 from rcdiag.io.tables import TableFile, check_unmasked, list_chunks
 
 MAX_METADATA_VALUES = 8
@@ -46,7 +46,7 @@ class TableSource(Source):
             total_rows=None if self.long else self.total_rows,
             files=len(files),
             step_source=first.step_source,
-            reads=[dict(identity(file.path), part=None) for file in files],
+            reads=[dict(read, part=None) for read in map_files(identity, [file.path for file in files])],
         )
         self._metadata_values: dict[str, set[str]] = {}
 
