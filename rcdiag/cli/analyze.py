@@ -47,11 +47,11 @@ def analyze(
     Exit codes: 0 done (findings do not change it), 2 bad option, configuration or input, 3 internal error.
     """
     from rcdiag.api import analyze as run_analysis
-    from rcdiag.cli.output import checked_path
+    from rcdiag.cli.output import checked_state_path
     from rcdiag.cli.progress import progress
 
     config = engine.config()
-    state_file = save_state if save_state and "://" in save_state else checked_path(save_state, "--save-state")
+    state_file = checked_state_path(save_state)
     with progress(read, out) as on_chunk:
         report = run_analysis(path, config, read, on_chunk=on_chunk, save_state=state_file)
     out.emit(report)

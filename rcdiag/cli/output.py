@@ -24,6 +24,12 @@ class StdoutClosedError(Exception):
     Not an ``OSError``: click turns an ``EPIPE`` ``OSError`` into exit 1 before ``main`` could see it."""
 
 
+def checked_state_path(text: str | None) -> str | Path | None:
+    """``--save-state``: a URL (``s3://...``) as given (it is written with one upload once the state exists), else
+    a local path checked as ``checked_path`` does."""
+    return text if text and "://" in text and not text.startswith("file://") else checked_path(text, "--save-state")
+
+
 def checked_path(text: str | None, flag: str) -> Path | None:
     """``text`` as a file path that can be written, or ``None`` when the flag was not given. An empty value (an
     unset variable such as ``$GITHUB_STEP_SUMMARY``), a directory or a missing directory is a ``ConfigError``
