@@ -26,8 +26,12 @@ class StdoutClosedError(Exception):
 
 def checked_state_path(text: str | None) -> str | Path | None:
     """``--save-state``: a URL (``s3://...``) as given (it is written with one upload once the state exists), else
-    a local path checked as ``checked_path`` does."""
-    return text if text and "://" in text and not text.startswith("file://") else checked_path(text, "--save-state")
+    a local path (or ``file://`` URL) checked as ``checked_path`` does."""
+    from rcdiag.io.storage import is_remote, local_path
+
+    if text and is_remote(text):
+        return text
+    return checked_path(local_path(text) if text else text, "--save-state")
 
 
 def checked_path(text: str | None, flag: str) -> Path | None:
