@@ -9,15 +9,30 @@ from typing import Any
 
 from rcdiag._version import __version__
 from rcdiag.backend import Backend, NumpyBackend, get_backend
+from rcdiag.catalogue.findings import listing_order
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import Engine, EngineState
 from rcdiag.errors import ConfigError
+from rcdiag.explain.detectors import detect
+from rcdiag.explain.sequences import check_target as check_sequences_target
+from rcdiag.explain.sequences import cleanup, temporary_directory
+from rcdiag.explain.sequences import finish as finish_sequences
+from rcdiag.explain.state import ExplainOptions, ExplainState, number_rows
+from rcdiag.explain.worst import DEFAULT_WORST
 from rcdiag.health import evaluate
 from rcdiag.io import Chunk, open_dump, prefetch
 from rcdiag.io.base import SourceInfo
 from rcdiag.options import ReadOptions
-from rcdiag.parallel import RAY_MAX_PARTS, PartCallback, PartResult, in_processes, merge_parts, on_ray
-from rcdiag.report import InputFacts, Report, StepReport
+from rcdiag.parallel import (
+    RAY_MAX_PARTS,
+    PartCallback,
+    PartResult,
+    in_processes,
+    merge_parts,
+    on_ray,
+    sequence_writer,
+)
+from rcdiag.report import ExplainReport, InputFacts, Report, StepReport
 from rcdiag.validate import Screen, ScreenStats, as_chunk
 
 
@@ -43,6 +58,9 @@ def analyze(
     *,
     on_chunk: ProgressCallback | None = None,
     save_state: str | Path | None = None,
+    explain: bool = False,
+    worst: int = DEFAULT_WORST,
+    sequences: str | Path | None = None,
     **options: Any,
 ) -> Report:
     """Run verl's rollout correction over a dump and return the report.
@@ -57,6 +75,11 @@ def analyze(
         on_chunk: called after each chunk is read with a ``ReadProgress`` (for a progress bar); with
             ``workers > 1`` or ``ray``, after each part instead.
         save_state: also write the accumulated state here, for ``merge_states`` (scale-out over shards).
+        explain: also say where the mismatch sits: breakdowns by position, rollout probability and length, the
+            ``worst`` most extreme responses and the bias detectors (``report.explain``, docs/explain.md).
+        worst: how many responses the worst-responses list keeps (a value other than 10 implies ``explain``).
+        sequences: write one row per response to this Parquet file (implies ``explain``; read it back with
+            ``report.sequences_frame()``).
         options: ``ReadOptions`` fields as keywords (``device="cuda"``, ``columns=ColumnMap(...)``), applied
             on top of ``read``.
 
@@ -69,8 +92,13 @@ def analyze(
         >>> report = analyze("sample_data/healthy.parquet", preset("decoupled_geo_rs"))  # doctest: +SKIP
         >>> report.metrics["rollout_corr/kl"]  # doctest: +SKIP
     """
-    accumulated = accumulate(path, config, ReadOptions.of(read, options), on_chunk=on_chunk, save_state=save_state)
-    return build_report(accumulated.state, accumulated.info, accumulated.device, accumulated.screen)
+    wanted = ExplainOptions.of(explain, worst, sequences)
+    accumulated = accumulate(
+        path, config, ReadOptions.of(read, options), on_chunk=on_chunk, save_state=save_state, explain=wanted
+    )
+    return build_report(
+        accumulated.state, accumulated.info, accumulated.device, accumulated.screen, sequences_path=sequences
+    )
 
 
 @dataclass(frozen=True)
@@ -90,37 +118,65 @@ def accumulate(
     *,
     on_chunk: ProgressCallback | None = None,
     save_state: str | Path | None = None,
+    explain: ExplainOptions | None = None,
     **options: Any,
 ) -> Accumulated:
     """Read a dump into an ``EngineState`` (the mergeable accumulators), without computing the report.
 
     With ``workers > 1`` the dump's parts (runs of Parquet row groups, or of a directory's shards) are read by
     that many processes; with ``ray`` each row group or shard is a Ray task. Their states are merged: the result is
-    the same as one process reading everything.
+    the same as one process reading everything. ``explain`` adds ``--explain``'s accumulators (and writes its
+    ``sequences`` file).
     """
     resolved = (config or CorrectionConfig()).resolve()
     read = ReadOptions.of(read, options)
+    if explain is not None and explain.sequences is not None:
+        if read.ray:
+            raise ConfigError(
+                "--sequences writes each part's rows on this machine, which Ray tasks elsewhere cannot reach; use it "
+                "without --ray (one process or --workers)."
+            )
+        check_sequences_target(explain.sequences)
     backend = _backend(read.device)
     source = open_dump(path, read.columns)
     parts = source.partitions(RAY_MAX_PARTS if read.ray else read.workers)
-    if read.ray or len(parts) > 1:
-        if not isinstance(backend, NumpyBackend):
-            raise ConfigError(f"{'ray' if read.ray else 'workers > 1'} reads on CPUs; use it with device 'cpu'.")
-        run_parts = on_ray if read.ray else in_processes
-        on_part = _part_progress(on_chunk, len(parts), source.info.total_rows) if on_chunk is not None else None
-        state, stats = merge_parts(source, resolved.config, run_parts(parts, resolved.config, read, on_part))
-    else:
-        screen = Screen(read.on_bad_row)
-        chunks = prefetch(source.chunks(read.chunk_tokens))
-        if on_chunk is not None:
-            chunks = _report_progress(chunks, on_chunk, source.info.total_rows)
-        state = Engine(resolved, backend).run(screen(chunks))
-        stats = screen.stats
+    scratch = temporary_directory(explain.sequences) if explain is not None and explain.sequences else None
+    try:
+        if read.ray or len(parts) > 1:
+            if not isinstance(backend, NumpyBackend):
+                raise ConfigError(f"{'ray' if read.ray else 'workers > 1'} reads on CPUs; use it with device 'cpu'.")
+            run_parts = on_ray if read.ray else in_processes
+            on_part = _part_progress(on_chunk, len(parts), source.info.total_rows) if on_chunk is not None else None
+            results = run_parts(parts, resolved.config, read, on_part, explain, scratch)
+            state, stats = merge_parts(source, resolved.config, results, explain)
+        else:
+            screen = Screen(read.on_bad_row)
+            explain_state = ExplainState(explain.worst) if explain is not None else None
+            writer = sequence_writer(explain_state, resolved, scratch, 0)
+            chunks = number_rows(prefetch(source.chunks(read.chunk_tokens)), explain_state)
+            if on_chunk is not None:
+                chunks = _report_progress(chunks, on_chunk, source.info.total_rows)
+            state = Engine(resolved, backend, explain_state).run(screen(chunks))
+            stats = screen.stats
+            if writer is not None:
+                writer.flush()
+        if scratch is not None and explain is not None and explain.sequences is not None:
+            finish_sequences(_part_offsets(scratch, state), explain.sequences)
+    finally:
+        if scratch is not None:
+            cleanup(scratch)
     if save_state is not None:
         from rcdiag.state import save_state as write_state
 
         write_state(save_state, state, [source.info], stats)
     return Accumulated(state, source.info, backend.name, stats)
+
+
+def _part_offsets(scratch: Path, state: EngineState) -> list[tuple[Path, int]]:
+    """Each part's directory of ``--sequences`` files with the rows read before it (parts in reading order)."""
+    directories = sorted(p for p in scratch.iterdir() if p.is_dir())
+    rows = state.explain.part_rows if state.explain is not None and state.explain.part_rows else [0]
+    return [(directory, sum(rows[:i])) for i, directory in enumerate(directories)]
 
 
 def merge_states(paths: list[str | Path]) -> Report:
@@ -174,8 +230,15 @@ def _backend(device: str | Backend) -> Backend:
     return device if isinstance(device, Backend) else get_backend(device)
 
 
-def build_report(state: EngineState, info: SourceInfo, device: str, screen: ScreenStats | None = None) -> Report:
-    """Compute every batch, the all-steps view and the findings."""
+def build_report(
+    state: EngineState,
+    info: SourceInfo,
+    device: str,
+    screen: ScreenStats | None = None,
+    *,
+    sequences_path: str | Path | None = None,
+) -> Report:
+    """Compute every batch, the all-steps view and the findings (and ``--explain``'s, when it ran)."""
     has_steps = any(step is not None for step in state.batches)
     per_step = sorted(
         ((step, batch.compute()) for step, batch in state.batches.items()),
@@ -206,6 +269,15 @@ def build_report(state: EngineState, info: SourceInfo, device: str, screen: Scre
         neg_inf_first=dict(screen.neg_inf_first) if screen else {},
     )
     findings = evaluate(per_step if per_step else [(None, pooled)], state.resolved, facts)
+    explained = None
+    if state.explain is not None:
+        detected = detect(state.explain, [(step, result.metrics) for step, result in per_step if step is not None])
+        findings = sorted([*findings, *detected], key=lambda f: listing_order(f.code, f.severity))
+        explained = ExplainReport(
+            breakdowns=state.explain.breakdowns.compute(),
+            worst_sequences=tuple(entry.to_dict() for entry in state.explain.worst.entries()),
+            sequences_path=None if sequences_path is None else str(sequences_path),
+        )
     return Report(
         config=state.resolved.config.to_dict(),
         input=facts,
@@ -215,4 +287,5 @@ def build_report(state: EngineState, info: SourceInfo, device: str, screen: Scre
         findings=tuple(findings),
         device=device,
         version=__version__,
+        explain=explained,
     )

@@ -13,11 +13,14 @@ import multiprocessing
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import Engine, EngineState
 from rcdiag.errors import ConfigError, RcdiagError
+from rcdiag.explain.sequences import SequenceWriter
+from rcdiag.explain.state import ExplainOptions, ExplainState, number_rows
 from rcdiag.io import open_part, prefetch
 from rcdiag.io.base import Part, Source
 from rcdiag.options import ReadOptions
@@ -46,41 +49,78 @@ PartCallback = Callable[[int, int, PartResult], None]
 """Called as each part finishes: ``(parts done, parts in all, that part's result)``."""
 
 
-def read_part(part: Part, config: CorrectionConfig, read: ReadOptions) -> PartResult:
-    """Read one part with the numpy engine; bad rows are counted (the driver judges them over the whole dump)."""
+def read_part(
+    part: Part,
+    config: CorrectionConfig,
+    read: ReadOptions,
+    explain: ExplainOptions | None = None,
+    scratch: Path | None = None,
+    index: int = 0,
+) -> PartResult:
+    """Read one part with the numpy engine; bad rows are counted (the driver judges them over the whole dump).
+    With ``explain``, its accumulators too, and with ``scratch`` the part's ``--sequences`` rows go there."""
     source = open_part(part, read.columns)
     screen = Screen(read.on_bad_row, verdict_at_end=False)
-    state = Engine(config.resolve()).run(screen(prefetch(source.chunks(read.chunk_tokens, part=part.within))))
+    resolved = config.resolve()
+    explain_state = ExplainState(explain.worst) if explain is not None else None
+    writer = sequence_writer(explain_state, resolved, scratch, index)
+    chunks = number_rows(prefetch(source.chunks(read.chunk_tokens, part=part.within)), explain_state)
+    state = Engine(resolved, explain=explain_state).run(screen(chunks))
+    if writer is not None:
+        writer.flush()
     return PartResult(
         state.state_dict(), screen.stats.to_dict(), screen.first, source.seen_metadata(), state.rows, state.tokens
     )
 
 
-def merge_parts(source: Source, config: CorrectionConfig, results: list[PartResult]) -> tuple[EngineState, ScreenStats]:
+def sequence_writer(
+    explain_state: ExplainState | None, resolved: Any, scratch: Path | None, part: int
+) -> SequenceWriter | None:
+    """The ``--sequences`` writer of one part (its own directory under ``scratch``), when asked for."""
+    if explain_state is None or scratch is None:
+        return None
+    writer = SequenceWriter(resolved, scratch / f"part-{part:04d}")
+    explain_state.observers.append(writer)
+    return writer
+
+
+def merge_parts(
+    source: Source, config: CorrectionConfig, results: list[PartResult], explain: ExplainOptions | None = None
+) -> tuple[EngineState, ScreenStats]:
     """The merged state and counts of every part, in part order (the first bad row is the earliest)."""
     resolved = config.resolve()
-    merged, stats = EngineState(resolved), ScreenStats()
+    merged, stats = EngineState(resolved, explain=ExplainState(explain.worst) if explain else None), ScreenStats()
+    part_rows = []
     first: Problem | None = None
     seen: dict[str, set[str]] = {}
     for result in results:
-        merged.merge(EngineState.from_state_dict(resolved, result.state))
+        part = EngineState.from_state_dict(resolved, result.state)
+        part_rows.append(part.explain.rows_read if part.explain is not None else 0)
+        merged.merge(part)
         stats = stats.merge(ScreenStats.from_dict(result.stats))
         first = first or result.problem
         for key, values in result.metadata.items():
             seen.setdefault(key, set()).update(values)
     source.add_metadata({key: sorted(values) for key, values in seen.items()})
     raise_for_bad_rows(first, stats)  # counted over the whole dump, not one part
+    if merged.explain is not None:
+        merged.explain.part_rows = part_rows
     return merged, stats
 
 
 def in_processes(
-    parts: list[Part], config: CorrectionConfig, read: ReadOptions, on_part: PartCallback | None = None
+    parts: list[Part],
+    config: CorrectionConfig,
+    read: ReadOptions,
+    on_part: PartCallback | None = None,
+    explain: ExplainOptions | None = None,
+    scratch: Path | None = None,
 ) -> list[PartResult]:
     """Each part in its own local process (``--workers``)."""
     context = multiprocessing.get_context("spawn")  # the parent holds Arrow threads: fork is not safe
     cpu = read.replace(device="cpu")
     with ProcessPoolExecutor(max_workers=len(parts), mp_context=context) as pool:
-        futures = [pool.submit(read_part, part, config, cpu) for part in parts]
+        futures = [pool.submit(read_part, part, config, cpu, explain, scratch, i) for i, part in enumerate(parts)]
         results = []
         for done, future in enumerate(futures, start=1):
             results.append(future.result())
@@ -90,17 +130,25 @@ def in_processes(
 
 
 def on_ray(
-    parts: list[Part], config: CorrectionConfig, read: ReadOptions, on_part: PartCallback | None = None
+    parts: list[Part],
+    config: CorrectionConfig,
+    read: ReadOptions,
+    on_part: PartCallback | None = None,
+    explain: ExplainOptions | None = None,
+    scratch: Path | None = None,
 ) -> list[PartResult]:
     """Each part as a Ray task on the cluster at ``read.ray_address`` (else ``RAY_ADDRESS``, else a local Ray
-    instance). A task reads its part directly from where the dump lives, with the worker's own credentials."""
+    instance). A task reads its part directly from where the dump lives, with the worker's own credentials;
+    ``scratch`` (``--sequences``) must be ``None``: a task elsewhere cannot write to this machine."""
+    if scratch is not None:
+        raise ConfigError("--sequences cannot be written by Ray tasks; use it without --ray.")
     ray = _import_ray()
     _connect(ray, read.ray_address)
     task = ray.remote(_ray_task).options(
         num_cpus=1, max_retries=RAY_RETRIES, retry_exceptions=True, name="rcdiag-read-part"
     )
     cpu = read.replace(device="cpu", ray=False, ray_address=None)
-    refs = [task.remote(part, config, cpu) for part in parts]
+    refs = [task.remote(part, config, cpu, explain) for part in parts]
     index = {ref: i for i, ref in enumerate(refs)}
     results: list[Any] = [None] * len(parts)
     pending, done = list(refs), 0
@@ -133,10 +181,12 @@ class PartFailedError(RcdiagError):
         self.part = part
 
 
-def _ray_task(part: Part, config: CorrectionConfig, read: ReadOptions) -> PartResult | RcdiagError:
+def _ray_task(
+    part: Part, config: CorrectionConfig, read: ReadOptions, explain: ExplainOptions | None
+) -> PartResult | RcdiagError:
     """The Ray task: an rcdiag error (bad data) is returned, not raised, so that Ray does not retry it."""
     try:
-        return read_part(part, config, read)
+        return read_part(part, config, read, explain)
     except RcdiagError as exc:
         return exc
 

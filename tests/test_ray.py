@@ -115,3 +115,30 @@ def test_run_facts_from_columns_survive_the_split(ray_local, tmp_path: Path) -> 
     assert one.input.metadata["temperature"] == "0.7, 1.0"
     for options in ({"ray": True}, {"workers": 2}):
         assert rcdiag.analyze(tmp_path / "t.parquet", **options).input.metadata == one.input.metadata
+
+
+def approx_equal(a: object, b: object, path: str = "") -> None:
+    """Two JSON values equal, numbers to 1e-12."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and list(a) == list(b), path
+        for key in a:
+            approx_equal(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            approx_equal(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert a == pytest.approx(b, rel=1e-12, abs=1e-12, nan_ok=True), path
+    else:
+        assert a == b, path
+
+
+def test_explain_with_ray_equals_one_process(capsys: pytest.CaptureFixture, ray_local, local_run: Path,
+                                             tmp_path: Path) -> None:  # fmt: skip
+    one = analyze_json(capsys, str(local_run), "--explain")
+    many = analyze_json(capsys, str(local_run), "--explain", "--ray")
+    assert one["worst_sequences"] and one["breakdowns"]
+    for key in ("breakdowns", "worst_sequences", "findings"):
+        approx_equal(many[key], one[key], key)
+    code, _, err = run(capsys, "analyze", str(local_run), "--ray", "--sequences", str(tmp_path / "s.parquet"))
+    assert code == 2 and "--sequences" in err and "without --ray" in err and not (tmp_path / "s.parquet").exists()

@@ -6,7 +6,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rcdiag.cli.options import ENGINE_FLAGS, READ_FLAGS, SaveStateOpt, output_flags
+from rcdiag.cli.options import (
+    ENGINE_FLAGS,
+    READ_FLAGS,
+    ExplainOpt,
+    SaveStateOpt,
+    SequencesOpt,
+    WorstOpt,
+    output_flags,
+)
 from rcdiag.cli.params import with_flags
 from rcdiag.io import format_names
 
@@ -28,6 +36,9 @@ def analyze(
         ),
     ],
     save_state: SaveStateOpt = None,
+    explain: ExplainOpt = False,
+    worst: WorstOpt = 10,
+    sequences: SequencesOpt = None,
     *,
     engine: EngineFlags,
     read: ReadOptions,
@@ -43,15 +54,26 @@ def analyze(
     * `rcdiag analyze run.parquet --is sequence --is-threshold 5 --batch-normalize`
     * `rcdiag analyze logs/exp_001/` (NeMo-RL `train_data_step*.jsonl`), `rcdiag analyze "dumps/*.pt" --on-bad-row skip`
     * `rcdiag analyze shard-07.parquet --save-state s07.json`, then `rcdiag merge s*.json`
+    * `rcdiag analyze run.parquet --explain --worst 20 --sequences per_response.parquet`
 
     Exit codes: 0 done (findings do not change it), 2 bad option, configuration or input, 3 internal error.
     """
     from rcdiag.api import analyze as run_analysis
-    from rcdiag.cli.output import checked_state_path
+    from rcdiag.cli.output import checked_path, checked_state_path
     from rcdiag.cli.progress import progress
 
     config = engine.config()
     state_file = checked_state_path(save_state)
+    sequences_file = checked_path(sequences, "--sequences")
     with progress(read, out) as on_chunk:
-        report = run_analysis(path, config, read, on_chunk=on_chunk, save_state=state_file)
+        report = run_analysis(
+            path,
+            config,
+            read,
+            on_chunk=on_chunk,
+            save_state=state_file,
+            explain=explain,
+            worst=worst,
+            sequences=sequences_file,
+        )
     out.emit(report)

@@ -93,7 +93,7 @@ class ISMetrics(Accumulator):
     def signature(self) -> tuple:
         return (type(self).__name__, self.spec)
 
-    def _apply(self, b: Backend, raw: Array) -> Array:
+    def apply(self, b: Backend, raw: Array) -> Array:
         """TIS: clamp at U; IcePop: zero outside [L, U]."""
         if self.lower is None:
             return b.clip(raw, None, self.upper)
@@ -104,7 +104,7 @@ class ISMetrics(Accumulator):
         b = block.b
         if self.spec.level == "token":
             raw = block.ratio
-            w = self._apply(b, raw)
+            w = self.apply(b, raw)
             a = block.row_mean(block.seg.sum(w))
             raw_mean = block.row_mean(block.seg.sum(raw))
             token_stats = {
@@ -119,7 +119,7 @@ class ISMetrics(Accumulator):
         else:
             s = block.seq_log_ratio
             raw_row = b.exp(b.clip(s, -SAFETY_BOUND, SAFETY_BOUND))
-            w_row = self._apply(b, raw_row)
+            w_row = self.apply(b, raw_row)
             n = block.row_len
             valid = block.row_valid
             a = b.where(valid, w_row, 0.0)
