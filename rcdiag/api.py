@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from rcdiag.io.base import SourceInfo
 from rcdiag.options import ReadOptions
 from rcdiag.parallel import (
     RAY_MAX_PARTS,
+    Job,
     PartCallback,
     PartResult,
     in_processes,
@@ -145,10 +147,10 @@ def accumulate(
         if read.ray or len(parts) > 1:
             if not isinstance(backend, NumpyBackend):
                 raise ConfigError(f"{'ray' if read.ray else 'workers > 1'} reads on CPUs; use it with device 'cpu'.")
-            run_parts = on_ray if read.ray else in_processes
+            job = Job.of(resolved.config, read, explain, scratch)
             on_part = _part_progress(on_chunk, len(parts), source.info.total_rows) if on_chunk is not None else None
-            results = run_parts(parts, resolved.config, read, on_part, explain, scratch)
-            state, stats = merge_parts(source, resolved.config, results, explain)
+            run_parts = functools.partial(on_ray, address=read.ray_address) if read.ray else in_processes
+            state, stats = merge_parts(source, resolved.config, run_parts(parts, job, on_part), explain)
         else:
             screen = Screen(read.on_bad_row)
             explain_state = ExplainState(explain.worst) if explain is not None else None

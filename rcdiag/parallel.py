@@ -49,21 +49,33 @@ PartCallback = Callable[[int, int, PartResult], None]
 """Called as each part finishes: ``(parts done, parts in all, that part's result)``."""
 
 
-def read_part(
-    part: Part,
-    config: CorrectionConfig,
-    read: ReadOptions,
-    explain: ExplainOptions | None = None,
-    scratch: Path | None = None,
-    index: int = 0,
-) -> PartResult:
+@dataclass(frozen=True)
+class Job:
+    """What every part of one run is read with: the configuration, how to read (CPU), ``--explain``'s options
+    and, for ``--sequences``, the local scratch directory each part writes its rows under."""
+
+    config: CorrectionConfig
+    read: ReadOptions
+    explain: ExplainOptions | None = None
+    scratch: Path | None = None
+
+    @classmethod
+    def of(
+        cls, config: CorrectionConfig, read: ReadOptions, explain: ExplainOptions | None, scratch: Path | None
+    ) -> Job:
+        return cls(config, read.replace(device="cpu", ray=False, ray_address=None), explain, scratch)
+
+
+def read_part(part: Part, job: Job, index: int = 0) -> PartResult:
     """Read one part with the numpy engine; bad rows are counted (the driver judges them over the whole dump).
-    With ``explain``, its accumulators too, and with ``scratch`` the part's ``--sequences`` rows go there."""
+    With ``job.explain``, its accumulators too, and with ``job.scratch`` the part's ``--sequences`` rows go there
+    (``index`` names the part's directory)."""
+    read = job.read
     source = open_part(part, read.columns)
     screen = Screen(read.on_bad_row, verdict_at_end=False)
-    resolved = config.resolve()
-    explain_state = ExplainState(explain.worst) if explain is not None else None
-    writer = sequence_writer(explain_state, resolved, scratch, index)
+    resolved = job.config.resolve()
+    explain_state = ExplainState(job.explain.worst) if job.explain is not None else None
+    writer = sequence_writer(explain_state, resolved, job.scratch, index)
     chunks = number_rows(prefetch(source.chunks(read.chunk_tokens, part=part.within)), explain_state)
     state = Engine(resolved, explain=explain_state).run(screen(chunks))
     if writer is not None:
@@ -108,19 +120,11 @@ def merge_parts(
     return merged, stats
 
 
-def in_processes(
-    parts: list[Part],
-    config: CorrectionConfig,
-    read: ReadOptions,
-    on_part: PartCallback | None = None,
-    explain: ExplainOptions | None = None,
-    scratch: Path | None = None,
-) -> list[PartResult]:
+def in_processes(parts: list[Part], job: Job, on_part: PartCallback | None = None) -> list[PartResult]:
     """Each part in its own local process (``--workers``)."""
     context = multiprocessing.get_context("spawn")  # the parent holds Arrow threads: fork is not safe
-    cpu = read.replace(device="cpu")
     with ProcessPoolExecutor(max_workers=len(parts), mp_context=context) as pool:
-        futures = [pool.submit(read_part, part, config, cpu, explain, scratch, i) for i, part in enumerate(parts)]
+        futures = [pool.submit(read_part, part, job, i) for i, part in enumerate(parts)]
         results = []
         for done, future in enumerate(futures, start=1):
             results.append(future.result())
@@ -130,25 +134,19 @@ def in_processes(
 
 
 def on_ray(
-    parts: list[Part],
-    config: CorrectionConfig,
-    read: ReadOptions,
-    on_part: PartCallback | None = None,
-    explain: ExplainOptions | None = None,
-    scratch: Path | None = None,
+    parts: list[Part], job: Job, on_part: PartCallback | None = None, address: str | None = None
 ) -> list[PartResult]:
-    """Each part as a Ray task on the cluster at ``read.ray_address`` (else ``RAY_ADDRESS``, else a local Ray
-    instance). A task reads its part directly from where the dump lives, with the worker's own credentials;
-    ``scratch`` (``--sequences``) must be ``None``: a task elsewhere cannot write to this machine."""
-    if scratch is not None:
+    """Each part as a Ray task on the cluster at ``address`` (else ``RAY_ADDRESS``, else a local Ray instance). A
+    task reads its part directly from where the dump lives, with the worker's own credentials; ``job.scratch``
+    (``--sequences``) must be ``None``: a task elsewhere cannot write to this machine."""
+    if job.scratch is not None:
         raise ConfigError("--sequences cannot be written by Ray tasks; use it without --ray.")
     ray = _import_ray()
-    _connect(ray, read.ray_address)
+    _connect(ray, address)
     task = ray.remote(_ray_task).options(
         num_cpus=1, max_retries=RAY_RETRIES, retry_exceptions=True, name="rcdiag-read-part"
     )
-    cpu = read.replace(device="cpu", ray=False, ray_address=None)
-    refs = [task.remote(part, config, cpu, explain) for part in parts]
+    refs = [task.remote(part, job) for part in parts]
     index = {ref: i for i, ref in enumerate(refs)}
     results: list[Any] = [None] * len(parts)
     pending, done = list(refs), 0
@@ -181,12 +179,10 @@ class PartFailedError(RcdiagError):
         self.part = part
 
 
-def _ray_task(
-    part: Part, config: CorrectionConfig, read: ReadOptions, explain: ExplainOptions | None
-) -> PartResult | RcdiagError:
+def _ray_task(part: Part, job: Job) -> PartResult | RcdiagError:
     """The Ray task: an rcdiag error (bad data) is returned, not raised, so that Ray does not retry it."""
     try:
-        return read_part(part, config, read, explain)
+        return read_part(part, job)
     except RcdiagError as exc:
         return exc
 

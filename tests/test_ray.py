@@ -15,7 +15,7 @@ from test_storage import analyze_json, same_report
 
 import rcdiag
 from rcdiag.io import Part
-from rcdiag.parallel import RAY_RETRIES, PartFailedError, on_ray
+from rcdiag.parallel import RAY_RETRIES, Job, PartFailedError, on_ray
 
 
 def test_ray_on_local_shards_equals_one_process(capsys: pytest.CaptureFixture, ray_local, local_run: Path) -> None:
@@ -63,7 +63,7 @@ def test_a_failing_task_is_retried_then_named(ray_local, local_run: Path) -> Non
     1 + RAY_RETRIES times by Ray, then the run stops with one line naming the part."""
     part = Part(str(local_run), (("no-such-format", str(local_run / "shard-1.parquet")),), (2, 3))
     with pytest.raises(PartFailedError) as info:
-        on_ray([part], rcdiag.CorrectionConfig(), rcdiag.ReadOptions(ray=True))
+        on_ray([part], Job(rcdiag.CorrectionConfig(), rcdiag.ReadOptions()))
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith(f"part 1 of 1 ({local_run / 'shard-1.parquet'} row groups 2-3) failed "
