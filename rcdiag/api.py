@@ -29,6 +29,7 @@ from rcdiag.parallel import (
     Job,
     PartCallback,
     PartResult,
+    StateFactory,
     in_processes,
     merge_parts,
     on_ray,
@@ -51,7 +52,6 @@ class ReadProgress:
 
 
 ProgressCallback = Callable[[ReadProgress], None]
-
 
 def analyze(
     path: str | Path,
@@ -121,6 +121,7 @@ def accumulate(
     on_chunk: ProgressCallback | None = None,
     save_state: str | Path | None = None,
     explain: ExplainOptions | None = None,
+    new_state: StateFactory | None = None,
     **options: Any,
 ) -> Accumulated:
     """Read a dump into an ``EngineState`` (the mergeable accumulators), without computing the report.
@@ -128,7 +129,8 @@ def accumulate(
     With ``workers > 1`` the dump's parts (runs of Parquet row groups, or of a directory's shards) are read by
     that many processes; with ``ray`` each row group or shard is a Ray task. Their states are merged: the result is
     the same as one process reading everything. ``explain`` adds ``--explain``'s accumulators (and writes its
-    ``sequences`` file).
+    ``sequences`` file). ``new_state`` builds the empty state blocks are folded into instead of the analyze
+    accumulators of ``config`` (the sweep passes its own); it must pickle, for the worker processes and Ray tasks.
     """
     resolved = (config or CorrectionConfig()).resolve()
     read = ReadOptions.of(read, options)
@@ -147,10 +149,10 @@ def accumulate(
         if read.ray or len(parts) > 1:
             if not isinstance(backend, NumpyBackend):
                 raise ConfigError(f"{'ray' if read.ray else 'workers > 1'} reads on CPUs; use it with device 'cpu'.")
-            job = Job.of(resolved.config, read, explain, scratch)
+            job = Job.of(resolved.config, read, explain, scratch, new_state)
             on_part = _part_progress(on_chunk, len(parts), source.info.total_rows) if on_chunk is not None else None
             run_parts = functools.partial(on_ray, address=read.ray_address) if read.ray else in_processes
-            state, stats = merge_parts(source, resolved.config, run_parts(parts, job, on_part), explain)
+            state, stats = merge_parts(source, run_parts(parts, job, on_part), job)
         else:
             screen = Screen(read.on_bad_row)
             explain_state = ExplainState(explain.worst) if explain is not None else None
@@ -158,7 +160,8 @@ def accumulate(
             chunks = number_rows(prefetch(source.chunks(read.chunk_tokens)), explain_state)
             if on_chunk is not None:
                 chunks = _report_progress(chunks, on_chunk, source.info.total_rows)
-            state = Engine(resolved, backend, explain_state).run(screen(chunks))
+            engine = Engine(resolved, backend, explain_state, state=new_state() if new_state else None)
+            state = engine.run(screen(chunks))
             stats = screen.stats
             if writer is not None:
                 writer.flush()
@@ -252,24 +255,7 @@ def build_report(
         for step, result in per_step
         if step is not None
     )
-    facts = InputFacts(
-        path=info.path,
-        format=info.format,
-        rows=state.rows,
-        tokens=state.tokens,
-        valid_tokens=state.valid_tokens,
-        empty_rows=pooled.empty_rows,
-        steps=len(steps),
-        skipped_rows=screen.skipped_rows if screen else 0,
-        columns=dict(info.columns),
-        dtypes=dict(info.dtypes),
-        metadata=dict(info.metadata),
-        skipped_by_reason=dict(screen.skipped_by_reason) if screen else {},
-        neg_inf_tokens=dict(screen.neg_inf_tokens) if screen else {},
-        files=info.files,
-        step_source=info.step_source if steps else "",
-        neg_inf_first=dict(screen.neg_inf_first) if screen else {},
-    )
+    facts = input_facts(state, info, screen)
     findings = evaluate(per_step if per_step else [(None, pooled)], state.resolved, facts)
     explained = None
     if state.explain is not None:
@@ -290,4 +276,27 @@ def build_report(
         device=device,
         version=__version__,
         explain=explained,
+    )
+
+
+def input_facts(state: EngineState, info: SourceInfo, screen: ScreenStats | None = None) -> InputFacts:
+    """What was read: the dump's description and the counts the state holds."""
+    steps = sum(step is not None for step in state.batches)
+    return InputFacts(
+        path=info.path,
+        format=info.format,
+        rows=state.rows,
+        tokens=state.tokens,
+        valid_tokens=state.valid_tokens,
+        empty_rows=sum(batch.empty_rows for batch in state.batches.values()),
+        steps=steps,
+        skipped_rows=screen.skipped_rows if screen else 0,
+        columns=dict(info.columns),
+        dtypes=dict(info.dtypes),
+        metadata=dict(info.metadata),
+        skipped_by_reason=dict(screen.skipped_by_reason) if screen else {},
+        neg_inf_tokens=dict(screen.neg_inf_tokens) if screen else {},
+        files=info.files,
+        step_source=info.step_source if steps else "",
+        neg_inf_first=dict(screen.neg_inf_first) if screen else {},
     )

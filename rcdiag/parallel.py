@@ -49,21 +49,36 @@ PartCallback = Callable[[int, int, PartResult], None]
 """Called as each part finishes: ``(parts done, parts in all, that part's result)``."""
 
 
+StateFactory = Callable[[], EngineState]
+"""Builds the empty state a read folds blocks into (picklable: worker processes and Ray tasks call it too)."""
+
+
 @dataclass(frozen=True)
 class Job:
-    """What every part of one run is read with: the configuration, how to read (CPU), ``--explain``'s options
-    and, for ``--sequences``, the local scratch directory each part writes its rows under."""
+    """What every part of one run is read with: the configuration, how to read (CPU), ``--explain``'s options,
+    for ``--sequences`` the local scratch directory each part writes its rows under, and the state to fold into
+    (``new_state``: the sweep's; default the analyze accumulators)."""
 
     config: CorrectionConfig
     read: ReadOptions
     explain: ExplainOptions | None = None
     scratch: Path | None = None
+    new_state: StateFactory | None = None
 
     @classmethod
     def of(
-        cls, config: CorrectionConfig, read: ReadOptions, explain: ExplainOptions | None, scratch: Path | None
+        cls,
+        config: CorrectionConfig,
+        read: ReadOptions,
+        explain: ExplainOptions | None,
+        scratch: Path | None,
+        new_state: StateFactory | None = None,
     ) -> Job:
-        return cls(config, read.replace(device="cpu", ray=False, ray_address=None), explain, scratch)
+        return cls(config, read.replace(device="cpu", ray=False, ray_address=None), explain, scratch, new_state)
+
+    def empty_state(self) -> EngineState | None:
+        """The state to fold a part into (``None``: the engine's default)."""
+        return self.new_state() if self.new_state is not None else None
 
 
 def read_part(part: Part, job: Job, index: int = 0) -> PartResult:
@@ -77,7 +92,7 @@ def read_part(part: Part, job: Job, index: int = 0) -> PartResult:
     explain_state = ExplainState(job.explain.worst) if job.explain is not None else None
     writer = sequence_writer(explain_state, resolved, job.scratch, index)
     chunks = number_rows(prefetch(source.chunks(read.chunk_tokens, part=part.within)), explain_state)
-    state = Engine(resolved, explain=explain_state).run(screen(chunks))
+    state = Engine(resolved, explain=explain_state, state=job.empty_state()).run(screen(chunks))
     if writer is not None:
         writer.flush()
     return PartResult(
@@ -96,17 +111,17 @@ def sequence_writer(
     return writer
 
 
-def merge_parts(
-    source: Source, config: CorrectionConfig, results: list[PartResult], explain: ExplainOptions | None = None
-) -> tuple[EngineState, ScreenStats]:
+def merge_parts(source: Source, results: list[PartResult], job: Job) -> tuple[EngineState, ScreenStats]:
     """The merged state and counts of every part, in part order (the first bad row is the earliest)."""
-    resolved = config.resolve()
-    merged, stats = EngineState(resolved, explain=ExplainState(explain.worst) if explain else None), ScreenStats()
+    resolved = job.config.resolve()
+    explain_state = ExplainState(job.explain.worst) if job.explain else None
+    merged = job.new_state() if job.new_state else EngineState(resolved, explain=explain_state)
+    stats = ScreenStats()
     part_rows = []
     first: Problem | None = None
     seen: dict[str, set[str]] = {}
     for result in results:
-        part = EngineState.from_state_dict(resolved, result.state)
+        part = type(merged).from_state_dict(resolved, result.state)
         part_rows.append(part.explain.rows_read if part.explain is not None else 0)
         merged.merge(part)
         stats = stats.merge(ScreenStats.from_dict(result.stats))

@@ -142,3 +142,37 @@ def test_explain_with_ray_equals_one_process(capsys: pytest.CaptureFixture, ray_
         approx_equal(many[key], one[key], key)
     code, _, err = run(capsys, "analyze", str(local_run), "--ray", "--sequences", str(tmp_path / "s.parquet"))
     assert code == 2 and "--sequences" in err and "without --ray" in err and not (tmp_path / "s.parquet").exists()
+
+
+def sweep_json(capsys: pytest.CaptureFixture, path: str, *flags: str) -> dict:
+    code, out, err = run(capsys, "sweep", path, "--is", "token", "--rs", "token_k1,seq_mean_k3", "--on-bad-row",
+                         "skip", "--format", "json", "-q", *flags)  # fmt: skip
+    assert code == 0, err
+    return json.loads(out)
+
+
+def same_sweep(a: dict, b: dict) -> None:
+    assert [(r["option"], r["threshold"]) for r in a["sweep"]] == [(r["option"], r["threshold"]) for r in b["sweep"]]
+    for x, y in zip(a["sweep"], b["sweep"], strict=True):
+        for key, value in x["metrics"].items():
+            assert value == pytest.approx(y["metrics"][key], rel=1e-12, abs=1e-12), (x["option"], key)
+    for key in ("rows", "tokens", "valid_tokens", "skipped_rows", "skipped_by_reason"):
+        assert a["input"][key] == b["input"][key], key
+    assert a["recommendations"] == b["recommendations"]
+
+
+def test_sweep_takes_urls_and_ray(capsys: pytest.CaptureFixture, ray_local, local_run: Path, s3_run: str) -> None:
+    local = sweep_json(capsys, str(local_run))
+    assert local["input"]["skipped_rows"] == 2
+    same_sweep(sweep_json(capsys, s3_run), local)
+    same_sweep(sweep_json(capsys, s3_run, "--ray"), local)
+    same_sweep(sweep_json(capsys, str(local_run), "--ray"), local)
+    states = [f"s3://dumps/sweep-states/s{k}.json" for k in range(3)]
+    for k, state in enumerate(states):
+        sweep_json(capsys, f"{s3_run}shard-{k}.parquet", "--save-state", state)
+    code, out, err = run(capsys, "merge", "s3://dumps/sweep-states/", "--format", "json")
+    assert code == 0, err
+    merged = json.loads(out)
+    for x, y in zip(merged["sweep"], local["sweep"], strict=True):
+        for key, value in x["metrics"].items():
+            assert value == pytest.approx(y["metrics"][key], rel=1e-12, abs=1e-12), (x["option"], key)

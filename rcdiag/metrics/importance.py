@@ -134,18 +134,22 @@ class ISMetrics(Accumulator):
             if self.lower is not None:
                 oob = (raw_row < self.lower) | (raw_row > self.upper)
                 token_stats["oob_tokens"] = b.sum(b.where(oob, n, 0.0))
-        self.add(
-            tokens=block.n_tokens,
-            rows=block.n_rows,
-            valid_rows=block.n_valid_rows,
-            a=b.moments(a),
-            a_max=b.max(a),
-            a_min=b.min(a),
-            a_max_dev=b.max(b.abs(a - 1.0)),
-            rawmean_hi=b.count(raw_mean > self.upper),
-            rawmean_lo=b.count(raw_mean < self.metric_lower),
-            **token_stats,
-        )
+        self.add(**self.row_states(b, block, a, raw_mean), **token_stats)
+
+    def row_states(self, b: Backend, block: Block, a: Array, raw_mean: Array) -> dict[str, float | tuple]:
+        """The block's counts and the states of the per-row mean weights ``a`` and raw mean ratios (the sweep
+        computes ``a`` for many thresholds at once and folds it in here)."""
+        return {
+            "tokens": block.n_tokens,
+            "rows": block.n_rows,
+            "valid_rows": block.n_valid_rows,
+            "a": b.moments(a),
+            "a_max": b.max(a),
+            "a_min": b.min(a),
+            "a_max_dev": b.max(b.abs(a - 1.0)),
+            "rawmean_hi": b.count(raw_mean > self.upper),
+            "rawmean_lo": b.count(raw_mean < self.metric_lower),
+        }
 
     def keys(self) -> list[str]:
         keys = list(TOKEN_KEYS if self.spec.level == "token" else SEQUENCE_KEYS)
