@@ -16,8 +16,14 @@ MISSING = "missing component:"
 INSTALL = {
     "torch": "pip install 'torch==2.13.0'",
     "verl": "pip install --no-deps 'verl==0.9.0' (and torch)",
+    "moto": "pip install 'moto[server]' (in the test extra: pip install -e '.[test]')",
+    "ray": "pip install -e '.[ray]'",
+    "matplotlib": "pip install -e '.[plot]'",
+    "chromium": "apt-get install chromium (Debian), or set RCDIAG_CHROMIUM to a Chromium or Chrome binary",
 }
-DEFAULT_INSTALL = "pip install -e '.[test,lint]' 'torch==2.13.0' && pip install --no-deps 'verl==0.9.0' (see .ci/run)"
+DEFAULT_INSTALL = (
+    "pip install -e '.[test,lint,plot,ray]' 'torch==2.13.0' && pip install --no-deps 'verl==0.9.0' (see .ci/run)"
+)
 
 
 def in_ci() -> bool:

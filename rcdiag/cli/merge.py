@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -17,9 +16,10 @@ if TYPE_CHECKING:
 @with_flags(QUIET_FLAGS, output_flags("report", "merge"))
 def merge(
     states: Annotated[
-        list[Path],
+        list[str],
         typer.Argument(
-            help="State files written by `rcdiag analyze ... --save-state` (or all by `rcdiag sweep`).",
+            help="State files written by `rcdiag analyze ... --save-state` (or all by `rcdiag sweep`): paths or "
+            "URLs, or a directory, prefix or quoted glob of them (`'s3://bucket/states/*.json'`).",
             metavar="STATE",
             show_default=False,
         ),
@@ -40,11 +40,9 @@ def merge(
     from rcdiag.state import state_kind
 
     if states and state_kind(states[0]) == "sweep":  # states of `rcdiag sweep --save-state`
-        from rcdiag.cli.output import Output
-        from rcdiag.render.registry import renderer
         from rcdiag.sweep.run import merge_sweep_states
 
-        Output(out.format, out.path, renderer(out.format, "sweep", "merge")).emit(merge_sweep_states(list(states)))
+        out.as_kind("sweep", "merge").emit(merge_sweep_states(list(states)))
         return
     from rcdiag.api import merge_states
 

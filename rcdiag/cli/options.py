@@ -15,7 +15,7 @@ import typer
 from rcdiag.cli.params import Flag, FlagGroup
 from rcdiag.constants import DEFAULT_CHUNK_TOKENS
 from rcdiag.options import BAD_ROW_POLICIES, DEVICES
-from rcdiag.render.registry import FORMATS, ResultKind
+from rcdiag.render.registry import FORMATS, ResultKind, format_names, pictures
 
 ENGINE = "Rollout correction (verl's algorithm.rollout_correction)"
 RUN = "Run"
@@ -195,6 +195,27 @@ WorkersOpt = Annotated[
         min=1,
     ),
 ]
+RayOpt = Annotated[
+    bool,
+    typer.Option(
+        "--ray",
+        help="Read each part (a Parquet row group, a shard file) as a Ray task, on the cluster at `RAY_ADDRESS` (or "
+        "`--ray-address`), else on a local Ray instance; the report is the same as with one process. Needs "
+        "`pip install 'rcdiag[ray]'`.",
+        rich_help_panel=RUN,
+    ),
+]
+RayAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="The Ray cluster for `--ray` (`host:6379`, `ray://host:10001`, `auto`); implies `--ray`. Default: "
+        "`RAY_ADDRESS`, else a local instance.",
+        rich_help_panel=RUN,
+        show_default=False,
+    ),
+]
 QUIET = Flag(
     "quiet",
     Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar on stderr.", rich_help_panel=RUN)],
@@ -209,6 +230,8 @@ READ_FLAGS = FlagGroup(
         Flag("device", DeviceOpt, "cpu"),
         Flag("chunk_tokens", ChunkOpt, DEFAULT_CHUNK_TOKENS),
         Flag("workers", WorkersOpt, 1),
+        Flag("ray", RayOpt, False),
+        Flag("ray_address", RayAddressOpt),
         QUIET,
     ),
     lambda values: _read_options(values),
@@ -237,7 +260,8 @@ def path_option(flag: str, help_text: str, panel: str, short: str | None = None)
 
 SaveStateOpt = path_option(
     "--save-state",
-    "Also write the accumulated state here; `rcdiag merge` combines states of shards into one report.",
+    "Also write the accumulated state here (a path or URL); `rcdiag merge` combines states of shards into one "
+    "report.",
     RUN,
 )
 EXPLAIN = "Explain (where the mismatch sits)"
@@ -268,13 +292,14 @@ SequencesOpt = path_option(
     EXPLAIN,
 )
 OUTPUT = "Output"
-FormatName = enum.Enum("FormatName", {name: name for name in FORMATS}, type=str)  # type: ignore[misc]
-"""``--format`` choices: every format in the renderer registry."""
-FORMAT_HELP = "; ".join(f"`{name}`: {fmt.description}" for name, fmt in FORMATS.items()) + "."
+FormatName = enum.Enum("FormatName", {name: name for name in format_names()}, type=str)  # type: ignore[misc]
+"""``--format`` choices: every format in the renderer registry that has no flag of its own."""
+FORMAT_HELP = "; ".join(f"`{name}`: {FORMATS[name].description}" for name in format_names()) + "."
 
 
 def output_flags(kind: ResultKind, command: str) -> FlagGroup:
-    """``--format`` and ``-o`` for a command whose result is ``kind``; a format without a renderer for it is a
+    """``--format`` and ``-o`` for a command whose result is ``kind``, and the flag of every picture format that
+    can render it (``--html FILE``); a format without a renderer for it, or a picture whose extra is missing, is a
     configuration error, raised before anything is read."""
     fmt = Flag(
         "output_format",
@@ -282,10 +307,22 @@ def output_flags(kind: ResultKind, command: str) -> FlagGroup:
         FormatName("table"),
     )
     out = Flag("output", path_option("--output", "Write the result here instead of stdout.", OUTPUT, "-o"))
+    extra = {
+        name: Flag(
+            name,
+            path_option(
+                picture.flag or "",
+                f'Also write {picture.description} to FILE. Needs `pip install "rcdiag[{picture.extra}]"`.',
+                OUTPUT,
+            ),
+        )
+        for name, picture in pictures(kind).items()
+    }
 
     def build(values: dict[str, Any]) -> Any:
         from rcdiag.cli.output import Output
 
-        return Output.of(values["output_format"].value, values["output"], kind, command)
+        files = {name: values[name] for name in extra if values[name] is not None}
+        return Output.of(values["output_format"].value, values["output"], kind, command, files)
 
-    return FlagGroup("out", (fmt, out), build)
+    return FlagGroup("out", (fmt, out, *extra.values()), build)
