@@ -24,6 +24,7 @@ Finally ``rcdiag --help`` is timed (fresh processes, median of 5). Peak memory: 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import os
 import platform
@@ -38,6 +39,7 @@ from startup import startup
 
 import rcdiag
 from rcdiag.constants import DEFAULT_CHUNK_TOKENS
+from rcdiag.options import ReadOptions
 
 Method = Callable[[], int]
 
@@ -80,7 +82,7 @@ def feature_methods(path: Path, chunk: int) -> tuple[dict[str, Method], list[str
     else:
         methods["analyze --rs token_k1"] = lambda: analyze_token_k1(path, chunk)
         methods["sweep (default)"] = lambda: sweep_default(path, chunk)
-    ray = _ray() if "ray" in params else None
+    ray = _ray() if "ray" in {f.name for f in dataclasses.fields(ReadOptions)} else None
     if ray is None:
         missing.append("--ray: not in this checkout, or ray is not installed (not measured)")
     else:
