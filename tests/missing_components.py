@@ -15,9 +15,12 @@ import pytest
 MISSING = "missing component:"
 INSTALL = {
     "torch": "pip install 'torch==2.13.0'",
-    "verl": "pip install --no-deps 'verl==0.9.0' (and torch)",
+    **{
+        f"verl-{v}": f"pip install --no-deps --target .gl/verl-{v} 'verl=={v}' (and torch; see .ci/run)"
+        for v in ("0.7.1", "0.8.0", "0.9.0")
+    },
 }
-DEFAULT_INSTALL = "pip install -e '.[test,lint]' 'torch==2.13.0' && pip install --no-deps 'verl==0.9.0' (see .ci/run)"
+DEFAULT_INSTALL = "pip install -e '.[test,lint]' 'torch==2.13.0', then the verl oracles as .ci/run does"
 
 
 def in_ci() -> bool:

@@ -16,6 +16,7 @@ from rcdiag.cli.params import Flag, FlagGroup
 from rcdiag.constants import DEFAULT_CHUNK_TOKENS
 from rcdiag.options import BAD_ROW_POLICIES, DEVICES
 from rcdiag.render.registry import FORMATS, ResultKind
+from rcdiag.versions import DEFAULT_VERSION, VERSIONS
 
 ENGINE = "Rollout correction (verl's algorithm.rollout_correction)"
 RUN = "Run"
@@ -91,6 +92,17 @@ PresetOpt = Annotated[
         show_default=False,
     ),
 ]
+VerlVersionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--verl-version",
+        metavar="|".join(VERSIONS),
+        help="Reproduce what this verl release logged (its `rollout_corr/*` formulas, presets and options; "
+        f"docs/verl-differences.md). Default: {DEFAULT_VERSION}, the latest.",
+        rich_help_panel=ENGINE,
+        show_default=False,
+    ),
+]
 ENGINE_FLAGS = FlagGroup(
     "engine",
     (
@@ -100,6 +112,7 @@ ENGINE_FLAGS = FlagGroup(
         Flag("rs_threshold", RsThresholdOpt),
         Flag("batch_normalize", BatchNormOpt),
         Flag("preset", PresetOpt),
+        Flag("verl_version", VerlVersionOpt),
     ),
     lambda values: _engine_flags(values),
 )

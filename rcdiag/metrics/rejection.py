@@ -127,7 +127,7 @@ def _reject_tokens(block: Block, opt: RSOption, stat: Array) -> Rejection:
     stat_sum = b.sum(block.row_sum_k("k1")) if k1 else b.sum(stat)
     above = b.count(stat > hi)
     below = b.count(stat < lo) if k1 else 0
-    if math.isfinite(stat_sum):
+    if math.isfinite(stat_sum) and lo <= hi:  # (an inverted k1 band, accepted by verl <= 0.8.0, rejects all)
         masked_tokens: float = above + below
         rows_hit = (row_max > hi) | (row_min < lo) if k1 else row_max > hi
     else:  # NaN statistics fail every comparison: verl rejects them

@@ -70,6 +70,7 @@ def _header(report: Report) -> Text:
         parts.append(counted(facts.steps, "step"))
     parts.append(f"device {report.device}")
     text = Text(" · ".join(parts), style="bold")
+    text.append(f"\nverl {report.config.get('verl_version', '?')}: the metrics as this release logs them", style="dim")
     text.append("\ninput: " + describe_input(report), style="dim")
     if facts.metadata:
         text.append("\nrun: " + ", ".join(f"{k}={v}" for k, v in facts.metadata.items()), style="dim")
