@@ -11,12 +11,16 @@ from typing import Any
 
 from rcdiag._version import __version__
 from rcdiag.backend import Backend, NumpyBackend, get_backend
+from rcdiag.catalogue.findings import listing_order
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import Engine, EngineState
 from rcdiag.errors import ConfigError
 from rcdiag.health import evaluate
 from rcdiag.io import Chunk, open_dump, prefetch
 from rcdiag.io.base import Source, SourceInfo
+from rcdiag.microbatch import MicroBatchReport, MicroBatchSettings
+from rcdiag.microbatch.report import simulate as simulate_microbatches
+from rcdiag.microbatch.rows import RowCollector
 from rcdiag.options import ReadOptions
 from rcdiag.report import InputFacts, Report, StepReport
 from rcdiag.validate import Problem, Screen, ScreenStats, as_chunk, raise_for_bad_rows
@@ -41,6 +45,7 @@ def analyze(
     *,
     on_chunk: ProgressCallback | None = None,
     save_state: str | Path | None = None,
+    microbatch: MicroBatchSettings | None = None,
     **options: Any,
 ) -> Report:
     """Run verl's rollout correction over a dump and return the report.
@@ -54,6 +59,9 @@ def analyze(
         on_chunk: called after each chunk is read with a ``ReadProgress`` (for a progress bar; not called
             with ``workers > 1``).
         save_state: also write the accumulated state here, for ``merge_states`` (scale-out over shards).
+        microbatch: also split each step as verl's actor does (``rcdiag.MicroBatchSettings``) and report what
+            verl computes and where it crashes per micro-batch (``report.microbatch``). Keeps every valid token
+            in memory.
         options: ``ReadOptions`` fields as keywords (``device="cuda"``, ``columns=ColumnMap(...)``), applied
             on top of ``read``.
 
@@ -66,8 +74,15 @@ def analyze(
         >>> report = analyze("sample_data/healthy.parquet", preset("decoupled_geo_rs"))  # doctest: +SKIP
         >>> report.metrics["rollout_corr/kl"]  # doctest: +SKIP
     """
-    accumulated = accumulate(path, config, ReadOptions.of(read, options), on_chunk=on_chunk, save_state=save_state)
-    return build_report(accumulated.state, accumulated.info, accumulated.device, accumulated.screen)
+    collector = RowCollector() if microbatch is not None else None
+    read = ReadOptions.of(read, options)
+    if collector is not None and read.workers > 1:
+        raise ConfigError("micro-batch options need the rows of each step in order: use them with --workers 1.")
+    accumulated = accumulate(path, config, read, on_chunk=on_chunk, save_state=save_state, collector=collector)
+    micro = None
+    if collector is not None and microbatch is not None:
+        micro = simulate_microbatches(collector.steps(), accumulated.state.resolved, microbatch)
+    return build_report(accumulated.state, accumulated.info, accumulated.device, accumulated.screen, micro)
 
 
 @dataclass(frozen=True)
@@ -87,12 +102,14 @@ def accumulate(
     *,
     on_chunk: ProgressCallback | None = None,
     save_state: str | Path | None = None,
+    collector: RowCollector | None = None,
     **options: Any,
 ) -> Accumulated:
     """Read a dump into an ``EngineState`` (the mergeable accumulators), without computing the report.
 
     With ``workers > 1`` the dump's parts (runs of Parquet row groups, or of a directory's shards) are read by
     that many processes, whose states are merged: the result is the same as one process reading everything.
+    A ``collector`` keeps every screened row by step (micro-batch simulation).
     """
     resolved = (config or CorrectionConfig()).resolve()
     read = ReadOptions.of(read, options)
@@ -108,7 +125,8 @@ def accumulate(
         chunks = prefetch(source.chunks(read.chunk_tokens))
         if on_chunk is not None:
             chunks = _report_progress(chunks, on_chunk, source.info.total_rows)
-        state = Engine(resolved, backend).run(screen(chunks))
+        screened = screen(chunks)
+        state = Engine(resolved, backend).run(collector.tee(screened) if collector is not None else screened)
         stats = screen.stats
     if save_state is not None:
         from rcdiag.state import save_state as write_state
@@ -186,8 +204,14 @@ def _backend(device: str | Backend) -> Backend:
     return device if isinstance(device, Backend) else get_backend(device)
 
 
-def build_report(state: EngineState, info: SourceInfo, device: str, screen: ScreenStats | None = None) -> Report:
-    """Compute every batch, the all-steps view and the findings."""
+def build_report(
+    state: EngineState,
+    info: SourceInfo,
+    device: str,
+    screen: ScreenStats | None = None,
+    microbatch: MicroBatchReport | None = None,
+) -> Report:
+    """Compute every batch, the all-steps view and the findings (with the micro-batch section, if simulated)."""
     has_steps = any(step is not None for step in state.batches)
     per_step = sorted(
         ((step, batch.compute()) for step, batch in state.batches.items()),
@@ -218,6 +242,8 @@ def build_report(state: EngineState, info: SourceInfo, device: str, screen: Scre
         neg_inf_first=dict(screen.neg_inf_first) if screen else {},
     )
     findings = evaluate(per_step if per_step else [(None, pooled)], state.resolved, facts)
+    if microbatch is not None:
+        findings = sorted([*findings, *microbatch.findings()], key=lambda f: listing_order(f.code, f.severity))
     return Report(
         config=state.resolved.config.to_dict(),
         input=facts,
@@ -227,4 +253,5 @@ def build_report(state: EngineState, info: SourceInfo, device: str, screen: Scre
         findings=tuple(findings),
         device=device,
         version=__version__,
+        microbatch=microbatch,
     )

@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from rcdiag.microbatch import MicroBatchReport
 
 Severity = Literal["error", "warning", "info"]
 SCHEMA_VERSION = 1
@@ -106,10 +109,13 @@ class Report:
     findings: tuple[Finding, ...]
     device: str
     version: str
+    microbatch: MicroBatchReport | None = None
+    """How verl cut each step into micro-batches and what it computed there (``analyze`` with micro-batch
+    options); ``None`` otherwise."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (schema documented in docs/json.md)."""
-        return {
+        out = {
             "schema_version": SCHEMA_VERSION,
             "rcdiag_version": self.version,
             "config": self.config,
@@ -120,6 +126,9 @@ class Report:
             "steps": [step.to_dict() for step in self.steps],
             "findings": [finding.to_dict() for finding in self.findings],
         }
+        if self.microbatch is not None:
+            out["microbatch"] = self.microbatch.to_dict()
+        return out
 
 
 def _finite(value: float | None) -> float | None:

@@ -7,17 +7,18 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rcdiag.cli.options import ENGINE_FLAGS, READ_FLAGS, SaveStateOpt, output_flags
+from rcdiag.cli.options import ENGINE_FLAGS, MICROBATCH_FLAGS, READ_FLAGS, SaveStateOpt, output_flags
 from rcdiag.cli.params import with_flags
 from rcdiag.io import format_names
 
 if TYPE_CHECKING:
     from rcdiag.cli.engine_config import EngineFlags
     from rcdiag.cli.output import Output
+    from rcdiag.microbatch import MicroBatchSettings
     from rcdiag.options import ReadOptions
 
 
-@with_flags(ENGINE_FLAGS, READ_FLAGS, output_flags("report", "analyze"))
+@with_flags(ENGINE_FLAGS, MICROBATCH_FLAGS, READ_FLAGS, output_flags("report", "analyze"))
 def analyze(
     path: Annotated[
         Path,
@@ -30,6 +31,7 @@ def analyze(
     save_state: SaveStateOpt = None,
     *,
     engine: EngineFlags,
+    microbatch: MicroBatchSettings | None,
     read: ReadOptions,
     out: Output,
 ) -> None:
@@ -43,6 +45,8 @@ def analyze(
     * `rcdiag analyze run.parquet --is sequence --is-threshold 5 --batch-normalize`
     * `rcdiag analyze logs/exp_001/` (NeMo-RL `train_data_step*.jsonl`), `rcdiag analyze "dumps/*.pt" --on-bad-row skip`
     * `rcdiag analyze shard-07.parquet --save-state s07.json`, then `rcdiag merge s*.json`
+    * `rcdiag analyze run.parquet --verl-version 0.7.1 --rs token_k1 --rs-threshold 1.5 --micro-batch-size 4`
+      (would verl's actor crash on a micro-batch?)
 
     Exit codes: 0 done (findings do not change it), 2 bad option, configuration or input, 3 internal error.
     """
@@ -53,5 +57,5 @@ def analyze(
     config = engine.config()
     state_file = checked_path(save_state, "--save-state")
     with progress(read, out) as on_chunk:
-        report = run_analysis(path, config, read, on_chunk=on_chunk, save_state=state_file)
+        report = run_analysis(path, config, read, on_chunk=on_chunk, save_state=state_file, microbatch=microbatch)
     out.emit(report)

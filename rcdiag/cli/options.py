@@ -125,6 +125,47 @@ def _engine_flags(values: dict[str, Any]) -> Any:
     return EngineFlags(**values)
 
 
+MICRO = "Micro-batches (how verl's actor cuts each step; analyze)"
+
+
+def _count_option(flag: str, help_text: str) -> Any:
+    return Annotated[
+        int | None, typer.Option(flag, metavar="N", help=help_text, rich_help_panel=MICRO, min=1, show_default=False)
+    ]
+
+
+MICROBATCH_FLAGS = FlagGroup(
+    "microbatch",
+    (
+        Flag("micro_batch_size", _count_option("--micro-batch-size", "Static micro-batches of N rows per GPU "
+             "(`ppo_micro_batch_size_per_gpu`).")),
+        Flag("mini_batch_size", _count_option("--mini-batch-size", "Rows per GPU mini-batch. Default: the whole "
+             "step on each rank.")),
+        Flag("dp_size", _count_option("--dp-size", "Data-parallel ranks the step is split over. Default: 1.")),
+        Flag("max_token_len", _count_option("--max-token-len", "Dynamic batch size: verl's rearrange_micro_batches "
+             "with this token budget per micro-batch (`ppo_max_token_len_per_gpu`); needs --prompt-len.")),
+        Flag("prompt_len", Annotated[int | None, typer.Option("--prompt-len", metavar="P", min=0, rich_help_panel=MICRO,
+             show_default=False, help="Prompt tokens per row (dumps hold none): sequence length = P + response "
+             "length, for --max-token-len and --balance-batch.")]),
+        Flag("balance_batch", Annotated[bool, typer.Option("--balance-batch", rich_help_panel=MICRO,
+             help="verl's trainer.balance_batch reorder before the DP split.")], False),
+        Flag("sync_micro_num", Annotated[bool, typer.Option("--sync-micro-num", rich_help_panel=MICRO,
+             help="Equal dynamic micro-batch counts across ranks under verl 0.7.1 (always so from 0.8.0).")], False),
+    ),
+    lambda values: _microbatch(values),
+)  # fmt: skip
+"""The actor's batching -> ``rcdiag.MicroBatchSettings``, or ``None`` when no micro-batch flag is given."""
+
+
+def _microbatch(values: dict[str, Any]) -> Any:
+    if not any(value not in (None, False) for value in values.values()):
+        return None
+    from rcdiag.microbatch import MicroBatchSettings
+
+    fields = {k: v for k, v in values.items() if v is not None}
+    return MicroBatchSettings(**fields)
+
+
 INPUT = "Input"
 
 COLUMN_ROLES = {

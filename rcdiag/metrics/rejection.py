@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
+
 from rcdiag.backend import Array
 from rcdiag.config import RSOption
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash, f32
@@ -293,3 +295,15 @@ def _any(arrays: list[Array]) -> Array | None:
     for other in arrays[1:]:
         out = out | other
     return out
+
+
+def rejected_tokens(block: Block, options: tuple[RSOption, ...]) -> np.ndarray | None:
+    """Which valid tokens of a numpy ``block`` the options reject together (verl's modified mask is the rest);
+    ``None`` without RS. A sequence option rejects every token of a rejected row."""
+    rejected: np.ndarray | None = None
+    lengths = np.asarray(block.row_len).astype(np.int64)
+    for option in options:
+        found = rejection(block, option)
+        tokens = found.token_mask() if found.token_mask is not None else np.repeat(np.asarray(found.rows), lengths)
+        rejected = tokens if rejected is None else rejected | tokens
+    return rejected

@@ -48,6 +48,11 @@ def render_table(report: Report, console: Console) -> None:
     )
     if report.steps:
         console.print(_trend_table(report))
+    if report.microbatch is not None:
+        from rcdiag.render.microbatch_table import microbatch_section
+
+        for part in microbatch_section(report.microbatch, report.metrics):
+            console.print(part)
     console.print(_checklist(report))
     for finding in report.findings:
         style = _SEVERITY_STYLE[finding.severity]

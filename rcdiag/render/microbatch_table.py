@@ -1,0 +1,96 @@
+"""The micro-batch section of the terminal report: how verl cut each step, which micro-batches would crash and why,
+and what verl logged per micro-batch next to the whole-batch values."""
+
+from __future__ import annotations
+
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from rcdiag.microbatch import MicroBatchReport
+from rcdiag.microbatch.simulate import LEGACY_ASSERT
+
+MAX_CRASH_ROWS = 20
+PATHS = {
+    "legacy_actor": "verl <= 0.7.1 decoupled mode: the actor computes the off-policy metrics per micro-batch on the "
+    "RS-modified mask (and asserts a valid token)",
+    "bypass": "bypass mode: the whole pipeline per micro-batch on the original mask (ValueError on an empty one)",
+    "driver": "verl >= 0.8.0 decoupled mode: no per-micro-batch rollout-correction call, so no micro-batch crash",
+}
+
+
+def microbatch_section(report: MicroBatchReport, whole: dict[str, float | None]) -> list[RenderableType]:
+    """Renderables for ``report``; ``whole`` holds the whole-batch metrics (for a dump without steps)."""
+    settings = ", ".join(f"{k}={v}" for k, v in report.settings.to_dict().items() if v not in (None, False))
+    head = Text(f"Micro-batches ({settings})", style="bold")
+    head.append(f"\nthis configuration runs: {PATHS[report.path]}", style="dim")
+    out: list[RenderableType] = [head]
+    for step in report.steps:
+        if step.refused is not None:
+            where = "" if step.step is None else f"step {step.step}: "
+            out.append(Text(f"{where}verl refuses this split: {step.refused}", style="bold red"))
+    out.append(_crash_table(report))
+    if len(report.steps) == 1 and report.steps[0].refused is None:
+        out.append(_metrics_table(report, whole))
+    return out
+
+
+def _crash_table(report: MicroBatchReport) -> RenderableType:
+    rows = []
+    for step in report.steps:
+        for where, micro in step.each():
+            why = []
+            if micro.legacy_crash:
+                why.append(("legacy actor: " + LEGACY_ASSERT, report.path == "legacy_actor"))
+            if micro.bypass_crash is not None:
+                why.append(("bypass: " + micro.bypass_crash, report.path == "bypass"))
+            if why:
+                rows.append((where, micro, why))
+    total = sum(len(step.each()) for step in report.steps)
+    if not rows:
+        return Text(f"No micro-batch would crash either path ({total:,} micro-batches).", style="green")
+    title = f"Micro-batches that would crash ({len(rows):,} of {total:,}; bold: the path this configuration runs)"
+    if len(rows) > MAX_CRASH_ROWS:
+        title += f", first {MAX_CRASH_ROWS} shown; all are in --format json"
+    table = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+    for name in ("step", "mini", "rank", "micro", "rows", "valid tokens", "after RS"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("why", overflow="fold")
+    for where, micro, why in rows[:MAX_CRASH_ROWS]:
+        shown = ", ".join(map(str, micro.rows[:6])) + (", ..." if len(micro.rows) > 6 else "")
+        reasons = Text()
+        for i, (text, runs) in enumerate(why):
+            reasons.append(("; " if i else "") + text, style="bold red" if runs else "dim")
+        table.add_row(
+            "—" if where.step is None else str(where.step),
+            str(where.mini),
+            str(where.rank),
+            str(where.micro),
+            shown,
+            f"{micro.n_valid_tokens:,}",
+            f"{micro.n_valid_tokens_after_rs:,}",
+            reasons,
+        )
+    return table
+
+
+def _metrics_table(report: MicroBatchReport, whole: dict[str, float | None]) -> RenderableType:
+    from rcdiag.render.table import fmt
+
+    step = report.steps[0]
+    table = Table(
+        title="What verl logged: whole batch, and reduced over micro-batches (— : that path crashes)",
+        title_justify="left",
+        title_style="bold",
+        show_edge=False,
+        pad_edge=False,
+    )
+    table.add_column("metric", no_wrap=True)
+    table.add_column("whole batch", justify="right")
+    table.add_column("bypass mode", justify="right")
+    table.add_column("legacy actor", justify="right")
+    bypass, legacy = step.bypass_metrics or {}, step.legacy_metrics or {}
+    for key, value in whole.items():
+        legacy_value = fmt(legacy.get(key)) if key in legacy or step.legacy_metrics is None else ""
+        table.add_row(key, fmt(value), fmt(bypass.get(key)), legacy_value)
+    return table
