@@ -322,3 +322,22 @@ def test_0_9_0_and_0_9_1_are_the_same_computation() -> None:
     assert resolved["0.9.0"].same_computation(resolved["0.9.1"])
     assert not resolved["0.8.0"].same_computation(resolved["0.9.0"])
     assert not resolved["0.7.1"].same_computation(resolved["0.8.0"])
+
+
+def test_state_files_keep_the_release(capsys: pytest.CaptureFixture, dump: tuple, tmp_path: Path) -> None:
+    """A state saved under 0.7.1 merges back to 0.7.1's values; 0.9.0 and 0.9.1 shards merge as one computation, and
+    a 0.7.1 shard does not merge with a 0.9.1 one."""
+    _, arrays, steps = dump
+    half = [write_dump(tmp_path / f"h{i}.parquet", ragged_lists(*(a[steps == i] for a in arrays))) for i in (0, 1)]
+    analyze_json = ("analyze", "--is", "token", "-q", "--format", "json")
+    state = str(tmp_path / "s.json")
+    direct = json.loads(run(capsys, *analyze_json, str(half[0]), "--verl-version", "0.7.1", "--save-state", state)[1])
+    merged = json.loads(run(capsys, "merge", state, "--format", "json")[1])
+    assert merged["config"]["verl_version"] == "0.7.1" and merged["metrics"] == direct["metrics"]
+    states = [str(tmp_path / f"v{i}.json") for i in (0, 1)]
+    for part, version, target in zip(half, ("0.9.0", "0.9.1"), states, strict=True):
+        assert run(capsys, *analyze_json, str(part), "--verl-version", version, "--save-state", target)[0] == 0
+    assert run(capsys, "merge", *states, "--format", "json")[0] == 0
+    run(capsys, *analyze_json, str(half[1]), "--verl-version", "0.7.1", "--save-state", states[1])
+    status, _, err = run(capsys, "merge", *states)
+    assert status == 2 and "verl_version=0.7.1" in err

@@ -52,7 +52,7 @@ def _crash_table(report: MicroBatchReport) -> RenderableType:
     title = f"Micro-batches that would crash ({len(rows):,} of {total:,}; bold: the path this configuration runs)"
     if len(rows) > MAX_CRASH_ROWS:
         title += f", first {MAX_CRASH_ROWS} shown; all are in --format json"
-    table = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+    table = _table(title)
     for name in ("step", "mini", "rank", "micro", "rows", "valid tokens", "after RS"):
         table.add_column(name, justify="right", no_wrap=True)
     table.add_column("why", overflow="fold")
@@ -78,19 +78,16 @@ def _metrics_table(report: MicroBatchReport, whole: dict[str, float | None]) -> 
     from rcdiag.render.table import fmt
 
     step = report.steps[0]
-    table = Table(
-        title="What verl logged: whole batch, and reduced over micro-batches (— : that path crashes)",
-        title_justify="left",
-        title_style="bold",
-        show_edge=False,
-        pad_edge=False,
-    )
+    table = _table("What verl logged: whole batch, and reduced over micro-batches (— : that path crashes)")
     table.add_column("metric", no_wrap=True)
-    table.add_column("whole batch", justify="right")
-    table.add_column("bypass mode", justify="right")
-    table.add_column("legacy actor", justify="right")
+    for name in ("whole batch", "bypass mode", "legacy actor"):
+        table.add_column(name, justify="right")
     bypass, legacy = step.bypass_metrics or {}, step.legacy_metrics or {}
     for key, value in whole.items():
         legacy_value = fmt(legacy.get(key)) if key in legacy or step.legacy_metrics is None else ""
         table.add_row(key, fmt(value), fmt(bypass.get(key)), legacy_value)
     return table
+
+
+def _table(title: str) -> Table:
+    return Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
