@@ -147,6 +147,12 @@ def test_splits_verl_refuses(settings: MicroBatchSettings, version: str, message
     assert str(refused.value) == message
 
 
+def test_without_a_micro_batch_size_each_mini_batch_is_one_micro_batch() -> None:
+    layout = plan(MicroBatchSettings(dp_size=2, mini_batch_size=2), VERSIONS["0.9.1"], np.ones(8, np.int64),
+                  np.ones(8, np.int64))  # fmt: skip
+    assert layout.mini_batches == [[[[0, 1]], [[4, 5]]], [[[2, 3]], [[6, 7]]]]
+
+
 def test_a_short_last_mini_batch_under_0_7_1() -> None:
     """v0.7.1's DataProto.split leaves a short last mini-batch (and micro-batch); later releases refuse it."""
     layout = plan(MicroBatchSettings(micro_batch_size=2, mini_batch_size=4), VERSIONS["0.7.1"], np.ones(6, np.int64),
@@ -156,7 +162,7 @@ def test_a_short_last_mini_batch_under_0_7_1() -> None:
 
 @pytest.mark.parametrize(
     "fields",
-    [{}, {"micro_batch_size": 2, "max_token_len": 100, "prompt_len": 1}, {"max_token_len": 100},
+    [{"micro_batch_size": 2, "max_token_len": 100, "prompt_len": 1}, {"max_token_len": 100},
      {"micro_batch_size": 2, "prompt_len": 5}, {"micro_batch_size": 2, "sync_micro_num": True},
      {"micro_batch_size": 0}, {"micro_batch_size": 2, "balance_batch": True}],
 )  # fmt: skip
@@ -365,7 +371,7 @@ def test_cli_refused_split_is_a_finding_not_a_crash(capsys: pytest.CaptureFixtur
 
 @pytest.mark.parametrize(
     ("flags", "message"),
-    [(("--max-token-len", "100"), "add --prompt-len P"), (("--dp-size", "2"), "needs exactly one of"),
+    [(("--max-token-len", "100"), "add --prompt-len P"), (("--micro-batch-size", "2", "--max-token-len", "9"), "not both"),
      (("--micro-batch-size", "2", "--workers", "2"), "--workers 1")],
 )  # fmt: skip
 def test_cli_bad_micro_batch_flags_are_exit_2(

@@ -3,7 +3,7 @@ mini-batch (reference section 11).
 
 1. ``balance_batch`` (optional) reorders the rows; the batch is cut into ``dp_size`` contiguous chunks.
 2. Each rank splits its rows into contiguous mini-batches of ``mini_batch_size`` (default: all its rows).
-3. Each mini-batch is cut into contiguous micro-batches of ``micro_batch_size`` rows, or by
+3. Each mini-batch is cut into contiguous micro-batches of ``micro_batch_size`` rows (default: one micro-batch), or by
    ``rearrange_micro_batches`` under a token budget (dynamic batch size), with the counts made equal across ranks
    where verl syncs them (always from v0.8.0; with ``sync_micro_num`` for v0.7.1, as its Megatron actor did).
 
@@ -34,7 +34,8 @@ class MicroBatchSettings:
     """The actor's batching configuration, per GPU (verl's ``ppo_*_per_gpu`` values after normalisation)."""
 
     micro_batch_size: int | None = None
-    """Rows per static micro-batch (``ppo_micro_batch_size_per_gpu``)."""
+    """Rows per static micro-batch (``ppo_micro_batch_size_per_gpu``); ``None`` without ``max_token_len``: the
+    mini-batch (one micro-batch per mini-batch)."""
     mini_batch_size: int | None = None
     """Rows per mini-batch on each rank; ``None``: the rank's whole share of the step."""
     dp_size: int = 1
@@ -55,10 +56,10 @@ class MicroBatchSettings:
                 raise ConfigError(f"{name} must be a positive integer, got {value}.")
         if self.prompt_len is not None and (not isinstance(self.prompt_len, int) or self.prompt_len < 0):
             raise ConfigError(f"prompt_len must be a non-negative integer, got {self.prompt_len}.")
-        if (self.micro_batch_size is None) == (self.max_token_len is None):
+        if self.micro_batch_size is not None and self.max_token_len is not None:
             raise ConfigError(
-                "micro-batching needs exactly one of --micro-batch-size N (static) or --max-token-len L (dynamic "
-                "batch size, with --prompt-len P)."
+                "give one of --micro-batch-size N (static micro-batches) or --max-token-len L (dynamic batch size), "
+                "not both."
             )
         needs_lengths = self.max_token_len is not None or self.balance_batch
         if needs_lengths and self.prompt_len is None:
@@ -100,7 +101,7 @@ def plan(
     per_rank = n // dp
     ranks = [order[r * per_rank : (r + 1) * per_rank] for r in range(dp)]
     mini = settings.mini_batch_size or per_rank
-    micro = settings.micro_batch_size
+    micro = settings.micro_batch_size or (None if settings.max_token_len is not None else mini)
     if micro is not None and mini % micro:
         raise SplitRefusedError(
             f"normalized ppo_mini_batch_size {mini} should be divisible by ppo_micro_batch_size_per_gpu {micro}"

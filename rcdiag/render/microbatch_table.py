@@ -24,6 +24,12 @@ def microbatch_section(report: MicroBatchReport, whole: dict[str, float | None])
     settings = ", ".join(f"{k}={v}" for k, v in report.settings.to_dict().items() if v not in (None, False))
     head = Text(f"Micro-batches ({settings})", style="bold")
     head.append(f"\nthis configuration runs: {PATHS[report.path]}", style="dim")
+    if report.path == "legacy_actor":
+        head.append(
+            "\nverl 0.7.1 logged the actor's values (legacy actor) for the 13 off-policy keys: they overwrite the "
+            "driver's whole-batch values in the step's metrics",
+            style="dim",
+        )
     out: list[RenderableType] = [head]
     for step in report.steps:
         if step.refused is not None:
