@@ -268,8 +268,10 @@ def test_cli_default_is_the_latest_release_and_the_header_names_it(capsys: pytes
     path = str(dump[0])
     assert json.loads(run(capsys, "analyze", path, "--format", "json")[1])["config"]["verl_version"] == "0.9.1"
     assert DEFAULT_VERSION == "0.9.1" == list(VERSIONS)[-1]
-    out = run(capsys, "analyze", path, "--verl-version", "0.8.0")[1]
-    assert "verl 0.8.0: the metrics as this release logs them" in out
+    for command in ("analyze", "compare", "check"):
+        args = (path, path) if command == "compare" else (path, "--max", "kl=1") if command == "check" else (path,)
+        out = run(capsys, command, *args, "--verl-version", "0.8.0")[1]
+        assert "bypass_mode=false (decoupled), as verl 0.8.0 logs it" in " ".join(out.split()), command
 
 
 @pytest.mark.parametrize(

@@ -75,7 +75,6 @@ def _header(report: Report) -> Text:
         parts.append(counted(facts.steps, "step"))
     parts.append(f"device {report.device}")
     text = Text(" · ".join(parts), style="bold")
-    text.append(f"\nverl {report.config.get('verl_version', '?')}: the metrics as this release logs them", style="dim")
     text.append("\ninput: " + describe_input(report), style="dim")
     if facts.metadata:
         text.append("\nrun: " + ", ".join(f"{k}={v}" for k, v in facts.metadata.items()), style="dim")
@@ -113,6 +112,7 @@ def describe_config(config: dict) -> str:
         bits.append("rollout_rs=null")
     # loss_type matters in bypass mode only; decoupled runs say so instead of printing a field that is unused
     bits.append(f"bypass_mode=true loss_type={cfg.loss_type}" if cfg.bypass_mode else "bypass_mode=false (decoupled)")
+    bits.append(f"as verl {cfg.verl_version} logs it")
     return ", ".join(bits)
 
 
