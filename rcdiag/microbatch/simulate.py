@@ -28,7 +28,7 @@ from rcdiag.backend import NumpyBackend
 from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import ResolvedConfig
 from rcdiag.metrics.base import MetricValue, verl_float
-from rcdiag.metrics.batch import BatchMetrics
+from rcdiag.metrics.batch import BatchMetrics, BatchResult
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.offpolicy import OffPolicyMetrics
 from rcdiag.metrics.rejection import rejected_tokens
@@ -146,9 +146,9 @@ def simulate_step(
         layout = plan(settings, resolved.version, rows.response_lengths, rows.widths)
     except SplitRefusedError as exc:
         return StepMicroBatches(step, str(exc), (), None, None)
-    backend = NumpyBackend()
     with np.errstate(all="ignore"):
-        rejected = rejected_tokens(Block(backend, rows.old, rows.rollout, rows.valid_lengths), resolved.rs_options)
+        whole = Block(NumpyBackend(), rows.old, rows.rollout, rows.valid_lengths)
+        rejected = rejected_tokens(whole, resolved.rs_options)
     keep = None if rejected is None else ~np.asarray(rejected)
     kept_per_row = (
         rows.valid_lengths
@@ -156,8 +156,8 @@ def simulate_step(
         else np.add.reduceat(np.concatenate([keep, [False]]).astype(np.int64), rows.offsets[:-1])
         * (rows.valid_lengths > 0)
     )
-    legacy: list[dict[str, float]] = []
-    bypass: list[list[dict[str, float]]] = []
+    legacy: list[dict[str, Any]] = []  # per micro-batch, of every mini-batch and rank
+    bypass: list[list[dict[str, Any]]] = []  # per mini-batch, per micro-batch of every rank
     minis = []
     for ranks in layout.mini_batches:
         bypass.append([])
@@ -165,14 +165,10 @@ def simulate_step(
         for micros in ranks:
             out = []
             for indices in micros:
-                result = _bypass(rows, indices, resolved)
-                crash = _bypass_crash(result)
-                if crash is None:
-                    bypass[-1].append({k: v for k, v in result.raw.items() if k.startswith(PREFIX)})
-                after = int(kept_per_row[indices].sum())
-                if after:
-                    legacy.append(_legacy(rows, indices, keep))
-                out.append(MicroBatch(tuple(indices), int(rows.valid_lengths[indices].sum()), after, crash))
+                micro, legacy_values, bypass_values = _run(rows, indices, resolved, keep, kept_per_row)
+                legacy += [legacy_values] if legacy_values is not None else []
+                bypass[-1] += [bypass_values] if bypass_values is not None else []
+                out.append(micro)
             built.append(tuple(out))
         minis.append(tuple(built))
     result = StepMicroBatches(step, None, tuple(minis), None, None)
@@ -181,36 +177,41 @@ def simulate_step(
         bypass_metrics = None
     elif resolved.version.legacy_actor:
         bypass_metrics = _flat([values for mini in bypass for values in mini])
-    else:
-        # Metric(MEAN).aggregate_dp: the mean over ranks and micro-batches of each mini-batch
+    else:  # Metric(MEAN).aggregate_dp: the mean over ranks and micro-batches of each mini-batch
         bypass_metrics = _flat([{k: float(np.mean([v[k] for v in mini])) for k in mini[0]} for mini in bypass])
     return StepMicroBatches(step, None, tuple(minis), legacy_metrics, bypass_metrics)
 
 
-def _bypass(rows: StepRows, indices: list[int], resolved: ResolvedConfig) -> Any:
-    old, rollout, lengths = take(rows, indices)
+def _run(
+    rows: StepRows, indices: list[int], resolved: ResolvedConfig, keep: np.ndarray | None, kept_per_row: np.ndarray
+) -> tuple[MicroBatch, dict[str, Any] | None, dict[str, Any] | None]:
+    """One micro-batch: its record, the legacy actor's values and bypass mode's (``None`` where each crashes)."""
+    backend = NumpyBackend()
     batch = BatchMetrics(resolved)
     with np.errstate(all="ignore"):
-        batch.update(Block(NumpyBackend(), old, rollout, lengths))
-        return batch.compute()
+        batch.update(Block(backend, *take(rows, indices)))
+        result = batch.compute()
+    crash = _bypass_crash(result)
+    bypass = None if crash is not None else {k: v for k, v in result.raw.items() if k.startswith(PREFIX)}
+    after = int(kept_per_row[indices].sum())
+    legacy = None
+    if after:
+        offpolicy = OffPolicyMetrics()
+        with np.errstate(all="ignore"):
+            offpolicy.update(Block(backend, *take(rows, indices, keep)))
+            values, _ = offpolicy.compute()
+        legacy = {PREFIX + key: verl_float(value) for key, value in values.items()}
+    micro = MicroBatch(tuple(indices), int(rows.valid_lengths[indices].sum()), after, crash)
+    return micro, legacy, bypass
 
 
-def _bypass_crash(result: Any) -> str | None:
+def _bypass_crash(result: BatchResult) -> str | None:
     for crash in result.crashes:
         if crash.code == "verl_crash_empty_batch":
             return BYPASS_VALUEERROR
         if crash.code == "verl_crash_ess_zero_division":
             return "ZeroDivisionError: float division by zero (IcePop zeroed every IS weight of the micro-batch)"
     return None
-
-
-def _legacy(rows: StepRows, indices: list[int], keep: np.ndarray | None) -> dict[str, float]:
-    old, rollout, lengths = take(rows, indices, keep)
-    metrics = OffPolicyMetrics()
-    with np.errstate(all="ignore"):
-        metrics.update(Block(NumpyBackend(), old, rollout, lengths))
-        values, _ = metrics.compute()
-    return {PREFIX + key: verl_float(value) for key, value in values.items()}  # type: ignore[misc]
 
 
 def _flat(dicts: list[dict[str, Any]]) -> dict[str, MetricValue] | None:
