@@ -46,6 +46,11 @@ def rcdiag_e2e(path: Path, chunk_tokens: int, device: str = "cpu") -> int:
     return rcdiag.analyze(path, CONFIG, chunk_tokens=chunk_tokens, device=device).input.tokens
 
 
+def rcdiag_explain(path: Path, chunk_tokens: int, device: str = "cpu") -> int:
+    """``rcdiag analyze --explain`` with the realistic configuration (breakdowns, worst responses, detectors)."""
+    return rcdiag.analyze(path, CONFIG, chunk_tokens=chunk_tokens, device=device, explain=True).input.tokens
+
+
 def padded(path: Path, chunk_tokens: int, max_tokens: int | None = None) -> int:
     """What trainers do: per batch, pad rows to [B, T_max] float32 tensors and run verl's own rollout-correction
     helper (masked ops over the padded batch). Needs torch and verl (``pip install --no-deps verl==0.9.0``)."""

@@ -15,6 +15,12 @@ from rcdiag.catalogue.findings import listing_order
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import Engine, EngineState
 from rcdiag.errors import ConfigError
+from rcdiag.explain.detectors import detect
+from rcdiag.explain.sequences import SequenceWriter, cleanup, temporary_directory
+from rcdiag.explain.sequences import check_target as check_sequences_target
+from rcdiag.explain.sequences import finish as finish_sequences
+from rcdiag.explain.state import ExplainOptions, ExplainState, number_rows
+from rcdiag.explain.worst import DEFAULT_WORST
 from rcdiag.health import evaluate
 from rcdiag.io import Chunk, open_dump, prefetch
 from rcdiag.io.base import Source, SourceInfo
@@ -22,7 +28,7 @@ from rcdiag.microbatch import MicroBatchReport, MicroBatchSettings
 from rcdiag.microbatch.report import simulate as simulate_microbatches
 from rcdiag.microbatch.rows import RowCollector
 from rcdiag.options import ReadOptions
-from rcdiag.report import InputFacts, Report, StepReport
+from rcdiag.report import ExplainReport, InputFacts, Report, StepReport
 from rcdiag.validate import Problem, Screen, ScreenStats, as_chunk, raise_for_bad_rows
 
 
@@ -45,6 +51,9 @@ def analyze(
     *,
     on_chunk: ProgressCallback | None = None,
     save_state: str | Path | None = None,
+    explain: bool = False,
+    worst: int = DEFAULT_WORST,
+    sequences: str | Path | None = None,
     microbatch: MicroBatchSettings | None = None,
     **options: Any,
 ) -> Report:
@@ -59,6 +68,11 @@ def analyze(
         on_chunk: called after each chunk is read with a ``ReadProgress`` (for a progress bar; not called
             with ``workers > 1``).
         save_state: also write the accumulated state here, for ``merge_states`` (scale-out over shards).
+        explain: also say where the mismatch sits: breakdowns by position, rollout probability and length, the
+            ``worst`` most extreme responses and the bias detectors (``report.explain``, docs/explain.md).
+        worst: how many responses the worst-responses list keeps (a value other than 10 implies ``explain``).
+        sequences: write one row per response to this Parquet file (implies ``explain``; read it back with
+            ``report.sequences_frame()``).
         microbatch: also split each step as verl's actor does (``rcdiag.MicroBatchSettings``) and report what
             verl computes and where it crashes per micro-batch (``report.microbatch``). Keeps every valid token
             in memory.
@@ -74,15 +88,25 @@ def analyze(
         >>> report = analyze("sample_data/healthy.parquet", preset("decoupled_geo_rs"))  # doctest: +SKIP
         >>> report.metrics["rollout_corr/kl"]  # doctest: +SKIP
     """
+    wanted = ExplainOptions.of(explain, worst, sequences)
     collector = RowCollector() if microbatch is not None else None
     read = ReadOptions.of(read, options)
     if collector is not None and read.workers > 1:
         raise ConfigError("micro-batch options need the rows of each step in order: use them with --workers 1.")
-    accumulated = accumulate(path, config, read, on_chunk=on_chunk, save_state=save_state, collector=collector)
+    accumulated = accumulate(
+        path, config, read, on_chunk=on_chunk, save_state=save_state, explain=wanted, collector=collector
+    )
     micro = None
     if collector is not None and microbatch is not None:
         micro = simulate_microbatches(collector.steps(), accumulated.state.resolved, microbatch)
-    return build_report(accumulated.state, accumulated.info, accumulated.device, accumulated.screen, micro)
+    return build_report(
+        accumulated.state,
+        accumulated.info,
+        accumulated.device,
+        accumulated.screen,
+        sequences_path=sequences,
+        microbatch=micro,
+    )
 
 
 @dataclass(frozen=True)
@@ -102,6 +126,7 @@ def accumulate(
     *,
     on_chunk: ProgressCallback | None = None,
     save_state: str | Path | None = None,
+    explain: ExplainOptions | None = None,
     collector: RowCollector | None = None,
     **options: Any,
 ) -> Accumulated:
@@ -109,30 +134,63 @@ def accumulate(
 
     With ``workers > 1`` the dump's parts (runs of Parquet row groups, or of a directory's shards) are read by
     that many processes, whose states are merged: the result is the same as one process reading everything.
-    A ``collector`` keeps every screened row by step (micro-batch simulation).
+    ``explain`` adds ``--explain``'s accumulators (and writes its ``sequences`` file). A ``collector`` keeps
+    every screened row by step (micro-batch simulation).
     """
     resolved = (config or CorrectionConfig()).resolve()
     read = ReadOptions.of(read, options)
+    if explain is not None and explain.sequences is not None:
+        check_sequences_target(explain.sequences)
     backend = _backend(read.device)
     source = open_dump(path, read.columns)
     partitions = source.partitions(read.workers) if read.workers > 1 else []
-    if len(partitions) > 1:
-        if not isinstance(backend, NumpyBackend):
-            raise ConfigError("workers > 1 runs several CPU processes; use it with device 'cpu'.")
-        state, stats = _accumulate_in_processes(source, resolved.config, partitions, read)
-    else:
-        screen = Screen(read.on_bad_row)
-        chunks = prefetch(source.chunks(read.chunk_tokens))
-        if on_chunk is not None:
-            chunks = _report_progress(chunks, on_chunk, source.info.total_rows)
-        screened = screen(chunks)
-        state = Engine(resolved, backend).run(collector.tee(screened) if collector is not None else screened)
-        stats = screen.stats
+    scratch = temporary_directory(explain.sequences) if explain is not None and explain.sequences else None
+    try:
+        if len(partitions) > 1:
+            if not isinstance(backend, NumpyBackend):
+                raise ConfigError("workers > 1 runs several CPU processes; use it with device 'cpu'.")
+            state, stats = _accumulate_in_processes(source, resolved.config, partitions, read, explain, scratch)
+        else:
+            screen = Screen(read.on_bad_row)
+            explain_state = ExplainState(explain.worst) if explain is not None else None
+            writer = _sequence_writer(explain_state, resolved, scratch, 0)
+            chunks = number_rows(prefetch(source.chunks(read.chunk_tokens)), explain_state)
+            if on_chunk is not None:
+                chunks = _report_progress(chunks, on_chunk, source.info.total_rows)
+            screened = screen(chunks)
+            state = Engine(resolved, backend, explain_state).run(
+                collector.tee(screened) if collector is not None else screened
+            )
+            stats = screen.stats
+            if writer is not None:
+                writer.flush()
+        if scratch is not None and explain is not None and explain.sequences is not None:
+            finish_sequences(_part_offsets(scratch, state), explain.sequences)
+    finally:
+        if scratch is not None:
+            cleanup(scratch)
     if save_state is not None:
         from rcdiag.state import save_state as write_state
 
         write_state(save_state, state, [source.info], stats)
     return Accumulated(state, source.info, backend.name, stats)
+
+
+def _sequence_writer(
+    explain_state: ExplainState | None, resolved: Any, scratch: Path | None, part: int
+) -> SequenceWriter | None:
+    if explain_state is None or scratch is None:
+        return None
+    writer = SequenceWriter(resolved, scratch / f"part-{part:04d}")
+    explain_state.observers.append(writer)
+    return writer
+
+
+def _part_offsets(scratch: Path, state: EngineState) -> list[tuple[Path, int]]:
+    """Each part's directory of ``--sequences`` files with the rows read before it (parts in reading order)."""
+    directories = sorted(p for p in scratch.iterdir() if p.is_dir())
+    rows = state.explain.part_rows if state.explain is not None and state.explain.part_rows else [0]
+    return [(directory, sum(rows[:i])) for i, directory in enumerate(directories)]
 
 
 def merge_states(paths: list[str | Path]) -> Report:
@@ -144,32 +202,56 @@ def merge_states(paths: list[str | Path]) -> Report:
 
 
 def _accumulate_in_processes(
-    source: Source, config: CorrectionConfig, partitions: list[Any], read: ReadOptions
+    source: Source,
+    config: CorrectionConfig,
+    partitions: list[Any],
+    read: ReadOptions,
+    explain: ExplainOptions | None = None,
+    scratch: Path | None = None,
 ) -> tuple[EngineState, ScreenStats]:
     context = multiprocessing.get_context("spawn")  # the parent holds Arrow threads: fork is not safe
     with ProcessPoolExecutor(max_workers=len(partitions), mp_context=context) as pool:
         futures = [
-            pool.submit(_accumulate_part, source.info.path, part, config, read.replace(device="cpu"))
-            for part in partitions
+            pool.submit(
+                _accumulate_part, source.info.path, part, config, read.replace(device="cpu"), explain, scratch, i
+            )
+            for i, part in enumerate(partitions)
         ]
         results = [future.result() for future in futures]
     resolved = config.resolve()
-    merged, stats = EngineState(resolved), ScreenStats()
+    merged, stats = EngineState(resolved, explain=ExplainState(explain.worst) if explain else None), ScreenStats()
+    part_rows = []
     first: Problem | None = None
     for saved_state, saved_stats, problem in results:  # in part order: the first bad row is the earliest
-        merged.merge(EngineState.from_state_dict(resolved, saved_state))
+        part = EngineState.from_state_dict(resolved, saved_state)
+        part_rows.append(part.explain.rows_read if part.explain is not None else 0)
+        merged.merge(part)
         stats = stats.merge(ScreenStats.from_dict(saved_stats))
         first = first or problem
     raise_for_bad_rows(first, stats)  # counted over the whole dump, not one part
+    if merged.explain is not None:
+        merged.explain.part_rows = part_rows
     return merged, stats
 
 
 def _accumulate_part(
-    path: str, part: Any, config: CorrectionConfig, read: ReadOptions
+    path: str,
+    part: Any,
+    config: CorrectionConfig,
+    read: ReadOptions,
+    explain: ExplainOptions | None = None,
+    scratch: Path | None = None,
+    index: int = 0,
 ) -> tuple[dict, dict, Problem | None]:
     source = open_dump(path, read.columns)
     screen = Screen(read.on_bad_row, verdict_at_end=False)
-    state = Engine(config.resolve()).run(screen(prefetch(source.chunks(read.chunk_tokens, part=part))))
+    resolved = config.resolve()
+    explain_state = ExplainState(explain.worst) if explain is not None else None
+    writer = _sequence_writer(explain_state, resolved, scratch, index)
+    chunks = number_rows(prefetch(source.chunks(read.chunk_tokens, part=part)), explain_state)
+    state = Engine(resolved, explain=explain_state).run(screen(chunks))
+    if writer is not None:
+        writer.flush()
     return state.state_dict(), screen.stats.to_dict(), screen.first
 
 
@@ -209,9 +291,12 @@ def build_report(
     info: SourceInfo,
     device: str,
     screen: ScreenStats | None = None,
+    *,
+    sequences_path: str | Path | None = None,
     microbatch: MicroBatchReport | None = None,
 ) -> Report:
-    """Compute every batch, the all-steps view and the findings (with the micro-batch section, if simulated)."""
+    """Compute every batch, the all-steps view and the findings (and ``--explain``'s, when it ran; and the
+    micro-batch section, when simulated)."""
     has_steps = any(step is not None for step in state.batches)
     per_step = sorted(
         ((step, batch.compute()) for step, batch in state.batches.items()),
@@ -242,6 +327,15 @@ def build_report(
         neg_inf_first=dict(screen.neg_inf_first) if screen else {},
     )
     findings = evaluate(per_step if per_step else [(None, pooled)], state.resolved, facts)
+    explained = None
+    if state.explain is not None:
+        detected = detect(state.explain, [(step, result.metrics) for step, result in per_step if step is not None])
+        findings = sorted([*findings, *detected], key=lambda f: listing_order(f.code, f.severity))
+        explained = ExplainReport(
+            breakdowns=state.explain.breakdowns.compute(),
+            worst_sequences=tuple(entry.to_dict() for entry in state.explain.worst.entries()),
+            sequences_path=None if sequences_path is None else str(sequences_path),
+        )
     if microbatch is not None:
         findings = sorted([*findings, *microbatch.findings()], key=lambda f: listing_order(f.code, f.severity))
     return Report(
@@ -253,5 +347,6 @@ def build_report(
         findings=tuple(findings),
         device=device,
         version=__version__,
+        explain=explained,
         microbatch=microbatch,
     )

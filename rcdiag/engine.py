@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from rcdiag.metrics.batch import BatchMetrics
 from rcdiag.metrics.block import Block
 from rcdiag.ragged import take_rows
 from rcdiag.validate import screen_one
+
+if TYPE_CHECKING:
+    from rcdiag.explain.state import ExplainState
 
 CPU_BLOCK_TOKENS = 1 << 17
 GPU_BLOCK_TOKENS = 1 << 24
@@ -38,6 +41,8 @@ class EngineState:
     rows: int = 0
     tokens: int = 0
     valid_tokens: int = 0
+    explain: ExplainState | None = None
+    """``analyze --explain``'s state (breakdowns, worst responses, detector sums), for the whole dump."""
 
     def batch(self, step: StepKey) -> BatchMetrics:
         """The accumulators of one step (created on first use)."""
@@ -50,8 +55,12 @@ class EngineState:
         """Fold another state (same configuration) into this one; returns ``self``."""
         if not self.resolved.same_computation(other.resolved):
             raise ValueError("cannot merge states computed with different configurations")
+        if (self.explain is None) != (other.explain is None):
+            raise ValueError("cannot merge a state computed with --explain and one without")
         for step, batch in other.batches.items():
             self.batch(step).merge(batch)
+        if self.explain is not None and other.explain is not None:
+            self.explain.merge(other.explain)
         self.rows += other.rows
         self.tokens += other.tokens
         self.valid_tokens += other.valid_tokens
@@ -66,12 +75,15 @@ class EngineState:
 
     def state_dict(self) -> dict[str, Any]:
         """Serializable state (``from_state_dict`` with the same configuration restores it)."""
-        return {
+        out = {
             "rows": self.rows,
             "tokens": self.tokens,
             "valid_tokens": self.valid_tokens,
             "batches": [[step, batch.state_dict()] for step, batch in self.batches.items()],
         }
+        if self.explain is not None:
+            out["explain"] = self.explain.state_dict()
+        return out
 
     @classmethod
     def from_state_dict(cls, resolved: ResolvedConfig, state: dict[str, Any]) -> EngineState:
@@ -81,17 +93,23 @@ class EngineState:
         )
         for step, batch_state in state["batches"]:
             out.batch(None if step is None else int(step)).load_state_dict(batch_state)
+        if "explain" in state:
+            from rcdiag.explain.state import ExplainState
+
+            out.explain = ExplainState.from_state_dict(state["explain"])
         return out
 
 
 class Engine:
     """Folds chunks into an ``EngineState`` on one backend."""
 
-    def __init__(self, resolved: ResolvedConfig, backend: Backend | None = None) -> None:
+    def __init__(
+        self, resolved: ResolvedConfig, backend: Backend | None = None, explain: ExplainState | None = None
+    ) -> None:
         self.resolved = resolved
         self.backend = backend or NumpyBackend()
         self.block_tokens = CPU_BLOCK_TOKENS if isinstance(self.backend, NumpyBackend) else GPU_BLOCK_TOKENS
-        self.state = EngineState(resolved)
+        self.state = EngineState(resolved, explain=explain)
 
     def run(self, chunks: Iterable[Chunk]) -> EngineState:
         """Consume every chunk; returns the state."""
@@ -112,6 +130,9 @@ class Engine:
             # checks, and the mask made boolean (an integer mask would index values instead of selecting them).
             chunk = screen_one(chunk)
         state = self.state
+        explain = state.explain
+        if explain is not None and chunk.rows is None:
+            explain.number(chunk)  # rows not numbered before screening (chunks built by hand)
         state.rows += chunk.n_rows
         state.tokens += chunk.n_tokens
         steps = chunk.steps
@@ -128,8 +149,31 @@ class Engine:
             batch = state.batch(step)
             for b0, b1 in split_rows(valid_lengths[r0:r1], self.block_tokens):
                 t0, t1 = int(offsets[r0 + b0]), int(offsets[r0 + b1])
-                block_old, block_rollout = _compacted(old[t0:t1], rollout[t0:t1], None if mask is None else mask[t0:t1])
-                batch.update(Block(self.backend, block_old, block_rollout, valid_lengths[r0 + b0 : r0 + b1]))
+                block_mask = None if mask is None else mask[t0:t1]
+                block_old, block_rollout = _compacted(old[t0:t1], rollout[t0:t1], block_mask)
+                valid = valid_lengths[r0 + b0 : r0 + b1]
+                block = Block(self.backend, block_old, block_rollout, valid)
+                batch.update(block)
+                if explain is not None:  # always on the host: the same numbers on every device
+                    host = (
+                        block
+                        if isinstance(self.backend, NumpyBackend)
+                        else Block(NumpyBackend(), block_old, block_rollout, valid)
+                    )
+                    _explain(explain, chunk, host, block_mask, step, r0 + b0, r0 + b1)
+
+
+def _explain(
+    explain: ExplainState, chunk: Chunk, block: Block, mask: np.ndarray | None, step: StepKey, a: int, b: int
+) -> None:
+    """Feed rows ``a:b`` of the chunk (one numpy block) to ``--explain``."""
+    from rcdiag.explain.state import RowContext
+
+    lengths = np.diff(chunk.offsets[a : b + 1])
+    ids = chunk.ids
+    rows = chunk.rows
+    assert rows is not None  # numbered when the chunk entered the engine
+    explain.update(block, RowContext(lengths, mask, rows[a:b], None if ids is None else ids[a:b], step))
 
 
 def _valid_lengths(mask: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -21,6 +21,5 @@ def take_rows(chunk: Chunk, rows: np.ndarray) -> Chunk:
         rollout=chunk.rollout[index],
         offsets=offsets,
         mask=None if chunk.mask is None else chunk.mask[index],
-        steps=None if chunk.steps is None else chunk.steps[rows],
-        seq_ids=None if chunk.seq_ids is None else chunk.seq_ids[rows],
+        **{name: None if getattr(chunk, name) is None else getattr(chunk, name)[rows] for name in Chunk.PER_ROW},
     )

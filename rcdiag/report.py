@@ -28,9 +28,12 @@ class Finding:
     """Steps at which it holds; ``None`` for a dump without steps (one batch) or the dump as a whole."""
     detail: dict[str, str] | None = None
     """Per-metric detail folded into this finding (``logprob_neg_inf``: each non-finite metric and its value)."""
+    evidence: dict[str, Any] | None = None
+    """The numbers behind a detector's verdict (``analyze --explain``), as in its message."""
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
+        out["evidence"] = None if self.evidence is None else _finite_tree(self.evidence)
         out["value"] = _finite(self.value)
         out["threshold"] = list(self.threshold) if isinstance(self.threshold, tuple) else self.threshold
         out["steps"] = list(self.steps) if self.steps is not None else None
@@ -93,6 +96,18 @@ class StepReport:
 
 
 @dataclass(frozen=True)
+class ExplainReport:
+    """``analyze --explain``: where the mismatch sits (breakdowns) and which responses carry most of it."""
+
+    breakdowns: dict[str, list[dict[str, Any]]]
+    """``position``, ``rollout_prob`` and ``length``: one entry per bucket (docs/json.md)."""
+    worst_sequences: tuple[dict[str, Any], ...]
+    """Most extreme |log-ratio sum| first."""
+    sequences_path: str | None = None
+    """Where ``--sequences`` wrote one row per response."""
+
+
+@dataclass(frozen=True)
 class Report:
     """The result of analysing one dump.
 
@@ -109,6 +124,8 @@ class Report:
     findings: tuple[Finding, ...]
     device: str
     version: str
+    explain: ExplainReport | None = None
+    """Set by ``analyze --explain``."""
     microbatch: MicroBatchReport | None = None
     """How verl cut each step into micro-batches and what it computed there (``analyze`` with micro-batch
     options); ``None`` otherwise."""
@@ -126,9 +143,41 @@ class Report:
             "steps": [step.to_dict() for step in self.steps],
             "findings": [finding.to_dict() for finding in self.findings],
         }
+        if self.explain is not None:
+            out["breakdowns"] = self.explain.breakdowns
+            out["worst_sequences"] = list(self.explain.worst_sequences)
+            if self.explain.sequences_path is not None:
+                out["sequences_path"] = self.explain.sequences_path
         if self.microbatch is not None:
             out["microbatch"] = self.microbatch.to_dict()
         return out
+
+    def steps_frame(self) -> Any:
+        """Per-step metrics as a polars DataFrame: ``step``, ``rows``, ``valid_tokens``, then every metric."""
+        import polars as pl
+
+        records = [
+            {"step": s.step, "rows": s.rows, "valid_tokens": s.valid_tokens, **s.metrics, **s.extras}
+            for s in self.steps
+        ]
+        return pl.DataFrame(records, infer_schema_length=None)
+
+    def sequences_frame(self) -> Any:
+        """One row per response (the ``--sequences`` file) as a polars DataFrame."""
+        import polars as pl
+
+        if self.explain is None or self.explain.sequences_path is None:
+            raise ValueError("no per-response file: run analyze(..., sequences='FILE.parquet') first")
+        return pl.read_parquet(self.explain.sequences_path)
+
+
+def _finite_tree(value: Any) -> Any:
+    """Non-finite floats anywhere in nested dicts and lists as ``None`` (JSON has no inf)."""
+    if isinstance(value, dict):
+        return {k: _finite_tree(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_tree(v) for v in value]
+    return _finite(value) if isinstance(value, float) else value
 
 
 def _finite(value: float | None) -> float | None:

@@ -104,6 +104,16 @@ def merge_state_files(paths: list[str | Path]) -> tuple[EngineState, list[Source
                 f"{path} was computed with a different configuration ({_describe(state.resolved.config)}) than "
                 f"{paths[0]} ({_describe(merged.resolved.config)}); states merge only under the same configuration"
             )
+        if (merged.explain is None) != (state.explain is None):
+            raise ConfigError(
+                f"{path} was {'' if state.explain is not None else 'not '}analysed with --explain but {paths[0]} "
+                f"was{'' if merged.explain is not None else ' not'}; merge states written with the same flags"
+            )
+        if merged.explain is not None and state.explain is not None and merged.explain.worst.n != state.explain.worst.n:
+            raise ConfigError(
+                f"{path} keeps {state.explain.worst.n} worst responses but {paths[0]} keeps {merged.explain.worst.n}; "
+                "use the same --worst"
+            )
         if merged.batches and state.batches and (None in merged.batches) != (None in state.batches):
             raise ConfigError(f"{path}: cannot merge a dump that has a step column with one that has none")
         merged.merge(state)

@@ -30,6 +30,12 @@ class Scenario:
     """Rollout log-probs renormalised over the top-k tokens (the trainer uses the full softmax)."""
     outlier_rate: float = 0.0
     outlier_noise: float = 2.0
+    quantize_bits: int | None = None
+    """Rollout logits rounded to 2^bits levels over each position's range (a weight-quantised rollout model)."""
+    position_scale: float | None = None
+    """Logit noise grows along the response: std x (1 + position / position_scale)."""
+    step_growth: float = 1.0
+    """Logit noise grows across training steps: std x step_growth^step."""
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -52,6 +58,28 @@ SCENARIOS: dict[str, Scenario] = {
             "healthy, except 0.3% of tokens see large logit errors (a buggy kernel path)",
             outlier_rate=0.003,
             outlier_noise=4.0,
+        ),
+        Scenario(
+            "rollout_temperature_only",
+            "rollout samples and scores at T=0.7; the trainer scores at T=1.0 (temperature applied on one side only)",
+            t_rollout=0.7,
+        ),
+        Scenario(
+            "position_drift",
+            "logit noise grows along the response, std 0.02 x (1 + position/64): precision lost with context",
+            noise=0.02,
+            position_scale=64.0,
+        ),
+        Scenario(
+            "step_trend",
+            "logit noise grows 1.5x per training step from std 0.02: mismatch that feeds on itself",
+            noise=0.02,
+            step_growth=1.5,
+        ),
+        Scenario(
+            "quantized_4bit",
+            "rollout logits rounded to 16 levels per position (a 4-bit rollout model) plus logit noise 0.03",
+            quantize_bits=4,
         ),
     )
 }
@@ -79,18 +107,20 @@ def generate(
     total = int(lengths.sum())
     old = np.empty(total, dtype=np.float32)
     rollout = np.empty(total, dtype=np.float32)
-    for start in range(0, total, 1 << 15):
-        stop = min(start + (1 << 15), total)
-        old[start:stop], rollout[start:stop] = _token_logprobs(rng, stop - start, vocab, spec)
-    mask = np.ones(total, dtype=np.int8)
     offsets = np.zeros(rows + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
+    step = np.repeat(np.arange(steps, dtype=np.int64), -(-rows // steps))[:rows]
+    scale = _noise_scale(spec, lengths, offsets, step)
+    for start in range(0, total, 1 << 15):
+        stop = min(start + (1 << 15), total)
+        part = None if scale is None else scale[start:stop, None]
+        old[start:stop], rollout[start:stop] = _token_logprobs(rng, stop - start, vocab, spec, part)
+    mask = np.ones(total, dtype=np.int8)
     for row in np.flatnonzero((rng.random(rows) < masked_span_rate) & (lengths >= 8)):
         n = int(lengths[row])
         span = int(rng.integers(n // 10 + 1, n * 4 // 10 + 2))
         begin = int(offsets[row]) + int(rng.integers(0, n - span + 1))
         mask[begin : begin + span] = 0
-    step = np.repeat(np.arange(steps, dtype=np.int64), -(-rows // steps))[:rows]
     table = pa.table(
         {
             "old_log_prob": pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(old)),
@@ -111,15 +141,37 @@ def generate(
     return table.replace_schema_metadata(metadata)
 
 
-def _token_logprobs(rng: np.random.Generator, n: int, vocab: int, spec: Scenario) -> tuple[np.ndarray, np.ndarray]:
+def _noise_scale(spec: Scenario, lengths: np.ndarray, offsets: np.ndarray, step: np.ndarray) -> np.ndarray | None:
+    """Per-token multiplier of the logit noise (``None``: constant noise)."""
+    if spec.position_scale is None and spec.step_growth == 1.0:
+        return None
+    total = int(offsets[-1])
+    scale = np.ones(total)
+    if spec.position_scale is not None:
+        scale *= 1.0 + (np.arange(total) - np.repeat(offsets[:-1], lengths)) / spec.position_scale
+    if spec.step_growth != 1.0:
+        scale *= np.repeat(spec.step_growth ** step.astype(np.float64), lengths)
+    return scale
+
+
+def _token_logprobs(
+    rng: np.random.Generator, n: int, vocab: int, spec: Scenario, noise_scale: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     # Confident and uncertain positions: per-position logit scale, as in a language model.
     scale = rng.lognormal(np.log(2.5), 0.5, (n, 1))
     z = rng.standard_normal((n, vocab)) * scale
     noise = rng.standard_normal((n, vocab)) * spec.noise
+    if noise_scale is not None:
+        noise *= noise_scale
     if spec.outlier_rate:
         hit = rng.random(n) < spec.outlier_rate
         noise[hit] = rng.standard_normal((int(hit.sum()), vocab)) * spec.outlier_noise
-    rollout_logits = (z + noise) / spec.t_rollout
+    rollout_logits = z + noise
+    if spec.quantize_bits is not None:
+        low, high = rollout_logits.min(axis=1, keepdims=True), rollout_logits.max(axis=1, keepdims=True)
+        grid = (high - low) / (2**spec.quantize_bits - 1)
+        rollout_logits = low + np.rint((rollout_logits - low) / grid) * grid
+    rollout_logits = rollout_logits / spec.t_rollout
     rollout_lp = _log_softmax(rollout_logits)
     if spec.top_k is not None:
         kth = np.partition(rollout_logits, vocab - spec.top_k, axis=1)[:, vocab - spec.top_k : vocab - spec.top_k + 1]

@@ -19,6 +19,10 @@ SAMPLES = {
     "train_forgot_temperature.parquet": ("train_forgot_temperature", 3),
     "healthy_t06.parquet": ("healthy_t06", 4),
     "outliers.parquet": ("outliers", 5),
+    "rollout_temperature_only.parquet": ("rollout_temperature_only", 6),
+    "position_drift.parquet": ("position_drift", 7),
+    "step_trend.parquet": ("step_trend", 8),
+    "quantized_4bit.parquet": ("quantized_4bit", 9),
 }
 
 

@@ -90,13 +90,17 @@ def test_pack_help_and_step_columns_come_from_the_catalogue() -> None:
 
 
 def test_checklist_rows_come_from_the_finding_catalogue() -> None:
-    report = rcdiag.analyze(ROOT / "sample_data" / "healthy.parquet", rcdiag.preset("decoupled_token_is"))
+    path = ROOT / "sample_data" / "healthy.parquet"
+    report = rcdiag.analyze(path, rcdiag.preset("decoupled_token_is"), explain=True)
     console = Console(width=400, record=True)
     render_table(report, console)
     text = console.export_text()
     for spec in FINDINGS:
         if spec.check is not None and "analyze" in spec.commands:
             assert spec.code in text
+    plain = Console(width=400, record=True)
+    render_table(rcdiag.analyze(path), plain)
+    assert not any(spec.code in plain.export_text() for spec in FINDINGS if spec.explain)  # rows only with --explain
     assert "IS weights average near 1: rollout_is_mean in [0.5, 2]" in text
     assert "chi2_token <= 1" in text
 

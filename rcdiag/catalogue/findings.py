@@ -33,6 +33,8 @@ class FindingSpec:
     advice: str = ""
     """What to try, appended to the measured facts of the message."""
     commands: tuple[Command, ...] = ("analyze",)
+    explain: bool = False
+    """Given only by ``analyze --explain`` (its checklist rows are shown only then)."""
 
 
 FINDINGS: tuple[FindingSpec, ...] = (
@@ -176,6 +178,47 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "warning",
         "a metric is +inf, -inf or NaN for a reason other than -inf log-probs",
         check="every metric is finite",
+    ),
+    # analyze --explain's bias detectors (rcdiag.explain.detectors; docs/explain.md)
+    FindingSpec(
+        "temperature_mismatch",
+        "warning",
+        "both regression slopes of rollout on trainer log-probs beyond 1 +- SCALE_TOLERANCE by Z standard errors "
+        "(thresholds: rcdiag.explain.detectors)",
+        check="log-probs are not a scaled copy of each other (same temperature on both sides)",
+        advice="Apply the same temperature on both sides: the trainer divides its logits by the rollout's sampling "
+        "temperature, and the rollout engine reports log-probs of the tempered distribution it sampled from.",
+        explain=True,
+    ),
+    FindingSpec(
+        "logprob_offset",
+        "warning",
+        "the capped mean IS ratio is more than OFFSET_MIN (beyond Z standard errors) from 1, with at least "
+        "OFFSET_SHARE_MIN net tokens shifted the same way",
+        check="no systematic shift between the engines' log-probs",
+        advice="Typical cause: log-probs renormalised over top-k/top-p (or another truncated support) on one side "
+        "only; return log-probs of the same distribution on both sides.",
+        explain=True,
+    ),
+    FindingSpec(
+        "position_drift",
+        "warning",
+        "late positions' k3_kl is at least DRIFT_RATIO_MIN times the early positions', pooled and in most row "
+        "groups",
+        check="mismatch does not grow along the response",
+        advice="Numerical noise does not depend on position; look for precision lost with context length "
+        "(KV-cache dtype, RoPE or attention kernels at long context, positions shifted between the engines).",
+        explain=True,
+    ),
+    FindingSpec(
+        "mismatch_trend",
+        "warning",
+        "k3_kl fitted to grow at least TREND_GROWTH_MIN-fold over at least TREND_MIN_STEPS steps, beyond the "
+        "fit's scatter",
+        check="mismatch does not grow across training steps",
+        advice="Mismatch that feeds on itself precedes collapse: correct it now (token or sequence IS, RS) and "
+        "look for the component that drifts with training.",
+        explain=True,
     ),
     FindingSpec(
         "is_weights_unused",

@@ -7,7 +7,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rcdiag.cli.options import ENGINE_FLAGS, MICROBATCH_FLAGS, READ_FLAGS, SaveStateOpt, output_flags
+from rcdiag.cli.options import (
+    ENGINE_FLAGS,
+    MICROBATCH_FLAGS,
+    READ_FLAGS,
+    ExplainOpt,
+    SaveStateOpt,
+    SequencesOpt,
+    WorstOpt,
+    output_flags,
+)
 from rcdiag.cli.params import with_flags
 from rcdiag.io import format_names
 
@@ -29,6 +38,9 @@ def analyze(
         ),
     ],
     save_state: SaveStateOpt = None,
+    explain: ExplainOpt = False,
+    worst: WorstOpt = 10,
+    sequences: SequencesOpt = None,
     *,
     engine: EngineFlags,
     microbatch: MicroBatchSettings | None,
@@ -45,6 +57,7 @@ def analyze(
     * `rcdiag analyze run.parquet --is sequence --is-threshold 5 --batch-normalize`
     * `rcdiag analyze logs/exp_001/` (NeMo-RL `train_data_step*.jsonl`), `rcdiag analyze "dumps/*.pt" --on-bad-row skip`
     * `rcdiag analyze shard-07.parquet --save-state s07.json`, then `rcdiag merge s*.json`
+    * `rcdiag analyze run.parquet --explain --worst 20 --sequences per_response.parquet`
     * `rcdiag analyze run.parquet --verl-version 0.7.1 --rs token_k1 --rs-threshold 1.5 --micro-batch-size 4`
       (would verl's actor crash on a micro-batch?)
 
@@ -56,6 +69,17 @@ def analyze(
 
     config = engine.config()
     state_file = checked_path(save_state, "--save-state")
+    sequences_file = checked_path(sequences, "--sequences")
     with progress(read, out) as on_chunk:
-        report = run_analysis(path, config, read, on_chunk=on_chunk, save_state=state_file, microbatch=microbatch)
+        report = run_analysis(
+            path,
+            config,
+            read,
+            on_chunk=on_chunk,
+            save_state=state_file,
+            explain=explain,
+            worst=worst,
+            sequences=sequences_file,
+            microbatch=microbatch,
+        )
     out.emit(report)

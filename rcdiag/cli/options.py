@@ -174,6 +174,8 @@ COLUMN_ROLES = {
     "mask": "the response mask (1 = valid token)",
     "step": "the training step",
     "seq": "the sequence id of a one-row-per-token dump",
+    "id": "an id naming each response in --explain's worst responses and --sequences (default: uid, sample_id or "
+    "prompt_id; the long layout's sequence id)",
 }
 """``ColumnMap`` field -> what its column holds; each gives ``--<field>-col`` (and ``--<field>-col-a/-b`` in
 compare)."""
@@ -291,6 +293,33 @@ SaveStateOpt = path_option(
     "--save-state",
     "Also write the accumulated state here; `rcdiag merge` combines states of shards into one report.",
     RUN,
+)
+EXPLAIN = "Explain (where the mismatch sits)"
+ExplainOpt = Annotated[
+    bool,
+    typer.Option(
+        "--explain",
+        help="Also break the mismatch down by token position, rollout probability and response length, list the "
+        "worst responses and run the bias detectors (temperature_mismatch, logprob_offset, position_drift, "
+        "mismatch_trend).",
+        rich_help_panel=EXPLAIN,
+    ),
+]
+WorstOpt = Annotated[
+    int,
+    typer.Option(
+        "--worst",
+        metavar="N",
+        min=0,
+        help="Responses in --explain's worst-responses list (largest |sum of log-ratios|); implies --explain.",
+        rich_help_panel=EXPLAIN,
+    ),
+]
+SequencesOpt = path_option(
+    "--sequences",
+    "Write one row per response (log-ratio sum, mean and max, the sequence IS weight, each RS option's statistic "
+    "and verdict) to this Parquet file; implies --explain.",
+    EXPLAIN,
 )
 OUTPUT = "Output"
 FormatName = enum.Enum("FormatName", {name: name for name in FORMATS}, type=str)  # type: ignore[misc]

@@ -31,6 +31,8 @@ class ColumnMap:
     mask: str | None = None
     step: str | None = None
     seq: str | None = None
+    id: str | None = None
+    """A per-response id column (``--id-col``) for reports that name responses; default: ``ID_ALIASES``."""
 
 
 @dataclass
@@ -42,6 +44,8 @@ class Chunk:
     bool before the engine sees it. ``steps`` gives each row's step (``None`` = no step column).
     ``first_row`` is the index of the first row in ``source``, and ``seq_ids`` (long layout) the sequence id of
     each row, both for error messages. ``screened`` marks a chunk whose values were already checked.
+    ``ids`` holds each row's value of the dump's id column, if it has one, and ``rows`` each row's 0-based
+    index in reading order (set by ``rcdiag.explain.number_rows`` before rows can be skipped).
     """
 
     old: np.ndarray
@@ -55,6 +59,11 @@ class Chunk:
     mask_name: str = "response_mask"
     seq_ids: np.ndarray | None = None
     screened: bool = False
+    ids: np.ndarray | None = None
+    rows: np.ndarray | None = None
+
+    PER_ROW = ("steps", "seq_ids", "ids", "rows")
+    """Optional per-row arrays: selecting rows selects these too."""
 
     def where(self, row: int) -> dict:
         """``InputError`` location keywords of local row ``row``."""

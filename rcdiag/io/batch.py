@@ -37,6 +37,11 @@ def step_array(column: pa.Array, name: str, path: str, first_row: int) -> np.nda
     return column.to_numpy().astype(np.int64, copy=False)
 
 
+def id_array(column: pa.Array) -> np.ndarray:
+    """Per-row ids as numpy (strings and nulls as Python objects)."""
+    return column.to_numpy(zero_copy_only=False)
+
+
 def slice_chunks(
     old: np.ndarray,
     rollout: np.ndarray,
@@ -49,6 +54,7 @@ def slice_chunks(
     *,
     first_row: int | None,
     seq_ids: np.ndarray | None = None,
+    ids: np.ndarray | None = None,
 ) -> Iterator[Chunk]:
     """Cut flat whole rows into chunks of at most ``chunk_tokens`` values (a longer row is its own chunk).
     ``first_row`` is the file row of the first row, or ``None`` when rows are not file rows (long layout)."""
@@ -65,4 +71,5 @@ def slice_chunks(
             column_names=(cols.old, cols.rollout),
             mask_name=cols.mask or "response_mask",
             seq_ids=None if seq_ids is None else seq_ids[start:stop],
+            ids=None if ids is None else ids[start:stop],
         )

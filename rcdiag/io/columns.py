@@ -33,6 +33,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 """Recognised names per role, exact and case-sensitive."""
 
+ID_ALIASES = ("uid", "sample_id", "prompt_id")
+"""Per-response id columns, in order of preference (list layouts; the long layout's id is its sequence id)."""
+
 ROLE_FLAGS = {"old": "--old-col", "rollout": "--rollout-col", "mask": "--mask-col", "step": "--step-col",
               "seq": "--seq-col"}  # fmt: skip
 ROLE_KEYS = {"old": "old_log_prob", "rollout": "rollout_log_prob", "mask": "response_mask", "step": "step",
@@ -56,12 +59,16 @@ class Resolved:
     mask: str | None
     step: str | None
     seq: str | None
+    id: str | None = None
+    """The per-response id column (``None``: the dump has none)."""
 
     def used(self, long: bool) -> dict[str, str | None]:
         """``InputFacts.columns``: canonical role name -> column used."""
         out = {ROLE_KEYS[r]: getattr(self, r) for r in ("old", "rollout", "mask", "step")}
         if long:
             out["seq_id"] = self.seq
+        if self.id is not None and not (long and self.id == self.seq):
+            out["id"] = self.id
         return out
 
 
@@ -103,7 +110,12 @@ def resolve(
                 path=path,
             )
         chosen[role] = found[0] if found else None
-    return Resolved(**chosen)  # type: ignore[arg-type]
+    if columns.id is not None and columns.id not in present:
+        raise InputError(
+            f"has no column '{columns.id}' (given with --id-col); columns present: {_list(present)}", path=path
+        )
+    default_id = chosen["seq"] if need_seq else next((name for name in ID_ALIASES if name in present), None)
+    return Resolved(**chosen, id=columns.id or default_id)  # type: ignore[arg-type]
 
 
 def _list(names: Iterable[str]) -> str:

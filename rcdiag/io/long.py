@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from rcdiag.errors import InputError
 from rcdiag.io.arrow_lists import float_values
 from rcdiag.io.base import Chunk
-from rcdiag.io.batch import Batch, mask_array, slice_chunks
+from rcdiag.io.batch import Batch, id_array, mask_array, slice_chunks
 from rcdiag.io.columns import Resolved
 
 IN_MEMORY_FACTOR = 4
@@ -162,8 +162,9 @@ def bucket_chunks(table: pa.Table, cols: Resolved, path: str, chunk_tokens: int)
                 sequence=_plain(seq_ids[row]),
             )
         steps = token_steps[starts]
+    ids = seq_ids if cols.id in (None, cols.seq) else id_array(table.column(cols.id).combine_chunks())[starts]
     yield from slice_chunks(
-        old, rollout, offsets, mask, steps, cols, path, chunk_tokens, first_row=None, seq_ids=seq_ids
+        old, rollout, offsets, mask, steps, cols, path, chunk_tokens, first_row=None, seq_ids=seq_ids, ids=ids
     )
 
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 from rcdiag.errors import InputError
 from rcdiag.io.arrow_lists import check_same_lengths, flatten_list, float_values, is_list_type
 from rcdiag.io.base import Chunk, ColumnMap
-from rcdiag.io.batch import Batch, mask_array, slice_chunks, step_array
+from rcdiag.io.batch import Batch, id_array, mask_array, slice_chunks, step_array
 from rcdiag.io.columns import Resolved, resolve
 
 METADATA_COLUMNS = {
@@ -95,7 +95,8 @@ class TableFile(ABC):
 
     def read_columns(self) -> list[str]:
         cols = self.cols
-        return [name for name in (cols.old, cols.rollout, cols.mask, cols.step, cols.seq) if name is not None]
+        names = [name for name in (cols.old, cols.rollout, cols.mask, cols.step, cols.seq) if name is not None]
+        return names + ([cols.id] if cols.id is not None and cols.id not in names else [])
 
 
 def _mask_candidates(schema: pa.Schema, cols: Resolved) -> tuple[str, ...]:
@@ -184,7 +185,8 @@ def list_chunks(batch: Batch, cols: Resolved, chunk_tokens: int) -> Iterator[Chu
         steps = np.full(data.num_rows, batch.step, dtype=np.int64)
     old = float_values(old_values)
     rollout = float_values(rollout_values)
-    yield from slice_chunks(old, rollout, offsets, mask, steps, cols, path, chunk_tokens, first_row=row)
+    ids = id_array(data.column(cols.id)) if cols.id is not None else None
+    yield from slice_chunks(old, rollout, offsets, mask, steps, cols, path, chunk_tokens, first_row=row, ids=ids)
 
 
 def short(exc: BaseException) -> str:

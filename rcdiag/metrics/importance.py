@@ -104,7 +104,7 @@ class ISMetrics(Accumulator):
     def signature(self) -> tuple:
         return (type(self).__name__, self.spec, self.raw_metrics, self.seq_fraction_applied)
 
-    def _apply(self, b: Backend, raw: Array) -> Array:
+    def apply(self, b: Backend, raw: Array) -> Array:
         """TIS: clamp at U; IcePop: zero outside [L, U]."""
         if self.lower is None:
             return b.clip(raw, None, self.upper)
@@ -116,7 +116,7 @@ class ISMetrics(Accumulator):
         legacy: dict[str, object] = {}
         if self.spec.level == "token":
             raw = block.ratio
-            w = self._apply(b, raw)
+            w = self.apply(b, raw)
             m = raw if self.raw_metrics else w  # the weights the metrics describe
             a = block.row_mean(block.seg.sum(m))
             raw_mean = a if self.raw_metrics else block.row_mean(block.seg.sum(raw))
@@ -134,7 +134,7 @@ class ISMetrics(Accumulator):
         else:
             s = block.seq_log_ratio
             raw_row = b.exp(b.clip(s, -SAFETY_BOUND, SAFETY_BOUND))
-            w_row = self._apply(b, raw_row)
+            w_row = self.apply(b, raw_row)
             m_row = raw_row if self.raw_metrics else w_row
             n = block.row_len
             valid = block.row_valid

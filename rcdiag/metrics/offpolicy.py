@@ -15,6 +15,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from rcdiag.backend import Array
 from rcdiag.config import SAFETY_BOUND
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
 from rcdiag.metrics.block import Block
@@ -70,13 +71,13 @@ class OffPolicyMetrics(Accumulator):
             exp_neg_mr=b.sum(b.exp(-mr)),
             neg_mr=-b.sum(mr),
             neg_lr=-b.sum(block.row_sum_lr),
-            k3=_k3_sum(block),
+            k3=b.sum(k3_terms(block)),
             delta=b.sum(delta),
             abs_delta=b.sum(b.abs(delta)),
             delta_max=b.max(delta),
             delta_min=b.min(delta),
             exp_delta=b.sum(b.exp(delta)),
-            chi2_token=b.sum(block.ratio_minus_one * (block.ratio_minus_one + 2.0)),
+            chi2_token=b.sum(chi2_terms(block)),
             chi2_seq=b.sum(b.expm1(2.0 * b.clip(s, -SAFETY_BOUND, SAFETY_BOUND))),
         )
 
@@ -88,11 +89,12 @@ class OffPolicyMetrics(Accumulator):
         rows, tokens = st["rows"], st["tokens"]
         if tokens == 0:
             return dict.fromkeys(OFFPOLICY_KEYS), []
+        token_level = token_metrics(tokens, -st["neg_lr"], st["k3"], st["chi2_token"])
         values = {
             "training_ppl": st["exp_neg_mo"] / rows,
             "training_log_ppl": st["neg_mo"] / rows,
-            "kl": st["neg_lr"] / tokens,
-            "k3_kl": st["k3"] / tokens,
+            "kl": token_level["kl"],
+            "k3_kl": token_level["k3_kl"],
             "rollout_ppl": st["exp_neg_mr"] / rows,
             "rollout_log_ppl": st["neg_mr"] / rows,
             "log_ppl_diff": st["delta"] / rows,
@@ -100,22 +102,37 @@ class OffPolicyMetrics(Accumulator):
             "log_ppl_diff_max": st["delta_max"],
             "log_ppl_diff_min": st["delta_min"],
             "ppl_ratio": st["exp_delta"] / rows,
-            "chi2_token": st["chi2_token"] / tokens,
+            "chi2_token": token_level["chi2_token"],
             "chi2_seq": st["chi2_seq"] / rows,
         }
         return values, []
 
 
-def _k3_sum(block: Block) -> float:
-    """Sum of e^lr - 1 - lr over the block's tokens, unclamped as in verl, in float64 from ``expm1``; inf for a
-    log-ratio whose e^lr overflows float32, as in verl. When no log-ratio reaches the clamp, ``e^d - 1`` is the
-    one already computed for the block; the values are the same either way, so the result does not depend on how
-    rows fall into blocks."""
-    b = block.b
-    if block.within_clamp:
-        return b.sum(block.ratio_minus_one - block.lr_safe64)
-    lr = b.to_float64(block.lr)
-    return b.sum(b.where(lr > _LOG_F32_MAX, math.inf, b.expm1(lr) - lr))
+def token_metrics(tokens: float, lr_sum: float, k3_sum: float, chi2_sum: float) -> dict[str, float]:
+    """verl's token-weighted off-policy metrics from sums of the per-token terms over any set of valid tokens (a
+    batch, or one bucket of ``analyze --explain``'s breakdowns): kl = mean(rollout - old), k3_kl = mean of
+    ``k3_terms``, chi2_token = mean of ``chi2_terms``."""
+    return {"kl": -lr_sum / tokens, "k3_kl": k3_sum / tokens, "chi2_token": chi2_sum / tokens}
+
+
+def k3_terms(block: Block) -> Array:
+    """Per token, e^lr - 1 - lr, unclamped as in verl, in float64 from ``expm1``; inf for a log-ratio whose e^lr
+    overflows float32, as in verl. When no log-ratio reaches the clamp, ``e^d - 1`` is the one already computed
+    for the block; the values are the same either way, so no sum depends on how rows fall into blocks."""
+
+    def compute() -> Array:
+        b = block.b
+        if block.within_clamp:
+            return block.ratio_minus_one - block.lr_safe64
+        lr = b.to_float64(block.lr)
+        return b.where(lr > _LOG_F32_MAX, math.inf, b.expm1(lr) - lr)
+
+    return block.memo(("k3_terms",), compute)
+
+
+def chi2_terms(block: Block) -> Array:
+    """Per token, ratio^2 - 1 of the clamped log-ratio, as ``(e^d - 1)(e^d + 1)`` in float64 (no cancellation)."""
+    return block.memo(("chi2_terms",), lambda: block.ratio_minus_one * (block.ratio_minus_one + 2.0))
 
 
 _LOG_F32_MAX = math.log(float(np.finfo(np.float32).max))

@@ -57,6 +57,8 @@ class Rejection:
     states: dict[str, float | tuple]
     token_mask: Callable[[], Array] | None = None
     rows: Array | None = None
+    seq_value: Array | None = None
+    """The per-row statistic (for token options: the row mean of the token statistic), float64."""
 
 
 def rejection(block: Block, option: RSOption) -> Rejection:
@@ -103,6 +105,7 @@ def _reject(block: Block, opt: RSOption) -> Rejection:
             "masked_rows": b.count(reject),
         }
         result = Rejection(masked_tokens=masked_tokens, rows_hit=reject, states=states, rows=reject)
+    result.seq_value = seq_value
     v = seq_value[valid] if block.n_valid_rows < block.n_rows else seq_value
     result.states.update(
         tokens=block.n_tokens,

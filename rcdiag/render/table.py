@@ -54,6 +54,10 @@ def render_table(report: Report, console: Console) -> None:
         for part in microbatch_section(report.microbatch, report.metrics):
             console.print(part)
     console.print(_checklist(report))
+    if report.explain is not None:
+        from rcdiag.render.explain_table import render_explain
+
+        render_explain(report, console)
     for finding in report.findings:
         style = _SEVERITY_STYLE[finding.severity]
         console.print(
@@ -188,11 +192,12 @@ def _trend_table(report: Report) -> Table:
     return table
 
 
-def _checks() -> list[tuple[str, str | None, str]]:
-    """(code, full metric key or None, label) of every checklist row, from the finding catalogue."""
+def _checks(*, explain: bool = False) -> list[tuple[str, str | None, str]]:
+    """(code, full metric key or None, label) of every checklist row, from the finding catalogue; ``--explain``'s
+    detectors only when they ran."""
     rows = []
     for spec in FINDINGS:
-        if spec.check is None or "analyze" not in spec.commands:
+        if spec.check is None or "analyze" not in spec.commands or (spec.explain and not explain):
             continue
         needed = metric(spec.metric) if spec.metric is not None else None
         label = spec.check
@@ -212,7 +217,7 @@ def _checklist(report: Report) -> Table:
     table.add_column("check")
     table.add_column("code", style="dim")
     table.add_column("where", overflow="fold")
-    for code, key, label in _checks():
+    for code, key, label in _checks(explain=report.explain is not None):
         if key and key not in report.metrics:
             table.add_row(
                 Text("–", style="dim"),

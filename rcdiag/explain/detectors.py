@@ -1,0 +1,323 @@
+"""The four ``--explain`` detectors: statistic, threshold and evidence (docs/findings.md argues each threshold).
+
+Every detector returns at most one ``Finding`` whose message quotes its evidence and whose ``evidence`` dict
+holds the same numbers for machines. Noise is measured, not assumed: the sums are kept per row group
+(``breakdowns.GROUPS``, whole responses as the independent units) and the spread between groups gives a
+standard error; a detector fires only when its effect is large *and* beyond ``Z`` standard errors of that.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rcdiag.catalogue.findings import FINDINGS, finding
+from rcdiag.explain.breakdowns import DOUBLING_EDGES, N_DOUBLING, bucket_metrics
+from rcdiag.explain.state import ExplainState
+from rcdiag.explain.statistics import RATIO_CAP, SHIFT_TOL, OffsetSums, ScaleSums, group_spread
+from rcdiag.report import Finding
+
+DETECTORS = tuple(spec.code for spec in FINDINGS if spec.explain)
+"""The detectors' codes, in catalogue order (their wording and advice live in the finding catalogue)."""
+
+Z = 3.0
+"""Standard errors an effect must clear beyond its threshold."""
+MIN_TOKENS = 2000
+"""Fewer valid tokens than this (in the compared sets) leave a detector silent."""
+MIN_GROUPS = 8
+"""Row groups with data needed for a standard error."""
+
+SCALE_TOLERANCE = 0.10
+"""temperature_mismatch: both regression slopes beyond 1 +- this (a temperature ratio within 0.9-1.1 is not flagged)."""
+OFFSET_MIN = 0.02
+"""logprob_offset: the capped mean IS ratio must sit this far from 1 (a 2% probability-mass shift)."""
+OFFSET_SHARE_MIN = 0.25
+"""logprob_offset: net share of tokens shifted in the offset's direction."""
+DRIFT_RATIO_MIN = 3.0
+"""position_drift: late-position k3 KL over early-position k3 KL ('several times')."""
+DRIFT_LOWER_MIN = 2.0
+DRIFT_GROUP_SHARE = 0.8
+"""position_drift: at least this share of row groups must have a late/early ratio above DRIFT_LOWER_MIN."""
+DRIFT_FLOOR = 1e-5
+"""position_drift: late k3 KL below this is numerically negligible whatever its growth."""
+EARLY_BUCKETS = (0, 1)
+"""Positions [0, 64)."""
+LATE_FROM = 4
+"""Positions from 256 on."""
+TREND_MIN_STEPS = 4
+TREND_GROWTH_MIN = 2.0
+"""mismatch_trend: fitted growth of k3_kl over the steps analysed."""
+TREND_T_MIN = 4.0
+"""mismatch_trend: the growth rate in standard errors of the fit (residual scatter)."""
+TREND_HALVES_MIN = 1.4
+"""mismatch_trend: the median k3_kl of the later half of the steps over that of the earlier half (one spiking
+step cannot move a median)."""
+KL_WARN = 0.1
+CHI2_WARN = 1.0
+"""verl's warning thresholds (|kl| > 0.1, chi2_token > 1.0) projected by the trend."""
+
+
+def detect(state: ExplainState, steps: Sequence[tuple[int, dict[str, float | None]]]) -> list[Finding]:
+    """Every detector's finding (none on a healthy dump)."""
+    found = [temperature_mismatch(state.scale), logprob_offset(state.offset), position_drift(state)]
+    found.append(mismatch_trend(steps))
+    return [f for f in found if f is not None]
+
+
+def _finding(code: str, facts: str, value: float, threshold: float, evidence: dict[str, Any]) -> Finding:
+    """The measured ``facts`` followed by the catalogue's advice."""
+    spec = finding(code)
+    message = f"{facts} {spec.advice}"
+    return Finding(code, spec.severity, message, metric=None, value=value, threshold=threshold, evidence=evidence)
+
+
+# ------------------------------------------------------------------------------------------- temperature
+
+
+def temperature_mismatch(scale: ScaleSums) -> Finding | None:
+    """Rollout log-probs a scaled copy of the trainer's: both regression slopes on the same side of 1.
+
+    y = rollout, x = old. Pure noise (on either side) puts the true slope at 1, and with errors in both
+    variables the true slope lies between the y-on-x slope and the inverse x-on-y slope; so noise, however heavy,
+    leaves 1 inside that bracket. A temperature applied on one side scales every log-prob: both slopes move.
+    """
+    total = scale.sums.sum(axis=0)
+    slopes = ScaleSums.slopes(total)
+    n = float(total[0])
+    if slopes is None or n < MIN_TOKENS:
+        return None
+    per_group = [ScaleSums.slopes(row) for row in scale.sums if row[0] >= 2]
+    per_group = [s for s in per_group if s is not None]
+    if len(per_group) < MIN_GROUPS:
+        return None
+    low, high = sorted(slopes[:2])
+    se_low = group_spread([math.log(min(s[:2])) for s in per_group])
+    se_high = group_spread([math.log(max(s[:2])) for s in per_group])
+    ratio = slopes[2]
+    interval = (low * math.exp(-Z * se_low), high * math.exp(Z * se_high))
+    if interval[0] > 1.0 + SCALE_TOLERANCE:
+        direction = "sharper"
+    elif interval[1] < 1.0 - SCALE_TOLERANCE:
+        direction = "flatter"
+    else:
+        return None
+    evidence = {
+        "ratio": ratio,
+        "interval": list(interval),
+        "slope_rollout_on_train": slopes[0],
+        "slope_inverse_train_on_rollout": slopes[1],
+        "tokens": int(n),
+        "tolerance": SCALE_TOLERANCE,
+    }
+    side = (
+        "the rollout engine sampled at a lower temperature than the trainer scored at (or the trainer forgot to "
+        "divide by it)"
+        if direction == "sharper"
+        else "the trainer divided by a lower temperature than the rollout engine sampled at"
+    )
+    message = (
+        f"the rollout log-probs are a scaled copy of the trainer's: rollout ~ {ratio:.3g} x train + c "
+        f"(regression slopes {low:.3g}..{high:.3g}, interval {interval[0]:.3g}..{interval[1]:.3g} over "
+        f"{int(n):,} tokens; numerical noise keeps 1 inside). The rollout distribution is {direction}: {side}. "
+        "The slope understates T_train/T_rollout (each position's normaliser differs), so read it as direction "
+        "and a lower bound on the size."
+    )
+    return _finding("temperature_mismatch", message, ratio, SCALE_TOLERANCE, evidence)
+
+
+# ------------------------------------------------------------------------------------------------ offset
+
+
+def logprob_offset(offset: OffsetSums) -> Finding | None:
+    """A systematic shift: the capped mean IS ratio away from 1, carried by a large share of tokens.
+
+    When both sides are proper distributions over the same tokens, the mean IS ratio pi_train/pi_rollout of
+    tokens sampled from the rollout is exactly 1 in expectation, whatever the noise or temperature. Log-probs
+    renormalised over top-k/top-p on one side are not: the mean ratio is the kept probability mass. Capping
+    each ratio at RATIO_CAP keeps a few outlier tokens from moving it.
+    """
+    n_col, capped, up, down = (offset.column(name) for name in OffsetSums.NAMES)
+    n = float(n_col.sum())
+    if n < MIN_TOKENS:
+        return None
+    mean_ratio = float(capped.sum()) / n
+    groups = [c / k for c, k in zip(capped, n_col, strict=True) if k > 0]
+    if len(groups) < MIN_GROUPS or not math.isfinite(mean_ratio):  # NaN log-ratios (-inf on both sides)
+        return None
+    se = group_spread(groups)
+    share = float(up.sum() - down.sum()) / n
+    gap = 1.0 - mean_ratio
+    if abs(gap) - Z * se <= OFFSET_MIN or abs(share) < OFFSET_SHARE_MIN or (gap > 0) != (share > 0):
+        return None
+    estimate = -math.log(mean_ratio) if mean_ratio > 0 else math.inf
+    higher = "rollout" if gap > 0 else "trainer"
+    evidence = {
+        "offset": estimate,
+        "mean_capped_ratio": mean_ratio,
+        "std_error": se,
+        "share_shifted": abs(share),
+        "share_rollout_higher": float(up.sum()) / n,
+        "share_trainer_higher": float(down.sum()) / n,
+        "tokens": int(n),
+        "ratio_cap": RATIO_CAP,
+    }
+    message = (
+        f"the {higher} side's log-probs sit systematically higher: estimated offset {abs(estimate):.3g} nats "
+        f"(mean IS ratio, capped at {RATIO_CAP:.3g}, is {mean_ratio:.4g} +- {se:.2g}; it is 1 whenever both sides "
+        f"are proper distributions over the same tokens), and {abs(share):.0%} more tokens are shifted up than "
+        f"down by more than {SHIFT_TOL} nats."
+    )
+    return _finding("logprob_offset", message, abs(estimate), OFFSET_MIN, evidence)
+
+
+# -------------------------------------------------------------------------------------------- position
+
+
+def _k3(sums: np.ndarray) -> float | None:
+    value = bucket_metrics(sums)["k3_kl"]
+    return value if value is not None and value > 0 else None
+
+
+def position_drift(state: ExplainState) -> Finding | None:
+    """Late positions' k3 KL several times the early positions', in the pooled data and in most row groups.
+
+    Position-independent mismatch gives every row group a late/early ratio scattered around 1. Requiring the
+    pooled ratio *and* the median group's ratio to reach DRIFT_RATIO_MIN, and DRIFT_GROUP_SHARE of the groups
+    to exceed DRIFT_LOWER_MIN, keeps a few outlier tokens (which land in one or two groups) from firing it.
+    """
+    per_group = state.breakdowns.position_sums  # (GROUPS, buckets, sums)
+    early = per_group[:, list(EARLY_BUCKETS)].sum(axis=1)
+    late = per_group[:, LATE_FROM:].sum(axis=1)
+    k3_early, k3_late = _k3(early.sum(axis=0)), _k3(late.sum(axis=0))
+    if k3_early is None or k3_late is None or early[:, 0].sum() < MIN_TOKENS or late[:, 0].sum() < MIN_TOKENS:
+        return None
+    ratio = k3_late / k3_early
+    if not math.isfinite(ratio):  # k3_kl overflows with a log-ratio above ~88 (metric_not_finite says so)
+        return None
+    group_ratios = []
+    for group_early, group_late in zip(early, late, strict=True):
+        ke, kl = _k3(group_early), _k3(group_late)
+        if ke is not None and kl is not None:
+            group_ratios.append(kl / ke)
+    if len(group_ratios) < MIN_GROUPS:
+        return None
+    median = float(np.median(group_ratios))
+    share = float(np.mean([r > DRIFT_LOWER_MIN for r in group_ratios]))
+    if ratio < DRIFT_RATIO_MIN or median < DRIFT_RATIO_MIN or share < DRIFT_GROUP_SHARE or k3_late < DRIFT_FLOOR:
+        return None
+    growth = _growth_per_doubling(per_group.sum(axis=0))
+    evidence = {
+        "ratio": ratio,
+        "median_group_ratio": median,
+        "groups_above": share,
+        "k3_kl_early": k3_early,
+        "k3_kl_late": k3_late,
+        "early_positions": [DOUBLING_EDGES[EARLY_BUCKETS[0]], DOUBLING_EDGES[EARLY_BUCKETS[-1] + 1]],
+        "late_from": DOUBLING_EDGES[LATE_FROM],
+        "growth_per_doubling": growth,
+        "tokens_early": int(early[:, 0].sum()),
+        "tokens_late": int(late[:, 0].sum()),
+    }
+    message = (
+        f"mismatch grows along the response: k3_kl is {k3_late:.3g} at positions >= {DOUBLING_EDGES[LATE_FROM]} "
+        f"against {k3_early:.3g} at positions < 64 ({ratio:.3g}x; {median:.3g}x in the median of "
+        f"{len(group_ratios)} row groups, {share:.0%} of them above {DRIFT_LOWER_MIN:g}x), about {growth:.3g}x per "
+        "doubling of position."
+    )
+    return _finding("position_drift", message, ratio, DRIFT_RATIO_MIN, evidence)
+
+
+def _growth_per_doubling(position: np.ndarray) -> float:
+    """exp of the token-weighted least-squares slope of log k3_kl over position buckets (one per doubling)."""
+    xs, ys, ws = [], [], []
+    total = position[:, 0].sum()
+    for k in range(N_DOUBLING):
+        value = _k3(position[k])
+        if value is not None and position[k, 0] >= 0.01 * total:
+            xs.append(k)
+            ys.append(math.log(value))
+            ws.append(position[k, 0])
+    if len(xs) < 2:
+        return math.nan
+    slope = np.polyfit(xs, ys, 1, w=np.sqrt(ws))[0]
+    return float(math.exp(slope))
+
+
+# -------------------------------------------------------------------------------------------------- trend
+
+
+def mismatch_trend(steps: Sequence[tuple[int, dict[str, float | None]]]) -> Finding | None:
+    """k3_kl growing exponentially across steps: a fitted growth of >= 2x that clears the fit's own scatter."""
+    points = [(s, m.get("rollout_corr/k3_kl")) for s, m in steps]
+    points = [(s, v) for s, v in points if v is not None and v > 0]
+    if len(points) < TREND_MIN_STEPS:
+        return None
+    x = np.array([p[0] for p in points], dtype=np.float64)
+    y = np.log([p[1] for p in points])
+    slope, _, se = _fit(x, y)
+    span = float(x[-1] - x[0])
+    growth = math.exp(slope * span)
+    t = slope / se if se > 0 else math.inf
+    half = len(points) // 2
+    values = [v for _, v in points]
+    halves = float(np.median(values[-half:]) / np.median(values[:half]))
+    if growth < TREND_GROWTH_MIN or t < TREND_T_MIN or halves < TREND_HALVES_MIN:
+        return None
+    crossing = {
+        "kl": _crossing(steps, "rollout_corr/kl", KL_WARN),
+        "chi2_token": _crossing(steps, "rollout_corr/chi2_token", CHI2_WARN),
+    }
+    evidence = {
+        "metric": "rollout_corr/k3_kl",
+        "steps": [int(s) for s, _ in points],
+        "values": [float(v) for _, v in points],
+        "growth_per_step": math.exp(slope),
+        "growth_over_run": growth,
+        "t": t if math.isfinite(t) else None,
+        "halves_ratio": halves,
+        "crossing_step": crossing,
+    }
+    limits = (KL_WARN, CHI2_WARN)
+    when = "; ".join(f"{k} > {w} {_when(c)}" for (k, c), w in zip(crossing.items(), limits, strict=True))
+    message = (
+        f"mismatch grows across training steps: k3_kl rises {math.exp(slope):.3g}x per step ({growth:.3g}x from "
+        f"step {int(x[0])} to {int(x[-1])}, {t:.3g} standard errors of the fit). At this rate verl's warnings "
+        f"trip: {when}."
+    )
+    return _finding("mismatch_trend", message, math.exp(slope), TREND_GROWTH_MIN, evidence)
+
+
+def _fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    """Least-squares slope, intercept and the slope's standard error."""
+    xm, ym = x.mean(), y.mean()
+    sxx = float(((x - xm) ** 2).sum())
+    slope = float(((x - xm) * (y - ym)).sum() / sxx) if sxx > 0 else 0.0
+    intercept = float(ym - slope * xm)
+    residual = y - (intercept + slope * x)
+    dof = len(x) - 2
+    se = math.sqrt(float((residual**2).sum()) / dof / sxx) if dof > 0 and sxx > 0 else math.inf
+    return slope, intercept, se
+
+
+def _crossing(steps: Sequence[tuple[int, dict[str, float | None]]], key: str, threshold: float) -> dict[str, Any]:
+    """When the metric's exponential fit reaches ``threshold`` (``already`` if the last step is above it)."""
+    points = [(s, m.get(key)) for s, m in steps]
+    points = [(s, abs(v)) for s, v in points if v is not None and v != 0]
+    if len(points) < TREND_MIN_STEPS:
+        return {"step": None, "already": False}
+    if points[-1][1] > threshold:
+        return {"step": int(points[-1][0]), "already": True}
+    x = np.array([p[0] for p in points], dtype=np.float64)
+    slope, intercept, _ = _fit(x, np.log([p[1] for p in points]))
+    if slope <= 0:
+        return {"step": None, "already": False}
+    return {"step": math.ceil((math.log(threshold) - intercept) / slope), "already": False}
+
+
+def _when(crossing: dict[str, Any]) -> str:
+    if crossing["already"]:
+        return f"already at step {crossing['step']}"
+    return f"around step {crossing['step']}" if crossing["step"] is not None else "not projected"

@@ -1,0 +1,145 @@
+"""The mergeable state of ``analyze --explain``: breakdowns, worst responses and the detectors' sums.
+
+One ``ExplainState`` covers the whole dump (not one per step). It sees every block the engine folds in, with
+its rows' list lengths and mask (which place each valid token in its response) and each row's number in
+reading order. Merging treats the other state's rows as following this one's (worker parts and shard states
+merge in reading order), so row numbers stay global.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rcdiag.errors import ConfigError
+from rcdiag.explain.breakdowns import DOUBLING_EDGES, GROUPS, PROB_EDGES, SUMS, Breakdowns
+from rcdiag.explain.statistics import RATIO_CAP, SHIFT_TOL, OffsetSums, ScaleSums, row_groups
+from rcdiag.explain.worst import DEFAULT_WORST, WorstResponses
+from rcdiag.io.base import Chunk
+from rcdiag.metrics.block import Block
+
+
+@dataclass(frozen=True)
+class ExplainOptions:
+    """What ``--explain`` computes beyond its defaults: the worst-list size and the per-response file."""
+
+    worst: int = DEFAULT_WORST
+    sequences: str | Path | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.worst, bool) or not isinstance(self.worst, int) or self.worst < 0:
+            raise ConfigError(f"worst must be 0 or more responses, got {self.worst}.")
+
+    @classmethod
+    def of(cls, explain: bool, worst: int, sequences: str | Path | None) -> ExplainOptions | None:
+        """The options, or ``None`` when explain is off (a non-default ``worst`` or a ``sequences`` file turn it
+        on)."""
+        if not explain and worst == DEFAULT_WORST and sequences is None:
+            return None
+        return cls(worst, sequences)
+
+
+@dataclass(frozen=True)
+class RowContext:
+    """What the engine knows about a block's rows beyond the block itself."""
+
+    lengths: np.ndarray
+    """List length of each row (padding included)."""
+    mask: np.ndarray | None
+    """The rows' boolean mask over all their positions (``None``: every position valid)."""
+    rows: np.ndarray
+    ids: np.ndarray | None
+    step: int | None
+
+
+def explain_layout() -> str:
+    """A short signature of what the state's arrays mean (bucket edges, sums, groups, statistics): a state file
+    written under another layout is refused rather than merged into numbers that mean something else."""
+    declared = [
+        list(SUMS), GROUPS, list(DOUBLING_EDGES), list(PROB_EDGES), list(ScaleSums.NAMES), list(OffsetSums.NAMES),
+        RATIO_CAP, SHIFT_TOL,
+    ]  # fmt: skip
+    return hashlib.sha256(json.dumps(declared).encode()).hexdigest()[:16]
+
+
+class ExplainState:
+    """Everything ``--explain`` accumulates."""
+
+    def __init__(self, worst: int = DEFAULT_WORST) -> None:
+        self.breakdowns = Breakdowns()
+        self.worst = WorstResponses(worst)
+        self.scale = ScaleSums()
+        self.offset = OffsetSums()
+        self.rows_read = 0
+        """Rows numbered so far in reading order, skipped rows included (the next row's number)."""
+        self.observers: list[Any] = []
+        """Per-row consumers (the ``--sequences`` writer); not part of the state."""
+        self.part_rows: list[int] = []
+        """Rows read by each worker part, in order (``--workers``; for the ``--sequences`` row numbers)."""
+
+    def update(self, block: Block, context: RowContext) -> None:
+        """Fold in a block (numpy backend) of whole rows."""
+        groups = row_groups(block)
+        self.breakdowns.update(block, context.lengths, context.mask, groups)
+        self.scale.update(block, groups)
+        self.offset.update(block, groups)
+        self.worst.update(block, context)
+        for observer in self.observers:
+            observer(block, context)
+
+    def number(self, chunk: Chunk) -> Chunk:
+        """Give a chunk's rows their numbers in reading order (before any can be skipped)."""
+        chunk.rows = np.arange(self.rows_read, self.rows_read + chunk.n_rows, dtype=np.int64)
+        self.rows_read += chunk.n_rows
+        return chunk
+
+    def merge(self, other: ExplainState) -> ExplainState:
+        """Fold in the state of rows read after this state's rows; returns ``self``."""
+        if other.worst.n != self.worst.n:
+            raise ValueError(f"cannot merge a worst-{other.worst.n} list into a worst-{self.worst.n} list")
+        self.breakdowns.merge(other.breakdowns)
+        self.scale.merge(other.scale)
+        self.offset.merge(other.offset)
+        self.worst.merge(other.worst, row_offset=self.rows_read)
+        self.rows_read += other.rows_read
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "layout": explain_layout(),
+            "rows_read": self.rows_read,
+            "breakdowns": self.breakdowns.state_dict(),
+            "worst": self.worst.state_dict(),
+            "scale": self.scale.state_dict(),
+            "offset": self.offset.state_dict(),
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> ExplainState:
+        if state.get("layout") != explain_layout():
+            raise ValueError(
+                f"its --explain state has layout {state.get('layout')}, this rcdiag's is {explain_layout()}; "
+                "analyze the shard again with this version"
+            )
+        out = cls(int(state["worst"]["n"]))
+        out.rows_read = int(state["rows_read"])
+        out.breakdowns.load_state_dict(state["breakdowns"])
+        out.worst.load_state_dict(state["worst"])
+        out.scale.load_state_dict(state["scale"])
+        out.offset.load_state_dict(state["offset"])
+        return out
+
+
+def number_rows(chunks: Iterable[Chunk], state: ExplainState | None) -> Iterator[Chunk]:
+    """Number rows in reading order as they are read (a no-op without ``--explain``)."""
+    if state is None:
+        yield from chunks
+        return
+    for chunk in chunks:
+        yield state.number(chunk)

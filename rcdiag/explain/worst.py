@@ -1,0 +1,139 @@
+"""The N responses with the largest |sum of log-ratios|, kept in a bounded heap (never every response).
+
+A response's log-ratio sum S = sum over valid tokens of (old_log_prob - rollout_log_prob) is verl's sequence
+log-ratio (the log of the sequence IS ratio). Ties are broken by the earlier row, so the list does not depend on
+how rows were split into chunks or workers; merging keeps the N largest of both lists.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from rcdiag.metrics.block import Block
+
+DEFAULT_WORST = 10
+
+
+@dataclass(frozen=True)
+class WorstResponse:
+    """One response of the worst-responses list (the JSON ``worst_sequences`` entry)."""
+
+    row: int
+    step: int | None
+    id: Any
+    length: int
+    """Valid tokens."""
+    log_ratio_sum: float
+    max_abs_log_ratio: float | None
+    position_of_max: int | None
+    old_log_prob_at_max: float | None
+    rollout_log_prob_at_max: float | None
+
+    @property
+    def key(self) -> tuple[float, int]:
+        """Heap order: larger |S| first, then the earlier row (NaN counts as the most extreme)."""
+        size = abs(self.log_ratio_sum)
+        return (math.inf if size != size else size, -self.row)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
+
+
+class WorstResponses:
+    """Bounded min-heap of the ``n`` most extreme responses."""
+
+    def __init__(self, n: int = DEFAULT_WORST) -> None:
+        self.n = n
+        self.heap: list[tuple[tuple[float, int], WorstResponse]] = []
+
+    def _floor(self) -> float:
+        return self.heap[0][0][0] if len(self.heap) >= self.n else -math.inf
+
+    def update(self, block: Block, context: Any) -> None:
+        """Offer a (numpy) block's responses; only those that could enter the heap are looked at closely."""
+        if self.n == 0 or block.n_rows == 0:
+            return
+        size = np.abs(block.row_sum_lr)
+        size = np.where(np.isnan(size), np.inf, size)
+        candidates = np.flatnonzero(size >= self._floor())
+        if candidates.size > self.n:
+            top = np.argpartition(-size[candidates], self.n - 1)[: self.n]
+            cut = size[candidates[top]].min()
+            candidates = candidates[size[candidates] >= cut]  # keep ties: the row order decides them
+        if not candidates.size:
+            return
+        starts = np.zeros(block.n_rows + 1, dtype=np.int64)
+        np.cumsum(block.row_len.astype(np.int64), out=starts[1:])
+        list_starts = np.zeros(block.n_rows + 1, dtype=np.int64)
+        np.cumsum(context.lengths, out=list_starts[1:])
+        ids = context.ids
+        for i in candidates.tolist():
+            lo, hi = int(starts[i]), int(starts[i + 1])
+            mask = None if context.mask is None else context.mask[list_starts[i] : list_starts[i + 1]]
+            identifier = None if ids is None else ids[i]
+            self.offer(_describe(block, i, lo, hi, mask, int(context.rows[i]), identifier, context.step))
+
+    def offer(self, entry: WorstResponse) -> None:
+        item = (entry.key, entry)
+        if len(self.heap) < self.n:
+            heapq.heappush(self.heap, item)
+        elif item[0] > self.heap[0][0]:
+            heapq.heapreplace(self.heap, item)
+
+    def merge(self, other: WorstResponses, row_offset: int = 0) -> None:
+        """Fold in another list whose rows follow this one's (their row numbers shift by ``row_offset``)."""
+        for _, entry in other.heap:
+            self.offer(_shifted(entry, row_offset))
+
+    def entries(self) -> list[WorstResponse]:
+        """Most extreme first."""
+        return [entry for _, entry in sorted(self.heap, key=lambda item: item[0], reverse=True)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "entries": [_plain(asdict(entry)) for entry in self.entries()]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.n = int(state["n"])
+        self.heap = []
+        for data in state["entries"]:
+            self.offer(WorstResponse(**data))
+
+
+def _describe(
+    block: Block, i: int, lo: int, hi: int, mask: np.ndarray | None, row: int, identifier: Any, step: int | None
+) -> WorstResponse:
+    """The entry of row ``i`` (its valid tokens are ``lo:hi`` of the block; ``mask`` is its list's mask)."""
+    s = float(block.row_sum_lr[i])
+    if hi == lo:
+        return WorstResponse(row, step, _plain(identifier), 0, s, None, None, None, None)
+    lr = block.lr[lo:hi]
+    at = int(np.argmax(np.abs(lr)))
+    return WorstResponse(
+        row=row,
+        step=step,
+        id=_plain(identifier),
+        length=hi - lo,
+        log_ratio_sum=s,
+        max_abs_log_ratio=float(abs(lr[at])),
+        position_of_max=at if mask is None else int(np.flatnonzero(mask)[at]),
+        old_log_prob_at_max=float(block.old[lo + at]),
+        rollout_log_prob_at_max=float(block.rollout[lo + at]),
+    )
+
+
+def _shifted(entry: WorstResponse, offset: int) -> WorstResponse:
+    if not offset:
+        return entry
+    return WorstResponse(**{**asdict(entry), "row": entry.row + offset})
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars as Python values (JSON and state files)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value.item() if isinstance(value, np.generic) else value
