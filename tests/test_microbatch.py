@@ -244,6 +244,8 @@ def test_legacy_actor_path_is_verl_0_7_1s(config: dict, micro: MicroBatchSetting
 @pytest.mark.parametrize("version", ["0.7.1", "0.9.1"])
 @pytest.mark.parametrize(
     "config", [*RS_CONFIGS, {"rollout_is": "token", "rollout_rs": "token_k1", "rollout_rs_threshold": 1.5},
+               # every key of a seq_max_* option contains "max": verl reduces even its _mean and _min by np.max
+               {"rollout_rs": "seq_max_k3", "rollout_rs_threshold": 0.5},
                {"rollout_is": "sequence", "rollout_is_threshold": 5.0}]
 )  # fmt: skip
 @pytest.mark.parametrize(
