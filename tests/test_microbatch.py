@@ -397,3 +397,15 @@ def test_chunking_does_not_change_the_split(seed: int, chunk: int, tmp_path_fact
     micro = MicroBatchSettings(micro_batch_size=2, dp_size=2)
     whole = analyze(path, config, microbatch=micro).to_dict()["microbatch"]
     assert analyze(path, config, microbatch=micro, chunk_tokens=chunk).to_dict()["microbatch"] == whole
+
+
+def test_table_per_step_section(capsys: pytest.CaptureFixture) -> None:
+    path = str(ROOT / "sample_data" / "outliers.parquet")
+    out = run(capsys, "analyze", path, "--verl-version", "0.7.1", "--preset", "decoupled_k3_rs", "--micro-batch-size",
+              "8")[1]  # fmt: skip
+    data = json.loads(run(capsys, "analyze", path, "--verl-version", "0.7.1", "--preset", "decoupled_k3_rs",
+                          "--micro-batch-size", "8", "--format", "json")[1])  # fmt: skip
+    assert "Per step: micro-batches, crashes" in out and "No micro-batch would crash either path (48" in out
+    assert "verl 0.7.1 logged the actor's values" in out
+    first = data["microbatch"]["steps"][0]["legacy_metrics"]["rollout_corr/kl"]
+    assert f"{first:.6g}" in out

@@ -9,6 +9,7 @@ from rich.text import Text
 
 from rcdiag.microbatch import MicroBatchReport
 from rcdiag.microbatch.simulate import LEGACY_ASSERT
+from rcdiag.report import Report
 
 MAX_CRASH_ROWS = 20
 PATHS = {
@@ -19,8 +20,10 @@ PATHS = {
 }
 
 
-def microbatch_section(report: MicroBatchReport, whole: dict[str, float | None]) -> list[RenderableType]:
-    """Renderables for ``report``; ``whole`` holds the whole-batch metrics (for a dump without steps)."""
+def microbatch_section(full: Report) -> list[RenderableType]:
+    """Renderables for the micro-batch section of ``full`` (which has one)."""
+    report = full.microbatch
+    assert report is not None
     settings = ", ".join(f"{k}={v}" for k, v in report.settings.to_dict().items() if v not in (None, False))
     head = Text(f"Micro-batches ({settings})", style="bold")
     head.append(f"\nthis configuration runs: {PATHS[report.path]}", style="dim")
@@ -37,8 +40,39 @@ def microbatch_section(report: MicroBatchReport, whole: dict[str, float | None])
             out.append(Text(f"{where}verl refuses this split: {step.refused}", style="bold red"))
     out.append(_crash_table(report))
     if len(report.steps) == 1 and report.steps[0].refused is None:
-        out.append(_metrics_table(report, whole))
+        out.append(_metrics_table(report, full.metrics))
+    elif len(report.steps) > 1:
+        out.append(_per_step_table(report, {step.step: step.metrics for step in full.steps}))
     return out
+
+
+def _per_step_table(report: MicroBatchReport, whole: dict[int, dict[str, float | None]]) -> RenderableType:
+    from rcdiag.render.table import fmt
+
+    table = _table("Per step: micro-batches, crashes, and kl as each path logged it (— : that path crashes)")
+    for name in (
+        "step",
+        "micro-batches",
+        "legacy asserts",
+        "bypass errors",
+        "whole-batch kl",
+        "legacy kl",
+        "bypass kl",
+    ):
+        table.add_column(name, justify="right", no_wrap=True)
+    key = "rollout_corr/kl"
+    for step in report.steps:
+        legacy, bypass = step.legacy_metrics or {}, step.bypass_metrics or {}
+        table.add_row(
+            str(step.step),
+            "refused" if step.refused is not None else f"{len(step.each()):,}",
+            f"{len(step.legacy_crashes):,}",
+            f"{len(step.bypass_crashes):,}",
+            fmt(whole.get(step.step, {}).get(key)) if step.step is not None else "",
+            fmt(legacy.get(key)),
+            fmt(bypass.get(key)),
+        )
+    return table
 
 
 def _crash_table(report: MicroBatchReport) -> RenderableType:

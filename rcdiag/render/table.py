@@ -51,7 +51,7 @@ def render_table(report: Report, console: Console) -> None:
     if report.microbatch is not None:
         from rcdiag.render.microbatch_table import microbatch_section
 
-        for part in microbatch_section(report.microbatch, report.metrics):
+        for part in microbatch_section(report):
             console.print(part)
     console.print(_checklist(report))
     if report.explain is not None:
