@@ -95,3 +95,17 @@ def _verl_helper():
             ".gl/verl-0.9.0 verl==0.9.0 (see .ci/run)"
         )
     return loaded[0]
+
+
+def analyze_token_k1(path: Path, chunk_tokens: int) -> int:
+    """``rcdiag analyze --rs token_k1`` (the sweep's baseline in the issue)."""
+    config = rcdiag.CorrectionConfig(rollout_rs="token_k1", rollout_rs_threshold="0.5_2.0")
+    return rcdiag.analyze(path, config, chunk_tokens=chunk_tokens).input.tokens
+
+
+def sweep_default(path: Path, chunk_tokens: int, recommend: bool = True) -> int:
+    """``rcdiag sweep`` with the default grids (every option), with or without recommendations."""
+    from rcdiag.sweep.run import sweep
+
+    report = sweep(path, chunk_tokens=chunk_tokens, target_reject=0.01 if recommend else None)
+    return report.input.tokens

@@ -42,6 +42,8 @@ class ReadProgress:
 
 
 ProgressCallback = Callable[[ReadProgress], None]
+StateFactory = Callable[[], EngineState]
+"""Builds the empty state a read folds blocks into (picklable: worker processes call it too)."""
 
 
 def analyze(
@@ -127,6 +129,7 @@ def accumulate(
     on_chunk: ProgressCallback | None = None,
     save_state: str | Path | None = None,
     explain: ExplainOptions | None = None,
+    new_state: StateFactory | None = None,
     collector: RowCollector | None = None,
     **options: Any,
 ) -> Accumulated:
@@ -134,8 +137,10 @@ def accumulate(
 
     With ``workers > 1`` the dump's parts (runs of Parquet row groups, or of a directory's shards) are read by
     that many processes, whose states are merged: the result is the same as one process reading everything.
-    ``explain`` adds ``--explain``'s accumulators (and writes its ``sequences`` file). A ``collector`` keeps
-    every screened row by step (micro-batch simulation).
+    ``explain`` adds ``--explain``'s accumulators (and writes its ``sequences`` file). ``new_state`` builds the
+    empty state blocks are folded into instead of the analyze accumulators of ``config`` (the sweep passes its
+    own); it must pickle, for the worker processes. A ``collector`` keeps every screened row by step
+    (micro-batch simulation).
     """
     resolved = (config or CorrectionConfig()).resolve()
     read = ReadOptions.of(read, options)
@@ -149,7 +154,9 @@ def accumulate(
         if len(partitions) > 1:
             if not isinstance(backend, NumpyBackend):
                 raise ConfigError("workers > 1 runs several CPU processes; use it with device 'cpu'.")
-            state, stats = _accumulate_in_processes(source, resolved.config, partitions, read, explain, scratch)
+            state, stats = _accumulate_in_processes(
+                source, resolved.config, partitions, read, explain, scratch, new_state
+            )
         else:
             screen = Screen(read.on_bad_row)
             explain_state = ExplainState(explain.worst) if explain is not None else None
@@ -157,10 +164,9 @@ def accumulate(
             chunks = number_rows(prefetch(source.chunks(read.chunk_tokens)), explain_state)
             if on_chunk is not None:
                 chunks = _report_progress(chunks, on_chunk, source.info.total_rows)
+            engine = Engine(resolved, backend, explain_state, state=new_state() if new_state else None)
             screened = screen(chunks)
-            state = Engine(resolved, backend, explain_state).run(
-                collector.tee(screened) if collector is not None else screened
-            )
+            state = engine.run(collector.tee(screened) if collector is not None else screened)
             stats = screen.stats
             if writer is not None:
                 writer.flush()
@@ -208,22 +214,33 @@ def _accumulate_in_processes(
     read: ReadOptions,
     explain: ExplainOptions | None = None,
     scratch: Path | None = None,
+    new_state: StateFactory | None = None,
 ) -> tuple[EngineState, ScreenStats]:
     context = multiprocessing.get_context("spawn")  # the parent holds Arrow threads: fork is not safe
     with ProcessPoolExecutor(max_workers=len(partitions), mp_context=context) as pool:
         futures = [
             pool.submit(
-                _accumulate_part, source.info.path, part, config, read.replace(device="cpu"), explain, scratch, i
+                _accumulate_part,
+                source.info.path,
+                part,
+                config,
+                read.replace(device="cpu"),
+                explain,
+                scratch,
+                i,
+                new_state,
             )
             for i, part in enumerate(partitions)
         ]
         results = [future.result() for future in futures]
     resolved = config.resolve()
-    merged, stats = EngineState(resolved, explain=ExplainState(explain.worst) if explain else None), ScreenStats()
+    explain_state = ExplainState(explain.worst) if explain else None
+    merged = new_state() if new_state else EngineState(resolved, explain=explain_state)
+    stats = ScreenStats()
     part_rows = []
     first: Problem | None = None
     for saved_state, saved_stats, problem in results:  # in part order: the first bad row is the earliest
-        part = EngineState.from_state_dict(resolved, saved_state)
+        part = type(merged).from_state_dict(resolved, saved_state)
         part_rows.append(part.explain.rows_read if part.explain is not None else 0)
         merged.merge(part)
         stats = stats.merge(ScreenStats.from_dict(saved_stats))
@@ -242,6 +259,7 @@ def _accumulate_part(
     explain: ExplainOptions | None = None,
     scratch: Path | None = None,
     index: int = 0,
+    new_state: StateFactory | None = None,
 ) -> tuple[dict, dict, Problem | None]:
     source = open_dump(path, read.columns)
     screen = Screen(read.on_bad_row, verdict_at_end=False)
@@ -249,7 +267,7 @@ def _accumulate_part(
     explain_state = ExplainState(explain.worst) if explain is not None else None
     writer = _sequence_writer(explain_state, resolved, scratch, index)
     chunks = number_rows(prefetch(source.chunks(read.chunk_tokens, part=part)), explain_state)
-    state = Engine(resolved, explain=explain_state).run(screen(chunks))
+    state = Engine(resolved, explain=explain_state, state=new_state() if new_state else None).run(screen(chunks))
     if writer is not None:
         writer.flush()
     return state.state_dict(), screen.stats.to_dict(), screen.first
@@ -308,24 +326,7 @@ def build_report(
         for step, result in per_step
         if step is not None
     )
-    facts = InputFacts(
-        path=info.path,
-        format=info.format,
-        rows=state.rows,
-        tokens=state.tokens,
-        valid_tokens=state.valid_tokens,
-        empty_rows=pooled.empty_rows,
-        steps=len(steps),
-        skipped_rows=screen.skipped_rows if screen else 0,
-        columns=dict(info.columns),
-        dtypes=dict(info.dtypes),
-        metadata=dict(info.metadata),
-        skipped_by_reason=dict(screen.skipped_by_reason) if screen else {},
-        neg_inf_tokens=dict(screen.neg_inf_tokens) if screen else {},
-        files=info.files,
-        step_source=info.step_source if steps else "",
-        neg_inf_first=dict(screen.neg_inf_first) if screen else {},
-    )
+    facts = input_facts(state, info, screen)
     findings = evaluate(per_step if per_step else [(None, pooled)], state.resolved, facts)
     explained = None
     if state.explain is not None:
@@ -349,4 +350,27 @@ def build_report(
         version=__version__,
         explain=explained,
         microbatch=microbatch,
+    )
+
+
+def input_facts(state: EngineState, info: SourceInfo, screen: ScreenStats | None = None) -> InputFacts:
+    """What was read: the dump's description and the counts the state holds."""
+    steps = sum(step is not None for step in state.batches)
+    return InputFacts(
+        path=info.path,
+        format=info.format,
+        rows=state.rows,
+        tokens=state.tokens,
+        valid_tokens=state.valid_tokens,
+        empty_rows=sum(batch.empty_rows for batch in state.batches.values()),
+        steps=steps,
+        skipped_rows=screen.skipped_rows if screen else 0,
+        columns=dict(info.columns),
+        dtypes=dict(info.dtypes),
+        metadata=dict(info.metadata),
+        skipped_by_reason=dict(screen.skipped_by_reason) if screen else {},
+        neg_inf_tokens=dict(screen.neg_inf_tokens) if screen else {},
+        files=info.files,
+        step_source=info.step_source if steps else "",
+        neg_inf_first=dict(screen.neg_inf_first) if screen else {},
     )

@@ -53,6 +53,10 @@ class Backend(ABC):
         """Move a host numpy array to this backend (no copy on CPU)."""
 
     @abstractmethod
+    def to_numpy(self, x: Array) -> np.ndarray:
+        """Bring an array back to host memory (the sweep bins token statistics on the host)."""
+
+    @abstractmethod
     def segments(self, lengths: np.ndarray) -> Segments:
         """Segment structure for per-row reductions (``lengths`` is int64 on the host)."""
 
@@ -169,6 +173,9 @@ class NumpyBackend(Backend):
     def asarray(self, values: np.ndarray) -> np.ndarray:
         return values
 
+    def to_numpy(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x)
+
     def segments(self, lengths: np.ndarray) -> Segments:
         return _NumpySegments(lengths)
 
@@ -274,6 +281,9 @@ class TorchBackend(Backend):
         if self.device.type == "cuda":
             return tensor.pin_memory().to(self.device, non_blocking=True)
         return tensor
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        return x.detach().cpu().numpy()
 
     def segments(self, lengths: np.ndarray) -> Segments:
         return _TorchSegments(self.torch, lengths, self.device)

@@ -104,12 +104,20 @@ class Engine:
     """Folds chunks into an ``EngineState`` on one backend."""
 
     def __init__(
-        self, resolved: ResolvedConfig, backend: Backend | None = None, explain: ExplainState | None = None
+        self,
+        resolved: ResolvedConfig,
+        backend: Backend | None = None,
+        explain: ExplainState | None = None,
+        *,
+        state: EngineState | None = None,
     ) -> None:
         self.resolved = resolved
         self.backend = backend or NumpyBackend()
-        self.block_tokens = CPU_BLOCK_TOKENS if isinstance(self.backend, NumpyBackend) else GPU_BLOCK_TOKENS
-        self.state = EngineState(resolved, explain=explain)
+        self.state = state if state is not None else EngineState(resolved, explain=explain)
+        """What blocks are folded into: the analyze accumulators by default, or another state with the same
+        interface (the sweep's, which may ask for larger CPU blocks: ``cpu_block_tokens``)."""
+        cpu_block = getattr(self.state, "cpu_block_tokens", CPU_BLOCK_TOKENS)
+        self.block_tokens = cpu_block if isinstance(self.backend, NumpyBackend) else GPU_BLOCK_TOKENS
 
     def run(self, chunks: Iterable[Chunk]) -> EngineState:
         """Consume every chunk; returns the state."""

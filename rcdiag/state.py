@@ -35,6 +35,7 @@ def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo], 
     payload = {
         "format": STATE_FORMAT,
         "version": STATE_VERSION,
+        "kind": state_kind_of(state),
         "rcdiag_version": __version__,
         "layout": state_layout(),
         "config": state.resolved.config.to_dict(),
@@ -80,7 +81,7 @@ def load_state(path: str | Path) -> tuple[EngineState, list[SourceInfo], ScreenS
         )
     try:
         resolved = CorrectionConfig(**payload["config"]).resolve()
-        state = EngineState.from_state_dict(resolved, _decode(payload["state"]))
+        state = _state_class(payload.get("kind", "analyze")).from_state_dict(resolved, _decode(payload["state"]))
         sources = [SourceInfo(**info) for info in payload["sources"]]
         screen = ScreenStats.from_dict(payload["screen"])
     except ConfigError:
@@ -88,6 +89,28 @@ def load_state(path: str | Path) -> tuple[EngineState, list[SourceInfo], ScreenS
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(f"holds a damaged state ({exc})", path=name) from None
     return state, sources, screen
+
+
+def state_kind_of(state: EngineState) -> str:
+    """``"sweep"`` for a sweep's state (``rcdiag sweep --save-state``), ``"analyze"`` otherwise."""
+    return "sweep" if hasattr(state, "grid") else "analyze"
+
+
+def state_kind(path: str | Path) -> str:
+    """The kind of a state file, without loading its state (``"analyze"`` for files without one)."""
+    try:
+        payload = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return "analyze"  # load_state gives the precise error
+    return payload.get("kind", "analyze") if isinstance(payload, dict) else "analyze"
+
+
+def _state_class(kind: str) -> type[EngineState]:
+    if kind == "sweep":
+        from rcdiag.sweep.batch import SweepState
+
+        return SweepState
+    return EngineState
 
 
 def merge_state_files(paths: list[str | Path]) -> tuple[EngineState, list[SourceInfo], ScreenStats]:
@@ -104,6 +127,9 @@ def merge_state_files(paths: list[str | Path]) -> tuple[EngineState, list[Source
                 f"{path} was computed with a different configuration ({_describe(state.resolved.config)}) than "
                 f"{paths[0]} ({_describe(merged.resolved.config)}); states merge only under the same configuration"
             )
+        if state_kind_of(state) != state_kind_of(merged):
+            kinds = state_kind_of(state), state_kind_of(merged)
+            raise ConfigError(f"{path} holds a {kinds[0]} state and {paths[0]} a {kinds[1]} one; they do not merge")
         if (merged.explain is None) != (state.explain is None):
             raise ConfigError(
                 f"{path} was {'' if state.explain is not None else 'not '}analysed with --explain but {paths[0]} "

@@ -20,6 +20,7 @@ from test_cli import run
 from test_verl_conformance import CONFIGS, F32_ULP, VALUE_ULPS, _close, any_config, spreads
 from verl_oracle import ORACLE_VERSIONS, load_verl, require_verl, verl_metrics
 
+from rcdiag import analyze
 from rcdiag.config import PRESETS, CorrectionConfig, preset
 from rcdiag.errors import ConfigError
 from rcdiag.versions import DEFAULT_VERSION, VERSIONS
@@ -343,3 +344,47 @@ def test_state_files_keep_the_release(capsys: pytest.CaptureFixture, dump: tuple
     run(capsys, *analyze_json, str(half[1]), "--verl-version", "0.7.1", "--save-state", states[1])
     status, _, err = run(capsys, "merge", *states)
     assert status == 2 and "verl_version=0.7.1" in err
+
+
+# ------------------------------------------------------------------------------------------------ rcdiag sweep
+
+
+@pytest.mark.parametrize("version", ["0.7.1", "0.8.0"])
+def test_sweep_rows_equal_analyze_under_the_release(capsys: pytest.CaptureFixture, dump: tuple, version: str) -> None:
+    """Each sweep row is analyze with that option at that threshold, under the same release (analyze is checked
+    against each release's own code above); IcePop bands leave 0.7.1's default grids."""
+    from rcdiag.sweep.grid import DEFAULT_GRIDS, resolve
+
+    path = dump[0]
+    status, out, err = run(capsys, "sweep", str(path), "--is", "token,sequence", "--rs", "token_k1,seq_mean_k3",
+                           "--verl-version", version, "--format", "json", "--no-recommend", "-q")  # fmt: skip
+    assert status == 0, err
+    result = json.loads(out)
+    assert result["verl_version"] == version
+    icepop = version != "0.7.1"
+    for option in ("is_token", "is_sequence", "token_k1"):
+        expected = [s for s in DEFAULT_GRIDS[option] if icepop or "_" not in s or option == "token_k1"]
+        assert [r["threshold"] for r in result["sweep"] if r["option"] == option] == expected
+    for row in result["sweep"]:
+        config = resolve(row["option"], row["threshold"], version).config(row["option"], version)
+        report = analyze(path, config)
+        for key, got in row["metrics"].items():
+            want = report.metrics[key]
+            assert (got is None and want is None) or math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12), (
+                row["option"], row["threshold"], key, got, want)  # fmt: skip
+    ranked = {p["name"] for p in result["presets"]}
+    assert ("decoupled_token_icepop" in ranked) == icepop and "decoupled_token_is" in ranked
+
+
+def test_sweep_refuses_icepop_under_0_7_1_and_states_keep_the_release(
+    capsys: pytest.CaptureFixture, dump: tuple, tmp_path: Path
+) -> None:
+    path = str(dump[0])
+    status, _, err = run(capsys, "sweep", path, "--is", "token", "--thresholds", "2.0,0.5_2.0", "--verl-version",
+                         "0.7.1")  # fmt: skip
+    assert status == 2 and "needs verl 0.8.0 or later; verl 0.7.1 does not have it." in err
+    state = str(tmp_path / "s.json")
+    args = ("sweep", path, "--is", "token", "--verl-version", "0.7.1", "--format", "json", "-q", "--no-recommend")
+    direct = json.loads(run(capsys, *args, "--save-state", state)[1])
+    merged = json.loads(run(capsys, "merge", state, "--format", "json")[1])
+    assert merged["verl_version"] == "0.7.1" and merged["sweep"] == direct["sweep"]

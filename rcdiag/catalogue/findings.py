@@ -13,7 +13,7 @@ from typing import Literal
 
 from rcdiag.report import Severity
 
-Command = Literal["analyze", "compare"]
+Command = Literal["analyze", "compare", "sweep"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "error",
         "a batch has no valid token",
         check="every batch has a valid token (else verl raises ValueError)",
+        commands=("analyze", "sweep"),
     ),
     FindingSpec(
         "verl_crash_ess_zero_division",
@@ -50,6 +51,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "IS on and every applied weight of a batch is 0",
         check="IS leaves a nonzero weight (else verl's ESS divides by 0)",
         metric="rollout_is_eff_sample_size",
+        commands=("analyze", "sweep"),
     ),
     FindingSpec(
         "verl_crash_microbatch_all_rejected",

@@ -19,6 +19,7 @@ from rcdiag.cli.compare import compare
 from rcdiag.cli.merge import merge
 from rcdiag.cli.output import StdoutClosedError
 from rcdiag.cli.presets import presets
+from rcdiag.cli.sweep import sweep
 from rcdiag.errors import ExitCode, RcdiagError
 
 app = typer.Typer(
@@ -51,6 +52,7 @@ app.command(no_args_is_help=True)(analyze)
 app.command(no_args_is_help=True)(compare)
 app.command(no_args_is_help=True)(check)
 app.command(no_args_is_help=True)(merge)
+app.command(no_args_is_help=True)(sweep)
 app.command()(presets)
 
 

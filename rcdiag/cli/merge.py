@@ -19,15 +19,17 @@ def merge(
     states: Annotated[
         list[Path],
         typer.Argument(
-            help="State files written by `rcdiag analyze ... --save-state`.", metavar="STATE", show_default=False
+            help="State files written by `rcdiag analyze ... --save-state` (or all by `rcdiag sweep`).",
+            metavar="STATE",
+            show_default=False,
         ),
     ],
     *,
     quiet: bool,
     out: Output,
 ) -> None:
-    """Merge the saved states of shards analysed anywhere (Slurm arrays, Ray, Kubernetes jobs) into the report of
-    one run over all of them.
+    """Merge the saved states of shards analysed (or swept) anywhere (Slurm arrays, Ray, Kubernetes jobs) into
+    the report of one run over all of them.
 
     Every state must have been computed with the same configuration (exit 2 otherwise). The flags that say how to
     read a dump were used when each state was written; `-q` is accepted (merge draws no progress bar). Example:
@@ -35,6 +37,15 @@ def merge(
     * `rcdiag analyze part-0.parquet --preset decoupled_geo_rs --save-state s0.json` (on each machine)
     * `rcdiag merge s0.json s1.json s2.json --format json -o report.json`
     """
+    from rcdiag.state import state_kind
+
+    if states and state_kind(states[0]) == "sweep":  # states of `rcdiag sweep --save-state`
+        from rcdiag.cli.output import Output
+        from rcdiag.render.registry import renderer
+        from rcdiag.sweep.run import merge_sweep_states
+
+        Output(out.format, out.path, renderer(out.format, "sweep", "merge")).emit(merge_sweep_states(list(states)))
+        return
     from rcdiag.api import merge_states
 
     out.emit(merge_states(list(states)))

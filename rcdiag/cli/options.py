@@ -103,6 +103,17 @@ VerlVersionOpt = Annotated[
         show_default=False,
     ),
 ]
+VERSION_FLAG = Flag("verl_version", VerlVersionOpt)
+RELEASE_FLAGS = FlagGroup("release", (VERSION_FLAG,), lambda values: _release(values["verl_version"]))
+"""``--verl-version`` alone (``sweep``, which sweeps the engine options instead of taking them) -> its name."""
+
+
+def _release(name: str | None) -> str:
+    from rcdiag.versions import verl_version
+
+    return verl_version(name).name
+
+
 ENGINE_FLAGS = FlagGroup(
     "engine",
     (
@@ -112,7 +123,7 @@ ENGINE_FLAGS = FlagGroup(
         Flag("rs_threshold", RsThresholdOpt),
         Flag("batch_normalize", BatchNormOpt),
         Flag("preset", PresetOpt),
-        Flag("verl_version", VerlVersionOpt),
+        VERSION_FLAG,
     ),
     lambda values: _engine_flags(values),
 )

@@ -89,16 +89,9 @@ class BatchMetrics:
         for group in self.groups():
             values, group_crashes = group.compute()
             raw.update(values)
-            crashes.extend(_prefixed(crash) for crash in group_crashes)
+            crashes.extend(prefixed_crash(crash) for crash in group_crashes)
         if self.valid_tokens == 0:
-            crashes = [
-                VerlCrash(
-                    "verl_crash_empty_batch",
-                    None,
-                    "this batch has no valid token (every response is empty or fully masked): verl raises "
-                    "ValueError('response_mask must contain at least one valid token (1).') and logs nothing",
-                )
-            ]
+            crashes = [empty_batch_crash()]
         metrics: dict[str, MetricValue] = {}
         extras: dict[str, MetricValue] = {}
         for key, value in raw.items():
@@ -159,7 +152,17 @@ def state_layout() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _prefixed(crash: VerlCrash) -> VerlCrash:
+def empty_batch_crash() -> VerlCrash:
+    """What verl does with a batch that has no valid token."""
+    return VerlCrash(
+        "verl_crash_empty_batch",
+        None,
+        "this batch has no valid token (every response is empty or fully masked): verl raises "
+        "ValueError('response_mask must contain at least one valid token (1).') and logs nothing",
+    )
+
+
+def prefixed_crash(crash: VerlCrash) -> VerlCrash:
     """Crash notes name metrics with the key users see (``rollout_corr/...``)."""
     if crash.metric is None or crash.metric.startswith(("rcdiag/", PREFIX)):
         return crash

@@ -13,6 +13,7 @@ per-token and per-row arrays are computed once, on first use, and shared by ever
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import cached_property
 from typing import Any, Literal
@@ -126,6 +127,17 @@ class Block:
         if estimator == "k1":
             return self.memo(("row_sum_k", "k1"), self._row_sum_k1)
         return self.memo(("row_sum_k", estimator), lambda: self.seg.sum(self.k(estimator)))
+
+    def row_extremes_k(self, estimator: Literal["k1", "k2", "k3"]) -> tuple[Array, Array]:
+        """Per-row (max, min) of a k statistic (-inf / +inf for empty rows; NaN propagates)."""
+        return self.memo(
+            ("row_extremes_k", estimator),
+            lambda: (self.seg.max(self.k(estimator), -math.inf), self.seg.min(self.k(estimator), math.inf)),
+        )
+
+    def row_max_k(self, estimator: Literal["k1", "k2", "k3"]) -> Array:
+        """Per-row maxima of a k statistic (0 for empty rows), shared by every option that needs them."""
+        return self.memo(("row_max_k", estimator), lambda: self.seg.max(self.k(estimator), 0.0))
 
     def _row_sum_k1(self) -> Array:
         if self.within_clamp:

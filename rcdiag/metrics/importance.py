@@ -155,21 +155,25 @@ class ISMetrics(Accumulator):
                     "clamped": b.moments(b.clip(raw_row, self.metric_lower, self.upper), n),
                     "applied_sum": b.sum(b.where(valid, w_row, 0.0)),
                 }
+        self.add(**self.row_states(b, block, a, raw_mean), **token_stats, **legacy)
+
+    def row_states(self, b: Backend, block: Block, a: Array, raw_mean: Array) -> dict[str, float | tuple]:
+        """The block's counts and the states of the per-row mean weights ``a`` and raw mean ratios (the sweep
+        computes ``a`` for many thresholds at once and folds it in here). verl 0.8.0 compared the mean of the
+        applied weights, ``a``, where the others compare the raw mean."""
         if self.seq_fraction_applied:
             raw_mean = a
-        self.add(
-            tokens=block.n_tokens,
-            rows=block.n_rows,
-            valid_rows=block.n_valid_rows,
-            a=b.moments(a),
-            a_max=b.max(a),
-            a_min=b.min(a),
-            a_max_dev=b.max(b.abs(a - 1.0)),
-            rawmean_hi=b.count(raw_mean > self.upper),
-            rawmean_lo=b.count(raw_mean < self.metric_lower),
-            **token_stats,
-            **legacy,
-        )
+        return {
+            "tokens": block.n_tokens,
+            "rows": block.n_rows,
+            "valid_rows": block.n_valid_rows,
+            "a": b.moments(a),
+            "a_max": b.max(a),
+            "a_min": b.min(a),
+            "a_max_dev": b.max(b.abs(a - 1.0)),
+            "rawmean_hi": b.count(raw_mean > self.upper),
+            "rawmean_lo": b.count(raw_mean < self.metric_lower),
+        }
 
     def keys(self) -> list[str]:
         keys = list(TOKEN_KEYS if self.spec.level == "token" else SEQUENCE_KEYS)

@@ -61,20 +61,30 @@ class Rejection:
     """The per-row statistic (for token options: the row mean of the token statistic), float64."""
 
 
+def row_statistic(block: Block, option: RSOption) -> Array:
+    """verl's per-row value of an option: the row's sum, mean or max of the token statistic (0 for an empty
+    row); for token options, the row mean (what the ``seq_*`` metrics of a token option describe)."""
+    if option.agg == "sum":
+        return block.row_sum_k(option.estimator)
+    if option.agg == "max":
+        return block.row_max_k(option.estimator)
+    return block.row_mean(block.row_sum_k(option.estimator))
+
+
 def rejection(block: Block, option: RSOption) -> Rejection:
     """What ``option`` rejects in ``block``, computed once per block: the option's own metrics and the RS
     aggregates both read it, so every accumulator's ``update`` takes only the block."""
     return block.memo(("rejection", option), lambda: _reject(block, option))
 
 
-def _bounds(option: RSOption) -> tuple[float, float]:
+def bounds(option: RSOption) -> tuple[float, float]:
     """``(lower, upper)`` bounds on the statistic as verl compares them: Python floats against float32 tensors,
     i.e. rounded to float32."""
     return f32(option.thr_lo), f32(option.thr_hi)
 
 
 def _keep(option: RSOption, stat: Array) -> Array:
-    lo, hi = _bounds(option)
+    lo, hi = bounds(option)
     if option.is_k1:
         return (stat >= lo) & (stat <= hi)
     return stat <= hi
@@ -82,42 +92,70 @@ def _keep(option: RSOption, stat: Array) -> Array:
 
 def _reject(block: Block, opt: RSOption) -> Rejection:
     b = block.b
-    lo, hi = _bounds(opt)
+    lo, hi = bounds(opt)
     token_stat = block.k(opt.estimator)
     valid = block.row_valid
     if opt.level == "token":
         result = _reject_tokens(block, opt, token_stat)
-        seq_value = block.row_mean(block.row_sum_k(opt.estimator))
     else:
-        if opt.agg == "sum":
-            seq_value = block.row_sum_k(opt.estimator)
-        elif opt.agg == "mean":
-            seq_value = block.row_mean(block.row_sum_k(opt.estimator))
-        else:
-            seq_value = block.seg.max(token_stat, 0.0)
+        seq_value = row_statistic(block, opt)
         reject = ~_keep(opt, seq_value) & valid
         n = block.row_len
         masked_tokens = b.sum(b.where(reject, n, 0.0))
         states = {
-            "stat_sum": b.dot(n, seq_value),
             "clamped": b.moments(b.clip(seq_value, lo, hi), n),
             "masked_tokens": masked_tokens,
             "masked_rows": b.count(reject),
         }
         result = Rejection(masked_tokens=masked_tokens, rows_hit=reject, states=states, rows=reject)
-    result.seq_value = seq_value
-    v = seq_value[valid] if block.n_valid_rows < block.n_rows else seq_value
-    result.states.update(
-        tokens=block.n_tokens,
-        valid_rows=block.n_valid_rows,
-        v=b.moments(v),
-        v_max=b.max(v),
-        v_min=b.min(v),
-        v_abs_max=b.max(b.abs(v)),
-        v_hi=b.count(v > hi),
-        v_lo=b.count(v < lo) if opt.is_k1 else 0.0,
-    )
+    v, row_states = _row_value_states(block, opt)
+    result.seq_value = row_statistic(block, opt)
+    result.states.update(row_states, v_hi=b.count(v > hi), v_lo=b.count(v < lo) if opt.is_k1 else 0.0)
     return result
+
+
+def threshold_free_states(block: Block, option: RSOption) -> dict[str, float | tuple]:
+    """The states of an option that do not depend on its threshold (the statistic's sum and extremes, the per-row
+    values' moments and extremes), computed once per block: ``rcdiag sweep`` folds them in once for all of an
+    option's thresholds."""
+    states = dict(_row_value_states(block, option)[1])
+    if option.level == "token":
+        states.update(_token_value_states(block, option))
+    return states
+
+
+def _token_value_states(block: Block, opt: RSOption) -> dict[str, float | tuple]:
+    """Token options: the statistic's sum and extremes (the extremes from the per-row ones)."""
+
+    def compute() -> dict[str, float | tuple]:
+        b = block.b
+        row_max, row_min = block.row_extremes_k(opt.estimator)
+        stat_sum = b.sum(block.row_sum_k("k1")) if opt.is_k1 else b.sum(block.k(opt.estimator))
+        return {"stat_sum": stat_sum, "tok_max": b.max(row_max), "tok_min": b.min(row_min)}
+
+    return block.memo(("token_value_states", opt.estimator), compute)
+
+
+def _row_value_states(block: Block, opt: RSOption) -> tuple[Array, dict[str, float | tuple]]:
+    """The threshold-free states of the per-row values (once per block, whatever the number of thresholds), and
+    the valid rows' values."""
+    return block.memo(("row_value_states", opt.agg, opt.estimator), lambda: _row_values(block, opt))
+
+
+def _row_values(block: Block, opt: RSOption) -> tuple[Array, dict[str, float | tuple]]:
+    b, seq_value = block.b, row_statistic(block, opt)
+    v = seq_value[block.row_valid] if block.n_valid_rows < block.n_rows else seq_value
+    states: dict[str, float | tuple] = {
+        "tokens": block.n_tokens,
+        "valid_rows": block.n_valid_rows,
+        "v": b.moments(v),
+        "v_max": b.max(v),
+        "v_min": b.min(v),
+        "v_abs_max": b.max(b.abs(v)),
+    }
+    if opt.level != "token":
+        states["stat_sum"] = b.dot(block.row_len, seq_value)
+    return v, states
 
 
 def _reject_tokens(block: Block, opt: RSOption, stat: Array) -> Rejection:
@@ -126,10 +164,10 @@ def _reject_tokens(block: Block, opt: RSOption, stat: Array) -> Rejection:
     rejected exactly when it lies below the lower or above the upper bound (or is NaN, handled on the slow
     path)."""
     b, seg, k1 = block.b, block.seg, opt.is_k1
-    lo, hi = _bounds(opt)
-    row_max, row_min = seg.max(stat, -math.inf), seg.min(stat, math.inf)
-    tok_max, tok_min = b.max(row_max), b.min(row_min)
-    stat_sum = b.sum(block.row_sum_k("k1")) if k1 else b.sum(stat)
+    lo, hi = bounds(opt)
+    row_max, row_min = block.row_extremes_k(opt.estimator)
+    free = _token_value_states(block, opt)
+    tok_max, tok_min, stat_sum = free["tok_max"], free["tok_min"], free["stat_sum"]
     above = b.count(stat > hi)
     below = b.count(stat < lo) if k1 else 0
     if math.isfinite(stat_sum) and lo <= hi:  # (an inverted k1 band, accepted by verl <= 0.8.0, rejects all)
@@ -141,9 +179,7 @@ def _reject_tokens(block: Block, opt: RSOption, stat: Array) -> Rejection:
         rows_hit = seg.count(reject) > 0
     no_clamp = lo <= tok_min and tok_max <= hi
     states = {
-        "stat_sum": stat_sum,
-        "tok_max": tok_max,
-        "tok_min": tok_min,
+        **free,
         "tok_hi": above,
         "tok_lo": below,
         "clamped": b.moments(stat if no_clamp else b.clip(stat, lo, hi)),

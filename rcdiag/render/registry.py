@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from rcdiag.errors import ConfigError
 
-ResultKind = Literal["report", "comparison", "check"]
+ResultKind = Literal["report", "comparison", "check", "sweep"]
 
 
 @dataclass(frozen=True)
@@ -47,9 +47,10 @@ FORMATS: dict[str, Format] = {
             "report": Renderer("rcdiag.render.table:render_table", console=True),
             "comparison": Renderer("rcdiag.render.compare_table:render_comparison", console=True),
             "check": Renderer("rcdiag.render.check_table:render_check", console=True),
+            "sweep": Renderer("rcdiag.render.sweep_table:render_sweep", console=True),
         },
     ),
-    "json": Format("one JSON object", {"report": _JSON, "comparison": _JSON, "check": _JSON}),
+    "json": Format("one JSON object", {"report": _JSON, "comparison": _JSON, "check": _JSON, "sweep": _JSON}),
 }
 """``--format`` value -> the format, with the renderer for each kind of result it can write."""
 

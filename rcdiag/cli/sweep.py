@@ -1,0 +1,123 @@
+"""``rcdiag sweep``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from rcdiag.cli.options import ENGINE, READ_FLAGS, RELEASE_FLAGS, SaveStateOpt, output_flags
+from rcdiag.cli.params import with_flags
+
+if TYPE_CHECKING:
+    from rcdiag.cli.output import Output
+    from rcdiag.options import ReadOptions
+
+SWEEP = "Sweep"
+
+
+@with_flags(RELEASE_FLAGS, READ_FLAGS, output_flags("sweep", "sweep"))
+def sweep(
+    path: Annotated[
+        Path,
+        typer.Argument(help="The dump (any format `rcdiag analyze` reads).", metavar="PATH", show_default=False),
+    ],
+    is_levels: Annotated[
+        str | None,
+        typer.Option(
+            "--is",
+            metavar="LEVEL[,LEVEL]",
+            help="Sweep these IS levels (`token`, `sequence`). With neither --is nor --rs: every option.",
+            rich_help_panel=ENGINE,
+            show_default=False,
+        ),
+    ] = None,
+    rs: Annotated[
+        str | None,
+        typer.Option(
+            "--rs",
+            metavar="OPTION[,OPTION]",
+            help="Sweep these RS options (token_k1..k3, seq_sum_k1..k3, seq_mean_k1..k3, seq_max_k2/k3).",
+            rich_help_panel=ENGINE,
+            show_default=False,
+        ),
+    ] = None,
+    thresholds: Annotated[
+        str | None,
+        typer.Option(
+            "--thresholds",
+            metavar="SPEC[,SPEC...]",
+            help="The grid, when exactly one option is named; specs as in analyze (`2.0`, `0.5_2.0`). "
+            "Default: docs/sweep.md.",
+            rich_help_panel=ENGINE,
+            show_default=False,
+        ),
+    ] = None,
+    target_reject: Annotated[
+        float,
+        typer.Option(
+            "--target-reject",
+            metavar="F",
+            help="Recommend per option the threshold rejecting the share closest to F without exceeding it "
+            "(token share for token_* and token IS, response share for seq_* and sequence IS).",
+            rich_help_panel=SWEEP,
+            min=0.0,
+            max=1.0,
+        ),
+    ] = 0.01,
+    recommend: Annotated[
+        bool,
+        typer.Option(
+            "--recommend/--no-recommend",
+            help="--no-recommend skips the recommendations (and what they collect while reading).",
+            rich_help_panel=SWEEP,
+        ),
+    ] = True,
+    min_ess: Annotated[
+        float,
+        typer.Option(
+            "--min-ess",
+            metavar="E",
+            help="Rank verl's presets whose IS leaves an ESS below E last.",
+            rich_help_panel=SWEEP,
+            min=0.0,
+            max=1.0,
+        ),
+    ] = 0.0,
+    save_state: SaveStateOpt = None,
+    *,
+    release: str,
+    read: ReadOptions,
+    out: Output,
+) -> None:
+    """What every threshold of every IS level and RS option would do, in one pass over the dump, and which
+    threshold to pick.
+
+    Each row equals `rcdiag analyze` with that single option at that threshold. Examples:
+
+    * `rcdiag sweep run.parquet` (every option over the default grids, recommendations for 1% rejected)
+    * `rcdiag sweep run.parquet --rs seq_mean_k1 --thresholds 0.99_1.01,0.999_1.001 --format json`
+    * `rcdiag sweep run.parquet --target-reject 0.005 --min-ess 0.5`
+    * `rcdiag sweep shard-07.parquet --save-state s07.json`, then `rcdiag merge s*.json`
+
+    Exit codes: 0 done (verl-would-crash rows do not change it), 2 bad option, threshold or input, 3 internal error.
+    """
+    from rcdiag.cli.output import checked_path
+    from rcdiag.cli.progress import progress
+    from rcdiag.sweep.grid import build_grid, split_list
+    from rcdiag.sweep.run import sweep as run_sweep
+
+    grid = build_grid(split_list(is_levels), split_list(rs), split_list(thresholds), release)
+    state_file = checked_path(save_state, "--save-state")
+    with progress(read, out) as on_chunk:
+        report = run_sweep(
+            path,
+            grid,
+            read,
+            on_chunk=on_chunk,
+            save_state=state_file,
+            target_reject=target_reject if recommend else None,
+            min_ess=min_ess,
+        )
+    out.emit(report)

@@ -1,0 +1,149 @@
+"""The terminal sweep: per option a table of its thresholds with the rejected shares, IS weight statistics, the
+worst step and a bar plot of the rejected share; a curve per option; then recommendations, the verl YAML, the
+presets ranked and any verl-would-crash finding."""
+
+from __future__ import annotations
+
+from itertools import groupby
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from rcdiag.catalogue.metrics import PREFIX
+from rcdiag.render.table import fmt
+from rcdiag.sweep.report import SweepReport, SweepRow
+
+P = PREFIX
+_SPARK = "▁▂▃▄▅▆▇█"
+BAR_WIDTH = 20
+
+
+def sparkline(values: list[float | None]) -> str:
+    """One character per value, from 0 (▁) to the largest (█); ``·`` for a missing value."""
+    present = [v for v in values if v is not None]
+    top = max(present) if present else 0.0
+    out = []
+    for v in values:
+        if v is None:
+            out.append("·")
+        else:
+            out.append(_SPARK[0] if top <= 0 else _SPARK[min(int(v / top * (len(_SPARK) - 1) + 0.5), len(_SPARK) - 1)])
+    return "".join(out)
+
+
+def bar(value: float | None, width: int = BAR_WIDTH) -> str:
+    """A text bar of a share in [0, 1]."""
+    if value is None:
+        return ""
+    filled = max(0, min(width, round(value * width)))
+    return "█" * filled + "·" * (width - filled)
+
+
+def render_sweep(report: SweepReport, console: Console) -> None:
+    """Print the whole sweep."""
+    facts = report.input
+    head = [
+        f"rcdiag {report.version} sweep",
+        f"as verl {report.verl_version} logs it",
+        facts.path,
+        f"{facts.rows:,} rows",
+        f"{facts.valid_tokens:,} valid tokens",
+    ]
+    if facts.empty_rows:
+        head.append(f"{facts.empty_rows:,} empty rows")
+    if facts.steps:
+        head.append(f"{facts.steps} steps (metrics pooled over steps)")
+    if facts.skipped_rows:
+        head.append(f"{facts.skipped_rows:,} rows skipped")
+    console.print(Text(" · ".join(head), style="bold"))
+    for option, rows in groupby(report.rows, key=lambda r: r.option):
+        console.print(_option_table(option, list(rows)))
+    if report.recommendations:
+        console.print(_recommendations(report))
+        console.print(Text("verl YAML to paste (one option each):", style="bold"))
+        for rec in report.recommendations:
+            console.print(Text(rec.yaml.rstrip()))
+    if report.presets:
+        console.print(_presets(report))
+    for finding in report.findings:
+        steps = f" (steps {', '.join(map(str, finding.steps))})" if finding.steps else ""
+        console.print(Text.assemble(("ERROR ", "bold red"), (f"[{finding.code}] ", "bold"), finding.message + steps))
+
+
+def _option_table(option: str, rows: list[SweepRow]) -> Table:
+    is_option = option.startswith("is_")
+    share = [r.token_reject if option != "is_sequence" else r.seq_reject for r in rows]
+    what = "beyond the bounds" if is_option else "rejected"
+    title = f"{option}: share {what} by threshold  {sparkline(share)}"
+    table = _table(title)
+    table.add_column("threshold")
+    table.add_column("tokens " + what if option != "is_sequence" else "responses " + what, justify="right")
+    if not is_option:
+        table.add_column("responses rejected", justify="right")
+    else:
+        for name in ("mean", "std", "ESS", "high", "low"):
+            table.add_column(name, justify="right")
+    table.add_column("worst step", justify="right")
+    table.add_column("")
+    for row, value in zip(rows, share, strict=True):
+        cells = [row.threshold, fmt(value)]
+        if is_option:
+            m = row.metrics
+            cells += [
+                fmt(m.get(P + "rollout_is_mean")),
+                fmt(m.get(P + "rollout_is_std")),
+                fmt(m.get(P + "rollout_is_eff_sample_size")),
+                fmt(m.get(P + "rollout_is_ratio_fraction_high")),
+                fmt(m.get(P + "rollout_is_ratio_fraction_low")),
+            ]
+        else:
+            cells.append(fmt(row.seq_reject))
+        cells += [_worst_step(row), bar(value)]
+        style = "red" if row.crashes else None
+        table.add_row(*cells, style=style)
+    return table
+
+
+def _worst_step(row: SweepRow) -> str:
+    """The step that rejects the most (RS) or keeps the lowest ESS (IS), with that value."""
+    if not row.steps:
+        return "—"
+    if row.option.startswith("is_"):
+        key, pick = P + "rollout_is_eff_sample_size", min
+    else:
+        key, pick = P + f"rollout_rs_{row.option}_masked_fraction", max
+    if row.crash_steps:
+        return f"{row.crash_steps[0]} (crash)"
+    present = [(value, step) for step, m in row.steps if (value := m.get(key)) is not None]
+    if not present:
+        return "—"
+    value = pick(v for v, _ in present)
+    if pick is max and value == 0:
+        return "—"
+    return f"{next(step for v, step in present if v == value)} ({fmt(value)})"
+
+
+def _recommendations(report: SweepReport) -> Table:
+    target = report.target_reject
+    table = _table(f"Recommended thresholds: closest to {target:g} rejected without exceeding it")
+    for name in ("option", "threshold", "share targeted", "tokens rejected", "responses rejected"):
+        table.add_column(name, justify="left" if name in ("option", "threshold") else "right")
+    for rec in report.recommendations:
+        table.add_row(rec.option, rec.threshold, rec.share, fmt(rec.token_reject), fmt(rec.seq_reject))
+    return table
+
+
+def _presets(report: SweepReport) -> Table:
+    table = _table(f"verl presets on this dump, least rejected first (ESS >= {report.min_ess:g} first)")
+    for name in ("preset", "tokens rejected", "responses rejected", "ESS"):
+        table.add_column(name, justify="left" if name == "preset" else "right")
+    for preset in report.presets:
+        ess = "no IS" if preset.ess is None else fmt(preset.ess)
+        style = None if preset.meets_min_ess else "dim"
+        table.add_row(preset.name, fmt(preset.token_reject), fmt(preset.seq_reject), ess, style=style)
+    return table
+
+
+def _table(title: str) -> Table:
+    return Table(title=title, title_justify="left", title_style="bold")

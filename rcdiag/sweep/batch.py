@@ -1,0 +1,177 @@
+"""The sweep's accumulators of one batch (one training step), and of a whole dump (one batch per step).
+
+``SweepState`` is an ``EngineState`` whose batches are ``SweepBatch`` es, so the engine's streaming, step grouping,
+state files, workers and merging all carry over unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from rcdiag.catalogue.metrics import PREFIX
+from rcdiag.config import CorrectionConfig
+from rcdiag.engine import EngineState, StepKey
+from rcdiag.metrics.base import MetricValue, VerlCrash, verl_float
+from rcdiag.metrics.batch import empty_batch_crash, prefixed_crash
+from rcdiag.metrics.block import Block
+from rcdiag.sweep.collector import Collector
+from rcdiag.sweep.grid import SweepGrid
+from rcdiag.sweep.options import OptionSweep, option_sweep
+from rcdiag.versions import verl_version
+
+SWEEP_STATE_VERSION = 1
+"""Bumped whenever the sweep's own state (cells, per-threshold parts) changes shape."""
+
+
+@dataclass(frozen=True)
+class PointResult:
+    """One option at one threshold on one batch: verl's metrics for that single option, and any crash."""
+
+    metrics: dict[str, MetricValue]
+    crashes: tuple[VerlCrash, ...]
+
+
+class SweepBatch:
+    """Every option of the grid over one batch."""
+
+    def __init__(self, grid: SweepGrid, collector: Collector | None = None) -> None:
+        self.grid = grid
+        self.collector = collector
+        """The state's pooled collector for recommendations (fed every block; not this batch's to merge)."""
+        version = verl_version(grid.verl_version)
+        self.sweeps: list[OptionSweep] = [
+            option_sweep(option, thresholds, version) for option, thresholds in grid.options
+        ]
+        self.rows = 0
+        self.valid_tokens = 0
+        self.empty_rows = 0
+
+    def update(self, block: Block) -> None:
+        self.rows += block.n_rows
+        self.valid_tokens += block.n_tokens
+        self.empty_rows += block.n_rows - block.n_valid_rows
+        for sweep in self.sweeps:
+            sweep.update(block)
+        if self.collector is not None:
+            self.collector.update(block)
+
+    def merge(self, other: SweepBatch) -> SweepBatch:
+        if self.grid.specs() != other.grid.specs():
+            raise ValueError("cannot merge sweeps over different grids")
+        for mine, theirs in zip(self.sweeps, other.sweeps, strict=True):
+            mine.merge(theirs)
+        self.rows += other.rows
+        self.valid_tokens += other.valid_tokens
+        self.empty_rows += other.empty_rows
+        return self
+
+    def compute(self) -> dict[tuple[str, str], PointResult]:
+        """(option, threshold spec) -> the point's result, in grid order."""
+        out: dict[tuple[str, str], PointResult] = {}
+        for sweep in self.sweeps:
+            for index, threshold in enumerate(sweep.thresholds):
+                values, crashes = sweep.compute(index, self.rows)
+                if self.valid_tokens == 0:
+                    crashes = [empty_batch_crash()]
+                out[sweep.option, threshold.spec] = PointResult(
+                    {PREFIX + key: _finite(value) for key, value in values.items()},
+                    tuple(prefixed_crash(crash) for crash in crashes),
+                )
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "rows": self.rows,
+            "valid_tokens": self.valid_tokens,
+            "empty_rows": self.empty_rows,
+            "options": [sweep.state_dict() for sweep in self.sweeps],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for sweep, saved in zip(self.sweeps, state["options"], strict=True):
+            sweep.load_state_dict(saved)
+        self.rows = int(state["rows"])
+        self.valid_tokens = int(state["valid_tokens"])
+        self.empty_rows = int(state["empty_rows"])
+
+
+@dataclass
+class SweepState(EngineState):
+    """An engine state whose batches are sweeps over ``grid``."""
+
+    grid: SweepGrid = field(default_factory=lambda: SweepGrid(()))
+    collector: Collector | None = None
+    """Pooled over steps: what the recommendations need (``None``: no recommendations)."""
+    target_reject: float | None = None
+    """The share the recommendations aim at (kept in state files, so a merge recommends as the run would)."""
+    cpu_block_tokens: ClassVar[int] = 1 << 20
+    """Larger blocks than analyze's: each block runs ~130 accumulators' per-row work, whose Python overhead
+    a 1M-token block (the default chunk) spreads thinner."""
+
+    def batch(self, step: StepKey) -> SweepBatch:  # type: ignore[override]
+        batch = self.batches.get(step)
+        if batch is None:
+            batch = self.batches[step] = SweepBatch(self.grid, self.collector)  # type: ignore[assignment]
+        return batch  # type: ignore[return-value]
+
+    def pooled(self) -> SweepBatch:  # type: ignore[override]
+        pooled = SweepBatch(self.grid)
+        for batch in self.batches.values():
+            pooled.merge(batch)  # type: ignore[arg-type]
+        return pooled
+
+    def merge(self, other: EngineState) -> SweepState:
+        assert isinstance(other, SweepState)
+        if self.grid.specs() != other.grid.specs():
+            raise ValueError("cannot merge sweeps over different grids")
+        super().merge(other)
+        if self.collector is not None and other.collector is not None:
+            self.collector.merge(other.collector)
+        else:  # recommendations need every part's collector
+            self.collector = None
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        collector = None if self.collector is None else self.collector.state_dict()
+        return {
+            **super().state_dict(),
+            "grid": self.grid.specs(),
+            "sweep_version": SWEEP_STATE_VERSION,
+            "collector": collector,
+            "target_reject": self.target_reject,
+        }
+
+    @classmethod
+    def from_state_dict(cls, resolved: Any, state: dict[str, Any]) -> SweepState:
+        if state.get("sweep_version") != SWEEP_STATE_VERSION:
+            raise ValueError(
+                f"sweep state version {state.get('sweep_version')}, this rcdiag reads {SWEEP_STATE_VERSION}"
+            )
+        out = cls(
+            resolved,
+            rows=int(state["rows"]),
+            tokens=int(state["tokens"]),
+            valid_tokens=int(state["valid_tokens"]),
+            grid=SweepGrid.from_specs(state["grid"], resolved.version.name),
+        )
+        out.target_reject = state.get("target_reject")
+        if state.get("collector") is not None:
+            out.collector = Collector([option for option, _ in out.grid.options])
+            out.collector.load_state_dict(state["collector"])
+        for step, batch_state in state["batches"]:
+            out.batch(None if step is None else int(step)).load_state_dict(batch_state)
+        return out
+
+
+def new_sweep_state(grid: SweepGrid, target_reject: float | None = None) -> SweepState:
+    """An empty sweep state (the engine's configuration is verl's metrics-only default; the grid is separate);
+    with ``target_reject``, it also collects what the recommendations need."""
+    collector = Collector([option for option, _ in grid.options]) if target_reject is not None else None
+    resolved = CorrectionConfig(verl_version=grid.verl_version).resolve()
+    return SweepState(resolved, grid=grid, collector=collector, target_reject=target_reject)
+
+
+def _finite(value: MetricValue) -> MetricValue:
+    value = verl_float(value)
+    return value if value is not None and abs(value) != float("inf") and value == value else None

@@ -1,0 +1,155 @@
+"""What the recommendations need, collected in the sweep's own pass: per option, the statistic that decides
+rejection (docs/sweep.md#recommendations). Mergeable, pooled over steps, saved in state files.
+
+* per response (``seq_*`` options, sequence IS, and each response's worst token for token options): every value,
+  exactly (a few bytes per response);
+* per token (``token_*`` options, token IS): a histogram over the float32 value with 256 buckets per power of two
+  (bucket width 0.39%), exact at bucket edges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rcdiag.metrics.block import Block
+from rcdiag.metrics.rejection import row_statistic
+from rcdiag.sweep.grid import resolve
+
+BUCKET_BITS = 8
+"""Mantissa bits per bucket: 256 buckets per power of two, 0.39% wide (the target is <= 0.5%)."""
+_SHIFT = 23 - BUCKET_BITS
+BUCKETS = 1 << (31 - _SHIFT)  # sign bit dropped: every statistic here is >= 0 (or NaN, always rejected)
+
+
+def bucket(values: np.ndarray, nonnegative: bool = False) -> np.ndarray:
+    """Bucket index of non-negative float32 values (negative ones count as 0; NaN lands in the top buckets).
+    ``nonnegative``: the values are known to be >= 0 or -0.0 (ratios, squares, absolute values): no clamp."""
+    clamped = values if nonnegative else np.maximum(values, np.float32(0.0))
+    bits = clamped.view(np.uint32) & np.uint32(0x7FFFFFFF)
+    return bits >> np.uint32(_SHIFT)
+
+
+def edge(bucket: int) -> np.float32:
+    """The smallest float32 in a bucket."""
+    return np.uint32(bucket << _SHIFT).view(np.float32)
+
+
+@dataclass
+class OptionCollector:
+    """What one option's recommendation needs, mergeable."""
+
+    option: str
+    token_level: bool
+    histogram: np.ndarray | None = None
+    """Token options: valid tokens per bucket of the token statistic (NaN buckets at the top)."""
+    rows: list[np.ndarray] = field(default_factory=list)
+    """Per response: the statistic (token options: the row's worst token), float64."""
+    lengths: list[np.ndarray] = field(default_factory=list)
+
+    def merge(self, other: OptionCollector) -> None:
+        if other.histogram is not None:
+            self.histogram = other.histogram if self.histogram is None else self.histogram + other.histogram
+        self.rows += other.rows
+        self.lengths += other.lengths
+
+
+class Collector:
+    """Every option's collector; one for the whole dump (steps do not matter here)."""
+
+    def __init__(self, options: list[str]) -> None:
+        self.options = options
+        self.collectors = {
+            o: OptionCollector(o, token_level=o == "is_token" or o.startswith("token_")) for o in options
+        }
+        self.specs = {o: spec for o in options if (spec := resolve(o, "1.0").rs_option) is not None}
+        """Each RS option (its threshold does not matter here), for the engine's per-row statistic."""
+        self.tokens = 0
+        self.rows = 0
+        self.valid_rows = 0
+        self.empty_rows = 0
+
+    def update(self, block: Block) -> None:
+        b = block.b
+        self.tokens += block.n_tokens
+        self.rows += block.n_rows
+        self.valid_rows += block.n_valid_rows
+        lengths = b.to_numpy(block.row_len)
+        valid = lengths > 0
+        for option, collector in self.collectors.items():
+            if option == "is_sequence":
+                value = b.to_numpy(block.seq_log_ratio).astype(np.float64)
+                collector.rows.append(value)
+                collector.lengths.append(lengths)
+                continue
+            if collector.token_level:
+                stat = block.ratio if option == "is_token" else block.k(_estimator(option))
+                if option.endswith("k1"):
+                    stat = b.abs(stat)
+                x = b.to_numpy(stat)
+                nonnegative = not option.endswith("k3")  # k3 in float32 may round below 0
+                counts = np.bincount(bucket(x, nonnegative), minlength=BUCKETS)
+                collector.histogram = counts if collector.histogram is None else collector.histogram + counts
+                worst = self._worst_token(block, option)
+            else:
+                worst = b.to_numpy(row_statistic(block, self.specs[option])).astype(np.float64)
+                if option.endswith("k1"):
+                    worst = np.abs(worst)
+            collector.rows.append(worst[valid])
+            collector.lengths.append(lengths[valid])
+
+    @staticmethod
+    def _worst_token(block: Block, option: str) -> np.ndarray:
+        """Each row's largest token statistic (|k1| for k1), from the per-row extremes the engine keeps."""
+        b = block.b
+        if option == "is_token":
+            return b.to_numpy(block.seg.max(block.ratio, -np.inf)).astype(np.float64)
+        row_max, row_min = (b.to_numpy(r).astype(np.float64) for r in block.row_extremes_k(_estimator(option)))
+        return np.maximum(np.abs(row_max), np.abs(row_min)) if option.endswith("k1") else row_max
+
+    def merge(self, other: Collector) -> Collector:
+        for option, collector in self.collectors.items():
+            collector.merge(other.collectors[option])
+        self.tokens += other.tokens
+        self.rows += other.rows
+        self.valid_rows += other.valid_rows
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "counts": [self.tokens, self.rows, self.valid_rows],
+            "options": {
+                o: {
+                    "histogram": None if c.histogram is None else _sparse(c.histogram),
+                    "rows": np.concatenate(c.rows).tolist() if c.rows else [],
+                    "lengths": np.concatenate(c.lengths).tolist() if c.lengths else [],
+                }
+                for o, c in self.collectors.items()
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.tokens, self.rows, self.valid_rows = (int(v) for v in state["counts"])
+        for option, saved in state["options"].items():
+            collector = self.collectors[option]
+            hist = saved["histogram"]
+            collector.histogram = None if hist is None else _dense(hist)
+            collector.rows = [np.asarray(saved["rows"], dtype=np.float64)]
+            collector.lengths = [np.asarray(saved["lengths"], dtype=np.float64)]
+
+
+def _estimator(option: str) -> str:
+    return option.rsplit("_", 1)[1]
+
+
+def _sparse(histogram: np.ndarray) -> list[list[int]]:
+    buckets = np.flatnonzero(histogram)
+    return [buckets.tolist(), histogram[buckets].tolist()]
+
+
+def _dense(sparse: list[list[int]]) -> np.ndarray:
+    out = np.zeros(BUCKETS, dtype=np.int64)
+    out[np.asarray(sparse[0], dtype=np.int64)] = np.asarray(sparse[1], dtype=np.int64)
+    return out

@@ -1,0 +1,251 @@
+"""One option swept over its thresholds, fed block by block; each threshold's state is the state the engine's
+own accumulator (``ISMetrics``, ``RSOptionMetrics``) would hold after ``rcdiag analyze`` at that threshold, so
+its metrics come from that accumulator's ``compute`` (one formula, one place).
+
+Sequence-level options decide per response: their work per threshold is per row (a few hundred rows per block),
+so each threshold runs the engine's accumulator itself. Token-level options keep one set of per-cell sums for
+all thresholds (``rcdiag.sweep.cells``) plus per-row counts per threshold.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rcdiag.backend import NumpyBackend
+from rcdiag.metrics.base import Accumulator, MetricValue, VerlCrash
+from rcdiag.metrics.block import Block
+from rcdiag.metrics.importance import ISMetrics
+from rcdiag.metrics.rejection import RSAggregateMetrics, RSOptionMetrics, bounds, row_statistic, threshold_free_states
+from rcdiag.sweep.cells import CellArrays, CellMap, Cells, band_map, clip_map, count_above, count_below
+from rcdiag.sweep.grid import Threshold
+from rcdiag.versions import VerlVersion
+
+_NP = NumpyBackend()
+Values = tuple[dict[str, MetricValue], list[VerlCrash]]
+
+
+def _accumulator(threshold: Threshold, version: VerlVersion) -> Accumulator:
+    if threshold.is_spec is not None:
+        return ISMetrics(threshold.is_spec, version)
+    assert threshold.rs_option is not None
+    return RSOptionMetrics(threshold.rs_option)
+
+
+def _host(block: Block, x: Any) -> np.ndarray:
+    return block.b.to_numpy(x)
+
+
+def _host_lengths(block: Block) -> np.ndarray:
+    return _host(block, block.row_len).astype(np.int64)
+
+
+class OptionSweep:
+    """Base: ``update`` with blocks, ``merge``, ``state_dict``, and per-threshold ``compute``."""
+
+    def __init__(self, option: str, thresholds: tuple[Threshold, ...], version: VerlVersion) -> None:
+        self.option = option
+        self.thresholds = thresholds
+        self.version = version
+        self.accumulators = [_accumulator(t, version) for t in thresholds]
+
+    def update(self, block: Block) -> None:
+        raise NotImplementedError
+
+    def merge(self, other: OptionSweep) -> None:
+        for mine, theirs in zip(self.accumulators, other.accumulators, strict=True):
+            mine.merge(theirs)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"thresholds": [a.state_dict() for a in self.accumulators]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for accumulator, saved in zip(self.accumulators, state["thresholds"], strict=True):
+            accumulator.load_state_dict(saved)
+
+    def compute(self, index: int, rows: float) -> Values:
+        """The metrics at threshold ``index`` (``rows``: all rows of the batch, for the RS aggregate)."""
+        accumulator = self._filled(index)
+        values, crashes = accumulator.compute()
+        if isinstance(accumulator, RSOptionMetrics):
+            aggregate = RSAggregateMetrics((accumulator.option,))
+            st = accumulator.state
+            aggregate.state = {
+                "tokens": st["tokens"],
+                "rows": rows,
+                "masked_tokens": st["masked_tokens"],
+                "masked_rows": st["masked_rows"],
+            }
+            values = {**values, **aggregate.compute()[0]}
+        return values, crashes
+
+    def _filled(self, index: int) -> Accumulator:
+        return self.accumulators[index]
+
+
+class SequenceSweep(OptionSweep):
+    """A sequence-level option (sequence IS, ``seq_*`` RS; token IS up to verl 0.7.1): the engine's accumulator at
+    every threshold."""
+
+    def update(self, block: Block) -> None:
+        for accumulator in self.accumulators:
+            accumulator.update(block)
+
+
+class TokenRSSweep(OptionSweep):
+    """``token_k1/k2/k3``: per-cell sums of the token statistic, per-threshold row counts."""
+
+    def __init__(self, option: str, thresholds: tuple[Threshold, ...], version: VerlVersion) -> None:
+        super().__init__(option, thresholds, version)
+        first = self.accumulators[0]
+        assert isinstance(first, RSOptionMetrics)
+        self.k1 = first.option.is_k1
+        self.estimator = first.option.estimator
+        self.base = RSOptionMetrics(first.option)
+        """Holds the option's threshold-free state (mean, extremes, per-row moments), shared by every threshold."""
+        edges = [b for a in self._rs() for b in bounds(a.option)]  # k2/k3: 0, the std clamp's floor
+        self.cells = Cells(edges, reference=0.0)
+        self.arrays = CellArrays.empty(self.cells.count)
+
+    def _rs(self) -> list[RSOptionMetrics]:
+        return [a for a in self.accumulators if isinstance(a, RSOptionMetrics)]
+
+    def update(self, block: Block) -> None:
+        self.base.add(**threshold_free_states(block, self.base.option))
+        x = _host(block, block.k(self.estimator))
+        self.arrays.merge(self.cells.sorted_arrays(x))
+        row_max, row_min = (_host(block, r) for r in block.row_extremes_k(self.estimator))
+        nan_rows = np.isnan(row_max)
+        valid = _host(block, block.row_valid)
+        v = _host(block, row_statistic(block, self._rs()[0].option))[valid]
+        for accumulator in self._rs():
+            lo, hi = bounds(accumulator.option)
+            hit = (row_max > hi) | nan_rows
+            if self.k1:
+                hit |= row_min < lo
+            accumulator.add(
+                v_hi=int(np.count_nonzero(v > hi)),
+                v_lo=int(np.count_nonzero(v < lo)) if self.k1 else 0.0,
+                masked_rows=int(np.count_nonzero(hit)),
+            )
+
+    def merge(self, other: OptionSweep) -> None:
+        assert isinstance(other, TokenRSSweep)
+        super().merge(other)
+        self.base.merge(other.base)
+        self.arrays.merge(other.arrays)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "base": self.base.state_dict(), "cells": self.arrays.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.base.load_state_dict(state["base"])
+        self.arrays = CellArrays.from_state_dict(state["cells"])
+
+    def _filled(self, index: int) -> Accumulator:
+        own = self._rs()[index]
+        out = RSOptionMetrics(own.option)
+        cells, arrays = self.cells, self.arrays
+        lo, hi = bounds(own.option)
+        above = count_above(cells, arrays, hi)
+        below = count_below(cells, arrays, lo) if self.k1 else 0.0
+        nan = float(arrays.n[cells.nan_cell])
+        out.state = {
+            **self.base.state,
+            "tok_hi": above,
+            "tok_lo": below,
+            "clamped": clip_map(cells, lo, hi).moments(arrays),
+            "masked_tokens": above + below + nan,
+            "v_hi": own.state["v_hi"],
+            "v_lo": own.state["v_lo"],
+            "masked_rows": own.state["masked_rows"],
+        }
+        return out
+
+
+class TokenISSweep(OptionSweep):
+    """Token-level IS (TIS and IcePop): per-cell sums of the token ratio, per-threshold per-row mean weights."""
+
+    def __init__(self, option: str, thresholds: tuple[Threshold, ...], version: VerlVersion) -> None:
+        super().__init__(option, thresholds, version)
+        edges: list[float] = []
+        for accumulator in self._is():
+            edges += [accumulator.upper, accumulator.metric_lower]
+            if accumulator.lower is not None:
+                edges.append(accumulator.lower)
+        self.cells = Cells(edges, reference=1.0)
+        self.arrays = CellArrays.empty(self.cells.count)
+        self.maps = [self._map(a) for a in self._is()]
+
+    def _is(self) -> list[ISMetrics]:
+        return [a for a in self.accumulators if isinstance(a, ISMetrics)]
+
+    def _map(self, accumulator: ISMetrics) -> CellMap:
+        if accumulator.lower is None:
+            return clip_map(self.cells, None, accumulator.upper)
+        return band_map(self.cells, accumulator.lower, accumulator.upper)
+
+    def update(self, block: Block) -> None:
+        ratio = block.ratio
+        x = _host(block, ratio)
+        cells_of = self.cells
+        core_cell, core, tail, cells = cells_of.split(x)
+        self.arrays.merge(cells_of.block_arrays(x, core_cell, core, tail, cells))
+        lengths = _host_lengths(block)
+        n_rows, n_cells = lengths.shape[0], cells_of.count
+        segments = _NP.segments(lengths)
+        ends = np.cumsum(lengths)
+        row_of = np.searchsorted(ends, tail, side="right")
+        flat = row_of * n_cells + cells
+        counts = np.bincount(flat, minlength=n_rows * n_cells).reshape(n_rows, n_cells).astype(np.float64)
+        # float64 even for an empty tail (bincount then returns integers)
+        sums = np.bincount(flat, weights=x[tail], minlength=n_rows * n_cells).reshape(n_rows, n_cells).astype(float)
+        counts[:, core_cell] = lengths - counts.sum(axis=1)
+        sums[:, core_cell] = segments.sum(np.where(core, x, np.float32(0.0)))
+        row_len = np.maximum(lengths, 1).astype(np.float64)
+        raw_mean = _host(block, block.row_mean(block.seg.sum(ratio)))
+        for accumulator, cell_map in zip(self._is(), self.maps, strict=True):
+            a = cell_map.row_sums(sums, counts) / row_len
+            accumulator.add(**accumulator.row_states(_NP, block, a, raw_mean))
+
+    def merge(self, other: OptionSweep) -> None:
+        assert isinstance(other, TokenISSweep)
+        super().merge(other)
+        self.arrays.merge(other.arrays)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "cells": self.arrays.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.arrays = CellArrays.from_state_dict(state["cells"])
+
+    def _filled(self, index: int) -> Accumulator:
+        own, cell_map = self._is()[index], self.maps[index]
+        cells, arrays = self.cells, self.arrays
+        out = ISMetrics(own.spec, self.version)
+        high = count_above(cells, arrays, own.upper)
+        low = count_below(cells, arrays, own.metric_lower)
+        out.state = {
+            **own.state,
+            "w": cell_map.moments(arrays),
+            "w_max": cell_map.extreme(arrays, largest=True),
+            "w_min": cell_map.extreme(arrays, largest=False),
+            "raw_hi": high,
+            "raw_lo": low,
+            "oob_tokens": 0.0 if own.lower is None else high + count_below(cells, arrays, own.lower),
+        }
+        return out
+
+
+def option_sweep(option: str, thresholds: tuple[Threshold, ...], version: VerlVersion) -> OptionSweep:
+    """The sweep accumulator of one option under verl ``version``. Token IS up to v0.7.1 describes the raw
+    weights, which the per-cell sums of the applied ones do not give: there each threshold runs the engine's
+    accumulator."""
+    if option == "is_token" and not version.is_metrics_on_raw_weights:
+        return TokenISSweep(option, thresholds, version)
+    if option.startswith("token_"):
+        return TokenRSSweep(option, thresholds, version)
+    return SequenceSweep(option, thresholds, version)

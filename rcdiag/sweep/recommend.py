@@ -1,0 +1,160 @@
+"""Recommended thresholds: per option, the one whose rejected share comes closest to a target without exceeding it.
+
+They are chosen from what the sweep's pass collected (``rcdiag.sweep.collector``): per response, every value, so
+the threshold is an exact order statistic (rounded up to float32); per token, a histogram exact at its bucket
+edges, so the threshold is taken just below an edge: the share it rejects is exact and never above the target,
+and the threshold lies within 0.4% of the exact order statistic.
+
+k1 bands are symmetric in log space, ``[1/U, U]``, written as ``L_U`` with ``log L = -log U`` exactly in float32,
+so the band rejects exactly the values whose ``|log ratio|`` exceeds ``log U``. IS recommendations truncate (TIS).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rcdiag.sweep.collector import BUCKETS, Collector, bucket, edge
+from rcdiag.sweep.grid import IS_OPTIONS, resolve
+from rcdiag.sweep.report import Recommendation
+
+
+def choose(collector: Collector, option: str, target: float) -> Recommendation | None:
+    """The recommendation of one option; ``None`` if the dump has no valid token."""
+    c = collector.collectors[option]
+    if collector.tokens == 0:
+        return None
+    rows = np.concatenate(c.rows) if c.rows else np.zeros(0)
+    lengths = np.concatenate(c.lengths) if c.lengths else np.zeros(0)
+    if option == "is_sequence":
+        return _sequence_is(rows, lengths, collector, target)
+    if c.token_level:
+        assert c.histogram is not None
+        histogram = c.histogram
+        if option == "is_token":  # IS counts ratios above U; NaN is not above anything (verl's fraction_high)
+            histogram = histogram.copy()
+            histogram[int(bucket(np.asarray([np.inf], dtype=np.float32))[0]) :] = 0
+            rows = np.where(np.isnan(rows), -np.inf, rows)
+        threshold = _from_histogram(histogram, target * collector.tokens)
+        token_reject = float(_rejected_tokens(histogram, threshold)) / collector.tokens
+    else:
+        threshold = _order_statistic(rows, math.floor(target * collector.valid_rows + 1e-9))
+        token_reject = float(lengths[_rejected(rows, threshold)].sum()) / collector.tokens
+    seq_reject = float(np.count_nonzero(_rejected(rows, threshold))) / max(collector.valid_rows, 1)
+    spec = _spec(option, threshold)
+    share = "token" if c.token_level else "response"
+    return Recommendation(option, spec, token_reject, seq_reject, share, verl_yaml(option, spec))
+
+
+def _rejected(values: np.ndarray, threshold: float) -> np.ndarray:
+    return (values > threshold) | np.isnan(values)
+
+
+def _from_histogram(histogram: np.ndarray, allowed: float) -> float:
+    """Just below the lowest bucket edge above which at most ``allowed`` tokens lie."""
+    above = np.cumsum(histogram[::-1])[::-1]  # tokens in this bucket or higher
+    fits = np.flatnonzero(above <= allowed + 1e-9)
+    first = max(int(fits[0]) if fits.size else BUCKETS - 1, 1)
+    return float(np.nextafter(edge(first), np.float32(-np.inf)))
+
+
+def _rejected_tokens(histogram: np.ndarray, threshold: float) -> int:
+    first = int(bucket(np.asarray([np.nextafter(np.float32(threshold), np.float32(np.inf))]))[0])
+    return int(histogram[first:].sum())
+
+
+def _order_statistic(values: np.ndarray, allowed: int) -> float:
+    """The smallest float32 threshold ``t`` with at most ``allowed`` values above it (NaN always counts)."""
+    nan = int(np.count_nonzero(np.isnan(values)))
+    finite = np.sort(values[~np.isnan(values)])[::-1]
+    keep_above = allowed - nan
+    if keep_above < 0 or finite.size == 0:
+        return float(np.float32(finite[0])) if finite.size else 1.0
+    if keep_above >= finite.size:
+        return float(np.nextafter(np.float32(0.0), np.float32(1.0)))
+    return _round_up(float(finite[keep_above]))
+
+
+def _round_up(value: float) -> float:
+    """The smallest positive float32 >= value."""
+    f = np.float32(value)
+    if float(f) < value:
+        f = np.nextafter(f, np.float32(np.inf))
+    return float(max(f, np.nextafter(np.float32(0.0), np.float32(1.0))))
+
+
+def _sequence_is(rows: np.ndarray, lengths: np.ndarray, collector: Collector, target: float) -> Recommendation:
+    """Sequence TIS: rows with ``S > log(U)`` (log taken in float32, as verl), over all rows."""
+    allowed = math.floor(target * collector.rows + 1e-9)
+    rows = np.where(np.isnan(rows), -np.inf, rows)  # NaN is never above the bound (verl's fraction_high)
+    finite = np.sort(rows)[::-1]
+    s = float(finite[allowed]) if allowed < finite.size else float(finite[-1]) - 1.0
+    upper = _smallest_with_log_at_least(s)
+    spec = _float_spec(float(upper))
+    log_upper = float(np.log(np.float32(float(spec))))
+    hit = _rejected(rows, log_upper)
+    return Recommendation(
+        "is_sequence",
+        spec,
+        float(lengths[hit].sum()) / max(collector.tokens, 1),
+        float(np.count_nonzero(hit)) / max(collector.rows, 1),
+        "response",
+        verl_yaml("is_sequence", spec),
+    )
+
+
+def _smallest_with_log_at_least(s: float) -> np.float32:
+    """The smallest positive float32 ``u`` whose float32 log (verl's IS log-threshold) is ``>= s``: a bisection
+    over the bit patterns of positive float32 values, on which ``log`` is monotone."""
+    lo, hi = 1, 0x7F800000  # smallest subnormal .. +inf
+    with np.errstate(divide="ignore"):
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if float(np.log(np.uint32(mid).view(np.float32))) >= s:
+                hi = mid
+            else:
+                lo = mid + 1
+    return np.uint32(lo).view(np.float32)
+
+
+def _spec(option: str, threshold: float) -> str:
+    """A spec ``rcdiag analyze`` (and verl) parse back to exactly this threshold on the statistic."""
+    if option == "is_token" or not option.endswith("k1"):
+        return _float_spec(threshold)
+    # k1: keep -t <= log-ratio statistic <= t, i.e. the band [exp(-t), exp(t)], exact in float32.
+    t = float(np.float32(threshold))
+    for digits in range(4, 18):  # the shortest decimals that still give exactly +-t
+        spec = f"{math.exp(-t):.{digits}g}_{math.exp(t):.{digits}g}"
+        option_spec = resolve(option, spec).rs_option
+        assert option_spec is not None
+        if float(np.float32(option_spec.thr_hi)) == t and float(np.float32(option_spec.thr_lo)) == -t:
+            return spec
+    raise AssertionError(f"no k1 band gives +-{t} exactly")
+
+
+def _float_spec(value: float) -> str:
+    """The shortest decimal that verl's float() then float32 rounding turn back into this float32 value."""
+    f = np.float32(value)
+    short = np.format_float_positional(f, unique=True, trim="-")
+    return short if np.float32(float(short)) == f else repr(float(f))
+
+
+def verl_yaml(option: str, spec: str) -> str:
+    """The lines to paste into verl's config for this option alone."""
+    if option in IS_OPTIONS.values():
+        level = option.removeprefix("is_")
+        body = f"rollout_is: {level}\n    rollout_is_threshold: {_yaml_value(spec)}"
+    else:
+        body = f"rollout_rs: {option}\n    rollout_rs_threshold: {_yaml_value(spec)}"
+    return f"algorithm:\n  rollout_correction:\n    {body}\n"
+
+
+def _yaml_value(spec: str) -> str:
+    return f'"{spec}"' if "_" in spec else spec
+
+
+def recommend(collector: Collector, target: float) -> list[Recommendation]:
+    """A recommended threshold for every option the collector saw."""
+    out = [choose(collector, option, target) for option in collector.options]
+    return [r for r in out if r is not None]
