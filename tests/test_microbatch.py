@@ -409,3 +409,42 @@ def test_table_per_step_section(capsys: pytest.CaptureFixture) -> None:
     assert "verl 0.7.1 logged the actor's values" in out
     first = data["microbatch"]["steps"][0]["legacy_metrics"]["rollout_corr/kl"]
     assert f"{first:.6g}" in out
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 300), min_size=1, max_size=40),
+    dp=st.integers(1, 4),
+    mini=st.none() | st.integers(1, 12),
+    micro=st.none() | st.integers(1, 6),
+    budget=st.none() | st.integers(50, 2000),
+    balance=st.booleans(),
+    version=st.sampled_from(list(VERSIONS)),
+)
+def test_every_row_lands_in_exactly_one_micro_batch_of_its_rank(
+    lengths: list[int], dp: int, mini: int | None, micro: int | None, budget: int | None, balance: bool, version: str
+) -> None:
+    """Whatever the setup, a split verl accepts places each row once, on one rank, with equal rows per rank; a
+    rank's mini-batches follow its rows in order; under a token budget the counts are equal across ranks from
+    v0.8.0 (verl's all-reduce)."""
+    if micro is not None and budget is not None:
+        budget = None
+    prompt = 7 if budget is not None or balance else None
+    settings = MicroBatchSettings(micro_batch_size=micro, mini_batch_size=mini, dp_size=dp, max_token_len=budget,
+                                  prompt_len=prompt, balance_batch=balance)  # fmt: skip
+    response = np.array(lengths)
+    try:
+        layout = plan(settings, VERSIONS[version], response, response)
+    except SplitRefusedError:
+        return
+    placed = [row for ranks in layout.mini_batches for micros in ranks for mb in micros for row in mb]
+    assert sorted(placed) == list(range(len(lengths)))
+    assert len({len(rows) for rows in layout.rank_rows}) == 1
+    size = mini or len(layout.rank_rows[0])
+    for rank, rows in enumerate(layout.rank_rows):
+        for index, ranks in enumerate(layout.mini_batches):
+            held = sorted(row for mb in ranks[rank] for row in mb)
+            assert held == sorted(rows[index * size : (index + 1) * size])
+            assert all(ranks[rank])
+    if budget is not None and not VERSIONS[version].legacy_actor:
+        assert all(len({len(micros) for micros in ranks}) == 1 for ranks in layout.mini_batches)
