@@ -448,3 +448,39 @@ def test_every_row_lands_in_exactly_one_micro_batch_of_its_rank(
             assert all(ranks[rank])
     if budget is not None and not VERSIONS[version].legacy_actor:
         assert all(len({len(micros) for micros in ranks}) == 1 for ranks in layout.mini_batches)
+
+
+@pytest.mark.parametrize("version", ["0.7.1", "0.9.1"])
+def test_cli_dynamic_balanced_split_is_verls(capsys: pytest.CaptureFixture, tmp_path: Path, version: str) -> None:
+    """End to end through the CLI: balance_batch over 2 ranks, then rearrange_micro_batches per rank with the
+    counts synced, against verl's own functions fed the sequence lengths (prompt + last valid position + 1)."""
+    balancing = verl(version)["balancing"]
+    old, rollout, mask = _dump(21, rows=12, empty=1)
+    mask[2, 9:] = 0  # a response that ends early (trailing mask 0 is padding, not response)
+    mask[4, 3] = 0  # a masked token inside a response still counts in its length
+    path = write_dump(tmp_path / "d.parquet", ragged_lists(old, rollout, mask))
+    prompt, budget = 20, 70
+    args = ("--max-token-len", str(budget), "--prompt-len", str(prompt), "--balance-batch", "--dp-size", "2",
+            "--sync-micro-num", "--verl-version", version, "--format", "json")  # fmt: skip
+    code, out, err = run(capsys, "analyze", str(path), *args)
+    assert code == 0, err
+    ranks = json.loads(out)["microbatch"]["mini_batches"][0]["ranks"]
+    valid = mask.astype(bool)
+    response = np.array([np.flatnonzero(row).max() + 1 if row.any() else 0 for row in valid])
+    seqlens = prompt + response
+    loads = (24576 * seqlens + seqlens**2).tolist()
+    order = []
+    for part in balancing.get_seqlen_balanced_partitions(loads, 2, equal_size=True):
+        part = sorted(part, key=lambda i: (loads[i], i))
+        order += part[::2] + part[1::2][::-1]
+    chunks = [order[:6], order[6:]]
+    counts = [min(6, -(-int(seqlens[c].sum()) // budget)) for c in chunks]
+    for rank, rows in enumerate(chunks):
+        width = int(seqlens[rows].max()) if version != "0.7.1" else prompt + mask.shape[1]
+        attention = torch.zeros((6, width), dtype=torch.int64)
+        for i, row in enumerate(rows):
+            attention[i, : seqlens[row]] = 1
+        batch = {"input_ids": attention, "attention_mask": attention}
+        _, parts = balancing.rearrange_micro_batches(batch, max_token_len=budget, min_num_micro_batch=max(counts))
+        expected = [[rows[i] for i in part] for part in parts]
+        assert [mb["rows"] for mb in ranks[rank]["micro_batches"]] == expected
