@@ -388,3 +388,17 @@ def test_sweep_refuses_icepop_under_0_7_1_and_states_keep_the_release(
     direct = json.loads(run(capsys, *args, "--save-state", state)[1])
     merged = json.loads(run(capsys, "merge", state, "--format", "json")[1])
     assert merged["verl_version"] == "0.7.1" and merged["sweep"] == direct["sweep"]
+
+
+def test_a_rules_file_sets_the_release_and_the_flag_overrides_it(
+    capsys: pytest.CaptureFixture, dump: tuple, tmp_path: Path
+) -> None:
+    """[engine] verl_version in a rules file; --verl-version on top. The raw token ratios of this dump average
+    above 2 (see test_compare_and_check_run_under_a_release), the truncated ones cannot."""
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[engine]\nverl_version = "0.7.1"\nrollout_is = "token"\n[max]\nrollout_is_mean = 2\n')
+    path = str(dump[0])
+    status, out, _ = run(capsys, "check", path, "--rules", str(rules), "--format", "json")
+    assert status == 1 and json.loads(out)["config"]["verl_version"] == "0.7.1"
+    status, out, _ = run(capsys, "check", path, "--rules", str(rules), "--verl-version", "0.9.1", "--format", "json")
+    assert status == 0 and json.loads(out)["config"]["verl_version"] == "0.9.1"
