@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from test_cli import run
 from verl_oracle import load_modules, require_verl
 
-from rcdiag import CorrectionConfig, MicroBatchSettings, analyze
+from rcdiag import CorrectionConfig, MicroBatchSettings, analyze, preset
 from rcdiag.errors import ConfigError
 from rcdiag.microbatch.partition import (
     SplitRefusedError,
@@ -338,6 +338,10 @@ def test_worked_example_crashes_at_micro_batch_size_1_not_8(capsys: pytest.Captu
     assert "verl_crash_microbatch_all_rejected" in {f["code"] for f in one["findings"]}
     assert "verl_crash_microbatch_all_rejected" not in {f["code"] for f in eight["findings"]}
     assert eight["microbatch"]["steps"][0]["legacy_metrics"] is not None
+    # the Python form in the docs
+    report = analyze(path, preset("decoupled_k3_rs", "0.7.1"), microbatch=MicroBatchSettings(micro_batch_size=1))
+    assert report.microbatch is not None and report.microbatch.to_dict()["legacy_actor_assert_would_fire"] is True
+    assert [f.code for f in report.findings if f.severity == "error"] == ["verl_crash_microbatch_all_rejected"]
 
 
 def test_cli_json_schema_and_table(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
