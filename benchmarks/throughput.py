@@ -14,6 +14,7 @@ import argparse
 import platform
 import statistics
 import time
+from collections.abc import Callable
 
 from _data import dump, parse_tokens
 from _methods import io_floor, padded, rcdiag_e2e
@@ -38,10 +39,22 @@ def main() -> None:
         methods["padded"] = lambda: padded(path, args.chunk_tokens, padded_tokens)
     if _cuda():
         methods["rcdiag_cuda"] = lambda: rcdiag_e2e(path, args.chunk_tokens, device="cuda")
-    rates: dict[str, list[float]] = {name: [] for name in methods}
     print(f"{path.name}: {path.stat().st_size / 1e6:.0f} MB, chunk {args.chunk_tokens:,} tokens, {args.rounds} rounds")
     print(f"machine: {platform.processor() or platform.machine()}, {_cpus()} CPUs, Python {platform.python_version()}")
-    for round_ in range(args.rounds):
+    medians = interleaved(methods, args.rounds)
+    print("\nratios (same run):")
+    print(f"  rcdiag / io_floor = {medians['rcdiag'] / medians['io_floor']:.2f}   (target >= 0.7)")
+    if "padded" in medians:
+        print(f"  rcdiag / padded   = {medians['rcdiag'] / medians['padded']:.1f}x  (target >= 10x)")
+    if "rcdiag_cuda" in medians:
+        print(f"  cuda / cpu        = {medians['rcdiag_cuda'] / medians['rcdiag']:.2f}")
+
+
+def interleaved(methods: dict[str, Callable[[], int]], rounds: int) -> dict[str, float]:
+    """Time every method (returning the tokens it read) once per round, in turn; print each time and the medians
+    (M tokens/s), and return the medians."""
+    rates: dict[str, list[float]] = {name: [] for name in methods}
+    for round_ in range(rounds):
         for name, method in methods.items():
             start = time.perf_counter()
             tokens = method()
@@ -52,12 +65,7 @@ def main() -> None:
     print("\nmedian M tok/s (min-max):")
     for name, values in rates.items():
         print(f"  {name:12s} {medians[name]:7.1f} ({min(values):.1f}-{max(values):.1f})")
-    print("\nratios (same run):")
-    print(f"  rcdiag / io_floor = {medians['rcdiag'] / medians['io_floor']:.2f}   (target >= 0.7)")
-    if "padded" in medians:
-        print(f"  rcdiag / padded   = {medians['rcdiag'] / medians['padded']:.1f}x  (target >= 10x)")
-    if "rcdiag_cuda" in medians:
-        print(f"  cuda / cpu        = {medians['rcdiag_cuda'] / medians['rcdiag']:.2f}")
+    return medians
 
 
 def _cuda() -> bool:

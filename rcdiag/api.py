@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import multiprocessing
+import functools
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,20 +15,31 @@ from rcdiag.config import CorrectionConfig
 from rcdiag.engine import Engine, EngineState
 from rcdiag.errors import ConfigError
 from rcdiag.explain.detectors import detect
-from rcdiag.explain.sequences import SequenceWriter, cleanup, temporary_directory
 from rcdiag.explain.sequences import check_target as check_sequences_target
+from rcdiag.explain.sequences import cleanup, temporary_directory
 from rcdiag.explain.sequences import finish as finish_sequences
 from rcdiag.explain.state import ExplainOptions, ExplainState, number_rows
 from rcdiag.explain.worst import DEFAULT_WORST
 from rcdiag.health import evaluate
 from rcdiag.io import Chunk, open_dump, prefetch
-from rcdiag.io.base import Source, SourceInfo
+from rcdiag.io.base import SourceInfo
 from rcdiag.microbatch import MicroBatchReport, MicroBatchSettings
 from rcdiag.microbatch.report import simulate as simulate_microbatches
 from rcdiag.microbatch.rows import RowCollector
 from rcdiag.options import ReadOptions
+from rcdiag.parallel import (
+    RAY_MAX_PARTS,
+    Job,
+    PartCallback,
+    PartResult,
+    StateFactory,
+    in_processes,
+    merge_parts,
+    on_ray,
+    sequence_writer,
+)
 from rcdiag.report import ExplainReport, InputFacts, Report, StepReport
-from rcdiag.validate import Problem, Screen, ScreenStats, as_chunk, raise_for_bad_rows
+from rcdiag.validate import Screen, ScreenStats, as_chunk
 
 
 @dataclass(frozen=True)
@@ -39,12 +49,12 @@ class ReadProgress:
     rows: int
     tokens: int
     total_rows: int | None
+    parts: int | None = None
+    """Parts finished, when parts are read in parallel (``--workers``, ``--ray``); ``None``: one process."""
+    total_parts: int | None = None
 
 
 ProgressCallback = Callable[[ReadProgress], None]
-StateFactory = Callable[[], EngineState]
-"""Builds the empty state a read folds blocks into (picklable: worker processes call it too)."""
-
 
 def analyze(
     path: str | Path,
@@ -63,12 +73,13 @@ def analyze(
 
     Args:
         path: the dump: a Parquet, Arrow IPC, JSONL (NeMo-RL, prime-rl), ``.pt`` or ``.npz`` file, a
-            directory of shards or a glob (docs/formats.md).
+            directory of shards or a glob (docs/formats.md); a local path or an ``s3://``, ``gs://``,
+            ``hdfs://`` or ``file://`` URL (docs/storage.md).
         config: verl's ``rollout_correction`` fields; default: metrics only (verl's YAML default).
-        read: how to read the dump (``rcdiag.ReadOptions``: columns, bad-row policy, device, chunk size,
+        read: how to read the dump (``rcdiag.ReadOptions``: columns, bad-row policy, device, chunk size, Ray,
             workers); default: recognise the columns, stop at a bad row, one CPU process.
-        on_chunk: called after each chunk is read with a ``ReadProgress`` (for a progress bar; not called
-            with ``workers > 1``).
+        on_chunk: called after each chunk is read with a ``ReadProgress`` (for a progress bar); with
+            ``workers > 1`` or ``ray``, after each part instead.
         save_state: also write the accumulated state here, for ``merge_states`` (scale-out over shards).
         explain: also say where the mismatch sits: breakdowns by position, rollout probability and length, the
             ``worst`` most extreme responses and the bias detectors (``report.explain``, docs/explain.md).
@@ -93,8 +104,11 @@ def analyze(
     wanted = ExplainOptions.of(explain, worst, sequences)
     collector = RowCollector() if microbatch is not None else None
     read = ReadOptions.of(read, options)
-    if collector is not None and read.workers > 1:
-        raise ConfigError("micro-batch options need the rows of each step in order: use them with --workers 1.")
+    if collector is not None and (read.workers > 1 or read.ray):
+        raise ConfigError(
+            "micro-batch options need the rows of each step in order, in one process: use them without --workers "
+            "or --ray."
+        )
     accumulated = accumulate(
         path, config, read, on_chunk=on_chunk, save_state=save_state, explain=wanted, collector=collector
     )
@@ -136,31 +150,37 @@ def accumulate(
     """Read a dump into an ``EngineState`` (the mergeable accumulators), without computing the report.
 
     With ``workers > 1`` the dump's parts (runs of Parquet row groups, or of a directory's shards) are read by
-    that many processes, whose states are merged: the result is the same as one process reading everything.
-    ``explain`` adds ``--explain``'s accumulators (and writes its ``sequences`` file). ``new_state`` builds the
-    empty state blocks are folded into instead of the analyze accumulators of ``config`` (the sweep passes its
-    own); it must pickle, for the worker processes. A ``collector`` keeps every screened row by step
-    (micro-batch simulation).
+    that many processes; with ``ray`` each row group or shard is a Ray task. Their states are merged: the result is
+    the same as one process reading everything. ``explain`` adds ``--explain``'s accumulators (and writes its
+    ``sequences`` file). ``new_state`` builds the empty state blocks are folded into instead of the analyze
+    accumulators of ``config`` (the sweep passes its own); it must pickle, for the worker processes and Ray tasks.
+    A ``collector`` keeps every screened row by step (micro-batch simulation; one process only).
     """
     resolved = (config or CorrectionConfig()).resolve()
     read = ReadOptions.of(read, options)
     if explain is not None and explain.sequences is not None:
+        if read.ray:
+            raise ConfigError(
+                "--sequences writes each part's rows on this machine, which Ray tasks elsewhere cannot reach; use it "
+                "without --ray (one process or --workers)."
+            )
         check_sequences_target(explain.sequences)
     backend = _backend(read.device)
     source = open_dump(path, read.columns)
-    partitions = source.partitions(read.workers) if read.workers > 1 else []
+    parts = source.partitions(RAY_MAX_PARTS if read.ray else read.workers)
     scratch = temporary_directory(explain.sequences) if explain is not None and explain.sequences else None
     try:
-        if len(partitions) > 1:
+        if read.ray or len(parts) > 1:
             if not isinstance(backend, NumpyBackend):
-                raise ConfigError("workers > 1 runs several CPU processes; use it with device 'cpu'.")
-            state, stats = _accumulate_in_processes(
-                source, resolved.config, partitions, read, explain, scratch, new_state
-            )
+                raise ConfigError(f"{'ray' if read.ray else 'workers > 1'} reads on CPUs; use it with device 'cpu'.")
+            job = Job.of(resolved.config, read, explain, scratch, new_state)
+            on_part = _part_progress(on_chunk, len(parts), source.info.total_rows) if on_chunk is not None else None
+            run_parts = functools.partial(on_ray, address=read.ray_address) if read.ray else in_processes
+            state, stats = merge_parts(source, run_parts(parts, job, on_part), job)
         else:
             screen = Screen(read.on_bad_row)
             explain_state = ExplainState(explain.worst) if explain is not None else None
-            writer = _sequence_writer(explain_state, resolved, scratch, 0)
+            writer = sequence_writer(explain_state, resolved, scratch, 0)
             chunks = number_rows(prefetch(source.chunks(read.chunk_tokens)), explain_state)
             if on_chunk is not None:
                 chunks = _report_progress(chunks, on_chunk, source.info.total_rows)
@@ -182,16 +202,6 @@ def accumulate(
     return Accumulated(state, source.info, backend.name, stats)
 
 
-def _sequence_writer(
-    explain_state: ExplainState | None, resolved: Any, scratch: Path | None, part: int
-) -> SequenceWriter | None:
-    if explain_state is None or scratch is None:
-        return None
-    writer = SequenceWriter(resolved, scratch / f"part-{part:04d}")
-    explain_state.observers.append(writer)
-    return writer
-
-
 def _part_offsets(scratch: Path, state: EngineState) -> list[tuple[Path, int]]:
     """Each part's directory of ``--sequences`` files with the rows read before it (parts in reading order)."""
     directories = sorted(p for p in scratch.iterdir() if p.is_dir())
@@ -207,70 +217,16 @@ def merge_states(paths: list[str | Path]) -> Report:
     return build_report(state, combined_info(sources), "merged", stats)
 
 
-def _accumulate_in_processes(
-    source: Source,
-    config: CorrectionConfig,
-    partitions: list[Any],
-    read: ReadOptions,
-    explain: ExplainOptions | None = None,
-    scratch: Path | None = None,
-    new_state: StateFactory | None = None,
-) -> tuple[EngineState, ScreenStats]:
-    context = multiprocessing.get_context("spawn")  # the parent holds Arrow threads: fork is not safe
-    with ProcessPoolExecutor(max_workers=len(partitions), mp_context=context) as pool:
-        futures = [
-            pool.submit(
-                _accumulate_part,
-                source.info.path,
-                part,
-                config,
-                read.replace(device="cpu"),
-                explain,
-                scratch,
-                i,
-                new_state,
-            )
-            for i, part in enumerate(partitions)
-        ]
-        results = [future.result() for future in futures]
-    resolved = config.resolve()
-    explain_state = ExplainState(explain.worst) if explain else None
-    merged = new_state() if new_state else EngineState(resolved, explain=explain_state)
-    stats = ScreenStats()
-    part_rows = []
-    first: Problem | None = None
-    for saved_state, saved_stats, problem in results:  # in part order: the first bad row is the earliest
-        part = type(merged).from_state_dict(resolved, saved_state)
-        part_rows.append(part.explain.rows_read if part.explain is not None else 0)
-        merged.merge(part)
-        stats = stats.merge(ScreenStats.from_dict(saved_stats))
-        first = first or problem
-    raise_for_bad_rows(first, stats)  # counted over the whole dump, not one part
-    if merged.explain is not None:
-        merged.explain.part_rows = part_rows
-    return merged, stats
+def _part_progress(on_chunk: ProgressCallback, total: int, total_rows: int | None) -> PartCallback:
+    """Progress over parts (each finished part adds its rows and tokens)."""
+    seen = {"rows": 0, "tokens": 0}
 
+    def update(done: int, _: int, result: PartResult) -> None:
+        seen["rows"] += result.rows
+        seen["tokens"] += result.tokens
+        on_chunk(ReadProgress(seen["rows"], seen["tokens"], total_rows, parts=done, total_parts=total))
 
-def _accumulate_part(
-    path: str,
-    part: Any,
-    config: CorrectionConfig,
-    read: ReadOptions,
-    explain: ExplainOptions | None = None,
-    scratch: Path | None = None,
-    index: int = 0,
-    new_state: StateFactory | None = None,
-) -> tuple[dict, dict, Problem | None]:
-    source = open_dump(path, read.columns)
-    screen = Screen(read.on_bad_row, verdict_at_end=False)
-    resolved = config.resolve()
-    explain_state = ExplainState(explain.worst) if explain is not None else None
-    writer = _sequence_writer(explain_state, resolved, scratch, index)
-    chunks = number_rows(prefetch(source.chunks(read.chunk_tokens, part=part)), explain_state)
-    state = Engine(resolved, explain=explain_state, state=new_state() if new_state else None).run(screen(chunks))
-    if writer is not None:
-        writer.flush()
-    return state.state_dict(), screen.stats.to_dict(), screen.first
+    return update
 
 
 def _report_progress(chunks: Iterable[Chunk], on_chunk: ProgressCallback, total_rows: int | None) -> Iterator[Chunk]:

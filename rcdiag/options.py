@@ -42,6 +42,11 @@ class ReadOptions:
     """Split the dump's parts (Parquet row groups, a directory's shards) among this many CPU processes."""
     quiet: bool = False
     """No progress display. The library draws none itself; the CLI's bar honours it."""
+    ray: bool = False
+    """Read each part (a Parquet row group, a shard file) as a Ray task and merge their states (needs
+    ``rcdiag[ray]``); the cluster is ``ray_address``, else ``RAY_ADDRESS``, else a local Ray instance."""
+    ray_address: str | None = None
+    """The Ray cluster to run on (``ray://host:10001``, ``host:6379`` or ``auto``); giving one implies ``ray``."""
 
     def __post_init__(self) -> None:
         if str(self.on_bad_row) not in BAD_ROW_POLICIES:
@@ -51,6 +56,12 @@ class ReadOptions:
             raise ConfigError(f"chunk_tokens must be a positive number of tokens, got {self.chunk_tokens}.")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise ConfigError(f"workers must be at least 1, got {self.workers}.")
+        if self.ray_address is not None and not str(self.ray_address).strip():
+            raise ConfigError("ray_address is empty (an unset variable?); give host:port, ray://host:port or auto.")
+        if self.ray_address is not None:
+            object.__setattr__(self, "ray", True)
+        if self.ray and self.workers > 1:
+            raise ConfigError("workers and ray both split the dump; use one (ray runs a task per part).")
 
     def replace(self, **changes: Any) -> ReadOptions:
         """A copy with some fields changed (an unknown field is a ``TypeError``, as for the constructor)."""

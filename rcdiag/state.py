@@ -31,7 +31,7 @@ STATE_VERSION = 1
 
 
 def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo], screen: ScreenStats) -> None:
-    """Write a state file atomically (a reader never sees a half-written file)."""
+    """Write a state file atomically (a reader never sees a half-written file), locally or to object storage."""
     payload = {
         "format": STATE_FORMAT,
         "version": STATE_VERSION,
@@ -43,7 +43,13 @@ def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo], 
         "screen": screen.to_dict(),
         "state": _encode(state.state_dict()),
     }
-    target = Path(path)
+    from rcdiag.io import storage
+
+    text = storage.local_path(str(path))
+    if storage.is_remote(text):  # one upload: the object appears whole or not at all
+        storage.write_bytes(storage.parse(text), json.dumps(payload).encode())
+        return
+    target = Path(text)
     try:
         with tempfile.NamedTemporaryFile("w", dir=target.parent or ".", prefix=f".{target.name}.", delete=False) as f:
             json.dump(payload, f)
@@ -56,9 +62,11 @@ def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo], 
 
 def load_state(path: str | Path) -> tuple[EngineState, list[SourceInfo], ScreenStats]:
     """Read a state file; any problem is an ``InputError`` naming the file."""
+    from rcdiag.io.paths import read_bytes
+
     name = str(path)
     try:
-        payload = json.loads(Path(path).read_text(encoding="utf-8"))
+        payload = json.loads(read_bytes(name).decode("utf-8"))
     except FileNotFoundError:
         raise InputError("file not found", path=name) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -97,10 +105,13 @@ def state_kind_of(state: EngineState) -> str:
 
 
 def state_kind(path: str | Path) -> str:
-    """The kind of a state file, without loading its state (``"analyze"`` for files without one)."""
+    """The kind of a state file (a path or URL), without loading its state (``"analyze"`` for files without one;
+    a directory, prefix or glob: its first state file's)."""
+    from rcdiag.io.paths import read_bytes, state_files
+
     try:
-        payload = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        payload = json.loads(read_bytes(state_files(str(path))[0]).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, InputError):
         return "analyze"  # load_state gives the precise error
     return payload.get("kind", "analyze") if isinstance(payload, dict) else "analyze"
 
@@ -115,6 +126,9 @@ def _state_class(kind: str) -> type[EngineState]:
 
 def merge_state_files(paths: list[str | Path]) -> tuple[EngineState, list[SourceInfo], ScreenStats]:
     """Load and merge state files; they must compute the same metrics."""
+    from rcdiag.io.paths import state_files
+
+    paths = [file for path in paths for file in state_files(str(path))]
     if not paths:
         raise ConfigError("no state files to merge")
     merged, sources, screen = load_state(paths[0])

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -13,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from missing_components import pytest_runtest_makereport  # noqa: F401  (the CI=true rule: missing means fail)
+from missing_components import missing, pytest_runtest_makereport  # noqa: F401  (the CI=true rule: missing means fail)
 
 import rcdiag
 from rcdiag.io import Chunk
@@ -114,3 +117,131 @@ def assert_metrics_close(
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
+
+
+# ------------------------------------------------------------------ real components: an S3 server and a Ray instance
+
+
+def require(module: str, component: str) -> Any:
+    """Import ``module``; without it the test skips saying what installs ``component`` (a failure under CI=true,
+    see missing_components.py)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        missing(component)
+
+
+@pytest.fixture(scope="session")
+def s3_env() -> Iterator[int]:
+    """The standard AWS variables, pointing at a free port on 127.0.0.1 where ``s3_server`` listens. Set for the
+    whole session (before Ray starts, so that Ray's workers inherit them)."""
+    port = free_port()
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        patch.delenv("AWS_PROFILE", raising=False)
+        yield port
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def moto_server(port: int, **env: str) -> Iterator[Any]:
+    """moto's S3 server (``moto[server]``) in its own process on 127.0.0.1:``port`` (``env`` added to its
+    environment), stopped on exit; yields a boto3 client of it for putting objects."""
+    import os
+    import subprocess
+    import time
+    import urllib.error
+    import urllib.request
+
+    require("moto.server", "moto")
+    boto3 = require("boto3", "moto")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        env=os.environ | env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/", timeout=1).close()
+                break
+            except urllib.error.HTTPError:  # it answers
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail("moto's S3 server did not start")
+                time.sleep(0.2)
+        yield boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def s3_server(s3_env: int) -> Iterator[Any]:
+    """The session's S3 server, where ``AWS_ENDPOINT_URL`` points."""
+    with moto_server(s3_env) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def ray_local(s3_env: int) -> Iterator[Any]:
+    """A local Ray instance with 2 CPUs for the session (its workers see the S3 variables)."""
+    ray = require("ray", "ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 1024 * 1024)
+    yield ray
+    ray.shutdown()
+
+
+BUCKET = "dumps"
+
+
+def shard_columns() -> list[dict]:
+    """Three shards of one run (5 steps, a step crossing shards), with bad rows to skip in two of them."""
+    old, rollout, mask = random_batch(np.random.default_rng(21), rows=90, width=30, noise=0.3, empty_rows=3)
+    columns = ragged_lists(old, rollout, mask)
+    columns["step"] = [i // 18 for i in range(90)]
+    columns["old_log_prob"][4] = [float("nan"), *columns["old_log_prob"][4][1:]]
+    columns["rollout_log_prob"][70] = [0.5] * len(columns["rollout_log_prob"][70])
+    return [{name: values[a:b] for name, values in columns.items()} for a, b in ((0, 25), (25, 61), (61, 90))]
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shards on disk (each written with row groups of 8 rows), plus the files a writer leaves beside them."""
+    root = tmp_path_factory.mktemp("run")
+    for k, columns in enumerate(shard_columns()):
+        table = pq.read_table(write_dump(root / f"tmp{k}.parquet", columns))
+        (root / f"tmp{k}.parquet").unlink()
+        pq.write_table(table, root / f"shard-{k}.parquet", row_group_size=8)
+    (root / "_SUCCESS").write_text("")
+    (root / ".shard-3.parquet.tmp").write_text("half written")
+    return root
+
+
+@pytest.fixture(scope="module")
+def s3_run(s3_server: Any, local_run: Path) -> str:
+    """The same files under s3://dumps/run1/."""
+    s3_server.create_bucket(Bucket=BUCKET)
+    for file in local_run.iterdir():
+        s3_server.upload_file(str(file), BUCKET, f"run1/{file.name}")
+    return f"s3://{BUCKET}/run1/"

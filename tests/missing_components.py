@@ -19,8 +19,10 @@ INSTALL = {
         f"verl-{v}": f"pip install --no-deps --target .gl/verl-{v} 'verl=={v}' (and torch; see .ci/run)"
         for v in ("0.7.1", "0.8.0", "0.9.0")
     },
+    "moto": "pip install 'moto[server]' (in the test extra: pip install -e '.[test]')",
+    "ray": "pip install -e '.[ray]'",
 }
-DEFAULT_INSTALL = "pip install -e '.[test,lint]' 'torch==2.13.0', then the verl oracles as .ci/run does"
+DEFAULT_INSTALL = "pip install -e '.[test,lint,ray]' 'torch==2.13.0', then the verl oracles as .ci/run does"
 
 
 def in_ci() -> bool:

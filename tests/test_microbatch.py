@@ -378,7 +378,7 @@ def test_cli_refused_split_is_a_finding_not_a_crash(capsys: pytest.CaptureFixtur
 @pytest.mark.parametrize(
     ("flags", "message"),
     [(("--max-token-len", "100"), "add --prompt-len P"), (("--micro-batch-size", "2", "--max-token-len", "9"), "not both"),
-     (("--micro-batch-size", "2", "--workers", "2"), "--workers 1")],
+     (("--micro-batch-size", "2", "--workers", "2"), "without --workers or --ray")],
 )  # fmt: skip
 def test_cli_bad_micro_batch_flags_are_exit_2(
     capsys: pytest.CaptureFixture, tmp_path: Path, flags: tuple, message: str

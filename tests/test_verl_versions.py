@@ -402,3 +402,13 @@ def test_a_rules_file_sets_the_release_and_the_flag_overrides_it(
     assert status == 1 and json.loads(out)["config"]["verl_version"] == "0.7.1"
     status, out, _ = run(capsys, "check", path, "--rules", str(rules), "--verl-version", "0.9.1", "--format", "json")
     assert status == 0 and json.loads(out)["config"]["verl_version"] == "0.9.1"
+
+
+def test_worker_processes_keep_the_release(capsys: pytest.CaptureFixture) -> None:
+    """--workers sends the configuration, release included, to every part: the report equals one process's."""
+    path = str(Path(__file__).resolve().parent.parent / "sample_data" / "outliers.parquet")
+    args = ("analyze", path, "--is", "token", "--verl-version", "0.7.1", "-q", "--format", "json")
+    one = json.loads(run(capsys, *args)[1])
+    two = json.loads(run(capsys, *args, "--workers", "2")[1])
+    assert two["config"]["verl_version"] == "0.7.1" and two["metrics"] == one["metrics"]
+    assert two["steps"] == one["steps"]

@@ -33,7 +33,7 @@ class RuleFile:
     rules: tuple[Rule, ...]
     engine: dict[str, Any]
     """``preset`` and verl's ``rollout_correction`` fields for the engine (empty: flags/defaults)."""
-    baseline: Path | None
+    baseline: Path | str | None
     """Resolved against the TOML file's directory."""
 
     def config(self) -> CorrectionConfig | None:
@@ -138,7 +138,9 @@ def _parse_table(path: Path, table: dict, where: str, steps: Any, tolerate: Any)
     baseline = table.get("baseline")
     if baseline is not None and not isinstance(baseline, str):
         raise fail("baseline must be a path string")
-    return RuleFile(path, tuple(rules), dict(engine), (path.parent / baseline) if baseline else None)
+    # a path is relative to the rules file; a URL (s3://...) is kept as it is
+    where = (baseline if "://" in baseline else path.parent / baseline) if baseline else None
+    return RuleFile(path, tuple(rules), dict(engine), where)
 
 
 def _mode(value: Any, name: str, fail: Any) -> StepMode:

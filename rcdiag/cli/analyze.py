@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -30,9 +29,10 @@ if TYPE_CHECKING:
 @with_flags(ENGINE_FLAGS, MICROBATCH_FLAGS, READ_FLAGS, output_flags("report", "analyze"))
 def analyze(
     path: Annotated[
-        Path,
+        str,
         typer.Argument(
-            help=f"The dump: a file ({', '.join(format_names())}), or a directory or quoted glob of shards.",
+            help=f"The dump: a file ({', '.join(format_names())}), or a directory or quoted glob of shards; a local "
+            "path or an s3://, gs://, hdfs:// or file:// URL.",
             metavar="PATH",
             show_default=False,
         ),
@@ -64,11 +64,11 @@ def analyze(
     Exit codes: 0 done (findings do not change it), 2 bad option, configuration or input, 3 internal error.
     """
     from rcdiag.api import analyze as run_analysis
-    from rcdiag.cli.output import checked_path
+    from rcdiag.cli.output import checked_path, checked_state_path
     from rcdiag.cli.progress import progress
 
     config = engine.config()
-    state_file = checked_path(save_state, "--save-state")
+    state_file = checked_state_path(save_state)
     sequences_file = checked_path(sequences, "--sequences")
     with progress(read, out) as on_chunk:
         report = run_analysis(

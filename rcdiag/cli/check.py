@@ -29,7 +29,7 @@ def _assignments(help_text: str, flag: str) -> object:
 
 @with_flags(ENGINE_FLAGS, READ_FLAGS, output_flags("check", "check"))
 def check(
-    path: Annotated[Path, typer.Argument(help="The dump to check.", metavar="PATH", show_default=False)],
+    path: Annotated[str, typer.Argument(help="The dump to check (a path or URL).", metavar="PATH", show_default=False)],
     max_rules: Annotated[
         list[str] | None, _assignments("Upper bound, e.g. `kl=2e-3` (short or full metric name). Repeatable.", "--max")
     ] = None,
@@ -100,7 +100,7 @@ def check(
         ),
     ] = 0.0,
     baseline: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
             "--baseline",
             metavar="FILE",

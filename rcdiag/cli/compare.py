@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -31,8 +30,8 @@ def _temperature(side: str) -> object:
 
 @with_flags(ENGINE_FLAGS, READ_FLAGS, side_columns("a"), side_columns("b"), output_flags("comparison", "compare"))
 def compare(
-    path_a: Annotated[Path, typer.Argument(help="Dump A.", metavar="A", show_default=False)],
-    path_b: Annotated[Path, typer.Argument(help="Dump B.", metavar="B", show_default=False)],
+    path_a: Annotated[str, typer.Argument(help="Dump A (a path or URL).", metavar="A", show_default=False)],
+    path_b: Annotated[str, typer.Argument(help="Dump B (a path or URL).", metavar="B", show_default=False)],
     temperature_a: Annotated[float | None, _temperature("a")] = None,
     temperature_b: Annotated[float | None, _temperature("b")] = None,
     *,

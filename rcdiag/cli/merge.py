@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -17,9 +16,10 @@ if TYPE_CHECKING:
 @with_flags(QUIET_FLAGS, output_flags("report", "merge"))
 def merge(
     states: Annotated[
-        list[Path],
+        list[str],
         typer.Argument(
-            help="State files written by `rcdiag analyze ... --save-state` (or all by `rcdiag sweep`).",
+            help="State files written by `rcdiag analyze ... --save-state` (or all by `rcdiag sweep`): paths or "
+            "URLs, or a directory, prefix or quoted glob of them (`'s3://bucket/states/*.json'`).",
             metavar="STATE",
             show_default=False,
         ),

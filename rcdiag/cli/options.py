@@ -260,6 +260,27 @@ WorkersOpt = Annotated[
         min=1,
     ),
 ]
+RayOpt = Annotated[
+    bool,
+    typer.Option(
+        "--ray",
+        help="Read each part (a Parquet row group, a shard file) as a Ray task, on the cluster at `RAY_ADDRESS` (or "
+        "`--ray-address`), else on a local Ray instance; the report is the same as with one process. Needs "
+        "`pip install 'rcdiag[ray]'`.",
+        rich_help_panel=RUN,
+    ),
+]
+RayAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="The Ray cluster for `--ray` (`host:6379`, `ray://host:10001`, `auto`); implies `--ray`. Default: "
+        "`RAY_ADDRESS`, else a local instance.",
+        rich_help_panel=RUN,
+        show_default=False,
+    ),
+]
 QUIET = Flag(
     "quiet",
     Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar on stderr.", rich_help_panel=RUN)],
@@ -274,6 +295,8 @@ READ_FLAGS = FlagGroup(
         Flag("device", DeviceOpt, "cpu"),
         Flag("chunk_tokens", ChunkOpt, DEFAULT_CHUNK_TOKENS),
         Flag("workers", WorkersOpt, 1),
+        Flag("ray", RayOpt, False),
+        Flag("ray_address", RayAddressOpt),
         QUIET,
     ),
     lambda values: _read_options(values),
@@ -302,7 +325,8 @@ def path_option(flag: str, help_text: str, panel: str, short: str | None = None)
 
 SaveStateOpt = path_option(
     "--save-state",
-    "Also write the accumulated state here; `rcdiag merge` combines states of shards into one report.",
+    "Also write the accumulated state here (a path or URL); `rcdiag merge` combines states of shards into one "
+    "report.",
     RUN,
 )
 EXPLAIN = "Explain (where the mismatch sits)"

@@ -24,6 +24,16 @@ class StdoutClosedError(Exception):
     Not an ``OSError``: click turns an ``EPIPE`` ``OSError`` into exit 1 before ``main`` could see it."""
 
 
+def checked_state_path(text: str | None) -> str | Path | None:
+    """``--save-state``: a URL (``s3://...``) as given (it is written with one upload once the state exists), else
+    a local path (or ``file://`` URL) checked as ``checked_path`` does."""
+    from rcdiag.io.storage import is_remote, local_path
+
+    if text and is_remote(text):
+        return text
+    return checked_path(local_path(text) if text else text, "--save-state")
+
+
 def checked_path(text: str | None, flag: str) -> Path | None:
     """``text`` as a file path that can be written, or ``None`` when the flag was not given. An empty value (an
     unset variable such as ``$GITHUB_STEP_SUMMARY``), a directory or a missing directory is a ``ConfigError``

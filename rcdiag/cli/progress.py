@@ -20,8 +20,8 @@ def wanted(quiet: bool, json_to_stdout: bool) -> bool:
 
 
 def progress(read: ReadOptions, out: Output) -> AbstractContextManager[Callable[[Any], None] | None]:
-    """The bar a command that reads dumps shows (one process only: workers report no chunks)."""
-    return progress_bar(wanted(read.quiet, out.text_to_stdout) and read.workers == 1)
+    """The bar a command that reads dumps shows: over rows in one process, over parts with workers or Ray."""
+    return progress_bar(wanted(read.quiet, out.text_to_stdout))
 
 
 @contextmanager
@@ -36,23 +36,25 @@ def progress_bar(enabled: bool) -> Iterator[Callable[[Any], None] | None]:
     progress = Progress(
         TextColumn("reading"),
         BarColumn(),
-        TextColumn("{task.fields[rows]} rows · {task.fields[tokens]} tokens · {task.fields[rate]}"),
+        TextColumn("{task.fields[parts]}{task.fields[rows]} rows · {task.fields[tokens]} tokens · {task.fields[rate]}"),
         TimeElapsedColumn(),
         console=Console(stderr=True),
         transient=True,
     )
-    task = progress.add_task("read", total=None, rows="0", tokens="0", rate="")
+    task = progress.add_task("read", total=None, rows="0", tokens="0", rate="", parts="")
 
     def update(event: Any) -> None:
         elapsed = progress.tasks[task].elapsed or 0.0
         rate = f"{event.tokens / elapsed / 1e6:.1f} M tokens/s" if elapsed > 0 else ""
+        by_parts = event.total_parts is not None
         progress.update(
             task,
-            total=event.total_rows,
-            completed=event.rows,
+            total=event.total_parts if by_parts else event.total_rows,
+            completed=event.parts if by_parts else event.rows,
             rows=f"{event.rows:,}",
             tokens=f"{event.tokens:,}",
             rate=rate,
+            parts=f"{event.parts}/{event.total_parts} parts · " if by_parts else "",
         )
 
     with progress:

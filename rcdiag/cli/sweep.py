@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -20,8 +19,12 @@ SWEEP = "Sweep"
 @with_flags(RELEASE_FLAGS, READ_FLAGS, output_flags("sweep", "sweep"))
 def sweep(
     path: Annotated[
-        Path,
-        typer.Argument(help="The dump (any format `rcdiag analyze` reads).", metavar="PATH", show_default=False),
+        str,
+        typer.Argument(
+            help="The dump (any format `rcdiag analyze` reads; a path or an s3://, gs://, hdfs:// or file:// URL).",
+            metavar="PATH",
+            show_default=False,
+        ),
     ],
     is_levels: Annotated[
         str | None,
@@ -103,13 +106,13 @@ def sweep(
 
     Exit codes: 0 done (verl-would-crash rows do not change it), 2 bad option, threshold or input, 3 internal error.
     """
-    from rcdiag.cli.output import checked_path
+    from rcdiag.cli.output import checked_state_path
     from rcdiag.cli.progress import progress
     from rcdiag.sweep.grid import build_grid, split_list
     from rcdiag.sweep.run import sweep as run_sweep
 
     grid = build_grid(split_list(is_levels), split_list(rs), split_list(thresholds), release)
-    state_file = checked_path(save_state, "--save-state")
+    state_file = checked_state_path(save_state)
     with progress(read, out) as on_chunk:
         report = run_sweep(
             path,

@@ -15,16 +15,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rcdiag.errors import InputError
-from rcdiag.io.paths import expand, read_head
+from rcdiag.io.paths import GLOB_CHARS, FilePath, expand, map_files, read_head
 from rcdiag.io.registry import NOT_DUMPS, InputFormat, candidates, format_names, suffixes
 
 if TYPE_CHECKING:
-    from rcdiag.io.base import ColumnMap, Source
+    from rcdiag.io.base import ColumnMap, Part, Source
 
-_EXPORTS = ("DEFAULT_CHUNK_TOKENS", "Chunk", "ColumnMap", "Source", "SourceInfo", "prefetch", "split_rows")
+_EXPORTS = ("DEFAULT_CHUNK_TOKENS", "Chunk", "ColumnMap", "Part", "Source", "SourceInfo", "prefetch", "split_rows")
 """Names of ``rcdiag.io.base`` offered here too; loaded on first use so that importing this package stays cheap."""
 
-__all__ = ["format_names", "format_of", "open_dump", *_EXPORTS]
+__all__ = ["format_names", "format_of", "open_dump", "open_part", *_EXPORTS]
 
 
 def __getattr__(name: str) -> Any:
@@ -37,17 +37,28 @@ def open_dump(path: str | Path, columns: ColumnMap | None = None) -> Source:
     """Open a dump for streaming; raises ``InputError`` with one clear line if it cannot be read.
 
     ``path`` is a file, a directory of shards (or a NeMo-RL log directory, or prime-rl's ``token_exports``), or
-    a glob such as ``"dumps/step_*.parquet"``.
+    a glob such as ``"dumps/step_*.parquet"``; on the local disk or as an ``s3://``, ``gs://``, ``hdfs://`` or
+    ``file://`` URL (``rcdiag.io.storage``).
     """
     from rcdiag.io.table_source import TableSource
 
     label = str(path)
     files = expand(path)
-    kinds = _one_kind(label, {file: format_of(file) for file in files})
-    return TableSource(label, [kinds[file].open(file, columns) for file in kinds])
+    kinds = _one_kind(label, dict(zip(files, map_files(format_of, files), strict=True)))
+    opened = map_files(lambda file: kinds[file].open(file, columns), list(kinds))
+    return TableSource(label, opened, next(iter(kinds.values())).name)
 
 
-def format_of(path: Path) -> InputFormat:
+def open_part(part: Part, columns: ColumnMap | None = None) -> Source:
+    """Open one ``Part`` of a dump (``Source.partitions``) in a worker: only its files, with their known format."""
+    from rcdiag.io.registry import FORMATS
+    from rcdiag.io.table_source import TableSource
+
+    by_name = {fmt.name: fmt for fmt in FORMATS}
+    return TableSource(part.label, [by_name[kind].open(path, columns) for kind, path in part.files], part.files[0][0])
+
+
+def format_of(path: FilePath) -> InputFormat:
     """The registered format of a file: by suffix, else by its first bytes; the first whose ``claims`` accepts it."""
     hint = NOT_DUMPS.get(path.suffix.lower())
     if hint is not None:
@@ -62,7 +73,7 @@ def format_of(path: Path) -> InputFormat:
     )
 
 
-def _one_kind(label: str, kinds: dict[Path, InputFormat]) -> dict[Path, InputFormat]:
+def _one_kind(label: str, kinds: dict[FilePath, InputFormat]) -> dict[FilePath, InputFormat]:
     """Files of one format; files a present format writes beside its dumps (NeMo-RL's ``val_data_step*``) are left
     out; several formats are an error naming them."""
     present = {fmt.name: fmt for fmt in kinds.values()}
@@ -72,7 +83,9 @@ def _one_kind(label: str, kinds: dict[Path, InputFormat]) -> dict[Path, InputFor
     if len(counts) > 1:
         names = sorted(counts)
         listed = ", ".join(f"{counts[n]} {n}" for n in names)
-        root = label.rstrip("/") if Path(label).is_dir() else str(Path(label).parent)
+        root = label.rstrip("/")
+        if any(ch in label for ch in GLOB_CHARS):  # a glob: its directory
+            root = str(Path(label).parent) if "://" not in label else root.rpartition("/")[0]
         example = f"{root}/**/*{present[names[0]].suffixes[0]}"
         raise InputError(
             f"mixes {', '.join(names[:-1])} and {names[-1]} files ({listed}); point rcdiag at one kind, e.g. a "

@@ -15,6 +15,7 @@ import pyarrow as pa
 from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap
 from rcdiag.io.batch import Batch
+from rcdiag.io.paths import arrow_input, open_input
 from rcdiag.io.tables import TableFile, schema_metadata, short
 
 FILE_MAGIC = b"ARROW1"
@@ -25,17 +26,17 @@ class ArrowIpcFile(TableFile):
 
     def __init__(self, path: str | Path, columns: ColumnMap | None = None) -> None:
         name = str(path)
-        with open(name, "rb") as handle:
-            self.is_file = handle.read(6) == FILE_MAGIC
         total_rows = None
         try:
+            with open_input(name) as handle:
+                self.is_file = handle.read(6) == FILE_MAGIC
             if self.is_file:
-                with pa.memory_map(name) as source:
+                with arrow_input(name, memory_map=True) as source:
                     reader = pa.ipc.open_file(source)
                     schema = reader.schema
                     total_rows = sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
             else:
-                with pa.OSFile(name) as source:
+                with arrow_input(name) as source:
                     schema = pa.ipc.open_stream(source).schema
         except (pa.ArrowException, OSError) as exc:
             raise InputError(
@@ -55,7 +56,7 @@ class ArrowIpcFile(TableFile):
     def batches(self, chunk_tokens: int, columns: list[str], part: Any = None) -> Iterator[Batch]:
         row = 0
         try:
-            with pa.memory_map(self.path) if self.is_file else pa.OSFile(self.path) as source:
+            with arrow_input(self.path, memory_map=self.is_file) as source:
                 if self.is_file:
                     reader = pa.ipc.open_file(source)
                     stream = (reader.get_batch(i) for i in range(reader.num_record_batches))

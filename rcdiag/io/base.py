@@ -100,25 +100,54 @@ class SourceInfo:
     the whole file). ``rcdiag merge`` refuses two states that read the same part."""
 
 
+@dataclass(frozen=True)
+class Part:
+    """A piece of a dump that a worker (a process, a Ray task) opens and reads on its own: its files as
+    ``(format name, path or URL)`` and, for a single file that splits, which piece of it (``within``: a Parquet
+    file's row groups). Small and picklable; ``rcdiag.io.open_part`` opens it without listing the whole dump."""
+
+    label: str
+    files: tuple[tuple[str, str], ...]
+    within: tuple[int, ...] | None = None
+
+    def describe(self) -> str:
+        """The part in one phrase, for progress and errors: a file, a file's row groups, or a run of files."""
+        first = self.files[0][1]
+        if self.within is not None:
+            groups = self.within
+            span = f"{groups[0]}" if len(groups) == 1 else f"{groups[0]}-{groups[-1]}"
+            return f"{first} row group{'s' if len(groups) > 1 else ''} {span}"
+        if len(self.files) == 1:
+            return first
+        return f"{first} .. {self.files[-1][1]} ({len(self.files)} files)"
+
+
 class Source(ABC):
     """An opened dump: what every reader gives the engine.
 
-    ``info`` is known once the dump is opened; ``chunks`` streams whole rows; ``partitions`` (optional) splits the
-    dump for parallel workers, each of which reopens the dump and reads its part."""
+    ``info`` is known once the dump is opened; ``chunks`` streams whole rows; ``partitions`` splits the dump for
+    parallel workers, each of which opens its ``Part`` (``rcdiag.io.open_part``) and reads it."""
 
     info: SourceInfo
 
     @abstractmethod
     def chunks(self, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, part: Any = None) -> Iterator[Chunk]:
         """Yield chunks of whole rows holding at most ``chunk_tokens`` list values each, except that a row
-        longer than that forms its own chunk. ``part`` (one of ``partitions()``) restricts to a part."""
+        longer than that forms its own chunk. ``part`` (a ``Part.within``) restricts a single file to a piece."""
 
-    def partitions(self, n: int) -> list[Any]:
-        """Up to ``n`` disjoint parts that together cover the dump, for parallel workers (``--workers``).
+    @abstractmethod
+    def partitions(self, n: int) -> list[Part]:
+        """Up to ``n`` disjoint parts that together cover the dump, for parallel workers (``--workers``,
+        ``--ray``); one part when the dump cannot be split."""
 
-        Each part is a small picklable value passed back to ``chunks(part=...)`` of a source reopened in a
-        worker process. The default is one part: the whole dump (no parallelism)."""
-        return [None]
+    @abstractmethod
+    def seen_metadata(self) -> dict[str, list[str]]:
+        """Run facts collected from columns while reading (``temperature`` ...), for a driver to combine."""
+
+    @abstractmethod
+    def add_metadata(self, seen: dict[str, list[str]]) -> None:
+        """Fold in what workers' sources saw (``seen_metadata``, all parts together, once), as if this source had
+        read their rows."""
 
 
 def balanced_runs(sizes: list[int], n: int) -> list[tuple[int, ...]]:

@@ -19,6 +19,7 @@ import pyarrow as pa
 from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap
 from rcdiag.io.batch import Batch
+from rcdiag.io.paths import open_text
 from rcdiag.io.tables import TableFile
 
 
@@ -46,7 +47,7 @@ def _kind(value: Any) -> pa.DataType | None:
 
 def records(path: str) -> Iterator[tuple[int, dict]]:
     """``(record index, record)`` of every non-blank line."""
-    with open(path, encoding="utf-8") as handle:
+    with open_text(path) as handle:
         index = 0
         for line in handle:
             if line.strip():

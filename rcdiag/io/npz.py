@@ -14,13 +14,14 @@ import numpy as np
 
 from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap
+from rcdiag.io.paths import open_input
 from rcdiag.io.tensors import TensorFile
 
 
 def load_npz(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(arrays, 0-d scalars)`` of an ``.npz`` file."""
     try:
-        with np.load(path, allow_pickle=False) as data:
+        with open_input(path) as handle, np.load(handle, allow_pickle=False) as data:
             items = {name: data[name] for name in data.files}
     except ValueError as exc:
         raise InputError(

@@ -1,6 +1,7 @@
 """A Parquet file: the canonical dump, one row per response (or one per token, in the long layout).
 
-The file is streamed with a 1 MiB read buffer, so memory stays flat even when the whole file is one row group.
+The file is streamed with a 1 MiB read buffer, so memory stays flat even when the whole file is one row group; in
+object storage the same reads are byte-range requests of 8 MiB (the footer, then each row group's column chunks).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pyarrow.parquet as pq
 from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap, balanced_runs
 from rcdiag.io.batch import Batch
+from rcdiag.io.paths import arrow_input, read_buffer
 from rcdiag.io.tables import TableFile, schema_metadata, short
 
 READ_BUFFER = 1 << 20
@@ -27,7 +29,7 @@ class ParquetFile(TableFile):
         try:
             # pre_buffer=False: pyarrow's default pre-buffering keeps every column chunk read so far in memory
             # until the file is closed (RSS grows with the file: 178 MB held for a 178 MB dump).
-            self.file = pq.ParquetFile(name, buffer_size=READ_BUFFER, pre_buffer=False)
+            self.file = pq.ParquetFile(arrow_input(name), buffer_size=read_buffer(name, READ_BUFFER), pre_buffer=False)
         except (pa.ArrowException, OSError) as exc:
             raise InputError(
                 f"cannot be read as Parquet ({short(exc)}); is it a complete .parquet file?", path=name

@@ -1,7 +1,8 @@
 """Everything that touches the file system by name: globs, directories, first bytes, a file's identity.
 
-Kept in one place so another location (object storage URLs) means another branch here, not in every reader.
-Files are listed in natural order (``step_2`` before ``step_10``), so results and errors are reproducible;
+Kept in one place so that a location is a branch here, not in every reader: a plain path or ``file://`` URL is the
+local disk; ``s3://``, ``gs://``, ``hdfs://`` (and fsspec's schemes) go through ``rcdiag.io.storage``. Files are
+listed in natural order (``step_2`` before ``step_10``), so results and errors are reproducible;
 names starting with ``.`` or ``_`` (temporary and marker files, e.g. a half-written DumpWriter part or
 ``_SUCCESS``) are never read.
 """
@@ -11,32 +12,43 @@ from __future__ import annotations
 import glob
 import os
 import re
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import IO, Any, TypeVar
 
 from rcdiag.errors import InputError
-from rcdiag.io import registry
+from rcdiag.io import registry, storage
+from rcdiag.io.storage import RemotePath
 
 GLOB_CHARS = "*?["
 
+FilePath = Path | RemotePath
+"""A file of a dump: on the local disk, or in object storage."""
+T = TypeVar("T")
+R = TypeVar("R")
 
-def natural_key(path: Path) -> list:
+
+def natural_key(path: FilePath) -> list:
     """Sort key that orders digit runs by value."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
 
 
-def is_hidden(path: Path, root: Path | None = None) -> bool:
+def is_hidden(path: FilePath, root: Path | None = None) -> bool:
     """Temporary or marker files: any path component below ``root`` starting with ``.`` or ``_``."""
     parts = path.relative_to(root).parts if root is not None else (path.name,)
     return any(part.startswith((".", "_")) for part in parts)
 
 
-def expand(path: str | Path) -> list[Path]:
-    """The files a dump path names: a file, a directory (read recursively) or a glob."""
-    text = str(path)
+def expand(path: str | Path) -> list[FilePath]:
+    """The files a dump path names: a file, a directory or prefix (read recursively) or a glob."""
+    text = storage.local_path(str(path))
+    if storage.is_remote(text):
+        return _expand_remote(text)
     files = glob_files(text)
     if files is not None:
         return files
-    p = Path(path)
+    p = Path(text)
     if not p.exists():
         raise InputError("file not found", path=text)
     if not p.is_dir():
@@ -47,13 +59,57 @@ def expand(path: str | Path) -> list[Path]:
     return files
 
 
-def directory_files(root: Path) -> list[Path]:
+def _expand_remote(url: str) -> list[FilePath]:
+    from pyarrow.fs import FileType
+
+    path = storage.parse(url)
+    if any(ch in path.key for ch in GLOB_CHARS):
+        files = sorted(storage.glob(path), key=natural_key)
+        files = [f for f in files if not is_hidden(f)]
+        if not files:
+            raise InputError("matches no file", path=url)
+        return list(files)
+    kind = storage.file_info(path).type
+    if kind == FileType.File:
+        return [path]
+    if kind == FileType.NotFound:
+        raise storage.missing(path)
+    files = directory_files(path)
+    if not files:
+        raise InputError(f"is a prefix without dump files ({', '.join(registry.suffixes())})", path=url)
+    return files
+
+
+def state_files(path: str) -> list[str]:
+    """The state files one ``merge`` argument names: itself, or the ``.json`` files of a directory, prefix or
+    glob (a URL's glob cannot be left to the shell)."""
+    text = storage.local_path(path)
+    remote = storage.is_remote(text)
+    is_glob = any(ch in text for ch in GLOB_CHARS)
+    if remote and not is_glob and storage.is_dir(storage.parse(text)):
+        files: list[FilePath] = list_files(storage.parse(text), (".json",))
+    elif not remote and not is_glob and Path(text).is_dir():
+        files = list_files(Path(text), (".json",))
+    elif is_glob:
+        files = _expand_remote(text) if remote else (glob_files(text) or [Path(text)])
+    else:
+        return [path]
+    if not files:
+        raise InputError("holds no state files (.json)", path=path)
+    return [str(f) for f in files]
+
+
+def _is_dir(path: FilePath) -> bool:
+    return storage.is_dir(path) if isinstance(path, RemotePath) else path.is_dir()
+
+
+def directory_files(root: FilePath) -> list[FilePath]:
     """A format's run directory holds its dumps in ``run_dir`` (prime-rl's ``token_exports``); any other directory
     is read whole, recursively."""
     for fmt in registry.FORMATS:
         if fmt.run_dir is not None:
             found = root if root.name == fmt.run_dir else root / fmt.run_dir
-            if found.is_dir():
+            if _is_dir(found):
                 return list_files(found, fmt.suffixes)
     return list_files(root, registry.suffixes())
 
@@ -69,14 +125,80 @@ def glob_files(pattern: str) -> list[Path] | None:
     return files
 
 
-def list_files(root: Path, suffixes: tuple[str, ...]) -> list[Path]:
+def list_files(root: FilePath, suffixes: tuple[str, ...]) -> list[FilePath]:
     """Files under ``root`` (recursively) with one of ``suffixes``, hidden ones left out, in natural order."""
+    if isinstance(root, RemotePath):
+        listed = storage.listing(root)
+        remote = [p for p, below in listed if p.suffix.lower() in suffixes and not _hidden_parts(below)]
+        return sorted(remote, key=natural_key)
     found = [p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in suffixes and not is_hidden(p, root)]
     return sorted(found, key=natural_key)
 
 
-def read_head(path: Path, size: int = 8) -> bytes:
+def _hidden_parts(parts: tuple[str, ...]) -> bool:
+    return any(part.startswith((".", "_")) for part in parts)
+
+
+def open_input(path: str | FilePath) -> IO[bytes] | Any:
+    """A seekable binary file: the local file, or a random-access file over the object (reads fetch ranges)."""
+    text = storage.local_path(str(path))
+    if storage.is_remote(text):
+        return storage.open_input(storage.parse(text))
+    return open(text, "rb")
+
+
+def arrow_input(path: str, *, memory_map: bool = False) -> Any:
+    """A pyarrow file to read Arrow data from: a local file (memory-mapped when asked) or an object in storage."""
+    import pyarrow as pa
+
+    text = storage.local_path(path)
+    if storage.is_remote(text):
+        return storage.open_input(storage.parse(text))
+    return pa.memory_map(text) if memory_map else pa.OSFile(text)
+
+
+REMOTE_OPENERS = 16
+"""Objects in storage are opened (footer, size) this many at a time: each open waits on round trips."""
+
+
+def map_files(function: Callable[[T], R], files: Sequence[T]) -> list[R]:
+    """``function`` over ``files`` in order; in object storage on a thread pool (a prefix of 1,000 shards opens in
+    seconds, not minutes). The first file's error in order is the one raised, as when reading one by one."""
+    if len(files) < 2 or not (isinstance(files[0], RemotePath) or storage.is_remote(str(files[0]))):
+        return [function(f) for f in files]
+    with ThreadPoolExecutor(max_workers=REMOTE_OPENERS, thread_name_prefix="rcdiag-open") as pool:
+        return list(pool.map(function, files))
+
+
+def read_buffer(path: str, local: int) -> int:
+    """The read buffer for ``path``: ``local`` on disk, ``storage.READ_BUFFER`` in object storage."""
+    return storage.READ_BUFFER if storage.is_remote(storage.local_path(path)) else local
+
+
+def open_text(path: str) -> IO[str]:
+    """A UTF-8 text file, local or in object storage (read through a buffer)."""
+    text = storage.local_path(path)
+    if storage.is_remote(text):
+        return storage.open_text(storage.parse(text))
+    return open(text, encoding="utf-8")
+
+
+def read_bytes(path: str | Path) -> bytes:
+    """A small file whole (a state file), local or in object storage."""
+    text = storage.local_path(str(path))
+    if storage.is_remote(text):
+        remote = storage.parse(text)
+        if storage.file_info(remote).type.name == "NotFound":
+            raise storage.missing(remote)
+        return storage.read_bytes(remote)
+    return Path(text).read_bytes()
+
+
+def read_head(path: FilePath, size: int = 8) -> bytes:
     """The first bytes of a file."""
+    if isinstance(path, RemotePath):
+        with storage.open_input(path) as handle:
+            return handle.read(size)
     try:
         with open(path, "rb") as handle:
             return handle.read(size)
@@ -85,6 +207,10 @@ def read_head(path: Path, size: int = 8) -> bytes:
 
 
 def identity(path: str) -> dict[str, object]:
-    """What makes a read file the same file: absolute path, size and modification time (``merge`` compares it)."""
-    stat = os.stat(path)
+    """What makes a read file the same file: absolute path (or URL), size and modification time (``merge`` compares
+    it)."""
+    text = storage.local_path(path)
+    if storage.is_remote(text):
+        return storage.identity(storage.parse(text))
+    stat = os.stat(text)
     return {"path": str(Path(path).resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}

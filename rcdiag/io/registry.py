@@ -10,11 +10,11 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rcdiag.io.base import ColumnMap
+    from rcdiag.io.paths import FilePath
     from rcdiag.io.tables import TableFile
 
 
@@ -40,11 +40,11 @@ class InputFormat:
     companions: str | None = None
     prompts: bool = False
 
-    def open(self, path: Path, columns: ColumnMap | None) -> TableFile:
+    def open(self, path: FilePath, columns: ColumnMap | None) -> TableFile:
         """The format's ``TableFile`` for ``path``."""
         return _load(self.opener)(path, columns)
 
-    def accepts(self, path: Path) -> bool:
+    def accepts(self, path: FilePath) -> bool:
         """Whether this format reads ``path`` (once its suffix or magic matched)."""
         return self.claims is None or bool(_load(self.claims)(path))
 
@@ -80,7 +80,7 @@ def suffixes() -> tuple[str, ...]:
     return tuple(dict.fromkeys(s for f in FORMATS for s in f.suffixes))
 
 
-def candidates(path: Path, head: Callable[[], bytes]) -> list[InputFormat]:
+def candidates(path: FilePath, head: Callable[[], bytes]) -> list[InputFormat]:
     """Formats that may hold ``path``: by suffix, else by the first bytes (``head`` reads them)."""
     found = [f for f in FORMATS if path.suffix.lower() in f.suffixes]
     if found:

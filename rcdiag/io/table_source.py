@@ -13,23 +13,25 @@ import pyarrow as pa
 
 from rcdiag.errors import InputError
 from rcdiag.io.arrow_lists import is_list_type
-from rcdiag.io.base import DEFAULT_CHUNK_TOKENS, Chunk, Source, SourceInfo, balanced_runs
+from rcdiag.io.base import DEFAULT_CHUNK_TOKENS, Chunk, Part, Source, SourceInfo, balanced_runs
 from rcdiag.io.batch import Batch
 from rcdiag.io.long import group_sequences
-from rcdiag.io.paths import identity
+from rcdiag.io.paths import identity, map_files
 from rcdiag.io.tables import TableFile, check_unmasked, list_chunks
 
 MAX_METADATA_VALUES = 8
 
 
 class TableSource(Source):
-    """Files of one kind read as one dump, labelled ``path`` (what the user gave)."""
+    """Files of one kind read as one dump, labelled ``path`` (what the user gave); ``kind`` is their registry
+    format name (what a worker opens a ``Part`` with)."""
 
-    def __init__(self, path: str, files: Sequence[TableFile]) -> None:
+    def __init__(self, path: str, files: Sequence[TableFile], kind: str = "") -> None:
         first = files[0]
         for file in files[1:]:
             _check_consistent(first, file)
         self.files = list(files)
+        self.kind = kind
         self.long = first.long
         self.cols = first.cols
         totals = [file.total_rows for file in files]
@@ -44,19 +46,29 @@ class TableSource(Source):
             total_rows=None if self.long else self.total_rows,
             files=len(files),
             step_source=first.step_source,
-            reads=[dict(identity(file.path), part=None) for file in files],
+            reads=[dict(read, part=None) for read in map_files(identity, [file.path for file in files])],
         )
         self._metadata_values: dict[str, set[str]] = {}
 
-    def partitions(self, n: int) -> list[Any]:
+    def partitions(self, n: int) -> list[Part]:
         """Up to ``n`` parts for parallel workers: the file's own parts (a Parquet file's row groups), or runs of
-        consecutive files of about equal size on disk. A dump in the long layout is one part: a response's
-        tokens may sit anywhere."""
+        consecutive files of about equal size. A dump in the long layout is one part: a response's tokens may sit
+        anywhere."""
+        refs = tuple((self.kind, file.path) for file in self.files)
         if self.long or n < 2:
-            return [None]
+            return [Part(self.info.path, refs)]
         if len(self.files) == 1:
-            return self.files[0].partitions(n)
-        return balanced_runs([read["size"] for read in self.info.reads], n)
+            return [Part(self.info.path, refs, within) for within in self.files[0].partitions(n)]
+        runs = balanced_runs([read["size"] for read in self.info.reads], n)
+        return [Part(self.info.path, tuple(refs[i] for i in run)) for run in runs]
+
+    def seen_metadata(self) -> dict[str, list[str]]:
+        return {key: sorted(values) for key, values in self._metadata_values.items()}
+
+    def add_metadata(self, seen: dict[str, list[str]]) -> None:
+        for key, values in seen.items():
+            self._metadata_values.setdefault(key, set()).update(values)
+        self._finish_metadata()
 
     def chunks(self, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, part: Any = None) -> Iterator[Chunk]:
         batches = self._with_metadata(self._batches(chunk_tokens, part))
@@ -72,13 +84,10 @@ class TableSource(Source):
         self._finish_metadata()
 
     def _batches(self, chunk_tokens: int, part: Any) -> Iterator[Batch]:
-        if len(self.files) == 1:
-            file = self.files[0]
+        if part is not None and len(self.files) > 1:
+            raise ValueError("a part within a file applies to a single-file source")
+        for file in self.files:
             yield from file.batches(chunk_tokens, file.read_columns() + list(file.metadata_columns), part)
-            return
-        for index in part if part is not None else range(len(self.files)):
-            file = self.files[index]
-            yield from file.batches(chunk_tokens, file.read_columns() + list(file.metadata_columns))
 
     def _with_metadata(self, batches: Iterator[Batch]) -> Iterator[Batch]:
         for batch in batches:

@@ -21,6 +21,7 @@ import numpy as np
 
 from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap
+from rcdiag.io.paths import open_input
 from rcdiag.io.tensors import TensorFile
 
 SLIME_ALIASES = {"old": ("log_probs",)}
@@ -51,7 +52,8 @@ def load_pt(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
             "is a PyTorch file; reading it needs PyTorch (pip install torch, or pip install 'rcdiag[gpu]')", path=path
         ) from None
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with open_input(path) as handle:
+            obj = torch.load(handle, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else "unsupported object"
         raise InputError(

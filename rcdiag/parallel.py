@@ -1,0 +1,238 @@
+"""Reading a dump's parts in parallel: local processes (``--workers``) or Ray tasks (``--ray``).
+
+Both run the same function on each ``Part``: open just that part (from disk or object storage), run the engine,
+and return the engine state, the screen's counts, the first bad row and the run facts seen in columns. The driver
+merges them in part order (the mergeable accumulators), so the report equals one process reading everything,
+skipped rows included. Ray is imported only when ``--ray`` is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rcdiag.config import CorrectionConfig
+from rcdiag.engine import Engine, EngineState
+from rcdiag.errors import ConfigError, RcdiagError
+from rcdiag.explain.sequences import SequenceWriter
+from rcdiag.explain.state import ExplainOptions, ExplainState, number_rows
+from rcdiag.io import open_part, prefetch
+from rcdiag.io.base import Part, Source
+from rcdiag.options import ReadOptions
+from rcdiag.validate import Problem, Screen, ScreenStats, raise_for_bad_rows
+
+RAY_RETRIES = 3
+"""Ray re-runs a task this many times after its worker died or it raised something other than an rcdiag error
+(a storage hiccup); an rcdiag error (a bad file) is deterministic and stops the run at once."""
+RAY_MAX_PARTS = 4096
+"""At most this many tasks: beyond it, consecutive row groups or files share a task."""
+
+
+@dataclass(frozen=True)
+class PartResult:
+    """What a worker sends back for one part: plain data, cheap to pickle."""
+
+    state: dict
+    stats: dict
+    problem: Problem | None
+    metadata: dict[str, list[str]]
+    rows: int
+    tokens: int
+
+
+PartCallback = Callable[[int, int, PartResult], None]
+"""Called as each part finishes: ``(parts done, parts in all, that part's result)``."""
+
+
+StateFactory = Callable[[], EngineState]
+"""Builds the empty state a read folds blocks into (picklable: worker processes and Ray tasks call it too)."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every part of one run is read with: the configuration, how to read (CPU), ``--explain``'s options,
+    for ``--sequences`` the local scratch directory each part writes its rows under, and the state to fold into
+    (``new_state``: the sweep's; default the analyze accumulators)."""
+
+    config: CorrectionConfig
+    read: ReadOptions
+    explain: ExplainOptions | None = None
+    scratch: Path | None = None
+    new_state: StateFactory | None = None
+
+    @classmethod
+    def of(
+        cls,
+        config: CorrectionConfig,
+        read: ReadOptions,
+        explain: ExplainOptions | None,
+        scratch: Path | None,
+        new_state: StateFactory | None = None,
+    ) -> Job:
+        return cls(config, read.replace(device="cpu", ray=False, ray_address=None), explain, scratch, new_state)
+
+    def empty_state(self) -> EngineState | None:
+        """The state to fold a part into (``None``: the engine's default)."""
+        return self.new_state() if self.new_state is not None else None
+
+
+def read_part(part: Part, job: Job, index: int = 0) -> PartResult:
+    """Read one part with the numpy engine; bad rows are counted (the driver judges them over the whole dump).
+    With ``job.explain``, its accumulators too, and with ``job.scratch`` the part's ``--sequences`` rows go there
+    (``index`` names the part's directory)."""
+    read = job.read
+    source = open_part(part, read.columns)
+    screen = Screen(read.on_bad_row, verdict_at_end=False)
+    resolved = job.config.resolve()
+    explain_state = ExplainState(job.explain.worst) if job.explain is not None else None
+    writer = sequence_writer(explain_state, resolved, job.scratch, index)
+    chunks = number_rows(prefetch(source.chunks(read.chunk_tokens, part=part.within)), explain_state)
+    state = Engine(resolved, explain=explain_state, state=job.empty_state()).run(screen(chunks))
+    if writer is not None:
+        writer.flush()
+    return PartResult(
+        state.state_dict(), screen.stats.to_dict(), screen.first, source.seen_metadata(), state.rows, state.tokens
+    )
+
+
+def sequence_writer(
+    explain_state: ExplainState | None, resolved: Any, scratch: Path | None, part: int
+) -> SequenceWriter | None:
+    """The ``--sequences`` writer of one part (its own directory under ``scratch``), when asked for."""
+    if explain_state is None or scratch is None:
+        return None
+    writer = SequenceWriter(resolved, scratch / f"part-{part:04d}")
+    explain_state.observers.append(writer)
+    return writer
+
+
+def merge_parts(source: Source, results: list[PartResult], job: Job) -> tuple[EngineState, ScreenStats]:
+    """The merged state and counts of every part, in part order (the first bad row is the earliest)."""
+    resolved = job.config.resolve()
+    explain_state = ExplainState(job.explain.worst) if job.explain else None
+    merged = job.new_state() if job.new_state else EngineState(resolved, explain=explain_state)
+    stats = ScreenStats()
+    part_rows = []
+    first: Problem | None = None
+    seen: dict[str, set[str]] = {}
+    for result in results:
+        part = type(merged).from_state_dict(resolved, result.state)
+        part_rows.append(part.explain.rows_read if part.explain is not None else 0)
+        merged.merge(part)
+        stats = stats.merge(ScreenStats.from_dict(result.stats))
+        first = first or result.problem
+        for key, values in result.metadata.items():
+            seen.setdefault(key, set()).update(values)
+    source.add_metadata({key: sorted(values) for key, values in seen.items()})
+    raise_for_bad_rows(first, stats)  # counted over the whole dump, not one part
+    if merged.explain is not None:
+        merged.explain.part_rows = part_rows
+    return merged, stats
+
+
+def in_processes(parts: list[Part], job: Job, on_part: PartCallback | None = None) -> list[PartResult]:
+    """Each part in its own local process (``--workers``)."""
+    context = multiprocessing.get_context("spawn")  # the parent holds Arrow threads: fork is not safe
+    with ProcessPoolExecutor(max_workers=len(parts), mp_context=context) as pool:
+        futures = [pool.submit(read_part, part, job, i) for i, part in enumerate(parts)]
+        results = []
+        for done, future in enumerate(futures, start=1):
+            results.append(future.result())
+            if on_part is not None:
+                on_part(done, len(parts), results[-1])
+    return results
+
+
+def on_ray(
+    parts: list[Part], job: Job, on_part: PartCallback | None = None, address: str | None = None
+) -> list[PartResult]:
+    """Each part as a Ray task on the cluster at ``address`` (else ``RAY_ADDRESS``, else a local Ray instance). A
+    task reads its part directly from where the dump lives, with the worker's own credentials; ``job.scratch``
+    (``--sequences``) must be ``None``: a task elsewhere cannot write to this machine."""
+    if job.scratch is not None:
+        raise ConfigError("--sequences cannot be written by Ray tasks; use it without --ray.")
+    ray = _import_ray()
+    _connect(ray, address)
+    task = ray.remote(_ray_task).options(
+        num_cpus=1, max_retries=RAY_RETRIES, retry_exceptions=True, name="rcdiag-read-part"
+    )
+    refs = [task.remote(part, job) for part in parts]
+    index = {ref: i for i, ref in enumerate(refs)}
+    results: list[Any] = [None] * len(parts)
+    pending, done = list(refs), 0
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        i = index[ready[0]]
+        try:
+            outcome = ray.get(ready[0])
+        except Exception as exc:  # the task failed RAY_RETRIES + 1 times
+            _cancel(ray, pending)
+            raise PartFailedError(parts[i], i, len(parts), exc) from None
+        if isinstance(outcome, RcdiagError):  # a bad file: the same on every try
+            _cancel(ray, pending)
+            raise outcome
+        results[i] = outcome
+        done += 1
+        if on_part is not None:
+            on_part(done, len(parts), outcome)
+    return results
+
+
+class PartFailedError(RcdiagError):
+    """A part that failed on every try (its worker died, or its storage kept failing)."""
+
+    def __init__(self, part: Part, index: int, total: int, cause: BaseException) -> None:
+        reason = _first_line(cause)
+        super().__init__(
+            f"part {index + 1} of {total} ({part.describe()}) failed {RAY_RETRIES + 1} times; the last error: {reason}"
+        )
+        self.part = part
+
+
+def _ray_task(part: Part, job: Job) -> PartResult | RcdiagError:
+    """The Ray task: an rcdiag error (bad data) is returned, not raised, so that Ray does not retry it."""
+    try:
+        return read_part(part, job)
+    except RcdiagError as exc:
+        return exc
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--ray needs Ray, which is not installed: pip install 'rcdiag[ray]'") from None
+    return ray
+
+
+def _connect(ray: Any, address: str | None) -> None:
+    """Join the cluster (``address``, else ``RAY_ADDRESS``), or start a local Ray instance when none is set."""
+    if ray.is_initialized():
+        return
+    import logging
+    import os
+
+    target = address or os.environ.get("RAY_ADDRESS") or None
+    local = {} if target else {"include_dashboard": False}
+    try:
+        ray.init(address=target, logging_level=logging.ERROR, log_to_driver=False, **local)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ConfigError(f"cannot connect to the Ray cluster at {target}: {_first_line(exc)}") from None
+
+
+def _cancel(ray: Any, refs: list[Any]) -> None:
+    for ref in refs:
+        with contextlib.suppress(Exception):  # already finished or gone: nothing to stop
+            ray.cancel(ref, force=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    cause = getattr(exc, "cause", None) or exc
+    text = str(cause).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    return f"{type(cause).__name__}: {lines[-1].strip()[:200]}" if lines else type(cause).__name__
