@@ -291,6 +291,7 @@ def build_report(
         explained = ExplainReport(
             breakdowns=state.explain.breakdowns.compute(),
             worst_sequences=tuple(entry.to_dict() for entry in state.explain.worst.entries()),
+            traces=tuple(state.explain.worst.plotted()),
             sequences_path=None if sequences_path is None else str(sequences_path),
         )
     if microbatch is not None:
@@ -304,6 +305,7 @@ def build_report(
         findings=tuple(findings),
         device=device,
         version=__version__,
+        log_ratio=pooled.log_ratio,
         explain=explained,
         microbatch=microbatch,
     )

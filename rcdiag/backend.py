@@ -128,6 +128,11 @@ class Backend(ABC):
     def dot(self, a: Array, b: Array) -> float:
         """``sum(a * b)`` with the products taken and summed in float64 (a square is then exact)."""
 
+    @abstractmethod
+    def bin_counts(self, x: Array, edges: np.ndarray) -> np.ndarray:
+        """int64 counts of ``x`` in the ``len(edges) + 1`` bins ``[edges[i-1], edges[i])`` (the outer two open);
+        NaN is in no bin."""
+
 
 # ------------------------------------------------------------------------------------------------------ numpy
 
@@ -226,6 +231,12 @@ class NumpyBackend(Backend):
 
     def max(self, x: np.ndarray) -> float:
         return float(np.max(x)) if x.size else float("-inf")
+
+    def bin_counts(self, x: np.ndarray, edges: np.ndarray) -> np.ndarray:
+        index = np.searchsorted(edges, x, side="right")  # NaN sorts last: into the top bin, taken out below
+        counts = np.bincount(index, minlength=edges.shape[0] + 1).astype(np.int64)
+        counts[-1] -= np.count_nonzero(np.isnan(x))
+        return counts
 
     def min(self, x: np.ndarray) -> float:
         return float(np.min(x)) if x.size else float("inf")
@@ -327,6 +338,12 @@ class TorchBackend(Backend):
 
     def max(self, x: Any) -> float:
         return float(x.max().item()) if x.numel() else float("-inf")
+
+    def bin_counts(self, x: Any, edges: np.ndarray) -> np.ndarray:
+        finite = x[~self.torch.isnan(x)]
+        bounds = self.torch.as_tensor(edges, dtype=finite.dtype, device=finite.device)
+        index = self.torch.bucketize(finite, bounds, right=True)
+        return self.torch.bincount(index, minlength=edges.shape[0] + 1).cpu().numpy().astype(np.int64)
 
     def min(self, x: Any) -> float:
         return float(x.min().item()) if x.numel() else float("inf")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from rcdiag.explain.worst import TokenTrace
     from rcdiag.microbatch import MicroBatchReport
 
 Severity = Literal["error", "warning", "info"]
@@ -76,6 +77,20 @@ class InputFacts:
 
 
 @dataclass(frozen=True)
+class Histogram:
+    """Valid tokens per bin of a per-token value: bin ``i`` holds ``[edges[i-1], edges[i])``, the first bin
+    everything below ``edges[0]`` and the last everything from ``edges[-1]`` up (so ``len(counts) ==
+    len(edges) + 1``); ``nan`` counts the tokens no bin holds."""
+
+    edges: tuple[float, ...]
+    counts: tuple[int, ...]
+    nan: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"edges": list(self.edges), "counts": list(self.counts), "nan": self.nan}
+
+
+@dataclass(frozen=True)
 class StepReport:
     """Metrics of one training step: what verl would have logged at that step."""
 
@@ -105,6 +120,9 @@ class ExplainReport:
     """Most extreme |log-ratio sum| first."""
     sequences_path: str | None = None
     """Where ``--sequences`` wrote one row per response."""
+    traces: tuple[TokenTrace, ...] = ()
+    """Per-token log-ratios of the few worst responses (bounded, ``rcdiag.explain.worst``), for the HTML report's
+    plot; not in the JSON."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +142,9 @@ class Report:
     findings: tuple[Finding, ...]
     device: str
     version: str
+    log_ratio: Histogram | None = None
+    """Valid tokens per bin of the log-ratio ``log pi_train - log pi_rollout``, all steps pooled (logarithmic bins,
+    ``rcdiag.metrics.histogram``)."""
     explain: ExplainReport | None = None
     """Set by ``analyze --explain``."""
     microbatch: MicroBatchReport | None = None
@@ -142,6 +163,7 @@ class Report:
             "extras": self.extras,
             "steps": [step.to_dict() for step in self.steps],
             "findings": [finding.to_dict() for finding in self.findings],
+            "log_ratio_histogram": self.log_ratio.to_dict() if self.log_ratio is not None else None,
         }
         if self.explain is not None:
             out["breakdowns"] = self.explain.breakdowns

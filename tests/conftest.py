@@ -245,3 +245,16 @@ def s3_run(s3_server: Any, local_run: Path) -> str:
     for file in local_run.iterdir():
         s3_server.upload_file(str(file), BUCKET, f"run1/{file.name}")
     return f"s3://{BUCKET}/run1/"
+
+
+@pytest.fixture(scope="session")
+def browser() -> object:
+    """The headless-Chromium harness (tests/browser.py), or a skip saying what to install (a failure under
+    CI=true)."""
+    import browser as harness
+    from missing_components import missing
+
+    if harness.find_chromium() is None:
+        missing("chromium")
+    pytest.importorskip("websocket")
+    return harness

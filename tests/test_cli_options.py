@@ -322,7 +322,7 @@ def test_check_labels_the_value_nearest_the_limit(capsys: pytest.CaptureFixture)
     assert "worst value" in out and "at step" in out and "nearest the limit where a rule holds" in out
 
 
-def test_the_cli_loads_no_numpy_or_pyarrow_before_a_command_runs() -> None:
-    code = "import sys, rcdiag.cli; print(sorted(m for m in ('numpy', 'pyarrow', 'rich') if m in sys.modules))"
+def test_the_cli_loads_no_numpy_pyarrow_or_matplotlib_before_a_command_runs() -> None:
+    code = "import sys, rcdiag.cli; print(sorted(m for m in ('numpy', 'pyarrow', 'rich', 'matplotlib') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert out.strip() == "[]"

@@ -40,11 +40,9 @@ def merge(
     from rcdiag.state import state_kind
 
     if states and state_kind(states[0]) == "sweep":  # states of `rcdiag sweep --save-state`
-        from rcdiag.cli.output import Output
-        from rcdiag.render.registry import renderer
         from rcdiag.sweep.run import merge_sweep_states
 
-        Output(out.format, out.path, renderer(out.format, "sweep", "merge")).emit(merge_sweep_states(list(states)))
+        out.as_kind("sweep", "merge").emit(merge_sweep_states(list(states)))
         return
     from rcdiag.api import merge_states
 

@@ -15,7 +15,7 @@ import typer
 from rcdiag.cli.params import Flag, FlagGroup
 from rcdiag.constants import DEFAULT_CHUNK_TOKENS
 from rcdiag.options import BAD_ROW_POLICIES, DEVICES
-from rcdiag.render.registry import FORMATS, ResultKind
+from rcdiag.render.registry import FORMATS, ResultKind, format_names, pictures
 from rcdiag.versions import DEFAULT_VERSION, VERSIONS
 
 ENGINE = "Rollout correction (verl's algorithm.rollout_correction)"
@@ -357,13 +357,14 @@ SequencesOpt = path_option(
     EXPLAIN,
 )
 OUTPUT = "Output"
-FormatName = enum.Enum("FormatName", {name: name for name in FORMATS}, type=str)  # type: ignore[misc]
-"""``--format`` choices: every format in the renderer registry."""
-FORMAT_HELP = "; ".join(f"`{name}`: {fmt.description}" for name, fmt in FORMATS.items()) + "."
+FormatName = enum.Enum("FormatName", {name: name for name in format_names()}, type=str)  # type: ignore[misc]
+"""``--format`` choices: every format in the renderer registry that has no flag of its own."""
+FORMAT_HELP = "; ".join(f"`{name}`: {FORMATS[name].description}" for name in format_names()) + "."
 
 
 def output_flags(kind: ResultKind, command: str) -> FlagGroup:
-    """``--format`` and ``-o`` for a command whose result is ``kind``; a format without a renderer for it is a
+    """``--format`` and ``-o`` for a command whose result is ``kind``, and the flag of every picture format that
+    can render it (``--html FILE``); a format without a renderer for it, or a picture whose extra is missing, is a
     configuration error, raised before anything is read."""
     fmt = Flag(
         "output_format",
@@ -371,10 +372,22 @@ def output_flags(kind: ResultKind, command: str) -> FlagGroup:
         FormatName("table"),
     )
     out = Flag("output", path_option("--output", "Write the result here instead of stdout.", OUTPUT, "-o"))
+    extra = {
+        name: Flag(
+            name,
+            path_option(
+                picture.flag or "",
+                f'Also write {picture.description} to FILE. Needs `pip install "rcdiag[{picture.extra}]"`.',
+                OUTPUT,
+            ),
+        )
+        for name, picture in pictures(kind).items()
+    }
 
     def build(values: dict[str, Any]) -> Any:
         from rcdiag.cli.output import Output
 
-        return Output.of(values["output_format"].value, values["output"], kind, command)
+        files = {name: values[name] for name in extra if values[name] is not None}
+        return Output.of(values["output_format"].value, values["output"], kind, command, files)
 
-    return FlagGroup("out", (fmt, out), build)
+    return FlagGroup("out", (fmt, out, *extra.values()), build)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rcdiag.errors import ConfigError, InputError
-from rcdiag.render.registry import Renderer, ResultKind, renderer
+from rcdiag.render.registry import FORMATS, Renderer, ResultKind, check_extra, renderer
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -58,15 +58,38 @@ def checked_path(text: str | None, flag: str) -> Path | None:
 
 @dataclass(frozen=True)
 class Output:
-    """A result's destination (``path``; ``None``: stdout) and its renderer."""
+    """A result's destination (``path``; ``None``: stdout) and its renderer, plus the pictures asked for with their
+    own flags (``--html FILE``): each a file and its renderer."""
 
     format: str
     path: Path | None
     renderer: Renderer
+    files: tuple[tuple[str, Path, Renderer], ...] = ()
+    """(format name, file, renderer) of each picture."""
 
     @classmethod
-    def of(cls, format_name: str, path: str | None, kind: ResultKind, command: str) -> Output:
-        return cls(format_name, checked_path(path, "--output"), renderer(format_name, kind, command))
+    def of(
+        cls, format_name: str, path: str | None, kind: ResultKind, command: str, files: dict[str, str] | None = None
+    ) -> Output:
+        pictures = []
+        for name, file in (files or {}).items():
+            picture = FORMATS[name]
+            check_extra(picture)
+            target = checked_path(file, picture.flag or name)
+            assert target is not None
+            pictures.append((name, target, picture.renderers[kind]))
+        return cls(format_name, checked_path(path, "--output"), renderer(format_name, kind, command), tuple(pictures))
+
+    def as_kind(self, kind: ResultKind, command: str) -> Output:
+        """The same destinations for another kind of result (``merge`` of sweep states); a picture that cannot
+        render it is a ``ConfigError``."""
+        files = []
+        for name, path, _ in self.files:
+            picture = FORMATS[name]
+            if kind not in picture.renderers:
+                raise ConfigError(f"rcdiag {command} cannot write {picture.flag} for a {kind}.")
+            files.append((name, path, picture.renderers[kind]))
+        return Output(self.format, self.path, renderer(self.format, kind, command), tuple(files))
 
     @property
     def text_to_stdout(self) -> bool:
@@ -82,6 +105,10 @@ class Output:
             write_text(render(result), self.path)
         if self.path is not None:
             print(f"rcdiag: wrote {self.path} ({_summary(result)})", file=sys.stderr)
+        for _, path, picture in self.files:
+            drawn = picture.load()(result)
+            write_bytes(path, drawn) if picture.binary else write_file(path, drawn)
+            print(f"rcdiag: wrote {path} ({os.path.getsize(path):,} bytes)", file=sys.stderr)
 
 
 def _summary(result: Any) -> str:
@@ -116,6 +143,14 @@ def write_rich(render: Callable[[Console], None], output: Path | None) -> None:
     console = Console(record=True, width=PIPE_WIDTH, file=io.StringIO())
     render(console)
     write_file(output, console.export_text())
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write a binary file (a PNG); an unwritable path is an input error (exit 2)."""
+    try:
+        path.write_bytes(data)
+    except OSError as exc:
+        raise InputError(f"cannot write the file ({exc.strerror})", path=str(path)) from None
 
 
 def write_file(path: Path, text: str, *, append: bool = False) -> None:

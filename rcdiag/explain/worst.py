@@ -3,6 +3,10 @@
 A response's log-ratio sum S = sum over valid tokens of (old_log_prob - rollout_log_prob) is verl's sequence
 log-ratio (the log of the sequence IS ratio). Ties are broken by the earlier row, so the list does not depend on
 how rows were split into chunks or workers; merging keeps the N largest of both lists.
+
+Each listed response also keeps its per-token log-ratios as a ``TokenTrace`` of at most ``TRACE_POINTS`` points
+(a longer response keeps the lowest and highest value of each run of tokens), for the HTML report's per-token plot
+of the ``PLOTTED`` worst; a response that leaves the list drops its trace, so memory stays bounded.
 """
 
 from __future__ import annotations
@@ -17,6 +21,40 @@ import numpy as np
 from rcdiag.metrics.block import Block
 
 DEFAULT_WORST = 10
+PLOTTED = 5
+"""Worst responses whose per-token trace the report carries (and a state file saves)."""
+TRACE_POINTS = 512
+
+
+@dataclass(frozen=True)
+class TokenTrace:
+    """One response's log-ratio ``old - rollout`` at its valid tokens: list positions and values (thinned)."""
+
+    row: int
+    positions: tuple[int, ...]
+    log_ratios: tuple[float, ...]
+
+    @classmethod
+    def of(cls, row: int, lr: np.ndarray, mask: np.ndarray | None) -> TokenTrace:
+        positions = np.arange(lr.shape[0]) if mask is None else np.flatnonzero(mask)
+        if lr.shape[0] > TRACE_POINTS:
+            kept: set[int] = set()
+            for run in np.array_split(np.arange(lr.shape[0]), TRACE_POINTS // 2):
+                values = lr[run]
+                kept.update(
+                    (int(run[np.nanargmin(values)]), int(run[np.nanargmax(values)]))
+                    if np.isfinite(values).any()
+                    else (int(run[0]),)
+                )
+            index = np.array(sorted(kept))
+            positions, lr = positions[index], lr[index]
+        return cls(row, tuple(int(p) for p in positions), tuple(float(v) for v in lr))
+
+    def shifted(self, offset: int) -> TokenTrace:
+        return TokenTrace(self.row + offset, self.positions, self.log_ratios)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"row": self.row, "positions": list(self.positions), "log_ratios": [_finite(v) for v in self.log_ratios]}
 
 
 @dataclass(frozen=True)
@@ -50,6 +88,8 @@ class WorstResponses:
     def __init__(self, n: int = DEFAULT_WORST) -> None:
         self.n = n
         self.heap: list[tuple[tuple[float, int], WorstResponse]] = []
+        self.traces: dict[int, TokenTrace] = {}
+        """Row -> its trace, for the rows in the heap."""
 
     def _floor(self) -> float:
         return self.heap[0][0][0] if len(self.heap) >= self.n else -math.inf
@@ -76,32 +116,53 @@ class WorstResponses:
             lo, hi = int(starts[i]), int(starts[i + 1])
             mask = None if context.mask is None else context.mask[list_starts[i] : list_starts[i + 1]]
             identifier = None if ids is None else ids[i]
-            self.offer(_describe(block, i, lo, hi, mask, int(context.rows[i]), identifier, context.step))
+            row = int(context.rows[i])
+            trace = TokenTrace.of(row, np.asarray(block.lr[lo:hi]), mask) if hi > lo else None
+            self.offer(_describe(block, i, lo, hi, mask, row, identifier, context.step), trace)
 
-    def offer(self, entry: WorstResponse) -> None:
+    def offer(self, entry: WorstResponse, trace: TokenTrace | None = None) -> None:
         item = (entry.key, entry)
         if len(self.heap) < self.n:
             heapq.heappush(self.heap, item)
         elif item[0] > self.heap[0][0]:
-            heapq.heapreplace(self.heap, item)
+            _, evicted = heapq.heapreplace(self.heap, item)
+            self.traces.pop(evicted.row, None)
+        else:
+            return
+        if trace is not None:
+            self.traces[entry.row] = trace
 
     def merge(self, other: WorstResponses, row_offset: int = 0) -> None:
         """Fold in another list whose rows follow this one's (their row numbers shift by ``row_offset``)."""
         for _, entry in other.heap:
-            self.offer(_shifted(entry, row_offset))
+            trace = other.traces.get(entry.row)
+            self.offer(_shifted(entry, row_offset), None if trace is None else trace.shifted(row_offset))
+
+    def plotted(self) -> list[TokenTrace]:
+        """The traces of the ``PLOTTED`` worst responses, most extreme first."""
+        return [self.traces[e.row] for e in self.entries()[:PLOTTED] if e.row in self.traces]
 
     def entries(self) -> list[WorstResponse]:
         """Most extreme first."""
         return [entry for _, entry in sorted(self.heap, key=lambda item: item[0], reverse=True)]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"n": self.n, "entries": [_plain(asdict(entry)) for entry in self.entries()]}
+        """The list, with the traces of its ``PLOTTED`` worst (no later merge can lift another entry above them)."""
+        traces = [trace.to_dict() for trace in self.plotted()]
+        return {"n": self.n, "entries": [_plain(asdict(entry)) for entry in self.entries()], "traces": traces}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.n = int(state["n"])
         self.heap = []
+        self.traces = {}
+        traces = {int(t["row"]): t for t in state.get("traces", [])}
         for data in state["entries"]:
-            self.offer(WorstResponse(**data))
+            saved = traces.get(int(data["row"]))
+            trace = None
+            if saved is not None:
+                values = tuple(math.nan if v is None else float(v) for v in saved["log_ratios"])
+                trace = TokenTrace(int(saved["row"]), tuple(int(p) for p in saved["positions"]), values)
+            self.offer(WorstResponse(**data), trace)
 
 
 def _describe(
@@ -137,3 +198,7 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     return value.item() if isinstance(value, np.generic) else value
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None

@@ -1,6 +1,7 @@
 """The accumulator protocol: declared state, update, merge, compute.
 
-Each metric group declares its state as named float64 sums, maxima, minima and moments (``STATES``). ``update``
+Each metric group declares its state as named float64 sums, maxima, minima and moments, or int64 bin counts
+(``STATES``; a ``counts`` state has ``BINS`` bins). ``update``
 folds one block of whole sequences into that state, ``merge`` combines two states (chunks, files, workers, steps:
 it is the only way results combine), and ``compute`` turns the state into metric values. A finished mean is
 never stored on its own: sums and counts, or (count, mean, M2) moments merged with Chan et al.'s pairwise
@@ -22,7 +23,7 @@ from rcdiag.catalogue.findings import finding
 if TYPE_CHECKING:
     from rcdiag.metrics.block import Block
 
-Reduce = Literal["sum", "max", "min", "moments"]
+Reduce = Literal["sum", "max", "min", "moments", "counts"]
 MetricValue = float | None
 """A metric value; ``None`` where verl would crash or the value does not exist for this batch."""
 
@@ -88,9 +89,14 @@ class Accumulator:
     """
 
     STATES: ClassVar[dict[str, Reduce]] = {}
+    BINS: ClassVar[int] = 0
+    """Length of every ``counts`` state."""
 
     def __init__(self) -> None:
-        self.state: dict[str, Any] = {name: _DEFAULTS[how] for name, how in self.STATES.items()}
+        self.state: dict[str, Any] = {name: self._empty(how) for name, how in self.STATES.items()}
+
+    def _empty(self, how: Reduce) -> Any:
+        return np.zeros(self.BINS, dtype=np.int64) if how == "counts" else _DEFAULTS[how]
 
     def add(self, **values: Any) -> None:
         """Fold values into the state by each state's declared reduction (moments: a ``Moments`` or a tuple)."""
@@ -103,6 +109,8 @@ class Accumulator:
                 state[name] = _nanmax(state[name], value)
             elif how == "min":
                 state[name] = _nanmin(state[name], value)
+            elif how == "counts":
+                state[name] = state[name] + np.asarray(value, dtype=np.int64)  # a new array: never alias `value`
             else:
                 state[name] = state[name].merge(value if isinstance(value, Moments) else Moments(*value))
 
@@ -118,8 +126,8 @@ class Accumulator:
         return (type(self).__name__,)
 
     def state_dict(self) -> dict[str, Any]:
-        """A copy of the raw state: floats, and moments as ``[n, mean, m2]`` (JSON-serializable)."""
-        return {k: [v.n, v.mean, v.m2] if isinstance(v, Moments) else v for k, v in self.state.items()}
+        """A copy of the raw state: floats, moments as ``[n, mean, m2]``, counts as lists (JSON-serializable)."""
+        return {k: _plain(v) for k, v in self.state.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace the state; the names must match the declaration exactly."""
@@ -127,10 +135,17 @@ class Accumulator:
         unexpected = set(state) - set(self.STATES)
         if missing or unexpected:
             raise ValueError(f"state mismatch: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
-        self.state = {
-            name: Moments(*map(float, state[name])) if how == "moments" else float(state[name])
-            for name, how in self.STATES.items()
-        }
+        self.state = {name: self._loaded(how, state[name]) for name, how in self.STATES.items()}
+
+    def _loaded(self, how: Reduce, value: Any) -> Any:
+        if how == "moments":
+            return Moments(*map(float, value))
+        if how == "counts":
+            counts = np.asarray(value, dtype=np.int64)
+            if counts.shape != (self.BINS,):
+                raise ValueError(f"state mismatch: {len(value)} bins where {type(self).__name__} has {self.BINS}")
+            return counts
+        return float(value)
 
     def update(self, block: Block) -> None:
         """Fold one block of whole rows into the state."""
@@ -143,6 +158,12 @@ class Accumulator:
     def compute(self) -> tuple[dict[str, MetricValue], list[VerlCrash]]:
         """Metric values in verl's key order, plus any conditions under which verl would crash."""
         raise NotImplementedError
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Moments):
+        return [value.n, value.mean, value.m2]
+    return value.tolist() if isinstance(value, np.ndarray) else value
 
 
 def _nanmax(a: float, b: float) -> float:

@@ -17,9 +17,11 @@ from rcdiag.config import ResolvedConfig
 from rcdiag.metrics.base import Accumulator, MetricValue, VerlCrash, verl_float
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.extras import ExtraMetrics
+from rcdiag.metrics.histogram import EDGES, LogRatioHistogram
 from rcdiag.metrics.importance import ISMetrics
 from rcdiag.metrics.offpolicy import OffPolicyMetrics
 from rcdiag.metrics.rejection import RSAggregateMetrics, RSOptionMetrics
+from rcdiag.report import Histogram
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class BatchResult:
     rows: int
     valid_tokens: int
     empty_rows: int
+    log_ratio: Histogram | None = None
+    """Valid tokens per log-ratio bin (``None`` only where a result is built by hand)."""
 
 
 class BatchMetrics:
@@ -48,19 +52,20 @@ class BatchMetrics:
         self.rs_aggregate = RSAggregateMetrics(resolved.rs_options) if self.rs_options else None
         self.offpolicy = OffPolicyMetrics()
         self.extras = ExtraMetrics()
+        self.log_ratio = LogRatioHistogram()
         self.rows = 0
         self.valid_tokens = 0
         self.empty_rows = 0
 
     def groups(self) -> list[Accumulator]:
-        """Every accumulator, in verl's key order (rcdiag's extras last)."""
+        """Every accumulator, in verl's key order (rcdiag's extras, then the log-ratio histogram, last)."""
         groups: list[Accumulator] = []
         if self.importance is not None:
             groups.append(self.importance)
         groups.extend(self.rs_options)
         if self.rs_aggregate is not None:
             groups.append(self.rs_aggregate)
-        groups.extend([self.offpolicy, self.extras])
+        groups.extend([self.offpolicy, self.extras, self.log_ratio])
         return groups
 
     def update(self, block: Block) -> None:
@@ -108,6 +113,9 @@ class BatchMetrics:
             rows=self.rows,
             valid_tokens=self.valid_tokens,
             empty_rows=self.empty_rows,
+            log_ratio=Histogram(
+                tuple(EDGES.tolist()), tuple(self.log_ratio.counts.tolist()), int(self.log_ratio.state["nan"])
+            ),
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -136,7 +144,7 @@ class BatchMetrics:
 
 
 def state_layout() -> str:
-    """A short signature of every accumulator's declared state (class, state names and their reductions).
+    """A short signature of every accumulator's declared state (class, state names, their reductions, bins).
 
     A state file records it (``rcdiag.state``); a file written under another layout is refused, so a changed
     accumulator can never load an old file silently.
@@ -147,7 +155,8 @@ def state_layout() -> str:
         cls = pending.pop()
         pending.extend(cls.__subclasses__())
         if cls.__module__.startswith("rcdiag."):
-            declared[f"{cls.__module__}.{cls.__qualname__}"] = sorted(cls.STATES.items())
+            bins = [("bins", cls.BINS)] if cls.BINS else []  # a ``counts`` state's length is part of its layout
+            declared[f"{cls.__module__}.{cls.__qualname__}"] = sorted(cls.STATES.items()) + bins
     text = json.dumps(sorted(declared.items()), separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -8,7 +8,7 @@ from rich.text import Text
 
 from rcdiag.check import CheckResult
 from rcdiag.render import counted
-from rcdiag.render.table import describe_config, fmt
+from rcdiag.render.text import describe_config, fmt
 
 _MARK = {"passed": Text("✓", style="green"), "failed": Text("✗", style="bold red"), "skipped": Text("–", style="dim")}
 

@@ -10,7 +10,9 @@ from rich.text import Text
 from rcdiag.catalogue.metrics import short_key, step_columns
 from rcdiag.compare import Comparison, MetricDiff
 from rcdiag.render import counted
-from rcdiag.render.table import describe_config, evenly_spaced, fmt
+from rcdiag.render.panels import sparkline
+from rcdiag.render.table import SPARK_WIDTH, evenly_spaced
+from rcdiag.render.text import describe_config, fmt
 from rcdiag.report import Report
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -128,6 +130,10 @@ def _step_table(comparison: Comparison) -> Table:
             assert row is not None
             cells += [fmt(row.a), fmt(row.b), fmt(row.difference)]
         table.add_row(*cells)
+    if len(pairs) > 1:
+        columns = [[getattr(p.get(k), side) for p in pairs] for k in keys for side in ("a", "b", "difference")]
+        table.add_section()
+        table.add_row("trend", *(Text(sparkline(values, SPARK_WIDTH), style="cyan") for values in columns))
     slopes = [f"{short_key(k)} {fmt(v)}/step" for k, v in comparison.trend.items() if v is not None]
     if slopes:
         table.caption = "trend of b - a (least-squares slope): " + ", ".join(slopes)

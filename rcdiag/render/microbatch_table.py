@@ -9,6 +9,7 @@ from rich.text import Text
 
 from rcdiag.microbatch import MicroBatchReport
 from rcdiag.microbatch.simulate import LEGACY_ASSERT
+from rcdiag.render.text import fmt
 from rcdiag.report import Report
 
 MAX_CRASH_ROWS = 20
@@ -47,8 +48,6 @@ def microbatch_section(full: Report) -> list[RenderableType]:
 
 
 def _per_step_table(report: MicroBatchReport, whole: dict[int, dict[str, float | None]]) -> RenderableType:
-    from rcdiag.render.table import fmt
-
     table = _table("Per step: micro-batches, crashes, and kl as each path logged it (— : that path crashes)")
     for name in (
         "step",
@@ -115,8 +114,6 @@ def _crash_table(report: MicroBatchReport) -> RenderableType:
 
 
 def _metrics_table(report: MicroBatchReport, whole: dict[str, float | None]) -> RenderableType:
-    from rcdiag.render.table import fmt
-
     step = report.steps[0]
     table = _table("What verl logged: whole batch, and reduced over micro-batches (— : that path crashes)")
     table.add_column("metric", no_wrap=True)

@@ -8,24 +8,19 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rcdiag.catalogue import FINDINGS, metric, reading, short_key
+from rcdiag.catalogue import metric, reading, short_key
 from rcdiag.catalogue.metrics import rs_option, step_columns
 from rcdiag.config import CorrectionConfig
 from rcdiag.render import counted
-from rcdiag.report import Finding, Report
+from rcdiag.render.panels import sparkline
+from rcdiag.render.text import checklist, describe_config, describe_input, fmt
+from rcdiag.report import Report
 
 T = TypeVar("T")
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 MAX_TREND_ROWS = 24
-
-
-def fmt(value: float | None) -> str:
-    """Numbers as verl logs would show them, to 6 significant digits; ``—`` for null."""
-    if value is None:
-        return "—"
-    if value == 0:
-        return "0"
-    return f"{value:.6g}"
+SPARK_WIDTH = 12
+"""Characters of the sparkline under each per-step column (every step, each character the mean of its run)."""
 
 
 def render_table(report: Report, console: Console) -> None:
@@ -91,33 +86,6 @@ def _header(report: Report) -> Text:
         text.append(f"\n-inf log-probs at valid positions (legal; verl's clamps apply): {counts}", style="dim")
     text.append("\nconfig: " + describe_config(report.config), style="dim")
     return text
-
-
-def describe_input(report: Report) -> str:
-    """Format and the column used for each role."""
-    used = ", ".join(f"{role}={name}" for role, name in report.input.columns.items() if name is not None)
-    steps = f"; steps from the {report.input.step_source}" if report.input.step_source else ""
-    return f"{report.input.format}; columns {used}{steps}"
-
-
-def describe_config(config: dict) -> str:
-    """One line saying what is computed."""
-    cfg = CorrectionConfig(**config)
-    bits = []
-    if cfg.rollout_is is not None and cfg.rollout_is_threshold is not None:
-        bits.append(f"rollout_is={cfg.rollout_is} threshold={cfg.rollout_is_threshold}")
-        if cfg.rollout_is_batch_normalize:
-            bits.append("batch-normalized")
-    else:
-        bits.append("rollout_is=null")
-    if cfg.rollout_rs is not None:
-        bits.append(f"rollout_rs={cfg.rollout_rs} threshold={cfg.rollout_rs_threshold}")
-    else:
-        bits.append("rollout_rs=null")
-    # loss_type matters in bypass mode only; decoupled runs say so instead of printing a field that is unused
-    bits.append(f"bypass_mode=true loss_type={cfg.loss_type}" if cfg.bypass_mode else "bypass_mode=false (decoupled)")
-    bits.append(f"as verl {cfg.verl_version} logs it")
-    return ", ".join(bits)
 
 
 def _group(key: str) -> str:
@@ -189,55 +157,24 @@ def _trend_table(report: Report) -> Table:
         table.add_column(short_key(key), justify="right")
     for step in shown:
         table.add_row(str(step.step), f"{step.rows:,}", *(fmt(step.metrics.get(k)) for k in present))
+    if len(steps) > 1:
+        table.add_section()
+        lines = (sparkline([s.metrics.get(k) for s in steps], SPARK_WIDTH) for k in present)
+        table.add_row("trend", "", *(Text(line, style="cyan") for line in lines))
     return table
 
 
-def _checks(*, explain: bool = False) -> list[tuple[str, str | None, str]]:
-    """(code, full metric key or None, label) of every checklist row, from the finding catalogue; ``--explain``'s
-    detectors only when they ran."""
-    rows = []
-    for spec in FINDINGS:
-        if spec.check is None or "analyze" not in spec.commands or (spec.explain and not explain):
-            continue
-        needed = metric(spec.metric) if spec.metric is not None else None
-        label = spec.check
-        if needed is not None and "{rule}" in label:
-            threshold = next(t for t in needed.thresholds if t.finding == spec.code)
-            label = label.format(rule=threshold.describe(needed.short))
-        rows.append((spec.code, needed.name if needed is not None else None, label))
-    return rows
-
-
 def _checklist(report: Report) -> Table:
-    fired: dict[str, Finding] = {}
-    for finding in report.findings:
-        fired.setdefault(finding.code, finding)
     table = Table(title="Findings checklist", title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
     table.add_column("", no_wrap=True)
     table.add_column("check")
     table.add_column("code", style="dim")
     table.add_column("where", overflow="fold")
-    for code, key, label in _checks(explain=report.explain is not None):
-        if key and key not in report.metrics:
-            table.add_row(
-                Text("–", style="dim"),
-                Text(label, style="dim"),
-                code,
-                Text("not computed for this config", style="dim"),
-            )
-            continue
-        finding = fired.get(code)
-        if finding is None:
-            table.add_row(Text("✓", style="green"), label, code, "")
-            continue
-        mark = Text("✗", style=_SEVERITY_STYLE[finding.severity])
-        where = "whole dump" if finding.steps is None else _steps_text(finding.steps)
-        if finding.value is not None:
-            where = f"{fmt(finding.value)} ({where})"
-        table.add_row(mark, label, code, where)
+    for row in checklist(report):
+        if row.status == "not_computed":
+            table.add_row(Text("–", style="dim"), Text(row.label, style="dim"), row.code, Text(row.where, style="dim"))
+        elif row.status == "ok":
+            table.add_row(Text("✓", style="green"), row.label, row.code, "")
+        else:
+            table.add_row(Text("✗", style=_SEVERITY_STYLE[row.status]), row.label, row.code, row.where)
     return table
-
-
-def _steps_text(steps: tuple[int, ...]) -> str:
-    listed = ", ".join(map(str, steps[:6])) + (", ..." if len(steps) > 6 else "")
-    return f"{len(steps)} step{'s' if len(steps) != 1 else ''}: {listed}"

@@ -1,0 +1,399 @@
+"""``--html FILE``: one self-contained HTML page (inline CSS, charts as inline SVG, no script, no font, no image
+fetched from anywhere), readable offline and without JavaScript, to attach to an issue or a chat.
+
+Charts are drawn from aggregates (per-step metrics, bin counts) and long tables are cut to evenly spaced rows, so
+the page stays small (well under 5 MB) whatever the dump's size.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from rcdiag.catalogue import metric, reading, short_key
+from rcdiag.catalogue.metrics import step_columns
+from rcdiag.render import counted
+from rcdiag.render.charts import (
+    PALETTE,
+    SIDES,
+    draw_breakdown,
+    draw_histogram,
+    draw_sweep,
+    draw_trace,
+    draw_trend,
+    figure,
+    panel_lines,
+    svg,
+)
+from rcdiag.render.panels import TRENDS
+from rcdiag.render.table import evenly_spaced
+from rcdiag.render.text import (
+    BREAKDOWN_METRICS,
+    BREAKDOWNS,
+    WORST_COLUMNS,
+    bucket_label,
+    checklist,
+    describe_config,
+    describe_input,
+    fmt,
+    worst_cells,
+)
+from rcdiag.report import Finding, Report
+
+if TYPE_CHECKING:
+    from rcdiag.compare.records import CompareFinding, Comparison
+    from rcdiag.sweep.report import SweepReport, SweepRow
+
+MAX_STEP_ROWS = 400
+"""Per-step table rows; a longer run shows this many evenly spaced steps (every step is in the charts)."""
+
+CSS = """
+body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif;color:#1d2329;
+margin:0 auto;max-width:1500px;padding:24px 28px 48px;background:#fff}
+h1{font-size:26px;margin:0 0 4px}
+h2{font-size:20px;margin:34px 0 10px;border-bottom:2px solid #e4e7eb;padding-bottom:4px}
+.sub{color:#57606a;margin:0 0 16px}
+table{border-collapse:collapse;margin:6px 0 14px;font-size:14px}
+th,td{border-bottom:1px solid #e4e7eb;padding:4px 10px;text-align:left;vertical-align:top}
+th{background:#f6f8fa;font-weight:600}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+code,.code{font-family:ui-monospace,"SFMono-Regular",Menlo,Consolas,monospace;font-size:13px}
+.facts th{background:none;width:11em;color:#57606a;font-weight:500}
+.ok{color:#1a7f37;font-weight:700}.error{color:#cf222e;font-weight:700}.warning{color:#9a6700;font-weight:700}
+.info{color:#0969da;font-weight:700}.muted{color:#8c959f}
+.finding{border-left:4px solid #d0d7de;padding:6px 12px;margin:8px 0;background:#f6f8fa}
+.finding.error{border-color:#cf222e}.finding.warning{border-color:#d4a72c}.finding.info{border-color:#0969da}
+.finding p{margin:2px 0;font-weight:400;color:#1d2329}
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(440px,1fr));gap:12px 18px}
+.chart svg{width:100%;height:auto;display:block}
+.wide svg{max-width:1100px}
+.note{color:#57606a;font-size:13px}
+"""
+
+
+def e(text: object) -> str:
+    """Escaped text."""
+    return html.escape(str(text), quote=True)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]], numeric: Sequence[int] = (), cls: str = "") -> str:
+    """A table of already-escaped cells; columns in ``numeric`` are right-aligned."""
+    head = "".join(f"<th>{h}</th>" for h in headers)
+    body = "".join(
+        "<tr>"
+        + "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(row))
+        + "</tr>"
+        for row in rows
+    )
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def page(title: str, subtitle: str, sections: Iterable[str]) -> str:
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{e(title)}</title><style>{CSS}</style></head><body>"
+        f'<h1>{e(title)}</h1><p class="sub">{e(subtitle)}</p>' + "".join(sections) + "</body></html>\n"
+    )
+
+
+def section(title: str, *parts: str) -> str:
+    return f"<section><h2>{e(title)}</h2>{''.join(parts)}</section>"
+
+
+def chart(svg_text: str, wide: bool = False) -> str:
+    return f'<div class="chart{" wide" if wide else ""}">{svg_text}</div>'
+
+
+# --------------------------------------------------------------------------------------------------- analyze
+
+
+def render_html(report: Report) -> str:
+    """The whole analyze report as one page."""
+    facts = report.input
+    return page(
+        "rcdiag report",
+        f"{facts.path} · rcdiag {report.version}",
+        [
+            section("Input and configuration", _facts(report)),
+            section("Findings", _findings(report.findings, "No finding: every check below holds."), _checklist(report)),
+            section("Trends over steps", _trend_note(report), _trends([(None, report)])),
+            section("Token log-ratio distribution", _histogram([("all tokens", report, PALETTE[0])], share=False)),
+            section("Metrics" + (" (all steps pooled)" if report.steps else ""), _metrics(report)),
+            *([section("Per step", _steps(report))] if report.steps else []),
+            *_explain(report),
+        ],
+    )
+
+
+def _facts(report: Report) -> str:
+    facts = report.input
+    rows = [
+        ("input", f"<code>{e(facts.path)}</code>"),
+        ("read as", e(describe_input(report))),
+        ("configuration", e(describe_config(report.config))),
+        ("rows", f"{facts.rows:,}" + (f" ({facts.empty_rows:,} without a valid token)" if facts.empty_rows else "")),
+        ("tokens", f"{facts.valid_tokens:,} valid of {facts.tokens:,}"),
+        ("steps", f"{facts.steps:,}" if facts.steps else "none (the dump is one batch)"),
+        ("device", e(report.device)),
+    ]
+    if facts.metadata:
+        rows.append(("run", e(", ".join(f"{k}={v}" for k, v in facts.metadata.items()))))
+    if facts.skipped_rows:
+        reasons = ", ".join(f"{k} {v}" for k, v in facts.skipped_by_reason.items() if v)
+        rows.append(("skipped", e(f"{counted(facts.skipped_rows, 'bad row')} ({reasons}) with --on-bad-row skip")))
+    body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
+    return f'<table class="facts"><tbody>{body}</tbody></table>'
+
+
+def _findings(findings: Sequence[Finding | CompareFinding], none: str) -> str:
+    """Each finding with its severity, code, the dump it concerns (compare) and its message."""
+    if not findings:
+        return f'<p class="ok">{none}</p>'
+    blocks = []
+    for f in findings:
+        side = getattr(f, "side", None)
+        blocks.append(f'<div class="finding {f.severity}"><span class="{f.severity}">{f.severity.upper()}</span> '
+                      f'<span class="code">[{e(f.code)}]</span>{f" (dump {e(side)})" if side else ""}'
+                      f"<p>{e(f.message)}</p></div>")  # fmt: skip
+    return "".join(blocks)
+
+
+_MARKS = {"ok": ("✓", "ok"), "not_computed": ("–", "muted")}
+
+
+def _checklist(report: Report) -> str:
+    rows = []
+    for row in checklist(report):
+        mark, cls = _MARKS.get(row.status, ("✗", row.status))
+        where = f'<span class="muted">{e(row.where)}</span>' if row.status == "not_computed" else e(row.where)
+        rows.append(
+            (f'<span class="{cls}">{mark}</span>', e(row.label), f'<span class="code">{e(row.code)}</span>', where)
+        )
+    return "<h3>Checklist</h3>" + table(("", "check", "code", "where"), rows)
+
+
+def _trend_note(report: Report) -> str:
+    if report.steps:
+        return ""
+    return '<p class="note">The dump has no step column: each panel shows the whole dump as one point.</p>'
+
+
+def _trends(reports: Sequence[tuple[str | None, Report]]) -> str:
+    charts = []
+    for i, panel in enumerate(TRENDS):
+        fig = figure(5.6, 3.6)
+        draw_trend(fig.subplots(), panel, panel_lines(panel, reports))
+        charts.append(chart(svg(fig, f"trend{i}")))
+    return f'<div class="grid">{"".join(charts)}</div>'
+
+
+def _histogram(reports: Sequence[tuple[str, Report, str]], share: bool) -> str:
+    histograms = [(label, r.log_ratio, color) for label, r, color in reports if r.log_ratio is not None]
+    if not histograms:
+        return '<p class="note">No histogram in this report (a state saved by an older rcdiag).</p>'
+    fig = figure(11, 4.2)
+    draw_histogram(fig.subplots(), histograms, share=share)
+    nan = sum(h.nan for _, h, _ in histograms)
+    note = f'<p class="note">{nan:,} token(s) with −inf on both sides have no log-ratio.</p>' if nan else ""
+    return chart(svg(fig, "histogram"), wide=True) + note
+
+
+def _metrics(report: Report) -> str:
+    rows = [
+        (f"<code>{e(key)}</code>", fmt(value), e(reading(key, value)))
+        for values in (report.metrics, report.extras)
+        for key, value in values.items()
+    ]
+    return table(("metric", "value", "reading"), rows, numeric=(1,))
+
+
+def _steps(report: Report) -> str:
+    keys = [k for k in step_columns("analyze") if k in report.metrics]
+    steps = list(report.steps)
+    shown = evenly_spaced(steps, MAX_STEP_ROWS)
+    note = f'<p class="note">{len(shown)} of {len(steps)} steps, evenly spaced.</p>' if len(shown) < len(steps) else ""
+    rows = [(str(s.step), f"{s.rows:,}", *(fmt(s.metrics.get(k)) for k in keys)) for s in shown]
+    headers = ("step", "rows", *(e(short_key(k)) for k in keys))
+    return note + table(headers, rows, numeric=range(len(headers)))
+
+
+# --------------------------------------------------------------------------------------------------- explain
+
+CHARTED = ("kl", "k3_kl")
+"""The breakdown metrics drawn as bars (the tables show every one)."""
+
+
+def _explain(report: Report) -> list[str]:
+    """With ``--explain``: where the mismatch sits, and the worst responses with their tokens."""
+    explained = report.explain
+    if explained is None:
+        return []
+    charts, tables = [], []
+    for i, (name, title) in enumerate(BREAKDOWNS.items()):
+        entries = explained.breakdowns[name]
+        labels = [bucket_label(entry) for entry in entries]
+        fig = figure(5.6, 3.6)
+        draw_breakdown(fig.subplots(), title, labels, {key: [entry[key] for entry in entries] for key in CHARTED})
+        charts.append(chart(svg(fig, f"breakdown{i}")))
+        rows = [(e(label), f"{entry['tokens']:,}", *(fmt(entry[key]) for key in BREAKDOWN_METRICS))
+                for label, entry in zip(labels, entries, strict=True)]  # fmt: skip
+        headers = ("bucket", "tokens", *(e(label) for label in BREAKDOWN_METRICS.values()))
+        tables.append(f"<h3>{e(title)}</h3>" + table(headers, rows, numeric=range(1, len(headers))))
+    where = section("Where the mismatch sits (--explain)", f'<div class="grid">{"".join(charts)}</div>', *tables)
+    worst = table(WORST_COLUMNS, ([e(cell) for cell in worst_cells(entry)] for entry in explained.worst_sequences),
+                  numeric=(0, 1, 3, 4, 5, 6))  # fmt: skip
+    entries = {entry["row"]: entry for entry in explained.worst_sequences}
+    plots = []
+    for i, trace in enumerate(explained.traces):
+        entry = entries[trace.row]
+        step = "" if entry["step"] is None else f", step {entry['step']}"
+        fig = figure(5.6, 3.2)
+        draw_trace(fig.subplots(), f"row {trace.row}{step}: sum {fmt(entry['log_ratio_sum'])}", trace.positions,
+                   trace.log_ratios, entry["position_of_max"])  # fmt: skip
+        plots.append(chart(svg(fig, f"trace{i}")))
+    note = (
+        f'<p class="note">The {len(plots)} worst, token by token (a response longer than the plot keeps each run '
+        "of tokens' lowest and highest log-ratio).</p>"
+        if plots
+        else ""
+    )
+    title = f"Worst responses (largest |sum of log-ratios|, top {len(explained.worst_sequences)})"
+    return [where, section(title, worst, note, f'<div class="grid">{"".join(plots)}</div>')]
+
+
+# --------------------------------------------------------------------------------------------------- compare
+
+
+def render_comparison_html(comparison: Comparison) -> str:
+    """Both dumps on one page: their facts, the verdicts, every chart with both overlaid, the metric table."""
+    a, b = comparison.a, comparison.b
+    return page(
+        "rcdiag comparison",
+        f"A: {a.input.path} · B: {b.input.path} · rcdiag {a.version}",
+        [
+            section("Dumps", _sides(comparison)),
+            section("Verdicts", _findings(comparison.findings, "No finding."), _temperature(comparison)),
+            section("Trends over steps, A and B overlaid", _trends([("A", a), ("B", b)])),
+            section(
+                "Token log-ratio distribution, A and B (share of each dump's tokens)",
+                _histogram([("A", a, SIDES["A"][0]), ("B", b, SIDES["B"][0])], share=True),
+            ),
+            section("Metrics, all steps pooled", _diffs(comparison)),
+        ],
+    )
+
+
+def _sides(comparison: Comparison) -> str:
+    rows = []
+    for side, report in (("A", comparison.a), ("B", comparison.b)):
+        facts = report.input
+        rows.append((side, f"<code>{e(facts.path)}</code>", e(describe_input(report)), f"{facts.rows:,}",
+                     f"{facts.valid_tokens:,}", f"{facts.steps:,}"))  # fmt: skip
+    config = f"<p>Configuration (both): {e(describe_config(comparison.a.config))}</p>"
+    return config + table(("", "dump", "read as", "rows", "valid tokens", "steps"), rows, numeric=(3, 4, 5))
+
+
+def _temperature(comparison: Comparison) -> str:
+    lines = comparison.temperature.explanation
+    return "<h3>Temperature</h3>" + "".join(f"<p>{e(line)}</p>" for line in lines) if lines else ""
+
+
+def _diffs(comparison: Comparison) -> str:
+    rows = [
+        (f"<code>{e(d.key)}</code>", fmt(d.a), fmt(d.b), fmt(d.difference), fmt(d.ratio), e(_what(d.key)))
+        for d in comparison.metrics
+    ]
+    return table(("metric", "A", "B", "B − A", "B / A", "what it is"), rows, numeric=(1, 2, 3, 4))
+
+
+def _what(key: str) -> str:
+    spec = metric(key)
+    return spec.reading if spec is not None else ""
+
+
+# ----------------------------------------------------------------------------------------------------- sweep
+
+
+def render_sweep_html(report: SweepReport) -> str:
+    """The sweep: each option's rejected share against its threshold with the recommended point, the
+    recommendations with their verl YAML, the presets ranked and every row."""
+    facts = report.input
+    target = "" if report.target_reject is None else f" · target {fmt(report.target_reject)} rejected"
+    return page(
+        "rcdiag sweep",
+        f"{facts.path} · {facts.rows:,} rows · {facts.valid_tokens:,} valid tokens{target} · rcdiag {report.version}",
+        [
+            section("Findings", _findings(report.findings, "No finding: no threshold makes verl crash.")),
+            section("Rejected share by threshold", _sweep_curves(report)),
+            *([section("Recommended thresholds", _recommendations(report))] if report.recommendations else []),
+            *([section("verl presets on this dump", _presets(report))] if report.presets else []),
+            section("Every threshold", _sweep_rows(report)),
+        ],
+    )
+
+
+def _upper(spec: str) -> float:
+    """A threshold spec's upper bound (``0.5_2.0`` -> 2.0, ``0.01`` -> 0.01): the x of the sweep curves."""
+    return float(spec.split("_")[-1])
+
+
+def _shares(rows: list[SweepRow]) -> dict[str, tuple[list[float], list[float | None]]]:
+    curves: dict[str, tuple[list[float], list[float | None]]] = {}
+    for row in rows:
+        kind = ("IcePop " if "_" in row.threshold else "TIS ") if row.option.startswith("is_") else ""
+        for what, value in (("tokens", row.token_reject), ("responses", row.seq_reject)):
+            if value is None and what == "tokens" and row.option == "is_sequence":
+                continue
+            xs, ys = curves.setdefault(f"{kind}{what}", ([], []))
+            xs.append(_upper(row.threshold))
+            ys.append(value)
+    return {label: curve for label, curve in curves.items() if any(y is not None for y in curve[1])}
+
+
+def _sweep_curves(report: SweepReport) -> str:
+    recommended = {rec.option: rec for rec in report.recommendations}
+    charts = []
+    options = list(dict.fromkeys(row.option for row in report.rows))
+    for i, option in enumerate(options):
+        rows = [row for row in report.rows if row.option == option]
+        rec = recommended.get(option)
+        point = None
+        if rec is not None:
+            share = rec.token_reject if rec.share == "token" else rec.seq_reject
+            point = None if share is None else (_upper(rec.threshold), share, rec.threshold)
+        fig = figure(5.6, 3.6)
+        draw_sweep(fig.subplots(), option, _shares(rows), point, report.target_reject)
+        charts.append(chart(svg(fig, f"sweep{i}")))
+    return f'<div class="grid">{"".join(charts)}</div>'
+
+
+def _recommendations(report: SweepReport) -> str:
+    rows = [
+        (f"<code>{e(r.option)}</code>", f"<code>{e(r.threshold)}</code>", e(r.share), fmt(r.token_reject),
+         fmt(r.seq_reject), f"<pre>{e(r.yaml.rstrip())}</pre>")
+        for r in report.recommendations
+    ]  # fmt: skip
+    headers = ("option", "threshold", "share targeted", "tokens rejected", "responses rejected", "verl YAML")
+    return table(headers, rows, numeric=(3, 4))
+
+
+def _presets(report: SweepReport) -> str:
+    rows = [
+        (f"<code>{e(p.name)}</code>", fmt(p.token_reject), fmt(p.seq_reject), "no IS" if p.ess is None else fmt(p.ess),
+         "yes" if p.meets_min_ess else "no")
+        for p in report.presets
+    ]  # fmt: skip
+    note = f'<p class="note">Least rejected first; presets leaving an ESS below {fmt(report.min_ess)} last.</p>'
+    return note + table(("preset", "tokens rejected", "responses rejected", "ESS", "ESS ok"), rows, numeric=(1, 2, 3))
+
+
+def _sweep_rows(report: SweepReport) -> str:
+    rows = [
+        (f"<code>{e(r.option)}</code>", f"<code>{e(r.threshold)}</code>", fmt(r.token_reject), fmt(r.seq_reject),
+         fmt(r.ess), "verl would crash" if r.crashes else "")
+        for r in report.rows
+    ]  # fmt: skip
+    headers = ("option", "threshold", "tokens rejected", "responses rejected", "ESS", "")
+    return table(headers, rows, numeric=(2, 3, 4))

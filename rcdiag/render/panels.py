@@ -1,0 +1,151 @@
+"""What the pictures show, without drawing anything: the six trend panels of the seed guide's dashboard (IS mean,
+ESS, RS rejected share, kl vs k3_kl, PPL ratio, chi2), each panel's series over steps and its warning lines.
+
+Warning lines are read from the metric catalogue (every threshold that gives a finding), never restated here;
+a panel's ``ideal`` is where its metric says "no mismatch". Imports no plotting library.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rcdiag.catalogue import full_key, metric, short_key
+from rcdiag.catalogue.metrics import GROUP_NEEDS, rs_option
+from rcdiag.report import Report
+
+MAX_POINTS = 1500
+"""A series longer than this is drawn as the minimum and maximum of each of ``MAX_POINTS // 2`` runs of steps, so
+a picture's size does not grow with the run's length and no spike is lost."""
+
+
+@dataclass(frozen=True)
+class WarnLine:
+    """A horizontal line at ``value``: the bound of a health check (``finding`` fires beyond it)."""
+
+    value: float
+    label: str
+    finding: str
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One trend chart: ``keys`` (full metric keys) over steps."""
+
+    title: str
+    keys: tuple[str, ...]
+    ideal: float | None = None
+    per_rs_option: bool = False
+    """Also draw every RS option's own ``masked_fraction`` (when there are several)."""
+
+    def warnings(self) -> list[WarnLine]:
+        out = []
+        for key in self.keys:
+            spec = metric(key)
+            assert spec is not None, key
+            for threshold in spec.thresholds:
+                if threshold.finding is None:
+                    continue
+                bounds = threshold.bounds if threshold.kind == "range" else (threshold.limit,)
+                if threshold.kind == "max_abs":
+                    bounds = (-threshold.limit, threshold.limit)
+                rule = threshold.describe(spec.short)
+                out.extend(WarnLine(bound, rule, threshold.finding) for bound in bounds)
+        return out
+
+    def needs(self) -> str:
+        """Why the panel may be empty: what computes its metrics."""
+        spec = metric(self.keys[0])
+        assert spec is not None
+        return spec.how_to_compute() if spec.needs else GROUP_NEEDS[spec.group]
+
+
+TRENDS: tuple[Panel, ...] = (
+    Panel("IS weight mean", (full_key("rollout_is_mean"),), ideal=1.0),
+    Panel("Effective sample size", (full_key("rollout_is_eff_sample_size"),)),
+    Panel("RS rejected share of tokens", (full_key("rollout_rs_masked_fraction"),), per_rs_option=True),
+    Panel("KL: kl vs k3_kl", (full_key("kl"), full_key("k3_kl")), ideal=0.0),
+    Panel("PPL ratio (train / rollout)", (full_key("ppl_ratio"),), ideal=1.0),
+    Panel("Chi-square divergence", (full_key("chi2_token"), full_key("chi2_seq"))),
+)
+"""The dashboard, in the seed's 2x3 order (its empty slot holds the RS rejected share)."""
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line: ``label`` and its points (step, value); ``None`` values are gaps."""
+
+    key: str
+    label: str
+    steps: tuple[float, ...]
+    values: tuple[float | None, ...]
+
+    @property
+    def present(self) -> bool:
+        return any(v is not None for v in self.values)
+
+
+def panel_keys(panel: Panel, report: Report) -> list[str]:
+    """The keys the panel draws for this report (RS options as the configuration has them); none when the
+    configuration does not compute the panel's metrics."""
+    keys = [k for k in panel.keys if k in report.metrics]
+    if panel.per_rs_option:
+        options = [k for k in report.metrics if rs_option(k) is not None and k.endswith("_masked_fraction")]
+        options = [k for k in options if not k.endswith("_seq_masked_fraction")]
+        keys += options if len(options) > 1 else []  # one option's share is the combined share
+    return keys
+
+
+def series(report: Report, key: str, label: str | None = None) -> Series:
+    """``key`` over the report's steps; a dump without steps is one point at step 0 (the whole dump)."""
+    name = label or short_key(key)
+    if not report.steps:
+        value = report.metrics.get(key)
+        return Series(key, name, (0.0,), (value,))
+    steps = [float(s.step) for s in report.steps]
+    values = [s.metrics.get(key) for s in report.steps]
+    steps, values = thinned(steps, values, MAX_POINTS)
+    return Series(key, name, tuple(steps), tuple(values))
+
+
+def thinned(steps: list[float], values: list[float | None], most: int) -> tuple[list[float], list[float | None]]:
+    """At most ``most`` points: each run of steps keeps its lowest and highest value, in step order (a run
+    without a finite value is one gap)."""
+    if len(steps) <= most:
+        return steps, values
+    runs = max(most // 2, 1)
+    out_steps: list[float] = []
+    out_values: list[float | None] = []
+    for i in range(runs):
+        a, b = i * len(steps) // runs, (i + 1) * len(steps) // runs
+        present = {j: v for j in range(a, b) if (v := values[j]) is not None and math.isfinite(v)}
+        kept = sorted({min(present, key=present.__getitem__), max(present, key=present.__getitem__)}) if present else []
+        out_steps += [steps[j] for j in kept] or [steps[a]]
+        out_values += [values[j] for j in kept] or [None]
+    return out_steps, out_values
+
+
+def sparkline(values: list[float | None], width: int = 12) -> str:
+    """``▁▃▅█``: values scaled between their minimum and maximum, at most ``width`` characters (each the mean of
+    its run of values); a gap is a space."""
+    bars = "▁▂▃▄▅▆▇█"
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return ""
+    runs = min(width, len(values))
+    cells: list[float | None] = []
+    for i in range(runs):
+        run = [v for v in values[i * len(values) // runs : (i + 1) * len(values) // runs] if v is not None]
+        run = [v for v in run if math.isfinite(v)]
+        cells.append(sum(run) / len(run) if run else None)
+    lo, hi = min(finite), max(finite)
+    span = hi - lo
+    out = []
+    for cell in cells:
+        if cell is None:
+            out.append(" ")
+        elif span <= 0 or not math.isfinite(span):
+            out.append(bars[0])
+        else:
+            out.append(bars[min(int((cell - lo) / span * len(bars)), len(bars) - 1)])
+    return "".join(out)

@@ -1,0 +1,138 @@
+"""Plain-text pieces every renderer shares (terminal, HTML): numbers, the input and configuration lines, and the
+findings checklist's rows. Imports no rich."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rcdiag.catalogue import FINDINGS, metric
+from rcdiag.config import CorrectionConfig
+from rcdiag.report import Finding, Report, Severity
+
+
+def fmt(value: float | None) -> str:
+    """Numbers as verl logs would show them, to 6 significant digits; ``—`` for null."""
+    if value is None:
+        return "—"
+    if value == 0:
+        return "0"
+    return f"{value:.6g}"
+
+
+def describe_input(report: Report) -> str:
+    """Format and the column used for each role."""
+    used = ", ".join(f"{role}={name}" for role, name in report.input.columns.items() if name is not None)
+    steps = f"; steps from the {report.input.step_source}" if report.input.step_source else ""
+    return f"{report.input.format}; columns {used}{steps}"
+
+
+def describe_config(config: dict) -> str:
+    """One line saying what is computed."""
+    cfg = CorrectionConfig(**config)
+    bits = []
+    if cfg.rollout_is is not None and cfg.rollout_is_threshold is not None:
+        bits.append(f"rollout_is={cfg.rollout_is} threshold={cfg.rollout_is_threshold}")
+        if cfg.rollout_is_batch_normalize:
+            bits.append("batch-normalized")
+    else:
+        bits.append("rollout_is=null")
+    if cfg.rollout_rs is not None:
+        bits.append(f"rollout_rs={cfg.rollout_rs} threshold={cfg.rollout_rs_threshold}")
+    else:
+        bits.append("rollout_rs=null")
+    # loss_type matters in bypass mode only; decoupled runs say so instead of printing a field that is unused
+    bits.append(f"bypass_mode=true loss_type={cfg.loss_type}" if cfg.bypass_mode else "bypass_mode=false (decoupled)")
+    bits.append(f"as verl {cfg.verl_version} logs it")
+    return ", ".join(bits)
+
+
+@dataclass(frozen=True)
+class ChecklistRow:
+    """One check: ``ok``, a finding's severity when it fired, or ``not_computed`` for this configuration."""
+
+    status: Literal["ok", "not_computed"] | Severity
+    label: str
+    code: str
+    where: str
+
+
+def _checks(*, explain: bool = False) -> list[tuple[str, str | None, str]]:
+    """(code, full metric key or None, label) of every checklist row, from the finding catalogue; ``--explain``'s
+    detectors only when they ran."""
+    rows = []
+    for spec in FINDINGS:
+        if spec.check is None or "analyze" not in spec.commands or (spec.explain and not explain):
+            continue
+        needed = metric(spec.metric) if spec.metric is not None else None
+        label = spec.check
+        if needed is not None and "{rule}" in label:
+            threshold = next(t for t in needed.thresholds if t.finding == spec.code)
+            label = label.format(rule=threshold.describe(needed.short))
+        rows.append((spec.code, needed.name if needed is not None else None, label))
+    return rows
+
+
+def checklist(report: Report) -> list[ChecklistRow]:
+    """Every analyze check of the finding catalogue, with whether (and where) it fired."""
+    fired: dict[str, Finding] = {}
+    for finding in report.findings:
+        fired.setdefault(finding.code, finding)
+    rows = []
+    for code, key, label in _checks(explain=report.explain is not None):
+        if key and key not in report.metrics:
+            rows.append(ChecklistRow("not_computed", label, code, "not computed for this config"))
+            continue
+        finding = fired.get(code)
+        if finding is None:
+            rows.append(ChecklistRow("ok", label, code, ""))
+            continue
+        where = "whole dump" if finding.steps is None else _steps_text(finding.steps)
+        if finding.value is not None:
+            where = f"{fmt(finding.value)} ({where})"
+        rows.append(ChecklistRow(finding.severity, label, code, where))
+    return rows
+
+
+def _steps_text(steps: tuple[int, ...]) -> str:
+    listed = ", ".join(map(str, steps[:6])) + (", ..." if len(steps) > 6 else "")
+    return f"{len(steps)} step{'s' if len(steps) != 1 else ''}: {listed}"
+
+
+BREAKDOWNS = {
+    "position": "By token position in the response",
+    "rollout_prob": "By the rollout engine's probability of the sampled token",
+    "length": "By response length (valid tokens)",
+}
+"""``--explain``'s breakdowns and their titles."""
+BREAKDOWN_METRICS = {"kl": "kl", "k3_kl": "k3_kl", "chi2_token": "chi2_token", "abs_log_ratio_mean": "mean |log-ratio|"}
+"""Each breakdown bucket's metrics and their column labels."""
+WORST_COLUMNS = ("row", "step", "id", "valid tokens", "log-ratio sum", "max |log-ratio|", "at position",
+                 "old / rollout log-prob there")  # fmt: skip
+
+
+def bucket_label(entry: dict[str, Any]) -> str:
+    """``[0, 32)``, ``[0.99, 1]``, ``>= 2048``."""
+    lo, hi = entry["lo"], entry["hi"]
+    if hi is None:
+        return f">= {lo:g}"
+    return f"[{lo:g}, {hi:g}{']' if hi == 1.0 and isinstance(hi, float) else ')'}"
+
+
+def worst_cells(entry: dict[str, Any]) -> tuple[str, ...]:
+    """One worst-responses row, in ``WORST_COLUMNS`` order."""
+    at = (
+        "—"
+        if entry["old_log_prob_at_max"] is None
+        else f"{fmt(entry['old_log_prob_at_max'])} / {fmt(entry['rollout_log_prob_at_max'])}"
+    )
+    return (
+        str(entry["row"]),
+        "—" if entry["step"] is None else str(entry["step"]),
+        "—" if entry["id"] is None else str(entry["id"]),
+        f"{entry['length']:,}",
+        fmt(entry["log_ratio_sum"]),
+        fmt(entry["max_abs_log_ratio"]),
+        "—" if entry["position_of_max"] is None else str(entry["position_of_max"]),
+        at,
+    )
