@@ -159,6 +159,13 @@ def test_warning_lines_are_the_catalogues_thresholds() -> None:
     assert by_title["Chi-square divergence"] == {1.0}  # the seed's chi2 warning line
 
 
+def test_warning_lines_name_whose_threshold_they_draw() -> None:
+    """verl documents no bound on the RS rejected share: that line is rcdiag's own (rs_rejects_most_tokens)."""
+    sources = {(p.title, w.value): w.source for p in TRENDS for w in p.warnings()}
+    assert sources[("IS weight mean", 2.0)] == "verl" and sources[("Effective sample size", 0.3)] == "verl"
+    assert sources[("RS rejected share of tokens", 0.2)] == "rcdiag"
+
+
 def test_a_long_run_stays_small(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """3,000 steps: every chart thinned to MAX_POINTS per line, the step table cut; the page stays far below 5 MB."""
     import pyarrow as pa

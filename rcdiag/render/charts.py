@@ -122,10 +122,11 @@ def draw_trend(ax: Axes, panel: Panel, lines: Sequence[Line]) -> None:
         for warn in panel.warnings():
             if warn.value < 0 <= lo:  # the negative side of a |x| bound, where the data never goes
                 continue
+            label = f"{warn.source} warns: {warn.label}"
             if lo - reach <= warn.value <= hi + reach:
-                ax.axhline(warn.value, color=WARN, linestyle="--", linewidth=1.2, label=f"verl warns: {warn.label}")
+                ax.axhline(warn.value, color=WARN, linestyle="--", linewidth=1.2, label=label)
             else:  # a legend entry only: drawing it would flatten the data
-                ax.plot([], [], "--", color=WARN, linewidth=1.2, label=f"verl warns: {warn.label} (off scale)")
+                ax.plot([], [], "--", color=WARN, linewidth=1.2, label=f"{label} (off scale)")
         if panel.ideal is not None and lo - reach <= panel.ideal <= hi + reach:
             ax.axhline(panel.ideal, color="#2ca02c", linestyle=":", linewidth=1.2, label=f"ideal {fmt(panel.ideal)}")
         _dedupe_legend(ax)

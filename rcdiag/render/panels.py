@@ -26,6 +26,8 @@ class WarnLine:
     value: float
     label: str
     finding: str
+    source: str = "verl"
+    """Whose threshold it is: ``verl`` (its documented health bounds) or ``rcdiag`` (rcdiag's own checks)."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,8 @@ class Panel:
                 if threshold.kind == "max_abs":
                     bounds = (-threshold.limit, threshold.limit)
                 rule = threshold.describe(spec.short)
-                out.extend(WarnLine(bound, rule, threshold.finding) for bound in bounds)
+                source = "verl" if "verl" in threshold.packs else "rcdiag"
+                out.extend(WarnLine(bound, rule, threshold.finding, source) for bound in bounds)
         return out
 
     def needs(self) -> str:
