@@ -112,7 +112,8 @@ def _verl_helper():
     loaded = load_verl()
     if loaded is None:
         raise RuntimeError(
-            "the padded baseline needs torch and verl: pip install torch && pip install --no-deps verl==0.9.0"
+            "the padded baseline needs torch and verl: pip install torch && pip install --no-deps --target "
+            ".gl/verl-0.9.0 verl==0.9.0 (see .ci/run)"
         )
     return loaded[0]
 

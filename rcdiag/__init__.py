@@ -1,7 +1,8 @@
 """rcdiag: offline diagnostics for training-inference mismatch in LLM RL.
 
-It runs verl's rollout correction (IS weights, RS masks and every ``rollout_corr/*`` metric, with verl v0.9.0's
-names and semantics) over saved dumps of per-token log-probs, streaming, on CPU or GPU.
+It runs verl's rollout correction (IS weights, RS masks and every ``rollout_corr/*`` metric, with verl's names
+and the semantics of the release you ran, v0.7.1 to v0.9.1) over saved dumps of per-token log-probs, streaming,
+on CPU or GPU.
 
     >>> import rcdiag
     >>> config = rcdiag.CorrectionConfig(rollout_rs="token_k1", rollout_rs_threshold="0.5_2.0")
@@ -38,6 +39,8 @@ _EXPORTS = {
     "Report": "rcdiag.report",
     "StepReport": "rcdiag.report",
     "DumpWriter": "rcdiag.writer",
+    "MicroBatchSettings": "rcdiag.microbatch",
+    "VERSIONS": "rcdiag.versions",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -47,8 +50,10 @@ if TYPE_CHECKING:
     from rcdiag.config import PRESETS, CorrectionConfig, preset  # noqa: F401
     from rcdiag.errors import ConfigError, ExitCode, InputError, RcdiagError  # noqa: F401
     from rcdiag.io import Chunk, ColumnMap  # noqa: F401
+    from rcdiag.microbatch import MicroBatchSettings  # noqa: F401
     from rcdiag.options import ReadOptions  # noqa: F401
     from rcdiag.report import Finding, InputFacts, Report, StepReport  # noqa: F401
+    from rcdiag.versions import VERSIONS  # noqa: F401
     from rcdiag.writer import DumpWriter  # noqa: F401
 
 

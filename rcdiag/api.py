@@ -23,6 +23,9 @@ from rcdiag.explain.worst import DEFAULT_WORST
 from rcdiag.health import evaluate
 from rcdiag.io import Chunk, open_dump, prefetch
 from rcdiag.io.base import SourceInfo
+from rcdiag.microbatch import MicroBatchReport, MicroBatchSettings
+from rcdiag.microbatch.report import simulate as simulate_microbatches
+from rcdiag.microbatch.rows import RowCollector
 from rcdiag.options import ReadOptions
 from rcdiag.parallel import (
     RAY_MAX_PARTS,
@@ -63,6 +66,7 @@ def analyze(
     explain: bool = False,
     worst: int = DEFAULT_WORST,
     sequences: str | Path | None = None,
+    microbatch: MicroBatchSettings | None = None,
     **options: Any,
 ) -> Report:
     """Run verl's rollout correction over a dump and return the report.
@@ -82,6 +86,9 @@ def analyze(
         worst: how many responses the worst-responses list keeps (a value other than 10 implies ``explain``).
         sequences: write one row per response to this Parquet file (implies ``explain``; read it back with
             ``report.sequences_frame()``).
+        microbatch: also split each step as verl's actor does (``rcdiag.MicroBatchSettings``) and report what
+            verl computes and where it crashes per micro-batch (``report.microbatch``). Keeps every valid token
+            in memory.
         options: ``ReadOptions`` fields as keywords (``device="cuda"``, ``columns=ColumnMap(...)``), applied
             on top of ``read``.
 
@@ -95,11 +102,26 @@ def analyze(
         >>> report.metrics["rollout_corr/kl"]  # doctest: +SKIP
     """
     wanted = ExplainOptions.of(explain, worst, sequences)
+    collector = RowCollector() if microbatch is not None else None
+    read = ReadOptions.of(read, options)
+    if collector is not None and (read.workers > 1 or read.ray):
+        raise ConfigError(
+            "micro-batch options need the rows of each step in order, in one process: use them without --workers "
+            "or --ray."
+        )
     accumulated = accumulate(
-        path, config, ReadOptions.of(read, options), on_chunk=on_chunk, save_state=save_state, explain=wanted
+        path, config, read, on_chunk=on_chunk, save_state=save_state, explain=wanted, collector=collector
     )
+    micro = None
+    if collector is not None and microbatch is not None:
+        micro = simulate_microbatches(collector.steps(), accumulated.state.resolved, microbatch)
     return build_report(
-        accumulated.state, accumulated.info, accumulated.device, accumulated.screen, sequences_path=sequences
+        accumulated.state,
+        accumulated.info,
+        accumulated.device,
+        accumulated.screen,
+        sequences_path=sequences,
+        microbatch=micro,
     )
 
 
@@ -122,6 +144,7 @@ def accumulate(
     save_state: str | Path | None = None,
     explain: ExplainOptions | None = None,
     new_state: StateFactory | None = None,
+    collector: RowCollector | None = None,
     **options: Any,
 ) -> Accumulated:
     """Read a dump into an ``EngineState`` (the mergeable accumulators), without computing the report.
@@ -131,6 +154,7 @@ def accumulate(
     the same as one process reading everything. ``explain`` adds ``--explain``'s accumulators (and writes its
     ``sequences`` file). ``new_state`` builds the empty state blocks are folded into instead of the analyze
     accumulators of ``config`` (the sweep passes its own); it must pickle, for the worker processes and Ray tasks.
+    A ``collector`` keeps every screened row by step (micro-batch simulation; one process only).
     """
     resolved = (config or CorrectionConfig()).resolve()
     read = ReadOptions.of(read, options)
@@ -161,7 +185,8 @@ def accumulate(
             if on_chunk is not None:
                 chunks = _report_progress(chunks, on_chunk, source.info.total_rows)
             engine = Engine(resolved, backend, explain_state, state=new_state() if new_state else None)
-            state = engine.run(screen(chunks))
+            screened = screen(chunks)
+            state = engine.run(collector.tee(screened) if collector is not None else screened)
             stats = screen.stats
             if writer is not None:
                 writer.flush()
@@ -242,8 +267,10 @@ def build_report(
     screen: ScreenStats | None = None,
     *,
     sequences_path: str | Path | None = None,
+    microbatch: MicroBatchReport | None = None,
 ) -> Report:
-    """Compute every batch, the all-steps view and the findings (and ``--explain``'s, when it ran)."""
+    """Compute every batch, the all-steps view and the findings (and ``--explain``'s, when it ran; and the
+    micro-batch section, when simulated)."""
     has_steps = any(step is not None for step in state.batches)
     per_step = sorted(
         ((step, batch.compute()) for step, batch in state.batches.items()),
@@ -267,6 +294,8 @@ def build_report(
             traces=tuple(state.explain.worst.plotted()),
             sequences_path=None if sequences_path is None else str(sequences_path),
         )
+    if microbatch is not None:
+        findings = sorted([*findings, *microbatch.findings()], key=lambda f: listing_order(f.code, f.severity))
     return Report(
         config=state.resolved.config.to_dict(),
         input=facts,
@@ -278,6 +307,7 @@ def build_report(
         version=__version__,
         log_ratio=pooled.log_ratio,
         explain=explained,
+        microbatch=microbatch,
     )
 
 

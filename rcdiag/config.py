@@ -1,4 +1,4 @@
-"""verl's rollout-correction configuration: fields, presets and threshold parsing (verl v0.9.0).
+"""verl's rollout-correction configuration: fields, presets and threshold parsing (verl v0.7.1 to v0.9.1).
 
 ``CorrectionConfig`` mirrors ``verl.trainer.config.algorithm.RolloutCorrectionConfig`` field for field, but its
 defaults are verl's YAML defaults (metrics only), which is what a run without an explicit
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rcdiag.errors import ConfigError
+from rcdiag.versions import DEFAULT_VERSION, VerlVersion, needs, verl_version
 
 SAFETY_BOUND = 20.0
 """verl clamps log-ratios to [-20, 20] before every exp (exp(20) ~ 4.85e8)."""
@@ -56,6 +57,8 @@ class CorrectionConfig:
     rollout_rs_threshold: ThresholdSpec | None = None
     bypass_mode: bool = False
     loss_type: str = "ppo_clip"
+    verl_version: str = DEFAULT_VERSION
+    """rcdiag's, not verl's: which verl release's semantics to reproduce (``rcdiag.versions``)."""
 
     def replace(self, **changes: Any) -> CorrectionConfig:
         """Return a copy with some fields changed (CLI flags on top of a preset)."""
@@ -130,15 +133,18 @@ class ResolvedConfig:
     config: CorrectionConfig
     is_spec: ISSpec | None
     rs_options: tuple[RSOption, ...]
+    version: VerlVersion
 
     def same_computation(self, other: ResolvedConfig) -> bool:
-        """Whether two configurations compute the same metrics (``2`` and ``"2.0"`` are the same threshold)."""
+        """Whether two configurations compute the same metrics (``2`` and ``"2.0"`` are the same threshold, and
+        verl 0.9.0 and 0.9.1 the same code)."""
         mine, theirs = self.config, other.config
-        return (self.is_spec, self.rs_options, mine.bypass_mode, mine.loss_type) == (
+        return (self.is_spec, self.rs_options, mine.bypass_mode, mine.loss_type, self.version.semantics) == (
             other.is_spec,
             other.rs_options,
             theirs.bypass_mode,
             theirs.loss_type,
+            other.version.semantics,
         )
 
 
@@ -197,7 +203,9 @@ def parse_rs_options(rollout_rs: Any) -> list[str]:
     return options
 
 
-def parse_rs_thresholds(options: list[str], spec: Any) -> dict[str, tuple[float | None, float]]:
+def parse_rs_thresholds(
+    options: list[str], spec: Any, *, check_band_order: bool = True
+) -> dict[str, tuple[float | None, float]]:
     """Per-option ``(lower, upper)`` from ``rollout_rs_threshold``, as verl's ``_parse_rollout_rs_thresholds``.
 
     One spec is broadcast to every option; otherwise there must be one per (de-duplicated) option. A bare
@@ -220,7 +228,10 @@ def parse_rs_thresholds(options: list[str], spec: Any) -> dict[str, tuple[float 
         )
     if len(specs) == 1:
         specs = specs * len(options)
-    return {option: _parse_one_rs_threshold(option, text) for option, text in zip(options, specs, strict=True)}
+    return {
+        option: _parse_one_rs_threshold(option, text, check_band_order)
+        for option, text in zip(options, specs, strict=True)
+    }
 
 
 def _band_hint(options: list[str], spec: Any) -> str:
@@ -240,7 +251,7 @@ def _band_hint(options: list[str], spec: Any) -> str:
     )
 
 
-def _parse_one_rs_threshold(option: str, spec: str) -> tuple[float | None, float]:
+def _parse_one_rs_threshold(option: str, spec: str, check_band_order: bool) -> tuple[float | None, float]:
     if option.endswith("k1"):
         if "_" in spec:
             lower_text, upper_text = spec.split("_", 1)
@@ -265,7 +276,7 @@ def _parse_one_rs_threshold(option: str, spec: str) -> tuple[float | None, float
             raise ConfigError(f"Invalid numeric threshold '{spec}' for option '{option}'.") from None
         if lower <= 0 or upper <= 0:
             raise ConfigError(f"Thresholds for option '{option}' must be positive, got {spec}.")
-        if lower > upper:
+        if lower > upper and check_band_order:  # verl <= 0.8.0 accepts it, and then rejects every token
             raise ConfigError(f"Thresholds for option '{option}' must be lower <= upper, got {spec}.")
         return lower, upper
     if "_" in spec:
@@ -283,12 +294,15 @@ def _parse_one_rs_threshold(option: str, spec: str) -> tuple[float | None, float
 
 
 def _resolve(config: CorrectionConfig) -> ResolvedConfig:
+    version = verl_version(config.verl_version)
     is_spec: ISSpec | None = None
     # verl runs IS only when both the level and the threshold are set; a None threshold silently skips IS.
     if config.rollout_is is not None and config.rollout_is_threshold is not None:
         if config.rollout_is not in IS_LEVELS:
             raise ConfigError(f"Invalid rollout_is: {config.rollout_is}. Must be one of {{'token', 'sequence'}}.")
         upper, lower = parse_is_threshold(config.rollout_is_threshold)
+        if lower is not None:
+            needs(version, "icepop", f"rollout_is_threshold '{config.rollout_is_threshold}' (IcePop, lower_upper)")
         is_spec = ISSpec(config.rollout_is, upper, lower, bool(config.rollout_is_batch_normalize))  # type: ignore[arg-type]
     rs_options: list[RSOption] = []
     if config.rollout_rs is not None:
@@ -299,7 +313,9 @@ def _resolve(config: CorrectionConfig) -> ResolvedConfig:
             )
         names = parse_rs_options(config.rollout_rs)
         try:
-            bounds = parse_rs_thresholds(names, config.rollout_rs_threshold)
+            bounds = parse_rs_thresholds(
+                names, config.rollout_rs_threshold, check_band_order=version.checks_k1_band_order
+            )
         except ConfigError as exc:
             hint = _band_hint(names, config.rollout_rs_threshold)
             if not hint:
@@ -319,7 +335,7 @@ def _resolve(config: CorrectionConfig) -> ResolvedConfig:
             )
     if config.bypass_mode and config.loss_type not in ("ppo_clip", "reinforce"):
         raise ConfigError(f"Invalid loss_type: {config.loss_type}. Must be 'reinforce' or 'ppo_clip'.")
-    return ResolvedConfig(config=config, is_spec=is_spec, rs_options=tuple(rs_options))
+    return ResolvedConfig(config=config, is_spec=is_spec, rs_options=tuple(rs_options), version=version)
 
 
 # --------------------------------------------------------------------------------------------------- presets
@@ -371,12 +387,21 @@ PRESETS: dict[str, Callable[[], CorrectionConfig]] = {
     ),
     "disabled": _preset(),
 }
-"""verl v0.9.0's 19 ``RolloutCorrectionConfig`` classmethod presets, with their default arguments."""
+"""verl's 19 ``RolloutCorrectionConfig`` classmethod presets (v0.8.0 on; v0.7.1 lacks the two IcePop ones)."""
 
 
-def preset(name: str) -> CorrectionConfig:
-    """The configuration of one of verl's presets, by its classmethod name (e.g. ``"decoupled_geo_rs"``)."""
+PRESET_FEATURES = {"decoupled_token_icepop": "icepop", "bypass_pg_token_icepop": "icepop"}
+"""Presets a release may lack: the ``rcdiag.versions`` feature they came with (the others exist since 0.7.1)."""
+
+
+def preset(name: str, version: str | None = None) -> CorrectionConfig:
+    """The configuration of one of verl's presets, by its classmethod name (e.g. ``"decoupled_geo_rs"``), as
+    verl ``version`` (default: the latest) defines it."""
     try:
-        return PRESETS[name]()
+        build = PRESETS[name]
     except KeyError:
         raise ConfigError(f"Unknown preset '{name}'. Known presets: {', '.join(PRESETS)}.") from None
+    release = verl_version(version)
+    if name in PRESET_FEATURES:
+        needs(release, PRESET_FEATURES[name], f"The preset {name}")
+    return build().replace(verl_version=release.name)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from rcdiag.explain.worst import TokenTrace
+    from rcdiag.microbatch import MicroBatchReport
 
 Severity = Literal["error", "warning", "info"]
 SCHEMA_VERSION = 1
@@ -146,6 +147,9 @@ class Report:
     ``rcdiag.metrics.histogram``)."""
     explain: ExplainReport | None = None
     """Set by ``analyze --explain``."""
+    microbatch: MicroBatchReport | None = None
+    """How verl cut each step into micro-batches and what it computed there (``analyze`` with micro-batch
+    options); ``None`` otherwise."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (schema documented in docs/json.md)."""
@@ -166,6 +170,8 @@ class Report:
             out["worst_sequences"] = list(self.explain.worst_sequences)
             if self.explain.sequences_path is not None:
                 out["sequences_path"] = self.explain.sequences_path
+        if self.microbatch is not None:
+            out["microbatch"] = self.microbatch.to_dict()
         return out
 
     def steps_frame(self) -> Any:

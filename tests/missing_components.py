@@ -15,15 +15,16 @@ import pytest
 MISSING = "missing component:"
 INSTALL = {
     "torch": "pip install 'torch==2.13.0'",
-    "verl": "pip install --no-deps 'verl==0.9.0' (and torch)",
+    **{
+        f"verl-{v}": f"pip install --no-deps --target .gl/verl-{v} 'verl=={v}' (and torch; see .ci/run)"
+        for v in ("0.7.1", "0.8.0", "0.9.0")
+    },
     "moto": "pip install 'moto[server]' (in the test extra: pip install -e '.[test]')",
     "ray": "pip install -e '.[ray]'",
     "matplotlib": "pip install -e '.[plot]'",
     "chromium": "apt-get install chromium (Debian), or set RCDIAG_CHROMIUM to a Chromium or Chrome binary",
 }
-DEFAULT_INSTALL = (
-    "pip install -e '.[test,lint,plot,ray]' 'torch==2.13.0' && pip install --no-deps 'verl==0.9.0' (see .ci/run)"
-)
+DEFAULT_INSTALL = "pip install -e '.[test,lint,plot,ray]' 'torch==2.13.0', then the verl oracles as .ci/run does"
 
 
 def in_ci() -> bool:

@@ -71,6 +71,7 @@ def test_flags_override_a_preset(capsys: pytest.CaptureFixture) -> None:
     assert data["config"] == {
         "rollout_is": "sequence", "rollout_is_threshold": "0.5_5.0", "rollout_is_batch_normalize": True,
         "rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.99_1.01", "bypass_mode": False, "loss_type": "ppo_clip",
+        "verl_version": "0.9.1",
     }  # fmt: skip
     assert P + "rollout_is_oob_ratio" in data["metrics"] and P + "rollout_is_batch_norm_factor" in data["metrics"]
     data = json.loads(

@@ -22,7 +22,7 @@ def test_importorskip():
 
 
 def test_oracle():
-    missing("verl")
+    missing("verl-0.7.1")
 
 
 def test_other_skip():
@@ -56,5 +56,5 @@ def test_in_ci_a_missing_component_fails(tmp_path: Path, ci: str) -> None:
 def test_outside_ci_it_skips_saying_what_to_install(tmp_path: Path) -> None:
     out = _run(tmp_path, None)
     assert "3 skipped" in out, out
-    assert "verl is not installed; install it with: pip install --no-deps 'verl==0.9.0'" in out
+    assert "verl-0.7.1 is not installed; install it with: pip install --no-deps --target .gl/verl-0.7.1 'verl==0.7.1'" in out
     assert "could not import 'rcdiag_no_such_module'" in out and "install it with: pip install" in out

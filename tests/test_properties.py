@@ -24,6 +24,11 @@ CONFIG = rcdiag.CorrectionConfig(
     rollout_rs_threshold="0.6_1.5,0.01,0.5,0.3_3.0",
 )
 TOKEN_IS = rcdiag.CorrectionConfig(rollout_is="token", rollout_is_threshold="0.5_3.0")
+OLDER = (  # the releases' variation points (raw-weight IS metrics, clamped-mean seq fractions)
+    CONFIG.replace(verl_version="0.7.1"),
+    rcdiag.CorrectionConfig(rollout_is="token", rollout_is_threshold=1.5, verl_version="0.7.1"),
+    TOKEN_IS.replace(verl_version="0.8.0"),
+)
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
@@ -47,7 +52,7 @@ def ragged_chunks(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray, cuts: 
 @given(
     seed=st.integers(0, 10_000),
     cuts=st.lists(st.integers(0, 30), max_size=6),
-    config=st.sampled_from([CONFIG, TOKEN_IS]),
+    config=st.sampled_from([CONFIG, TOKEN_IS, *OLDER]),
 )
 def test_chunking_and_row_order_do_not_matter(seed: int, cuts: list[int], config: rcdiag.CorrectionConfig) -> None:
     rng = np.random.default_rng(seed)
@@ -160,7 +165,7 @@ def test_torch_backend_matches_numpy() -> None:
 
     rng = np.random.default_rng(21)
     old, rollout, mask = random_batch(rng, rows=40, width=30, noise=0.4, empty_rows=3, outliers=0.02)
-    for config in (CONFIG, TOKEN_IS, rcdiag.CorrectionConfig()):
+    for config in (CONFIG, TOKEN_IS, rcdiag.CorrectionConfig(), *OLDER):
         cpu = rcdiag.analyze_chunks([padded_chunk(old, rollout, mask)], config)
         torch_cpu = rcdiag.analyze_chunks([padded_chunk(old, rollout, mask)], config, device=TorchBackend("cpu"))
         close(cpu.metrics, torch_cpu.metrics, rel=1e-5, abs_tol=1e-7)
@@ -174,7 +179,7 @@ def test_cuda_matches_cpu() -> None:
         pytest.skip("no CUDA device")
     rng = np.random.default_rng(22)
     old, rollout, mask = random_batch(rng, rows=64, width=50, noise=0.4, empty_rows=3, outliers=0.02)
-    for config in (CONFIG, TOKEN_IS, rcdiag.CorrectionConfig()):
+    for config in (CONFIG, TOKEN_IS, rcdiag.CorrectionConfig(), *OLDER):
         cpu = rcdiag.analyze_chunks([padded_chunk(old, rollout, mask)], config)
         gpu = rcdiag.analyze_chunks([padded_chunk(old, rollout, mask)], config, device="cuda")
         close(cpu.metrics, gpu.metrics, rel=1e-5, abs_tol=1e-7)

@@ -1,10 +1,15 @@
-"""Load verl v0.9.0's own rollout-correction helper as a test oracle, without verl's heavy dependencies.
+"""Load the rollout-correction code of verl v0.7.1, v0.8.0 and v0.9.0 as test oracles, without verl's heavy
+dependencies.
 
-verl is installed with ``pip install --no-deps verl==0.9.0`` (see .ci/run). Its package ``__init__`` files import
-ray, transformers and more, so we load only the modules the helper needs (``rollout_corr_helper``,
-``torch_functional``, ``algorithm`` config) from the installed files and stand in tiny stubs for the imports
-they never use on this path (``DataProto``, ``PolicyLossConfig``, ``tensordict``, ``transformers``).
-Nothing of verl is copied into this repository.
+Each release is installed with ``pip install --no-deps --target .gl/verl-<version> verl==<version>`` (see
+.ci/run); v0.9.0 may also come from the environment (``pip install --no-deps verl==0.9.0``). Its package
+``__init__`` files import ray, transformers and more, so we load only the modules the oracles need
+(``rollout_corr_helper``, ``torch_functional``, ``algorithm`` config, ``seqlen_balancing``, ``metric.utils``) from
+the installed files and stand in tiny stubs for the imports they never use on this path (``DataProto``,
+``PolicyLossConfig``, ``tensordict``, ``transformers``, the tensordict helpers). Several releases share the module
+name ``verl``: loading one takes the previous one's modules out of ``sys.modules`` (the loaded modules keep
+their references, and none of the functions used here imports lazily). Nothing of verl is copied into this
+repository.
 """
 
 from __future__ import annotations
@@ -15,20 +20,48 @@ import os
 import sys
 import types
 from functools import cache
+from pathlib import Path
 from typing import Any
+
+ORACLE_VERSIONS = ("0.7.1", "0.8.0", "0.9.0")
+"""The releases whose code the tests run (0.9.1's rollout-correction code is byte-identical to 0.9.0's)."""
+TARGETS = Path(__file__).resolve().parent.parent / ".gl"
+
+
+def load_verl(version: str = "0.9.0") -> tuple[Any, Any] | None:
+    """``(rollout_corr_helper module, RolloutCorrectionConfig class)`` of one release, or ``None`` if that release
+    is not installed."""
+    loaded = load_modules(version)
+    return None if loaded is None else (loaded["helper"], loaded["algorithm"].RolloutCorrectionConfig)
+
+
+def verl_root(version: str) -> str | None:
+    """The directory of release ``version``'s ``verl`` package: .gl/verl-<version>/verl, else (0.9.0) the
+    environment's verl."""
+    target = TARGETS / f"verl-{version}" / "verl"
+    if target.is_dir():
+        return str(target)
+    if version != "0.9.0":
+        return None
+    spec = importlib.util.find_spec("verl") if "verl" not in sys.modules else None
+    if spec is not None and spec.submodule_search_locations:
+        return next(iter(spec.submodule_search_locations))
+    site = [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(os.path.join(p, "verl"))]
+    return os.path.join(site[0], "verl") if site else None
 
 
 @cache
-def load_verl() -> tuple[Any, Any] | None:
-    """``(rollout_corr_helper module, RolloutCorrectionConfig class)``, or ``None`` if verl is not installed."""
+def load_modules(version: str = "0.9.0") -> dict[str, Any] | None:
+    """The oracle modules of one release by short name (helper, algorithm, balancing, metric), or ``None``."""
     try:
         import torch  # noqa: F401
     except ImportError:
         return None
-    spec = importlib.util.find_spec("verl")
-    if spec is None or not spec.submodule_search_locations:
+    root = verl_root(version)
+    if root is None:
         return None
-    root = next(iter(spec.submodule_search_locations))
+    for name in [n for n in sys.modules if n == "verl" or n.startswith("verl.")]:
+        del sys.modules[name]
     saved = {name: sys.modules.get(name) for name in _STUBBED}
 
     def package(name: str, path: str) -> None:
@@ -41,15 +74,18 @@ def load_verl() -> tuple[Any, Any] | None:
         for sub in ("utils", "trainer", "trainer/ppo", "trainer/config", "workers", "workers/config"):
             package("verl." + sub.replace("/", "."), os.path.join(root, sub))
         for name, attrs in _STUBS.items():
-            if name in sys.modules and name not in ("verl.protocol", "verl.workers.config.actor"):
+            if name in sys.modules and not name.startswith("verl."):
                 continue
             module = types.ModuleType(name)
             for attr, value in attrs.items():
                 setattr(module, attr, value)
             sys.modules[name] = module
-        helper = importlib.import_module("verl.trainer.ppo.rollout_corr_helper")
-        algorithm = importlib.import_module("verl.trainer.config.algorithm")
-        return helper, algorithm.RolloutCorrectionConfig
+        return {
+            "helper": importlib.import_module("verl.trainer.ppo.rollout_corr_helper"),
+            "algorithm": importlib.import_module("verl.trainer.config.algorithm"),
+            "balancing": importlib.import_module("verl.utils.seqlen_balancing"),
+            "metric": importlib.import_module("verl.utils.metric.utils"),
+        }
     finally:
         # Keep the loaded verl modules (helper holds references) but do not leak stubs of real packages.
         for name in ("tensordict", "transformers"):
@@ -71,26 +107,28 @@ _STUBS: dict[str, dict[str, Any]] = {
     "transformers": {"PreTrainedTokenizer": object},
     "verl.protocol": {"DataProto": _DataProto},
     "verl.workers.config.actor": {"PolicyLossConfig": object},
+    "verl.utils.tensordict_utils": {"index_select_tensor_dict": lambda batch, index: index},
 }
 _STUBBED = tuple(_STUBS)
 
 
-def require_verl() -> Any:
-    """The torch module, with verl loaded; or skip saying what to install (a failure under ``CI=true``)."""
+def require_verl(version: str = "0.9.0") -> Any:
+    """The torch module, with verl ``version`` loaded; or skip saying what to install (a failure under
+    ``CI=true``)."""
     from missing_components import missing
 
     try:
         import torch
     except ImportError:
         missing("torch")
-    if load_verl() is None:
-        missing("verl")
+    if load_verl(version) is None:
+        missing(f"verl-{version}")
     return torch
 
 
-def verl_metrics(old: Any, rollout: Any, mask: Any, **config: Any) -> dict[str, float]:
-    """verl's ``rollout_corr/*`` metrics for padded (B, T) tensors and a config (verl's field names)."""
-    loaded = load_verl()
+def verl_metrics(old: Any, rollout: Any, mask: Any, version: str = "0.9.0", **config: Any) -> dict[str, float]:
+    """verl ``version``'s ``rollout_corr/*`` metrics for padded (B, T) tensors and a config (verl's field names)."""
+    loaded = load_verl(version)
     assert loaded is not None
     helper, _ = loaded
     _, _, metrics = helper.compute_rollout_correction_and_rejection_mask(

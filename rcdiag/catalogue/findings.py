@@ -54,6 +54,27 @@ FINDINGS: tuple[FindingSpec, ...] = (
         commands=("analyze", "sweep"),
     ),
     FindingSpec(
+        "verl_crash_microbatch_all_rejected",
+        "error",
+        "with micro-batch flags, verl <= 0.7.1 in decoupled mode: RS rejects every token of a micro-batch",
+        advice="verl <= 0.7.1's actor asserts a valid token in each micro-batch. Loosen the RS thresholds, use larger "
+        "micro-batches, or upgrade to verl >= 0.8.0, whose decoupled mode has no per-micro-batch call.",
+    ),
+    FindingSpec(
+        "verl_crash_microbatch_empty",
+        "error",
+        "with micro-batch flags, bypass mode: a micro-batch has no valid token (or IcePop zeroes all its weights)",
+        advice="Bypass mode runs rollout correction per micro-batch. Filter empty responses before the update, or use "
+        "larger micro-batches.",
+    ),
+    FindingSpec(
+        "verl_refuses_microbatch_setup",
+        "error",
+        "with micro-batch flags: verl refuses the split (rows not divisible, a token budget below the longest "
+        "sequence)",
+        advice="verl stops at this assertion before training. Change the batch sizes or the token budget.",
+    ),
+    FindingSpec(
         "mask_looks_inverted",
         "warning",
         "more than half of the rows have no valid token",

@@ -8,6 +8,7 @@ import typer
 
 from rcdiag.cli.options import (
     ENGINE_FLAGS,
+    MICROBATCH_FLAGS,
     READ_FLAGS,
     ExplainOpt,
     SaveStateOpt,
@@ -21,10 +22,11 @@ from rcdiag.io import format_names
 if TYPE_CHECKING:
     from rcdiag.cli.engine_config import EngineFlags
     from rcdiag.cli.output import Output
+    from rcdiag.microbatch import MicroBatchSettings
     from rcdiag.options import ReadOptions
 
 
-@with_flags(ENGINE_FLAGS, READ_FLAGS, output_flags("report", "analyze"))
+@with_flags(ENGINE_FLAGS, MICROBATCH_FLAGS, READ_FLAGS, output_flags("report", "analyze"))
 def analyze(
     path: Annotated[
         str,
@@ -41,6 +43,7 @@ def analyze(
     sequences: SequencesOpt = None,
     *,
     engine: EngineFlags,
+    microbatch: MicroBatchSettings | None,
     read: ReadOptions,
     out: Output,
 ) -> None:
@@ -55,6 +58,8 @@ def analyze(
     * `rcdiag analyze logs/exp_001/` (NeMo-RL `train_data_step*.jsonl`), `rcdiag analyze "dumps/*.pt" --on-bad-row skip`
     * `rcdiag analyze shard-07.parquet --save-state s07.json`, then `rcdiag merge s*.json`
     * `rcdiag analyze run.parquet --explain --worst 20 --sequences per_response.parquet`
+    * `rcdiag analyze run.parquet --verl-version 0.7.1 --rs token_k1 --rs-threshold 1.5 --micro-batch-size 4`
+      (would verl's actor crash on a micro-batch?)
 
     Exit codes: 0 done (findings do not change it), 2 bad option, configuration or input, 3 internal error.
     """
@@ -75,5 +80,6 @@ def analyze(
             explain=explain,
             worst=worst,
             sequences=sequences_file,
+            microbatch=microbatch,
         )
     out.emit(report)

@@ -9,12 +9,13 @@ from typing import Any
 from rcdiag.cli.options import ISLevel
 from rcdiag.config import CorrectionConfig, preset
 from rcdiag.errors import ConfigError
+from rcdiag.versions import verl_version
 
 
 @dataclass(frozen=True)
 class EngineFlags:
     """The values of ``--is``, ``--is-threshold``, ``--rs``, ``--rs-threshold``, ``--batch-normalize`` and
-    ``--preset`` (``None``: not given)."""
+    ``--preset`` and ``--verl-version`` (``None``: not given)."""
 
     is_level: ISLevel | None = None
     is_threshold: str | None = None
@@ -22,12 +23,14 @@ class EngineFlags:
     rs_threshold: str | None = None
     batch_normalize: bool | None = None
     preset: str | None = None
+    verl_version: str | None = None
 
     def config(self, base: CorrectionConfig | None = None) -> CorrectionConfig:
         """The configuration the flags describe, on top of ``--preset``, else ``base`` (a rules file's
         ``[engine]``), else verl's default; resolved here, so that every configuration error comes first."""
-        config = preset(self.preset) if self.preset else base or CorrectionConfig()
-        changes: dict[str, Any] = {}
+        version = verl_version(self.verl_version if self.verl_version is not None else base and base.verl_version)
+        config = preset(self.preset, version.name) if self.preset else base or CorrectionConfig()
+        changes: dict[str, Any] = {"verl_version": version.name}
         if self.is_level is not None:
             changes["rollout_is"] = None if self.is_level is ISLevel.none else self.is_level.value
         if self.is_threshold is not None:

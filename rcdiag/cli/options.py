@@ -16,6 +16,7 @@ from rcdiag.cli.params import Flag, FlagGroup
 from rcdiag.constants import DEFAULT_CHUNK_TOKENS
 from rcdiag.options import BAD_ROW_POLICIES, DEVICES
 from rcdiag.render.registry import FORMATS, ResultKind, format_names, pictures
+from rcdiag.versions import DEFAULT_VERSION, VERSIONS
 
 ENGINE = "Rollout correction (verl's algorithm.rollout_correction)"
 RUN = "Run"
@@ -91,6 +92,28 @@ PresetOpt = Annotated[
         show_default=False,
     ),
 ]
+VerlVersionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--verl-version",
+        metavar="|".join(VERSIONS),
+        help="Reproduce what this verl release logged (its `rollout_corr/*` formulas, presets and options; "
+        f"docs/verl-differences.md). Default: {DEFAULT_VERSION}, the latest.",
+        rich_help_panel=ENGINE,
+        show_default=False,
+    ),
+]
+VERSION_FLAG = Flag("verl_version", VerlVersionOpt)
+RELEASE_FLAGS = FlagGroup("release", (VERSION_FLAG,), lambda values: _release(values["verl_version"]))
+"""``--verl-version`` alone (``sweep``, which sweeps the engine options instead of taking them) -> its name."""
+
+
+def _release(name: str | None) -> str:
+    from rcdiag.versions import verl_version
+
+    return verl_version(name).name
+
+
 ENGINE_FLAGS = FlagGroup(
     "engine",
     (
@@ -100,6 +123,7 @@ ENGINE_FLAGS = FlagGroup(
         Flag("rs_threshold", RsThresholdOpt),
         Flag("batch_normalize", BatchNormOpt),
         Flag("preset", PresetOpt),
+        VERSION_FLAG,
     ),
     lambda values: _engine_flags(values),
 )
@@ -110,6 +134,47 @@ def _engine_flags(values: dict[str, Any]) -> Any:
     from rcdiag.cli.engine_config import EngineFlags
 
     return EngineFlags(**values)
+
+
+MICRO = "Micro-batches (how verl's actor cuts each step; analyze)"
+
+
+def _count_option(flag: str, help_text: str) -> Any:
+    return Annotated[
+        int | None, typer.Option(flag, metavar="N", help=help_text, rich_help_panel=MICRO, min=1, show_default=False)
+    ]
+
+
+MICROBATCH_FLAGS = FlagGroup(
+    "microbatch",
+    (
+        Flag("micro_batch_size", _count_option("--micro-batch-size", "Static micro-batches of N rows per GPU "
+             "(`ppo_micro_batch_size_per_gpu`).")),
+        Flag("mini_batch_size", _count_option("--mini-batch-size", "Rows per GPU mini-batch. Default: the whole "
+             "step on each rank.")),
+        Flag("dp_size", _count_option("--dp-size", "Data-parallel ranks the step is split over. Default: 1.")),
+        Flag("max_token_len", _count_option("--max-token-len", "Dynamic batch size: verl's rearrange_micro_batches "
+             "with this token budget per micro-batch (`ppo_max_token_len_per_gpu`); needs --prompt-len.")),
+        Flag("prompt_len", Annotated[int | None, typer.Option("--prompt-len", metavar="P", min=0, rich_help_panel=MICRO,
+             show_default=False, help="Prompt tokens per row (dumps hold none): sequence length = P + response "
+             "length, for --max-token-len and --balance-batch.")]),
+        Flag("balance_batch", Annotated[bool, typer.Option("--balance-batch", rich_help_panel=MICRO,
+             help="verl's trainer.balance_batch reorder before the DP split.")], False),
+        Flag("sync_micro_num", Annotated[bool, typer.Option("--sync-micro-num", rich_help_panel=MICRO,
+             help="Equal dynamic micro-batch counts across ranks under verl 0.7.1 (always so from 0.8.0).")], False),
+    ),
+    lambda values: _microbatch(values),
+)  # fmt: skip
+"""The actor's batching -> ``rcdiag.MicroBatchSettings``, or ``None`` when no micro-batch flag is given."""
+
+
+def _microbatch(values: dict[str, Any]) -> Any:
+    if not any(value not in (None, False) for value in values.values()):
+        return None
+    from rcdiag.microbatch import MicroBatchSettings
+
+    fields = {k: v for k, v in values.items() if v is not None}
+    return MicroBatchSettings(**fields)
 
 
 INPUT = "Input"

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rcdiag.cli.options import ENGINE, READ_FLAGS, SaveStateOpt, output_flags
+from rcdiag.cli.options import ENGINE, READ_FLAGS, RELEASE_FLAGS, SaveStateOpt, output_flags
 from rcdiag.cli.params import with_flags
 
 if TYPE_CHECKING:
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 SWEEP = "Sweep"
 
 
-@with_flags(READ_FLAGS, output_flags("sweep", "sweep"))
+@with_flags(RELEASE_FLAGS, READ_FLAGS, output_flags("sweep", "sweep"))
 def sweep(
     path: Annotated[
         str,
@@ -90,6 +90,7 @@ def sweep(
     ] = 0.0,
     save_state: SaveStateOpt = None,
     *,
+    release: str,
     read: ReadOptions,
     out: Output,
 ) -> None:
@@ -110,7 +111,7 @@ def sweep(
     from rcdiag.sweep.grid import build_grid, split_list
     from rcdiag.sweep.run import sweep as run_sweep
 
-    grid = build_grid(split_list(is_levels), split_list(rs), split_list(thresholds))
+    grid = build_grid(split_list(is_levels), split_list(rs), split_list(thresholds), release)
     state_file = checked_state_path(save_state)
     with progress(read, out) as on_chunk:
         report = run_sweep(

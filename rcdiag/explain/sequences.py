@@ -55,7 +55,7 @@ class SequenceWriter:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         spec = resolved.is_spec
-        self.importance = ISMetrics(spec) if spec is not None and spec.level == "sequence" else None
+        self.importance = ISMetrics(spec, resolved.version) if spec is not None and spec.level == "sequence" else None
         self.buffer: list[dict[str, Any]] = []
         self.buffered = 0
         self.parts = 0

@@ -47,7 +47,7 @@ class BatchMetrics:
 
     def __init__(self, resolved: ResolvedConfig) -> None:
         self.resolved = resolved
-        self.importance = ISMetrics(resolved.is_spec) if resolved.is_spec is not None else None
+        self.importance = ISMetrics(resolved.is_spec, resolved.version) if resolved.is_spec is not None else None
         self.rs_options = [RSOptionMetrics(option) for option in resolved.rs_options]
         self.rs_aggregate = RSAggregateMetrics(resolved.rs_options) if self.rs_options else None
         self.offpolicy = OffPolicyMetrics()

@@ -7,6 +7,10 @@ applied weights before batch normalization, except the ``*_fraction_*`` metrics,
 The ``seq_*`` metrics and the sequence-level ratio fractions run over **all** rows (an empty row has mean
 weight 0, so it always counts as ``seq_fraction_low``); the batch-normalization factor at sequence level
 averages over rows with a valid token only.
+
+Two releases differ (``rcdiag.versions``), each a flag here rather than a second accumulator: up to v0.7.1 the
+metrics describe the *raw* weights (truncation came after them) and std/ESS clamp them to ``[1/U, U]``; v0.8.0
+took ``rollout_is_seq_fraction_*`` from the per-row mean of the applied weights.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from rcdiag.backend import Array, Backend
 from rcdiag.config import SAFETY_BOUND, ISSpec
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash, f32
 from rcdiag.metrics.block import Block
+from rcdiag.versions import VerlVersion
 
 _SEQ_KEYS = (
     "rollout_is_seq_mean",
@@ -77,11 +82,17 @@ class ISMetrics(Accumulator):
         "a_max_dev": "max",
         "rawmean_hi": "sum",
         "rawmean_lo": "sum",
+        # verl <= 0.7.1 only: the raw weights clamped to [1/U, U] (std, ESS), and the applied weights' sum over
+        # tokens (token level) or valid rows (sequence level) for the batch-norm factor
+        "clamped": "moments",
+        "applied_sum": "sum",
     }
 
-    def __init__(self, spec: ISSpec) -> None:
+    def __init__(self, spec: ISSpec, version: VerlVersion) -> None:
         super().__init__()
         self.spec = spec
+        self.raw_metrics = version.is_metrics_on_raw_weights
+        self.seq_fraction_applied = version.seq_fraction_on_applied_weights
         self.upper = f32(spec.upper)
         self.lower = f32(spec.lower) if spec.lower is not None else None
         self.metric_lower = f32(spec.metric_lower)
@@ -91,7 +102,7 @@ class ISMetrics(Accumulator):
             self.log_lower = float(np.log(np.float32(spec.metric_lower)))
 
     def signature(self) -> tuple:
-        return (type(self).__name__, self.spec)
+        return (type(self).__name__, self.spec, self.raw_metrics, self.seq_fraction_applied)
 
     def apply(self, b: Backend, raw: Array) -> Array:
         """TIS: clamp at U; IcePop: zero outside [L, U]."""
@@ -102,30 +113,35 @@ class ISMetrics(Accumulator):
 
     def update(self, block: Block) -> None:
         b = block.b
+        legacy: dict[str, object] = {}
         if self.spec.level == "token":
             raw = block.ratio
             w = self.apply(b, raw)
-            a = block.row_mean(block.seg.sum(w))
-            raw_mean = block.row_mean(block.seg.sum(raw))
+            m = raw if self.raw_metrics else w  # the weights the metrics describe
+            a = block.row_mean(block.seg.sum(m))
+            raw_mean = a if self.raw_metrics else block.row_mean(block.seg.sum(raw))
             token_stats = {
-                "w": b.moments(w),
-                "w_max": b.max(w),
-                "w_min": b.min(w),
+                "w": b.moments(m),
+                "w_max": b.max(m),
+                "w_min": b.min(m),
                 "raw_hi": b.count(raw > self.upper),
                 "raw_lo": b.count(raw < self.metric_lower),
             }
             if self.lower is not None:
                 token_stats["oob_tokens"] = b.count((raw < self.lower) | (raw > self.upper))
+            if self.raw_metrics:
+                legacy = {"clamped": b.moments(b.clip(raw, self.metric_lower, self.upper)), "applied_sum": b.sum(w)}
         else:
             s = block.seq_log_ratio
             raw_row = b.exp(b.clip(s, -SAFETY_BOUND, SAFETY_BOUND))
             w_row = self.apply(b, raw_row)
+            m_row = raw_row if self.raw_metrics else w_row
             n = block.row_len
             valid = block.row_valid
-            a = b.where(valid, w_row, 0.0)
+            a = b.where(valid, m_row, 0.0)
             raw_mean = b.where(valid, raw_row, 0.0)
             token_stats = {
-                "w": b.moments(w_row, n),
+                "w": b.moments(m_row, n),
                 "s_max": b.max(s),
                 "s_min": b.min(s),
                 "raw_hi": b.count(s > self.log_upper),
@@ -134,11 +150,19 @@ class ISMetrics(Accumulator):
             if self.lower is not None:
                 oob = (raw_row < self.lower) | (raw_row > self.upper)
                 token_stats["oob_tokens"] = b.sum(b.where(oob, n, 0.0))
-        self.add(**self.row_states(b, block, a, raw_mean), **token_stats)
+            if self.raw_metrics:
+                legacy = {
+                    "clamped": b.moments(b.clip(raw_row, self.metric_lower, self.upper), n),
+                    "applied_sum": b.sum(b.where(valid, w_row, 0.0)),
+                }
+        self.add(**self.row_states(b, block, a, raw_mean), **token_stats, **legacy)
 
     def row_states(self, b: Backend, block: Block, a: Array, raw_mean: Array) -> dict[str, float | tuple]:
         """The block's counts and the states of the per-row mean weights ``a`` and raw mean ratios (the sweep
-        computes ``a`` for many thresholds at once and folds it in here)."""
+        computes ``a`` for many thresholds at once and folds it in here). verl 0.8.0 compared the mean of the
+        applied weights, ``a``, where the others compare the raw mean."""
+        if self.seq_fraction_applied:
+            raw_mean = a
         return {
             "tokens": block.n_tokens,
             "rows": block.n_rows,
@@ -167,12 +191,16 @@ class ISMetrics(Accumulator):
         crashes: list[VerlCrash] = []
         w, a = st["w"], st["a"]
         mean = w.mean
-        std = math.sqrt(w.variance) if n_tok > 1 else 0.0
+        # std and ESS use the weights clamped to [0, U] (a no-op on applied weights) or, up to verl 0.7.1, the raw
+        # weights clamped to [1/U, U]
+        spread = st["clamped"] if self.raw_metrics else w
+        std = math.sqrt(spread.variance) if n_tok > 1 else 0.0
         # ESS = 1 / E[(w / (E[w] + 1e-8))^2]; verl divides a Python float by it, so all-zero weights crash.
         # verl adds the 1e-8 to a float32 mean, where it vanishes unless the mean is tiny: so here too (equal
         # weights give an ESS of exactly 1, not 1 + 2e-8/mean).
-        guard = 1e-8 if np.float32(mean) + np.float32(1e-8) != np.float32(mean) else 0.0
-        second = w.second_moment / (mean + guard) ** 2
+        spread_mean = spread.mean
+        guard = 1e-8 if np.float32(spread_mean) + np.float32(1e-8) != np.float32(spread_mean) else 0.0
+        second = spread.second_moment / (spread_mean + guard) ** 2
         ess: MetricValue
         if second == 0.0:
             ess = None
@@ -210,7 +238,10 @@ class ISMetrics(Accumulator):
                 values["rollout_is_min"] = float(np.exp(np.float64(st["s_min"])))
         if self.spec.icepop:
             values["rollout_is_oob_ratio"] = st["oob_tokens"] / n_tok
-        if self.spec.batch_normalize:
-            factor = mean if self.spec.level == "token" else a.mean * a.n / max(st["valid_rows"], 1e-8)
+        if self.spec.batch_normalize:  # over the applied (truncated) weights, in every release
+            if self.raw_metrics:
+                factor = st["applied_sum"] / (n_tok if self.spec.level == "token" else max(st["valid_rows"], 1e-8))
+            else:
+                factor = mean if self.spec.level == "token" else a.mean * a.n / max(st["valid_rows"], 1e-8)
             values["rollout_is_batch_norm_factor"] = factor if factor > 1e-8 else 1.0
         return {key: values[key] for key in self.keys()}, crashes

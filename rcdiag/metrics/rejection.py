@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
+
 from rcdiag.backend import Array
 from rcdiag.config import RSOption
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash, f32
@@ -168,7 +170,7 @@ def _reject_tokens(block: Block, opt: RSOption, stat: Array) -> Rejection:
     tok_max, tok_min, stat_sum = free["tok_max"], free["tok_min"], free["stat_sum"]
     above = b.count(stat > hi)
     below = b.count(stat < lo) if k1 else 0
-    if math.isfinite(stat_sum):
+    if math.isfinite(stat_sum) and lo <= hi:  # (an inverted k1 band, accepted by verl <= 0.8.0, rejects all)
         masked_tokens: float = above + below
         rows_hit = (row_max > hi) | (row_min < lo) if k1 else row_max > hi
     else:  # NaN statistics fail every comparison: verl rejects them
@@ -332,3 +334,15 @@ def _any(arrays: list[Array]) -> Array | None:
     for other in arrays[1:]:
         out = out | other
     return out
+
+
+def rejected_tokens(block: Block, options: tuple[RSOption, ...]) -> np.ndarray | None:
+    """Which valid tokens of a numpy ``block`` the options reject together (verl's modified mask is the rest);
+    ``None`` without RS. A sequence option rejects every token of a rejected row."""
+    rejected: np.ndarray | None = None
+    lengths = np.asarray(block.row_len).astype(np.int64)
+    for option in options:
+        found = rejection(block, option)
+        tokens = found.token_mask() if found.token_mask is not None else np.repeat(np.asarray(found.rows), lengths)
+        rejected = tokens if rejected is None else rejected | tokens
+    return rejected

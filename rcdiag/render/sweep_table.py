@@ -45,6 +45,7 @@ def render_sweep(report: SweepReport, console: Console) -> None:
     facts = report.input
     head = [
         f"rcdiag {report.version} sweep",
+        f"as verl {report.verl_version} logs it",
         facts.path,
         f"{facts.rows:,} rows",
         f"{facts.valid_tokens:,} valid tokens",

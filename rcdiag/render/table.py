@@ -43,6 +43,11 @@ def render_table(report: Report, console: Console) -> None:
     )
     if report.steps:
         console.print(_trend_table(report))
+    if report.microbatch is not None:
+        from rcdiag.render.microbatch_table import microbatch_section
+
+        for part in microbatch_section(report):
+            console.print(part)
     console.print(_checklist(report))
     if report.explain is not None:
         from rcdiag.render.explain_table import render_explain

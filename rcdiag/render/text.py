@@ -43,6 +43,7 @@ def describe_config(config: dict) -> str:
         bits.append("rollout_rs=null")
     # loss_type matters in bypass mode only; decoupled runs say so instead of printing a field that is unused
     bits.append(f"bypass_mode=true loss_type={cfg.loss_type}" if cfg.bypass_mode else "bypass_mode=false (decoupled)")
+    bits.append(f"as verl {cfg.verl_version} logs it")
     return ", ".join(bits)
 
 

@@ -18,6 +18,7 @@ from rcdiag.metrics.block import Block
 from rcdiag.sweep.collector import Collector
 from rcdiag.sweep.grid import SweepGrid
 from rcdiag.sweep.options import OptionSweep, option_sweep
+from rcdiag.versions import verl_version
 
 SWEEP_STATE_VERSION = 1
 """Bumped whenever the sweep's own state (cells, per-threshold parts) changes shape."""
@@ -38,7 +39,10 @@ class SweepBatch:
         self.grid = grid
         self.collector = collector
         """The state's pooled collector for recommendations (fed every block; not this batch's to merge)."""
-        self.sweeps: list[OptionSweep] = [option_sweep(option, thresholds) for option, thresholds in grid.options]
+        version = verl_version(grid.verl_version)
+        self.sweeps: list[OptionSweep] = [
+            option_sweep(option, thresholds, version) for option, thresholds in grid.options
+        ]
         self.rows = 0
         self.valid_tokens = 0
         self.empty_rows = 0
@@ -149,7 +153,7 @@ class SweepState(EngineState):
             rows=int(state["rows"]),
             tokens=int(state["tokens"]),
             valid_tokens=int(state["valid_tokens"]),
-            grid=SweepGrid.from_specs(state["grid"]),
+            grid=SweepGrid.from_specs(state["grid"], resolved.version.name),
         )
         out.target_reject = state.get("target_reject")
         if state.get("collector") is not None:
@@ -164,7 +168,8 @@ def new_sweep_state(grid: SweepGrid, target_reject: float | None = None) -> Swee
     """An empty sweep state (the engine's configuration is verl's metrics-only default; the grid is separate);
     with ``target_reject``, it also collects what the recommendations need."""
     collector = Collector([option for option, _ in grid.options]) if target_reject is not None else None
-    return SweepState(CorrectionConfig().resolve(), grid=grid, collector=collector, target_reject=target_reject)
+    resolved = CorrectionConfig(verl_version=grid.verl_version).resolve()
+    return SweepState(resolved, grid=grid, collector=collector, target_reject=target_reject)
 
 
 def _finite(value: MetricValue) -> MetricValue:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from rcdiag.config import IS_LEVELS, RS_OPTIONS, CorrectionConfig, ISSpec, RSOption
 from rcdiag.errors import ConfigError
+from rcdiag.versions import DEFAULT_VERSION, VerlVersion, verl_version
 
 IS_OPTIONS = {"token": "is_token", "sequence": "is_sequence"}
 """``--is`` level -> the option name a sweep row carries."""
@@ -33,8 +34,8 @@ DEFAULT_GRIDS: dict[str, tuple[str, ...]] = {
     "is_sequence": ("2.0", "3.0", "5.0", "7.5", "10.0", "0.5_2.0", "0.5_5.0", "0.1_10.0"),
     **{option: _K1_BANDS if option.endswith("k1") else _K23_BOUNDS for option in RS_OPTIONS},
 }
-"""Default thresholds per option: token IS 1.5-5 and sequence IS 2-10 (TIS) plus IcePop bands; k1 bands from
-``0.5_2.0`` to ``0.999_1.001``; k2/k3 upper bounds from 1e-4 to 10."""
+"""Default thresholds per option: token IS 1.5-5 and sequence IS 2-10 (TIS) plus IcePop bands (left out for a
+verl release without IcePop); k1 bands from ``0.5_2.0`` to ``0.999_1.001``; k2/k3 upper bounds from 1e-4 to 10."""
 
 OPTIONS = (*IS_OPTIONS.values(), *RS_OPTIONS)
 
@@ -47,11 +48,12 @@ class Threshold:
     is_spec: ISSpec | None = None
     rs_option: RSOption | None = None
 
-    def config(self, option: str) -> CorrectionConfig:
+    def config(self, option: str, version: str = DEFAULT_VERSION) -> CorrectionConfig:
         """The ``rcdiag analyze`` configuration of this single option at this threshold."""
         if option.startswith("is_"):
-            return CorrectionConfig(rollout_is=option.removeprefix("is_"), rollout_is_threshold=self.spec)
-        return CorrectionConfig(rollout_rs=option, rollout_rs_threshold=self.spec)
+            level = option.removeprefix("is_")
+            return CorrectionConfig(rollout_is=level, rollout_is_threshold=self.spec, verl_version=version)
+        return CorrectionConfig(rollout_rs=option, rollout_rs_threshold=self.spec, verl_version=version)
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class SweepGrid:
     """The options swept and each one's thresholds, in the order given."""
 
     options: tuple[tuple[str, tuple[Threshold, ...]], ...]
+    verl_version: str = DEFAULT_VERSION
+    """The verl release whose semantics every point follows (``rcdiag.versions``)."""
 
     def thresholds(self, option: str) -> tuple[Threshold, ...]:
         return dict(self.options)[option]
@@ -68,28 +72,38 @@ class SweepGrid:
         return {option: [t.spec for t in thresholds] for option, thresholds in self.options}
 
     @classmethod
-    def from_specs(cls, specs: dict[str, list[str]]) -> SweepGrid:
-        return cls(tuple((option, tuple(resolve(option, spec) for spec in given)) for option, given in specs.items()))
+    def from_specs(cls, specs: dict[str, list[str]], version: str = DEFAULT_VERSION) -> SweepGrid:
+        options = tuple(
+            (option, tuple(resolve(option, spec, version) for spec in given)) for option, given in specs.items()
+        )
+        return cls(options, version)
 
 
-def resolve(option: str, spec: str) -> Threshold:
-    """Parse one threshold of one option with verl's rules; ``ConfigError`` (verl's message) if verl refuses it."""
+def resolve(option: str, spec: str, version: str = DEFAULT_VERSION) -> Threshold:
+    """Parse one threshold of one option with verl ``version``'s rules; ``ConfigError`` (verl's message, or the
+    release that introduced the option) if verl refuses it."""
     text = spec.strip()
     if option.startswith("is_"):
-        config = CorrectionConfig(rollout_is=option.removeprefix("is_"), rollout_is_threshold=text)
+        config = CorrectionConfig(
+            rollout_is=option.removeprefix("is_"), rollout_is_threshold=text, verl_version=version
+        )
         return Threshold(text, is_spec=config.resolve().is_spec)
-    resolved = CorrectionConfig(rollout_rs=option, rollout_rs_threshold=text).resolve()
+    resolved = CorrectionConfig(rollout_rs=option, rollout_rs_threshold=text, verl_version=version).resolve()
     return Threshold(text, rs_option=resolved.rs_options[0])
 
 
 def build_grid(
-    is_levels: list[str] | None = None, rs_options: list[str] | None = None, thresholds: list[str] | None = None
+    is_levels: list[str] | None = None,
+    rs_options: list[str] | None = None,
+    thresholds: list[str] | None = None,
+    version: str = DEFAULT_VERSION,
 ) -> SweepGrid:
-    """The grid for ``--is``, ``--rs`` and ``--thresholds``.
+    """The grid for ``--is``, ``--rs``, ``--thresholds`` and ``--verl-version``.
 
     With neither ``--is`` nor ``--rs``, every option; with one of them, only the options named. ``--thresholds``
     replaces the default grid and needs exactly one option.
     """
+    release = verl_version(version)
     options: list[str] = []
     for level in is_levels or []:
         if level not in IS_LEVELS:
@@ -108,8 +122,16 @@ def build_grid(
         specs = [spec.strip() for spec in thresholds if spec.strip()]
         if not specs:
             raise ConfigError("--thresholds needs at least one threshold.")
-        return SweepGrid.from_specs({options[0]: list(dict.fromkeys(specs))})
-    return SweepGrid.from_specs({option: list(DEFAULT_GRIDS[option]) for option in options})
+        return SweepGrid.from_specs({options[0]: list(dict.fromkeys(specs))}, release.name)
+    return SweepGrid.from_specs(
+        {option: [s for s in DEFAULT_GRIDS[option] if _available(option, s, release)] for option in options},
+        release.name,
+    )
+
+
+def _available(option: str, spec: str, release: VerlVersion) -> bool:
+    """Whether a default threshold exists in ``release`` (IcePop IS bands came with v0.8.0)."""
+    return release.icepop or not (option.startswith("is_") and "_" in spec)
 
 
 def split_list(value: str | None) -> list[str] | None:

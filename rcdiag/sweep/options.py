@@ -20,14 +20,15 @@ from rcdiag.metrics.importance import ISMetrics
 from rcdiag.metrics.rejection import RSAggregateMetrics, RSOptionMetrics, bounds, row_statistic, threshold_free_states
 from rcdiag.sweep.cells import CellArrays, CellMap, Cells, band_map, clip_map, count_above, count_below
 from rcdiag.sweep.grid import Threshold
+from rcdiag.versions import VerlVersion
 
 _NP = NumpyBackend()
 Values = tuple[dict[str, MetricValue], list[VerlCrash]]
 
 
-def _accumulator(threshold: Threshold) -> Accumulator:
+def _accumulator(threshold: Threshold, version: VerlVersion) -> Accumulator:
     if threshold.is_spec is not None:
-        return ISMetrics(threshold.is_spec)
+        return ISMetrics(threshold.is_spec, version)
     assert threshold.rs_option is not None
     return RSOptionMetrics(threshold.rs_option)
 
@@ -43,10 +44,11 @@ def _host_lengths(block: Block) -> np.ndarray:
 class OptionSweep:
     """Base: ``update`` with blocks, ``merge``, ``state_dict``, and per-threshold ``compute``."""
 
-    def __init__(self, option: str, thresholds: tuple[Threshold, ...]) -> None:
+    def __init__(self, option: str, thresholds: tuple[Threshold, ...], version: VerlVersion) -> None:
         self.option = option
         self.thresholds = thresholds
-        self.accumulators = [_accumulator(t) for t in thresholds]
+        self.version = version
+        self.accumulators = [_accumulator(t, version) for t in thresholds]
 
     def update(self, block: Block) -> None:
         raise NotImplementedError
@@ -83,7 +85,8 @@ class OptionSweep:
 
 
 class SequenceSweep(OptionSweep):
-    """A sequence-level option (sequence IS, ``seq_*`` RS): the engine's accumulator at every threshold."""
+    """A sequence-level option (sequence IS, ``seq_*`` RS; token IS up to verl 0.7.1): the engine's accumulator at
+    every threshold."""
 
     def update(self, block: Block) -> None:
         for accumulator in self.accumulators:
@@ -93,8 +96,8 @@ class SequenceSweep(OptionSweep):
 class TokenRSSweep(OptionSweep):
     """``token_k1/k2/k3``: per-cell sums of the token statistic, per-threshold row counts."""
 
-    def __init__(self, option: str, thresholds: tuple[Threshold, ...]) -> None:
-        super().__init__(option, thresholds)
+    def __init__(self, option: str, thresholds: tuple[Threshold, ...], version: VerlVersion) -> None:
+        super().__init__(option, thresholds, version)
         first = self.accumulators[0]
         assert isinstance(first, RSOptionMetrics)
         self.k1 = first.option.is_k1
@@ -165,8 +168,8 @@ class TokenRSSweep(OptionSweep):
 class TokenISSweep(OptionSweep):
     """Token-level IS (TIS and IcePop): per-cell sums of the token ratio, per-threshold per-row mean weights."""
 
-    def __init__(self, option: str, thresholds: tuple[Threshold, ...]) -> None:
-        super().__init__(option, thresholds)
+    def __init__(self, option: str, thresholds: tuple[Threshold, ...], version: VerlVersion) -> None:
+        super().__init__(option, thresholds, version)
         edges: list[float] = []
         for accumulator in self._is():
             edges += [accumulator.upper, accumulator.metric_lower]
@@ -222,7 +225,7 @@ class TokenISSweep(OptionSweep):
     def _filled(self, index: int) -> Accumulator:
         own, cell_map = self._is()[index], self.maps[index]
         cells, arrays = self.cells, self.arrays
-        out = ISMetrics(own.spec)
+        out = ISMetrics(own.spec, self.version)
         high = count_above(cells, arrays, own.upper)
         low = count_below(cells, arrays, own.metric_lower)
         out.state = {
@@ -237,10 +240,12 @@ class TokenISSweep(OptionSweep):
         return out
 
 
-def option_sweep(option: str, thresholds: tuple[Threshold, ...]) -> OptionSweep:
-    """The sweep accumulator of one option."""
-    if option == "is_token":
-        return TokenISSweep(option, thresholds)
+def option_sweep(option: str, thresholds: tuple[Threshold, ...], version: VerlVersion) -> OptionSweep:
+    """The sweep accumulator of one option under verl ``version``. Token IS up to v0.7.1 describes the raw
+    weights, which the per-cell sums of the applied ones do not give: there each threshold runs the engine's
+    accumulator."""
+    if option == "is_token" and not version.is_metrics_on_raw_weights:
+        return TokenISSweep(option, thresholds, version)
     if option.startswith("token_"):
-        return TokenRSSweep(option, thresholds)
-    return SequenceSweep(option, thresholds)
+        return TokenRSSweep(option, thresholds, version)
+    return SequenceSweep(option, thresholds, version)

@@ -9,10 +9,12 @@ from typing import Any
 from rcdiag._version import __version__
 from rcdiag.catalogue.findings import finding
 from rcdiag.catalogue.metrics import PREFIX
-from rcdiag.config import PRESETS
+from rcdiag.config import PRESETS, preset
+from rcdiag.errors import ConfigError
 from rcdiag.metrics.base import MetricValue, VerlCrash
 from rcdiag.report import Finding, InputFacts
 from rcdiag.sweep.batch import PointResult, SweepState
+from rcdiag.versions import DEFAULT_VERSION
 
 SWEEP_SCHEMA_VERSION = 1
 
@@ -117,11 +119,14 @@ class SweepReport:
     findings: tuple[Finding, ...]
     device: str
     version: str = __version__
+    verl_version: str = DEFAULT_VERSION
+    """The verl release whose semantics every row follows."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema_version": SWEEP_SCHEMA_VERSION,
             "rcdiag_version": self.version,
+            "verl_version": self.verl_version,
             "device": self.device,
             "sweep": [row.to_dict() for row in self.rows],
             "recommendations": [r.to_dict() for r in self.recommendations],
@@ -155,11 +160,12 @@ def build_sweep_report(state: SweepState, facts: InputFacts, device: str, min_es
         rows=tuple(rows),
         recommendations=tuple(recommendations or ()),
         target_reject=target if recommendations is not None else None,
-        presets=tuple(rank_presets(rows, min_ess)),
+        presets=tuple(rank_presets(rows, min_ess, state.grid.verl_version)),
         min_ess=min_ess,
         input=facts,
         findings=tuple(_crash_findings(rows)),
         device=device,
+        verl_version=state.grid.verl_version,
     )
 
 
@@ -187,13 +193,17 @@ def _crash_findings(rows: list[SweepRow]) -> list[Finding]:
     return findings
 
 
-def rank_presets(rows: list[SweepRow], min_ess: float) -> list[PresetRank]:
-    """verl's presets whose IS and RS settings are all rows of this sweep, ranked by the token share they reject
-    (then the response share), the ESS they leave (higher first) breaking ties; presets below ``min_ess`` last."""
+def rank_presets(rows: list[SweepRow], min_ess: float, version: str = DEFAULT_VERSION) -> list[PresetRank]:
+    """verl ``version``'s presets whose IS and RS settings are all rows of this sweep, ranked by the token share
+    they reject (then the response share), the ESS they leave (higher first) breaking ties; presets below
+    ``min_ess`` last."""
     by_key = {(row.option, row.threshold): row for row in rows}
     ranked = []
-    for name, build in PRESETS.items():
-        config = build()
+    for name in PRESETS:
+        try:
+            config = preset(name, version)
+        except ConfigError:  # a preset this release did not have
+            continue
         is_row = rs_row = None
         if config.rollout_is is not None:
             is_row = _lookup(by_key, f"is_{config.rollout_is}", config.rollout_is_threshold)

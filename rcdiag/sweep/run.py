@@ -20,8 +20,8 @@ from rcdiag.sweep.report import SweepReport, build_sweep_report
 from rcdiag.validate import Screen, as_chunk
 
 
-def _new_state(specs: dict[str, list[str]], target_reject: float | None) -> SweepState:
-    return new_sweep_state(SweepGrid.from_specs(specs), target_reject)
+def _new_state(specs: dict[str, list[str]], version: str, target_reject: float | None) -> SweepState:
+    return new_sweep_state(SweepGrid.from_specs(specs, version), target_reject)
 
 
 def sweep(
@@ -44,9 +44,14 @@ def sweep(
     """
     grid = grid or build_grid()
     read = ReadOptions.of(read, options)
-    new_state = functools.partial(_new_state, grid.specs(), target_reject)
+    new_state = functools.partial(_new_state, grid.specs(), grid.verl_version, target_reject)
     accumulated = accumulate(
-        path, CorrectionConfig(), read, on_chunk=on_chunk, save_state=save_state, new_state=new_state
+        path,
+        CorrectionConfig(verl_version=grid.verl_version),
+        read,
+        on_chunk=on_chunk,
+        save_state=save_state,
+        new_state=new_state,
     )
     state = accumulated.state
     assert isinstance(state, SweepState)
