@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rcdiag._version import __version__
-from rcdiag.validate import POSITIVE_TOLERANCE
+from rcdiag.io.base import Chunk
+from rcdiag.validate import OnBadRow, Screen
 
 PART = re.compile(r"^step-(-?\d+)-(\d+)\.parquet$")
 
@@ -159,23 +160,14 @@ def _step(step: Any) -> int:
 
 
 def _check_values(table: pa.Table) -> None:
-    """The checks ``rcdiag analyze`` makes, at valid positions, so a bad step fails here and not at analysis."""
-    column = table.column("response_mask").combine_chunks()
-    offsets = np.asarray(column.offsets)
-    mask = column.values.to_numpy(zero_copy_only=False)
-    problems = [("response_mask", "holds {value}; a mask must be 0 or 1", (mask != 0) & (mask != 1))]
-    for name in ("old_log_prob", "rollout_log_prob"):
-        values = table.column(name).combine_chunks().values.to_numpy(zero_copy_only=False)
-        with np.errstate(invalid="ignore"):
-            bad = (mask == 1) & (np.isnan(values) | (values > POSITIVE_TOLERANCE))
-        problems.append((name, "holds {value} at a valid position (NaN, +inf and log-probs > 1e-3 cannot be "
-                         "analysed; -inf is legal)", bad))  # fmt: skip
-    for name, what, bad in problems:
-        if bad.any():
-            flat = int(np.flatnonzero(bad)[0])
-            row = int(np.searchsorted(offsets, flat, side="right") - 1)
-            value = table.column(name).combine_chunks().values[flat].as_py()
-            raise ValueError(f"row {row}, position {flat - int(offsets[row])}: {name} {what.format(value=value)}")
+    """The screen ``rcdiag analyze`` runs (one set of value rules), so a bad step fails here and not at analysis."""
+    lists = [table.column(name).combine_chunks() for name in ("old_log_prob", "rollout_log_prob", "response_mask")]
+    old, rollout, mask = (column.values.to_numpy(zero_copy_only=False) for column in lists)
+    screen = Screen(OnBadRow.error)
+    screen.screen(Chunk(old=old, rollout=rollout, offsets=np.asarray(lists[0].offsets, dtype=np.int64), mask=mask))
+    if screen.first is not None:
+        first = screen.first
+        raise ValueError(f"row {first.where['row']}, position {first.position}: {first.column} holds {first.what}")
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -211,6 +211,7 @@ def test_sparkline_by_hand() -> None:
     assert sparkline([0, 0, 10, 10], width=2) == "▁█"  # each character is the mean of its run
     assert sparkline([0, 2, 4, 6], width=2) == "▂▇"  # means 1 and 5 on [0, 6]: bars int(1/6*8) = 1 and int(5/6*8) = 6
     assert sparkline([float("nan"), 1.0, 2.0]) == " ▁█"
+    assert sparkline([0.5, 0.75, 1.0], floor=0.0) == "▅▇█"  # shares from 0: int(0.5*8) = 4, int(0.75*8) = 6
 
 
 def test_analyze_table_has_a_trend_row_of_every_step(capsys: pytest.CaptureFixture) -> None:

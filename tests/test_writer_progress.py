@@ -72,10 +72,10 @@ NAN, INF = float("nan"), float("inf")
 @pytest.mark.parametrize(
     ("old", "rollout", "mask", "step", "message"),
     [
-        ([[-1.0, NAN]], [[-1.0, -1.0]], None, 0, "row 0, position 1: old_log_prob holds nan at a valid position"),
-        ([[-1.0], [-1.0]], [[-1.0], [INF]], None, 0, "row 1, position 0: rollout_log_prob holds inf at a valid"),
-        ([[0.5, -1.0]], [[-1.0, -1.0]], None, 0, "row 0, position 0: old_log_prob holds 0.5 at a valid position"),
-        ([[-1.0, -1.0]], [[-1.0, -1.0]], [[1, 2]], 0, "row 0, position 1: response_mask holds 2; a mask must be 0 or"),
+        ([[-1.0, NAN]], [[-1.0, -1.0]], None, 0, "row 0, position 1: old_log_prob holds NaN"),
+        ([[-1.0], [-1.0]], [[-1.0], [INF]], None, 0, "row 1, position 0: rollout_log_prob holds +inf"),
+        ([[0.5, -1.0]], [[-1.0, -1.0]], None, 0, "row 0, position 0: old_log_prob holds a positive log-prob (0.5)"),
+        ([[-1.0, -1.0]], [[-1.0, -1.0]], [[1, 2]], 0, "row 0, position 1: response_mask holds the mask value 2 (a mask must be 0 or 1)"),
         ([[-1.0]], [[-1.0]], None, NAN, "step must be an integer training step, got nan"),
         ([[-1.0]], [[-1.0]], None, 2.5, "step must be an integer training step, got 2.5"),
     ],

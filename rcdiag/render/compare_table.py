@@ -11,7 +11,7 @@ from rcdiag.catalogue.metrics import short_key, step_columns
 from rcdiag.compare import Comparison, MetricDiff
 from rcdiag.render import counted
 from rcdiag.render.panels import sparkline
-from rcdiag.render.table import SPARK_WIDTH, evenly_spaced
+from rcdiag.render.table import SPARK_WIDTH, step_table
 from rcdiag.render.text import describe_config, fmt
 from rcdiag.report import Report
 
@@ -112,12 +112,7 @@ def _temperature_table(comparison: Comparison) -> Table:
 
 def _step_table(comparison: Comparison) -> Table:
     pairs = list(comparison.steps)
-    shown = evenly_spaced(pairs, MAX_STEP_ROWS)
-    title = "Per step (steps in both dumps): a, b and b - a"
-    if len(shown) < len(pairs):
-        title += f"; {len(shown)} of {len(pairs)} steps shown, evenly spaced; all are in --format json"
-    table = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
-    table.add_column("step", justify="right")
+    table, shown = step_table("Per step (steps in both dumps): a, b and b - a", pairs, MAX_STEP_ROWS)
     keys = [k for k in step_columns("compare") if pairs[0].get(k) is not None]
     for key in keys:
         name = short_key(key)

@@ -128,9 +128,9 @@ def thinned(steps: list[float], values: list[float | None], most: int) -> tuple[
     return out_steps, out_values
 
 
-def sparkline(values: list[float | None], width: int = 12) -> str:
-    """``▁▃▅█``: values scaled between their minimum and maximum, at most ``width`` characters (each the mean of
-    its run of values); a gap is a space."""
+def sparkline(values: list[float | None], width: int = 12, floor: float | None = None) -> str:
+    """``▁▃▅█``: values scaled between their minimum (or ``floor``, e.g. 0 for shares) and maximum, at most
+    ``width`` characters (each the mean of its run of values); a gap is a space."""
     bars = "▁▂▃▄▅▆▇█"
     finite = [v for v in values if v is not None and math.isfinite(v)]
     if not finite:
@@ -141,7 +141,7 @@ def sparkline(values: list[float | None], width: int = 12) -> str:
         run = [v for v in values[i * len(values) // runs : (i + 1) * len(values) // runs] if v is not None]
         run = [v for v in run if math.isfinite(v)]
         cells.append(sum(run) / len(run) if run else None)
-    lo, hi = min(finite), max(finite)
+    lo, hi = min(finite) if floor is None else floor, max(finite)
     span = hi - lo
     out = []
     for cell in cells:

@@ -11,25 +11,12 @@ from rich.table import Table
 from rich.text import Text
 
 from rcdiag.catalogue.metrics import PREFIX
+from rcdiag.render.panels import sparkline
 from rcdiag.render.table import fmt
 from rcdiag.sweep.report import SweepReport, SweepRow
 
 P = PREFIX
-_SPARK = "▁▂▃▄▅▆▇█"
 BAR_WIDTH = 20
-
-
-def sparkline(values: list[float | None]) -> str:
-    """One character per value, from 0 (▁) to the largest (█); ``·`` for a missing value."""
-    present = [v for v in values if v is not None]
-    top = max(present) if present else 0.0
-    out = []
-    for v in values:
-        if v is None:
-            out.append("·")
-        else:
-            out.append(_SPARK[0] if top <= 0 else _SPARK[min(int(v / top * (len(_SPARK) - 1) + 0.5), len(_SPARK) - 1)])
-    return "".join(out)
 
 
 def bar(value: float | None, width: int = BAR_WIDTH) -> str:
@@ -75,7 +62,7 @@ def _option_table(option: str, rows: list[SweepRow]) -> Table:
     is_option = option.startswith("is_")
     share = [r.token_reject if option != "is_sequence" else r.seq_reject for r in rows]
     what = "beyond the bounds" if is_option else "rejected"
-    title = f"{option}: share {what} by threshold  {sparkline(share)}"
+    title = f"{option}: share {what} by threshold  {sparkline(share, len(share), floor=0.0)}"
     table = _table(title)
     table.add_column("threshold")
     table.add_column("tokens " + what if option != "is_sequence" else "responses " + what, justify="right")

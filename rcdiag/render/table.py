@@ -143,15 +143,21 @@ def evenly_spaced(items: list[T], most: int) -> list[T]:
     return [items[round(i * stride)] for i in range(most)]
 
 
+def step_table(title: str, steps: list[T], most: int) -> tuple[Table, list[T]]:
+    """A per-step table with its ``step`` column, and the steps to show: all, or ``most`` evenly spaced (the
+    title says so; every step is in the JSON)."""
+    shown = evenly_spaced(steps, most)
+    if len(shown) < len(steps):
+        title += f"; {len(shown)} of {len(steps)} steps shown, evenly spaced; all are in --format json"
+    table = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+    table.add_column("step", justify="right")
+    return table, shown
+
+
 def _trend_table(report: Report) -> Table:
     present = [k for k in step_columns("analyze") if k in report.metrics]
     steps = list(report.steps)
-    shown = evenly_spaced(steps, MAX_TREND_ROWS)
-    title = "Per step (what verl logged at each step)"
-    if len(shown) < len(steps):
-        title += f": {len(shown)} of {len(steps)} steps shown, evenly spaced; all are in --format json"
-    table = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
-    table.add_column("step", justify="right")
+    table, shown = step_table("Per step (what verl logged at each step)", steps, MAX_TREND_ROWS)
     table.add_column("rows", justify="right")
     for key in present:
         table.add_column(short_key(key), justify="right")
