@@ -254,13 +254,53 @@ class NumpyBackend(Backend):
         return float(np.max(x)) if x.size else float("-inf")
 
     def bin_counts(self, x: np.ndarray, edges: np.ndarray) -> np.ndarray:
-        index = np.searchsorted(edges, x, side="right")  # NaN sorts last: into the top bin, taken out below
+        nan = int(np.count_nonzero(np.isnan(x)))
+        table = _bin_table(edges) if x.dtype == np.float32 and not nan else None
+        if table is None:
+            index = np.searchsorted(edges, x, side="right")  # NaN sorts last: into the top bin, taken out below
+        else:
+            # Two lookups by the value's top 16 bits and one comparison, instead of a binary search over the
+            # edges (which cost 20 ns a token, three times the rest of the engine): the same bins exactly.
+            base, edge = table
+            cell = x.view(np.uint32) >> 16
+            index = base.take(cell) + (x >= edge.take(cell))
         counts = np.bincount(index, minlength=edges.shape[0] + 1).astype(np.int64)
-        counts[-1] -= np.count_nonzero(np.isnan(x))
+        counts[-1] -= nan
         return counts
 
     def min(self, x: np.ndarray) -> float:
         return float(np.min(x)) if x.size else float("inf")
+
+
+_BIN_TABLES: dict[bytes, tuple[np.ndarray, np.ndarray] | None] = {}
+
+
+def _bin_table(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """For each of the 65,536 values of a float32's top 16 bits (sign, exponent, 7 mantissa bits), the floats
+    holding them form one interval: ``base`` is the number of edges at or below its lowest value, ``edge`` the
+    one edge inside it (NaN if none; a comparison with NaN is false). Then ``searchsorted(edges, x, "right")`` is
+    ``base[cell] + (x >= edge[cell])`` for every non-NaN float32 ``x``. ``None`` (use the binary search) when an
+    interval holds two edges or an edge is not a float32 number."""
+    key = edges.tobytes()
+    if key not in _BIN_TABLES:
+        _BIN_TABLES[key] = _build_bin_table(edges)
+    return _BIN_TABLES[key]
+
+
+def _build_bin_table(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    if not np.array_equal(edges.astype(np.float32).astype(edges.dtype), edges) or np.isnan(edges).any():
+        return None
+    cells = np.arange(1 << 16, dtype=np.uint32) << 16
+    ends = np.stack([cells.view(np.float32), (cells | 0xFFFF).view(np.float32)])
+    with np.errstate(invalid="ignore"):
+        low, high = np.fmin(ends[0], ends[1]), np.fmax(ends[0], ends[1])  # a NaN end: the other one
+    base = np.searchsorted(edges, low, side="right")
+    inside = np.searchsorted(edges, high, side="right") - base
+    if inside.max() > 1:
+        return None
+    edge = np.full(cells.shape[0], np.nan, dtype=np.float32)
+    edge[inside == 1] = edges[base[inside == 1]]
+    return base.astype(np.uint8 if edges.shape[0] < 255 else np.intp), edge  # small tables stay in cache
 
 
 # ------------------------------------------------------------------------------------------------------ torch

@@ -129,3 +129,20 @@ def test_cuda_bins_like_numpy() -> None:
         pytest.skip("no CUDA device")
     chunks = edge_batch()
     assert rcdiag.analyze_chunks(chunks).log_ratio == rcdiag.analyze_chunks(chunks, device="cuda").log_ratio
+
+
+def test_the_lookup_table_bins_every_float32_as_the_binary_search_does() -> None:
+    """The numpy backend bins float32 values through a table of their top 16 bits (docs/performance.md); every
+    bit pattern, the edges and their neighbours included, lands where ``searchsorted`` over the edges puts it."""
+    from rcdiag.backend import NumpyBackend
+
+    rng = np.random.default_rng(5)
+    edges32 = EDGES.astype(np.float32)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, 1e-45, -1e-45, 3.4e38, -3.4e38], dtype=np.float32)
+    neighbours = [np.nextafter(edges32, np.float32(side)) for side in (np.inf, -np.inf)]
+    bits = rng.integers(0, 2**32, 400_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    for x in (np.concatenate([edges32, *neighbours, special]), bits[~np.isnan(bits)], bits):
+        index = np.searchsorted(EDGES, x, side="right")
+        expected = np.bincount(index, minlength=EDGES.shape[0] + 1)
+        expected[-1] -= np.count_nonzero(np.isnan(x))
+        assert NumpyBackend().bin_counts(x, EDGES).tolist() == expected.tolist()
