@@ -283,7 +283,8 @@ def _bin_table(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     interval holds two edges or an edge is not a float32 number."""
     key = edges.tobytes()
     if key not in _BIN_TABLES:
-        _BIN_TABLES[key] = _build_bin_table(edges)
+        with np.errstate(invalid="ignore"):  # the NaN bit patterns among the cells
+            _BIN_TABLES[key] = _build_bin_table(edges)
     return _BIN_TABLES[key]
 
 
