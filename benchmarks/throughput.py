@@ -134,6 +134,9 @@ def main() -> None:
         print(f"| {label} | {value} | {target} |")
     for line in missing:
         print(f"| {line} | | |")
+    ray = _ray() if "rcdiag is_rs --ray (2 CPUs)" in methods else None
+    if ray is not None:
+        ray.shutdown()
     help_seconds = startup(["--help"], repeats=5)
     print(f"\n`rcdiag --help`: {help_seconds:.2f} s (median of 5 fresh processes; load average {_load()})")
 
