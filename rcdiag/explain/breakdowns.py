@@ -156,11 +156,15 @@ class Breakdowns:
         if n == 0:
             return
         b = block.b
-        terms = (block.lr, b.abs(block.lr), k3_terms(block), chi2_terms(block))
+        k3, chi2 = k3_terms(block), chi2_terms(block)
+        terms = (block.lr, b.abs(block.lr), k3, chi2)
         bucket, counts = prob_buckets(block.rollout)
         cell = (bucket.astype(np.intp) << 6) | _lane_index(n)
+        # float64 log-ratio (the engine's, when no value reaches the clamp): ``np.add.at`` adds float64 weights in
+        # token order like ``bincount`` (the same sums) at two thirds of its cost, but is slow on float32 ones.
+        lr64 = block.lr_safe64 if block.within_clamp else b.to_float64(block.lr)
         size = N_PROB * _LANES
-        sums = np.stack([np.bincount(cell, weights=t, minlength=size) for t in terms], axis=-1)
+        sums = np.stack([_cell_sums(cell, t, size) for t in (lr64, b.abs(lr64), k3, chi2)], axis=-1)
         self.prob[:, 0] += counts
         self.prob[:, 1:] += sums.reshape(N_PROB, _LANES, len(terms)).sum(axis=1)
 
@@ -197,6 +201,13 @@ class Breakdowns:
             "rollout_prob": _rows(self.prob, PROB_EDGES, open_end=False),
             "length": _rows(self.length, DOUBLING_EDGES, open_end=True),
         }
+
+
+def _cell_sums(cell: np.ndarray, weights: np.ndarray, size: int) -> np.ndarray:
+    """``np.bincount(cell, weights, minlength=size)`` for float64 weights, added in the same order."""
+    out = np.zeros(size)
+    np.add.at(out, cell, weights)
+    return out
 
 
 def _scatter(cells: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:

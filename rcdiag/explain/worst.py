@@ -38,15 +38,7 @@ class TokenTrace:
     def of(cls, row: int, lr: np.ndarray, mask: np.ndarray | None) -> TokenTrace:
         positions = np.arange(lr.shape[0]) if mask is None else np.flatnonzero(mask)
         if lr.shape[0] > TRACE_POINTS:
-            kept: set[int] = set()
-            for run in np.array_split(np.arange(lr.shape[0]), TRACE_POINTS // 2):
-                values = lr[run]
-                kept.update(
-                    (int(run[np.nanargmin(values)]), int(run[np.nanargmax(values)]))
-                    if np.isfinite(values).any()
-                    else (int(run[0]),)
-                )
-            index = np.array(sorted(kept))
+            index = _thinned(lr, TRACE_POINTS // 2)
             positions, lr = positions[index], lr[index]
         return cls(row, tuple(int(p) for p in positions), tuple(float(v) for v in lr))
 
@@ -185,6 +177,28 @@ def _describe(
         old_log_prob_at_max=float(block.old[lo + at]),
         rollout_log_prob_at_max=float(block.rollout[lo + at]),
     )
+
+
+def _thinned(lr: np.ndarray, runs: int) -> np.ndarray:
+    """Sorted indices that keep, of each of ``runs`` consecutive runs (split as ``np.array_split`` does), the
+    first lowest and first highest value ignoring NaN, or the run's first index when it holds no finite value.
+    Whole-array passes (``reduceat``), not a Python loop over the runs."""
+    n = lr.shape[0]
+    size, extra = divmod(n, runs)
+    sizes = np.full(runs, size, dtype=np.int64)
+    sizes[:extra] += 1
+    starts = np.zeros(runs, dtype=np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    has_finite = np.logical_or.reduceat(np.isfinite(lr), starts)
+    kept = [starts[~has_finite]]
+    run_of = np.repeat(np.arange(runs), sizes)
+    with np.errstate(invalid="ignore"):
+        for extreme in (np.fmin, np.fmax):  # ignore NaN, as nanargmin / nanargmax do
+            hits = np.flatnonzero(lr == np.repeat(extreme.reduceat(lr, starts), sizes))
+            hits = hits[has_finite[run_of[hits]]]
+            _, first = np.unique(run_of[hits], return_index=True)
+            kept.append(hits[first])
+    return np.unique(np.concatenate(kept))
 
 
 def _shifted(entry: WorstResponse, offset: int) -> WorstResponse:
