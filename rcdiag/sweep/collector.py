@@ -28,8 +28,10 @@ def bucket(values: np.ndarray, nonnegative: bool = False) -> np.ndarray:
     """Bucket index of non-negative float32 values (negative ones count as 0; NaN lands in the top buckets).
     ``nonnegative``: the values are known to be >= 0 or -0.0 (ratios, squares, absolute values): no clamp."""
     clamped = values if nonnegative else np.maximum(values, np.float32(0.0))
-    bits = clamped.view(np.uint32) & np.uint32(0x7FFFFFFF)
-    return bits >> np.uint32(_SHIFT)
+    # the bits below the sign, shifted: an arithmetic shift of the int32 view, then a mask (one pass fewer)
+    index = clamped.view(np.int32) >> _SHIFT
+    index &= BUCKETS - 1
+    return index
 
 
 def edge(bucket: int) -> np.float32:
