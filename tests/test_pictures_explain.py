@@ -43,6 +43,32 @@ def test_a_long_trace_keeps_each_runs_extremes() -> None:
         assert float(run_values.max()) in trace.log_ratios and float(run_values.min()) in trace.log_ratios
 
 
+def _thinned_by_loop(lr: np.ndarray) -> list[int]:
+    """Brute force: per run of ``np.array_split``, the first lowest and highest value ignoring NaN, or the run's
+    first position when it holds no finite value."""
+    kept: set[int] = set()
+    for span in np.array_split(np.arange(lr.shape[0]), TRACE_POINTS // 2):
+        values = lr[span]
+        if np.isfinite(values).any():
+            kept.update((int(span[np.nanargmin(values)]), int(span[np.nanargmax(values)])))
+        else:
+            kept.add(int(span[0]))
+    return sorted(kept)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_long_trace_keeps_the_points_a_loop_over_the_runs_keeps(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(TRACE_POINTS + 1, 20_000))
+    lr = np.round(rng.normal(0, 1, n), 1).astype(np.float32)  # rounded: ties inside runs
+    for special, share in ((np.nan, 0.05 * seed), (np.inf, 0.01), (-np.inf, 0.01)):
+        lr[rng.random(n) < share] = special
+    lr[: n // 7] = np.nan  # runs holding no finite value
+    trace = TokenTrace.of(3, lr, None)
+    assert list(trace.positions) == _thinned_by_loop(lr)
+    np.testing.assert_array_equal(np.asarray(trace.log_ratios, dtype=np.float32), lr[list(trace.positions)])
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_traces_are_the_worst_responses_tokens_whatever_the_chunking(workers: int) -> None:
     table = pq.read_table(DRIFT)
