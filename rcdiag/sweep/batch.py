@@ -9,12 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
+
 from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import EngineState, StepKey
 from rcdiag.metrics.base import MetricValue, VerlCrash, verl_float
 from rcdiag.metrics.batch import empty_batch_crash, prefixed_crash
 from rcdiag.metrics.block import Block
+from rcdiag.sweep.cells import NO_EDGES, TokenScan
 from rcdiag.sweep.collector import Collector
 from rcdiag.sweep.grid import SweepGrid
 from rcdiag.sweep.options import OptionSweep, option_sweep
@@ -51,10 +54,27 @@ class SweepBatch:
         self.rows += block.n_rows
         self.valid_tokens += block.n_tokens
         self.empty_rows += block.n_rows - block.n_valid_rows
+        scans = self._scans(block)
         for sweep in self.sweeps:
-            sweep.update(block)
+            sweep.update(block, scans.get(sweep.statistic) if sweep.statistic else None)
         if self.collector is not None:
             self.collector.update(block)
+
+    def _scans(self, block: Block) -> dict[str, TokenScan]:
+        """One pass over each per-token statistic that a token option or the collector needs: the sweep's cells
+        (per row for token IS) and the collector's histogram together."""
+        b = block.b
+        histograms = self.collector.histograms if self.collector is not None else {}
+        cells = {sweep.statistic: sweep.cells for sweep in self.sweeps if sweep.statistic and sweep.cells}
+        scans = {}
+        lengths = b.to_numpy(block.row_len).astype(np.int64)
+        for statistic in dict.fromkeys([*cells, *histograms]):
+            ratio = statistic == "ratio"
+            values = b.to_numpy(block.ratio if ratio else block.k(statistic))  # type: ignore[arg-type]
+            scans[statistic] = cells.get(statistic, NO_EDGES).scan(
+                values, lengths, ratio and statistic in cells, histograms.get(statistic), nan_values=ratio
+            )
+        return scans
 
     def merge(self, other: SweepBatch) -> SweepBatch:
         if self.grid.specs() != other.grid.specs():

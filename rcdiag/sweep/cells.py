@@ -8,23 +8,30 @@ below it and the moments of the clamped (``min(w, U)``), IcePop'd (zero outside 
 a clamped value is the token itself or a constant, cell by cell. Cell index ``left + right`` of the two
 ``searchsorted`` sides is that order (even: open interval, odd: an edge itself).
 
-Two ways to fill the cells of a block: ``sorted_arrays`` sorts the block (3 ns a value) and finds each cell as a
-contiguous run (token RS options, whose dense grids spread tokens over many cells); ``split`` + ``block_arrays``
-keep each token's cell, which token IS needs for its per-response sums: most tokens fall into one open cell (the
-"core", around a ratio of 1), handled with two comparisons and a compaction, and only the tail is located, with
-two comparisons per edge.
+``Cells.scan`` fills the cells of a block in one compiled pass (``rcdiag.kernels.sweep``): each token's cell
+from a table over its float32 bit pattern, the cells' counts, sums and extremes, then their centred sums of
+squares; per row as well for token IS (its per-response sums), and the recommendations' histogram on the way.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
-from rcdiag.backend import NumpyBackend
 from rcdiag.metrics.base import Moments
 
-_NP = NumpyBackend()
+SHIFT = 15
+"""Bits dropped from a float32's pattern to index the cell table: 8 mantissa bits remain, 256 buckets per power
+of two, which are also the recommendations' histogram buckets (``rcdiag.sweep.collector``, without the sign)."""
+TABLE_SIZE = 1 << (32 - SHIFT)
+NO_HISTOGRAM, HISTOGRAM, HISTOGRAM_CLAMPED = 0, 1, 2
+"""What a statistic's pass (``Cells.scan``) adds to the collector's histogram: nothing; the bucket of ``|x|``
+(the sign bit dropped: statistics >= 0, and k1 whose absolute value decides); the bucket of ``max(x, 0)`` (k3,
+which float32 may round below 0)."""
+AMBIGUOUS = 0xFFFF
+"""A table entry whose bucket holds an edge: its tokens are located by comparison with every edge."""
 
 
 @dataclass
@@ -63,98 +70,86 @@ class CellArrays:
 
 
 class Cells:
-    """The cell layout of one statistic: its edges and which open cell is the core."""
+    """The cell layout of one statistic: its edges."""
 
-    def __init__(self, edges: list[float], reference: float) -> None:
+    def __init__(self, edges: list[float]) -> None:
         self.edges = np.asarray(sorted(set(edges)), dtype=np.float32)
         self.m = int(self.edges.shape[0])
         self.count = 2 * self.m + 2
         self.nan_cell = 2 * self.m + 1
-        # The default core (small blocks): the open cell holding the reference value (the one above it if it
-        # is an edge).
-        self.core_open = int(np.searchsorted(self.edges, np.float32(reference), side="right"))
         self.index = {float(e): i for i, e in enumerate(self.edges.tolist())}
 
     def point(self, value: float) -> int:
         """The cell of an edge value."""
         return 2 * self.index[value] + 1
 
-    def split(self, x: np.ndarray) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
-        """``(core cell, core mask, tail positions, tail cells)`` of a block's values.
+    @property
+    def table(self) -> np.ndarray:
+        """The cell of every float32 bucket (``rcdiag.kernels.sweep``), shared by every ``Cells`` with these edges."""
+        return _cell_table(self.edges.tobytes())
 
-        The core is the open cell most of an evenly spaced sample of the block falls into; the tail is located
-        with two comparisons per edge (a few tenths of a nanosecond each, against ~50 ns per value for a
-        binary search over unsorted values)."""
-        j, e = self._core_of(x), self.edges
-        if self.m == 0:
-            core = ~np.isnan(x)
-        elif j == 0:
-            core = x < e[0]
-        elif j == self.m:
-            core = x > e[-1]
+    def scan(
+        self,
+        x: np.ndarray,
+        lengths: np.ndarray,
+        per_row: bool = False,
+        histogram: tuple[int, np.ndarray] | None = None,
+        nan_values: bool = False,
+    ) -> TokenScan:
+        """One statistic's pass over a block (``x`` float32, rows of ``lengths`` tokens): the per-cell state, and
+        with ``per_row`` the per-(row, cell) counts and sums; ``histogram``: the collector's mode and counts,
+        which the pass adds the block's tokens to. The NaN cell only counts (and the extremes are left out),
+        unless ``nan_values`` (token IS: a NaN ratio makes verl's weights' statistics NaN): then the cells'
+        extremes are kept, and the NaN cell's mean, M2 and extremes are NaN when it holds a token."""
+        from rcdiag.kernels.sweep import scan
+
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        rows = np.asarray(lengths).astype(np.int64, copy=False)
+        mode, counts = histogram if histogram is not None else (NO_HISTOGRAM, _NO_COUNTS)
+        found = scan(x, rows, self.table, self.edges, self.count, nan_values, per_row, mode, counts)
+        n, mean, m2, high, low, row_n, row_sum = found
+        arrays = CellArrays(n.astype(np.float64), mean, m2, high, low)
+        nan = self.nan_cell
+        if nan_values and n[nan] > 0:
+            arrays.mean[nan] = arrays.m2[nan] = arrays.max[nan] = arrays.min[nan] = np.nan
         else:
-            core = (x > e[j - 1]) & (x < e[j])
-        tail = np.flatnonzero(~core)
-        values = x[tail]
-        small = np.zeros(values.shape[0], dtype=np.uint8 if self.count < 256 else np.intp)
-        scratch = np.empty(values.shape[0], dtype=bool)
-        for edge in e:
-            small += np.greater_equal(values, edge, out=scratch)
-            small += np.greater(values, edge, out=scratch)
-        cells = small.astype(np.intp)
-        cells[np.isnan(values)] = self.nan_cell
-        return 2 * j, core, tail, cells
+            arrays.mean[nan] = arrays.m2[nan] = 0.0
+        return TokenScan(arrays, row_n.astype(np.float64) if per_row else None, row_sum if per_row else None)
 
-    def _core_of(self, x: np.ndarray) -> int:
-        """The open cell holding most of a sample of ``x`` (the reference cell for a small block)."""
-        sample = x[:: max(1, x.shape[0] // 1024)]
-        sample = sample[~np.isnan(sample)]
-        if sample.shape[0] < 64:
-            return self.core_open
-        cells = np.searchsorted(self.edges, sample, side="left") + np.searchsorted(self.edges, sample, side="right")
-        counts = np.bincount(cells, minlength=self.count)[0 : self.count - 1 : 2]  # open cells only
-        return int(np.argmax(counts))
 
-    def sorted_arrays(self, x: np.ndarray) -> CellArrays:
-        """This block's per-cell state from the sorted values (no per-token cell needed): each cell is a
-        contiguous run, found by locating the edges in the sorted block (NaN sorts last)."""
-        out = CellArrays.empty(self.count)
-        if not x.size:
-            return out
-        ordered = np.sort(x)
-        finite = int(np.searchsorted(ordered, np.float32(np.inf), side="right"))
-        bounds = np.empty(self.count + 1, dtype=np.int64)
-        bounds[0], bounds[-2], bounds[-1] = 0, finite, x.shape[0]
-        bounds[1:-2:2] = np.searchsorted(ordered[:finite], self.edges, side="left")
-        bounds[2:-2:2] = np.searchsorted(ordered[:finite], self.edges, side="right")
-        n = np.diff(bounds).astype(np.float64)
-        out.n = n
-        for cell in np.flatnonzero(n[:-1] > 0).tolist():  # the NaN cell only counts
-            run = ordered[bounds[cell] : bounds[cell + 1]]
-            _, out.mean[cell], out.m2[cell] = _NP.moments(run)  # centred on the cell's own mean, as analyze's
-            out.min[cell], out.max[cell] = float(run[0]), float(run[-1])
-        return out
+@dataclass
+class TokenScan:
+    """What one pass over a block's statistic gives (``Cells.scan``)."""
 
-    def block_arrays(
-        self, x: np.ndarray, core_cell: int, core: np.ndarray, tail: np.ndarray, cells: np.ndarray
-    ) -> CellArrays:
-        """This block's per-cell state."""
-        out = CellArrays.empty(self.count)
-        values = x[tail].astype(np.float64)
-        if values.size:
-            n = np.bincount(cells, minlength=self.count).astype(np.float64)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                mean = np.bincount(cells, weights=values, minlength=self.count) / np.where(n > 0, n, 1.0)
-            out.n, out.mean = n, mean
-            out.m2 = np.bincount(cells, weights=(values - mean[cells]) ** 2, minlength=self.count).astype(float)
-            np.maximum.at(out.max, cells, values)
-            np.minimum.at(out.min, cells, values)
-        inner = x[core]
-        if inner.size:
-            n_core, mean_core, m2_core = _NP.moments(inner)
-            out.n[core_cell], out.mean[core_cell], out.m2[core_cell] = n_core, mean_core, m2_core
-            out.max[core_cell], out.min[core_cell] = float(inner.max()), float(inner.min())
-        return out
+    arrays: CellArrays
+    row_counts: np.ndarray | None
+    """Rows x cells: tokens of each row in each cell (float64)."""
+    row_sums: np.ndarray | None
+    """Rows x cells: the float64 sum of each row's values in each cell (NaN in the NaN cell of a row holding one)."""
+
+
+_NO_COUNTS = np.zeros(0, dtype=np.int64)
+
+
+NO_EDGES = Cells([])
+"""The cells of a statistic only the collector's histogram needs."""
+
+
+@functools.lru_cache(maxsize=64)
+def _cell_table(edges: bytes) -> np.ndarray:
+    """For each bucket of float32 bit patterns (``bits >> SHIFT``, an interval of values), its cell when the whole
+    interval lies in one, ``AMBIGUOUS`` when an edge lies within it (or it holds both NaN and a number)."""
+    e = np.frombuffer(edges, dtype=np.float32)
+    nan_cell = 2 * e.shape[0] + 1
+    if nan_cell >= AMBIGUOUS:
+        raise ValueError(f"{e.shape[0]} thresholds' edges are more than a sweep's cell table holds")
+    first = np.arange(TABLE_SIZE, dtype=np.uint32) << SHIFT
+    ends = [first.view(np.float32), (first | np.uint32((1 << SHIFT) - 1)).view(np.float32)]
+    low, high = (np.searchsorted(e, v, side="left") + np.searchsorted(e, v, side="right") for v in ends)
+    nan_low, nan_high = np.isnan(ends[0]), np.isnan(ends[1])
+    table = np.where((low == high) & ~nan_low & ~nan_high, low, AMBIGUOUS).astype(np.uint16)
+    table[nan_low & nan_high] = nan_cell
+    return table
 
 
 @dataclass(frozen=True)

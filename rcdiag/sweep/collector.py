@@ -16,12 +16,12 @@ import numpy as np
 
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.rejection import row_statistic
+from rcdiag.sweep.cells import HISTOGRAM, HISTOGRAM_CLAMPED, SHIFT
 from rcdiag.sweep.grid import resolve
 
-BUCKET_BITS = 8
+BUCKET_BITS = 23 - SHIFT
 """Mantissa bits per bucket: 256 buckets per power of two, 0.39% wide (the target is <= 0.5%)."""
-_SHIFT = 23 - BUCKET_BITS
-BUCKETS = 1 << (31 - _SHIFT)  # sign bit dropped: every statistic here is >= 0 (or NaN, always rejected)
+BUCKETS = 1 << (31 - SHIFT)  # sign bit dropped: every statistic here is >= 0 (or NaN, always rejected)
 
 
 def bucket(values: np.ndarray, nonnegative: bool = False) -> np.ndarray:
@@ -29,14 +29,14 @@ def bucket(values: np.ndarray, nonnegative: bool = False) -> np.ndarray:
     ``nonnegative``: the values are known to be >= 0 or -0.0 (ratios, squares, absolute values): no clamp."""
     clamped = values if nonnegative else np.maximum(values, np.float32(0.0))
     # the bits below the sign, shifted: an arithmetic shift of the int32 view, then a mask (one pass fewer)
-    index = clamped.view(np.int32) >> _SHIFT
+    index = clamped.view(np.int32) >> SHIFT
     index &= BUCKETS - 1
     return index
 
 
 def edge(bucket: int) -> np.float32:
     """The smallest float32 in a bucket."""
-    return np.uint32(bucket << _SHIFT).view(np.float32)
+    return np.uint32(bucket << SHIFT).view(np.float32)
 
 
 @dataclass
@@ -45,15 +45,26 @@ class OptionCollector:
 
     option: str
     token_level: bool
-    histogram: np.ndarray | None = None
-    """Token options: valid tokens per bucket of the token statistic (NaN buckets at the top)."""
+    counts: np.ndarray | None = None
+    """Token options: four interleaved copies of the histogram, one after another (int64), which each block's
+    pass over the statistic counts into (``Cells.scan``: copies break the chain of consecutive tokens in one
+    bucket); ``histogram`` adds them up."""
     rows: list[np.ndarray] = field(default_factory=list)
     """Per response: the statistic (token options: the row's worst token), float64."""
     lengths: list[np.ndarray] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        if self.token_level and self.counts is None:
+            self.counts = np.zeros(4 * BUCKETS, dtype=np.int64)
+
+    @property
+    def histogram(self) -> np.ndarray | None:
+        """Token options: valid tokens per bucket of the token statistic (NaN buckets at the top)."""
+        return None if self.counts is None else self.counts.reshape(4, BUCKETS).sum(axis=0)
+
     def merge(self, other: OptionCollector) -> None:
-        if other.histogram is not None:
-            self.histogram = other.histogram if self.histogram is None else self.histogram + other.histogram
+        if self.counts is not None and other.counts is not None:
+            self.counts += other.counts
         self.rows += other.rows
         self.lengths += other.lengths
 
@@ -68,6 +79,11 @@ class Collector:
         }
         self.specs = {o: spec for o in options if (spec := resolve(o, "1.0").rs_option) is not None}
         """Each RS option (its threshold does not matter here), for the engine's per-row statistic."""
+        self.histograms = {
+            _statistic(o): (_mode(o), c.counts) for o, c in self.collectors.items() if c.counts is not None
+        }
+        """Per-token statistic -> how its histogram buckets it, and the counts the batch's pass (``Cells.scan``)
+        adds to."""
         self.tokens = 0
         self.rows = 0
         self.valid_rows = 0
@@ -86,14 +102,7 @@ class Collector:
                 collector.rows.append(value)
                 collector.lengths.append(lengths)
                 continue
-            if collector.token_level:
-                stat = block.ratio if option == "is_token" else block.k(_estimator(option))
-                if option.endswith("k1"):
-                    stat = b.abs(stat)
-                x = b.to_numpy(stat)
-                nonnegative = not option.endswith("k3")  # k3 in float32 may round below 0
-                counts = np.bincount(bucket(x, nonnegative), minlength=BUCKETS)
-                collector.histogram = counts if collector.histogram is None else collector.histogram + counts
+            if collector.token_level:  # its histogram: counted by the batch's pass over the statistic
                 worst = self._worst_token(block, option)
             else:
                 worst = b.to_numpy(row_statistic(block, self.specs[option])).astype(np.float64)
@@ -137,13 +146,27 @@ class Collector:
         for option, saved in state["options"].items():
             collector = self.collectors[option]
             hist = saved["histogram"]
-            collector.histogram = None if hist is None else _dense(hist)
+            if collector.counts is not None:
+                collector.counts[:] = 0
+                if hist is not None:
+                    collector.counts[:BUCKETS] = _dense(hist)
             collector.rows = [np.asarray(saved["rows"], dtype=np.float64)]
             collector.lengths = [np.asarray(saved["lengths"], dtype=np.float64)]
 
 
 def _estimator(option: str) -> str:
     return option.rsplit("_", 1)[1]
+
+
+def _statistic(option: str) -> str:
+    """The per-token statistic of a token-level option."""
+    return "ratio" if option == "is_token" else _estimator(option)
+
+
+def _mode(option: str) -> int:
+    """How its histogram buckets the statistic: k1 by its absolute value (the sign bit dropped), k3 clamped at 0
+    (float32 may round it below 0), the ratio and k2 as they are (never below 0)."""
+    return HISTOGRAM_CLAMPED if option.endswith("k3") else HISTOGRAM
 
 
 def _sparse(histogram: np.ndarray) -> list[list[int]]:

@@ -18,7 +18,7 @@ from rcdiag.metrics.base import Accumulator, MetricValue, VerlCrash
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.importance import ISMetrics
 from rcdiag.metrics.rejection import RSAggregateMetrics, RSOptionMetrics, bounds, row_statistic, threshold_free_states
-from rcdiag.sweep.cells import CellArrays, CellMap, Cells, band_map, clip_map, count_above, count_below
+from rcdiag.sweep.cells import CellArrays, CellMap, Cells, TokenScan, band_map, clip_map, count_above, count_below
 from rcdiag.sweep.grid import Threshold
 from rcdiag.versions import VerlVersion
 
@@ -37,12 +37,13 @@ def _host(block: Block, x: Any) -> np.ndarray:
     return block.b.to_numpy(x)
 
 
-def _host_lengths(block: Block) -> np.ndarray:
-    return _host(block, block.row_len).astype(np.int64)
-
-
 class OptionSweep:
     """Base: ``update`` with blocks, ``merge``, ``state_dict``, and per-threshold ``compute``."""
+
+    statistic: str | None = None
+    """The per-token statistic whose pass (``Cells.scan``, run by the batch) ``update`` takes: ``k1``, ``k2``,
+    ``k3`` or ``ratio``; ``None`` for per-response options."""
+    cells: Cells | None = None
 
     def __init__(self, option: str, thresholds: tuple[Threshold, ...], version: VerlVersion) -> None:
         self.option = option
@@ -50,7 +51,7 @@ class OptionSweep:
         self.version = version
         self.accumulators = [_accumulator(t, version) for t in thresholds]
 
-    def update(self, block: Block) -> None:
+    def update(self, block: Block, scan: TokenScan | None) -> None:
         raise NotImplementedError
 
     def merge(self, other: OptionSweep) -> None:
@@ -88,7 +89,7 @@ class SequenceSweep(OptionSweep):
     """A sequence-level option (sequence IS, ``seq_*`` RS; token IS up to verl 0.7.1): the engine's accumulator at
     every threshold."""
 
-    def update(self, block: Block) -> None:
+    def update(self, block: Block, scan: TokenScan | None) -> None:
         for accumulator in self.accumulators:
             accumulator.update(block)
 
@@ -102,19 +103,20 @@ class TokenRSSweep(OptionSweep):
         assert isinstance(first, RSOptionMetrics)
         self.k1 = first.option.is_k1
         self.estimator = first.option.estimator
+        self.statistic = self.estimator
         self.base = RSOptionMetrics(first.option)
         """Holds the option's threshold-free state (mean, extremes, per-row moments), shared by every threshold."""
         edges = [b for a in self._rs() for b in bounds(a.option)]  # k2/k3: 0, the std clamp's floor
-        self.cells = Cells(edges, reference=0.0)
+        self.cells = Cells(edges)
         self.arrays = CellArrays.empty(self.cells.count)
 
     def _rs(self) -> list[RSOptionMetrics]:
         return [a for a in self.accumulators if isinstance(a, RSOptionMetrics)]
 
-    def update(self, block: Block) -> None:
+    def update(self, block: Block, scan: TokenScan | None) -> None:
+        assert scan is not None
         self.base.add(**threshold_free_states(block, self.base.option))
-        x = _host(block, block.k(self.estimator))
-        self.arrays.merge(self.cells.sorted_arrays(x))
+        self.arrays.merge(scan.arrays)
         row_max, row_min = (_host(block, r) for r in block.row_extremes_k(self.estimator))
         nan_rows = np.isnan(row_max)
         valid = _host(block, block.row_valid)
@@ -175,7 +177,8 @@ class TokenISSweep(OptionSweep):
             edges += [accumulator.upper, accumulator.metric_lower]
             if accumulator.lower is not None:
                 edges.append(accumulator.lower)
-        self.cells = Cells(edges, reference=1.0)
+        self.cells = Cells(edges)
+        self.statistic = "ratio"
         self.arrays = CellArrays.empty(self.cells.count)
         self.maps = [self._map(a) for a in self._is()]
 
@@ -187,27 +190,16 @@ class TokenISSweep(OptionSweep):
             return clip_map(self.cells, None, accumulator.upper)
         return band_map(self.cells, accumulator.lower, accumulator.upper)
 
-    def update(self, block: Block) -> None:
-        ratio = block.ratio
-        x = _host(block, ratio)
-        cells_of = self.cells
-        core_cell, core, tail, cells = cells_of.split(x)
-        self.arrays.merge(cells_of.block_arrays(x, core_cell, core, tail, cells))
-        lengths = _host_lengths(block)
-        n_rows, n_cells = lengths.shape[0], cells_of.count
-        segments = _NP.segments(lengths)
-        ends = np.cumsum(lengths)
-        row_of = np.searchsorted(ends, tail, side="right")
-        flat = row_of * n_cells + cells
-        counts = np.bincount(flat, minlength=n_rows * n_cells).reshape(n_rows, n_cells).astype(np.float64)
-        # float64 even for an empty tail (bincount then returns integers)
-        sums = np.bincount(flat, weights=x[tail], minlength=n_rows * n_cells).reshape(n_rows, n_cells).astype(float)
-        counts[:, core_cell] = lengths - counts.sum(axis=1)
-        sums[:, core_cell] = segments.sum(np.where(core, x, np.float32(0.0)))
-        row_len = np.maximum(lengths, 1).astype(np.float64)
-        raw_mean = _host(block, block.row_mean(block.seg.sum(ratio)))
+    def update(self, block: Block, scan: TokenScan | None) -> None:
+        assert scan is not None
+        assert scan.row_sums is not None
+        assert scan.row_counts is not None
+        self.arrays.merge(scan.arrays)
+        lengths = _host(block, block.row_len)
+        row_len = np.maximum(lengths, 1.0)
+        raw_mean = _host(block, block.row_mean(block.seg.sum(block.ratio)))
         for accumulator, cell_map in zip(self._is(), self.maps, strict=True):
-            a = cell_map.row_sums(sums, counts) / row_len
+            a = cell_map.row_sums(scan.row_sums, scan.row_counts) / row_len
             accumulator.add(**accumulator.row_states(_NP, block, a, raw_mean))
 
     def merge(self, other: OptionSweep) -> None:
