@@ -47,13 +47,15 @@ def scan(
     per_row: bool,
     histogram: int,
     hist: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, ...]:
     """One statistic over a block: float32 ``x``, rows of ``lengths`` tokens one after another.
 
     Per cell: count, mean, M2 (centred on each sub-block's own mean, then combined as ``CellArrays.merge``
     does), and with ``extremes`` max and min (NaN values: skipped by the extremes, summed into the last cell).
-    With ``per_row``: per row and cell, count and float64 sum. With ``histogram`` > 0, each token counted into
-    ``hist``: four interleaved int64 copies of the collector's histogram, one after another, kept across blocks.
+    Per row: max and min (float32; -inf and inf for an empty row; NaN if the row holds one) and float64 sum, as
+    the block's segment reductions give them. With ``per_row``: per row and cell, count and float64 sum. With
+    ``histogram`` > 0, each token counted into ``hist``: four interleaved int64 copies of the collector's
+    histogram, one after another, kept across blocks.
     """
     n_rows = lengths.shape[0]
     n_mean = np.zeros(n_cells, np.int64)
@@ -61,6 +63,9 @@ def scan(
     m2 = np.zeros(n_cells)
     high = np.full(4 * n_cells, -np.inf)
     low = np.full(4 * n_cells, np.inf)
+    row_high = np.empty(n_rows, np.float32)
+    row_low = np.empty(n_rows, np.float32)
+    row_total = np.empty(n_rows)
     row_n = np.zeros((n_rows if per_row else 0, n_cells), np.int64)
     row_sum = np.zeros((n_rows if per_row else 0, n_cells))
     longest = 0
@@ -86,6 +91,7 @@ def scan(
         total[:] = 0.0
         squares[:] = 0.0
         _first_pass(xs, cells, table, edges, n_cells, extremes, histogram, hist, count, total, high, low)
+        _row_reductions(xs, lengths[r0:r1], row_high[r0:r1], row_low[r0:r1], row_total[r0:r1])
         for c in range(n_cells):
             k = count[c] + count[n_cells + c] + count[2 * n_cells + c] + count[3 * n_cells + c]
             sub_n[c] = k
@@ -123,7 +129,49 @@ def scan(
         for c in range(n_cells):
             cell_high[c] = max(cell_high[c], high[j * n_cells + c])
             cell_low[c] = min(cell_low[c], low[j * n_cells + c])
-    return n_mean, mean, m2, cell_high, cell_low, row_n, row_sum
+    return n_mean, mean, m2, cell_high, cell_low, row_n, row_sum, row_high, row_low, row_total
+
+
+_NEG_INF_KEY = np.int32(-0x7F800001)
+"""``_key(-inf)``."""
+_POS_INF_KEY = np.int32(0x7F800000)
+"""``_key(inf)``."""
+
+
+@njit(inline="always")
+def _key(bits: np.int32) -> np.int32:
+    """An int32 ordered as the float32 whose bit pattern is ``bits`` (negative floats' patterns reversed); its own
+    inverse. Integer max and min vectorize where float ones, which must keep NaN's meaning, do not."""
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+@njit(**JIT)
+def _row_reductions(xs: np.ndarray, lengths: np.ndarray, high: np.ndarray, low: np.ndarray, total: np.ndarray) -> None:
+    """Each row's max, min (NaN if it holds a NaN) and float64 sum."""
+    bits = xs.view(np.int32)
+    high_bits = high.view(np.int32)
+    low_bits = low.view(np.int32)
+    start = 0
+    for r in range(lengths.shape[0]):
+        values = xs[start : start + lengths[r]]
+        keys = bits[start : start + lengths[r]]
+        top = _NEG_INF_KEY
+        bottom = _POS_INF_KEY
+        acc = 0.0
+        nan = 0
+        for t in range(values.shape[0]):
+            key = _key(keys[t])
+            top = max(top, key)
+            bottom = min(bottom, key)
+            v = values[t]
+            acc += np.float64(v)
+            nan += v != v
+        high_bits[r] = _key(top)
+        low_bits[r] = _key(bottom)
+        if nan:
+            high[r] = low[r] = np.nan
+        total[r] = acc
+        start += lengths[r]
 
 
 @njit(**JIT)

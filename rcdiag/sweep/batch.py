@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from rcdiag.backend import NumpyBackend
 from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import EngineState, StepKey
@@ -23,7 +24,7 @@ from rcdiag.sweep.grid import SweepGrid
 from rcdiag.sweep.options import OptionSweep, option_sweep
 from rcdiag.versions import verl_version
 
-SWEEP_STATE_VERSION = 1
+SWEEP_STATE_VERSION = 2
 """Bumped whenever the sweep's own state (cells, per-threshold parts) changes shape."""
 
 
@@ -58,7 +59,7 @@ class SweepBatch:
         for sweep in self.sweeps:
             sweep.update(block, scans.get(sweep.statistic) if sweep.statistic else None)
         if self.collector is not None:
-            self.collector.update(block)
+            self.collector.update(block, scans)
 
     def _scans(self, block: Block) -> dict[str, TokenScan]:
         """One pass over each per-token statistic that a token option or the collector needs: the sweep's cells
@@ -71,9 +72,12 @@ class SweepBatch:
         for statistic in dict.fromkeys([*cells, *histograms]):
             ratio = statistic == "ratio"
             values = b.to_numpy(block.ratio if ratio else block.k(statistic))  # type: ignore[arg-type]
-            scans[statistic] = cells.get(statistic, NO_EDGES).scan(
+            found = cells.get(statistic, NO_EDGES).scan(
                 values, lengths, ratio and statistic in cells, histograms.get(statistic), nan_values=ratio
             )
+            if not ratio and isinstance(b, NumpyBackend):
+                _share(block, statistic, found, lengths)
+            scans[statistic] = found
         return scans
 
     def merge(self, other: SweepBatch) -> SweepBatch:
@@ -114,6 +118,17 @@ class SweepBatch:
         self.rows = int(state["rows"])
         self.valid_tokens = int(state["valid_tokens"])
         self.empty_rows = int(state["empty_rows"])
+
+
+def _share(block: Block, estimator: str, found: TokenScan, lengths: np.ndarray) -> None:
+    """Hand the block the per-row reductions of a k statistic that the pass computed on the way, through the
+    block's own memo under the keys of ``Block.row_extremes_k``, ``row_max_k`` and ``row_sum_k`` (k1's row sums
+    have their own rule there), so no option reduces the statistic again (tests/test_sweep_kernel.py checks they
+    equal the block's own)."""
+    block.memo(("row_extremes_k", estimator), lambda: (found.row_max, found.row_min))
+    block.memo(("row_max_k", estimator), lambda: np.where(lengths > 0, found.row_max, np.float32(0.0)))
+    if estimator != "k1":
+        block.memo(("row_sum_k", estimator), lambda: found.row_total)
 
 
 @dataclass

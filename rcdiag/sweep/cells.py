@@ -107,14 +107,21 @@ class Cells:
         rows = np.asarray(lengths).astype(np.int64, copy=False)
         mode, counts = histogram if histogram is not None else (NO_HISTOGRAM, _NO_COUNTS)
         found = scan(x, rows, self.table, self.edges, self.count, nan_values, per_row, mode, counts)
-        n, mean, m2, high, low, row_n, row_sum = found
+        n, mean, m2, high, low, row_n, row_sum, row_max, row_min, row_total = found
         arrays = CellArrays(n.astype(np.float64), mean, m2, high, low)
         nan = self.nan_cell
         if nan_values and n[nan] > 0:
             arrays.mean[nan] = arrays.m2[nan] = arrays.max[nan] = arrays.min[nan] = np.nan
         else:
             arrays.mean[nan] = arrays.m2[nan] = 0.0
-        return TokenScan(arrays, row_n.astype(np.float64) if per_row else None, row_sum if per_row else None)
+        return TokenScan(
+            arrays,
+            row_n.astype(np.float64) if per_row else None,
+            row_sum if per_row else None,
+            row_max,
+            row_min,
+            row_total,
+        )
 
 
 @dataclass
@@ -126,6 +133,11 @@ class TokenScan:
     """Rows x cells: tokens of each row in each cell (float64)."""
     row_sums: np.ndarray | None
     """Rows x cells: the float64 sum of each row's values in each cell (NaN in the NaN cell of a row holding one)."""
+    row_max: np.ndarray
+    """Each row's largest value (float32; -inf for an empty row, NaN for a row holding NaN)."""
+    row_min: np.ndarray
+    row_total: np.ndarray
+    """Each row's float64 sum (0 for an empty row)."""
 
 
 _NO_COUNTS = np.zeros(0, dtype=np.int64)

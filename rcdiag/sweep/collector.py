@@ -16,7 +16,7 @@ import numpy as np
 
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.rejection import row_statistic
-from rcdiag.sweep.cells import HISTOGRAM, HISTOGRAM_CLAMPED, SHIFT
+from rcdiag.sweep.cells import HISTOGRAM, HISTOGRAM_CLAMPED, SHIFT, TokenScan
 from rcdiag.sweep.grid import resolve
 
 BUCKET_BITS = 23 - SHIFT
@@ -89,7 +89,7 @@ class Collector:
         self.valid_rows = 0
         self.empty_rows = 0
 
-    def update(self, block: Block) -> None:
+    def update(self, block: Block, scans: dict[str, TokenScan]) -> None:
         b = block.b
         self.tokens += block.n_tokens
         self.rows += block.n_rows
@@ -103,7 +103,7 @@ class Collector:
                 collector.lengths.append(lengths)
                 continue
             if collector.token_level:  # its histogram: counted by the batch's pass over the statistic
-                worst = self._worst_token(block, option)
+                worst = self._worst_token(block, option, scans)
             else:
                 worst = b.to_numpy(row_statistic(block, self.specs[option])).astype(np.float64)
                 if option.endswith("k1"):
@@ -112,11 +112,11 @@ class Collector:
             collector.lengths.append(lengths[valid])
 
     @staticmethod
-    def _worst_token(block: Block, option: str) -> np.ndarray:
-        """Each row's largest token statistic (|k1| for k1), from the per-row extremes the engine keeps."""
+    def _worst_token(block: Block, option: str, scans: dict[str, TokenScan]) -> np.ndarray:
+        """Each row's largest token statistic (|k1| for k1), from the per-row extremes of the batch's pass."""
         b = block.b
         if option == "is_token":
-            return b.to_numpy(block.seg.max(block.ratio, -np.inf)).astype(np.float64)
+            return scans["ratio"].row_max.astype(np.float64)
         row_max, row_min = (b.to_numpy(r).astype(np.float64) for r in block.row_extremes_k(_estimator(option)))
         return np.maximum(np.abs(row_max), np.abs(row_min)) if option.endswith("k1") else row_max
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from rcdiag.backend import NumpyBackend
+from rcdiag.config import RSOption
 from rcdiag.metrics.base import Accumulator, MetricValue, VerlCrash
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.importance import ISMetrics
@@ -86,16 +87,16 @@ class OptionSweep:
 
 
 class SequenceSweep(OptionSweep):
-    """A sequence-level option (sequence IS, ``seq_*`` RS; token IS up to verl 0.7.1): the engine's accumulator at
-    every threshold."""
+    """Sequence IS (and token IS up to verl 0.7.1): the engine's accumulator at every threshold."""
 
     def update(self, block: Block, scan: TokenScan | None) -> None:
         for accumulator in self.accumulators:
             accumulator.update(block)
 
 
-class TokenRSSweep(OptionSweep):
-    """``token_k1/k2/k3``: per-cell sums of the token statistic, per-threshold row counts."""
+class RSSweep(OptionSweep):
+    """An RS option: its threshold-free state once (``base``), and each threshold's own counts, all thresholds
+    at once from (thresholds x rows) comparisons."""
 
     def __init__(self, option: str, thresholds: tuple[Threshold, ...], version: VerlVersion) -> None:
         super().__init__(option, thresholds, version)
@@ -103,67 +104,132 @@ class TokenRSSweep(OptionSweep):
         assert isinstance(first, RSOptionMetrics)
         self.k1 = first.option.is_k1
         self.estimator = first.option.estimator
-        self.statistic = self.estimator
         self.base = RSOptionMetrics(first.option)
         """Holds the option's threshold-free state (mean, extremes, per-row moments), shared by every threshold."""
-        edges = [b for a in self._rs() for b in bounds(a.option)]  # k2/k3: 0, the std clamp's floor
-        self.cells = Cells(edges)
-        self.arrays = CellArrays.empty(self.cells.count)
+        both = np.asarray([bounds(option) for option in self._options()], dtype=np.float64)
+        self.lo, self.hi = both[:, :1], both[:, 1:]
+        """Each threshold's bounds as verl compares them (a column: thresholds x rows)."""
 
     def _rs(self) -> list[RSOptionMetrics]:
         return [a for a in self.accumulators if isinstance(a, RSOptionMetrics)]
 
-    def update(self, block: Block, scan: TokenScan | None) -> None:
-        assert scan is not None
+    def _options(self) -> list[RSOption]:
+        return [a.option for a in self._rs()]
+
+    def _value_counts(self, block: Block) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Fold the threshold-free states in; give the per-row statistic (all rows) and, per threshold, the
+        valid rows' values above the upper and below the lower bound (k1 only)."""
         self.base.add(**threshold_free_states(block, self.base.option))
-        self.arrays.merge(scan.arrays)
-        row_max, row_min = (_host(block, r) for r in block.row_extremes_k(self.estimator))
-        nan_rows = np.isnan(row_max)
-        valid = _host(block, block.row_valid)
-        v = _host(block, row_statistic(block, self._rs()[0].option))[valid]
-        for accumulator in self._rs():
-            lo, hi = bounds(accumulator.option)
-            hit = (row_max > hi) | nan_rows
-            if self.k1:
-                hit |= row_min < lo
-            accumulator.add(
-                v_hi=int(np.count_nonzero(v > hi)),
-                v_lo=int(np.count_nonzero(v < lo)) if self.k1 else 0.0,
-                masked_rows=int(np.count_nonzero(hit)),
-            )
+        value = _host(block, row_statistic(block, self.base.option))
+        v = value[_host(block, block.row_valid)][None, :]
+        v_hi = np.count_nonzero(v > self.hi, axis=1)
+        v_lo = np.count_nonzero(v < self.lo, axis=1) if self.k1 else np.zeros(len(self.thresholds))
+        return value, v_hi, v_lo
 
     def merge(self, other: OptionSweep) -> None:
-        assert isinstance(other, TokenRSSweep)
+        assert isinstance(other, RSSweep)
         super().merge(other)
         self.base.merge(other.base)
-        self.arrays.merge(other.arrays)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "base": self.base.state_dict(), "cells": self.arrays.state_dict()}
+        return {**super().state_dict(), "base": self.base.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.base.load_state_dict(state["base"])
-        self.arrays = CellArrays.from_state_dict(state["cells"])
 
     def _filled(self, index: int) -> Accumulator:
         own = self._rs()[index]
         out = RSOptionMetrics(own.option)
+        out.state = {**self.base.state, **{name: own.state[name] for name in self._own_states}}
+        return out
+
+    _own_states: tuple[str, ...] = ("v_hi", "v_lo", "masked_rows")
+
+
+class SequenceRSSweep(RSSweep):
+    """``seq_*`` options: what each threshold rejects, from the per-row statistic (thresholds x rows arrays)."""
+
+    _own_states = ("v_hi", "v_lo", "masked_rows", "masked_tokens", "clamped")
+
+    def update(self, block: Block, scan: TokenScan | None) -> None:
+        value, v_hi, v_lo = self._value_counts(block)
+        n = _host(block, block.row_len)
+        row = value[None, :]
+        keep = (row >= self.lo) & (row <= self.hi) if self.k1 else row <= self.hi
+        reject = ~keep & _host(block, block.row_valid)
+        masked_tokens = np.einsum("tr,r->t", reject, n, dtype=np.float64)
+        masked_rows = np.count_nonzero(reject, axis=1)
+        clamped = _weighted_moments(np.clip(row, self.lo, self.hi), n)
+        for i, accumulator in enumerate(self._rs()):
+            accumulator.add(
+                clamped=clamped[i],
+                masked_tokens=float(masked_tokens[i]),
+                masked_rows=int(masked_rows[i]),
+                v_hi=int(v_hi[i]),
+                v_lo=int(v_lo[i]) if self.k1 else 0.0,
+            )
+
+
+def _weighted_moments(x: np.ndarray, weights: np.ndarray) -> list[tuple[float, float, float]]:
+    """``Backend.moments(row, weights)`` of each row of ``x`` (thresholds x rows), in float64."""
+    n = float(np.add.reduce(weights, dtype=np.float64)) if weights.size else 0.0
+    if n == 0:
+        return [(0.0, 0.0, 0.0)] * x.shape[0]
+    mean = np.einsum("tr,r->t", x, weights) / n
+    d = x - mean[:, None]
+    m2 = np.einsum("tr,tr,r->t", d, d, weights)
+    return [(n, float(m), float(q)) for m, q in zip(mean.tolist(), m2.tolist(), strict=True)]
+
+
+class TokenRSSweep(RSSweep):
+    """``token_k1/k2/k3``: per-cell sums of the token statistic, per-threshold row counts."""
+
+    def __init__(self, option: str, thresholds: tuple[Threshold, ...], version: VerlVersion) -> None:
+        super().__init__(option, thresholds, version)
+        self.statistic = self.estimator
+        edges = [b for a in self._rs() for b in bounds(a.option)]  # k2/k3: 0, the std clamp's floor
+        self.cells = Cells(edges)
+        self.arrays = CellArrays.empty(self.cells.count)
+
+    def update(self, block: Block, scan: TokenScan | None) -> None:
+        assert scan is not None
+        _, v_hi, v_lo = self._value_counts(block)
+        self.arrays.merge(scan.arrays)
+        row_max, row_min = (_host(block, r)[None, :] for r in block.row_extremes_k(self.estimator))
+        hit = (row_max > self.hi) | np.isnan(row_max)
+        if self.k1:
+            hit |= row_min < self.lo
+        masked_rows = np.count_nonzero(hit, axis=1)
+        for i, accumulator in enumerate(self._rs()):
+            accumulator.add(v_hi=int(v_hi[i]), v_lo=int(v_lo[i]) if self.k1 else 0.0, masked_rows=int(masked_rows[i]))
+
+    def merge(self, other: OptionSweep) -> None:
+        assert isinstance(other, TokenRSSweep)
+        super().merge(other)
+        self.arrays.merge(other.arrays)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "cells": self.arrays.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.arrays = CellArrays.from_state_dict(state["cells"])
+
+    def _filled(self, index: int) -> Accumulator:
+        out = super()._filled(index)
+        own = self._rs()[index]
         cells, arrays = self.cells, self.arrays
         lo, hi = bounds(own.option)
         above = count_above(cells, arrays, hi)
         below = count_below(cells, arrays, lo) if self.k1 else 0.0
         nan = float(arrays.n[cells.nan_cell])
-        out.state = {
-            **self.base.state,
-            "tok_hi": above,
-            "tok_lo": below,
-            "clamped": clip_map(cells, lo, hi).moments(arrays),
-            "masked_tokens": above + below + nan,
-            "v_hi": own.state["v_hi"],
-            "v_lo": own.state["v_lo"],
-            "masked_rows": own.state["masked_rows"],
-        }
+        out.state.update(
+            tok_hi=above,
+            tok_lo=below,
+            clamped=clip_map(cells, lo, hi).moments(arrays),
+            masked_tokens=above + below + nan,
+        )
         return out
 
 
@@ -240,4 +306,6 @@ def option_sweep(option: str, thresholds: tuple[Threshold, ...], version: VerlVe
         return TokenISSweep(option, thresholds, version)
     if option.startswith("token_"):
         return TokenRSSweep(option, thresholds, version)
+    if option.startswith("seq_"):
+        return SequenceRSSweep(option, thresholds, version)
     return SequenceSweep(option, thresholds, version)
