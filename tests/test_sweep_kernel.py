@@ -1,0 +1,181 @@
+"""The sweep's compiled pass over a token statistic (``Cells.scan``, ``rcdiag.kernels.sweep``) against a numpy
+brute force: each token's cell by binary search, per-cell and per-row sums by masks, extremes by Python loops, the
+collector's histogram by its own numpy bucketing; and what it hands the block equals the block's own reductions."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rcdiag.backend import NumpyBackend
+from rcdiag.kernels.sweep import SUB_BLOCK
+from rcdiag.metrics.block import Block
+from rcdiag.sweep.batch import SweepBatch
+from rcdiag.sweep.cells import HISTOGRAM, HISTOGRAM_CLAMPED, NO_HISTOGRAM, CellArrays, Cells
+from rcdiag.sweep.collector import BUCKETS, bucket
+from rcdiag.sweep.grid import build_grid
+
+EDGES = [-0.6931, -0.1, -0.001, 0.0, 1e-4, 0.001, 0.1, 0.6931, 1.5, 2.0]
+SPECIAL = [np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45, 3e38]
+
+
+@st.composite
+def blocks(draw, long: bool = False) -> tuple[np.ndarray, np.ndarray, list[float]]:
+    """float32 values in rows of random lengths (some empty): values near the edges, on them (and one ulp
+    away), special values; and a random subset of the edges."""
+    rows = draw(st.integers(1, 12))
+    top = 6000 if long else 40
+    lengths = np.array(draw(st.lists(st.integers(0, top), min_size=rows, max_size=rows)), dtype=np.int64)
+    edges = draw(st.lists(st.sampled_from(EDGES), unique=True, max_size=len(EDGES)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n = int(lengths.sum())
+    x = rng.normal(0.0, draw(st.sampled_from([1e-3, 0.05, 1.0])), n).astype(np.float32)
+    on_edge = rng.random(n) < draw(st.sampled_from([0.0, 0.1, 0.4]))
+    if edges and on_edge.any():
+        picked = np.asarray(edges, dtype=np.float32)[rng.integers(0, len(edges), int(on_edge.sum()))]
+        step = rng.integers(-1, 2, picked.shape[0])  # the edge, or one ulp below or above
+        away = np.nextafter(picked, np.where(step > 0, np.float32(np.inf), np.float32(-np.inf)))
+        x[on_edge] = np.where(step == 0, picked, away)
+    special = rng.random(n) < draw(st.sampled_from([0.0, 0.02, 0.2]))
+    x[special] = rng.choice(np.asarray(SPECIAL, dtype=np.float32), int(special.sum()))
+    return x, lengths, edges
+
+
+def brute_cells(x: np.ndarray, cells: Cells) -> np.ndarray:
+    """Each value's cell: edges below plus edges at or below (``searchsorted`` both sides); NaN last."""
+    index = np.searchsorted(cells.edges, x, side="left") + np.searchsorted(cells.edges, x, side="right")
+    return np.where(np.isnan(x), cells.nan_cell, index)
+
+
+def _same(got: float, want: float, rel: float = 1e-12, abs_tol: float = 1e-300) -> bool:
+    if math.isnan(want):
+        return math.isnan(got)
+    return math.isclose(got, want, rel_tol=rel, abs_tol=abs_tol)
+
+
+def check_scan(x: np.ndarray, lengths: np.ndarray, edges: list[float], nan_values: bool, mode: int) -> None:
+    cells = Cells(edges)
+    counts = np.zeros(4 * BUCKETS, dtype=np.int64)
+    found = cells.scan(x, lengths, per_row=True, histogram=(mode, counts), nan_values=nan_values)
+    where = brute_cells(x, cells)
+    arrays = found.arrays
+    for cell in range(cells.count):
+        values = x[where == cell].astype(np.float64)
+        assert arrays.n[cell] == values.shape[0], cell
+        if cell == cells.nan_cell:
+            if nan_values and values.size:
+                assert np.isnan([arrays.mean[cell], arrays.m2[cell], arrays.max[cell], arrays.min[cell]]).all()
+            else:
+                assert (arrays.mean[cell], arrays.m2[cell]) == (0.0, 0.0)
+            continue
+        if not values.size:
+            continue
+        mean = math.fsum(values.tolist()) / values.shape[0] if np.isfinite(values).all() else float(np.mean(values))
+        assert _same(arrays.mean[cell], mean), (cell, arrays.mean[cell], mean)
+        if np.isfinite(values).all():
+            m2 = math.fsum(((values - mean) ** 2).tolist())
+            assert _same(arrays.m2[cell], m2, rel=1e-9, abs_tol=1e-12 * max(1.0, mean * mean)), (cell, m2)
+        if nan_values:
+            assert (arrays.max[cell], arrays.min[cell]) == (max(values.tolist()), min(values.tolist()))
+    start = 0
+    for row, length in enumerate(lengths.tolist()):
+        values = x[start : start + length]
+        row_cells = where[start : start + length]
+        finite = values[~np.isnan(values)].tolist()
+        has_nan = bool(np.isnan(values).any())
+        want_max = math.nan if has_nan else max(finite, default=-math.inf)
+        want_min = math.nan if has_nan else min(finite, default=math.inf)
+        assert _same(float(found.row_max[row]), want_max) and _same(float(found.row_min[row]), want_min), row
+        assert _same(found.row_total[row], float(np.sum(values.astype(np.float64)))), row
+        assert found.row_counts is not None and found.row_sums is not None
+        for cell in range(cells.count):
+            own = values[row_cells == cell].astype(np.float64)
+            assert found.row_counts[row, cell] == own.shape[0]
+            assert _same(found.row_sums[row, cell], float(np.sum(own)) if own.size else 0.0), (row, cell)
+        start += length
+    folded = counts.reshape(4, BUCKETS).sum(axis=0)
+    if mode == NO_HISTOGRAM:
+        assert not folded.any()
+    else:
+        stat = np.abs(x) if mode == HISTOGRAM else x  # k1 is bucketed by its absolute value
+        want = np.bincount(bucket(stat, nonnegative=mode == HISTOGRAM), minlength=BUCKETS)
+        assert np.array_equal(folded, want)
+
+
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    block=blocks(),
+    nan_values=st.booleans(),
+    mode=st.sampled_from([NO_HISTOGRAM, HISTOGRAM, HISTOGRAM_CLAMPED]),
+)
+def test_scan_equals_brute_force(block: tuple, nan_values: bool, mode: int) -> None:
+    check_scan(*block, nan_values, mode)
+
+
+@settings(max_examples=8, deadline=None)
+@given(block=blocks(long=True))
+def test_scan_across_sub_blocks_equals_brute_force(block: tuple) -> None:
+    x, lengths, edges = block
+    assert x.shape[0] <= 12 * 6000 and SUB_BLOCK < 12 * 6000
+    check_scan(x, lengths, edges, nan_values=True, mode=HISTOGRAM)
+
+
+@settings(max_examples=40, deadline=None)
+@given(block=blocks(), cut=st.integers(0, 12))
+def test_scanning_parts_and_merging_equals_one_scan(block: tuple, cut: int) -> None:
+    """Rows split between two blocks: the merged per-cell state equals one pass over all of them."""
+    x, lengths, edges = block
+    x = x[~np.isnan(x)] if x.size else x  # the NaN cell's moments are NaN either way
+    lengths = np.array([x.shape[0]], dtype=np.int64) if lengths.sum() != x.shape[0] else lengths
+    cut = min(cut, lengths.shape[0])
+    split = int(lengths[:cut].sum())
+    cells = Cells(edges)
+    whole = cells.scan(x, lengths, nan_values=True).arrays
+    parts = CellArrays.empty(cells.count)
+    parts.merge(cells.scan(x[:split], lengths[:cut], nan_values=True).arrays)
+    parts.merge(cells.scan(x[split:], lengths[cut:], nan_values=True).arrays)
+    assert np.array_equal(whole.n, parts.n)
+    assert np.array_equal(whole.max, parts.max) and np.array_equal(whole.min, parts.min)
+    finite = np.isfinite(whole.mean) & np.isfinite(parts.mean)
+    assert np.allclose(whole.mean[finite], parts.mean[finite], rtol=1e-12, atol=0)
+    assert np.allclose(whole.m2[finite], parts.m2[finite], rtol=1e-9, atol=1e-15)
+
+
+@st.composite
+def log_prob_blocks(draw) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Valid log-probs of a block: rows of random lengths (some empty), mismatches small to beyond the clamp,
+    -inf (NaN log-ratios where both are) and exact zeros."""
+    lengths = np.array(draw(st.lists(st.integers(0, 50), min_size=1, max_size=10)), dtype=np.int64)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n = int(lengths.sum())
+    old = -np.abs(rng.normal(0.0, 2.0, n))
+    rollout = old + rng.normal(0.0, draw(st.sampled_from([1e-4, 0.05, 3.0, 30.0])), n)
+    same = rng.random(n) < 0.2
+    rollout[same] = old[same]
+    for values in (old, rollout):
+        values[rng.random(n) < draw(st.sampled_from([0.0, 0.05]))] = -np.inf
+    return old.astype(np.float32), np.minimum(rollout, 0.0).astype(np.float32), lengths
+
+
+@settings(max_examples=60, deadline=None)
+@given(block=log_prob_blocks())
+def test_what_the_pass_hands_the_block_equals_the_blocks_own(block: tuple) -> None:
+    old, rollout, lengths = block
+    mine = Block(NumpyBackend(), old, rollout, lengths)
+    SweepBatch(build_grid())._scans(mine)  # fills the block's memo
+    own = Block(NumpyBackend(), old, rollout, lengths)
+    for estimator in ("k1", "k2", "k3"):
+        for got, want in zip(mine.row_extremes_k(estimator), own.row_extremes_k(estimator), strict=True):
+            assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True), estimator
+        got, want = mine.row_max_k(estimator), own.row_max_k(estimator)
+        assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True), estimator
+        got, want = mine.row_sum_k(estimator), own.row_sum_k(estimator)
+        assert np.allclose(got, want, rtol=1e-12, atol=0, equal_nan=True), estimator
+    assert "row_extremes_k" in {key[0] for key in mine.__dict__["_cache"]}  # the pass did hand them over
