@@ -174,17 +174,17 @@ class CellMap:
     """The constant for cells that are not ``own``."""
 
     def moments(self, cells: CellArrays) -> Moments:
-        """Moments of the mapped values (own cells combined exactly, constant cells as point masses)."""
-        keep = self.own & (cells.n > 0)
-        total = Moments()
-        if keep.any():
-            n, mean, m2 = cells.n[keep], cells.mean[keep], cells.m2[keep]
-            count = float(n.sum())
-            centre = float((n * mean).sum() / count)
-            total = Moments(count, centre, float(m2.sum() + (n * (mean - centre) ** 2).sum()))
-        for cell in np.flatnonzero(~self.own & (cells.n > 0)):
-            total = total.merge(Moments(float(cells.n[cell]), float(self.value[cell]), 0.0))
-        return total
+        """Moments of the mapped values: every present cell is a group (its own values' moments, or a point mass
+        at its constant), the groups combined in closed form (Chan et al., all at once)."""
+        present = cells.n > 0
+        if not present.any():
+            return Moments()
+        n = cells.n[present]
+        mean = np.where(self.own, cells.mean, self.value)[present]
+        m2 = np.where(self.own, cells.m2, 0.0)[present]
+        count = float(n.sum())
+        centre = float((n * mean).sum() / count)
+        return Moments(count, centre, float(m2.sum() + (n * (mean - centre) ** 2).sum()))
 
     def extreme(self, cells: CellArrays, largest: bool) -> float:
         """Max (or min) of the mapped values; NaN propagates like torch's max."""

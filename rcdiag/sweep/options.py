@@ -191,6 +191,8 @@ class TokenRSSweep(RSSweep):
         edges = [b for a in self._rs() for b in bounds(a.option)]  # k2/k3: 0, the std clamp's floor
         self.cells = Cells(edges)
         self.arrays = CellArrays.empty(self.cells.count)
+        self.maps = [clip_map(self.cells, *bounds(option)) for option in self._options()]
+        """Each threshold's clamp of the statistic (std), cell by cell."""
 
     def update(self, block: Block, scan: TokenScan | None) -> None:
         assert scan is not None
@@ -227,7 +229,7 @@ class TokenRSSweep(RSSweep):
         out.state.update(
             tok_hi=above,
             tok_lo=below,
-            clamped=clip_map(cells, lo, hi).moments(arrays),
+            clamped=self.maps[index].moments(arrays),
             masked_tokens=above + below + nan,
         )
         return out
