@@ -15,7 +15,7 @@ import numpy as np
 
 from rcdiag.backend import NumpyBackend
 from rcdiag.config import RSOption
-from rcdiag.metrics.base import Accumulator, MetricValue, VerlCrash
+from rcdiag.metrics.base import Accumulator, MetricValue, Moments, VerlCrash
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.importance import ISMetrics
 from rcdiag.metrics.rejection import RSAggregateMetrics, RSOptionMetrics, bounds, row_statistic, threshold_free_states
@@ -95,8 +95,11 @@ class SequenceSweep(OptionSweep):
 
 
 class RSSweep(OptionSweep):
-    """An RS option: its threshold-free state once (``base``), and each threshold's own counts, all thresholds
-    at once from (thresholds x rows) comparisons."""
+    """An RS option: its threshold-free state once (``base``), and each threshold's own counts as arrays over the
+    thresholds, all of them at once from (thresholds x rows) comparisons."""
+
+    _counts: tuple[str, ...] = ("v_hi", "v_lo", "masked_rows")
+    """The states each threshold counts itself (``counts``, one row each)."""
 
     def __init__(self, option: str, thresholds: tuple[Threshold, ...], version: VerlVersion) -> None:
         super().__init__(option, thresholds, version)
@@ -109,6 +112,8 @@ class RSSweep(OptionSweep):
         both = np.asarray([bounds(option) for option in self._options()], dtype=np.float64)
         self.lo, self.hi = both[:, :1], both[:, 1:]
         """Each threshold's bounds as verl compares them (a column: thresholds x rows)."""
+        self.counts = np.zeros((len(self._counts), len(thresholds)))
+        """Per state of ``_counts`` and threshold: the sum over blocks (whole numbers, exact in float64)."""
 
     def _rs(self) -> list[RSOptionMetrics]:
         return [a for a in self.accumulators if isinstance(a, RSOptionMetrics)]
@@ -116,70 +121,86 @@ class RSSweep(OptionSweep):
     def _options(self) -> list[RSOption]:
         return [a.option for a in self._rs()]
 
-    def _value_counts(self, block: Block) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Fold the threshold-free states in; give the per-row statistic (all rows) and, per threshold, the
-        valid rows' values above the upper and below the lower bound (k1 only)."""
+    def _value_counts(self, block: Block) -> np.ndarray:
+        """Fold the threshold-free states and each threshold's counts of valid rows' values above the upper and
+        below the lower bound (k1 only) in; give the per-row statistic (all rows)."""
         self.base.add(**threshold_free_states(block, self.base.option))
         value = _host(block, row_statistic(block, self.base.option))
         v = value[_host(block, block.row_valid)][None, :]
-        v_hi = np.count_nonzero(v > self.hi, axis=1)
-        v_lo = np.count_nonzero(v < self.lo, axis=1) if self.k1 else np.zeros(len(self.thresholds))
-        return value, v_hi, v_lo
+        self.counts[0] += np.count_nonzero(v > self.hi, axis=1)
+        if self.k1:
+            self.counts[1] += np.count_nonzero(v < self.lo, axis=1)
+        return value
 
     def merge(self, other: OptionSweep) -> None:
         assert isinstance(other, RSSweep)
-        super().merge(other)
         self.base.merge(other.base)
+        self.counts += other.counts
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "base": self.base.state_dict()}
+        return {"base": self.base.state_dict(), "counts": self.counts.tolist()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
         self.base.load_state_dict(state["base"])
+        self.counts = np.asarray(state["counts"], dtype=np.float64).reshape(self.counts.shape)
 
     def _filled(self, index: int) -> Accumulator:
-        own = self._rs()[index]
-        out = RSOptionMetrics(own.option)
-        out.state = {**self.base.state, **{name: own.state[name] for name in self._own_states}}
+        out = RSOptionMetrics(self._rs()[index].option)
+        own = dict(zip(self._counts, self.counts[:, index].tolist(), strict=True))
+        out.state = {**self.base.state, **own}
         return out
-
-    _own_states: tuple[str, ...] = ("v_hi", "v_lo", "masked_rows")
 
 
 class SequenceRSSweep(RSSweep):
     """``seq_*`` options: what each threshold rejects, from the per-row statistic (thresholds x rows arrays)."""
 
-    _own_states = ("v_hi", "v_lo", "masked_rows", "masked_tokens", "clamped")
+    _counts = ("v_hi", "v_lo", "masked_rows", "masked_tokens")
+
+    def __init__(self, option: str, thresholds: tuple[Threshold, ...], version: VerlVersion) -> None:
+        super().__init__(option, thresholds, version)
+        self.clamped = CellArrays.empty(len(thresholds))
+        """Each threshold's moments of the clamped per-row values, weighted by the rows' tokens (``n``, ``mean``,
+        ``m2``; merged as cells are)."""
 
     def update(self, block: Block, scan: TokenScan | None) -> None:
-        value, v_hi, v_lo = self._value_counts(block)
+        value = self._value_counts(block)
         n = _host(block, block.row_len)
         row = value[None, :]
         keep = (row >= self.lo) & (row <= self.hi) if self.k1 else row <= self.hi
         reject = ~keep & _host(block, block.row_valid)
-        masked_tokens = np.einsum("tr,r->t", reject, n, dtype=np.float64)
-        masked_rows = np.count_nonzero(reject, axis=1)
-        clamped = _weighted_moments(np.clip(row, self.lo, self.hi), n)
-        for i, accumulator in enumerate(self._rs()):
-            accumulator.add(
-                clamped=clamped[i],
-                masked_tokens=float(masked_tokens[i]),
-                masked_rows=int(masked_rows[i]),
-                v_hi=int(v_hi[i]),
-                v_lo=int(v_lo[i]) if self.k1 else 0.0,
-            )
+        self.counts[2] += np.count_nonzero(reject, axis=1)
+        self.counts[3] += np.einsum("tr,r->t", reject, n, dtype=np.float64)
+        self.clamped.merge(_weighted_moments(np.clip(row, self.lo, self.hi), n))
+
+    def merge(self, other: OptionSweep) -> None:
+        assert isinstance(other, SequenceRSSweep)
+        super().merge(other)
+        self.clamped.merge(other.clamped)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "clamped": self.clamped.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.clamped = CellArrays.from_state_dict(state["clamped"])
+
+    def _filled(self, index: int) -> Accumulator:
+        out = super()._filled(index)
+        c = self.clamped
+        out.state["clamped"] = Moments(float(c.n[index]), float(c.mean[index]), float(c.m2[index]))
+        return out
 
 
-def _weighted_moments(x: np.ndarray, weights: np.ndarray) -> list[tuple[float, float, float]]:
+def _weighted_moments(x: np.ndarray, weights: np.ndarray) -> CellArrays:
     """``Backend.moments(row, weights)`` of each row of ``x`` (thresholds x rows), in float64."""
+    out = CellArrays.empty(x.shape[0])
     n = float(np.add.reduce(weights, dtype=np.float64)) if weights.size else 0.0
-    if n == 0:
-        return [(0.0, 0.0, 0.0)] * x.shape[0]
-    mean = np.einsum("tr,r->t", x, weights) / n
-    d = x - mean[:, None]
-    m2 = np.einsum("tr,tr,r->t", d, d, weights)
-    return [(n, float(m), float(q)) for m, q in zip(mean.tolist(), m2.tolist(), strict=True)]
+    if n > 0:
+        out.n[:] = n
+        out.mean = np.einsum("tr,r->t", x, weights) / n
+        d = x - out.mean[:, None]
+        out.m2 = np.einsum("tr,tr,r->t", d, d, weights)
+    return out
 
 
 class TokenRSSweep(RSSweep):
@@ -196,15 +217,13 @@ class TokenRSSweep(RSSweep):
 
     def update(self, block: Block, scan: TokenScan | None) -> None:
         assert scan is not None
-        _, v_hi, v_lo = self._value_counts(block)
+        self._value_counts(block)
         self.arrays.merge(scan.arrays)
         row_max, row_min = (_host(block, r)[None, :] for r in block.row_extremes_k(self.estimator))
         hit = (row_max > self.hi) | np.isnan(row_max)
         if self.k1:
             hit |= row_min < self.lo
-        masked_rows = np.count_nonzero(hit, axis=1)
-        for i, accumulator in enumerate(self._rs()):
-            accumulator.add(v_hi=int(v_hi[i]), v_lo=int(v_lo[i]) if self.k1 else 0.0, masked_rows=int(masked_rows[i]))
+        self.counts[2] += np.count_nonzero(hit, axis=1)
 
     def merge(self, other: OptionSweep) -> None:
         assert isinstance(other, TokenRSSweep)
