@@ -63,7 +63,8 @@ def _row_reduce(stat):
 
 @njit(**JIT)
 def statistic_pass(old, rollout, mask, lengths, estimator, stat, row_sum, row_max, row_min):
-    """Fill ``stat`` (the valid tokens' statistics, in order) and per-row ``row_sum``, ``row_max`` (-inf for an
+    """Fill ``stat`` (the valid tokens' statistics, in order; one element longer than their number, for the
+    branch-free compaction) and per-row ``row_sum``, ``row_max`` (-inf for an
     empty row) and ``row_min`` (+inf), extremes NaN where a row holds a NaN statistic; returns the number of
     valid tokens written."""
     buf = np.empty(0, dtype=np.float32)
@@ -82,10 +83,9 @@ def statistic_pass(old, rollout, mask, lengths, estimator, stat, row_sum, row_ma
                 buf = np.empty(max(n, 2 * buf.shape[0]), dtype=np.float32)
             _statistic_row(old[t : t + n], rollout[t : t + n], estimator, buf[:n])
             j = w
-            for i in range(n):
-                if m[i]:
-                    stat[j] = buf[i]
-                    j += 1
+            for i in range(n):  # branch-free: every value is written, the next one overwrites a masked one
+                stat[j] = buf[i]
+                j += np.int64(m[i])
         s, hi, lo, nan = _row_reduce(stat[w : w + valid])
         row_sum[r] = s
         row_max[r] = np.nan if nan else hi

@@ -131,13 +131,13 @@ def fused_statistic(
     from rcdiag.kernels.statistics import ESTIMATORS, statistic_pass
 
     n_rows = lengths.shape[0]
-    stat = np.empty(n_valid, dtype=np.float32)
+    stat = np.empty(n_valid + 1, dtype=np.float32)
     row_sum, row_max, row_min = (np.empty(n_rows, dtype=np.float64) for _ in range(3))
     written = statistic_pass(
         *_kernel_inputs(old, rollout, mask, lengths), ESTIMATORS[estimator], stat, row_sum, row_max, row_min
     )
     assert written == n_valid
-    return Statistic(stat, row_sum, row_max, row_min)
+    return Statistic(stat[:n_valid], row_sum, row_max, row_min)
 
 
 def band(stat: Statistic, valid_lengths: np.ndarray, lo: float, hi: float, two_sided: bool) -> Band:
