@@ -69,18 +69,7 @@ def fused_token_sums(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | No
     sums = np.empty(N_SUMS, dtype=np.float64)
     counts = np.empty(N_COUNTS, dtype=np.int64)
     hist = np.zeros((4, EDGES.shape[0] + 1), dtype=np.int64)
-    token_pass(
-        np.ascontiguousarray(old, dtype=np.float32),
-        np.ascontiguousarray(rollout, dtype=np.float32),
-        _all_valid(old.shape[0]) if mask is None else np.ascontiguousarray(mask, dtype=np.bool_),
-        np.ascontiguousarray(lengths, dtype=np.int64),
-        base,
-        edge,
-        row_sums,
-        sums,
-        counts,
-        hist,
-    )
+    token_pass(*_kernel_inputs(old, rollout, mask, lengths), base, edge, row_sums, sums, counts, hist)
     nan = int(counts[0])
     lo, hi = (math.nan, math.nan) if nan else (float(sums[4]), float(sums[5]))
     return TokenSums(
@@ -118,6 +107,69 @@ def generic_token_sums(block: Block) -> TokenSums:
         chi2_sum=b.sum(chi2_terms(block)),
         clamped=b.count(abs_lr > SAFETY_BOUND),
         log_ratio_counts=b.bin_counts(lr, EDGES),
+    )
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """A k statistic over a block's valid tokens (``Block.k``) with its per-row reductions."""
+
+    stat: np.ndarray
+    """float32, one per valid token, in order."""
+    row_sum: np.ndarray
+    """float64 per-row sums (0 for an empty row)."""
+    row_max: np.ndarray
+    """float64 per-row maxima (-inf for an empty row; NaN where the row holds a NaN)."""
+    row_min: np.ndarray
+    """float64 per-row minima (+inf for an empty row; NaN where the row holds a NaN)."""
+
+
+def fused_statistic(
+    old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | None, lengths: np.ndarray, estimator: str, n_valid: int
+) -> Statistic:
+    """``Statistic`` of a raw block (see ``fused_token_sums``) for ``k1``, ``k2`` or ``k3``."""
+    from rcdiag.kernels.statistics import ESTIMATORS, statistic_pass
+
+    n_rows = lengths.shape[0]
+    stat = np.empty(n_valid + 1, dtype=np.float32)
+    row_sum, row_max, row_min = (np.empty(n_rows, dtype=np.float64) for _ in range(3))
+    written = statistic_pass(
+        *_kernel_inputs(old, rollout, mask, lengths), ESTIMATORS[estimator], stat, row_sum, row_max, row_min
+    )
+    assert written == n_valid
+    return Statistic(stat[:n_valid], row_sum, row_max, row_min)
+
+
+def band(stat: Statistic, valid_lengths: np.ndarray, lo: float, hi: float, two_sided: bool) -> Band:
+    """What the band ``[lo, hi]`` (``two_sided``: k1; else only ``<= hi``) does to a statistic, per row."""
+    from rcdiag.kernels.statistics import threshold_pass
+
+    rejected = np.empty(valid_lengths.shape[0], dtype=np.int64)
+    out = np.empty(5, dtype=np.float64)
+    threshold_pass(stat.stat, np.ascontiguousarray(valid_lengths, dtype=np.int64), lo, hi, two_sided, rejected, out)
+    return Band(rejected.astype(np.float64), int(out[0]), int(out[1]), (float(out[2]), float(out[3]), float(out[4])))
+
+
+@dataclass(frozen=True)
+class Band:
+    """Per-row rejections of a band, its strict above/below counts and the moments of the clipped statistic."""
+
+    row_rejected: np.ndarray
+    """float64 per-row rejected tokens (NaN statistics are rejected)."""
+    above: int
+    below: int
+    clipped: tuple[float, float, float]
+    """(n, mean, M2) of the statistic clipped to the band."""
+
+
+def _kernel_inputs(
+    old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | None, lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    return (
+        np.ascontiguousarray(old, dtype=np.float32),
+        np.ascontiguousarray(rollout, dtype=np.float32),
+        _all_valid(old.shape[0]) if mask is None else np.ascontiguousarray(mask, dtype=np.bool_),
+        np.ascontiguousarray(lengths, dtype=np.int64),
     )
 
 
