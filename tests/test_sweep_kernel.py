@@ -1,6 +1,6 @@
 """The sweep's compiled pass over a token statistic (``Cells.scan``, ``rcdiag.kernels.sweep``) against a numpy
 brute force: each token's cell by binary search, per-cell and per-row sums by masks, extremes by Python loops, the
-collector's histogram by its own numpy bucketing; and what it hands the block equals the block's own reductions."""
+collector's histogram by its own numpy bucketing; per-row extremes and sums by loops."""
 
 from __future__ import annotations
 
@@ -11,13 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rcdiag.backend import NumpyBackend
 from rcdiag.kernels.sweep import SUB_BLOCK
-from rcdiag.metrics.block import Block
-from rcdiag.sweep.batch import SweepBatch
 from rcdiag.sweep.cells import HISTOGRAM, HISTOGRAM_CLAMPED, NO_HISTOGRAM, CellArrays, Cells
 from rcdiag.sweep.collector import BUCKETS, bucket
-from rcdiag.sweep.grid import build_grid
 
 EDGES = [-0.6931, -0.1, -0.001, 0.0, 1e-4, 0.001, 0.1, 0.6931, 1.5, 2.0]
 SPECIAL = [np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45, 3e38]
@@ -146,36 +142,3 @@ def test_scanning_parts_and_merging_equals_one_scan(block: tuple, cut: int) -> N
     finite = np.isfinite(whole.mean) & np.isfinite(parts.mean)
     assert np.allclose(whole.mean[finite], parts.mean[finite], rtol=1e-12, atol=0)
     assert np.allclose(whole.m2[finite], parts.m2[finite], rtol=1e-9, atol=1e-15)
-
-
-@st.composite
-def log_prob_blocks(draw) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Valid log-probs of a block: rows of random lengths (some empty), mismatches small to beyond the clamp,
-    -inf (NaN log-ratios where both are) and exact zeros."""
-    lengths = np.array(draw(st.lists(st.integers(0, 50), min_size=1, max_size=10)), dtype=np.int64)
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    n = int(lengths.sum())
-    old = -np.abs(rng.normal(0.0, 2.0, n))
-    rollout = old + rng.normal(0.0, draw(st.sampled_from([1e-4, 0.05, 3.0, 30.0])), n)
-    same = rng.random(n) < 0.2
-    rollout[same] = old[same]
-    for values in (old, rollout):
-        values[rng.random(n) < draw(st.sampled_from([0.0, 0.05]))] = -np.inf
-    return old.astype(np.float32), np.minimum(rollout, 0.0).astype(np.float32), lengths
-
-
-@settings(max_examples=60, deadline=None)
-@given(block=log_prob_blocks())
-def test_what_the_pass_hands_the_block_equals_the_blocks_own(block: tuple) -> None:
-    old, rollout, lengths = block
-    mine = Block(NumpyBackend(), old, rollout, lengths)
-    SweepBatch(build_grid())._scans(mine)  # fills the block's memo
-    own = Block(NumpyBackend(), old, rollout, lengths)
-    for estimator in ("k1", "k2", "k3"):
-        for got, want in zip(mine.row_extremes_k(estimator), own.row_extremes_k(estimator), strict=True):
-            assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True), estimator
-        got, want = mine.row_max_k(estimator), own.row_max_k(estimator)
-        assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True), estimator
-        got, want = mine.row_sum_k(estimator), own.row_sum_k(estimator)
-        assert np.allclose(got, want, rtol=1e-12, atol=0, equal_nan=True), estimator
-    assert "row_extremes_k" in {key[0] for key in mine.__dict__["_cache"]}  # the pass did hand them over

@@ -11,7 +11,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rcdiag.backend import NumpyBackend
 from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import EngineState, StepKey
@@ -75,8 +74,6 @@ class SweepBatch:
             found = cells.get(statistic, NO_EDGES).scan(
                 values, lengths, ratio and statistic in cells, histograms.get(statistic), nan_values=ratio
             )
-            if not ratio and isinstance(b, NumpyBackend):
-                _share(block, statistic, found, lengths)
             scans[statistic] = found
         return scans
 
@@ -118,17 +115,6 @@ class SweepBatch:
         self.rows = int(state["rows"])
         self.valid_tokens = int(state["valid_tokens"])
         self.empty_rows = int(state["empty_rows"])
-
-
-def _share(block: Block, estimator: str, found: TokenScan, lengths: np.ndarray) -> None:
-    """Hand the block the per-row reductions of a k statistic that the pass computed on the way, through the
-    block's own memo under the keys of ``Block.row_extremes_k``, ``row_max_k`` and ``row_sum_k`` (k1's row sums
-    have their own rule there), so no option reduces the statistic again (tests/test_sweep_kernel.py checks they
-    equal the block's own)."""
-    block.memo(("row_extremes_k", estimator), lambda: (found.row_max, found.row_min))
-    block.memo(("row_max_k", estimator), lambda: np.where(lengths > 0, found.row_max, np.float32(0.0)))
-    if estimator != "k1":
-        block.memo(("row_sum_k", estimator), lambda: found.row_total)
 
 
 @dataclass

@@ -255,7 +255,8 @@ class TokenRSSweep(RSSweep):
 
 
 class TokenISSweep(OptionSweep):
-    """Token-level IS (TIS and IcePop): per-cell sums of the token ratio, per-threshold per-row mean weights."""
+    """Token-level IS (TIS and IcePop): per-cell sums of the token ratio; per threshold, the per-row mean weights
+    of every threshold at once (thresholds x rows) and their states (``ISMetrics.row_states``) as arrays."""
 
     def __init__(self, option: str, thresholds: tuple[Threshold, ...], version: VerlVersion) -> None:
         super().__init__(option, thresholds, version)
@@ -268,6 +269,19 @@ class TokenISSweep(OptionSweep):
         self.statistic = "ratio"
         self.arrays = CellArrays.empty(self.cells.count)
         self.maps = [self._map(a) for a in self._is()]
+        self.own = np.stack([m.own for m in self.maps])
+        """Thresholds x cells: the cells whose weights are the tokens' own ratios."""
+        self.constant = np.stack([np.where(m.own, 0.0, m.value) for m in self.maps])
+        """Thresholds x cells: the weight of every other cell's tokens."""
+        self.upper = np.asarray([a.upper for a in self._is()])[:, None]
+        self.metric_lower = np.asarray([a.metric_lower for a in self._is()])[:, None]
+        self.totals = [0, 0, 0]
+        """Tokens, rows and valid rows (the same for every threshold)."""
+        self.a = CellArrays.empty(len(thresholds))
+        """Per threshold, the per-row mean weights: moments (all rows), max and min."""
+        self.a_max_dev = np.full(len(thresholds), -np.inf)
+        self.rawmean = np.zeros((2, len(thresholds)))
+        """Per threshold, rows whose mean ratio lies above ``upper`` and below ``metric_lower``."""
 
     def _is(self) -> list[ISMetrics]:
         return [a for a in self.accumulators if isinstance(a, ISMetrics)]
@@ -282,40 +296,76 @@ class TokenISSweep(OptionSweep):
         assert scan.row_sums is not None
         assert scan.row_counts is not None
         self.arrays.merge(scan.arrays)
-        lengths = _host(block, block.row_len)
-        row_len = np.maximum(lengths, 1.0)
-        raw_mean = _host(block, block.row_mean(block.seg.sum(block.ratio)))
-        for accumulator, cell_map in zip(self._is(), self.maps, strict=True):
-            a = cell_map.row_sums(scan.row_sums, scan.row_counts) / row_len
-            accumulator.add(**accumulator.row_states(_NP, block, a, raw_mean))
+        row_len = np.maximum(_host(block, block.row_len), 1.0)
+        own = np.where(self.own[:, None, :], scan.row_sums[None, :, :], 0.0).sum(axis=2)
+        a = (own + np.einsum("rc,tc->tr", scan.row_counts, self.constant)) / row_len
+        # ISMetrics.row_states for every threshold at once; verl 0.8.0 compares the applied weights' row means
+        if self._is()[0].seq_fraction_applied:
+            raw_mean = a
+        else:
+            raw_mean = _host(block, block.row_mean(block.seg.sum(block.ratio)))[None, :]
+        counted = (block.n_tokens, block.n_rows, block.n_valid_rows)
+        self.totals = [total + more for total, more in zip(self.totals, counted, strict=True)]
+        self.rawmean[0] += np.count_nonzero(raw_mean > self.upper, axis=1)
+        self.rawmean[1] += np.count_nonzero(raw_mean < self.metric_lower, axis=1)
+        if not block.n_rows:
+            return
+        states = CellArrays.empty(len(self.thresholds))
+        states.n[:] = block.n_rows
+        states.mean = a.sum(axis=1) / block.n_rows
+        d = a - states.mean[:, None]
+        states.m2 = np.einsum("tr,tr->t", d, d)
+        states.max, states.min = a.max(axis=1), a.min(axis=1)
+        self.a.merge(states)
+        self.a_max_dev = np.maximum(self.a_max_dev, np.abs(a - 1.0).max(axis=1))
 
     def merge(self, other: OptionSweep) -> None:
         assert isinstance(other, TokenISSweep)
-        super().merge(other)
         self.arrays.merge(other.arrays)
+        self.totals = [mine + theirs for mine, theirs in zip(self.totals, other.totals, strict=True)]
+        self.a.merge(other.a)
+        self.a_max_dev = np.maximum(self.a_max_dev, other.a_max_dev)
+        self.rawmean += other.rawmean
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "cells": self.arrays.state_dict()}
+        return {
+            "cells": self.arrays.state_dict(),
+            "totals": self.totals,
+            "a": self.a.state_dict(),
+            "a_max_dev": self.a_max_dev.tolist(),
+            "rawmean": self.rawmean.tolist(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
         self.arrays = CellArrays.from_state_dict(state["cells"])
+        self.totals = [int(v) for v in state["totals"]]
+        self.a = CellArrays.from_state_dict(state["a"])
+        self.a_max_dev = np.asarray(state["a_max_dev"], dtype=np.float64)
+        self.rawmean = np.asarray(state["rawmean"], dtype=np.float64)
 
     def _filled(self, index: int) -> Accumulator:
         own, cell_map = self._is()[index], self.maps[index]
-        cells, arrays = self.cells, self.arrays
+        cells, arrays, a = self.cells, self.arrays, self.a
         out = ISMetrics(own.spec, self.version)
         high = count_above(cells, arrays, own.upper)
         low = count_below(cells, arrays, own.metric_lower)
-        out.state = {
-            **own.state,
-            "w": cell_map.moments(arrays),
-            "w_max": cell_map.extreme(arrays, largest=True),
-            "w_min": cell_map.extreme(arrays, largest=False),
-            "raw_hi": high,
-            "raw_lo": low,
-            "oob_tokens": 0.0 if own.lower is None else high + count_below(cells, arrays, own.lower),
-        }
+        out.state.update(
+            tokens=self.totals[0],
+            rows=self.totals[1],
+            valid_rows=self.totals[2],
+            a=Moments(float(a.n[index]), float(a.mean[index]), float(a.m2[index])),
+            a_max=float(a.max[index]),
+            a_min=float(a.min[index]),
+            a_max_dev=float(self.a_max_dev[index]),
+            rawmean_hi=float(self.rawmean[0, index]),
+            rawmean_lo=float(self.rawmean[1, index]),
+            w=cell_map.moments(arrays),
+            w_max=cell_map.extreme(arrays, largest=True),
+            w_min=cell_map.extreme(arrays, largest=False),
+            raw_hi=high,
+            raw_lo=low,
+            oob_tokens=0.0 if own.lower is None else high + count_below(cells, arrays, own.lower),
+        )
         return out
 
 
