@@ -9,6 +9,7 @@ all thresholds (``rcdiag.sweep.cells``) plus per-row counts per threshold.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -115,11 +116,12 @@ class RSSweep(OptionSweep):
         self.counts = np.zeros((len(self._counts), len(thresholds)))
         """Per state of ``_counts`` and threshold: the sum over blocks (whole numbers, exact in float64)."""
 
+    @functools.cached_property
     def _rs(self) -> list[RSOptionMetrics]:
         return [a for a in self.accumulators if isinstance(a, RSOptionMetrics)]
 
     def _options(self) -> list[RSOption]:
-        return [a.option for a in self._rs()]
+        return [a.option for a in self._rs]
 
     def _value_counts(self, block: Block) -> np.ndarray:
         """Fold the threshold-free states and each threshold's counts of valid rows' values above the upper and
@@ -145,7 +147,7 @@ class RSSweep(OptionSweep):
         self.counts = np.asarray(state["counts"], dtype=np.float64).reshape(self.counts.shape)
 
     def _filled(self, index: int) -> Accumulator:
-        out = RSOptionMetrics(self._rs()[index].option)
+        out = self._rs[index]  # holds no state of its own here (``counts`` does): filled for this compute
         own = dict(zip(self._counts, self.counts[:, index].tolist(), strict=True))
         out.state = {**self.base.state, **own}
         return out
@@ -209,7 +211,7 @@ class TokenRSSweep(RSSweep):
     def __init__(self, option: str, thresholds: tuple[Threshold, ...], version: VerlVersion) -> None:
         super().__init__(option, thresholds, version)
         self.statistic = self.estimator
-        edges = [b for a in self._rs() for b in bounds(a.option)]  # k2/k3: 0, the std clamp's floor
+        edges = [b for a in self._rs for b in bounds(a.option)]  # k2/k3: 0, the std clamp's floor
         self.cells = Cells(edges)
         self.arrays = CellArrays.empty(self.cells.count)
         self.maps = [clip_map(self.cells, *bounds(option)) for option in self._options()]
@@ -239,7 +241,7 @@ class TokenRSSweep(RSSweep):
 
     def _filled(self, index: int) -> Accumulator:
         out = super()._filled(index)
-        own = self._rs()[index]
+        own = self._rs[index]
         cells, arrays = self.cells, self.arrays
         lo, hi = bounds(own.option)
         above = count_above(cells, arrays, hi)
@@ -261,20 +263,20 @@ class TokenISSweep(OptionSweep):
     def __init__(self, option: str, thresholds: tuple[Threshold, ...], version: VerlVersion) -> None:
         super().__init__(option, thresholds, version)
         edges: list[float] = []
-        for accumulator in self._is():
+        for accumulator in self._is:
             edges += [accumulator.upper, accumulator.metric_lower]
             if accumulator.lower is not None:
                 edges.append(accumulator.lower)
         self.cells = Cells(edges)
         self.statistic = "ratio"
         self.arrays = CellArrays.empty(self.cells.count)
-        self.maps = [self._map(a) for a in self._is()]
+        self.maps = [self._map(a) for a in self._is]
         self.own = np.stack([m.own for m in self.maps])
         """Thresholds x cells: the cells whose weights are the tokens' own ratios."""
         self.constant = np.stack([np.where(m.own, 0.0, m.value) for m in self.maps])
         """Thresholds x cells: the weight of every other cell's tokens."""
-        self.upper = np.asarray([a.upper for a in self._is()])[:, None]
-        self.metric_lower = np.asarray([a.metric_lower for a in self._is()])[:, None]
+        self.upper = np.asarray([a.upper for a in self._is])[:, None]
+        self.metric_lower = np.asarray([a.metric_lower for a in self._is])[:, None]
         self.totals = [0, 0, 0]
         """Tokens, rows and valid rows (the same for every threshold)."""
         self.a = CellArrays.empty(len(thresholds))
@@ -283,6 +285,7 @@ class TokenISSweep(OptionSweep):
         self.rawmean = np.zeros((2, len(thresholds)))
         """Per threshold, rows whose mean ratio lies above ``upper`` and below ``metric_lower``."""
 
+    @functools.cached_property
     def _is(self) -> list[ISMetrics]:
         return [a for a in self.accumulators if isinstance(a, ISMetrics)]
 
@@ -300,7 +303,7 @@ class TokenISSweep(OptionSweep):
         own = np.where(self.own[:, None, :], scan.row_sums[None, :, :], 0.0).sum(axis=2)
         a = (own + np.einsum("rc,tc->tr", scan.row_counts, self.constant)) / row_len
         # ISMetrics.row_states for every threshold at once; verl 0.8.0 compares the applied weights' row means
-        if self._is()[0].seq_fraction_applied:
+        if self._is[0].seq_fraction_applied:
             raw_mean = a
         else:
             raw_mean = _host(block, block.row_mean(block.seg.sum(block.ratio)))[None, :]
@@ -344,9 +347,9 @@ class TokenISSweep(OptionSweep):
         self.rawmean = np.asarray(state["rawmean"], dtype=np.float64)
 
     def _filled(self, index: int) -> Accumulator:
-        own, cell_map = self._is()[index], self.maps[index]
+        own, cell_map = self._is[index], self.maps[index]
         cells, arrays, a = self.cells, self.arrays, self.a
-        out = ISMetrics(own.spec, self.version)
+        out = own  # holds no state of its own here: filled for this compute
         high = count_above(cells, arrays, own.upper)
         low = count_below(cells, arrays, own.metric_lower)
         out.state.update(
