@@ -13,7 +13,7 @@ from test_histogram import brute_force
 
 from rcdiag.backend import NumpyBackend
 from rcdiag.metrics.block import Block
-from rcdiag.metrics.tokens import band, fused_statistic, fused_token_sums, generic_token_sums
+from rcdiag.metrics.tokens import band, fused_token_sums, generic_token_sums
 
 LOG_F32_MAX = math.log(float(np.finfo(np.float32).max))
 
@@ -126,6 +126,11 @@ def test_fused_pass_matches_the_generic_path(block) -> None:
         assert _close(getattr(fused, name), getattr(generic, name), 1e-10), name
 
 
+def _block(old, rollout, mask, lengths) -> Block:
+    valid = lengths if mask is None else _valid_lengths(mask, lengths)
+    return Block(NumpyBackend(), old, rollout, valid, mask=mask, raw_lengths=lengths)
+
+
 def _valid_lengths(mask: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     ends = np.cumsum(lengths)
     return np.array([int(mask[e - n : e].sum()) for n, e in zip(lengths.tolist(), ends.tolist(), strict=True)], dtype=np.int64)
@@ -165,7 +170,7 @@ def test_statistic_pass_matches_numpy(block, estimator) -> None:
         "k2": 0.5 * d * d,
         "k3": (np.expm1(d.astype(np.float64)) - d.astype(np.float64)).astype(np.float32),
     }[estimator]
-    got = fused_statistic(old, rollout, mask, lengths, estimator, int(valid.sum()))
+    got = _block(old, rollout, mask, lengths).statistic(estimator)
     if estimator == "k3":
         assert np.allclose(got.stat, expected, rtol=2**-23, atol=0, equal_nan=True)
     else:
@@ -186,7 +191,7 @@ def test_band_matches_brute_force(block, estimator, thresholds) -> None:
     rejected, an inverted k1 band rejecting everything)."""
     old, rollout, mask, lengths = block
     valid = lengths if mask is None else _valid_lengths(mask, lengths)
-    stat = fused_statistic(old, rollout, mask, lengths, estimator, int(valid.sum()))
+    stat = _block(old, rollout, mask, lengths).statistic(estimator)
     lo, hi = (float(np.float32(x)) for x in thresholds)
     two_sided = estimator == "k1"
     got = band(stat, valid, lo, hi, two_sided)
