@@ -13,7 +13,7 @@ from test_histogram import brute_force
 
 from rcdiag.backend import NumpyBackend
 from rcdiag.metrics.block import Block
-from rcdiag.metrics.tokens import band, fused_statistic, fused_token_sums, generic_token_sums
+from rcdiag.metrics.tokens import band, fused_token_sums, generic_token_sums
 
 LOG_F32_MAX = math.log(float(np.finfo(np.float32).max))
 
@@ -44,11 +44,15 @@ def reference(old, rollout, mask, lengths) -> dict:
     valid = np.ones(old.shape[0], dtype=bool) if mask is None else mask
     rows_old, rows_rollout, terms = [], [], {"abs": [], "exp": [], "k3": [], "chi2": []}
     lr, clamped, t = [], 0, 0
+    row_lo, row_hi = [], []
     for n in lengths.tolist():
         keep = valid[t : t + n]
         rows_old.append(math.fsum(old[t : t + n][keep].astype(np.float64).tolist()))
         rows_rollout.append(math.fsum(rollout[t : t + n][keep].astype(np.float64).tolist()))
         d_row = (old[t : t + n] - rollout[t : t + n])[keep]
+        nan_row = bool(np.isnan(d_row).any())
+        row_lo.append(math.nan if nan_row else min(d_row.tolist(), default=math.inf))
+        row_hi.append(math.nan if nan_row else max(d_row.tolist(), default=-math.inf))
         for d32 in d_row.tolist():
             d = float(np.float32(d32))
             lr.append(d)
@@ -64,6 +68,7 @@ def reference(old, rollout, mask, lengths) -> dict:
     has_nan = bool(np.isnan(lr_arr).any())
     return {
         "rows": (np.array(rows_old), np.array(rows_rollout)),
+        "row_range": (np.array(row_lo), np.array(row_hi)),
         "sums": {k: _sum(v) for k, v in terms.items()},
         "range": (math.nan, math.nan) if has_nan else (min(lr, default=math.inf), max(lr, default=-math.inf)),
         "nan": int(np.isnan(lr_arr).sum()),
@@ -102,6 +107,8 @@ def test_fused_pass_matches_brute_force(block) -> None:
     assert np.allclose(got.row_sum_rollout, ref["rows"][1], rtol=1e-12, atol=0, equal_nan=True)
     lo, hi = ref["range"]
     assert _close(got.lr_min, lo, 0) and _close(got.lr_max, hi, 0)
+    assert np.array_equal(got.row_lr_min, ref["row_range"][0], equal_nan=True)
+    assert np.array_equal(got.row_lr_max, ref["row_range"][1], equal_nan=True)
     assert (got.nan, got.clamped) == (ref["nan"], ref["clamped"])
     assert got.log_ratio_counts.tolist() == ref["counts"]
     for name, value in (("abs", got.abs_sum), ("exp", got.exp_abs_sum), ("k3", got.k3_sum), ("chi2", got.chi2_sum)):
@@ -124,6 +131,11 @@ def test_fused_pass_matches_the_generic_path(block) -> None:
     assert _close(fused.exp_abs_sum, generic.exp_abs_sum, 4e-7)
     for name in ("abs_sum", "k3_sum", "chi2_sum"):
         assert _close(getattr(fused, name), getattr(generic, name), 1e-10), name
+
+
+def _block(old, rollout, mask, lengths) -> Block:
+    valid = lengths if mask is None else _valid_lengths(mask, lengths)
+    return Block(NumpyBackend(), old, rollout, valid, mask=mask, raw_lengths=lengths)
 
 
 def _valid_lengths(mask: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -165,7 +177,7 @@ def test_statistic_pass_matches_numpy(block, estimator) -> None:
         "k2": 0.5 * d * d,
         "k3": (np.expm1(d.astype(np.float64)) - d.astype(np.float64)).astype(np.float32),
     }[estimator]
-    got = fused_statistic(old, rollout, mask, lengths, estimator, int(valid.sum()))
+    got = _block(old, rollout, mask, lengths).statistic(estimator)
     if estimator == "k3":
         assert np.allclose(got.stat, expected, rtol=2**-23, atol=0, equal_nan=True)
     else:
@@ -186,7 +198,7 @@ def test_band_matches_brute_force(block, estimator, thresholds) -> None:
     rejected, an inverted k1 band rejecting everything)."""
     old, rollout, mask, lengths = block
     valid = lengths if mask is None else _valid_lengths(mask, lengths)
-    stat = fused_statistic(old, rollout, mask, lengths, estimator, int(valid.sum()))
+    stat = _block(old, rollout, mask, lengths).statistic(estimator)
     lo, hi = (float(np.float32(x)) for x in thresholds)
     two_sided = estimator == "k1"
     got = band(stat, valid, lo, hi, two_sided)

@@ -1,8 +1,9 @@
 """RS statistics per token on CPU: k1 = -d, k2 = d^2/2, k3 = e^d - 1 - d of the clamped log-ratio
 d = clamp(float32(old - rollout), ±20), and what the RS options reduce them to.
 
-``statistic_pass`` computes the statistic of every valid token of a raw block (compacted, float32, as the numpy
-path's ``Block.k``) and its per-row float64 sums and NaN-propagating extremes; ``threshold_pass`` counts what a
+``statistic`` computes the statistic of every valid token from the log-ratios the token pass compacted (float32,
+as the numpy path's ``Block.k``), ``row_reductions`` its per-row float64 sums and NaN-propagating extremes;
+``threshold_pass`` counts what a
 band rejects per row and takes the moments of the statistic clipped to it. The statistic itself is computed by a
 kernel without fast-math flags, so k1 and k2 are the very float32 operations numpy does (0.5 * d * d, left to
 right); k3 is the float64 value rounded once to float32, from the series of ``rcdiag.kernels.tokens`` below its
@@ -29,11 +30,11 @@ _HALF32 = np.float32(0.5)
 
 
 @njit(**_STRICT)
-def _statistic_row(old, rollout, estimator, out):
-    """The statistic of every token of one raw row, into ``out`` (no fast-math: the float32 operations numpy
+def _statistic_row(lr, estimator, out):
+    """The statistic of every log-ratio in ``lr``, into ``out`` (no fast-math: the float32 operations numpy
     does, in its order)."""
-    for i in range(old.shape[0]):
-        d = old[i] - rollout[i]
+    for i in range(lr.shape[0]):
+        d = lr[i]
         dc = _BOUND32 if d > _BOUND32 else (-_BOUND32 if d < -_BOUND32 else d)  # NaN stays NaN
         if estimator == 1:
             out[i] = -dc
@@ -61,38 +62,24 @@ def _row_reduce(stat):
     return s, hi, lo, nan
 
 
+@njit(**_STRICT)
+def statistic(lr, estimator, stat):
+    """The statistic of every valid token's log-ratio ``lr``, into ``stat``."""
+    _statistic_row(lr, estimator, stat)
+
+
 @njit(**JIT)
-def statistic_pass(old, rollout, mask, lengths, estimator, stat, row_sum, row_max, row_min):
-    """Fill ``stat`` (the valid tokens' statistics, in order; one element longer than their number, for the
-    branch-free compaction) and per-row ``row_sum``, ``row_max`` (-inf for an
-    empty row) and ``row_min`` (+inf), extremes NaN where a row holds a NaN statistic; returns the number of
-    valid tokens written."""
-    buf = np.empty(0, dtype=np.float32)
+def row_reductions(stat, lengths, row_sum, row_max, row_min):
+    """Per-row ``row_sum``, ``row_max`` (-inf for an empty row) and ``row_min`` (+inf) of a compacted
+    statistic, extremes NaN where a row holds a NaN."""
     t = 0
-    w = 0
     for r in range(lengths.shape[0]):
         n = lengths[r]
-        m = mask[t : t + n]
-        valid = 0
-        for i in range(n):
-            valid += np.int64(m[i])
-        if valid == n:
-            _statistic_row(old[t : t + n], rollout[t : t + n], estimator, stat[w : w + n])
-        else:
-            if buf.shape[0] < n:
-                buf = np.empty(max(n, 2 * buf.shape[0]), dtype=np.float32)
-            _statistic_row(old[t : t + n], rollout[t : t + n], estimator, buf[:n])
-            j = w
-            for i in range(n):  # branch-free: every value is written, the next one overwrites a masked one
-                stat[j] = buf[i]
-                j += np.int64(m[i])
-        s, hi, lo, nan = _row_reduce(stat[w : w + valid])
+        s, hi, lo, nan = _row_reduce(stat[t : t + n])
         row_sum[r] = s
         row_max[r] = np.nan if nan else hi
         row_min[r] = np.nan if nan else lo
         t += n
-        w += valid
-    return w
 
 
 @njit(**JIT)

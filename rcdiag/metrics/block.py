@@ -93,7 +93,10 @@ class Block:
 
     @cached_property
     def lr(self) -> Array:
-        """``old - rollout``: log(pi_train / pi_rollout) per token, float32, unclamped."""
+        """``old - rollout``: log(pi_train / pi_rollout) per token, float32, unclamped (on CPU, the fused pass
+        has written it)."""
+        if self.fused:
+            return self.sums.lr
         return self.old - self.rollout
 
     @cached_property
@@ -172,9 +175,18 @@ class Block:
     def statistic(self, estimator: Literal["k1", "k2", "k3"]) -> Statistic:
         """A k statistic of the valid tokens and its per-row sums and extremes, from one fused CPU pass over the
         raw block (numpy backend only)."""
-        from rcdiag.metrics.tokens import fused_statistic
+        from rcdiag.metrics.tokens import Statistic
 
-        return self.memo(("statistic", estimator), lambda: fused_statistic(*self.raw, estimator, self.n_tokens))
+        return self.memo(
+            ("statistic", estimator), lambda: Statistic(self.lr, self.seg.lengths, estimator, self.row_lr_range)
+        )
+
+    @cached_property
+    def row_lr_range(self) -> tuple[Array, Array]:
+        """Per-row (min, max) of the log-ratio (+inf / -inf for empty rows; NaN propagates)."""
+        if self.fused:
+            return self.sums.row_lr_min, self.sums.row_lr_max
+        return self.seg.min(self.lr, math.inf), self.seg.max(self.lr, -math.inf)
 
     def row_sum_k(self, estimator: Literal["k1", "k2", "k3"]) -> Array:
         """Per-row float64 sums of a k statistic (shared by every option that needs them).

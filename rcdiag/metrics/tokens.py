@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 class TokenSums:
     """Per-row and per-block sums over a block's valid tokens, d = float32(old - rollout)."""
 
+    lr: Array | None
+    """d of every valid token (float32, compacted) where the fused pass wrote it (CPU), else ``None``."""
+    row_lr_min: Array | None
+    """Per-row least d (float64; +inf for an empty row, NaN where the row holds a NaN d); CPU only."""
+    row_lr_max: Array | None
     row_sum_old: Array
     """float64 per-row sums of ``old`` (0 for an empty row), on the block's backend."""
     row_sum_rollout: Array
@@ -59,20 +64,30 @@ def token_sums(block: Block) -> TokenSums:
 def fused_token_sums(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | None, lengths: np.ndarray) -> TokenSums:
     """``TokenSums`` of a raw block: float32 ``old``/``rollout`` with padding, boolean ``mask`` (``None``: every
     token valid) and each row's raw token count."""
-    from rcdiag.kernels.tokens import N_COUNTS, N_SUMS, token_pass
+    from rcdiag.kernels.tokens import N_COUNTS, N_SUMS, order_key, token_pass
 
     table = bin_table(EDGES)
     assert table is not None  # EDGES are float32 numbers, at most one per table cell
     base, edge = table
     n_rows = lengths.shape[0]
+    lr = np.empty(old.shape[0], dtype=np.float32)
     row_sums = np.empty((n_rows, 2), dtype=np.float64)
+    row_keys = np.empty((n_rows, 2), dtype=np.int32)
+    row_counts = np.empty((n_rows, 2), dtype=np.int64)
     sums = np.empty(N_SUMS, dtype=np.float64)
     counts = np.empty(N_COUNTS, dtype=np.int64)
     hist = np.zeros((4, EDGES.shape[0] + 1), dtype=np.int64)
-    token_pass(*_kernel_inputs(old, rollout, mask, lengths), base, edge, row_sums, sums, counts, hist)
+    inputs = _kernel_inputs(old, rollout, mask, lengths)
+    token_pass(*inputs, base, edge, lr, row_sums, row_keys, row_counts, sums, counts, hist)
+    empty, has_nan = row_counts[:, 0] == 0, row_counts[:, 1] > 0
+    row_min = np.where(empty, math.inf, np.where(has_nan, math.nan, order_key(row_keys[:, 0])))
+    row_max = np.where(empty, -math.inf, np.where(has_nan, math.nan, order_key(row_keys[:, 1])))
     nan = int(counts[0])
-    lo, hi = (math.nan, math.nan) if nan else (float(sums[4]), float(sums[5]))
+    lo, hi = (float(np.min(row_min)), float(np.max(row_max))) if n_rows else (math.inf, -math.inf)
     return TokenSums(
+        lr=lr[: int(counts[3])],
+        row_lr_min=row_min,
+        row_lr_max=row_max,
         row_sum_old=row_sums[:, 0].copy(),
         row_sum_rollout=row_sums[:, 1].copy(),
         lr_min=lo,
@@ -96,6 +111,9 @@ def generic_token_sums(block: Block) -> TokenSums:
     abs_lr = b.abs(lr)
     lo, hi = b.min(lr), b.max(lr)
     return TokenSums(
+        lr=None,
+        row_lr_min=None,
+        row_lr_max=None,
         row_sum_old=seg.sum(block.old),
         row_sum_rollout=seg.sum(block.rollout),
         lr_min=lo,
@@ -110,34 +128,46 @@ def generic_token_sums(block: Block) -> TokenSums:
     )
 
 
-@dataclass(frozen=True)
 class Statistic:
-    """A k statistic over a block's valid tokens (``Block.k``) with its per-row reductions."""
+    """A k statistic over a block's valid tokens (``Block.k``) with its per-row reductions, from the log-ratios
+    the fused token pass compacted. k1's per-row extremes follow from the rows' log-ratio extremes (k1 = -clamp(d)
+    is monotone), so k1 needs no pass over the rows unless its row sums are asked for."""
 
-    stat: np.ndarray
-    """float32, one per valid token, in order."""
-    row_sum: np.ndarray
-    """float64 per-row sums (0 for an empty row)."""
-    row_max: np.ndarray
-    """float64 per-row maxima (-inf for an empty row; NaN where the row holds a NaN)."""
-    row_min: np.ndarray
-    """float64 per-row minima (+inf for an empty row; NaN where the row holds a NaN)."""
+    def __init__(
+        self, lr: np.ndarray, valid_lengths: np.ndarray, estimator: str, row_range: tuple[np.ndarray, np.ndarray]
+    ) -> None:
+        from rcdiag.kernels.statistics import ESTIMATORS, statistic
 
+        self.stat = np.empty(lr.shape[0], dtype=np.float32)
+        """float32, one per valid token, in order."""
+        statistic(lr, ESTIMATORS[estimator], self.stat)
+        self._lengths = np.ascontiguousarray(valid_lengths, dtype=np.int64)
+        if estimator == "k1":
+            row_lo, row_hi = row_range
+            empty = self._lengths == 0
+            self.row_max = np.where(empty, -math.inf, -np.clip(row_lo, -SAFETY_BOUND, SAFETY_BOUND))
+            """float64 per-row maxima (-inf for an empty row; NaN where the row holds a NaN)."""
+            self.row_min = np.where(empty, math.inf, -np.clip(row_hi, -SAFETY_BOUND, SAFETY_BOUND))
+            """float64 per-row minima (+inf for an empty row; NaN where the row holds a NaN)."""
+        else:
+            self._reduce()
 
-def fused_statistic(
-    old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | None, lengths: np.ndarray, estimator: str, n_valid: int
-) -> Statistic:
-    """``Statistic`` of a raw block (see ``fused_token_sums``) for ``k1``, ``k2`` or ``k3``."""
-    from rcdiag.kernels.statistics import ESTIMATORS, statistic_pass
+    def _reduce(self) -> None:
+        from rcdiag.kernels.statistics import row_reductions
 
-    n_rows = lengths.shape[0]
-    stat = np.empty(n_valid + 1, dtype=np.float32)
-    row_sum, row_max, row_min = (np.empty(n_rows, dtype=np.float64) for _ in range(3))
-    written = statistic_pass(
-        *_kernel_inputs(old, rollout, mask, lengths), ESTIMATORS[estimator], stat, row_sum, row_max, row_min
-    )
-    assert written == n_valid
-    return Statistic(stat[:n_valid], row_sum, row_max, row_min)
+        n_rows = self._lengths.shape[0]
+        row_sum, row_max, row_min = (np.empty(n_rows, dtype=np.float64) for _ in range(3))
+        row_reductions(self.stat, self._lengths, row_sum, row_max, row_min)
+        self._row_sum = row_sum
+        if not hasattr(self, "row_max"):  # k1 has them already, from the log-ratio extremes
+            self.row_max, self.row_min = row_max, row_min
+
+    @property
+    def row_sum(self) -> np.ndarray:
+        """float64 per-row sums (0 for an empty row)."""
+        if not hasattr(self, "_row_sum"):
+            self._reduce()
+        return self._row_sum
 
 
 def band(stat: Statistic, valid_lengths: np.ndarray, lo: float, hi: float, two_sided: bool) -> Band:
