@@ -2,9 +2,11 @@
 own accumulator (``ISMetrics``, ``RSOptionMetrics``) would hold after ``rcdiag analyze`` at that threshold, so
 its metrics come from that accumulator's ``compute`` (one formula, one place).
 
-Sequence-level options decide per response: their work per threshold is per row (a few hundred rows per block),
-so each threshold runs the engine's accumulator itself. Token-level options keep one set of per-cell sums for
-all thresholds (``rcdiag.sweep.cells``) plus per-row counts per threshold.
+Sequence IS runs the engine's accumulator itself at each threshold (its work is per row). RS options fold their
+threshold-free states in once (``base``) and decide every threshold at once from (thresholds x rows) arrays,
+keeping each threshold's own counts (and, for ``seq_*``, clamped moments) as arrays over the thresholds.
+Token-level options keep one set of per-cell sums for all thresholds (``rcdiag.sweep.cells``, filled by the
+batch's pass over the statistic); token IS also the per-row mean weights of every threshold, as arrays.
 """
 
 from __future__ import annotations
