@@ -110,7 +110,7 @@ def scan(
                 mean[c] = sub_mean[c]
                 m2[c] = q
             else:
-                delta = sub_mean[c] - mean[c]
+                delta = sub_mean[c] - mean[c] if sub_mean[c] != mean[c] else 0.0  # equal infinities: no NaN
                 share = k / (n_mean[c] + k)
                 mean[c] = mean[c] + delta * share
                 m2[c] = m2[c] + q + delta * delta * n_mean[c] * share
