@@ -70,7 +70,7 @@ class SweepBatch:
         lengths = b.to_numpy(block.row_len).astype(np.int64)
         for statistic in dict.fromkeys([*cells, *histograms]):
             ratio = statistic == "ratio"
-            values = b.to_numpy(block.ratio if ratio else block.k(statistic))  # type: ignore[arg-type]
+            values = b.to_numpy(block.ratio if ratio else _statistic(block, statistic))
             found = cells.get(statistic, NO_EDGES).scan(
                 values, lengths, ratio and statistic in cells, histograms.get(statistic), nan_values=ratio
             )
@@ -115,6 +115,12 @@ class SweepBatch:
         self.rows = int(state["rows"])
         self.valid_tokens = int(state["valid_tokens"])
         self.empty_rows = int(state["empty_rows"])
+
+
+def _statistic(block: Block, estimator: str) -> Any:
+    """The block's k statistic; k1 as the negated clamped log-ratio the block already holds (its definition),
+    so no k1 array is built for the sweep alone."""
+    return -block.lr_safe if estimator == "k1" else block.k(estimator)  # type: ignore[arg-type]
 
 
 @dataclass
