@@ -256,7 +256,7 @@ class NumpyBackend(Backend):
 
     def bin_counts(self, x: np.ndarray, edges: np.ndarray) -> np.ndarray:
         nan = int(np.count_nonzero(np.isnan(x)))
-        table = _bin_table(edges) if x.dtype == np.float32 and not nan else None
+        table = bin_table(edges) if x.dtype == np.float32 and not nan else None
         if table is None:
             with np.errstate(invalid="ignore"):  # signalling NaN payloads cast to float64
                 index = np.searchsorted(edges, x, side="right")  # NaN sorts last: into the top bin, taken out below
@@ -277,7 +277,7 @@ class NumpyBackend(Backend):
 _BIN_TABLES: dict[bytes, tuple[np.ndarray, np.ndarray] | None] = {}
 
 
-def _bin_table(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def bin_table(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """For each of the 65,536 values of a float32's top 16 bits (sign, exponent, 7 mantissa bits), the floats
     holding them form one interval: ``base`` is the number of edges at or below its lowest value, ``edge`` the
     one edge inside it (NaN if none; a comparison with NaN is false). Then ``searchsorted(edges, x, "right")`` is

@@ -6,9 +6,11 @@ Expressions that cancel (k3 = e^d - 1 - d, e^(2d) - 1 for chi2) are evaluated in
 statistic RS compares with its threshold is then rounded once to float32 (the correctly rounded value, where
 float32 arithmetic keeps a few digits of a small k3 and so can keep a token whose exact k3 is above the bound).
 
-Padding (mask 0) is dropped before a block is built, so every token in a block is valid and a row may have
-zero tokens (an empty or fully masked response, which still counts in verl's all-rows metrics). Derived
-per-token and per-row arrays are computed once, on first use, and shared by every metric group.
+A block holds the rows' raw tokens and their mask; ``old``, ``rollout`` and everything derived from them are the
+valid tokens only (padding dropped on first use), and a row may have zero valid tokens (an empty or fully masked
+response, which still counts in verl's all-rows metrics). The sums every configuration needs (``sums``) come
+from one fused pass over the raw block on CPU, so the default configuration never compacts. Derived per-token
+and per-row arrays are computed once, on first use, and shared by every metric group.
 """
 
 from __future__ import annotations
@@ -16,25 +18,65 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import cached_property
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from rcdiag.backend import Array, Backend
+from rcdiag.backend import Array, Backend, NumpyBackend
 from rcdiag.config import SAFETY_BOUND
+
+if TYPE_CHECKING:
+    from rcdiag.metrics.tokens import TokenSums
 
 
 class Block:
     """Flat float32 log-probs of valid tokens plus per-row token counts."""
 
-    def __init__(self, backend: Backend, old: np.ndarray, rollout: np.ndarray, lengths: np.ndarray) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        old: np.ndarray,
+        rollout: np.ndarray,
+        lengths: np.ndarray,
+        *,
+        mask: np.ndarray | None = None,
+        raw_lengths: np.ndarray | None = None,
+    ) -> None:
+        """``old``/``rollout`` are host arrays of the rows' tokens; with a boolean ``mask`` they still hold the
+        padding (``raw_lengths`` tokens per row, ``lengths`` of them valid), which is dropped only when a
+        metric needs the valid tokens one by one (the fused CPU pass reads the raw block)."""
         self.b = backend
-        self.old: Array = backend.asarray(old)
-        self.rollout: Array = backend.asarray(rollout)
+        self.raw = (old, rollout, mask, lengths if raw_lengths is None else raw_lengths)
+        """(old, rollout, mask or ``None``, tokens per row) as given, on the host."""
         self.seg = backend.segments(lengths)
         self.row_len: Array = backend.asarray(lengths.astype(np.float64))
         self.n_rows = self.seg.n_rows
         self.n_tokens = self.seg.n_tokens
+
+    @cached_property
+    def _valid(self) -> tuple[Array, Array]:
+        old, rollout, mask, _ = self.raw
+        if mask is not None:
+            old, rollout = old[mask], rollout[mask]
+        return self.b.asarray(old), self.b.asarray(rollout)
+
+    @property
+    def old(self) -> Array:
+        """Trainer log-probs of the valid tokens (float32, on the backend)."""
+        return self._valid[0]
+
+    @property
+    def rollout(self) -> Array:
+        """Rollout log-probs of the valid tokens (float32, on the backend)."""
+        return self._valid[1]
+
+    @cached_property
+    def sums(self) -> TokenSums:
+        """Every per-token sum the off-policy metrics, the extras and the histogram fold in (one fused pass on
+        CPU)."""
+        from rcdiag.metrics.tokens import token_sums
+
+        return token_sums(self)
 
     @cached_property
     def row_valid(self) -> Array:
@@ -57,7 +99,15 @@ class Block:
     @cached_property
     def lr_range(self) -> tuple[float, float]:
         """(min, max) of the log-ratio over the block (NaN if any is NaN)."""
+        if self.fused:
+            return self.sums.lr_min, self.sums.lr_max
         return self.b.min(self.lr), self.b.max(self.lr)
+
+    @property
+    def fused(self) -> bool:
+        """Whether the token sums come from the fused CPU pass (numpy backend) rather than from the per-token
+        arrays (which the generic path derives them from)."""
+        return isinstance(self.b, NumpyBackend)
 
     @cached_property
     def within_clamp(self) -> bool:
@@ -92,13 +142,13 @@ class Block:
         is exact in float64 where summing float32 per-token differences would round each of them."""
         return self.row_sum_old - self.row_sum_rollout
 
-    @cached_property
+    @property
     def row_sum_old(self) -> Array:
-        return self.seg.sum(self.old)
+        return self.sums.row_sum_old
 
-    @cached_property
+    @property
     def row_sum_rollout(self) -> Array:
-        return self.seg.sum(self.rollout)
+        return self.sums.row_sum_rollout
 
     @property
     def seq_log_ratio(self) -> Array:

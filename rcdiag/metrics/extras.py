@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-from rcdiag.config import SAFETY_BOUND
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
 from rcdiag.metrics.block import Block
 
@@ -49,16 +48,16 @@ class ExtraMetrics(Accumulator):
 
     def update(self, block: Block) -> None:
         b = block.b
-        abs_lr = b.abs(block.lr)
+        sums = block.sums
         s = block.row_sum_lr
         n = block.row_len
         low, high = block.lr_range
         self.add(
             tokens=block.n_tokens,
-            abs_sum=b.sum(abs_lr),
+            abs_sum=sums.abs_sum,
             abs_max=max(-low, high) if block.n_tokens else -math.inf,
-            exp_abs=b.sum(b.exp(abs_lr)),
-            clamped=0 if block.within_clamp else b.count(abs_lr > SAFETY_BOUND),
+            exp_abs=sums.exp_abs_sum,
+            clamped=sums.clamped,
             s_sum=b.sum(s),
             row_mean=b.moments(block.row_mean(s), n * n),
             n_4=b.dot(n * n, n * n),

@@ -35,9 +35,7 @@ class LogRatioHistogram(Accumulator):
     BINS: ClassVar[int] = EDGES.shape[0] + 1
 
     def update(self, block: Block) -> None:
-        b = block.b
-        lr = block.lr
-        self.add(counts=b.bin_counts(lr, EDGES), nan=b.count(lr != lr))
+        self.add(counts=block.sums.log_ratio_counts, nan=block.sums.nan)
 
     def keys(self) -> list[str]:
         return []

@@ -71,13 +71,13 @@ class OffPolicyMetrics(Accumulator):
             exp_neg_mr=b.sum(b.exp(-mr)),
             neg_mr=-b.sum(mr),
             neg_lr=-b.sum(block.row_sum_lr),
-            k3=b.sum(k3_terms(block)),
+            k3=block.sums.k3_sum,
             delta=b.sum(delta),
             abs_delta=b.sum(b.abs(delta)),
             delta_max=b.max(delta),
             delta_min=b.min(delta),
             exp_delta=b.sum(b.exp(delta)),
-            chi2_token=b.sum(chi2_terms(block)),
+            chi2_token=block.sums.chi2_sum,
             chi2_seq=b.sum(b.expm1(2.0 * b.clip(s, -SAFETY_BOUND, SAFETY_BOUND))),
         )
 

@@ -1,0 +1,232 @@
+"""The CPU engine's per-token pass: everything verl's off-policy metrics, rcdiag's extras and the log-ratio
+histogram need from a block's tokens, in one vectorized pass over the raw (padded) block plus one histogram pass.
+
+Per token, with d = float32(old - rollout) over valid tokens (mask 1):
+
+* per-row float64 sums of ``old`` and ``rollout`` (and the valid count);
+* the NaN-free minimum and maximum of d, and the number of NaN d (both log-probs ``-inf``);
+* float64 sums of |d|, of e^|d|, of k3 = e^d - 1 - d (unclamped) and of chi2 terms e^(2 clamp(d)) - 1;
+* the number of |d| above verl's safety bound, and the log-ratio histogram's bin counts.
+
+For |d| < ``SMALL`` (nearly every token of a real dump) k3 is its Taylor series to d^13/13!, whose truncation
+error is below 1e-19 of k3 there: more accurate than ``expm1(d) - d``, and a polynomial LLVM vectorizes, where a
+call to ``expm1`` per token costs 5 ns. e^d - 1 is then d + k3 and e^|d| is 1 + (e^d - 1) or its reciprocal.
+Other tokens (large, infinite or NaN d; a handful in a healthy dump) take a second, scalar pass over their rows
+with ``math.expm1`` and verl's float32 overflow and clamp rules.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from rcdiag.config import SAFETY_BOUND
+from rcdiag.kernels import JIT
+
+SMALL = 0.25
+"""Below this |d| the Taylor series gives k3; at or above it (and for inf and NaN), ``math.expm1``."""
+
+_LOG_F32_MAX = math.log(float(np.finfo(np.float32).max))
+"""Above this log-ratio verl's float32 exp overflows to inf."""
+
+_C2, _C3, _C4, _C5, _C6, _C7, _C8, _C9, _C10, _C11, _C12, _C13 = (1.0 / math.factorial(k) for k in range(2, 14))
+
+N_SUMS = 6
+"""Block sums in ``sums``: |d|, e^|d|, k3, chi2 terms, then the lowest and highest d."""
+N_COUNTS = 4
+"""Block counts in ``counts``: NaN d, |d| beyond the safety bound, tokens left to the scalar pass, valid tokens."""
+
+
+@njit(inline="always")
+def _k3_small(d: float) -> float:
+    """e^d - 1 - d for |d| < SMALL, Horner's scheme on the Taylor series (terms to d^13/13!)."""
+    p = _C12 + d * _C13
+    p = _C11 + d * p
+    p = _C10 + d * p
+    p = _C9 + d * p
+    p = _C8 + d * p
+    p = _C7 + d * p
+    p = _C6 + d * p
+    p = _C5 + d * p
+    p = _C4 + d * p
+    p = _C3 + d * p
+    p = _C2 + d * p
+    return d * d * p
+
+
+@njit(**JIT)
+def _row(old, rollout, mask, dout):
+    """One row, writing d to ``dout``: (sum old, sum rollout, |d|, e^|d|, k3, chi2, min d, max d, valid, NaN,
+    left for the scalar pass).
+
+    Three simple loops over the row (in L1 cache by then) rather than one: LLVM vectorizes each, and not their
+    fusion (measured 1.5 against 4.5 ns a token). Every step is a select, never a branch (a branch on the sign of
+    d cost 6 ns a token in mispredictions).
+    """
+    so, sr, s_abs, valid, nan, big = _row_sums(old, rollout, mask, dout)
+    s_k3, s_chi2, s_exp = _row_series(dout, mask)
+    lo, hi = _row_range(dout, mask)
+    return so, sr, s_abs, s_exp, s_k3, s_chi2, lo, hi, valid, nan, big
+
+
+@njit(**JIT)
+def _row_sums(old, rollout, mask, dout):
+    """Sums of old, rollout and |d| over valid tokens, d written to ``dout``, and the counts of valid tokens,
+    NaN d and tokens left to the scalar pass."""
+    so = 0.0
+    sr = 0.0
+    s_abs = 0.0
+    valid = 0
+    nan = 0
+    big = 0
+    for i in range(old.shape[0]):
+        ok = mask[i]
+        o = old[i]
+        q = rollout[i]
+        d32 = o - q
+        dout[i] = d32
+        a = abs(np.float64(d32))
+        so += np.float64(o) if ok else 0.0
+        sr += np.float64(q) if ok else 0.0
+        s_abs += a if ok else 0.0
+        okn = np.int64(ok)
+        valid += okn
+        nan += okn * np.int64(d32 != d32)
+        big += okn * np.int64(not (a < SMALL))  # NaN included
+    return so, sr, s_abs, valid, nan, big
+
+
+@njit(**JIT)
+def _row_series(d32, mask):
+    """Sums of k3, chi2 terms and e^|d| by the Taylor series over valid tokens with |d| < SMALL; every other
+    token adds 0, 0 and exactly 1."""
+    s_k3 = 0.0
+    s_chi2 = 0.0
+    s_exp = 0.0
+    for i in range(d32.shape[0]):
+        d = np.float64(d32[i])
+        a = abs(d)
+        take = (a < SMALL) & mask[i]
+        ds = d if take else 0.0
+        k = _k3_small(ds)
+        rm1 = ds + k
+        s_k3 += k
+        s_chi2 += rm1 * (rm1 + 2.0)
+        a_s = a if take else 0.0
+        s_exp += 1.0 + a_s + _k3_small(a_s)  # e^|d|, by the same series at |d|
+    return s_k3, s_chi2, s_exp
+
+
+@njit(**JIT)
+def _row_range(d32, mask):
+    """Least and greatest d over valid tokens, NaN d ignored (the caller reports NaN when any is)."""
+    lo = np.inf
+    hi = -np.inf
+    for i in range(d32.shape[0]):
+        ok = mask[i]
+        d = np.float64(d32[i])
+        dl = d if ok else np.inf
+        dh = d if ok else -np.inf
+        lo = dl if dl < lo else lo
+        hi = dh if dh > hi else hi
+    return lo, hi
+
+
+@njit(**JIT)
+def _row_large(old, rollout, mask):
+    """The tokens ``_row`` left out (|d| >= SMALL, inf or NaN): (e^|d|, k3, chi2, beyond the bound), scalar."""
+    s_exp = 0.0
+    s_k3 = 0.0
+    s_chi2 = 0.0
+    clamped = 0
+    for i in range(old.shape[0]):
+        if not mask[i]:
+            continue
+        d = np.float64(old[i] - rollout[i])
+        a = abs(d)
+        if a < SMALL:
+            continue
+        # verl's float32 exp overflows to inf above log(float32 max); -inf gives e^d - 1 - d = +inf
+        s_k3 += math.inf if d > _LOG_F32_MAX else math.expm1(d) - d
+        s_exp += math.inf if a > _LOG_F32_MAX else math.exp(a)
+        dc = d
+        if d > SAFETY_BOUND:
+            dc = SAFETY_BOUND
+        elif d < -SAFETY_BOUND:
+            dc = -SAFETY_BOUND
+        rm1 = math.expm1(dc)  # NaN stays NaN, as under verl's clamp
+        s_chi2 += rm1 * (rm1 + 2.0)
+        clamped += 1 if a > SAFETY_BOUND else 0
+    return s_exp, s_k3, s_chi2, clamped
+
+
+@njit(**JIT)
+def _histogram(d32, mask, base, edge, hist):
+    """Log-ratio bin counts: ``base[cell] + (d >= edge[cell])`` by the top 16 bits of each float32 d (the
+    table of ``rcdiag.backend``), in four interleaved copies so repeated bins do not wait on each other."""
+    bits = d32.view(np.uint32)
+    for i in range(d32.shape[0]):
+        if not mask[i]:
+            continue
+        x = d32[i]
+        if x != x:
+            continue
+        c = bits[i] >> 16
+        hist[i & 3, np.int64(base[c]) + (1 if x >= edge[c] else 0)] += 1
+
+
+@njit(**JIT)
+def token_pass(old, rollout, mask, lengths, base, edge, row_sums, sums, counts, hist):
+    """Fill ``row_sums`` ([rows, 2]: sums of old and rollout), ``sums`` (``N_SUMS``), ``counts`` (``N_COUNTS``)
+    and ``hist`` ([4, bins], added to) for the raw block ``old``/``rollout`` (``mask`` true for valid tokens),
+    whose rows have ``lengths`` raw tokens."""
+    s_abs = 0.0
+    s_exp = 0.0
+    s_k3 = 0.0
+    s_chi2 = 0.0
+    lo = np.inf
+    hi = -np.inf
+    valid = 0
+    nan = 0
+    clamped = 0
+    left = 0
+    t = 0
+    d_all = np.empty(old.shape[0], dtype=np.float32)
+    for r in range(lengths.shape[0]):
+        n = lengths[r]
+        o = old[t : t + n]
+        q = rollout[t : t + n]
+        m = mask[t : t + n]
+        so, sr, a, e, k, c, rlo, rhi, rv, rnan, rbig = _row(o, q, m, d_all[t : t + n])
+        row_sums[r, 0] = so
+        row_sums[r, 1] = sr
+        s_abs += a
+        s_exp += e
+        s_k3 += k
+        s_chi2 += c
+        lo = min(lo, rlo)
+        hi = max(hi, rhi)
+        valid += rv
+        nan += rnan
+        if rbig:
+            left += rbig
+            e, k, c, rclamped = _row_large(o, q, m)
+            s_exp += e
+            s_k3 += k
+            s_chi2 += c
+            clamped += rclamped
+        t += n
+    _histogram(d_all, mask, base, edge, hist)
+    # every masked token and every token left to the scalar pass added exactly 1 to the e^|d| sum
+    sums[0] = s_abs
+    sums[1] = s_exp - (old.shape[0] - valid) - left
+    sums[2] = s_k3
+    sums[3] = s_chi2
+    sums[4] = lo
+    sums[5] = hi
+    counts[0] = nan
+    counts[1] = clamped
+    counts[2] = left
+    counts[3] = valid

@@ -1,0 +1,151 @@
+"""The fused CPU token pass (``rcdiag.kernels.tokens``) against brute force in extended precision, and against the
+generic path (the backend's elementwise operations, which torch runs) on the same blocks."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_histogram import brute_force
+
+from rcdiag.backend import NumpyBackend
+from rcdiag.metrics.block import Block
+from rcdiag.metrics.tokens import fused_token_sums, generic_token_sums
+
+LOG_F32_MAX = math.log(float(np.finfo(np.float32).max))
+
+# log-probs a dump can hold: typical ones, tiny and large mismatches, the series' edge, infinities and NaN-makers
+SPECIAL = [0.0, -1e-7, -0.2499, -0.25, -0.2501, -3.0, -19.99, -20.0, -20.5, -89.0, -100.0, -np.inf]
+
+
+@st.composite
+def raw_blocks(draw):
+    """A raw block: rows of random lengths (some empty), values near each other or special, a mask or none."""
+    lengths = np.array(draw(st.lists(st.integers(0, 40), min_size=1, max_size=12)), dtype=np.int64)
+    n = int(lengths.sum())
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    old = -np.abs(rng.normal(0.0, 2.0, n))
+    scale = draw(st.sampled_from([1e-6, 1e-3, 0.05, 0.3, 3.0]))
+    rollout = old + rng.normal(0.0, scale, n)
+    for values in (old, rollout):
+        special = rng.random(n) < draw(st.sampled_from([0.0, 0.05, 0.3]))
+        values[special] = rng.choice(SPECIAL, int(special.sum()))
+    rollout = np.minimum(rollout, 0.0)
+    mask = None if draw(st.booleans()) else rng.random(n) < 0.8
+    return old.astype(np.float32), rollout.astype(np.float32), mask, lengths
+
+
+def reference(old, rollout, mask, lengths) -> dict:
+    """Token by token in Python floats (and long double for e^x - 1), the rules of verl's float32 arithmetic."""
+    valid = np.ones(old.shape[0], dtype=bool) if mask is None else mask
+    rows_old, rows_rollout, terms = [], [], {"abs": [], "exp": [], "k3": [], "chi2": []}
+    lr, clamped, t = [], 0, 0
+    for n in lengths.tolist():
+        keep = valid[t : t + n]
+        rows_old.append(math.fsum(old[t : t + n][keep].astype(np.float64).tolist()))
+        rows_rollout.append(math.fsum(rollout[t : t + n][keep].astype(np.float64).tolist()))
+        d_row = (old[t : t + n] - rollout[t : t + n])[keep]
+        for d32 in d_row.tolist():
+            d = float(np.float32(d32))
+            lr.append(d)
+            ld = np.longdouble(d)
+            terms["abs"].append(abs(d))
+            terms["exp"].append(math.inf if abs(d) > LOG_F32_MAX else float(np.exp(np.longdouble(abs(d)))))
+            terms["k3"].append(math.inf if d > LOG_F32_MAX else float(np.expm1(ld) - ld))
+            dc = np.longdouble(min(max(d, -20.0), 20.0)) if d == d else ld
+            terms["chi2"].append(float(np.expm1(2 * dc)))
+            clamped += abs(d) > 20.0
+        t += n
+    lr_arr = np.array(lr, dtype=np.float32)
+    has_nan = bool(np.isnan(lr_arr).any())
+    return {
+        "rows": (np.array(rows_old), np.array(rows_rollout)),
+        "sums": {k: _sum(v) for k, v in terms.items()},
+        "range": (math.nan, math.nan) if has_nan else (min(lr, default=math.inf), max(lr, default=-math.inf)),
+        "nan": int(np.isnan(lr_arr).sum()),
+        "clamped": int(clamped),
+        "counts": brute_force(lr_arr),
+    }
+
+
+def _sum(values: list[float]) -> float:
+    if any(v != v for v in values) or (math.inf in values and -math.inf in values):
+        return math.nan
+    if math.inf in values:
+        return math.inf
+    return math.fsum(values)
+
+
+def _close(a: float, b: float, rel: float = 1e-12) -> bool:
+    if math.isnan(b) or math.isinf(b):
+        return (math.isnan(a) and math.isnan(b)) or a == b
+    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-300)
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with np.errstate(all="ignore"):  # -inf - -inf: NaN, on purpose
+        yield
+
+
+@settings(max_examples=300, deadline=None)
+@given(raw_blocks())
+def test_fused_pass_matches_brute_force(block) -> None:
+    old, rollout, mask, lengths = block
+    got = fused_token_sums(old, rollout, mask, lengths)
+    ref = reference(old, rollout, mask, lengths)
+    assert np.allclose(got.row_sum_old, ref["rows"][0], rtol=1e-12, atol=0, equal_nan=True)
+    assert np.allclose(got.row_sum_rollout, ref["rows"][1], rtol=1e-12, atol=0, equal_nan=True)
+    lo, hi = ref["range"]
+    assert _close(got.lr_min, lo, 0) and _close(got.lr_max, hi, 0)
+    assert (got.nan, got.clamped) == (ref["nan"], ref["clamped"])
+    assert got.log_ratio_counts.tolist() == ref["counts"]
+    for name, value in (("abs", got.abs_sum), ("exp", got.exp_abs_sum), ("k3", got.k3_sum), ("chi2", got.chi2_sum)):
+        assert _close(value, ref["sums"][name]), (name, value, ref["sums"][name])
+
+
+@settings(max_examples=200, deadline=None)
+@given(raw_blocks())
+def test_fused_pass_matches_the_generic_path(block) -> None:
+    old, rollout, mask, lengths = block
+    valid = lengths if mask is None else _valid_lengths(mask, lengths)
+    fused = fused_token_sums(old, rollout, mask, lengths)
+    generic = generic_token_sums(Block(NumpyBackend(), old, rollout, valid, mask=mask, raw_lengths=lengths))
+    assert np.allclose(fused.row_sum_old, generic.row_sum_old, rtol=1e-12, atol=0, equal_nan=True)
+    assert np.allclose(fused.row_sum_rollout, generic.row_sum_rollout, rtol=1e-12, atol=0, equal_nan=True)
+    assert _close(fused.lr_min, generic.lr_min, 0) and _close(fused.lr_max, generic.lr_max, 0)
+    assert (fused.nan, fused.clamped) == (generic.nan, generic.clamped)
+    assert fused.log_ratio_counts.tolist() == generic.log_ratio_counts.tolist()
+    # the generic path computes e^|d| in float32 (as verl would): equal to float32 rounding
+    assert _close(fused.exp_abs_sum, generic.exp_abs_sum, 1e-7)
+    for name in ("abs_sum", "k3_sum", "chi2_sum"):
+        assert _close(getattr(fused, name), getattr(generic, name), 1e-10), name
+
+
+def _valid_lengths(mask: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    ends = np.cumsum(lengths)
+    return np.array([int(mask[e - n : e].sum()) for n, e in zip(lengths.tolist(), ends.tolist(), strict=True)], dtype=np.int64)
+
+
+@pytest.mark.parametrize("d", [0.2499999, 0.25, -0.25, 0.2500001, 1e-30, -1e-8, 19.999, 20.0, 20.0001, 88.7, 88.8])
+def test_series_edge_and_bounds(d: float) -> None:
+    """Values on both sides of the series' edge, verl's clamp and float32's exp overflow, one token each."""
+    old = np.array([-100.0 + d], dtype=np.float32)
+    rollout = np.array([-100.0], dtype=np.float32)
+    got = fused_token_sums(old, rollout, None, np.array([1]))
+    ref = reference(old, rollout, None, np.array([1]))
+    for name, value in (("exp", got.exp_abs_sum), ("k3", got.k3_sum), ("chi2", got.chi2_sum)):
+        assert _close(value, ref["sums"][name]), (d, name, value, ref["sums"][name])
+    assert got.clamped == ref["clamped"]
+
+
+def test_empty_block() -> None:
+    none = np.zeros(0, dtype=np.float32)
+    got = fused_token_sums(none, none, None, np.zeros(3, dtype=np.int64))
+    assert got.row_sum_old.tolist() == [0.0, 0.0, 0.0]
+    assert (got.lr_min, got.lr_max, got.nan, got.abs_sum, got.exp_abs_sum) == (math.inf, -math.inf, 0, 0.0, 0.0)
+    assert int(got.log_ratio_counts.sum()) == 0
