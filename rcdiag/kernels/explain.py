@@ -87,7 +87,7 @@ def _four_buckets(
 ) -> None:
     """Add one row's tokens in probability buckets ``first`` to ``first + 3`` to ``out`` (tokens, log-ratio,
     |log-ratio|, k3, chi2 per bucket): a select per bucket and sum, which vectorizes (a scatter does not)."""
-    n0 = n1 = n2 = n3 = 0.0
+    n0 = n1 = n2 = n3 = 0  # integer counts: the float adds are the bottleneck
     d0 = d1 = d2 = d3 = a0 = a1 = a2 = a3 = 0.0
     k0 = k1 = k2 = k3_ = c0 = c1 = c2 = c3 = 0.0
     for j in range(bucket.shape[0]):
@@ -96,10 +96,10 @@ def _four_buckets(
         a = abs(d)
         k = k3[j]
         c = chi2[j]
-        n0 += b == 0
-        n1 += b == 1
-        n2 += b == 2
-        n3 += b == 3
+        n0 += np.int64(b == 0)
+        n1 += np.int64(b == 1)
+        n2 += np.int64(b == 2)
+        n3 += np.int64(b == 3)
         d0 += d if b == 0 else 0.0
         d1 += d if b == 1 else 0.0
         d2 += d if b == 2 else 0.0
@@ -116,10 +116,68 @@ def _four_buckets(
         c1 += c if b == 1 else 0.0
         c2 += c if b == 2 else 0.0
         c3 += c if b == 3 else 0.0
-    sums = ((n0, d0, a0, k0, c0), (n1, d1, a1, k1, c1), (n2, d2, a2, k2, c2), (n3, d3, a3, k3_, c3))
+    sums = (
+        (float(n0), d0, a0, k0, c0),
+        (float(n1), d1, a1, k1, c1),
+        (float(n2), d2, a2, k2, c2),
+        (float(n3), d3, a3, k3_, c3),
+    )
     for q, values in enumerate(sums):
         for v in range(5):
             out[first + q, v] += values[v]
+
+
+@njit(**JIT)
+def _run_terms(old: np.ndarray, rollout: np.ndarray, k3_out: np.ndarray, chi2_out: np.ndarray, cap: np.float32):
+    """Sums of the log-ratio d, |d|, k3 and chi2 terms and the capped IS ratio over a run of valid tokens; the k3
+    and chi2 terms are written out for the probability buckets. k3 = e^d - 1 - d unclamped (inf where verl's
+    float32 e^d overflows), chi2 = (e^d - 1)(e^d + 1) and the ratio e^d at d clamped to [-20, 20]."""
+    s_lr = s_abs = s_k3 = s_chi2 = capped = 0.0
+    for j in range(old.shape[0]):
+        d = np.float64(old[j] - rollout[j])
+        em1 = _expm1(d)
+        k3 = math.inf if d > LOG_F32_MAX else em1 - d
+        em1c = EM1_POS_BOUND if d > 20.0 else (EM1_NEG_BOUND if d < -20.0 else em1)
+        chi2 = em1c * (em1c + 2.0)
+        ratio = np.float32(em1c + 1.0)
+        s_lr += d
+        s_abs += abs(d)
+        s_k3 += k3
+        s_chi2 += chi2
+        capped += np.float64(cap if ratio > cap else ratio)
+        k3_out[j] = k3
+        chi2_out[j] = chi2
+    return s_lr, s_abs, s_k3, s_chi2, capped
+
+
+@njit(**JIT)
+def _row_scale(old: np.ndarray, rollout: np.ndarray, bucket: np.ndarray, thresholds: np.ndarray, tol: np.float32):
+    """A row's scale co-moments over tokens with finite log-probs (n, x, y, xx, yy, xy; products in float32 as
+    numpy takes them), its shift counts (d < -tol, d > tol) and each token's probability bucket (written out)."""
+    t0, t1, t2, t3, t4, t5, t6 = (thresholds[0], thresholds[1], thresholds[2], thresholds[3], thresholds[4],
+                                  thresholds[5], thresholds[6])  # fmt: skip
+    n = up = down = 0
+    sx = sy = sxx = syy = sxy = 0.0
+    for j in range(old.shape[0]):
+        x = old[j]
+        y = rollout[j]
+        d32 = x - y
+        bucket[j] = (
+            np.int64(y >= t0) + np.int64(y >= t1) + np.int64(y >= t2) + np.int64(y >= t3)
+            + np.int64(y >= t4) + np.int64(y >= t5) + np.int64(y >= t6)
+        )  # fmt: skip
+        up += np.int64(d32 < -tol)
+        down += np.int64(d32 > tol)
+        finite = (abs(x) < math.inf) & (abs(y) < math.inf)
+        xf = x if finite else np.float32(0.0)
+        yf = y if finite else np.float32(0.0)
+        n += np.int64(finite)
+        sx += np.float64(xf)
+        sy += np.float64(yf)
+        sxx += np.float64(xf * xf)
+        syy += np.float64(yf * yf)
+        sxy += np.float64(xf * yf)
+    return float(n), sx, sy, sxx, syy, sxy, float(up), float(down)
 
 
 @njit(**JIT)
@@ -156,8 +214,6 @@ def explain_block(
     cap = np.float32(ratio_cap)
     tol = np.float32(shift_tol)
     bits = old.view(np.uint32)
-    t0, t1, t2, t3, t4, t5, t6 = (thresholds[0], thresholds[1], thresholds[2], thresholds[3], thresholds[4],
-                                  thresholds[5], thresholds[6])  # fmt: skip
     longest = 0
     for row in range(n_rows):
         longest = max(longest, valid_len[row])
@@ -180,8 +236,7 @@ def explain_block(
         while size < n_edges and edges[size] < n_list:
             size += 1  # size: the row's runs
         row_lr = row_abs = row_k3_sum = row_chi2_sum = 0.0
-        r_n = r_x = r_y = r_xx = r_yy = r_xy = 0.0
-        r_capped = r_up = r_down = 0.0
+        r_capped = 0.0
         at = 0  # the run's first token, in the row
         for k in range(size):
             lo = edges[k]
@@ -197,42 +252,10 @@ def explain_block(
                 continue
             xs = old[c + at : c + at + count]
             ys = rollout[c + at : c + at + count]
-            sb = row_bucket[at : at + count]
             sk3 = row_k3[at : at + count]
             sc2 = row_chi2[at : at + count]
-            s_lr = s_abs = s_k3 = s_chi2 = 0.0
-            for j in range(xs.shape[0]):
-                x = xs[j]
-                y = ys[j]
-                d32 = x - y
-                d = np.float64(d32)
-                em1 = _expm1(d)
-                k3 = math.inf if d > LOG_F32_MAX else em1 - d
-                em1c = EM1_POS_BOUND if d > 20.0 else (EM1_NEG_BOUND if d < -20.0 else em1)
-                chi2 = em1c * (em1c + 2.0)
-                s_lr += d
-                s_abs += abs(d)
-                s_k3 += k3
-                s_chi2 += chi2
-                sk3[j] = k3
-                sc2[j] = chi2
-                sb[j] = (
-                    np.int64(y >= t0) + np.int64(y >= t1) + np.int64(y >= t2) + np.int64(y >= t3)
-                    + np.int64(y >= t4) + np.int64(y >= t5) + np.int64(y >= t6)
-                )
-                ratio = np.float32(em1c + 1.0)
-                r_capped += np.float64(cap if ratio > cap else ratio)
-                r_up += d32 < -tol
-                r_down += d32 > tol
-                finite = abs(x) < math.inf and abs(y) < math.inf
-                xf = x if finite else np.float32(0.0)
-                yf = y if finite else np.float32(0.0)
-                r_n += finite
-                r_x += np.float64(xf)
-                r_y += np.float64(yf)
-                r_xx += np.float64(xf * xf)
-                r_yy += np.float64(yf * yf)
-                r_xy += np.float64(xf * yf)
+            s_lr, s_abs, s_k3, s_chi2, capped = _run_terms(xs, ys, sk3, sc2, cap)
+            r_capped += capped
             cell = position[g, k]
             cell[0] += count
             cell[1] += s_lr
@@ -246,6 +269,7 @@ def explain_block(
             at += count
         xs = old[c : c + n_valid]
         ys = rollout[c : c + n_valid]
+        r_n, r_x, r_y, r_xx, r_yy, r_xy, r_up, r_down = _row_scale(xs, ys, row_bucket[:n_valid], thresholds, tol)
         _four_buckets(row_bucket[:n_valid], xs, ys, row_k3[:n_valid], row_chi2[:n_valid], 0, prob)
         _four_buckets(row_bucket[:n_valid], xs, ys, row_k3[:n_valid], row_chi2[:n_valid], 4, prob)
         c += n_valid
