@@ -203,7 +203,7 @@ def explain_block(
     valid tokens and list length (int64); ``mask``: the rows' mask over their list positions as uint8, or empty
     when every position is valid; ``edges``: the position buckets' lower edges; ``thresholds``: the seven float32
     log-prob thresholds of the probability buckets. Each row's group is a hash of its valid length and the bits
-    of its first valid trainer log-prob (``rcdiag.explain.statistics.row_groups``). Sums: ``prob``
+    of its first valid trainer log-prob (``rcdiag.explain.statistics``). Sums: ``prob``
     (buckets, 5), ``position`` (groups, buckets, 5), ``length`` (buckets, 5) with columns tokens, log-ratio,
     |log-ratio|, k3, chi2; ``scale`` (groups, 6): n, x, y, xx, yy, xy over tokens with finite log-probs;
     ``offset`` (groups, 4): n, capped IS ratio, up, down.
