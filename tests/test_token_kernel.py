@@ -13,7 +13,7 @@ from test_histogram import brute_force
 
 from rcdiag.backend import NumpyBackend
 from rcdiag.metrics.block import Block
-from rcdiag.metrics.tokens import fused_token_sums, generic_token_sums
+from rcdiag.metrics.tokens import band, fused_token_sums, generic_token_sums
 
 LOG_F32_MAX = math.log(float(np.finfo(np.float32).max))
 
@@ -120,10 +120,15 @@ def test_fused_pass_matches_the_generic_path(block) -> None:
     assert _close(fused.lr_min, generic.lr_min, 0) and _close(fused.lr_max, generic.lr_max, 0)
     assert (fused.nan, fused.clamped) == (generic.nan, generic.clamped)
     assert fused.log_ratio_counts.tolist() == generic.log_ratio_counts.tolist()
-    # the generic path computes e^|d| in float32 (as verl would): equal to float32 rounding
-    assert _close(fused.exp_abs_sum, generic.exp_abs_sum, 1e-7)
+    # the generic path computes e^|d| with numpy's float32 exp (as verl would): equal within its few ulps
+    assert _close(fused.exp_abs_sum, generic.exp_abs_sum, 4e-7)
     for name in ("abs_sum", "k3_sum", "chi2_sum"):
         assert _close(getattr(fused, name), getattr(generic, name), 1e-10), name
+
+
+def _block(old, rollout, mask, lengths) -> Block:
+    valid = lengths if mask is None else _valid_lengths(mask, lengths)
+    return Block(NumpyBackend(), old, rollout, valid, mask=mask, raw_lengths=lengths)
 
 
 def _valid_lengths(mask: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -149,3 +154,61 @@ def test_empty_block() -> None:
     assert got.row_sum_old.tolist() == [0.0, 0.0, 0.0]
     assert (got.lr_min, got.lr_max, got.nan, got.abs_sum, got.exp_abs_sum) == (math.inf, -math.inf, 0, 0.0, 0.0)
     assert int(got.log_ratio_counts.sum()) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(raw_blocks(), st.sampled_from(["k1", "k2", "k3"]))
+def test_statistic_pass_matches_numpy(block, estimator) -> None:
+    """The fused statistic equals numpy's per-token arrays (k1, k2 to the bit; k3, rounded once from float64, to
+    one float32 ulp) and its per-row sums and extremes equal numpy's segment reductions."""
+    old, rollout, mask, lengths = block
+    valid = lengths if mask is None else _valid_lengths(mask, lengths)
+    keep = np.ones(old.shape[0], dtype=bool) if mask is None else mask
+    d = np.clip(old[keep] - rollout[keep], np.float32(-20), np.float32(20))
+    expected = {
+        "k1": -d,
+        "k2": 0.5 * d * d,
+        "k3": (np.expm1(d.astype(np.float64)) - d.astype(np.float64)).astype(np.float32),
+    }[estimator]
+    got = _block(old, rollout, mask, lengths).statistic(estimator)
+    if estimator == "k3":
+        assert np.allclose(got.stat, expected, rtol=2**-23, atol=0, equal_nan=True)
+    else:
+        assert np.array_equal(got.stat, expected, equal_nan=True)
+    ends = np.cumsum(valid)
+    for r, (n, end) in enumerate(zip(valid.tolist(), ends.tolist(), strict=True)):
+        row = got.stat[end - n : end].astype(np.float64)
+        assert _close(got.row_sum[r], math.fsum(row.tolist()) if not np.isnan(row).any() else math.nan, 1e-12)
+        top = np.max(row) if n else -math.inf  # NaN propagates, as torch's max
+        bottom = np.min(row) if n else math.inf
+        assert _close(got.row_max[r], top, 0) and _close(got.row_min[r], bottom, 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(raw_blocks(), st.sampled_from(["k1", "k2", "k3"]), st.sampled_from([(-0.3, 0.3), (0.0, 1e-3), (0.2, -0.2)]))
+def test_band_matches_brute_force(block, estimator, thresholds) -> None:
+    """Rejections per row, strict counts and the clipped moments, token by token (bounds included, NaN
+    rejected, an inverted k1 band rejecting everything)."""
+    old, rollout, mask, lengths = block
+    valid = lengths if mask is None else _valid_lengths(mask, lengths)
+    stat = _block(old, rollout, mask, lengths).statistic(estimator)
+    lo, hi = (float(np.float32(x)) for x in thresholds)
+    two_sided = estimator == "k1"
+    got = band(stat, valid, lo, hi, two_sided)
+    values = stat.stat.astype(np.float64).tolist()
+    kept = [(x <= hi) and (x >= lo or not two_sided) for x in values]
+    ends = np.cumsum(valid)
+    per_row = [sum(not k for k in kept[e - n : e]) for n, e in zip(valid.tolist(), ends.tolist(), strict=True)]
+    assert got.row_rejected.tolist() == per_row
+    assert (got.above, got.below) == (sum(x > hi for x in values), sum(x < lo for x in values))
+    clipped = [lo if x < lo else hi if x > hi else x for x in values]
+    n = len(clipped)
+    if n and not any(x != x for x in clipped):
+        mean = math.fsum(clipped) / n
+        m2 = math.fsum((x - mean) ** 2 for x in clipped)
+        assert got.clipped[0] == n and _close(got.clipped[1], mean, 1e-12)
+        assert math.isclose(got.clipped[2], m2, rel_tol=1e-9, abs_tol=1e-12 * max(1.0, abs(mean)) ** 2 * n)
+    elif n:
+        assert math.isnan(got.clipped[1])
+    else:
+        assert got.clipped == (0.0, 0.0, 0.0)

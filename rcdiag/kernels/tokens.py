@@ -57,58 +57,66 @@ def _k3_small(d: float) -> float:
 
 
 @njit(**JIT)
-def _row(old, rollout, mask, dout):
-    """One row, writing d to ``dout``: (sum old, sum rollout, |d|, e^|d|, k3, chi2, min d, max d, valid, NaN,
-    left for the scalar pass).
+def _row(old, rollout, mask, lr):
+    """One row, its valid d written compacted to ``lr`` (as long as the row): (sum old, sum
+    rollout, |d|, e^|d|, k3, chi2, min d, max d, valid, NaN, left for the scalar pass).
 
-    Three simple loops over the row (in L1 cache by then) rather than one: LLVM vectorizes each, and not their
-    fusion (measured 1.5 against 4.5 ns a token). Every step is a select, never a branch (a branch on the sign of
-    d cost 6 ns a token in mispredictions).
+    Simple loops over the row (in L1 cache by then) rather than one: LLVM vectorizes each, and not their fusion
+    (measured 1.5 against 4.5 ns a token). Every step is a select, never a branch (a branch on the sign of d cost
+    6 ns a token in mispredictions, one on the mask 3).
     """
-    so, sr, s_abs, valid, nan, big = _row_sums(old, rollout, mask, dout)
-    s_k3, s_chi2, s_exp = _row_series(dout, mask)
-    lo, hi = _row_range(dout, mask)
+    so, sr, valid = _row_compact(old, rollout, mask, lr)
+    d = lr[:valid]
+    s_abs, nan, big = _row_counts(d)
+    s_k3, s_chi2, s_exp = _row_series(d)
+    lo, hi = _row_range(d)
     return so, sr, s_abs, s_exp, s_k3, s_chi2, lo, hi, valid, nan, big
 
 
 @njit(**JIT)
-def _row_sums(old, rollout, mask, dout):
-    """Sums of old, rollout and |d| over valid tokens, d written to ``dout``, and the counts of valid tokens,
-    NaN d and tokens left to the scalar pass."""
+def _row_compact(old, rollout, mask, lr):
+    """Sums of old and rollout over valid tokens and their d, compacted into ``lr`` without a branch (every d is
+    written; the next one overwrites a masked one); returns the number of valid tokens."""
     so = 0.0
     sr = 0.0
-    s_abs = 0.0
-    valid = 0
-    nan = 0
-    big = 0
+    j = 0
     for i in range(old.shape[0]):
         ok = mask[i]
         o = old[i]
         q = rollout[i]
-        d32 = o - q
-        dout[i] = d32
-        a = abs(np.float64(d32))
+        lr[j] = o - q
+        j += np.int64(ok)
         so += np.float64(o) if ok else 0.0
         sr += np.float64(q) if ok else 0.0
-        s_abs += a if ok else 0.0
-        okn = np.int64(ok)
-        valid += okn
-        nan += okn * np.int64(d32 != d32)
-        big += okn * np.int64(not (a < SMALL))  # NaN included
-    return so, sr, s_abs, valid, nan, big
+    return so, sr, j
 
 
 @njit(**JIT)
-def _row_series(d32, mask):
-    """Sums of k3, chi2 terms and e^|d| by the Taylor series over valid tokens with |d| < SMALL; every other
-    token adds 0, 0 and exactly 1."""
+def _row_counts(d32):
+    """Sum of |d|, and the counts of NaN d and of tokens left to the scalar pass."""
+    s_abs = 0.0
+    nan = 0
+    big = 0
+    for i in range(d32.shape[0]):
+        x = d32[i]
+        a = abs(np.float64(x))
+        s_abs += a
+        nan += np.int64(x != x)
+        big += np.int64(not (a < SMALL))  # NaN included
+    return s_abs, nan, big
+
+
+@njit(**JIT)
+def _row_series(d32):
+    """Sums of k3, chi2 terms and e^|d| by the Taylor series over tokens with |d| < SMALL; every other token
+    adds 0, 0 and exactly 1."""
     s_k3 = 0.0
     s_chi2 = 0.0
     s_exp = 0.0
     for i in range(d32.shape[0]):
         d = np.float64(d32[i])
         a = abs(d)
-        take = (a < SMALL) & mask[i]
+        take = a < SMALL
         ds = d if take else 0.0
         k = _k3_small(ds)
         rm1 = ds + k
@@ -120,31 +128,26 @@ def _row_series(d32, mask):
 
 
 @njit(**JIT)
-def _row_range(d32, mask):
-    """Least and greatest d over valid tokens, NaN d ignored (the caller reports NaN when any is)."""
-    lo = np.inf
-    hi = -np.inf
+def _row_range(d32):
+    """Least and greatest d, NaN ignored (the caller reports NaN when any is)."""
+    lo = np.float32(np.inf)
+    hi = np.float32(-np.inf)
     for i in range(d32.shape[0]):
-        ok = mask[i]
-        d = np.float64(d32[i])
-        dl = d if ok else np.inf
-        dh = d if ok else -np.inf
-        lo = dl if dl < lo else lo
-        hi = dh if dh > hi else hi
-    return lo, hi
+        x = d32[i]
+        lo = x if x < lo else lo
+        hi = x if x > hi else hi
+    return np.float64(lo), np.float64(hi)
 
 
 @njit(**JIT)
-def _row_large(old, rollout, mask):
+def _row_large(d32):
     """The tokens ``_row`` left out (|d| >= SMALL, inf or NaN): (e^|d|, k3, chi2, beyond the bound), scalar."""
     s_exp = 0.0
     s_k3 = 0.0
     s_chi2 = 0.0
     clamped = 0
-    for i in range(old.shape[0]):
-        if not mask[i]:
-            continue
-        d = np.float64(old[i] - rollout[i])
+    for i in range(d32.shape[0]):
+        d = np.float64(d32[i])
         a = abs(d)
         if a < SMALL:
             continue
@@ -163,13 +166,11 @@ def _row_large(old, rollout, mask):
 
 
 @njit(**JIT)
-def _histogram(d32, mask, base, edge, hist):
+def _histogram(d32, base, edge, hist):
     """Log-ratio bin counts: ``base[cell] + (d >= edge[cell])`` by the top 16 bits of each float32 d (the
     table of ``rcdiag.backend``), in four interleaved copies so repeated bins do not wait on each other."""
     bits = d32.view(np.uint32)
     for i in range(d32.shape[0]):
-        if not mask[i]:
-            continue
         x = d32[i]
         if x != x:
             continue
@@ -178,10 +179,12 @@ def _histogram(d32, mask, base, edge, hist):
 
 
 @njit(**JIT)
-def token_pass(old, rollout, mask, lengths, base, edge, row_sums, sums, counts, hist):
-    """Fill ``row_sums`` ([rows, 2]: sums of old and rollout), ``sums`` (``N_SUMS``), ``counts`` (``N_COUNTS``)
-    and ``hist`` ([4, bins], added to) for the raw block ``old``/``rollout`` (``mask`` true for valid tokens),
-    whose rows have ``lengths`` raw tokens."""
+def token_pass(old, rollout, mask, lengths, base, edge, lr, row_sums, row_range, sums, counts, hist):
+    """For the raw block ``old``/``rollout`` (``mask`` true for valid tokens; rows of ``lengths`` raw tokens),
+    fill ``lr`` (the valid tokens' d, compacted; as long as the raw block), ``row_sums`` ([rows, 2]:
+    sums of old and rollout), ``row_range`` ([rows, 2]: least and greatest d, NaN where a row holds a NaN d;
+    +inf/-inf for an empty row), ``sums`` (``N_SUMS``), ``counts`` (``N_COUNTS``) and ``hist`` ([4, bins], added
+    to)."""
     s_abs = 0.0
     s_exp = 0.0
     s_k3 = 0.0
@@ -193,35 +196,35 @@ def token_pass(old, rollout, mask, lengths, base, edge, row_sums, sums, counts, 
     clamped = 0
     left = 0
     t = 0
-    d_all = np.empty(old.shape[0], dtype=np.float32)
     for r in range(lengths.shape[0]):
         n = lengths[r]
-        o = old[t : t + n]
-        q = rollout[t : t + n]
-        m = mask[t : t + n]
-        so, sr, a, e, k, c, rlo, rhi, rv, rnan, rbig = _row(o, q, m, d_all[t : t + n])
+        so, sr, a, e, k, c, rlo, rhi, rv, rnan, rbig = _row(
+            old[t : t + n], rollout[t : t + n], mask[t : t + n], lr[valid : valid + n]
+        )
         row_sums[r, 0] = so
         row_sums[r, 1] = sr
+        row_range[r, 0] = np.nan if rnan else rlo
+        row_range[r, 1] = np.nan if rnan else rhi
         s_abs += a
         s_exp += e
         s_k3 += k
         s_chi2 += c
         lo = min(lo, rlo)
         hi = max(hi, rhi)
-        valid += rv
         nan += rnan
         if rbig:
             left += rbig
-            e, k, c, rclamped = _row_large(o, q, m)
+            e, k, c, rclamped = _row_large(lr[valid : valid + rv])
             s_exp += e
             s_k3 += k
             s_chi2 += c
             clamped += rclamped
+        valid += rv
         t += n
-    _histogram(d_all, mask, base, edge, hist)
-    # every masked token and every token left to the scalar pass added exactly 1 to the e^|d| sum
+    _histogram(lr[:valid], base, edge, hist)
+    # every token left to the scalar pass added exactly 1 to the e^|d| sum
     sums[0] = s_abs
-    sums[1] = s_exp - (old.shape[0] - valid) - left
+    sums[1] = s_exp - left
     sums[2] = s_k3
     sums[3] = s_chi2
     sums[4] = lo

@@ -26,7 +26,7 @@ from rcdiag.backend import Array, Backend, NumpyBackend
 from rcdiag.config import SAFETY_BOUND
 
 if TYPE_CHECKING:
-    from rcdiag.metrics.tokens import TokenSums
+    from rcdiag.metrics.tokens import Statistic, TokenSums
 
 
 class Block:
@@ -93,7 +93,10 @@ class Block:
 
     @cached_property
     def lr(self) -> Array:
-        """``old - rollout``: log(pi_train / pi_rollout) per token, float32, unclamped."""
+        """``old - rollout``: log(pi_train / pi_rollout) per token, float32, unclamped (on CPU, the fused pass
+        has written it)."""
+        if self.fused:
+            return self.sums.lr
         return self.old - self.rollout
 
     @cached_property
@@ -165,7 +168,16 @@ class Block:
 
     def k(self, estimator: Literal["k1", "k2", "k3"]) -> Array:
         """Per-token divergence statistic on the clamped log-ratio d: k1 = -d, k2 = d^2/2, k3 = e^d - 1 - d."""
+        if self.fused:
+            return self.statistic(estimator).stat
         return self.memo(("k", estimator), lambda: _k_stat(self, estimator))
+
+    def statistic(self, estimator: Literal["k1", "k2", "k3"]) -> Statistic:
+        """A k statistic of the valid tokens and its per-row sums and extremes, from one fused CPU pass over the
+        raw block (numpy backend only)."""
+        from rcdiag.metrics.tokens import Statistic
+
+        return self.memo(("statistic", estimator), lambda: Statistic(self.sums, self.seg.lengths, estimator))
 
     def row_sum_k(self, estimator: Literal["k1", "k2", "k3"]) -> Array:
         """Per-row float64 sums of a k statistic (shared by every option that needs them).
@@ -176,10 +188,15 @@ class Block:
         """
         if estimator == "k1":
             return self.memo(("row_sum_k", "k1"), self._row_sum_k1)
+        if self.fused:
+            return self.statistic(estimator).row_sum
         return self.memo(("row_sum_k", estimator), lambda: self.seg.sum(self.k(estimator)))
 
     def row_extremes_k(self, estimator: Literal["k1", "k2", "k3"]) -> tuple[Array, Array]:
         """Per-row (max, min) of a k statistic (-inf / +inf for empty rows; NaN propagates)."""
+        if self.fused:
+            found = self.statistic(estimator)
+            return found.row_max, found.row_min
         return self.memo(
             ("row_extremes_k", estimator),
             lambda: (self.seg.max(self.k(estimator), -math.inf), self.seg.min(self.k(estimator), math.inf)),
@@ -187,12 +204,21 @@ class Block:
 
     def row_max_k(self, estimator: Literal["k1", "k2", "k3"]) -> Array:
         """Per-row maxima of a k statistic (0 for empty rows), shared by every option that needs them."""
+        if self.fused:
+            return self.memo(
+                ("row_max_k", estimator), lambda: np.where(self.row_valid, self.statistic(estimator).row_max, 0.0)
+            )
         return self.memo(("row_max_k", estimator), lambda: self.seg.max(self.k(estimator), 0.0))
 
     def _row_sum_k1(self) -> Array:
         if self.within_clamp:
             return -self.row_sum_lr
         b, seg = self.b, self.seg
+        if self.fused:
+            # no clamped token in a row whose k1 = -clamp(lr) stays strictly inside (-20, 20)
+            found = self.statistic("k1")
+            inside = (found.row_min > -SAFETY_BOUND) & (found.row_max < SAFETY_BOUND)
+            return np.where(inside, -self.row_sum_lr, found.row_sum)
         inside = (seg.max(self.lr, 0.0) <= SAFETY_BOUND) & (seg.min(self.lr, 0.0) >= -SAFETY_BOUND)
         return b.where(inside, -self.row_sum_lr, seg.sum(self.k("k1")))
 

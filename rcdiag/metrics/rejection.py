@@ -22,6 +22,7 @@ from rcdiag.backend import Array
 from rcdiag.config import RSOption
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash, f32
 from rcdiag.metrics.block import Block
+from rcdiag.metrics.tokens import band
 
 _SUFFIXES = (
     "mean",
@@ -59,6 +60,8 @@ class Rejection:
     rows: Array | None = None
     seq_value: Array | None = None
     """The per-row statistic (for token options: the row mean of the token statistic), float64."""
+    row_counts: Array | None = None
+    """Token options on CPU: rejected tokens per row (float64), so the aggregate needs no token mask."""
 
 
 def row_statistic(block: Block, option: RSOption) -> Array:
@@ -167,6 +170,23 @@ def _reject_tokens(block: Block, opt: RSOption, stat: Array) -> Rejection:
     lo, hi = bounds(opt)
     row_max, row_min = block.row_extremes_k(opt.estimator)
     free = _token_value_states(block, opt)
+    if block.fused:  # one pass over the statistic: per-row rejections, both counts, the clipped moments
+        found = band(block.statistic(opt.estimator), block.seg.lengths, lo, hi, k1)
+        states = {
+            **free,
+            "tok_hi": found.above,
+            "tok_lo": found.below if k1 else 0,
+            "clamped": found.clipped,
+            "masked_tokens": float(found.row_rejected.sum()),
+            "masked_rows": int(np.count_nonzero(found.row_rejected)),
+        }
+        return Rejection(
+            states["masked_tokens"],
+            found.row_rejected > 0,
+            states,
+            token_mask=lambda: ~_keep(opt, stat),
+            row_counts=found.row_rejected,
+        )
     tok_max, tok_min, stat_sum = free["tok_max"], free["tok_min"], free["stat_sum"]
     above = b.count(stat > hi)
     below = b.count(stat < lo) if k1 else 0
@@ -300,6 +320,15 @@ class RSAggregateMetrics(Accumulator):
                     masked_rows=b.count(only.rows_hit | row_reject),
                 )
                 return
+        if len(token_options) == 1 and token_options[0].row_counts is not None:
+            per_row = token_options[0].row_counts
+            if row_reject is None:
+                masked_tokens, masked_rows = token_options[0].masked_tokens, b.count(per_row > 0)
+            else:
+                masked_tokens = b.sum(b.where(row_reject, block.row_len, per_row))
+                masked_rows = b.count(row_reject | (per_row > 0))
+            self.add(tokens=block.n_tokens, rows=block.n_rows, masked_tokens=masked_tokens, masked_rows=masked_rows)
+            return
         token_reject = _any([r.token_mask() for r in token_options])
         if token_reject is None:
             masked_tokens = b.sum(b.where(row_reject, block.row_len, 0.0))

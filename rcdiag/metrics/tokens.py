@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 class TokenSums:
     """Per-row and per-block sums over a block's valid tokens, d = float32(old - rollout)."""
 
+    lr: Array | None
+    """d of every valid token (float32, compacted) where the fused pass wrote it (CPU), else ``None``."""
+    row_lr_min: Array | None
+    """Per-row least d (+inf for an empty row, NaN where the row holds a NaN d); CPU only, else ``None``."""
+    row_lr_max: Array | None
     row_sum_old: Array
     """float64 per-row sums of ``old`` (0 for an empty row), on the block's backend."""
     row_sum_rollout: Array
@@ -65,25 +70,20 @@ def fused_token_sums(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | No
     assert table is not None  # EDGES are float32 numbers, at most one per table cell
     base, edge = table
     n_rows = lengths.shape[0]
+    lr = np.empty(old.shape[0], dtype=np.float32)
     row_sums = np.empty((n_rows, 2), dtype=np.float64)
+    row_range = np.empty((n_rows, 2), dtype=np.float64)
     sums = np.empty(N_SUMS, dtype=np.float64)
     counts = np.empty(N_COUNTS, dtype=np.int64)
     hist = np.zeros((4, EDGES.shape[0] + 1), dtype=np.int64)
-    token_pass(
-        np.ascontiguousarray(old, dtype=np.float32),
-        np.ascontiguousarray(rollout, dtype=np.float32),
-        _all_valid(old.shape[0]) if mask is None else np.ascontiguousarray(mask, dtype=np.bool_),
-        np.ascontiguousarray(lengths, dtype=np.int64),
-        base,
-        edge,
-        row_sums,
-        sums,
-        counts,
-        hist,
-    )
+    inputs = _kernel_inputs(old, rollout, mask, lengths)
+    token_pass(*inputs, base, edge, lr, row_sums, row_range, sums, counts, hist)
     nan = int(counts[0])
     lo, hi = (math.nan, math.nan) if nan else (float(sums[4]), float(sums[5]))
     return TokenSums(
+        lr=lr[: int(counts[3])],
+        row_lr_min=row_range[:, 0].copy(),
+        row_lr_max=row_range[:, 1].copy(),
         row_sum_old=row_sums[:, 0].copy(),
         row_sum_rollout=row_sums[:, 1].copy(),
         lr_min=lo,
@@ -107,6 +107,9 @@ def generic_token_sums(block: Block) -> TokenSums:
     abs_lr = b.abs(lr)
     lo, hi = b.min(lr), b.max(lr)
     return TokenSums(
+        lr=None,
+        row_lr_min=None,
+        row_lr_max=None,
         row_sum_old=seg.sum(block.old),
         row_sum_rollout=seg.sum(block.rollout),
         lr_min=lo,
@@ -118,6 +121,81 @@ def generic_token_sums(block: Block) -> TokenSums:
         chi2_sum=b.sum(chi2_terms(block)),
         clamped=b.count(abs_lr > SAFETY_BOUND),
         log_ratio_counts=b.bin_counts(lr, EDGES),
+    )
+
+
+class Statistic:
+    """A k statistic over a block's valid tokens (``Block.k``) with its per-row reductions, from the log-ratios
+    the fused token pass compacted. k1's per-row extremes follow from the rows' log-ratio extremes (k1 = -clamp(d)
+    is monotone), so k1 needs no pass over the rows unless its row sums are asked for."""
+
+    def __init__(self, sums: TokenSums, valid_lengths: np.ndarray, estimator: str) -> None:
+        from rcdiag.kernels.statistics import ESTIMATORS, statistic
+
+        assert sums.lr is not None
+        assert sums.row_lr_min is not None
+        assert sums.row_lr_max is not None
+        self.stat = np.empty(sums.lr.shape[0], dtype=np.float32)
+        """float32, one per valid token, in order."""
+        statistic(sums.lr, ESTIMATORS[estimator], self.stat)
+        self._lengths = np.ascontiguousarray(valid_lengths, dtype=np.int64)
+        if estimator == "k1":
+            empty = self._lengths == 0
+            self.row_max = np.where(empty, -math.inf, -np.clip(sums.row_lr_min, -SAFETY_BOUND, SAFETY_BOUND))
+            """float64 per-row maxima (-inf for an empty row; NaN where the row holds a NaN)."""
+            self.row_min = np.where(empty, math.inf, -np.clip(sums.row_lr_max, -SAFETY_BOUND, SAFETY_BOUND))
+            """float64 per-row minima (+inf for an empty row; NaN where the row holds a NaN)."""
+        else:
+            self._reduce()
+
+    def _reduce(self) -> None:
+        from rcdiag.kernels.statistics import row_reductions
+
+        n_rows = self._lengths.shape[0]
+        row_sum, row_max, row_min = (np.empty(n_rows, dtype=np.float64) for _ in range(3))
+        row_reductions(self.stat, self._lengths, row_sum, row_max, row_min)
+        self._row_sum = row_sum
+        if not hasattr(self, "row_max"):  # k1 has them already, from the log-ratio extremes
+            self.row_max, self.row_min = row_max, row_min
+
+    @property
+    def row_sum(self) -> np.ndarray:
+        """float64 per-row sums (0 for an empty row)."""
+        if not hasattr(self, "_row_sum"):
+            self._reduce()
+        return self._row_sum
+
+
+def band(stat: Statistic, valid_lengths: np.ndarray, lo: float, hi: float, two_sided: bool) -> Band:
+    """What the band ``[lo, hi]`` (``two_sided``: k1; else only ``<= hi``) does to a statistic, per row."""
+    from rcdiag.kernels.statistics import threshold_pass
+
+    rejected = np.empty(valid_lengths.shape[0], dtype=np.int64)
+    out = np.empty(5, dtype=np.float64)
+    threshold_pass(stat.stat, np.ascontiguousarray(valid_lengths, dtype=np.int64), lo, hi, two_sided, rejected, out)
+    return Band(rejected.astype(np.float64), int(out[0]), int(out[1]), (float(out[2]), float(out[3]), float(out[4])))
+
+
+@dataclass(frozen=True)
+class Band:
+    """Per-row rejections of a band, its strict above/below counts and the moments of the clipped statistic."""
+
+    row_rejected: np.ndarray
+    """float64 per-row rejected tokens (NaN statistics are rejected)."""
+    above: int
+    below: int
+    clipped: tuple[float, float, float]
+    """(n, mean, M2) of the statistic clipped to the band."""
+
+
+def _kernel_inputs(
+    old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | None, lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    return (
+        np.ascontiguousarray(old, dtype=np.float32),
+        np.ascontiguousarray(rollout, dtype=np.float32),
+        _all_valid(old.shape[0]) if mask is None else np.ascontiguousarray(mask, dtype=np.bool_),
+        np.ascontiguousarray(lengths, dtype=np.int64),
     )
 
 

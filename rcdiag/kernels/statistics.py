@@ -1,0 +1,139 @@
+"""RS statistics per token on CPU: k1 = -d, k2 = d^2/2, k3 = e^d - 1 - d of the clamped log-ratio
+d = clamp(float32(old - rollout), ±20), and what the RS options reduce them to.
+
+``statistic`` computes the statistic of every valid token from the log-ratios the token pass compacted (float32,
+as the numpy path's ``Block.k``), ``row_reductions`` its per-row float64 sums and NaN-propagating extremes;
+``threshold_pass`` counts what a
+band rejects per row and takes the moments of the statistic clipped to it. The statistic itself is computed by a
+kernel without fast-math flags, so k1 and k2 are the very float32 operations numpy does (0.5 * d * d, left to
+right); k3 is the float64 value rounded once to float32, from the series of ``rcdiag.kernels.tokens`` below its
+edge and ``math.expm1`` above.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from rcdiag.config import SAFETY_BOUND
+from rcdiag.kernels import JIT
+from rcdiag.kernels.tokens import SMALL, _k3_small
+
+ESTIMATORS = {"k1": 1, "k2": 2, "k3": 3}
+"""The estimator codes the kernels take."""
+
+_STRICT = {**JIT, "fastmath": False}
+_BOUND32 = np.float32(SAFETY_BOUND)
+_HALF32 = np.float32(0.5)
+
+
+@njit(**_STRICT)
+def _statistic_row(lr, estimator, out):
+    """The statistic of every log-ratio in ``lr``, into ``out`` (no fast-math: the float32 operations numpy
+    does, in its order)."""
+    for i in range(lr.shape[0]):
+        d = lr[i]
+        dc = _BOUND32 if d > _BOUND32 else (-_BOUND32 if d < -_BOUND32 else d)  # NaN stays NaN
+        if estimator == 1:
+            out[i] = -dc
+        elif estimator == 2:
+            out[i] = _HALF32 * dc * dc
+        else:
+            x = np.float64(dc)
+            k = _k3_small(x) if abs(x) < SMALL else math.expm1(x) - x
+            out[i] = np.float32(k)
+
+
+@njit(**JIT)
+def _row_reduce(stat):
+    """(float64 sum, max, min, NaN count) of one row's valid statistics."""
+    s = 0.0
+    hi = -np.inf
+    lo = np.inf
+    nan = 0
+    for i in range(stat.shape[0]):
+        x = np.float64(stat[i])
+        s += x
+        hi = x if x > hi else hi
+        lo = x if x < lo else lo
+        nan += np.int64(x != x)
+    return s, hi, lo, nan
+
+
+@njit(**_STRICT)
+def statistic(lr, estimator, stat):
+    """The statistic of every valid token's log-ratio ``lr``, into ``stat``."""
+    _statistic_row(lr, estimator, stat)
+
+
+@njit(**JIT)
+def row_reductions(stat, lengths, row_sum, row_max, row_min):
+    """Per-row ``row_sum``, ``row_max`` (-inf for an empty row) and ``row_min`` (+inf) of a compacted
+    statistic, extremes NaN where a row holds a NaN."""
+    t = 0
+    for r in range(lengths.shape[0]):
+        n = lengths[r]
+        s, hi, lo, nan = _row_reduce(stat[t : t + n])
+        row_sum[r] = s
+        row_max[r] = np.nan if nan else hi
+        row_min[r] = np.nan if nan else lo
+        t += n
+
+
+@njit(**JIT)
+def _row_band(stat, lo, hi, two_sided):
+    """One row: (rejected, above hi, below lo, float64 sum of the statistic clipped to [lo, hi]). A token is
+    kept when ``lo <= x <= hi`` (k1) or ``x <= hi`` (k2, k3); NaN is rejected, counted neither above nor below,
+    and clips to NaN."""
+    rejected = 0
+    above = 0
+    below = 0
+    s = 0.0
+    for i in range(stat.shape[0]):
+        x = stat[i]
+        keep = (x <= hi) & ((x >= lo) | (not two_sided))
+        rejected += np.int64(not keep)
+        above += np.int64(x > hi)
+        below += np.int64(x < lo)
+        c = lo if x < lo else (hi if x > hi else x)
+        s += np.float64(c)
+    return rejected, above, below, s
+
+
+@njit(**JIT)
+def _centred_squares(stat, lo, hi, mean):
+    m2 = 0.0
+    for i in range(stat.shape[0]):
+        x = stat[i]
+        c = np.float64(lo if x < lo else (hi if x > hi else x)) - mean
+        m2 += c * c
+    return m2
+
+
+@njit(**JIT)
+def threshold_pass(stat, lengths, lo, hi, two_sided, row_rejected, out):
+    """Per-row rejected counts into ``row_rejected``; ``out`` = (above, below, n, mean, M2) of the statistic
+    clipped to [lo, hi] (float32 bounds; moments centred on this block's mean, as ``Backend.moments``)."""
+    lo32 = np.float32(lo)
+    hi32 = np.float32(hi)
+    above = 0
+    below = 0
+    s = 0.0
+    t = 0
+    for r in range(lengths.shape[0]):
+        n = lengths[r]
+        rej, a, b, rs = _row_band(stat[t : t + n], lo32, hi32, two_sided)
+        row_rejected[r] = rej
+        above += a
+        below += b
+        s += rs
+        t += n
+    count = stat.shape[0]
+    mean = s / count if count else 0.0
+    out[0] = above
+    out[1] = below
+    out[2] = count
+    out[3] = mean
+    out[4] = _centred_squares(stat, lo32, hi32, mean) if count else 0.0
