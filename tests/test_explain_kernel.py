@@ -89,11 +89,10 @@ def fold_blocks(old, rollout, mask, lengths, cuts: list[int]) -> dict[str, np.nd
     for a, b in itertools.pairwise(bounds):
         t0, t1 = int(offsets[a]), int(offsets[b])
         block_mask = None if mask is None else mask[t0:t1]
-        keep = slice(None) if block_mask is None else block_mask
         flags = np.ones(t1 - t0, dtype=bool) if block_mask is None else block_mask
         valid = np.array([np.count_nonzero(row) for row in np.split(flags, offsets[a + 1 : b] - t0)], dtype=np.int64)
         explain_block(
-            old[t0:t1][keep], rollout[t0:t1][keep], valid.astype(np.int64), lengths[a:b].astype(np.int64),
+            old[t0:t1], rollout[t0:t1], valid, lengths[a:b].astype(np.int64),
             np.zeros(0, np.uint8) if block_mask is None else block_mask.view(np.uint8),
             np.asarray(DOUBLING_EDGES, dtype=np.int64), LOG_PROB_THRESHOLDS, RATIO_CAP, SHIFT_TOL,
             *(out[name] for name in NAMES),

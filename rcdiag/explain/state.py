@@ -98,13 +98,13 @@ class ExplainState:
         """The breakdowns' and the detectors' sums, in one fused pass over the block (``rcdiag.kernels.explain``)."""
         from rcdiag.kernels.explain import explain_block
 
-        mask = _NO_MASK if context.mask is None else context.mask.view(np.uint8)
+        old, rollout, mask, lengths = block.raw  # the raw rows: the fused pass drops the padding row by row
         explain_block(
-            np.ascontiguousarray(block.old, dtype=np.float32),
-            np.ascontiguousarray(block.rollout, dtype=np.float32),
+            np.ascontiguousarray(old, dtype=np.float32),
+            np.ascontiguousarray(rollout, dtype=np.float32),
             block.row_len.astype(np.int64),
-            context.lengths.astype(np.int64),
-            mask,
+            np.asarray(lengths, dtype=np.int64),
+            _NO_MASK if mask is None else mask.view(np.uint8),
             _EDGES,
             LOG_PROB_THRESHOLDS,
             RATIO_CAP,

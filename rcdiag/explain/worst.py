@@ -115,22 +115,24 @@ class WorstResponses:
             candidates = candidates[size[candidates] >= cut]  # keep ties: the row order decides them
         if not candidates.size:
             return
-        starts = np.zeros(block.n_rows + 1, dtype=np.int64)
-        np.cumsum(block.row_len.astype(np.int64), out=starts[1:])
+        raw_old, raw_rollout, raw_mask, _ = block.raw  # rows as read: only the candidates drop their padding
         list_starts = np.zeros(block.n_rows + 1, dtype=np.int64)
         np.cumsum(context.lengths, out=list_starts[1:])
         ids = context.ids
         plot_floor = self._plot_floor([(float(size[i]), -int(context.rows[i])) for i in candidates.tolist()])
         for i in candidates.tolist():
-            lo, hi = int(starts[i]), int(starts[i + 1])
-            mask = None if context.mask is None else context.mask[list_starts[i] : list_starts[i + 1]]
+            a, b = int(list_starts[i]), int(list_starts[i + 1])
+            old, rollout = raw_old[a:b], raw_rollout[a:b]
+            mask = None if raw_mask is None else raw_mask[a:b]
+            if mask is not None:
+                old, rollout = old[mask], rollout[mask]
             identifier = None if ids is None else ids[i]
             row = int(context.rows[i])
-            lr = block.old[lo:hi] - block.rollout[lo:hi]
-            entry = _describe(block, i, lo, hi, lr, mask, row, identifier, context.step)
+            lr = old - rollout
+            entry = _describe(float(block.row_sum_lr[i]), old, rollout, lr, mask, row, identifier, context.step)
             # a response below the PLOTTED-th largest of the list and this block's candidates can never be
             # plotted (entries only move down the list), so its trace is not kept
-            keep = hi > lo and entry.key >= plot_floor
+            keep = lr.shape[0] > 0 and entry.key >= plot_floor
             self.offer(entry, _RawTrace(row, lr, None if mask is None else mask.copy()) if keep else None)
         if len(self.traces) > 2 * PLOTTED:
             plotted = {entry.row for entry in self.entries()[:PLOTTED]}
@@ -196,32 +198,30 @@ class WorstResponses:
 
 
 def _describe(
-    block: Block,
-    i: int,
-    lo: int,
-    hi: int,
+    s: float,
+    old: np.ndarray,
+    rollout: np.ndarray,
     lr: np.ndarray,
     mask: np.ndarray | None,
     row: int,
     identifier: Any,
     step: int | None,
 ) -> WorstResponse:
-    """The entry of row ``i`` (its valid tokens are ``lo:hi`` of the block, their log-ratios ``lr``; ``mask`` is its
-    list's mask)."""
-    s = float(block.row_sum_lr[i])
-    if hi == lo:
+    """The entry of a response: its log-ratio sum ``s``, its valid tokens' log-probs and log-ratios, its list's
+    mask."""
+    if lr.shape[0] == 0:
         return WorstResponse(row, step, _plain(identifier), 0, s, None, None, None, None)
     at = int(np.argmax(np.abs(lr)))
     return WorstResponse(
         row=row,
         step=step,
         id=_plain(identifier),
-        length=hi - lo,
+        length=int(lr.shape[0]),
         log_ratio_sum=s,
         max_abs_log_ratio=float(abs(lr[at])),
         position_of_max=at if mask is None else int(np.flatnonzero(mask)[at]),
-        old_log_prob_at_max=float(block.old[lo + at]),
-        rollout_log_prob_at_max=float(block.rollout[lo + at]),
+        old_log_prob_at_max=float(old[at]),
+        rollout_log_prob_at_max=float(rollout[at]),
     )
 
 

@@ -181,6 +181,16 @@ def _row_scale(old: np.ndarray, rollout: np.ndarray, bucket: np.ndarray, thresho
 
 
 @njit(**JIT)
+def _compact(values: np.ndarray, mask: np.ndarray, out: np.ndarray) -> None:
+    """The values at mask 1, in order, into ``out`` (a branch-free store: every value is written, the position
+    moves on only past a valid one)."""
+    k = 0
+    for j in range(values.shape[0]):
+        out[k] = values[j]
+        k += np.int64(mask[j] != 0)
+
+
+@njit(**JIT)
 def explain_block(
     old: np.ndarray,
     rollout: np.ndarray,
@@ -199,35 +209,48 @@ def explain_block(
 ) -> None:
     """Fold one block into the explain sums (added in place).
 
-    ``old``/``rollout``: the block's valid tokens (float32, row after row); ``valid_len``/``list_len``: each row's
-    valid tokens and list length (int64); ``mask``: the rows' mask over their list positions as uint8, or empty
-    when every position is valid; ``edges``: the position buckets' lower edges; ``thresholds``: the seven float32
-    log-prob thresholds of the probability buckets. Each row's group is a hash of its valid length and the bits
-    of its first valid trainer log-prob (``rcdiag.explain.statistics``). Sums: ``prob``
-    (buckets, 5), ``position`` (groups, buckets, 5), ``length`` (buckets, 5) with columns tokens, log-ratio,
-    |log-ratio|, k3, chi2; ``scale`` (groups, 6): n, x, y, xx, yy, xy over tokens with finite log-probs;
-    ``offset`` (groups, 4): n, capped IS ratio, up, down.
+    ``old``/``rollout``: the block's raw tokens (float32, row after row, padding included); ``valid_len`` /
+    ``list_len``: each row's valid tokens and list length (int64); ``mask``: the rows' mask over their list
+    positions as uint8, or empty when every position is valid (then ``valid_len`` is ``list_len``). A row with
+    masked positions has its valid tokens copied out first (into a row buffer, in L1), so every sum sees a row's
+    valid tokens in the same order and lanes whatever its padding. ``edges``: the position buckets' lower edges;
+    ``thresholds``: the seven float32 log-prob thresholds of the probability buckets. Each row's group is a hash
+    of its valid length and the bits of its first valid trainer log-prob (``rcdiag.explain.statistics``). Sums:
+    ``prob`` (buckets, 5), ``position`` (groups, buckets, 5), ``length`` (buckets, 5) with columns tokens,
+    log-ratio, |log-ratio|, k3, chi2; ``scale`` (groups, 6): n, x, y, xx, yy, xy over tokens with finite
+    log-probs; ``offset`` (groups, 4): n, capped IS ratio, up, down.
     """
     n_rows = valid_len.shape[0]
     n_edges = edges.shape[0]
     has_mask = mask.shape[0] > 0
     cap = np.float32(ratio_cap)
     tol = np.float32(shift_tol)
-    bits = old.view(np.uint32)
     longest = 0
+    longest_list = 0
     for row in range(n_rows):
         longest = max(longest, valid_len[row])
+        if valid_len[row] < list_len[row]:
+            longest_list = max(longest_list, list_len[row])
     row_bucket = np.empty(longest, np.int64)
     row_k3 = np.empty(longest)
     row_chi2 = np.empty(longest)
-    c = 0  # first valid token of the row, in the block
-    m = 0  # first list position of the row, in the mask
+    row_old = np.empty(longest_list, np.float32)
+    row_rollout = np.empty(longest_list, np.float32)
+    m = 0  # first list position of the row, in the block
     for row in range(n_rows):
         n_valid = valid_len[row]
         n_list = list_len[row]
+        if n_valid == n_list:
+            row_x = old[m : m + n_list]
+            row_y = rollout[m : m + n_list]
+        else:
+            _compact(old[m : m + n_list], mask[m : m + n_list], row_old)
+            _compact(rollout[m : m + n_list], mask[m : m + n_list], row_rollout)
+            row_x = row_old[:n_valid]
+            row_y = row_rollout[:n_valid]
         key = np.uint64(n_valid) << np.uint64(32)
         if n_valid > 0:
-            key ^= np.uint64(bits[c])
+            key ^= np.uint64(row_x[:1].view(np.uint32)[0])
         g = np.int64((key * _GOLDEN) >> np.uint64(60))
         if n_valid == 0:
             m += n_list
@@ -250,8 +273,8 @@ def explain_block(
                 count = hi - lo
             if count == 0:
                 continue
-            xs = old[c + at : c + at + count]
-            ys = rollout[c + at : c + at + count]
+            xs = row_x[at : at + count]
+            ys = row_y[at : at + count]
             sk3 = row_k3[at : at + count]
             sc2 = row_chi2[at : at + count]
             s_lr, s_abs, s_k3, s_chi2, capped = _run_terms(xs, ys, sk3, sc2, cap)
@@ -267,12 +290,11 @@ def explain_block(
             row_k3_sum += s_k3
             row_chi2_sum += s_chi2
             at += count
-        xs = old[c : c + n_valid]
-        ys = rollout[c : c + n_valid]
+        xs = row_x
+        ys = row_y
         r_n, r_x, r_y, r_xx, r_yy, r_xy, r_up, r_down = _row_scale(xs, ys, row_bucket[:n_valid], thresholds, tol)
         _four_buckets(row_bucket[:n_valid], xs, ys, row_k3[:n_valid], row_chi2[:n_valid], 0, prob)
         _four_buckets(row_bucket[:n_valid], xs, ys, row_k3[:n_valid], row_chi2[:n_valid], 4, prob)
-        c += n_valid
         m += n_list
         bucket = 0
         while bucket + 1 < n_edges and edges[bucket + 1] <= n_valid:
