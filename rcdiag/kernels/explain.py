@@ -48,30 +48,46 @@ def _bits_to_float64(typingctx, bits):  # type: ignore[no-untyped-def]
     return types.float64(types.int64), codegen
 
 
+_SERIES = tuple(1.0 / math.factorial(k) for k in range(15))
+"""1/k!: the Taylor coefficients of ``expm1`` to degree 14 (truncation below 1e-17 of the value for
+|r| <= ln2/2)."""
+SMALL = 0.34
+"""Below this |d| (just under ln2/2) ``_expm1``'s reduction is the identity (k = 0): rows whose log-ratios all lie
+below it take ``_expm1_series`` directly, with the same result."""
+
+
+@njit(**{**JIT, "fastmath": {"contract"}})
+def _expm1_series(r: float) -> float:
+    """``expm1(r)`` for |r| <= ln2/2: r + r^2 (1/2 + r (1/6 + ...)), Horner's scheme (correctly rounded but for
+    an ulp now and then). Not ``inline="always"``: numba would inline it under the caller's fast-math flags, and
+    reassociating Horner's scheme changes the last bits (LLVM inlines it with its own flags)."""
+    p = r * _SERIES[14]
+    p = r * (p + _SERIES[13])
+    p = r * (p + _SERIES[12])
+    p = r * (p + _SERIES[11])
+    p = r * (p + _SERIES[10])
+    p = r * (p + _SERIES[9])
+    p = r * (p + _SERIES[8])
+    p = r * (p + _SERIES[7])
+    p = r * (p + _SERIES[6])
+    p = r * (p + _SERIES[5])
+    p = r * (p + _SERIES[4])
+    p = r * (p + _SERIES[3])
+    p = r * (p + _SERIES[2])
+    return r + r * p
+
+
 @njit(**{**JIT, "fastmath": {"contract"}})
 def _expm1(x: float) -> float:
-    """``exp(x) - 1`` in float64 without the cancellation near 0: x = k ln2 + r with |r| <= ln2/2, a degree-14
-    Taylor polynomial for ``expm1(r)``, then ``2^k expm1(r) + (2^k - 1)``. NaN stays NaN; below -40 it is -1,
-    above 90 it is ``expm1(90)`` (the callers never need more). No reassociation here: it would fold the two
-    halves of ln 2 back into one and lose the reduction's precision."""
+    """``exp(x) - 1`` in float64 without the cancellation near 0: x = k ln2 + r with |r| <= ln2/2,
+    ``_expm1_series(r)``, then ``2^k expm1(r) + (2^k - 1)``. NaN stays NaN; below -40 it is -1, above 90 it is
+    ``expm1(90)`` (the callers never need more). No reassociation here: it would fold the two halves of ln 2 back
+    into one and lose the reduction's precision."""
     xc = x if x > _EXPM1_LO else _EXPM1_LO
     xc = xc if xc < _EXPM1_HI else _EXPM1_HI
     k = np.rint(xc * INV_LN2)
     r = (xc - k * LN2_HI) - k * LN2_LO
-    p = r * (1.0 / 14.0 / 13.0 / 12.0 / 11.0 / 10.0 / 9.0 / 8.0 / 7.0 / 6.0 / 5.0 / 4.0 / 3.0 / 2.0)
-    p = r * (p + 1.0 / 13.0 / 12.0 / 11.0 / 10.0 / 9.0 / 8.0 / 7.0 / 6.0 / 5.0 / 4.0 / 3.0 / 2.0)
-    p = r * (p + 1.0 / 12.0 / 11.0 / 10.0 / 9.0 / 8.0 / 7.0 / 6.0 / 5.0 / 4.0 / 3.0 / 2.0)
-    p = r * (p + 1.0 / 11.0 / 10.0 / 9.0 / 8.0 / 7.0 / 6.0 / 5.0 / 4.0 / 3.0 / 2.0)
-    p = r * (p + 1.0 / 10.0 / 9.0 / 8.0 / 7.0 / 6.0 / 5.0 / 4.0 / 3.0 / 2.0)
-    p = r * (p + 1.0 / 9.0 / 8.0 / 7.0 / 6.0 / 5.0 / 4.0 / 3.0 / 2.0)
-    p = r * (p + 1.0 / 8.0 / 7.0 / 6.0 / 5.0 / 4.0 / 3.0 / 2.0)
-    p = r * (p + 1.0 / 7.0 / 6.0 / 5.0 / 4.0 / 3.0 / 2.0)
-    p = r * (p + 1.0 / 6.0 / 5.0 / 4.0 / 3.0 / 2.0)
-    p = r * (p + 1.0 / 5.0 / 4.0 / 3.0 / 2.0)
-    p = r * (p + 1.0 / 4.0 / 3.0 / 2.0)
-    p = r * (p + 1.0 / 3.0 / 2.0)
-    p = r * (p + 0.5)
-    em1_r = r + r * p
+    em1_r = _expm1_series(r)
     scale = _bits_to_float64((np.int64(k) + 1023) << 52)
     out = scale * em1_r + (scale - 1.0)
     return x if x != x else out
@@ -128,14 +144,17 @@ def _four_buckets(
 
 
 @njit(**JIT)
-def _run_terms(old: np.ndarray, rollout: np.ndarray, k3_out: np.ndarray, chi2_out: np.ndarray, cap: np.float32):
+def _run_terms(
+    old: np.ndarray, rollout: np.ndarray, k3_out: np.ndarray, chi2_out: np.ndarray, cap: np.float32, small: bool
+):
     """Sums of the log-ratio d, |d|, k3 and chi2 terms and the capped IS ratio over a run of valid tokens; the k3
     and chi2 terms are written out for the probability buckets. k3 = e^d - 1 - d unclamped (inf where verl's
-    float32 e^d overflows), chi2 = (e^d - 1)(e^d + 1) and the ratio e^d at d clamped to [-20, 20]."""
+    float32 e^d overflows), chi2 = (e^d - 1)(e^d + 1) and the ratio e^d at d clamped to [-20, 20]. ``small``: every
+    |d| is below ``SMALL``, so ``_expm1`` is its series (LLVM takes the test out of the loop)."""
     s_lr = s_abs = s_k3 = s_chi2 = capped = 0.0
     for j in range(old.shape[0]):
         d = np.float64(old[j] - rollout[j])
-        em1 = _expm1(d)
+        em1 = _expm1_series(d) if small else _expm1(d)
         k3 = math.inf if d > LOG_F32_MAX else em1 - d
         em1c = EM1_POS_BOUND if d > 20.0 else (EM1_NEG_BOUND if d < -20.0 else em1)
         chi2 = em1c * (em1c + 2.0)
@@ -153,10 +172,12 @@ def _run_terms(old: np.ndarray, rollout: np.ndarray, k3_out: np.ndarray, chi2_ou
 @njit(**JIT)
 def _row_scale(old: np.ndarray, rollout: np.ndarray, bucket: np.ndarray, thresholds: np.ndarray, tol: np.float32):
     """A row's scale co-moments over tokens with finite log-probs (n, x, y, xx, yy, xy; products in float32 as
-    numpy takes them), its shift counts (d < -tol, d > tol) and each token's probability bucket (written out)."""
+    numpy takes them), its shift counts (d < -tol, d > tol), whether every |d| is below ``SMALL``, and each
+    token's probability bucket (written out)."""
     t0, t1, t2, t3, t4, t5, t6 = (thresholds[0], thresholds[1], thresholds[2], thresholds[3], thresholds[4],
                                   thresholds[5], thresholds[6])  # fmt: skip
-    n = up = down = 0
+    n = up = down = big = 0
+    small = np.float32(SMALL)
     sx = sy = sxx = syy = sxy = 0.0
     for j in range(old.shape[0]):
         x = old[j]
@@ -166,6 +187,7 @@ def _row_scale(old: np.ndarray, rollout: np.ndarray, bucket: np.ndarray, thresho
             np.int64(y >= t0) + np.int64(y >= t1) + np.int64(y >= t2) + np.int64(y >= t3)
             + np.int64(y >= t4) + np.int64(y >= t5) + np.int64(y >= t6)
         )  # fmt: skip
+        big += np.int64(not (abs(d32) < small))  # NaN included
         up += np.int64(d32 < -tol)
         down += np.int64(d32 > tol)
         finite = (abs(x) < math.inf) & (abs(y) < math.inf)
@@ -177,7 +199,7 @@ def _row_scale(old: np.ndarray, rollout: np.ndarray, bucket: np.ndarray, thresho
         sxx += np.float64(xf * xf)
         syy += np.float64(yf * yf)
         sxy += np.float64(xf * yf)
-    return float(n), sx, sy, sxx, syy, sxy, float(up), float(down)
+    return float(n), sx, sy, sxx, syy, sxy, float(up), float(down), big == 0
 
 
 @njit(**JIT)
@@ -255,6 +277,9 @@ def explain_block(
         if n_valid == 0:
             m += n_list
             continue
+        r_n, r_x, r_y, r_xx, r_yy, r_xy, r_up, r_down, small = _row_scale(
+            row_x, row_y, row_bucket[:n_valid], thresholds, tol
+        )
         size = 0
         while size < n_edges and edges[size] < n_list:
             size += 1  # size: the row's runs
@@ -277,7 +302,7 @@ def explain_block(
             ys = row_y[at : at + count]
             sk3 = row_k3[at : at + count]
             sc2 = row_chi2[at : at + count]
-            s_lr, s_abs, s_k3, s_chi2, capped = _run_terms(xs, ys, sk3, sc2, cap)
+            s_lr, s_abs, s_k3, s_chi2, capped = _run_terms(xs, ys, sk3, sc2, cap, small)
             r_capped += capped
             cell = position[g, k]
             cell[0] += count
@@ -292,7 +317,6 @@ def explain_block(
             at += count
         xs = row_x
         ys = row_y
-        r_n, r_x, r_y, r_xx, r_yy, r_xy, r_up, r_down = _row_scale(xs, ys, row_bucket[:n_valid], thresholds, tol)
         _four_buckets(row_bucket[:n_valid], xs, ys, row_k3[:n_valid], row_chi2[:n_valid], 0, prob)
         _four_buckets(row_bucket[:n_valid], xs, ys, row_k3[:n_valid], row_chi2[:n_valid], 4, prob)
         m += n_list
