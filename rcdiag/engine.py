@@ -152,7 +152,7 @@ class Engine:
         mask = chunk.mask
         if mask is not None and int(np.count_nonzero(mask)) == mask.shape[0]:
             mask = None
-        valid_lengths = lengths if mask is None else _valid_lengths(mask, offsets, lengths)
+        valid_lengths = lengths if mask is None else _valid_lengths(mask, lengths)
         state.valid_tokens += int(valid_lengths.sum())
         for step, r0, r1 in _step_runs(steps, lengths.shape[0]):
             batch = state.batch(step)
@@ -185,12 +185,12 @@ def _explain(
     explain.update(block, RowContext(lengths, mask, rows[a:b], None if ids is None else ids[a:b], step))
 
 
-def _valid_lengths(mask: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def _valid_lengths(mask: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Valid tokens per row."""
-    valid = np.zeros(lengths.shape[0], dtype=np.int64)
-    nonempty = lengths > 0
-    if mask.size:
-        valid[nonempty] = np.add.reduceat(mask, offsets[:-1][nonempty], dtype=np.int64)
+    from rcdiag.kernels.tokens import valid_lengths
+
+    valid = np.empty(lengths.shape[0], dtype=np.int64)
+    valid_lengths(np.ascontiguousarray(mask), np.ascontiguousarray(lengths, dtype=np.int64), valid)
     return valid
 
 

@@ -44,11 +44,15 @@ def reference(old, rollout, mask, lengths) -> dict:
     valid = np.ones(old.shape[0], dtype=bool) if mask is None else mask
     rows_old, rows_rollout, terms = [], [], {"abs": [], "exp": [], "k3": [], "chi2": []}
     lr, clamped, t = [], 0, 0
+    row_lo, row_hi = [], []
     for n in lengths.tolist():
         keep = valid[t : t + n]
         rows_old.append(math.fsum(old[t : t + n][keep].astype(np.float64).tolist()))
         rows_rollout.append(math.fsum(rollout[t : t + n][keep].astype(np.float64).tolist()))
         d_row = (old[t : t + n] - rollout[t : t + n])[keep]
+        nan_row = bool(np.isnan(d_row).any())
+        row_lo.append(math.nan if nan_row else min(d_row.tolist(), default=math.inf))
+        row_hi.append(math.nan if nan_row else max(d_row.tolist(), default=-math.inf))
         for d32 in d_row.tolist():
             d = float(np.float32(d32))
             lr.append(d)
@@ -64,6 +68,7 @@ def reference(old, rollout, mask, lengths) -> dict:
     has_nan = bool(np.isnan(lr_arr).any())
     return {
         "rows": (np.array(rows_old), np.array(rows_rollout)),
+        "row_range": (np.array(row_lo), np.array(row_hi)),
         "sums": {k: _sum(v) for k, v in terms.items()},
         "range": (math.nan, math.nan) if has_nan else (min(lr, default=math.inf), max(lr, default=-math.inf)),
         "nan": int(np.isnan(lr_arr).sum()),
@@ -102,6 +107,8 @@ def test_fused_pass_matches_brute_force(block) -> None:
     assert np.allclose(got.row_sum_rollout, ref["rows"][1], rtol=1e-12, atol=0, equal_nan=True)
     lo, hi = ref["range"]
     assert _close(got.lr_min, lo, 0) and _close(got.lr_max, hi, 0)
+    assert np.array_equal(got.row_lr_min, ref["row_range"][0], equal_nan=True)
+    assert np.array_equal(got.row_lr_max, ref["row_range"][1], equal_nan=True)
     assert (got.nan, got.clamped) == (ref["nan"], ref["clamped"])
     assert got.log_ratio_counts.tolist() == ref["counts"]
     for name, value in (("abs", got.abs_sum), ("exp", got.exp_abs_sum), ("k3", got.k3_sum), ("chi2", got.chi2_sum)):

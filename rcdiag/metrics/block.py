@@ -177,7 +177,16 @@ class Block:
         raw block (numpy backend only)."""
         from rcdiag.metrics.tokens import Statistic
 
-        return self.memo(("statistic", estimator), lambda: Statistic(self.sums, self.seg.lengths, estimator))
+        return self.memo(
+            ("statistic", estimator), lambda: Statistic(self.lr, self.seg.lengths, estimator, self.row_lr_range)
+        )
+
+    @cached_property
+    def row_lr_range(self) -> tuple[Array, Array]:
+        """Per-row (min, max) of the log-ratio (+inf / -inf for empty rows; NaN propagates)."""
+        if self.fused:
+            return self.sums.row_lr_min, self.sums.row_lr_max
+        return self.seg.min(self.lr, math.inf), self.seg.max(self.lr, -math.inf)
 
     def row_sum_k(self, estimator: Literal["k1", "k2", "k3"]) -> Array:
         """Per-row float64 sums of a k statistic (shared by every option that needs them).

@@ -30,7 +30,7 @@ class TokenSums:
     lr: Array | None
     """d of every valid token (float32, compacted) where the fused pass wrote it (CPU), else ``None``."""
     row_lr_min: Array | None
-    """Per-row least d (+inf for an empty row, NaN where the row holds a NaN d); CPU only, else ``None``."""
+    """Per-row least d (float64; +inf for an empty row, NaN where the row holds a NaN d); CPU only."""
     row_lr_max: Array | None
     row_sum_old: Array
     """float64 per-row sums of ``old`` (0 for an empty row), on the block's backend."""
@@ -64,7 +64,7 @@ def token_sums(block: Block) -> TokenSums:
 def fused_token_sums(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | None, lengths: np.ndarray) -> TokenSums:
     """``TokenSums`` of a raw block: float32 ``old``/``rollout`` with padding, boolean ``mask`` (``None``: every
     token valid) and each row's raw token count."""
-    from rcdiag.kernels.tokens import N_COUNTS, N_SUMS, token_pass
+    from rcdiag.kernels.tokens import N_COUNTS, N_SUMS, order_key, token_pass
 
     table = bin_table(EDGES)
     assert table is not None  # EDGES are float32 numbers, at most one per table cell
@@ -72,18 +72,22 @@ def fused_token_sums(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | No
     n_rows = lengths.shape[0]
     lr = np.empty(old.shape[0], dtype=np.float32)
     row_sums = np.empty((n_rows, 2), dtype=np.float64)
-    row_range = np.empty((n_rows, 2), dtype=np.float64)
+    row_keys = np.empty((n_rows, 2), dtype=np.int32)
+    row_counts = np.empty((n_rows, 2), dtype=np.int64)
     sums = np.empty(N_SUMS, dtype=np.float64)
     counts = np.empty(N_COUNTS, dtype=np.int64)
     hist = np.zeros((4, EDGES.shape[0] + 1), dtype=np.int64)
     inputs = _kernel_inputs(old, rollout, mask, lengths)
-    token_pass(*inputs, base, edge, lr, row_sums, row_range, sums, counts, hist)
+    token_pass(*inputs, base, edge, lr, row_sums, row_keys, row_counts, sums, counts, hist)
+    empty, has_nan = row_counts[:, 0] == 0, row_counts[:, 1] > 0
+    row_min = np.where(empty, math.inf, np.where(has_nan, math.nan, order_key(row_keys[:, 0])))
+    row_max = np.where(empty, -math.inf, np.where(has_nan, math.nan, order_key(row_keys[:, 1])))
     nan = int(counts[0])
-    lo, hi = (math.nan, math.nan) if nan else (float(sums[4]), float(sums[5]))
+    lo, hi = (float(np.min(row_min)), float(np.max(row_max))) if n_rows else (math.inf, -math.inf)
     return TokenSums(
         lr=lr[: int(counts[3])],
-        row_lr_min=row_range[:, 0].copy(),
-        row_lr_max=row_range[:, 1].copy(),
+        row_lr_min=row_min,
+        row_lr_max=row_max,
         row_sum_old=row_sums[:, 0].copy(),
         row_sum_rollout=row_sums[:, 1].copy(),
         lr_min=lo,
@@ -129,21 +133,21 @@ class Statistic:
     the fused token pass compacted. k1's per-row extremes follow from the rows' log-ratio extremes (k1 = -clamp(d)
     is monotone), so k1 needs no pass over the rows unless its row sums are asked for."""
 
-    def __init__(self, sums: TokenSums, valid_lengths: np.ndarray, estimator: str) -> None:
+    def __init__(
+        self, lr: np.ndarray, valid_lengths: np.ndarray, estimator: str, row_range: tuple[np.ndarray, np.ndarray]
+    ) -> None:
         from rcdiag.kernels.statistics import ESTIMATORS, statistic
 
-        assert sums.lr is not None
-        assert sums.row_lr_min is not None
-        assert sums.row_lr_max is not None
-        self.stat = np.empty(sums.lr.shape[0], dtype=np.float32)
+        self.stat = np.empty(lr.shape[0], dtype=np.float32)
         """float32, one per valid token, in order."""
-        statistic(sums.lr, ESTIMATORS[estimator], self.stat)
+        statistic(lr, ESTIMATORS[estimator], self.stat)
         self._lengths = np.ascontiguousarray(valid_lengths, dtype=np.int64)
         if estimator == "k1":
+            row_lo, row_hi = row_range
             empty = self._lengths == 0
-            self.row_max = np.where(empty, -math.inf, -np.clip(sums.row_lr_min, -SAFETY_BOUND, SAFETY_BOUND))
+            self.row_max = np.where(empty, -math.inf, -np.clip(row_lo, -SAFETY_BOUND, SAFETY_BOUND))
             """float64 per-row maxima (-inf for an empty row; NaN where the row holds a NaN)."""
-            self.row_min = np.where(empty, math.inf, -np.clip(sums.row_lr_max, -SAFETY_BOUND, SAFETY_BOUND))
+            self.row_min = np.where(empty, math.inf, -np.clip(row_hi, -SAFETY_BOUND, SAFETY_BOUND))
             """float64 per-row minima (+inf for an empty row; NaN where the row holds a NaN)."""
         else:
             self._reduce()
