@@ -57,7 +57,7 @@ def _k3_small(d: float) -> float:
 
 
 @njit(**JIT)
-def _row(old, rollout, mask, lr):
+def _row(old, rollout, mask, lr, old_valid, rollout_valid):
     """One row, its valid d written compacted to ``lr`` (as long as the row): (sum old, sum
     rollout, |d|, e^|d|, k3, chi2, valid, NaN, left for the scalar pass, least and greatest d's keys).
 
@@ -65,7 +65,7 @@ def _row(old, rollout, mask, lr):
     (measured 1.5 against 4.5 ns a token). Every step is a select, never a branch (a branch on the sign of d cost
     6 ns a token in mispredictions, one on the mask 3).
     """
-    so, sr, valid = _row_compact(old, rollout, mask, lr)
+    so, sr, valid = _row_compact(old, rollout, mask, lr, old_valid, rollout_valid)
     d = lr[:valid]
     s_abs, nan, big, lo, hi = _row_counts(d)
     s_k3, s_chi2, s_exp = _row_series(d)
@@ -73,33 +73,41 @@ def _row(old, rollout, mask, lr):
 
 
 @njit(**JIT)
-def _row_compact(old, rollout, mask, lr):
-    """Sums of old and rollout over valid tokens and their d, compacted into ``lr``; returns the number of valid
-    tokens. A row without padding is a plain vectorized loop; one with padding is compacted without a branch
-    (every d is written, the next one overwrites a masked one): a branch on the mask cost 3 ns a token."""
+def _row_compact(old, rollout, mask, lr, old_valid, rollout_valid):
+    """The row's valid d compacted into ``lr`` and the sums of its valid old and rollout log-probs; returns
+    (sum old, sum rollout, valid tokens). A row without padding takes plain vectorized loops; one with padding
+    is compacted without a branch (every value is written, the next one overwrites a masked one: a branch on the
+    mask cost 3 ns a token) into ``old_valid``/``rollout_valid`` first, so the sums add the same numbers in the
+    same order wherever the padding was (bit for bit)."""
     valid = 0
     for i in range(mask.shape[0]):
         valid += np.int64(mask[i])
-    so = 0.0
-    sr = 0.0
     if valid == mask.shape[0]:
         for i in range(old.shape[0]):
-            o = old[i]
-            q = rollout[i]
-            lr[i] = o - q
-            so += np.float64(o)
-            sr += np.float64(q)
+            lr[i] = old[i] - rollout[i]
+        so, sr = _sums(old, rollout)
         return so, sr, valid
     j = 0
     for i in range(old.shape[0]):
-        ok = mask[i]
         o = old[i]
         q = rollout[i]
         lr[j] = o - q
-        j += np.int64(ok)
-        so += np.float64(o) if ok else 0.0
-        sr += np.float64(q) if ok else 0.0
+        old_valid[j] = o
+        rollout_valid[j] = q
+        j += np.int64(mask[i])
+    so, sr = _sums(old_valid[:j], rollout_valid[:j])
     return so, sr, j
+
+
+@njit(**JIT)
+def _sums(old, rollout):
+    """float64 sums of two float32 arrays."""
+    so = 0.0
+    sr = 0.0
+    for i in range(old.shape[0]):
+        so += np.float64(old[i])
+        sr += np.float64(rollout[i])
+    return so, sr
 
 
 @njit(**JIT)
@@ -223,10 +231,15 @@ def token_pass(old, rollout, mask, lengths, base, edge, lr, row_sums, row_keys, 
     clamped = 0
     left = 0
     t = 0
+    longest = 0
+    for r in range(lengths.shape[0]):
+        longest = max(longest, lengths[r])
+    old_valid = np.empty(longest, dtype=np.float32)
+    rollout_valid = np.empty(longest, dtype=np.float32)
     for r in range(lengths.shape[0]):
         n = lengths[r]
         so, sr, a, e, k, c, rv, rnan, rbig, lo, hi = _row(
-            old[t : t + n], rollout[t : t + n], mask[t : t + n], lr[valid : valid + n]
+            old[t : t + n], rollout[t : t + n], mask[t : t + n], lr[valid : valid + n], old_valid, rollout_valid
         )
         row_sums[r, 0] = so
         row_sums[r, 1] = sr
