@@ -205,7 +205,7 @@ def test_expm1_is_within_two_ulps_of_numpy(scale: float) -> None:
 
 def test_rows_of_small_log_ratios_take_the_series_with_the_same_result() -> None:
     """Below ``SMALL`` the range reduction is the identity: the series alone gives every term bit for bit."""
-    from rcdiag.kernels.explain import SMALL, _run_terms
+    from rcdiag.kernels.explain import SMALL, _row_terms
 
     rng = np.random.default_rng(3)
     old = -np.abs(rng.normal(0.0, 2.0, 5000)).astype(np.float32)
@@ -215,7 +215,7 @@ def test_rows_of_small_log_ratios_take_the_series_with_the_same_result() -> None
     outputs = []
     for small in (True, False):
         k3, chi2 = np.empty(5000), np.empty(5000)
-        outputs.append((_run_terms(old, rollout, k3, chi2, np.float32(RATIO_CAP), small), k3, chi2))
+        outputs.append((_row_terms(old, rollout, k3, chi2, np.float32(RATIO_CAP), small), k3, chi2))
     (sums_a, k3_a, chi2_a), (sums_b, k3_b, chi2_b) = outputs
     assert sums_a == sums_b
     assert np.array_equal(k3_a, k3_b) and np.array_equal(chi2_a, chi2_b)

@@ -1,16 +1,22 @@
 """``analyze --explain``'s per-token work in one fused pass over a block (rcdiag/explain/).
 
-``explain_block`` walks each row's runs of positions that share a position bucket (0-31, 32-63, 64-127, ...; the
-mask places each valid token at its position) and, in one vectorized loop per run, takes every per-token term
-the explain state sums: the log-ratio, its absolute value, verl's k3 and chi2 terms, the capped IS ratio, the
-shift counts and the scale co-moments. Run sums go to the position and length breakdowns, row sums to the
-detectors' group tables; a second, scalar loop over the run (still in L1) adds each token to its
-rollout-probability bucket. Sums are per run and per row in token order within a vector lane, so they depend on
-a row's valid tokens alone: padding, chunking and row order change nothing beyond float64 rounding of the
-additions across rows.
+``explain_block`` takes the block's raw rows; a row with padding has its valid tokens copied into a row buffer
+(in L1) first. Per row, a few simple loops, each of which LLVM vectorizes (their fusion it does not):
+
+* ``_row_scale``: the scale co-moments and shift counts of the detectors, and each token's rollout-probability
+  bucket (compared with log-space thresholds, written out);
+* ``_row_terms``: each token's k3 and chi2 terms (written out) and the capped IS ratio's sum;
+* ``_run_sums``, once per run of positions that share a position bucket (0-31, 32-63, 64-127, ...; the mask
+  places each valid token at its position): the run's token count, log-ratio, |log-ratio|, k3 and chi2 sums, for
+  the position and length breakdowns;
+* ``_four_buckets``, twice: the same sums per probability bucket, four buckets at a time, by a select per bucket
+  (a scatter into the buckets does not vectorize: twice the time, measured).
+
+Sums are per run and per row, in token order within a vector lane, so they depend on a row's valid tokens alone:
+padding, chunking and row order change nothing beyond float64 rounding of the additions across rows.
 
 The float64 ``expm1`` here is a polynomial (``_expm1``) that LLVM vectorizes: numba's ``math.expm1`` calls libm
-one value at a time (5 ns a token). It is within an ulp or so of numpy's ``np.expm1``.
+one value at a time (5 ns a token). It is within two ulps of numpy's ``np.expm1``.
 """
 
 from __future__ import annotations
@@ -144,29 +150,35 @@ def _four_buckets(
 
 
 @njit(**JIT)
-def _run_terms(
+def _row_terms(
     old: np.ndarray, rollout: np.ndarray, k3_out: np.ndarray, chi2_out: np.ndarray, cap: np.float32, small: bool
-):
-    """Sums of the log-ratio d, |d|, k3 and chi2 terms and the capped IS ratio over a run of valid tokens; the k3
-    and chi2 terms are written out for the probability buckets. k3 = e^d - 1 - d unclamped (inf where verl's
-    float32 e^d overflows), chi2 = (e^d - 1)(e^d + 1) and the ratio e^d at d clamped to [-20, 20]. ``small``: every
-    |d| is below ``SMALL``, so ``_expm1`` is its series (LLVM takes the test out of the loop)."""
-    s_lr = s_abs = s_k3 = s_chi2 = capped = 0.0
+) -> float:
+    """A row's k3 and chi2 terms, written out, and the sum of its capped IS ratio. k3 = e^d - 1 - d unclamped (inf
+    where verl's float32 e^d overflows), chi2 = (e^d - 1)(e^d + 1) and the ratio e^d at d clamped to [-20, 20].
+    ``small``: every |d| is below ``SMALL``, so ``_expm1`` is its series (LLVM takes the test out of the loop)."""
+    capped = 0.0
     for j in range(old.shape[0]):
         d = np.float64(old[j] - rollout[j])
         em1 = _expm1_series(d) if small else _expm1(d)
-        k3 = math.inf if d > LOG_F32_MAX else em1 - d
         em1c = EM1_POS_BOUND if d > 20.0 else (EM1_NEG_BOUND if d < -20.0 else em1)
-        chi2 = em1c * (em1c + 2.0)
         ratio = np.float32(em1c + 1.0)
+        capped += np.float64(cap if ratio > cap else ratio)
+        k3_out[j] = math.inf if d > LOG_F32_MAX else em1 - d
+        chi2_out[j] = em1c * (em1c + 2.0)
+    return capped
+
+
+@njit(**JIT)
+def _run_sums(old: np.ndarray, rollout: np.ndarray, k3: np.ndarray, chi2: np.ndarray):
+    """Sums of the log-ratio d, |d| and the k3 and chi2 terms over a run of a row's valid tokens."""
+    s_lr = s_abs = s_k3 = s_chi2 = 0.0
+    for j in range(old.shape[0]):
+        d = np.float64(old[j] - rollout[j])
         s_lr += d
         s_abs += abs(d)
-        s_k3 += k3
-        s_chi2 += chi2
-        capped += np.float64(cap if ratio > cap else ratio)
-        k3_out[j] = k3
-        chi2_out[j] = chi2
-    return s_lr, s_abs, s_k3, s_chi2, capped
+        s_k3 += k3[j]
+        s_chi2 += chi2[j]
+    return s_lr, s_abs, s_k3, s_chi2
 
 
 @njit(**JIT)
@@ -284,7 +296,7 @@ def explain_block(
         while size < n_edges and edges[size] < n_list:
             size += 1  # size: the row's runs
         row_lr = row_abs = row_k3_sum = row_chi2_sum = 0.0
-        r_capped = 0.0
+        r_capped = _row_terms(row_x, row_y, row_k3[:n_valid], row_chi2[:n_valid], cap, small)
         at = 0  # the run's first token, in the row
         for k in range(size):
             lo = edges[k]
@@ -302,8 +314,7 @@ def explain_block(
             ys = row_y[at : at + count]
             sk3 = row_k3[at : at + count]
             sc2 = row_chi2[at : at + count]
-            s_lr, s_abs, s_k3, s_chi2, capped = _run_terms(xs, ys, sk3, sc2, cap, small)
-            r_capped += capped
+            s_lr, s_abs, s_k3, s_chi2 = _run_sums(xs, ys, sk3, sc2)
             cell = position[g, k]
             cell[0] += count
             cell[1] += s_lr
