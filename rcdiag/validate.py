@@ -120,7 +120,8 @@ class Screen:
                 continue
             # Fast paths, one pass each: no value anywhere (padding included) above the tolerance or NaN, and
             # no -inf anywhere. Only when they fail are the valid positions looked at one by one.
-            if not values.max() <= POSITIVE_TOLERANCE:
+            low, high = _range(values)
+            if not high <= POSITIVE_TOLERANCE:
                 ok = values <= POSITIVE_TOLERANCE
                 if valid is not None:
                     ok |= ~valid
@@ -128,7 +129,7 @@ class Screen:
                     bad = ~ok
                     for code, hit in ((2, np.isnan(values)), (3, values == np.inf), (4, values > POSITIVE_TOLERANCE)):
                         flagged[code] = flagged[code] | (bad & hit) if code in flagged else bad & hit
-            if not values.min() > -np.inf:  # NaN also takes this path
+            if not low > -np.inf:  # NaN also takes this path
                 neg_inf = values == -np.inf
                 if valid is not None:
                     neg_inf &= valid
@@ -170,6 +171,15 @@ def raise_for_bad_rows(first: Problem | None, stats: ScreenStats) -> None:
         )
     if stats.rows_read and stats.skipped_rows == stats.rows_read:
         raise InputError(f"every row was skipped ({stats.skipped_rows} rows: {breakdown}); there is nothing to analyze")
+
+
+def _range(values: np.ndarray) -> tuple[float, float]:
+    """(min, max) of the values, NaN-propagating enough for the fast paths: a NaN makes one of them NaN."""
+    if values.dtype == np.float32:
+        from rcdiag.kernels.screen import value_range
+
+        return value_range(values)
+    return float(values.min()), float(values.max())
 
 
 def _valid(mask: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray | None]:

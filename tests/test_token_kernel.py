@@ -260,3 +260,19 @@ def test_padding_anywhere_changes_no_bit(block, seed) -> None:
         assert np.array_equal(getattr(plain, name), getattr(padded, name), equal_nan=True), name
     for name in ("lr_min", "lr_max", "nan", "abs_sum", "exp_abs_sum", "k3_sum", "chi2_sum", "clamped"):
         assert _close(getattr(plain, name), getattr(padded, name), 0), name
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=300), st.integers(0, 2**32 - 1))
+def test_screen_range_matches_numpy(patterns, seed) -> None:
+    """The screen's one-pass (min, max) equals numpy's on any float32 bit patterns: both NaN when a NaN of either
+    sign is present, infinities and subnormals included."""
+    from rcdiag.kernels.screen import value_range
+
+    rng = np.random.default_rng(seed)
+    values = np.array(patterns, dtype=np.uint32).view(np.float32)
+    if rng.random() < 0.7:  # mostly ordinary numbers, a few bit patterns of every kind
+        values = np.where(rng.random(values.shape[0]) < 0.9, rng.normal(0, 10, values.shape[0]), values)
+        values = values.astype(np.float32)
+    lo, hi = value_range(values)
+    assert _close(lo, float(values.min()), 0) and _close(hi, float(values.max()), 0)

@@ -82,8 +82,18 @@ def row_reductions(stat, lengths, row_sum, row_max, row_min):
         t += n
 
 
+@njit(inline="always")
+def _value(values, i, k1_of_lr):
+    """The statistic at ``i``: ``values[i]``, or k1 = -clamp(d, ±20) when ``values`` are the log-ratios (exact
+    float32 operations, whatever the fast-math flags)."""
+    x = values[i]
+    if k1_of_lr:
+        x = -(_BOUND32 if x > _BOUND32 else (-_BOUND32 if x < -_BOUND32 else x))
+    return x
+
+
 @njit(**JIT)
-def _row_band(stat, lo, hi, two_sided):
+def _row_band(values, lo, hi, two_sided, k1_of_lr):
     """One row: (rejected, above hi, below lo, float64 sum of the statistic clipped to [lo, hi]). A token is
     kept when ``lo <= x <= hi`` (k1) or ``x <= hi`` (k2, k3); NaN is rejected, counted neither above nor below,
     and clips to NaN."""
@@ -91,8 +101,8 @@ def _row_band(stat, lo, hi, two_sided):
     above = 0
     below = 0
     s = 0.0
-    for i in range(stat.shape[0]):
-        x = stat[i]
+    for i in range(values.shape[0]):
+        x = _value(values, i, k1_of_lr)
         keep = (x <= hi) & ((x >= lo) | (not two_sided))
         rejected += np.int64(not keep)
         above += np.int64(x > hi)
@@ -103,19 +113,20 @@ def _row_band(stat, lo, hi, two_sided):
 
 
 @njit(**JIT)
-def _centred_squares(stat, lo, hi, mean):
+def _centred_squares(values, lo, hi, mean, k1_of_lr):
     m2 = 0.0
-    for i in range(stat.shape[0]):
-        x = stat[i]
+    for i in range(values.shape[0]):
+        x = _value(values, i, k1_of_lr)
         c = np.float64(lo if x < lo else (hi if x > hi else x)) - mean
         m2 += c * c
     return m2
 
 
 @njit(**JIT)
-def threshold_pass(stat, lengths, lo, hi, two_sided, row_rejected, out):
+def threshold_pass(values, lengths, lo, hi, two_sided, k1_of_lr, row_rejected, out):
     """Per-row rejected counts into ``row_rejected``; ``out`` = (above, below, n, mean, M2) of the statistic
-    clipped to [lo, hi] (float32 bounds; moments centred on this block's mean, as ``Backend.moments``)."""
+    clipped to [lo, hi] (float32 bounds; moments centred on this block's mean, as ``Backend.moments``).
+    ``values`` is the statistic, or with ``k1_of_lr`` the log-ratios whose k1 it is (no k1 array is built)."""
     lo32 = np.float32(lo)
     hi32 = np.float32(hi)
     above = 0
@@ -124,16 +135,16 @@ def threshold_pass(stat, lengths, lo, hi, two_sided, row_rejected, out):
     t = 0
     for r in range(lengths.shape[0]):
         n = lengths[r]
-        rej, a, b, rs = _row_band(stat[t : t + n], lo32, hi32, two_sided)
+        rej, a, b, rs = _row_band(values[t : t + n], lo32, hi32, two_sided, k1_of_lr)
         row_rejected[r] = rej
         above += a
         below += b
         s += rs
         t += n
-    count = stat.shape[0]
+    count = values.shape[0]
     mean = s / count if count else 0.0
     out[0] = above
     out[1] = below
     out[2] = count
     out[3] = mean
-    out[4] = _centred_squares(stat, lo32, hi32, mean) if count else 0.0
+    out[4] = _centred_squares(values, lo32, hi32, mean, k1_of_lr) if count else 0.0

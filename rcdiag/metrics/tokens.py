@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -136,11 +137,8 @@ class Statistic:
     def __init__(
         self, lr: np.ndarray, valid_lengths: np.ndarray, estimator: str, row_range: tuple[np.ndarray, np.ndarray]
     ) -> None:
-        from rcdiag.kernels.statistics import ESTIMATORS, statistic
-
-        self.stat = np.empty(lr.shape[0], dtype=np.float32)
-        """float32, one per valid token, in order."""
-        statistic(lr, ESTIMATORS[estimator], self.stat)
+        self.lr = lr
+        self.estimator = estimator
         self._lengths = np.ascontiguousarray(valid_lengths, dtype=np.int64)
         if estimator == "k1":
             row_lo, row_hi = row_range
@@ -151,6 +149,16 @@ class Statistic:
             """float64 per-row minima (+inf for an empty row; NaN where the row holds a NaN)."""
         else:
             self._reduce()
+
+    @cached_property
+    def stat(self) -> np.ndarray:
+        """float32, one per valid token, in order (k1 is built only when asked for: its band reads the
+        log-ratios)."""
+        from rcdiag.kernels.statistics import ESTIMATORS, statistic
+
+        out = np.empty(self.lr.shape[0], dtype=np.float32)
+        statistic(self.lr, ESTIMATORS[self.estimator], out)
+        return out
 
     def _reduce(self) -> None:
         from rcdiag.kernels.statistics import row_reductions
@@ -176,7 +184,10 @@ def band(stat: Statistic, valid_lengths: np.ndarray, lo: float, hi: float, two_s
 
     rejected = np.empty(valid_lengths.shape[0], dtype=np.int64)
     out = np.empty(5, dtype=np.float64)
-    threshold_pass(stat.stat, np.ascontiguousarray(valid_lengths, dtype=np.int64), lo, hi, two_sided, rejected, out)
+    k1_of_lr = stat.estimator == "k1"
+    values = stat.lr if k1_of_lr else stat.stat
+    lengths = np.ascontiguousarray(valid_lengths, dtype=np.int64)
+    threshold_pass(values, lengths, lo, hi, two_sided, k1_of_lr, rejected, out)
     return Band(rejected.astype(np.float64), int(out[0]), int(out[1]), (float(out[2]), float(out[3]), float(out[4])))
 
 
