@@ -4,9 +4,10 @@
 
 Stages: the bare decode (``decode``, the floor of benchmarks/throughput.py), rcdiag's reader (decode plus the
 conversion to chunks), the value screen, and the engine's maths for verl's default configuration and for the
-realistic one (``is_rs``), over chunks held in memory. CPU time (``time.process_time``) hardly moves with other
-load on the machine, unlike wall time, so these figures explain the ratios of throughput.py: on two cores,
-rcdiag's wall time can go no lower than the sum of its stages' CPU time divided by two.
+realistic one (``is_rs``, also with ``--explain``), over chunks held in memory. CPU time (``time.process_time``)
+hardly moves with other load on the machine, unlike wall time, so these figures explain the ratios of
+throughput.py: on two cores, rcdiag's wall time can go no lower than the sum of its stages' CPU time divided by
+two.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from _methods import CONFIG, decode
 import rcdiag
 from rcdiag.constants import DEFAULT_CHUNK_TOKENS
 from rcdiag.engine import Engine
+from rcdiag.explain.state import ExplainState
 from rcdiag.io import open_dump
 from rcdiag.validate import Screen
 
@@ -50,6 +52,7 @@ def main() -> None:
         "screen": lambda: list(Screen()(chunks)),
         "engine, default configuration": lambda: Engine(rcdiag.CorrectionConfig().resolve()).run(screened),
         "engine, is_rs": lambda: Engine(CONFIG.resolve()).run(screened),
+        "engine, is_rs --explain": lambda: Engine(CONFIG.resolve(), explain=ExplainState()).run(screened),
     }
     print(f"{tokens / 1e6:.1f}M tokens, chunk {chunk:,}; least CPU time of {args.repeats} runs, all threads\n")
     print("| stage | CPU ns per token |\n|---|---|")

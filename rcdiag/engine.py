@@ -170,6 +170,7 @@ class Engine:
                         else Block(NumpyBackend(), old[t0:t1], rollout[t0:t1], valid, **raw)
                     )
                     _explain(explain, chunk, host, block_mask, step, r0 + b0, r0 + b1)
+                    del host  # a block kept alive into the next one's maths costs it fresh pages (1.2 ns/token)
 
 
 def _explain(

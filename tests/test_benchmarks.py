@@ -31,7 +31,7 @@ def _run(tmp_path: Path, script: str, *args: str) -> str:
             ["| decode |", "| rcdiag is_rs, IPC mmap |", "| rcdiag / decode |", "IPC mmap / maths alone", "--help`:"],
         ),
         ("memory.py", ("--tokens", "100k,200k", "--padded-tokens", "0"), ["| rcdiag is_rs | IPC mmap |", "RssAnon"]),
-        ("cpu_time.py", ("--tokens", "200k", "--repeats", "1"), ["| decode (the floor) |", "| engine, is_rs |"]),
+        ("cpu_time.py", ("--tokens", "200k", "--repeats", "1"), ["| decode (the floor) |", "| engine, is_rs |", "| engine, is_rs --explain |"]),
     ],
 )
 def test_benchmark_scripts_run(tmp_path: Path, script: str, args: tuple[str, ...], expected: list[str]) -> None:

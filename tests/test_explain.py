@@ -408,3 +408,27 @@ def test_trailing_padding_changes_nothing(tmp_path: Path, pad: int, seed: int) -
     assert a.explain.breakdowns == b.explain.breakdowns
     assert a.explain.worst_sequences == b.explain.worst_sequences
     assert [f.code for f in a.findings] == [f.code for f in b.findings]
+
+
+def test_the_worst_list_keeps_raw_tokens_only_for_responses_that_may_be_plotted() -> None:
+    """Each response beats every earlier one, so each enters the list at the top and pushes the others down: the
+    list holds at most a few raw traces (bounded memory), and the plotted ones are the top responses' tokens."""
+    from rcdiag.backend import NumpyBackend
+    from rcdiag.explain.state import RowContext
+    from rcdiag.explain.worst import PLOTTED, TokenTrace, WorstResponses
+    from rcdiag.metrics.block import Block
+
+    rng = np.random.default_rng(5)
+    worst = WorstResponses(50)
+    tokens = {}
+    for row in range(200):
+        n = int(rng.integers(1, 2000))
+        old = -np.abs(rng.normal(0, 1, n)).astype(np.float32)
+        rollout = (old - np.float32(row / n)).astype(np.float32)  # log-ratio sum about ``row``
+        lengths = np.array([n], dtype=np.int64)
+        worst.update(Block(NumpyBackend(), old, rollout, lengths), RowContext(lengths, None, np.array([row]), None, 0))
+        tokens[row] = old - rollout
+        assert len(worst.traces) <= 2 * PLOTTED
+    top = [entry.row for entry in worst.entries()[:PLOTTED]]
+    assert top == [199, 198, 197, 196, 195]
+    assert worst.plotted() == [TokenTrace.of(row, tokens[row], None) for row in top]

@@ -1,11 +1,12 @@
 """Where the mismatch sits: token-level off-policy metrics per bucket of position, rollout probability and length.
 
 Every valid token falls in exactly one bucket of each breakdown, so each breakdown's ``tokens`` add up to the
-dump's valid tokens. A bucket's state is five float64 sums (tokens, log-ratio, |log-ratio|, exp(log-ratio),
-squared IS ratio), from which verl's ``kl``, ``k3_kl`` and ``chi2_token`` follow by the engine's own formulas
+dump's valid tokens. A bucket's state is five float64 sums (``SUMS``: tokens, log-ratio, |log-ratio|, k3 and
+chi2 terms), from which verl's ``kl``, ``k3_kl`` and ``chi2_token`` follow by the engine's own formulas
 (``rcdiag.metrics.offpolicy.token_metrics``) restricted to the bucket's tokens. Sums merge by addition, so the
 result does not depend on chunking, row order or workers. Position buckets are also kept per row group
-(``GROUPS``), which gives the position-drift detector its noise estimate.
+(``GROUPS``), which gives the position-drift detector its noise estimate. The sums are taken by one fused pass
+per block (``rcdiag.kernels.explain``, fed by ``rcdiag.explain.state``); this module declares their layout.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag.metrics.block import Block
-from rcdiag.metrics.offpolicy import chi2_terms, k3_terms, token_metrics
+from rcdiag.metrics.offpolicy import token_metrics
 
 GROUPS = 16
 """Rows are dealt into this many groups by a hash of their content (never by position in the dump, so workers
@@ -34,25 +34,8 @@ PROB_EDGES = (0.0, 1e-4, 1e-3, 1e-2, 0.1, 0.5, 0.9, 0.99, 1.0)
 N_PROB = len(PROB_EDGES) - 1
 
 SUMS = ("tokens", "lr", "abs_lr", "k3", "chi2")
-"""Per-bucket sums: valid tokens, log-ratio (old - rollout), |log-ratio|, and the engine's per-token k3_kl and
-chi2_token terms (``rcdiag.metrics.offpolicy.k3_terms`` / ``chi2_terms``)."""
-
-_LUT_SIZE = 1 << 16
-
-
-def _doubling_lut() -> np.ndarray:
-    values = np.arange(_LUT_SIZE, dtype=np.int64)
-    return np.searchsorted(np.asarray(DOUBLING_EDGES[1:]), values, side="right").astype(np.uint8)
-
-
-_LUT = _doubling_lut()
-
-
-def doubling_bucket(values: np.ndarray) -> np.ndarray:
-    """Bucket index in ``DOUBLING_EDGES`` of non-negative integers (positions, lengths)."""
-    if values.size == 0 or int(values.max()) < _LUT_SIZE:
-        return _LUT[values]
-    return np.searchsorted(np.asarray(DOUBLING_EDGES[1:]), values, side="right").astype(np.uint8)
+"""Per-bucket sums: valid tokens, log-ratio (old - rollout), |log-ratio|, and verl's per-token k3_kl and
+chi2_token terms (e^d - 1 - d unclamped, e^(2 clamp(d)) - 1)."""
 
 
 def _log_thresholds() -> np.ndarray:
@@ -73,64 +56,12 @@ LOG_PROB_THRESHOLDS = _log_thresholds()
 
 
 def prob_bucket(rollout_log_prob: np.ndarray) -> np.ndarray:
-    """Bucket index in ``PROB_EDGES`` of exp(rollout_log_prob)."""
-    return prob_buckets(rollout_log_prob)[0]
-
-
-def prob_buckets(rollout_log_prob: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each token's bucket index in ``PROB_EDGES`` of exp(rollout_log_prob), and the tokens per bucket: a sum of
-    comparisons with the edges (seven one-byte passes; ``searchsorted`` costs ten times as much per token)."""
+    """Bucket index in ``PROB_EDGES`` of exp(rollout_log_prob): the number of thresholds it reaches (as the fused
+    pass counts them; NaN reaches none)."""
     bucket = np.zeros(rollout_log_prob.shape, dtype=np.uint8)
-    at_least = [rollout_log_prob.shape[0]]
     for edge in LOG_PROB_THRESHOLDS:
-        above = rollout_log_prob >= edge
-        at_least.append(int(np.count_nonzero(above)))
-        bucket += above
-    at_least.append(0)
-    return bucket, -np.diff(np.asarray(at_least, dtype=np.float64))
-
-
-_LANES = 64
-_lanes = np.zeros(0, dtype=np.intp)
-
-
-def _lane_index(n: int) -> np.ndarray:
-    """0, 1, ..., 63, 0, 1, ... of length ``n`` (cached): spreads consecutive tokens of one bucket over 64 slots,
-    so ``bincount`` does not wait on one running sum (with 8 buckets that costs it 5-10x)."""
-    global _lanes
-    if _lanes.shape[0] < n:
-        _lanes = np.arange(max(n, 1 << 17), dtype=np.intp) & (_LANES - 1)
-    return _lanes[:n]
-
-
-def position_segments(
-    valid_lengths: np.ndarray, lengths: np.ndarray, mask: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The runs of a block's valid tokens that share a row and a position bucket.
-
-    Returns each run's first index in the compacted (valid-only) token array, its row and its bucket. Buckets
-    start at fixed positions of each row (0, 32, 64, ...), so the runs follow from the row lengths and the mask
-    alone; their sums are then ``reduceat`` sums (one sequential pass per term, no per-token positions).
-    """
-    n_rows = lengths.shape[0]
-    per_row = np.where(lengths > 0, doubling_bucket(np.maximum(lengths - 1, 0)).astype(np.int64) + 1, 0)
-    runs = int(per_row.sum())
-    run_row = np.repeat(np.arange(n_rows), per_row)
-    first_run = np.zeros(n_rows, dtype=np.int64)
-    np.cumsum(per_row[:-1], out=first_run[1:])
-    run_bucket = np.arange(runs) - first_run[run_row]
-    row_start = np.zeros(n_rows, dtype=np.int64)
-    np.cumsum(lengths[:-1], out=row_start[1:])
-    at = row_start[run_row] + np.asarray(DOUBLING_EDGES, dtype=np.int64)[run_bucket]
-    if mask is not None and runs:
-        # valid tokens per run (one sequential pass over the mask), then where each run starts among them
-        flags = mask.view(np.uint8) if mask.dtype == np.bool_ else (mask != 0).view(np.uint8)
-        valid = np.add.reduceat(flags, at, dtype=np.int64)
-        at = np.zeros(runs, dtype=np.int64)
-        np.cumsum(valid[:-1], out=at[1:])
-    ends = np.append(at[1:], int(valid_lengths.sum()))
-    keep = ends > at
-    return at[keep], run_row[keep], run_bucket[keep]
+        bucket += rollout_log_prob >= edge
+    return bucket
 
 
 def token_positions(lengths: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
@@ -149,32 +80,6 @@ class Breakdowns:
         self.position = np.zeros((GROUPS, N_DOUBLING, len(SUMS)))
         self.prob = np.zeros((N_PROB, len(SUMS)))
         self.length = np.zeros((N_DOUBLING, len(SUMS)))
-
-    def update(self, block: Block, lengths: np.ndarray, mask: np.ndarray | None, row_groups: np.ndarray) -> None:
-        """Fold a (numpy) block in; ``lengths`` and ``mask`` describe its rows before padding was dropped."""
-        n = block.n_tokens
-        if n == 0:
-            return
-        b = block.b
-        k3, chi2 = k3_terms(block), chi2_terms(block)
-        terms = (block.lr, b.abs(block.lr), k3, chi2)
-        bucket, counts = prob_buckets(block.rollout)
-        cell = (bucket.astype(np.intp) << 6) | _lane_index(n)
-        # float64 log-ratio (the engine's, when no value reaches the clamp): ``np.add.at`` adds float64 weights in
-        # token order like ``bincount`` (the same sums) at two thirds of its cost, but is slow on float32 ones.
-        lr64 = block.lr_safe64 if block.within_clamp else b.to_float64(block.lr)
-        size = N_PROB * _LANES
-        sums = np.stack([_cell_sums(cell, t, size) for t in (lr64, b.abs(lr64), k3, chi2)], axis=-1)
-        self.prob[:, 0] += counts
-        self.prob[:, 1:] += sums.reshape(N_PROB, _LANES, len(terms)).sum(axis=1)
-
-        starts, run_row, run_bucket = position_segments(block.row_len.astype(np.int64), lengths, mask)
-        counts = np.diff(np.append(starts, n)).astype(np.float64)
-        runs = np.stack([counts, *(np.add.reduceat(t, starts, dtype=np.float64) for t in terms)], axis=-1)
-        cells = row_groups[run_row] * N_DOUBLING + run_bucket
-        self.position += _scatter(cells, runs, GROUPS * N_DOUBLING).reshape(self.position.shape)
-        row_bucket = doubling_bucket(block.row_len.astype(np.int64))
-        self.length += _scatter(row_bucket[run_row], runs, N_DOUBLING)
 
     def merge(self, other: Breakdowns) -> None:
         self.position += other.position
@@ -201,18 +106,6 @@ class Breakdowns:
             "rollout_prob": _rows(self.prob, PROB_EDGES, open_end=False),
             "length": _rows(self.length, DOUBLING_EDGES, open_end=True),
         }
-
-
-def _cell_sums(cell: np.ndarray, weights: np.ndarray, size: int) -> np.ndarray:
-    """``np.bincount(cell, weights, minlength=size)`` for float64 weights, added in the same order."""
-    out = np.zeros(size)
-    np.add.at(out, cell, weights)
-    return out
-
-
-def _scatter(cells: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
-    """Per-cell sums of each column of ``values`` (few runs per row: cheap)."""
-    return np.stack([np.bincount(cells, weights=values[:, k], minlength=size) for k in range(values.shape[1])], -1)
 
 
 def bucket_metrics(sums: np.ndarray) -> dict[str, float | None]:

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from rcdiag.errors import ConfigError
-from rcdiag.explain.breakdowns import DOUBLING_EDGES, GROUPS, PROB_EDGES, SUMS, Breakdowns
-from rcdiag.explain.statistics import RATIO_CAP, SHIFT_TOL, OffsetSums, ScaleSums, row_groups
+from rcdiag.explain.breakdowns import DOUBLING_EDGES, GROUPS, LOG_PROB_THRESHOLDS, PROB_EDGES, SUMS, Breakdowns
+from rcdiag.explain.statistics import RATIO_CAP, SHIFT_TOL, OffsetSums, ScaleSums
 from rcdiag.explain.worst import DEFAULT_WORST, WorstResponses
 from rcdiag.io.base import Chunk
 from rcdiag.metrics.block import Block
@@ -58,6 +58,10 @@ class RowContext:
     step: int | None
 
 
+_NO_MASK = np.zeros(0, dtype=np.uint8)
+_EDGES = np.asarray(DOUBLING_EDGES, dtype=np.int64)
+
+
 def explain_layout() -> str:
     """A short signature of what the state's arrays mean (bucket edges, sums, groups, statistics): a state file
     written under another layout is refused rather than merged into numbers that mean something else."""
@@ -85,13 +89,32 @@ class ExplainState:
 
     def update(self, block: Block, context: RowContext) -> None:
         """Fold in a block (numpy backend) of whole rows."""
-        groups = row_groups(block)
-        self.breakdowns.update(block, context.lengths, context.mask, groups)
-        self.scale.update(block, groups)
-        self.offset.update(block, groups)
+        self._fold_sums(block, context)
         self.worst.update(block, context)
         for observer in self.observers:
             observer(block, context)
+
+    def _fold_sums(self, block: Block, context: RowContext) -> None:
+        """The breakdowns' and the detectors' sums, in one fused pass over the block (``rcdiag.kernels.explain``)."""
+        from rcdiag.kernels.explain import explain_block
+
+        old, rollout, mask, lengths = block.raw  # the raw rows: the fused pass drops the padding row by row
+        explain_block(
+            np.ascontiguousarray(old, dtype=np.float32),
+            np.ascontiguousarray(rollout, dtype=np.float32),
+            block.row_len.astype(np.int64),
+            np.asarray(lengths, dtype=np.int64),
+            _NO_MASK if mask is None else mask.view(np.uint8),
+            _EDGES,
+            LOG_PROB_THRESHOLDS,
+            RATIO_CAP,
+            SHIFT_TOL,
+            self.breakdowns.prob,
+            self.breakdowns.position,
+            self.breakdowns.length,
+            self.scale.sums,
+            self.offset.sums,
+        )
 
     def number(self, chunk: Chunk) -> Chunk:
         """Give a chunk's rows their numbers in reading order (before any can be skipped)."""

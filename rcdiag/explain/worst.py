@@ -50,6 +50,22 @@ class TokenTrace:
 
 
 @dataclass(frozen=True)
+class _RawTrace:
+    """A listed response's log-ratios and mask as read, thinned into a ``TokenTrace`` only if it is plotted (most
+    entries of the list are pushed below the plotted ones before the end)."""
+
+    row: int
+    lr: np.ndarray
+    mask: np.ndarray | None
+
+    def shifted(self, offset: int) -> _RawTrace:
+        return _RawTrace(self.row + offset, self.lr, self.mask)
+
+    def thinned(self) -> TokenTrace:
+        return TokenTrace.of(self.row, self.lr, self.mask)
+
+
+@dataclass(frozen=True)
 class WorstResponse:
     """One response of the worst-responses list (the JSON ``worst_sequences`` entry)."""
 
@@ -80,8 +96,8 @@ class WorstResponses:
     def __init__(self, n: int = DEFAULT_WORST) -> None:
         self.n = n
         self.heap: list[tuple[tuple[float, int], WorstResponse]] = []
-        self.traces: dict[int, TokenTrace] = {}
-        """Row -> its trace, for the rows in the heap."""
+        self.traces: dict[int, TokenTrace | _RawTrace] = {}
+        """Row -> its trace, for the rows in the heap that may be plotted."""
 
     def _floor(self) -> float:
         return self.heap[0][0][0] if len(self.heap) >= self.n else -math.inf
@@ -99,20 +115,37 @@ class WorstResponses:
             candidates = candidates[size[candidates] >= cut]  # keep ties: the row order decides them
         if not candidates.size:
             return
-        starts = np.zeros(block.n_rows + 1, dtype=np.int64)
-        np.cumsum(block.row_len.astype(np.int64), out=starts[1:])
+        raw_old, raw_rollout, raw_mask, _ = block.raw  # rows as read: only the candidates drop their padding
         list_starts = np.zeros(block.n_rows + 1, dtype=np.int64)
         np.cumsum(context.lengths, out=list_starts[1:])
         ids = context.ids
+        plot_floor = self._plot_floor([(float(size[i]), -int(context.rows[i])) for i in candidates.tolist()])
         for i in candidates.tolist():
-            lo, hi = int(starts[i]), int(starts[i + 1])
-            mask = None if context.mask is None else context.mask[list_starts[i] : list_starts[i + 1]]
+            a, b = int(list_starts[i]), int(list_starts[i + 1])
+            old, rollout = raw_old[a:b], raw_rollout[a:b]
+            mask = None if raw_mask is None else raw_mask[a:b]
+            if mask is not None:
+                old, rollout = old[mask], rollout[mask]
             identifier = None if ids is None else ids[i]
             row = int(context.rows[i])
-            trace = TokenTrace.of(row, np.asarray(block.lr[lo:hi]), mask) if hi > lo else None
-            self.offer(_describe(block, i, lo, hi, mask, row, identifier, context.step), trace)
+            lr = old - rollout
+            entry = _describe(float(block.row_sum_lr[i]), old, rollout, lr, mask, row, identifier, context.step)
+            # a response below the PLOTTED-th largest of the list and this block's candidates can never be
+            # plotted (entries only move down the list), so its trace is not kept
+            keep = lr.shape[0] > 0 and entry.key >= plot_floor
+            self.offer(entry, _RawTrace(row, lr, None if mask is None else mask.copy()) if keep else None)
+        if len(self.traces) > 2 * PLOTTED:
+            plotted = {entry.row for entry in self.entries()[:PLOTTED]}
+            self.traces = {row: trace for row, trace in self.traces.items() if row in plotted}
 
-    def offer(self, entry: WorstResponse, trace: TokenTrace | None = None) -> None:
+    def _plot_floor(self, keys: list[tuple[float, int]]) -> tuple[float, int]:
+        """The ``PLOTTED``-th largest key of the list and ``keys`` (the lowest one that may still be plotted)."""
+        everything = [key for key, _ in self.heap] + keys
+        if len(everything) < PLOTTED:
+            return (-math.inf, -(2**63))
+        return heapq.nlargest(PLOTTED, everything)[-1]
+
+    def offer(self, entry: WorstResponse, trace: TokenTrace | _RawTrace | None = None) -> None:
         item = (entry.key, entry)
         if len(self.heap) < self.n:
             heapq.heappush(self.heap, item)
@@ -132,7 +165,14 @@ class WorstResponses:
 
     def plotted(self) -> list[TokenTrace]:
         """The traces of the ``PLOTTED`` worst responses, most extreme first."""
-        return [self.traces[e.row] for e in self.entries()[:PLOTTED] if e.row in self.traces]
+        out = []
+        for entry in self.entries()[:PLOTTED]:
+            trace = self.traces.get(entry.row)
+            if isinstance(trace, _RawTrace):
+                trace = self.traces[entry.row] = trace.thinned()
+            if trace is not None:
+                out.append(trace)
+        return out
 
     def entries(self) -> list[WorstResponse]:
         """Most extreme first."""
@@ -158,24 +198,30 @@ class WorstResponses:
 
 
 def _describe(
-    block: Block, i: int, lo: int, hi: int, mask: np.ndarray | None, row: int, identifier: Any, step: int | None
+    s: float,
+    old: np.ndarray,
+    rollout: np.ndarray,
+    lr: np.ndarray,
+    mask: np.ndarray | None,
+    row: int,
+    identifier: Any,
+    step: int | None,
 ) -> WorstResponse:
-    """The entry of row ``i`` (its valid tokens are ``lo:hi`` of the block; ``mask`` is its list's mask)."""
-    s = float(block.row_sum_lr[i])
-    if hi == lo:
+    """The entry of a response: its log-ratio sum ``s``, its valid tokens' log-probs and log-ratios, its list's
+    mask."""
+    if lr.shape[0] == 0:
         return WorstResponse(row, step, _plain(identifier), 0, s, None, None, None, None)
-    lr = block.lr[lo:hi]
     at = int(np.argmax(np.abs(lr)))
     return WorstResponse(
         row=row,
         step=step,
         id=_plain(identifier),
-        length=hi - lo,
+        length=int(lr.shape[0]),
         log_ratio_sum=s,
         max_abs_log_ratio=float(abs(lr[at])),
         position_of_max=at if mask is None else int(np.flatnonzero(mask)[at]),
-        old_log_prob_at_max=float(block.old[lo + at]),
-        rollout_log_prob_at_max=float(block.rollout[lo + at]),
+        old_log_prob_at_max=float(old[at]),
+        rollout_log_prob_at_max=float(rollout[at]),
     )
 
 

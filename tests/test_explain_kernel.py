@@ -1,0 +1,221 @@
+"""``analyze --explain``'s fused pass (``rcdiag.kernels.explain``) against a brute-force reference written from the
+definitions (per row, per token, numpy's own ``expm1`` and ``exp``), over NaN, infinite and huge log-ratios, empty
+and fully masked rows, long rows crossing the position buckets, and blocks split anywhere."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import rcdiag
+from rcdiag.engine import Engine
+from rcdiag.explain.breakdowns import DOUBLING_EDGES, GROUPS, LOG_PROB_THRESHOLDS, N_DOUBLING, N_PROB, PROB_EDGES
+from rcdiag.explain.state import ExplainState, number_rows
+from rcdiag.explain.statistics import RATIO_CAP, SHIFT_TOL
+from rcdiag.io.base import Chunk
+from rcdiag.kernels.explain import _expm1, explain_block
+
+LOG_F32_MAX = math.log(float(np.finfo(np.float32).max))
+SPECIAL = [0.0, -1e-7, -0.3, -0.35, -3.0, -19.99, -20.0, -20.5, -89.0, -100.0, -np.inf]
+NAMES = ("prob", "position", "length", "scale", "offset")
+
+
+def empty_sums() -> dict[str, np.ndarray]:
+    return {
+        "prob": np.zeros((N_PROB, 5)),
+        "position": np.zeros((GROUPS, N_DOUBLING, 5)),
+        "length": np.zeros((N_DOUBLING, 5)),
+        "scale": np.zeros((GROUPS, 6)),
+        "offset": np.zeros((GROUPS, 4)),
+    }
+
+
+def reference(old, rollout, mask, lengths, magnitude: bool = False) -> dict[str, np.ndarray]:
+    """The sums by their definitions, one row and one token at a time (``magnitude``: of the terms' absolute
+    values, the scale a rounding tolerance is relative to)."""
+    with np.errstate(all="ignore"):
+        return _reference(old, rollout, mask, lengths, magnitude)
+
+
+def _reference(old, rollout, mask, lengths, magnitude: bool) -> dict[str, np.ndarray]:
+    out = empty_sums()
+    start = 0
+    for length in lengths.tolist():
+        o, r = old[start : start + length], rollout[start : start + length]
+        valid = np.ones(length, dtype=bool) if mask is None else mask[start : start + length]
+        start += length
+        positions = np.flatnonzero(valid)
+        o, r = o[valid], r[valid]
+        n = o.shape[0]
+        key = (n << 32) ^ (int(o[:1].view(np.uint32)[0]) if n else 0)
+        group = ((key * 0x9E3779B97F4A7C15) % 2**64) >> 60
+        if n == 0:
+            continue
+        d32 = o - r
+        d = d32.astype(np.float64)
+        k3 = np.where(d > LOG_F32_MAX, np.inf, np.expm1(d) - d)
+        clamped = np.clip(d, -20.0, 20.0)
+        chi2 = np.expm1(clamped) * (np.expm1(clamped) + 2.0)
+        ratio = np.minimum(np.exp(clamped.astype(np.float32)), np.float32(RATIO_CAP))
+        finite = np.isfinite(o) & np.isfinite(r)
+        x, y = np.where(finite, o, np.float32(0)), np.where(finite, r, np.float32(0))
+        scale = [finite, x, y, x * x, y * y, x * y]
+        offset = [np.ones(n), ratio, d32 < np.float32(-SHIFT_TOL), d32 > np.float32(SHIFT_TOL)]
+        terms = np.stack([np.ones(n), d, np.abs(d), k3, chi2], axis=1)
+        fold = np.abs if magnitude else (lambda v: v)
+        length_bucket = bisect.bisect_right(DOUBLING_EDGES, n) - 1
+        for j in range(n):  # inf - inf is NaN here as in the kernel
+            p = math.exp(float(r[j])) if not math.isnan(r[j]) else math.nan
+            prob_bucket = sum(p >= edge for edge in PROB_EDGES[1:-1])
+            out["prob"][prob_bucket] += fold(terms[j])
+            out["position"][group, bisect.bisect_right(DOUBLING_EDGES, int(positions[j])) - 1] += fold(terms[j])
+            out["length"][length_bucket] += fold(terms[j])
+        out["scale"][group] += [fold(np.asarray(v, dtype=np.float64)).sum() for v in scale]
+        out["offset"][group] += [fold(np.asarray(v, dtype=np.float64)).sum() for v in offset]
+    return out
+
+
+def fold_blocks(old, rollout, mask, lengths, cuts: list[int]) -> dict[str, np.ndarray]:
+    """The kernel's sums, the rows fed in blocks split before each row index in ``cuts``."""
+    out = empty_sums()
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    bounds = [0, *sorted(set(cuts)), len(lengths)]
+    for a, b in itertools.pairwise(bounds):
+        t0, t1 = int(offsets[a]), int(offsets[b])
+        block_mask = None if mask is None else mask[t0:t1]
+        flags = np.ones(t1 - t0, dtype=bool) if block_mask is None else block_mask
+        valid = np.array([np.count_nonzero(row) for row in np.split(flags, offsets[a + 1 : b] - t0)], dtype=np.int64)
+        explain_block(
+            old[t0:t1], rollout[t0:t1], valid, lengths[a:b].astype(np.int64),
+            np.zeros(0, np.uint8) if block_mask is None else block_mask.view(np.uint8),
+            np.asarray(DOUBLING_EDGES, dtype=np.int64), LOG_PROB_THRESHOLDS, RATIO_CAP, SHIFT_TOL,
+            *(out[name] for name in NAMES),
+        )  # fmt: skip
+    return out
+
+
+def assert_sums_match(got: dict[str, np.ndarray], old, rollout, mask, lengths) -> None:
+    """Counts exactly; sums to 1e-12 of the sum of their terms' magnitudes (float64 rounding in another order),
+    the capped IS ratio to 1e-6 (float32 ``exp``, which numpy takes to within a few ulps); inf and NaN where the
+    reference has them."""
+    want, size = reference(old, rollout, mask, lengths), reference(old, rollout, mask, lengths, magnitude=True)
+    for name in NAMES:
+        g, w, s = got[name], want[name], size[name]
+        rtol = np.full(w.shape, 1e-12)
+        if name == "offset":
+            rtol[..., 1] = 1e-6
+        finite = np.isfinite(w)
+        assert np.array_equal(np.isnan(g), np.isnan(w)), name
+        assert np.array_equal(g[~finite & ~np.isnan(w)], w[~finite & ~np.isnan(w)]), name
+        assert (np.abs(g[finite] - w[finite]) <= rtol[finite] * s[finite] + 1e-300).all(), name
+    for name, columns in (("prob", 0), ("position", 0), ("length", 0), ("scale", 0), ("offset", [0, 2, 3])):
+        assert np.array_equal(got[name][..., columns], want[name][..., columns]), name  # counts: exact
+
+
+@st.composite
+def blocks(draw, nan: bool = True):
+    """Rows of random lengths (some empty, some crossing several position buckets), values near each other or
+    special (NaN and +inf only where ``nan``), a mask (with fully masked rows) or none."""
+    lengths = np.array(
+        draw(st.lists(st.one_of(st.integers(0, 40), st.integers(0, 300)), min_size=1, max_size=10)), dtype=np.int64
+    )
+    n = int(lengths.sum())
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    old = -np.abs(rng.normal(0.0, 2.0, n))
+    rollout = old + rng.normal(0.0, draw(st.sampled_from([1e-6, 1e-3, 0.05, 0.3, 3.0, 30.0])), n)
+    specials = [*SPECIAL, np.nan, np.inf] if nan else SPECIAL
+    for values in (old, rollout):
+        special = rng.random(n) < draw(st.sampled_from([0.0, 0.05, 0.3]))
+        values[special] = rng.choice(specials, int(special.sum()))
+    rollout = np.where(np.isnan(rollout), rollout, np.minimum(rollout, 0.0))
+    mask = None if draw(st.booleans()) else rng.random(n) < draw(st.sampled_from([0.2, 0.8, 1.0]))
+    return old.astype(np.float32), rollout.astype(np.float32), mask, lengths
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=blocks(), cuts=st.lists(st.integers(0, 10), max_size=4))
+def test_kernel_matches_the_definitions_in_any_blocks(data, cuts: list[int]) -> None:
+    old, rollout, mask, lengths = data
+    cuts = [c for c in cuts if 0 < c < len(lengths)]
+    assert_sums_match(fold_blocks(old, rollout, mask, lengths, cuts), old, rollout, mask, lengths)
+
+
+def test_kernel_on_special_rows() -> None:
+    """Empty, fully masked, one-token and long rows; log-ratios beyond the clamp, the float32 overflow, infinite
+    and NaN; rollout probabilities exactly on the bucket edges."""
+    edges = [np.float32(math.log(e)) for e in PROB_EDGES[1:-1]]
+    rows = [
+        ([], []),
+        ([-1.0, -2.0], [-1.0, -2.5]),
+        ([0.0], [-100.0]),  # d = 100: k3 = inf, chi2 at the clamp
+        ([-np.inf, -1.0, -np.inf], [-1.0, -np.inf, -np.inf]),  # d = -inf, +inf, NaN
+        ([np.nan, -0.5], [-0.5, np.nan]),
+        (list(-np.abs(np.linspace(0, 3, 700))), [*edges, *([-0.01] * 693)]),
+    ]
+    lengths = np.array([len(o) for o, _ in rows], dtype=np.int64)
+    old = np.concatenate([np.asarray(o, dtype=np.float32) for o, _ in rows])
+    rollout = np.concatenate([np.asarray(r, dtype=np.float32) for _, r in rows])
+    for mask in (None, np.arange(old.shape[0]) % 3 != 0, np.zeros(old.shape[0], dtype=bool)):
+        assert_sums_match(fold_blocks(old, rollout, mask, lengths, []), old, rollout, mask, lengths)
+        assert_sums_match(fold_blocks(old, rollout, mask, lengths, [1, 3, 5]), old, rollout, mask, lengths)
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=blocks(nan=False), block_tokens=st.sampled_from([1, 7, 64, 1 << 17]), split=st.integers(1, 9))
+def test_engine_feeds_the_kernel_every_valid_token_whatever_the_blocks(data, block_tokens: int, split: int) -> None:
+    """Through the engine (chunks split anywhere, blocks of any size): the state's sums are the definitions'."""
+    old, rollout, mask, lengths = data
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    split = min(split, len(lengths))
+    chunks = []
+    for a, b in ((0, split), (split, len(lengths))):
+        t0, t1 = int(offsets[a]), int(offsets[b])
+        part_mask = None if mask is None else mask[t0:t1]
+        chunks.append(Chunk(old[t0:t1], rollout[t0:t1], offsets[a : b + 1] - t0, part_mask))
+    state = ExplainState()
+    engine = Engine(rcdiag.CorrectionConfig().resolve(), explain=state)
+    engine.block_tokens = block_tokens
+    engine.run(number_rows(chunks, state))
+    got = {
+        "prob": state.breakdowns.prob,
+        "position": state.breakdowns.position,
+        "length": state.breakdowns.length,
+        "scale": state.scale.sums,
+        "offset": state.offset.sums,
+    }
+    assert_sums_match(got, old, rollout, mask, lengths)
+
+
+@pytest.mark.parametrize("scale", [1e-9, 1e-3, 0.3, 3.0, 30.0])
+def test_expm1_is_within_two_ulps_of_numpy(scale: float) -> None:
+    rng = np.random.default_rng(0)
+    x = np.clip(np.concatenate([rng.normal(0.0, scale, 2_000), rng.uniform(-45.0, 88.0, 2_000)]), -1e3, 88.0)
+    got, want = np.array([_expm1(v) for v in x]), np.expm1(x)
+    assert (np.abs(got - want) <= 2 * np.spacing(np.abs(want))).all()
+    special = [np.nan, -np.inf, 0.0, -41.0, -1e300]
+    assert np.isnan(_expm1(np.nan))
+    assert [_expm1(v) for v in special[1:]] == [-1.0, 0.0, -1.0, -1.0]
+
+
+def test_rows_of_small_log_ratios_take_the_series_with_the_same_result() -> None:
+    """Below ``SMALL`` the range reduction is the identity: the series alone gives every term bit for bit."""
+    from rcdiag.kernels.explain import SMALL, _row_terms
+
+    rng = np.random.default_rng(3)
+    old = -np.abs(rng.normal(0.0, 2.0, 5000)).astype(np.float32)
+    rollout = (old + rng.uniform(-SMALL, SMALL, 5000)).astype(np.float32)
+    rollout[:3] = old[:3] - np.array([0.0, -0.0, np.float32(SMALL) * 0.999], dtype=np.float32)
+    assert (np.abs(old - rollout) < np.float32(SMALL)).all()
+    outputs = []
+    for small in (True, False):
+        k3, chi2 = np.empty(5000), np.empty(5000)
+        outputs.append((_row_terms(old, rollout, k3, chi2, np.float32(RATIO_CAP), small), k3, chi2))
+    (sums_a, k3_a, chi2_a), (sums_b, k3_b, chi2_b) = outputs
+    assert sums_a == sums_b
+    assert np.array_equal(k3_a, k3_b) and np.array_equal(chi2_a, chi2_b)
