@@ -2,7 +2,7 @@
 
 The two-sided tail is P(|T_nu| > t) = I_x(nu/2, 1/2) with x = nu / (nu + t^2), the regularized incomplete beta
 function, evaluated by Lentz's continued fraction (Numerical Recipes, ``betacf``); the critical value is found by
-bisection on that tail.
+safeguarded Newton steps on that tail.
 """
 
 from __future__ import annotations
@@ -49,14 +49,32 @@ def t_two_sided_tail(t: float, dof: float) -> float:
     return regularized_beta(dof / 2.0, 0.5, dof / (dof + t * t))
 
 
+def t_density(t: float, dof: float) -> float:
+    """The density of Student's t with ``dof`` degrees of freedom at ``t``."""
+    log_norm = math.lgamma((dof + 1.0) / 2.0) - math.lgamma(dof / 2.0) - 0.5 * math.log(dof * math.pi)
+    return math.exp(log_norm - (dof + 1.0) / 2.0 * math.log1p(t * t / dof))
+
+
 def t_critical(tail: float, dof: float) -> float:
-    """The t with P(|T_dof| > t) = ``tail`` (two-sided)."""
+    """The t with P(|T_dof| > t) = ``tail`` (two-sided): Newton's steps on the tail (its slope is twice the
+    density), kept inside a bracket that shrinks with every evaluation, and bisection wherever a step would
+    leave it. A handful of tail evaluations where bisection alone took some 45 (the report computes one per
+    step)."""
     lo, hi = 0.0, 1.0
     while t_two_sided_tail(hi, dof) > tail:
         lo, hi = hi, hi * 2.0
+    t = (lo + hi) / 2.0
     for _ in range(200):
-        mid = (lo + hi) / 2.0
-        lo, hi = (mid, hi) if t_two_sided_tail(mid, dof) > tail else (lo, mid)
-        if hi - lo <= 1e-12 * hi:
-            break
-    return hi
+        excess = t_two_sided_tail(t, dof) - tail
+        if excess > 0:
+            lo = t
+        else:
+            hi = t
+        step = excess / (2.0 * t_density(t, dof))
+        nxt = t + step
+        if not lo < nxt < hi:
+            nxt = (lo + hi) / 2.0
+        if abs(nxt - t) <= 1e-13 * nxt or hi - lo <= 1e-13 * hi:
+            return nxt
+        t = nxt
+    return t

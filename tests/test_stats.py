@@ -25,3 +25,14 @@ def test_tail_closed_forms() -> None:
     assert t_two_sided_tail(3.0, 1e8) == pytest.approx(math.erfc(3.0 / math.sqrt(2)), rel=1e-6)
     assert regularized_beta(2.0, 3.0, 0.0) == 0.0 and regularized_beta(2.0, 3.0, 1.0) == 1.0
     assert regularized_beta(1.0, 1.0, 0.3) == pytest.approx(0.3)  # uniform
+
+
+@pytest.mark.parametrize("tail", [0.3, 0.05, 1e-3, 1e-6, 1e-9])
+@pytest.mark.parametrize("dof", [1.0, 2.0, 3.7, 30.0, 1e4])
+def test_critical_value_inverts_the_tail(tail: float, dof: float) -> None:
+    t = t_critical(tail, dof)
+    assert t_two_sided_tail(t, dof) == pytest.approx(tail, rel=1e-9)
+    if dof == 1.0:  # Cauchy: t = tan(pi (1 - tail) / 2) = 1 / tan(pi tail / 2)
+        assert t == pytest.approx(1 / math.tan(math.pi * tail / 2), rel=1e-9)
+    if dof == 2.0:  # 1 - t / sqrt(2 + t^2) = tail
+        assert t == pytest.approx(math.sqrt(2) * (1 - tail) / math.sqrt(tail * (2 - tail)), rel=1e-9)

@@ -96,10 +96,9 @@ def _keep(option: RSOption, stat: Array) -> Array:
 def _reject(block: Block, opt: RSOption) -> Rejection:
     b = block.b
     lo, hi = bounds(opt)
-    token_stat = block.k(opt.estimator)
     valid = block.row_valid
     if opt.level == "token":
-        result = _reject_tokens(block, opt, token_stat)
+        result = _reject_tokens(block, opt)
     else:
         seq_value = row_statistic(block, opt)
         reject = ~_keep(opt, seq_value) & valid
@@ -161,7 +160,7 @@ def _row_values(block: Block, opt: RSOption) -> tuple[Array, dict[str, float | t
     return v, states
 
 
-def _reject_tokens(block: Block, opt: RSOption, stat: Array) -> Rejection:
+def _reject_tokens(block: Block, opt: RSOption) -> Rejection:
     """Token options, in as few passes as possible: extremes per row (fast segment max/min) give the global
     extremes and the rows with a rejected token; the two strict counts give the masked tokens, since a token is
     rejected exactly when it lies below the lower or above the upper bound (or is NaN, handled on the slow
@@ -184,9 +183,10 @@ def _reject_tokens(block: Block, opt: RSOption, stat: Array) -> Rejection:
             states["masked_tokens"],
             found.row_rejected > 0,
             states,
-            token_mask=lambda: ~_keep(opt, stat),
+            token_mask=lambda: ~_keep(opt, block.k(opt.estimator)),
             row_counts=found.row_rejected,
         )
+    stat = block.k(opt.estimator)
     tok_max, tok_min, stat_sum = free["tok_max"], free["tok_min"], free["stat_sum"]
     above = b.count(stat > hi)
     below = b.count(stat < lo) if k1 else 0
