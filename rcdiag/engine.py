@@ -21,6 +21,7 @@ from rcdiag.config import ResolvedConfig
 from rcdiag.io.base import Chunk, split_rows
 from rcdiag.metrics.batch import BatchMetrics
 from rcdiag.metrics.block import Block
+from rcdiag.metrics.rejection import bounds
 from rcdiag.ragged import take_rows
 from rcdiag.validate import screen_one
 
@@ -119,6 +120,8 @@ class Engine:
         interface (the sweep's, which may ask for larger CPU blocks: ``cpu_block_tokens``)."""
         cpu_block = getattr(self.state, "cpu_block_tokens", CPU_BLOCK_TOKENS)
         self.block_tokens = cpu_block if isinstance(self.backend, NumpyBackend) else GPU_BLOCK_TOKENS
+        self.k1_bands = tuple(bounds(o) for o in resolved.rs_options if o.level == "token" and o.is_k1)
+        """The token-level k1 RS bands, which the CPU's fused token pass takes in the same read of each row."""
 
     def run(self, chunks: Iterable[Chunk]) -> EngineState:
         """Consume every chunk; returns the state."""
@@ -160,7 +163,7 @@ class Engine:
                 t0, t1 = int(offsets[r0 + b0]), int(offsets[r0 + b1])
                 block_mask = _block_mask(mask, t0, t1)
                 valid = valid_lengths[r0 + b0 : r0 + b1]
-                raw = {"mask": block_mask, "raw_lengths": lengths[r0 + b0 : r0 + b1]}
+                raw = {"mask": block_mask, "raw_lengths": lengths[r0 + b0 : r0 + b1], "k1_bands": self.k1_bands}
                 block = Block(self.backend, old[t0:t1], rollout[t0:t1], valid, **raw)
                 batch.update(block)
                 if explain is not None:  # always on the host: the same numbers on every device

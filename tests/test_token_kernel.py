@@ -13,7 +13,7 @@ from test_histogram import brute_force
 
 from rcdiag.backend import NumpyBackend
 from rcdiag.metrics.block import Block
-from rcdiag.metrics.tokens import band, fused_token_sums, generic_token_sums
+from rcdiag.metrics.tokens import fused_token_sums, generic_token_sums
 
 LOG_F32_MAX = math.log(float(np.finfo(np.float32).max))
 
@@ -208,17 +208,30 @@ def test_statistic_pass_matches_numpy(block, estimator) -> None:
         assert _close(got.row_max[r], top, 0) and _close(got.row_min[r], bottom, 0)
 
 
-@settings(max_examples=200, deadline=None)
-@given(raw_blocks(), st.sampled_from(["k1", "k2", "k3"]), st.sampled_from([(-0.3, 0.3), (0.0, 1e-3), (0.2, -0.2)]))
-def test_band_matches_brute_force(block, estimator, thresholds) -> None:
+BANDS = [(-0.3, 0.3), (0.0, 1e-3), (0.2, -0.2), (-20.0, 20.0), (-25.0, 3.0), (-0.6931472, 0.6931472)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    raw_blocks(),
+    st.sampled_from(["k1", "k2", "k3"]),
+    st.sampled_from(BANDS),
+    st.sampled_from(["statistic", "token pass"]),
+)
+def test_band_matches_brute_force(block, estimator, thresholds, path) -> None:
     """Rejections per row, strict counts and the clipped moments, token by token (bounds included, NaN
-    rejected, an inverted k1 band rejecting everything)."""
+    rejected, an inverted k1 band rejecting everything, bounds at and beyond the clamp), from the statistic's
+    own pass and, for k1, from the token pass that takes the configuration's bands while it reads the rows."""
     old, rollout, mask, lengths = block
     valid = lengths if mask is None else _valid_lengths(mask, lengths)
-    stat = _block(old, rollout, mask, lengths).statistic(estimator)
     lo, hi = (float(np.float32(x)) for x in thresholds)
     two_sided = estimator == "k1"
-    got = band(stat, valid, lo, hi, two_sided)
+    fused = path == "token pass" and two_sided
+    bands = ((lo, hi),) if fused else ()
+    the_block = Block(NumpyBackend(), old, rollout, valid, mask=mask, raw_lengths=lengths, k1_bands=bands)
+    stat = the_block.statistic(estimator)
+    got = the_block.band(estimator, lo, hi)
+    assert ((lo, hi) in the_block.sums.bands) == fused
     values = stat.stat.astype(np.float64).tolist()
     kept = [(x <= hi) and (x >= lo or not two_sided) for x in values]
     ends = np.cumsum(valid)

@@ -26,7 +26,7 @@ from rcdiag.backend import Array, Backend, NumpyBackend
 from rcdiag.config import SAFETY_BOUND
 
 if TYPE_CHECKING:
-    from rcdiag.metrics.tokens import Statistic, TokenSums
+    from rcdiag.metrics.tokens import Band, Statistic, TokenSums
 
 
 class Block:
@@ -41,11 +41,15 @@ class Block:
         *,
         mask: np.ndarray | None = None,
         raw_lengths: np.ndarray | None = None,
+        k1_bands: tuple[tuple[float, float], ...] = (),
     ) -> None:
         """``old``/``rollout`` are host arrays of the rows' tokens; with a boolean ``mask`` they still hold the
         padding (``raw_lengths`` tokens per row, ``lengths`` of them valid), which is dropped only when a
         metric needs the valid tokens one by one (the fused CPU pass reads the raw block)."""
         self.b = backend
+        self.k1_bands = k1_bands
+        """Float32 bounds ``(lo, hi)`` of the configuration's token-level k1 RS options: the fused CPU pass
+        takes what they reject while it reads the rows (``band``)."""
         self.raw = (old, rollout, mask, lengths if raw_lengths is None else raw_lengths)
         """(old, rollout, mask or ``None``, tokens per row) as given, on the host."""
         self.seg = backend.segments(lengths)
@@ -180,6 +184,16 @@ class Block:
         return self.memo(
             ("statistic", estimator), lambda: Statistic(self.lr, self.seg.lengths, estimator, self.row_lr_range)
         )
+
+    def band(self, estimator: Literal["k1", "k2", "k3"], lo: float, hi: float) -> Band:
+        """What the RS band [lo, hi] (float32 bounds; k1 keeps ``lo <= x <= hi``, k2/k3 ``x <= hi``) does to a
+        token statistic, per row (fused CPU path only)."""
+        found = self.sums.bands.get((lo, hi)) if estimator == "k1" else None
+        if found is not None:
+            return found
+        from rcdiag.metrics.tokens import band
+
+        return band(self.statistic(estimator), self.seg.lengths, lo, hi, estimator == "k1")
 
     @cached_property
     def row_lr_range(self) -> tuple[Array, Array]:

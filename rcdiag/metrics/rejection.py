@@ -22,7 +22,6 @@ from rcdiag.backend import Array
 from rcdiag.config import RSOption
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash, f32
 from rcdiag.metrics.block import Block
-from rcdiag.metrics.tokens import band
 
 _SUFFIXES = (
     "mean",
@@ -170,7 +169,7 @@ def _reject_tokens(block: Block, opt: RSOption) -> Rejection:
     row_max, row_min = block.row_extremes_k(opt.estimator)
     free = _token_value_states(block, opt)
     if block.fused:  # one pass over the statistic: per-row rejections, both counts, the clipped moments
-        found = band(block.statistic(opt.estimator), block.seg.lengths, lo, hi, k1)
+        found = block.band(opt.estimator, lo, hi)
         states = {
             **free,
             "tok_hi": found.above,

@@ -10,7 +10,7 @@ one record whatever the device.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -53,18 +53,27 @@ class TokenSums:
     """Tokens with |d| beyond verl's safety bound."""
     log_ratio_counts: np.ndarray
     """int64 counts of d in the ``len(EDGES) + 1`` bins of ``rcdiag.metrics.histogram`` (NaN in none)."""
+    bands: dict[tuple[float, float], Band] = field(default_factory=dict)
+    """What each token-level k1 RS band the block was asked for does (CPU: taken in the same pass)."""
 
 
 def token_sums(block: Block) -> TokenSums:
     """The block's token sums, from the fused CPU pass on the numpy backend."""
     if block.fused:
-        return fused_token_sums(*block.raw)
+        return fused_token_sums(*block.raw, block.k1_bands)
     return generic_token_sums(block)
 
 
-def fused_token_sums(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | None, lengths: np.ndarray) -> TokenSums:
+def fused_token_sums(
+    old: np.ndarray,
+    rollout: np.ndarray,
+    mask: np.ndarray | None,
+    lengths: np.ndarray,
+    bands: tuple[tuple[float, float], ...] = (),
+) -> TokenSums:
     """``TokenSums`` of a raw block: float32 ``old``/``rollout`` with padding, boolean ``mask`` (``None``: every
-    token valid) and each row's raw token count."""
+    token valid) and each row's raw token count; with the ``Band`` of each token-level k1 RS band ``(lo, hi)``
+    (float32 bounds), taken in the same pass."""
     from rcdiag.kernels.tokens import N_COUNTS, N_SUMS, order_key, token_pass
 
     table = bin_table(EDGES)
@@ -78,8 +87,15 @@ def fused_token_sums(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | No
     sums = np.empty(N_SUMS, dtype=np.float64)
     counts = np.empty(N_COUNTS, dtype=np.int64)
     hist = np.zeros((4, EDGES.shape[0] + 1), dtype=np.int64)
+    band_lo = np.array([lo for lo, _ in bands], dtype=np.float32)
+    band_hi = np.array([hi for _, hi in bands], dtype=np.float32)
+    band_rows = np.empty((len(bands), n_rows), dtype=np.int64)
+    band_out = np.zeros((len(bands), 5), dtype=np.float64)
     inputs = _kernel_inputs(old, rollout, mask, lengths)
-    token_pass(*inputs, base, edge, lr, row_sums, row_keys, row_counts, sums, counts, hist)
+    token_pass(
+        *inputs, base, edge, band_lo, band_hi, lr, row_sums, row_keys, row_counts, sums, counts, hist, band_rows,
+        band_out,
+    )
     empty, has_nan = row_counts[:, 0] == 0, row_counts[:, 1] > 0
     row_min = np.where(empty, math.inf, np.where(has_nan, math.nan, order_key(row_keys[:, 0])))
     row_max = np.where(empty, -math.inf, np.where(has_nan, math.nan, order_key(row_keys[:, 1])))
@@ -100,6 +116,10 @@ def fused_token_sums(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | No
         chi2_sum=float(sums[3]),
         clamped=int(counts[1]),
         log_ratio_counts=hist.sum(axis=0),
+        bands={
+            band: Band(rows.astype(np.float64), int(out[0]), int(out[1]), (float(out[2]), float(out[3]), float(out[4])))
+            for band, rows, out in zip(bands, band_rows, band_out, strict=True)
+        },
     )
 
 
