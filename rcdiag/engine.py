@@ -28,7 +28,7 @@ from rcdiag.validate import screen_one
 if TYPE_CHECKING:
     from rcdiag.explain.state import ExplainState
 
-CPU_BLOCK_TOKENS = 1 << 20
+CPU_BLOCK_TOKENS = 1 << 19
 GPU_BLOCK_TOKENS = 1 << 24
 
 StepKey = int | None

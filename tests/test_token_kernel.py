@@ -300,3 +300,34 @@ def test_screen_range_matches_numpy(patterns, seed) -> None:
         values = values.astype(np.float32)
     lo, hi = value_range(values)
     assert _close(lo, float(values.min()), 0) and _close(hi, float(values.max()), 0)
+
+
+def test_a_block_is_freed_without_the_cycle_collector() -> None:
+    """What the RS options keep of a block (their token-mask closures) holds no reference to the block itself:
+    a cycle would keep every block's arrays alive until the cycle collector ran, and memory grew with the dump."""
+    import gc
+    import weakref
+
+    import rcdiag
+    from rcdiag.metrics.batch import BatchMetrics
+
+    config = rcdiag.CorrectionConfig(
+        rollout_is="sequence",
+        rollout_is_threshold=2.0,
+        rollout_rs="token_k1,seq_mean_k1",
+        rollout_rs_threshold="0.5_2.0,0.999_1.001",
+    ).resolve()
+    rng = np.random.default_rng(0)
+    old = -np.abs(rng.normal(size=1000)).astype(np.float32)
+    rollout = (old + rng.normal(0, 0.05, 1000)).astype(np.float32)
+    lengths = np.array([400, 600])
+    batch = BatchMetrics(config)
+    gc.disable()
+    try:
+        block = Block(NumpyBackend(), old, rollout, lengths, k1_bands=((-0.6931472, 0.6931472),))
+        batch.update(block)
+        alive = weakref.ref(block)
+        del block
+        assert alive() is None
+    finally:
+        gc.enable()

@@ -170,6 +170,7 @@ def _reject_tokens(block: Block, opt: RSOption) -> Rejection:
     free = _token_value_states(block, opt)
     if block.fused:  # one pass over the statistic: per-row rejections, both counts, the clipped moments
         found = block.band(opt.estimator, lo, hi)
+        statistic = block.statistic(opt.estimator)  # (not the block: a closure over it would be a cycle)
         states = {
             **free,
             "tok_hi": found.above,
@@ -182,7 +183,7 @@ def _reject_tokens(block: Block, opt: RSOption) -> Rejection:
             states["masked_tokens"],
             found.row_rejected > 0,
             states,
-            token_mask=lambda: ~_keep(opt, block.k(opt.estimator)),
+            token_mask=lambda: ~_keep(opt, statistic.stat),
             row_counts=found.row_rejected,
         )
     stat = block.k(opt.estimator)
