@@ -253,3 +253,28 @@ def test_sparse_and_dense_segment_counts_agree() -> None:
         cond = rng.random(int(lengths.sum())) < density
         expected = [int(part.sum()) for part in np.split(cond, np.cumsum(lengths)[:-1])]
         assert seg.count(cond).tolist() == expected
+
+
+@pytest.mark.parametrize("part", [None, (1, 2, 3)])
+def test_whole_row_groups_and_streamed_batches_read_the_same_rows(tmp_path: Path, part: tuple | None) -> None:
+    """Small row groups are decoded whole, two at a time; large ones are streamed in batches. Both give the same
+    rows, in order, numbered from the file's first row (what bad-row messages name)."""
+    from rcdiag.io.parquet import WHOLE_GROUP_CHUNKS, ParquetFile
+
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(0, 60, 500)
+    old = [(-np.abs(rng.normal(size=n))).astype(np.float32).tolist() for n in lengths]
+    table = pa.table({"old_log_prob": old, "rollout_log_prob": old, "response_mask": [[1] * n for n in lengths]})
+    path = tmp_path / "groups.parquet"
+    pq.write_table(table, path, row_group_size=90)
+    source = ParquetFile(path)
+    columns = ["old_log_prob", "rollout_log_prob", "response_mask"]
+    largest = max(source._group_tokens(g) for g in range(source.file.metadata.num_row_groups))
+    whole = list(source.batches(largest, columns, part))  # every group within WHOLE_GROUP_CHUNKS chunks
+    streamed = list(source.batches(max(largest // (WHOLE_GROUP_CHUNKS + 1), 1), columns, part))
+    assert len(streamed) > len(whole)
+    first = 0 if part is None else 90 * part[0]
+    expected = table.slice(first, 90 * len(part)) if part else table
+    for batches in (whole, streamed):
+        assert pa.Table.from_batches([b.data for b in batches]).equals(expected)
+        assert [b.first_row for b in batches] == list(np.cumsum([first] + [b.data.num_rows for b in batches[:-1]]))
