@@ -11,6 +11,7 @@ the aggregate ``rollout_rs_seq_masked_fraction`` runs over all rows.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -243,8 +244,7 @@ class RSOptionMetrics(Accumulator):
         self.add(**rejection(block, self.option).states)
 
     def keys(self) -> list[str]:
-        suffixes = [s for s in _SUFFIXES if s != "seq_fraction_low" or self.option.is_k1]
-        return [f"{self.prefix}_{suffix}" for suffix in suffixes]
+        return list(_option_keys(self.option))
 
     def compute(self) -> tuple[dict[str, MetricValue], list[VerlCrash]]:
         st, opt = self.state, self.option
@@ -274,7 +274,21 @@ class RSOptionMetrics(Accumulator):
             "masked_fraction": st["masked_tokens"] / n_tok,
             "seq_masked_fraction": st["masked_rows"] / n_valid,
         }
-        return {key: values[key.removeprefix(self.prefix + "_")] for key in self.keys()}, []
+        return {key: values[suffix] for key, suffix in _option_suffixes(opt)}, []
+
+
+@functools.cache
+def _option_suffixes(option: RSOption) -> tuple[tuple[str, str], ...]:
+    """(key, suffix) of each metric of an option, in verl's order (the sweep's report asks thousands of times)."""
+    return tuple(
+        (f"rollout_rs_{option.name}_{suffix}", suffix)
+        for suffix in _SUFFIXES
+        if suffix != "seq_fraction_low" or option.is_k1
+    )
+
+
+def _option_keys(option: RSOption) -> tuple[str, ...]:
+    return tuple(key for key, _ in _option_suffixes(option))
 
 
 class RSAggregateMetrics(Accumulator):
