@@ -93,7 +93,15 @@ class Accumulator:
     """Length of every ``counts`` state."""
 
     def __init__(self) -> None:
-        self.state: dict[str, Any] = {name: self._empty(how) for name, how in self.STATES.items()}
+        cls = type(self)
+        template = cls.__dict__.get("_template")
+        if template is None:  # the empty state of this class, built once (the sweep makes thousands of them)
+            template = {name: None if how == "counts" else self._empty(how) for name, how in self.STATES.items()}
+            cls._template = template
+        self.state: dict[str, Any] = dict(template)
+        for name, how in self.STATES.items():
+            if how == "counts":
+                self.state[name] = self._empty(how)
 
     def _empty(self, how: Reduce) -> Any:
         return np.zeros(self.BINS, dtype=np.int64) if how == "counts" else _DEFAULTS[how]

@@ -74,7 +74,7 @@ class OptionSweep:
         accumulator = self._filled(index)
         values, crashes = accumulator.compute()
         if isinstance(accumulator, RSOptionMetrics):
-            aggregate = RSAggregateMetrics((accumulator.option,))
+            aggregate = self._aggregate(accumulator.option)
             st = accumulator.state
             aggregate.state = {
                 "tokens": st["tokens"],
@@ -87,6 +87,13 @@ class OptionSweep:
 
     def _filled(self, index: int) -> Accumulator:
         return self.accumulators[index]
+
+    def _aggregate(self, option: RSOption) -> RSAggregateMetrics:
+        """The RS aggregate of this option alone (one object, its state replaced at each compute)."""
+        found = self.__dict__.get("_aggregate_of")
+        if found is None or found.options != (option,):
+            found = self._aggregate_of = RSAggregateMetrics((option,))
+        return found
 
 
 class SequenceSweep(OptionSweep):
