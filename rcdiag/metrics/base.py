@@ -94,14 +94,16 @@ class Accumulator:
 
     def __init__(self) -> None:
         cls = type(self)
-        template = cls.__dict__.get("_template")
-        if template is None:  # the empty state of this class, built once (the sweep makes thousands of them)
+        empty = cls.__dict__.get("_empty_state")
+        if empty is None:  # the empty state of this class, built once (the sweep makes thousands of them)
+            counts = tuple(name for name, how in self.STATES.items() if how == "counts")
             template = {name: None if how == "counts" else self._empty(how) for name, how in self.STATES.items()}
-            cls._template = template
+            empty = (template, counts)  # (the declared order kept: counts are filled in below)
+            cls._empty_state = empty
+        template, counts = empty
         self.state: dict[str, Any] = dict(template)
-        for name, how in self.STATES.items():
-            if how == "counts":
-                self.state[name] = self._empty(how)
+        for name in counts:  # arrays: a new one for every accumulator
+            self.state[name] = self._empty("counts")
 
     def _empty(self, how: Reduce) -> Any:
         return np.zeros(self.BINS, dtype=np.int64) if how == "counts" else _DEFAULTS[how]

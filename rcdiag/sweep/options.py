@@ -89,10 +89,11 @@ class OptionSweep:
         return self.accumulators[index]
 
     def _aggregate(self, option: RSOption) -> RSAggregateMetrics:
-        """The RS aggregate of this option alone (one object, its state replaced at each compute)."""
-        found = self.__dict__.get("_aggregate_of")
-        if found is None or found.options != (option,):
-            found = self._aggregate_of = RSAggregateMetrics((option,))
+        """The RS aggregate of this option alone (one object per threshold, its state replaced at each compute)."""
+        made = self.__dict__.setdefault("_aggregates", {})
+        found = made.get(option)
+        if found is None:
+            found = made[option] = RSAggregateMetrics((option,))
         return found
 
 
