@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit
 
 from rcdiag.kernels import JIT
-from rcdiag.kernels.tokens import order_key
+from rcdiag.kernels.tokens import _order_key, order_key
 
 
 @njit(**JIT)
@@ -19,8 +19,7 @@ def _key_range(bits):
     lo = np.int32(0x7FFFFFFF)
     hi = np.int32(-0x80000000)
     for i in range(bits.shape[0]):
-        b = bits[i]
-        k = b ^ ((b >> 31) & np.int32(0x7FFFFFFF))
+        k = _order_key(bits[i])
         lo = k if k < lo else lo
         hi = k if k > hi else hi
     return lo, hi

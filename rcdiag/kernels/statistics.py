@@ -17,15 +17,13 @@ import math
 import numpy as np
 from numba import njit
 
-from rcdiag.config import SAFETY_BOUND
 from rcdiag.kernels import JIT
-from rcdiag.kernels.tokens import SMALL, _k3_small
+from rcdiag.kernels.tokens import SMALL, _clamp, _k3_small
 
 ESTIMATORS = {"k1": 1, "k2": 2, "k3": 3}
 """The estimator codes the kernels take."""
 
 _STRICT = {**JIT, "fastmath": False}
-_BOUND32 = np.float32(SAFETY_BOUND)
 _HALF32 = np.float32(0.5)
 
 
@@ -36,28 +34,23 @@ def _statistic_row(lr, estimator, out):
     everywhere, then ``math.expm1`` where |d| >= SMALL (a second, scalar pass, only when there is one)."""
     if estimator == 1:
         for i in range(lr.shape[0]):
-            out[i] = -_clamp32(lr[i])
+            out[i] = -_clamp(lr[i])
     elif estimator == 2:
         for i in range(lr.shape[0]):
-            dc = _clamp32(lr[i])
+            dc = _clamp(lr[i])
             out[i] = _HALF32 * dc * dc
     else:
         large = 0
         for i in range(lr.shape[0]):
-            x = np.float64(_clamp32(lr[i]))
+            x = np.float64(_clamp(lr[i]))
             small = abs(x) < SMALL  # False for NaN
             out[i] = np.float32(_k3_small(x if small else 0.0))
             large += np.int64(not small)
         if large:
             for i in range(lr.shape[0]):
-                x = np.float64(_clamp32(lr[i]))
+                x = np.float64(_clamp(lr[i]))
                 if not abs(x) < SMALL:
                     out[i] = np.float32(math.expm1(x) - x)
-
-
-@njit(inline="always")
-def _clamp32(d):
-    return _BOUND32 if d > _BOUND32 else (-_BOUND32 if d < -_BOUND32 else d)  # NaN stays NaN
 
 
 @njit(**JIT)
@@ -96,18 +89,8 @@ def row_reductions(stat, lengths, row_sum, row_max, row_min):
         t += n
 
 
-@njit(inline="always")
-def _value(values, i, k1_of_lr):
-    """The statistic at ``i``: ``values[i]``, or k1 = -clamp(d, ±20) when ``values`` are the log-ratios (exact
-    float32 operations, whatever the fast-math flags)."""
-    x = values[i]
-    if k1_of_lr:
-        x = -(_BOUND32 if x > _BOUND32 else (-_BOUND32 if x < -_BOUND32 else x))
-    return x
-
-
 @njit(**JIT)
-def _row_band(values, lo, hi, two_sided, k1_of_lr):
+def _row_band(stat, lo, hi, two_sided):
     """One row: (rejected, above hi, below lo, float64 sum of the statistic clipped to [lo, hi]). A token is
     kept when ``lo <= x <= hi`` (k1) or ``x <= hi`` (k2, k3); NaN is rejected, counted neither above nor below,
     and clips to NaN."""
@@ -115,8 +98,8 @@ def _row_band(values, lo, hi, two_sided, k1_of_lr):
     above = 0
     below = 0
     s = 0.0
-    for i in range(values.shape[0]):
-        x = _value(values, i, k1_of_lr)
+    for i in range(stat.shape[0]):
+        x = stat[i]
         keep = (x <= hi) & ((x >= lo) | (not two_sided))
         rejected += np.int64(not keep)
         above += np.int64(x > hi)
@@ -127,20 +110,20 @@ def _row_band(values, lo, hi, two_sided, k1_of_lr):
 
 
 @njit(**JIT)
-def _centred_squares(values, lo, hi, mean, k1_of_lr):
+def _centred_squares(stat, lo, hi, mean):
     m2 = 0.0
-    for i in range(values.shape[0]):
-        x = _value(values, i, k1_of_lr)
+    for i in range(stat.shape[0]):
+        x = stat[i]
         c = np.float64(lo if x < lo else (hi if x > hi else x)) - mean
         m2 += c * c
     return m2
 
 
 @njit(**JIT)
-def threshold_pass(values, lengths, lo, hi, two_sided, k1_of_lr, row_rejected, out):
+def threshold_pass(stat, lengths, lo, hi, two_sided, row_rejected, out):
     """Per-row rejected counts into ``row_rejected``; ``out`` = (above, below, n, mean, M2) of the statistic
-    clipped to [lo, hi] (float32 bounds; moments centred on this block's mean, as ``Backend.moments``).
-    ``values`` is the statistic, or with ``k1_of_lr`` the log-ratios whose k1 it is (no k1 array is built)."""
+    clipped to [lo, hi] (float32 bounds; moments centred on this block's mean, as ``Backend.moments``). k1
+    bands take the token pass's kernel instead (``rcdiag.kernels.tokens.k1_band_pass``)."""
     lo32 = np.float32(lo)
     hi32 = np.float32(hi)
     above = 0
@@ -149,16 +132,16 @@ def threshold_pass(values, lengths, lo, hi, two_sided, k1_of_lr, row_rejected, o
     t = 0
     for r in range(lengths.shape[0]):
         n = lengths[r]
-        rej, a, b, rs = _row_band(values[t : t + n], lo32, hi32, two_sided, k1_of_lr)
+        rej, a, b, rs = _row_band(stat[t : t + n], lo32, hi32, two_sided)
         row_rejected[r] = rej
         above += a
         below += b
         s += rs
         t += n
-    count = values.shape[0]
+    count = stat.shape[0]
     mean = s / count if count else 0.0
     out[0] = above
     out[1] = below
     out[2] = count
     out[3] = mean
-    out[4] = _centred_squares(values, lo32, hi32, mean, k1_of_lr) if count else 0.0
+    out[4] = _centred_squares(stat, lo32, hi32, mean) if count else 0.0

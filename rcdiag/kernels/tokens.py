@@ -112,6 +112,13 @@ def _sums(old, rollout):
     return so, sr
 
 
+@njit(inline="always")
+def _order_key(bits):
+    """The int32 key of a float32's bits that orders as the float does (a negative float's bits, all but the
+    sign flipped); the map is its own inverse (``order_key``)."""
+    return bits ^ ((bits >> 31) & np.int32(0x7FFFFFFF))
+
+
 @njit(**JIT)
 def _row_counts(d32):
     """Sum of |d|, the counts of NaN d and of tokens left to the scalar pass, and the least and greatest d as
@@ -129,8 +136,7 @@ def _row_counts(d32):
         s_abs += a
         nan += np.int64(x != x)
         big += np.int64(not (a < SMALL))  # NaN included
-        b = bits[i]
-        k = b ^ ((b >> 31) & np.int32(0x7FFFFFFF))
+        k = _order_key(bits[i])
         lo = k if k < lo else lo
         hi = k if k > hi else hi
     return s_abs, nan, big, lo, hi
@@ -291,6 +297,23 @@ def _k1_bands(d32, r, nan, band_lo, band_hi, band_rows, band_out):
             band_out[b, 4] += m2 + delta * delta * band_out[b, 2] * n / total
             band_out[b, 3] += delta * n / total
             band_out[b, 2] = total
+
+
+@njit(**JIT)
+def k1_band_pass(lr, lengths, lo, hi, band_rows, band_out):
+    """One token-level k1 band over the compacted log-ratios of a block whose token pass was not asked for it:
+    the same per-row kernel, so ``band_rows`` ([1, rows]) and ``band_out`` ([1, 5], zeros on entry) hold what
+    the token pass would have given."""
+    band_lo = np.full(1, lo, dtype=np.float32)
+    band_hi = np.full(1, hi, dtype=np.float32)
+    t = 0
+    for r in range(lengths.shape[0]):
+        d32 = lr[t : t + lengths[r]]
+        nan = 0
+        for i in range(d32.shape[0]):
+            nan += np.int64(d32[i] != d32[i])
+        _k1_bands(d32, r, nan, band_lo, band_hi, band_rows, band_out)
+        t += lengths[r]
 
 
 @njit(**JIT)

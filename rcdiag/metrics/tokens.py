@@ -116,10 +116,7 @@ def fused_token_sums(
         chi2_sum=float(sums[3]),
         clamped=int(counts[1]),
         log_ratio_counts=hist.sum(axis=0),
-        bands={
-            band: Band(rows.astype(np.float64), int(out[0]), int(out[1]), (float(out[2]), float(out[3]), float(out[4])))
-            for band, rows, out in zip(bands, band_rows, band_out, strict=True)
-        },
+        bands={band: Band.of(rows, out) for band, rows, out in zip(bands, band_rows, band_out, strict=True)},
     )
 
 
@@ -201,14 +198,18 @@ class Statistic:
 def band(stat: Statistic, valid_lengths: np.ndarray, lo: float, hi: float, two_sided: bool) -> Band:
     """What the band ``[lo, hi]`` (``two_sided``: k1; else only ``<= hi``) does to a statistic, per row."""
     from rcdiag.kernels.statistics import threshold_pass
+    from rcdiag.kernels.tokens import k1_band_pass
 
-    rejected = np.empty(valid_lengths.shape[0], dtype=np.int64)
-    out = np.empty(5, dtype=np.float64)
-    k1_of_lr = stat.estimator == "k1"
-    values = stat.lr if k1_of_lr else stat.stat
     lengths = np.ascontiguousarray(valid_lengths, dtype=np.int64)
-    threshold_pass(values, lengths, lo, hi, two_sided, k1_of_lr, rejected, out)
-    return Band(rejected.astype(np.float64), int(out[0]), int(out[1]), (float(out[2]), float(out[3]), float(out[4])))
+    if stat.estimator == "k1":  # the token pass's own band kernel, on the log-ratios (no k1 array is built)
+        rows = np.empty((1, lengths.shape[0]), dtype=np.int64)
+        out = np.zeros((1, 5), dtype=np.float64)
+        k1_band_pass(stat.lr, lengths, lo, hi, rows, out)
+        return Band.of(rows[0], out[0])
+    rejected = np.empty(lengths.shape[0], dtype=np.int64)
+    summary = np.empty(5, dtype=np.float64)
+    threshold_pass(stat.stat, lengths, lo, hi, two_sided, rejected, summary)
+    return Band.of(rejected, summary)
 
 
 @dataclass(frozen=True)
@@ -221,6 +222,12 @@ class Band:
     below: int
     clipped: tuple[float, float, float]
     """(n, mean, M2) of the statistic clipped to the band."""
+
+    @classmethod
+    def of(cls, rejected: np.ndarray, summary: np.ndarray) -> Band:
+        """From a kernel's per-row rejected counts and its (above, below, n, mean, M2)."""
+        above, below, n, mean, m2 = summary.tolist()
+        return cls(rejected.astype(np.float64), int(above), int(below), (n, mean, m2))
 
 
 def _kernel_inputs(
