@@ -146,3 +146,19 @@ def test_scanning_parts_and_merging_equals_one_scan(block: tuple, cut: int) -> N
     finite = np.isfinite(whole.mean) & np.isfinite(parts.mean)
     assert np.allclose(whole.mean[finite], parts.mean[finite], rtol=1e-12, atol=0)
     assert np.allclose(whole.m2[finite], parts.m2[finite], rtol=1e-9, atol=1e-15)
+
+
+
+@settings(max_examples=6, deadline=None)
+@given(sizes=st.lists(st.integers(SUB_BLOCK // 2 + 1, SUB_BLOCK), min_size=2, max_size=4), seed=st.integers(0, 2**32 - 1))
+def test_scan_merges_sub_blocks_with_shifted_means(sizes: list[int], seed: int) -> None:
+    """Rows longer than half a sub-block: each row is its own sub-block, so the per-cell moments are combined
+    across sub-blocks (Chan's merge). Each row is shifted to its own mean inside one wide cell, so the merge's
+    delta^2 term carries most of that cell's M2 (dropping it, or weighting it wrongly, fails the brute force)."""
+    rng = np.random.default_rng(seed)
+    lengths = np.asarray(sizes, dtype=np.int64)
+    assert (lengths > SUB_BLOCK // 2).all() and int(lengths.sum()) > SUB_BLOCK  # no two rows share a sub-block
+    shifts = (-1.5, 0.3, 2.0, -0.2)
+    x = np.concatenate([rng.normal(shifts[i], 0.05, n) for i, n in enumerate(sizes)]).astype(np.float32)
+    check_scan(x, lengths, [-3.0, 3.0], nan_values=False, mode=NO_HISTOGRAM)  # every value in the middle cell
+    check_scan(x, lengths, [-0.1, 0.0, 0.1, 1.5], nan_values=False, mode=HISTOGRAM)
