@@ -148,9 +148,10 @@ def test_scanning_parts_and_merging_equals_one_scan(block: tuple, cut: int) -> N
     assert np.allclose(whole.m2[finite], parts.m2[finite], rtol=1e-9, atol=1e-15)
 
 
-
 @settings(max_examples=6, deadline=None)
-@given(sizes=st.lists(st.integers(SUB_BLOCK // 2 + 1, SUB_BLOCK), min_size=2, max_size=4), seed=st.integers(0, 2**32 - 1))
+@given(
+    sizes=st.lists(st.integers(SUB_BLOCK // 2 + 1, SUB_BLOCK), min_size=2, max_size=4), seed=st.integers(0, 2**32 - 1)
+)
 def test_scan_merges_sub_blocks_with_shifted_means(sizes: list[int], seed: int) -> None:
     """Rows longer than half a sub-block: each row is its own sub-block, so the per-cell moments are combined
     across sub-blocks (Chan's merge). Each row is shifted to its own mean inside one wide cell, so the merge's
