@@ -211,3 +211,42 @@ def test_column_flags_pick_columns(capsys: pytest.CaptureFixture, tmp_path: Path
     }  # fmt: skip
     assert [s["step"] for s in data["steps"]] == [5, 6]
     assert data["metrics"]["rollout_corr/kl"] == pytest.approx((0.1 - 0.1) / 2, abs=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ screen edges
+
+
+@pytest.mark.parametrize("chunk_tokens", [1 << 20, 5])
+def test_neg_inf_at_position_0_is_reported_at_its_row_and_position(tmp_path: Path, chunk_tokens: int) -> None:
+    """The first -inf sits at the first position of a row (a row boundary of the flat values): it belongs to that
+    row, position 0, not to the end of the row before (rows before it, masked -inf, do not count)."""
+    inf = float("-inf")
+    path = write_dump(
+        tmp_path / "d.parquet",
+        {
+            "old_log_prob": [[-1.0, -1.0, -1.0], [inf, -1.0], [-1.0, -2.0, inf], [inf, -1.0]],
+            "rollout_log_prob": [[-1.0, -1.0, -1.0], [-1.0, -1.0], [-1.0, -2.0, -1.0], [-1.0, inf]],
+            "response_mask": [[1, 1, 1], [0, 1], [1, 1, 1], [1, 1]],
+        },
+    )
+    facts = rcdiag.analyze(path, chunk_tokens=chunk_tokens).input
+    assert facts.neg_inf_first == {"old_log_prob": [2, 2], "rollout_log_prob": [3, 1]}
+    path = write_dump(
+        tmp_path / "e.parquet",
+        {"old_log_prob": [[-1.0, -1.0], [-2.0, -1.0], [inf, -1.0]], "rollout_log_prob": [[-1.0, -1.0]] * 3},
+    )
+    report = rcdiag.analyze(path, chunk_tokens=chunk_tokens)
+    assert report.input.neg_inf_first == {"old_log_prob": [2, 0]}
+    (found,) = [f for f in report.findings if f.code == "logprob_neg_inf"]
+    assert found.severity == "warning" and "the first is in old_log_prob at row 2, position 0" in found.message
+
+
+@pytest.mark.parametrize("value", [-1, 2])
+def test_a_mask_value_other_than_0_or_1_is_refused(capsys: pytest.CaptureFixture, tmp_path: Path, value: int) -> None:
+    columns = {**GOOD, "response_mask": [[1, 1], [1]]}
+    columns["response_mask"][0][1] = value
+    path = write_dump(tmp_path / "m.parquet", columns)
+    code, out, err = run(capsys, "analyze", str(path))
+    assert code == 2 and out == ""
+    assert err.startswith(f"rcdiag: error: {path}, row 0, column 'response_mask': holds the mask value {value}")
+    assert err.count("\n") == 1
