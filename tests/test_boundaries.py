@@ -8,13 +8,18 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
-from conftest import run_padded
+from conftest import SAMPLES, run_padded
 from test_scenarios import rows_with_ratios
 from verl_oracle import require_verl, verl_metrics
 
 import rcdiag
 from rcdiag.catalogue.metrics import thresholds_with_findings
+from rcdiag.explain.breakdowns import GROUPS, N_DOUBLING, SUMS
+from rcdiag.explain.detectors import logprob_offset, mismatch_trend, position_drift, temperature_mismatch
+from rcdiag.explain.state import ExplainState
+from rcdiag.explain.statistics import ScaleSums
 from rcdiag.health import evaluate
 from rcdiag.metrics.batch import BatchResult
 
@@ -298,3 +303,271 @@ def test_mask_looks_inverted_on_both_sides(empty: int, fires: bool) -> None:
     assert ("mask_looks_inverted" in found) == fires
     if fires:
         assert found["mask_looks_inverted"].severity == WARNING
+
+
+# ------------------------------------------------------------------------------------------------ detectors
+# Each detector reads per-row-group sums (``rcdiag.explain``); the sums here are built from chosen per-group
+# values, so the statistic each threshold applies to is known exactly (powers of two where it sits on the bound).
+
+E = 2.0**-8  # an early-position k3_kl; late ones are multiples of it, so every ratio is exact
+
+
+def drift_state(late_over_early: list[float], tokens: list[int] | None = None) -> ExplainState:
+    """Row group g holds ``tokens[g]`` early tokens (positions [0, 32)) with k3_kl E and as many late tokens
+    (positions [256, 512)) with k3_kl ``late_over_early[g]`` x E; the other groups hold nothing."""
+    tokens = tokens or [1024] * len(late_over_early)
+    state = ExplainState()
+    sums = np.zeros((GROUPS, N_DOUBLING, len(SUMS)))
+    for g, (ratio, n) in enumerate(zip(late_over_early, tokens, strict=True)):
+        sums[g, 0, 0] = sums[g, 4, 0] = n
+        sums[g, 0, SUMS.index("k3")] = n * E
+        sums[g, 4, SUMS.index("k3")] = n * E * ratio
+    state.breakdowns.position = sums
+    return state
+
+
+BELOW_3 = 3.0 * (1 - 2.0**-10)  # a ratio just below 3, exact in float64
+DRIFT_CASES = [
+    # (id, per-group late/early ratios, tokens per group, fires)
+    # the share of groups above 2x, with 10 of 16 groups holding data: 8 of 10 is exactly 0.8 (fires), 7 is not;
+    # a group at exactly 2x is not above it
+    ("share-on-0.8", [4.0] * 8 + [2.0] * 2, None, True),
+    ("share-below-0.8", [4.0] * 7 + [2.0] * 3, None, False),
+    # the pooled ratio: exactly 3 (8 groups at 3.5, 2 at 1: (28 + 2) / 10) fires, a hair below does not
+    ("pooled-on-3", [3.5] * 8 + [1.0] * 2, None, True),
+    ("pooled-below-3", [3.5] * 8 + [1.0 - 2.0**-9] * 2, None, False),
+    # the median group's ratio: exactly 3 fires, a hair below does not (the pooled ratio stays far above 3)
+    ("median-on-3", [2.5, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 10.0, 10.0, 10.0], None, True),
+    ("median-below-3", [2.5, *[BELOW_3] * 5, 3.0, 10.0, 10.0, 10.0], None, False),
+    # groups with data: 8 fire, 7 do not
+    ("eight-groups", [4.0] * 8, None, True),
+    ("seven-groups", [4.0] * 7, None, False),
+    # early tokens: 2000 fire, 1999 do not
+    ("tokens-2000", [4.0] * 10, [200] * 10, True),
+    ("tokens-1999", [4.0] * 10, [200] * 9 + [199], False),
+]
+
+
+@pytest.mark.parametrize(("ratios_", "tokens", "fires"), [c[1:] for c in DRIFT_CASES], ids=[c[0] for c in DRIFT_CASES])
+def test_position_drift_thresholds(ratios_: list[float], tokens: list[int] | None, fires: bool) -> None:
+    found = position_drift(drift_state(ratios_, tokens))
+    assert (found is not None) == fires
+    if found is not None:
+        n = tokens or [1024] * len(ratios_)
+        pooled = sum(r * k for r, k in zip(ratios_, n, strict=True)) / sum(n)
+        assert found.evidence["ratio"] == pytest.approx(pooled, rel=1e-12)
+        assert found.evidence["median_group_ratio"] == float(np.median(ratios_))
+        assert found.evidence["groups_above"] == sum(r > 2.0 for r in ratios_) / len(ratios_)
+        assert (found.code, found.severity, found.threshold) == ("position_drift", WARNING, 3.0)
+
+
+@pytest.mark.parametrize(("late", "fires"), [(1.01e-5, True), (0.99e-5, False)])
+def test_position_drift_floor(late: float, fires: bool) -> None:
+    """Late k3_kl of 1e-5 is the floor below which growth is numerically negligible."""
+    state = drift_state([4.0] * 10)
+    sums = state.breakdowns.position
+    sums[:10, 0, SUMS.index("k3")] = 1024 * late / 4
+    sums[:10, 4, SUMS.index("k3")] = 1024 * late
+    assert (position_drift(state) is not None) == fires
+
+
+def scale_state(slopes: list[float], n: int | list[int] = 1000) -> ExplainState:
+    """Row group g: ``n`` tokens whose rollout log-probs are exactly ``slopes[g]`` x the trainer's (centred, unit
+    variance): both of its regression slopes are slopes[g]. Pooled, with every group's x centred the same way, the
+    y-on-x slope is mean(s) and the inverse slope mean(s^2) / mean(s)."""
+    state = ExplainState()
+    sizes = n if isinstance(n, list) else [n] * len(slopes)
+    for g, (s, k) in enumerate(zip(slopes, sizes, strict=True)):
+        state.scale.sums[g] = [k, 0.0, 0.0, k, k * s * s, k * s]
+    return state
+
+
+DOUBLING = [1024, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
+"""Group sizes whose running totals are powers of two: every pooled sum of a slope of 1.1 or 0.9 is exact."""
+
+
+@pytest.mark.parametrize("slope", [1.1, 0.9])
+def test_temperature_mismatch_slopes_exactly_on_the_tolerance_hold(slope: float) -> None:
+    """Both regression slopes exactly 1 +- 0.1 and no scatter: the interval touches the tolerance and does not
+    clear it (the bound is strict: a temperature ratio within 0.9..1.1 is not flagged)."""
+    assert ScaleSums.slopes(scale_state([slope] * 8, DOUBLING).scale.sums.sum(axis=0)) == (slope, slope, slope)
+    assert temperature_mismatch(scale_state([slope] * 8, DOUBLING).scale) is None
+    outside = slope * (1 + 4e-16) if slope > 1 else slope * (1 - 4e-16)  # a few float64 steps beyond
+    assert temperature_mismatch(scale_state([outside] * 8, DOUBLING).scale)
+
+
+def interval(a: float, delta: float) -> tuple[float, float]:
+    """Half the 16 groups at slope a e^delta, half at a e^-delta: the slopes a cosh(delta) and
+    a cosh(2 delta) / cosh(delta), each widened by Z = 3 standard errors of the groups' log slopes (+-delta over
+    16 groups: standard deviation 4 delta / sqrt(15), standard error delta / sqrt(15))."""
+    se = delta / math.sqrt(15)
+    return a * math.cosh(delta) * math.exp(-3 * se), a * math.cosh(2 * delta) / math.cosh(delta) * math.exp(3 * se)
+
+
+def spread(a: float, delta: float) -> list[float]:
+    return [a * math.exp(delta), a * math.exp(-delta)] * 8
+
+
+A_ON_LOW = 1.1 / interval(1.0, 0.05)[0]  # the interval's lower end exactly on 1 + 0.1
+A_ON_HIGH = 0.9 / interval(1.0, 0.05)[1]  # its upper end exactly on 1 - 0.1
+TEMPERATURE_CASES = [
+    # (id, per-group slopes, fires): no scatter, the interval is the slopes themselves
+    ("sharper-outside", [1.1 * (1 + 1e-9)] * 16, "sharper"),
+    ("sharper-inside", [1.1 * (1 - 1e-9)] * 16, None),
+    ("flatter-outside", [0.9 * (1 - 1e-9)] * 16, "flatter"),
+    ("flatter-inside", [0.9 * (1 + 1e-9)] * 16, None),
+    # with scatter: the interval's end, Z standard errors beyond the slopes, must clear the tolerance
+    ("scatter-sharper-outside", spread(A_ON_LOW * (1 + 1e-9), 0.05), "sharper"),
+    ("scatter-sharper-inside", spread(A_ON_LOW * (1 - 1e-9), 0.05), None),
+    ("scatter-flatter-outside", spread(A_ON_HIGH * (1 - 1e-9), 0.05), "flatter"),
+    ("scatter-flatter-inside", spread(A_ON_HIGH * (1 + 1e-9), 0.05), None),
+    ("eight-groups", [1.5] * 8, "sharper"),
+    ("seven-groups", [1.5] * 7, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("slopes", "direction"), [c[1:] for c in TEMPERATURE_CASES], ids=[c[0] for c in TEMPERATURE_CASES]
+)
+def test_temperature_mismatch_thresholds(slopes: list[float], direction: str | None) -> None:
+    found = temperature_mismatch(scale_state(slopes).scale)
+    assert (found is None) == (direction is None)
+    if found is None:
+        return
+    assert (found.code, found.severity, found.threshold) == ("temperature_mismatch", WARNING, 0.1)
+    assert direction in found.message
+    s = np.asarray(slopes)
+    low, high = float(s.mean()), float((s * s).mean() / s.mean())
+    assert found.evidence["slope_rollout_on_train"] == pytest.approx(low, rel=1e-9)
+    assert found.evidence["slope_inverse_train_on_rollout"] == pytest.approx(high, rel=1e-9)
+    assert found.value == pytest.approx(math.sqrt((s * s).mean()), rel=1e-9)
+    lo, hi = found.evidence["interval"]
+    assert lo <= low <= high <= hi  # the interval holds both slopes
+    if len(set(slopes)) == 2:
+        a = math.sqrt(slopes[0] * slopes[1])
+        assert (lo, hi) == pytest.approx(interval(a, 0.05), rel=1e-9)
+
+
+def test_temperature_mismatch_needs_2000_tokens() -> None:
+    assert temperature_mismatch(scale_state([1.5] * 10, n=200).scale) is not None
+    state = scale_state([1.5] * 10, n=200)
+    state.scale.sums[9] = scale_state([1.5], n=199).scale.sums[0]
+    assert temperature_mismatch(state.scale) is None
+
+
+def offset_state(ratios_: list[float], up: int, down: int, n: int = 1024) -> ExplainState:
+    """Row group g: ``n`` tokens with mean capped IS ratio ``ratios_[g]``, ``up`` of them scored higher by the
+    rollout side (beyond the tolerance) and ``down`` lower."""
+    state = ExplainState()
+    for g, r in enumerate(ratios_):
+        state.offset.sums[g] = [n, n * r, up, down]
+    return state
+
+
+SE_01 = 0.01 / math.sqrt(15)  # groups alternating at m +- 0.01: their standard error
+OFFSET_CASES = [
+    # (id, per-group mean ratios, up, down per 1024 tokens, fires)
+    ("gap-outside", [0.98 - 1e-9] * 16, 512, 0, "rollout"),  # a gap of 0.02 from 1 is the bound (strict)
+    ("gap-inside", [0.98 + 1e-9] * 16, 512, 0, None),
+    ("trainer-outside", [1.02 + 1e-9] * 16, 0, 512, "trainer"),
+    ("trainer-inside", [1.02 - 1e-9] * 16, 0, 512, None),
+    ("scatter-outside", [0.98 - 3 * SE_01 + 0.01 - 1e-9, 0.98 - 3 * SE_01 - 0.01 - 1e-9] * 8, 512, 0, "rollout"),
+    ("scatter-inside", [0.98 - 3 * SE_01 + 0.01 + 1e-9, 0.98 - 3 * SE_01 - 0.01 + 1e-9] * 8, 512, 0, None),
+    ("share-on-0.25", [0.9] * 16, 320, 64, "rollout"),  # net 256 of 1024: the share holds on its bound
+    ("share-below-0.25", [0.9] * 16, 320, 65, None),
+    ("share-the-other-way", [0.9] * 16, 0, 512, None),  # gap and shifted tokens disagree in sign
+    ("eight-groups", [0.9] * 8, 512, 0, "rollout"),
+    ("seven-groups", [0.9] * 7, 512, 0, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("ratios_", "up", "down", "higher"), [c[1:] for c in OFFSET_CASES], ids=[c[0] for c in OFFSET_CASES]
+)
+def test_logprob_offset_thresholds(ratios_: list[float], up: int, down: int, higher: str | None) -> None:
+    found = logprob_offset(offset_state(ratios_, up, down).offset)
+    assert (found is None) == (higher is None)
+    if found is None:
+        return
+    assert (found.code, found.severity, found.threshold) == ("logprob_offset", WARNING, 0.02)
+    mean = float(np.mean(ratios_))
+    assert found.evidence["mean_capped_ratio"] == pytest.approx(mean, rel=1e-12)
+    assert found.evidence["share_shifted"] == abs(up - down) / 1024
+    assert found.value == pytest.approx(abs(math.log(mean)), rel=1e-9)
+    assert found.message.startswith(f"the {higher} side's log-probs sit systematically higher")
+
+
+def trend(values: list[float]) -> list[tuple[int, dict[str, float | None]]]:
+    return [(s, {P + "k3_kl": v}) for s, v in enumerate(values)]
+
+
+def fitted(values: list[float]) -> tuple[float, float, float]:
+    """Growth over the run, slope in standard errors and halves ratio, by numpy's least squares and medians."""
+    x = np.arange(len(values), dtype=np.float64)
+    (slope, _), cov = np.polyfit(x, np.log(values), 1, cov="unscaled")
+    residual = np.log(values) - np.polyval([slope, _], x)
+    se = math.sqrt(float((residual**2).sum()) / (len(values) - 2) * cov[0, 0])
+    half = len(values) // 2
+    return math.exp(slope * x[-1]), slope / se, float(np.median(values[-half:]) / np.median(values[:half]))
+
+
+def _tilted(b: float, e: float) -> list[float]:
+    """Six steps on log k3_kl = b s with residuals (e, -e, 0, 0, -e, e), orthogonal to the line: the fit's slope is
+    b and its standard error e / sqrt(17.5)."""
+    return [1e-4 * math.exp(b * s + e * r) for s, r in enumerate((1, -1, 0, 0, -1, 1))]
+
+
+def _ends(b: float, lift: float = 0.3) -> list[float]:
+    """Six steps on log k3_kl = b s, the first lowered and the last raised by ``lift``: the halves' medians (steps 1
+    and 4) are e^(3b) apart, while the fit grows faster."""
+    return [1e-4 * math.exp(b * s + lift * ((s == 5) - (s == 0))) for s in range(6)]
+
+
+B8 = math.log(8) / 5  # 8x over six steps
+TREND_CASES = [
+    # (id, k3_kl per step, fires)
+    ("growth-outside", [1e-4 * (2 * (1 + 1e-6)) ** (s / 3) for s in range(4)], True),  # 2x over the run fires
+    ("growth-inside", [1e-4 * (2 * (1 - 1e-6)) ** (s / 3) for s in range(4)], False),
+    ("t-outside", _tilted(B8, B8 * math.sqrt(17.5) / 4 * (1 - 1e-6)), True),  # 4 standard errors of the fit
+    ("t-inside", _tilted(B8, B8 * math.sqrt(17.5) / 4 * (1 + 1e-6)), False),
+    ("halves-outside", _ends(math.log(1.4) / 3 * (1 + 1e-6)), True),  # median of the later half 1.4x
+    ("halves-inside", _ends(math.log(1.4) / 3 * (1 - 1e-6)), False),
+]
+
+
+@pytest.mark.parametrize(("values", "fires"), [c[1:] for c in TREND_CASES], ids=[c[0] for c in TREND_CASES])
+def test_mismatch_trend_thresholds(values: list[float], fires: bool) -> None:
+    growth, t, halves = fitted(values)
+    assert growth >= 2.0 * (1 - 2e-6) and t >= 4.0 * (1 - 2e-6) and halves >= 1.4 * (1 - 2e-6)  # one gate at a time
+    found = mismatch_trend(trend(values))
+    assert (found is not None) == fires
+    if found is not None:
+        assert (found.code, found.severity, found.threshold) == ("mismatch_trend", WARNING, 2.0)
+        assert found.evidence["growth_over_run"] == pytest.approx(growth, rel=1e-9)
+        assert found.evidence["halves_ratio"] == pytest.approx(halves, rel=1e-12)
+        assert found.evidence["t"] is None or found.evidence["t"] == pytest.approx(t, rel=1e-6)
+
+
+def test_logprob_offset_needs_2000_tokens() -> None:
+    assert logprob_offset(offset_state([0.9] * 10, 100, 0, n=200).offset) is not None
+    state = offset_state([0.9] * 10, 100, 0, n=200)
+    state.offset.sums[9] = [199, 199 * 0.9, 100, 0]
+    assert logprob_offset(state.offset) is None
+
+
+def test_temperature_interval_holds_both_brute_force_slopes() -> None:
+    """On the one-sided temperature sample: the regression slopes by numpy over the valid tokens, and an interval
+    that holds both and reaches beyond them (Z standard errors of real scatter; a shrunk interval fails)."""
+    table = pq.read_table(SAMPLES / "rollout_temperature_only.parquet")
+    mask = np.concatenate(table.column("response_mask").to_numpy(zero_copy_only=False)).astype(bool)
+    x = np.concatenate(table.column("old_log_prob").to_numpy(zero_copy_only=False))[mask].astype(np.float64)
+    y = np.concatenate(table.column("rollout_log_prob").to_numpy(zero_copy_only=False))[mask].astype(np.float64)
+    cov = np.cov(x, y, bias=True)
+    low, high = cov[0, 1] / cov[0, 0], cov[1, 1] / cov[0, 1]  # y on x, and the inverse of x on y
+    found = findings_of(rcdiag.analyze(SAMPLES / "rollout_temperature_only.parquet", explain=True))
+    finding = found["temperature_mismatch"]
+    assert finding.severity == WARNING
+    assert finding.evidence["slope_rollout_on_train"] == pytest.approx(low, rel=1e-5)
+    assert finding.evidence["slope_inverse_train_on_rollout"] == pytest.approx(high, rel=1e-5)
+    lo, hi = finding.evidence["interval"]
+    assert 1.1 < lo < low < high < hi < 1 / 0.7  # the truth, T_train / T_rollout, is beyond the slopes
