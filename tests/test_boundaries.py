@@ -11,10 +11,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from conftest import SAMPLES, run_padded
+from severities import SEVERITIES, checked
 from test_scenarios import rows_with_ratios
 from verl_oracle import require_verl, verl_metrics
 
 import rcdiag
+from rcdiag.catalogue.findings import FINDINGS
 from rcdiag.catalogue.metrics import thresholds_with_findings
 from rcdiag.explain.breakdowns import GROUPS, N_DOUBLING, SUMS
 from rcdiag.explain.detectors import logprob_offset, mismatch_trend, position_drift, temperature_mismatch
@@ -164,7 +166,7 @@ WARNING = "warning"  # every finding below is a warning (docs/findings.md); asse
 
 
 def findings_of(report: rcdiag.Report) -> dict[str, rcdiag.Finding]:
-    return {f.code: f for f in report.findings}
+    return {f.code: f for f in checked(report.findings)}
 
 
 # the documented bound of every threshold finding: (metric, kind, bound, code); a constant changed in the catalogue
@@ -571,3 +573,19 @@ def test_temperature_interval_holds_both_brute_force_slopes() -> None:
     assert finding.evidence["slope_inverse_train_on_rollout"] == pytest.approx(high, rel=1e-5)
     lo, hi = finding.evidence["interval"]
     assert 1.1 < lo < low < high < hi < 1 / 0.7  # the truth, T_train / T_rollout, is beyond the slopes
+
+
+# ------------------------------------------------------------------------------------------------ severities
+
+
+def test_every_code_has_its_severity_written_out() -> None:
+    assert set(SEVERITIES) == {spec.code for spec in FINDINGS}
+
+
+def test_ess_zero_division_is_an_error_where_it_fires() -> None:
+    """IcePop zeroes every weight (each ratio of 3 is outside [0.5, 2]): verl's ESS would divide by 0."""
+    found = findings_of(run_padded(*ratios((4, 3.0)), rollout_is="token", rollout_is_threshold="0.5_2.0"))
+    assert found["verl_crash_ess_zero_division"].severity == "error"
+    assert "verl_crash_ess_zero_division" not in findings_of(
+        run_padded(*ratios((3, 3.0), (1, 1.0)), rollout_is="token", rollout_is_threshold="0.5_2.0")
+    )

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import SAMPLES
 from generator_model import expected
+from severities import checked
 
 import rcdiag
 from rcdiag import synthetic
@@ -46,7 +47,7 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def codes(comparison: rcdiag.compare.Comparison) -> dict[str, str | None]:
-    return {f.code: f.side for f in comparison.findings}
+    return {f.code: f.side for f in checked(comparison.findings)}
 
 
 def run(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import SAMPLES
+from severities import checked
 
 import rcdiag
 from rcdiag import synthetic
@@ -40,7 +41,7 @@ HEAVY = [
 def explained(tmp_path: Path, scenario: Scenario | str, seed: int, rows: int = 192) -> dict[str, rcdiag.Finding]:
     path = tmp_path / "dump.parquet"
     synthetic.write(synthetic.generate(scenario, rows=rows, steps=6, seed=seed), path)
-    return {f.code: f for f in rcdiag.analyze(path, explain=True).findings if f.code in DETECTORS}
+    return {f.code: f for f in checked(rcdiag.analyze(path, explain=True).findings) if f.code in DETECTORS}
 
 
 @pytest.mark.parametrize(("scenario", "seed"), CLEAN + HEAVY)
@@ -78,7 +79,7 @@ def test_each_bug_fires_its_detector_only(tmp_path: Path, scenario: Scenario | s
 
 
 def findings(name: str) -> dict[str, rcdiag.Finding]:
-    return {f.code: f for f in rcdiag.analyze(SAMPLES / name, explain=True).findings}
+    return {f.code: f for f in checked(rcdiag.analyze(SAMPLES / name, explain=True).findings)}
 
 
 def test_one_sided_temperature_sample() -> None:

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 from conftest import padded_chunk, random_batch, run_padded
+from severities import checked
 from test_scenarios import rows_with_ratios
 
 import rcdiag
@@ -16,7 +17,7 @@ P = "rollout_corr/"
 
 
 def codes(report: rcdiag.Report) -> set[str]:
-    return {f.code for f in report.findings}
+    return {f.code for f in checked(report.findings)}
 
 
 def test_healthy_batch_has_no_findings() -> None:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from conftest import assert_metrics_close, random_batch, run_padded
 from reference import all_metrics
+from severities import checked
 
 from rcdiag.config import RS_OPTIONS
 
@@ -63,5 +64,5 @@ def test_k3_kl_overflow_is_null_with_a_finding() -> None:
     report = run_padded(old, rollout, np.ones((1, 2), np.int64))
     assert report.metrics["rollout_corr/k3_kl"] is None
     assert report.metrics["rollout_corr/kl"] == pytest.approx(-98.9 / 2, rel=1e-6)
-    codes = {(f.code, f.metric) for f in report.findings}
+    codes = {(f.code, f.metric) for f in checked(report.findings)}
     assert ("metric_not_finite", "rollout_corr/k3_kl") in codes

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import padded_chunk, run_padded
+from severities import checked
 from test_scenarios import rows_with_ratios
 
 import rcdiag
@@ -21,7 +22,7 @@ P = "rollout_corr/"
 
 
 def by_code(report: rcdiag.Report) -> dict[str, rcdiag.Finding]:
-    return {f.code: f for f in report.findings}
+    return {f.code: f for f in checked(report.findings)}
 
 
 # ------------------------------------------------------------------------------------------ kl_k3_disagree

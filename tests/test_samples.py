@@ -9,6 +9,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from conftest import SAMPLES
 from generator_model import expected
+from severities import checked
 
 import rcdiag
 
@@ -27,7 +28,7 @@ def assert_as_generated(path: Path, scenario: str, report: rcdiag.Report, keys: 
 
 
 def codes(path: Path, config: rcdiag.CorrectionConfig | None = None) -> dict[str, tuple | None]:
-    return {f.code: f.steps for f in rcdiag.analyze(path, config).findings}
+    return {f.code: f.steps for f in checked(rcdiag.analyze(path, config).findings)}
 
 
 def test_healthy_sample_is_quiet_under_every_preset() -> None:
