@@ -5,12 +5,16 @@ values are counted by hand, and checked against verl v0.9.0 itself."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import SAMPLES, run_padded
+from conftest import ROOT, SAMPLES, run_padded
 from severities import SEVERITIES, checked
 from test_scenarios import rows_with_ratios
 from verl_oracle import require_verl, verl_metrics
@@ -19,7 +23,7 @@ import rcdiag
 from rcdiag.catalogue.findings import FINDINGS
 from rcdiag.catalogue.metrics import thresholds_with_findings
 from rcdiag.explain.breakdowns import GROUPS, N_DOUBLING, SUMS
-from rcdiag.explain.detectors import logprob_offset, mismatch_trend, position_drift, temperature_mismatch
+from rcdiag.explain.detectors import DETECTORS, logprob_offset, mismatch_trend, position_drift, temperature_mismatch
 from rcdiag.explain.state import ExplainState
 from rcdiag.explain.statistics import ScaleSums
 from rcdiag.health import evaluate
@@ -589,3 +593,67 @@ def test_ess_zero_division_is_an_error_where_it_fires() -> None:
     assert "verl_crash_ess_zero_division" not in findings_of(
         run_padded(*ratios((3, 3.0), (1, 1.0)), rollout_is="token", rollout_is_threshold="0.5_2.0")
     )
+
+
+# ------------------------------------------------------------------------------------------------ not computed
+
+NOT_COMPUTED_PLAIN = {  # the checks whose metric needs IS or RS, which plain analyze does not turn on
+    "verl_crash_ess_zero_division": P + "rollout_is_eff_sample_size",
+    "is_mean_out_of_range": P + "rollout_is_mean",
+    "is_ess_low": P + "rollout_is_eff_sample_size",
+    "is_std_high": P + "rollout_is_std",
+    "rs_rejects_all_tokens": P + "rollout_rs_masked_fraction",
+    "rs_rejects_most_tokens": P + "rollout_rs_masked_fraction",
+}
+COMPUTED_PLAIN = {  # every other check of plain analyze (--explain's detectors appear only with --explain)
+    "verl_crash_empty_batch", "mask_looks_inverted", "mask_missing", "kl_high", "chi2_token_high", "kl_k3_disagree",
+    "logprob_neg_inf", "metric_not_finite", "temperature_recorded_mismatch",
+}  # fmt: skip
+
+
+def checklist_rows(*args: str) -> dict[str, tuple[str, str]]:
+    """``rcdiag analyze`` in a subprocess: each checklist row's code -> (mark, the rest of the row)."""
+    env = {**os.environ, "COLUMNS": "250", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "rcdiag", "analyze", *args], capture_output=True, text=True, env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    text = done.stdout.split("Findings checklist", 1)[1]
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("│")]
+        if len(cells) == 4 and cells[2] in SEVERITIES:
+            rows[cells[2]] = (cells[0], cells[3])
+    return rows
+
+
+def test_plain_analyze_marks_each_check_without_its_metric_not_computed() -> None:
+    healthy = str(SAMPLES / "healthy.parquet")
+    done = subprocess.run(
+        [sys.executable, "-m", "rcdiag", "analyze", healthy, "--format", "json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=True,
+    )
+    data = json.loads(done.stdout)
+    assert data["findings"] == []
+    assert not set(NOT_COMPUTED_PLAIN.values()) & set(data["metrics"])  # none of those metrics was computed
+    assert {P + "kl", P + "chi2_token", P + "k3_kl"} <= set(data["metrics"])
+    rows = checklist_rows(healthy)
+    assert set(rows) == set(NOT_COMPUTED_PLAIN) | COMPUTED_PLAIN
+    for code in NOT_COMPUTED_PLAIN:
+        assert rows[code] == ("–", "not computed for this config"), code
+    for code in COMPUTED_PLAIN:
+        assert rows[code] == ("✓", ""), code
+
+
+def test_checks_with_their_metric_computed_are_checked() -> None:
+    """With IS and RS on, the same rows are checked (and hold on the healthy sample); with --explain, the
+    detectors' rows appear, checked. (A detector that could not run, e.g. on too few tokens, has no state of its
+    own yet: it shows as checked.)"""
+    rows = checklist_rows(
+        str(SAMPLES / "healthy.parquet"), "--is", "token", "--rs", "token_k1", "--rs-threshold", "0.5_2.0", "--explain"
+    )
+    assert set(rows) == set(NOT_COMPUTED_PLAIN) | COMPUTED_PLAIN | set(DETECTORS)
+    assert all(mark == ("✓", "") for mark in rows.values()), rows
