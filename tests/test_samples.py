@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import pytest
 from conftest import SAMPLES
 from generator_model import expected
 from severities import checked
@@ -38,18 +42,40 @@ def test_healthy_sample_is_quiet_under_every_preset() -> None:
     for name in ("decoupled_token_is", "decoupled_seq_is", "decoupled_token_icepop", "decoupled_k3_rs"):
         assert codes(path, rcdiag.preset(name)) == {}, name
     # RS presets tighter than outlier removal warn, at the steps where they reject more than one token in five
-    for name in ("decoupled_seq_is_rs", "decoupled_geo_rs"):
-        assert codes(path, rcdiag.preset(name)) == {"rs_rejects_most_tokens": rejecting_steps(path, name)}, name
-    assert rejecting_steps(path, "decoupled_geo_rs") == (0, 1, 2, 3, 4, 5)
+    # (counted by brute force from the file: seq_sum_k1 in [log 0.5, log 2], seq_mean_k1 in [log 0.999, log 1.001])
+    for name, reduce, spec, steps in (
+        ("decoupled_seq_is_rs", np.sum, "0.5_2.0", (4,)),
+        ("decoupled_geo_rs", np.mean, "0.999_1.001", (0, 1, 2, 3, 4, 5)),
+    ):
+        assert rcdiag.preset(name).rollout_rs_threshold == spec
+        shares = brute_rejected_share(path, reduce, spec)
+        assert all(abs(share - 0.2) > 0.01 for share in shares.values())  # no step near the bound
+        assert tuple(step for step, share in shares.items() if share > 0.2) == steps
+        assert codes(path, rcdiag.preset(name)) == {"rs_rejects_most_tokens": steps}, name
+        measured = [
+            s.metrics[P + "rollout_rs_masked_fraction"] for s in rcdiag.analyze(path, rcdiag.preset(name)).steps
+        ]
+        assert measured == pytest.approx(list(shares.values()), rel=1e-9)
     report = rcdiag.analyze(path)
     assert_as_generated(path, "healthy", report, ("kl", "k3_kl", "token_mult_prob_error"))
     assert report.input.rows == 384 and report.input.steps == 6 and report.input.empty_rows == 2
 
 
-def rejecting_steps(path: Path, preset: str) -> tuple[int, ...]:
-    """Steps at which RS rejects more than 20% of the valid tokens (rs_rejects_most_tokens' documented share)."""
-    report = rcdiag.analyze(path, rcdiag.preset(preset))
-    return tuple(s.step for s in report.steps if s.metrics[P + "rollout_rs_masked_fraction"] > 0.2)
+def brute_rejected_share(path: Path, reduce: Callable[[np.ndarray], float], spec: str) -> dict[int, float]:
+    """Per step, the share of valid tokens in responses whose k1 statistic (``reduce`` of -log-ratio over the
+    response's valid tokens) falls outside the band ``L_U`` (bounds log L, log U rounded to float32, as verl)."""
+    lo, hi = (float(np.float32(math.log(float(v)))) for v in spec.split("_"))
+    data = pq.read_table(path).to_pydict()
+    tokens: dict[int, int] = {}
+    rejected: dict[int, int] = {}
+    for old, rollout, mask, step in zip(
+        *(data[k] for k in ("old_log_prob", "rollout_log_prob", "response_mask", "step")), strict=True
+    ):
+        d = (np.asarray(old, np.float32) - np.asarray(rollout, np.float32))[np.asarray(mask, bool)]
+        tokens[step] = tokens.get(step, 0) + d.size
+        outside = d.size > 0 and not lo <= float(reduce(-d.astype(np.float64))) <= hi
+        rejected[step] = rejected.get(step, 0) + (d.size if outside else 0)
+    return {step: rejected[step] / tokens[step] for step in sorted(tokens)}
 
 
 def test_topk_offset_sample() -> None:
@@ -77,7 +103,7 @@ def test_healthy_at_temperature_06_sample() -> None:
     for name in ("decoupled_token_is", "decoupled_seq_is", "decoupled_token_icepop"):
         assert codes(path, rcdiag.preset(name)) == {}, name
     assert codes(path, rcdiag.preset("decoupled_geo_rs")) == {"rs_rejects_most_tokens": (0, 1, 2, 3, 4, 5)}
-    assert rejecting_steps(path, "decoupled_geo_rs") == (0, 1, 2, 3, 4, 5)
+    assert min(brute_rejected_share(path, np.mean, "0.999_1.001").values()) > 0.21  # every step, by brute force
     report = rcdiag.analyze(path)
     assert_as_generated(path, "healthy_t06", report, ("kl", "k3_kl", "token_mult_prob_error"))
     assert report.input.metadata["temperature"] == "0.6"
