@@ -43,8 +43,14 @@ def test_low_ess_and_high_std() -> None:
     old, rollout, mask = rows_with_ratios([[math.exp(3.0)] * 2] + [[1.0] * 2] * 30)
     report = run_padded(old, rollout, mask, rollout_is="sequence", rollout_is_threshold=1000.0)
     assert {"is_ess_low", "is_std_high"} <= codes(report)
+    # sequence weights (every row has 2 tokens, so per token the same shares): e^6 for the first row (below the
+    # cap of 1000), 1 for the other 30
+    weights = np.array([math.exp(6.0)] + [1.0] * 30)
     ess = next(f for f in report.findings if f.code == "is_ess_low")
-    assert ess.value == pytest.approx(report.metrics[P + "rollout_is_eff_sample_size"]) and ess.value < 0.3
+    assert ess.value == pytest.approx(weights.sum() ** 2 / (31 * (weights**2).sum()), rel=1e-5)  # ~0.0805
+    std = next(f for f in report.findings if f.code == "is_std_high")
+    assert std.value == pytest.approx(weights.std(), rel=1e-5)  # population std, ~71.6
+    assert report.metrics[P + "rollout_is_mean"] == pytest.approx(weights.mean(), rel=1e-5)
     assert not {"is_ess_low", "is_std_high"} & codes(run_padded(old, rollout, mask, rollout_is="sequence"))
 
 
