@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import SAMPLES
+from generator_model import expected
 from severities import checked
 
 import rcdiag
@@ -115,15 +116,17 @@ def test_step_trend_sample_matches_the_generator() -> None:
     assert finding.evidence["steps"] == [0, 1, 2, 3, 4, 5]
     crossing = finding.evidence["crossing_step"]["kl"]
     assert not crossing["already"] and crossing["step"] > 5
-    kl5 = rcdiag.analyze(SAMPLES / "step_trend.parquet").steps[-1].metrics["rollout_corr/kl"]
+    spec = SCENARIOS["step_trend"]
+    kl5 = expected(replace(spec, noise=spec.noise * spec.step_growth**5, step_growth=1.0))["kl"].mean  # step 5's
     assert crossing["step"] == pytest.approx(5 + math.log(0.1 / kl5) / math.log(growth), abs=1.5)
 
 
 def test_topk_sample_offset_is_the_missing_mass() -> None:
     finding = findings("topk_offset.parquet")["logprob_offset"]
-    metrics = rcdiag.analyze(SAMPLES / "topk_offset.parquet").metrics
-    mass = 1.0 - (metrics["rollout_corr/kl"] - metrics["rollout_corr/k3_kl"])  # mean ratio = kept top-k mass
-    assert finding.evidence["mean_capped_ratio"] == pytest.approx(mass, abs=0.005)
+    model = expected("topk_offset")  # the generator's population values (tests/generator_model.py)
+    mass = 1.0 - (model["kl"].mean - model["k3_kl"].mean)  # mean ratio = the trainer's mass on the top-k: ~0.832
+    assert finding.evidence["mean_capped_ratio"] == pytest.approx(mass, abs=0.003)  # ~5 standard errors
+    assert finding.value == pytest.approx(-math.log(mass), abs=0.004)
     assert finding.evidence["share_shifted"] > 0.5
 
 

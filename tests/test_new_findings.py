@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import padded_chunk, run_padded
+from generator_model import expected
 from severities import checked
 from test_scenarios import rows_with_ratios
 
@@ -99,9 +101,17 @@ def test_the_issue_seeds_no_longer_fire(tmp_path: Path) -> None:
 def test_topk_sample_still_fires_with_the_number_of_standard_errors() -> None:
     report = rcdiag.analyze(Path(__file__).parents[1] / "sample_data" / "topk_offset.parquet")
     found = by_code(report)["kl_k3_disagree"]
-    step = report.steps[0]
-    sigmas = (step.metrics[P + "kl"] - step.metrics[P + "k3_kl"]) / step.extras["rcdiag/kl_std_error"]
-    assert sigmas > 50 and "standard errors" in found.message and "6 batches" in found.message
+    assert found.steps == (0, 1, 2, 3, 4, 5) and "6 batches" in found.message
+    # the quoted gap is the generator's: 1 - the trainer's mass on the rollout's top-k (tests/generator_model.py)
+    model = expected("topk_offset")
+    quoted = re.search(
+        r"= 1 - mean\(ratio\) = ([\d.]+), ([\d.]+) standard errors of kl \(rcdiag/kl_std_error = ([\d.e-]+)",
+        found.message,
+    )
+    assert quoted is not None, found.message
+    gap, sigmas, se = (float(v) for v in quoted.groups())
+    assert gap == pytest.approx(model["kl"].mean - model["k3_kl"].mean, abs=0.005)  # ~0.168, per step
+    assert sigmas == pytest.approx(gap / se, rel=0.01) and sigmas > 50
 
 
 # ------------------------------------------------------------------------------------------ RS rejecting most
