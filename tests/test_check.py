@@ -14,6 +14,7 @@ import pytest
 from conftest import SAMPLES
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from verl_oracle import require_verl, verl_metrics
 
 import rcdiag
 from rcdiag.check import Rule, check, evaluate_rules, load_rules, metric_names, pack, parse_assignment
@@ -82,10 +83,18 @@ def test_metric_names_follow_the_configuration() -> None:
     assert len(plain) == 13 + 6 and P + "kl" in plain and "rcdiag/token_mult_prob_error" in plain
     with_is = metric_names(rcdiag.CorrectionConfig(rollout_is="token").resolve())
     assert P + "rollout_is_eff_sample_size" in with_is and P + "rollout_is_eff_sample_size" not in plain
-    assert metric_names(rcdiag.CorrectionConfig(rollout_is="token").resolve()) == [
-        *rcdiag.analyze(HEALTHY, rcdiag.CorrectionConfig(rollout_is="token")).metrics,
-        *rcdiag.analyze(HEALTHY).extras,
-    ]
+    # verl's own keys, in verl's order, then rcdiag's extras (docs/metrics.md)
+    torch = require_verl()
+    old, rollout, mask = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.1, -2.0]]), torch.ones(1, 2)
+    extras = ["rcdiag/abs_log_ratio_mean", "rcdiag/abs_log_ratio_max", "rcdiag/token_mult_prob_error",
+              "rcdiag/kl_std_error", "rcdiag/kl_std_error_dof", "rcdiag/clamped_token_fraction"]  # fmt: skip
+    for config in (
+        {},
+        {"rollout_is": "token"},
+        {"rollout_rs": "token_k1,seq_max_k2", "rollout_rs_threshold": "0.5_2,2"},
+    ):
+        verl = verl_metrics(old, rollout, mask, **config)
+        assert metric_names(rcdiag.CorrectionConfig(**config).resolve()) == [*verl, *extras], config
 
 
 # --------------------------------------------------------------------------------------------- evaluation
@@ -245,7 +254,10 @@ def test_packs() -> None:
         ("rollout_is_eff_sample_size", "min", 0.3), ("rollout_is_std", "max", 1.0),
         ("kl", "max_abs", 0.1), ("chi2_token", "max", 1.0),
     ])  # fmt: skip
-    assert sorted((r.metric, r.bound) for r in pack("nemo-rl")) == [("k3_kl", 1e-3), ("rcdiag/token_mult_prob_error", 1.05)]
+    assert sorted((r.metric, r.bound) for r in pack("nemo-rl")) == [
+        ("k3_kl", 1e-3),
+        ("rcdiag/token_mult_prob_error", 1.05),
+    ]
     result = check(HEALTHY, pack("verl"))  # no IS: the IS rules are skipped, not errors
     statuses = {(r.rule.metric, r.rule.kind): r.status for r in result.results}
     assert result.passed and statuses[("kl", "max_abs")] == statuses[("chi2_token", "max")] == "passed"
