@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -406,6 +407,42 @@ def test_the_worked_example_in_docs_is_what_the_sweep_gives(capsys: pytest.Captu
     spec = next(r["threshold"] for r in result["recommendations"] if r["option"] == "seq_mean_k1")
     code, out, _ = run(capsys, "analyze", healthy, "--rs", "seq_mean_k1", "--rs-threshold", spec, "--format", "json")
     assert code == 0 and json.loads(out)["metrics"][P + "rollout_rs_seq_mean_k1_seq_masked_fraction"] <= 0.01
+
+
+def test_the_worked_example_in_docs_holds_brute_force_values() -> None:
+    """The page's numbers (a snapshot of rcdiag's output, above) recounted from the file by brute force."""
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "sweep.md").read_text()
+    data = pq.read_table(root / "sample_data" / "healthy.parquet").to_pydict()
+    rows = [
+        (np.float32(o) - np.float32(r))[np.asarray(m, bool)]
+        for o, r, m in zip(data["old_log_prob"], data["rollout_log_prob"], data["response_mask"], strict=True)
+    ]
+    tokens = sum(d.size for d in rows)
+    valid = [d for d in rows if d.size]
+
+    def shown(threshold: str) -> tuple[float, float]:
+        cells = re.search(rf"│ {re.escape(threshold)} +│ +([\d.e-]+) │ +([\d.e-]+) │", page)
+        assert cells is not None, threshold
+        return float(cells[1]), float(cells[2])
+
+    # seq_mean_k1 at Geo-RS's 0.999_1.001: a response is rejected when its mean -log-ratio leaves the band
+    lo, hi = np.float32(math.log(0.999)), np.float32(math.log(1.001))
+    out = [d for d in valid if not lo <= np.mean(-d.astype(np.float64)) <= hi]
+    assert shown("0.999_1.001") == (
+        float(f"{sum(d.size for d in out) / tokens:.6g}"),
+        float(f"{len(out) / len(valid):.6g}"),
+    )
+    # token_k3 at 0.001: tokens whose e^d - 1 - d (float32, as verl) exceeds it; responses holding one
+    k3 = [np.expm1(d) - d for d in valid]
+    above = np.float32(0.001)
+    token_share, row_share = shown("0.001")
+    assert token_share == pytest.approx(sum(int((k > above).sum()) for k in k3) / tokens, rel=1e-4)
+    assert row_share == pytest.approx(sum(bool((k > above).any()) for k in k3) / len(valid), rel=1e-4)
+    # sequence TIS at the recommended 2.1387258: floor(1% of all 384 rows) = 3 rows above log U
+    log_u = float(np.log(np.float32(2.1387258)))
+    assert "│ is_sequence │ 2.1387258 " in page and "0.0078125" in page and 3 / 384 == 0.0078125
+    assert sum(float(np.sum(d, dtype=np.float64)) > log_u for d in rows) == math.floor(0.01 * len(rows)) == 3
 
 
 def test_a_step_without_valid_tokens_gives_one_empty_batch_finding() -> None:
