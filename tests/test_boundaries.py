@@ -657,3 +657,29 @@ def test_checks_with_their_metric_computed_are_checked() -> None:
     )
     assert set(rows) == set(NOT_COMPUTED_PLAIN) | COMPUTED_PLAIN | set(DETECTORS)
     assert all(mark == ("✓", "") for mark in rows.values()), rows
+
+
+def kl_k3_batch(kl: float, k3: float, se: float = 0.0) -> BatchResult:
+    metrics = {P + "kl": kl, P + "k3_kl": k3}
+    extras = {"rcdiag/kl_std_error": se, "rcdiag/kl_std_error_dof": 1e9}
+    return BatchResult(metrics, extras, {**metrics, **extras}, (), 10, 100, 0)
+
+
+@pytest.mark.parametrize(
+    ("kl", "k3", "fires"),
+    [
+        (0.01, 0.005, False),  # the gap exactly half the larger KL (0.01 - 0.01 / 2, exact): holds
+        (0.01, math.nextafter(0.005, 0.0), True),
+        (1e-5, 0.0, False),  # the gap exactly on the 1e-5 floor (above half the KL): holds
+        (math.nextafter(1e-5, 1.0), 0.0, True),
+        (-0.01, -0.005, False),  # the same, both negative (the bound is on |gap| against the larger |KL|)
+        (-0.01, math.nextafter(-0.005, 0.0), True),
+    ],
+)
+def test_kl_k3_disagree_on_its_relative_and_absolute_bounds(kl: float, k3: float, fires: bool) -> None:
+    """No noise (standard error 0), so the gap is judged against half the larger KL and the absolute floor."""
+    found = {f.code: f for f in evaluate([(None, kl_k3_batch(kl, k3))], rcdiag.CorrectionConfig().resolve())}
+    assert ("kl_k3_disagree" in found) == fires
+    if fires:
+        assert found["kl_k3_disagree"].severity == WARNING
+        assert found["kl_k3_disagree"].threshold == max(abs(kl) / 2, 1e-5)
