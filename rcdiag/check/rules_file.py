@@ -45,7 +45,7 @@ class RuleFile:
         try:
             base = preset(name) if name else CorrectionConfig()
             return base.replace(**fields)
-        except TypeError as exc:
+        except (TypeError, ConfigError) as exc:
             raise ConfigError(f"{self.path}: [engine]: {exc}") from None
 
 
