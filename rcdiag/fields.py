@@ -13,14 +13,15 @@ import dataclasses
 import math
 import types
 import typing
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from rcdiag.printable import printable
 
-INT64_MAX = int(np.iinfo(np.int64).max)
-INT64_MIN = int(np.iinfo(np.int64).min)
+if TYPE_CHECKING:
+    import numpy as np
+
+INT64_MAX = 2**63 - 1
+INT64_MIN = -(2**63)
 
 
 class FieldError(ValueError):
@@ -66,6 +67,8 @@ def real(value: Any, field: str, *, nonnegative: bool = False) -> float:
 
 
 def _array(value: Any, field: str, shape: tuple[int, ...] | None, kinds: str, expected: str) -> np.ndarray:
+    import numpy as np  # here: the CLI checks a configuration before it loads numpy
+
     if not isinstance(value, list):
         raise _fail(field, expected, value)
     try:
@@ -81,8 +84,8 @@ def _array(value: Any, field: str, shape: tuple[int, ...] | None, kinds: str, ex
 
 def reals(value: Any, field: str, shape: tuple[int, ...] | None = None, *, nonnegative: bool = False) -> np.ndarray:
     """A list of numbers as a float64 array of ``shape`` (flat in the file); ``nonnegative``: finite and >= 0."""
-    array = _array(value, field, shape, "iuf", "a list of numbers").astype(np.float64)
-    if nonnegative and array.size and not (np.isfinite(array).all() and array.min() >= 0):
+    array = _array(value, field, shape, "iuf", "a list of numbers").astype("float64")
+    if nonnegative and array.size and not (array.min() >= 0 and array.max() < math.inf):
         raise FieldError(f"{field} must hold finite numbers >= 0 (counts), holds {array.min()}")
     return array.reshape(shape) if shape is not None else array
 
@@ -90,9 +93,9 @@ def reals(value: Any, field: str, shape: tuple[int, ...] | None = None, *, nonne
 def counts(value: Any, field: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
     """A list of counts (integers >= 0) as an int64 array of ``shape``."""
     array = _array(value, field, shape, "iu", "a list of counts (integers >= 0)")
-    if array.size and ((array.dtype == np.uint64 and array.max() > INT64_MAX) or array.min() < 0):
+    if array.size and ((array.dtype == "uint64" and array.max() > INT64_MAX) or array.min() < 0):
         raise FieldError(f"{field} must hold counts (integers >= 0 in int64), holds {array.min()}..{array.max()}")
-    array = array.astype(np.int64)
+    array = array.astype("int64")
     return array.reshape(shape) if shape is not None else array
 
 
