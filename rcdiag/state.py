@@ -63,7 +63,7 @@ def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo], 
         "rcdiag_version": __version__,
         "layout": state_layout(),
         "config": state.resolved.config.to_dict(),
-        "sources": [asdict(info) for info in sources],
+        "sources": [_with_identity(info) for info in sources],
         "screen": screen.to_dict(),
         "state": _encode(state.state_dict()),
     }
@@ -256,12 +256,14 @@ def merge_state_files(paths: list[str | Path]) -> tuple[EngineState, list[Source
     if not paths:
         raise ConfigError("no state files to merge")
     merged, sources, screen, identity = _load(str(paths[0]))
-    seen = {_read_key(read): paths[0] for info in sources for read in info.reads}
-    states = {identity.digest: paths[0], **({identity.inode: paths[0]} if identity.inode else {})}
-    for path in paths[1:]:
+    seen: dict[tuple, tuple[int, str | Path, Any]] = {}
+    _check_not_merged(0, paths[0], sources, seen)
+    states: dict[Any, str | Path] = {}
+    _check_not_twice(paths[0], identity, states)
+    for index, path in enumerate(paths[1:], 1):
         state, more, more_screen, identity = _load(str(path))
+        _check_not_merged(index, path, more, seen)  # first: it names the dump read twice
         _check_not_twice(path, identity, states)
-        _check_not_merged(path, more, seen)
         if not merged.resolved.same_computation(state.resolved):
             raise ConfigError(
                 f"{path} was computed with a different configuration ({_describe(state.resolved.config)}) than "
@@ -301,22 +303,70 @@ def _check_not_twice(path: str | Path, identity: StateIdentity, states: dict[Any
         states[identity.inode] = path
 
 
-def _read_key(read: dict[str, Any]) -> tuple:
-    return read.get("path"), read.get("size"), read.get("mtime_ns")
+def _read_keys(read: dict[str, Any]) -> list[tuple[tuple, str]]:
+    """What identifies a file a state read, and how that is said: its path, size and modification time, and (where
+    the state recorded them) its device, inode and content fingerprint, the same for a hard link or a file touched
+    since (a file rewritten in place with other rows has another fingerprint; a copy, another inode)."""
+    keys: list[tuple[tuple, str]] = [
+        (("path", read.get("path"), read.get("size"), read.get("mtime_ns")), "same file, size and modification time")
+    ]
+    if isinstance(read.get("fingerprint"), str) and isinstance(read.get("inode"), list):
+        keys.append((("inode", *read["inode"], read["fingerprint"]), "the same file: device, inode and content"))
+    return keys
 
 
-def _check_not_merged(path: str | Path, sources: list[SourceInfo], seen: dict[tuple, str | Path]) -> None:
-    """A part read by two states would be counted twice: refuse (a state of the whole file overlaps any part)."""
+def _check_not_merged(
+    index: int, path: str | Path, sources: list[SourceInfo], seen: dict[tuple, tuple[int, str | Path, Any]]
+) -> None:
+    """A part read by two states (the ``index``-th given, and an earlier one) would be counted twice: refuse (a state
+    of the whole file overlaps any part)."""
     for info in sources:
         for read in info.reads:
-            key = _read_key(read)
-            if key in seen:
-                raise InputError(
-                    f"read {key[0]}, which {seen[key]} also read (same file, size and modification time); merging "
-                    "it twice would count its rows twice: give each shard's state once",
-                    path=str(path),
-                )
-            seen[key] = path
+            for key, how in _read_keys(read):
+                if key in seen and seen[key][0] != index:
+                    _, other, name = seen[key]
+                    also = f", which {other} also read" if name == read.get("path") else f"; {other} read {name}"
+                    raise InputError(
+                        f"read {read.get('path')}{also} ({how}); merging it twice would count its rows twice: give "
+                        "each shard's state once",
+                        path=str(path),
+                    )
+                seen[key] = (index, path, read.get("path"))
+
+
+def _with_identity(info: SourceInfo) -> dict[str, Any]:
+    """A source as a state saves it: each local file read also by device, inode and a fingerprint of its content
+    (``_read_keys``)."""
+    saved = asdict(info)
+    for read in saved["reads"]:
+        name = read.get("path")
+        if isinstance(name, str) and "://" not in name and os.path.isfile(name):
+            where = os.stat(name)
+            read["inode"] = [where.st_dev, where.st_ino]
+            read["fingerprint"] = content_fingerprint(name)
+    return saved
+
+
+FINGERPRINT_BLOCK = 64 << 10
+FINGERPRINT_BLOCKS = 16
+"""A file of up to ``FINGERPRINT_BLOCK * FINGERPRINT_BLOCKS`` bytes is fingerprinted whole; a larger one by that many
+blocks spread evenly from its first byte to its last (a dump is read whole anyway; this adds at most 1 MiB)."""
+
+
+def content_fingerprint(path: str) -> str:
+    """A digest of a file's size and content (all of it, or evenly spread blocks of a large one)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        digest.update(str(size).encode())
+        if size <= FINGERPRINT_BLOCK * FINGERPRINT_BLOCKS:
+            digest.update(handle.read())
+        else:
+            last = size - FINGERPRINT_BLOCK
+            for k in range(FINGERPRINT_BLOCKS):
+                handle.seek(last * k // (FINGERPRINT_BLOCKS - 1))
+                digest.update(handle.read(FINGERPRINT_BLOCK))
+    return digest.hexdigest()[:32]
 
 
 def combined_info(sources: list[SourceInfo]) -> SourceInfo:
