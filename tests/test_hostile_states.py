@@ -416,3 +416,15 @@ def test_a_warning_never_precedes_the_error_line(monkeypatch: Any, capsys: pytes
         main(["merge", "x.json"])
     assert caught.value.code == 2
     assert capsys.readouterr().err == "rcdiag: error: x.json: holds a bad value\n"
+
+
+def test_the_docs_give_the_limits_the_code_enforces() -> None:
+    from rcdiag.check.rules_file import MAX_RULES_BYTES
+
+    page = (ROOT / "docs" / "scale-out.md").read_text()
+    assert f"of at most {state_module.MAX_STATE_BYTES >> 20} MiB" in page
+    assert f"nested at most {state_module.MAX_STATE_DEPTH} deep" in page
+    assert f"integers of at most {state_module.MAX_INT_DIGITS} digits" in page
+    block, blocks = state_module.FINGERPRINT_BLOCK, state_module.FINGERPRINT_BLOCKS
+    assert f"up to {block * blocks >> 20} MiB, else {blocks} blocks of {block >> 10} KiB" in page
+    assert f"rules file (more than {MAX_RULES_BYTES >> 20} MiB" in (ROOT / "docs" / "exit-codes.md").read_text()
