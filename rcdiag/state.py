@@ -124,7 +124,7 @@ def _load(name: str) -> tuple[EngineState, list[SourceInfo], ScreenStats, StateI
         screen = dataclass_from(ScreenStats, payload.get("screen"), "screen.")
     except (FieldError, ConfigError) as exc:
         raise InputError(f"holds a field that does not fit: {exc}", path=name) from None
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, IndexError, AttributeError, TypeError, ValueError) as exc:  # a shape the layout lacks
         raise InputError(f"holds a damaged state ({type(exc).__name__}: {exc})", path=name) from None
     return state, sources, screen, identity
 

@@ -105,7 +105,8 @@ def resolve(
                 path=path,
             )
         if (not found and role in ("old", "rollout")) or (role == "seq" and need_seq and not found):
-            why = f"{need_seq}, which needs a column for {_WHAT[role]}; it has none" if need_seq is not True else ""
+            long = isinstance(need_seq, str) and role == "seq"
+            why = f"{need_seq}, which needs a column for {_WHAT[role]}; it has none" if long else ""
             raise InputError(
                 f"{why or 'has no column for ' + _WHAT[role]} (looked for {_list(aliases[:6])}, ...; columns present: "
                 f"{_list(present)}); name it with {ROLE_FLAGS[role]} NAME",

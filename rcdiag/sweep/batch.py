@@ -14,7 +14,7 @@ import numpy as np
 from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import EngineState, StepKey, load_batches, saved_counts
-from rcdiag.fields import integer, real
+from rcdiag.fields import checked, integer, real
 from rcdiag.metrics.base import MetricValue, VerlCrash
 from rcdiag.metrics.batch import empty_batch_crash, prefixed_crash
 from rcdiag.metrics.block import Block
@@ -177,7 +177,8 @@ class SweepState(EngineState):
             raise ValueError(
                 f"sweep state version {state.get('sweep_version')}, this rcdiag reads {SWEEP_STATE_VERSION}"
             )
-        out = cls(resolved, **saved_counts(state), grid=SweepGrid.from_specs(state["grid"], resolved.version.name))
+        grid = checked(state["grid"], dict[str, list[str]], "state.grid")
+        out = cls(resolved, **saved_counts(state), grid=SweepGrid.from_specs(grid, resolved.version.name))
         target = state.get("target_reject")
         out.target_reject = None if target is None else real(target, "state.target_reject", nonnegative=True)
         if state.get("collector") is not None:
