@@ -31,15 +31,32 @@ from tests.conftest import ROOT, ragged_lists, random_batch, write_dump
 ESC = "\x1b"
 
 
+MEMORY_CAP = 3 << 30
+"""Every hostile file is refused within this address space (``RLIMIT_AS``) in the subprocess that reads it."""
+
+
+def _capped() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+
+
 def run_cli(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "rcdiag", *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd, timeout=120
+        [sys.executable, "-m", "rcdiag", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=120,
+        preexec_fn=_capped if sys.platform == "linux" else None,
     )
 
 
 def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
-    """The process failed with exit 2 and wrote exactly one line, the error, to stderr (no escape sequence)."""
+    """The process (under ``MEMORY_CAP``) failed with exit 2 and wrote exactly one line, the error, to stderr (no
+    escape sequence)."""
     assert result.returncode == 2, result.stderr
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and result.stderr.endswith("\n"), result.stderr
