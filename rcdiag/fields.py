@@ -69,7 +69,7 @@ def real(value: Any, field: str, *, nonnegative: bool = False) -> float:
 def _array(value: Any, field: str, shape: tuple[int, ...] | None, kinds: str, expected: str) -> np.ndarray:
     import numpy as np  # here: the CLI checks a configuration before it loads numpy
 
-    if not isinstance(value, list):
+    if not isinstance(value, list) or any(v is True or v is False for v in value):  # numpy would take a bool as 1
         raise _fail(field, expected, value)
     try:
         array = np.asarray(value)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag.fields import FieldError, checked, dataclass_from, integer
+from rcdiag.fields import FieldError, checked, counts, dataclass_from, integer, reals
 from rcdiag.metrics.block import Block
 
 DEFAULT_WORST = 10
@@ -191,12 +191,13 @@ class WorstResponses:
         self.traces = {}
         traces = {}
         for saved in checked(state.get("traces", []), list[dict[str, Any]], "worst.traces"):
-            values = checked(saved["log_ratios"], list[float | None], "worst.traces log_ratios")
-            positions = checked(saved["positions"], list[int], "worst.traces positions")
+            values = checked(saved["log_ratios"], list[Any], "worst.traces log_ratios")
+            values = reals([math.nan if v is None else v for v in values], "worst.traces log_ratios")
+            positions = counts(saved["positions"], "worst.traces positions")
             if len(values) != len(positions) or len(values) > TRACE_POINTS:
                 raise FieldError(f"worst.traces must hold as many positions as values, at most {TRACE_POINTS}")
             row = integer(saved["row"], "worst.traces row")
-            traces[row] = TokenTrace(row, tuple(positions), tuple(math.nan if v is None else v for v in values))
+            traces[row] = TokenTrace(row, tuple(positions.tolist()), tuple(values.tolist()))
         for data in checked(state["entries"], list[Any], "worst.entries"):
             entry = dataclass_from(WorstResponse, data, "worst.entries.", signed=_SIGNED)
             self.offer(entry, traces.get(entry.row))
