@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from rcdiag.errors import ConfigError
+from rcdiag.fields import FieldError, checked
 from rcdiag.versions import DEFAULT_VERSION, VerlVersion, needs, verl_version
 
 SAFETY_BOUND = 20.0
@@ -60,6 +62,16 @@ class CorrectionConfig:
     verl_version: str = DEFAULT_VERSION
     """rcdiag's, not verl's: which verl release's semantics to reproduce (``rcdiag.versions``)."""
 
+    def __post_init__(self) -> None:
+        """Refuse a field of the wrong type (a TOML ``bypass_mode = "yes"``, a state's ``loss_type = 5``): verl's
+        dataclass would take it and act on its truthiness. The thresholds are checked by ``resolve``, with verl's
+        messages."""
+        try:
+            for name in _TYPED_FIELDS:
+                checked(getattr(self, name), _FIELD_TYPES[name], name)
+        except FieldError as exc:
+            raise ConfigError(str(exc)) from None
+
     def replace(self, **changes: Any) -> CorrectionConfig:
         """Return a copy with some fields changed (CLI flags on top of a preset)."""
         return dataclasses.replace(self, **changes)
@@ -71,6 +83,10 @@ class CorrectionConfig:
     def resolve(self) -> ResolvedConfig:
         """Parse and validate the thresholds; raise ``ConfigError`` where verl would raise."""
         return _resolve(self)
+
+
+_TYPED_FIELDS = ("rollout_is", "rollout_is_batch_normalize", "rollout_rs", "bypass_mode", "loss_type", "verl_version")
+_FIELD_TYPES = typing.get_type_hints(CorrectionConfig)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ import numpy as np
 
 from rcdiag.backend import Backend, NumpyBackend
 from rcdiag.config import ResolvedConfig
+from rcdiag.fields import FieldError, integer, shown
+from rcdiag.fields import step as saved_step
 from rcdiag.io.base import Chunk, split_rows
 from rcdiag.metrics.batch import BatchMetrics
 from rcdiag.metrics.block import Block
@@ -90,16 +92,33 @@ class EngineState:
     @classmethod
     def from_state_dict(cls, resolved: ResolvedConfig, state: dict[str, Any]) -> EngineState:
         """Rebuild a state saved by ``state_dict`` under the same configuration."""
-        out = cls(
-            resolved, rows=int(state["rows"]), tokens=int(state["tokens"]), valid_tokens=int(state["valid_tokens"])
-        )
-        for step, batch_state in state["batches"]:
-            out.batch(None if step is None else int(step)).load_state_dict(batch_state)
+        out = cls(resolved, **saved_counts(state))
+        load_batches(out, state)
         if "explain" in state:
             from rcdiag.explain.state import ExplainState
 
             out.explain = ExplainState.from_state_dict(state["explain"])
         return out
+
+
+def saved_counts(state: dict[str, Any]) -> dict[str, int]:
+    """A saved state's ``rows``, ``tokens`` and ``valid_tokens``, each checked to be a count."""
+    return {name: integer(state[name], f"state.{name}") for name in ("rows", "tokens", "valid_tokens")}
+
+
+def load_batches(out: EngineState, state: dict[str, Any]) -> None:
+    """Load a saved state's ``[step, batch]`` pairs into ``out``: each step an int64 or null, and given once."""
+    pairs = state["batches"]
+    if not isinstance(pairs, list) or not all(isinstance(pair, list) and len(pair) == 2 for pair in pairs):
+        raise FieldError(f"state.batches must be a list of [step, state] pairs, got {shown(pairs)}")
+    for step, batch_state in pairs:
+        key = saved_step(step, "state.batches step")
+        if key in out.batches:
+            raise FieldError(f"state.batches holds step {key} twice")
+        try:
+            out.batch(key).load_state_dict(batch_state)
+        except FieldError as exc:
+            raise FieldError(f"state.batches step {key}: {exc}") from None
 
 
 class Engine:

@@ -10,24 +10,48 @@ another layout is refused, naming that version.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import re
+import stat
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from rcdiag._version import __version__
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import EngineState
 from rcdiag.errors import ConfigError, InputError
+from rcdiag.fields import FieldError, dataclass_from, shown
 from rcdiag.io.base import SourceInfo
 from rcdiag.metrics.batch import state_layout
 from rcdiag.validate import ScreenStats
 
 STATE_FORMAT = "rcdiag-state"
 STATE_VERSION = 1
+STATE_KINDS = ("analyze", "sweep")
+
+MAX_STATE_BYTES = 256 << 20
+"""The largest state file read (a sweep state with recommendations keeps two numbers per response: ~5M responses)."""
+MAX_STATE_DEPTH = 32
+"""The deepest nesting of arrays and objects in a state file (rcdiag writes 10)."""
+MAX_INT_DIGITS = 20
+"""The longest integer in a state file (every count and step is an int64)."""
+
+_THRESHOLDS = ("rollout_is_threshold", "rollout_rs_threshold")
+
+
+@dataclass(frozen=True)
+class StateIdentity:
+    """What makes two state files the same state: the digest of their bytes, and device and inode where local."""
+
+    digest: str
+    inode: tuple[int, int] | None
 
 
 def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo], screen: ScreenStats) -> None:
@@ -39,7 +63,7 @@ def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo], 
         "rcdiag_version": __version__,
         "layout": state_layout(),
         "config": state.resolved.config.to_dict(),
-        "sources": [asdict(info) for info in sources],
+        "sources": [_with_identity(info) for info in sources],
         "screen": screen.to_dict(),
         "state": _encode(state.state_dict()),
     }
@@ -61,23 +85,22 @@ def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo], 
 
 
 def load_state(path: str | Path) -> tuple[EngineState, list[SourceInfo], ScreenStats]:
-    """Read a state file; any problem is an ``InputError`` naming the file."""
-    from rcdiag.io.paths import read_bytes
+    """Read a state file; any problem is an ``InputError`` naming the file (and the field at fault)."""
+    state, sources, screen, _ = _load(str(path))
+    return state, sources, screen
 
-    name = str(path)
-    try:
-        payload = json.loads(read_bytes(name).decode("utf-8"))
-    except FileNotFoundError:
-        raise InputError("file not found", path=name) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"is not an rcdiag state file ({exc})", path=name) from None
+
+def _load(name: str) -> tuple[EngineState, list[SourceInfo], ScreenStats, StateIdentity]:
+    data, identity = read_state_bytes(name)
+    payload = parse_state_json(data, name)
     if not isinstance(payload, dict) or payload.get("format") != STATE_FORMAT:
         raise InputError("is not an rcdiag state file (write one with 'rcdiag analyze ... --save-state')", path=name)
     writer = f"rcdiag {payload.get('rcdiag_version', '(unknown version)')}"
-    if payload.get("version") != STATE_VERSION:
+    version = payload.get("version")
+    if type(version) is not int or version != STATE_VERSION:
         raise InputError(
-            f"has state version {payload.get('version')} (written by {writer}); rcdiag {__version__} reads "
-            f"version {STATE_VERSION}: re-run 'rcdiag analyze ... --save-state' with this rcdiag",
+            f"has state version {shown(version)} (written by {writer}); rcdiag {__version__} reads "
+            f"version {STATE_VERSION} (int): re-run 'rcdiag analyze ... --save-state' with this rcdiag",
             path=name,
         )
     if payload.get("layout") != state_layout():
@@ -88,15 +111,115 @@ def load_state(path: str | Path) -> tuple[EngineState, list[SourceInfo], ScreenS
             path=name,
         )
     try:
-        resolved = CorrectionConfig(**payload["config"]).resolve()
-        state = _state_class(payload.get("kind", "analyze")).from_state_dict(resolved, _decode(payload["state"]))
-        sources = [SourceInfo(**info) for info in payload["sources"]]
-        screen = ScreenStats.from_dict(payload["screen"])
-    except ConfigError:
-        raise
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InputError(f"holds a damaged state ({exc})", path=name) from None
-    return state, sources, screen
+        kind = payload.get("kind", "analyze")
+        if kind not in STATE_KINDS:
+            raise FieldError(f"kind must be one of {', '.join(STATE_KINDS)}, got {shown(kind)}")
+        config = dataclass_from(CorrectionConfig, payload.get("config"), "config.", signed=_THRESHOLDS)
+        resolved = config.resolve()
+        state = _state_class(kind).from_state_dict(resolved, _decode(_table(payload, "state")))
+        infos = payload.get("sources")
+        if not isinstance(infos, list):
+            raise FieldError(f"sources must be a list, got {shown(infos)}")
+        sources = [dataclass_from(SourceInfo, info, f"sources[{i}].") for i, info in enumerate(infos)]
+        screen = dataclass_from(ScreenStats, payload.get("screen"), "screen.")
+    except (FieldError, ConfigError) as exc:
+        raise InputError(f"holds a field that does not fit: {exc}", path=name) from None
+    except (KeyError, IndexError, AttributeError, TypeError, ValueError) as exc:  # a shape the layout lacks
+        raise InputError(f"holds a damaged state ({type(exc).__name__}: {exc})", path=name) from None
+    return state, sources, screen, identity
+
+
+def _table(payload: dict[str, Any], key: str) -> dict[str, Any]:
+    value = payload.get(key)
+    if not isinstance(value, dict):
+        raise FieldError(f"{key} must be a table (a JSON object), got {shown(value)}")
+    return value
+
+
+def read_state_bytes(name: str) -> tuple[bytes, StateIdentity]:
+    """A state file's bytes and what identifies it (device and inode where local, and a digest of the bytes); only
+    a regular file of at most ``MAX_STATE_BYTES`` is read (a FIFO would block, a device never end)."""
+    from rcdiag.io import storage
+    from rcdiag.io.paths import read_bytes
+
+    text = storage.local_path(name)
+    limit = f"the limit for a state file is {MAX_STATE_BYTES >> 20} MiB"
+    inode: tuple[int, int] | None = None
+    try:
+        if storage.is_remote(text):
+            data = read_bytes(text)
+        else:
+            info = os.stat(text)
+            if not stat.S_ISREG(info.st_mode):
+                raise InputError(f"is not a regular file ({_file_kind(info.st_mode)}); give a state file", path=name)
+            if info.st_size > MAX_STATE_BYTES:
+                raise InputError(f"is {info.st_size:,} bytes; {limit}", path=name)
+            inode = (info.st_dev, info.st_ino)
+            with open(text, "rb") as handle:
+                data = handle.read(MAX_STATE_BYTES + 1)
+    except FileNotFoundError:
+        raise InputError("file not found", path=name) from None
+    except OSError as exc:
+        raise InputError(f"cannot be read ({exc.strerror or exc})", path=name) from None
+    if len(data) > MAX_STATE_BYTES:
+        raise InputError(f"is more than {MAX_STATE_BYTES:,} bytes; {limit}", path=name)
+    return data, StateIdentity(hashlib.sha256(data).hexdigest(), inode)
+
+
+def _file_kind(mode: int) -> str:
+    kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a character device"}
+    return next((what for test, what in kinds.items() if test(mode)), "not a plain file")
+
+
+def parse_state_json(data: bytes, name: str) -> Any:
+    """JSON within the state limits, checked before any object is built: UTF-8, nested at most
+    ``MAX_STATE_DEPTH`` deep, integers of at most ``MAX_INT_DIGITS`` digits, finite numbers, no ``NaN`` literal."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"is not an rcdiag state file (not UTF-8 text: byte {exc.start})", path=name) from None
+    depth = json_depth(data)
+    if depth > MAX_STATE_DEPTH:
+        raise InputError(
+            f"is not an rcdiag state file (JSON nested {depth} deep; at most {MAX_STATE_DEPTH})", path=name
+        )
+    try:
+        return json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
+    except FieldError as exc:
+        raise InputError(f"is not an rcdiag state file ({exc})", path=name) from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise InputError(f"is not an rcdiag state file ({exc})", path=name) from None
+
+
+_STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_DEPTH_STEP = np.zeros(256, dtype=np.int8)
+_DEPTH_STEP[[ord("["), ord("{")]] = 1
+_DEPTH_STEP[[ord("]"), ord("}")]] = -1
+
+
+def json_depth(data: bytes) -> int:
+    """How deep a JSON text nests its arrays and objects (brackets inside strings do not count), found without
+    parsing it: a deeply nested file is refused before the parser recurses into it."""
+    steps = _DEPTH_STEP[np.frombuffer(_STRINGS.sub(b'""', data), dtype=np.uint8)]
+    moves = steps[steps != 0].astype(np.int64)
+    return int(np.cumsum(moves).max()) if moves.size else 0
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise FieldError(f"an integer of {len(text.lstrip('-'))} digits; at most {MAX_INT_DIGITS}")
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise FieldError(f"the number {text[:40]} is beyond float64's range")
+    return value
+
+
+def _parse_constant(text: str) -> float:
+    raise FieldError(f'the literal {text} (a state writes non-finite values as the strings "nan", "inf")')
 
 
 def state_kind_of(state: EngineState) -> str:
@@ -107,11 +230,12 @@ def state_kind_of(state: EngineState) -> str:
 def state_kind(path: str | Path) -> str:
     """The kind of a state file (a path or URL), without loading its state (``"analyze"`` for files without one;
     a directory, prefix or glob: its first state file's)."""
-    from rcdiag.io.paths import read_bytes, state_files
+    from rcdiag.io.paths import state_files
 
     try:
-        payload = json.loads(read_bytes(state_files(str(path))[0]).decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, InputError):
+        first = state_files(str(path))[0]
+        payload = parse_state_json(read_state_bytes(first)[0], first)
+    except InputError:
         return "analyze"  # load_state gives the precise error
     return payload.get("kind", "analyze") if isinstance(payload, dict) else "analyze"
 
@@ -131,11 +255,15 @@ def merge_state_files(paths: list[str | Path]) -> tuple[EngineState, list[Source
     paths = [file for path in paths for file in state_files(str(path))]
     if not paths:
         raise ConfigError("no state files to merge")
-    merged, sources, screen = load_state(paths[0])
-    seen = {_read_key(read): paths[0] for info in sources for read in info.reads}
-    for path in paths[1:]:
-        state, more, more_screen = load_state(path)
-        _check_not_merged(path, more, seen)
+    merged, sources, screen, identity = _load(str(paths[0]))
+    seen: dict[tuple, tuple[int, str | Path, Any]] = {}
+    _check_not_merged(0, paths[0], sources, seen)
+    states: dict[Any, str | Path] = {}
+    _check_not_twice(paths[0], identity, states)
+    for index, path in enumerate(paths[1:], 1):
+        state, more, more_screen, identity = _load(str(path))
+        _check_not_merged(index, path, more, seen)  # first: it names the dump read twice
+        _check_not_twice(path, identity, states)
         if not merged.resolved.same_computation(state.resolved):
             raise ConfigError(
                 f"{path} was computed with a different configuration ({_describe(state.resolved.config)}) than "
@@ -162,22 +290,83 @@ def merge_state_files(paths: list[str | Path]) -> tuple[EngineState, list[Source
     return merged, sources, screen
 
 
-def _read_key(read: dict[str, Any]) -> tuple:
-    return read.get("path"), read.get("size"), read.get("mtime_ns")
+def _check_not_twice(path: str | Path, identity: StateIdentity, states: dict[Any, str | Path]) -> None:
+    """One state given twice (the same file, a hard link, a copy, a file touched since) would count its rows twice."""
+    for key, how in ((identity.inode, "is the same file as"), (identity.digest, "holds the same state as")):
+        if key is not None and key in states:
+            raise InputError(
+                f"{how} {states[key]}; merging it twice would count its rows twice: give each shard's state once",
+                path=str(path),
+            )
+    states[identity.digest] = path
+    if identity.inode is not None:
+        states[identity.inode] = path
 
 
-def _check_not_merged(path: str | Path, sources: list[SourceInfo], seen: dict[tuple, str | Path]) -> None:
-    """A part read by two states would be counted twice: refuse (a state of the whole file overlaps any part)."""
+def _read_keys(read: dict[str, Any]) -> list[tuple[tuple, str]]:
+    """What identifies a file a state read, and how that is said: its path, size and modification time, and (where
+    the state recorded them) its device, inode and content fingerprint, the same for a hard link or a file touched
+    since (a file rewritten in place with other rows has another fingerprint; a copy, another inode)."""
+    keys: list[tuple[tuple, str]] = [
+        (("path", read.get("path"), read.get("size"), read.get("mtime_ns")), "same file, size and modification time")
+    ]
+    if isinstance(read.get("fingerprint"), str) and isinstance(read.get("inode"), list):
+        keys.append((("inode", *read["inode"], read["fingerprint"]), "the same file: device, inode and content"))
+    return keys
+
+
+def _check_not_merged(
+    index: int, path: str | Path, sources: list[SourceInfo], seen: dict[tuple, tuple[int, str | Path, Any]]
+) -> None:
+    """A part read by two states (the ``index``-th given, and an earlier one) would be counted twice: refuse (a state
+    of the whole file overlaps any part)."""
     for info in sources:
         for read in info.reads:
-            key = _read_key(read)
-            if key in seen:
-                raise InputError(
-                    f"read {key[0]}, which {seen[key]} also read (same file, size and modification time); merging "
-                    "it twice would count its rows twice: give each shard's state once",
-                    path=str(path),
-                )
-            seen[key] = path
+            for key, how in _read_keys(read):
+                if key in seen and seen[key][0] != index:
+                    _, other, name = seen[key]
+                    also = f", which {other} also read" if name == read.get("path") else f"; {other} read {name}"
+                    raise InputError(
+                        f"read {read.get('path')}{also} ({how}); merging it twice would count its rows twice: give "
+                        "each shard's state once",
+                        path=str(path),
+                    )
+                seen[key] = (index, path, read.get("path"))
+
+
+def _with_identity(info: SourceInfo) -> dict[str, Any]:
+    """A source as a state saves it: each local file read also by device, inode and a fingerprint of its content
+    (``_read_keys``)."""
+    saved = asdict(info)
+    for read in saved["reads"]:
+        name = read.get("path")
+        if isinstance(name, str) and "://" not in name and os.path.isfile(name):
+            where = os.stat(name)
+            read["inode"] = [where.st_dev, where.st_ino]
+            read["fingerprint"] = content_fingerprint(name)
+    return saved
+
+
+FINGERPRINT_BLOCK = 64 << 10
+FINGERPRINT_BLOCKS = 16
+"""A file of up to ``FINGERPRINT_BLOCK * FINGERPRINT_BLOCKS`` bytes is fingerprinted whole; a larger one by that many
+blocks spread evenly from its first byte to its last (a dump is read whole anyway; this adds at most 1 MiB)."""
+
+
+def content_fingerprint(path: str) -> str:
+    """A digest of a file's size and content (all of it, or evenly spread blocks of a large one)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        digest.update(str(size).encode())
+        if size <= FINGERPRINT_BLOCK * FINGERPRINT_BLOCKS:
+            digest.update(handle.read())
+        else:
+            last = size - FINGERPRINT_BLOCK
+            for k in range(FINGERPRINT_BLOCKS):
+                handle.seek(last * k // (FINGERPRINT_BLOCKS - 1))
+                digest.update(handle.read(FINGERPRINT_BLOCK))
+    return digest.hexdigest()[:32]
 
 
 def combined_info(sources: list[SourceInfo]) -> SourceInfo:

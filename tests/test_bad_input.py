@@ -108,7 +108,7 @@ CASES: dict[str, tuple[Callable[[Path], Path], tuple[str, ...], str]] = {
                                 (), "holds object arrays"),
     "npz rows disagree": (lambda t: (np.savez(t / "r.npz", old_log_probs=-np.ones((3, 4)), rollout_log_probs=-np.ones((2, 4))), t / "r.npz")[1],
                           (), "holds arrays with different numbers of rows ('old_log_probs': 3, 'rollout_log_probs': 2)"),
-    "long without sequence ids": (lambda t: _long(t), (), "has no column for the sequence id"),
+    "long without sequence ids": (lambda t: _long(t), (), "not lists of log-probs, so the dump is read as one row per token, which needs a column for the sequence id"),
     "long sequence across steps": (lambda t: _long(t, seq_id=[5, 5], step=[1, 2]), (),
                                    "sequence 5, column 'step': has tokens at steps 1 and 2"),
     "truncated arrow": (lambda t: _file(t / "x.arrow", b"ARROW1\x00\x00junk"), (),

@@ -83,7 +83,7 @@ def test_merge_adds_counts_and_the_state_round_trips() -> None:
     restored = LogRatioHistogram()
     restored.load_state_dict(json.loads(json.dumps(a.state_dict())))
     assert restored.counts.dtype == np.int64 and restored.counts.tolist() == a.counts.tolist()
-    with pytest.raises(ValueError, match="bins"):
+    with pytest.raises(ValueError, match=f"must hold {LogRatioHistogram.BINS} values, holds 2"):
         restored.load_state_dict({"counts": [1, 2], "nan": 0})
 
 

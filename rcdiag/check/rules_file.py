@@ -23,6 +23,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 CONFIG_TABLE = ("tool", "rcdiag", "check")
+MAX_RULES_BYTES = 1 << 20
+"""The largest rules file (or pyproject.toml) read: rules are a few lines."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ class RuleFile:
         try:
             base = preset(name) if name else CorrectionConfig()
             return base.replace(**fields)
-        except TypeError as exc:
+        except (TypeError, ConfigError) as exc:
             raise ConfigError(f"{self.path}: [engine]: {exc}") from None
 
 
@@ -65,12 +67,20 @@ def load_rules(
     """
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        with p.open("rb") as handle:
+            raw = handle.read(MAX_RULES_BYTES + 1)
+        if len(raw) > MAX_RULES_BYTES:
+            raise InputError(f"is more than {MAX_RULES_BYTES >> 20} MiB, the limit for a rules file", path=str(p))
+        data = tomllib.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise InputError("file not found", path=str(p)) from None
     except OSError as exc:
         raise InputError(f"cannot read the rules file ({exc.strerror})", path=str(p)) from None
-    except tomllib.TOMLDecodeError as exc:
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not valid TOML (not UTF-8 text: byte {exc.start})", path=str(p)) from None
+    except RecursionError:
+        raise InputError("not valid TOML (arrays or tables nested too deep)", path=str(p)) from None
+    except ValueError as exc:  # TOMLDecodeError, and an integer beyond Python's 4300-digit conversion limit
         raise InputError(f"not valid TOML ({exc})", path=str(p)) from None
     table: Any = data
     for part in CONFIG_TABLE:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import typer
 
@@ -21,6 +22,7 @@ from rcdiag.cli.output import StdoutClosedError
 from rcdiag.cli.presets import presets
 from rcdiag.cli.sweep import sweep
 from rcdiag.errors import ExitCode, RcdiagError
+from rcdiag.printable import printable
 
 app = typer.Typer(
     name="rcdiag",
@@ -59,9 +61,11 @@ app.command()(presets)
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI and exit with rcdiag's documented exit codes."""
     try:
-        result = typer.main.get_command(app).main(args=argv, prog_name="rcdiag", standalone_mode=False)
+        # a library's warning (numpy, torch) must not precede the one error line: shown only after a success
+        with warnings.catch_warnings(record=True) as caught:
+            result = typer.main.get_command(app).main(args=argv, prog_name="rcdiag", standalone_mode=False)
     except RcdiagError as exc:
-        print(f"rcdiag: error: {exc}", file=sys.stderr)
+        print(f"rcdiag: error: {printable(exc)}", file=sys.stderr)  # text from a file never acts on the terminal
         sys.exit(exc.exit_code)
     except (StdoutClosedError, BrokenPipeError):  # the reader of stdout went away (`| head`): nothing more to say
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -75,15 +79,17 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(ExitCode.OK)
         if "UsageError" in kinds:
             where = f" (see '{context.command_path} --help')" if context is not None else ""
-            print(f"rcdiag: error: {exc.format_message()}{where}", file=sys.stderr)  # type: ignore[attr-defined]
+            print(f"rcdiag: error: {printable(exc.format_message())}{where}", file=sys.stderr)  # type: ignore[attr-defined]
             sys.exit(ExitCode.USAGE)
         if "Abort" in kinds:
             print("rcdiag: aborted", file=sys.stderr)
             sys.exit(ExitCode.USAGE)
         print(
-            f"rcdiag: internal error: {type(exc).__name__}: {exc}. This is a bug in rcdiag {__version__}; "
+            f"rcdiag: internal error: {type(exc).__name__}: {printable(exc)}. This is a bug in rcdiag {__version__}; "
             "please report it with the command you ran.",
             file=sys.stderr,
         )
         sys.exit(ExitCode.INTERNAL)
+    for warning in caught:
+        warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
     sys.exit(result if isinstance(result, int) else ExitCode.OK)

@@ -112,9 +112,7 @@ def check(
     junit: Annotated[str | None, path_option("--junit", "Write a JUnit XML report (a testcase per rule).", CI)] = None,
     markdown: Annotated[
         str | None,
-        path_option(
-            "--markdown", "Write a Markdown summary (appended when FILE is `$GITHUB_STEP_SUMMARY`).", CI
-        ),
+        path_option("--markdown", "Write a Markdown summary (appended when FILE is `$GITHUB_STEP_SUMMARY`).", CI),
     ] = None,
     *,
     engine: EngineFlags,
@@ -159,11 +157,11 @@ def check(
     loaded = (
         load_rules(rules_file, **defaults) if rules_file else None if no_pyproject else find_project_rules(**defaults)
     )
+    config = engine.config(base=loaded.config() if loaded is not None else None)  # before the notice: one error line
     if loaded is not None:
         rules += loaded.rules
         if rules_file is None:
             print(f"rcdiag: using [tool.rcdiag.check] from {loaded.path}", file=sys.stderr)
-    config = engine.config(base=loaded.config() if loaded is not None else None)
     with progress(read, out) as on_chunk:
         result = run_check(
             path,

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from rcdiag.fields import reals
 from rcdiag.metrics.offpolicy import token_metrics
 
 GROUPS = 16
@@ -92,7 +93,7 @@ class Breakdowns:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name in ("position", "prob", "length"):
             current = getattr(self, name)
-            setattr(self, name, np.asarray(state[name], dtype=np.float64).reshape(current.shape))
+            setattr(self, name, reals(state[name], f"breakdowns.{name}", current.shape))
 
     @property
     def position_sums(self) -> np.ndarray:

@@ -21,6 +21,7 @@ from rcdiag.errors import ConfigError
 from rcdiag.explain.breakdowns import DOUBLING_EDGES, GROUPS, LOG_PROB_THRESHOLDS, PROB_EDGES, SUMS, Breakdowns
 from rcdiag.explain.statistics import RATIO_CAP, SHIFT_TOL, OffsetSums, ScaleSums
 from rcdiag.explain.worst import DEFAULT_WORST, WorstResponses
+from rcdiag.fields import integer
 from rcdiag.io.base import Chunk
 from rcdiag.metrics.block import Block
 
@@ -150,8 +151,8 @@ class ExplainState:
                 f"its --explain state has layout {state.get('layout')}, this rcdiag's is {explain_layout()}; "
                 "analyze the shard again with this version"
             )
-        out = cls(int(state["worst"]["n"]))
-        out.rows_read = int(state["rows_read"])
+        out = cls(integer(state["worst"]["n"], "explain.worst.n"))
+        out.rows_read = integer(state["rows_read"], "explain.rows_read")
         out.breakdowns.load_state_dict(state["breakdowns"])
         out.worst.load_state_dict(state["worst"])
         out.scale.load_state_dict(state["scale"])

@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from rcdiag.explain.breakdowns import GROUPS
+from rcdiag.fields import reals
 
 RATIO_CAP = math.exp(3.0)
 """The offset statistic caps each token's IS ratio here, so that a few outlier tokens cannot move it."""
@@ -42,7 +43,7 @@ class GroupSums:
         return self.sums.ravel().tolist()
 
     def load_state_dict(self, state: list[float]) -> None:
-        self.sums = np.asarray(state, dtype=np.float64).reshape(self.sums.shape)
+        self.sums = reals(state, type(self).__name__, self.sums.shape)
 
     def column(self, name: str) -> np.ndarray:
         return self.sums[:, self.NAMES.index(name)]

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from rcdiag.fields import FieldError, checked, counts, dataclass_from, integer, reals
 from rcdiag.metrics.block import Block
 
 DEFAULT_WORST = 10
@@ -184,17 +185,22 @@ class WorstResponses:
         return {"n": self.n, "entries": [_plain(asdict(entry)) for entry in self.entries()], "traces": traces}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.n = int(state["n"])
+        """A saved list, every field checked against ``WorstResponse`` and ``TokenTrace``."""
+        self.n = integer(state["n"], "worst.n")
         self.heap = []
         self.traces = {}
-        traces = {int(t["row"]): t for t in state.get("traces", [])}
-        for data in state["entries"]:
-            saved = traces.get(int(data["row"]))
-            trace = None
-            if saved is not None:
-                values = tuple(math.nan if v is None else float(v) for v in saved["log_ratios"])
-                trace = TokenTrace(int(saved["row"]), tuple(int(p) for p in saved["positions"]), values)
-            self.offer(WorstResponse(**data), trace)
+        traces = {}
+        for saved in checked(state.get("traces", []), list[dict[str, Any]], "worst.traces"):
+            values = checked(saved["log_ratios"], list[Any], "worst.traces log_ratios")
+            values = reals([math.nan if v is None else v for v in values], "worst.traces log_ratios")
+            positions = counts(saved["positions"], "worst.traces positions")
+            if len(values) != len(positions) or len(values) > TRACE_POINTS:
+                raise FieldError(f"worst.traces must hold as many positions as values, at most {TRACE_POINTS}")
+            row = integer(saved["row"], "worst.traces row")
+            traces[row] = TokenTrace(row, tuple(positions.tolist()), tuple(values.tolist()))
+        for data in checked(state["entries"], list[Any], "worst.entries"):
+            entry = dataclass_from(WorstResponse, data, "worst.entries.", signed=_SIGNED)
+            self.offer(entry, traces.get(entry.row))
 
 
 def _describe(
@@ -251,6 +257,10 @@ def _shifted(entry: WorstResponse, offset: int) -> WorstResponse:
     if not offset:
         return entry
     return WorstResponse(**{**asdict(entry), "row": entry.row + offset})
+
+
+_SIGNED = ("step",)
+"""``WorstResponse`` int fields that may be negative."""
 
 
 def _plain(value: Any) -> Any:

@@ -78,9 +78,10 @@ def resolve(
     path: str,
     *,
     extra: Mapping[str, tuple[str, ...]] | None = None,
-    need_seq: bool = False,
+    need_seq: bool | str = False,
 ) -> Resolved:
-    """Pick a column for every role; ``extra`` adds format-specific aliases (e.g. slime's ``log_probs``)."""
+    """Pick a column for every role; ``extra`` adds format-specific aliases (e.g. slime's ``log_probs``);
+    ``need_seq``: the long layout's sequence id is required (a string: why, for the error)."""
     present = list(names)
     columns = columns or ColumnMap()
     chosen: dict[str, str | None] = {}
@@ -104,8 +105,10 @@ def resolve(
                 path=path,
             )
         if (not found and role in ("old", "rollout")) or (role == "seq" and need_seq and not found):
+            long = isinstance(need_seq, str) and role == "seq"
+            why = f"{need_seq}, which needs a column for {_WHAT[role]}; it has none" if long else ""
             raise InputError(
-                f"has no column for {_WHAT[role]} (looked for {_list(aliases[:6])}, ...; columns present: "
+                f"{why or 'has no column for ' + _WHAT[role]} (looked for {_list(aliases[:6])}, ...; columns present: "
                 f"{_list(present)}); name it with {ROLE_FLAGS[role]} NAME",
                 path=path,
             )
@@ -121,3 +124,16 @@ def resolve(
 def _list(names: Iterable[str]) -> str:
     items = [f"'{n}'" for n in names]
     return ", ".join(items) if items else "none"
+
+
+def long_layout_reason(column: str, dtype: object, path: str) -> str:
+    """Why a dump is read as one row per token (its log-prob column holds numbers, not lists), for the error that
+    the sequence id is missing; a column that holds neither is refused here, saying what it holds."""
+    text = str(dtype)
+    if not any(text.startswith(kind) for kind in ("float", "double", "halffloat", "int", "uint", "decimal")):
+        raise InputError(
+            f"column '{column}' holds {text} values; expected lists of log-probs (one response per row) or "
+            "numbers with a sequence-id column (one row per token)",
+            path=path,
+        )
+    return f"column '{column}' holds {text}, not lists of log-probs, so the dump is read as one row per token"

@@ -19,7 +19,7 @@ from rcdiag.errors import InputError
 from rcdiag.io.arrow_lists import check_same_lengths, flatten_list, float_values, is_list_type
 from rcdiag.io.base import Chunk, ColumnMap
 from rcdiag.io.batch import Batch, id_array, mask_array, slice_chunks, step_array
-from rcdiag.io.columns import Resolved, resolve
+from rcdiag.io.columns import Resolved, long_layout_reason, resolve
 
 METADATA_COLUMNS = {
     "temperature": "temperature",
@@ -68,7 +68,8 @@ class TableFile(ABC):
         names = schema.names
         first = resolve(names, columns, path, extra=extra_aliases)
         self.long = not is_list_type(schema.field(first.old).type)
-        self.cols: Resolved = resolve(names, columns, path, extra=extra_aliases, need_seq=True) if self.long else first
+        why = long_layout_reason(first.old, schema.field(first.old).type, path) if self.long else ""
+        self.cols: Resolved = resolve(names, columns, path, extra=extra_aliases, need_seq=why) if self.long else first
         check_types(schema, self.cols, self.long, path)
         used = {self.cols.old, self.cols.rollout, self.cols.mask, self.cols.step}
         self.metadata_columns = {

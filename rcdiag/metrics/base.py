@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 import numpy as np
 
 from rcdiag.catalogue.findings import finding
+from rcdiag.fields import FieldError, counts, real, shown
 
 if TYPE_CHECKING:
     from rcdiag.metrics.block import Block
@@ -91,6 +92,10 @@ class Accumulator:
     STATES: ClassVar[dict[str, Reduce]] = {}
     BINS: ClassVar[int] = 0
     """Length of every ``counts`` state."""
+    COUNTED: ClassVar[frozenset[str]] = frozenset(
+        {"rows", "tokens", "valid_rows", "masked_rows", "masked_tokens", "oob_tokens", "nan"}
+    )
+    """``sum`` states (of any accumulator that declares them) that count rows or tokens: a saved one is >= 0."""
 
     def __init__(self) -> None:
         cls = type(self)
@@ -140,22 +145,29 @@ class Accumulator:
         return {k: _plain(v) for k, v in self.state.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Replace the state; the names must match the declaration exactly."""
+        """Replace the state with a saved one (from a file: anything), each value checked against its declaration:
+        the names exactly, a number for a sum or extreme (>= 0 for a ``COUNTED`` one), ``[n >= 0, mean, m2]`` for
+        moments, ``BINS`` integers >= 0 for counts."""
+        owner = type(self).__name__
+        if not isinstance(state, dict):
+            raise FieldError(f"{owner} must be a table of its states, got {shown(state)}")
         missing = set(self.STATES) - set(state)
         unexpected = set(state) - set(self.STATES)
         if missing or unexpected:
-            raise ValueError(f"state mismatch: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
-        self.state = {name: self._loaded(how, state[name]) for name, how in self.STATES.items()}
+            raise ValueError(f"state mismatch: missing {sorted(missing)}, unexpected {sorted(map(repr, unexpected))}")
+        self.state = {name: self._loaded(how, state[name], f"{owner}.{name}") for name, how in self.STATES.items()}
 
-    def _loaded(self, how: Reduce, value: Any) -> Any:
+    def _loaded(self, how: Reduce, value: Any, field: str) -> Any:
         if how == "moments":
-            return Moments(*map(float, value))
+            if not isinstance(value, list) or len(value) != 3:
+                raise FieldError(f"{field} must be [n, mean, m2], got {shown(value)}")
+            n, mean, m2 = value
+            return Moments(
+                real(n, f"{field} n", nonnegative=True), real(mean, f"{field} mean"), real(m2, f"{field} m2")
+            )
         if how == "counts":
-            counts = np.asarray(value, dtype=np.int64)
-            if counts.shape != (self.BINS,):
-                raise ValueError(f"state mismatch: {len(value)} bins where {type(self).__name__} has {self.BINS}")
-            return counts
-        return float(value)
+            return counts(value, field, (self.BINS,))
+        return real(value, field, nonnegative=field.rsplit(".", 1)[1] in self.COUNTED)
 
     def update(self, block: Block) -> None:
         """Fold one block of whole rows into the state."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import ResolvedConfig
+from rcdiag.fields import FieldError, integer, shown
 from rcdiag.metrics.base import Accumulator, MetricValue, VerlCrash, verl_float
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.extras import ExtraMetrics
@@ -128,19 +129,19 @@ class BatchMetrics:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Replace this batch's state with a saved one (same configuration)."""
+        """Replace this batch's state with a saved one (same configuration), every field checked."""
         groups = self.groups()
-        if len(state["groups"]) != len(groups):
+        saved_groups = state.get("groups") if isinstance(state, dict) else None
+        if not isinstance(saved_groups, list) or len(saved_groups) != len(groups):
             raise ValueError("saved state was computed with a different configuration")
-        for group, saved in zip(groups, state["groups"], strict=True):
-            if saved["kind"] != type(group).__name__:
-                raise ValueError(
-                    f"saved state holds {saved['kind']} where this configuration has {type(group).__name__}"
-                )
+        for group, saved in zip(groups, saved_groups, strict=True):
+            kind = saved.get("kind") if isinstance(saved, dict) else saved
+            if kind != type(group).__name__:
+                raise FieldError(f"group kind must be {type(group).__name__} here, got {shown(kind)}")
             group.load_state_dict(saved["state"])
-        self.rows = int(state["rows"])
-        self.valid_tokens = int(state["valid_tokens"])
-        self.empty_rows = int(state["empty_rows"])
+        self.rows = integer(state["rows"], "rows")
+        self.valid_tokens = integer(state["valid_tokens"], "valid_tokens")
+        self.empty_rows = integer(state["empty_rows"], "empty_rows")
 
 
 def state_layout() -> str:

@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rcdiag.check import CheckResult
+from rcdiag.printable import printable
 from rcdiag.render import counted
 from rcdiag.render.text import describe_config, fmt
 
@@ -16,11 +17,13 @@ _MARK = {"passed": Text("✓", style="green"), "failed": Text("✗", style="bold
 def render_check(result: CheckResult, console: Console) -> None:
     """Print the header, the checklist and a one-line verdict."""
     facts = result.report.input
-    header = Text(f"rcdiag {result.report.version} check · {facts.path} · {counted(facts.rows, 'row')}", style="bold")
+    header = Text(
+        f"rcdiag {result.report.version} check · {printable(facts.path)} · {counted(facts.rows, 'row')}", style="bold"
+    )
     if facts.steps:
         header.append(f" · {counted(facts.steps, 'step')}", style="bold")
     if result.baseline is not None:
-        header.append(f" · baseline {result.baseline.input.path}", style="bold")
+        header.append(f" · baseline {printable(result.baseline.input.path)}", style="bold")
     header.append("\nconfig: " + describe_config(result.report.config), style="dim")
     console.print(header)
     table = Table(

@@ -9,6 +9,7 @@ from rich.text import Text
 
 from rcdiag.catalogue.metrics import short_key, step_columns
 from rcdiag.compare import Comparison, MetricDiff
+from rcdiag.printable import printable
 from rcdiag.render import counted
 from rcdiag.render.panels import sparkline
 from rcdiag.render.table import SPARK_WIDTH, step_table
@@ -43,14 +44,14 @@ def render_comparison(comparison: Comparison, console: Console) -> None:
             Text.assemble(
                 (f"{finding.severity.upper()} ", _SEVERITY_STYLE[finding.severity]),
                 (f"[{finding.code}] ", "bold"),
-                where + finding.message,
+                printable(where + finding.message),
             )
         )
 
 
 def _describe(side: str, report: Report) -> str:
     facts = report.input
-    parts = [f"{side}: {facts.path}", counted(facts.rows, "row"), f"{facts.valid_tokens:,} valid tokens"]
+    parts = [f"{side}: {printable(facts.path)}", counted(facts.rows, "row"), f"{facts.valid_tokens:,} valid tokens"]
     if facts.steps:
         parts.append(counted(facts.steps, "step"))
     return " · ".join(parts)

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rcdiag.catalogue.metrics import PREFIX
+from rcdiag.printable import printable
 from rcdiag.render.panels import sparkline
 from rcdiag.render.table import fmt
 from rcdiag.sweep.report import SweepReport, SweepRow
@@ -33,7 +34,7 @@ def render_sweep(report: SweepReport, console: Console) -> None:
     head = [
         f"rcdiag {report.version} sweep",
         f"as verl {report.verl_version} logs it",
-        facts.path,
+        printable(facts.path),
         f"{facts.rows:,} rows",
         f"{facts.valid_tokens:,} valid tokens",
     ]
@@ -55,7 +56,9 @@ def render_sweep(report: SweepReport, console: Console) -> None:
         console.print(_presets(report))
     for finding in report.findings:
         steps = f" (steps {', '.join(map(str, finding.steps))})" if finding.steps else ""
-        console.print(Text.assemble(("ERROR ", "bold red"), (f"[{finding.code}] ", "bold"), finding.message + steps))
+        console.print(
+            Text.assemble(("ERROR ", "bold red"), (f"[{finding.code}] ", "bold"), printable(finding.message + steps))
+        )
 
 
 def _option_table(option: str, rows: list[SweepRow]) -> Table:

@@ -11,6 +11,7 @@ from rich.text import Text
 from rcdiag.catalogue import metric, reading, short_key
 from rcdiag.catalogue.metrics import rs_option, step_columns
 from rcdiag.config import CorrectionConfig
+from rcdiag.printable import printable
 from rcdiag.render import counted
 from rcdiag.render.panels import sparkline
 from rcdiag.render.text import checklist, describe_config, describe_input, fmt
@@ -56,7 +57,9 @@ def render_table(report: Report, console: Console) -> None:
     for finding in report.findings:
         style = _SEVERITY_STYLE[finding.severity]
         console.print(
-            Text.assemble((f"{finding.severity.upper()} ", style), (f"[{finding.code}] ", "bold"), finding.message)
+            Text.assemble(
+                (f"{finding.severity.upper()} ", style), (f"[{finding.code}] ", "bold"), printable(finding.message)
+            )
         )
 
 
@@ -64,7 +67,7 @@ def _header(report: Report) -> Text:
     facts = report.input
     parts = [
         f"rcdiag {report.version}",
-        facts.path,
+        printable(facts.path),
         counted(facts.rows, "row"),
         f"{facts.valid_tokens:,} valid tokens of {facts.tokens:,}",
     ]
@@ -76,7 +79,7 @@ def _header(report: Report) -> Text:
     text = Text(" · ".join(parts), style="bold")
     text.append("\ninput: " + describe_input(report), style="dim")
     if facts.metadata:
-        text.append("\nrun: " + ", ".join(f"{k}={v}" for k, v in facts.metadata.items()), style="dim")
+        text.append("\nrun: " + printable(", ".join(f"{k}={v}" for k, v in facts.metadata.items())), style="dim")
     if facts.skipped_rows:
         reasons = ", ".join(f"{k} {v}" for k, v in facts.skipped_by_reason.items() if v)
         text.append(f"\nskipped {facts.skipped_rows:,} bad rows ({reasons}) with --on-bad-row skip", style="yellow")

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from rcdiag.catalogue import FINDINGS, metric
 from rcdiag.config import CorrectionConfig
+from rcdiag.printable import printable
 from rcdiag.report import Finding, Report, Severity
 
 
@@ -24,7 +25,7 @@ def describe_input(report: Report) -> str:
     """Format and the column used for each role."""
     used = ", ".join(f"{role}={name}" for role, name in report.input.columns.items() if name is not None)
     steps = f"; steps from the {report.input.step_source}" if report.input.step_source else ""
-    return f"{report.input.format}; columns {used}{steps}"
+    return printable(f"{report.input.format}; columns {used}{steps}")  # names from a file: never raw to a terminal
 
 
 def describe_config(config: dict) -> str:
@@ -129,7 +130,7 @@ def worst_cells(entry: dict[str, Any]) -> tuple[str, ...]:
     return (
         str(entry["row"]),
         "—" if entry["step"] is None else str(entry["step"]),
-        "—" if entry["id"] is None else str(entry["id"]),
+        "—" if entry["id"] is None else printable(entry["id"]),
         f"{entry['length']:,}",
         fmt(entry["log_ratio_sum"]),
         fmt(entry["max_abs_log_ratio"]),

@@ -13,7 +13,8 @@ import numpy as np
 
 from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import CorrectionConfig
-from rcdiag.engine import EngineState, StepKey
+from rcdiag.engine import EngineState, StepKey, load_batches, saved_counts
+from rcdiag.fields import checked, integer, real
 from rcdiag.metrics.base import MetricValue, VerlCrash
 from rcdiag.metrics.batch import empty_batch_crash, prefixed_crash
 from rcdiag.metrics.block import Block
@@ -112,9 +113,9 @@ class SweepBatch:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for sweep, saved in zip(self.sweeps, state["options"], strict=True):
             sweep.load_state_dict(saved)
-        self.rows = int(state["rows"])
-        self.valid_tokens = int(state["valid_tokens"])
-        self.empty_rows = int(state["empty_rows"])
+        self.rows = integer(state["rows"], "rows")
+        self.valid_tokens = integer(state["valid_tokens"], "valid_tokens")
+        self.empty_rows = integer(state["empty_rows"], "empty_rows")
 
 
 def _statistic(block: Block, estimator: str) -> Any:
@@ -176,19 +177,14 @@ class SweepState(EngineState):
             raise ValueError(
                 f"sweep state version {state.get('sweep_version')}, this rcdiag reads {SWEEP_STATE_VERSION}"
             )
-        out = cls(
-            resolved,
-            rows=int(state["rows"]),
-            tokens=int(state["tokens"]),
-            valid_tokens=int(state["valid_tokens"]),
-            grid=SweepGrid.from_specs(state["grid"], resolved.version.name),
-        )
-        out.target_reject = state.get("target_reject")
+        grid = checked(state["grid"], dict[str, list[str]], "state.grid")
+        out = cls(resolved, **saved_counts(state), grid=SweepGrid.from_specs(grid, resolved.version.name))
+        target = state.get("target_reject")
+        out.target_reject = None if target is None else real(target, "state.target_reject", nonnegative=True)
         if state.get("collector") is not None:
             out.collector = Collector([option for option, _ in out.grid.options])
             out.collector.load_state_dict(state["collector"])
-        for step, batch_state in state["batches"]:
-            out.batch(None if step is None else int(step)).load_state_dict(batch_state)
+        load_batches(out, state)
         return out
 
 

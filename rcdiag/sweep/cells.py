@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rcdiag.fields import reals
 from rcdiag.metrics.base import Moments
 
 SHIFT = 15
@@ -65,8 +66,15 @@ class CellArrays:
         return {name: getattr(self, name).tolist() for name in ("n", "mean", "m2", "max", "min")}
 
     @classmethod
-    def from_state_dict(cls, state: dict[str, list[float]]) -> CellArrays:
-        return cls(*(np.asarray(state[name], dtype=np.float64) for name in ("n", "mean", "m2", "max", "min")))
+    def from_state_dict(cls, state: dict[str, list[float]], like: CellArrays | None = None) -> CellArrays:
+        """Saved arrays, each checked: numbers, as many as ``like`` has cells, counts ``n`` >= 0."""
+        shape = None if like is None else like.n.shape
+        return cls(
+            *(
+                reals(state[name], f"cells.{name}", shape, nonnegative=name == "n")
+                for name in ("n", "mean", "m2", "max", "min")
+            )
+        )
 
 
 class Cells:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from rcdiag.fields import FieldError, counts, integer, reals, shown
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.rejection import row_statistic
 from rcdiag.sweep.cells import HISTOGRAM, HISTOGRAM_CLAMPED, SHIFT, TokenScan
@@ -142,16 +143,21 @@ class Collector:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.tokens, self.rows, self.valid_rows = (int(v) for v in state["counts"])
+        saved = state["counts"]
+        if not isinstance(saved, list) or len(saved) != 3:
+            raise FieldError(f"collector.counts must be [tokens, rows, valid_rows], got {shown(saved)}")
+        self.tokens, self.rows, self.valid_rows = (integer(v, "collector.counts") for v in saved)
         for option, saved in state["options"].items():
             collector = self.collectors[option]
             hist = saved["histogram"]
             if collector.counts is not None:
                 collector.counts[:] = 0
                 if hist is not None:
-                    collector.counts[:BUCKETS] = _dense(hist)
-            collector.rows = [np.asarray(saved["rows"], dtype=np.float64)]
-            collector.lengths = [np.asarray(saved["lengths"], dtype=np.float64)]
+                    collector.counts[:BUCKETS] = _dense(hist, f"collector {option} histogram")
+            collector.rows = [reals(saved["rows"], f"collector {option} rows")]
+            collector.lengths = [reals(saved["lengths"], f"collector {option} lengths", nonnegative=True)]
+            if collector.rows[0].shape != collector.lengths[0].shape:
+                raise FieldError(f"collector {option} rows and lengths must be as long as each other")
 
 
 def _estimator(option: str) -> str:
@@ -174,7 +180,12 @@ def _sparse(histogram: np.ndarray) -> list[list[int]]:
     return [buckets.tolist(), histogram[buckets].tolist()]
 
 
-def _dense(sparse: list[list[int]]) -> np.ndarray:
+def _dense(sparse: list[list[int]], field: str) -> np.ndarray:
+    if not isinstance(sparse, list) or len(sparse) != 2:
+        raise FieldError(f"{field} must be [buckets, counts], got {shown(sparse)}")
+    buckets, values = counts(sparse[0], f"{field} buckets"), counts(sparse[1], f"{field} counts")
+    if buckets.shape != values.shape or (buckets.size and buckets.max() >= BUCKETS):
+        raise FieldError(f"{field} must list as many counts as buckets, each bucket below {BUCKETS}")
     out = np.zeros(BUCKETS, dtype=np.int64)
-    out[np.asarray(sparse[0], dtype=np.int64)] = np.asarray(sparse[1], dtype=np.int64)
+    out[buckets] = values
     return out

@@ -18,6 +18,7 @@ import numpy as np
 
 from rcdiag.backend import NumpyBackend
 from rcdiag.config import RSOption
+from rcdiag.fields import FieldError, integer, reals, shown
 from rcdiag.metrics.base import Accumulator, MetricValue, Moments, VerlCrash
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.importance import ISMetrics
@@ -154,7 +155,7 @@ class RSSweep(OptionSweep):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.base.load_state_dict(state["base"])
-        self.counts = np.asarray(state["counts"], dtype=np.float64).reshape(self.counts.shape)
+        self.counts = reals(state["counts"], "counts", self.counts.shape, nonnegative=True)
 
     def _filled(self, index: int) -> Accumulator:
         out = self._rs[index]  # holds no state of its own here (``counts`` does): filled for this compute
@@ -194,7 +195,7 @@ class SequenceRSSweep(RSSweep):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.clamped = CellArrays.from_state_dict(state["clamped"])
+        self.clamped = CellArrays.from_state_dict(state["clamped"], like=self.clamped)
 
     def _filled(self, index: int) -> Accumulator:
         out = super()._filled(index)
@@ -247,7 +248,7 @@ class TokenRSSweep(RSSweep):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.arrays = CellArrays.from_state_dict(state["cells"])
+        self.arrays = CellArrays.from_state_dict(state["cells"], like=self.arrays)
 
     def _filled(self, index: int) -> Accumulator:
         out = super()._filled(index)
@@ -350,11 +351,14 @@ class TokenISSweep(OptionSweep):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.arrays = CellArrays.from_state_dict(state["cells"])
-        self.totals = [int(v) for v in state["totals"]]
-        self.a = CellArrays.from_state_dict(state["a"])
-        self.a_max_dev = np.asarray(state["a_max_dev"], dtype=np.float64)
-        self.rawmean = np.asarray(state["rawmean"], dtype=np.float64)
+        self.arrays = CellArrays.from_state_dict(state["cells"], like=self.arrays)
+        totals = state["totals"]
+        if not isinstance(totals, list) or len(totals) != len(self.totals):
+            raise FieldError(f"totals must be {len(self.totals)} counts, got {shown(totals)}")
+        self.totals = [integer(v, "totals") for v in totals]
+        self.a = CellArrays.from_state_dict(state["a"], like=self.a)
+        self.a_max_dev = reals(state["a_max_dev"], "a_max_dev", self.a_max_dev.shape)
+        self.rawmean = reals(state["rawmean"], "rawmean", self.rawmean.shape, nonnegative=True)
 
     def _filled(self, index: int) -> Accumulator:
         own, cell_map = self._is[index], self.maps[index]
