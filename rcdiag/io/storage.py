@@ -208,7 +208,9 @@ def _fsspec_filesystem(scheme: str, netloc: str, url: str) -> tuple[Any, str]:
     try:
         impl = cls()
     except Exception as exc:  # a third-party constructor: any failure is this URL's, not rcdiag's
-        raise InputError(f"uses '{scheme}://', whose fsspec filesystem cannot be opened ({_first_line(exc)})", path=url)
+        raise InputError(
+            f"uses '{scheme}://', whose fsspec filesystem cannot be opened ({_first_line(exc)})", path=url
+        ) from None
     return PyFileSystem(FSSpecHandler(impl)), impl._strip_protocol(f"{scheme}://{netloc}")
 
 
