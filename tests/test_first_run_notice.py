@@ -1,0 +1,29 @@
+"""The first run on a machine compiles the kernels for seconds: one line on stderr says so, only then (a fresh
+``NUMBA_CACHE_DIR`` in real subprocesses: cold, then warm)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import SAMPLES
+
+LINE = "rcdiag: compiling kernels (first run on this machine only)...\n"
+
+
+def analyze(cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "rcdiag", "analyze", str(SAMPLES / "healthy.parquet"), "--format", "json", *args]
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, check=False)
+
+
+def test_compiling_is_said_once_on_a_cold_cache_and_not_on_a_warm_one(tmp_path: Path) -> None:
+    cold = analyze(tmp_path)
+    assert cold.returncode == 0, cold.stderr
+    assert cold.stderr == LINE
+    assert any(tmp_path.rglob("*.nbi"))  # numba wrote its cache there
+    warm = analyze(tmp_path)
+    assert warm.returncode == 0 and warm.stderr == "", warm.stderr
+    assert warm.stdout == cold.stdout
