@@ -30,7 +30,6 @@ from rcdiag.options import ReadOptions
 from rcdiag.parallel import (
     RAY_MAX_PARTS,
     Job,
-    PartCallback,
     PartResult,
     StateFactory,
     in_processes,
@@ -55,6 +54,7 @@ class ReadProgress:
 
 
 ProgressCallback = Callable[[ReadProgress], None]
+
 
 def analyze(
     path: str | Path,
@@ -174,8 +174,13 @@ def accumulate(
             if not isinstance(backend, NumpyBackend):
                 raise ConfigError(f"{'ray' if read.ray else 'workers > 1'} reads on CPUs; use it with device 'cpu'.")
             job = Job.of(resolved.config, read, explain, scratch, new_state)
-            on_part = _part_progress(on_chunk, len(parts), source.info.total_rows) if on_chunk is not None else None
-            run_parts = functools.partial(on_ray, address=read.ray_address) if read.ray else in_processes
+            on_part = _PartProgress(on_chunk, len(parts), source.info.total_rows) if on_chunk is not None else None
+            on_rows = on_part.rows if on_part is not None else None
+            run_parts = (
+                functools.partial(on_ray, address=read.ray_address)
+                if read.ray
+                else functools.partial(in_processes, on_rows=on_rows)
+            )
             state, stats = merge_parts(source, run_parts(parts, job, on_part), job)
         else:
             screen = Screen(read.on_bad_row)
@@ -217,16 +222,34 @@ def merge_states(paths: list[str | Path]) -> Report:
     return build_report(state, combined_info(sources), "merged", stats)
 
 
-def _part_progress(on_chunk: ProgressCallback, total: int, total_rows: int | None) -> PartCallback:
-    """Progress over parts (each finished part adds its rows and tokens)."""
-    seen = {"rows": 0, "tokens": 0}
+class _PartProgress:
+    """Progress over parts: each worker's rows and tokens as it reads them (``rows``), each finished part's final
+    counts (called as a ``PartCallback``)."""
 
-    def update(done: int, _: int, result: PartResult) -> None:
-        seen["rows"] += result.rows
-        seen["tokens"] += result.tokens
-        on_chunk(ReadProgress(seen["rows"], seen["tokens"], total_rows, parts=done, total_parts=total))
+    def __init__(self, on_chunk: ProgressCallback, total: int, total_rows: int | None) -> None:
+        self.on_chunk, self.total, self.total_rows = on_chunk, total, total_rows
+        self.counts: dict[int, tuple[int, int]] = {}
+        self.finished: set[int] = set()
+        self.done = 0
+        self.final = [0, 0]
 
-    return update
+    def rows(self, part: int, rows: int, tokens: int) -> None:
+        if part not in self.finished:
+            self.counts[part] = (rows, tokens)
+            self._show()
+
+    def __call__(self, done: int, _: int, result: PartResult) -> None:
+        self.done = done
+        self.finished.add(done - 1)  # parts finish in order
+        self.counts.pop(done - 1, None)
+        self.final[0] += result.rows
+        self.final[1] += result.tokens
+        self._show()
+
+    def _show(self) -> None:
+        rows = self.final[0] + sum(r for r, _ in self.counts.values())
+        tokens = self.final[1] + sum(t for _, t in self.counts.values())
+        self.on_chunk(ReadProgress(rows, tokens, self.total_rows, parts=self.done, total_parts=self.total))
 
 
 def _report_progress(chunks: Iterable[Chunk], on_chunk: ProgressCallback, total_rows: int | None) -> Iterator[Chunk]:

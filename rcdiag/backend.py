@@ -352,7 +352,10 @@ class TorchBackend(Backend):
         self.name = str(self.device)
 
     def asarray(self, values: np.ndarray) -> Any:
-        tensor = self.torch.from_numpy(np.ascontiguousarray(values))
+        values = np.ascontiguousarray(values)
+        if not values.flags.writeable:  # Arrow's zero-copy buffers: torch wants memory it may write, so copy
+            values = values.copy()
+        tensor = self.torch.from_numpy(values)
         if self.device.type == "cuda":
             return tensor.pin_memory().to(self.device, non_blocking=True)
         return tensor

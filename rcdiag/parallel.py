@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,12 @@ class PartResult:
 
 PartCallback = Callable[[int, int, PartResult], None]
 """Called as each part finishes: ``(parts done, parts in all, that part's result)``."""
+RowsCallback = Callable[[int, int, int], None]
+"""Called while a worker process reads: ``(part index, its rows so far, its tokens so far)``."""
+PROGRESS_INTERVAL = 0.2
+"""Seconds between looks at the workers' progress messages while waiting for a part."""
+_CHANNEL: Any = None
+"""In a worker process: the queue its progress and notices go to (``None`` elsewhere)."""
 
 
 StateFactory = Callable[[], EngineState]
@@ -92,6 +99,8 @@ def read_part(part: Part, job: Job, index: int = 0) -> PartResult:
     explain_state = ExplainState(job.explain.worst) if job.explain is not None else None
     writer = sequence_writer(explain_state, resolved, job.scratch, index)
     chunks = number_rows(prefetch(source.chunks(read.chunk_tokens, part=part.within)), explain_state)
+    if _CHANNEL is not None:
+        chunks = _reporting(chunks, index)
     state = Engine(resolved, explain=explain_state, state=job.empty_state()).run(screen(chunks))
     if writer is not None:
         writer.flush()
@@ -135,17 +144,72 @@ def merge_parts(source: Source, results: list[PartResult], job: Job) -> tuple[En
     return merged, stats
 
 
-def in_processes(parts: list[Part], job: Job, on_part: PartCallback | None = None) -> list[PartResult]:
-    """Each part in its own local process (``--workers``)."""
+def in_processes(
+    parts: list[Part], job: Job, on_part: PartCallback | None = None, on_rows: RowsCallback | None = None
+) -> list[PartResult]:
+    """Each part in its own local process (``--workers``). Workers report their rows as they read them
+    (``on_rows``) and pass their notices (kernels compiling) to this process, which emits each once."""
     context = multiprocessing.get_context("spawn")  # the parent holds Arrow threads: fork is not safe
-    with ProcessPoolExecutor(max_workers=len(parts), mp_context=context) as pool:
+    channel = context.SimpleQueue()
+    said: set[str] = set()
+
+    def drain() -> None:
+        while not channel.empty():
+            message = channel.get()
+            if message[0] == "rows" and on_rows is not None:
+                on_rows(*message[1:])
+            elif message[0] == "notice" and message[1] not in said:
+                said.add(message[1])
+                from rcdiag.notices import notify
+
+                notify(message[1])
+
+    with ProcessPoolExecutor(
+        max_workers=len(parts), mp_context=context, initializer=_worker_channel, initargs=(channel,)
+    ) as pool:
         futures = [pool.submit(read_part, part, job, i) for i, part in enumerate(parts)]
         results = []
         for done, future in enumerate(futures, start=1):
-            results.append(future.result())
+            results.append(_result(future, drain))
+            drain()
             if on_part is not None:
                 on_part(done, len(parts), results[-1])
     return results
+
+
+def _result(future: Future, drain: Callable[[], None]) -> Any:
+    """The future's result, passing the workers' messages on while waiting."""
+    while not future.done():
+        wait([future], timeout=PROGRESS_INTERVAL)
+        drain()
+    return future.result()
+
+
+def _worker_channel(channel: Any) -> None:
+    """A worker process's start: progress and notices go to ``channel`` (the driver shows them), not stderr."""
+    global _CHANNEL
+    _CHANNEL = channel
+    from rcdiag.notices import Notice
+
+    shown = warnings.showwarning
+
+    def show(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        if issubclass(category, Notice):
+            channel.put(("notice", str(message)))
+        else:
+            shown(message, category, *args, **kwargs)
+
+    warnings.showwarning = show
+
+
+def _reporting(chunks: Iterable[Any], index: int) -> Iterator[Any]:
+    """``chunks`` unchanged, each one's rows and tokens added to this part's count on the channel."""
+    rows = tokens = 0
+    for chunk in chunks:
+        rows += chunk.n_rows
+        tokens += chunk.n_tokens
+        _CHANNEL.put(("rows", index, rows, tokens))
+        yield chunk
 
 
 def on_ray(

@@ -139,11 +139,21 @@ def test_temperature_verdict_from_numbers_alone(dumps: dict[str, Path]) -> None:
     assert c.temperature.a.temperature == 1.0 and c.temperature.a.source == "option"
 
 
-def test_unknown_temperature_skips_the_analysis(dumps: dict[str, Path]) -> None:
-    c = compare(dumps["forgot_bare"], dumps["forgot_bare"])
-    assert [(f.code, f.side) for f in c.findings] == [("temperature_unknown", "a"), ("temperature_unknown", "b")]
+def test_one_unknown_temperature_skips_the_analysis(dumps: dict[str, Path]) -> None:
+    c = compare(dumps["forgot_bare"], dumps["healthy"])
+    assert [(f.code, f.side) for f in c.findings] == [("temperature_unknown", "a")]
     assert c.temperature.noise_ratio is None and c.temperature.ideal_kl_ratio is None
     assert "unknown" in c.temperature.explanation[0]
+
+
+def test_no_temperature_on_either_side_assumes_equal_ones(dumps: dict[str, Path]) -> None:
+    """Neither side records one: equal temperatures are assumed, said so, and the noise verdicts run."""
+    c = compare(dumps["forgot_bare"], dumps["forgot_bare"])
+    assert [(f.code, f.side) for f in c.findings] == [("temperature_unknown", None), ("noise_consistent", None)]
+    assert c.temperature.a.source == c.temperature.b.source == "assumed"
+    assert c.temperature.ideal_kl_ratio == 1.0 and c.temperature.noise_ratio == pytest.approx(1.0)
+    assert c.temperature.explanation[0].startswith("Neither dump records its sampling temperature")
+    assert c.findings[0].message.startswith("neither dump records its sampling temperature")
 
 
 def test_noisier_engine_at_t1_is_not_blamed_on_temperature(dumps: dict[str, Path]) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from rcdiag.api import ProgressCallback, analyze
 from rcdiag.check.evaluate import evaluate_rules
+from rcdiag.check.findings_gate import ANALYZE_PACK, ANALYZE_PACK_GATE, FindingGate, parse_fail_on
 from rcdiag.check.metric_names import PREFIXES, metric_names, resolve_metric, validate_rules
 from rcdiag.check.packs import PACK_SOURCES, describe_packs, pack
 from rcdiag.check.results import CheckResult, RuleResult
@@ -39,6 +40,8 @@ from rcdiag.errors import ConfigError
 from rcdiag.options import ReadOptions
 
 __all__ = [
+    "ANALYZE_PACK",
+    "ANALYZE_PACK_GATE",
     "CONFIG_TABLE",
     "PACK_SOURCES",
     "PREFIXES",
@@ -46,6 +49,7 @@ __all__ = [
     "RULE_KINDS",
     "STEP_MODES",
     "CheckResult",
+    "FindingGate",
     "Rule",
     "RuleFile",
     "RuleKind",
@@ -61,6 +65,7 @@ __all__ = [
     "metric_names",
     "pack",
     "parse_assignment",
+    "parse_fail_on",
     "resolve_metric",
     "validate_rules",
 ]
@@ -74,6 +79,7 @@ def check(
     *,
     baseline: str | Path | None = None,
     on_chunk: ProgressCallback | None = None,
+    fail_on: FindingGate | None = None,
     **options: Any,
 ) -> CheckResult:
     """Analyse ``path`` (and ``baseline``, read the same way) with ``config`` and evaluate ``rules``.
@@ -81,16 +87,19 @@ def check(
     Rules are validated against the configuration before any file is read: a rule on a metric the configuration
     does not compute raises ``ConfigError`` listing the available names (rule-pack rules are skipped instead).
     ``read`` and the keyword ``ReadOptions`` fields say how to read the dumps, as for ``rcdiag.analyze``.
+    ``fail_on`` also fails the check on the dump's findings (``FindingGate``; a named ``--explain`` code runs
+    analyze's explain detectors).
     """
-    if not rules:
+    if not rules and fail_on is None:
         raise ConfigError(
-            "no rules to check: give --max/--min/--max-abs NAME=VALUE, --pack NAME, --rules FILE, or a "
-            "[tool.rcdiag.check] table in pyproject.toml."
+            "no rules to check: give --max/--min/--max-abs NAME=VALUE, --pack NAME, --fail-on SEVERITY|CODES, "
+            "--rules FILE, or a [tool.rcdiag.check] table in pyproject.toml."
         )
     config = config or CorrectionConfig()
     resolved = config.resolve()
     validate_rules(rules, metric_names(resolved), has_baseline=baseline is not None)
     read = ReadOptions.of(read, options)
-    report = analyze(path, config, read, on_chunk=on_chunk)
+    explain = fail_on is not None and fail_on.explain
+    report = analyze(path, config, read, on_chunk=on_chunk, explain=explain)
     base = analyze(baseline, config, read, on_chunk=on_chunk) if baseline is not None else None
-    return CheckResult(report, base, evaluate_rules(report, rules, base))
+    return CheckResult(report, base, evaluate_rules(report, rules, base), fail_on)

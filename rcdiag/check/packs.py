@@ -18,8 +18,14 @@ PACK_SOURCES = PACKS
 
 def pack(name: str, *, steps: StepMode = "every", tolerate: float = 0.0) -> tuple[Rule, ...]:
     """The rules of one pack; a rule whose metric the configuration does not compute is skipped, not an error."""
+    from rcdiag.check.findings_gate import ANALYZE_PACK
+
+    if name == ANALYZE_PACK:
+        raise ConfigError(
+            f"the '{ANALYZE_PACK}' pack is a gate on findings, not metric rules: pass fail_on=ANALYZE_PACK_GATE."
+        )
     if name not in PACKS:
-        raise ConfigError(f"unknown rule pack '{name}'; packs: {', '.join(PACKS)}.")
+        raise ConfigError(f"unknown rule pack '{name}'; packs: {', '.join(PACKS)}, {ANALYZE_PACK}.")
     return tuple(
         Rule(key, kind, bound, steps=steps, tolerate=tolerate, source=f"pack {name}", optional=True)
         for key, kind, bound in pack_rules(name)

@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rcdiag.check.findings_gate import FindingGate
 from rcdiag.check.rules import Rule, Status
-from rcdiag.report import SCHEMA_VERSION, Report
+from rcdiag.report import SCHEMA_VERSION, Finding, Report
 
 
 @dataclass(frozen=True)
@@ -54,20 +55,46 @@ class RuleResult:
 
 @dataclass(frozen=True)
 class CheckResult:
-    """Every rule's outcome on one dump (and its baseline)."""
+    """Every rule's outcome on one dump (and its baseline), and the findings the finding gate fails on."""
 
     report: Report
     baseline: Report | None
     results: tuple[RuleResult, ...]
+    fail_on: FindingGate | None = None
+    """The gate on findings (``--fail-on``, ``--pack analyze``); ``None``: findings do not fail the check."""
+
+    @property
+    def failing_findings(self) -> tuple[Finding, ...]:
+        """The dump's findings that fail the gate (empty without one)."""
+        return self.fail_on.failing(self.report) if self.fail_on is not None else ()
 
     @property
     def passed(self) -> bool:
-        """True when no rule failed (skipped rules do not fail)."""
-        return not self.failed
+        """True when no rule failed (skipped rules do not fail) and no finding fails the gate."""
+        return not self.failed and not self.failing_findings
 
     @property
     def failed(self) -> tuple[RuleResult, ...]:
         return tuple(r for r in self.results if r.status == "failed")
+
+    def verdict(self) -> str:
+        """``PASSED: 3 of 3 rules hold`` or ``FAILED: 1 of 3 rules failed; 2 findings fail --fail-on warning or
+        worse`` (with skipped rules and the finding gate when there are any)."""
+        counts = self.counts()
+        total = len(self.results)
+        parts = []
+        if total or self.fail_on is None:
+            held = (
+                f"{counts['failed']} of {total} rules failed"
+                if self.failed
+                else f"{counts['passed']} of {total} rules hold"
+            )
+            parts.append(held + (f", {counts['skipped']} skipped" if counts["skipped"] else ""))
+        if self.fail_on is not None:
+            n = len(self.failing_findings)
+            fails = f"{n} finding{'s' if n != 1 else ''} fail{'s' if n == 1 else ''}" if n else "no finding fails"
+            parts.append(f"{fails} --fail-on {self.fail_on.describe()}")
+        return f"{'PASSED' if self.passed else 'FAILED'}: {'; '.join(parts)}"
 
     def counts(self) -> dict[str, int]:
         return {s: sum(r.status == s for r in self.results) for s in ("passed", "failed", "skipped")}
@@ -84,4 +111,6 @@ class CheckResult:
             "input": self.report.input.to_dict(),
             "baseline": self.baseline.input.to_dict() if self.baseline is not None else None,
             "results": [r.to_dict() for r in self.results],
+            "fail_on": self.fail_on.to_dict() if self.fail_on is not None else None,
+            "failing_findings": [f.to_dict() for f in self.failing_findings],
         }

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rcdiag.check.findings_gate import ANALYZE_PACK, ANALYZE_PACK_GATE, FindingGate, parse_fail_on
 from rcdiag.check.packs import pack
 from rcdiag.check.rules import RULE_KINDS, STEP_MODES, Rule, StepMode, _parse_bound
 from rcdiag.config import CorrectionConfig, preset
@@ -37,6 +38,8 @@ class RuleFile:
     """``preset`` and verl's ``rollout_correction`` fields for the engine (empty: flags/defaults)."""
     baseline: Path | str | None
     """Resolved against the TOML file's directory."""
+    fail_on: FindingGate | None = None
+    """``fail_on = ["warning"]`` or ``packs = ["analyze"]``: the gate on findings (``--fail-on``)."""
 
     def config(self) -> CorrectionConfig | None:
         """The engine configuration the file asks for, or ``None`` if it sets none."""
@@ -51,7 +54,7 @@ class RuleFile:
             raise ConfigError(f"{self.path}: [engine]: {exc}") from None
 
 
-_TABLE_KEYS = {"packs", "steps", "tolerate", "baseline", "engine", "rule", *RULE_KINDS}
+_TABLE_KEYS = {"packs", "fail_on", "steps", "tolerate", "baseline", "engine", "rule", *RULE_KINDS}
 _RULE_KEYS = {"metric", "steps", "tolerate", *RULE_KINDS}
 _ENGINE_KEYS = {"preset", *(f.name for f in dataclasses.fields(CorrectionConfig))}
 
@@ -110,7 +113,11 @@ def _parse_table(path: Path, table: dict, where: str, steps: Any, tolerate: Any)
     rules: list[Rule] = []
     source = path.name
     try:
+        gate = parse_fail_on(_list_of_str(table.get("fail_on", []), "fail_on", fail), option="fail_on")
         for name in _list_of_str(table.get("packs", []), "packs", fail):
+            if name == ANALYZE_PACK:
+                gate = ANALYZE_PACK_GATE.merged(gate)
+                continue
             rules.extend(pack(name, steps=steps, tolerate=tolerate))
         for kind in RULE_KINDS:
             entries = table.get(kind, {})
@@ -150,7 +157,7 @@ def _parse_table(path: Path, table: dict, where: str, steps: Any, tolerate: Any)
         raise fail("baseline must be a path string")
     # a path is relative to the rules file; a URL (s3://...) is kept as it is
     where = (baseline if "://" in baseline else path.parent / baseline) if baseline else None
-    return RuleFile(path, tuple(rules), dict(engine), where)
+    return RuleFile(path, tuple(rules), dict(engine), where, gate)
 
 
 def _mode(value: Any, name: str, fail: Any) -> StepMode:

@@ -18,6 +18,7 @@ from rcdiag.cli.analyze import analyze
 from rcdiag.cli.check import check
 from rcdiag.cli.compare import compare
 from rcdiag.cli.merge import merge
+from rcdiag.cli.notices import install as install_notices
 from rcdiag.cli.output import StdoutClosedError
 from rcdiag.cli.presets import presets
 from rcdiag.cli.sweep import sweep
@@ -56,6 +57,7 @@ app.command(no_args_is_help=True)(check)
 app.command(no_args_is_help=True)(merge)
 app.command(no_args_is_help=True)(sweep)
 app.command()(presets)
+install_notices()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -42,8 +42,8 @@ def check(
     max_increase: Annotated[
         list[str] | None,
         _assignments(
-            "At most this much above the baseline: `kl=50%` (of |baseline|) or `kl=1e-4` (absolute). Needs "
-            "`--baseline`. Repeatable.",
+            "At most this much above the baseline: `kl=50%` (of |baseline|) or `kl=abs:1e-4` (absolute; a bare "
+            "number is refused). Needs `--baseline`. Repeatable.",
             "--max-increase",
         ),
     ] = None,
@@ -59,8 +59,21 @@ def check(
         typer.Option(
             "--pack",
             metavar="NAME",
-            help=f"Rule pack from documented practice: {packs_help()}. Rules on metrics the configuration does "
-            "not compute are skipped. Repeatable.",
+            help=f"Rule pack from documented practice: {packs_help()}; or `analyze`: fail on every finding "
+            "analyze rates warning or error (as `--fail-on warning`). Rules on metrics the configuration does not "
+            "compute are skipped. Repeatable.",
+            rich_help_panel=RULES,
+            show_default=False,
+        ),
+    ] = None,
+    fail_on: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--fail-on",
+            metavar="SEVERITY|CODES",
+            help="Also fail on analyze's findings: a severity (`warning`: any warning or error; `error`; `info`) "
+            "and/or finding codes, comma-separated (`kl_k3_disagree,position_drift`; docs/findings.md). A code only "
+            "`--explain` gives runs the explain detectors. Repeatable.",
             rich_help_panel=RULES,
             show_default=False,
         ),
@@ -109,11 +122,12 @@ def check(
             show_default=False,
         ),
     ] = None,
-    junit: Annotated[str | None, path_option("--junit", "Write a JUnit XML report (a testcase per rule).", CI)] = None,
-    markdown: Annotated[
-        str | None,
-        path_option("--markdown", "Write a Markdown summary (appended when FILE is `$GITHUB_STEP_SUMMARY`).", CI),
-    ] = None,
+    junit: path_option(  # type: ignore[valid-type]
+        "--junit", "Write a JUnit XML report (a testcase per rule, one per failing finding).", CI
+    ) = None,
+    markdown: path_option(  # type: ignore[valid-type]
+        "--markdown", "Write a Markdown summary (appended when FILE is `$GITHUB_STEP_SUMMARY`).", CI
+    ) = None,
     *,
     engine: EngineFlags,
     read: ReadOptions,
@@ -125,13 +139,24 @@ def check(
     Engine flags decide which metrics exist. Under GitHub Actions (GITHUB_ACTIONS=true) each failed rule is also
     printed as an `::error` annotation. Examples:
 
-    * `rcdiag check run.parquet --max kl=2e-3 --max k3_kl=1e-3`
-    * `rcdiag check run.parquet --is token --pack verl --junit rcdiag.xml --markdown "$GITHUB_STEP_SUMMARY"`
-    * `rcdiag check new.parquet --baseline good.parquet --max-increase kl=50% --steps mean`
+    * `rcdiag check run.parquet --max k3_kl=1e-3 --max-abs kl=2e-3`
+    * `rcdiag check run.parquet --fail-on warning` (any finding analyze warns about fails the gate)
+    * `rcdiag check run.parquet --is token --pack verl --pack analyze --junit rcdiag.xml`
+    * `rcdiag check new.parquet --baseline good.parquet --max-increase k3_kl=50% --steps mean`
 
-    Exit codes: 0 every rule holds, 1 a rule failed, 2 bad option, rule, configuration or input, 3 internal error.
+    Exit codes: 0 every rule holds and no finding fails `--fail-on`, 1 a rule or finding failed, 2 bad option, rule,
+    configuration or input, 3 internal error.
     """
-    from rcdiag.check import RuleKind, find_project_rules, load_rules, pack, parse_assignment
+    from rcdiag.check import (
+        ANALYZE_PACK,
+        ANALYZE_PACK_GATE,
+        RuleKind,
+        find_project_rules,
+        load_rules,
+        pack,
+        parse_assignment,
+        parse_fail_on,
+    )
     from rcdiag.check import check as run_check
     from rcdiag.cli.output import checked_path
     from rcdiag.cli.progress import progress
@@ -152,7 +177,11 @@ def check(
     )
     for kind, flag, texts in options:
         rules += [parse_assignment(text, kind, option=flag, steps=steps, tolerate=tolerate) for text in texts or []]  # type: ignore[arg-type]
+    gate = parse_fail_on(fail_on or [])
     for name in packs or []:
+        if name == ANALYZE_PACK:
+            gate = ANALYZE_PACK_GATE.merged(gate)
+            continue
         rules += pack(name, steps=steps, tolerate=tolerate)  # type: ignore[arg-type]
     loaded = (
         load_rules(rules_file, **defaults) if rules_file else None if no_pyproject else find_project_rules(**defaults)
@@ -160,6 +189,7 @@ def check(
     config = engine.config(base=loaded.config() if loaded is not None else None)  # before the notice: one error line
     if loaded is not None:
         rules += loaded.rules
+        gate = loaded.fail_on.merged(gate) if loaded.fail_on is not None else gate
         if rules_file is None:
             print(f"rcdiag: using [tool.rcdiag.check] from {loaded.path}", file=sys.stderr)
     with progress(read, out) as on_chunk:
@@ -170,6 +200,7 @@ def check(
             read,
             baseline=baseline or (loaded.baseline if loaded is not None else None),
             on_chunk=on_chunk,
+            fail_on=gate,
         )
     _emit(result, out, junit_file, markdown_file)
     if not result.passed:

@@ -1,16 +1,20 @@
-"""``rcdiag presets``: verl's 19 presets and what each sets."""
+"""``rcdiag presets``: verl's presets (19 since v0.8.0) and what each sets, for the chosen verl release."""
 
 from __future__ import annotations
 
+from rcdiag.cli.options import VerlVersionOpt
 
-def presets() -> None:
+
+def presets(verl_version: VerlVersionOpt = None) -> None:
     """List verl's RolloutCorrectionConfig presets (use one with `rcdiag analyze --preset NAME`)."""
     from rich.table import Table
 
     from rcdiag.cli.console import stdout_console
-    from rcdiag.config import PRESETS
+    from rcdiag.config import PRESET_FEATURES, PRESETS, preset
+    from rcdiag.versions import verl_version as release_of
 
-    table = Table(title="verl v0.9.0 presets", title_justify="left", show_edge=False, pad_edge=False)
+    release = release_of(verl_version)
+    table = Table(title=f"verl v{release.name} presets", title_justify="left", show_edge=False, pad_edge=False)
     for column in (
         "preset",
         "rollout_is",
@@ -21,8 +25,10 @@ def presets() -> None:
         "loss_type",
     ):
         table.add_column(column, no_wrap=True)
-    for name, build in PRESETS.items():
-        c = build()
+    for name in PRESETS:
+        if name in PRESET_FEATURES and not getattr(release, PRESET_FEATURES[name]):
+            continue  # the release has no such preset
+        c = preset(name, release.name)
         table.add_row(
             name,
             str(c.rollout_is),

@@ -32,11 +32,12 @@ from rcdiag.compare.records import (
     TemperatureAnalysis,
 )
 from rcdiag.compare.temperature import (
+    ASSUMED_TEMPERATURE,
     NOISE_RATIO_LIMIT,
     SIGMAS,
     TEMPERATURE_KEY,
     TRAIN_TEMPERATURE_KEY,
-    _side,
+    _sides,
     _temperature_analysis,
     check_temperature,
 )
@@ -47,6 +48,7 @@ from rcdiag.options import ReadOptions
 from rcdiag.report import Report
 
 __all__ = [
+    "ASSUMED_TEMPERATURE",
     "COMPARE_FINDING_CODES",
     "K3",
     "KL",
@@ -107,9 +109,7 @@ def compare_reports(
     config_a, config_b = CorrectionConfig(**a.config).resolve(), CorrectionConfig(**b.config).resolve()
     if not config_a.same_computation(config_b):  # as merge judges states: 2.0 and "2" are one threshold
         raise ConfigError("the two reports were computed with different engine configurations; compare needs one.")
-    temperature = _temperature_analysis(
-        _side(a, temperature_a, "--temperature-a"), _side(b, temperature_b, "--temperature-b")
-    )
+    temperature = _temperature_analysis(*_sides(a, b, temperature_a, temperature_b))
     steps_a = {s.step: s for s in a.steps}
     steps_b = {s.step: s for s in b.steps}
     paired = sorted(steps_a.keys() & steps_b.keys())

@@ -55,7 +55,9 @@ class SideTemperature:
     """What one side's kl says about its logit noise, given its sampling temperature."""
 
     temperature: float | None
-    source: Literal["option", "metadata"] | None
+    source: Literal["option", "metadata", "assumed"] | None
+    """Where ``temperature`` comes from; ``assumed``: neither dump records one, so both are taken as equal
+    (``ASSUMED_TEMPERATURE``)."""
     train_temperature: float | None
     """From the dump's ``train_temperature`` metadata, when recorded."""
     kl: float | None
@@ -94,6 +96,9 @@ class TemperatureAnalysis:
     noise_ratio: float | None
     """noise_b / noise_a (both resolved)."""
     explanation: tuple[str, ...]
+    kl_ratio_explained: bool | None = None
+    """Whether the measured kl ratio (with kl +- 2 standard errors) reaches the range the temperatures explain,
+    between 1x and ``ideal_kl_ratio`` (``None``: equal temperatures, or a ratio that is undefined)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -102,6 +107,7 @@ class TemperatureAnalysis:
             "kl_ratio": self.kl_ratio,
             "ideal_kl_ratio": self.ideal_kl_ratio,
             "noise_ratio": self.noise_ratio,
+            "kl_ratio_explained": self.kl_ratio_explained,
             "explanation": list(self.explanation),
         }
 

@@ -10,7 +10,7 @@ import math
 
 from rcdiag.catalogue.findings import codes_for, finding, listing_order
 from rcdiag.compare.records import KL, CompareFinding, Side, SideTemperature, TemperatureAnalysis
-from rcdiag.compare.temperature import NOISE_RATIO_LIMIT, SIGMAS, _g
+from rcdiag.compare.temperature import ASSUMED_TEMPERATURE, NOISE_RATIO_LIMIT, SIGMAS, _g
 from rcdiag.health import KL_K3_RELATIVE_GAP
 from rcdiag.report import Report
 
@@ -26,6 +26,15 @@ def _findings(a: Report, b: Report, t: TemperatureAnalysis) -> list[CompareFindi
     sides: dict[Side, tuple[Report, SideTemperature]] = {"a": (a, t.a), "b": (b, t.b)}
     for side, (report, st) in sides.items():
         findings.extend(_side_findings(side, report, st))
+    if t.a.source == "assumed" and t.b.source == "assumed":
+        findings.append(
+            _verdict(
+                "temperature_unknown",
+                "neither dump records its sampling temperature (no --temperature-a/-b, no 'temperature' metadata): "
+                f"the analysis assumes they are equal (T={ASSUMED_TEMPERATURE:g} on both; the noise verdicts do not "
+                "depend on the common value). If they differ, pass --temperature-a and --temperature-b.",
+            )
+        )
     shifted = {f.side for f in findings if f.code == "systematic_shift"}
     findings.extend(_noise_findings(t, shifted))
     problems = [f for f in findings if f.severity != "info"]
@@ -181,7 +190,9 @@ def _noise_findings(t: TemperatureAnalysis, shifted: set[Side | None]) -> list[C
                 NOISE_RATIO_LIMIT,
             )
         ]
-    if noisy.temperature == 1.0:
+    if noisy.source == "assumed":
+        why = "With equal temperatures (assumed: neither dump records one) the temperature cannot be the cause, so"
+    elif noisy.temperature == 1.0:
         why = "At T=1 the temperature cannot be the cause (dividing by 1 changes nothing), so"
     else:
         why = f"Side {other} shows no measurable noise (kl <= 0: bitwise-equal engines?), so"
@@ -212,9 +223,17 @@ def _consistent(t: TemperatureAnalysis) -> CompareFinding:
             f" (Side {' and '.join(rough)}'s kl is within {SIGMAS:g} standard errors of 0, so its estimate is rough.)"
         )
     if t.a.temperature != t.b.temperature and t.kl_ratio is not None and t.ideal_kl_ratio is not None:
-        message += (
-            f" The kl difference (kl_a/kl_b = {t.kl_ratio:.3g}) comes from the temperatures "
-            f"({t.a.temperature:g} vs {t.b.temperature:g}; ideal {t.ideal_kl_ratio:.3g}x, usually less because a "
-            "sharper distribution shrinks Var_pi(eps)), not from a change in the engines."
-        )
+        if t.kl_ratio_explained:
+            message += (
+                f" The kl difference (kl_a/kl_b = {t.kl_ratio:.3g}) comes from the temperatures "
+                f"({t.a.temperature:g} vs {t.b.temperature:g}; ideal {t.ideal_kl_ratio:.3g}x, usually less because "
+                "a sharper distribution shrinks Var_pi(eps)), not from a change in the engines."
+            )
+        else:
+            message += (
+                f" But the kl ratio kl_a/kl_b = {t.kl_ratio:.3g} lies outside what the temperatures explain "
+                f"({t.a.temperature:g} vs {t.b.temperature:g}: between 1x and {t.ideal_kl_ratio:.3g}x), so the "
+                f"temperatures do not account for the kl difference; the {t.noise_ratio:.3g}x between the noise "
+                f"estimates is what the engines differ by, within the {NOISE_RATIO_LIMIT:g}x this verdict allows."
+            )
     return _verdict("noise_consistent", message, None, KL, t.noise_ratio, NOISE_RATIO_LIMIT)

@@ -4,7 +4,7 @@ Every valid token falls in exactly one bucket of each breakdown, so each breakdo
 dump's valid tokens. A bucket's state is five float64 sums (``SUMS``: tokens, log-ratio, |log-ratio|, k3 and
 chi2 terms), from which verl's ``kl``, ``k3_kl`` and ``chi2_token`` follow by the engine's own formulas
 (``rcdiag.metrics.offpolicy.token_metrics``) restricted to the bucket's tokens. Sums merge by addition, so the
-result does not depend on chunking, row order or workers. Position buckets are also kept per row group
+result does not depend on chunking, row order or workers. Position buckets are also kept per hash group
 (``GROUPS``), which gives the position-drift detector its noise estimate. The sums are taken by one fused pass
 per block (``rcdiag.kernels.explain``, fed by ``rcdiag.explain.state``); this module declares their layout.
 """
@@ -75,7 +75,7 @@ def token_positions(lengths: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
 
 
 class Breakdowns:
-    """The three breakdowns' sums: position buckets per row group, rollout-probability buckets, lengths."""
+    """The three breakdowns' sums: position buckets per hash group, rollout-probability buckets, lengths."""
 
     def __init__(self) -> None:
         self.position = np.zeros((GROUPS, N_DOUBLING, len(SUMS)))
@@ -97,7 +97,7 @@ class Breakdowns:
 
     @property
     def position_sums(self) -> np.ndarray:
-        """(GROUPS, N_DOUBLING, len(SUMS)) position sums per row group."""
+        """(GROUPS, N_DOUBLING, len(SUMS)) position sums per hash group."""
         return self.position
 
     def compute(self) -> dict[str, list[dict[str, Any]]]:

@@ -1,7 +1,7 @@
 """The four ``--explain`` detectors: statistic, threshold and evidence (docs/findings.md argues each threshold).
 
 Every detector returns at most one ``Finding`` whose message quotes its evidence and whose ``evidence`` dict
-holds the same numbers for machines. Noise is measured, not assumed: the sums are kept per row group
+holds the same numbers for machines. Noise is measured, not assumed: the sums are kept per hash group
 (``breakdowns.GROUPS``, whole responses as the independent units) and the spread between groups gives a
 standard error; a detector fires only when its effect is large *and* beyond ``Z`` standard errors of that.
 """
@@ -40,7 +40,7 @@ DRIFT_RATIO_MIN = 3.0
 """position_drift: late-position k3 KL over early-position k3 KL ('several times')."""
 DRIFT_LOWER_MIN = 2.0
 DRIFT_GROUP_SHARE = 0.8
-"""position_drift: at least this share of row groups must have a late/early ratio above DRIFT_LOWER_MIN."""
+"""position_drift: at least this share of hash groups must have a late/early ratio above DRIFT_LOWER_MIN."""
 DRIFT_FLOOR = 1e-5
 """position_drift: late k3 KL below this is numerically negligible whatever its growth."""
 EARLY_BUCKETS = (0, 1)
@@ -182,9 +182,9 @@ def _k3(sums: np.ndarray) -> float | None:
 
 
 def position_drift(state: ExplainState) -> Finding | None:
-    """Late positions' k3 KL several times the early positions', in the pooled data and in most row groups.
+    """Late positions' k3 KL several times the early positions', in the pooled data and in most hash groups.
 
-    Position-independent mismatch gives every row group a late/early ratio scattered around 1. Requiring the
+    Position-independent mismatch gives every hash group a late/early ratio scattered around 1. Requiring the
     pooled ratio *and* the median group's ratio to reach DRIFT_RATIO_MIN, and DRIFT_GROUP_SHARE of the groups
     to exceed DRIFT_LOWER_MIN, keeps a few outlier tokens (which land in one or two groups) from firing it.
     """
@@ -224,8 +224,8 @@ def position_drift(state: ExplainState) -> Finding | None:
     message = (
         f"mismatch grows along the response: k3_kl is {k3_late:.3g} at positions >= {DOUBLING_EDGES[LATE_FROM]} "
         f"against {k3_early:.3g} at positions < 64 ({ratio:.3g}x; {median:.3g}x in the median of "
-        f"{len(group_ratios)} row groups, {share:.0%} of them above {DRIFT_LOWER_MIN:g}x), about {growth:.3g}x per "
-        "doubling of position."
+        f"{len(group_ratios)} groups of responses dealt by hash, {share:.0%} of them above {DRIFT_LOWER_MIN:g}x), "
+        f"about {growth:.3g}x per doubling of position."
     )
     return _finding("position_drift", message, ratio, DRIFT_RATIO_MIN, evidence)
 

@@ -1,4 +1,4 @@
-"""Sums behind the temperature and offset detectors, kept per row group so that their noise can be measured.
+"""Sums behind the temperature and offset detectors, kept per hash group so that their noise can be measured.
 
 Both are plain float64 sums per group (``rcdiag.explain.breakdowns.GROUPS``), merged by addition, taken by the
 fused pass over each block (``rcdiag.kernels.explain``). A row's group is a hash of its valid length and the exact

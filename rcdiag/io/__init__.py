@@ -77,8 +77,16 @@ def _one_kind(label: str, kinds: dict[FilePath, InputFormat]) -> dict[FilePath, 
     """Files of one format; files a present format writes beside its dumps (NeMo-RL's ``val_data_step*``) are left
     out; several formats are an error naming them."""
     present = {fmt.name: fmt for fmt in kinds.values()}
-    skip = [re.compile(fmt.companions) for fmt in present.values() if fmt.companions is not None]
-    kept = {file: fmt for file, fmt in kinds.items() if not any(p.search(file.name) for p in skip)} or kinds
+    skip = [(re.compile(fmt.companions), fmt.title) for fmt in present.values() if fmt.companions is not None]
+    kept = {file: fmt for file, fmt in kinds.items() if not any(p.search(file.name) for p, _ in skip)} or kinds
+    if len(kept) < len(kinds):
+        from rcdiag.io.paths import describe_left_out
+        from rcdiag.notices import notify
+
+        why = {f.name: next(title for p, title in skip if p.search(f.name)) for f in kinds if f not in kept}
+        notify(
+            describe_left_out(label, [(name, f"a file {title} writes beside its dumps") for name, title in why.items()])
+        )
     counts = Counter(fmt.name for fmt in kept.values())
     if len(counts) > 1:
         names = sorted(counts)

@@ -105,6 +105,14 @@ def resolve(
                 path=path,
             )
         if (not found and role in ("old", "rollout")) or (role == "seq" and need_seq and not found):
+            claimed = [name for name in present if name in aliases and name in taken]
+            if claimed:  # the only candidate already plays another role (e.g. --old-col rollout_log_prob)
+                other = next(r for r, v in chosen.items() if v == claimed[0])
+                raise InputError(
+                    f"has no column for {_WHAT[role]} left: '{claimed[0]}' is already taken as {_WHAT[other]} "
+                    f"({ROLE_FLAGS[other]} {claimed[0]}); name another with {ROLE_FLAGS[role]} NAME",
+                    path=path,
+                )
             long = isinstance(need_seq, str) and role == "seq"
             why = f"{need_seq}, which needs a column for {_WHAT[role]}; it has none" if long else ""
             raise InputError(

@@ -56,6 +56,7 @@ def expand(path: str | Path) -> list[FilePath]:
     files = directory_files(p)
     if not files:
         raise InputError(f"is a directory without dump files ({', '.join(registry.suffixes())})", path=text)
+    note_left_out(text, p, files)
     return files
 
 
@@ -77,6 +78,7 @@ def _expand_remote(url: str) -> list[FilePath]:
     files = directory_files(path)
     if not files:
         raise InputError(f"is a prefix without dump files ({', '.join(registry.suffixes())})", path=url)
+    note_left_out(url, path, files)
     return files
 
 
@@ -133,6 +135,50 @@ def list_files(root: FilePath, suffixes: tuple[str, ...]) -> list[FilePath]:
         return sorted(remote, key=natural_key)
     found = [p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in suffixes and not is_hidden(p, root)]
     return sorted(found, key=natural_key)
+
+
+LEFT_OUT_NAMED = 5
+"""A notice of files left out names this many; the rest are counted."""
+
+
+def note_left_out(label: str, root: FilePath, kept: Sequence[FilePath]) -> None:
+    """Say (a ``Notice``) which files under the directory or prefix ``root`` are not read, and why: nothing is
+    left out silently."""
+    from rcdiag.notices import notify
+
+    left = left_out(root, kept)
+    if left:
+        notify(describe_left_out(label, left))
+
+
+def left_out(root: FilePath, kept: Sequence[FilePath]) -> list[tuple[str, str]]:
+    """Files under ``root`` that are not in ``kept``, as (path below ``root``, why), in natural order."""
+    read = {str(f) for f in kept}
+    if isinstance(root, RemotePath):
+        listed = [(str(p), "/".join(below)) for p, below in storage.listing(root)]
+    else:
+        listed = [(str(p), p.relative_to(root).as_posix()) for p in root.rglob("*") if p.is_file()]
+    suffixes = registry.suffixes()
+    left = []
+    for full, below in sorted(listed, key=lambda item: natural_key(Path(item[1]))):
+        if full in read:
+            continue
+        suffix = Path(below).suffix.lower()
+        if _hidden_parts(tuple(below.split("/"))):
+            why = "hidden: a name starts with '.' or '_'"
+        elif suffix not in suffixes:
+            why = f"'{suffix}' is not a dump suffix" if suffix else "no dump suffix"
+        else:
+            why = "outside the run's dump directory"
+        left.append((below, why))
+    return left
+
+
+def describe_left_out(label: str, left: Sequence[tuple[str, str]]) -> str:
+    """One line: how many files were left out, the first few with why."""
+    named = ", ".join(f"{name} ({why})" for name, why in left[:LEFT_OUT_NAMED])
+    more = f" and {len(left) - LEFT_OUT_NAMED} more" if len(left) > LEFT_OUT_NAMED else ""
+    return f"{label}: left out {len(left)} file{'s' if len(left) != 1 else ''}: {named}{more}"
 
 
 def _hidden_parts(parts: tuple[str, ...]) -> bool:

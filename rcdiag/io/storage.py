@@ -6,13 +6,18 @@ rcdiag-specific. A scheme pyarrow has no filesystem for is handed to fsspec when
 as pyarrow random-access files, so a reader fetches the byte ranges it needs (a Parquet footer, then row groups
 column by column); no object is downloaded whole before it is read. Every failure (a missing bucket, key or
 permission) is one ``InputError`` naming the URL.
+
+S3 and GCS are opened with bounded timeouts (``TIMEOUTS``, overridable through environment variables): without
+them an unreachable service or a credential lookup that never answers would retry for many minutes in silence.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import functools
+import inspect
 import io
+import os
 import re
 from dataclasses import dataclass
 from typing import IO, Any
@@ -24,6 +29,43 @@ SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 READ_BUFFER = 8 << 20
 """Reads from object storage go through a buffer of this size (per column stream of a Parquet file; JSONL and
 Arrow IPC streams): every request pays a round trip, so fewer, larger ranges (local files use 1 MiB)."""
+
+
+BUCKET_SCHEMES = frozenset({"s3", "gs", "gcs"})
+"""Schemes whose URL's host part is a bucket (so it cannot be empty)."""
+
+
+@dataclass(frozen=True)
+class Timeout:
+    """One bound on object-storage calls: the environment variable that overrides it and its default (seconds)."""
+
+    env: str
+    default: float
+    meaning: str
+
+    def seconds(self) -> float:
+        """The bound in force: the variable's value when set (a positive number), else the default."""
+        text = os.environ.get(self.env, "").strip()
+        if not text:
+            return self.default
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not 0 < value < float("inf"):
+            raise InputError(f"must be a positive number of seconds, not {text!r}", path=self.env)
+        return value
+
+
+CONNECT_TIMEOUT = Timeout("RCDIAG_STORAGE_CONNECT_TIMEOUT", 10.0, "S3: seconds to open a connection")
+REQUEST_TIMEOUT = Timeout("RCDIAG_STORAGE_REQUEST_TIMEOUT", 60.0, "S3: seconds one request may take")
+RETRY_LIMIT = Timeout(
+    "RCDIAG_STORAGE_RETRY_LIMIT",
+    10.0,
+    "GCS: seconds to retry an unreachable service or a failed credential lookup before giving up",
+)
+TIMEOUTS = (CONNECT_TIMEOUT, REQUEST_TIMEOUT, RETRY_LIMIT)
+"""The bounds on remote reads (docs/storage.md lists them)."""
 
 
 def scheme_of(text: str) -> str | None:
@@ -93,6 +135,11 @@ def parse(url: str) -> RemotePath:
     """Split a URL into what precedes the filesystem's path (``s3://``, ``hdfs://host:8020``) and that path
     (``bucket/key`` for S3 and GCS); the filesystem is looked up once per bucket or host."""
     parts = urlsplit(url)
+    if parts.scheme.lower() in BUCKET_SCHEMES and not parts.netloc:
+        raise InputError(
+            f"names no bucket; write {parts.scheme.lower()}://BUCKET/PATH (the bucket comes right after '://')",
+            path=url,
+        )
     _, base = filesystem(parts.scheme.lower(), parts.netloc, url)
     below = unquote(parts.path).lstrip("/")
     key = f"{base.rstrip('/')}/{below}" if below else base
@@ -114,7 +161,24 @@ def filesystem(scheme: str, netloc: str, url: str) -> tuple[Any, str]:
         return _fsspec_filesystem(scheme, netloc, url)
     except (OSError, ValueError) as exc:
         raise storage_error(exc, url) from None
-    return fs, base
+    return _bounded(fs), base
+
+
+def _bounded(fs: Any) -> Any:
+    """``fs`` rebuilt with rcdiag's timeouts (S3's connect and request timeouts, GCS's retry limit); another
+    filesystem as it is. pyarrow's URL parser takes no timeouts, so the options it chose are copied."""
+    import datetime
+
+    import pyarrow.fs as pafs
+
+    if isinstance(fs, pafs.S3FileSystem):
+        bounds = {"connect_timeout": CONNECT_TIMEOUT.seconds(), "request_timeout": REQUEST_TIMEOUT.seconds()}
+    elif isinstance(fs, pafs.GcsFileSystem):
+        bounds = {"retry_time_limit": datetime.timedelta(seconds=RETRY_LIMIT.seconds())}
+    else:
+        return fs
+    rebuild, (options,) = fs.__reduce__()
+    return rebuild({**options, **bounds})
 
 
 def _fsspec_filesystem(scheme: str, netloc: str, url: str) -> tuple[Any, str]:
@@ -123,12 +187,29 @@ def _fsspec_filesystem(scheme: str, netloc: str, url: str) -> tuple[Any, str]:
         import fsspec
         from pyarrow.fs import FSSpecHandler, PyFileSystem
 
-        impl = fsspec.filesystem(scheme)
+        cls = fsspec.get_filesystem_class(scheme)
     except (ImportError, ValueError):
         raise InputError(
             f"uses '{scheme}://', which neither pyarrow nor an installed fsspec filesystem reads; use s3://, gs://, "
             "hdfs:// or file://",
             path=url,
+        ) from None
+    needs = [
+        name
+        for name, param in inspect.signature(cls.__init__).parameters.items()
+        if name != "self" and param.default is param.empty and param.kind in (param.POSITIONAL_OR_KEYWORD,)
+    ]
+    if needs:  # e.g. ftp's host: settings a bare URL does not pass; refused before an instance half-exists
+        raise InputError(
+            f"uses '{scheme}://', whose fsspec filesystem needs settings a URL does not give ({', '.join(needs)}); "
+            "use s3://, gs://, hdfs:// or file://",
+            path=url,
+        )
+    try:
+        impl = cls()
+    except Exception as exc:  # a third-party constructor: any failure is this URL's, not rcdiag's
+        raise InputError(
+            f"uses '{scheme}://', whose fsspec filesystem cannot be opened ({_first_line(exc)})", path=url
         ) from None
     return PyFileSystem(FSSpecHandler(impl)), impl._strip_protocol(f"{scheme}://{netloc}")
 
@@ -138,8 +219,18 @@ def _fs(path: RemotePath) -> Any:
     return filesystem(parts.scheme.lower(), parts.netloc, str(path))[0]
 
 
-def storage_error(exc: BaseException, url: str) -> InputError:
-    """One line for a storage failure: not found, no bucket, no permission, or the service's first line."""
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+UNREACHABLE = ("Could not resolve", "NETWORK_CONNECTION", "UNAVAILABLE", "timed out", "Timeout", "OAuth2")
+"""What a service that cannot be reached (or a credential lookup that failed) says."""
+
+
+def storage_error(exc: BaseException, url: str, *, action: str = "read") -> InputError:
+    """One line for a storage failure: not found, no bucket, no permission, unreachable, or the service's first
+    line. ``action`` is what failed: ``read`` or ``written``."""
     text = str(exc)
     if isinstance(exc, FileNotFoundError):
         return InputError("not found", path=url)
@@ -151,8 +242,14 @@ def storage_error(exc: BaseException, url: str) -> InputError:
             "machine's role) and the endpoint (AWS_ENDPOINT_URL)",
             path=url,
         )
-    first = text.strip().splitlines()[0][:200] if text.strip() else type(exc).__name__
-    return InputError(f"cannot be read ({first})", path=url)
+    if any(mark in text for mark in UNREACHABLE):
+        bounds = RETRY_LIMIT.env if scheme_of(url) in ("gs", "gcs") else CONNECT_TIMEOUT.env
+        return InputError(
+            f"cannot be {action}: the storage service or its credentials could not be reached in time (bound by "
+            f"{bounds}; docs/storage.md): {_first_line(exc)}",
+            path=url,
+        )
+    return InputError(f"cannot be {action} ({_first_line(exc)})", path=url)
 
 
 def file_info(path: RemotePath) -> Any:
@@ -244,7 +341,7 @@ def write_bytes(path: RemotePath, data: bytes) -> None:
         with _fs(path).open_output_stream(path.key) as handle:
             handle.write(data)
     except OSError as exc:
-        raise storage_error(exc, str(path)) from None
+        raise storage_error(exc, str(path), action="written") from None
 
 
 def identity(path: RemotePath) -> dict[str, object]:

@@ -28,7 +28,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from rcdiag.kernels import JIT
+from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
 
 LN2_HI = 6.93147180369123816490e-01
 LN2_LO = 1.90821492927058770002e-10

@@ -17,7 +17,7 @@ import math
 import numpy as np
 from numba import njit
 
-from rcdiag.kernels import JIT
+from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
 from rcdiag.kernels.tokens import SMALL, _clamp, _k3_small
 
 ESTIMATORS = {"k1": 1, "k2": 2, "k3": 3}

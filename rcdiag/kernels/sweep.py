@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from rcdiag.kernels import JIT
+from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
 from rcdiag.sweep.cells import AMBIGUOUS, HISTOGRAM_CLAMPED, SHIFT
 from rcdiag.sweep.collector import BUCKETS as HISTOGRAM_SIZE
 

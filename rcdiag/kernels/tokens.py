@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit
 
 from rcdiag.config import SAFETY_BOUND
-from rcdiag.kernels import JIT
+from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
 
 SMALL = 0.25
 """Below this |d| the Taylor series gives k3; at or above it (and for inf and NaN), ``math.expm1``."""

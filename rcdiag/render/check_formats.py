@@ -23,9 +23,10 @@ def render_junit(result: CheckResult) -> str:
     """A JUnit XML report: one ``testcase`` per rule, a ``failure`` per failed rule, ``skipped`` per skipped one."""
     counts = result.counts()
     facts = result.report.input
+    gate = _gate_cases(result)
     totals = {
-        "tests": str(len(result.results)),
-        "failures": str(counts["failed"]),
+        "tests": str(len(result.results) + len(gate)),
+        "failures": str(counts["failed"] + len(result.failing_findings)),
         "errors": "0",
         "skipped": str(counts["skipped"]),
     }
@@ -49,8 +50,29 @@ def render_junit(result: CheckResult) -> str:
             failure.text = _details(item)
         elif item.status == "skipped":
             ET.SubElement(case, "skipped", {"message": item.message})
+    for name, failure_message, text in gate:
+        case = ET.SubElement(suite, "testcase", {"classname": "rcdiag.check.fail_on", "name": name})
+        if failure_message is not None:
+            failure = ET.SubElement(case, "failure", {"message": failure_message, "type": "rcdiag.FindingFailed"})
+            failure.text = text
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _gate_cases(result: CheckResult) -> list[tuple[str, str | None, str]]:
+    """The finding gate's test cases: one failed case per failing finding, or one passing case when none fails
+    (no cases without a gate), as (name, failure message or ``None``, details)."""
+    if result.fail_on is None:
+        return []
+    gate = result.fail_on.describe()
+    if not result.failing_findings:
+        return [(f"no finding: {gate}", None, "")]
+    cases = []
+    for item in result.failing_findings:
+        steps = f"\nsteps: {', '.join(map(str, item.steps))}" if item.steps else ""
+        text = f"finding: {item.code} ({item.severity})\nfail on: {gate}{steps}\n{item.message}"
+        cases.append((f"finding {item.code} ({item.severity})", item.message, text))
+    return cases
 
 
 def _details(item: RuleResult) -> str:
@@ -72,15 +94,10 @@ def _details(item: RuleResult) -> str:
 
 def render_markdown(result: CheckResult) -> str:
     """A Markdown summary for a CI step (e.g. ``$GITHUB_STEP_SUMMARY``)."""
-    counts = result.counts()
     facts = result.report.input
-    total = len(result.results)
-    if result.passed:
-        headline = f"✅ rcdiag check passed: {counts['passed']} of {total} rules hold"
-    else:
-        headline = f"❌ rcdiag check failed: {counts['failed']} of {total} rules failed"
-    if counts["skipped"]:
-        headline += f" ({counts['skipped']} skipped)"
+    verdict = result.verdict()
+    word, _, rest = verdict.partition(": ")
+    headline = f"{'✅' if result.passed else '❌'} rcdiag check {word.lower()}: {rest}"
     lines = [f"### {headline}", ""]
     about = f"`{facts.path}` · {counted(facts.rows, 'row')} · {facts.valid_tokens:,} valid tokens"
     if facts.steps:
@@ -99,6 +116,11 @@ def render_markdown(result: CheckResult) -> str:
             item.message,
         ]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    for name, failure_message, _ in _gate_cases(result):
+        mark = _MARK["failed"] if failure_message is not None else _MARK["passed"]
+        lines.append(
+            "| " + " | ".join(_cell(c) for c in (mark, name, "", "", "", "--fail-on", failure_message or "")) + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -112,6 +134,9 @@ def github_annotations(result: CheckResult) -> list[str]:
     for item in result.failed:
         title = _property(f"rcdiag check: {item.rule.describe(item.key)}")
         out.append(f"::error title={title}::{_data(f'{result.report.input.path}: {item.label}: {item.message}')}")
+    for finding in result.failing_findings:
+        title = _property(f"rcdiag check: finding {finding.code}")
+        out.append(f"::error title={title}::{_data(f'{result.report.input.path}: {finding.code}: {finding.message}')}")
     return out
 
 

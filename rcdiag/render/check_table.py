@@ -55,14 +55,19 @@ def render_check(result: CheckResult, console: Console) -> None:
             item.rule.source,
             Text(item.message, style=style),
         )
+    if result.fail_on is not None:
+        for item in result.failing_findings:
+            table.add_row(
+                _MARK["failed"],
+                f"finding {item.code} ({item.severity})",
+                ", ".join(map(str, item.steps)) if item.steps else "",
+                "",
+                "",
+                "",
+                "--fail-on",
+                Text(item.message),
+            )
+        if not result.failing_findings:
+            table.add_row(_MARK["passed"], f"no finding: {result.fail_on.describe()}", "", "", "", "", "--fail-on", "")
     console.print(table)
-    counts = result.counts()
-    skipped = f", {counts['skipped']} skipped" if counts["skipped"] else ""
-    if result.passed:
-        console.print(
-            Text(f"PASSED: {counts['passed']} of {len(result.results)} rules hold{skipped}", style="bold green")
-        )
-    else:
-        console.print(
-            Text(f"FAILED: {counts['failed']} of {len(result.results)} rules failed{skipped}", style="bold red")
-        )
+    console.print(Text(result.verdict(), style="bold green" if result.passed else "bold red"))

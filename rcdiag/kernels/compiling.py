@@ -1,0 +1,36 @@
+"""Say when the kernels compile: the first run on a machine spends seconds in numba's compiler (3-4 s for a tiny
+dump) before any row is counted, which looks like a hang. A numba event listener emits one ``Notice`` per process
+when an rcdiag kernel actually compiles (numba fires ``numba:compile`` only on a cache miss, never when it loads
+a kernel from its on-disk cache). Imported by every kernel module."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from numba.core import event
+
+COMPILING = "compiling kernels (first run on this machine only)..."
+"""The notice's text (the CLI prints it as ``rcdiag: compiling kernels ...`` on stderr)."""
+
+
+class _FirstCompile(event.Listener):
+    """Notifies once, at the start of the first compile of a function defined in rcdiag."""
+
+    said = False
+
+    def on_start(self, ev: Any) -> None:
+        if _FirstCompile.said:
+            return
+        dispatcher = (ev.data or {}).get("dispatcher")
+        module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
+        if module.startswith("rcdiag."):
+            _FirstCompile.said = True
+            from rcdiag.notices import notify
+
+            notify(COMPILING)
+
+    def on_end(self, ev: Any) -> None:
+        pass
+
+
+event.register("numba:compile", _FirstCompile())  # once: a module is imported once per process
