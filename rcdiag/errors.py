@@ -62,3 +62,8 @@ class InputError(RcdiagError):
         self.path = path
         self.row = row
         self.column = column
+
+
+class InputNotice(UserWarning):
+    """Something about the input the user should know that is not an error: a file reached twice (a link) and read
+    once, a symlink loop not followed. The CLI prints it as one ``rcdiag: note:`` line on stderr."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import typer
 
@@ -20,7 +21,7 @@ from rcdiag.cli.merge import merge
 from rcdiag.cli.output import StdoutClosedError
 from rcdiag.cli.presets import presets
 from rcdiag.cli.sweep import sweep
-from rcdiag.errors import ExitCode, RcdiagError
+from rcdiag.errors import ExitCode, InputNotice, RcdiagError
 
 app = typer.Typer(
     name="rcdiag",
@@ -56,8 +57,20 @@ app.command(no_args_is_help=True)(sweep)
 app.command()(presets)
 
 
+_show_warning = warnings.showwarning
+
+
+def _show_notice(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+    """``InputNotice`` warnings as one ``rcdiag: note:`` line; any other warning as Python shows it."""
+    if issubclass(category, InputNotice):
+        print(f"rcdiag: note: {message}", file=sys.stderr)
+    else:
+        _show_warning(message, category, filename, lineno, file, line)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI and exit with rcdiag's documented exit codes."""
+    warnings.showwarning = _show_notice
     try:
         result = typer.main.get_command(app).main(args=argv, prog_name="rcdiag", standalone_mode=False)
     except RcdiagError as exc:

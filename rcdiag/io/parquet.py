@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap, balanced_runs
 from rcdiag.io.batch import Batch
+from rcdiag.io.parquet_footer import check_row_groups
 from rcdiag.io.paths import arrow_input, read_buffer
 from rcdiag.io.tables import TableFile, schema_metadata, short
 
@@ -35,11 +36,14 @@ class ParquetFile(TableFile):
         try:
             # pre_buffer=False: pyarrow's default pre-buffering keeps every column chunk read so far in memory
             # until the file is closed (RSS grows with the file: 178 MB held for a 178 MB dump).
-            self.file = pq.ParquetFile(arrow_input(name), buffer_size=read_buffer(name, READ_BUFFER), pre_buffer=False)
+            source = arrow_input(name)
+            self.file = pq.ParquetFile(source, buffer_size=read_buffer(name, READ_BUFFER), pre_buffer=False)
+            size = source.size()
         except (pa.ArrowException, OSError) as exc:
             raise InputError(
                 f"cannot be read as Parquet ({short(exc)}); is it a complete .parquet file?", path=name
             ) from None
+        check_row_groups(self.file.metadata, size, name)
         rows = self.file.metadata.num_rows
         if rows == 0:
             raise InputError("has no rows: there is nothing to analyze", path=name)
