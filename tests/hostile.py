@@ -97,19 +97,6 @@ def corrupt_ipc(path: Path, offsets: tuple[int, ...], *, large: bool = False, st
     return patch_offsets(write_ipc(path, list_table(large=large), stream=stream), offsets, large=large)
 
 
-def corrupt_parquet(path: Path, offsets: tuple[int, ...]) -> Path:
-    """A Parquet file whose row groups' column chunks hold a patched copy of the list data: Parquet stores
-    repetition levels, not offsets, so this is a file a reader must either decode or refuse, never crash on."""
-    pq.write_table(list_table(), path, compression="none", use_dictionary=False, write_statistics=False)
-    data = bytearray(path.read_bytes())
-    payload = np.asarray(offsets, dtype=np.int32).tobytes()
-    values = (-np.linspace(0.1, 2.0, sum(LENGTHS), dtype=np.float32)).tobytes()
-    at = bytes(data).find(values[:16])
-    data[at : at + len(payload)] = payload
-    path.write_bytes(bytes(data))
-    return path
-
-
 def parquet_with_row_groups(path: Path, groups: int, rows_per_group: int = 1) -> Path:
     """A valid Parquet dump of ``groups`` row groups (each ``rows_per_group`` short responses)."""
     lengths = (3,) * (groups * rows_per_group)
@@ -117,19 +104,38 @@ def parquet_with_row_groups(path: Path, groups: int, rows_per_group: int = 1) ->
     return path
 
 
-def repeated_row_group(path: Path, times: int) -> Path:
-    """A Parquet file whose footer lists its one row group ``times`` times (built with pyarrow's own metadata
-    writer: the data pages once, then a footer with the row group appended ``times - 1`` times more)."""
+def repeated_row_group(path: Path, times: int, *, num_rows: int | None = None) -> Path:
+    """A Parquet file of 64 rows whose footer lists its one row group ``times`` times (built with pyarrow's own
+    metadata writer: the data pages once, then a footer with the row group appended ``times - 1`` times more),
+    saying ``num_rows`` rows (default: what the listed groups add up to)."""
     pq.write_table(list_table((3,) * 64), path, row_group_size=64)
     data = path.read_bytes()
-    footer_length = int.from_bytes(data[-8:-4], "little")
-    body = data[: len(data) - 8 - footer_length]
+    body = data[: len(data) - 8 - int.from_bytes(data[-8:-4], "little")]
     metadata = pq.read_metadata(path)
     one = pq.read_metadata(path)
     for _ in range(times - 1):
         metadata.append_row_groups(one)
     sink = pa.BufferOutputStream()
     metadata.write_metadata_file(sink)
-    footer_file = sink.getvalue().to_pybytes()  # b"PAR1" + footer + length + b"PAR1"
-    path.write_bytes(body + footer_file[4:])
+    footer = sink.getvalue().to_pybytes()[4:-8]  # b"PAR1" + footer + length + b"PAR1"
+    if num_rows is not None:
+        footer = _with_num_rows(footer, metadata.num_rows, num_rows)
+    path.write_bytes(body + footer + len(footer).to_bytes(4, "little") + b"PAR1")
     return path
+
+
+def _with_num_rows(footer: bytes, old: int, new: int) -> bytes:
+    """The Thrift (compact protocol) footer with ``FileMetaData.num_rows`` (field 3, an i64 right after the
+    schema list and before field 4, the row groups list) changed from ``old`` to ``new``."""
+
+    def field(value: int) -> bytes:
+        zigzag, out = (value << 1) ^ (value >> 63), bytearray()
+        while True:
+            byte, zigzag = zigzag & 0x7F, zigzag >> 7
+            out.append(byte | (0x80 if zigzag else 0))
+            if not zigzag:
+                return b"\x16" + bytes(out) + b"\x19"  # field 3 (delta 1) of type i64, then field 4: a list
+
+    if footer.count(field(old)) != 1:
+        raise AssertionError("num_rows not found once in the footer")
+    return footer.replace(field(old), field(new))
