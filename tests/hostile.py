@@ -40,12 +40,13 @@ def _cap() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
 
 
-def run_capped(*args: str | Path, cwd: Path | None = None) -> Result:
-    """``python -m rcdiag ARGS`` under ``MEMORY_CAP`` of address space and ``TIME_CAP`` seconds."""
+def run_capped(*args: str | Path, cwd: Path | None = None, python: tuple[str, ...] = ("-m", "rcdiag")) -> Result:
+    """``python -m rcdiag ARGS`` (or ``python PYTHON ARGS``) under ``MEMORY_CAP`` of address space and
+    ``TIME_CAP`` seconds."""
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "rcdiag", *map(str, args)],
+            [sys.executable, *python, *map(str, args)],
             capture_output=True,
             text=True,
             timeout=TIME_CAP,
@@ -139,3 +140,44 @@ def _with_num_rows(footer: bytes, old: int, new: int) -> bytes:
     if footer.count(field(old)) != 1:
         raise AssertionError("num_rows not found once in the footer")
     return footer.replace(field(old), field(new))
+
+
+def random_damage(directory: Path, kind: str, count: int, seed: int = 0) -> dict[str, int]:
+    """Analyse ``count`` copies of a valid dump (``kind``: "parquet" or "arrow", uncompressed), each with 1-4 random
+    bytes overwritten, in this process: how many were read ("ok") or refused with an ``RcdiagError`` ("error"), and
+    any other outcome by its exception type (a crash ends the process instead)."""
+    import random
+
+    import rcdiag
+    from rcdiag.errors import RcdiagError
+
+    source = directory / f"valid.{kind}"
+    table = list_table(LENGTHS * 20)
+    if kind == "parquet":
+        pq.write_table(table, source, compression="none", row_group_size=20)
+    else:
+        write_ipc(source, table)
+    data = source.read_bytes()
+    rng = random.Random(seed)
+    outcomes: dict[str, int] = {}
+    for _ in range(count):
+        damaged = bytearray(data)
+        for _ in range(rng.randint(1, 4)):
+            damaged[rng.randrange(len(damaged))] = rng.randrange(256)
+        path = directory / f"damaged.{kind}"
+        path.write_bytes(bytes(damaged))
+        try:
+            rcdiag.analyze(path)
+            outcome = "ok"
+        except RcdiagError:
+            outcome = "error"
+        except Exception as exc:
+            outcome = f"{type(exc).__name__}: {exc}"[:200]
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    return outcomes
+
+
+if __name__ == "__main__":  # python tests/hostile.py DIRECTORY KIND COUNT: random_damage's outcomes as JSON
+    import json
+
+    print(json.dumps(random_damage(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]))))

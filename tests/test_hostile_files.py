@@ -9,6 +9,7 @@ import os
 import time
 from pathlib import Path
 
+import hostile
 import pyarrow.parquet as pq
 import pytest
 from hostile import (
@@ -172,8 +173,7 @@ def test_a_footer_claiming_more_rows_than_its_row_groups_is_exit_2(tmp_path: Pat
     done = run_capped("analyze", path)
     assert done.returncode == 2, done.stderr
     assert _one_error_line(done.stderr) == (
-        f"rcdiag: error: {path}: has a footer that says 65 rows but its row groups hold 64 (a damaged or hostile "
-        "file)"
+        f"rcdiag: error: {path}: has a footer that says 65 rows but its row groups hold 64 (a damaged or hostile file)"
     )
 
 
@@ -191,3 +191,15 @@ def test_many_row_groups_take_time_linear_in_their_number(tmp_path: Path) -> Non
 
     ratio = seconds(large) / seconds(small)
     assert ratio < 24, f"2,000 row groups took {ratio:.1f}x the time of 250"
+
+
+@pytest.mark.parametrize(("kind", "count"), [("parquet", 450), ("arrow", 300)])
+def test_random_byte_damage_is_read_or_refused_never_a_crash(tmp_path: Path, kind: str, count: int) -> None:
+    """Among the damaged copies: column names that are not UTF-8 (``UnicodeDecodeError`` from pyarrow, exit 3), and
+    (copy 411 of the Parquet run) a size-statistics histogram of the wrong length in the footer, on which pyarrow's
+    ``RowGroupMetaData.column(i)`` aborts the process (an uncaught C++ exception; rcdiag reads the footer itself)."""
+    done = run_capped(tmp_path, kind, count, python=(hostile.__file__,))
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    outcomes = json.loads(done.stdout)
+    assert set(outcomes) <= {"ok", "error"}, outcomes
+    assert sum(outcomes.values()) == count and outcomes.get("error", 0) > count // 4
