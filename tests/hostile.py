@@ -177,7 +177,7 @@ def random_damage(directory: Path, kind: str, count: int, seed: int = 0) -> dict
     return outcomes
 
 
-if __name__ == "__main__":  # python tests/hostile.py DIRECTORY KIND COUNT: random_damage's outcomes as JSON
+if __name__ == "__main__":  # python tests/hostile.py DIRECTORY KIND COUNT SEED: random_damage's outcomes as JSON
     import json
 
-    print(json.dumps(random_damage(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]))))
+    print(json.dumps(random_damage(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))))

@@ -193,12 +193,14 @@ def test_many_row_groups_take_time_linear_in_their_number(tmp_path: Path) -> Non
     assert ratio < 24, f"2,000 row groups took {ratio:.1f}x the time of 250"
 
 
-@pytest.mark.parametrize(("kind", "count"), [("parquet", 450), ("arrow", 300)])
-def test_random_byte_damage_is_read_or_refused_never_a_crash(tmp_path: Path, kind: str, count: int) -> None:
-    """Among the damaged copies: column names that are not UTF-8 (``UnicodeDecodeError`` from pyarrow, exit 3), and
-    (copy 411 of the Parquet run) a size-statistics histogram of the wrong length in the footer, on which pyarrow's
-    ``RowGroupMetaData.column(i)`` aborts the process (an uncaught C++ exception; rcdiag reads the footer itself)."""
-    done = run_capped(tmp_path, kind, count, python=(hostile.__file__,))
+@pytest.mark.parametrize(("kind", "count", "seed"), [("parquet", 450, 0), ("parquet", 900, 7), ("arrow", 750, 7)])
+def test_random_byte_damage_is_read_or_refused_never_a_crash(tmp_path: Path, kind: str, count: int, seed: int) -> None:
+    """Among the damaged copies: column names that are not UTF-8 (``UnicodeDecodeError`` from pyarrow, exit 3); a
+    size-statistics histogram of the wrong length in a footer (seed 0, copy 411), on which pyarrow's
+    ``RowGroupMetaData.column(i)`` aborts the process (an uncaught C++ exception), and a footer whose pyarrow
+    serialisation segfaults (seed 7, copy 860): rcdiag reads the footer's bytes itself; a list whose child has a
+    negative length (seed 7, copy 709 of the Arrow run: ``SystemError`` naming the bad row)."""
+    done = run_capped(tmp_path, kind, count, seed, python=(hostile.__file__,))
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     outcomes = json.loads(done.stdout)
     assert set(outcomes) <= {"ok", "error"}, outcomes

@@ -61,7 +61,10 @@ def bad_offset_row(array: pa.Array) -> int | None:
     if buffer is None or buffer.size < count * dtype.itemsize:
         return None
     offsets = np.frombuffer(buffer, dtype=dtype, count=count)[array.offset :].astype(np.int64)
-    limit = len(array.values)
+    try:
+        limit = len(array.values)
+    except (SystemError, ValueError):  # a child array of negative length: pyarrow's __len__ cannot say it
+        return None
     bad = (offsets[1:] < offsets[:-1]) | (offsets[1:] > limit) | (offsets[:-1] < 0) | (offsets[:-1] > limit)
     rows = np.flatnonzero(bad)
     return int(rows[0]) if rows.size else None

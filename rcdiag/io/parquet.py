@@ -38,14 +38,13 @@ class ParquetFile(TableFile):
             # until the file is closed (RSS grows with the file: 178 MB held for a 178 MB dump).
             source = arrow_input(name)
             self.file = pq.ParquetFile(source, buffer_size=read_buffer(name, READ_BUFFER), pre_buffer=False)
-            size = source.size()
             schema = self.file.schema_arrow
             schema.names  # noqa: B018 - column names that are not UTF-8 fail here, as a damaged file
         except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
             raise InputError(
                 f"cannot be read as Parquet ({short(exc)}); is it a complete .parquet file?", path=name
             ) from None
-        self.footer = read_footer(self.file.metadata, size, name)
+        self.footer = read_footer(source, self.file.metadata, name)
         rows = self.file.metadata.num_rows
         if rows == 0:
             raise InputError("has no rows: there is nothing to analyze", path=name)

@@ -5,12 +5,12 @@ list one row group many times (20,001 times: 1.28M rows read from a file of 64),
 claim rows its row groups do not hold. ``read_footer`` requires every column chunk to lie between the leading magic
 and the footer, no two to overlap, and the row groups' rows to sum to the footer's row count.
 
-The column chunks are read here from the footer's Thrift bytes (pyarrow serialises the footer it parsed), not
-through ``RowGroupMetaData.column(i)``: pyarrow's Python binding does not catch the C++ exception that a malformed
-column chunk raises there (a size-statistics histogram of the wrong length: ``terminate called after throwing an
-instance of 'parquet::ParquetException'``, the process aborts), while its reader, which rcdiag uses for the data,
-turns the same fault into an error. Reading is linear in the footer's bytes; every list is checked against the bytes
-left before anything is allocated for it.
+The column chunks are read here from the footer's Thrift bytes, read from the file, not through pyarrow's
+``RowGroupMetaData.column(i)``: its Python binding does not catch the C++ exception a malformed column chunk raises
+there (a size-statistics histogram of the wrong length: ``terminate called after throwing an instance of
+'parquet::ParquetException'``, the process aborts), and pyarrow's own serialisation of a damaged footer may crash;
+its reader, which rcdiag uses for the data, turns the same faults into errors. Reading is linear in the footer's
+bytes (about 0.1 ms per column chunk); every list is checked against the bytes left before anything is allocated.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import pairwise
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rcdiag.errors import InputError
@@ -44,14 +45,18 @@ class Footer:
     chunks: list[list[ColumnChunk]]
 
 
-def read_footer(metadata: pq.FileMetaData, file_size: int, path: str) -> Footer:
-    """The footer of ``metadata``, checked against a file of ``file_size`` bytes; ``InputError`` when it does not
-    fit the file."""
+def read_footer(source: pa.NativeFile, metadata: pq.FileMetaData, path: str) -> Footer:
+    """The footer of the Parquet file ``source`` (whose ``metadata`` pyarrow has parsed), read from the file and
+    checked against it; ``InputError`` when it does not fit the file."""
+    size = source.size()
+    length = metadata.serialized_size
     try:
-        footer = _parse(metadata.__reduce__()[1][0].to_pybytes())
+        footer = _parse(bytes(source.read_at(length, size - MAGIC - 4 - length)))
     except (_MalformedError, IndexError, KeyError, TypeError) as exc:
         raise InputError(f"has a malformed footer ({exc or 'truncated'})", path=path) from None
-    _check(footer, metadata, file_size - metadata.serialized_size - 2 * MAGIC, file_size, path)
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"cannot read its footer ({exc})", path=path) from None
+    _check(footer, metadata, size - length - 2 * MAGIC, size, path)
     return footer
 
 
