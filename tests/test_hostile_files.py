@@ -97,8 +97,10 @@ def _dump_dir(tmp_path: Path) -> Path:
 
 
 def test_a_symlinked_file_in_a_directory_is_read_once_and_said(tmp_path: Path) -> None:
+    """A directory is listed without following links to directories, so its ``loop -> .`` adds nothing."""
     root = _dump_dir(tmp_path)
     (root / "b.parquet").symlink_to("a.parquet")
+    (root / "loop").symlink_to(".")
     done = run_capped("analyze", root, "--format", "json")
     assert done.returncode == 0, done.stderr
     assert _rows(done.stdout) == SAMPLE_ROWS
