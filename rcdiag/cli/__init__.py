@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 
 import typer
 
@@ -18,7 +17,7 @@ from rcdiag.cli.analyze import analyze
 from rcdiag.cli.check import check
 from rcdiag.cli.compare import compare
 from rcdiag.cli.merge import merge
-from rcdiag.cli.notices import install as install_notices
+from rcdiag.cli.notices import notices_live_warnings_held, show_held
 from rcdiag.cli.output import StdoutClosedError
 from rcdiag.cli.presets import presets
 from rcdiag.cli.sweep import sweep
@@ -57,14 +56,13 @@ app.command(no_args_is_help=True)(check)
 app.command(no_args_is_help=True)(merge)
 app.command(no_args_is_help=True)(sweep)
 app.command()(presets)
-install_notices()
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI and exit with rcdiag's documented exit codes."""
     try:
         # a library's warning (numpy, torch) must not precede the one error line: shown only after a success
-        with warnings.catch_warnings(record=True) as caught:
+        with notices_live_warnings_held() as held:
             result = typer.main.get_command(app).main(args=argv, prog_name="rcdiag", standalone_mode=False)
     except RcdiagError as exc:
         print(f"rcdiag: error: {printable(exc)}", file=sys.stderr)  # text from a file never acts on the terminal
@@ -92,6 +90,5 @@ def main(argv: list[str] | None = None) -> None:
             file=sys.stderr,
         )
         sys.exit(ExitCode.INTERNAL)
-    for warning in caught:
-        warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+    show_held(held)
     sys.exit(result if isinstance(result, int) else ExitCode.OK)

@@ -38,7 +38,8 @@ class ArrowIpcFile(TableFile):
             else:
                 with arrow_input(name) as source:
                     schema = pa.ipc.open_stream(source).schema
-        except (pa.ArrowException, OSError) as exc:
+            schema.names  # noqa: B018 - column names that are not UTF-8 fail here, as a damaged file
+        except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
             raise InputError(
                 f"cannot be read as Arrow IPC ({short(exc)}); is it a complete .arrow/.feather file?", path=name
             ) from None

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap, balanced_runs
 from rcdiag.io.batch import Batch
+from rcdiag.io.parquet_footer import read_footer
 from rcdiag.io.paths import arrow_input, read_buffer
 from rcdiag.io.tables import TableFile, schema_metadata, short
 
@@ -35,33 +36,29 @@ class ParquetFile(TableFile):
         try:
             # pre_buffer=False: pyarrow's default pre-buffering keeps every column chunk read so far in memory
             # until the file is closed (RSS grows with the file: 178 MB held for a 178 MB dump).
-            self.file = pq.ParquetFile(arrow_input(name), buffer_size=read_buffer(name, READ_BUFFER), pre_buffer=False)
-        except (pa.ArrowException, OSError) as exc:
+            source = arrow_input(name)
+            self.file = pq.ParquetFile(source, buffer_size=read_buffer(name, READ_BUFFER), pre_buffer=False)
+            schema = self.file.schema_arrow
+            schema.names  # noqa: B018 - column names that are not UTF-8 fail here, as a damaged file
+        except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
             raise InputError(
                 f"cannot be read as Parquet ({short(exc)}); is it a complete .parquet file?", path=name
             ) from None
+        self.footer = read_footer(source, self.file.metadata, name)
         rows = self.file.metadata.num_rows
         if rows == 0:
             raise InputError("has no rows: there is nothing to analyze", path=name)
-        schema = self.file.schema_arrow
         super().__init__(
             name, columns, format="parquet", schema=schema, kv_metadata=schema_metadata(schema), total_rows=rows
         )
+        self.leaf = self._old_leaf()
 
     def _rows_per_batch(self, chunk_tokens: int) -> int:
         if self.long:
             return max(chunk_tokens, 1)
-        meta = self.file.metadata
-        leaf = next(
-            (i for i in range(meta.num_columns) if meta.schema.column(i).path.split(".")[0] == self.cols.old),
-            None,
-        )
-        values = (
-            sum(meta.row_group(g).column(leaf).num_values for g in range(meta.num_row_groups))
-            if leaf is not None
-            else 0
-        )
-        mean_length = max(values / max(meta.num_rows, 1), 1.0)
+        leaf = self.leaf
+        values = sum(chunks[leaf].num_values for chunks in self.footer.chunks) if leaf is not None else 0
+        mean_length = max(values / max(self.footer.num_rows, 1), 1.0)
         return int(min(max(chunk_tokens / mean_length, 1), 1 << 20))
 
     def partitions(self, n: int) -> list[tuple[int, ...] | None]:
@@ -79,9 +76,8 @@ class ParquetFile(TableFile):
         two keep both, so decoding fills the core the maths leaves (analyze with sequence IS and two RS options
         went from about 0.7 to 0.8 of a bare decode). Larger row groups are streamed batch by batch, so memory
         stays flat even when the whole file is one row group."""
-        meta = self.file.metadata
-        groups = list(part) if part is not None else list(range(meta.num_row_groups))
-        row = sum(meta.row_group(g).num_rows for g in range(part[0])) if part else 0
+        groups = list(part) if part is not None else list(range(len(self.footer.group_rows)))
+        row = sum(self.footer.group_rows[: part[0]]) if part else 0
         rows_per_batch = self._rows_per_batch(chunk_tokens)
         if all(self._group_tokens(g) <= WHOLE_GROUP_CHUNKS * chunk_tokens for g in groups):
             batches = self._whole_groups(groups, columns, rows_per_batch)
@@ -101,13 +97,16 @@ class ParquetFile(TableFile):
 
     def _group_tokens(self, group: int) -> int:
         """Values of the trainer log-prob column in a row group (its rows, in the long layout)."""
-        meta = self.file.metadata.row_group(group)
         if self.long:
-            return meta.num_rows
-        leaf = next(
-            (i for i in range(meta.num_columns) if meta.column(i).path_in_schema.split(".")[0] == self.cols.old), None
-        )
-        return meta.column(leaf).num_values if leaf is not None else meta.num_rows
+            return self.footer.group_rows[group]
+        leaf = self.leaf
+        return self.footer.chunks[group][leaf].num_values if leaf is not None else self.footer.group_rows[group]
+
+    def _old_leaf(self) -> int | None:
+        """The Parquet leaf column of the trainer log-probs, by the schema (a column chunk's own path in the footer
+        may be anything, even bytes that are not UTF-8)."""
+        schema = self.file.metadata.schema
+        return next((i for i in range(len(schema)) if schema.column(i).path.split(".")[0] == self.cols.old), None)
 
     def _whole_groups(self, groups: list[int], columns: list[str], rows_per_batch: int) -> Iterator[pa.RecordBatch]:
         """The row groups' batches in order, ``GROUPS_AHEAD`` groups decoding at once, each on its own reader of

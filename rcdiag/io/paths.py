@@ -4,15 +4,18 @@ Kept in one place so that a location is a branch here, not in every reader: a pl
 local disk; ``s3://``, ``gs://``, ``hdfs://`` (and fsspec's schemes) go through ``rcdiag.io.storage``. Files are
 listed in natural order (``step_2`` before ``step_10``), so results and errors are reproducible;
 names starting with ``.`` or ``_`` (temporary and marker files, e.g. a half-written DumpWriter part or
-``_SUCCESS``) are never read.
+``_SUCCESS``) are never read. A local file is read once however many names reach it (a symlink, a hard link, a
+glob through a linked directory), and a glob never follows a link back into a directory it is already inside: each
+is said in a ``rcdiag.notices.Notice`` (a ``rcdiag: note:`` line).
 """
 
 from __future__ import annotations
 
-import glob
+import fnmatch
 import os
 import re
-from collections.abc import Callable, Sequence
+import stat as stat_mode
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -47,7 +50,7 @@ def expand(path: str | Path) -> list[FilePath]:
         return _expand_remote(text)
     files = glob_files(text)
     if files is not None:
-        return files
+        return distinct_files(files)
     p = Path(text)
     if not p.exists():
         raise InputError("file not found", path=text)
@@ -57,7 +60,33 @@ def expand(path: str | Path) -> list[FilePath]:
     if not files:
         raise InputError(f"is a directory without dump files ({', '.join(registry.suffixes())})", path=text)
     note_left_out(text, p, files)
-    return files
+    return distinct_files(files)
+
+
+def notice(text: str) -> None:
+    """Tell the user something about the input that is not an error (the CLI prints ``rcdiag: note: TEXT``)."""
+    from rcdiag.notices import notify
+
+    notify(f"note: {text}")
+
+
+def distinct_files(files: list[FilePath]) -> list[FilePath]:
+    """``files`` with each local file (device and inode) kept once, at its first name; each left out is noted."""
+    first: dict[tuple[int, int], FilePath] = {}
+    kept: list[FilePath] = []
+    for file in files:
+        try:
+            stat = os.stat(file) if isinstance(file, Path) else None
+        except OSError:
+            stat = None
+        key = None if stat is None else (stat.st_dev, stat.st_ino)
+        if key is not None and key in first:
+            notice(f"{file} is the same file as {first[key]} (a link); it is read once, as {first[key]}")
+            continue
+        if key is not None:
+            first[key] = file
+        kept.append(file)
+    return kept
 
 
 def _expand_remote(url: str) -> list[FilePath]:
@@ -120,11 +149,82 @@ def glob_files(pattern: str) -> list[Path] | None:
     """The files a glob matches (natural order), or ``None`` when ``pattern`` names an existing path or is no glob."""
     if Path(pattern).exists() or not any(ch in pattern for ch in GLOB_CHARS):
         return None
-    found = (Path(f) for f in glob.glob(pattern, recursive=True))
+    found = _Glob().matches(pattern)
     files = sorted((f for f in found if f.is_file() and not is_hidden(f)), key=natural_key)
     if not files:
         raise InputError("matches no file", path=pattern)
     return files
+
+
+class _Glob:
+    """A local glob as ``glob.glob(pattern, recursive=True)`` reads it (``**`` any number of directories, links to
+    directories followed, names starting with ``.`` matched only by a pattern that starts with ``.``), except that
+    ``**`` enters each directory (device and inode) once: a link back into a directory it is already inside (a
+    symlink loop) is noted and not followed, so ``loop -> .`` neither repeats files nor, with two such links,
+    takes exponential time."""
+
+    def __init__(self) -> None:
+        self.entered: set[tuple[int, int, int]] = set()
+
+    def matches(self, pattern: str) -> Iterator[Path]:
+        parts = Path(pattern).parts
+        fixed = next(i for i, part in enumerate(parts) if any(ch in part for ch in GLOB_CHARS))
+        base = Path(*parts[:fixed]) if fixed else Path()
+        yield from self._match(base, parts[fixed:], ())
+
+    def _match(self, base: Path, rest: tuple[str, ...], inside: tuple[tuple[int, int], ...]) -> Iterator[Path]:
+        if not rest:
+            yield base
+            return
+        head, tail = rest[0], rest[1:]
+        if head == "**":
+            yield from self._match(base, tail, inside)
+            key = _dir_key(base)
+            if key is None:
+                return
+            for child in _children(base, "*"):
+                child_key = _dir_key(child)
+                if child_key is None:
+                    continue
+                if child_key in inside or child_key == key:
+                    notice(
+                        f"{child} is a link back into a directory the glob is already inside (a symlink loop); "
+                        "not followed"
+                    )
+                    continue
+                if (*child_key, len(rest)) in self.entered:
+                    notice(f"{child} is a second way into a directory the glob has already read; not read again")
+                    continue
+                self.entered.add((*child_key, len(rest)))
+                yield from self._match(child, rest, (*inside, key))
+        elif any(ch in head for ch in GLOB_CHARS):
+            for child in _children(base, head):
+                yield from self._match(child, tail, inside)
+        elif (tail == () or (base / head).is_dir()) and os.path.lexists(base / head):
+            yield from self._match(base / head, tail, inside)
+
+
+def _dir_key(path: Path) -> tuple[int, int] | None:
+    """A directory's identity (device, inode), following links; ``None`` for anything else."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return (found.st_dev, found.st_ino) if stat_mode.S_ISDIR(found.st_mode) else None
+
+
+def _children(directory: Path, pattern: str) -> list[Path]:
+    """Entries of ``directory`` whose names match ``pattern`` (hidden names only for a pattern starting with ``.``)."""
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    hidden = pattern.startswith(".")
+    return [
+        directory / name
+        for name in names
+        if (hidden or not name.startswith(".")) and fnmatch.fnmatchcase(name, pattern)
+    ]
 
 
 def list_files(root: FilePath, suffixes: tuple[str, ...]) -> list[FilePath]:
