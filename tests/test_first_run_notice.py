@@ -15,7 +15,7 @@ LINE = "rcdiag: compiling kernels (first run on this machine only)...\n"
 
 def analyze(cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "rcdiag", "analyze", str(SAMPLES / "healthy.parquet"), "--format", "json", *args]
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "RCDIAG_COMPILE_NOTICE": "1"}
     return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, check=False)
 
 
@@ -37,7 +37,7 @@ def test_worker_processes_say_it_once_through_the_driver(tmp_path: Path) -> None
     dump = tmp_path / "two_parts.parquet"
     synthetic.write(synthetic.generate("healthy", rows=200, seed=0), dump, row_group_size=100)
     command = [sys.executable, "-m", "rcdiag", "analyze", str(dump), "--workers", "2", "--format", "json"]
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "RCDIAG_COMPILE_NOTICE": "1"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stderr == LINE

@@ -1,16 +1,21 @@
 """Say when the kernels compile: the first run on a machine spends seconds in numba's compiler (3-4 s for a tiny
 dump) before any row is counted, which looks like a hang. A numba event listener emits one ``Notice`` per process
 when an rcdiag kernel actually compiles (numba fires ``numba:compile`` only on a cache miss, never when it loads
-a kernel from its on-disk cache). Imported by every kernel module."""
+a kernel from its on-disk cache). ``RCDIAG_COMPILE_NOTICE=0`` turns the line off (for scripts that read stderr, and
+the test suite, whose one-error-line assertions must not depend on which test compiles first). Imported by every
+kernel module."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from numba.core import event
 
 COMPILING = "compiling kernels (first run on this machine only)..."
 """The notice's text (the CLI prints it as ``rcdiag: compiling kernels ...`` on stderr)."""
+SWITCH = "RCDIAG_COMPILE_NOTICE"
+"""Set to ``0`` to leave the notice out."""
 
 
 class _FirstCompile(event.Listener):
@@ -19,7 +24,7 @@ class _FirstCompile(event.Listener):
     said = False
 
     def on_start(self, ev: Any) -> None:
-        if _FirstCompile.said:
+        if _FirstCompile.said or os.environ.get(SWITCH, "1") == "0":
             return
         dispatcher = (ev.data or {}).get("dispatcher")
         module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
