@@ -23,14 +23,14 @@ def check_members(archive: zipfile.ZipFile, path: str) -> None:
     ratio = COMPRESSION_RATIO.value
     for info in archive.infolist():
         stored = max(info.compress_size, 1)
-        if ratio and info.compress_type != zipfile.ZIP_STORED and info.file_size > COMPRESSED_MEMBER_MIN:
-            if info.file_size > ratio * stored:
-                COMPRESSION_RATIO.check(
-                    info.file_size // stored,
-                    path,
-                    f"member '{info.filename}' inflates from {info.compress_size:,} to {info.file_size:,} bytes: its "
-                    "compression ratio",
-                )
+        compressed = info.compress_type != zipfile.ZIP_STORED and info.file_size > COMPRESSED_MEMBER_MIN
+        if ratio and compressed and info.file_size > ratio * stored:
+            COMPRESSION_RATIO.check(
+                info.file_size // stored,
+                path,
+                f"member '{info.filename}' inflates from {info.compress_size:,} to {info.file_size:,} bytes: its "
+                "compression ratio",
+            )
     TENSOR_BYTES.check(sum(info.file_size for info in archive.infolist()), path, "the inflated size of its members")
 
 
