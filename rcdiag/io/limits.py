@@ -53,7 +53,7 @@ most this many times its stored size (deflate reaches ~1,000x on zeros: a zip bo
 COMPRESSED_MEMBER_MIN = 256 << 20
 """Members that inflate to less than this (256 MiB) are not held to ``COMPRESSION_RATIO``."""
 
-JSON_LINE_BYTES = Limit("RCDIAG_MAX_JSON_LINE_CHARS", 256 << 20, "characters", "this line")
+JSON_LINE_CHARS = Limit("RCDIAG_MAX_JSON_LINE_CHARS", 256 << 20, "characters", "this line")
 """One JSON Lines record (one response) is read and parsed whole: at most 256 Mi characters."""
 
 ROW_TOKENS = Limit("RCDIAG_MAX_ROW_TOKENS", 16 << 20, "tokens", "this response")
