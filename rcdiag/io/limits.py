@@ -59,5 +59,5 @@ JSON_LINE_CHARS = Limit("RCDIAG_MAX_JSON_LINE_CHARS", 256 << 20, "characters", "
 ROW_TOKENS = Limit("RCDIAG_MAX_ROW_TOKENS", 16 << 20, "tokens", "this response")
 """One response is computed whole, in memory: at most 16,777,216 tokens (about 40 bytes a token at the peak)."""
 
-OPEN_FILES_HINT = "raise the limit on open files (ulimit -n) or read fewer files at a time"
-"""What to do when the process runs out of file descriptors."""
+MAX_SPILL_BUCKETS = 256
+"""The long layout groups tokens by sequence in at most this many temporary files, each open while reading."""
