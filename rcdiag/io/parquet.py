@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap, balanced_runs
-from rcdiag.io.batch import Batch
+from rcdiag.io.batch import Batch, check_group_rows
 from rcdiag.io.paths import arrow_input, read_buffer
 from rcdiag.io.tables import TableFile, schema_metadata, short
 
@@ -81,6 +81,8 @@ class ParquetFile(TableFile):
         stays flat even when the whole file is one row group."""
         meta = self.file.metadata
         groups = list(part) if part is not None else list(range(meta.num_row_groups))
+        for group in groups if not self.long else ():  # a response beyond the limit is refused before decoding
+            check_group_rows(self._group_tokens(group), meta.row_group(group).num_rows, self.path, group)
         row = sum(meta.row_group(g).num_rows for g in range(part[0])) if part else 0
         rows_per_batch = self._rows_per_batch(chunk_tokens)
         if all(self._group_tokens(g) <= WHOLE_GROUP_CHUNKS * chunk_tokens for g in groups):
