@@ -561,3 +561,20 @@ def test_a_list_of_per_token_temperatures_is_still_a_run_fact(tmp_path: Path, ca
     code, out, err = run(capsys, "analyze", str(path), "--format", "json")
     assert code == 0, err
     assert json.loads(out)["input"]["metadata"]["temperature"] == "0.7"
+
+
+def test_every_limit_is_documented_with_its_default() -> None:
+    from rcdiag.io import limits
+
+    text = (ROOT / "docs" / "input.md").read_text()
+    section = text[text.index("## Limits") :]
+    found = [value for value in vars(limits).values() if isinstance(value, limits.Limit)]
+    assert len(found) == 4
+    for limit in found:
+        row = next(line for line in section.splitlines() if f"`{limit.variable}`" in line)
+        assert f"raise it: {limit.variable}=" in row, row
+    assert "| 16,777,216 | `RCDIAG_MAX_ROW_TOKENS` |" in section and ROW_TOKENS.default == 16_777_216
+    assert "| 8 GiB | `RCDIAG_MAX_TENSOR_BYTES` |" in section and TENSOR_BYTES.default == 8 << 30
+    assert "| 200 | `RCDIAG_MAX_COMPRESSION_RATIO` |" in section and COMPRESSION_RATIO.default == 200
+    assert "| 268,435,456 | `RCDIAG_MAX_JSON_LINE_CHARS` |" in section and JSON_LINE_CHARS.default == 1 << 28
+    assert f"at most {limits.MAX_SPILL_BUCKETS})" in section
