@@ -216,6 +216,23 @@ def test_pt_declaring_more_than_its_records_hold_is_refused(tmp_path: Path, nume
     assert ("record size (128 bytes) does not match expected size" in err) == (numel > 32), err
 
 
+@pytest.mark.parametrize("numel", [10**12, 1_500_000_000])
+def test_legacy_pt_declaring_a_huge_storage_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, numel: int
+) -> None:
+    """torch's legacy (non-zip) format: the storage size sits in the pickle, allocated (lazily) before reading."""
+    torch = pytest.importorskip("torch")
+    size = torch.storage.TypedStorage._size
+    monkeypatch.setattr(torch.storage.TypedStorage, "_size", lambda self: numel if size(self) == 32 else size(self))
+    path = tmp_path / "legacy.pt"
+    old, rollout = torch.full((4, 8), -1.0), torch.full((4, 8), -1.1)
+    torch.save({"old_log_probs": old, "rollout_log_probs": rollout}, path, _use_new_zipfile_serialization=False)
+    monkeypatch.undo()
+    err = error_line(cli("analyze", str(path), address_space=ADDRESS_SPACE_CAP))
+    assert err.startswith(f"rcdiag: error: {path}: cannot be read as a PyTorch file (")
+    assert "can't allocate memory" in err or "storage has wrong byte size" in err, err
+
+
 def test_jsonl_line_beyond_the_limit_is_refused_before_it_is_read_whole(
     tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -87,6 +87,10 @@ def load_pt(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
             "weights_only=True and never runs code from a dump: save a plain dict of tensors",
             path=path,
         ) from None
+    except MemoryError as exc:  # a legacy (non-zip) file declares sizes only torch's reader sees
+        raise InputError(
+            f"declares a tensor larger than the memory available ({str(exc)[:120]}); is the file corrupt?", path=path
+        ) from None
     except (RuntimeError, OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:
         raise InputError(f"cannot be read as a PyTorch file ({str(exc)[:160]}); is it complete?", path=path) from None
     if not isinstance(obj, dict):
