@@ -40,26 +40,34 @@ def open_dump(path: str | Path, columns: ColumnMap | None = None) -> Source:
     a glob such as ``"dumps/step_*.parquet"``; on the local disk or as an ``s3://``, ``gs://``, ``hdfs://`` or
     ``file://`` URL (``rcdiag.io.storage``).
     """
-    from rcdiag.io.open_files import ensure_open_files
     from rcdiag.io.table_source import TableSource
 
     label = str(path)
     files = expand(path)
     kinds = _one_kind(label, dict(zip(files, map_files(format_of, files), strict=True)))
-    ensure_open_files(len(kinds), "one per file of the dump, kept open while reading", label)
+    _make_room(list(kinds.items()), label)
     opened = map_files(lambda file: kinds[file].open(file, columns), list(kinds))
     return TableSource(label, opened, next(iter(kinds.values())).name)
 
 
 def open_part(part: Part, columns: ColumnMap | None = None) -> Source:
     """Open one ``Part`` of a dump (``Source.partitions``) in a worker: only its files, with their known format."""
-    from rcdiag.io.open_files import ensure_open_files
     from rcdiag.io.registry import FORMATS
     from rcdiag.io.table_source import TableSource
 
     by_name = {fmt.name: fmt for fmt in FORMATS}
-    ensure_open_files(len(part.files), "one per file of the part, kept open while reading", part.label)
+    _make_room([(path, by_name[kind]) for kind, path in part.files], part.label)
     return TableSource(part.label, [by_name[kind].open(path, columns) for kind, path in part.files], part.files[0][0])
+
+
+def _make_room(files: list[tuple[Any, InputFormat]], label: str) -> None:
+    """Room for the local files that stay open while the dump is read (``InputFormat.keeps_open``)."""
+    from rcdiag.io import storage
+    from rcdiag.io.open_files import ensure_open_files
+
+    held = sum(1 for path, fmt in files if fmt.keeps_open and not storage.is_remote(str(path)))
+    if held:
+        ensure_open_files(held, "one per file of the dump, kept open while reading", label)
 
 
 def format_of(path: FilePath) -> InputFormat:
