@@ -3,6 +3,8 @@
 DEFAULT_CHUNK_TOKENS = 1 << 20
 """Rows are read about a million tokens at a time: big enough to amortise decoding, small enough that memory
 stays flat (docs/performance.md)."""
+MAX_CHUNK_TOKENS = 1 << 40
+"""The largest ``--chunk-tokens``: more than any dump holds, and within the 64-bit counts of the readers."""
 
 TEMPERATURE_KEY = "temperature"
 """Dump metadata key holding the rollout sampling temperature."""

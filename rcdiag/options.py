@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rcdiag.constants import DEFAULT_CHUNK_TOKENS
+from rcdiag.constants import DEFAULT_CHUNK_TOKENS, MAX_CHUNK_TOKENS
 from rcdiag.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -52,8 +52,9 @@ class ReadOptions:
         if str(self.on_bad_row) not in BAD_ROW_POLICIES:
             raise ConfigError(f"on_bad_row must be one of {', '.join(BAD_ROW_POLICIES)}, got '{self.on_bad_row}'.")
         object.__setattr__(self, "on_bad_row", str(self.on_bad_row))
-        if isinstance(self.chunk_tokens, bool) or not isinstance(self.chunk_tokens, int) or self.chunk_tokens < 1:
-            raise ConfigError(f"chunk_tokens must be a positive number of tokens, got {self.chunk_tokens}.")
+        chunk = self.chunk_tokens
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= MAX_CHUNK_TOKENS:
+            raise ConfigError(f"chunk_tokens must be a number of tokens from 1 to {MAX_CHUNK_TOKENS:,}, got {chunk}.")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise ConfigError(f"workers must be at least 1, got {self.workers}.")
         if self.ray_address is not None and not str(self.ray_address).strip():

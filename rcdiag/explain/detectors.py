@@ -25,6 +25,8 @@ DETECTORS = tuple(spec.code for spec in FINDINGS if spec.explain)
 
 Z = 3.0
 """Standard errors an effect must clear beyond its threshold."""
+EXP_MAX = 700.0
+"""A growth factor reported is at most ``exp(EXP_MAX)`` (finite: a report is JSON without inf)."""
 MIN_TOKENS = 2000
 """Fewer valid tokens than this (in the compared sets) leave a detector silent."""
 MIN_GROUPS = 8
@@ -97,7 +99,7 @@ def temperature_mismatch(scale: ScaleSums) -> Finding | None:
     se_low = group_spread([math.log(min(s[:2])) for s in per_group])
     se_high = group_spread([math.log(max(s[:2])) for s in per_group])
     ratio = slopes[2]
-    interval = (low * math.exp(-Z * se_low), high * math.exp(Z * se_high))
+    interval = (low * _exp(-Z * se_low), high * _exp(Z * se_high))
     if interval[0] > 1.0 + SCALE_TOLERANCE:
         direction = "sharper"
     elif interval[1] < 1.0 - SCALE_TOLERANCE:
@@ -243,7 +245,7 @@ def _growth_per_doubling(position: np.ndarray) -> float:
     if len(xs) < 2:
         return math.nan
     slope = np.polyfit(xs, ys, 1, w=np.sqrt(ws))[0]
-    return float(math.exp(slope))
+    return _exp(float(slope))
 
 
 # -------------------------------------------------------------------------------------------------- trend
@@ -259,7 +261,7 @@ def mismatch_trend(steps: Sequence[tuple[int, dict[str, float | None]]]) -> Find
     y = np.log([p[1] for p in points])
     slope, _, se = _fit(x, y)
     span = float(x[-1] - x[0])
-    growth = math.exp(slope * span)
+    growth = _exp(slope * span)
     t = slope / se if se > 0 else math.inf
     half = len(points) // 2
     values = [v for _, v in points]
@@ -274,7 +276,7 @@ def mismatch_trend(steps: Sequence[tuple[int, dict[str, float | None]]]) -> Find
         "metric": "rollout_corr/k3_kl",
         "steps": [int(s) for s, _ in points],
         "values": [float(v) for _, v in points],
-        "growth_per_step": math.exp(slope),
+        "growth_per_step": _exp(slope),
         "growth_over_run": growth,
         "t": t if math.isfinite(t) else None,
         "halves_ratio": halves,
@@ -283,11 +285,11 @@ def mismatch_trend(steps: Sequence[tuple[int, dict[str, float | None]]]) -> Find
     limits = (KL_WARN, CHI2_WARN)
     when = "; ".join(f"{k} > {w} {_when(c)}" for (k, c), w in zip(crossing.items(), limits, strict=True))
     message = (
-        f"mismatch grows across training steps: k3_kl rises {math.exp(slope):.3g}x per step ({growth:.3g}x from "
+        f"mismatch grows across training steps: k3_kl rises {_exp(slope):.3g}x per step ({growth:.3g}x from "
         f"step {int(x[0])} to {int(x[-1])}, {t:.3g} standard errors of the fit). At this rate verl's warnings "
         f"trip: {when}."
     )
-    return _finding("mismatch_trend", message, math.exp(slope), TREND_GROWTH_MIN, evidence)
+    return _finding("mismatch_trend", message, _exp(slope), TREND_GROWTH_MIN, evidence)
 
 
 def _fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
@@ -321,3 +323,9 @@ def _when(crossing: dict[str, Any]) -> str:
     if crossing["already"]:
         return f"already at step {crossing['step']}"
     return f"around step {crossing['step']}" if crossing["step"] is not None else "not projected"
+
+
+def _exp(x: float) -> float:
+    """``exp`` of a fitted log growth, capped at ``exp(EXP_MAX)`` (finite: reports are JSON without inf); k3_kl
+    from 1e-300 to 1e3 over a run is a log growth of 700, and ``math.exp`` raises beyond 709.78."""
+    return math.exp(min(x, EXP_MAX))

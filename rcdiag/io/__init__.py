@@ -45,6 +45,7 @@ def open_dump(path: str | Path, columns: ColumnMap | None = None) -> Source:
     label = str(path)
     files = expand(path)
     kinds = _one_kind(label, dict(zip(files, map_files(format_of, files), strict=True)))
+    _make_room(list(kinds.items()), label)
     opened = map_files(lambda file: kinds[file].open(file, columns), list(kinds))
     return TableSource(label, opened, next(iter(kinds.values())).name)
 
@@ -55,7 +56,18 @@ def open_part(part: Part, columns: ColumnMap | None = None) -> Source:
     from rcdiag.io.table_source import TableSource
 
     by_name = {fmt.name: fmt for fmt in FORMATS}
+    _make_room([(path, by_name[kind]) for kind, path in part.files], part.label)
     return TableSource(part.label, [by_name[kind].open(path, columns) for kind, path in part.files], part.files[0][0])
+
+
+def _make_room(files: list[tuple[Any, InputFormat]], label: str) -> None:
+    """Room for the local files that stay open while the dump is read (``InputFormat.keeps_open``)."""
+    from rcdiag.io import storage
+    from rcdiag.io.open_files import ensure_open_files
+
+    held = sum(1 for path, fmt in files if fmt.keeps_open and not storage.is_remote(str(path)))
+    if held:
+        ensure_open_files(held, "one per file of the dump, kept open while reading", label)
 
 
 def format_of(path: FilePath) -> InputFormat:

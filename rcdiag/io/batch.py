@@ -11,6 +11,7 @@ import pyarrow as pa
 from rcdiag.errors import InputError
 from rcdiag.io.base import Chunk, split_rows
 from rcdiag.io.columns import Resolved
+from rcdiag.io.limits import ROW_TOKENS
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,14 @@ def id_array(column: pa.Array) -> np.ndarray:
     return column.to_numpy(zero_copy_only=False)
 
 
+def check_group_rows(values: int, rows: int, path: str, group: int) -> None:
+    """Before decoding a row group (Parquet): rows averaging more than ``ROW_TOKENS`` hold a response beyond it."""
+    limit = ROW_TOKENS.value
+    if rows and limit and values > rows * limit:
+        what = f"row group {group} holds {values:,} tokens in {rows:,} response(s): a response of it, on average,"
+        ROW_TOKENS.check(values // rows, path, what)
+
+
 def slice_chunks(
     old: np.ndarray,
     rollout: np.ndarray,
@@ -57,8 +66,16 @@ def slice_chunks(
     ids: np.ndarray | None = None,
 ) -> Iterator[Chunk]:
     """Cut flat whole rows into chunks of at most ``chunk_tokens`` values (a longer row is its own chunk).
-    ``first_row`` is the file row of the first row, or ``None`` when rows are not file rows (long layout)."""
-    for start, stop in split_rows(np.diff(offsets), chunk_tokens):
+    ``first_row`` is the file row of the first row, or ``None`` when rows are not file rows (long layout).
+    A row is computed whole: one longer than ``ROW_TOKENS`` is refused here, before the engine allocates for it."""
+    lengths = np.diff(offsets)
+    limit = ROW_TOKENS.value
+    if limit and lengths.size and int(lengths.max()) > limit:
+        row = int(np.argmax(lengths))
+        seq = None if seq_ids is None else seq_ids[row]
+        where = {"row": (first_row or 0) + row} if seq is None else {"sequence": getattr(seq, "item", lambda: seq)()}
+        ROW_TOKENS.check(int(lengths[row]), path, "this response (one row, computed whole)", **where)
+    for start, stop in split_rows(lengths, chunk_tokens):
         lo, hi = int(offsets[start]), int(offsets[stop])
         yield Chunk(
             old=old[lo:hi],

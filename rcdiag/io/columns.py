@@ -126,7 +126,20 @@ def resolve(
             f"has no column '{columns.id}' (given with --id-col); columns present: {_list(present)}", path=path
         )
     default_id = chosen["seq"] if need_seq else next((name for name in ID_ALIASES if name in present), None)
-    return Resolved(**chosen, id=columns.id or default_id)  # type: ignore[arg-type]
+    resolved = Resolved(**chosen, id=columns.id or default_id)  # type: ignore[arg-type]
+    for name in dict.fromkeys(getattr(resolved, role) for role in (*ROLE_KEYS, "id")):
+        check_unique(present, name, path)
+    return resolved
+
+
+def check_unique(present: list[str], name: str | None, path: str) -> None:
+    """A column rcdiag reads must be the only one of its name: with two, which one a reader returns is arbitrary."""
+    count = present.count(name) if name is not None else 0
+    if count > 1:
+        raise InputError(
+            f"has {count} columns named '{name}'; rcdiag cannot tell which one to read: rename all but one",
+            path=path,
+        )
 
 
 def _list(names: Iterable[str]) -> str:

@@ -19,6 +19,7 @@ import pyarrow as pa
 from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap
 from rcdiag.io.batch import Batch
+from rcdiag.io.limits import JSON_LINE_CHARS
 from rcdiag.io.paths import open_text
 from rcdiag.io.tables import TableFile
 
@@ -46,10 +47,19 @@ def _kind(value: Any) -> pa.DataType | None:
 
 
 def records(path: str) -> Iterator[tuple[int, dict]]:
-    """``(record index, record)`` of every non-blank line."""
+    """``(record index, record)`` of every non-blank line; a line beyond ``JSON_LINE_CHARS`` is refused before it
+    is read whole (``readline`` with a bound: a line of hundreds of MB never reaches memory at once)."""
+    limit = JSON_LINE_CHARS.value
     with open_text(path) as handle:
         index = 0
-        for line in handle:
+        while line := handle.readline(limit + 1 if limit else -1):
+            if limit and len(line) > limit and not line.endswith("\n"):
+                raise InputError(
+                    f"is a line of more than {limit:,} characters, beyond rcdiag's limit for one record; if the file "
+                    f"is genuine and memory allows, raise it: {JSON_LINE_CHARS.variable}=<characters>",
+                    path=path,
+                    row=index,
+                )
             if line.strip():
                 yield index, _parse(line, path, index)
                 index += 1

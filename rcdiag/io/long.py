@@ -4,22 +4,26 @@ Rows of a sequence may be anywhere: interleaved with other sequences, across rec
 Metrics need whole sequences, so tokens are grouped by sequence id before any chunk is made:
 
 * a dump of at most ``IN_MEMORY_FACTOR * chunk_tokens`` rows is grouped in memory with one stable sort;
-* a larger one is hash-partitioned by sequence id into bucket files (Arrow IPC, in a temporary directory),
-  then each bucket is loaded and sorted on its own. Peak memory is one bucket: about
+* a larger one is hash-partitioned by sequence id into bucket files (Arrow IPC streams in anonymous temporary
+  files: unlinked as they are created, so nothing is left on disk whatever ends the process, SIGTERM and SIGKILL
+  included), then each bucket is loaded and sorted on its own. Peak memory is one bucket: about
   ``BUCKET_FACTOR * chunk_tokens`` rows when the row count is known before reading (Parquet, Arrow IPC files
-  and directories of them), otherwise the dump divided into ``UNKNOWN_TOTAL_BUCKETS`` buckets. The temporary
-  files take about as much disk as the columns read.
+  and directories of them), otherwise the dump divided into ``UNKNOWN_TOTAL_BUCKETS`` buckets. There are never
+  more than ``MAX_SPILL_BUCKETS`` buckets (one open file each), and fewer where the limit on open files
+  (``ulimit -n``) allows fewer: a small ``--chunk-tokens`` makes buckets larger instead of opening a file per few
+  tokens. The temporary files take about as much disk as the columns read.
 
 Within a sequence, tokens keep the order in which they appear in the dump; no metric depends on that order.
 """
 
 from __future__ import annotations
 
+import errno
 import math
 import tempfile
 import zlib
 from collections.abc import Iterator
-from pathlib import Path
+from typing import IO
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +34,8 @@ from rcdiag.io.arrow_lists import float_values
 from rcdiag.io.base import Chunk
 from rcdiag.io.batch import Batch, id_array, mask_array, slice_chunks
 from rcdiag.io.columns import Resolved
+from rcdiag.io.limits import MAX_SPILL_BUCKETS
+from rcdiag.io.open_files import ensure_open_files, room
 
 IN_MEMORY_FACTOR = 4
 BUCKET_FACTOR = 2
@@ -56,8 +62,11 @@ def group_sequences(
         yield from bucket_chunks(pa.Table.from_batches(held), cols, path, chunk_tokens)
         return
     n_buckets = max(2, math.ceil(total_rows / (BUCKET_FACTOR * chunk_tokens))) if total_rows else UNKNOWN_TOTAL_BUCKETS
-    with tempfile.TemporaryDirectory(prefix="rcdiag-long-") as tmp:
-        spill = _Spill(Path(tmp), n_buckets, cols.seq or "")
+    free = room()
+    n_buckets = max(2, min(n_buckets, MAX_SPILL_BUCKETS, free if free is not None else n_buckets))
+    ensure_open_files(n_buckets, "temporary files to group the long layout's tokens by sequence", path, hint=".")
+    spill = _Spill(n_buckets, cols.seq or "", path)
+    try:
         for data in held:
             spill.add(data)
         held.clear()
@@ -66,6 +75,8 @@ def group_sequences(
             spill.add(batch.data)
         for table in spill.tables():
             yield from bucket_chunks(table, cols, path, chunk_tokens)
+    finally:
+        spill.close()
 
 
 def check_nulls(batch: Batch, cols: Resolved) -> None:
@@ -82,12 +93,13 @@ def check_nulls(batch: Batch, cols: Resolved) -> None:
 
 
 class _Spill:
-    """Hash-partition token rows by sequence id into Arrow IPC bucket files."""
+    """Hash-partition token rows by sequence id into Arrow IPC streams, one anonymous temporary file per bucket."""
 
-    def __init__(self, directory: Path, n_buckets: int, seq: str) -> None:
-        self.directory = directory
+    def __init__(self, n_buckets: int, seq: str, path: str) -> None:
         self.n_buckets = n_buckets
         self.seq = seq
+        self.path = path
+        self.files: dict[int, IO[bytes]] = {}
         self.writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
 
     def add(self, data: pa.RecordBatch) -> None:
@@ -105,18 +117,36 @@ class _Spill:
     def _writer(self, bucket: int, schema: pa.Schema) -> pa.ipc.RecordBatchStreamWriter:
         writer = self.writers.get(bucket)
         if writer is None:
-            writer = self.writers[bucket] = pa.ipc.new_stream(str(self.directory / f"{bucket}.arrows"), schema)
+            try:
+                file = self.files[bucket] = tempfile.TemporaryFile(prefix="rcdiag-long-")  # noqa: SIM115 (closed in close)
+            except OSError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                    raise
+                raise InputError(
+                    f"cannot open temporary bucket file {len(self.files) + 1} of {self.n_buckets} ({exc.strerror}); "
+                    "raise the limit on open files (ulimit -n)",
+                    path=self.path,
+                ) from None
+            writer = self.writers[bucket] = pa.ipc.new_stream(pa.PythonFile(file, mode="w"), schema)
         return writer
 
     def tables(self) -> Iterator[pa.Table]:
         for writer in self.writers.values():
             writer.close()
-        for bucket in sorted(self.writers):
-            file = self.directory / f"{bucket}.arrows"
-            with pa.OSFile(str(file)) as handle:
-                table = pa.ipc.open_stream(handle).read_all()
-            file.unlink()
+        for bucket in sorted(self.files):
+            file = self.files.pop(bucket)
+            try:
+                file.seek(0)
+                table = pa.ipc.open_stream(pa.PythonFile(file, mode="r")).read_all()
+            finally:
+                file.close()
             yield table
+
+    def close(self) -> None:
+        """Close (and so free) every bucket file still open: on failure, or when the reader is abandoned."""
+        for file in self.files.values():
+            file.close()
+        self.files.clear()
 
 
 def bucket_of(seq: pa.Array, n_buckets: int) -> np.ndarray:

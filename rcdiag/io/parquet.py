@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap, balanced_runs
-from rcdiag.io.batch import Batch
+from rcdiag.io.batch import Batch, check_group_rows
 from rcdiag.io.parquet_footer import read_footer
 from rcdiag.io.paths import arrow_input, read_buffer
 from rcdiag.io.tables import TableFile, schema_metadata, short
@@ -77,6 +77,8 @@ class ParquetFile(TableFile):
         went from about 0.7 to 0.8 of a bare decode). Larger row groups are streamed batch by batch, so memory
         stays flat even when the whole file is one row group."""
         groups = list(part) if part is not None else list(range(len(self.footer.group_rows)))
+        for group in groups if not self.long else ():  # a response beyond the limit is refused before decoding
+            check_group_rows(self._group_tokens(group), self.footer.group_rows[group], self.path, group)
         row = sum(self.footer.group_rows[: part[0]]) if part else 0
         rows_per_batch = self._rows_per_batch(chunk_tokens)
         if all(self._group_tokens(g) <= WHOLE_GROUP_CHUNKS * chunk_tokens for g in groups):

@@ -27,7 +27,8 @@ class InputFormat:
     accepts the file wins (no ``claims``: always). ``run_dir`` names the sub-directory holding the dumps in this
     tool's run directory; ``companions`` are file names this tool writes beside its dumps that are not dumps.
     ``prompts``: its rows hold the prompt and padding too, so a dump of it without a mask counts them as response
-    tokens (the ``mask_missing`` finding).
+    tokens (the ``mask_missing`` finding). ``keeps_open``: each local file stays open from opening the dump to the
+    end of reading (a Parquet reader), so a dump of many shards needs as many open files.
     """
 
     name: str
@@ -39,6 +40,7 @@ class InputFormat:
     run_dir: str | None = None
     companions: str | None = None
     prompts: bool = False
+    keeps_open: bool = False
 
     def open(self, path: FilePath, columns: ColumnMap | None) -> TableFile:
         """The format's ``TableFile`` for ``path``."""
@@ -50,7 +52,8 @@ class InputFormat:
 
 
 FORMATS: tuple[InputFormat, ...] = (
-    InputFormat("parquet", "Parquet", (".parquet", ".pq"), (b"PAR1",), "rcdiag.io.parquet:ParquetFile"),
+    InputFormat("parquet", "Parquet", (".parquet", ".pq"), (b"PAR1",), "rcdiag.io.parquet:ParquetFile",
+                keeps_open=True),
     InputFormat("arrow", "Arrow IPC", (".arrow", ".feather", ".ipc", ".arrows"), (b"ARROW1", b"\xff\xff\xff\xff"),
                 "rcdiag.io.arrow_ipc:ArrowIpcFile"),
     InputFormat("nemo-rl", "NeMo-RL JSONL", (".jsonl",), (b"{",), "rcdiag.io.nemo_rl:NemoRlFile",

@@ -19,7 +19,7 @@ from rcdiag.errors import InputError
 from rcdiag.io.arrow_lists import check_same_lengths, flatten_list, float_values, is_list_type
 from rcdiag.io.base import Chunk, ColumnMap
 from rcdiag.io.batch import Batch, id_array, mask_array, slice_chunks, step_array
-from rcdiag.io.columns import Resolved, long_layout_reason, resolve
+from rcdiag.io.columns import Resolved, check_unique, long_layout_reason, resolve
 
 METADATA_COLUMNS = {
     "temperature": "temperature",
@@ -73,8 +73,12 @@ class TableFile(ABC):
         check_types(schema, self.cols, self.long, path)
         used = {self.cols.old, self.cols.rollout, self.cols.mask, self.cols.step}
         self.metadata_columns = {
-            name: key for name, key in METADATA_COLUMNS.items() if name in names and name not in used
+            name: key
+            for name, key in METADATA_COLUMNS.items()
+            if name in names and name not in used and _is_fact_type(schema.field(names.index(name)).type)
         }
+        for name in self.metadata_columns:
+            check_unique(names, name, path)
         self.columns_used = self.cols.used(self.long)
         """``InputFacts.columns``: canonical role -> the column, key or ``"<file name>"`` the values come from."""
         self.step_source = ""
@@ -98,6 +102,22 @@ class TableFile(ABC):
         cols = self.cols
         names = [name for name in (cols.old, cols.rollout, cols.mask, cols.step, cols.seq) if name is not None]
         return names + ([cols.id] if cols.id is not None and cols.id not in names else [])
+
+
+def _is_fact_type(arrow_type: pa.DataType) -> bool:
+    """A column of run facts holds numbers, strings or booleans, or lists of them (per-token temperatures); any
+    other type (a struct, a map, nested lists) is some other column of the same name, left unread."""
+    if pa.types.is_dictionary(arrow_type):
+        arrow_type = arrow_type.value_type
+    if is_list_type(arrow_type):
+        arrow_type = arrow_type.value_type
+    return (
+        pa.types.is_integer(arrow_type)
+        or pa.types.is_floating(arrow_type)
+        or pa.types.is_boolean(arrow_type)
+        or pa.types.is_string(arrow_type)
+        or pa.types.is_large_string(arrow_type)
+    )
 
 
 def _mask_candidates(schema: pa.Schema, cols: Resolved) -> tuple[str, ...]:

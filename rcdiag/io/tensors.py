@@ -47,6 +47,8 @@ def to_arrow(value: np.ndarray | list) -> pa.Array | None:
         return None
     if value.ndim == 1:
         return pa.array(value)
+    if value.ndim == 2 and value.shape[1] == 0:  # rows of no tokens (Arrow builds no width-0 list from values)
+        return pa.array([[]] * value.shape[0], type=pa.list_(pa.from_numpy_dtype(value.dtype), 0))
     if value.ndim == 2:
         return pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(value).reshape(-1)), value.shape[1])
     return None

@@ -6,7 +6,9 @@ edges, so the threshold is taken just below an edge: the share it rejects is exa
 and the threshold lies within 0.4% of the exact order statistic.
 
 k1 bands are symmetric in log space, ``[1/U, U]``, written as ``L_U`` with ``log L = -log U`` exactly in float32,
-so the band rejects exactly the values whose ``|log ratio|`` exceeds ``log U``. IS recommendations truncate (TIS).
+so the band rejects exactly the values whose ``|log ratio|`` exceeds ``log U``. A statistic beyond ``K1_BAND_MAX``
+(a sequence log-ratio sum of 800: ``exp(800)`` is no float) gets the widest band a decimal spec can state, and its
+rejected shares are those of that band, above the target where it must be. IS recommendations truncate (TIS).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import numpy as np
 from rcdiag.sweep.collector import BUCKETS, Collector, bucket, edge
 from rcdiag.sweep.grid import IS_OPTIONS, resolve
 from rcdiag.sweep.report import Recommendation
+
+K1_BAND_MAX = float(np.nextafter(np.float32(math.log(np.finfo(np.float64).max)), np.float32(0.0)))
+"""The widest k1 band, ``+-709.78`` in log space: ``exp`` of more overflows, so no spec states a wider one."""
 
 
 def choose(collector: Collector, option: str, target: float) -> Recommendation | None:
@@ -37,9 +42,13 @@ def choose(collector: Collector, option: str, target: float) -> Recommendation |
             histogram[int(bucket(np.asarray([np.inf], dtype=np.float32))[0]) :] = 0
             rows = np.where(np.isnan(rows), -np.inf, rows)
         threshold = _from_histogram(histogram, target * collector.tokens)
-        token_reject = float(_rejected_tokens(histogram, threshold)) / collector.tokens
     else:
         threshold = _order_statistic(rows, math.floor(target * collector.valid_rows + 1e-9))
+    if option.endswith("k1") and option != "is_token":
+        threshold = min(threshold, K1_BAND_MAX)
+    if c.token_level:
+        token_reject = float(_rejected_tokens(histogram, threshold)) / collector.tokens
+    else:
         token_reject = float(lengths[_rejected(rows, threshold)].sum()) / collector.tokens
     seq_reject = float(np.count_nonzero(_rejected(rows, threshold))) / max(collector.valid_rows, 1)
     spec = _spec(option, threshold)
