@@ -1,7 +1,9 @@
 """Notices: what a run should tell its user without failing (files left out of a directory, kernels compiling).
 
 The library never prints; it warns with ``Notice`` (a ``UserWarning``), which Python shows on stderr and callers
-may filter. The CLI prints each notice as one ``rcdiag: ...`` line on stderr (``rcdiag.cli.notices``).
+may filter. The CLI prints each notice as one ``rcdiag: ...`` line on stderr (``rcdiag.cli.notices``): a ``Busy``
+notice at once (the run is silent for seconds otherwise), any other once the command has succeeded, so that a
+command that fails leaves exactly one line, its error.
 """
 
 from __future__ import annotations
@@ -13,8 +15,12 @@ class Notice(UserWarning):
     """Something the user should know about this run that does not stop it."""
 
 
-def notify(message: str) -> None:
-    """Emit ``message`` as a ``Notice`` (shown every time, not once per place in the code)."""
+class Busy(Notice):
+    """A notice about what the run is doing right now (kernels compiling): shown at once."""
+
+
+def notify(message: str, category: type[Notice] = Notice) -> None:
+    """Emit ``message`` as a ``category`` notice (shown every time, not once per place in the code)."""
     with warnings.catch_warnings():
-        warnings.simplefilter("always", Notice)
-        warnings.warn(message, Notice, stacklevel=3)
+        warnings.simplefilter("always", category)
+        warnings.warn(message, category, stacklevel=3)

@@ -158,11 +158,11 @@ def in_processes(
             message = channel.get()
             if message[0] == "rows" and on_rows is not None:
                 on_rows(*message[1:])
-            elif message[0] == "notice" and message[1] not in said:
-                said.add(message[1])
-                from rcdiag.notices import notify
+            elif message[0] == "notice" and message[2] not in said:
+                said.add(message[2])
+                from rcdiag.notices import Busy, Notice, notify
 
-                notify(message[1])
+                notify(message[2], Busy if message[1] else Notice)
 
     with ProcessPoolExecutor(
         max_workers=len(parts), mp_context=context, initializer=_worker_channel, initargs=(channel,)
@@ -189,13 +189,13 @@ def _worker_channel(channel: Any) -> None:
     """A worker process's start: progress and notices go to ``channel`` (the driver shows them), not stderr."""
     global _CHANNEL
     _CHANNEL = channel
-    from rcdiag.notices import Notice
+    from rcdiag.notices import Busy, Notice
 
     shown = warnings.showwarning
 
     def show(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
         if issubclass(category, Notice):
-            channel.put(("notice", str(message)))
+            channel.put(("notice", issubclass(category, Busy), str(message)))
         else:
             shown(message, category, *args, **kwargs)
 

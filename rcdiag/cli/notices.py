@@ -1,6 +1,6 @@
 """Warnings on the command line: the library's notices (``rcdiag.notices.Notice``) as one ``rcdiag: ...`` line each
-on stderr, at once; any other warning (numpy, torch) held back and shown only after the command succeeded, so that
-a failing command leaves exactly one error line."""
+on stderr, a ``Busy`` one at once and the others once the command has succeeded; any other warning (numpy, torch)
+held back likewise and shown as Python shows it. A failing command leaves exactly one line, its error."""
 
 from __future__ import annotations
 
@@ -10,16 +10,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from rcdiag.notices import Notice
+from rcdiag.notices import Busy, Notice
 
 
 @contextmanager
 def notices_live_warnings_held() -> Iterator[list[warnings.WarningMessage]]:
-    """Within the block, print notices as they come and collect every other warning into the yielded list."""
+    """Within the block, print ``Busy`` notices as they come and collect every other warning into the yielded
+    list."""
     held: list[warnings.WarningMessage] = []
 
     def show(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None, line: Any = None):
-        if issubclass(category, Notice):
+        if issubclass(category, Busy):
             print(f"rcdiag: {message}", file=sys.stderr, flush=True)
         else:
             held.append(warnings.WarningMessage(message, category, filename, lineno, file, line))
@@ -30,6 +31,10 @@ def notices_live_warnings_held() -> Iterator[list[warnings.WarningMessage]]:
 
 
 def show_held(held: list[warnings.WarningMessage]) -> None:
-    """Show the warnings held back during a command that succeeded, as Python shows them."""
+    """Show what was held back during a command that succeeded: notices as ``rcdiag:`` lines, other warnings as
+    Python shows them."""
     for warning in held:
-        warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+        if issubclass(warning.category, Notice):
+            print(f"rcdiag: {warning.message}", file=sys.stderr, flush=True)
+        else:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)

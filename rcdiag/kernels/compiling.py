@@ -30,9 +30,9 @@ class _FirstCompile(event.Listener):
         module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
         if module.startswith("rcdiag."):
             _FirstCompile.said = True
-            from rcdiag.notices import notify
+            from rcdiag.notices import Busy, notify
 
-            notify(COMPILING)
+            notify(COMPILING, Busy)
 
     def on_end(self, ev: Any) -> None:
         pass
