@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rcdiag import interrupts
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import Engine, EngineState
 from rcdiag.errors import ConfigError, RcdiagError
@@ -136,16 +137,35 @@ def merge_parts(source: Source, results: list[PartResult], job: Job) -> tuple[En
 
 
 def in_processes(parts: list[Part], job: Job, on_part: PartCallback | None = None) -> list[PartResult]:
-    """Each part in its own local process (``--workers``)."""
+    """Each part in its own local process (``--workers``). Workers ignore Ctrl-C (it reaches the whole process
+    group); on any way out but success (an abort, a bad part) the parent stops them and waits for them to end, so
+    none outlives the run or writes into a scratch directory being removed."""
     context = multiprocessing.get_context("spawn")  # the parent holds Arrow threads: fork is not safe
-    with ProcessPoolExecutor(max_workers=len(parts), mp_context=context) as pool:
+    pool = ProcessPoolExecutor(max_workers=len(parts), mp_context=context, initializer=interrupts.ignore_in_worker)
+    try:
         futures = [pool.submit(read_part, part, job, i) for i, part in enumerate(parts)]
         results = []
         for done, future in enumerate(futures, start=1):
             results.append(future.result())
             if on_part is not None:
                 on_part(done, len(parts), results[-1])
+    except BaseException:
+        _stop(pool)
+        raise
+    pool.shutdown()
     return results
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """End a pool's workers now (terminate, then wait for them), without waiting for their parts."""
+    workers = list((getattr(pool, "_processes", None) or {}).values()) or multiprocessing.active_children()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for worker in workers:
+        with contextlib.suppress(Exception):
+            worker.terminate()
+    for worker in workers:
+        with contextlib.suppress(Exception):
+            worker.join(timeout=5)
 
 
 def on_ray(
@@ -158,6 +178,7 @@ def on_ray(
         raise ConfigError("--sequences cannot be written by Ray tasks; use it without --ray.")
     ray = _import_ray()
     _connect(ray, address)
+    interrupts.reinstall()  # ray.init sets its own SIGTERM handler
     task = ray.remote(_ray_task).options(
         num_cpus=1, max_retries=RAY_RETRIES, retry_exceptions=True, name="rcdiag-read-part"
     )
@@ -166,7 +187,11 @@ def on_ray(
     results: list[Any] = [None] * len(parts)
     pending, done = list(refs), 0
     while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
+        try:
+            ready, pending = ray.wait(pending, num_returns=1)
+        except BaseException:  # an abort: no task keeps running for a run that has ended
+            _cancel(ray, pending)
+            raise
         i = index[ready[0]]
         try:
             outcome = ray.get(ready[0])

@@ -1,5 +1,5 @@
 """A rich console for stdout that does not squeeze tables into 80 columns when piped, and that lets a closed pipe
-end the command quietly (``rcdiag analyze X | head -1`` exits 0; rich's own handler exits 1)."""
+end the stdout part quietly (``rcdiag analyze X | head -1`` keeps its exit code; rich's own handler exits 1)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 from rich.console import Console
 
-from rcdiag.cli.output import StdoutClosedError
+from rcdiag.cli.output import StdoutClosedError, stdout_gone
 
 PIPE_WIDTH = 160
 
@@ -15,7 +15,8 @@ PIPE_WIDTH = 160
 class _StdoutConsole(Console):
     def on_broken_pipe(self) -> None:
         self.quiet = True
-        raise StdoutClosedError  # rcdiag.cli.main turns it into exit 0
+        stdout_gone()
+        raise StdoutClosedError  # Output.emit carries on without stdout
 
 
 def stdout_console() -> Console:

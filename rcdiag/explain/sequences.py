@@ -8,16 +8,15 @@ parent shifts their row numbers by the rows read before them.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rcdiag import outputs
 from rcdiag.backend import NumpyBackend
 from rcdiag.config import SAFETY_BOUND, ResolvedConfig
-from rcdiag.errors import InputError
+from rcdiag.errors import InputError, OutputError
 from rcdiag.explain.breakdowns import token_positions
 from rcdiag.explain.state import RowContext
 from rcdiag.metrics.block import Block
@@ -98,8 +97,14 @@ class SequenceWriter:
         """Write the buffered rows as the next part file."""
         if not self.buffer:
             return
+        import polars as pl
+
         frame = _frame(self.buffer, self.resolved)
-        frame.write_parquet(self.directory / f"part-{self.parts:06d}.parquet")
+        part = self.directory / f"part-{self.parts:06d}.parquet"
+        try:
+            frame.write_parquet(part)
+        except (OSError, pl.exceptions.PolarsError) as exc:  # a full disk
+            raise OutputError(part, _reason(exc)) from None
         self.parts += 1
         self.buffer, self.buffered = [], 0
 
@@ -155,23 +160,32 @@ def finish(parts: list[tuple[Path, int]], target: str | Path) -> None:
         for directory, offset in parts
         if any(directory.glob("*.parquet"))
     ]
-    try:
-        if frames:
-            pl.concat(frames, how="vertical").sink_parquet(str(target))
-    except OSError as exc:
-        raise InputError(f"cannot write the sequences file ({exc})", path=str(target)) from None
+    if not frames:
+        return
+    with outputs.replacing(target) as temporary:  # whole or not at all, never a half-written file
+        try:
+            pl.concat(frames, how="vertical").sink_parquet(str(temporary))
+        except (OSError, pl.exceptions.PolarsError) as exc:  # a full disk is polars' ComputeError
+            raise OutputError(target, _reason(exc)) from None
+
+
+def _reason(exc: BaseException) -> str:
+    text = getattr(exc, "strerror", None) or str(exc)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 def temporary_directory(target: str | Path) -> Path:
-    """A scratch directory beside ``target`` for part files (the same disk, removed by ``cleanup``)."""
+    """A scratch directory beside ``target`` for part files (the same disk, removed by ``cleanup`` or on an
+    abort)."""
     parent = Path(target).resolve().parent
     if not parent.is_dir():
         raise InputError("cannot write the sequences file here (no such directory)", path=str(target))
-    return Path(tempfile.mkdtemp(prefix=".rcdiag-sequences-", dir=parent))
+    return outputs.temporary_directory(target, ".rcdiag-sequences-")
 
 
 def cleanup(directory: Path) -> None:
-    shutil.rmtree(directory, ignore_errors=True)
+    outputs.remove_directory(directory)
 
 
 def check_target(path: str | Path) -> None:
