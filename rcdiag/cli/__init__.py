@@ -61,15 +61,18 @@ app.command()(presets)
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI and exit with rcdiag's documented exit codes."""
-    interrupts.install()
+    previous = interrupts.install()
     try:
-        result = typer.main.get_command(app).main(args=argv, prog_name="rcdiag", standalone_mode=False)
-    except BaseException as exc:
-        _fail(exc)
-    if interrupts.received() is not None:  # a signal whose exception something swallowed
-        _abort()
-    _flush_stdout()
-    sys.exit(result if isinstance(result, int) else ExitCode.OK)
+        try:
+            result = typer.main.get_command(app).main(args=argv, prog_name="rcdiag", standalone_mode=False)
+        except BaseException as exc:  # every way out gets its documented code
+            _fail(exc)
+        if interrupts.received() is not None:  # a signal whose exception something swallowed
+            _abort()
+        _flush_stdout()
+        sys.exit(result if isinstance(result, int) else ExitCode.OK)
+    finally:
+        interrupts.restore(previous)
 
 
 def _fail(exc: BaseException) -> NoReturn:
