@@ -63,8 +63,15 @@ def restore(previous: dict[int, Any]) -> None:
 
 def reinstall() -> None:
     """Take the signals back after a library that sets its own handlers (``ray.init``), if the CLI installed ours."""
-    if _installed:
-        install()
+    if _installed and threading.current_thread() is threading.main_thread():
+        for signum in SIGNALS:
+            signal.signal(signum, handle)
+
+
+def record(signum: int) -> None:
+    """Note a signal another handler caught (``ray.init``'s SIGTERM handler exits instead of raising ours)."""
+    global _received
+    _received = _received or signum
 
 
 def received() -> int | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import signal
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -178,7 +179,6 @@ def on_ray(
         raise ConfigError("--sequences cannot be written by Ray tasks; use it without --ray.")
     ray = _import_ray()
     _connect(ray, address)
-    interrupts.reinstall()  # ray.init sets its own SIGTERM handler
     task = ray.remote(_ray_task).options(
         num_cpus=1, max_retries=RAY_RETRIES, retry_exceptions=True, name="rcdiag-read-part"
     )
@@ -248,6 +248,12 @@ def _connect(ray: Any, address: str | None) -> None:
         ray.init(address=target, logging_level=logging.ERROR, log_to_driver=False, **local)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ConfigError(f"cannot connect to the Ray cluster at {target}: {_first_line(exc)}") from None
+    except SystemExit as exc:  # ray.init's own SIGTERM handler (sys.exit) ran before ours was back
+        if exc.code == signal.SIGTERM or "SIGTERM" in str(exc):
+            interrupts.record(signal.SIGTERM)
+        raise
+    finally:
+        interrupts.reinstall()  # ray.init sets its own SIGTERM handler
 
 
 def _cancel(ray: Any, refs: list[Any]) -> None:

@@ -9,6 +9,7 @@ changes the exit code.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from typing import NoReturn
 
@@ -109,7 +110,13 @@ def _abort() -> NoReturn:
 
     remove_temporaries()
     signum = interrupts.received()
-    _exit(interrupts.MESSAGE, interrupts.exit_code(signum) if signum is not None else ExitCode.ABORTED)
+    with contextlib.suppress(OSError, ValueError):
+        print(interrupts.MESSAGE, file=sys.stderr, flush=True)
+        # what libraries' exit handlers may say about a run cut short (Ray imported half-way) is noise now
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stderr.fileno())
+    _flush_stdout()
+    sys.exit(interrupts.exit_code(signum) if signum is not None else ExitCode.ABORTED)
 
 
 def _exit(line: str, code: int) -> NoReturn:
