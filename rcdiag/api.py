@@ -180,7 +180,7 @@ def accumulate(
         else:
             screen = Screen(read.on_bad_row)
             explain_state = ExplainState(explain.worst) if explain is not None else None
-            writer = sequence_writer(explain_state, resolved, scratch, 0)
+            writer = sequence_writer(explain_state, resolved, scratch, 0, explain.sequences if explain else None)
             chunks = number_rows(prefetch(source.chunks(read.chunk_tokens)), explain_state)
             if on_chunk is not None:
                 chunks = _report_progress(chunks, on_chunk, source.info.total_rows)

@@ -92,7 +92,9 @@ def read_part(part: Part, job: Job, index: int = 0) -> PartResult:
     screen = Screen(read.on_bad_row, verdict_at_end=False)
     resolved = job.config.resolve()
     explain_state = ExplainState(job.explain.worst) if job.explain is not None else None
-    writer = sequence_writer(explain_state, resolved, job.scratch, index)
+    writer = sequence_writer(
+        explain_state, resolved, job.scratch, index, job.explain.sequences if job.explain else None
+    )
     chunks = number_rows(prefetch(source.chunks(read.chunk_tokens, part=part.within)), explain_state)
     state = Engine(resolved, explain=explain_state, state=job.empty_state()).run(screen(chunks))
     if writer is not None:
@@ -103,12 +105,13 @@ def read_part(part: Part, job: Job, index: int = 0) -> PartResult:
 
 
 def sequence_writer(
-    explain_state: ExplainState | None, resolved: Any, scratch: Path | None, part: int
+    explain_state: ExplainState | None, resolved: Any, scratch: Path | None, part: int, target: Any = None
 ) -> SequenceWriter | None:
-    """The ``--sequences`` writer of one part (its own directory under ``scratch``), when asked for."""
+    """The ``--sequences`` writer of one part (its own directory under ``scratch``; ``target``: the file, named by
+    a failed write), when asked for."""
     if explain_state is None or scratch is None:
         return None
-    writer = SequenceWriter(resolved, scratch / f"part-{part:04d}")
+    writer = SequenceWriter(resolved, scratch / f"part-{part:04d}", target)
     explain_state.observers.append(writer)
     return writer
 

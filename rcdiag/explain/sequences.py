@@ -8,6 +8,8 @@ parent shifts their row numbers by the rows read before them.
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +51,11 @@ def sequence_columns(resolved: ResolvedConfig) -> list[str]:
 class SequenceWriter:
     """Buffers per-response records and writes them as part files (an ``ExplainState`` observer)."""
 
-    def __init__(self, resolved: ResolvedConfig, directory: str | Path) -> None:
+    def __init__(self, resolved: ResolvedConfig, directory: str | Path, target: str | Path | None = None) -> None:
         self.resolved = resolved
         self.directory = Path(directory)
+        self.target = target if target is not None else self.directory
+        """The ``--sequences`` file these parts become: what a failed write names."""
         self.directory.mkdir(parents=True, exist_ok=True)
         spec = resolved.is_spec
         self.importance = ISMetrics(spec, resolved.version) if spec is not None and spec.level == "sequence" else None
@@ -104,7 +108,7 @@ class SequenceWriter:
         try:
             frame.write_parquet(part)
         except (OSError, pl.exceptions.PolarsError) as exc:  # a full disk
-            raise OutputError(part, _reason(exc)) from None
+            raise OutputError(self.target, _reason(exc)) from None
         self.parts += 1
         self.buffer, self.buffered = [], 0
 
@@ -170,7 +174,11 @@ def finish(parts: list[tuple[Path, int]], target: str | Path) -> None:
 
 
 def _reason(exc: BaseException) -> str:
+    """The system's words for a failed write (polars wraps them: "... File too large (os error 27)")."""
     text = getattr(exc, "strerror", None) or str(exc)
+    code = re.search(r"\(os error (\d+)\)", text)
+    if code:
+        return os.strerror(int(code.group(1)))
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
 
