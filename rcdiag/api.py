@@ -27,6 +27,7 @@ from rcdiag.microbatch import MicroBatchReport, MicroBatchSettings
 from rcdiag.microbatch.report import simulate as simulate_microbatches
 from rcdiag.microbatch.rows import RowCollector
 from rcdiag.options import ReadOptions
+from rcdiag.outputs import refuse_inputs
 from rcdiag.parallel import (
     RAY_MAX_PARTS,
     Job,
@@ -165,6 +166,8 @@ def accumulate(
                 "without --ray (one process or --workers)."
             )
         check_sequences_target(explain.sequences)
+    sequences = explain.sequences if explain is not None else None
+    refuse_inputs([("save_state", save_state), ("sequences", sequences)], [path])  # never over the dump
     backend = _backend(read.device)
     source = open_dump(path, read.columns)
     parts = source.partitions(RAY_MAX_PARTS if read.ray else read.workers)

@@ -60,6 +60,12 @@ def check_destination(path: Path, flag: str) -> None:
         raise ConfigError(f"{flag} {path}: cannot be written (permission denied).")
 
 
+def _in_place(path: Path) -> bool:
+    """Written in place: a character device or FIFO, and any path under /dev or /proc (``-o /dev/stdout``, which
+    may stand for a pipe or for the file a shell redirected it to)."""
+    return _kind(path) == "stream" or (path.is_absolute() and path.parts[1:2] in (("dev",), ("proc",)))
+
+
 def _kind(path: Path) -> str:
     """``regular``, ``stream`` (a character device or FIFO: written in place), ``missing`` or ``other``."""
     try:
@@ -79,6 +85,9 @@ def write_file(path: str | Path, data: bytes | str, *, mode: int | None = None, 
     ``mode``: the permissions of a new file (default: the existing file's, else 0666 less the umask). ``append``
     adds to a regular file in place (``$GITHUB_STEP_SUMMARY``); a failed append is cut back to the old size."""
     payload = data.encode("utf-8") if isinstance(data, str) else data
+    if _in_place(Path(path)):
+        _write_in_place(Path(path), payload, str(path))
+        return len(payload)
     target = Path(os.path.realpath(path))  # through a symlink to its file: the link stays a link
     if _kind(target) == "stream":
         _write_in_place(target, payload, str(path))
@@ -120,8 +129,8 @@ def replacing(path: str | Path, *, mode: int | None = None) -> Iterator[Path]:
     """A temporary path to write ``path``'s new content to (a writer that wants a file name: polars); on a
     normal exit it becomes ``path`` (renamed over a regular file, copied into a device or FIFO), on an exception
     it is removed and ``path`` is left as it was. An ``OSError`` is an ``OutputError`` naming ``path``."""
-    target = Path(os.path.realpath(path))
-    stream = _kind(target) == "stream"
+    stream = _in_place(Path(path))
+    target = Path(path) if stream else Path(os.path.realpath(path))
     directory = Path(tempfile.gettempdir()) if stream else target.parent
     try:
         handle, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".rcdiag-tmp", dir=directory)
