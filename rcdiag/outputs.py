@@ -85,12 +85,9 @@ def write_file(path: str | Path, data: bytes | str, *, mode: int | None = None, 
     ``mode``: the permissions of a new file (default: the existing file's, else 0666 less the umask). ``append``
     adds to a regular file in place (``$GITHUB_STEP_SUMMARY``); a failed append is cut back to the old size."""
     payload = data.encode("utf-8") if isinstance(data, str) else data
+    target = Path(os.path.realpath(path))  # through a symlink to its file: the link stays a link
     if _in_place(Path(path)):
         _write_in_place(Path(path), payload, str(path))
-        return len(payload)
-    target = Path(os.path.realpath(path))  # through a symlink to its file: the link stays a link
-    if _kind(target) == "stream":
-        _write_in_place(target, payload, str(path))
     elif append and target.exists():
         _append(target, payload, str(path))
     else:

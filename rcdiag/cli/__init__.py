@@ -15,7 +15,7 @@ from typing import NoReturn
 
 import typer
 
-from rcdiag import interrupts
+import rcdiag.interrupts as interrupts
 from rcdiag._version import __version__
 from rcdiag.cli.analyze import analyze
 from rcdiag.cli.check import check

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rcdiag import outputs
+import rcdiag.outputs as outputs
 from rcdiag.errors import ConfigError, OutputError
 from rcdiag.render.registry import FORMATS, Renderer, ResultKind, check_extra, renderer
 

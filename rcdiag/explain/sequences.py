@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag import outputs
+import rcdiag.outputs as outputs
 from rcdiag.backend import NumpyBackend
 from rcdiag.config import SAFETY_BOUND, ResolvedConfig
 from rcdiag.errors import InputError, OutputError
