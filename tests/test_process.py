@@ -77,9 +77,9 @@ def test_analyze_with_a_closed_stdout_exits_0_and_writes_every_file(tmp_path: Pa
 
 
 def test_a_full_stdout_is_a_write_error(tmp_path: Path) -> None:
-    for output_format in ("table", "json"):
+    for args in (("analyze", HEALTHY), ("analyze", HEALTHY, "--format", "json"), ("presets",)):
         with open("/dev/full", "w") as full:
-            done = rcdiag("analyze", HEALTHY, "--format", output_format, cwd=tmp_path, stdout=full.fileno())
+            done = rcdiag(*args, cwd=tmp_path, stdout=full.fileno())
         assert (done.returncode, done.stderr) == (2, "rcdiag: error: cannot write stdout: No space left on device\n")
 
 

@@ -70,7 +70,9 @@ def main(argv: list[str] | None = None) -> None:
             _fail(exc)
         if interrupts.received() is not None:  # a signal whose exception something swallowed
             _abort()
-        _flush_stdout()
+        failed = _flush_stdout()
+        if failed is not None:  # what was printed did not reach a full stdout
+            _exit(f"rcdiag: error: cannot write stdout: {failed}", ExitCode.USAGE)
         sys.exit(result if isinstance(result, int) else ExitCode.OK)
     finally:
         interrupts.restore(previous)
@@ -126,10 +128,17 @@ def _exit(line: str, code: int) -> NoReturn:
     sys.exit(code)
 
 
-def _flush_stdout() -> None:
+def _flush_stdout() -> str | None:
     """Flush stdout now, so that a closed pipe (or a full disk) cannot fail the interpreter's final flush and
-    change the exit code (``| head -1`` keeps a failing gate at 1)."""
+    change the exit code (``| head -1`` keeps a failing gate at 1); the reason of a failure other than a closed
+    pipe (a full disk), else ``None``."""
     try:
         sys.stdout.flush()
-    except (OSError, ValueError):
+    except BrokenPipeError:
         stdout_gone()
+    except OSError as exc:
+        stdout_gone()
+        return exc.strerror or str(exc)
+    except ValueError:  # stdout already closed
+        pass
+    return None
