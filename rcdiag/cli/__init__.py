@@ -8,6 +8,7 @@ changes the exit code.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
@@ -114,11 +115,16 @@ def _abort() -> NoReturn:
     signum = interrupts.received()
     with contextlib.suppress(OSError, ValueError):
         print(interrupts.MESSAGE, file=sys.stderr, flush=True)
-        # what libraries' exit handlers may say about a run cut short (Ray imported half-way) is noise now
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stderr.fileno())
+    atexit.register(_silence_stderr)  # registered last, so it runs before the libraries' exit handlers
     _flush_stdout()
     sys.exit(interrupts.exit_code(signum) if signum is not None else ExitCode.ABORTED)
+
+
+def _silence_stderr() -> None:
+    """After an abort, what libraries' exit handlers say about a run cut short (Ray imported half-way) is noise."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stderr.fileno())
 
 
 def _exit(line: str, code: int) -> NoReturn:
