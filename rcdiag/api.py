@@ -21,6 +21,7 @@ from rcdiag.explain.sequences import finish as finish_sequences
 from rcdiag.explain.state import ExplainOptions, ExplainState, number_rows
 from rcdiag.explain.worst import DEFAULT_WORST
 from rcdiag.health import evaluate
+from rcdiag.interrupts import checked
 from rcdiag.io import Chunk, open_dump, prefetch
 from rcdiag.io.base import SourceInfo
 from rcdiag.microbatch import MicroBatchReport, MicroBatchSettings
@@ -184,7 +185,7 @@ def accumulate(
             screen = Screen(read.on_bad_row)
             explain_state = ExplainState(explain.worst) if explain is not None else None
             writer = sequence_writer(explain_state, resolved, scratch, 0, explain.sequences if explain else None)
-            chunks = number_rows(prefetch(source.chunks(read.chunk_tokens)), explain_state)
+            chunks = checked(number_rows(prefetch(source.chunks(read.chunk_tokens)), explain_state))
             if on_chunk is not None:
                 chunks = _report_progress(chunks, on_chunk, source.info.total_rows)
             engine = Engine(resolved, backend, explain_state, state=new_state() if new_state else None)

@@ -11,8 +11,10 @@ rather than trusting the type of whatever exception arrives. The library install
 from __future__ import annotations
 
 import signal
+import sys
 import threading
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
 
 from rcdiag.errors import ExitCode
 
@@ -20,6 +22,7 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 EXIT_CODES = {signal.SIGINT: ExitCode.ABORTED, signal.SIGTERM: ExitCode.TERMINATED}
 MESSAGE = "rcdiag: aborted"
 
+T = TypeVar("T")
 _received: int | None = None
 _installed = False
 
@@ -48,17 +51,44 @@ def install() -> dict[int, Any]:
     if threading.current_thread() is not threading.main_thread():
         return {}
     _received = None
-    previous = {signum: signal.signal(signum, handle) for signum in SIGNALS}
+    previous: dict[Any, Any] = {signum: signal.signal(signum, handle) for signum in SIGNALS}
+    previous["unraisablehook"] = sys.unraisablehook
+    sys.unraisablehook = _unraisable
     _installed = True
     return previous
 
 
-def restore(previous: dict[int, Any]) -> None:
+def restore(previous: dict[Any, Any]) -> None:
     """Put back the handlers ``install`` replaced (``main`` called in a process that goes on: a test)."""
     global _installed
-    for signum, handler in previous.items():
-        signal.signal(signum, handler)
+    for key, handler in previous.items():
+        if key == "unraisablehook":
+            sys.unraisablehook = handler
+        else:
+            signal.signal(key, handler)
     _installed = False
+
+
+def check() -> None:
+    """Raise ``Aborted`` again when a signal came but its exception was swallowed on the way: raised inside a
+    callback from C (llvmlite's, while numba compiles), Python prints it as "Exception ignored" and carries on.
+    Called before every output file is written and between chunks, so a swallowed abort still stops the run."""
+    if _installed and _received is not None:
+        raise Aborted(_received)
+
+
+def checked(items: Iterable[T]) -> Iterator[T]:
+    """``items``, with ``check`` before each."""
+    for item in items:
+        check()
+        yield item
+
+
+def _unraisable(info: Any) -> None:
+    """An ``Aborted`` swallowed in a C callback is not worth a traceback (``check`` raises it again); anything else
+    goes to Python's own hook."""
+    if not isinstance(info.exc_value, Aborted):
+        sys.__unraisablehook__(info)
 
 
 def reinstall() -> None:

@@ -25,6 +25,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import rcdiag.interrupts as interrupts
 from rcdiag.errors import ConfigError, OutputError
 
 STATE_MODE = 0o600
@@ -84,6 +85,7 @@ def write_file(path: str | Path, data: bytes | str, *, mode: int | None = None, 
 
     ``mode``: the permissions of a new file (default: the existing file's, else 0666 less the umask). ``append``
     adds to a regular file in place (``$GITHUB_STEP_SUMMARY``); a failed append is cut back to the old size."""
+    interrupts.check()  # nothing is written after a signal, even one whose exception was swallowed
     payload = data.encode("utf-8") if isinstance(data, str) else data
     target = Path(os.path.realpath(path))  # through a symlink to its file: the link stays a link
     if _in_place(Path(path)):
@@ -126,6 +128,7 @@ def replacing(path: str | Path, *, mode: int | None = None) -> Iterator[Path]:
     """A temporary path to write ``path``'s new content to (a writer that wants a file name: polars); on a
     normal exit it becomes ``path`` (renamed over a regular file, copied into a device or FIFO), on an exception
     it is removed and ``path`` is left as it was. An ``OSError`` is an ``OutputError`` naming ``path``."""
+    interrupts.check()
     stream = _in_place(Path(path))
     target = Path(path) if stream else Path(os.path.realpath(path))
     directory = Path(tempfile.gettempdir()) if stream else target.parent

@@ -207,3 +207,21 @@ def test_an_exception_a_signal_turned_into_is_an_abort(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=ENV, capture_output=True, text=True)
     assert (done.returncode, done.stdout, done.stderr) == (130, "", "rcdiag: aborted\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_signal_whose_exception_was_swallowed_still_aborts_before_any_file(tmp_path: Path) -> None:
+    """A signal that lands in a callback from C (llvmlite's, while numba compiles) has its exception printed as
+    "Exception ignored" and dropped by Python; the run must still end as an abort, writing nothing."""
+    code = (
+        "import ctypes, signal, rcdiag.api, rcdiag.interrupts as i\n"
+        "real = rcdiag.api.analyze\n"
+        "def analyze(*a, **k):\n"
+        "    ctypes.CFUNCTYPE(None)(lambda: i.handle(signal.SIGTERM, None))()  # raised in a C callback: swallowed\n"
+        "    return real(*a, **k)\n"
+        "rcdiag.api.analyze = analyze\n"
+        "from rcdiag.cli import main\n"
+        f"main(['analyze', {HEALTHY!r}, '-o', 'r.txt', '--save-state', 's.json'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=ENV, capture_output=True, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (143, "", "rcdiag: aborted\n")
+    assert list(tmp_path.iterdir()) == []

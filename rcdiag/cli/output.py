@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import rcdiag.interrupts as interrupts
 import rcdiag.outputs as outputs
 from rcdiag.errors import ConfigError, OutputError
 from rcdiag.render.registry import FORMATS, Renderer, ResultKind, check_extra, renderer
@@ -147,6 +148,7 @@ class Output:
         """Render ``result``: the files first, each written whole and said on stderr, then stdout. A closed stdout
         (``| head -1``) ends the stdout part only: every file is written and the exit code stays the verdict's."""
         render = self.renderer.load()
+        interrupts.check()
         if self.path is not None:
             text = rich_text(lambda console: render(result, console)) if self.renderer.console else render(result)
             outputs.write_file(self.path, text)
