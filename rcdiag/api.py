@@ -21,12 +21,14 @@ from rcdiag.explain.sequences import finish as finish_sequences
 from rcdiag.explain.state import ExplainOptions, ExplainState, number_rows
 from rcdiag.explain.worst import DEFAULT_WORST
 from rcdiag.health import evaluate
+from rcdiag.interrupts import checked
 from rcdiag.io import Chunk, open_dump, prefetch
 from rcdiag.io.base import SourceInfo
 from rcdiag.microbatch import MicroBatchReport, MicroBatchSettings
 from rcdiag.microbatch.report import simulate as simulate_microbatches
 from rcdiag.microbatch.rows import RowCollector
 from rcdiag.options import ReadOptions
+from rcdiag.outputs import refuse_inputs
 from rcdiag.parallel import (
     RAY_MAX_PARTS,
     Job,
@@ -165,6 +167,8 @@ def accumulate(
                 "without --ray (one process or --workers)."
             )
         check_sequences_target(explain.sequences)
+    sequences = explain.sequences if explain is not None else None
+    refuse_inputs([("save_state", save_state), ("sequences", sequences)], [path])  # never over the dump
     backend = _backend(read.device)
     source = open_dump(path, read.columns)
     parts = source.partitions(RAY_MAX_PARTS if read.ray else read.workers)
@@ -185,8 +189,8 @@ def accumulate(
         else:
             screen = Screen(read.on_bad_row)
             explain_state = ExplainState(explain.worst) if explain is not None else None
-            writer = sequence_writer(explain_state, resolved, scratch, 0)
-            chunks = number_rows(prefetch(source.chunks(read.chunk_tokens)), explain_state)
+            writer = sequence_writer(explain_state, resolved, scratch, 0, explain.sequences if explain else None)
+            chunks = checked(number_rows(prefetch(source.chunks(read.chunk_tokens)), explain_state))
             if on_chunk is not None:
                 chunks = _report_progress(chunks, on_chunk, source.info.total_rows)
             engine = Engine(resolved, backend, explain_state, state=new_state() if new_state else None)

@@ -21,6 +21,10 @@ class ExitCode(enum.IntEnum):
     """Bad option, bad configuration, or bad input file."""
     INTERNAL = 3
     """A bug in rcdiag."""
+    ABORTED = 130
+    """Interrupted (Ctrl-C, SIGINT): ``rcdiag: aborted``, no partial output file left behind."""
+    TERMINATED = 143
+    """Terminated (SIGTERM): as ``ABORTED``, with the shell's code for SIGTERM (128 + 15)."""
 
 
 class RcdiagError(Exception):
@@ -31,6 +35,15 @@ class RcdiagError(Exception):
 
 class ConfigError(RcdiagError, ValueError):
     """An invalid rollout-correction configuration (verl would reject it too, or crash on it)."""
+
+
+class OutputError(RcdiagError):
+    """An output file (or stdout) that cannot be written: a full disk, a refused permission, a closed device. The
+    message is ``cannot write PATH: REASON``; nothing claims the file was written."""
+
+    def __init__(self, path: object, reason: str) -> None:
+        super().__init__(f"cannot write {path}: {reason}")
+        self.path = str(path)
 
 
 class InputError(RcdiagError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import signal
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, wait
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import rcdiag.interrupts as interrupts
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import Engine, EngineState
 from rcdiag.errors import ConfigError, RcdiagError
@@ -97,7 +99,9 @@ def read_part(part: Part, job: Job, index: int = 0) -> PartResult:
     screen = Screen(read.on_bad_row, verdict_at_end=False)
     resolved = job.config.resolve()
     explain_state = ExplainState(job.explain.worst) if job.explain is not None else None
-    writer = sequence_writer(explain_state, resolved, job.scratch, index)
+    writer = sequence_writer(
+        explain_state, resolved, job.scratch, index, job.explain.sequences if job.explain else None
+    )
     chunks = number_rows(prefetch(source.chunks(read.chunk_tokens, part=part.within)), explain_state)
     if _CHANNEL is not None:
         chunks = _reporting(chunks, index)
@@ -110,12 +114,13 @@ def read_part(part: Part, job: Job, index: int = 0) -> PartResult:
 
 
 def sequence_writer(
-    explain_state: ExplainState | None, resolved: Any, scratch: Path | None, part: int
+    explain_state: ExplainState | None, resolved: Any, scratch: Path | None, part: int, target: Any = None
 ) -> SequenceWriter | None:
-    """The ``--sequences`` writer of one part (its own directory under ``scratch``), when asked for."""
+    """The ``--sequences`` writer of one part (its own directory under ``scratch``; ``target``: the file, named by
+    a failed write), when asked for."""
     if explain_state is None or scratch is None:
         return None
-    writer = SequenceWriter(resolved, scratch / f"part-{part:04d}")
+    writer = SequenceWriter(resolved, scratch / f"part-{part:04d}", target)
     explain_state.observers.append(writer)
     return writer
 
@@ -148,7 +153,9 @@ def in_processes(
     parts: list[Part], job: Job, on_part: PartCallback | None = None, on_rows: RowsCallback | None = None
 ) -> list[PartResult]:
     """Each part in its own local process (``--workers``). Workers report their rows as they read them
-    (``on_rows``) and pass their notices (kernels compiling) to this process, which emits each once."""
+    (``on_rows``) and pass their notices (kernels compiling) to this process, which emits each once. Workers ignore
+    Ctrl-C (it reaches the whole process group); on any way out but success (an abort, a bad part) the parent stops
+    them and waits for them to end, so none outlives the run or writes into a scratch directory being removed."""
     context = multiprocessing.get_context("spawn")  # the parent holds Arrow threads: fork is not safe
     channel = context.SimpleQueue()
     said: set[str] = set()
@@ -164,9 +171,10 @@ def in_processes(
 
                 notify(message[2], Busy if message[1] else Notice)
 
-    with ProcessPoolExecutor(
-        max_workers=len(parts), mp_context=context, initializer=_worker_channel, initargs=(channel,)
-    ) as pool:
+    pool = ProcessPoolExecutor(
+        max_workers=len(parts), mp_context=context, initializer=_worker_start, initargs=(channel,)
+    )
+    try:
         futures = [pool.submit(read_part, part, job, i) for i, part in enumerate(parts)]
         results = []
         for done, future in enumerate(futures, start=1):
@@ -174,6 +182,11 @@ def in_processes(
             drain()
             if on_part is not None:
                 on_part(done, len(parts), results[-1])
+    except BaseException:
+        _stop(pool)
+        raise
+    pool.shutdown()
+    drain()
     return results
 
 
@@ -185,8 +198,10 @@ def _result(future: Future, drain: Callable[[], None]) -> Any:
     return future.result()
 
 
-def _worker_channel(channel: Any) -> None:
-    """A worker process's start: progress and notices go to ``channel`` (the driver shows them), not stderr."""
+def _worker_start(channel: Any) -> None:
+    """A worker process's start: Ctrl-C ignored (the parent decides), progress and notices go to ``channel`` (the
+    driver shows them), not stderr."""
+    interrupts.ignore_in_worker()
     global _CHANNEL
     _CHANNEL = channel
     from rcdiag.notices import Busy, Notice
@@ -212,6 +227,18 @@ def _reporting(chunks: Iterable[Any], index: int) -> Iterator[Any]:
         yield chunk
 
 
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """End a pool's workers now (terminate, then wait for them), without waiting for their parts."""
+    workers = list((getattr(pool, "_processes", None) or {}).values()) or multiprocessing.active_children()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for worker in workers:
+        with contextlib.suppress(Exception):
+            worker.terminate()
+    for worker in workers:
+        with contextlib.suppress(Exception):
+            worker.join(timeout=5)
+
+
 def on_ray(
     parts: list[Part], job: Job, on_part: PartCallback | None = None, address: str | None = None
 ) -> list[PartResult]:
@@ -230,7 +257,11 @@ def on_ray(
     results: list[Any] = [None] * len(parts)
     pending, done = list(refs), 0
     while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
+        try:
+            ready, pending = ray.wait(pending, num_returns=1)
+        except BaseException:  # an abort: no task keeps running for a run that has ended
+            _cancel(ray, pending)
+            raise
         i = index[ready[0]]
         try:
             outcome = ray.get(ready[0])
@@ -287,6 +318,12 @@ def _connect(ray: Any, address: str | None) -> None:
         ray.init(address=target, logging_level=logging.ERROR, log_to_driver=False, **local)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ConfigError(f"cannot connect to the Ray cluster at {target}: {_first_line(exc)}") from None
+    except SystemExit as exc:  # ray.init's own SIGTERM handler (sys.exit) ran before ours was back
+        if exc.code == signal.SIGTERM or "SIGTERM" in str(exc):
+            interrupts.record(signal.SIGTERM)
+        raise
+    finally:
+        interrupts.reinstall()  # ray.init sets its own SIGTERM handler
 
 
 def _cancel(ray: Any, refs: list[Any]) -> None:

@@ -16,7 +16,6 @@ import math
 import os
 import re
 import stat
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -73,15 +72,9 @@ def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo], 
     if storage.is_remote(text):  # one upload: the object appears whole or not at all
         storage.write_bytes(storage.parse(text), json.dumps(payload).encode())
         return
-    target = Path(text)
-    try:
-        with tempfile.NamedTemporaryFile("w", dir=target.parent or ".", prefix=f".{target.name}.", delete=False) as f:
-            json.dump(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(f.name, target)
-    except OSError as exc:
-        raise InputError(f"cannot write the state file ({exc.strerror})", path=str(path)) from None
+    from rcdiag.outputs import STATE_MODE, write_file
+
+    write_file(text, json.dumps(payload).encode(), mode=STATE_MODE)  # whole or not at all, owner-only
 
 
 def load_state(path: str | Path) -> tuple[EngineState, list[SourceInfo], ScreenStats]:

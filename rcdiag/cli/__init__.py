@@ -1,24 +1,29 @@
 """The ``rcdiag`` command line: parse, call the library, render. Nothing else lives here.
 
 ``main`` is the console-script entry point. It turns every user error into one line on stderr and the
-documented exit code (2), and any other exception into exit code 3 with a hint to report it; it never shows
-a traceback.
+documented exit code (2), a Ctrl-C or SIGTERM into ``rcdiag: aborted`` (130 or 143; rcdiag.interrupts), and any
+other exception into exit code 3 with a hint to report it; it never shows a traceback. A closed stdout never
+changes the exit code.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import sys
+from typing import NoReturn
 
 import typer
 
+import rcdiag.interrupts as interrupts
 from rcdiag._version import __version__
 from rcdiag.cli.analyze import analyze
 from rcdiag.cli.check import check
 from rcdiag.cli.compare import compare
 from rcdiag.cli.merge import merge
 from rcdiag.cli.notices import notices_live_warnings_held, show_held
-from rcdiag.cli.output import StdoutClosedError
+from rcdiag.cli.output import StdoutClosedError, stdout_gone
 from rcdiag.cli.presets import presets
 from rcdiag.cli.sweep import sweep
 from rcdiag.errors import ExitCode, RcdiagError
@@ -60,35 +65,92 @@ app.command()(presets)
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI and exit with rcdiag's documented exit codes."""
+    previous = interrupts.install()
     try:
-        # a library's warning (numpy, torch) must not precede the one error line: shown only after a success
-        with notices_live_warnings_held() as held:
-            result = typer.main.get_command(app).main(args=argv, prog_name="rcdiag", standalone_mode=False)
-    except RcdiagError as exc:
-        print(f"rcdiag: error: {printable(exc)}", file=sys.stderr)  # text from a file never acts on the terminal
-        sys.exit(exc.exit_code)
-    except (StdoutClosedError, BrokenPipeError):  # the reader of stdout went away (`| head`): nothing more to say
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not complain
+        try:
+            # a library's warning (numpy, torch) and rcdiag's notices must not precede the one error line: shown
+            # only after a success (a Busy notice, such as kernels compiling, at once)
+            with notices_live_warnings_held() as held:
+                result = typer.main.get_command(app).main(args=argv, prog_name="rcdiag", standalone_mode=False)
+        except BaseException as exc:  # every way out gets its documented code
+            _fail(exc)
+        if interrupts.received() is not None:  # a signal whose exception something swallowed
+            _abort()
+        show_held(held)
+        failed = _flush_stdout()
+        if failed is not None:  # what was printed did not reach a full stdout
+            _exit(f"rcdiag: error: cannot write stdout: {failed}", ExitCode.USAGE)
+        sys.exit(result if isinstance(result, int) else ExitCode.OK)
+    finally:
+        interrupts.restore(previous)
+
+
+def _fail(exc: BaseException) -> NoReturn:
+    if interrupts.received() is not None or isinstance(exc, KeyboardInterrupt | interrupts.Aborted):
+        _abort()  # whatever the exception became on its way up (numba: SystemError)
+    if isinstance(exc, SystemExit):
+        raise exc
+    if isinstance(exc, RcdiagError):
+        _exit(f"rcdiag: error: {printable(exc)}", exc.exit_code)  # text from a file never acts on the terminal
+    if isinstance(exc, StdoutClosedError | BrokenPipeError):  # the reader of stdout went away (`| head`)
+        stdout_gone()
         sys.exit(ExitCode.OK)
-    except Exception as exc:
-        # typer vendors click in recent releases, so click's exceptions are recognised by name.
-        kinds = {cls.__name__ for cls in type(exc).__mro__}
-        context = getattr(exc, "ctx", None)
-        if "NoArgsIsHelpError" in kinds:  # typer has already printed the help
-            sys.exit(ExitCode.OK)
-        if "UsageError" in kinds:
-            where = f" (see '{context.command_path} --help')" if context is not None else ""
-            print(f"rcdiag: error: {printable(exc.format_message())}{where}", file=sys.stderr)  # type: ignore[attr-defined]
-            sys.exit(ExitCode.USAGE)
-        if "Abort" in kinds:
-            print("rcdiag: aborted", file=sys.stderr)
-            sys.exit(ExitCode.USAGE)
-        print(
-            f"rcdiag: internal error: {type(exc).__name__}: {printable(exc)}. This is a bug in rcdiag {__version__}; "
-            "please report it with the command you ran.",
-            file=sys.stderr,
-        )
-        sys.exit(ExitCode.INTERNAL)
-    show_held(held)
-    sys.exit(result if isinstance(result, int) else ExitCode.OK)
+    # typer vendors click in recent releases, so click's exceptions are recognised by name.
+    kinds = {cls.__name__ for cls in type(exc).__mro__}
+    context = getattr(exc, "ctx", None)
+    if "NoArgsIsHelpError" in kinds:  # typer has already printed the help
+        _flush_stdout()
+        sys.exit(ExitCode.OK)
+    if "UsageError" in kinds:
+        where = f" (see '{context.command_path} --help')" if context is not None else ""
+        _exit(f"rcdiag: error: {printable(exc.format_message())}{where}", ExitCode.USAGE)  # type: ignore[attr-defined]
+    if "Abort" in kinds:
+        _abort()
+    _exit(
+        f"rcdiag: internal error: {type(exc).__name__}: {printable(exc)}. This is a bug in rcdiag {__version__}; "
+        "please report it with the command you ran.",
+        ExitCode.INTERNAL,
+    )
+
+
+def _abort() -> NoReturn:
+    """Ctrl-C or SIGTERM: no partial output file, one line, 130 (143 for SIGTERM)."""
+    from rcdiag.outputs import remove_temporaries
+
+    remove_temporaries()
+    signum = interrupts.received()
+    with contextlib.suppress(OSError, ValueError):
+        print(interrupts.MESSAGE, file=sys.stderr, flush=True)
+    atexit.register(_silence_stderr)  # registered last, so it runs before the libraries' exit handlers
+    _flush_stdout()
+    sys.exit(interrupts.exit_code(signum) if signum is not None else ExitCode.ABORTED)
+
+
+def _silence_stderr() -> None:
+    """After an abort, what libraries' exit handlers say about a run cut short (Ray imported half-way) is noise."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stderr.fileno())
+
+
+def _exit(line: str, code: int) -> NoReturn:
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
+    _flush_stdout()
+    sys.exit(code)
+
+
+def _flush_stdout() -> str | None:
+    """Flush stdout now, so that a closed pipe (or a full disk) cannot fail the interpreter's final flush and
+    change the exit code (``| head -1`` keeps a failing gate at 1); the reason of a failure other than a closed
+    pipe (a full disk), else ``None``."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        stdout_gone()
+    except OSError as exc:
+        stdout_gone()
+        return exc.strerror or str(exc)
+    except ValueError:  # stdout already closed
+        pass
+    return None

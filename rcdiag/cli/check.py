@@ -158,7 +158,7 @@ def check(
         parse_fail_on,
     )
     from rcdiag.check import check as run_check
-    from rcdiag.cli.output import checked_path
+    from rcdiag.cli.output import checked_path, refuse_inputs
     from rcdiag.cli.progress import progress
     from rcdiag.errors import ConfigError
 
@@ -192,13 +192,15 @@ def check(
         gate = loaded.fail_on.merged(gate) if loaded.fail_on is not None else gate
         if rules_file is None:
             print(f"rcdiag: using [tool.rcdiag.check] from {loaded.path}", file=sys.stderr)
+    baseline = baseline or (loaded.baseline if loaded is not None else None)
+    refuse_inputs([path, baseline], out, junit=junit_file, markdown=markdown_file)
     with progress(read, out) as on_chunk:
         result = run_check(
             path,
             rules,
             config,
             read,
-            baseline=baseline or (loaded.baseline if loaded is not None else None),
+            baseline=baseline,
             on_chunk=on_chunk,
             fail_on=gate,
         )
@@ -208,7 +210,8 @@ def check(
 
 
 def _emit(result: CheckResult, out: Output, junit: Path | None, markdown: Path | None) -> None:
-    from rcdiag.cli.output import write_file
+    from rcdiag.cli.output import print_stdout
+    from rcdiag.outputs import write_file
     from rcdiag.render.check_formats import github_annotations, render_junit, render_markdown
 
     if junit is not None:
@@ -218,6 +221,5 @@ def _emit(result: CheckResult, out: Output, junit: Path | None, markdown: Path |
         write_file(markdown, render_markdown(result), append=bool(summary) and Path(summary) == markdown)
     out.emit(result)
     if os.environ.get("GITHUB_ACTIONS") == "true":
-        stream = sys.stderr if out.text_to_stdout else sys.stdout
         for line in github_annotations(result):
-            print(line, file=stream)
+            print(line, file=sys.stderr) if out.text_to_stdout else print_stdout(line)

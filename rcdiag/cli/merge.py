@@ -37,7 +37,10 @@ def merge(
     * `rcdiag analyze part-0.parquet --preset decoupled_geo_rs --save-state s0.json` (on each machine)
     * `rcdiag merge s0.json s1.json s2.json --format json -o report.json`
     """
+    from rcdiag.cli.output import refuse_inputs
     from rcdiag.state import state_kind
+
+    refuse_inputs(list(states), out)
 
     if states and state_kind(states[0]) == "sweep":  # states of `rcdiag sweep --save-state`
         from rcdiag.sweep.run import merge_sweep_states

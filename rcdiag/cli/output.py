@@ -1,8 +1,10 @@
 """Where and how a result is written, for every command: stdout or ``-o FILE``, in a registered format, and the
-"wrote" line on stderr. Output paths are checked when the flags are read, before anything is read or written."""
+"wrote" line on stderr. Output paths are checked when the flags are read, before anything is read or written;
+files are written by rcdiag.outputs (whole or not at all, never over an input)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import sys
@@ -11,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rcdiag.errors import ConfigError, InputError
+import rcdiag.interrupts as interrupts
+import rcdiag.outputs as outputs
+from rcdiag.errors import ConfigError, OutputError
 from rcdiag.render.registry import FORMATS, Renderer, ResultKind, check_extra, renderer
 
 if TYPE_CHECKING:
@@ -19,9 +23,41 @@ if TYPE_CHECKING:
 
 
 class StdoutClosedError(Exception):
-    """The reader of stdout went away (``rcdiag analyze X | head -1``); ``rcdiag.cli.main`` exits 0 quietly.
+    """The reader of stdout went away (``rcdiag analyze X | head -1``). ``Output.emit`` carries on without stdout, so
+    the files asked for are still written and the exit code is the verdict's; elsewhere ``rcdiag.cli.main`` exits 0.
 
     Not an ``OSError``: click turns an ``EPIPE`` ``OSError`` into exit 1 before ``main`` could see it."""
+
+
+def stdout_gone() -> None:
+    """Point stdout at the null device: what is still printed (or buffered) goes nowhere, without a second error
+    at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout has no file descriptor (captured): nothing to redirect
+        pass
+
+
+def write_stdout(text: str) -> None:
+    """``text`` on stdout, flushed and checked: a closed pipe is ``StdoutClosedError``, any other failure (a full
+    disk behind a redirection) an ``OutputError``."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        stdout_gone()
+        raise StdoutClosedError from None
+    except OSError as exc:
+        stdout_gone()
+        raise OutputError("stdout", exc.strerror or str(exc)) from None
+
+
+def print_stdout(line: str) -> None:
+    """One line on stdout that a closed pipe does not turn into an error (it is dropped: the reader has gone)."""
+    with contextlib.suppress(StdoutClosedError):
+        write_stdout(line + "\n")
 
 
 def checked_state_path(text: str | None) -> str | Path | None:
@@ -36,8 +72,9 @@ def checked_state_path(text: str | None) -> str | Path | None:
 
 def checked_path(text: str | None, flag: str) -> Path | None:
     """``text`` as a file path that can be written, or ``None`` when the flag was not given. An empty value (an
-    unset variable such as ``$GITHUB_STEP_SUMMARY``), a directory or a missing directory is a ``ConfigError``
-    naming ``flag``."""
+    unset variable such as ``$GITHUB_STEP_SUMMARY``), a value that looks like a flag (``--html -q``: give ``./-q``),
+    a directory, a missing directory or something that is not a file, device or FIFO is a ``ConfigError`` naming
+    ``flag``."""
     if text is None:
         return None
     if not text.strip():
@@ -45,15 +82,21 @@ def checked_path(text: str | None, flag: str) -> Path | None:
             f"{flag} was given an empty file name (an unset variable such as $GITHUB_STEP_SUMMARY?); "
             f"give a file, or leave {flag} out."
         )
+    if text.startswith("-"):
+        raise ConfigError(
+            f"{flag} was given '{text}', which looks like a flag: was the file name left out? To write a file of "
+            f"that name, give it as ./{text}"
+        )
     path = Path(text)
-    if path.is_dir():
-        raise ConfigError(f"{flag} {text}: is a directory; give a file name.")
-    parent = path.parent
-    if not parent.is_dir():
-        raise ConfigError(f"{flag} {text}: the directory {parent} does not exist.")
-    if not os.access(path if path.exists() else parent, os.W_OK):
-        raise ConfigError(f"{flag} {text}: cannot be written (permission denied).")
+    outputs.check_destination(path, flag)
     return path
+
+
+def refuse_inputs(inputs: list[str | None], out: Output | None = None, **files: Path | str | None) -> None:
+    """Exit 2 before reading when an output (``out``'s files, and ``files``: ``save_state=...`` is
+    ``--save-state``) would write over an input (rcdiag.outputs.refuse_inputs)."""
+    named = [(f"--{name.replace('_', '-')}", path) for name, path in files.items()]
+    outputs.refuse_inputs([*(out.targets() if out is not None else []), *named], inputs)
 
 
 @dataclass(frozen=True)
@@ -91,24 +134,34 @@ class Output:
             files.append((name, path, picture.renderers[kind]))
         return Output(self.format, self.path, renderer(self.format, kind, command), tuple(files))
 
+    def targets(self) -> list[tuple[str, Path]]:
+        """Each file this output writes, with its flag (for ``refuse_inputs``)."""
+        named = [("--output", self.path)] if self.path is not None else []
+        return [*named, *((FORMATS[name].flag or name, path) for name, path, _ in self.files)]
+
     @property
     def text_to_stdout(self) -> bool:
         """Machine-readable text on stdout: keep stderr free of progress bars when stdout is piped."""
         return self.path is None and not self.renderer.console
 
     def emit(self, result: Any) -> None:
-        """Render ``result``; with a file, say on stderr what was written."""
+        """Render ``result``: the files first, each written whole and said on stderr, then stdout. A closed stdout
+        (``| head -1``) ends the stdout part only: every file is written and the exit code stays the verdict's."""
         render = self.renderer.load()
-        if self.renderer.console:
-            write_rich(lambda console: render(result, console), self.path)
-        else:
-            write_text(render(result), self.path)
+        interrupts.check()
         if self.path is not None:
+            text = rich_text(lambda console: render(result, console)) if self.renderer.console else render(result)
+            outputs.write_file(self.path, text)
             print(f"rcdiag: wrote {self.path} ({_summary(result)})", file=sys.stderr)
         for _, path, picture in self.files:
-            drawn = picture.load()(result)
-            write_bytes(path, drawn) if picture.binary else write_file(path, drawn)
-            print(f"rcdiag: wrote {path} ({os.path.getsize(path):,} bytes)", file=sys.stderr)
+            size = outputs.write_file(path, picture.load()(result))
+            print(f"rcdiag: wrote {path} ({size:,} bytes)", file=sys.stderr)
+        if self.path is None:
+            with contextlib.suppress(StdoutClosedError):
+                if self.renderer.console:
+                    write_rich(lambda console: render(result, console), None)
+                else:
+                    write_stdout(render(result))
 
 
 def _summary(result: Any) -> str:
@@ -120,43 +173,47 @@ def _summary(result: Any) -> str:
 
 
 def write_text(text: str, output: Path | None) -> None:
-    """Plain text to a file or stdout."""
+    """Plain text to a file (whole or not at all) or stdout."""
     if output is None:
-        try:
-            sys.stdout.write(text)
-            sys.stdout.flush()
-        except BrokenPipeError:
-            raise StdoutClosedError from None
+        write_stdout(text)
     else:
-        write_file(output, text)
+        outputs.write_file(output, text)
+
+
+def rich_text(render: Callable[[Console], None]) -> str:
+    """A rich rendering as plain text, 160 columns wide (for a file)."""
+    from rich.console import Console
+
+    from rcdiag.cli.console import PIPE_WIDTH
+
+    console = Console(record=True, width=PIPE_WIDTH, file=io.StringIO())
+    render(console)
+    return console.export_text()
 
 
 def write_rich(render: Callable[[Console], None], output: Path | None) -> None:
     """A rich rendering to stdout (terminal width, 160 columns when piped) or to a file as plain text."""
-    from rich.console import Console
+    from rcdiag.cli.console import stdout_console
 
-    from rcdiag.cli.console import PIPE_WIDTH, stdout_console
-
-    if output is None:
-        render(stdout_console())
+    if output is not None:
+        outputs.write_file(output, rich_text(render))
         return
-    console = Console(record=True, width=PIPE_WIDTH, file=io.StringIO())
-    render(console)
-    write_file(output, console.export_text())
+    try:
+        render(stdout_console())
+        sys.stdout.flush()
+    except BrokenPipeError:
+        stdout_gone()
+        raise StdoutClosedError from None
+    except OSError as exc:
+        stdout_gone()
+        raise OutputError("stdout", exc.strerror or str(exc)) from None
 
 
 def write_bytes(path: Path, data: bytes) -> None:
-    """Write a binary file (a PNG); an unwritable path is an input error (exit 2)."""
-    try:
-        path.write_bytes(data)
-    except OSError as exc:
-        raise InputError(f"cannot write the file ({exc.strerror})", path=str(path)) from None
+    """Write a binary file (a PNG) whole or not at all; a failure is an ``OutputError`` (exit 2)."""
+    outputs.write_file(path, data)
 
 
 def write_file(path: Path, text: str, *, append: bool = False) -> None:
-    """Write (or append) ``text``; an unwritable path is an input error (exit 2), not a traceback."""
-    try:
-        with path.open("a" if append else "w", encoding="utf-8") as handle:
-            handle.write(text)
-    except OSError as exc:
-        raise InputError(f"cannot write the file ({exc.strerror})", path=str(path)) from None
+    """Write (or append) ``text`` whole or not at all; a failure is an ``OutputError`` (exit 2), not a traceback."""
+    outputs.write_file(path, text, append=append)

@@ -8,16 +8,17 @@ parent shifts their row numbers by the rows read before them.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
+import os
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+import rcdiag.outputs as outputs
 from rcdiag.backend import NumpyBackend
 from rcdiag.config import SAFETY_BOUND, ResolvedConfig
-from rcdiag.errors import InputError
+from rcdiag.errors import InputError, OutputError
 from rcdiag.explain.breakdowns import token_positions
 from rcdiag.explain.state import RowContext
 from rcdiag.metrics.block import Block
@@ -50,9 +51,11 @@ def sequence_columns(resolved: ResolvedConfig) -> list[str]:
 class SequenceWriter:
     """Buffers per-response records and writes them as part files (an ``ExplainState`` observer)."""
 
-    def __init__(self, resolved: ResolvedConfig, directory: str | Path) -> None:
+    def __init__(self, resolved: ResolvedConfig, directory: str | Path, target: str | Path | None = None) -> None:
         self.resolved = resolved
         self.directory = Path(directory)
+        self.target = target if target is not None else self.directory
+        """The ``--sequences`` file these parts become: what a failed write names."""
         self.directory.mkdir(parents=True, exist_ok=True)
         spec = resolved.is_spec
         self.importance = ISMetrics(spec, resolved.version) if spec is not None and spec.level == "sequence" else None
@@ -98,8 +101,14 @@ class SequenceWriter:
         """Write the buffered rows as the next part file."""
         if not self.buffer:
             return
+        import polars as pl
+
         frame = _frame(self.buffer, self.resolved)
-        frame.write_parquet(self.directory / f"part-{self.parts:06d}.parquet")
+        part = self.directory / f"part-{self.parts:06d}.parquet"
+        try:
+            frame.write_parquet(part)
+        except (OSError, pl.exceptions.PolarsError) as exc:  # a full disk
+            raise OutputError(self.target, _reason(exc)) from None
         self.parts += 1
         self.buffer, self.buffered = [], 0
 
@@ -155,23 +164,36 @@ def finish(parts: list[tuple[Path, int]], target: str | Path) -> None:
         for directory, offset in parts
         if any(directory.glob("*.parquet"))
     ]
-    try:
-        if frames:
-            pl.concat(frames, how="vertical").sink_parquet(str(target))
-    except OSError as exc:
-        raise InputError(f"cannot write the sequences file ({exc})", path=str(target)) from None
+    if not frames:
+        return
+    with outputs.replacing(target) as temporary:  # whole or not at all, never a half-written file
+        try:
+            pl.concat(frames, how="vertical").sink_parquet(str(temporary))
+        except (OSError, pl.exceptions.PolarsError) as exc:  # a full disk is polars' ComputeError
+            raise OutputError(target, _reason(exc)) from None
+
+
+def _reason(exc: BaseException) -> str:
+    """The system's words for a failed write (polars wraps them: "... File too large (os error 27)")."""
+    text = getattr(exc, "strerror", None) or str(exc)
+    code = re.search(r"\(os error (\d+)\)", text)
+    if code:
+        return os.strerror(int(code.group(1)))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 def temporary_directory(target: str | Path) -> Path:
-    """A scratch directory beside ``target`` for part files (the same disk, removed by ``cleanup``)."""
+    """A scratch directory beside ``target`` for part files (the same disk, removed by ``cleanup`` or on an
+    abort)."""
     parent = Path(target).resolve().parent
     if not parent.is_dir():
         raise InputError("cannot write the sequences file here (no such directory)", path=str(target))
-    return Path(tempfile.mkdtemp(prefix=".rcdiag-sequences-", dir=parent))
+    return outputs.temporary_directory(target, ".rcdiag-sequences-")
 
 
 def cleanup(directory: Path) -> None:
-    shutil.rmtree(directory, ignore_errors=True)
+    outputs.remove_directory(directory)
 
 
 def check_target(path: str | Path) -> None:
