@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.nn import functional
 
 
 @dataclass(frozen=True)
@@ -84,9 +84,9 @@ class Block(nn.Module):
             cache[0][:, :, start:end], cache[1][:, :, start:end] = k, v
             k, v = cache[0][:, :, :end], cache[1][:, :, :end]
             causal = start == 0
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        attn = functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
         x = x + self.proj(attn.transpose(1, 2).reshape(batch, length, d))
-        return x + self.down(F.gelu(self.up(self.norm2(x))))
+        return x + self.down(functional.gelu(self.up(self.norm2(x))))
 
 
 class TinyLM(nn.Module):
