@@ -93,18 +93,19 @@ def row_reductions(stat, lengths, row_sum, row_max, row_min):
 def _row_band(stat, lo, hi, two_sided):
     """One row: (rejected, above hi, below lo, float64 sum of the statistic clipped to [lo, hi]). A token is
     kept when ``lo <= x <= hi`` (k1) or ``x <= hi`` (k2, k3); NaN is rejected, counted neither above nor below,
-    and clips to NaN."""
+    and clips to NaN. Clipped as torch clamps, ``min(max(x, lo), hi)``: ``hi`` everywhere for an inverted band."""
     rejected = 0
     above = 0
     below = 0
     s = 0.0
+    floor = min(lo, hi)  # the clip's floor: torch's clamp gives hi everywhere for an inverted band
     for i in range(stat.shape[0]):
         x = stat[i]
         keep = (x <= hi) & ((x >= lo) | (not two_sided))
         rejected += np.int64(not keep)
         above += np.int64(x > hi)
         below += np.int64(x < lo)
-        c = lo if x < lo else (hi if x > hi else x)
+        c = floor if x < floor else (hi if x > hi else x)
         s += np.float64(c)
     return rejected, above, below, s
 
@@ -112,9 +113,10 @@ def _row_band(stat, lo, hi, two_sided):
 @njit(**JIT)
 def _centred_squares(stat, lo, hi, mean):
     m2 = 0.0
+    floor = min(lo, hi)
     for i in range(stat.shape[0]):
         x = stat[i]
-        c = np.float64(lo if x < lo else (hi if x > hi else x)) - mean
+        c = np.float64(floor if x < floor else (hi if x > hi else x)) - mean
         m2 += c * c
     return m2
 

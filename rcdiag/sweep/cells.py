@@ -216,11 +216,14 @@ class CellMap:
 
 
 def clip_map(cells: Cells, lo: float | None, hi: float) -> CellMap:
-    """``clip(x, lo, hi)`` (``lo`` None: ``min(x, hi)``); NaN stays NaN."""
+    """``clip(x, lo, hi)`` (``lo`` None: ``min(x, hi)``) as torch clamps, ``min(max(x, lo), hi)``: an inverted band
+    (``lo > hi``) gives ``hi`` everywhere; NaN stays NaN."""
     index = np.arange(cells.count)
     value = np.zeros(cells.count)
     below = index < cells.point(lo) if lo is not None else np.zeros(cells.count, dtype=bool)
     above = (index > cells.point(hi)) & (index != cells.nan_cell)
+    if lo is not None and lo > hi:
+        below, above = np.zeros(cells.count, dtype=bool), index != cells.nan_cell
     value[below] = lo if lo is not None else 0.0
     value[above] = hi
     return CellMap(~(below | above), value)

@@ -258,11 +258,14 @@ class TokenRSSweep(RSSweep):
         above = count_above(cells, arrays, hi)
         below = count_below(cells, arrays, lo) if self.k1 else 0.0
         nan = float(arrays.n[cells.nan_cell])
+        # an inverted k1 band (lo > hi, accepted by verl <= 0.8.0) keeps nothing: each token is rejected once,
+        # though it may lie both above hi and below lo
+        masked = float(arrays.n.sum()) if self.k1 and lo > hi else above + below + nan
         out.state.update(
             tok_hi=above,
             tok_lo=below,
             clamped=self.maps[index].moments(arrays),
-            masked_tokens=above + below + nan,
+            masked_tokens=masked,
         )
         return out
 
