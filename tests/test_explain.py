@@ -415,7 +415,7 @@ def test_the_worst_list_keeps_raw_tokens_only_for_responses_that_may_be_plotted(
     list holds at most a few raw traces (bounded memory), and the plotted ones are the top responses' tokens."""
     from rcdiag.backend import NumpyBackend
     from rcdiag.explain.state import RowContext
-    from rcdiag.explain.worst import PLOTTED, TokenTrace, WorstResponses
+    from rcdiag.explain.worst import PLOTTED, WorstResponses, token_trace
     from rcdiag.metrics.block import Block
 
     rng = np.random.default_rng(5)
@@ -431,4 +431,4 @@ def test_the_worst_list_keeps_raw_tokens_only_for_responses_that_may_be_plotted(
         assert len(worst.traces) <= 2 * PLOTTED
     top = [entry.row for entry in worst.entries()[:PLOTTED]]
     assert top == [199, 198, 197, 196, 195]
-    assert worst.plotted() == [TokenTrace.of(row, tokens[row], None) for row in top]
+    assert worst.plotted() == [token_trace(row, tokens[row], None) for row in top]

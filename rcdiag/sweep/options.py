@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag.backend import NumpyBackend
 from rcdiag.config import RSOption
 from rcdiag.fields import FieldError, integer, reals, shown
 from rcdiag.metrics.base import Accumulator, MetricValue, Moments, VerlCrash
@@ -27,7 +26,6 @@ from rcdiag.sweep.cells import CellArrays, CellMap, Cells, TokenScan, band_map, 
 from rcdiag.sweep.grid import Threshold
 from rcdiag.versions import VerlVersion
 
-_NP = NumpyBackend()
 Values = tuple[dict[str, MetricValue], list[VerlCrash]]
 
 
