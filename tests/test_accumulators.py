@@ -12,11 +12,10 @@ import pytest
 from conftest import ragged_lists, random_batch, write_dump
 
 import rcdiag
-from rcdiag.metrics import batch as batch_module
 from rcdiag.metrics.base import Accumulator, Reduce
 from rcdiag.metrics.extras import ExtraMetrics
 from rcdiag.metrics.rejection import RSOptionMetrics
-from rcdiag.state import load_state
+from rcdiag.state import load_state, state_layout
 
 
 def _accumulators() -> list[type[Accumulator]]:
@@ -48,13 +47,13 @@ def state_file(tmp_path: Path) -> Path:
 
 
 def test_the_layout_follows_the_declared_states(monkeypatch: pytest.MonkeyPatch) -> None:
-    before = batch_module.state_layout()
+    before = state_layout()
     monkeypatch.setattr(ExtraMetrics, "STATES", {**ExtraMetrics.STATES, "new_sum": "sum"})
-    added = batch_module.state_layout()
+    added = state_layout()
     monkeypatch.setattr(ExtraMetrics, "STATES", {**ExtraMetrics.STATES, "new_sum": "max"})
-    assert len({before, added, batch_module.state_layout()}) == 3
+    assert len({before, added, state_layout()}) == 3
     monkeypatch.undo()
-    assert batch_module.state_layout() == before
+    assert state_layout() == before
 
 
 def test_a_file_from_another_layout_is_refused_naming_its_version(
@@ -67,7 +66,7 @@ def test_a_file_from_another_layout_is_refused_naming_its_version(
     # the same file after an accumulator gained a state (renamed reductions, removed states: the same)
     states = dict(RSOptionMetrics.STATES)
     monkeypatch.setattr(RSOptionMetrics, "STATES", {**states, "tok_sq": "sum"})
-    with pytest.raises(rcdiag.InputError, match=r"s\.json: was written by rcdiag 0\.0\.7, whose accumulators hold"):
+    with pytest.raises(rcdiag.InputError, match=r"s\.json: was written by rcdiag 0\.0\.7, whose states have another layout"):
         load_state(state_file)
     monkeypatch.undo()
     # a file that records no layout (written before layouts were recorded) is refused too

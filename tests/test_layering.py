@@ -57,6 +57,7 @@ KNOWN_UPWARD = {
     ("rcdiag.parallel", "rcdiag.explain.sequences"),
     ("rcdiag.parallel", "rcdiag.explain.state"),
     ("rcdiag.parallel", "rcdiag.interrupts"),
+    ("rcdiag.state", "rcdiag.explain.state"),
     ("rcdiag.state", "rcdiag.outputs"),
     ("rcdiag.state", "rcdiag.sweep.batch"),
 }

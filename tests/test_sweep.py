@@ -555,3 +555,29 @@ def test_an_inverted_k1_band_rejects_each_token_once_as_analyze_and_verl_do(
     )
     for key in (P + "rollout_rs_token_k1_masked_fraction", P + "rollout_rs_token_k1_std"):
         assert _close(got[key], float(expected[key]), rel=1e-6, abs_tol=1e-9), key
+
+
+@pytest.mark.parametrize(
+    ("target", "changed"),
+    [
+        ("rcdiag.kernels.sweep_encoding.SHIFT", 14),  # the histogram's buckets
+        ("rcdiag.sweep.options.SequenceRSSweep._counts", ("v_hi", "v_lo", "masked_rows")),
+    ],
+)
+def test_a_sweep_state_of_another_layout_is_refused(
+    capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str, changed: object
+) -> None:
+    """The sweep's state is versioned by the one layout hash, which covers the constants its histogram and cells
+    depend on: a changed one makes an old sweep state refuse to merge (exit 2, one line), never merge silently."""
+    old, rollout, mask = _batch(5)
+    path = _write_padded(tmp_path / "d.parquet", old, rollout, mask, np.zeros(old.shape[0], dtype=np.int64))
+    state = tmp_path / "s.json"
+    code, _, err = run(capsys, "sweep", str(path), "--rs", "seq_sum_k1", "--save-state", str(state), "-q")
+    assert code == 0, err
+    assert run(capsys, "merge", str(state), "-q")[0] == 0
+    saved = json.loads(state.read_text())["layout"]
+    monkeypatch.setattr(target, changed)
+    code, _, err = run(capsys, "merge", str(state), "-q")
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "s.json: was written by rcdiag" in err and "whose states have another layout" in err
+    assert f"layout {saved};" in err and "re-run 'rcdiag sweep ... --save-state'" in err

@@ -1,10 +1,11 @@
 """RS statistics per token on CPU: k1 = -d, k2 = d^2/2, k3 = e^d - 1 - d of the clamped log-ratio
 d = clamp(float32(old - rollout), ±20), and what the RS options reduce them to.
 
-``statistic`` computes the statistic of every valid token from the log-ratios the token pass compacted (float32,
-as the numpy path's ``Block.k``), ``row_reductions`` its per-row float64 sums and NaN-propagating extremes;
-``threshold_pass`` counts what a
-band rejects per row and takes the moments of the statistic clipped to it. The statistic itself is computed by a
+``statistic`` computes the statistic of every valid token from the log-ratios the token pass compacted
+(``Block.lr``; float32, the values the array path's ``_k_stat`` gives on torch), ``row_reductions`` its per-row
+float64 sums and NaN-propagating extremes, and ``threshold_pass`` counts what a k2/k3 band rejects per row and takes
+the moments of the statistic clipped to it (k1 bands are counted on the log-ratios by ``rcdiag.kernels.tokens``:
+in the token pass for the configuration's bands, else by ``k1_band_pass``). The statistic itself is computed by a
 kernel without fast-math flags, so k1 and k2 are the very float32 operations numpy does (0.5 * d * d, left to
 right); k3 is the float64 value rounded once to float32, from the series of ``rcdiag.kernels.tokens`` below its
 edge and ``math.expm1`` above.

@@ -1,6 +1,6 @@
 """The encoding the sweep's kernel (``rcdiag.kernels.sweep``) works in: the cell table's buckets of float32 bit
 patterns, the histogram modes and sizes. Plain constants, without numba, so the sweep feature and its state
-layout (``rcdiag.metrics.batch.state_layout``) can name them without compiling anything."""
+layout (``rcdiag.state.state_layout``) can name them without compiling anything."""
 
 from __future__ import annotations
 
@@ -17,3 +17,15 @@ NO_HISTOGRAM, HISTOGRAM, HISTOGRAM_CLAMPED = 0, 1, 2
 which float32 may round below 0)."""
 AMBIGUOUS = 0xFFFF
 """A table entry whose bucket holds an edge: its tokens are located by comparison with every edge."""
+
+
+def layout() -> dict[str, int]:
+    """The constants a saved sweep state depends on (the collector's histogram is in these buckets); read when
+    called, so a changed one shows."""
+    return {
+        "SHIFT": SHIFT,
+        "TABLE_SIZE": TABLE_SIZE,
+        "BUCKETS": BUCKETS,
+        "HISTOGRAM": HISTOGRAM,
+        "HISTOGRAM_CLAMPED": HISTOGRAM_CLAMPED,
+    }
