@@ -11,12 +11,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rcdiag.constants import DEFAULT_CHUNK_TOKENS, MAX_CHUNK_TOKENS
+from rcdiag.constants import DEFAULT_CHUNK_TOKENS, DEVICES, MAX_CHUNK_TOKENS
 from rcdiag.errors import ConfigError
 
 if TYPE_CHECKING:
     from rcdiag.backend import Backend
     from rcdiag.io.base import ColumnMap
+
+__all__ = ["BAD_ROW_POLICIES", "DEVICES", "ReadOptions"]  # DEVICES lives in rcdiag.constants (backend reads it)
 
 BAD_ROW_POLICIES = ("error", "skip")
 """``on_bad_row`` values: stop at the first bad row, or leave bad rows out and count them."""
