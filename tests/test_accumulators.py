@@ -66,7 +66,9 @@ def test_a_file_from_another_layout_is_refused_naming_its_version(
     # the same file after an accumulator gained a state (renamed reductions, removed states: the same)
     states = dict(RSOptionMetrics.STATES)
     monkeypatch.setattr(RSOptionMetrics, "STATES", {**states, "tok_sq": "sum"})
-    with pytest.raises(rcdiag.InputError, match=r"s\.json: was written by rcdiag 0\.0\.7, whose states have another layout"):
+    with pytest.raises(
+        rcdiag.InputError, match=r"s\.json: was written by rcdiag 0\.0\.7, whose states have another layout"
+    ):
         load_state(state_file)
     monkeypatch.undo()
     # a file that records no layout (written before layouts were recorded) is refused too
