@@ -418,8 +418,8 @@ class TorchBackend(Backend):
 
 def get_backend(device: str = "cpu") -> Backend:
     """``cpu`` (numpy), ``cuda`` / ``cuda:N`` (torch), or ``auto`` (cuda when torch sees a GPU, else cpu)."""
+    from rcdiag.constants import DEVICES
     from rcdiag.errors import ConfigError
-    from rcdiag.options import DEVICES
 
     if device == "cpu":
         return NumpyBackend()

@@ -5,6 +5,8 @@ DEFAULT_CHUNK_TOKENS = 1 << 20
 stays flat (docs/performance.md)."""
 MAX_CHUNK_TOKENS = 1 << 40
 """The largest ``--chunk-tokens``: more than any dump holds, and within the 64-bit counts of the readers."""
+DEVICES = ("cpu", "cuda", "cuda:N", "auto", "torch-cpu")
+"""``device`` spellings (``cuda:N`` stands for any GPU index); ``rcdiag.backend.get_backend`` reads them."""
 
 TEMPERATURE_KEY = "temperature"
 """Dump metadata key holding the rollout sampling temperature."""

@@ -1,10 +1,10 @@
 """The streaming engine: chunks in, one ``BatchMetrics`` per training step out.
 
-For each chunk it groups rows by step and feeds blocks of whole rows (about 128k tokens on CPU, where numpy's
-temporaries stay in cache) to the step's accumulators, with their padding and mask: a block drops its padding only
-when a metric needs the valid tokens one by one. Chunks come checked by a
-``rcdiag.validate.Screen``; one that did not (built by hand) is checked here the same way. Merging is the only
-way results combine, so the result does not depend on chunk size, row order or how steps interleave in the file.
+For each chunk it groups rows by step and feeds blocks of whole rows (about 512k tokens on CPU,
+``CPU_BLOCK_TOKENS``; 16M on a GPU) to the step's accumulators, with their padding and mask: a block drops its
+padding only when a metric needs the valid tokens one by one. Chunks come checked by a ``rcdiag.validate.Screen``;
+one that did not (built by hand) is checked here the same way. Merging is the only way results combine, so the
+result does not depend on chunk size, row order or how steps interleave in the file.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""How to read a dump: one frozen record that every entry point takes (analyze, compare, check, sweeps to come).
+"""How to read a dump: one frozen record that every entry point takes (analyze, sweep, compare, check, merge).
 
-The CLI declares one flag per field (``rcdiag.cli.read_flags``) and passes the record through unchanged, so a new
-input option is a field here, a flag there and a row in docs/options.md. Imports nothing heavy: the CLI's
-``--help`` loads this module.
+The CLI declares one flag per field (``READ_FLAGS`` in ``rcdiag.cli.options``) and passes the record through
+unchanged, so a new input option is a field here, a flag there and a row in docs/options.md. Imports nothing
+heavy: the CLI's ``--help`` loads this module.
 """
 
 from __future__ import annotations
@@ -11,17 +11,17 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rcdiag.constants import DEFAULT_CHUNK_TOKENS, MAX_CHUNK_TOKENS
+from rcdiag.constants import DEFAULT_CHUNK_TOKENS, DEVICES, MAX_CHUNK_TOKENS
 from rcdiag.errors import ConfigError
 
 if TYPE_CHECKING:
     from rcdiag.backend import Backend
     from rcdiag.io.base import ColumnMap
 
+__all__ = ["BAD_ROW_POLICIES", "DEVICES", "ReadOptions"]  # DEVICES lives in rcdiag.constants (backend reads it)
+
 BAD_ROW_POLICIES = ("error", "skip")
 """``on_bad_row`` values: stop at the first bad row, or leave bad rows out and count them."""
-DEVICES = ("cpu", "cuda", "cuda:N", "auto", "torch-cpu")
-"""``device`` spellings (``cuda:N`` stands for any GPU index); ``rcdiag.backend.get_backend`` reads them."""
 
 
 @dataclass(frozen=True)

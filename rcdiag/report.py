@@ -5,11 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
-
-if TYPE_CHECKING:
-    from rcdiag.explain.worst import TokenTrace
-    from rcdiag.microbatch import MicroBatchReport
+from typing import Any, Literal, Protocol
 
 Severity = Literal["error", "warning", "info"]
 SCHEMA_VERSION = 1
@@ -111,6 +107,30 @@ class StepReport:
 
 
 @dataclass(frozen=True)
+class TokenTrace:
+    """One response's log-ratio ``old - rollout`` at its valid tokens: list positions and values (thinned by
+    ``rcdiag.explain.worst.token_trace``)."""
+
+    row: int
+    positions: tuple[int, ...]
+    log_ratios: tuple[float, ...]
+
+    def shifted(self, offset: int) -> TokenTrace:
+        return TokenTrace(self.row + offset, self.positions, self.log_ratios)
+
+    def to_dict(self) -> dict[str, Any]:
+        finite = [v if math.isfinite(v) else None for v in self.log_ratios]
+        return {"row": self.row, "positions": list(self.positions), "log_ratios": finite}
+
+
+class Section(Protocol):
+    """A report section a feature builds (``rcdiag.microbatch.MicroBatchReport``): this module names no feature,
+    it only writes the section's JSON."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
 class ExplainReport:
     """``analyze --explain``: where the mismatch sits (breakdowns) and which responses carry most of it."""
 
@@ -147,7 +167,7 @@ class Report:
     ``rcdiag.metrics.histogram``)."""
     explain: ExplainReport | None = None
     """Set by ``analyze --explain``."""
-    microbatch: MicroBatchReport | None = None
+    microbatch: Section | None = None
     """How verl cut each step into micro-batches and what it computed there (``analyze`` with micro-batch
     options); ``None`` otherwise."""
 

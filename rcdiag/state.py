@@ -28,7 +28,7 @@ from rcdiag.engine import EngineState
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.fields import FieldError, dataclass_from, shown
 from rcdiag.io.base import SourceInfo
-from rcdiag.metrics.batch import state_layout
+from rcdiag.metrics.batch import declared_states
 from rcdiag.validate import ScreenStats
 
 STATE_FORMAT = "rcdiag-state"
@@ -43,6 +43,19 @@ MAX_INT_DIGITS = 20
 """The longest integer in a state file (every count and step is an int64)."""
 
 _THRESHOLDS = ("rollout_is_threshold", "rollout_rs_threshold")
+
+
+def state_layout() -> str:
+    """The one version of every state file kind: a short hash of every accumulator's declared states and of the
+    constants the ``--explain`` and sweep states depend on (bucket edges, groups and their hash, series cut-off,
+    the sweep kernel's buckets). A file written under another layout is refused, never merged into numbers that
+    mean something else. Read when called, so a changed declaration or constant shows at once."""
+    from rcdiag.explain.state import explain_layout
+    from rcdiag.sweep.batch import sweep_layout
+
+    declared = {"accumulators": declared_states(), "explain": explain_layout(), "sweep": sweep_layout()}
+    text = json.dumps(declared, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -97,10 +110,12 @@ def _load(name: str) -> tuple[EngineState, list[SourceInfo], ScreenStats, StateI
             path=name,
         )
     if payload.get("layout") != state_layout():
+        command = "sweep" if payload.get("kind") == "sweep" else "analyze"
         raise InputError(
-            f"was written by {writer}, whose accumulators hold a different state (layout "
-            f"{payload.get('layout') or 'not recorded'}; rcdiag {__version__} has {state_layout()}), so it cannot "
-            "be loaded or merged: re-run 'rcdiag analyze ... --save-state' with this rcdiag",
+            f"was written by {writer}, whose states have another layout (declared states or the constants they "
+            f"depend on: layout {payload.get('layout') or 'not recorded'}; rcdiag {__version__} has "
+            f"{state_layout()}), so it cannot be loaded or merged: re-run 'rcdiag {command} ... --save-state' with "
+            "this rcdiag",
             path=name,
         )
     try:

@@ -5,17 +5,17 @@ from __future__ import annotations
 import inspect
 import json
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
 from conftest import ragged_lists, random_batch, write_dump
 
 import rcdiag
-from rcdiag.metrics import batch as batch_module
-from rcdiag.metrics.base import Accumulator
+from rcdiag.metrics.base import Accumulator, Reduce
 from rcdiag.metrics.extras import ExtraMetrics
 from rcdiag.metrics.rejection import RSOptionMetrics
-from rcdiag.state import load_state
+from rcdiag.state import load_state, state_layout
 
 
 def _accumulators() -> list[type[Accumulator]]:
@@ -47,13 +47,13 @@ def state_file(tmp_path: Path) -> Path:
 
 
 def test_the_layout_follows_the_declared_states(monkeypatch: pytest.MonkeyPatch) -> None:
-    before = batch_module.state_layout()
+    before = state_layout()
     monkeypatch.setattr(ExtraMetrics, "STATES", {**ExtraMetrics.STATES, "new_sum": "sum"})
-    added = batch_module.state_layout()
+    added = state_layout()
     monkeypatch.setattr(ExtraMetrics, "STATES", {**ExtraMetrics.STATES, "new_sum": "max"})
-    assert len({before, added, batch_module.state_layout()}) == 3
+    assert len({before, added, state_layout()}) == 3
     monkeypatch.undo()
-    assert batch_module.state_layout() == before
+    assert state_layout() == before
 
 
 def test_a_file_from_another_layout_is_refused_naming_its_version(
@@ -66,7 +66,9 @@ def test_a_file_from_another_layout_is_refused_naming_its_version(
     # the same file after an accumulator gained a state (renamed reductions, removed states: the same)
     states = dict(RSOptionMetrics.STATES)
     monkeypatch.setattr(RSOptionMetrics, "STATES", {**states, "tok_sq": "sum"})
-    with pytest.raises(rcdiag.InputError, match=r"s\.json: was written by rcdiag 0\.0\.7, whose accumulators hold"):
+    with pytest.raises(
+        rcdiag.InputError, match=r"s\.json: was written by rcdiag 0\.0\.7, whose states have another layout"
+    ):
         load_state(state_file)
     monkeypatch.undo()
     # a file that records no layout (written before layouts were recorded) is refused too
@@ -88,3 +90,22 @@ def test_the_cli_refuses_a_state_file_of_another_layout(
     assert code == 2
     assert f"was written by rcdiag {rcdiag.__version__}" in err and "re-run 'rcdiag analyze ... --save-state'" in err
     assert "Traceback" not in err
+
+
+def test_a_new_accumulator_follows_its_declared_states_when_they_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The empty state is built once per declaration, not once per class: a patched ``STATES`` or ``BINS``, or a
+    subclass declaring more, gets its own (a stale template would start without the new state, or with the old
+    bin count)."""
+    assert set(ExtraMetrics().state) == set(ExtraMetrics.STATES)
+    monkeypatch.setattr(ExtraMetrics, "STATES", {**ExtraMetrics.STATES, "new_sum": "sum", "new_counts": "counts"})
+    monkeypatch.setattr(ExtraMetrics, "BINS", 3)
+    fresh = ExtraMetrics()
+    assert fresh.state["new_sum"] == 0.0 and fresh.state["new_counts"].tolist() == [0, 0, 0]
+    monkeypatch.undo()
+    assert "new_sum" not in ExtraMetrics().state
+
+    class MoreExtras(ExtraMetrics):
+        STATES: ClassVar[dict[str, Reduce]] = {**ExtraMetrics.STATES, "more": "max"}
+
+    assert MoreExtras().state["more"] == -np.inf
+    assert "more" not in ExtraMetrics().state

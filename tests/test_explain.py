@@ -381,15 +381,29 @@ def test_skipped_rows_keep_their_numbers(tmp_path: Path) -> None:
     assert [w["row"] for w in report.explain.worst_sequences] == [95, 7, 150]
 
 
-def test_a_state_file_with_another_explain_layout_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+@pytest.mark.parametrize(
+    ("target", "changed"),
+    [
+        ("rcdiag.kernels.explain_encoding.SMALL", 0.3),  # the series cut-off
+        ("rcdiag.kernels.explain_encoding.GOLDEN", 0x9E3779B97F4A7C13),  # the row-group hash
+        ("rcdiag.explain.state.SHIFT_TOL", 0.02),
+    ],
+)
+def test_a_state_file_with_another_explain_layout_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, target: str, changed: float
+) -> None:
+    """A constant the --explain state depends on, changed after the state was saved: the one layout hash differs,
+    so merge refuses the file (exit 2, one line naming it) instead of merging sums that mean something else."""
     shard = tmp_path / "a.parquet"
     shard.write_bytes((SAMPLES / "healthy.parquet").read_bytes())
     assert cli(capsys, "analyze", shard, "--explain", "--save-state", tmp_path / "a.json", "-q")[0] == 0
-    saved = json.loads((tmp_path / "a.json").read_text())
-    saved["state"]["explain"]["layout"] = "0123456789abcdef"
-    (tmp_path / "a.json").write_text(json.dumps(saved))
+    assert cli(capsys, "merge", tmp_path / "a.json", "-q")[0] == 0
+    saved = json.loads((tmp_path / "a.json").read_text())["layout"]
+    monkeypatch.setattr(target, changed)
     code, _, err = cli(capsys, "merge", tmp_path / "a.json")
-    assert code == 2 and "layout 0123456789abcdef" in err and "Traceback" not in err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"a.json: was written by rcdiag {rcdiag.__version__}, whose states have another layout" in err
+    assert f"layout {saved};" in err and "re-run 'rcdiag analyze ... --save-state'" in err
 
 
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -415,7 +429,7 @@ def test_the_worst_list_keeps_raw_tokens_only_for_responses_that_may_be_plotted(
     list holds at most a few raw traces (bounded memory), and the plotted ones are the top responses' tokens."""
     from rcdiag.backend import NumpyBackend
     from rcdiag.explain.state import RowContext
-    from rcdiag.explain.worst import PLOTTED, TokenTrace, WorstResponses
+    from rcdiag.explain.worst import PLOTTED, WorstResponses, token_trace
     from rcdiag.metrics.block import Block
 
     rng = np.random.default_rng(5)
@@ -431,4 +445,4 @@ def test_the_worst_list_keeps_raw_tokens_only_for_responses_that_may_be_plotted(
         assert len(worst.traces) <= 2 * PLOTTED
     top = [entry.row for entry in worst.entries()[:PLOTTED]]
     assert top == [199, 198, 197, 196, 195]
-    assert worst.plotted() == [TokenTrace.of(row, tokens[row], None) for row in top]
+    assert worst.plotted() == [token_trace(row, tokens[row], None) for row in top]

@@ -13,7 +13,7 @@ from test_cli import run
 from test_pictures import opened
 
 import rcdiag
-from rcdiag.explain.worst import PLOTTED, TRACE_POINTS, TokenTrace
+from rcdiag.explain.worst import PLOTTED, TRACE_POINTS, token_trace
 from rcdiag.render.text import BREAKDOWNS
 
 pytest.importorskip("matplotlib")
@@ -26,7 +26,7 @@ def lists(table: object, column: str, row: int) -> np.ndarray:
 
 def test_a_short_trace_is_every_valid_token_at_its_list_position() -> None:
     lr = np.array([0.1, -0.2, 0.3], dtype=np.float32)
-    trace = TokenTrace.of(7, lr, np.array([0, 1, 0, 1, 1], dtype=bool))
+    trace = token_trace(7, lr, np.array([0, 1, 0, 1, 1], dtype=bool))
     assert trace.row == 7 and trace.positions == (1, 3, 4)
     assert trace.log_ratios == tuple(float(v) for v in lr)
 
@@ -35,7 +35,7 @@ def test_a_long_trace_keeps_each_runs_extremes() -> None:
     rng = np.random.default_rng(0)
     lr = rng.normal(0, 0.1, 10_000).astype(np.float32)
     lr[1234], lr[8765] = 5.0, -7.0
-    trace = TokenTrace.of(0, lr, None)
+    trace = token_trace(0, lr, None)
     assert len(trace.positions) <= TRACE_POINTS and list(trace.positions) == sorted(trace.positions)
     assert dict(zip(trace.positions, trace.log_ratios, strict=True))[1234] == 5.0
     assert dict(zip(trace.positions, trace.log_ratios, strict=True))[8765] == -7.0
@@ -64,7 +64,7 @@ def test_a_long_trace_keeps_the_points_a_loop_over_the_runs_keeps(seed: int) -> 
     for special, share in ((np.nan, 0.05 * seed), (np.inf, 0.01), (-np.inf, 0.01)):
         lr[rng.random(n) < share] = special
     lr[: n // 7] = np.nan  # runs holding no finite value
-    trace = TokenTrace.of(3, lr, None)
+    trace = token_trace(3, lr, None)
     assert list(trace.positions) == _thinned_by_loop(lr)
     np.testing.assert_array_equal(np.asarray(trace.log_ratios, dtype=np.float32), lr[list(trace.positions)])
 

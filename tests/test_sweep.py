@@ -507,3 +507,77 @@ def test_workers_and_chunk_size_change_no_row_and_no_recommendation(
     many = rcdiag.sweep.sweep(grouped_dump, grid, workers=workers, chunk_tokens=chunk)
     _same(_points(one), _points(many))
     assert one.recommendations == many.recommendations
+
+
+def test_an_inverted_k1_band_rejects_each_token_once_as_analyze_and_verl_do(
+    capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    """verl <= 0.8.0 accepts a k1 band with lo > hi: it keeps nothing, and its clamp (torch's, min(max(x, lo), hi))
+    gives hi everywhere. A token may lie both above hi and below lo; it is still rejected once."""
+    old, rollout, mask = _batch(23)
+    path = _write_padded(tmp_path / "d.parquet", old, rollout, mask, np.zeros(old.shape[0], dtype=np.int64))
+    spec = "1.02_0.98"  # lo = log(1.02) > hi = log(0.98)
+    row = _sweep_json(capsys, str(path), "--rs", "token_k1", "--thresholds", spec, "--verl-version", "0.8.0")
+    code, out, err = run(
+        capsys,
+        "analyze",
+        str(path),
+        "--rs",
+        "token_k1",
+        "--rs-threshold",
+        spec,
+        "--verl-version",
+        "0.8.0",
+        "--format",
+        "json",
+        "-q",
+    )
+    assert code == 0, err
+    analyzed = json.loads(out)["metrics"]
+    got = row["sweep"][0]["metrics"]
+    for key, value in got.items():
+        assert _close(value, analyzed[key]), (key, value, analyzed[key])
+    # brute force: every valid token is rejected, once; the clamp leaves hi everywhere
+    k1 = (rollout - old).astype(np.float64)[mask.astype(bool)]
+    lo, hi = np.float32(math.log(1.02)), np.float32(math.log(0.98))
+    assert np.count_nonzero((k1 > hi) & (k1 < lo)) > 0  # tokens on both sides of the inverted band exist
+    assert got[P + "rollout_rs_token_k1_masked_fraction"] == 1.0
+    assert got[P + "rollout_rs_masked_fraction"] == 1.0
+    assert got[P + "rollout_rs_token_k1_std"] == 0.0
+    assert _close(got[P + "rollout_rs_token_k1_fraction_high"], np.count_nonzero(k1 > hi) / k1.size)
+    assert _close(got[P + "rollout_rs_token_k1_fraction_low"], np.count_nonzero(k1 < lo) / k1.size)
+    torch = require_verl()
+    expected = verl_metrics(
+        *(torch.from_numpy(a) for a in (old, rollout, mask)),
+        version="0.8.0",
+        rollout_rs="token_k1",
+        rollout_rs_threshold=spec,
+    )
+    for key in (P + "rollout_rs_token_k1_masked_fraction", P + "rollout_rs_token_k1_std"):
+        assert _close(got[key], float(expected[key]), rel=1e-6, abs_tol=1e-9), key
+
+
+@pytest.mark.parametrize(
+    ("target", "changed"),
+    [
+        ("rcdiag.kernels.sweep_encoding.SHIFT", 14),  # the histogram's buckets
+        ("rcdiag.sweep.options.SequenceRSSweep._counts", ("v_hi", "v_lo", "masked_rows")),
+    ],
+)
+def test_a_sweep_state_of_another_layout_is_refused(
+    capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str, changed: object
+) -> None:
+    """The sweep's state is versioned by the one layout hash, which covers the constants its histogram and cells
+    depend on: a changed one makes an old sweep state refuse to merge (exit 2, one line), never merge silently."""
+    old, rollout, mask = _batch(5)
+    path = _write_padded(tmp_path / "d.parquet", old, rollout, mask, np.zeros(old.shape[0], dtype=np.int64))
+    state = tmp_path / "s.json"
+    code, _, err = run(capsys, "sweep", str(path), "--rs", "seq_sum_k1", "--save-state", str(state), "-q")
+    assert code == 0, err
+    assert run(capsys, "merge", str(state), "-q")[0] == 0
+    saved = json.loads(state.read_text())["layout"]
+    monkeypatch.setattr(target, changed)
+    code, _, err = run(capsys, "merge", str(state), "-q")
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "s.json: was written by rcdiag" in err and "whose states have another layout" in err
+    assert f"layout {saved};" in err and "re-run 'rcdiag sweep ... --save-state'" in err

@@ -9,7 +9,6 @@ and stands for that suffix of every RS option. Each ``Threshold`` is a health ch
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from functools import cache
 from typing import Literal
@@ -365,12 +364,6 @@ def rs_option(key: str) -> str | None:
 def every_key() -> list[str]:
     """Every full key the catalogue declares, templates expanded option by option."""
     return list(_index())
-
-
-def template_pattern(spec: MetricSpec) -> re.Pattern[str]:
-    """The keys a spec stands for, as a pattern over full keys."""
-    options = "|".join(_options_for(spec)) or "(?!)"
-    return re.compile(re.escape(spec.name).replace(re.escape("{option}"), f"({options})") + "$")
 
 
 def reading(key: str, value: float | None) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
-from rcdiag.cli.output import StdoutClosedError, stdout_gone
+from rcdiag.cli.stdout import StdoutClosedError, stdout_gone
 from rcdiag.errors import OutputError
 
 PIPE_WIDTH = 160

@@ -3,13 +3,21 @@ and a flag that would change nothing (a threshold without its option) refused be
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
-from rcdiag.cli.options import ISLevel
 from rcdiag.config import CorrectionConfig, preset
 from rcdiag.errors import ConfigError
 from rcdiag.versions import verl_version
+
+
+class ISLevel(str, enum.Enum):
+    """``--is`` choices."""
+
+    token = "token"
+    sequence = "sequence"
+    none = "none"
 
 
 @dataclass(frozen=True)

@@ -12,22 +12,15 @@ from typing import Annotated, Any
 
 import typer
 
+from rcdiag.cli.engine_config import EngineFlags, ISLevel
 from rcdiag.cli.params import Flag, FlagGroup
-from rcdiag.constants import DEFAULT_CHUNK_TOKENS
-from rcdiag.options import BAD_ROW_POLICIES, DEVICES
+from rcdiag.constants import DEFAULT_CHUNK_TOKENS, DEVICES
+from rcdiag.options import BAD_ROW_POLICIES
 from rcdiag.render.registry import FORMATS, ResultKind, format_names, pictures
 from rcdiag.versions import DEFAULT_VERSION, VERSIONS
 
 ENGINE = "Rollout correction (verl's algorithm.rollout_correction)"
 RUN = "Run"
-
-
-class ISLevel(str, enum.Enum):
-    """``--is`` choices."""
-
-    token = "token"
-    sequence = "sequence"
-    none = "none"
 
 
 IsOpt = Annotated[
@@ -130,9 +123,7 @@ ENGINE_FLAGS = FlagGroup(
 """verl's ``rollout_correction`` fields (and ``--preset``) -> ``EngineFlags``."""
 
 
-def _engine_flags(values: dict[str, Any]) -> Any:
-    from rcdiag.cli.engine_config import EngineFlags
-
+def _engine_flags(values: dict[str, Any]) -> EngineFlags:
     return EngineFlags(**values)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,29 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import rcdiag.interrupts as interrupts
 import rcdiag.outputs as outputs
+from rcdiag.cli.stdout import StdoutClosedError, stdout_gone
 from rcdiag.errors import ConfigError, OutputError
 from rcdiag.render.registry import FORMATS, Renderer, ResultKind, check_extra, renderer
 
 if TYPE_CHECKING:
     from rich.console import Console
-
-
-class StdoutClosedError(Exception):
-    """The reader of stdout went away (``rcdiag analyze X | head -1``). ``Output.emit`` carries on without stdout, so
-    the files asked for are still written and the exit code is the verdict's; elsewhere ``rcdiag.cli.main`` exits 0.
-
-    Not an ``OSError``: click turns an ``EPIPE`` ``OSError`` into exit 1 before ``main`` could see it."""
-
-
-def stdout_gone() -> None:
-    """Point stdout at the null device: what is still printed (or buffered) goes nowhere, without a second error
-    at exit."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):  # stdout has no file descriptor (captured): nothing to redirect
-        pass
 
 
 def write_stdout(text: str) -> None:

@@ -8,8 +8,6 @@ merge in reading order), so row numbers stay global.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +18,7 @@ import numpy as np
 from rcdiag.errors import ConfigError
 from rcdiag.explain.breakdowns import DOUBLING_EDGES, GROUPS, LOG_PROB_THRESHOLDS, PROB_EDGES, SUMS, Breakdowns
 from rcdiag.explain.statistics import RATIO_CAP, SHIFT_TOL, OffsetSums, ScaleSums
-from rcdiag.explain.worst import DEFAULT_WORST, WorstResponses
+from rcdiag.explain.worst import DEFAULT_WORST, PLOTTED, TRACE_POINTS, WorstResponses
 from rcdiag.fields import integer
 from rcdiag.io.base import Chunk
 from rcdiag.metrics.block import Block
@@ -63,14 +61,25 @@ _NO_MASK = np.zeros(0, dtype=np.uint8)
 _EDGES = np.asarray(DOUBLING_EDGES, dtype=np.int64)
 
 
-def explain_layout() -> str:
-    """A short signature of what the state's arrays mean (bucket edges, sums, groups, statistics): a state file
-    written under another layout is refused rather than merged into numbers that mean something else."""
-    declared = [
-        list(SUMS), GROUPS, list(DOUBLING_EDGES), list(PROB_EDGES), list(ScaleSums.NAMES), list(OffsetSums.NAMES),
-        RATIO_CAP, SHIFT_TOL,
-    ]  # fmt: skip
-    return hashlib.sha256(json.dumps(declared).encode()).hexdigest()[:16]
+def explain_layout() -> dict[str, Any]:
+    """What the state's arrays mean (bucket edges, sums, groups, statistics, and the kernel's series cut-off and
+    row-group hash), for the one state layout hash (``rcdiag.state.state_layout``): a state file written under
+    another layout is refused rather than merged into numbers that mean something else."""
+    from rcdiag.kernels import explain_encoding
+
+    return {
+        "sums": list(SUMS),
+        "groups": GROUPS,
+        "doubling_edges": list(DOUBLING_EDGES),
+        "prob_edges": list(PROB_EDGES),
+        "log_prob_thresholds": LOG_PROB_THRESHOLDS.tolist(),
+        "scale": list(ScaleSums.NAMES),
+        "offset": list(OffsetSums.NAMES),
+        "ratio_cap": RATIO_CAP,
+        "shift_tol": SHIFT_TOL,
+        "worst": {"plotted": PLOTTED, "trace_points": TRACE_POINTS},
+        "kernel": explain_encoding.layout(),
+    }
 
 
 class ExplainState:
@@ -136,7 +145,6 @@ class ExplainState:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "layout": explain_layout(),
             "rows_read": self.rows_read,
             "breakdowns": self.breakdowns.state_dict(),
             "worst": self.worst.state_dict(),
@@ -146,11 +154,6 @@ class ExplainState:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> ExplainState:
-        if state.get("layout") != explain_layout():
-            raise ValueError(
-                f"its --explain state has layout {state.get('layout')}, this rcdiag's is {explain_layout()}; "
-                "analyze the shard again with this version"
-            )
         out = cls(integer(state["worst"]["n"], "explain.worst.n"))
         out.rows_read = integer(state["rows_read"], "explain.rows_read")
         out.breakdowns.load_state_dict(state["breakdowns"])

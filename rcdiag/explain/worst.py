@@ -20,6 +20,7 @@ import numpy as np
 
 from rcdiag.fields import FieldError, checked, counts, dataclass_from, integer, reals
 from rcdiag.metrics.block import Block
+from rcdiag.report import TokenTrace
 
 DEFAULT_WORST = 10
 PLOTTED = 5
@@ -27,27 +28,13 @@ PLOTTED = 5
 TRACE_POINTS = 512
 
 
-@dataclass(frozen=True)
-class TokenTrace:
-    """One response's log-ratio ``old - rollout`` at its valid tokens: list positions and values (thinned)."""
-
-    row: int
-    positions: tuple[int, ...]
-    log_ratios: tuple[float, ...]
-
-    @classmethod
-    def of(cls, row: int, lr: np.ndarray, mask: np.ndarray | None) -> TokenTrace:
-        positions = np.arange(lr.shape[0]) if mask is None else np.flatnonzero(mask)
-        if lr.shape[0] > TRACE_POINTS:
-            index = _thinned(lr, TRACE_POINTS // 2)
-            positions, lr = positions[index], lr[index]
-        return cls(row, tuple(int(p) for p in positions), tuple(float(v) for v in lr))
-
-    def shifted(self, offset: int) -> TokenTrace:
-        return TokenTrace(self.row + offset, self.positions, self.log_ratios)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"row": self.row, "positions": list(self.positions), "log_ratios": [_finite(v) for v in self.log_ratios]}
+def token_trace(row: int, lr: np.ndarray, mask: np.ndarray | None) -> TokenTrace:
+    """One response's trace: its valid tokens' positions and log-ratios, thinned to ``TRACE_POINTS`` points."""
+    positions = np.arange(lr.shape[0]) if mask is None else np.flatnonzero(mask)
+    if lr.shape[0] > TRACE_POINTS:
+        index = _thinned(lr, TRACE_POINTS // 2)
+        positions, lr = positions[index], lr[index]
+    return TokenTrace(row, tuple(int(p) for p in positions), tuple(float(v) for v in lr))
 
 
 @dataclass(frozen=True)
@@ -63,7 +50,7 @@ class _RawTrace:
         return _RawTrace(self.row + offset, self.lr, self.mask)
 
     def thinned(self) -> TokenTrace:
-        return TokenTrace.of(self.row, self.lr, self.mask)
+        return token_trace(self.row, self.lr, self.mask)
 
 
 @dataclass(frozen=True)
@@ -268,7 +255,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     return value.item() if isinstance(value, np.generic) else value
-
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None

@@ -22,12 +22,10 @@ from typing import IO, Any, TypeVar
 
 from rcdiag.errors import InputError
 from rcdiag.io import registry, storage
-from rcdiag.io.storage import RemotePath
+from rcdiag.io.storage import FilePath, RemotePath
 
 GLOB_CHARS = "*?["
 
-FilePath = Path | RemotePath
-"""A file of a dump: on the local disk, or in object storage."""
 T = TypeVar("T")
 R = TypeVar("R")
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rcdiag.io.base import ColumnMap
-    from rcdiag.io.paths import FilePath
+    from rcdiag.io.storage import FilePath
     from rcdiag.io.tables import TableFile
 
 

@@ -20,6 +20,7 @@ import io
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 from urllib.parse import unquote, urlsplit
 
@@ -348,3 +349,7 @@ def identity(path: RemotePath) -> dict[str, object]:
     """URL, size and modification time of an object (``merge`` compares them)."""
     info = file_info(path)
     return {"path": str(path), "size": info.size, "mtime_ns": info.mtime_ns}
+
+
+FilePath = Path | RemotePath
+"""A file of a dump: on the local disk, or in object storage."""

@@ -29,6 +29,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
+from rcdiag.kernels.explain_encoding import GOLDEN, GROUP_SHIFT, SERIES_TERMS, SMALL
 
 LN2_HI = 6.93147180369123816490e-01
 LN2_LO = 1.90821492927058770002e-10
@@ -54,12 +55,9 @@ def _bits_to_float64(typingctx, bits):  # type: ignore[no-untyped-def]
     return types.float64(types.int64), codegen
 
 
-_SERIES = tuple(1.0 / math.factorial(k) for k in range(15))
+_SERIES = tuple(1.0 / math.factorial(k) for k in range(SERIES_TERMS))
 """1/k!: the Taylor coefficients of ``expm1`` to degree 14 (truncation below 1e-17 of the value for
 |r| <= ln2/2)."""
-SMALL = 0.34
-"""Below this |d| (just under ln2/2) ``_expm1``'s reduction is the identity (k = 0): rows whose log-ratios all lie
-below it take ``_expm1_series`` directly, with the same result."""
 
 
 @njit(**{**JIT, "fastmath": {"contract"}})
@@ -99,7 +97,7 @@ def _expm1(x: float) -> float:
     return x if x != x else out
 
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_GOLDEN = np.uint64(GOLDEN)
 
 
 @njit(**JIT)
@@ -285,7 +283,7 @@ def explain_block(
         key = np.uint64(n_valid) << np.uint64(32)
         if n_valid > 0:
             key ^= np.uint64(row_x[:1].view(np.uint32)[0])
-        g = np.int64((key * _GOLDEN) >> np.uint64(60))
+        g = np.int64((key * _GOLDEN) >> np.uint64(GROUP_SHIFT))
         if n_valid == 0:
             m += n_list
             continue

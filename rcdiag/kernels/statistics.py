@@ -1,10 +1,11 @@
 """RS statistics per token on CPU: k1 = -d, k2 = d^2/2, k3 = e^d - 1 - d of the clamped log-ratio
 d = clamp(float32(old - rollout), ±20), and what the RS options reduce them to.
 
-``statistic`` computes the statistic of every valid token from the log-ratios the token pass compacted (float32,
-as the numpy path's ``Block.k``), ``row_reductions`` its per-row float64 sums and NaN-propagating extremes;
-``threshold_pass`` counts what a
-band rejects per row and takes the moments of the statistic clipped to it. The statistic itself is computed by a
+``statistic`` computes the statistic of every valid token from the log-ratios the token pass compacted
+(``Block.lr``; float32, the values the array path's ``_k_stat`` gives on torch), ``row_reductions`` its per-row
+float64 sums and NaN-propagating extremes, and ``threshold_pass`` counts what a k2/k3 band rejects per row and takes
+the moments of the statistic clipped to it (k1 bands are counted on the log-ratios by ``rcdiag.kernels.tokens``:
+in the token pass for the configuration's bands, else by ``k1_band_pass``). The statistic itself is computed by a
 kernel without fast-math flags, so k1 and k2 are the very float32 operations numpy does (0.5 * d * d, left to
 right); k3 is the float64 value rounded once to float32, from the series of ``rcdiag.kernels.tokens`` below its
 edge and ``math.expm1`` above.
@@ -93,18 +94,19 @@ def row_reductions(stat, lengths, row_sum, row_max, row_min):
 def _row_band(stat, lo, hi, two_sided):
     """One row: (rejected, above hi, below lo, float64 sum of the statistic clipped to [lo, hi]). A token is
     kept when ``lo <= x <= hi`` (k1) or ``x <= hi`` (k2, k3); NaN is rejected, counted neither above nor below,
-    and clips to NaN."""
+    and clips to NaN. Clipped as torch clamps, ``min(max(x, lo), hi)``: ``hi`` everywhere for an inverted band."""
     rejected = 0
     above = 0
     below = 0
     s = 0.0
+    floor = min(lo, hi)  # the clip's floor: torch's clamp gives hi everywhere for an inverted band
     for i in range(stat.shape[0]):
         x = stat[i]
         keep = (x <= hi) & ((x >= lo) | (not two_sided))
         rejected += np.int64(not keep)
         above += np.int64(x > hi)
         below += np.int64(x < lo)
-        c = lo if x < lo else (hi if x > hi else x)
+        c = floor if x < floor else (hi if x > hi else x)
         s += np.float64(c)
     return rejected, above, below, s
 
@@ -112,9 +114,10 @@ def _row_band(stat, lo, hi, two_sided):
 @njit(**JIT)
 def _centred_squares(stat, lo, hi, mean):
     m2 = 0.0
+    floor = min(lo, hi)
     for i in range(stat.shape[0]):
         x = stat[i]
-        c = np.float64(lo if x < lo else (hi if x > hi else x)) - mean
+        c = np.float64(floor if x < floor else (hi if x > hi else x)) - mean
         m2 += c * c
     return m2
 

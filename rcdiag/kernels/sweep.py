@@ -3,11 +3,13 @@ cell among the thresholds' edges (``rcdiag.sweep.cells``), each cell's count, su
 squares, optionally per row, and optionally the recommendations' histogram (``rcdiag.sweep.collector``), in two
 passes over the block instead of a sort (3 ns a value) and a ``bincount`` per quantity.
 
-A token's cell comes from a table indexed by its float32 bit pattern shifted right by 15 bits (sign, exponent
-and 8 mantissa bits: the collector's buckets, 256 per power of two). The floats of one bucket are an interval, so
-a bucket with no edge inside it lies in one cell; the few that hold an edge (``AMBIGUOUS``) are located by
-comparing with every edge, as ``Cells.split`` does. The sums are float64, in token order within each of four
-interleaved copies (which break the store-to-load chain of consecutive tokens in one cell).
+A token's cell comes from a table indexed by its float32 bit pattern shifted right by ``SHIFT`` = 15 bits
+(sign, exponent and 8 mantissa bits: the collector's buckets, 256 per power of two). The floats of one bucket are
+an interval, so a bucket with no edge inside it lies in one cell; the few that hold an edge (``AMBIGUOUS``) are
+located by comparing with every edge (``_locate``: edges below plus edges at or below, the order of
+``Cells.point``). The sums are float64, in token order within each of four interleaved copies (which break the
+store-to-load chain of consecutive tokens in one cell). The encoding's constants live in
+``rcdiag.kernels.sweep_encoding`` (no numba there), which the sweep feature imports.
 """
 
 from __future__ import annotations
@@ -16,8 +18,7 @@ import numpy as np
 from numba import njit
 
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
-from rcdiag.sweep.cells import AMBIGUOUS, HISTOGRAM_CLAMPED, SHIFT
-from rcdiag.sweep.collector import BUCKETS as HISTOGRAM_SIZE
+from rcdiag.kernels.sweep_encoding import AMBIGUOUS, BUCKETS, HISTOGRAM_CLAMPED, SHIFT
 
 
 @njit(**JIT)
@@ -209,10 +210,10 @@ def _first_pass(
             if f < low[k]:
                 low[k] = f
         if histogram:
-            h = b & (HISTOGRAM_SIZE - 1)
+            h = b & (BUCKETS - 1)
             if histogram == HISTOGRAM_CLAMPED and v < 0:
                 h = 0
-            hist[(t & 3) * HISTOGRAM_SIZE + h] += 1
+            hist[(t & 3) * BUCKETS + h] += 1
 
 
 @njit(**JIT)

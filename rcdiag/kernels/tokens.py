@@ -255,23 +255,25 @@ def _k1_band_row(d32, lo, hi, nan):
 
 @njit(**JIT)
 def _k1_band_row_clamped(d32, lo, hi):
-    """``_k1_band_row`` for bounds at or beyond the clamp (or an inverted band, which keeps nothing): k1 itself."""
+    """``_k1_band_row`` for bounds at or beyond the clamp (or an inverted band, which keeps nothing): k1 itself,
+    clipped as torch clamps, ``min(max(x, lo), hi)`` (``hi`` everywhere for an inverted band)."""
     rejected = 0
     above = 0
     below = 0
     s = 0.0
+    floor = min(lo, hi)
     for i in range(d32.shape[0]):
         x = -_clamp(d32[i])
         rejected += np.int64(not ((x <= hi) & (x >= lo)))
         above += np.int64(x > hi)
         below += np.int64(x < lo)
-        s += np.float64(lo if x < lo else (hi if x > hi else x))
+        s += np.float64(floor if x < floor else (hi if x > hi else x))
     n = d32.shape[0]
     mean = s / n if n else 0.0
     m2 = 0.0
     for i in range(d32.shape[0]):
         x = -_clamp(d32[i])
-        c = np.float64(lo if x < lo else (hi if x > hi else x)) - mean
+        c = np.float64(floor if x < floor else (hi if x > hi else x)) - mean
         m2 += c * c
     return rejected, above, below, mean, m2
 

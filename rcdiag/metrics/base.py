@@ -97,14 +97,18 @@ class Accumulator:
     )
     """``sum`` states (of any accumulator that declares them) that count rows or tokens: a saved one is >= 0."""
 
+    _empty_states: ClassVar[dict[tuple, tuple[dict[str, Any], tuple[str, ...]]]] = {}
+    """Empty states built so far, by class, declared states and bins (the sweep makes thousands of accumulators):
+    a class whose ``STATES`` or ``BINS`` change (a subclass, a patched declaration) gets a template of its own."""
+
     def __init__(self) -> None:
-        cls = type(self)
-        empty = cls.__dict__.get("_empty_state")
-        if empty is None:  # the empty state of this class, built once (the sweep makes thousands of them)
+        key = (type(self), tuple(self.STATES.items()), self.BINS)
+        empty = self._empty_states.get(key)
+        if empty is None:
             counts = tuple(name for name, how in self.STATES.items() if how == "counts")
             template = {name: None if how == "counts" else self._empty(how) for name, how in self.STATES.items()}
             empty = (template, counts)  # (the declared order kept: counts are filled in below)
-            cls._empty_state = empty
+            self._empty_states[key] = empty
         template, counts = empty
         self.state: dict[str, Any] = dict(template)
         for name in counts:  # arrays: a new one for every accumulator

@@ -7,8 +7,6 @@ and rcdiag's own diagnostics separately.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,12 +142,9 @@ class BatchMetrics:
         self.empty_rows = integer(state["empty_rows"], "empty_rows")
 
 
-def state_layout() -> str:
-    """A short signature of every accumulator's declared state (class, state names, their reductions, bins).
-
-    A state file records it (``rcdiag.state``); a file written under another layout is refused, so a changed
-    accumulator can never load an old file silently.
-    """
+def declared_states() -> list:
+    """Every accumulator's declared state (class, state names, their reductions, bins), sorted: the accumulators'
+    part of the state layout (``rcdiag.state.state_layout``)."""
     declared: dict[str, list] = {}
     pending = list(Accumulator.__subclasses__())
     while pending:
@@ -158,8 +153,7 @@ def state_layout() -> str:
         if cls.__module__.startswith("rcdiag."):
             bins = [("bins", cls.BINS)] if cls.BINS else []  # a ``counts`` state's length is part of its layout
             declared[f"{cls.__module__}.{cls.__qualname__}"] = sorted(cls.STATES.items()) + bins
-    text = json.dumps(sorted(declared.items()), separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return sorted(declared.items())
 
 
 def empty_batch_crash() -> VerlCrash:

@@ -8,9 +8,12 @@ float32 arithmetic keeps a few digits of a small k3 and so can keep a token whos
 
 A block holds the rows' raw tokens and their mask; ``old``, ``rollout`` and everything derived from them are the
 valid tokens only (padding dropped on first use), and a row may have zero valid tokens (an empty or fully masked
-response, which still counts in verl's all-rows metrics). The sums every configuration needs (``sums``) come
-from one fused pass over the raw block on CPU, so the default configuration never compacts. Derived per-token
-and per-row arrays are computed once, on first use, and shared by every metric group.
+response, which still counts in verl's all-rows metrics). Two paths, chosen by the backend (``fused``): on the
+numpy backend the compiled kernels read the raw block once (``sums``: every token sum, the compacted log-ratio
+``lr`` and the configuration's k1 bands, ``rcdiag.kernels.tokens``), and the RS statistics and their bands come
+from ``statistic`` and ``band`` (``rcdiag.kernels.statistics``); on torch the same quantities are derived from
+the per-token arrays. Derived per-token and per-row arrays are computed once, on first use, and shared by every
+metric group.
 """
 
 from __future__ import annotations

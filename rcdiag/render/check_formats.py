@@ -1,4 +1,4 @@
-"""``check`` results for machines and CI: JSON, JUnit XML, a Markdown step summary, GitHub Actions annotations.
+"""``check`` results for machines and CI: JUnit XML, a Markdown step summary, GitHub Actions annotations.
 
 No rich here: these are plain strings (the JUnit file is built with the standard library's ElementTree).
 """
@@ -12,11 +12,6 @@ from rcdiag.check import CheckResult, RuleResult
 from rcdiag.render import counted
 
 _MARK = {"passed": "✅", "failed": "❌", "skipped": "⏭️"}
-
-
-def render_check_json(result: CheckResult) -> str:
-    """One JSON object (schema in docs/check.md); non-finite numbers are ``null``."""
-    return json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n"
 
 
 def render_junit(result: CheckResult) -> str:

@@ -15,17 +15,23 @@ from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import EngineState, StepKey, load_batches, saved_counts
 from rcdiag.fields import checked, integer, real
+from rcdiag.kernels import sweep_encoding
 from rcdiag.metrics.base import MetricValue, VerlCrash
 from rcdiag.metrics.batch import empty_batch_crash, prefixed_crash
 from rcdiag.metrics.block import Block
 from rcdiag.sweep.cells import NO_EDGES, TokenScan
 from rcdiag.sweep.collector import Collector
 from rcdiag.sweep.grid import SweepGrid
-from rcdiag.sweep.options import OptionSweep, option_sweep
+from rcdiag.sweep.options import OptionSweep, RSSweep, SequenceRSSweep, TokenRSSweep, option_sweep
 from rcdiag.versions import verl_version
 
-SWEEP_STATE_VERSION = 2
-"""Bumped whenever the sweep's own state (cells, per-threshold parts) changes shape."""
+
+def sweep_layout() -> dict[str, Any]:
+    """What the sweep's own state means beyond the engine's accumulators: the kernel's buckets and histogram
+    modes, and the counts each RS option keeps per threshold; for the one state layout hash
+    (``rcdiag.state.state_layout``)."""
+    counts = {cls.__name__: list(cls._counts) for cls in (RSSweep, SequenceRSSweep, TokenRSSweep)}
+    return {"kernel": sweep_encoding.layout(), "counts": counts}
 
 
 @dataclass(frozen=True)
@@ -166,17 +172,12 @@ class SweepState(EngineState):
         return {
             **super().state_dict(),
             "grid": self.grid.specs(),
-            "sweep_version": SWEEP_STATE_VERSION,
             "collector": collector,
             "target_reject": self.target_reject,
         }
 
     @classmethod
     def from_state_dict(cls, resolved: Any, state: dict[str, Any]) -> SweepState:
-        if state.get("sweep_version") != SWEEP_STATE_VERSION:
-            raise ValueError(
-                f"sweep state version {state.get('sweep_version')}, this rcdiag reads {SWEEP_STATE_VERSION}"
-            )
         grid = checked(state["grid"], dict[str, list[str]], "state.grid")
         out = cls(resolved, **saved_counts(state), grid=SweepGrid.from_specs(grid, resolved.version.name))
         target = state.get("target_reject")

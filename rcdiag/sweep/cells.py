@@ -21,18 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from rcdiag.fields import reals
+from rcdiag.kernels.sweep_encoding import AMBIGUOUS, HISTOGRAM, HISTOGRAM_CLAMPED, NO_HISTOGRAM, SHIFT, TABLE_SIZE
 from rcdiag.metrics.base import Moments
 
-SHIFT = 15
-"""Bits dropped from a float32's pattern to index the cell table: 8 mantissa bits remain, 256 buckets per power
-of two, which are also the recommendations' histogram buckets (``rcdiag.sweep.collector``, without the sign)."""
-TABLE_SIZE = 1 << (32 - SHIFT)
-NO_HISTOGRAM, HISTOGRAM, HISTOGRAM_CLAMPED = 0, 1, 2
-"""What a statistic's pass (``Cells.scan``) adds to the collector's histogram: nothing; the bucket of ``|x|``
-(the sign bit dropped: statistics >= 0, and k1 whose absolute value decides); the bucket of ``max(x, 0)`` (k3,
-which float32 may round below 0)."""
-AMBIGUOUS = 0xFFFF
-"""A table entry whose bucket holds an edge: its tokens are located by comparison with every edge."""
+__all__ = ["HISTOGRAM", "HISTOGRAM_CLAMPED", "NO_HISTOGRAM", "SHIFT"]  # the kernel's encoding, named here too
 
 
 @dataclass
@@ -216,11 +208,14 @@ class CellMap:
 
 
 def clip_map(cells: Cells, lo: float | None, hi: float) -> CellMap:
-    """``clip(x, lo, hi)`` (``lo`` None: ``min(x, hi)``); NaN stays NaN."""
+    """``clip(x, lo, hi)`` (``lo`` None: ``min(x, hi)``) as torch clamps, ``min(max(x, lo), hi)``: an inverted band
+    (``lo > hi``) gives ``hi`` everywhere; NaN stays NaN."""
     index = np.arange(cells.count)
     value = np.zeros(cells.count)
     below = index < cells.point(lo) if lo is not None else np.zeros(cells.count, dtype=bool)
     above = (index > cells.point(hi)) & (index != cells.nan_cell)
+    if lo is not None and lo > hi:
+        below, above = np.zeros(cells.count, dtype=bool), index != cells.nan_cell
     value[below] = lo if lo is not None else 0.0
     value[above] = hi
     return CellMap(~(below | above), value)

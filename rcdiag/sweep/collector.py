@@ -15,14 +15,11 @@ from typing import Any
 import numpy as np
 
 from rcdiag.fields import FieldError, counts, integer, reals, shown
+from rcdiag.kernels.sweep_encoding import BUCKETS, HISTOGRAM, HISTOGRAM_CLAMPED, SHIFT
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.rejection import row_statistic
-from rcdiag.sweep.cells import HISTOGRAM, HISTOGRAM_CLAMPED, SHIFT, TokenScan
+from rcdiag.sweep.cells import TokenScan
 from rcdiag.sweep.grid import resolve
-
-BUCKET_BITS = 23 - SHIFT
-"""Mantissa bits per bucket: 256 buckets per power of two, 0.39% wide (the target is <= 0.5%)."""
-BUCKETS = 1 << (31 - SHIFT)  # sign bit dropped: every statistic here is >= 0 (or NaN, always rejected)
 
 
 def bucket(values: np.ndarray, nonnegative: bool = False) -> np.ndarray:
@@ -88,7 +85,6 @@ class Collector:
         self.tokens = 0
         self.rows = 0
         self.valid_rows = 0
-        self.empty_rows = 0
 
     def update(self, block: Block, scans: dict[str, TokenScan]) -> None:
         b = block.b

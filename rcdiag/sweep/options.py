@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag.backend import NumpyBackend
 from rcdiag.config import RSOption
 from rcdiag.fields import FieldError, integer, reals, shown
 from rcdiag.metrics.base import Accumulator, MetricValue, Moments, VerlCrash
@@ -27,7 +26,6 @@ from rcdiag.sweep.cells import CellArrays, CellMap, Cells, TokenScan, band_map, 
 from rcdiag.sweep.grid import Threshold
 from rcdiag.versions import VerlVersion
 
-_NP = NumpyBackend()
 Values = tuple[dict[str, MetricValue], list[VerlCrash]]
 
 
@@ -258,11 +256,14 @@ class TokenRSSweep(RSSweep):
         above = count_above(cells, arrays, hi)
         below = count_below(cells, arrays, lo) if self.k1 else 0.0
         nan = float(arrays.n[cells.nan_cell])
+        # an inverted k1 band (lo > hi, accepted by verl <= 0.8.0) keeps nothing: each token is rejected once,
+        # though it may lie both above hi and below lo
+        masked = float(arrays.n.sum()) if self.k1 and lo > hi else above + below + nan
         out.state.update(
             tok_hi=above,
             tok_lo=below,
             clamped=self.maps[index].moments(arrays),
-            masked_tokens=above + below + nan,
+            masked_tokens=masked,
         )
         return out
 

@@ -7,13 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from rcdiag._version import __version__
-from rcdiag.catalogue.findings import finding
 from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import PRESETS, preset
 from rcdiag.errors import ConfigError
 from rcdiag.metrics.base import MetricValue, VerlCrash
 from rcdiag.report import Finding, InputFacts
-from rcdiag.sweep.batch import PointResult, SweepState
 from rcdiag.versions import DEFAULT_VERSION
 
 SWEEP_SCHEMA_VERSION = 1
@@ -136,61 +134,6 @@ class SweepReport:
             "input": self.input.to_dict(),
             "findings": [f.to_dict() for f in self.findings],
         }
-
-
-def build_sweep_report(state: SweepState, facts: InputFacts, device: str, min_ess: float) -> SweepReport:
-    """Compute every row (pooled and per step), the recommendations, the crash findings and the preset ranking."""
-    from rcdiag.sweep.recommend import recommend
-
-    target = state.target_reject
-    recommendations = recommend(state.collector, target) if state.collector and target is not None else None
-    per_step = sorted(
-        ((step, batch.compute()) for step, batch in state.batches.items()),  # type: ignore[attr-defined]
-        key=lambda item: (item[0] is None, item[0] or 0),
-    )
-    stepped = any(step is not None for step, _ in per_step)
-    pooled: dict[tuple[str, str], PointResult] = state.pooled().compute() if stepped or not per_step else per_step[0][1]
-    rows = []
-    for key, point in pooled.items():
-        steps = tuple((int(step), result[key].metrics) for step, result in per_step if step is not None)
-        crash_steps = tuple(int(step) for step, result in per_step if step is not None and result[key].crashes)
-        crashes = point.crashes or next((result[key].crashes for _, result in per_step if result[key].crashes), ())
-        rows.append(SweepRow(key[0], key[1], point.metrics, steps, crashes, crash_steps))
-    return SweepReport(
-        rows=tuple(rows),
-        recommendations=tuple(recommendations or ()),
-        target_reject=target if recommendations is not None else None,
-        presets=tuple(rank_presets(rows, min_ess, state.grid.verl_version)),
-        min_ess=min_ess,
-        input=facts,
-        findings=tuple(_crash_findings(rows)),
-        device=device,
-        verl_version=state.grid.verl_version,
-    )
-
-
-def _crash_findings(rows: list[SweepRow]) -> list[Finding]:
-    """One finding per row where verl would crash at that threshold; an empty batch crashes verl whatever the
-    threshold, so it is one finding for the sweep."""
-    findings: list[Finding] = []
-    empty_seen = False
-    for row in rows:
-        for crash in row.crashes:
-            empty = crash.code == "verl_crash_empty_batch"
-            if empty and empty_seen:
-                continue
-            empty_seen = empty_seen or empty
-            where = "" if empty else f"{row.option} at {row.threshold}: "
-            findings.append(
-                Finding(
-                    code=crash.code,
-                    severity=finding(crash.code).severity,
-                    message=where + crash.message,
-                    metric=crash.metric,
-                    steps=row.crash_steps or None,
-                )
-            )
-    return findings
 
 
 def rank_presets(rows: list[SweepRow], min_ess: float, version: str = DEFAULT_VERSION) -> list[PresetRank]:
