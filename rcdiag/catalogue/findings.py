@@ -239,7 +239,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "position_drift",
         "warning",
         "late positions' k3_kl is at least DRIFT_RATIO_MIN times the early positions', pooled and in most row "
-        "groups",
+        "groups, and their mean |log-ratio| at least DRIFT_ABS_RATIO_MIN times",
         check="mismatch does not grow along the response",
         advice="Numerical noise does not depend on position; look for precision lost with context length "
         "(KV-cache dtype, RoPE or attention kernels at long context, positions shifted between the engines).",
