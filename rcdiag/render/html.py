@@ -37,6 +37,7 @@ from rcdiag.render.text import (
     describe_config,
     describe_input,
     fmt,
+    reading_context,
     worst_cells,
 )
 from rcdiag.report import Finding, Report
@@ -201,8 +202,9 @@ def _histogram(reports: Sequence[tuple[str, Report, str]], share: bool) -> str:
 
 
 def _metrics(report: Report) -> str:
+    context = reading_context(report)
     rows = [
-        (f"<code>{e(key)}</code>", fmt(value), e(reading(key, value)))
+        (f"<code>{e(key)}</code>", fmt(value), e(reading(key, value, context)))
         for values in (report.metrics, report.extras)
         for key, value in values.items()
     ]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rcdiag.catalogue import FINDINGS, metric
+from rcdiag.catalogue.metrics import ReadingContext
 from rcdiag.config import CorrectionConfig
 from rcdiag.printable import printable
 from rcdiag.report import Finding, Report, Severity
@@ -46,6 +47,11 @@ def describe_config(config: dict) -> str:
     bits.append(f"bypass_mode=true loss_type={cfg.loss_type}" if cfg.bypass_mode else "bypass_mode=false (decoupled)")
     bits.append(f"as verl {cfg.verl_version} logs it")
     return ", ".join(bits)
+
+
+def reading_context(report: Report) -> ReadingContext:
+    """What the metric readings need from the report: kl's standard error and the findings that fired."""
+    return ReadingContext(report.extras.get("rcdiag/kl_std_error"), frozenset(f.code for f in report.findings))
 
 
 @dataclass(frozen=True)
