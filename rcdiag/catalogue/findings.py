@@ -220,7 +220,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "warning",
         "both regression slopes of rollout on trainer log-probs beyond 1 +- SCALE_TOLERANCE by Z standard errors "
         "(thresholds: rcdiag.explain.detectors)",
-        check="log-probs are not a scaled copy of each other (same temperature on both sides)",
+        check="log-probs are not a scaled copy of each other (no temperature difference seen)",
         advice="Apply the same temperature on both sides: the trainer divides its logits by the rollout's sampling "
         "temperature, and the rollout engine reports log-probs of the tempered distribution it sampled from.",
         explain=True,
@@ -230,7 +230,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "warning",
         "the capped mean IS ratio is more than OFFSET_MIN (beyond Z standard errors) from 1, with at least "
         "OFFSET_SHARE_MIN net tokens shifted the same way",
-        check="no shift of most tokens' log-probs in one direction (capped mean IS ratio near 1)",
+        check="no shift of most tokens' log-probs in one direction (capped mean ratio within 2% of 1)",
         advice="Typical cause: log-probs renormalised over top-k/top-p (or another truncated support) on one side "
         "only; return log-probs of the same distribution on both sides.",
         explain=True,
