@@ -362,7 +362,7 @@ def _sweep_curves(report: SweepReport) -> str:
         rows = [row for row in report.rows if row.option == option]
         rec = recommended.get(option)
         point = None
-        if rec is not None:
+        if rec is not None and rec.threshold is not None:
             share = rec.token_reject if rec.share == "token" else rec.seq_reject
             point = None if share is None else (_upper(rec.threshold), share, rec.threshold)
         fig = figure(5.6, 3.6)
@@ -373,8 +373,11 @@ def _sweep_curves(report: SweepReport) -> str:
 
 def _recommendations(report: SweepReport) -> str:
     rows = [
-        (f"<code>{e(r.option)}</code>", f"<code>{e(r.threshold)}</code>", e(r.share), fmt(r.token_reject),
-         fmt(r.seq_reject), f"<pre>{e(r.yaml.rstrip())}</pre>")
+        (f"<code>{e(r.option)}</code>",
+         f"<code>{e(r.threshold)}</code>" if r.threshold is not None else "cannot be met", e(r.share),
+         fmt(r.token_reject), fmt(r.seq_reject),
+         e(r.unreachable) if r.unreachable else f"<pre>{e(r.yaml.rstrip())}</pre>" + "".join(
+             f'<p class="note">{e(w)}</p>' for w in r.warnings))
         for r in report.recommendations
     ]  # fmt: skip
     headers = ("option", "threshold", "share targeted", "tokens rejected", "responses rejected", "verl YAML")
