@@ -32,8 +32,7 @@ def test_a_target_below_one_response_is_said_not_printed(capsys: pytest.CaptureF
     for option in SEQUENCE_OPTIONS:
         assert recs[option]["threshold"] is None, option
         assert recs[option]["unreachable"] == (
-            "the target cannot be met: 0.01 of 24 responses is less than one response (it needs at least 100 "
-            "responses)"
+            "the target cannot be met: 0.01 of 24 responses is less than one response (it needs at least 100 responses)"
         )
     assert recs["token_k3"]["threshold"] is not None and recs["token_k3"]["unreachable"] is None  # 24,000 tokens
     assert table.count("cannot be met") >= len(SEQUENCE_OPTIONS)
