@@ -42,8 +42,8 @@ def unreachable(units: int, target: float, unit: str) -> str | None:
     if target * units >= 1.0 or target <= 0.0:
         return None
     return (
-        f"the target cannot be met: {target:g} of {units:,} {unit}s is less than one {unit} (it needs at least "
-        f"{math.ceil(1.0 / target - 1e-9):,} {unit}s)"
+        f"the target cannot be met: {target:g} of {units:,} {unit}{'s' if units != 1 else ''} is less than one {unit} "
+        f"(it needs at least {math.ceil(1.0 / target - 1e-9):,} {unit}s)"
     )
 
 
