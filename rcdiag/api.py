@@ -14,7 +14,7 @@ from rcdiag.catalogue.findings import listing_order
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import Engine, EngineState
 from rcdiag.errors import ConfigError
-from rcdiag.explain.detectors import detect
+from rcdiag.explain.detectors import detect, not_run
 from rcdiag.explain.sequences import check_target as check_sequences_target
 from rcdiag.explain.sequences import cleanup, temporary_directory
 from rcdiag.explain.sequences import finish as finish_sequences
@@ -313,13 +313,15 @@ def build_report(
     findings = evaluate(per_step if per_step else [(None, pooled)], state.resolved, facts)
     explained = None
     if state.explain is not None:
-        detected = detect(state.explain, [(step, result.metrics) for step, result in per_step if step is not None])
+        stepped = [(step, result.metrics) for step, result in per_step if step is not None]
+        detected = detect(state.explain, stepped)
         findings = sorted([*findings, *detected], key=lambda f: listing_order(f.code, f.severity))
         explained = ExplainReport(
             breakdowns=state.explain.breakdowns.compute(),
             worst_sequences=tuple(entry.to_dict() for entry in state.explain.worst.entries()),
             traces=tuple(state.explain.worst.plotted()),
             sequences_path=None if sequences_path is None else str(sequences_path),
+            not_run=not_run(state.explain, stepped),
         )
     if microbatch is not None:
         findings = sorted([*findings, *microbatch.findings()], key=lambda f: listing_order(f.code, f.severity))

@@ -15,14 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-from rcdiag.catalogue import finding, full_key
+from rcdiag.catalogue import finding, full_key, metric
 from rcdiag.catalogue.findings import codes_for, listing_order
 from rcdiag.catalogue.metrics import MetricSpec, Threshold, rs_option, thresholds_with_findings
 from rcdiag.config import ResolvedConfig
 from rcdiag.constants import TEMPERATURE_KEY, TRAIN_TEMPERATURE_KEY
 from rcdiag.io.registry import FORMATS
 from rcdiag.metrics.batch import BatchResult
-from rcdiag.report import Finding, InputFacts
+from rcdiag.report import Finding, Histogram, InputFacts
 from rcdiag.stats import t_critical
 
 FINDING_CODES = codes_for("analyze")
@@ -33,6 +33,15 @@ KL_K3_RELATIVE_GAP = 0.5
 """The gap must also exceed this share of the larger KL: a significant but tiny gap is not worth a warning."""
 KL_K3_ABS_FLOOR = 1e-5
 """Gaps at or below this are float rounding (bitwise-equal engines have a standard error of 0)."""
+IS_SATURATED_SHARE = 0.9
+"""is_saturated: share of raw IS ratios beyond the upper threshold from which the correction is a constant."""
+OUTLIER_LOG_RATIO = 1.0
+"""sparse_outliers: a token is an outlier from |log-ratio| >= 1 nat (a probability off by e); precision noise stays
+orders of magnitude below."""
+OUTLIER_TOKEN_SHARE = 0.01
+"""sparse_outliers: the outliers are sparse when at most this share of the valid tokens."""
+OUTLIER_K3_SHARE = 0.5
+"""sparse_outliers: ... and they carry at least this share of k3_kl (a lower bound, from the histogram's bin edges)."""
 MASK_EMPTY_ROW_SHARE = 0.5
 """More than this share of rows without a valid token: the mask looks inverted."""
 FORMATS_WITH_PROMPTS = tuple(f.name for f in FORMATS if f.prompts)
@@ -144,6 +153,115 @@ def _kl_k3(result: BatchResult, context: Context) -> list[Hit]:
     return [Hit("kl_k3_disagree", full_key("kl"), kl, tolerance, message, abs(gap) / tolerance)]
 
 
+def kl_negative_limit(se: float, dof: float, tests: int) -> float:
+    """How far below 0 a kl must be to fire kl_negative: the kl/k3_kl test's noise limit (same false-alarm rate),
+    and never less than its rounding floor."""
+    return max(kl_k3_critical(tests, dof) * se, KL_K3_ABS_FLOOR)
+
+
+def _kl_negative(result: BatchResult, context: Context) -> list[Hit]:
+    kl, se = _value(result, "kl"), _value(result, "rcdiag/kl_std_error") or 0.0
+    responses = _value(result, "rcdiag/kl_std_error_dof")
+    if kl is None or responses is None or responses < 2.0:
+        return []
+    limit = kl_negative_limit(se, responses - 1.0, context.batches)
+    if kl >= -limit:
+        return []
+    sigmas = f"{-kl / se:.1f}" if se > 0 else "infinitely many"
+    message = (
+        f"kl = {kl:.4g} is negative by {sigmas} standard errors (rcdiag/kl_std_error = {se:.3g}; noise stays "
+        f"within {limit:.3g} at the false-alarm rate {KL_K3_FALSE_ALARM_RATE:g} per dump). "
+        + finding("kl_negative").advice
+    )
+    return [Hit("kl_negative", full_key("kl"), kl, -limit, message, -kl / limit)]
+
+
+def _is_saturated(result: BatchResult, context: Context) -> list[Hit]:
+    share = _value(result, "rollout_is_ratio_fraction_high")
+    if share is None or share < IS_SATURATED_SHARE:
+        return []
+    mean, std = _value(result, "rollout_is_mean"), _value(result, "rollout_is_std")
+    ess = _value(result, "rollout_is_eff_sample_size")
+    facts = ", ".join(
+        f"{name} = {value:.4g}"
+        for name, value in (("rollout_is_mean", mean), ("rollout_is_std", std), ("ESS", ess))
+        if value is not None
+    )
+    message = (
+        f"{share:.1%} of the raw IS ratios exceed the upper threshold (from {IS_SATURATED_SHARE:.0%} the weights are "
+        f"a constant){'; ' + facts if facts else ''}. " + finding("is_saturated").advice
+    )
+    return [Hit("is_saturated", full_key("rollout_is_ratio_fraction_high"), share, IS_SATURATED_SHARE, message, share)]
+
+
+def seq_is_usable_ess() -> float:
+    """seq_is_hopeless: verl's documented ESS minimum (the catalogue's is_ess_low bound), applied to untruncated
+    sequence weights."""
+    spec = metric("rollout_is_eff_sample_size")
+    assert spec is not None
+    return next(t.limit for t in spec.thresholds if t.finding == "is_ess_low")
+
+
+def seq_is_ess(chi2_seq: float) -> float:
+    """Effective sample size share of untruncated sequence IS weights: E[w]^2 / E[w^2] = 1 / (1 + chi2_seq)."""
+    return 1.0 / (1.0 + chi2_seq) if chi2_seq > -1.0 else 1.0
+
+
+def _seq_is_hopeless(result: BatchResult, context: Context) -> list[Hit]:
+    chi2 = _value(result, "chi2_seq")
+    floor = seq_is_usable_ess()
+    if chi2 is None or seq_is_ess(chi2) >= floor:
+        return []
+    ess = seq_is_ess(chi2)
+    message = (
+        f"chi2_seq = {chi2:.4g}: untruncated sequence IS weights have an effective sample size of "
+        f"1 / (1 + chi2_seq) = {ess:.3g} of the responses, below {floor:g}. " + finding("seq_is_hopeless").advice
+    )
+    return [Hit("seq_is_hopeless", full_key("chi2_seq"), chi2, 1.0 / floor - 1.0, message, chi2)]
+
+
+def outlier_shares(histogram: Histogram) -> tuple[int, float, float]:
+    """(outlier tokens, their share of the valid tokens, a lower bound on the share of the k3 sum they carry):
+    outliers have |log-ratio| >= OUTLIER_LOG_RATIO; each bin's k3 term e^d - 1 - d is taken at its edge nearest 0
+    (the term grows with |d| on both sides), and every other token's at its bin's far edge (an upper bound)."""
+    edges = (-math.inf, *histogram.edges, math.inf)
+    total = sum(histogram.counts)
+    if total == 0:
+        return 0, 0.0, 0.0
+    outliers, low_k3, high_k3 = 0, 0.0, 0.0
+    for i, count in enumerate(histogram.counts):
+        if not count:
+            continue
+        lo, hi = edges[i], edges[i + 1]
+        near = 0.0 if lo < 0.0 < hi else (hi if hi <= 0.0 else lo)
+        far = max(abs(lo), abs(hi))
+        far = -far if hi <= 0.0 else far
+        if abs(near) >= OUTLIER_LOG_RATIO:
+            outliers += count
+            low_k3 += count * _k3_term(near)
+        else:
+            high_k3 += count * _k3_term(far) if math.isfinite(far) else math.inf
+    share = low_k3 / (low_k3 + high_k3) if low_k3 > 0 else 0.0
+    return outliers, outliers / total, share
+
+
+def _k3_term(d: float) -> float:
+    return math.expm1(min(d, 700.0)) - d
+
+
+def _sparse_outliers(result: BatchResult, context: Context) -> list[Hit]:
+    if result.log_ratio is None:
+        return []
+    count, share, k3_share = outlier_shares(result.log_ratio)
+    if count == 0 or share > OUTLIER_TOKEN_SHARE or k3_share < OUTLIER_K3_SHARE:
+        return []
+    message = (
+        f"{count:,} tokens ({share:.3%} of the valid tokens) have |log-ratio| >= {OUTLIER_LOG_RATIO:g} and carry at "
+        f"least {k3_share:.0%} of k3_kl (from the log-ratio histogram). " + finding("sparse_outliers").advice
+    )
+    return [Hit("sparse_outliers", None, k3_share, OUTLIER_K3_SHARE, message, k3_share)]
+
+
 def _rs_all(result: BatchResult, context: Context) -> list[Hit]:
     value = _value(result, "rollout_rs_masked_fraction")
     if value is None or value < 1.0:
@@ -168,7 +286,17 @@ def _crashes(result: BatchResult, context: Context) -> list[Hit]:
     return [Hit(c.code, c.metric, None, None, c.message) for c in result.crashes]
 
 
-BATCH_RULES: tuple[BatchRule, ...] = (_crashes, _thresholds, _kl_k3, _rs_all, _not_finite)
+BATCH_RULES: tuple[BatchRule, ...] = (
+    _crashes,
+    _thresholds,
+    _kl_k3,
+    _kl_negative,
+    _is_saturated,
+    _seq_is_hopeless,
+    _sparse_outliers,
+    _rs_all,
+    _not_finite,
+)
 """Every rule run per batch."""
 
 

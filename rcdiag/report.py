@@ -143,6 +143,8 @@ class ExplainReport:
     traces: tuple[TokenTrace, ...] = ()
     """Per-token log-ratios of the few worst responses (bounded, ``rcdiag.explain.worst``), for the HTML report's
     plot; not in the JSON."""
+    not_run: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Detectors that had too little data to test (code: "not run: why"); their checklist rows show "–"."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,7 @@ class Report:
         if self.explain is not None:
             out["breakdowns"] = self.explain.breakdowns
             out["worst_sequences"] = list(self.explain.worst_sequences)
+            out["detectors_not_run"] = dict(self.explain.not_run)
             if self.explain.sequences_path is not None:
                 out["sequences_path"] = self.explain.sequences_path
         if self.microbatch is not None:

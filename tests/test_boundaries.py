@@ -604,10 +604,12 @@ NOT_COMPUTED_PLAIN = {  # the checks whose metric needs IS or RS, which plain an
     "is_std_high": P + "rollout_is_std",
     "rs_rejects_all_tokens": P + "rollout_rs_masked_fraction",
     "rs_rejects_most_tokens": P + "rollout_rs_masked_fraction",
+    "is_saturated": P + "rollout_is_ratio_fraction_high",
 }
 COMPUTED_PLAIN = {  # every other check of plain analyze (--explain's detectors appear only with --explain)
     "verl_crash_empty_batch", "mask_looks_inverted", "mask_missing", "kl_high", "chi2_token_high", "kl_k3_disagree",
-    "logprob_neg_inf", "metric_not_finite", "temperature_recorded_mismatch",
+    "logprob_neg_inf", "metric_not_finite", "temperature_recorded_mismatch", "kl_negative", "sparse_outliers",
+    "seq_is_hopeless",
 }  # fmt: skip
 
 

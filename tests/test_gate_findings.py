@@ -19,7 +19,8 @@ from conftest import SAMPLES
 @pytest.fixture(scope="module")
 def shifted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A systematic shift (the trainer's log-probs 0.004 above the rollout's): kl = -0.0041, k3_kl = 0.00046, so
-    every metric pack passes while analyze warns kl_k3_disagree."""
+    every metric pack passes while analyze warns kl_k3_disagree and, since a kl that far below 0 cannot come from
+    tokens sampled by the rollout engine, gives the error kl_negative."""
     rng = np.random.default_rng(0)
     rows, length = 64, 200
     rollout = [(-rng.exponential(1.0, length) - 0.05) for _ in range(rows)]
@@ -54,18 +55,19 @@ def test_pack_analyze_fails_the_gate_with_junit_and_markdown(shifted: Path, tmp_
     result = check(shifted, "--pack", "verl", "--pack", "nemo-rl", "--pack", "analyze", "--junit", junit,
                    "--markdown", markdown)  # fmt: skip
     assert result.returncode == 1, result.stderr
+    assert "✗ │ finding kl_negative (error)" in result.stdout
     assert "✗ │ finding kl_k3_disagree (warning)" in result.stdout
-    assert "FAILED: 4 of 8 rules hold, 4 skipped; 1 finding fails --fail-on warning or worse" in result.stdout
+    assert "FAILED: 4 of 8 rules hold, 4 skipped; 2 findings fail --fail-on warning or worse" in result.stdout
     assert result.stderr == ""
     suite = ET.parse(junit).getroot()
-    assert suite.get("failures") == "1" and suite.get("tests") == "9"
-    case = suite.find(".//testcase[@classname='rcdiag.check.fail_on']")
+    assert suite.get("failures") == "2" and suite.get("tests") == "10"
+    case = suite.find(".//testcase[@classname='rcdiag.check.fail_on'][@name='finding kl_k3_disagree (warning)']")
     assert case is not None and case.get("name") == "finding kl_k3_disagree (warning)"
     failure = case.find("failure")
     assert failure is not None and failure.get("type") == "rcdiag.FindingFailed"
     assert failure.get("message", "").startswith("kl (-0.00412) and k3_kl (0.000455) disagree")
     text = markdown.read_text()
-    assert text.startswith("### ❌ rcdiag check failed: 4 of 8 rules hold, 4 skipped; 1 finding fails --fail-on")
+    assert text.startswith("### ❌ rcdiag check failed: 4 of 8 rules hold, 4 skipped; 2 findings fail --fail-on")
     assert "| ❌ | finding kl_k3_disagree (warning) |" in text
 
 
@@ -75,11 +77,12 @@ def test_fail_on_severity_and_codes(shifted: Path) -> None:
     out = json.loads(result.stdout)
     assert out["passed"] is False and out["results"] == []
     assert out["fail_on"] == {"severity": "warning", "codes": []}
-    assert [f["code"] for f in out["failing_findings"]] == ["kl_k3_disagree"]
+    assert [f["code"] for f in out["failing_findings"]] == ["kl_negative", "kl_k3_disagree"]
     result = check(shifted, "--fail-on", "error", "--max", "k3_kl=1e-3")
-    assert result.returncode == 0, result.stderr
-    assert "✓ │ no finding: error or worse" in result.stdout
-    assert "PASSED: 1 of 1 rules hold; no finding fails --fail-on error or worse" in result.stdout
+    assert result.returncode == 1, result.stderr
+    assert "FAILED: 1 of 1 rules hold; 1 finding fails --fail-on error or worse" in result.stdout
+    result = check(shifted, "--fail-on", "kl_negative", "--max", "k3_kl=1e-3")  # or by its code
+    assert result.returncode == 1 and "1 finding fails --fail-on kl_negative" in result.stdout
     result = check(shifted, "--fail-on", "kl_k3_disagree,chi2_token_high")
     assert (
         result.returncode == 1 and "FAILED: 1 finding fails --fail-on kl_k3_disagree, chi2_token_high" in result.stdout
@@ -110,4 +113,4 @@ def test_a_rules_file_gates_on_findings(shifted: Path, tmp_path: Path) -> None:
     assert result.returncode == 1 and "1 finding fails --fail-on kl_k3_disagree" in result.stdout
     rules.write_text('packs = ["analyze"]\n')
     result = check(shifted, "--rules", rules)
-    assert result.returncode == 1 and "FAILED: 1 finding fails --fail-on warning or worse" in result.stdout
+    assert result.returncode == 1 and "FAILED: 2 findings fail --fail-on warning or worse" in result.stdout

@@ -433,9 +433,16 @@ def test_every_command_reads_a_response_whose_log_ratio_sum_overflows_exp(
     code, out, err = run(capsys, "sweep", dump, "--format", "json")
     assert code == 0, err
     recommended = {r["option"]: r for r in json.loads(out)["recommendations"]}
-    widest = recommended["seq_sum_k1"]
+    assert recommended["seq_sum_k1"]["threshold"] is None  # 1% of one response: said, no number
+    assert recommended["seq_sum_k1"]["unreachable"].startswith("the target cannot be met: 0.01 of 1 response is")
+    twice = tmp_path / "twice.parquet"  # two such responses, half of them allowed out: the order statistic is 800
+    pq.write_table(pq.read_table(constant_ratio_dump).take([0, 0]), twice)
+    code, out, err = run(capsys, "sweep", str(twice), "--target-reject", "0.5", "--format", "json")
+    assert code == 0, err
+    widest = {r["option"]: r for r in json.loads(out)["recommendations"]}["seq_sum_k1"]
     assert widest["threshold"] == "5.563e-309_1.7976e+308"  # the widest band a spec states: +-709.78 in log space
     assert (widest["token_reject"], widest["seq_reject"]) == (1.0, 1.0)  # 800 lies beyond it: said, not hidden
+    assert any("beyond e^20" in w for w in widest["warnings"])
 
 
 def test_k3_growth_over_a_run_beyond_exp_range_stays_finite() -> None:

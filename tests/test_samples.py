@@ -111,7 +111,12 @@ def test_healthy_at_temperature_06_sample() -> None:
 
 def test_outliers_sample() -> None:
     path = SAMPLES / "outliers.parquet"
-    assert codes(path) == {"chi2_token_high": (2,), "kl_k3_disagree": (2,)}
+    assert codes(path) == {
+        "chi2_token_high": (2,),
+        "kl_k3_disagree": (2,),
+        "sparse_outliers": (0, 1, 2, 3, 4, 5),  # 0.25% of the tokens carry >= 94% of k3_kl pooled
+        "seq_is_hopeless": (0, 2),  # chi2_seq 5.1 pooled; above 2.33 (ESS 0.3) at steps 0 and 2
+    }
     assert codes(path, rcdiag.preset("decoupled_seq_is"))["is_mean_out_of_range"] == (0, 2, 3, 5)
     report = rcdiag.analyze(path)
     assert_as_generated(path, "outliers", report, ("kl", "k3_kl", "token_mult_prob_error"))

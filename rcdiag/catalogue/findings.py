@@ -75,6 +75,16 @@ FINDINGS: tuple[FindingSpec, ...] = (
         advice="verl stops at this assertion before training. Change the batch sizes or the token budget.",
     ),
     FindingSpec(
+        "kl_negative",
+        "error",
+        "kl is below 0 by more than its noise (corrected for the number of steps tested) and the rounding floor",
+        check="kl is not negative beyond noise (tokens sampled by the rollout engine give kl >= 0)",
+        metric="kl",
+        advice="On tokens sampled from the rollout engine E[log(pi_rollout/pi_train)] >= 0, so these log-probs cannot "
+        "be right: the two log-prob columns are likely swapped (pass --old-col/--rollout-col the other way round), "
+        "or the tokens were not sampled from the engine that scored them (a re-scored or replayed rollout).",
+    ),
+    FindingSpec(
         "mask_looks_inverted",
         "warning",
         "more than half of the rows have no valid token",
@@ -141,12 +151,35 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "kl_k3_disagree",
         "warning",
         "kl - k3_kl is beyond its noise (corrected for the number of steps tested) and beyond half the KL",
-        check="kl agrees with k3_kl within noise (no systematic shift)",
+        check="kl agrees with k3_kl within noise (the mean IS ratio is 1)",
         metric="kl",
         advice="Both estimate KL(rollout || training) and agree when the mismatch is noise, because the mean ratio "
         "pi_train/pi_rollout of tokens sampled from the rollout policy is 1. A gap beyond noise means a "
         "systematic shift: the rollout log-probs are not those of the distribution that sampled the tokens "
         "(top-k/top-p truncation renormalised on one side, a constant offset, shifted positions).",
+    ),
+    FindingSpec(
+        "is_saturated",
+        "warning",
+        "IS on and at least IS_SATURATED_SHARE of the raw ratios are beyond the upper threshold (thresholds: "
+        "rcdiag.health)",
+        check="IS weights are not all truncated at the threshold (the correction is not a constant)",
+        metric="rollout_is_ratio_fraction_high",
+        advice="Truncation replaced (nearly) every weight by the threshold, so IS multiplies every sample by the "
+        "same constant and corrects nothing; rollout_is_std near 0 and an ESS near 1 only say the weights are "
+        "equal. Sequence weights are products over the response: use token-level TIS (rollout_is=token, "
+        "threshold ~2), and check the IS threshold is an upper bound above 1.",
+    ),
+    FindingSpec(
+        "sparse_outliers",
+        "warning",
+        "at most OUTLIER_TOKEN_SHARE of the tokens have |log-ratio| >= OUTLIER_LOG_RATIO and carry at least "
+        "OUTLIER_K3_SHARE of k3_kl (thresholds: rcdiag.health)",
+        check="k3_kl is not carried by a few outlier tokens",
+        advice="A heavy tail of its own, not precision noise: a few huge tokens (MoE routing flips, "
+        "nondeterministic or buggy kernels, a token mis-scored on one side) dominate k3_kl and chi2, so averages "
+        "mislead. Reject them with token-level RS (token_k1/token_k3) or IcePop, and look at the worst responses "
+        "(analyze --explain).",
     ),
     FindingSpec(
         "rs_rejects_all_tokens",
@@ -187,7 +220,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "warning",
         "both regression slopes of rollout on trainer log-probs beyond 1 +- SCALE_TOLERANCE by Z standard errors "
         "(thresholds: rcdiag.explain.detectors)",
-        check="log-probs are not a scaled copy of each other (same temperature on both sides)",
+        check="log-probs are not a scaled copy of each other (no temperature difference seen)",
         advice="Apply the same temperature on both sides: the trainer divides its logits by the rollout's sampling "
         "temperature, and the rollout engine reports log-probs of the tempered distribution it sampled from.",
         explain=True,
@@ -197,7 +230,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "warning",
         "the capped mean IS ratio is more than OFFSET_MIN (beyond Z standard errors) from 1, with at least "
         "OFFSET_SHARE_MIN net tokens shifted the same way",
-        check="no systematic shift between the engines' log-probs",
+        check="no shift of most tokens' log-probs in one direction (capped mean ratio within 2% of 1)",
         advice="Typical cause: log-probs renormalised over top-k/top-p (or another truncated support) on one side "
         "only; return log-probs of the same distribution on both sides.",
         explain=True,
@@ -206,7 +239,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "position_drift",
         "warning",
         "late positions' k3_kl is at least DRIFT_RATIO_MIN times the early positions', pooled and in most row "
-        "groups",
+        "groups, and their mean |log-ratio| at least DRIFT_ABS_RATIO_MIN times",
         check="mismatch does not grow along the response",
         advice="Numerical noise does not depend on position; look for precision lost with context length "
         "(KV-cache dtype, RoPE or attention kernels at long context, positions shifted between the engines).",
@@ -221,6 +254,18 @@ FINDINGS: tuple[FindingSpec, ...] = (
         advice="Mismatch that feeds on itself precedes collapse: correct it now (token or sequence IS, RS) and "
         "look for the component that drifts with training.",
         explain=True,
+    ),
+    FindingSpec(
+        "seq_is_hopeless",
+        "info",
+        "chi2_seq puts the effective sample size of untruncated sequence IS weights, 1 / (1 + chi2_seq), below "
+        "verl's ESS minimum (0.3)",
+        check="sequence-level IS weights are usable at these lengths: 1 / (1 + chi2_seq) >= 0.3",
+        metric="chi2_seq",
+        advice="A sequence weight is the product of every token's ratio, so its variance grows exponentially with "
+        "the response length; at these lengths sequence-level IS (or a sequence-level threshold) is dominated by a "
+        "few responses or truncated to a constant. Use token-level TIS (rollout_is=token), which stays stable as "
+        "responses grow, with RS for outliers.",
     ),
     FindingSpec(
         "is_weights_unused",

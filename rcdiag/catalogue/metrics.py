@@ -149,6 +149,56 @@ NEGATIVE_CHI2 = Band(
     "negative: E[ratio^2] < 1 forces the mean ratio below 1, a systematic shift (kl_k3_disagree says whether it "
     "is beyond noise), not a small spread",
 )
+KL_NOISE_SIGMAS = 2.0
+"""A kl within this many standard errors of 0 reads "within noise of 0" (no magnitude band)."""
+SHIFT_CODES = frozenset({"kl_k3_disagree", "logprob_offset"})
+"""Findings that establish a systematic shift beyond noise (a negative chi2 reads as one only with them)."""
+
+
+@dataclass(frozen=True)
+class ReadingContext:
+    """What a reading needs beyond the value: whether it is distinguishable from 0 (docs/findings.md)."""
+
+    kl_std_error: float | None
+    """Standard error of kl (``rcdiag/kl_std_error``)."""
+    fired: frozenset[str]
+    """Codes of the findings the report gives: a reading never contradicts them."""
+
+
+def _noise_band(key: str, value: float, context: ReadingContext) -> str | None:
+    """The reading of kl and chi2 that depends on whether the value is beyond noise; ``None``: use the bands."""
+    short = short_key(key)
+    if short == "kl":
+        if value < 0:
+            if "kl_negative" in context.fired:
+                return "negative beyond noise: impossible for tokens sampled by the rollout engine (kl_negative)"
+            return "negative but within noise of 0 (KL itself is >= 0)"
+        se = context.kl_std_error
+        if se is not None and value <= KL_NOISE_SIGMAS * se:
+            return f"within noise of 0 (at most {KL_NOISE_SIGMAS:g} standard errors, rcdiag/kl_std_error)"
+        if "sparse_outliers" in context.fired:
+            return "carried by a few outlier tokens (sparse_outliers), not by noise across the tokens"
+        return None
+    if short == "rollout_is_eff_sample_size" and "is_saturated" in context.fired:
+        return "meaningless: truncation made (nearly) every weight the same constant (is_saturated)"
+    if short in ("chi2_token", "chi2_seq") and value < 0:
+        if context.fired & SHIFT_CODES:
+            return (
+                "negative: E[ratio^2] < 1 forces the mean ratio below 1, and the mean ratio is below 1 beyond noise "
+                f"({', '.join(sorted(context.fired & SHIFT_CODES))}): a systematic shift, not a small spread"
+            )
+        if short == "chi2_token":
+            return (
+                "negative but within noise of 0: the mean ratio is 1 within noise (kl_k3_disagree holds), so the "
+                "true value is a variance >= 0 too small to measure"
+            )
+        return (
+            "negative although the mean token ratio is 1 within noise: the sequence weights are too heavy-tailed "
+            "for this sample to estimate their variance (>= 0); see seq_is_hopeless"
+        )
+    return None
+
+
 _OPT = "rollout_rs_{option}_"
 
 METRICS: tuple[MetricSpec, ...] = (
@@ -366,8 +416,9 @@ def every_key() -> list[str]:
     return list(_index())
 
 
-def reading(key: str, value: float | None) -> str:
-    """A short plain-language reading of one metric's value; ``""`` for an unknown key."""
+def reading(key: str, value: float | None, context: ReadingContext | None = None) -> str:
+    """A short plain-language reading of one metric's value; ``""`` for an unknown key. With ``context``, kl and
+    chi2 read by whether they are distinguishable from 0, consistently with the report's findings."""
     spec = metric(key)
     if spec is None:
         return ""
@@ -375,7 +426,9 @@ def reading(key: str, value: float | None) -> str:
     if value is None:
         return text
     measured = abs(value) if spec.bands_on_abs else value
-    band = next((b.text for b in spec.bands if measured < b.below), "")
+    band = _noise_band(spec.name, value, context) if context is not None else None
+    if band is None:
+        band = next((b.text for b in spec.bands if measured < b.below), "")
     if band:
         text += f"; {band}"
     failed = [t for t in spec.thresholds if t.finding is not None and not t.holds(value)]

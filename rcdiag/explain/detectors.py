@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from rcdiag.catalogue.findings import FINDINGS, finding
-from rcdiag.explain.breakdowns import DOUBLING_EDGES, N_DOUBLING, bucket_metrics
+from rcdiag.explain.breakdowns import DOUBLING_EDGES, N_DOUBLING, SUMS, bucket_metrics
 from rcdiag.explain.state import ExplainState
 from rcdiag.explain.statistics import RATIO_CAP, SHIFT_TOL, OffsetSums, ScaleSums, group_spread
 from rcdiag.report import Finding
@@ -43,6 +43,10 @@ DRIFT_RATIO_MIN = 3.0
 DRIFT_LOWER_MIN = 2.0
 DRIFT_GROUP_SHARE = 0.8
 """position_drift: at least this share of hash groups must have a late/early ratio above DRIFT_LOWER_MIN."""
+DRIFT_ABS_RATIO_MIN = 1.5
+"""position_drift: late positions' mean |log-ratio| over the early positions'. Noise whose scale grows gives
+sqrt(DRIFT_RATIO_MIN) = 1.73 at the k3 threshold (k3 grows as the square of the scale, |log-ratio| as the scale);
+a few huge tokens, which dominate k3 wherever they land, barely move the mean |log-ratio|."""
 DRIFT_FLOOR = 1e-5
 """position_drift: late k3 KL below this is numerically negligible whatever its growth."""
 EARLY_BUCKETS = (0, 1)
@@ -67,6 +71,53 @@ def detect(state: ExplainState, steps: Sequence[tuple[int, dict[str, float | Non
     found = [temperature_mismatch(state.scale), logprob_offset(state.offset), position_drift(state)]
     found.append(mismatch_trend(steps))
     return [f for f in found if f is not None]
+
+
+def not_run(state: ExplainState, steps: Sequence[tuple[int, dict[str, float | None]]]) -> dict[str, str]:
+    """Why each detector that had too little data to test did not run (its checklist row shows "–", not ✓)."""
+    reasons = {
+        "temperature_mismatch": _scale_data(state.scale),
+        "logprob_offset": _offset_data(state.offset),
+        "position_drift": _position_data(state),
+        "mismatch_trend": _trend_data(steps),
+    }
+    return {code: f"not run: {why}" for code, why in reasons.items() if why is not None}
+
+
+def _too_few(what: str, have: float, need: int) -> str | None:
+    return f"{int(have):,} {what}, needs {need:,}" if have < need else None
+
+
+def _scale_data(scale: ScaleSums) -> str | None:
+    groups = sum(1 for row in scale.sums if row[0] >= 2 and ScaleSums.slopes(row) is not None)
+    return _too_few("valid tokens", float(scale.sums[:, 0].sum()), MIN_TOKENS) or _too_few(
+        "groups of responses with a regression", groups, MIN_GROUPS
+    )
+
+
+def _offset_data(offset: OffsetSums) -> str | None:
+    n_col = offset.column("n")
+    return _too_few("valid tokens", float(n_col.sum()), MIN_TOKENS) or _too_few(
+        "groups of responses with tokens", int((n_col > 0).sum()), MIN_GROUPS
+    )
+
+
+def _position_data(state: ExplainState) -> str | None:
+    per_group = state.breakdowns.position_sums
+    early = per_group[:, list(EARLY_BUCKETS)].sum(axis=1)[:, 0]
+    late = per_group[:, LATE_FROM:].sum(axis=1)[:, 0]
+    return (
+        _too_few("tokens at positions < 64", float(early.sum()), MIN_TOKENS)
+        or _too_few(f"tokens at positions >= {DOUBLING_EDGES[LATE_FROM]}", float(late.sum()), MIN_TOKENS)
+        or _too_few("groups of responses with early and late tokens", int(((early > 0) & (late > 0)).sum()), MIN_GROUPS)
+    )
+
+
+def _trend_data(steps: Sequence[tuple[int, dict[str, float | None]]]) -> str | None:
+    if not steps:
+        return "the dump has no steps"
+    usable = sum(1 for _, m in steps if (v := m.get("rollout_corr/k3_kl")) is not None and v > 0)
+    return _too_few("steps with a positive k3_kl", usable, TREND_MIN_STEPS)
 
 
 def _finding(code: str, facts: str, value: float, threshold: float, evidence: dict[str, Any]) -> Finding:
@@ -210,10 +261,17 @@ def position_drift(state: ExplainState) -> Finding | None:
     share = float(np.mean([r > DRIFT_LOWER_MIN for r in group_ratios]))
     if ratio < DRIFT_RATIO_MIN or median < DRIFT_RATIO_MIN or share < DRIFT_GROUP_SHARE or k3_late < DRIFT_FLOOR:
         return None
+    pooled_early, pooled_late = early.sum(axis=0), late.sum(axis=0)
+    abs_index = SUMS.index("abs_lr")
+    abs_early, abs_late = pooled_early[abs_index] / pooled_early[0], pooled_late[abs_index] / pooled_late[0]
+    abs_ratio = abs_late / abs_early if abs_early > 0 else math.inf
+    if abs_ratio < DRIFT_ABS_RATIO_MIN:
+        return None  # k3 grows but the bulk of the tokens does not: a few huge tokens, not drift
     growth = _growth_per_doubling(per_group.sum(axis=0))
     evidence = {
         "ratio": ratio,
         "median_group_ratio": median,
+        "abs_log_ratio_ratio": abs_ratio if math.isfinite(abs_ratio) else None,
         "groups_above": share,
         "k3_kl_early": k3_early,
         "k3_kl_late": k3_late,
@@ -226,7 +284,8 @@ def position_drift(state: ExplainState) -> Finding | None:
     message = (
         f"mismatch grows along the response: k3_kl is {k3_late:.3g} at positions >= {DOUBLING_EDGES[LATE_FROM]} "
         f"against {k3_early:.3g} at positions < 64 ({ratio:.3g}x; {median:.3g}x in the median of "
-        f"{len(group_ratios)} groups of responses dealt by hash, {share:.0%} of them above {DRIFT_LOWER_MIN:g}x), "
+        f"{len(group_ratios)} groups of responses dealt by hash, {share:.0%} of them above {DRIFT_LOWER_MIN:g}x; "
+        f"mean |log-ratio| {abs_ratio:.3g}x), "
         f"about {growth:.3g}x per doubling of position."
     )
     return _finding("position_drift", message, ratio, DRIFT_RATIO_MIN, evidence)

@@ -37,6 +37,7 @@ from rcdiag.render.text import (
     describe_config,
     describe_input,
     fmt,
+    reading_context,
     worst_cells,
 )
 from rcdiag.report import Finding, Report
@@ -201,8 +202,9 @@ def _histogram(reports: Sequence[tuple[str, Report, str]], share: bool) -> str:
 
 
 def _metrics(report: Report) -> str:
+    context = reading_context(report)
     rows = [
-        (f"<code>{e(key)}</code>", fmt(value), e(reading(key, value)))
+        (f"<code>{e(key)}</code>", fmt(value), e(reading(key, value, context)))
         for values in (report.metrics, report.extras)
         for key, value in values.items()
     ]
@@ -360,7 +362,7 @@ def _sweep_curves(report: SweepReport) -> str:
         rows = [row for row in report.rows if row.option == option]
         rec = recommended.get(option)
         point = None
-        if rec is not None:
+        if rec is not None and rec.threshold is not None:
             share = rec.token_reject if rec.share == "token" else rec.seq_reject
             point = None if share is None else (_upper(rec.threshold), share, rec.threshold)
         fig = figure(5.6, 3.6)
@@ -371,8 +373,11 @@ def _sweep_curves(report: SweepReport) -> str:
 
 def _recommendations(report: SweepReport) -> str:
     rows = [
-        (f"<code>{e(r.option)}</code>", f"<code>{e(r.threshold)}</code>", e(r.share), fmt(r.token_reject),
-         fmt(r.seq_reject), f"<pre>{e(r.yaml.rstrip())}</pre>")
+        (f"<code>{e(r.option)}</code>",
+         f"<code>{e(r.threshold)}</code>" if r.threshold is not None else "cannot be met", e(r.share),
+         fmt(r.token_reject), fmt(r.seq_reject),
+         e(r.unreachable) if r.unreachable else f"<pre>{e(r.yaml.rstrip())}</pre>" + "".join(
+             f'<p class="note">{e(w)}</p>' for w in r.warnings))
         for r in report.recommendations
     ]  # fmt: skip
     headers = ("option", "threshold", "share targeted", "tokens rejected", "responses rejected", "verl YAML")

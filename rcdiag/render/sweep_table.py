@@ -49,9 +49,12 @@ def render_sweep(report: SweepReport, console: Console) -> None:
         console.print(_option_table(option, list(rows)))
     if report.recommendations:
         console.print(_recommendations(report))
+        for note, options in _notes(report).items():
+            console.print(Text.assemble(("WARNING ", "yellow"), (f"{', '.join(options)}: ", "bold"), note))
         console.print(Text("verl YAML to paste (one option each):", style="bold"))
         for rec in report.recommendations:
-            console.print(Text(rec.yaml.rstrip()))
+            if rec.threshold is not None:
+                console.print(Text(rec.yaml.rstrip()))
     if report.presets:
         console.print(_presets(report))
     for finding in report.findings:
@@ -120,8 +123,18 @@ def _recommendations(report: SweepReport) -> Table:
     for name in ("option", "threshold", "share targeted", "tokens rejected", "responses rejected"):
         table.add_column(name, justify="left" if name in ("option", "threshold") else "right")
     for rec in report.recommendations:
-        table.add_row(rec.option, rec.threshold, rec.share, fmt(rec.token_reject), fmt(rec.seq_reject))
+        threshold = "cannot be met" if rec.threshold is None else rec.threshold + (" (!)" if rec.warnings else "")
+        table.add_row(rec.option, threshold, rec.share, fmt(rec.token_reject), fmt(rec.seq_reject))
     return table
+
+
+def _notes(report: SweepReport) -> dict[str, list[str]]:
+    """Each recommendation's warning (or why it has none) with the options it applies to, in order."""
+    notes: dict[str, list[str]] = {}
+    for rec in report.recommendations:
+        for note in (rec.unreachable,) if rec.unreachable else rec.warnings:
+            notes.setdefault(note, []).append(rec.option)
+    return notes
 
 
 def _presets(report: SweepReport) -> Table:

@@ -9,12 +9,12 @@ from rich.table import Table
 from rich.text import Text
 
 from rcdiag.catalogue import metric, reading, short_key
-from rcdiag.catalogue.metrics import rs_option, step_columns
+from rcdiag.catalogue.metrics import ReadingContext, rs_option, step_columns
 from rcdiag.config import CorrectionConfig
 from rcdiag.printable import printable
 from rcdiag.render import counted
 from rcdiag.render.panels import sparkline
-from rcdiag.render.text import checklist, describe_config, describe_input, fmt
+from rcdiag.render.text import checklist, describe_config, describe_input, fmt, reading_context
 from rcdiag.report import Report
 
 T = TypeVar("T")
@@ -28,19 +28,22 @@ def render_table(report: Report, console: Console) -> None:
     """Print the whole report."""
     console.print(_header(report))
     metrics = report.metrics
+    context = reading_context(report)
     title_suffix = " (all steps pooled)" if report.steps else ""
     off = [k for k in metrics if _group(k) == "offpolicy"]
-    console.print(_metric_table("Off-policy diagnostics" + title_suffix, off, metrics))
+    console.print(_metric_table("Off-policy diagnostics" + title_suffix, off, metrics, context))
     is_keys = [k for k in metrics if _group(k) == "is"]
     if is_keys:
-        console.print(_metric_table(_is_title(report.config) + title_suffix, is_keys, metrics))
+        console.print(_metric_table(_is_title(report.config) + title_suffix, is_keys, metrics, context))
     for option, keys in _rs_groups(metrics).items():
-        console.print(_metric_table(_rs_title(option, report.config) + title_suffix, keys, metrics))
+        console.print(_metric_table(_rs_title(option, report.config) + title_suffix, keys, metrics, context))
     aggregates = [k for k in metrics if _group(k) == "rs_aggregate"]
     if aggregates:
-        console.print(_metric_table("Rejection sampling, all options combined" + title_suffix, aggregates, metrics))
+        console.print(
+            _metric_table("Rejection sampling, all options combined" + title_suffix, aggregates, metrics, context)
+        )
     console.print(
-        _metric_table("rcdiag diagnostics (not verl keys)" + title_suffix, list(report.extras), report.extras)
+        _metric_table("rcdiag diagnostics (not verl keys)" + title_suffix, list(report.extras), report.extras, context)
     )
     if report.steps:
         console.print(_trend_table(report))
@@ -128,13 +131,13 @@ def _rs_title(option: str, config: dict) -> str:
     return f"RS {option}: {keeps}"
 
 
-def _metric_table(title: str, keys: list[str], values: dict) -> Table:
+def _metric_table(title: str, keys: list[str], values: dict, context: ReadingContext) -> Table:
     table = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
     table.add_column("metric", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)
     table.add_column("reading", overflow="fold")
     for key in keys:
-        table.add_row(key, fmt(values[key]), Text(reading(key, values[key])))
+        table.add_row(key, fmt(values[key]), Text(reading(key, values[key], context)))
     return table
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rcdiag.catalogue import FINDINGS, metric
+from rcdiag.catalogue.metrics import ReadingContext
 from rcdiag.config import CorrectionConfig
 from rcdiag.printable import printable
 from rcdiag.report import Finding, Report, Severity
@@ -48,9 +49,15 @@ def describe_config(config: dict) -> str:
     return ", ".join(bits)
 
 
+def reading_context(report: Report) -> ReadingContext:
+    """What the metric readings need from the report: kl's standard error and the findings that fired."""
+    return ReadingContext(report.extras.get("rcdiag/kl_std_error"), frozenset(f.code for f in report.findings))
+
+
 @dataclass(frozen=True)
 class ChecklistRow:
-    """One check: ``ok``, a finding's severity when it fired, or ``not_computed`` for this configuration."""
+    """One check: ``ok``, a finding's severity when it fired, or ``not_computed`` for this configuration (or a
+    detector that had too little data to run: ``where`` says why)."""
 
     status: Literal["ok", "not_computed"] | Severity
     label: str
@@ -80,9 +87,13 @@ def checklist(report: Report) -> list[ChecklistRow]:
     for finding in report.findings:
         fired.setdefault(finding.code, finding)
     rows = []
+    not_run = report.explain.not_run if report.explain is not None else {}
     for code, key, label in _checks(explain=report.explain is not None):
         if key and key not in report.metrics:
             rows.append(ChecklistRow("not_computed", label, code, "not computed for this config"))
+            continue
+        if code in not_run:
+            rows.append(ChecklistRow("not_computed", label, code, not_run[code]))
             continue
         finding = fired.get(code)
         if finding is None:

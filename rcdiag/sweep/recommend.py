@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 
+from rcdiag.config import SAFETY_BOUND
 from rcdiag.sweep.collector import BUCKETS, Collector, bucket, edge
 from rcdiag.sweep.grid import IS_OPTIONS, resolve
 from rcdiag.sweep.report import Recommendation
@@ -25,11 +26,63 @@ K1_BAND_MAX = float(np.nextafter(np.float32(math.log(np.finfo(np.float64).max)),
 """The widest k1 band, ``+-709.78`` in log space: ``exp`` of more overflows, so no spec states a wider one."""
 
 
+CLAMP_WEIGHT = math.exp(SAFETY_BOUND)
+"""verl clamps log-ratios to +-SAFETY_BOUND before exp: no IS weight or ratio exceeds e^20 ~ 4.85e8."""
+TYPICAL = {
+    "is_token": (1.5, 5.0),
+    "is_sequence": (2.0, 10.0),
+    **dict.fromkeys(("token_k3", "seq_sum_k3", "seq_mean_k3", "seq_max_k3"), (0.001, 0.1)),
+}
+"""verl's documented typical upper thresholds (docs/algo/rollout_corr.md: token IS 1.5-5, sequence IS 2-10, K3 RS
+0.001-0.1), for the warnings."""
+
+
+def unreachable(units: int, target: float, unit: str) -> str | None:
+    """Why ``target`` cannot be met on ``units`` responses or tokens (less than one of them); ``None`` if it can."""
+    if target * units >= 1.0 or target <= 0.0:
+        return None
+    return (
+        f"the target cannot be met: {target:g} of {units:,} {unit}{'s' if units != 1 else ''} is less than one {unit} "
+        f"(it needs at least {math.ceil(1.0 / target - 1e-9):,} {unit}s)"
+    )
+
+
+def warnings(option: str, spec: str) -> tuple[str, ...]:
+    """What a recommended spec needs said: a bound beyond verl's clamp, or outside verl's typical range."""
+    upper = float(spec.split("_")[-1])
+    out = []
+    if option.endswith("k1") and option != "is_token":
+        if math.log(upper) > SAFETY_BOUND:
+            out.append(
+                f"the band reaches beyond e^{SAFETY_BOUND:g} ~ {CLAMP_WEIGHT:.3g}, verl's clamp on any ratio: "
+                + (
+                    "it rejects nothing"
+                    if option != "seq_sum_k1"
+                    else "only products of ratios beyond any weight "
+                    "verl's IS can express are rejected; the dump's mismatch is far beyond correction"
+                )
+            )
+    elif option.startswith("is_") and upper > CLAMP_WEIGHT:
+        out.append(
+            f"beyond verl's clamp: an IS weight is at most e^{SAFETY_BOUND:g} ~ {CLAMP_WEIGHT:.3g}, so this threshold "
+            "truncates nothing"
+        )
+    typical = TYPICAL.get(option)
+    if typical is not None and not typical[0] <= upper <= typical[1]:
+        out.append(f"outside verl's typical range for {option} ({typical[0]:g}-{typical[1]:g})")
+    return tuple(out)
+
+
 def choose(collector: Collector, option: str, target: float) -> Recommendation | None:
     """The recommendation of one option; ``None`` if the dump has no valid token."""
     c = collector.collectors[option]
     if collector.tokens == 0:
         return None
+    share = "token" if c.token_level else "response"
+    units = collector.rows if option == "is_sequence" else collector.tokens if c.token_level else collector.valid_rows
+    why = unreachable(units, target, share)
+    if why is not None:
+        return Recommendation(option, None, None, None, share, "", unreachable=why)
     rows = np.concatenate(c.rows) if c.rows else np.zeros(0)
     lengths = np.concatenate(c.lengths) if c.lengths else np.zeros(0)
     if option == "is_sequence":
@@ -52,8 +105,9 @@ def choose(collector: Collector, option: str, target: float) -> Recommendation |
         token_reject = float(lengths[_rejected(rows, threshold)].sum()) / collector.tokens
     seq_reject = float(np.count_nonzero(_rejected(rows, threshold))) / max(collector.valid_rows, 1)
     spec = _spec(option, threshold)
-    share = "token" if c.token_level else "response"
-    return Recommendation(option, spec, token_reject, seq_reject, share, verl_yaml(option, spec))
+    return Recommendation(
+        option, spec, token_reject, seq_reject, share, verl_yaml(option, spec), warnings(option, spec)
+    )
 
 
 def _rejected(values: np.ndarray, threshold: float) -> np.ndarray:
@@ -110,6 +164,7 @@ def _sequence_is(rows: np.ndarray, lengths: np.ndarray, collector: Collector, ta
         float(np.count_nonzero(hit)) / max(collector.rows, 1),
         "response",
         verl_yaml("is_sequence", spec),
+        warnings("is_sequence", spec),
     )
 
 

@@ -73,12 +73,17 @@ class Recommendation:
     """The threshold of one option whose rejected share comes closest to the target without exceeding it."""
 
     option: str
-    threshold: str
+    threshold: str | None
+    """``None`` when the target cannot be met (``unreachable`` says why)."""
     token_reject: float | None
     seq_reject: float | None
     share: str
     """Which share was targeted: ``token`` or ``response``."""
     yaml: str
+    warnings: tuple[str, ...] = ()
+    """What to know before pasting it: beyond verl's clamp, outside verl's typical range."""
+    unreachable: str | None = None
+    """Why no threshold meets the target on this dump (too few responses or tokens)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -86,6 +91,8 @@ class Recommendation:
             "threshold": self.threshold,
             "token_reject": self.token_reject,
             "seq_reject": self.seq_reject,
+            "warnings": list(self.warnings),
+            "unreachable": self.unreachable,
         }
 
 
