@@ -7,7 +7,8 @@ from __future__ import annotations
 import contextlib
 import io
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,11 +23,12 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
-def write_stdout(text: str) -> None:
-    """``text`` on stdout, flushed and checked: a closed pipe is ``StdoutClosedError``, any other failure (a full
-    disk behind a redirection) an ``OutputError``."""
+@contextmanager
+def checked_stdout() -> Iterator[None]:
+    """What the block writes on stdout, flushed and checked: a closed pipe is ``StdoutClosedError``, any other
+    failure (a full disk behind a redirection) an ``OutputError``."""
     try:
-        sys.stdout.write(text)
+        yield
         sys.stdout.flush()
     except BrokenPipeError:
         stdout_gone()
@@ -34,6 +36,12 @@ def write_stdout(text: str) -> None:
     except OSError as exc:
         stdout_gone()
         raise OutputError("stdout", exc.strerror or str(exc)) from None
+
+
+def write_stdout(text: str) -> None:
+    """``text`` on stdout, flushed and checked (``checked_stdout``)."""
+    with checked_stdout():
+        sys.stdout.write(text)
 
 
 def print_stdout(line: str) -> None:
@@ -180,15 +188,8 @@ def write_rich(render: Callable[[Console], None], output: Path | None) -> None:
     if output is not None:
         outputs.write_file(output, rich_text(render))
         return
-    try:
+    with checked_stdout():
         render(stdout_console())
-        sys.stdout.flush()
-    except BrokenPipeError:
-        stdout_gone()
-        raise StdoutClosedError from None
-    except OSError as exc:
-        stdout_gone()
-        raise OutputError("stdout", exc.strerror or str(exc)) from None
 
 
 def write_bytes(path: Path, data: bytes) -> None:
