@@ -262,3 +262,20 @@ def browser() -> object:
         missing("chromium")
     pytest.importorskip("websocket")
     return harness
+
+
+def run(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
+    """``rcdiag ARGS`` in this process: its exit code, stdout and stderr."""
+    from rcdiag.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return int(info.value.code or 0), out, err
+
+
+def one_line_error(capsys: pytest.CaptureFixture, *args: str) -> str:
+    code, out, err = run(capsys, *args)
+    assert code == 2, (out, err)
+    assert err.startswith("rcdiag: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err

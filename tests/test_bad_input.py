@@ -10,23 +10,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import assert_metrics_close, ragged_lists, random_batch, write_dump
+from conftest import assert_metrics_close, ragged_lists, random_batch, run, write_dump
 
 import rcdiag
-from rcdiag.cli import main
 
 GOOD = {"old_log_prob": [[-1.0, -2.0], [-0.5]], "rollout_log_prob": [[-1.1, -2.0], [-0.4]]}
 
 
 class Opaque:
     """Not a tensor: a .pt holding this must not be unpickled."""
-
-
-def run(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return int(info.value.code or 0), out, err
 
 
 def _file(path: Path, data: bytes) -> Path:

@@ -11,14 +11,13 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from conftest import SAMPLES
+from conftest import SAMPLES, run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from verl_oracle import require_verl, verl_metrics
 
 import rcdiag
 from rcdiag.check import Rule, check, evaluate_rules, load_rules, metric_names, pack, parse_assignment
-from rcdiag.cli import main
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.render.check_formats import github_annotations, render_junit, render_markdown
 from rcdiag.report import StepReport
@@ -35,13 +34,6 @@ def healthy() -> rcdiag.Report:
 
 def step_values(report: rcdiag.Report, key: str) -> list[float]:
     return [(s.metrics | s.extras)[key] for s in report.steps]
-
-
-def run(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return int(info.value.code or 0), out, err
 
 
 @pytest.fixture(autouse=True)

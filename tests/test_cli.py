@@ -8,19 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SAMPLES, write_dump
-
-from rcdiag.cli import main
+from conftest import SAMPLES, run, write_dump
 
 P = "rollout_corr/"
 HEALTHY = str(SAMPLES / "healthy.parquet")
-
-
-def run(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return int(info.value.code or 0), out, err
 
 
 def test_quick_start_prints_tables_and_checklist(capsys: pytest.CaptureFixture) -> None:

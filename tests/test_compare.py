@@ -11,13 +11,12 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from conftest import SAMPLES
+from conftest import SAMPLES, run
 from generator_model import expected
 from severities import checked
 
 import rcdiag
 from rcdiag import synthetic
-from rcdiag.cli import main
 from rcdiag.compare import COMPARE_FINDING_CODES, compare, compare_reports
 from rcdiag.errors import ConfigError, InputError
 
@@ -48,13 +47,6 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def codes(comparison: rcdiag.compare.Comparison) -> dict[str, str | None]:
     return {f.code: f.side for f in checked(comparison.findings)}
-
-
-def run(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return int(info.value.code or 0), out, err
 
 
 def test_metric_rows_are_b_minus_a_and_b_over_a(dumps: dict[str, Path]) -> None:

@@ -25,8 +25,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import one_line_error, run
 
-from rcdiag.cli import main
 from rcdiag.explain.detectors import EXP_MAX, mismatch_trend
 from rcdiag.io.limits import COMPRESSION_RATIO, JSON_LINE_CHARS, ROW_TOKENS, TENSOR_BYTES
 
@@ -35,20 +35,6 @@ ROOT = Path(__file__).resolve().parents[1]
 GiB = 1 << 30
 ADDRESS_SPACE_CAP = 4 * GiB
 """A normal run reserves about 1.9 GB of address space (numba/LLVM, thread arenas); the issue's cap is 4 GB."""
-
-
-def run(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return int(info.value.code or 0), out, err
-
-
-def one_line_error(capsys: pytest.CaptureFixture, *args: str) -> str:
-    code, out, err = run(capsys, *args)
-    assert code == 2, (out, err)
-    assert err.startswith("rcdiag: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    return err
 
 
 def cli(

@@ -14,26 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import reference
-from conftest import ragged_lists, random_batch, write_dump
+from conftest import one_line_error, ragged_lists, random_batch, run, write_dump
 
 import rcdiag.io
-from rcdiag.cli import main
 
 GOOD = {"old_log_prob": [[-1.0, -2.0], [-0.5]], "rollout_log_prob": [[-1.1, -2.0], [-0.4]]}
-
-
-def run(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return int(info.value.code or 0), out, err
-
-
-def one_line_error(capsys: pytest.CaptureFixture, *args: str) -> str:
-    code, out, err = run(capsys, *args)
-    assert code == 2, (out, err)
-    assert err.startswith("rcdiag: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    return err
 
 
 def verl_batch(rng: np.random.Generator, rows: int = 6, width: int = 9) -> dict:

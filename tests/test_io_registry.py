@@ -9,21 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, write_dump
+from conftest import ROOT, run, write_dump
 
 import rcdiag
-from rcdiag.cli import main
 from rcdiag.io import format_names
 from rcdiag.io.registry import FORMATS, InputFormat, suffixes
 
 IO = ROOT / "rcdiag" / "io"
-
-
-def run(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return int(info.value.code or 0), out, err
 
 
 def io_imports() -> dict[str, set[str]]:
