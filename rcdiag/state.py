@@ -15,7 +15,6 @@ import json
 import math
 import os
 import re
-import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -148,7 +147,7 @@ def read_state_bytes(name: str) -> tuple[bytes, StateIdentity]:
     """A state file's bytes and what identifies it (device and inode where local, and a digest of the bytes); only
     a regular file of at most ``MAX_STATE_BYTES`` is read (a FIFO would block, a device never end)."""
     from rcdiag.io import storage
-    from rcdiag.io.paths import read_bytes
+    from rcdiag.io.paths import read_bytes, regular_file
 
     text = storage.local_path(name)
     limit = f"the limit for a state file is {MAX_STATE_BYTES >> 20} MiB"
@@ -157,9 +156,7 @@ def read_state_bytes(name: str) -> tuple[bytes, StateIdentity]:
         if storage.is_remote(text):
             data = read_bytes(text)
         else:
-            info = os.stat(text)
-            if not stat.S_ISREG(info.st_mode):
-                raise InputError(f"is not a regular file ({_file_kind(info.st_mode)}); give a state file", path=name)
+            info = regular_file(text, "a state file")
             if info.st_size > MAX_STATE_BYTES:
                 raise InputError(f"is {info.st_size:,} bytes; {limit}", path=name)
             inode = (info.st_dev, info.st_ino)
@@ -172,11 +169,6 @@ def read_state_bytes(name: str) -> tuple[bytes, StateIdentity]:
     if len(data) > MAX_STATE_BYTES:
         raise InputError(f"is more than {MAX_STATE_BYTES:,} bytes; {limit}", path=name)
     return data, StateIdentity(hashlib.sha256(data).hexdigest(), inode)
-
-
-def _file_kind(mode: int) -> str:
-    kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a character device"}
-    return next((what for test, what in kinds.items() if test(mode)), "not a plain file")
 
 
 def parse_state_json(data: bytes, name: str) -> Any:

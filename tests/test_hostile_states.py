@@ -26,7 +26,7 @@ from rcdiag.check.rules_file import load_rules
 from rcdiag.cli import main
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.printable import printable
-from tests.conftest import ROOT, ragged_lists, random_batch, write_dump
+from tests.conftest import ROOT, SAMPLES, ragged_lists, random_batch, write_dump
 
 ESC = "\x1b"
 
@@ -361,6 +361,14 @@ def test_merging_a_fifo_is_refused_without_blocking(tmp_path: Path, saved: Path)
     os.mkfifo(fifo)
     line = one_error_line(run_cli("merge", fifo, saved))
     assert line == f"rcdiag: error: {fifo}: is not a regular file (a FIFO); give a state file"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX")
+def test_a_fifo_as_rules_file_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "rules.toml"
+    os.mkfifo(fifo)
+    line = one_error_line(run_cli("check", SAMPLES / "healthy.parquet", "--rules", fifo))
+    assert line == f"rcdiag: error: {fifo}: is not a regular file (a FIFO); give a rules file"
 
 
 # --------------------------------------------------------------------- 13: text from a file, warnings

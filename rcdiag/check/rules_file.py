@@ -17,6 +17,7 @@ from rcdiag.check.packs import pack
 from rcdiag.check.rules import RULE_KINDS, STEP_MODES, Rule, StepMode, _parse_bound
 from rcdiag.config import CorrectionConfig, preset
 from rcdiag.errors import ConfigError, InputError
+from rcdiag.io.paths import regular_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -70,6 +71,7 @@ def load_rules(
     """
     p = Path(path)
     try:
+        regular_file(str(p), "a rules file")
         with p.open("rb") as handle:
             raw = handle.read(MAX_RULES_BYTES + 1)
         if len(raw) > MAX_RULES_BYTES:

@@ -61,6 +61,21 @@ def expand(path: str | Path) -> list[FilePath]:
     return distinct_files(files)
 
 
+def regular_file(name: str, what: str) -> os.stat_result:
+    """The ``os.stat`` of a local file that is to be read whole (a state, a rules file), refused unless it is a
+    regular file: a FIFO would block the read and a device never end it."""
+    info = os.stat(name)
+    if not stat_mode.S_ISREG(info.st_mode):
+        kinds = {
+            stat_mode.S_ISDIR: "a directory",
+            stat_mode.S_ISFIFO: "a FIFO",
+            stat_mode.S_ISCHR: "a character device",
+        }
+        kind = next((text for test, text in kinds.items() if test(info.st_mode)), "not a plain file")
+        raise InputError(f"is not a regular file ({kind}); give {what}", path=name)
+    return info
+
+
 def notice(text: str) -> None:
     """Tell the user something about the input that is not an error (the CLI prints ``rcdiag: note: TEXT``)."""
     from rcdiag.notices import notify
