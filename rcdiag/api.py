@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from rcdiag.parallel import (
 )
 from rcdiag.report import ExplainReport, InputFacts, Report, StepReport
 from rcdiag.validate import Screen, ScreenStats, as_chunk
+from rcdiag.verdict import judge
 
 
 @dataclass(frozen=True)
@@ -325,7 +327,7 @@ def build_report(
         )
     if microbatch is not None:
         findings = sorted([*findings, *microbatch.findings()], key=lambda f: listing_order(f.code, f.severity))
-    return Report(
+    report = Report(
         config=state.resolved.config.to_dict(),
         input=facts,
         metrics=pooled.metrics,
@@ -338,6 +340,7 @@ def build_report(
         explain=explained,
         microbatch=microbatch,
     )
+    return dataclasses.replace(report, verdict=judge(report))
 
 
 def input_facts(state: EngineState, info: SourceInfo, screen: ScreenStats | None = None) -> InputFacts:

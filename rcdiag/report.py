@@ -123,6 +123,96 @@ class TokenTrace:
         return {"row": self.row, "positions": list(self.positions), "log_ratios": finite}
 
 
+VerdictStatus = Literal["healthy", "correct", "fix", "broken"]
+CauseClass = Literal[
+    "noise",
+    "temperature",
+    "truncation",
+    "position",
+    "trend",
+    "outliers",
+    "saturated_is",
+    "swapped_columns",
+    "crash",
+    "token_specific",
+]
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One cause the verdict names: its class, the finding codes that show it and the evidence in one line."""
+
+    cls: CauseClass
+    codes: tuple[str, ...]
+    evidence: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"class": self.cls, "codes": list(self.codes), "evidence": self.evidence}
+
+
+@dataclass(frozen=True)
+class Effect:
+    """What the prescription does on this dump, measured (never guessed); ``None``: not applicable."""
+
+    tokens_rejected: float
+    responses_rejected: float
+    is_ess: float | None = None
+    is_truncated_share: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tokens_rejected": _finite(self.tokens_rejected),
+            "responses_rejected": _finite(self.responses_rejected),
+            "is_ess": _finite(self.is_ess),
+            "is_truncated_share": _finite(self.is_truncated_share),
+        }
+
+
+@dataclass(frozen=True)
+class Prescription:
+    """One verl setting to use: the four rollout-correction keys, the preset it matches, its YAML and effect."""
+
+    config: dict[str, Any]
+    """``rollout_is``, ``rollout_is_threshold``, ``rollout_rs``, ``rollout_rs_threshold`` (verl's names)."""
+    preset: str | None
+    yaml: str
+    effect: Effect | None
+    why: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": dict(self.config),
+            "preset": self.preset,
+            "yaml": self.yaml,
+            "effect": None if self.effect is None else self.effect.to_dict(),
+            "why": self.why,
+        }
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer first: is the run healthy, why not, and what to set (policy: ``rcdiag.verdict``, docs/verdict.md).
+
+    ``healthy``: mismatch at the level of numerical noise; ``correct``: noise-like but large enough that correction
+    matters; ``fix``: a bug class correction cannot repair; ``broken``: verl would crash or reject everything, or the
+    data cannot be right."""
+
+    status: VerdictStatus
+    headline: str
+    causes: tuple[Cause, ...] = ()
+    recommendation: Prescription | None = None
+    next_steps: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "headline": self.headline,
+            "causes": [cause.to_dict() for cause in self.causes],
+            "recommendation": None if self.recommendation is None else self.recommendation.to_dict(),
+            "next_steps": list(self.next_steps),
+        }
+
+
 class Section(Protocol):
     """A report section a feature builds (``rcdiag.microbatch.MicroBatchReport``): this module names no feature,
     it only writes the section's JSON."""
@@ -172,12 +262,15 @@ class Report:
     microbatch: Section | None = None
     """How verl cut each step into micro-batches and what it computed there (``analyze`` with micro-batch
     options); ``None`` otherwise."""
+    verdict: Verdict | None = None
+    """Status, causes and one prescription (``rcdiag.verdict``); first in every rendering."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (schema documented in docs/json.md)."""
         out = {
             "schema_version": SCHEMA_VERSION,
             "rcdiag_version": self.version,
+            "verdict": None if self.verdict is None else self.verdict.to_dict(),
             "config": self.config,
             "input": self.input.to_dict(),
             "device": self.device,
