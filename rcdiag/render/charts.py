@@ -44,7 +44,8 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#1
 @dataclass(frozen=True)
 class Side:
     """compare: how one dump is drawn in every panel. A and B share no colour, line style or marker, so either
-    tells them apart (in print, for colour-blind readers); a panel's several metrics take a dump's colours in turn."""
+    tells them apart (in print, for colour-blind readers); a panel's several metrics take a dump's colours in turn.
+    Neither uses the warning lines' red and dashes."""
 
     colours: tuple[str, ...]
     style: str
@@ -53,7 +54,7 @@ class Side:
 
 SIDES = {
     "A": Side(("#1f77b4", "#17becf", "#9467bd"), "-", "o"),
-    "B": Side(("#d62728", "#ff7f0e", "#8c564b"), "--", "s"),
+    "B": Side(("#ff7f0e", "#8c564b", "#e377c2"), "-.", "s"),
 }
 WARN = "#d62728"
 STYLE = {
@@ -359,29 +360,25 @@ def draw_weights(ax: Axes, histograms: Sequence[Drawn], settings: Sequence[tuple
                     marker=drawn.marker, markersize=3, linewidth=1.6,
                     label=f"{drawn.label}: w < x (left of 1), w ≥ x (right)")  # fmt: skip
         notes = []
+        lines: dict[tuple[float, float | None], list[str]] = {}  # one line per threshold, naming every side on it
         for side, setting in settings:
             who = f"{side}: " if side else ""
             if setting is None:
                 continue
             beyond = "" if setting.beyond is None else f", {100 * setting.beyond:.3g}% beyond"
-            kind = "zeroed outside" if setting.lower is not None else "capped above"
             if setting.level == "sequence":
                 ess = "" if setting.ess is None else f", ESS {setting.ess:.3g}"
                 notes.append(f"{who}{setting.source}: sequence-level IS, threshold {setting.upper:g}{beyond} of "
                              f"responses{ess}\n(per-response weights: not these per-token tails)")  # fmt: skip
                 continue
-            label = f"{who}{setting.source}: {kind} {setting.upper:g}{beyond}"
-            ax.axvline(setting.upper, color=WARN, linestyle="--", linewidth=1.4, label=label)
-            xs_seen.append(setting.upper)
-            if setting.lower is not None:
-                ax.axvline(
-                    setting.lower,
-                    color=WARN,
-                    linestyle=":",
-                    linewidth=1.4,
-                    label=f"{who}zeroed below {setting.lower:g}",
-                )
-                xs_seen.append(setting.lower)
+            lines.setdefault((setting.upper, setting.lower), []).append(f"{who}{setting.source}{beyond}")
+        for (upper, lower), whose in lines.items():
+            kind = f"IS zeroes weights outside [{lower:g}, {upper:g}]" if lower is not None else f"IS caps at {upper:g}"
+            ax.axvline(upper, color=WARN, linestyle="--", linewidth=1.4, label=f"{kind} ({'; '.join(whose)})")
+            xs_seen.append(upper)
+            if lower is not None:
+                ax.axvline(lower, color=WARN, linestyle="--", linewidth=1.4)
+                xs_seen.append(lower)
         if all(setting is None for _, setting in settings):
             notes.append("no IS configured or prescribed: the weights IS would apply")
         if notes:
@@ -460,6 +457,11 @@ def draw_sweep(
         lo, hi = (min(grid), max(grid)) if grid else (None, None)
         if lo is not None and hi is not None:
             ax.set_xlim(*sweep_limits(lo, hi))
+            if hi / lo < 100:  # a narrow grid: a decade's ticks would label at most one point, so label the grid
+                ticks = sorted(set(grid))
+                ticks = [ticks[round(i * (len(ticks) - 1) / 5)] for i in range(6)] if len(ticks) > 6 else ticks
+                ax.set_xticks(sorted(set(ticks)), [f"{t:g}" for t in sorted(set(ticks))])
+                ax.set_xticks([], minor=True)
         if recommended is not None:
             x, y, label = recommended
             left, right = ax.get_xlim()
@@ -472,6 +474,7 @@ def draw_sweep(
                 ax.annotate(f"recommended {label}\n{'above' if x > right else 'below'} the grid",
                             xy=(towards, y), xycoords=("axes fraction", "data"), xytext=(-8 if x > right else 8, 14),
                             textcoords="offset points", ha=align, fontsize=8.5, color=WARN,
+                            bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none", "pad": 1},
                             arrowprops={"arrowstyle": "->", "color": WARN})  # fmt: skip
         ax.set_ylim(bottom=0)
         ax.legend(loc="best", fontsize=8)

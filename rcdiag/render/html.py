@@ -74,7 +74,7 @@ code,.code{font-family:ui-monospace,"SFMono-Regular",Menlo,Consolas,monospace;fo
 .badge{display:inline-block;color:#fff;font-weight:700;letter-spacing:.05em;border-radius:6px;padding:2px 12px;
 margin-right:10px;font-size:17px;vertical-align:middle}
 .verdict pre{background:#fff;border:1px solid #d0d7de;border-radius:6px;padding:8px 12px;margin:6px 0}
-.sides{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:0 18px}
+.sides{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:0 18px;align-items:start}
 """
 CSS += "".join(f".badge.{status},.verdict.{status}{{border-color:{c}}}.badge.{status}{{background:{c}}}"
                for status, c in STATUS_COLOURS.items())  # fmt: skip
@@ -326,7 +326,7 @@ def render_comparison_html(comparison: Comparison) -> str:
                 "Verdict per dump", f'<div class="sides">{_verdict(a.verdict, "A")}{_verdict(b.verdict, "B")}</div>'
             ),
             section("Dumps", _sides(comparison)),
-            section("Verdicts", _findings(comparison.findings, "No finding."), _temperature(comparison)),
+            section("Findings on the pair", _findings(comparison.findings, "No finding."), _temperature(comparison)),
             *(
                 [
                     section("Trends over steps, A and B overlaid", _trends(sides)),
