@@ -211,7 +211,7 @@ def test_is_weights_are_drawn_under_the_prescription_else_the_configured_is(flat
     high = configured.metrics["rollout_corr/rollout_is_ratio_fraction_high"]
     assert f"IS caps at 2 (configuration, {100 * high:.3g}% beyond)" in [line.get_label() for line in ax.get_lines()]
     ax = charts.weights_figure([(None, dataclasses.replace(flat_explained, verdict=None))]).axes[0]  # type: ignore[union-attr]
-    assert any("no IS configured or prescribed" in t.get_text() for t in ax.texts)
+    assert any("no IS configured or prescribed" in t.get_text() for t in ax.get_legend().get_texts())
 
 
 # ------------------------------------------------------------------------------------------------ compare

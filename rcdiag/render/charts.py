@@ -381,9 +381,8 @@ def draw_weights(ax: Axes, histograms: Sequence[Drawn], settings: Sequence[tuple
                 xs_seen.append(lower)
         if all(setting is None for _, setting in settings):
             notes.append("no IS configured or prescribed: the weights IS would apply")
-        if notes:
-            ax.text(0.02, 0.03, "\n".join(notes), transform=ax.transAxes, fontsize=8.5, va="bottom", color="#333333",
-                    bbox={"boxstyle": "round,pad=0.4", "facecolor": "#f3f3f3", "edgecolor": "#cccccc"})  # fmt: skip
+        for note in notes:  # a legend entry without a mark: the legend finds room away from the curves
+            ax.plot([], [], " ", label=note)
         if xs_seen:
             lo, hi = min(min(xs_seen), 1 / max(xs_seen)), max(max(xs_seen), 1 / min(xs_seen))
             ax.set_xlim(max(lo / 1.6, math.exp(-SAFETY_BOUND)), min(hi * 1.6, math.exp(SAFETY_BOUND)))
