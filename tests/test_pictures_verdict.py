@@ -24,6 +24,8 @@ from rcdiag.sweep.grid import build_grid
 from rcdiag.sweep.run import sweep
 
 pytest.importorskip("matplotlib")
+import itertools
+
 from matplotlib.colors import to_hex
 
 from rcdiag.render import charts
@@ -210,6 +212,14 @@ def test_is_weights_are_drawn_under_the_prescription_else_the_configured_is(flat
     ax = charts.weights_figure([(None, dataclasses.replace(configured, verdict=None))]).axes[0]  # type: ignore[union-attr]
     high = configured.metrics["rollout_corr/rollout_is_ratio_fraction_high"]
     assert f"IS caps at 2 (configuration, {100 * high:.3g}% beyond)" in [line.get_label() for line in ax.get_lines()]
+    sequence = dataclasses.replace(PRESCRIPTION, config={**PRESCRIPTION.config, "rollout_is": "sequence"})
+    seq = dataclasses.replace(
+        flat_explained, verdict=dataclasses.replace(verdict("fix", True), recommendation=sequence)
+    )
+    ax = charts.weights_figure([(None, seq)]).axes[0]  # type: ignore[union-attr]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("sequence-level IS, threshold 1.5, 0.42% beyond of responses, ESS 0.87" in t for t in legend)
+    assert not [line for line in ax.get_lines() if line.get_label().startswith("IS caps")]  # not a token cap
     ax = charts.weights_figure([(None, dataclasses.replace(flat_explained, verdict=None))]).axes[0]  # type: ignore[union-attr]
     assert any("no IS configured or prescribed" in t.get_text() for t in ax.get_legend().get_texts())
 
@@ -280,19 +290,44 @@ def e(text: str) -> str:
 # -------------------------------------------------------------------------------------------------- sweep
 
 
+K1_GRID = [1.001, 1.002, 1.004, 1.01, 1.02, 1.04, 1.1, 1.25, 1.5, 2.0]
+"""token_k1's default grid of upper bounds (0.999_1.001 ... 0.5_2.0): ten points near 10^0."""
+
+
+def _fraction(ax: object, x: float) -> float:
+    """Where data ``x`` sits across the axes (0 left, 1 right)."""
+    return float(ax.transAxes.inverted().transform(ax.transData.transform((x, 1e-3)))[0])  # type: ignore[attr-defined]
+
+
 def test_a_recommendation_beyond_the_grid_is_an_arrow_at_the_edge() -> None:
-    grid = [1.0 + 0.1 * i for i in range(10)]
+    """The issue's picture: ten k1 grid points squashed near 10^0 beside a star at 7e14. Now the grid spreads over
+    the axis, and the recommendation is an arrow at the right edge with its value."""
     fig = figure(5.6, 3.6)
     ax = fig.subplots()
-    draw_sweep(ax, "seq_sum_k1", {"tokens": (grid, [0.5 / (i + 1) for i in range(10)])}, (7.26e14, 0.01, "7.26e+14"),
+    shares = [0.9 / (i + 1) ** 2 for i in range(10)]
+    draw_sweep(ax, "seq_sum_k1", {"tokens": (K1_GRID, shares)}, (7.26e14, 0.01, "1.37702e-15_7.26205e+14"), 0.01)
+    (curve,) = [line for line in ax.get_lines() if line.get_label() == "tokens"]
+    where = [_fraction(ax, x) for x in curve.get_xdata()]
+    assert 0 < where[0] < 0.1 and 0.9 < where[-1] < 1  # the grid spans the axis
+    assert min(b - a for a, b in itertools.pairwise(where)) > 0.02  # no two points on top of each other
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels[0] == "1.001" and labels[-1] == "2" and set(labels) <= {f"{x:g}" for x in K1_GRID}
+    assert any(t.get_text() == "recommended 1.37702e-15_7.26205e+14\nabove the grid" for t in ax.texts)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "recommended 1.37702e-15_7.26205e+14 (beyond the grid)" in legend
+    (arrow,) = [line for line in ax.get_lines() if line.get_marker() == ">"]
+    assert list(arrow.get_xdata()) == [1.0] and list(arrow.get_ydata()) == [0.01]  # at the right edge, its share
+
+
+def test_a_recommendation_just_off_the_grid_widens_the_axis() -> None:
+    fig = figure(5.6, 3.6)
+    ax = fig.subplots()
+    grid = [1.5, 2.0, 2.5, 3.0, 4.0, 5.0]  # is_token's TIS caps
+    draw_sweep(ax, "is_token", {"TIS tokens": (grid, [0.02, 0.01, 0.005, 0.002, 0.001, 0.0])}, (1.3, 0.03, "1.3"),
                0.01)  # fmt: skip
-    left, right = ax.get_xlim()
-    assert left <= min(grid) and max(grid) <= right < 3 * max(grid)  # the axis is the grid's, not 7e14's
-    assert [x for line in ax.get_lines() for x in line.get_xdata() if x > right] == []
-    assert any("recommended 7.26e+14" in t.get_text() and "above the grid" in t.get_text() for t in ax.texts)
-    assert "recommended 7.26e+14 (beyond the grid)" in [t.get_text() for t in ax.get_legend().get_texts()]
-    ticks = [float(t) for t in ax.get_xticks()]
-    assert ticks[0] == 1.0 and ticks[-1] == pytest.approx(1.9) and len(ticks) == 6  # the grid is labelled
+    star = next(line for line in ax.get_lines() if line.get_marker() == "*")
+    assert 0 < _fraction(ax, star.get_xdata()[0]) < 0.1 and star.get_label() == "recommended 1.3"
+    assert not ax.texts
 
 
 def test_a_recommendation_inside_the_grid_is_a_star_on_its_curve() -> None:
@@ -300,7 +335,8 @@ def test_a_recommendation_inside_the_grid_is_a_star_on_its_curve() -> None:
     ax = fig.subplots()
     draw_sweep(ax, "token_k1", {"tokens": ([1.5, 2.0, 5.0], [0.1, 0.01, 0.001])}, (2.0, 0.01, "0.5_2.0"), 0.01)
     star = next(line for line in ax.get_lines() if line.get_marker() == "*")
-    assert list(star.get_xdata()) == [2.0] and star.get_label() == "recommended 0.5_2.0"
+    assert list(star.get_xdata()) == [math.log(2.0)] and star.get_label() == "recommended 0.5_2.0"  # spaced by ln U
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1.5", "2", "5"]  # labelled with the grid's values
 
 
 def test_sweep_page_draws_a_far_recommendation_at_the_grids_edge() -> None:

@@ -11,7 +11,7 @@ import io
 import math
 import re
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import matplotlib
@@ -437,46 +437,80 @@ def draw_sweep(
     target: float | None,
 ) -> None:
     """Rejected share against a threshold's upper bound, one line per curve (tokens, responses; TIS and IcePop
-    apart), the target share and the recommended threshold marked. The x axis spans the grid: a recommendation
-    beyond it is an arrow at the axis' edge with its value written, never a point that squashes the grid."""
+    apart), the target share and the recommended threshold marked.
+
+    The x axis shows the grid: a narrow grid above 1 (IS caps, k1 ratio bounds such as 1.001 ... 2) is spaced by
+    ``ln U`` so its points spread out, and is labelled with its own values; a recommendation near the grid widens
+    the axis to hold it, one far beyond is an arrow at the edge it lies past with its value written, never a point
+    that squashes the grid to one spot."""
+    grid = sorted({x for _, (xs, _) in curves.items() for x in xs if x > 0 and math.isfinite(x)})
+    narrow = bool(grid) and grid[0] > 1 and grid[-1] / grid[0] < 100
+    at = math.log if narrow else float  # where a threshold sits on the x axis
+
     with matplotlib.rc_context(STYLE):
         ax.set_title(option, loc="left", fontsize=12)
         ax.set_xscale("log")
         ax.set_yscale("symlog", linthresh=1e-4)
-        ax.set_xlabel("threshold (its upper bound)")
+        ax.set_xlabel("threshold's upper bound U" + (" (spaced by ln U)" if narrow else ""))
         ax.set_ylabel("share rejected")
-        grid: list[float] = []
         for i, (label, (xs, ys)) in enumerate(curves.items()):
             style = "--" if "responses" in label else "-"
             values = [math.nan if y is None else y for y in ys]
-            ax.plot(xs, values, style, marker="o", markersize=4, color=PALETTE[i // 2 % len(PALETTE)], label=label)
-            grid += [x for x in xs if x > 0 and math.isfinite(x)]
+            ax.plot([at(x) for x in xs], values, style, marker="o", markersize=4, color=PALETTE[i // 2 % len(PALETTE)],
+                    label=label)  # fmt: skip
         if target is not None:
             ax.axhline(target, color="#2ca02c", linestyle=":", linewidth=1.2, label=f"target {fmt(target)}")
-        lo, hi = (min(grid), max(grid)) if grid else (None, None)
-        if lo is not None and hi is not None:
+        ax.set_ylim(bottom=0)
+        x = recommended[0] if recommended is not None else None
+        inside = x is not None and x > 0 and (not narrow or x > 1) and grid and _near(at(x), at(grid[0]), at(grid[-1]))
+        if grid:
+            lo, hi = at(grid[0]), at(grid[-1])
+            if inside:
+                lo, hi = min(lo, at(x)), max(hi, at(x))  # type: ignore[arg-type]
             ax.set_xlim(*sweep_limits(lo, hi))
-            if hi / lo < 100:  # a narrow grid: a decade's ticks would label at most one point, so label the grid
-                ticks = sorted(set(grid))
-                ticks = [ticks[round(i * (len(ticks) - 1) / 5)] for i in range(6)] if len(ticks) > 6 else ticks
-                ax.set_xticks(sorted(set(ticks)), [f"{t:g}" for t in sorted(set(ticks))])
+            if narrow or grid[-1] / grid[0] < 100:  # decade ticks would label one point at most: label the grid
+                ticks = _spread(grid, at)
+                ax.set_xticks([at(t) for t in ticks], [f"{t:g}" for t in ticks])
                 ax.set_xticks([], minor=True)
         if recommended is not None:
-            x, y, label = recommended
-            left, right = ax.get_xlim()
-            if left <= x <= right:
-                ax.plot([x], [y], "*", color=WARN, markersize=15, label=f"recommended {label}", zorder=5)
-            else:  # beyond the grid: an arrow at the edge it lies past, and its value
-                edge, towards, align = (right, 1.0, "right") if x > right else (left, 0.0, "left")
-                ax.plot([edge], [y], ">" if x > right else "<", color=WARN, markersize=11, clip_on=False, zorder=5,
-                        label=f"recommended {label} (beyond the grid)")  # fmt: skip
-                ax.annotate(f"recommended {label}\n{'above' if x > right else 'below'} the grid",
-                            xy=(towards, y), xycoords=("axes fraction", "data"), xytext=(-8 if x > right else 8, 14),
-                            textcoords="offset points", ha=align, fontsize=8.5, color=WARN,
-                            bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none", "pad": 1},
-                            arrowprops={"arrowstyle": "->", "color": WARN})  # fmt: skip
-        ax.set_ylim(bottom=0)
+            _, y, label = recommended
+            if inside or not grid:
+                ax.plot([at(recommended[0])], [y], "*", color=WARN, markersize=15, label=f"recommended {label}",
+                        zorder=5)  # fmt: skip
+            else:
+                _beyond(ax, recommended[0] > grid[-1], y, label)
         ax.legend(loc="best", fontsize=8)
+
+
+def _near(x: float, lo: float, hi: float) -> bool:
+    """Whether a recommendation at ``x`` is close enough to the grid [lo, hi] (in axis units, logarithmic) to widen
+    the axis for it: at most half the grid's span, or a factor 2, beyond its edge."""
+    reach = max((hi / lo) ** 0.5, 2.0)
+    return lo / reach <= x <= hi * reach
+
+
+def _spread(grid: Sequence[float], at: Callable[[float], float]) -> list[float]:
+    """At most seven grid values to label, at least a tenth of the axis apart (logarithmic), the ends kept."""
+    span = math.log(at(grid[-1]) / at(grid[0])) or 1.0
+    kept = [grid[0]]
+    for value in grid[1:]:
+        if math.log(at(value) / at(kept[-1])) >= span / 7:
+            kept.append(value)
+    if kept[-1] != grid[-1]:
+        kept[-1] = grid[-1]
+    return kept
+
+
+def _beyond(ax: Axes, above: bool, y: float, label: str) -> None:
+    """A recommendation past the grid: an arrow at that edge of the axis, at its share, and its value written."""
+    ax.plot([1.0 if above else 0.0], [y], ">" if above else "<", color=WARN, markersize=11, clip_on=False, zorder=5,
+            transform=ax.get_yaxis_transform(), label=f"recommended {label} (beyond the grid)")  # fmt: skip
+    height = ax.transAxes.inverted().transform(ax.transData.transform((1.0, y)))[1] if y > 0 else 0.0
+    ax.annotate(f"recommended {label}\n{'above' if above else 'below'} the grid", xy=(1.0 if above else 0.0, y),
+                xycoords=("axes fraction", "data"), xytext=(-8 if above else 8, -30 if height > 0.6 else 14),
+                textcoords="offset points", ha="right" if above else "left", fontsize=8.5, color=WARN,
+                bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none", "pad": 1},
+                arrowprops={"arrowstyle": "->", "color": WARN})  # fmt: skip
 
 
 def sweep_limits(lo: float, hi: float) -> tuple[float, float]:
