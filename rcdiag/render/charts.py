@@ -147,7 +147,7 @@ def dashboard(reports: Sequence[tuple[str | None, Report]], title: str) -> Figur
     with matplotlib.rc_context(STYLE):
         fig.suptitle(title, x=0.01, ha="left", fontsize=13)
         if verdict is not None:
-            top, bottom = fig.subfigures(2, 1, height_ratios=[band, panels])
+            top, bottom = fig.subfigures(2, 1, height_ratios=[band, panels + 0.6])  # the title row goes with the panels
             draw_verdict(top, verdict, rows)
         else:
             bottom = fig
