@@ -59,6 +59,8 @@ class PageLoad:
     console_errors: list[str] = field(default_factory=list)
     screenshot: bytes = b""
     height: int = 0
+    values: dict[str, Any] = field(default_factory=dict)
+    """The value of each expression given to ``open_offline(evaluate=...)``, once the page loaded."""
 
 
 class DevTools:
@@ -110,9 +112,11 @@ def _page_socket(profile: Path, process: subprocess.Popen) -> str:
     return next(t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page")
 
 
-def open_offline(path: Path, width: int = 1400, height: int = 900, full_page: bool = True) -> PageLoad:
+def open_offline(
+    path: Path, width: int = 1400, height: int = 900, full_page: bool = True, evaluate: dict[str, str] | None = None
+) -> PageLoad:
     """Load ``path`` offline and report what happened; the screenshot covers the whole page (or the first
-    ``height`` pixels)."""
+    ``height`` pixels); ``evaluate`` names JavaScript expressions to evaluate in the loaded page (DOM queries)."""
     chromium = find_chromium()
     if chromium is None:
         raise FileNotFoundError(f"no Chromium found: {INSTALL}")
@@ -125,7 +129,7 @@ def open_offline(path: Path, width: int = 1400, height: int = 900, full_page: bo
     try:
         tools = DevTools(_page_socket(profile, process))
         try:
-            return _load(tools, path, width, height, full_page)
+            return _load(tools, path, width, height, full_page, evaluate or {})
         finally:
             tools.close()
     finally:
@@ -138,7 +142,7 @@ def open_offline(path: Path, width: int = 1400, height: int = 900, full_page: bo
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def _load(tools: DevTools, path: Path, width: int, height: int, full_page: bool) -> PageLoad:
+def _load(tools: DevTools, path: Path, width: int, height: int, full_page: bool, evaluate: dict[str, str]) -> PageLoad:
     for domain in ("Network", "Runtime", "Log", "Page"):
         tools.call(f"{domain}.enable")
     tools.call("Network.emulateNetworkConditions", offline=True, latency=0, downloadThroughput=-1, uploadThroughput=-1)
@@ -151,6 +155,11 @@ def _load(tools: DevTools, path: Path, width: int, height: int, full_page: bool)
     ]
     result.height = int(tools.call("Runtime.evaluate", expression="document.documentElement.scrollHeight",
                                    returnByValue=True)["result"]["value"])  # fmt: skip
+    for name, expression in evaluate.items():
+        answer = tools.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        if "exceptionDetails" in answer:
+            raise RuntimeError(f"{name}: {answer['exceptionDetails'].get('text')}")
+        result.values[name] = answer["result"].get("value")
     if full_page:
         tools.call("Emulation.setDeviceMetricsOverride", width=width, height=min(result.height, 16000),
                    deviceScaleFactor=1, mobile=False)  # fmt: skip

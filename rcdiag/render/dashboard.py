@@ -1,4 +1,5 @@
-"""``analyze --png FILE``: the six-panel dashboard over steps as a PNG (1920x1200), for a slide or an issue."""
+"""``analyze --png FILE``: the verdict, then the six-panel dashboard over steps (or, for a dump without steps, what
+varies inside it) as a PNG 1920 pixels wide, for a slide or an issue."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from rcdiag.report import Report
 
 
 def render_png(report: Report) -> bytes:
-    """The dashboard of one report."""
+    """The dashboard of one report, its verdict first."""
     facts = report.input
-    steps = counted(facts.steps, "step") if facts.steps else "no step column: the whole dump as one point"
+    steps = counted(facts.steps, "step") if facts.steps else "no step column: what varies inside the dump"
     title = (
         f"rcdiag {report.version} · {facts.path} · {counted(facts.rows, 'row')} · "
         f"{facts.valid_tokens:,} valid tokens · {steps}\n{describe_config(report.config)}"

@@ -15,18 +15,16 @@ from rcdiag.catalogue import metric, reading, short_key
 from rcdiag.catalogue.metrics import step_columns
 from rcdiag.render import counted
 from rcdiag.render.charts import (
-    PALETTE,
-    SIDES,
-    draw_breakdown,
-    draw_histogram,
+    draw_explained,
     draw_sweep,
     draw_trace,
-    draw_trend,
     figure,
-    panel_lines,
+    histogram_figure,
     svg,
+    trend_figure,
+    weights_figure,
 )
-from rcdiag.render.panels import TRENDS
+from rcdiag.render.panels import STATUS_COLOURS, TRENDS, effect_facts
 from rcdiag.render.table import evenly_spaced
 from rcdiag.render.text import (
     BREAKDOWN_METRICS,
@@ -40,7 +38,7 @@ from rcdiag.render.text import (
     reading_context,
     worst_cells,
 )
-from rcdiag.report import Finding, Report
+from rcdiag.report import Finding, Report, Verdict
 
 if TYPE_CHECKING:
     from rcdiag.compare.records import CompareFinding, Comparison
@@ -70,7 +68,16 @@ code,.code{font-family:ui-monospace,"SFMono-Regular",Menlo,Consolas,monospace;fo
 .chart svg{width:100%;height:auto;display:block}
 .wide svg{max-width:1100px}
 .note{color:#57606a;font-size:13px}
+.verdict{border:2px solid #d0d7de;border-radius:8px;padding:10px 18px 12px;margin:12px 0 6px;background:#f6f8fa}
+.verdict h3{margin:12px 0 4px;font-size:16px}.verdict ul,.verdict ol{margin:4px 0;padding-left:22px}
+.verdict .headline{font-size:19px;font-weight:700;margin:4px 0}
+.badge{display:inline-block;color:#fff;font-weight:700;letter-spacing:.05em;border-radius:6px;padding:2px 12px;
+margin-right:10px;font-size:17px;vertical-align:middle}
+.verdict pre{background:#fff;border:1px solid #d0d7de;border-radius:6px;padding:8px 12px;margin:6px 0}
+.sides{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:0 18px;align-items:start}
 """
+CSS += "".join(f".badge.{status},.verdict.{status}{{border-color:{c}}}.badge.{status}{{background:{c}}}"
+               for status, c in STATUS_COLOURS.items())  # fmt: skip
 
 
 def e(text: object) -> str:
@@ -111,21 +118,74 @@ def chart(svg_text: str, wide: bool = False) -> str:
 
 
 def render_html(report: Report) -> str:
-    """The whole analyze report as one page."""
+    """The whole analyze report as one page, the verdict first."""
     facts = report.input
     return page(
         "rcdiag report",
         f"{facts.path} · rcdiag {report.version}",
         [
+            section("Verdict", _verdict(report.verdict)),
             section("Input and configuration", _facts(report)),
             section("Findings", _findings(report.findings, "No finding: every check below holds."), _checklist(report)),
-            section("Trends over steps", _trend_note(report), _trends([(None, report)])),
-            section("Token log-ratio distribution", _histogram([("all tokens", report, PALETTE[0])], share=False)),
+            *(
+                [
+                    section("Trends over steps", _trends([(None, report)])),
+                    section("Token log-ratio distribution", _histogram([(None, report)])),
+                ]
+                if report.steps
+                else [section("Inside the dump (no step column)", *_inside([(None, report)]))]
+            ),
             section("Metrics" + (" (all steps pooled)" if report.steps else ""), _metrics(report)),
             *([section("Per step", _steps(report))] if report.steps else []),
             *_explain(report),
         ],
     )
+
+
+def _verdict(verdict: Verdict | None, side: str = "") -> str:
+    """Status badge and headline, the causes with their evidence, the prescription (YAML, measured effect, why)
+    and the next steps: every field the verdict has."""
+    who = f"Dump {e(side)}: " if side else ""
+    if verdict is None:
+        return f'<div class="verdict"><p class="headline">{who}no verdict in this report</p></div>'
+    parts = [f'<p class="headline"><span class="badge {e(verdict.status)}">{e(verdict.status.upper())}</span>'
+             f"{who}{e(verdict.headline)}</p>"]  # fmt: skip
+    if verdict.causes:
+        items = "".join(f"<li><strong>{e(c.cls.replace('_', ' '))}</strong> "
+                        f'<span class="code">[{e(", ".join(c.codes))}]</span>: {e(c.evidence)}</li>'
+                        for c in verdict.causes)  # fmt: skip
+        parts.append(f"<h3>Causes</h3><ul>{items}</ul>")
+    rec = verdict.recommendation
+    if rec is None:
+        parts.append('<h3>Prescription</h3><p class="muted">None: no setting prescribed for this dump.</p>')
+    else:
+        preset = f"<p>verl preset: <code>{e(rec.preset)}</code></p>" if rec.preset else ""
+        effect = ""
+        if rec.effect is not None:
+            rows = [(e(what), e(value)) for what, value in effect_facts(rec.effect)]
+            effect = '<p class="note">Measured on this dump:</p>' + table(("effect", "value"), rows, numeric=(1,))
+        why = f"<p>{e(rec.why)}</p>" if rec.why else ""
+        parts.append(f"<h3>Prescription</h3>{preset}<pre>{e(rec.yaml.rstrip())}</pre>{effect}{why}")
+    if verdict.next_steps:
+        parts.append("<h3>Next steps</h3><ol>" + "".join(f"<li>{e(s)}</li>" for s in verdict.next_steps) + "</ol>")
+    return f'<div class="verdict {e(verdict.status)}">{"".join(parts)}</div>'
+
+
+def _inside(reports: Sequence[tuple[str | None, Report]]) -> list[str]:
+    """For dumps without steps (each would be one point per trend panel): what varies inside them instead."""
+    note = ('<p class="note">No step column: instead of one point per trend panel, what varies inside the dump: '
+            "the log-ratio distribution, the token IS weights under the prescription (else under --is), and, with "
+            "--explain, where the mismatch sits.</p>")  # fmt: skip
+    charts = []
+    weights = weights_figure(reports)
+    if weights is not None:
+        charts.append(chart(svg(weights, "weights")))
+    if len(reports) == 1 and (explained := reports[0][1].explain) is not None:
+        for i, (name, title) in enumerate(BREAKDOWNS.items()):
+            fig = figure(5.6, 3.6)
+            draw_explained(fig.subplots(), title, explained.breakdowns[name])
+            charts.append(chart(svg(fig, f"breakdown{i}")))
+    return [note, _histogram(reports), f'<div class="grid">{"".join(charts)}</div>']
 
 
 def _facts(report: Report) -> str:
@@ -175,28 +235,16 @@ def _checklist(report: Report) -> str:
     return "<h3>Checklist</h3>" + table(("", "check", "code", "where"), rows)
 
 
-def _trend_note(report: Report) -> str:
-    if report.steps:
-        return ""
-    return '<p class="note">The dump has no step column: each panel shows the whole dump as one point.</p>'
-
-
 def _trends(reports: Sequence[tuple[str | None, Report]]) -> str:
-    charts = []
-    for i, panel in enumerate(TRENDS):
-        fig = figure(5.6, 3.6)
-        draw_trend(fig.subplots(), panel, panel_lines(panel, reports))
-        charts.append(chart(svg(fig, f"trend{i}")))
+    charts = [chart(svg(trend_figure(panel, reports), f"trend{i}")) for i, panel in enumerate(TRENDS)]
     return f'<div class="grid">{"".join(charts)}</div>'
 
 
-def _histogram(reports: Sequence[tuple[str, Report, str]], share: bool) -> str:
-    histograms = [(label, r.log_ratio, color) for label, r, color in reports if r.log_ratio is not None]
-    if not histograms:
+def _histogram(reports: Sequence[tuple[str | None, Report]]) -> str:
+    fig = histogram_figure(reports)
+    if fig is None:
         return '<p class="note">No histogram in this report (a state saved by an older rcdiag).</p>'
-    fig = figure(11, 4.2)
-    draw_histogram(fig.subplots(), histograms, share=share)
-    nan = sum(h.nan for _, h, _ in histograms)
+    nan = sum(r.log_ratio.nan for _, r in reports if r.log_ratio is not None)
     note = f'<p class="note">{nan:,} token(s) with −inf on both sides have no log-ratio.</p>' if nan else ""
     return chart(svg(fig, "histogram"), wide=True) + note
 
@@ -223,9 +271,6 @@ def _steps(report: Report) -> str:
 
 # --------------------------------------------------------------------------------------------------- explain
 
-CHARTED = ("kl", "k3_kl")
-"""The breakdown metrics drawn as bars (the tables show every one)."""
-
 
 def _explain(report: Report) -> list[str]:
     """With ``--explain``: where the mismatch sits, and the worst responses with their tokens."""
@@ -236,9 +281,10 @@ def _explain(report: Report) -> list[str]:
     for i, (name, title) in enumerate(BREAKDOWNS.items()):
         entries = explained.breakdowns[name]
         labels = [bucket_label(entry) for entry in entries]
-        fig = figure(5.6, 3.6)
-        draw_breakdown(fig.subplots(), title, labels, {key: [entry[key] for entry in entries] for key in CHARTED})
-        charts.append(chart(svg(fig, f"breakdown{i}")))
+        if report.steps:  # without steps the charts are already up top, inside the dump
+            fig = figure(5.6, 3.6)
+            draw_explained(fig.subplots(), title, entries)
+            charts.append(chart(svg(fig, f"breakdown{i}")))
         rows = [(e(label), f"{entry['tokens']:,}", *(fmt(entry[key]) for key in BREAKDOWN_METRICS))
                 for label, entry in zip(labels, entries, strict=True)]  # fmt: skip
         headers = ("bucket", "tokens", *(e(label) for label in BREAKDOWN_METRICS.values()))
@@ -271,16 +317,23 @@ def _explain(report: Report) -> list[str]:
 def render_comparison_html(comparison: Comparison) -> str:
     """Both dumps on one page: their facts, the verdicts, every chart with both overlaid, the metric table."""
     a, b = comparison.a, comparison.b
+    sides = [("A", a), ("B", b)]
     return page(
         "rcdiag comparison",
         f"A: {a.input.path} · B: {b.input.path} · rcdiag {a.version}",
         [
-            section("Dumps", _sides(comparison)),
-            section("Verdicts", _findings(comparison.findings, "No finding."), _temperature(comparison)),
-            section("Trends over steps, A and B overlaid", _trends([("A", a), ("B", b)])),
             section(
-                "Token log-ratio distribution, A and B (share of each dump's tokens)",
-                _histogram([("A", a, SIDES["A"][0]), ("B", b, SIDES["B"][0])], share=True),
+                "Verdict per dump", f'<div class="sides">{_verdict(a.verdict, "A")}{_verdict(b.verdict, "B")}</div>'
+            ),
+            section("Dumps", _sides(comparison)),
+            section("Findings on the pair", _findings(comparison.findings, "No finding."), _temperature(comparison)),
+            *(
+                [
+                    section("Trends over steps, A and B overlaid", _trends(sides)),
+                    section("Token log-ratio distribution, A and B (share of each dump's tokens)", _histogram(sides)),
+                ]
+                if a.steps or b.steps
+                else [section("Inside the dumps (no step column), A and B overlaid", *_inside(sides))]
             ),
             section("Metrics, all steps pooled", _diffs(comparison)),
         ],

@@ -1,5 +1,6 @@
 """What the pictures show, without drawing anything: the six trend panels of the seed guide's dashboard (IS mean,
-ESS, RS rejected share, kl vs k3_kl, PPL ratio, chi2), each panel's series over steps and its warning lines.
+ESS, RS rejected share, kl vs k3_kl, PPL ratio, chi2), each panel's series over steps and its warning lines; the
+verdict's colours and measured effect; and, for a dump without steps, what varies inside it (IS weight tails).
 
 Warning lines are read from the metric catalogue (every threshold that gives a finding), never restated here;
 a panel's ``ideal`` is where its metric says "no mismatch". Imports no plotting library.
@@ -12,7 +13,8 @@ from dataclasses import dataclass
 
 from rcdiag.catalogue import full_key, metric, short_key
 from rcdiag.catalogue.metrics import GROUP_NEEDS, rs_option
-from rcdiag.report import Report
+from rcdiag.config import SAFETY_BOUND, parse_is_threshold
+from rcdiag.report import Effect, Histogram, Report
 
 MAX_POINTS = 1500
 """A series longer than this is drawn as the minimum and maximum of each of ``MAX_POINTS // 2`` runs of steps, so
@@ -152,3 +154,87 @@ def sparkline(values: list[float | None], width: int = 12, floor: float | None =
         else:
             out.append(bars[min(int((cell - lo) / span * len(bars)), len(bars) - 1)])
     return "".join(out)
+
+
+# ------------------------------------------------------------------------------------------------ the verdict
+
+STATUS_COLOURS: dict[str, str] = {"healthy": "#1a7f37", "correct": "#b08800", "fix": "#e16f24", "broken": "#cf222e"}
+"""The verdict badge's colour per status (green, amber, orange, red), in the HTML report and the PNG dashboard."""
+
+
+def effect_facts(effect: Effect) -> list[tuple[str, str]]:
+    """The prescription's measured effect on this dump, as (what, value) pairs; IS numbers only where IS applies."""
+    facts = [
+        ("tokens rejected", _share(effect.tokens_rejected)),
+        ("responses rejected", _share(effect.responses_rejected)),
+    ]
+    if effect.is_ess is not None:
+        facts.append(("IS effective sample size", f"{effect.is_ess:.3g}"))
+    if effect.is_truncated_share is not None:
+        facts.append(("IS weights truncated", _share(effect.is_truncated_share)))
+    return facts
+
+
+def _share(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return "—"
+    return f"{value:.3g} ({100 * value:.3g}%)"
+
+
+# ------------------------------------------------------------------------------------- inside a dump (no steps)
+
+
+@dataclass(frozen=True)
+class WeightSetting:
+    """The IS setting whose weights a picture shows: the prescription's when it has IS, else the configured one."""
+
+    source: str
+    """``prescription`` or ``configuration``."""
+    level: str
+    """``token`` or ``sequence``."""
+    upper: float
+    lower: float | None
+    """IcePop's lower bound (weights outside [lower, upper] are zeroed); ``None``: TIS (weights above are capped)."""
+    beyond: float | None
+    """Measured share of tokens (token level) or responses (sequence level) whose weight lies beyond ``upper``."""
+    ess: float | None
+
+    @property
+    def label(self) -> str:
+        bounds = f"[{self.lower:g}, {self.upper:g}]" if self.lower is not None else f"≤ {self.upper:g}"
+        return f"{self.source}: rollout_is {self.level}, threshold {bounds}"
+
+
+def weight_setting(report: Report) -> WeightSetting | None:
+    """The IS setting to draw: the verdict's prescription when it sets ``rollout_is``, else ``--is``; ``None``
+    when neither applies IS."""
+    verdict = report.verdict
+    rec = verdict.recommendation if verdict is not None else None
+    if rec is not None and rec.config.get("rollout_is") and rec.config.get("rollout_is_threshold") is not None:
+        upper, lower = parse_is_threshold(rec.config["rollout_is_threshold"])
+        effect = rec.effect
+        beyond, ess = (effect.is_truncated_share, effect.is_ess) if effect is not None else (None, None)
+        return WeightSetting("prescription", str(rec.config["rollout_is"]), upper, lower, beyond, ess)
+    level = report.config.get("rollout_is")
+    if not level or report.config.get("rollout_is_threshold") is None:
+        return None
+    upper, lower = parse_is_threshold(report.config["rollout_is_threshold"])
+    return WeightSetting("configuration", str(level), upper, lower,
+                         report.metrics.get(full_key("rollout_is_ratio_fraction_high")),
+                         report.metrics.get(full_key("rollout_is_eff_sample_size")))  # fmt: skip
+
+
+def weight_tails(histogram: Histogram) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """Token IS weights ``w = exp(log-ratio)`` (verl clamps the log-ratio to ±SAFETY_BOUND first) from the log-ratio
+    histogram, exact at its bin edges: the upper tail ``(x, share of tokens with w >= x)`` for x > 1 and the lower
+    tail ``(x, share with w < x)`` for x < 1. Weights beyond the clamp count at e^±SAFETY_BOUND."""
+    total = sum(histogram.counts)
+    if total == 0:
+        return [], []
+    upper, lower = [], []
+    for j, edge in enumerate(histogram.edges):
+        if 0 < edge <= SAFETY_BOUND:
+            upper.append((math.exp(edge), sum(histogram.counts[j + 1 :]) / total))
+        elif -SAFETY_BOUND <= edge < 0:
+            lower.append((math.exp(edge), sum(histogram.counts[: j + 1]) / total))
+    return upper, lower
