@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT, assert_metrics_close, missing
+from conftest import ROOT, assert_metrics_close, missing, require
 from verl_oracle import verl_root
 
 from rcdiag.errors import ConfigError
@@ -139,6 +139,63 @@ def test_hydra_gets_verls_arguments_and_the_ray_runtime_env(fake_main: Path) -> 
         f"rcdiag: no step was dumped to {dump}: verl runs its rollout-correction step only with "
         "actor_rollout_ref.rollout.calculate_log_probs=true, algorithm.rollout_correction set and bypass_mode=false"
     )
+
+
+RAY_MAIN = """
+import json, os
+import hydra
+import ray
+from omegaconf import OmegaConf
+
+@hydra.main(config_path=".", config_name="fake_ray", version_base=None)
+def main(config):
+    ray.init(**OmegaConf.to_container(config.ray_kwargs.ray_init))
+
+    @ray.remote
+    class TaskRunner:  # as verl's main_ppo runs its trainer: in a Ray worker process
+        def run(self):
+            import torch
+            from verl.protocol import DataProto
+            from verl.trainer.ppo import rollout_corr_helper as helper
+
+            step = helper.compute_rollout_correction_and_add_to_batch
+            data = DataProto.from_dict(
+                tensors={"old_log_probs": torch.tensor([[-0.5, -1.0]]), "rollout_log_probs": torch.tensor([[-0.4, -1.1]]),
+                         "response_mask": torch.tensor([[1, 1]])},
+                meta_info={"temperature": 1.0, "global_steps": 3},
+            )
+            _, metrics = step(data, OmegaConf.create({"rollout_is": None}))
+            return getattr(step, "rcdiag_dumper", None) is not None, os.getpid(), metrics
+
+    wrapped, pid, metrics = ray.get(TaskRunner.remote().run.remote())
+    with open(os.environ["FAKE_OUT"], "w") as handle:
+        json.dump({"wrapped": wrapped, "worker_pid": pid, "driver_pid": os.getpid(), "metrics": metrics}, handle)
+    ray.shutdown()
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.verl
+def test_the_step_is_wrapped_in_verls_ray_worker(fake_main: Path) -> None:
+    """verl runs its trainer in a Ray actor: the runtime environment's setup hook wraps the step there."""
+    require("ray", "ray")
+    (fake_main / "fake_ray_main.py").write_text(RAY_MAIN)
+    (fake_main / "fake_ray.yaml").write_text(
+        "ray_kwargs:\n  ray_init:\n    address: local\n    num_cpus: 1\n    include_dashboard: false\n"
+    )
+    dump = fake_main / "dump"
+    result = launch(fake_main, "+rcdiag.main=fake_ray_main", f"+rcdiag.dump_dir={dump}")
+    assert result.returncode == 0, result.stderr
+    record = json.loads((fake_main / "out.json").read_text())
+    assert record["wrapped"] is True and record["worker_pid"] != record["driver_pid"]
+    assert (
+        result.stderr.splitlines()[-1] == f"rcdiag: dumped 1 step(s) to {dump}; read them with: rcdiag analyze {dump}"
+    )
+    report = rcdiag_json("analyze", str(dump))
+    assert [s["step"] for s in report["steps"]] == [3]
+    assert_metrics_close(report["steps"][0]["metrics"], record["metrics"])
 
 
 @pytest.mark.verl
