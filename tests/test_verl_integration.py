@@ -198,6 +198,34 @@ def test_the_step_is_wrapped_in_verls_ray_worker(fake_main: Path) -> None:
     assert_metrics_close(report["steps"][0]["metrics"], record["metrics"])
 
 
+LAZY_WORKER = """
+import inspect, os, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+os.environ["RCDIAG_VERL_DUMP_DIR"] = sys.argv[2]
+from rcdiag.integrations.verl.hook import HELPER, setup_worker
+setup_worker()
+setup_worker()  # Ray may run it once per worker only, but twice must not wrap twice
+assert "verl" not in sys.modules, "the hook imported verl before the worker did"
+from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch as step
+assert step.rcdiag_dumper.directory == Path(sys.argv[2])
+assert getattr(step.__wrapped__, "rcdiag_dumper", None) is None
+assert "def compute_rollout_correction_and_add_to_batch" in inspect.getsource(step.__wrapped__)
+print("ok")
+"""
+
+
+@pytest.mark.verl
+def test_a_worker_wraps_the_step_only_when_verl_imports_it(tmp_path: Path) -> None:
+    """The setup hook runs in every Ray worker (rollout and GPU workers too): it imports nothing itself, so no
+    worker imports verl, torch or CUDA earlier than it would; the step is wrapped as its module loads."""
+    script = tmp_path / "worker.py"
+    script.write_text(LAZY_WORKER)
+    result = subprocess.run([sys.executable, str(script), require_real_verl("0.9.0"), str(tmp_path / "d")],
+                            capture_output=True, text=True, env=ENV, timeout=600)  # fmt: skip
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+
+
 @pytest.mark.verl
 @pytest.mark.parametrize(
     ("args", "message"),

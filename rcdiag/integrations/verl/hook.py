@@ -5,14 +5,17 @@ the driver (decoupled mode), with the batch's ``old_log_probs``, ``rollout_log_p
 ``response_mask`` (which the call replaces with the rejection-sampled one). ``install`` replaces that function in
 verl's module (and in any verl module that already imported it) by a wrapper that first writes those tensors, the
 step, the rollout temperature and the response token ids as one dump step, then calls verl's function with the same
-arguments and returns its result unchanged. Nothing in training changes: the wrapper only reads the batch, and a
-step that cannot be written is a notice, never an exception in the trainer. No verl file is edited.
+arguments and returns its result unchanged. In Ray's worker processes, ``setup_worker`` wraps it as soon as verl's
+module is imported there, and imports nothing itself. Nothing in training changes: the wrapper only reads the batch,
+and a step that cannot be written is a notice, never an exception in the trainer. No verl file is edited.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import importlib.abc
+import importlib.machinery
 import json
 import os
 import sys
@@ -113,13 +116,60 @@ def install(directory: str | Path) -> Callable[..., Any]:
     return wrapped
 
 
+class _WrapAfterImport(importlib.abc.MetaPathFinder):
+    """Wraps verl's step right after verl's helper module is first imported, and does nothing else: a Ray worker
+    that never imports it (a rollout or GPU worker) imports nothing more than it would have."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if name != HELPER:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _ThenWrap(spec.loader, self)
+                return spec
+        return None
+
+    def wrap_now(self) -> None:
+        """Wrap the step (its module is imported) and stop watching imports; a failure is a notice."""
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        try:
+            install(self.directory)
+        except Exception as error:
+            notify(f"rcdiag: cannot wrap verl's rollout-correction step: {type(error).__name__}: {error}")
+
+
+class _ThenWrap(importlib.abc.Loader):
+    """verl's own loader, then the wrap."""
+
+    def __init__(self, loader: Any, finder: _WrapAfterImport) -> None:
+        self.loader = loader
+        self.finder = finder
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.loader.exec_module(module)
+        self.finder.wrap_now()
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename...: the real loader's
+        return getattr(self.loader, name)
+
+
 def setup_worker() -> None:
-    """Ray's ``worker_process_setup_hook`` for the run: wrap verl's step in each worker process, where verl's
-    trainer (its ``TaskRunner``) runs. Never raises: a worker that cannot import verl says so and goes on."""
+    """Ray's ``worker_process_setup_hook`` for the run: in each worker process (verl's trainer runs in one, its
+    ``TaskRunner``), wrap verl's step when verl's helper module is imported. Never raises."""
     directory = os.environ.get(DUMP_DIR_ENV)
     if not directory:
         return
-    try:
-        install(directory)
-    except Exception as error:
-        notify(f"rcdiag: cannot wrap verl's rollout-correction step in this worker: {type(error).__name__}: {error}")
+    if HELPER in sys.modules:
+        _WrapAfterImport(directory).wrap_now()
+    elif not any(isinstance(finder, _WrapAfterImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _WrapAfterImport(directory))
