@@ -194,3 +194,14 @@ def test_a_store_mlflow_refuses_is_one_line_naming_the_uri(
     uri = (tmp_path / "mlruns").as_uri()
     err = one_line_error(capsys, "analyze", str(SAMPLE), "--mlflow", uri)
     assert err.startswith(f"rcdiag: error: cannot write {uri}: ") and "MLFLOW_ALLOW_FILE_STORE=true" in err
+
+
+def test_an_event_directory_inside_the_dump_is_refused(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    """The event file would become a file of the dump the next analysis reads."""
+    require("tensorboard", "tracking")
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    write_dump(dump / "part.parquet", {"old_log_prob": [[-0.5]], "rollout_log_prob": [[-0.4]]})
+    err = one_line_error(capsys, "analyze", str(dump), "--tensorboard", str(dump / "tb"))
+    assert err.startswith(f"rcdiag: error: --tensorboard {dump / 'tb'} is inside the input directory {dump}")
+    assert not (dump / "tb").exists()

@@ -306,3 +306,10 @@ def test_the_writer_keeps_one_schema_for_its_optional_columns(tmp_path: Path) ->
         "old_log_prob": [[-0.5]], "rollout_log_prob": [[-0.4000000059604645]], "response_mask": [[1]], "step": [1],
         "temperature": [0.6], "token_ids": [[11]],
     }  # fmt: skip
+
+
+def test_help_says_how_to_run_it() -> None:
+    result = subprocess.run([sys.executable, "-m", "rcdiag.integrations.verl", "--help"], capture_output=True,
+                            text=True, env=ENV, timeout=600)  # fmt: skip
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout.startswith("usage: python -m rcdiag.integrations.verl <verl's arguments> +rcdiag.dump_dir=DIR")

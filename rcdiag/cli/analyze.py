@@ -75,7 +75,8 @@ def analyze(
     config = engine.config()
     state_file = checked_state_path(save_state)
     sequences_file = checked_path(sequences, "--sequences")
-    refuse_inputs([path], out, save_state=state_file, sequences=sequences_file)
+    refuse_inputs([path], out, save_state=state_file, sequences=sequences_file,
+                  tensorboard=tracking.tensorboard if tracking is not None else None)  # fmt: skip
     with progress(read, out) as on_chunk:
         report = run_analysis(
             path,

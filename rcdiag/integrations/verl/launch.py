@@ -113,8 +113,13 @@ def summary(directory: Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args in (["--help"], ["-h"]):
+        print(f"usage: {USAGE}\nruns verl's trainer with its rollout-correction step dumped to DIR; verl's own "
+              f"options: python -m {DEFAULT_MAIN} --help; docs/dump-writer.md")  # fmt: skip
+        return
     try:
-        launch = parse(sys.argv[1:] if argv is None else argv)
+        launch = parse(args)
         run(launch)
     except ConfigError as error:
         print(f"rcdiag: error: {error}", file=sys.stderr)
