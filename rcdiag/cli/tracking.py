@@ -12,12 +12,12 @@ import typer
 
 from rcdiag.cli.params import Flag, FlagGroup
 from rcdiag.errors import ConfigError
-from rcdiag.export.tracking import DEFAULT_EXPERIMENT, INSTALL, MlflowTracker, TensorBoardTracker, TrackingOptions
+from rcdiag.export.tracking import DEFAULT_EXPERIMENT, MlflowTracker, TensorBoardTracker, TrackingOptions
 
 if TYPE_CHECKING:
     from rcdiag.report import Report
 
-PANEL = f"Dashboards (verl's tracker backends; {INSTALL})"
+PANEL = "Dashboards (TensorBoard, MLflow: verl's tracker backends)"
 
 
 def _option(flag: str, metavar: str, help_text: str) -> Any:
@@ -30,9 +30,10 @@ TRACKING_FLAGS = FlagGroup(
     "tracking",
     (
         Flag("tensorboard", _option("--tensorboard", "DIR", "Also write every step's `rollout_corr/*` and `rcdiag/*` "
-             "values as TensorBoard scalars into DIR (created if missing; a dump without steps is step 0).")),
+             "values as TensorBoard scalars into DIR (created if missing; a dump without steps is step 0). Needs "
+             "pip install \"rcdiag[tracking]\".")),
         Flag("mlflow", _option("--mlflow", "URI", "Also log them to the MLflow tracking store at URI "
-             "(`sqlite:///mlflow.db`, `http://host:5000`).")),
+             "(`sqlite:///mlflow.db`, `http://host:5000`). Needs pip install \"rcdiag[tracking]\".")),
         Flag("mlflow_experiment", _option("--mlflow-experiment", "NAME", "The MLflow experiment of the new run "
              f"(created if missing). Default: {DEFAULT_EXPERIMENT}.")),
         Flag("mlflow_run_name", _option("--mlflow-run-name", "NAME", "The new MLflow run's name. Default: the "
