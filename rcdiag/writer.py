@@ -89,13 +89,28 @@ class DumpWriter:
             ],
             metadata=self.metadata,
         )
+        self._optional: tuple[str, ...] | None = None
+        """The optional columns (``temperature``, ``token_ids``) of the first step written."""
 
-    def write(self, *, step: int, old_log_prob: Any, rollout_log_prob: Any, response_mask: Any | None = None) -> Path:
+    def write(
+        self,
+        *,
+        step: int,
+        old_log_prob: Any,
+        rollout_log_prob: Any,
+        response_mask: Any | None = None,
+        temperature: float | None = None,
+        token_ids: Any | None = None,
+    ) -> Path:
         """Write one step (durable on return); returns the part file. Writing a step twice adds a second part.
+
+        ``temperature`` (the step's rollout temperature) becomes a ``temperature`` column (float64, one value per
+        row), ``token_ids`` (the response tokens, same shape as the log-probs) a ``token_ids`` column
+        (``list<int32>``). Give the same ones at every step: the parts of one dump share one schema.
 
         Raises ``ValueError`` for what ``rcdiag analyze`` would refuse later: a step that is not an integer,
         arrays that disagree in shape, a mask value other than 0/1, or a NaN, ``+inf`` or positive log-prob at a
-        valid position (``-inf`` is legal)."""
+        valid position (``-inf`` is legal); and for optional columns other than the first step's."""
         step = _step(step)
         old = _rows(_numpy(old_log_prob, np.float32), "old_log_prob")
         rollout = _rows(_numpy(rollout_log_prob, np.float32), "rollout_log_prob")
@@ -104,6 +119,15 @@ class DumpWriter:
             mask = [np.ones(row.shape[0], dtype=np.int8) for row in old]
         else:
             mask = given["response_mask"] = _rows(_numpy(response_mask, np.int8), "response_mask")
+        temperature = _temperature(temperature)
+        optional = _optional_columns(temperature, token_ids)
+        if self._optional is not None and tuple(optional) != self._optional:
+            raise ValueError(
+                f"this step gives {_names(optional)} but the first step gave {_names(self._optional)}; give the same "
+                "optional columns at every step (the parts of one dump share one schema)"
+            )
+        if token_ids is not None:
+            given["token_ids"] = _rows(_token_ids(token_ids), "token_ids")
         names = " and ".join(", ".join(given).rsplit(", ", 1))
         if len({len(rows) for rows in given.values()}) > 1:
             counts = " and ".join(", ".join(str(len(rows)) for rows in given.values()).rsplit(", ", 1))
@@ -125,8 +149,14 @@ class DumpWriter:
             ],
             schema=self.schema,
         )
+        if temperature is not None:
+            table = table.append_column(optional["temperature"], pa.array(np.full(len(old), temperature)))
+        if token_ids is not None:
+            table = table.append_column(optional["token_ids"], _lists(given["token_ids"], lengths, TOKEN_IDS))
         _check_values(table)
-        return self._commit(table, step)
+        written = self._commit(table, step)
+        self._optional = tuple(optional)
+        return written
 
     def _commit(self, table: pa.Table, step: int) -> Path:
         taken = [
@@ -150,6 +180,40 @@ class DumpWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+TOKEN_IDS = pa.list_(pa.int32())
+
+
+def _temperature(temperature: Any) -> float | None:
+    value = temperature.item() if hasattr(temperature, "item") else temperature
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    return float(value)
+
+
+def _optional_columns(temperature: float | None, token_ids: Any | None) -> dict[str, pa.Field]:
+    fields = {}
+    if temperature is not None:
+        fields["temperature"] = pa.field("temperature", pa.float64())
+    if token_ids is not None:
+        fields["token_ids"] = pa.field("token_ids", TOKEN_IDS)
+    return fields
+
+
+def _names(columns: Sequence[str]) -> str:
+    return " and ".join(columns) if columns else "no optional column"
+
+
+def _token_ids(value: Any) -> np.ndarray | list[np.ndarray]:
+    """Token ids as int32 (a vocabulary fits), refusing what does not fit rather than wrapping it."""
+    ids = _numpy(value, np.int64)
+    flat = np.concatenate([np.ravel(row) for row in ids]) if isinstance(ids, list) and ids else np.ravel(ids)
+    if flat.size and (flat.min() < 0 or flat.max() > np.iinfo(np.int32).max):
+        raise ValueError("token_ids must be token ids from 0 to 2**31 - 1")
+    return [row.astype(np.int32) for row in ids] if isinstance(ids, list) else ids.astype(np.int32)
 
 
 def _step(step: Any) -> int:

@@ -17,16 +17,18 @@ from rcdiag.cli.options import (
     output_flags,
 )
 from rcdiag.cli.params import with_flags
+from rcdiag.cli.tracking import TRACKING_FLAGS
 from rcdiag.io import format_names
 
 if TYPE_CHECKING:
     from rcdiag.cli.engine_config import EngineFlags
     from rcdiag.cli.output import Output
+    from rcdiag.export.tracking import TrackingOptions
     from rcdiag.microbatch import MicroBatchSettings
     from rcdiag.options import ReadOptions
 
 
-@with_flags(ENGINE_FLAGS, MICROBATCH_FLAGS, READ_FLAGS, output_flags("report", "analyze"))
+@with_flags(ENGINE_FLAGS, MICROBATCH_FLAGS, READ_FLAGS, TRACKING_FLAGS, output_flags("report", "analyze"))
 def analyze(
     path: Annotated[
         str,
@@ -45,6 +47,7 @@ def analyze(
     engine: EngineFlags,
     microbatch: MicroBatchSettings | None,
     read: ReadOptions,
+    tracking: TrackingOptions | None,
     out: Output,
 ) -> None:
     """Run verl's rollout correction over a dump and report every `rollout_corr/*` metric with findings.
@@ -60,6 +63,8 @@ def analyze(
     * `rcdiag analyze run.parquet --explain --worst 20 --sequences per_response.parquet`
     * `rcdiag analyze run.parquet --verl-version 0.7.1 --rs token_k1 --rs-threshold 1.5 --micro-batch-size 4`
       (would verl's actor crash on a micro-batch?)
+    * `rcdiag analyze dumps/run-42 --tensorboard tb/run-42/rcdiag --mlflow sqlite:///mlflow.db` (every step's
+      values into the dashboards; docs/dashboards.md)
 
     Exit codes: 0 done (findings do not change it), 2 bad option, configuration or input, 3 internal error.
     """
@@ -70,7 +75,8 @@ def analyze(
     config = engine.config()
     state_file = checked_state_path(save_state)
     sequences_file = checked_path(sequences, "--sequences")
-    refuse_inputs([path], out, save_state=state_file, sequences=sequences_file)
+    refuse_inputs([path], out, save_state=state_file, sequences=sequences_file,
+                  tensorboard=tracking.tensorboard if tracking is not None else None)  # fmt: skip
     with progress(read, out) as on_chunk:
         report = run_analysis(
             path,
@@ -83,4 +89,8 @@ def analyze(
             sequences=sequences_file,
             microbatch=microbatch,
         )
+    if tracking is not None:
+        from rcdiag.cli.tracking import export
+
+        export(report, tracking, path)
     out.emit(report)
