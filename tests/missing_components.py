@@ -22,12 +22,14 @@ INSTALL = {
     "moto": "pip install 'moto[server]' (in the test extra: pip install -e '.[test]')",
     "ray": "pip install -e '.[ray]'",
     "matplotlib": "pip install -e '.[plot]'",
-    "verl-deps": "pip install -e '.[test]' (tensordict, omegaconf, transformers, codetiming, orjson: what verl's "
+    "verl-deps": "pip install -e '.[verl]' \"torch==2.13.0\" (tensordict, omegaconf, transformers, codetiming, orjson: what verl's "
     "DataProto imports; hydra-core for its entry point)",
     "tracking": "pip install -e '.[tracking]' (TensorBoard and MLflow's clients, with sqlalchemy for sqlite stores)",
     "chromium": "apt-get install chromium (Debian), or set RCDIAG_CHROMIUM to a Chromium or Chrome binary",
 }
-DEFAULT_INSTALL = "pip install -e '.[test,lint,plot,ray,tracking]' 'torch==2.13.0', then the verl oracles as .ci/run does"
+DEFAULT_INSTALL = (
+    "pip install -e '.[test,lint,plot,ray,tracking,verl]' 'torch==2.13.0', then the verl oracles as .ci/run does"
+)
 
 
 def in_ci() -> bool:
