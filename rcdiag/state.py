@@ -65,9 +65,18 @@ class StateIdentity:
     inode: tuple[int, int] | None
 
 
-def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo], screen: ScreenStats) -> None:
-    """Write a state file atomically (a reader never sees a half-written file), locally or to object storage."""
+def save_state(
+    path: str | Path,
+    state: EngineState,
+    sources: list[SourceInfo],
+    screen: ScreenStats,
+    *,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Write a state file atomically (a reader never sees a half-written file), locally or to object storage.
+    ``extra``: more top-level keys written in the same file, at once (``rcdiag watch``'s files consumed)."""
     payload = {
+        **(extra or {}),
         "format": STATE_FORMAT,
         "version": STATE_VERSION,
         "kind": state_kind_of(state),
@@ -340,7 +349,7 @@ def _with_identity(info: SourceInfo) -> dict[str, Any]:
     saved = asdict(info)
     for read in saved["reads"]:
         name = read.get("path")
-        if isinstance(name, str) and "://" not in name and os.path.isfile(name):
+        if isinstance(name, str) and "://" not in name and "fingerprint" not in read and os.path.isfile(name):
             where = os.stat(name)
             read["inode"] = [where.st_dev, where.st_ino]
             read["fingerprint"] = content_fingerprint(name)
