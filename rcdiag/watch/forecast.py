@@ -27,7 +27,7 @@ from rcdiag.stats import t_critical
 
 Direction = Literal["above", "below"]
 
-DEFAULT_WINDOW = 20
+DEFAULT_WINDOW = 10
 """Steps fitted: the recent trend, not the whole run (a regime change would be averaged away)."""
 MIN_POINTS = 5
 """Fewer steps than this forecast nothing (three degrees of freedom at least)."""

@@ -189,15 +189,22 @@ class Watch:
 
     # ------------------------------------------------------------------------------------------------- reading
 
-    def poll_once(self) -> tuple[list[StepEvent], int]:
-        """Read every complete file not read yet (committing after each); the steps they held, and how many files
-        are still settling."""
+    def poll_once(self, on_event: Callable[[StepEvent], None] | None = None) -> tuple[list[StepEvent], int, bool]:
+        """Read every complete file not read yet, committing after each and then handing its steps to ``on_event``;
+        the steps read, how many files are still settling, and whether a new alert at ``exit_on`` stopped the
+        reading (after that file)."""
         ready, waiting = self.follower.poll(self.consumed)
         events: list[StepEvent] = []
         for file, stamp in ready:
             interrupts.check()
-            events += self._consume(file, stamp)
-        return events, waiting
+            new = self._consume(file, stamp)
+            for event in new:
+                if on_event is not None:
+                    on_event(event)
+            events += new
+            if any(self.policy.stops(event.alerts) for event in new):
+                return events, waiting, True
+        return events, waiting, False
 
     def _consume(self, file: Any, stamp: FileStamp) -> list[StepEvent]:
         from rcdiag.io.paths import identity
@@ -249,7 +256,6 @@ class Watch:
         verdict = self.report.verdict if self.report is not None else None
         return _finite_tree(
             {
-                "kind": "alert",
                 **alert.to_dict(),
                 "watch": self.location,
                 "verdict": None if verdict is None else {"status": verdict.status, "headline": verdict.headline},
@@ -275,15 +281,12 @@ class Watch:
         finished since the last poll."""
         start = last_new = time.monotonic()
         while True:
-            events, waiting = self.poll_once()
-            for event in events:
-                if on_event is not None:
-                    on_event(event)
+            events, waiting, stopped = self.poll_once(on_event)
             if on_poll is not None:
                 on_poll(waiting, self.dispatcher.outcomes())
-            now = time.monotonic()
-            if any(self.policy.stops(event.alerts) for event in events):
+            if stopped:
                 return "alert"
+            now = time.monotonic()
             if timeout is not None and now - start >= timeout:
                 return "timeout"
             if events:
