@@ -106,6 +106,20 @@ def analyze_steps(directory: Path) -> dict[int, dict[str, Any]]:
     return {s["step"]: s for s in json.loads(done.stdout)["steps"]}
 
 
+def parsed(text: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The step lines and the report lines of a watch's JSON output (complete lines only)."""
+    lines = [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
+    assert {line["kind"] for line in lines} <= {"step", "report"}
+    return [line for line in lines if line["kind"] == "step"], [line for line in lines if line["kind"] == "report"]
+
+
+def next_step(stream: Any) -> dict[str, Any]:
+    """The next step line a running watch writes (report lines skipped)."""
+    while (line := json.loads(stream.readline()))["kind"] != "step":
+        pass
+    return line
+
+
 def same_numbers(line: dict[str, Any], step: dict[str, Any]) -> None:
     assert (line["rows"], line["valid_tokens"]) == (step["rows"], step["valid_tokens"])
     assert line["metrics"] == step["metrics"]  # number for number: both JSON texts of the same float64s
@@ -120,9 +134,11 @@ def test_a_live_writer_every_step_once_in_order_with_analyze_numbers(scripts: Pa
     assert writer.returncode == 0, writer.stderr
     out, err = follower.communicate(timeout=120)
     assert follower.returncode == 0, err
-    lines = [json.loads(line) for line in out.splitlines()]
+    lines, reports = parsed(out)
     assert [line["step"] for line in lines] == list(range(8))
-    assert all(line["kind"] == "step" and not line["revised"] for line in lines)
+    assert not any(line["revised"] for line in lines)
+    assert reports[-1]["step"] == 7 and reports[-1]["files"] == 8 and reports[-1]["steps"] == 8
+    assert reports[-1]["verdict"]["status"] == "healthy"
     assert [line["files"] for line in lines] == list(range(1, 9))
     expected = analyze_steps(run)
     for line in lines:
@@ -141,16 +157,16 @@ def test_sigkill_and_restart_loses_and_repeats_nothing(scripts: Path, tmp_path: 
     writer = subprocess.Popen(write_steps(scripts, run, 0, 10, 0.2), env=ENV)
     first = watch(run, state)
     assert first.stdout is not None
-    seen = [json.loads(first.stdout.readline()) for _ in range(3)]
+    seen = [next_step(first.stdout) for _ in range(3)]
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=30)
     rest = first.stdout.read()  # what it wrote before the kill, still in the pipe
-    seen += [json.loads(line) for line in rest.splitlines(keepends=True) if line.endswith("\n")]
+    seen += parsed(rest)[0]
     assert writer.wait(timeout=120) == 0
     second = watch(run, state, "--once")
     out, err = second.communicate(timeout=120)
     assert second.returncode == 0, err
-    seen += [json.loads(line) for line in out.splitlines()]
+    seen += parsed(out)[0]
     steps = [line["step"] for line in seen]
     assert sorted(steps) == list(range(10)) and len(set(steps)) == 10, steps
     expected = analyze_steps(run)
@@ -170,13 +186,13 @@ def test_a_slow_writers_half_written_file_is_never_read(scripts: Path, tmp_path:
     assert started.returncode == 0
     follower = watch(run, state, "--settle", "0.8", "--max-idle", "6")
     assert follower.stdout is not None
-    assert json.loads(follower.stdout.readline())["step"] == 0  # the watch is polling now
+    assert next_step(follower.stdout)["step"] == 0  # the watch is polling now
     slow = subprocess.run([sys.executable, str(scripts / "slow.py"), str(run / "slow.parquet"), "0.25", str(scripts)],
                           env=ENV, capture_output=True, text=True)  # fmt: skip
     assert slow.returncode == 0, slow.stderr
     out, err = follower.communicate(timeout=120)
     assert follower.returncode == 0, err  # a half-written Parquet file would have been exit 2
-    lines = [json.loads(line) for line in out.splitlines()]
+    lines = parsed(out)[0]
     assert [line["step"] for line in lines] == [1, 2]
     assert {line["file"] for line in lines} == {"slow.parquet"}
     expected = analyze_steps(run)
@@ -235,9 +251,10 @@ def test_a_planted_regime_change_alerts_at_its_step_forecasts_it_and_reaches_com
                      "--on-alert", f"cat >> '{received}'", "--webhook", url)  # fmt: skip
     out, err = follower.communicate(timeout=120)
     assert follower.returncode == 0, err
-    lines = [json.loads(line) for line in out.splitlines()]
+    lines, reports = parsed(out)
     assert [line["step"] for line in lines] == list(range(20))
-    alerts = [alert for line in lines for alert in line["alerts"]]
+    assert reports and reports[-1]["step"] == 19
+    alerts = [alert for line in lines + reports for alert in line["alerts"]]
     rule = [a for a in alerts if a["kind"] == "rule"]
     assert [(a["step"], a["severity"], a["metric"]) for a in rule] == [(crossing, "error", "rollout_corr/k3_kl")]
     forecast = [a for a in alerts if a["kind"] == "forecast"]
@@ -251,7 +268,7 @@ def test_a_planted_regime_change_alerts_at_its_step_forecasts_it_and_reaches_com
     assert any(f["earliest"] <= crossing <= f["latest"] for f in recent), recent
     assert not lines[crossing]["forecasts"]  # crossed: the rule says so
     piped = [json.loads(line) for line in received.read_text().splitlines()]
-    assert [a["key"] for a in piped] == [a["key"] for a in alerts]  # each new alert once, on stdin
+    assert sorted(a["key"] for a in piped) == sorted(a["key"] for a in alerts)  # each new alert once, on stdin
     assert all(a["watch"] == str(run) and a["verdict"]["status"] and a["rcdiag_version"] for a in piped)
     posted = hook.received
     assert [p["code"] for p in posted] == [500] + [200] * len(alerts)  # the first retried after the 500
@@ -265,7 +282,7 @@ def test_exit_on_error_stops_at_the_failing_step_with_exit_1(planted: tuple[Path
     follower = watch(run, state, "--once", "--max", f"k3_kl={LIMIT}", "--exit-on", "error")
     out, err = follower.communicate(timeout=120)
     assert follower.returncode == 1, err
-    steps = [json.loads(line)["step"] for line in out.splitlines()]
+    steps = [line["step"] for line in parsed(out)[0]]
     assert steps == list(range(crossing + 1))
     assert len(json.loads(state.read_text())["watch"]["consumed"]) == crossing + 1  # saved through that step
 
@@ -275,7 +292,7 @@ def test_on_alert_failure_is_reported_not_fatal(planted: tuple[Path, int], tmp_p
     follower = watch(run, tmp_path / "watch.json", "--once", "--max", f"k3_kl={LIMIT}", "--on-alert", "exit 7")
     out, err = follower.communicate(timeout=120)
     assert follower.returncode == 0, err
-    assert len(out.splitlines()) == 20
+    assert len(parsed(out)[0]) == 20
     assert f"rcdiag: alert rule:rollout_corr/k3_kl <= {LIMIT:g} (every step): on-alert failed: 'exit 7' exited 7" in err
 
 
@@ -285,7 +302,7 @@ def test_ctrl_c_exits_130_with_the_state_saved(scripts: Path, tmp_path: Path) ->
     assert subprocess.run(write_steps(scripts, run, 0, 2, 0.0), env=ENV).returncode == 0
     follower = watch(run, state)
     assert follower.stdout is not None
-    assert [json.loads(follower.stdout.readline())["step"] for _ in range(2)] == [0, 1]
+    assert [next_step(follower.stdout)["step"] for _ in range(2)] == [0, 1]
     time.sleep(0.3)
     follower.send_signal(signal.SIGINT)
     out, err = follower.communicate(timeout=30)

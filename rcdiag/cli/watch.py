@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from rcdiag.cli.engine_config import EngineFlags
     from rcdiag.options import ReadOptions
     from rcdiag.watch import Delivery, StepEvent, Watch
+    from rcdiag.watch.session import Event, ReportEvent
 
 FOLLOW = "Following"
 ALERTS = "Alerts"
@@ -235,7 +236,7 @@ def watch(
     try:
         with view:
             ended = session.run(
-                poll=poll, once=once, timeout=timeout, max_idle=max_idle, on_event=view.step, on_poll=view.poll
+                poll=poll, once=once, timeout=timeout, max_idle=max_idle, on_event=view.event, on_poll=view.poll
             )
     finally:
         for outcome in session.dispatcher.close(wait=0.0 if ended == "aborted" else DRAIN_SECONDS):
@@ -256,7 +257,7 @@ class _View:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    def step(self, event: StepEvent) -> None:
+    def event(self, event: Event) -> None:
         raise NotImplementedError
 
     def poll(self, waiting: int, outcomes: list[Delivery]) -> None:
@@ -265,30 +266,34 @@ class _View:
 
 
 class _JsonLines(_View):
-    """One JSON object per step, one per line, flushed at once (a consumer reads it as it comes)."""
+    """One JSON object per step and per whole report, one per line, flushed at once (read as it comes)."""
 
-    def step(self, event: StepEvent) -> None:
+    def event(self, event: Event) -> None:
         from rcdiag.cli.output import write_stdout
 
         write_stdout(json.dumps(event.to_dict()) + "\n")
 
 
 class _TextLines(_View):
-    """One plain line per step (and per alert) when stdout is not a terminal."""
+    """One plain line per step, per report and per alert when stdout is not a terminal."""
 
-    def step(self, event: StepEvent) -> None:
+    def event(self, event: Event) -> None:
         from rcdiag.cli.output import write_stdout
+        from rcdiag.printable import printable
+        from rcdiag.watch import StepEvent
 
-        values = " ".join(
-            f"{key.rpartition('/')[2]}={_g(event.step.metrics.get(key))}"
-            for key in SHOWN_METRICS
-            if key in event.step.metrics
-        )
-        verdict = f" | {event.verdict.status}" if event.verdict is not None else ""
-        lines = [
-            f"step {event.step.step}: {event.step.rows} rows, {event.step.valid_tokens:,} tokens {values}{verdict}"
-        ]
-        lines += [f"  ALERT {a.severity}: {a.message}" for a in event.alerts]
+        if isinstance(event, StepEvent):
+            step = event.step
+            values = " ".join(
+                f"{key.rpartition('/')[2]}={_g(step.metrics.get(key))}" for key in SHOWN_METRICS if key in step.metrics
+            )
+            lines = [f"step {step.step}: {step.rows} rows, {step.valid_tokens:,} tokens {values}"]
+        else:
+            verdict = event.report.verdict
+            codes = ", ".join(f"{f.code} ({f.severity})" for f in event.report.findings) or "none"
+            said = f"{verdict.status}: {printable(verdict.headline)}" if verdict is not None else "none"
+            lines = [f"after step {event.step} ({event.files} files): verdict {said}; findings: {codes}"]
+        lines += [f"  ALERT {a.severity}: {printable(a.message)}" for a in event.alerts]
         write_stdout("\n".join(lines) + "\n")
 
 
@@ -300,6 +305,7 @@ class _LiveView(_View):
         self.steps: deque[StepEvent] = deque(maxlen=SHOWN_STEPS)
         self.alerts: deque[str] = deque(maxlen=8)
         self.last: StepEvent | None = None
+        self.report: ReportEvent | None = None
         self.waiting = 0
         self.live: Any = None
 
@@ -315,9 +321,14 @@ class _LiveView(_View):
     def __exit__(self, *exc: object) -> None:
         self.live.__exit__(*exc)
 
-    def step(self, event: StepEvent) -> None:
-        self.steps.append(event)
-        self.last = event
+    def event(self, event: Event) -> None:
+        from rcdiag.watch import StepEvent
+
+        if isinstance(event, StepEvent):
+            self.steps.append(event)
+            self.last = event
+        else:
+            self.report = event
         self.alerts.extend(f"step {a.step}: {a.severity}: {a.message}" for a in event.alerts)
         self.live.update(self._render())
 
@@ -348,10 +359,11 @@ class _LiveView(_View):
             values = [_g(event.step.metrics.get(k)) for k in keys]
             table.add_row(str(event.step.step), str(event.step.rows), f"{event.step.valid_tokens:,}", *values)
         parts: list[Any] = [head, table]
-        if last is not None and last.verdict is not None:
-            parts.append(Text(f"verdict: {last.verdict.status}: {printable(last.verdict.headline)}", style="bold"))
-        if last is not None and last.findings:
-            parts.append(Text("findings: " + ", ".join(f"{f.code} ({f.severity})" for f in last.findings)))
+        report = self.report.report if self.report is not None else None
+        if report is not None and report.verdict is not None:
+            parts.append(Text(f"verdict: {report.verdict.status}: {printable(report.verdict.headline)}", style="bold"))
+        if report is not None and report.findings:
+            parts.append(Text("findings: " + ", ".join(f"{f.code} ({f.severity})" for f in report.findings)))
         if last is not None:
             parts += [Text(f"forecast: {f.message}", style="yellow") for f in last.forecasts]
         parts += [Text(f"ALERT {printable(line)}", style="red") for line in self.alerts]

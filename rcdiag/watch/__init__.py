@@ -10,7 +10,7 @@ from __future__ import annotations
 from rcdiag.watch.alerts import Alert, AlertPolicy
 from rcdiag.watch.deliver import Delivery, Dispatcher
 from rcdiag.watch.forecast import Forecast, forecast_crossing
-from rcdiag.watch.session import StepEvent, Watch, default_state_path
+from rcdiag.watch.session import ReportEvent, StepEvent, Watch, default_state_path
 
 __all__ = [
     "Alert",
@@ -18,6 +18,7 @@ __all__ = [
     "Delivery",
     "Dispatcher",
     "Forecast",
+    "ReportEvent",
     "StepEvent",
     "Watch",
     "default_state_path",

@@ -65,34 +65,35 @@ class AlertPolicy:
             return False
         return any(SEVERITY_RANK[a.severity] <= SEVERITY_RANK[self.exit_on] for a in alerts)
 
-    def evaluate(
-        self, report: Report, step: int, *, findings: bool, alerted: Collection[str]
-    ) -> tuple[list[Alert], list[Forecast]]:
-        """The alerts (new ones only: keys not in ``alerted``) and forecasts at ``step``: the rules and forecasts
-        over the steps up to ``step``; the findings of the whole report when ``findings``."""
-        upto = dataclasses.replace(report, steps=tuple(s for s in report.steps if s.step <= step))
+    def on_step(self, steps: Report, step: int, alerted: Collection[str]) -> tuple[list[Alert], list[Forecast]]:
+        """The new rule and forecast alerts (keys not in ``alerted``) and the forecasts at ``step``; ``steps`` is a
+        report whose steps are those up to ``step``."""
         found: list[Alert] = []
-        for result in evaluate_rules(upto, self.rules):
+        for result in evaluate_rules(steps, self.rules):
             if result.status == "failed":
                 message = f"{result.label}: {result.message}"
                 found.append(
                     Alert(f"rule:{result.label}", "rule", "error", step, message, result.key, result.value,
                           result.limit, result.to_dict())
                 )  # fmt: skip
-        forecasts = self.forecasts(upto)
+        forecasts = self.forecasts(steps)
         for item in forecasts:
             if item.expected <= item.last_step + self.horizon:
                 key = f"forecast:{item.metric}:{item.direction}:{item.limit:g}"
                 found.append(
                     Alert(key, "forecast", "warning", step, item.message, item.metric, None, item.limit, item.to_dict())
                 )
-        if findings and self.gate is not None:
-            found += [
-                Alert(f"finding:{f.code}", "finding", f.severity, step, f.message, f.metric, f.value, None, f.to_dict())
-                for f in self.gate.failing(report)
-            ]
-        unique = {a.key: a for a in found if a.key not in alerted}
-        return list(unique.values()), forecasts
+        return _new(found, alerted), forecasts
+
+    def on_report(self, report: Report, step: int | None, alerted: Collection[str]) -> list[Alert]:
+        """The new finding alerts of a whole report (attributed to ``step``, the last step read)."""
+        if self.gate is None:
+            return []
+        found = [
+            Alert(f"finding:{f.code}", "finding", f.severity, step, f.message, f.metric, f.value, None, f.to_dict())
+            for f in self.gate.failing(report)
+        ]
+        return _new(found, alerted)
 
     def forecasts(self, report: Report) -> list[Forecast]:
         """The crossing forecast of each bounded rule (``max``, ``min``, ``max_abs``) whose metric is computed."""
@@ -115,3 +116,7 @@ class AlertPolicy:
             if made_one is not None:
                 made.append(made_one)
         return made
+
+
+def _new(found: list[Alert], alerted: Collection[str]) -> list[Alert]:
+    return list({a.key: a for a in found if a.key not in alerted}.values())

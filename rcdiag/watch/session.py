@@ -32,7 +32,7 @@ from rcdiag.io import storage
 from rcdiag.io.base import SourceInfo
 from rcdiag.options import ReadOptions
 from rcdiag.outputs import refuse_inputs
-from rcdiag.report import Finding, Report, StepReport, Verdict
+from rcdiag.report import Report, StepReport
 from rcdiag.validate import ScreenStats
 from rcdiag.watch.alerts import Alert, AlertPolicy
 from rcdiag.watch.deliver import Delivery, Dispatcher
@@ -59,22 +59,19 @@ def default_state_path(location: str) -> Path:
 
 @dataclass(frozen=True)
 class StepEvent:
-    """One step as reported when a file holding it was read: its metrics (those of ``analyze`` on everything
-    read so far), the run's verdict and findings at that point, and the alerts that newly hold."""
+    """One step, reported once the file holding it is read and committed: its metrics (those ``analyze`` gives on
+    everything read so far), and the rule and forecast alerts that newly hold at it."""
 
     step: StepReport
     file: str
     revised: bool
     """The step had rows in an earlier file too (a second DumpWriter part): these are its updated numbers."""
-    verdict: Verdict | None
-    findings: tuple[Finding, ...]
     alerts: tuple[Alert, ...]
     forecasts: tuple[Forecast, ...]
     files: int
-    """Files consumed so far."""
+    """Files read so far."""
 
     def to_dict(self) -> dict[str, Any]:
-        verdict = None if self.verdict is None else {"status": self.verdict.status, "headline": self.verdict.headline}
         return _finite_tree(
             {
                 "kind": "step",
@@ -82,12 +79,44 @@ class StepEvent:
                 "file": self.file,
                 "revised": self.revised,
                 "files": self.files,
-                "verdict": verdict,
-                "findings": [{"code": f.code, "severity": f.severity} for f in self.findings],
                 "alerts": [a.to_dict() for a in self.alerts],
                 "forecasts": [f.to_dict() for f in self.forecasts],
             }
         )
+
+
+@dataclass(frozen=True)
+class ReportEvent:
+    """The whole run so far (``analyze``'s report of everything read): its verdict and findings, and the finding
+    alerts that newly hold. Built after the steps' lines (it costs more as steps accumulate): after the last file
+    ready, and every ``REPORT_SECONDS`` while catching up."""
+
+    step: int | None
+    """The last step read."""
+    files: int
+    report: Report
+    alerts: tuple[Alert, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        verdict = self.report.verdict
+        return _finite_tree(
+            {
+                "kind": "report",
+                "step": self.step,
+                "files": self.files,
+                "steps": len(self.report.steps),
+                "verdict": None if verdict is None else {"status": verdict.status, "headline": verdict.headline},
+                "findings": [
+                    {"code": f.code, "severity": f.severity, "message": f.message} for f in self.report.findings
+                ],
+                "alerts": [a.to_dict() for a in self.alerts],
+            }
+        )
+
+
+Event = StepEvent | ReportEvent
+REPORT_SECONDS = 5.0
+"""While files keep arriving faster than they are read, the whole report is rebuilt at most this often."""
 
 
 def _finite_tree(value: Any) -> Any:
@@ -126,12 +155,16 @@ class Watch:
         refuse_inputs([("--state", self.state_path)], [location])
         self.follower = Follower(location, settle)
         self.state = EngineState(self.resolved)
-        self.sources: list[SourceInfo] = []
+        self.source: SourceInfo | None = None
+        """Every file read, as one source (its ``reads``: each file's path, size, time, inode, fingerprint)."""
         self.screen = ScreenStats()
         self.consumed: dict[str, FileStamp] = {}
         self.alerted: dict[str, int | None] = {}
+        self.steps: dict[int, StepReport] = {}
+        """Each step's numbers, computed once per file that adds to it (a report of every step costs more)."""
         self.device = "cpu"
         self.report: Report | None = None
+        self.last_step: int | None = None
         self._load()
 
     # ---------------------------------------------------------------------------------------------- state file
@@ -139,7 +172,7 @@ class Watch:
     def _load(self) -> None:
         if not self.state_path.exists():
             return
-        from rcdiag.state import load_state, parse_state_json, read_state_bytes
+        from rcdiag.state import combined_info, load_state, parse_state_json, read_state_bytes
 
         name = str(self.state_path)
         payload = parse_state_json(read_state_bytes(name)[0], name)
@@ -163,9 +196,12 @@ class Watch:
             self.alerted = {str(key): step for key, step in saved["alerted"].items()}
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(f"holds a damaged watch table ({type(exc).__name__}: {exc})", path=name) from None
-        self.state, self.sources, self.screen = state, sources, screen
-        if self.state.batches:
-            self.report = build_report(self.state, self._info(), self.device, self.screen)
+        self.state, self.screen = state, screen
+        self.source = combined_info(sources) if sources else None
+        for step in self.state.batches:
+            if step is not None:
+                self.steps[step] = _step_report(self.state, step)
+        self.last_step = max(self.steps, default=None)
 
     def _commit(self) -> None:
         """Accumulators, files consumed and alerts raised, in one file written whole or not at all."""
@@ -177,38 +213,38 @@ class Watch:
             "consumed": [stamp.to_dict() for stamp in self.consumed.values()],
             "alerted": self.alerted,
         }
-        save_state(self.state_path, self.state, self.sources, self.screen, extra={WATCH_KEY: table})
+        sources = [self.source] if self.source is not None else []
+        save_state(self.state_path, self.state, sources, self.screen, extra={WATCH_KEY: table})
 
     def _info(self) -> SourceInfo:
-        from rcdiag.state import combined_info
-
-        if not self.sources:
+        if self.source is None:
             return SourceInfo(path=self.location, format="", files=0)
-        joined = combined_info(self.sources)
-        return dataclasses.replace(joined, path=self.location, files=len(self.sources), reads=[])
+        return dataclasses.replace(self.source, path=self.location, reads=[])
 
     # ------------------------------------------------------------------------------------------------- reading
 
-    def poll_once(self, on_event: Callable[[StepEvent], None] | None = None) -> tuple[list[StepEvent], int, bool]:
-        """Read every complete file not read yet, committing after each and then handing its steps to ``on_event``;
-        the steps read, how many files are still settling, and whether a new alert at ``exit_on`` stopped the
-        reading (after that file)."""
+    def poll_once(self, on_event: Callable[[Event], None] | None = None) -> tuple[int, int, bool]:
+        """Read every complete file not read yet: commit after each, then hand its steps to ``on_event``; after
+        the last (and every ``REPORT_SECONDS`` before), the whole report. Returns the files read, how many are
+        still settling, and whether a new alert at ``exit_on`` stopped the reading."""
         ready, waiting = self.follower.poll(self.consumed)
-        events: list[StepEvent] = []
-        for file, stamp in ready:
+        reported = time.monotonic()
+        for index, (file, stamp) in enumerate(ready):
             interrupts.check()
-            new = self._consume(file, stamp)
-            for event in new:
+            events: list[Event] = list(self._consume(file, stamp))
+            if index == len(ready) - 1 or time.monotonic() - reported >= REPORT_SECONDS:
+                events.append(self.full_report())
+                reported = time.monotonic()
+            for event in events:
                 if on_event is not None:
                     on_event(event)
-            events += new
-            if any(self.policy.stops(event.alerts) for event in new):
-                return events, waiting, True
-        return events, waiting, False
+            if any(self.policy.stops(event.alerts) for event in events):
+                return index + 1, waiting, True
+        return len(ready), waiting, False
 
     def _consume(self, file: Any, stamp: FileStamp) -> list[StepEvent]:
         from rcdiag.io.paths import identity
-        from rcdiag.state import content_fingerprint
+        from rcdiag.state import combined_info, content_fingerprint
 
         name = str(file)
         got = accumulate(name, self.config, self.read)
@@ -216,40 +252,54 @@ class Watch:
             now = os.stat(file)
             if (now.st_size, now.st_mtime_ns) != (stamp.size, stamp.mtime_ns):
                 return []  # rewritten while read: read again once it settles
-        steps = sorted(step for step in got.state.batches if step is not None)
         if None in got.state.batches:
             raise InputError(
                 "has rows without a step (no step column, and no step in its name); a watch reports per step",
                 path=name,
             )
-        info = got.info
-        reads = [dict(identity(name), part=None)]
+        steps = sorted(step for step in got.state.batches if step is not None)
+        read = dict(identity(name), part=None)
         if isinstance(file, Path):
-            reads[0].update(inode=[stamp.inode[0], stamp.inode[1]] if stamp.inode else None)
-            reads[0]["fingerprint"] = content_fingerprint(name)
+            read.update(inode=list(stamp.inode) if stamp.inode else None, fingerprint=content_fingerprint(name))
+        info = dataclasses.replace(got.info, reads=[read])
         revised = {step for step in steps if step in self.state.batches}
         self.state.merge(got.state)
-        self.sources.append(dataclasses.replace(info, reads=reads))
+        self.source = info if self.source is None else combined_info([self.source, info])
         self.screen = self.screen.merge(got.screen)
         self.consumed[stamp.name] = stamp
         self.device = got.device
-        report = build_report(self.state, self._info(), self.device, self.screen)
-        self.report = report
-        by_step = {s.step: s for s in report.steps}
+        for step in steps:
+            self.steps[step] = _step_report(self.state, step)
+        self.last_step = max(self.steps)
+        if self.report is None:
+            self.report = build_report(self.state, self._info(), self.device, self.screen)  # the metric names
+        ordered = [self.steps[step] for step in sorted(self.steps)]
         events = []
         for step in steps:
-            alerts, forecasts = self.policy.evaluate(report, step, findings=step == steps[-1], alerted=self.alerted)
-            for alert in alerts:
-                self.alerted[alert.key] = step
+            upto = dataclasses.replace(self.report, steps=tuple(s for s in ordered if s.step <= step))
+            alerts, forecasts = self.policy.on_step(upto, step, self.alerted)
+            self.alerted.update((alert.key, step) for alert in alerts)
             events.append(
-                StepEvent(by_step[step], stamp.name, step in revised, report.verdict, report.findings,
-                          tuple(alerts), tuple(forecasts), len(self.consumed))
+                StepEvent(self.steps[step], stamp.name, step in revised, tuple(alerts), tuple(forecasts),
+                          len(self.consumed))
             )  # fmt: skip
         self._commit()  # then report: a kill between the two loses this file's lines, never counts it twice
-        for event in events:
-            for alert in event.alerts:
-                self.dispatcher.send(self.alert_payload(alert))
+        self._dispatch([alert for event in events for alert in event.alerts])
         return events
+
+    def full_report(self) -> ReportEvent:
+        """``analyze``'s report of everything read so far, and the finding alerts new in it."""
+        self.report = build_report(self.state, self._info(), self.device, self.screen)
+        alerts = self.policy.on_report(self.report, self.last_step, self.alerted)
+        if alerts:
+            self.alerted.update((alert.key, alert.step) for alert in alerts)
+            self._commit()
+            self._dispatch(alerts)
+        return ReportEvent(self.last_step, len(self.consumed), self.report, tuple(alerts))
+
+    def _dispatch(self, alerts: list[Alert]) -> None:
+        for alert in alerts:
+            self.dispatcher.send(self.alert_payload(alert))
 
     def alert_payload(self, alert: Alert) -> dict[str, Any]:
         """The JSON an ``--on-alert`` command reads and a ``--webhook`` receives."""
@@ -272,16 +322,16 @@ class Watch:
         once: bool = False,
         timeout: float | None = None,
         max_idle: float | None = None,
-        on_event: Callable[[StepEvent], None] | None = None,
+        on_event: Callable[[Event], None] | None = None,
         on_poll: Callable[[int, list[Delivery]], None] | None = None,
     ) -> str:
         """Follow the location until an end: ``"once"`` (with ``once``, nothing left to read), ``"timeout"``,
         ``"idle"`` (``max_idle`` seconds without a new file) or ``"alert"`` (a new alert at ``exit_on``).
-        ``on_event`` sees each step after its commit; ``on_poll`` the files still settling and the deliveries
-        finished since the last poll."""
+        ``on_event`` sees each step after its commit, and each whole report; ``on_poll`` the files still settling
+        and the deliveries finished since the last poll."""
         start = last_new = time.monotonic()
         while True:
-            events, waiting, stopped = self.poll_once(on_event)
+            read, waiting, stopped = self.poll_once(on_event)
             if on_poll is not None:
                 on_poll(waiting, self.dispatcher.outcomes())
             if stopped:
@@ -289,7 +339,7 @@ class Watch:
             now = time.monotonic()
             if timeout is not None and now - start >= timeout:
                 return "timeout"
-            if events:
+            if read:
                 last_new = now
                 continue  # more may have landed meanwhile
             if once and waiting == 0:
@@ -297,6 +347,12 @@ class Watch:
             if max_idle is not None and now - last_new >= max_idle:
                 return "idle"
             time.sleep(poll)
+
+
+def _step_report(state: EngineState, step: int) -> StepReport:
+    """One step's numbers, as ``build_report`` computes them."""
+    result = state.batches[step].compute()
+    return StepReport(step, result.rows, result.valid_tokens, result.metrics, result.extras)
 
 
 def _canonical(location: str) -> str:
