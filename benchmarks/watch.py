@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _data import parse_tokens  # noqa: E402
+from _data import parse_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,8 +61,8 @@ def main() -> None:
         run = Path(scratch) / "run"
         writer = DumpWriter(run)
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        command = [sys.executable, "-m", "rcdiag", "watch", str(run), "--state", f"{scratch}/state.json",
-                   "--format", "json", "--poll", str(args.poll), "--max-idle", str(max(5.0, 3 * args.interval))]  # fmt: skip
+        command = [sys.executable, "-m", "rcdiag", "watch", str(run), "--state", f"{scratch}/state.json", "--format",
+                   "json", "--poll", str(args.poll), "--max-idle", str(max(5.0, 3 * args.interval))]  # fmt: skip
         watch = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
         arrived: dict[int, tuple[float, float]] = {}
 

@@ -339,3 +339,26 @@ def test_the_default_state_sits_beside_the_directory(scripts: Path, tmp_path: Pa
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("step 0: 32 rows, ")
     assert (tmp_path / ".rcdiag-watch" / "run.json").is_file()
+
+
+def test_an_object_store_prefix_is_followed(scripts: Path, tmp_path: Path, s3_server: Any) -> None:
+    local = tmp_path / "run"
+    assert subprocess.run(write_steps(scripts, local, 0, 3, 0.0), env=ENV).returncode == 0
+    s3_server.create_bucket(Bucket="watched")
+    parts = sorted(local.iterdir())
+    for part in parts[:2]:
+        s3_server.upload_file(str(part), "watched", f"run/{part.name}")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # with the S3 server's variables
+    state = tmp_path / "watch.json"
+    command = rcdiag("watch", "s3://watched/run/", "--state", str(state), "--format", "json", "--once")
+    first = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert first.returncode == 0, first.stderr
+    s3_server.upload_file(str(parts[2]), "watched", f"run/{parts[2].name}")
+    second = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert second.returncode == 0, second.stderr
+    steps = parsed(first.stdout)[0] + parsed(second.stdout)[0]
+    assert [line["step"] for line in steps] == [0, 1, 2]
+    assert [line["file"] for line in steps] == [part.name for part in parts]
+    expected = analyze_steps(local)
+    for line in steps:
+        same_numbers(line, expected[line["step"]])

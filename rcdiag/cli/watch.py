@@ -14,6 +14,7 @@ import typer
 from rcdiag.catalogue.metrics import packs_help
 from rcdiag.cli.options import ENGINE_FLAGS, READ_FLAGS
 from rcdiag.cli.params import with_flags
+from rcdiag.errors import ExitCode
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -242,7 +243,7 @@ def watch(
         for outcome in session.dispatcher.close(wait=0.0 if ended == "aborted" else DRAIN_SECONDS):
             _say_delivery(outcome)
     if ended == "alert":
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.CHECK_FAILED)
 
 
 def _say_delivery(outcome: Delivery) -> None:
