@@ -72,9 +72,11 @@ def save_state(
     screen: ScreenStats,
     *,
     extra: dict[str, Any] | None = None,
+    encoded: dict[str, Any] | None = None,
 ) -> None:
     """Write a state file atomically (a reader never sees a half-written file), locally or to object storage.
-    ``extra``: more top-level keys written in the same file, at once (``rcdiag watch``'s files consumed)."""
+    ``extra``: more top-level keys written in the same file, at once (``rcdiag watch``'s files consumed);
+    ``encoded``: ``encode_state(state.state_dict())`` when the caller keeps it (``rcdiag watch``, per step)."""
     payload = {
         **(extra or {}),
         "format": STATE_FORMAT,
@@ -85,7 +87,7 @@ def save_state(
         "config": state.resolved.config.to_dict(),
         "sources": [_with_identity(info) for info in sources],
         "screen": screen.to_dict(),
-        "state": _encode(state.state_dict()),
+        "state": encoded if encoded is not None else encode_state(state.state_dict()),
     }
     from rcdiag.io import storage
 
@@ -405,6 +407,11 @@ def combined_info(sources: list[SourceInfo]) -> SourceInfo:
 
 def _describe(config: CorrectionConfig) -> str:
     return ", ".join(f"{k}={v}" for k, v in config.to_dict().items())
+
+
+def encode_state(value: Any) -> Any:
+    """A ``state_dict`` (or part of one) as a state file holds it: non-finite floats as strings."""
+    return _encode(value)
 
 
 def _encode(value: Any) -> Any:

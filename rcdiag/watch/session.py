@@ -160,6 +160,8 @@ class Watch:
         self.screen = ScreenStats()
         self.consumed: dict[str, FileStamp] = {}
         self.alerted: dict[str, int | None] = {}
+        self.encoded: dict[int, Any] = {}
+        """Each step's accumulators as the state file holds them, re-encoded only when a file adds to the step."""
         self.steps: dict[int, StepReport] = {}
         """Each step's numbers, computed once per file that adds to it (a report of every step costs more)."""
         self.device = "cpu"
@@ -205,7 +207,7 @@ class Watch:
 
     def _commit(self) -> None:
         """Accumulators, files consumed and alerts raised, in one file written whole or not at all."""
-        from rcdiag.state import save_state
+        from rcdiag.state import encode_state, save_state
 
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
         table = {
@@ -214,7 +216,17 @@ class Watch:
             "alerted": self.alerted,
         }
         sources = [self.source] if self.source is not None else []
-        save_state(self.state_path, self.state, sources, self.screen, extra={WATCH_KEY: table})
+        state = self.state
+        for step, batch in state.batches.items():
+            if step not in self.encoded:
+                self.encoded[step] = encode_state(batch.state_dict())  # type: ignore[index]
+        encoded = {
+            "rows": state.rows,
+            "tokens": state.tokens,
+            "valid_tokens": state.valid_tokens,
+            "batches": [[step, self.encoded[step]] for step in state.batches],  # type: ignore[index]
+        }
+        save_state(self.state_path, state, sources, self.screen, extra={WATCH_KEY: table}, encoded=encoded)
 
     def _info(self) -> SourceInfo:
         if self.source is None:
@@ -270,6 +282,7 @@ class Watch:
         self.device = got.device
         for step in steps:
             self.steps[step] = _step_report(self.state, step)
+            self.encoded.pop(step, None)
         self.last_step = max(self.steps)
         if self.report is None:
             self.report = build_report(self.state, self._info(), self.device, self.screen)  # the metric names
