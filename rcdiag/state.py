@@ -15,7 +15,7 @@ import json
 import math
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -348,7 +348,8 @@ def _check_not_merged(
 def _with_identity(info: SourceInfo) -> dict[str, Any]:
     """A source as a state saves it: each local file read also by device, inode and a fingerprint of its content
     (``_read_keys``)."""
-    saved = asdict(info)
+    saved = asdict(replace(info, reads=[]))  # the reads, flat dicts, copied without asdict's deep walk
+    saved["reads"] = [dict(read) for read in info.reads]
     for read in saved["reads"]:
         name = read.get("path")
         if isinstance(name, str) and "://" not in name and "fingerprint" not in read and os.path.isfile(name):

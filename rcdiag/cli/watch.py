@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from rcdiag.check import Rule
     from rcdiag.cli.engine_config import EngineFlags
     from rcdiag.options import ReadOptions
+    from rcdiag.report import Report
     from rcdiag.watch import Delivery, StepEvent, Watch
     from rcdiag.watch.session import Event, ReportEvent
 
@@ -290,9 +291,8 @@ class _TextLines(_View):
             )
             lines = [f"step {step.step}: {step.rows} rows, {step.valid_tokens:,} tokens {values}"]
         else:
-            verdict = event.report.verdict
             codes = ", ".join(f"{f.code} ({f.severity})" for f in event.report.findings) or "none"
-            said = f"{verdict.status}: {printable(verdict.headline)}" if verdict is not None else "none"
+            said = _verdict(event.report)
             lines = [f"after step {event.step} ({event.files} files): verdict {said}; findings: {codes}"]
         lines += [f"  ALERT {a.severity}: {printable(a.message)}" for a in event.alerts]
         write_stdout("\n".join(lines) + "\n")
@@ -362,13 +362,24 @@ class _LiveView(_View):
         parts: list[Any] = [head, table]
         report = self.report.report if self.report is not None else None
         if report is not None and report.verdict is not None:
-            parts.append(Text(f"verdict: {report.verdict.status}: {printable(report.verdict.headline)}", style="bold"))
+            parts.append(Text(f"verdict: {_verdict(report)}", style="bold"))
         if report is not None and report.findings:
             parts.append(Text("findings: " + ", ".join(f"{f.code} ({f.severity})" for f in report.findings)))
         if last is not None:
             parts += [Text(f"forecast: {f.message}", style="yellow") for f in last.forecasts]
         parts += [Text(f"ALERT {printable(line)}", style="red") for line in self.alerts]
         return Group(*parts)
+
+
+def _verdict(report: Report) -> str:
+    """The verdict's headline, led by its status unless the headline already says it."""
+    from rcdiag.printable import printable
+
+    verdict = report.verdict
+    if verdict is None:
+        return "none"
+    headline = printable(verdict.headline)
+    return headline if headline.startswith(verdict.status) else f"{verdict.status}: {headline}"
 
 
 def _g(value: float | None) -> str:
