@@ -365,3 +365,37 @@ def test_an_object_store_prefix_is_followed(scripts: Path, tmp_path: Path, s3_se
     expected = analyze_steps(local)
     for line in steps:
         same_numbers(line, expected[line["step"]])
+
+
+def test_a_second_part_of_a_step_revises_it_to_analyzes_numbers(scripts: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    state = tmp_path / "watch.json"
+    once = rcdiag("watch", str(run), "--state", str(state), "--format", "json", "--once")
+    assert subprocess.run(write_steps(scripts, run, 0, 2, 0.0), env=ENV).returncode == 0
+    first = subprocess.run(once, capture_output=True, text=True, env=ENV)
+    assert subprocess.run(write_steps(scripts, run, 1, 1, 0.0), env=ENV).returncode == 0  # step 1's second part
+    second = subprocess.run(once, capture_output=True, text=True, env=ENV)
+    assert (first.returncode, second.returncode) == (0, 0), first.stderr + second.stderr
+    lines = parsed(second.stdout)[0]
+    assert [(line["step"], line["revised"], line["file"]) for line in lines] == [
+        (1, True, "step-000000001-0001.parquet")
+    ]
+    assert lines[0]["rows"] == 64
+    same_numbers(lines[0], analyze_steps(run)[1])
+
+
+def test_a_file_that_cannot_be_read_stops_the_watch_with_one_line_and_keeps_the_state(
+    scripts: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    state = tmp_path / "watch.json"
+    assert subprocess.run(write_steps(scripts, run, 0, 1, 0.0), env=ENV).returncode == 0
+    (run / "zz-broken.parquet").write_bytes(b"PAR1 not really a parquet file")
+    done = subprocess.run(rcdiag("watch", str(run), "--state", str(state), "--format", "json", "--settle", "0",
+                                 "--once"), capture_output=True, text=True, env=ENV)  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"rcdiag: error: {run / 'zz-broken.parquet'}") and done.stderr.count("\n") == 1
+    assert [line["step"] for line in parsed(done.stdout)[0]] == [0]
+    assert [item["name"] for item in json.loads(state.read_text())["watch"]["consumed"]] == [
+        "step-000000000-0000.parquet"
+    ]
