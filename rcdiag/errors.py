@@ -16,7 +16,8 @@ class ExitCode(enum.IntEnum):
     OK = 0
     """The command ran; findings, however severe, do not change the code of ``analyze``."""
     CHECK_FAILED = 1
-    """``rcdiag check``: a rule failed, or a finding fails ``--fail-on``."""
+    """``rcdiag check``: a rule failed, or a finding fails ``--fail-on``; ``rcdiag watch``: a new alert at
+    ``--exit-on``."""
     USAGE = 2
     """Bad option, bad configuration, or bad input file."""
     INTERNAL = 3

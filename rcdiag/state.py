@@ -15,7 +15,7 @@ import json
 import math
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +65,20 @@ class StateIdentity:
     inode: tuple[int, int] | None
 
 
-def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo], screen: ScreenStats) -> None:
-    """Write a state file atomically (a reader never sees a half-written file), locally or to object storage."""
+def save_state(
+    path: str | Path,
+    state: EngineState,
+    sources: list[SourceInfo],
+    screen: ScreenStats,
+    *,
+    extra: dict[str, Any] | None = None,
+    encoded: dict[str, Any] | None = None,
+) -> None:
+    """Write a state file atomically (a reader never sees a half-written file), locally or to object storage.
+    ``extra``: more top-level keys written in the same file, at once (``rcdiag watch``'s files consumed);
+    ``encoded``: ``encode_state(state.state_dict())`` when the caller keeps it (``rcdiag watch``, per step)."""
     payload = {
+        **(extra or {}),
         "format": STATE_FORMAT,
         "version": STATE_VERSION,
         "kind": state_kind_of(state),
@@ -76,7 +87,7 @@ def save_state(path: str | Path, state: EngineState, sources: list[SourceInfo], 
         "config": state.resolved.config.to_dict(),
         "sources": [_with_identity(info) for info in sources],
         "screen": screen.to_dict(),
-        "state": _encode(state.state_dict()),
+        "state": encoded if encoded is not None else encode_state(state.state_dict()),
     }
     from rcdiag.io import storage
 
@@ -337,10 +348,11 @@ def _check_not_merged(
 def _with_identity(info: SourceInfo) -> dict[str, Any]:
     """A source as a state saves it: each local file read also by device, inode and a fingerprint of its content
     (``_read_keys``)."""
-    saved = asdict(info)
+    saved = asdict(replace(info, reads=[]))  # the reads, flat dicts, copied without asdict's deep walk
+    saved["reads"] = [dict(read) for read in info.reads]
     for read in saved["reads"]:
         name = read.get("path")
-        if isinstance(name, str) and "://" not in name and os.path.isfile(name):
+        if isinstance(name, str) and "://" not in name and "fingerprint" not in read and os.path.isfile(name):
             where = os.stat(name)
             read["inode"] = [where.st_dev, where.st_ino]
             read["fingerprint"] = content_fingerprint(name)
@@ -396,6 +408,11 @@ def combined_info(sources: list[SourceInfo]) -> SourceInfo:
 
 def _describe(config: CorrectionConfig) -> str:
     return ", ".join(f"{k}={v}" for k, v in config.to_dict().items())
+
+
+def encode_state(value: Any) -> Any:
+    """A ``state_dict`` (or part of one) as a state file holds it: non-finite floats as strings."""
+    return _encode(value)
 
 
 def _encode(value: Any) -> Any:

@@ -26,6 +26,7 @@ from rcdiag.cli.notices import notices_live_warnings_held, show_held
 from rcdiag.cli.output import StdoutClosedError, stdout_gone
 from rcdiag.cli.presets import presets
 from rcdiag.cli.sweep import sweep
+from rcdiag.cli.watch import watch
 from rcdiag.errors import ExitCode, RcdiagError
 from rcdiag.printable import printable
 
@@ -61,6 +62,7 @@ app.command(no_args_is_help=True)(check)
 app.command(no_args_is_help=True)(merge)
 app.command(no_args_is_help=True)(sweep)
 app.command()(presets)
+app.command(no_args_is_help=True)(watch)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,386 @@
+"""``rcdiag watch``: follow a run's dump directory live (docs/watch.md)."""
+
+from __future__ import annotations
+
+import enum
+import json
+import sys
+from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from rcdiag.catalogue.metrics import packs_help
+from rcdiag.cli.options import ENGINE_FLAGS, READ_FLAGS
+from rcdiag.cli.params import with_flags
+from rcdiag.errors import ExitCode
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+    from rcdiag.check import Rule
+    from rcdiag.cli.engine_config import EngineFlags
+    from rcdiag.options import ReadOptions
+    from rcdiag.report import Report
+    from rcdiag.watch import Delivery, StepEvent, Watch
+    from rcdiag.watch.session import Event, ReportEvent
+
+FOLLOW = "Following"
+ALERTS = "Alerts"
+SHOWN_STEPS = 12
+"""Steps in the live view's table."""
+SHOWN_METRICS = ("rollout_corr/kl", "rollout_corr/k3_kl", "rollout_corr/chi2_token", "rollout_corr/log_ppl_abs_diff")
+
+
+class WatchFormat(str, enum.Enum):
+    """``--format`` choices of ``watch``."""
+
+    table = "table"
+    json = "json"
+
+
+class ExitOn(str, enum.Enum):
+    """``--exit-on`` choices."""
+
+    warning = "warning"
+    error = "error"
+
+
+def _seconds(flag: str, help_text: str, panel: str = FOLLOW) -> Any:
+    return Annotated[
+        float | None, typer.Option(flag, metavar="SECONDS", min=0.0, help=help_text, rich_help_panel=panel)
+    ]
+
+
+def _bounds(flag: str, help_text: str) -> Any:
+    return Annotated[
+        list[str] | None,
+        typer.Option(flag, metavar="NAME=VALUE", help=help_text, rich_help_panel=ALERTS, show_default=False),
+    ]
+
+
+@with_flags(ENGINE_FLAGS, READ_FLAGS)
+def watch(
+    path: Annotated[
+        str,
+        typer.Argument(
+            help="The directory (or s3://, gs://, hdfs:// prefix) the trainer writes per-step dumps into.",
+            metavar="DIR",
+            show_default=False,
+        ),
+    ],
+    state: Annotated[
+        str | None,
+        typer.Option(
+            "--state",
+            metavar="FILE",
+            help="The watch's state (accumulators, files read, alerts raised), rewritten whole after each file; "
+            "a restart resumes from it. Default: `.rcdiag-watch/NAME.json` beside DIR.",
+            rich_help_panel=FOLLOW,
+            show_default=False,
+        ),
+    ] = None,
+    output_format: Annotated[
+        WatchFormat,
+        typer.Option(
+            "--format",
+            help="`table`: a live view on a terminal, one line per step otherwise; `json`: one JSON object per step "
+            "per line (flushed).",
+        ),
+    ] = WatchFormat.table,
+    poll: Annotated[
+        float,
+        typer.Option("--poll", metavar="SECONDS", min=0.01, help="Seconds between listings.", rich_help_panel=FOLLOW),
+    ] = 0.5,
+    settle: Annotated[
+        float,
+        typer.Option(
+            "--settle",
+            metavar="SECONDS",
+            min=0.0,
+            help="A file not written by DumpWriter is read once its size and modification time have not changed "
+            "for this long (DumpWriter's parts appear whole, by rename). 0: read files as soon as they appear.",
+            rich_help_panel=FOLLOW,
+        ),
+    ] = 2.0,
+    once: Annotated[
+        bool,
+        typer.Option(
+            "--once", help="Read what is there (waiting for files to settle) and exit.", rich_help_panel=FOLLOW
+        ),
+    ] = False,
+    timeout: _seconds("--timeout", "Exit (0) after this long.") = None,  # type: ignore[valid-type]
+    max_idle: _seconds("--max-idle", "Exit (0) after this long without a new file.") = None,  # type: ignore[valid-type]
+    max_rules: _bounds("--max", "Alert when a metric goes above, e.g. `kl=1e-2` (and forecast the crossing).") = None,  # type: ignore[valid-type]
+    min_rules: _bounds("--min", "Alert when a metric goes below, e.g. `rollout_is_eff_sample_size=0.8`.") = None,  # type: ignore[valid-type]
+    max_abs_rules: _bounds("--max-abs", "Alert when a metric's absolute value goes above, e.g. `kl=0.1`.") = None,  # type: ignore[valid-type]
+    packs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--pack",
+            metavar="NAME",
+            help=f"Rule pack: {packs_help()}; or `analyze` (alert on every warning or error finding). Repeatable.",
+            rich_help_panel=ALERTS,
+            show_default=False,
+        ),
+    ] = None,
+    fail_on: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--fail-on",
+            metavar="SEVERITY|CODES",
+            help="Findings that alert: a severity and/or finding codes, as for `check`. Default: `warning`.",
+            rich_help_panel=ALERTS,
+            show_default=False,
+        ),
+    ] = None,
+    rules_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--rules",
+            metavar="FILE",
+            help="TOML rules, as for `check` (docs/check.md); relative rules (a baseline) are refused.",
+            rich_help_panel=ALERTS,
+            show_default=False,
+        ),
+    ] = None,
+    on_alert: Annotated[
+        str | None,
+        typer.Option(
+            "--on-alert",
+            metavar="CMD",
+            help="Run CMD (through the shell) with each new alert's JSON on stdin; its failure is reported, not fatal.",
+            rich_help_panel=ALERTS,
+            show_default=False,
+        ),
+    ] = None,
+    webhook: Annotated[
+        str | None,
+        typer.Option(
+            "--webhook",
+            metavar="URL",
+            help="POST each new alert's JSON to URL (retried with backoff, in the background).",
+            rich_help_panel=ALERTS,
+            show_default=False,
+        ),
+    ] = None,
+    exit_on: Annotated[
+        ExitOn | None,
+        typer.Option(
+            "--exit-on",
+            help="Stop with exit 1 on a new alert of this severity or worse (rules fail as `error`, forecasts warn).",
+            rich_help_panel=ALERTS,
+            show_default=False,
+        ),
+    ] = None,
+    horizon: Annotated[
+        int,
+        typer.Option(
+            "--forecast-horizon",
+            metavar="STEPS",
+            min=1,
+            help="Alert when a bounded metric's trend is expected to cross its bound within this many steps.",
+            rich_help_panel=ALERTS,
+        ),
+    ] = 50,
+    *,
+    engine: EngineFlags,
+    read: ReadOptions,
+) -> None:
+    """Follow DIR while a trainer writes dumps into it: read each new complete file once, report every step as
+    `rcdiag analyze DIR` would, and alert on findings, rule failures and forecast crossings.
+
+    * `rcdiag watch dumps/run-42 --max kl=1e-2 --on-alert 'mail -s rcdiag me@lab'`
+    * `rcdiag watch dumps/run-42 --format json --pack verl --webhook http://127.0.0.1:9000/hook`
+    * `rcdiag watch dumps/run-42 --max k3_kl=1e-3 --exit-on error` (exit 1 at the first failing step)
+    * `rcdiag watch dumps/run-42 --once` (read what is there, then exit)
+
+    Exit codes: 0 ended by --once, --timeout or --max-idle, 1 a new alert at --exit-on, 2 bad option or input,
+    3 internal error, 130 Ctrl-C (the state holds every step reported).
+    """
+    from rcdiag.check import ANALYZE_PACK, ANALYZE_PACK_GATE, load_rules, pack, parse_assignment, parse_fail_on
+    from rcdiag.check.findings_gate import FindingGate
+    from rcdiag.watch import AlertPolicy, Dispatcher, Watch
+    from rcdiag.watch.alerts import DEFAULT_GATE
+    from rcdiag.watch.deliver import DRAIN_SECONDS
+
+    rules: list[Rule] = []
+    for kind, flag, texts in (
+        ("max", "--max", max_rules),
+        ("min", "--min", min_rules),
+        ("max_abs", "--max-abs", max_abs_rules),
+    ):
+        rules += [parse_assignment(text, kind, option=flag) for text in texts or []]  # type: ignore[arg-type]
+    gate: FindingGate | None = parse_fail_on(fail_on or [])
+    for name in packs or []:
+        if name == ANALYZE_PACK:
+            gate = ANALYZE_PACK_GATE.merged(gate)
+        else:
+            rules += pack(name)
+    loaded = load_rules(rules_file) if rules_file is not None else None
+    config = engine.config(base=loaded.config() if loaded is not None else None)
+    if loaded is not None:
+        rules += loaded.rules
+        gate = loaded.fail_on.merged(gate) if loaded.fail_on is not None else gate
+    policy = AlertPolicy(tuple(rules), gate or DEFAULT_GATE, exit_on.value if exit_on else None, horizon)  # type: ignore[arg-type]
+    session = Watch(
+        path, config, read, state_path=state, settle=settle, policy=policy, dispatcher=Dispatcher(on_alert, webhook)
+    )
+    view = (
+        _JsonLines()
+        if output_format is WatchFormat.json
+        else _LiveView(session)
+        if sys.stdout.isatty()
+        else _TextLines()
+    )
+    ended = "aborted"
+    try:
+        with view:
+            ended = session.run(
+                poll=poll, once=once, timeout=timeout, max_idle=max_idle, on_event=view.event, on_poll=view.poll
+            )
+    finally:
+        for outcome in session.dispatcher.close(wait=0.0 if ended == "aborted" else DRAIN_SECONDS):
+            _say_delivery(outcome)
+    if ended == "alert":
+        raise typer.Exit(ExitCode.CHECK_FAILED)
+
+
+def _say_delivery(outcome: Delivery) -> None:
+    if not outcome.ok:
+        print(f"rcdiag: alert {outcome.key}: {outcome.target} failed: {outcome.detail}", file=sys.stderr, flush=True)
+
+
+class _View:
+    def __enter__(self) -> _View:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def event(self, event: Event) -> None:
+        raise NotImplementedError
+
+    def poll(self, waiting: int, outcomes: list[Delivery]) -> None:
+        for outcome in outcomes:
+            _say_delivery(outcome)
+
+
+class _JsonLines(_View):
+    """One JSON object per step and per whole report, one per line, flushed at once (read as it comes)."""
+
+    def event(self, event: Event) -> None:
+        from rcdiag.cli.output import write_stdout
+
+        write_stdout(json.dumps(event.to_dict()) + "\n")
+
+
+class _TextLines(_View):
+    """One plain line per step, per report and per alert when stdout is not a terminal."""
+
+    def event(self, event: Event) -> None:
+        from rcdiag.cli.output import write_stdout
+        from rcdiag.printable import printable
+        from rcdiag.watch import StepEvent
+
+        if isinstance(event, StepEvent):
+            step = event.step
+            values = " ".join(
+                f"{key.rpartition('/')[2]}={_g(step.metrics.get(key))}" for key in SHOWN_METRICS if key in step.metrics
+            )
+            lines = [f"step {step.step}: {step.rows} rows, {step.valid_tokens:,} tokens {values}"]
+        else:
+            codes = ", ".join(f"{f.code} ({f.severity})" for f in event.report.findings) or "none"
+            said = _verdict(event.report)
+            lines = [f"after step {event.step} ({event.files} files): verdict {said}; findings: {codes}"]
+        lines += [f"  ALERT {a.severity}: {printable(a.message)}" for a in event.alerts]
+        write_stdout("\n".join(lines) + "\n")
+
+
+class _LiveView(_View):
+    """A rich live view: the last steps, the verdict, the findings, the alerts and the forecasts."""
+
+    def __init__(self, session: Watch) -> None:
+        self.session = session
+        self.steps: deque[StepEvent] = deque(maxlen=SHOWN_STEPS)
+        self.alerts: deque[str] = deque(maxlen=8)
+        self.last: StepEvent | None = None
+        self.report: ReportEvent | None = None
+        self.waiting = 0
+        self.live: Any = None
+
+    def __enter__(self) -> _LiveView:
+        from rich.live import Live
+
+        from rcdiag.cli.console import stdout_console
+
+        self.live = Live(self._render(), console=stdout_console(), refresh_per_second=4, transient=False)
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.live.__exit__(*exc)
+
+    def event(self, event: Event) -> None:
+        from rcdiag.watch import StepEvent
+
+        if isinstance(event, StepEvent):
+            self.steps.append(event)
+            self.last = event
+        else:
+            self.report = event
+        self.alerts.extend(f"step {a.step}: {a.severity}: {a.message}" for a in event.alerts)
+        self.live.update(self._render())
+
+    def poll(self, waiting: int, outcomes: list[Delivery]) -> None:
+        super().poll(waiting, outcomes)
+        if waiting != self.waiting:
+            self.waiting = waiting
+            self.live.update(self._render())
+
+    def _render(self) -> RenderableType:
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+
+        from rcdiag.printable import printable
+
+        last = self.last
+        head = Text(
+            f"watching {printable(self.session.location)}: {len(self.session.consumed)} file(s) read"
+            + (f", {self.waiting} settling" if self.waiting else ""),
+            style="bold",
+        )
+        table = Table(box=None, pad_edge=False)
+        keys = [k for k in SHOWN_METRICS if last is not None and k in last.step.metrics]
+        for column in ("step", "rows", "tokens", *(k.rpartition("/")[2] for k in keys)):
+            table.add_column(column, justify="right")
+        for event in self.steps:
+            values = [_g(event.step.metrics.get(k)) for k in keys]
+            table.add_row(str(event.step.step), str(event.step.rows), f"{event.step.valid_tokens:,}", *values)
+        parts: list[Any] = [head, table]
+        report = self.report.report if self.report is not None else None
+        if report is not None and report.verdict is not None:
+            parts.append(Text(f"verdict: {_verdict(report)}", style="bold"))
+        if report is not None and report.findings:
+            parts.append(Text("findings: " + ", ".join(f"{f.code} ({f.severity})" for f in report.findings)))
+        if last is not None:
+            parts += [Text(f"forecast: {f.message}", style="yellow") for f in last.forecasts]
+        parts += [Text(f"ALERT {printable(line)}", style="red") for line in self.alerts]
+        return Group(*parts)
+
+
+def _verdict(report: Report) -> str:
+    """The verdict's headline, led by its status unless the headline already says it."""
+    from rcdiag.printable import printable
+
+    verdict = report.verdict
+    if verdict is None:
+        return "none"
+    headline = printable(verdict.headline)
+    return headline if headline.startswith(verdict.status) else f"{verdict.status}: {headline}"
+
+
+def _g(value: float | None) -> str:
+    return "null" if value is None else f"{value:.4g}"

@@ -1,0 +1,122 @@
+"""Alerts of ``rcdiag watch``: the report's findings, the ``check`` rules and the trend forecasts, evaluated at each
+new step; an alert is new the first time its key holds (``finding:CODE``, ``rule:LABEL``, ``forecast:METRIC...``),
+and is not raised again at the following steps, nor after a restart (the keys are kept in the watch state).
+
+Severities: a finding keeps its own; a failed rule is an ``error`` (the bound ``check`` would fail on); a forecast
+crossing is a ``warning`` (it has not happened yet).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rcdiag.catalogue.findings import SEVERITY_RANK
+from rcdiag.check.evaluate import evaluate_rules
+from rcdiag.check.findings_gate import FindingGate
+from rcdiag.check.metric_names import resolve_metric
+from rcdiag.check.rules import Rule
+from rcdiag.report import Report, Severity
+from rcdiag.watch.forecast import DEFAULT_LEVEL, DEFAULT_WINDOW, Direction, Forecast, forecast_crossing
+
+AlertKind = Literal["finding", "rule", "forecast"]
+DEFAULT_HORIZON = 50
+"""A forecast alerts when its expected crossing is at most this many steps ahead."""
+DEFAULT_GATE = FindingGate(severity="warning")
+"""Findings that alert without ``--fail-on``: every warning and error."""
+_DIRECTIONS: dict[str, Direction] = {"max": "above", "max_abs": "above", "min": "below"}
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One condition that newly holds at ``step``."""
+
+    key: str
+    kind: AlertKind
+    severity: Severity
+    step: int | None
+    message: str
+    metric: str | None = None
+    value: float | None = None
+    limit: float | None = None
+    detail: dict[str, Any] | None = None
+    """The finding, rule result or forecast behind it, as in the JSON report."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class AlertPolicy:
+    """What alerts, and what stops the watch."""
+
+    rules: tuple[Rule, ...] = ()
+    gate: FindingGate | None = DEFAULT_GATE
+    exit_on: Severity | None = None
+    """Stop (exit 1) on a new alert of this severity or worse; ``None``: never."""
+    horizon: int = DEFAULT_HORIZON
+    window: int = DEFAULT_WINDOW
+    level: float = DEFAULT_LEVEL
+
+    def stops(self, alerts: Sequence[Alert]) -> bool:
+        if self.exit_on is None:
+            return False
+        return any(SEVERITY_RANK[a.severity] <= SEVERITY_RANK[self.exit_on] for a in alerts)
+
+    def on_step(self, steps: Report, step: int, alerted: Collection[str]) -> tuple[list[Alert], list[Forecast]]:
+        """The new rule and forecast alerts (keys not in ``alerted``) and the forecasts at ``step``; ``steps`` is a
+        report whose steps are those up to ``step``."""
+        found: list[Alert] = []
+        for result in evaluate_rules(steps, self.rules):
+            if result.status == "failed":
+                message = f"{result.label}: {result.message}"
+                found.append(
+                    Alert(f"rule:{result.label}", "rule", "error", step, message, result.key, result.value,
+                          result.limit, result.to_dict())
+                )  # fmt: skip
+        forecasts = self.forecasts(steps)
+        for item in forecasts:
+            if item.expected <= item.last_step + self.horizon:
+                key = f"forecast:{item.metric}:{item.direction}:{item.limit:g}"
+                found.append(
+                    Alert(key, "forecast", "warning", step, item.message, item.metric, None, item.limit, item.to_dict())
+                )
+        return _new(found, alerted), forecasts
+
+    def on_report(self, report: Report, step: int | None, alerted: Collection[str]) -> list[Alert]:
+        """The new finding alerts of a whole report (attributed to ``step``, the last step read)."""
+        if self.gate is None:
+            return []
+        found = [
+            Alert(f"finding:{f.code}", "finding", f.severity, step, f.message, f.metric, f.value, None, f.to_dict())
+            for f in self.gate.failing(report)
+        ]
+        return _new(found, alerted)
+
+    def forecasts(self, report: Report) -> list[Forecast]:
+        """The crossing forecast of each bounded rule (``max``, ``min``, ``max_abs``) whose metric is computed."""
+        available = [*report.metrics, *report.extras]
+        made: list[Forecast] = []
+        seen: set[tuple[str, str, float]] = set()
+        for rule in self.rules:
+            direction = _DIRECTIONS.get(rule.kind)
+            key = resolve_metric(rule.metric, available)
+            if direction is None or key is None or (key, rule.kind, rule.bound) in seen:
+                continue
+            seen.add((key, rule.kind, rule.bound))
+            steps = [s.step for s in report.steps]
+            values = [(s.metrics | s.extras).get(key) for s in report.steps]
+            if rule.kind == "max_abs":
+                values = [None if v is None else abs(v) for v in values]
+            made_one = forecast_crossing(
+                key, steps, values, rule.bound, direction, window=self.window, level=self.level
+            )
+            if made_one is not None:
+                made.append(made_one)
+        return made
+
+
+def _new(found: list[Alert], alerted: Collection[str]) -> list[Alert]:
+    return list({a.key: a for a in found if a.key not in alerted}.values())

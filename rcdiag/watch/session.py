@@ -1,0 +1,373 @@
+"""``rcdiag watch``: follow a directory (or object-store prefix) a trainer writes per-step dumps into, read each
+new complete file once, and report every step as ``rcdiag analyze`` would on the finished directory.
+
+Each file is read alone (``rcdiag.api.accumulate``) and its accumulators are merged into the running
+``EngineState``; merging is how results combine everywhere in rcdiag, so the steps' numbers are those of one
+analysis of the whole directory. After each file the state is committed: one state file (an rcdiag state, which
+``rcdiag merge`` also reads) holding the accumulators *and* the files consumed and the alerts raised, written whole
+or not at all (``rcdiag.outputs``). A watch killed at any point restarts from the last commit: a file is counted
+once or not at all, never twice, and an alert is not raised again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import rcdiag.interrupts as interrupts
+from rcdiag._version import __version__
+from rcdiag.api import accumulate, build_report
+from rcdiag.check.metric_names import metric_names, validate_rules
+from rcdiag.config import CorrectionConfig
+from rcdiag.engine import EngineState
+from rcdiag.errors import ConfigError, InputError
+from rcdiag.io import storage
+from rcdiag.io.base import SourceInfo
+from rcdiag.options import ReadOptions
+from rcdiag.outputs import refuse_inputs
+from rcdiag.report import Report, StepReport
+from rcdiag.validate import ScreenStats
+from rcdiag.watch.alerts import Alert, AlertPolicy
+from rcdiag.watch.deliver import Delivery, Dispatcher
+from rcdiag.watch.files import DEFAULT_SETTLE, FileStamp, Follower
+from rcdiag.watch.forecast import Forecast
+
+STATE_DIR = ".rcdiag-watch"
+"""Where a watch keeps its state by default: beside the watched directory (never inside it: that is an input)."""
+WATCH_KEY = "watch"
+"""The state file's extra top-level table: what was consumed, the alerts raised."""
+DEFAULT_POLL = 0.5
+"""Seconds between listings of the watched directory."""
+
+
+def default_state_path(location: str) -> Path:
+    """``<parent>/.rcdiag-watch/<name>.json`` for a local directory; ``./.rcdiag-watch/<url as a name>.json`` for
+    an object-store prefix."""
+    text = storage.local_path(location)
+    if storage.is_remote(text):
+        return Path(STATE_DIR) / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', text.rstrip('/'))}.json"
+    where = Path(text).resolve()
+    return where.parent / STATE_DIR / f"{where.name}.json"
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One step, reported once the file holding it is read and committed: its metrics (those ``analyze`` gives on
+    everything read so far), and the rule and forecast alerts that newly hold at it."""
+
+    step: StepReport
+    file: str
+    revised: bool
+    """The step had rows in an earlier file too (a second DumpWriter part): these are its updated numbers."""
+    alerts: tuple[Alert, ...]
+    forecasts: tuple[Forecast, ...]
+    files: int
+    """Files read so far."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return _finite_tree(
+            {
+                "kind": "step",
+                **self.step.to_dict(),
+                "file": self.file,
+                "revised": self.revised,
+                "files": self.files,
+                "alerts": [a.to_dict() for a in self.alerts],
+                "forecasts": [f.to_dict() for f in self.forecasts],
+            }
+        )
+
+
+@dataclass(frozen=True)
+class ReportEvent:
+    """The whole run so far (``analyze``'s report of everything read): its verdict and findings, and the finding
+    alerts that newly hold. Built after the steps' lines (it costs more as steps accumulate): after the last file
+    ready, and every ``REPORT_SECONDS`` while catching up."""
+
+    step: int | None
+    """The last step read."""
+    files: int
+    report: Report
+    alerts: tuple[Alert, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        verdict = self.report.verdict
+        return _finite_tree(
+            {
+                "kind": "report",
+                "step": self.step,
+                "files": self.files,
+                "steps": len(self.report.steps),
+                "verdict": None if verdict is None else {"status": verdict.status, "headline": verdict.headline},
+                "findings": [
+                    {"code": f.code, "severity": f.severity, "message": f.message} for f in self.report.findings
+                ],
+                "alerts": [a.to_dict() for a in self.alerts],
+            }
+        )
+
+
+Event = StepEvent | ReportEvent
+REPORT_SECONDS = 5.0
+"""While files keep arriving faster than they are read, the whole report is rebuilt at most this often."""
+
+
+def _finite_tree(value: Any) -> Any:
+    """Non-finite floats as ``None`` (JSON has no inf), as in every JSON rcdiag writes."""
+    if isinstance(value, dict):
+        return {k: _finite_tree(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_tree(v) for v in value]
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+class Watch:
+    """A watched location and its persisted state; ``run`` follows it, ``poll_once`` reads what is ready now."""
+
+    def __init__(
+        self,
+        location: str,
+        config: CorrectionConfig | None = None,
+        read: ReadOptions | None = None,
+        *,
+        state_path: str | Path | None = None,
+        settle: float = DEFAULT_SETTLE,
+        policy: AlertPolicy | None = None,
+        dispatcher: Dispatcher | None = None,
+    ) -> None:
+        self.location = location
+        self.config = config or CorrectionConfig()
+        self.resolved = self.config.resolve()
+        self.read = read or ReadOptions()
+        self.policy = policy or AlertPolicy()
+        validate_rules(self.policy.rules, metric_names(self.resolved), has_baseline=False)
+        self.dispatcher = dispatcher or Dispatcher()
+        self.state_path = Path(state_path) if state_path is not None else default_state_path(location)
+        if storage.is_remote(str(self.state_path)):
+            raise ConfigError(f"--state {self.state_path}: give a local file (the watch rewrites it after every file).")
+        refuse_inputs([("--state", self.state_path)], [location])
+        self.follower = Follower(location, settle)
+        self.state = EngineState(self.resolved)
+        self.source: SourceInfo | None = None
+        """Every file read, as one source (its ``reads``: each file's path, size, time, inode, fingerprint)."""
+        self.screen = ScreenStats()
+        self.consumed: dict[str, FileStamp] = {}
+        self.alerted: dict[str, int | None] = {}
+        self.encoded: dict[int, Any] = {}
+        """Each step's accumulators as the state file holds them, re-encoded only when a file adds to the step."""
+        self.steps: dict[int, StepReport] = {}
+        """Each step's numbers, computed once per file that adds to it (a report of every step costs more)."""
+        self.device = "cpu"
+        self.report: Report | None = None
+        self.last_step: int | None = None
+        self._load()
+
+    # ---------------------------------------------------------------------------------------------- state file
+
+    def _load(self) -> None:
+        if not self.state_path.exists():
+            return
+        from rcdiag.state import combined_info, load_state, parse_state_json, read_state_bytes
+
+        name = str(self.state_path)
+        payload = parse_state_json(read_state_bytes(name)[0], name)
+        saved = payload.get(WATCH_KEY) if isinstance(payload, dict) else None
+        if not isinstance(saved, dict):
+            raise InputError("is not a watch state (no 'watch' table): give another --state file", path=name)
+        if saved.get("location") != _canonical(self.location):
+            raise InputError(
+                f"is the state of a watch of {saved.get('location')}, not of {_canonical(self.location)}: give "
+                "another --state file",
+                path=name,
+            )
+        state, sources, screen = load_state(name)
+        if not self.resolved.same_computation(state.resolved):
+            raise ConfigError(
+                f"--state {name} was computed with another configuration ({state.resolved.config.to_dict()}); "
+                "watch with the same engine flags, or give another --state file"
+            )
+        try:
+            self.consumed = {item["name"]: FileStamp.from_dict(item) for item in saved["consumed"]}
+            self.alerted = {str(key): step for key, step in saved["alerted"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InputError(f"holds a damaged watch table ({type(exc).__name__}: {exc})", path=name) from None
+        self.state, self.screen = state, screen
+        self.source = combined_info(sources) if sources else None
+        for step in self.state.batches:
+            if step is not None:
+                self.steps[step] = _step_report(self.state, step)
+        self.last_step = max(self.steps, default=None)
+
+    def _commit(self) -> None:
+        """Accumulators, files consumed and alerts raised, in one file written whole or not at all."""
+        from rcdiag.state import encode_state, save_state
+
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        table = {
+            "location": _canonical(self.location),
+            "consumed": [stamp.to_dict() for stamp in self.consumed.values()],
+            "alerted": self.alerted,
+        }
+        sources = [self.source] if self.source is not None else []
+        state = self.state
+        for step, batch in state.batches.items():
+            if step not in self.encoded:
+                self.encoded[step] = encode_state(batch.state_dict())  # type: ignore[index]
+        encoded = {
+            "rows": state.rows,
+            "tokens": state.tokens,
+            "valid_tokens": state.valid_tokens,
+            "batches": [[step, self.encoded[step]] for step in state.batches],  # type: ignore[index]
+        }
+        save_state(self.state_path, state, sources, self.screen, extra={WATCH_KEY: table}, encoded=encoded)
+
+    def _info(self) -> SourceInfo:
+        if self.source is None:
+            return SourceInfo(path=self.location, format="", files=0)
+        return dataclasses.replace(self.source, path=self.location, reads=[])
+
+    # ------------------------------------------------------------------------------------------------- reading
+
+    def poll_once(self, on_event: Callable[[Event], None] | None = None) -> tuple[int, int, bool]:
+        """Read every complete file not read yet: commit after each, then hand its steps to ``on_event``; after
+        the last (and every ``REPORT_SECONDS`` before), the whole report. Returns the files read, how many are
+        still settling, and whether a new alert at ``exit_on`` stopped the reading."""
+        ready, waiting = self.follower.poll(self.consumed)
+        reported = time.monotonic()
+        for index, (file, stamp) in enumerate(ready):
+            interrupts.check()
+            events: list[Event] = list(self._consume(file, stamp))
+            if index == len(ready) - 1 or time.monotonic() - reported >= REPORT_SECONDS:
+                events.append(self.full_report())
+                reported = time.monotonic()
+            for event in events:
+                if on_event is not None:
+                    on_event(event)
+            if any(self.policy.stops(event.alerts) for event in events):
+                return index + 1, waiting, True
+        return len(ready), waiting, False
+
+    def _consume(self, file: Any, stamp: FileStamp) -> list[StepEvent]:
+        from rcdiag.io.paths import identity
+        from rcdiag.state import combined_info, content_fingerprint
+
+        name = str(file)
+        got = accumulate(name, self.config, self.read)
+        if isinstance(file, Path):
+            now = os.stat(file)
+            if (now.st_size, now.st_mtime_ns) != (stamp.size, stamp.mtime_ns):
+                return []  # rewritten while read: read again once it settles
+        if None in got.state.batches:
+            raise InputError(
+                "has rows without a step (no step column, and no step in its name); a watch reports per step",
+                path=name,
+            )
+        steps = sorted(step for step in got.state.batches if step is not None)
+        read = dict(identity(name), part=None)
+        if isinstance(file, Path):
+            read.update(inode=list(stamp.inode) if stamp.inode else None, fingerprint=content_fingerprint(name))
+        info = dataclasses.replace(got.info, reads=[read])
+        revised = {step for step in steps if step in self.state.batches}
+        self.state.merge(got.state)
+        self.source = info if self.source is None else combined_info([self.source, info])
+        self.screen = self.screen.merge(got.screen)
+        self.consumed[stamp.name] = stamp
+        self.device = got.device
+        for step in steps:
+            self.steps[step] = _step_report(self.state, step)
+            self.encoded.pop(step, None)
+        self.last_step = max(self.steps)
+        if self.report is None:
+            self.report = build_report(self.state, self._info(), self.device, self.screen)  # the metric names
+        ordered = [self.steps[step] for step in sorted(self.steps)]
+        events = []
+        for step in steps:
+            upto = dataclasses.replace(self.report, steps=tuple(s for s in ordered if s.step <= step))
+            alerts, forecasts = self.policy.on_step(upto, step, self.alerted)
+            self.alerted.update((alert.key, step) for alert in alerts)
+            events.append(
+                StepEvent(self.steps[step], stamp.name, step in revised, tuple(alerts), tuple(forecasts),
+                          len(self.consumed))
+            )  # fmt: skip
+        self._commit()  # then report: a kill between the two loses this file's lines, never counts it twice
+        self._dispatch([alert for event in events for alert in event.alerts])
+        return events
+
+    def full_report(self) -> ReportEvent:
+        """``analyze``'s report of everything read so far, and the finding alerts new in it."""
+        self.report = build_report(self.state, self._info(), self.device, self.screen)
+        alerts = self.policy.on_report(self.report, self.last_step, self.alerted)
+        if alerts:
+            self.alerted.update((alert.key, alert.step) for alert in alerts)
+            self._commit()
+            self._dispatch(alerts)
+        return ReportEvent(self.last_step, len(self.consumed), self.report, tuple(alerts))
+
+    def _dispatch(self, alerts: list[Alert]) -> None:
+        for alert in alerts:
+            self.dispatcher.send(self.alert_payload(alert))
+
+    def alert_payload(self, alert: Alert) -> dict[str, Any]:
+        """The JSON an ``--on-alert`` command reads and a ``--webhook`` receives."""
+        verdict = self.report.verdict if self.report is not None else None
+        return _finite_tree(
+            {
+                **alert.to_dict(),
+                "watch": self.location,
+                "verdict": None if verdict is None else {"status": verdict.status, "headline": verdict.headline},
+                "rcdiag_version": __version__,
+            }
+        )
+
+    # ----------------------------------------------------------------------------------------------- following
+
+    def run(
+        self,
+        *,
+        poll: float = DEFAULT_POLL,
+        once: bool = False,
+        timeout: float | None = None,
+        max_idle: float | None = None,
+        on_event: Callable[[Event], None] | None = None,
+        on_poll: Callable[[int, list[Delivery]], None] | None = None,
+    ) -> str:
+        """Follow the location until an end: ``"once"`` (with ``once``, nothing left to read), ``"timeout"``,
+        ``"idle"`` (``max_idle`` seconds without a new file) or ``"alert"`` (a new alert at ``exit_on``).
+        ``on_event`` sees each step after its commit, and each whole report; ``on_poll`` the files still settling
+        and the deliveries finished since the last poll."""
+        start = last_new = time.monotonic()
+        while True:
+            read, waiting, stopped = self.poll_once(on_event)
+            if on_poll is not None:
+                on_poll(waiting, self.dispatcher.outcomes())
+            if stopped:
+                return "alert"
+            now = time.monotonic()
+            if timeout is not None and now - start >= timeout:
+                return "timeout"
+            if read:
+                last_new = now
+                continue  # more may have landed meanwhile
+            if once and waiting == 0:
+                return "once"
+            if max_idle is not None and now - last_new >= max_idle:
+                return "idle"
+            time.sleep(poll)
+
+
+def _step_report(state: EngineState, step: int) -> StepReport:
+    """One step's numbers, as ``build_report`` computes them."""
+    result = state.batches[step].compute()
+    return StepReport(step, result.rows, result.valid_tokens, result.metrics, result.extras)
+
+
+def _canonical(location: str) -> str:
+    text = storage.local_path(location)
+    return text.rstrip("/") if storage.is_remote(text) else str(Path(text).resolve())
