@@ -205,3 +205,57 @@ def test_an_event_directory_inside_the_dump_is_refused(capsys: pytest.CaptureFix
     err = one_line_error(capsys, "analyze", str(dump), "--tensorboard", str(dump / "tb"))
     assert err.startswith(f"rcdiag: error: --tensorboard {dump / 'tb'} is inside the input directory {dump}")
     assert not (dump / "tb").exists()
+
+
+def _stepped_directory(directory: Path, steps: int) -> Path:
+    """A run's dump directory as DumpWriter leaves it: one file per step."""
+    from rcdiag import synthetic
+    from rcdiag.writer import DumpWriter
+
+    table = synthetic.generate("healthy", rows=8 * steps, steps=steps, seed=7, median_length=20, max_length=40)
+    writer = DumpWriter(directory)
+    for step in range(steps):
+        rows = [i for i, s in enumerate(table.column("step").to_pylist()) if s == step]
+        part = table.take(rows)
+        writer.write(
+            step=step,
+            old_log_prob=[np.asarray(v, np.float32) for v in part.column("old_log_prob").to_pylist()],
+            rollout_log_prob=[np.asarray(v, np.float32) for v in part.column("rollout_log_prob").to_pylist()],
+            response_mask=[np.asarray(v, np.int8) for v in part.column("response_mask").to_pylist()],
+        )
+    return directory
+
+
+def test_watch_logs_each_step_to_tensorboard_and_mlflow_as_analyze_reports_it(tmp_path: Path, store: str) -> None:
+    """The same flags on `rcdiag watch`: every step once, with the values `analyze` gives on the finished run."""
+    dump = _stepped_directory(tmp_path / "run", 4)
+    board = tmp_path / "tb"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    watched = subprocess.run(
+        [sys.executable, "-m", "rcdiag", "watch", str(dump), "--once", "--settle", "0", "--format", "json",
+         "--state", str(tmp_path / "watch.json"), "--tensorboard", str(board), "--mlflow", store,
+         "--mlflow-run-name", "watched"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert watched.returncode == 0, watched.stderr
+    analyzed = subprocess.run(
+        [sys.executable, "-m", "rcdiag", "analyze", str(dump), "--format", "json"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    report = json.loads(analyzed.stdout)
+    assert [s["step"] for s in report["steps"]] == [0, 1, 2, 3]
+    same(tensorboard_scalars(board), expected(report, float32=True))
+    client = require("mlflow.tracking", "tracking").MlflowClient(tracking_uri=store)
+    runs = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()], filter_string="attributes.run_name = 'watched'"
+    )
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    same(mlflow_metrics(store, runs[0].info.run_id), expected(report))
+
+
+def test_watch_refuses_an_event_directory_inside_the_watched_one(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    require("tensorboard", "tracking")
+    dump = _stepped_directory(tmp_path / "run", 1)
+    err = one_line_error(capsys, "watch", str(dump), "--once", "--tensorboard", str(dump / "tb"))
+    assert err.startswith(f"rcdiag: error: --tensorboard {dump / 'tb'} is inside the input directory {dump}")
+    assert not (dump / "tb").exists()

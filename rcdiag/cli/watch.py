@@ -14,6 +14,7 @@ import typer
 from rcdiag.catalogue.metrics import packs_help
 from rcdiag.cli.options import ENGINE_FLAGS, READ_FLAGS
 from rcdiag.cli.params import with_flags
+from rcdiag.cli.tracking import TRACKING_FLAGS
 from rcdiag.errors import ExitCode
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
     from rcdiag.check import Rule
     from rcdiag.cli.engine_config import EngineFlags
+    from rcdiag.export.tracking import Tracker, TrackingOptions
     from rcdiag.options import ReadOptions
     from rcdiag.report import Report
     from rcdiag.watch import Delivery, StepEvent, Watch
@@ -60,7 +62,7 @@ def _bounds(flag: str, help_text: str) -> Any:
     ]
 
 
-@with_flags(ENGINE_FLAGS, READ_FLAGS)
+@with_flags(ENGINE_FLAGS, READ_FLAGS, TRACKING_FLAGS)
 def watch(
     path: Annotated[
         str,
@@ -187,6 +189,7 @@ def watch(
     *,
     engine: EngineFlags,
     read: ReadOptions,
+    tracking: TrackingOptions | None,
 ) -> None:
     """Follow DIR while a trainer writes dumps into it: read each new complete file once, report every step as
     `rcdiag analyze DIR` would, and alert on findings, rule failures and forecast crossings.
@@ -195,6 +198,7 @@ def watch(
     * `rcdiag watch dumps/run-42 --format json --pack verl --webhook http://127.0.0.1:9000/hook`
     * `rcdiag watch dumps/run-42 --max k3_kl=1e-3 --exit-on error` (exit 1 at the first failing step)
     * `rcdiag watch dumps/run-42 --once` (read what is there, then exit)
+    * `rcdiag watch dumps/run-42 --tensorboard tb/run-42/rcdiag` (each step's values as TensorBoard scalars)
 
     Exit codes: 0 ended by --once, --timeout or --max-idle, 1 a new alert at --exit-on, 2 bad option or input,
     3 internal error, 130 Ctrl-C (the state holds every step reported).
@@ -234,17 +238,49 @@ def watch(
         if sys.stdout.isatty()
         else _TextLines()
     )
+    trackers = _open_trackers(tracking, path)
+    on_event = _tracked(view.event, trackers) if trackers else view.event
     ended = "aborted"
     try:
         with view:
             ended = session.run(
-                poll=poll, once=once, timeout=timeout, max_idle=max_idle, on_event=view.event, on_poll=view.poll
+                poll=poll, once=once, timeout=timeout, max_idle=max_idle, on_event=on_event, on_poll=view.poll
             )
     finally:
         for outcome in session.dispatcher.close(wait=0.0 if ended == "aborted" else DRAIN_SECONDS):
             _say_delivery(outcome)
+        if trackers:
+            from rcdiag.export.tracking import close_all
+
+            close_all(trackers, quietly=ended == "aborted")
     if ended == "alert":
         raise typer.Exit(ExitCode.CHECK_FAILED)
+
+
+def _open_trackers(tracking: TrackingOptions | None, path: str) -> list[Tracker]:
+    """``--tensorboard`` / ``--mlflow``: checked against the watched directory (an event file inside it would be
+    read as a dump), then opened before the first step."""
+    if tracking is None:
+        return []
+    from rcdiag.cli.output import refuse_inputs
+
+    refuse_inputs([path], tensorboard=tracking.tensorboard)
+    return tracking.open(run_name=Path(path.rstrip("/")).name or path)
+
+
+def _tracked(on_event: Any, trackers: list[Tracker]) -> Any:
+    """The view's event handler, and each new or revised step's values logged to the trackers at once."""
+    from rcdiag.watch import StepEvent
+
+    def handle(event: Event) -> None:
+        if isinstance(event, StepEvent):
+            values = {**event.step.metrics, **event.step.extras}
+            for tracker in trackers:
+                tracker.log_step(event.step.step, values)
+                tracker.flush()
+        on_event(event)
+
+    return handle
 
 
 def _say_delivery(outcome: Delivery) -> None:

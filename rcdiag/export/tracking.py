@@ -37,6 +37,9 @@ class Tracker(Protocol):
 
     def log_step(self, step: int, values: Mapping[str, float | None]) -> None: ...
 
+    def flush(self) -> None:
+        """Make what was logged visible now (``rcdiag watch`` calls it after each step)."""
+
     def close(self) -> None: ...
 
 
@@ -74,6 +77,12 @@ class TensorBoardTracker:
     def log_step(self, step: int, values: Mapping[str, float | None]) -> None:
         scalars = [self._summary.Value(tag=key, simple_value=_number(value)) for key, value in values.items()]
         self._writer.add_event(self._event(wall_time=time.time(), step=step, summary=self._summary(value=scalars)))
+
+    def flush(self) -> None:
+        try:
+            self._writer.flush()
+        except OSError as error:
+            raise OutputError(self.directory, error.strerror or str(error)) from None
 
     def close(self) -> None:
         try:
@@ -113,6 +122,9 @@ class MlflowTracker:
         with _store_errors(self.uri):
             for start in range(0, len(metrics), MLFLOW_BATCH):
                 self._client.log_batch(self.run_id, metrics=metrics[start : start + MLFLOW_BATCH])
+
+    def flush(self) -> None:
+        """Nothing to do: ``log_batch`` returns once the store has the values."""
 
     def close(self) -> None:
         if self._owned:
