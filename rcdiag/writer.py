@@ -69,7 +69,9 @@ class DumpWriter:
 
     ``old_log_prob``, ``rollout_log_prob`` and ``response_mask`` are torch tensors, numpy arrays or lists: 2-D
     padded (responses x tokens; padding must carry mask 0) or a list of 1-D rows. Padding after a row's last
-    valid token is not written. Without a mask every position is valid.
+    valid token is not written. Without a mask every position is valid. ``token_ids`` (the same shape: verl's
+    ``responses``) adds a ``token_ids`` column (``list<int32>``) for ``--explain``'s by-token breakdown; a
+    dataset's steps all have it or all lack it.
     """
 
     def __init__(
@@ -89,14 +91,32 @@ class DumpWriter:
             ],
             metadata=self.metadata,
         )
+        self.with_tokens: bool | None = _has_tokens(self.directory)
+        """Whether the dataset's steps carry token ids (``None``: no step written yet)."""
 
-    def write(self, *, step: int, old_log_prob: Any, rollout_log_prob: Any, response_mask: Any | None = None) -> Path:
+    def write(
+        self,
+        *,
+        step: int,
+        old_log_prob: Any,
+        rollout_log_prob: Any,
+        response_mask: Any | None = None,
+        token_ids: Any | None = None,
+    ) -> Path:
         """Write one step (durable on return); returns the part file. Writing a step twice adds a second part.
 
         Raises ``ValueError`` for what ``rcdiag analyze`` would refuse later: a step that is not an integer,
         arrays that disagree in shape, a mask value other than 0/1, or a NaN, ``+inf`` or positive log-prob at a
-        valid position (``-inf`` is legal)."""
+        valid position (``-inf`` is legal); token ids given for some steps and not others, or a negative id (or one
+        of 2^31 or more) at a valid position."""
         step = _step(step)
+        given_tokens = token_ids is not None
+        if self.with_tokens is not None and given_tokens != self.with_tokens:
+            have = "with" if self.with_tokens else "without"
+            raise ValueError(
+                f"step {step}: token_ids {'given' if given_tokens else 'missing'}, but {self.directory} holds steps "
+                f"{have} them; every step of a dump needs the same columns"
+            )
         old = _rows(_numpy(old_log_prob, np.float32), "old_log_prob")
         rollout = _rows(_numpy(rollout_log_prob, np.float32), "rollout_log_prob")
         given = {"old_log_prob": old, "rollout_log_prob": rollout}
@@ -104,6 +124,8 @@ class DumpWriter:
             mask = [np.ones(row.shape[0], dtype=np.int8) for row in old]
         else:
             mask = given["response_mask"] = _rows(_numpy(response_mask, np.int8), "response_mask")
+        if given_tokens:
+            given["token_ids"] = _rows(_numpy(token_ids, np.int64), "token_ids")
         names = " and ".join(", ".join(given).rsplit(", ", 1))
         if len({len(rows) for rows in given.values()}) > 1:
             counts = " and ".join(", ".join(str(len(rows)) for rows in given.values()).rsplit(", ", 1))
@@ -116,17 +138,23 @@ class DumpWriter:
                 raise ValueError(f"row {i}: {names} have {counts} tokens; they must have one value per token")
             valid = np.flatnonzero(m)
             lengths[i] = int(valid[-1]) + 1 if valid.size else 0
-        table = pa.table(
-            [
-                _lists(old, lengths, self.schema.field("old_log_prob").type),
-                _lists(rollout, lengths, self.schema.field("rollout_log_prob").type),
-                _lists(mask, lengths, self.schema.field("response_mask").type),
-                pa.array(np.full(len(old), step, dtype=np.int64)),
-            ],
-            schema=self.schema,
-        )
+        columns = [
+            _lists(old, lengths, self.schema.field("old_log_prob").type),
+            _lists(rollout, lengths, self.schema.field("rollout_log_prob").type),
+            _lists(mask, lengths, self.schema.field("response_mask").type),
+            pa.array(np.full(len(old), step, dtype=np.int64)),
+        ]
+        schema = self.schema
+        if given_tokens:
+            ids = given["token_ids"]
+            _check_token_range(ids, mask, lengths)
+            columns.append(_lists([row.astype(np.int32) for row in ids], lengths, pa.list_(pa.int32())))
+            schema = schema.append(pa.field("token_ids", pa.list_(pa.int32())))
+        table = pa.table(columns, schema=schema)
         _check_values(table)
-        return self._commit(table, step)
+        path = self._commit(table, step)
+        self.with_tokens = given_tokens
+        return path
 
     def _commit(self, table: pa.Table, step: int) -> Path:
         taken = [
@@ -168,6 +196,24 @@ def _check_values(table: pa.Table) -> None:
     if screen.first is not None:
         first = screen.first
         raise ValueError(f"row {first.where['row']}, position {first.position}: {first.column} holds {first.what}")
+
+
+def _check_token_range(ids: list[np.ndarray], mask: list[np.ndarray], lengths: np.ndarray) -> None:
+    """Token ids at valid positions fit ``int32`` and are not negative (what ``analyze`` would refuse)."""
+    for i, (row, m) in enumerate(zip(ids, mask, strict=True)):
+        kept = row[: lengths[i]][np.asarray(m[: lengths[i]], dtype=bool)]
+        bad = np.flatnonzero((kept < 0) | (kept >= 2**31))
+        if bad.size:
+            position = int(np.flatnonzero(np.asarray(m[: lengths[i]], dtype=bool))[bad[0]])
+            raise ValueError(f"row {i}, position {position}: token_ids holds {int(kept[bad[0]])}, not a token id")
+
+
+def _has_tokens(directory: Path) -> bool | None:
+    """Whether the dataset's existing steps carry token ids (``None``: it has none yet)."""
+    parts = sorted(p for p in directory.iterdir() if PART.match(p.name))
+    if not parts:
+        return None
+    return "token_ids" in pq.read_schema(parts[0]).names
 
 
 def _fsync_directory(directory: Path) -> None:
