@@ -22,9 +22,10 @@ INSTALL = {
     "moto": "pip install 'moto[server]' (in the test extra: pip install -e '.[test]')",
     "ray": "pip install -e '.[ray]'",
     "matplotlib": "pip install -e '.[plot]'",
+    "tokenizers": "pip install -e '.[tokens]'",
     "chromium": "apt-get install chromium (Debian), or set RCDIAG_CHROMIUM to a Chromium or Chrome binary",
 }
-DEFAULT_INSTALL = "pip install -e '.[test,lint,plot,ray]' 'torch==2.13.0', then the verl oracles as .ci/run does"
+DEFAULT_INSTALL = "pip install -e '.[test,lint,plot,ray,tokens]' 'torch==2.13.0', then the verl oracles as .ci/run does"
 
 
 def in_ci() -> bool:

@@ -361,6 +361,23 @@ SequencesOpt = path_option(
     "and verdict) to this Parquet file; implies --explain.",
     EXPLAIN,
 )
+TokensOpt = path_option(
+    "--tokens",
+    "Write the by-token table (one row per token id: tokens, kl, k3_kl, chi2_token, mean |log-ratio|, share of k3, "
+    "significance) to this Parquet file; needs token ids in the dump; implies --explain.",
+    EXPLAIN,
+)
+TokenizerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tokenizer",
+        metavar="PATH",
+        help="A tokenizer.json (or a directory holding one), read offline, to show the text of token ids in the "
+        'by-token table and the worst responses; implies --explain. Needs `pip install "rcdiag[tokens]"`.',
+        rich_help_panel=EXPLAIN,
+        show_default=False,
+    ),
+]
 OUTPUT = "Output"
 FormatName = enum.Enum("FormatName", {name: name for name in format_names()}, type=str)  # type: ignore[misc]
 """``--format`` choices: every format in the renderer registry that has no flag of its own."""
