@@ -26,9 +26,9 @@ from rcdiag.io import Chunk
 
 pytest.importorskip("tokenizers")
 sys.path.insert(0, str(SAMPLES))
-import make_token_sample  # noqa: E402  (sample_data/: the tokenizer trainer and corpus the sample is made with)
+import make_token_sample
 
-from rcdiag.explain.vocabulary import Vocabulary  # noqa: E402
+from rcdiag.explain.vocabulary import Vocabulary
 
 EOS = "<|im_end|>"
 
@@ -178,7 +178,7 @@ def test_one_shifted_id_is_ranked_first_and_detected(
     assert [e["id"] for e in token["by_abs_log_ratio"]] == [target]
     found = token_finding(report)
     assert found is not None and found.evidence["ids"] == [target]
-    assert "id %d \u2423gives" % target in found.message
+    assert f"id {target} \u2423gives" in found.message
     assert report.verdict is not None and "token_specific" in [c.cls for c in report.verdict.causes]
 
 
