@@ -1,11 +1,11 @@
 """Which tokens carry the mismatch: exact per-id sums over the dump's token ids (``--explain`` with ids read).
 
 For every token id, six float64 sums over its valid tokens (``SUMS``): the count, the log-ratio d = old - rollout,
-|d|, verl's k3 and chi2 terms (the engine's own ``k3_terms`` and ``chi2_terms``) and d^2 (for the noise test).
-Ids below ``DENSE_IDS`` sit in a dense table that grows to the largest id seen (one scatter pass a block,
-``rcdiag.kernels.token_ids``); larger ids (a hostile dump, or a vocabulary beyond any real one) in a sorted sparse
-table. Sums merge by addition, so chunking, row order, ``--workers``, Ray and merged shard states change nothing
-beyond float64 rounding.
+|d|, verl's k3 and chi2 terms (taken by the breakdowns' own per-token function, so the same bits) and d^2 (for the
+noise test). Ids below ``DENSE_IDS`` sit in a dense table that grows to the largest id seen (one pass a block over
+its raw rows, ``rcdiag.kernels.token_ids``); larger ids (a hostile dump, or a vocabulary beyond any real one) in a
+sorted sparse table. Sums merge by addition, so chunking, row order, ``--workers``, Ray and merged shard states
+change nothing beyond float64 rounding.
 
 Ranking. ``MIN_COUNT`` tokens at least, and a test so that a rare id is not ranked on noise: an id's mean |d|
 against the mean |d| of every other token, z = (a_id - a_rest) / sqrt(s_id^2 / n_id + s_rest^2 / n_rest) (each
@@ -38,6 +38,16 @@ TOP = 20
 """Entries in each ranked list."""
 
 
+_NO_MASK = np.zeros(0, dtype=np.uint8)
+
+
+def _largest_below(tokens: np.ndarray, mask: np.ndarray | None, limit: int) -> int:
+    """The largest valid id below ``limit`` (-1 without one)."""
+    ids = tokens if mask is None else tokens[mask]
+    below = ids[ids < limit]
+    return int(below.max()) if below.size else -1
+
+
 class TokenSums:
     """Per-id sums, dense for small ids and sparse for the rest; merged by addition."""
 
@@ -50,44 +60,34 @@ class TokenSums:
 
     def update(self, block: Block, tokens: np.ndarray, mask: np.ndarray | None) -> None:
         """Fold in a (numpy) block whose rows' raw token ids are ``tokens`` (padding included, as ``mask``)."""
-        from rcdiag.metrics.offpolicy import chi2_terms, k3_terms
+        from rcdiag.kernels.token_ids import scatter_token_sums, valid_range
 
         self.seen = True
-        ids = tokens if mask is None else tokens[mask]
-        if not ids.size:
+        old, rollout, _, _ = block.raw  # the raw rows: the pass skips the padding itself
+        old = np.ascontiguousarray(old, dtype=np.float32)
+        rollout = np.ascontiguousarray(rollout, dtype=np.float32)
+        tokens = np.ascontiguousarray(tokens, dtype=np.int64)
+        flags = _NO_MASK if mask is None else np.ascontiguousarray(mask).view(np.uint8)
+        _, top, count = valid_range(tokens, flags)
+        if not count:
             return
-        lr = np.asarray(block.lr, dtype=np.float32)
-        k3 = np.asarray(k3_terms(block), dtype=np.float64)
-        chi2 = np.asarray(chi2_terms(block), dtype=np.float64)
-        top = int(ids.max())
-        if top < DENSE_IDS:
-            self._scatter(ids, lr, k3, chi2, top)
-            return
-        small = ids < DENSE_IDS
-        if small.any():
-            self._scatter(ids[small], lr[small], k3[small], chi2[small], int(ids[small].max()))
-        big = ~small
-        self._add_sparse(ids[big], lr[big], k3[big], chi2[big])
-
-    def _scatter(self, ids: np.ndarray, lr: np.ndarray, k3: np.ndarray, chi2: np.ndarray, top: int) -> None:
-        from rcdiag.kernels.token_ids import scatter_token_sums
-
         if top >= self.dense.shape[0]:
-            self._grow(top + 1)
-        scatter_token_sums(np.ascontiguousarray(ids), np.ascontiguousarray(lr), k3, chi2, self.dense)
+            dense_top = top if top < DENSE_IDS else _largest_below(tokens, mask, DENSE_IDS)
+            if dense_top >= self.dense.shape[0]:
+                self._grow(dense_top + 1)
+        if scatter_token_sums(old, rollout, tokens, flags, self.dense):  # ids beyond the dense table: sparse
+            valid = slice(None) if mask is None else mask
+            ids, old, rollout = tokens[valid], old[valid], rollout[valid]
+            big = ids >= self.dense.shape[0]
+            unique, local = np.unique(ids[big], return_inverse=True)
+            sums = np.zeros((unique.shape[0], len(SUMS)))
+            scatter_token_sums(old[big], rollout[big], local.astype(np.int64), _NO_MASK, sums)
+            self._merge_sparse(unique, sums)
 
     def _grow(self, size: int) -> None:
         grown = np.zeros((min(DENSE_IDS, max(size, 2 * self.dense.shape[0], 1024)), len(SUMS)))
         grown[: self.dense.shape[0]] = self.dense
         self.dense = grown
-
-    def _add_sparse(self, ids: np.ndarray, lr: np.ndarray, k3: np.ndarray, chi2: np.ndarray) -> None:
-        from rcdiag.kernels.token_ids import scatter_token_sums
-
-        unique, local = np.unique(ids, return_inverse=True)
-        sums = np.zeros((unique.shape[0], len(SUMS)))
-        scatter_token_sums(local.astype(np.int64), np.ascontiguousarray(lr), k3, chi2, sums)
-        self._merge_sparse(unique, sums)
 
     def _merge_sparse(self, ids: np.ndarray, sums: np.ndarray) -> None:
         both = np.concatenate([self.sparse_ids, ids])
