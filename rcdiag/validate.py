@@ -171,7 +171,10 @@ def check_token_ids(chunk: Chunk, valid: np.ndarray | None, vocab_size: int | No
     assert tokens is not None
     if not tokens.size:
         return
-    low, high = (int(tokens.min()), int(tokens.max())) if valid is None else _valid_range(tokens, valid)
+    from rcdiag.kernels.token_ids import valid_range
+
+    flags = np.zeros(0, dtype=np.uint8) if valid is None else np.ascontiguousarray(valid).view(np.uint8)
+    low, high, _ = valid_range(np.ascontiguousarray(tokens, dtype=np.int64), flags)
     if low >= 0 and (vocab_size is None or high < vocab_size):
         return
     bad = (tokens < 0) if vocab_size is None else ((tokens < 0) | (tokens >= vocab_size))
@@ -186,11 +189,6 @@ def check_token_ids(chunk: Chunk, valid: np.ndarray | None, vocab_size: int | No
         column=chunk.token_name,
         **chunk.where(row),
     )
-
-
-def _valid_range(tokens: np.ndarray, valid: np.ndarray) -> tuple[int, int]:
-    kept = tokens[valid]
-    return (int(kept.min()), int(kept.max())) if kept.size else (0, 0)
 
 
 def raise_for_bad_rows(first: Problem | None, stats: ScreenStats) -> None:

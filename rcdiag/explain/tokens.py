@@ -57,12 +57,15 @@ class TokenSums:
         self.sparse = np.zeros((0, len(SUMS)))
         self.seen = False
         """Whether any block had token ids (a dump without them has an empty table and no ``token`` breakdown)."""
+        self.stats: TokenStats | None = None
+        """``token_stats`` of the table as it is now (the report asks several times; any change drops it)."""
 
     def update(self, block: Block, tokens: np.ndarray, mask: np.ndarray | None) -> None:
         """Fold in a (numpy) block whose rows' raw token ids are ``tokens`` (padding included, as ``mask``)."""
         from rcdiag.kernels.token_ids import scatter_token_sums, valid_range
 
         self.seen = True
+        self.stats = None
         old, rollout, _, _ = block.raw  # the raw rows: the pass skips the padding itself
         old = np.ascontiguousarray(old, dtype=np.float32)
         rollout = np.ascontiguousarray(rollout, dtype=np.float32)
@@ -98,6 +101,7 @@ class TokenSums:
 
     def merge(self, other: TokenSums) -> None:
         self.seen = self.seen or other.seen
+        self.stats = None
         if other.dense.shape[0] > self.dense.shape[0]:
             self._grow(other.dense.shape[0])
         self.dense[: other.dense.shape[0]] += other.dense
@@ -174,7 +178,13 @@ class TokenStats:
 
 
 def token_stats(sums: TokenSums) -> TokenStats:
-    """The table with its significance test."""
+    """The table with its significance test (computed once per state of the table)."""
+    if sums.stats is None:
+        sums.stats = _token_stats(sums)
+    return sums.stats
+
+
+def _token_stats(sums: TokenSums) -> TokenStats:
     ids, table = sums.table()
     total = table.sum(axis=0) if ids.size else np.zeros(len(SUMS))
     n, abs_lr, lr_sq = table[:, 0], table[:, 2], table[:, 5]
