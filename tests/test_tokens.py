@@ -360,6 +360,18 @@ def test_terminal_table_shows_ids_text_and_highlighted_response(tmp_path: Path) 
     assert "[token_specific] 1 token id carries 97% of the dump's k3" in out
 
 
+def test_terminal_colours_tokens_by_log_ratio() -> None:
+    from rich.console import Console
+
+    from rcdiag.render.explain_table import render_explain
+
+    report = rcdiag.analyze(SAMPLES / "stop_token.parquet", worst=1, tokenizer=SAMPLES / "tokenizer.json")
+    console = Console(force_terminal=True, color_system="truecolor", width=200, record=True)
+    render_explain(report, console)
+    text = console.export_text(styles=True)
+    assert "\x1b[30;48;2;80;135;255m<|im_end|>" in text  # the stop token, rollout far higher: full blue
+
+
 # ------------------------------------------------------------------------------------------------ HTML in a browser
 
 

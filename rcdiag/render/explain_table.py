@@ -68,8 +68,8 @@ def _highlighted(text: Any, explained: ExplainReport) -> Text:
     shown = Text()
     shown.append(f"{caption(text, entry)}, valid tokens {text.start + a}-{text.start + b - 1}: ", style="bold")
     for piece, value in zip(pieces(text)[a:b], text.log_ratios[a:b], strict=True):
-        style = f"on rgb{rgb(value)}" if strength(value) > 0 else ""
-        shown.append(printable(piece), style="black " + style if style else "")
+        r, g, b = rgb(value)
+        shown.append(printable(piece), style=f"black on rgb({r},{g},{b})" if strength(value) > 0 else "")
     return shown
 
 
