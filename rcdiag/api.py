@@ -14,7 +14,7 @@ from rcdiag.backend import Backend, NumpyBackend, get_backend
 from rcdiag.catalogue.findings import listing_order
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import Engine, EngineState
-from rcdiag.errors import ConfigError
+from rcdiag.errors import ConfigError, InputError
 from rcdiag.explain.detectors import detect, not_run
 from rcdiag.explain.sequences import check_target as check_sequences_target
 from rcdiag.explain.sequences import cleanup, temporary_directory
@@ -35,6 +35,7 @@ from rcdiag.health import evaluate
 from rcdiag.interrupts import checked
 from rcdiag.io import Chunk, open_dump, prefetch
 from rcdiag.io.base import SourceInfo
+from rcdiag.io.columns import ALIASES
 from rcdiag.microbatch import MicroBatchReport, MicroBatchSettings
 from rcdiag.microbatch.report import simulate as simulate_microbatches
 from rcdiag.microbatch.rows import RowCollector
@@ -133,7 +134,14 @@ def analyze(
             "or --ray."
         )
     accumulated = accumulate(
-        path, config, read, on_chunk=on_chunk, save_state=save_state, explain=wanted, collector=collector
+        path,
+        config,
+        read,
+        on_chunk=on_chunk,
+        save_state=save_state,
+        explain=wanted,
+        collector=collector,
+        need_tokens=tokens is not None,
     )
     micro = None
     if collector is not None and microbatch is not None:
@@ -170,6 +178,7 @@ def accumulate(
     explain: ExplainOptions | None = None,
     new_state: StateFactory | None = None,
     collector: RowCollector | None = None,
+    need_tokens: bool = False,
     **options: Any,
 ) -> Accumulated:
     """Read a dump into an ``EngineState`` (the mergeable accumulators), without computing the report.
@@ -179,7 +188,8 @@ def accumulate(
     the same as one process reading everything. ``explain`` adds ``--explain``'s accumulators (and writes its
     ``sequences`` file). ``new_state`` builds the empty state blocks are folded into instead of the analyze
     accumulators of ``config`` (the sweep passes its own); it must pickle, for the worker processes and Ray tasks.
-    A ``collector`` keeps every screened row by step (micro-batch simulation; one process only).
+    A ``collector`` keeps every screened row by step (micro-batch simulation; one process only). ``need_tokens``:
+    the dump must have a token-id column (``--tokens``), checked before anything is read.
     """
     resolved = (config or CorrectionConfig()).resolve()
     read = ReadOptions.of(read, options)
@@ -195,6 +205,12 @@ def accumulate(
     backend = _backend(read.device)
     source = open_dump(path, read.columns)
     source.want_tokens(explain is not None)
+    if need_tokens and "token_ids" not in source.info.columns:
+        raise InputError(
+            f"has no column of token ids (looked for {', '.join(repr(n) for n in TOKEN_ALIASES[:4])}, ...); --tokens "
+            "needs one: name it with --token-col NAME",
+            path=str(path),
+        )
     parts = source.partitions(RAY_MAX_PARTS if read.ray else read.workers)
     scratch = temporary_directory(explain.sequences) if explain is not None and explain.sequences else None
     try:
@@ -233,6 +249,9 @@ def accumulate(
 
         write_state(save_state, state, [source.info], stats)
     return Accumulated(state, source.info, backend.name, stats)
+
+
+TOKEN_ALIASES = ALIASES["token"]
 
 
 def _part_offsets(scratch: Path, state: EngineState) -> list[tuple[Path, int]]:

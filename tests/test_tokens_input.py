@@ -181,3 +181,13 @@ def test_dump_writer_writes_token_ids(tmp_path: Path) -> None:
     fresh = rcdiag.DumpWriter(tmp_path / "run")  # a writer reopening the dataset knows its columns
     with pytest.raises(ValueError, match="token_ids missing"):
         fresh.write(step=3, old_log_prob=old, rollout_log_prob=old)
+
+
+def test_tokens_file_needs_token_ids(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    path = dump(tmp_path / "d.parquet", "ids_of_tokens")
+    err = one_line_error(capsys, "analyze", str(path), "--tokens", str(tmp_path / "t.parquet"))
+    assert err == (
+        f"rcdiag: error: {path}: has no column of token ids (looked for 'responses', 'response_ids', "
+        "'response_token_ids', 'token_ids', ...); --tokens needs one: name it with --token-col NAME\n"
+    )
+    assert not (tmp_path / "t.parquet").exists()
