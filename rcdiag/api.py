@@ -14,17 +14,28 @@ from rcdiag.backend import Backend, NumpyBackend, get_backend
 from rcdiag.catalogue.findings import listing_order
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import Engine, EngineState
-from rcdiag.errors import ConfigError
+from rcdiag.errors import ConfigError, InputError
 from rcdiag.explain.detectors import detect, not_run
 from rcdiag.explain.sequences import check_target as check_sequences_target
 from rcdiag.explain.sequences import cleanup, temporary_directory
 from rcdiag.explain.sequences import finish as finish_sequences
 from rcdiag.explain.state import ExplainOptions, ExplainState, number_rows
+from rcdiag.explain.token_report import (
+    check_tokens_target,
+    decoded_texts,
+    load_vocabulary,
+    token_findings,
+    token_not_run_reason,
+    token_section,
+    write_token_table,
+)
+from rcdiag.explain.vocabulary import Vocabulary
 from rcdiag.explain.worst import DEFAULT_WORST
 from rcdiag.health import evaluate
 from rcdiag.interrupts import checked
 from rcdiag.io import Chunk, open_dump, prefetch
 from rcdiag.io.base import SourceInfo
+from rcdiag.io.columns import ALIASES
 from rcdiag.microbatch import MicroBatchReport, MicroBatchSettings
 from rcdiag.microbatch.report import simulate as simulate_microbatches
 from rcdiag.microbatch.rows import RowCollector
@@ -71,6 +82,8 @@ def analyze(
     worst: int = DEFAULT_WORST,
     sequences: str | Path | None = None,
     microbatch: MicroBatchSettings | None = None,
+    tokenizer: str | Path | None = None,
+    tokens: str | Path | None = None,
     **options: Any,
 ) -> Report:
     """Run verl's rollout correction over a dump and return the report.
@@ -90,6 +103,9 @@ def analyze(
         worst: how many responses the worst-responses list keeps (a value other than 10 implies ``explain``).
         sequences: write one row per response to this Parquet file (implies ``explain``; read it back with
             ``report.sequences_frame()``).
+        tokenizer: a ``tokenizer.json`` (or a directory holding one) giving the text of the token ids in the
+            by-token breakdown and the worst responses (``rcdiag[tokens]``; implies ``explain``).
+        tokens: write the by-token table (one row per token id) to this Parquet file (implies ``explain``).
         microbatch: also split each step as verl's actor does (``rcdiag.MicroBatchSettings``) and report what
             verl computes and where it crashes per micro-batch (``report.microbatch``). Keeps every valid token
             in memory.
@@ -105,7 +121,11 @@ def analyze(
         >>> report = analyze("sample_data/healthy.parquet", preset("decoupled_geo_rs"))  # doctest: +SKIP
         >>> report.metrics["rollout_corr/kl"]  # doctest: +SKIP
     """
-    wanted = ExplainOptions.of(explain, worst, sequences)
+    vocabulary = load_vocabulary(tokenizer)
+    if tokens is not None:
+        check_tokens_target(tokens)
+        refuse_inputs([("tokens", tokens)], [path])
+    wanted = ExplainOptions.of(explain or tokenizer is not None or tokens is not None, worst, sequences)
     collector = RowCollector() if microbatch is not None else None
     read = ReadOptions.of(read, options)
     if collector is not None and (read.workers > 1 or read.ray):
@@ -114,7 +134,14 @@ def analyze(
             "or --ray."
         )
     accumulated = accumulate(
-        path, config, read, on_chunk=on_chunk, save_state=save_state, explain=wanted, collector=collector
+        path,
+        config,
+        read,
+        on_chunk=on_chunk,
+        save_state=save_state,
+        explain=wanted,
+        collector=collector,
+        need_tokens=tokens is not None,
     )
     micro = None
     if collector is not None and microbatch is not None:
@@ -126,6 +153,8 @@ def analyze(
         accumulated.screen,
         sequences_path=sequences,
         microbatch=micro,
+        vocabulary=vocabulary,
+        tokens_path=tokens,
     )
 
 
@@ -149,6 +178,7 @@ def accumulate(
     explain: ExplainOptions | None = None,
     new_state: StateFactory | None = None,
     collector: RowCollector | None = None,
+    need_tokens: bool = False,
     **options: Any,
 ) -> Accumulated:
     """Read a dump into an ``EngineState`` (the mergeable accumulators), without computing the report.
@@ -158,7 +188,8 @@ def accumulate(
     the same as one process reading everything. ``explain`` adds ``--explain``'s accumulators (and writes its
     ``sequences`` file). ``new_state`` builds the empty state blocks are folded into instead of the analyze
     accumulators of ``config`` (the sweep passes its own); it must pickle, for the worker processes and Ray tasks.
-    A ``collector`` keeps every screened row by step (micro-batch simulation; one process only).
+    A ``collector`` keeps every screened row by step (micro-batch simulation; one process only). ``need_tokens``:
+    the dump must have a token-id column (``--tokens``), checked before anything is read.
     """
     resolved = (config or CorrectionConfig()).resolve()
     read = ReadOptions.of(read, options)
@@ -173,6 +204,13 @@ def accumulate(
     refuse_inputs([("save_state", save_state), ("sequences", sequences)], [path])  # never over the dump
     backend = _backend(read.device)
     source = open_dump(path, read.columns)
+    source.want_tokens(explain is not None)
+    if need_tokens and "token_ids" not in source.info.columns:
+        raise InputError(
+            f"has no column of token ids (looked for {', '.join(repr(n) for n in TOKEN_ALIASES[:4])}, ...); --tokens "
+            "needs one: name it with --token-col NAME",
+            path=str(path),
+        )
     parts = source.partitions(RAY_MAX_PARTS if read.ray else read.workers)
     scratch = temporary_directory(explain.sequences) if explain is not None and explain.sequences else None
     try:
@@ -189,7 +227,7 @@ def accumulate(
             )
             state, stats = merge_parts(source, run_parts(parts, job, on_part), job)
         else:
-            screen = Screen(read.on_bad_row)
+            screen = Screen(read.on_bad_row, vocab_size=read.vocab_size)
             explain_state = ExplainState(explain.worst) if explain is not None else None
             writer = sequence_writer(explain_state, resolved, scratch, 0, explain.sequences if explain else None)
             chunks = checked(number_rows(prefetch(source.chunks(read.chunk_tokens)), explain_state))
@@ -213,6 +251,9 @@ def accumulate(
     return Accumulated(state, source.info, backend.name, stats)
 
 
+TOKEN_ALIASES = ALIASES["token"]
+
+
 def _part_offsets(scratch: Path, state: EngineState) -> list[tuple[Path, int]]:
     """Each part's directory of ``--sequences`` files with the rows read before it (parts in reading order)."""
     directories = sorted(p for p in scratch.iterdir() if p.is_dir())
@@ -220,12 +261,14 @@ def _part_offsets(scratch: Path, state: EngineState) -> list[tuple[Path, int]]:
     return [(directory, sum(rows[:i])) for i, directory in enumerate(directories)]
 
 
-def merge_states(paths: list[str | Path]) -> Report:
-    """The report of one run over every shard whose state files are given (``analyze --save-state``)."""
+def merge_states(paths: list[str | Path], *, tokenizer: str | Path | None = None) -> Report:
+    """The report of one run over every shard whose state files are given (``analyze --save-state``);
+    ``tokenizer`` gives the token ids' text (``analyze(tokenizer=...)``)."""
     from rcdiag.state import combined_info, merge_state_files
 
+    vocabulary = load_vocabulary(tokenizer)
     state, sources, stats = merge_state_files(paths)
-    return build_report(state, combined_info(sources), "merged", stats)
+    return build_report(state, combined_info(sources), "merged", stats, vocabulary=vocabulary)
 
 
 class _PartProgress:
@@ -297,6 +340,8 @@ def build_report(
     *,
     sequences_path: str | Path | None = None,
     microbatch: MicroBatchReport | None = None,
+    vocabulary: Vocabulary | None = None,
+    tokens_path: str | Path | None = None,
 ) -> Report:
     """Compute every batch, the all-steps view and the findings (and ``--explain``'s, when it ran; and the
     micro-batch section, when simulated)."""
@@ -316,14 +361,20 @@ def build_report(
     explained = None
     if state.explain is not None:
         stepped = [(step, result.metrics) for step, result in per_step if step is not None]
-        detected = detect(state.explain, stepped)
+        detected = [*detect(state.explain, stepped), *token_findings(state.explain.tokens, vocabulary)]
         findings = sorted([*findings, *detected], key=lambda f: listing_order(f.code, f.severity))
+        breakdowns = state.explain.breakdowns.compute()
+        if state.explain.tokens.seen:
+            breakdowns["token"] = token_section(state.explain.tokens, vocabulary)
+            if tokens_path is not None:
+                write_token_table(state.explain.tokens, tokens_path, vocabulary)
         explained = ExplainReport(
-            breakdowns=state.explain.breakdowns.compute(),
+            breakdowns=breakdowns,
             worst_sequences=tuple(entry.to_dict() for entry in state.explain.worst.entries()),
             traces=tuple(state.explain.worst.plotted()),
             sequences_path=None if sequences_path is None else str(sequences_path),
-            not_run=not_run(state.explain, stepped),
+            not_run={**not_run(state.explain, stepped), **token_not_run_reason(state.explain.tokens)},
+            texts=decoded_texts(state.explain.worst.token_texts(), vocabulary),
         )
     if microbatch is not None:
         findings = sorted([*findings, *microbatch.findings()], key=lambda f: listing_order(f.code, f.severity))

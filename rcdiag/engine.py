@@ -205,7 +205,8 @@ def _explain(
     ids = chunk.ids
     rows = chunk.rows
     assert rows is not None  # numbered when the chunk entered the engine
-    explain.update(block, RowContext(lengths, mask, rows[a:b], None if ids is None else ids[a:b], step))
+    tokens = None if chunk.tokens is None else chunk.tokens[int(chunk.offsets[a]) : int(chunk.offsets[b])]
+    explain.update(block, RowContext(lengths, mask, rows[a:b], None if ids is None else ids[a:b], step, tokens))
 
 
 def _valid_lengths(mask: np.ndarray, lengths: np.ndarray) -> np.ndarray:

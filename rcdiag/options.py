@@ -47,6 +47,8 @@ class ReadOptions:
     ``rcdiag[ray]``); the cluster is ``ray_address``, else ``RAY_ADDRESS``, else a local Ray instance."""
     ray_address: str | None = None
     """The Ray cluster to run on (``ray://host:10001``, ``host:6379`` or ``auto``); giving one implies ``ray``."""
+    vocab_size: int | None = None
+    """Token ids (read with ``--explain`` when the dump has them) must be below this; ``None``: not checked."""
 
     def __post_init__(self) -> None:
         if str(self.on_bad_row) not in BAD_ROW_POLICIES:
@@ -57,6 +59,9 @@ class ReadOptions:
             raise ConfigError(f"chunk_tokens must be a number of tokens from 1 to {MAX_CHUNK_TOKENS:,}, got {chunk}.")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise ConfigError(f"workers must be at least 1, got {self.workers}.")
+        vocab = self.vocab_size
+        if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1):
+            raise ConfigError(f"vocab_size must be a number of token ids, 1 or more, got {vocab}.")
         if self.ray_address is not None and not str(self.ray_address).strip():
             raise ConfigError("ray_address is empty (an unset variable?); give host:port, ray://host:port or auto.")
         if self.ray_address is not None:

@@ -96,7 +96,8 @@ def read_part(part: Part, job: Job, index: int = 0) -> PartResult:
     (``index`` names the part's directory)."""
     read = job.read
     source = open_part(part, read.columns)
-    screen = Screen(read.on_bad_row, verdict_at_end=False)
+    source.want_tokens(job.explain is not None)
+    screen = Screen(read.on_bad_row, verdict_at_end=False, vocab_size=read.vocab_size)
     resolved = job.config.resolve()
     explain_state = ExplainState(job.explain.worst) if job.explain is not None else None
     writer = sequence_writer(

@@ -21,5 +21,6 @@ def take_rows(chunk: Chunk, rows: np.ndarray) -> Chunk:
         rollout=chunk.rollout[index],
         offsets=offsets,
         mask=None if chunk.mask is None else chunk.mask[index],
+        tokens=None if chunk.tokens is None else chunk.tokens[index],
         **{name: None if getattr(chunk, name) is None else getattr(chunk, name)[rows] for name in Chunk.PER_ROW},
     )

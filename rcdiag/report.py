@@ -123,6 +123,23 @@ class TokenTrace:
         return {"row": self.row, "positions": list(self.positions), "log_ratios": finite}
 
 
+@dataclass(frozen=True)
+class TokenText:
+    """A worst response's token ids and log-ratios at its valid tokens, up to ``rcdiag.explain.worst.TEXT_TOKENS``
+    of them from valid token ``start`` (a window around its largest |log-ratio|); ``pieces``: each token's text,
+    when a tokenizer was given (``--tokenizer``), for the highlighted text of the worst responses."""
+
+    row: int
+    start: int
+    ids: tuple[int, ...]
+    log_ratios: tuple[float, ...]
+    pieces: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        finite = [v if math.isfinite(v) else None for v in self.log_ratios]
+        return {"row": self.row, "start": self.start, "ids": list(self.ids), "log_ratios": finite}
+
+
 VerdictStatus = Literal["healthy", "correct", "fix", "broken"]
 CauseClass = Literal[
     "noise",
@@ -224,8 +241,9 @@ class Section(Protocol):
 class ExplainReport:
     """``analyze --explain``: where the mismatch sits (breakdowns) and which responses carry most of it."""
 
-    breakdowns: dict[str, list[dict[str, Any]]]
-    """``position``, ``rollout_prob`` and ``length``: one entry per bucket (docs/json.md)."""
+    breakdowns: dict[str, Any]
+    """``position``, ``rollout_prob`` and ``length``: one entry per bucket (docs/json.md); ``token`` (with token
+    ids): the by-token table's ranked lists (docs/explain.md)."""
     worst_sequences: tuple[dict[str, Any], ...]
     """Most extreme |log-ratio sum| first."""
     sequences_path: str | None = None
@@ -235,6 +253,9 @@ class ExplainReport:
     plot; not in the JSON."""
     not_run: dict[str, str] = dataclasses.field(default_factory=dict)
     """Detectors that had too little data to test (code: "not run: why"); their checklist rows show "–"."""
+    texts: tuple[TokenText, ...] = ()
+    """Token ids (and text, with a tokenizer) of the few worst responses, when the dump has token ids; not in the
+    JSON."""
 
 
 @dataclass(frozen=True)

@@ -91,10 +91,14 @@ class Problem:
 class Screen:
     """Check every chunk; drop or report bad rows; make masks boolean."""
 
-    def __init__(self, on_bad_row: OnBadRow | str = OnBadRow.error, *, verdict_at_end: bool = True) -> None:
+    def __init__(
+        self, on_bad_row: OnBadRow | str = OnBadRow.error, *, verdict_at_end: bool = True, vocab_size: int | None = None
+    ) -> None:
         """``verdict_at_end=False`` leaves the final error to the caller (``raise_for_bad_rows``): a worker
-        screening one part of a dump cannot tell how many rows of the whole dump are bad, or whether all are."""
+        screening one part of a dump cannot tell how many rows of the whole dump are bad, or whether all are.
+        ``vocab_size``: token ids (when read) must be below it."""
         self.on_bad_row = OnBadRow(on_bad_row)
+        self.vocab_size = vocab_size
         self.stats = ScreenStats()
         self.first: Problem | None = None
         self.verdict_at_end = verdict_at_end
@@ -112,6 +116,8 @@ class Screen:
         """The chunk with a boolean mask and without bad rows (``None`` once an error is pending)."""
         lengths = np.diff(chunk.offsets)
         valid, bad_mask = _valid(chunk.mask)
+        if chunk.tokens is not None:
+            check_token_ids(chunk, valid, self.vocab_size)
         flagged: dict[int, np.ndarray] = {}
         if bad_mask is not None:
             flagged[1] = bad_mask
@@ -155,6 +161,34 @@ class Screen:
             kept = dataclasses.replace(chunk, mask=valid, screened=True)
             return take_rows(kept, np.flatnonzero(reasons == 0))
         return dataclasses.replace(chunk, mask=valid, screened=True)
+
+
+def check_token_ids(chunk: Chunk, valid: np.ndarray | None, vocab_size: int | None) -> None:
+    """Token ids at valid positions are 0 or more, and below ``vocab_size`` when given (padding may hold anything,
+    as for log-probs); the first that is not is an ``InputError`` naming its row, column and position. A wrong id
+    is a broken dump rather than a bad value in one row, so ``--on-bad-row skip`` does not apply."""
+    tokens = chunk.tokens
+    assert tokens is not None
+    if not tokens.size:
+        return
+    from rcdiag.kernels.token_ids import valid_range
+
+    flags = np.zeros(0, dtype=np.uint8) if valid is None else np.ascontiguousarray(valid).view(np.uint8)
+    low, high, _ = valid_range(np.ascontiguousarray(tokens, dtype=np.int64), flags)
+    if low >= 0 and (vocab_size is None or high < vocab_size):
+        return
+    bad = (tokens < 0) if vocab_size is None else ((tokens < 0) | (tokens >= vocab_size))
+    if valid is not None:
+        bad &= valid
+    at = int(np.flatnonzero(bad)[0])
+    row = int(np.searchsorted(chunk.offsets, at, side="right") - 1)
+    value = int(tokens[at])
+    why = "token ids are 0 or more" if value < 0 else f"beyond the vocabulary (--vocab-size {vocab_size:,})"
+    raise InputError(
+        f"holds the token id {value} at valid position {at - int(chunk.offsets[row])} of the response; {why}",
+        column=chunk.token_name,
+        **chunk.where(row),
+    )
 
 
 def raise_for_bad_rows(first: Problem | None, stats: ScreenStats) -> None:
@@ -285,6 +319,9 @@ def as_chunk(chunk: Chunk, index: int | None = None) -> Chunk:
         )
     if (np.diff(offsets) < 0).any():
         raise InputError("has decreasing offsets; row i is old[offsets[i]:offsets[i+1]]", path=where)
+    tokens = None if chunk.tokens is None else _array(chunk.tokens, "tokens", where)
+    if tokens is not None and (tokens.shape != old.shape or tokens.dtype.kind not in "iu"):
+        raise InputError(f"has 'tokens' that are not one integer token id per value ({old.shape[0]})", path=where)
     if mask is not None and mask.dtype.kind not in "biuf":
         raise InputError(f"has a mask of type {mask.dtype}; a mask holds 0/1 or booleans", path=where)
     if steps is not None:
@@ -300,6 +337,7 @@ def as_chunk(chunk: Chunk, index: int | None = None) -> Chunk:
         mask=mask,
         steps=steps,
         source=where,
+        tokens=None if tokens is None else tokens.astype(np.int64, copy=False),
     )
 
 

@@ -22,6 +22,7 @@ CAUSE_OF: dict[str, CauseClass] = {
     "mismatch_trend": "trend",
     "sparse_outliers": "outliers",
     "is_saturated": "saturated_is",
+    "token_specific": "token_specific",
 }
 """The cause class each finding code is evidence of (codes absent here do not name a cause)."""
 

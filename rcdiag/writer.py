@@ -89,8 +89,9 @@ class DumpWriter:
             ],
             metadata=self.metadata,
         )
-        self._optional: tuple[str, ...] | None = None
-        """The optional columns (``temperature``, ``token_ids``) of the first step written."""
+        self._optional: tuple[str, ...] | None = _existing_optional(self.directory)
+        """The optional columns (``temperature``, ``token_ids``) of the dataset's steps (``None``: none written yet;
+        a writer reopening a dataset reads them from its first part)."""
 
     def write(
         self,
@@ -110,7 +111,8 @@ class DumpWriter:
 
         Raises ``ValueError`` for what ``rcdiag analyze`` would refuse later: a step that is not an integer,
         arrays that disagree in shape, a mask value other than 0/1, or a NaN, ``+inf`` or positive log-prob at a
-        valid position (``-inf`` is legal); and for optional columns other than the first step's."""
+        valid position (``-inf`` is legal); for optional columns other than the dataset's other steps'; and for a
+        negative token id (or one of 2^31 or more) at a valid position."""
         step = _step(step)
         old = _rows(_numpy(old_log_prob, np.float32), "old_log_prob")
         rollout = _rows(_numpy(rollout_log_prob, np.float32), "rollout_log_prob")
@@ -123,11 +125,11 @@ class DumpWriter:
         optional = _optional_columns(temperature, token_ids)
         if self._optional is not None and tuple(optional) != self._optional:
             raise ValueError(
-                f"this step gives {_names(optional)} but the first step gave {_names(self._optional)}; give the same "
-                "optional columns at every step (the parts of one dump share one schema)"
+                f"step {step} gives {_names(optional)} but {self.directory} holds steps with {_names(self._optional)}; "
+                "give the same optional columns at every step (the parts of one dump share one schema)"
             )
         if token_ids is not None:
-            given["token_ids"] = _rows(_token_ids(token_ids), "token_ids")
+            given["token_ids"] = _rows(_numpy(token_ids, np.int64), "token_ids")
         names = " and ".join(", ".join(given).rsplit(", ", 1))
         if len({len(rows) for rows in given.values()}) > 1:
             counts = " and ".join(", ".join(str(len(rows)) for rows in given.values()).rsplit(", ", 1))
@@ -152,7 +154,11 @@ class DumpWriter:
         if temperature is not None:
             table = table.append_column(optional["temperature"], pa.array(np.full(len(old), temperature)))
         if token_ids is not None:
-            table = table.append_column(optional["token_ids"], _lists(given["token_ids"], lengths, TOKEN_IDS))
+            ids = given["token_ids"]
+            _check_token_range(ids, mask, lengths)
+            table = table.append_column(
+                optional["token_ids"], _lists([row.astype(np.int32) for row in ids], lengths, TOKEN_IDS)
+            )
         _check_values(table)
         written = self._commit(table, step)
         self._optional = tuple(optional)
@@ -207,13 +213,26 @@ def _names(columns: Sequence[str]) -> str:
     return " and ".join(columns) if columns else "no optional column"
 
 
-def _token_ids(value: Any) -> np.ndarray | list[np.ndarray]:
-    """Token ids as int32 (a vocabulary fits), refusing what does not fit rather than wrapping it."""
-    ids = _numpy(value, np.int64)
-    flat = np.concatenate([np.ravel(row) for row in ids]) if isinstance(ids, list) and ids else np.ravel(ids)
-    if flat.size and (flat.min() < 0 or flat.max() > np.iinfo(np.int32).max):
-        raise ValueError("token_ids must be token ids from 0 to 2**31 - 1")
-    return [row.astype(np.int32) for row in ids] if isinstance(ids, list) else ids.astype(np.int32)
+def _check_token_range(ids: list[np.ndarray], mask: list[np.ndarray], lengths: np.ndarray) -> None:
+    """Token ids at valid positions fit ``int32`` and are not negative (what ``analyze`` would refuse); padding may
+    hold anything."""
+    for i, (row, m) in enumerate(zip(ids, mask, strict=True)):
+        valid = np.flatnonzero(np.asarray(m[: lengths[i]], dtype=bool))
+        kept = row[valid]
+        bad = np.flatnonzero((kept < 0) | (kept >= 2**31))
+        if bad.size:
+            raise ValueError(
+                f"row {i}, position {int(valid[bad[0]])}: token_ids holds {int(kept[bad[0]])}, not a token id"
+            )
+
+
+def _existing_optional(directory: Path) -> tuple[str, ...] | None:
+    """The optional columns of a dataset's existing steps (``None``: it has none yet)."""
+    parts = sorted(p for p in directory.iterdir() if PART.match(p.name))
+    if not parts:
+        return None
+    names = pq.read_schema(parts[0]).names
+    return tuple(name for name in ("temperature", "token_ids") if name in names)
 
 
 def _step(step: Any) -> int:

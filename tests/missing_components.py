@@ -25,10 +25,11 @@ INSTALL = {
     "verl-deps": "pip install -e '.[verl]' \"torch==2.13.0\" (tensordict, omegaconf, transformers, codetiming, orjson: what verl's "
     "DataProto imports; hydra-core for its entry point)",
     "tracking": "pip install -e '.[tracking]' (TensorBoard and MLflow's clients, with sqlalchemy for sqlite stores)",
+    "tokenizers": "pip install -e '.[tokens]'",
     "chromium": "apt-get install chromium (Debian), or set RCDIAG_CHROMIUM to a Chromium or Chrome binary",
 }
 DEFAULT_INSTALL = (
-    "pip install -e '.[test,lint,plot,ray,tracking,verl]' 'torch==2.13.0', then the verl oracles as .ci/run does"
+    "pip install -e '.[test,lint,plot,ray,tracking,verl,tokens]' 'torch==2.13.0', then the verl oracles as .ci/run does"
 )
 
 

@@ -219,10 +219,14 @@ def test_detectors_without_their_data_say_not_run(tmp_path: Path) -> None:
     assert report.to_dict()["detectors_not_run"] == {
         "mismatch_trend": "not run: the dump has no steps",
         "position_drift": "not run: 0 tokens at positions >= 256, needs 2,000",
+        "token_specific": "not run: the dump has no token ids (--token-col NAME)",
     }
 
 
 def test_detectors_with_their_data_all_run() -> None:
     report = rcdiag.analyze(SAMPLES / "healthy.parquet", explain=True)
-    assert report.to_dict()["detectors_not_run"] == {}
-    assert all(row.status == "ok" for row in checklist(report) if row.code in DETECTORS)
+    no_ids = {"token_specific": "not run: the dump has no token ids (--token-col NAME)"}  # the sample has no ids
+    assert report.to_dict()["detectors_not_run"] == no_ids
+    assert all(row.status == "ok" for row in checklist(report) if row.code in DETECTORS and row.code not in no_ids)
+    with_ids = rcdiag.analyze(SAMPLES / "stop_token.parquet", explain=True)
+    assert with_ids.to_dict()["detectors_not_run"] == {}  # every detector, token_specific too, ran

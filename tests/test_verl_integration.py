@@ -293,10 +293,10 @@ def test_the_writer_keeps_one_schema_for_its_optional_columns(tmp_path: Path) ->
     writer = DumpWriter(tmp_path)
     writer.write(step=1, old_log_prob=[[-0.5, -1.0]], rollout_log_prob=[[-0.4, -1.0]], response_mask=[[1, 0]],
                  temperature=0.6, token_ids=[[11, 12]])  # fmt: skip
-    with pytest.raises(ValueError, match="this step gives no optional column but the first step gave temperature and "
+    with pytest.raises(ValueError, match=r"step 2 gives no optional column but .* holds steps with temperature and "
                                          "token_ids"):  # fmt: skip
         writer.write(step=2, old_log_prob=[[-0.5]], rollout_log_prob=[[-0.4]])
-    with pytest.raises(ValueError, match="token_ids must be token ids from 0 to 2\\*\\*31 - 1"):
+    with pytest.raises(ValueError, match="row 0, position 0: token_ids holds -1, not a token id"):
         writer.write(step=2, old_log_prob=[[-0.5]], rollout_log_prob=[[-0.4]], temperature=0.6, token_ids=[[-1]])
     with pytest.raises(ValueError, match="row 0: old_log_prob, rollout_log_prob and token_ids have 1, 1 and 2 tokens"):
         writer.write(step=2, old_log_prob=[[-0.5]], rollout_log_prob=[[-0.4]], temperature=0.6, token_ids=[[1, 2]])

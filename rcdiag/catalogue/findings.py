@@ -256,6 +256,17 @@ FINDINGS: tuple[FindingSpec, ...] = (
         explain=True,
     ),
     FindingSpec(
+        "token_specific",
+        "warning",
+        "at most MAX_IDS token ids, each significantly above the rest's mean |log-ratio|, carry at least "
+        "K3_SHARE_MIN of the dump's k3 while being at most TOKEN_SHARE_MAX of its valid tokens",
+        check="mismatch is not concentrated on a few token ids",
+        advice="Mismatch on a few ids is a handling difference, not numerical noise: compare how the two engines "
+        "treat those tokens (chat template, stop and end-of-sequence tokens, added or special tokens, tokenizer "
+        "versions, digit or whitespace normalisation).",
+        explain=True,
+    ),
+    FindingSpec(
         "seq_is_hopeless",
         "info",
         "chi2_seq puts the effective sample size of untruncated sequence IS weights, 1 / (1 + chi2_seq), below "

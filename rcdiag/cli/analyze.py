@@ -13,6 +13,8 @@ from rcdiag.cli.options import (
     ExplainOpt,
     SaveStateOpt,
     SequencesOpt,
+    TokenizerOpt,
+    TokensOpt,
     WorstOpt,
     output_flags,
 )
@@ -43,6 +45,8 @@ def analyze(
     explain: ExplainOpt = False,
     worst: WorstOpt = 10,
     sequences: SequencesOpt = None,
+    tokens: TokensOpt = None,
+    tokenizer: TokenizerOpt = None,
     *,
     engine: EngineFlags,
     microbatch: MicroBatchSettings | None,
@@ -61,6 +65,8 @@ def analyze(
     * `rcdiag analyze logs/exp_001/` (NeMo-RL `train_data_step*.jsonl`), `rcdiag analyze "dumps/*.pt" --on-bad-row skip`
     * `rcdiag analyze shard-07.parquet --save-state s07.json`, then `rcdiag merge s*.json`
     * `rcdiag analyze run.parquet --explain --worst 20 --sequences per_response.parquet`
+    * `rcdiag analyze run.parquet --explain --tokenizer Qwen3-8B/ --tokens by_token.parquet` (which token ids
+      carry the mismatch; needs token ids in the dump)
     * `rcdiag analyze run.parquet --verl-version 0.7.1 --rs token_k1 --rs-threshold 1.5 --micro-batch-size 4`
       (would verl's actor crash on a micro-batch?)
     * `rcdiag analyze dumps/run-42 --tensorboard tb/run-42/rcdiag --mlflow sqlite:///mlflow.db` (every step's
@@ -75,7 +81,8 @@ def analyze(
     config = engine.config()
     state_file = checked_state_path(save_state)
     sequences_file = checked_path(sequences, "--sequences")
-    refuse_inputs([path], out, save_state=state_file, sequences=sequences_file,
+    tokens_file = checked_path(tokens, "--tokens")
+    refuse_inputs([path], out, save_state=state_file, sequences=sequences_file, tokens=tokens_file,
                   tensorboard=tracking.tensorboard if tracking is not None else None)  # fmt: skip
     with progress(read, out) as on_chunk:
         report = run_analysis(
@@ -88,6 +95,8 @@ def analyze(
             worst=worst,
             sequences=sequences_file,
             microbatch=microbatch,
+            tokenizer=tokenizer,
+            tokens=tokens_file,
         )
     if tracking is not None:
         from rcdiag.cli.tracking import export

@@ -178,6 +178,8 @@ COLUMN_ROLES = {
     "seq": "the sequence id of a one-row-per-token dump",
     "id": "an id naming each response in --explain's worst responses and --sequences (default: uid, sample_id or "
     "prompt_id; the long layout's sequence id)",
+    "token": "the token id of each position, for --explain's by-token breakdown (default: responses, response_ids, "
+    "token_ids, output_ids)",
 }
 """``ColumnMap`` field -> what its column holds; each gives ``--<field>-col`` (and ``--<field>-col-a/-b`` in
 compare)."""
@@ -272,6 +274,17 @@ RayAddressOpt = Annotated[
         show_default=False,
     ),
 ]
+VocabOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--vocab-size",
+        metavar="N",
+        min=1,
+        help="Token ids (read with --explain) must be below N; a larger one stops with exit 2 naming it.",
+        rich_help_panel=INPUT,
+        show_default=False,
+    ),
+]
 QUIET = Flag(
     "quiet",
     Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar on stderr.", rich_help_panel=RUN)],
@@ -288,6 +301,7 @@ READ_FLAGS = FlagGroup(
         Flag("workers", WorkersOpt, 1),
         Flag("ray", RayOpt, False),
         Flag("ray_address", RayAddressOpt),
+        Flag("vocab_size", VocabOpt),
         QUIET,
     ),
     lambda values: _read_options(values),
@@ -347,6 +361,23 @@ SequencesOpt = path_option(
     "and verdict) to this Parquet file; implies --explain.",
     EXPLAIN,
 )
+TokensOpt = path_option(
+    "--tokens",
+    "Write the by-token table (one row per token id: tokens, kl, k3_kl, chi2_token, mean |log-ratio|, share of k3, "
+    "significance) to this Parquet file; needs token ids in the dump; implies --explain.",
+    EXPLAIN,
+)
+TokenizerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tokenizer",
+        metavar="PATH",
+        help="A tokenizer.json (or a directory holding one), read offline, to show the text of token ids in the "
+        'by-token table and the worst responses; implies --explain. Needs `pip install "rcdiag[tokens]"`.',
+        rich_help_panel=EXPLAIN,
+        show_default=False,
+    ),
+]
 OUTPUT = "Output"
 FormatName = enum.Enum("FormatName", {name: name for name in format_names()}, type=str)  # type: ignore[misc]
 """``--format`` choices: every format in the renderer registry that has no flag of its own."""

@@ -18,7 +18,9 @@ import numpy as np
 from rcdiag.errors import ConfigError
 from rcdiag.explain.breakdowns import DOUBLING_EDGES, GROUPS, LOG_PROB_THRESHOLDS, PROB_EDGES, SUMS, Breakdowns
 from rcdiag.explain.statistics import RATIO_CAP, SHIFT_TOL, OffsetSums, ScaleSums
-from rcdiag.explain.worst import DEFAULT_WORST, PLOTTED, TRACE_POINTS, WorstResponses
+from rcdiag.explain.tokens import DENSE_IDS, TokenSums
+from rcdiag.explain.tokens import SUMS as TOKEN_SUMS
+from rcdiag.explain.worst import DEFAULT_WORST, PLOTTED, TEXT_TOKENS, TRACE_POINTS, WorstResponses
 from rcdiag.fields import integer
 from rcdiag.io.base import Chunk
 from rcdiag.metrics.block import Block
@@ -55,6 +57,8 @@ class RowContext:
     rows: np.ndarray
     ids: np.ndarray | None
     step: int | None
+    tokens: np.ndarray | None = None
+    """The rows' token ids over all their positions, like ``mask`` (``None``: the dump has none, or not read)."""
 
 
 _NO_MASK = np.zeros(0, dtype=np.uint8)
@@ -77,7 +81,8 @@ def explain_layout() -> dict[str, Any]:
         "offset": list(OffsetSums.NAMES),
         "ratio_cap": RATIO_CAP,
         "shift_tol": SHIFT_TOL,
-        "worst": {"plotted": PLOTTED, "trace_points": TRACE_POINTS},
+        "worst": {"plotted": PLOTTED, "trace_points": TRACE_POINTS, "text_tokens": TEXT_TOKENS},
+        "tokens": {"sums": list(TOKEN_SUMS), "dense_ids": DENSE_IDS},
         "kernel": explain_encoding.layout(),
     }
 
@@ -90,6 +95,7 @@ class ExplainState:
         self.worst = WorstResponses(worst)
         self.scale = ScaleSums()
         self.offset = OffsetSums()
+        self.tokens = TokenSums()
         self.rows_read = 0
         """Rows numbered so far in reading order, skipped rows included (the next row's number)."""
         self.observers: list[Any] = []
@@ -100,6 +106,8 @@ class ExplainState:
     def update(self, block: Block, context: RowContext) -> None:
         """Fold in a block (numpy backend) of whole rows."""
         self._fold_sums(block, context)
+        if context.tokens is not None:
+            self.tokens.update(block, context.tokens, context.mask)
         self.worst.update(block, context)
         for observer in self.observers:
             observer(block, context)
@@ -139,6 +147,7 @@ class ExplainState:
         self.breakdowns.merge(other.breakdowns)
         self.scale.merge(other.scale)
         self.offset.merge(other.offset)
+        self.tokens.merge(other.tokens)
         self.worst.merge(other.worst, row_offset=self.rows_read)
         self.rows_read += other.rows_read
         return self
@@ -150,6 +159,7 @@ class ExplainState:
             "worst": self.worst.state_dict(),
             "scale": self.scale.state_dict(),
             "offset": self.offset.state_dict(),
+            "tokens": self.tokens.state_dict(),
         }
 
     @classmethod
@@ -160,6 +170,7 @@ class ExplainState:
         out.worst.load_state_dict(state["worst"])
         out.scale.load_state_dict(state["scale"])
         out.offset.load_state_dict(state["offset"])
+        out.tokens.load_state_dict(state["tokens"])
         return out
 
 

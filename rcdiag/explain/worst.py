@@ -11,6 +11,7 @@ of the ``PLOTTED`` worst; a response that leaves the list drops its trace, so me
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from dataclasses import asdict, dataclass
@@ -20,12 +21,15 @@ import numpy as np
 
 from rcdiag.fields import FieldError, checked, counts, dataclass_from, integer, reals
 from rcdiag.metrics.block import Block
-from rcdiag.report import TokenTrace
+from rcdiag.report import TokenText, TokenTrace
 
 DEFAULT_WORST = 10
 PLOTTED = 5
 """Worst responses whose per-token trace the report carries (and a state file saves)."""
 TRACE_POINTS = 512
+TEXT_TOKENS = 2048
+"""Valid tokens of a plotted response whose ids (and text) the report keeps: a window around its largest
+|log-ratio|, when the dump has token ids."""
 
 
 def token_trace(row: int, lr: np.ndarray, mask: np.ndarray | None) -> TokenTrace:
@@ -45,12 +49,28 @@ class _RawTrace:
     row: int
     lr: np.ndarray
     mask: np.ndarray | None
+    tokens: np.ndarray | None = None
+    """The valid tokens' ids, when the dump has them."""
 
     def shifted(self, offset: int) -> _RawTrace:
-        return _RawTrace(self.row + offset, self.lr, self.mask)
+        return _RawTrace(self.row + offset, self.lr, self.mask, self.tokens)
 
     def thinned(self) -> TokenTrace:
         return token_trace(self.row, self.lr, self.mask)
+
+    def text(self) -> TokenText | None:
+        return None if self.tokens is None else token_text(self.row, self.lr, self.tokens)
+
+
+def token_text(row: int, lr: np.ndarray, tokens: np.ndarray) -> TokenText:
+    """A response's ids and log-ratios, at most ``TEXT_TOKENS`` of them around its largest |log-ratio|."""
+    start = 0
+    if lr.shape[0] > TEXT_TOKENS:
+        peak = int(np.nanargmax(np.abs(lr))) if np.isfinite(lr).any() else 0
+        start = min(max(peak - TEXT_TOKENS // 2, 0), lr.shape[0] - TEXT_TOKENS)
+    stop = start + TEXT_TOKENS
+    values = tuple(float(v) for v in lr[start:stop])
+    return TokenText(row, start, tuple(int(t) for t in tokens[start:stop]), values)
 
 
 @dataclass(frozen=True)
@@ -86,6 +106,8 @@ class WorstResponses:
         self.heap: list[tuple[tuple[float, int], WorstResponse]] = []
         self.traces: dict[int, TokenTrace | _RawTrace] = {}
         """Row -> its trace, for the rows in the heap that may be plotted."""
+        self.texts: dict[int, TokenText] = {}
+        """Row -> its token ids (a loaded or merged state's; a ``_RawTrace`` holds them until then)."""
 
     def _floor(self) -> float:
         return self.heap[0][0][0] if len(self.heap) >= self.n else -math.inf
@@ -107,6 +129,7 @@ class WorstResponses:
         list_starts = np.zeros(block.n_rows + 1, dtype=np.int64)
         np.cumsum(context.lengths, out=list_starts[1:])
         ids = context.ids
+        tokens = getattr(context, "tokens", None)
         plot_floor = self._plot_floor([(float(size[i]), -int(context.rows[i])) for i in candidates.tolist()])
         for i in candidates.tolist():
             a, b = int(list_starts[i]), int(list_starts[i + 1])
@@ -121,10 +144,15 @@ class WorstResponses:
             # a response below the PLOTTED-th largest of the list and this block's candidates can never be
             # plotted (entries only move down the list), so its trace is not kept
             keep = lr.shape[0] > 0 and entry.key >= plot_floor
-            self.offer(entry, _RawTrace(row, lr, None if mask is None else mask.copy()) if keep else None)
+            row_tokens = None
+            if keep and tokens is not None:
+                row_tokens = tokens[a:b] if mask is None else tokens[a:b][mask]
+            trace = _RawTrace(row, lr, None if mask is None else mask.copy(), row_tokens) if keep else None
+            self.offer(entry, trace)
         if len(self.traces) > 2 * PLOTTED:
             plotted = {entry.row for entry in self.entries()[:PLOTTED]}
             self.traces = {row: trace for row, trace in self.traces.items() if row in plotted}
+            self.texts = {row: text for row, text in self.texts.items() if row in plotted}
 
     def _plot_floor(self, keys: list[tuple[float, int]]) -> tuple[float, int]:
         """The ``PLOTTED``-th largest key of the list and ``keys`` (the lowest one that may still be plotted)."""
@@ -133,23 +161,32 @@ class WorstResponses:
             return (-math.inf, -(2**63))
         return heapq.nlargest(PLOTTED, everything)[-1]
 
-    def offer(self, entry: WorstResponse, trace: TokenTrace | _RawTrace | None = None) -> None:
+    def offer(
+        self, entry: WorstResponse, trace: TokenTrace | _RawTrace | None = None, text: TokenText | None = None
+    ) -> None:
         item = (entry.key, entry)
         if len(self.heap) < self.n:
             heapq.heappush(self.heap, item)
         elif item[0] > self.heap[0][0]:
             _, evicted = heapq.heapreplace(self.heap, item)
             self.traces.pop(evicted.row, None)
+            self.texts.pop(evicted.row, None)
         else:
             return
         if trace is not None:
             self.traces[entry.row] = trace
+        if text is not None:
+            self.texts[entry.row] = text
 
     def merge(self, other: WorstResponses, row_offset: int = 0) -> None:
         """Fold in another list whose rows follow this one's (their row numbers shift by ``row_offset``)."""
         for _, entry in other.heap:
             trace = other.traces.get(entry.row)
-            self.offer(_shifted(entry, row_offset), None if trace is None else trace.shifted(row_offset))
+            text = other.texts.get(entry.row)
+            if text is not None and row_offset:
+                text = dataclasses.replace(text, row=text.row + row_offset)
+            shifted = None if trace is None else trace.shifted(row_offset)
+            self.offer(_shifted(entry, row_offset), shifted, text)
 
     def plotted(self) -> list[TokenTrace]:
         """The traces of the ``PLOTTED`` worst responses, most extreme first."""
@@ -157,10 +194,18 @@ class WorstResponses:
         for entry in self.entries()[:PLOTTED]:
             trace = self.traces.get(entry.row)
             if isinstance(trace, _RawTrace):
+                text = trace.text()
+                if text is not None:
+                    self.texts[entry.row] = text
                 trace = self.traces[entry.row] = trace.thinned()
             if trace is not None:
                 out.append(trace)
         return out
+
+    def token_texts(self) -> list[TokenText]:
+        """The token ids of the ``PLOTTED`` worst responses (when the dump has them), most extreme first."""
+        self.plotted()
+        return [self.texts[entry.row] for entry in self.entries()[:PLOTTED] if entry.row in self.texts]
 
     def entries(self) -> list[WorstResponse]:
         """Most extreme first."""
@@ -169,14 +214,27 @@ class WorstResponses:
     def state_dict(self) -> dict[str, Any]:
         """The list, with the traces of its ``PLOTTED`` worst (no later merge can lift another entry above them)."""
         traces = [trace.to_dict() for trace in self.plotted()]
-        return {"n": self.n, "entries": [_plain(asdict(entry)) for entry in self.entries()], "traces": traces}
+        texts = [text.to_dict() for text in self.token_texts()]
+        entries = [_plain(asdict(entry)) for entry in self.entries()]
+        return {"n": self.n, "entries": entries, "traces": traces, "texts": texts}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """A saved list, every field checked against ``WorstResponse`` and ``TokenTrace``."""
         self.n = integer(state["n"], "worst.n")
         self.heap = []
         self.traces = {}
+        self.texts = {}
         traces = {}
+        texts = {}
+        for saved in checked(state.get("texts", []), list[dict[str, Any]], "worst.texts"):
+            values = checked(saved["log_ratios"], list[Any], "worst.texts log_ratios")
+            values = reals([math.nan if v is None else v for v in values], "worst.texts log_ratios")
+            ids = counts(saved["ids"], "worst.texts ids")
+            if len(values) != len(ids) or len(values) > TEXT_TOKENS:
+                raise FieldError(f"worst.texts must hold as many ids as values, at most {TEXT_TOKENS}")
+            row = integer(saved["row"], "worst.texts row")
+            start = integer(saved["start"], "worst.texts start")
+            texts[row] = TokenText(row, start, tuple(ids.tolist()), tuple(values.tolist()))
         for saved in checked(state.get("traces", []), list[dict[str, Any]], "worst.traces"):
             values = checked(saved["log_ratios"], list[Any], "worst.traces log_ratios")
             values = reals([math.nan if v is None else v for v in values], "worst.traces log_ratios")
@@ -187,7 +245,7 @@ class WorstResponses:
             traces[row] = TokenTrace(row, tuple(positions.tolist()), tuple(values.tolist()))
         for data in checked(state["entries"], list[Any], "worst.entries"):
             entry = dataclass_from(WorstResponse, data, "worst.entries.", signed=_SIGNED)
-            self.offer(entry, traces.get(entry.row))
+            self.offer(entry, traces.get(entry.row), texts.get(entry.row))
 
 
 def _describe(

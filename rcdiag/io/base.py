@@ -33,6 +33,8 @@ class ColumnMap:
     seq: str | None = None
     id: str | None = None
     """A per-response id column (``--id-col``) for reports that name responses; default: ``ID_ALIASES``."""
+    token: str | None = None
+    """The per-token id column (``--token-col``), read with ``--explain``; default: ``ALIASES["token"]``."""
 
 
 @dataclass
@@ -46,6 +48,7 @@ class Chunk:
     each row, both for error messages. ``screened`` marks a chunk whose values were already checked.
     ``ids`` holds each row's value of the dump's id column, if it has one, and ``rows`` each row's 0-based
     index in reading order (set by ``rcdiag.explain.number_rows`` before rows can be skipped).
+    ``tokens`` holds each position's token id (int64, like ``old``), when the dump has them and they are read.
     """
 
     old: np.ndarray
@@ -61,6 +64,8 @@ class Chunk:
     screened: bool = False
     ids: np.ndarray | None = None
     rows: np.ndarray | None = None
+    tokens: np.ndarray | None = None
+    token_name: str = "token_ids"
 
     PER_ROW = ("steps", "seq_ids", "ids", "rows")
     """Optional per-row arrays: selecting rows selects these too."""
@@ -139,6 +144,9 @@ class Source(ABC):
     def partitions(self, n: int) -> list[Part]:
         """Up to ``n`` disjoint parts that together cover the dump, for parallel workers (``--workers``,
         ``--ray``); one part when the dump cannot be split."""
+
+    def want_tokens(self, wanted: bool) -> None:  # noqa: B027 (optional: a source without token ids ignores it)
+        """Read the token-id column too (``--explain``), when the dump has one."""
 
     @abstractmethod
     def seen_metadata(self) -> dict[str, list[str]]:

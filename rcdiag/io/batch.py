@@ -43,6 +43,36 @@ def id_array(column: pa.Array) -> np.ndarray:
     return column.to_numpy(zero_copy_only=False)
 
 
+def token_values(
+    values: pa.Array, column: str, path: str, first_row: int | None, offsets: np.ndarray | None = None
+) -> np.ndarray:
+    """Flat token ids as int64. Floats (JSON numbers) must be whole; ``offsets`` (list layout) place a bad value in
+    its row for the error. Negative ids and ids beyond the vocabulary are the screen's (valid positions only)."""
+    flat = values.to_numpy(zero_copy_only=False)
+    if flat.dtype.kind == "f":
+        whole = np.isfinite(flat) & (np.floor(flat) == flat) & (np.abs(flat) < 2.0**53)
+        if not whole.all():
+            at = int(np.flatnonzero(~whole)[0])
+            row = at if offsets is None else int(np.searchsorted(offsets, at, side="right") - 1)
+            position = "" if offsets is None else f" at position {at - int(offsets[row])} of the list"
+            raise InputError(
+                f"holds {float(flat[at])!r}{position}, which is not a token id (a whole number)",
+                path=path,
+                row=None if first_row is None else first_row + row,
+                column=column,
+            )
+    if flat.dtype.kind == "u" and flat.size and flat.max() > np.iinfo(np.int64).max:
+        at = int(np.argmax(flat))
+        row = at if offsets is None else int(np.searchsorted(offsets, at, side="right") - 1)
+        raise InputError(
+            f"holds the token id {int(flat[at])}, beyond any vocabulary",
+            path=path,
+            row=None if first_row is None else first_row + row,
+            column=column,
+        )
+    return flat.astype(np.int64, copy=False)
+
+
 def check_group_rows(values: int, rows: int, path: str, group: int) -> None:
     """Before decoding a row group (Parquet): rows averaging more than ``ROW_TOKENS`` hold a response beyond it."""
     limit = ROW_TOKENS.value
@@ -64,6 +94,7 @@ def slice_chunks(
     first_row: int | None,
     seq_ids: np.ndarray | None = None,
     ids: np.ndarray | None = None,
+    tokens: np.ndarray | None = None,
 ) -> Iterator[Chunk]:
     """Cut flat whole rows into chunks of at most ``chunk_tokens`` values (a longer row is its own chunk).
     ``first_row`` is the file row of the first row, or ``None`` when rows are not file rows (long layout).
@@ -89,4 +120,6 @@ def slice_chunks(
             mask_name=cols.mask or "response_mask",
             seq_ids=None if seq_ids is None else seq_ids[start:stop],
             ids=None if ids is None else ids[start:stop],
+            tokens=None if tokens is None else tokens[lo:hi],
+            token_name=cols.token or "token_ids",
         )

@@ -30,6 +30,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
     ),
     "step": ("step", "global_step", "train_step", "training_step"),
     "seq": ("seq_id", "sequence_id", "seq_idx", "sample_id", "sample_idx", "response_id"),
+    # verl's batch ``responses``; NeMo-RL's and prime-rl's ``token_ids`` (their log-probs cover the same positions)
+    "token": ("responses", "response_ids", "response_token_ids", "token_ids", "output_ids", "output_token_ids",
+              "completion_ids"),
 }  # fmt: skip
 """Recognised names per role, exact and case-sensitive."""
 
@@ -37,7 +40,7 @@ ID_ALIASES = ("uid", "sample_id", "prompt_id")
 """Per-response id columns, in order of preference (list layouts; the long layout's id is its sequence id)."""
 
 ROLE_FLAGS = {"old": "--old-col", "rollout": "--rollout-col", "mask": "--mask-col", "step": "--step-col",
-              "seq": "--seq-col"}  # fmt: skip
+              "seq": "--seq-col", "token": "--token-col"}  # fmt: skip
 ROLE_KEYS = {"old": "old_log_prob", "rollout": "rollout_log_prob", "mask": "response_mask", "step": "step",
              "seq": "seq_id"}  # fmt: skip
 """Canonical names: the keys of ``InputFacts.columns``."""
@@ -47,6 +50,7 @@ _WHAT = {
     "mask": "the response mask",
     "step": "the training step",
     "seq": "the sequence id",
+    "token": "the token ids",
 }
 
 
@@ -61,6 +65,8 @@ class Resolved:
     seq: str | None
     id: str | None = None
     """The per-response id column (``None``: the dump has none)."""
+    token: str | None = None
+    """The per-token id column (``None``: the dump has none); read only with ``--explain``."""
 
     def used(self, long: bool) -> dict[str, str | None]:
         """``InputFacts.columns``: canonical role name -> column used."""
@@ -85,7 +91,7 @@ def resolve(
     present = list(names)
     columns = columns or ColumnMap()
     chosen: dict[str, str | None] = {}
-    for role in ("old", "rollout", "mask", "step", "seq"):
+    for role in ("old", "rollout", "mask", "step", "seq", "token"):
         given = getattr(columns, role)
         if given is not None:
             if given not in present:
@@ -127,7 +133,7 @@ def resolve(
         )
     default_id = chosen["seq"] if need_seq else next((name for name in ID_ALIASES if name in present), None)
     resolved = Resolved(**chosen, id=columns.id or default_id)  # type: ignore[arg-type]
-    for name in dict.fromkeys(getattr(resolved, role) for role in (*ROLE_KEYS, "id")):
+    for name in dict.fromkeys(getattr(resolved, role) for role in (*ROLE_KEYS, "id", "token")):
         check_unique(present, name, path)
     return resolved
 

@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from rcdiag.errors import InputError
 from rcdiag.io.arrow_lists import float_values
 from rcdiag.io.base import Chunk
-from rcdiag.io.batch import Batch, id_array, mask_array, slice_chunks
+from rcdiag.io.batch import Batch, id_array, mask_array, slice_chunks, token_values
 from rcdiag.io.columns import Resolved
 from rcdiag.io.limits import MAX_SPILL_BUCKETS
 from rcdiag.io.open_files import ensure_open_files, room
@@ -81,7 +81,7 @@ def group_sequences(
 
 def check_nulls(batch: Batch, cols: Resolved) -> None:
     """A null in a used column is an ``InputError`` naming the file and row (known only before grouping)."""
-    for name in (cols.old, cols.rollout, cols.mask, cols.step, cols.seq):
+    for name in (cols.old, cols.rollout, cols.mask, cols.step, cols.seq, cols.token):
         if name is None:
             continue
         column = batch.data.column(name)
@@ -193,8 +193,22 @@ def bucket_chunks(table: pa.Table, cols: Resolved, path: str, chunk_tokens: int)
             )
         steps = token_steps[starts]
     ids = seq_ids if cols.id in (None, cols.seq) else id_array(table.column(cols.id).combine_chunks())[starts]
+    tokens = None
+    if cols.token is not None:
+        tokens = token_values(table.column(cols.token).combine_chunks(), cols.token, path, None)
     yield from slice_chunks(
-        old, rollout, offsets, mask, steps, cols, path, chunk_tokens, first_row=None, seq_ids=seq_ids, ids=ids
+        old,
+        rollout,
+        offsets,
+        mask,
+        steps,
+        cols,
+        path,
+        chunk_tokens,
+        first_row=None,
+        seq_ids=seq_ids,
+        ids=ids,
+        tokens=tokens,
     )
 
 

@@ -6,6 +6,7 @@ Rows are read file by file in the order given; in the long layout tokens are gro
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -63,6 +64,16 @@ class TableSource(Source):
         runs = balanced_runs([read["size"] for read in self.info.reads], n)
         return [Part(self.info.path, tuple(refs[i] for i in run)) for run in runs]
 
+    def want_tokens(self, wanted: bool) -> None:
+        for file in self.files:
+            file.tokens_wanted = wanted
+        token = self.files[0].token_column
+        if token is not None:
+            self.info.columns["token_ids"] = token
+            self.info.dtypes[token] = str(self.files[0].schema.field(token).type)
+        else:
+            self.info.columns.pop("token_ids", None)
+
     def seen_metadata(self) -> dict[str, list[str]]:
         return {key: sorted(values) for key, values in self._metadata_values.items()}
 
@@ -74,11 +85,12 @@ class TableSource(Source):
     def chunks(self, chunk_tokens: int = DEFAULT_CHUNK_TOKENS, part: Any = None) -> Iterator[Chunk]:
         batches = self._with_metadata(self._batches(chunk_tokens, part))
         if self.long:
-            yield from group_sequences(batches, self.cols, self.info.path, chunk_tokens, self.total_rows)
+            cols = self.cols if self.files[0].token_column else dataclasses.replace(self.cols, token=None)
+            yield from group_sequences(batches, cols, self.info.path, chunk_tokens, self.total_rows)
         else:
             candidates = self.files[0].mask_candidates
             for batch in batches:
-                for chunk in list_chunks(batch, self.cols, chunk_tokens):
+                for chunk in list_chunks(batch, self.cols, chunk_tokens, self.files[0].token_column):
                     if candidates:
                         check_unmasked(chunk, candidates)
                     yield chunk

@@ -8,6 +8,7 @@ dump.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +19,7 @@ import pyarrow as pa
 from rcdiag.errors import InputError
 from rcdiag.io.arrow_lists import check_same_lengths, flatten_list, float_values, is_list_type
 from rcdiag.io.base import Chunk, ColumnMap
-from rcdiag.io.batch import Batch, id_array, mask_array, slice_chunks, step_array
+from rcdiag.io.batch import Batch, id_array, mask_array, slice_chunks, step_array, token_values
 from rcdiag.io.columns import Resolved, check_unique, long_layout_reason, resolve
 
 METADATA_COLUMNS = {
@@ -69,8 +70,14 @@ class TableFile(ABC):
         first = resolve(names, columns, path, extra=extra_aliases)
         self.long = not is_list_type(schema.field(first.old).type)
         why = long_layout_reason(first.old, schema.field(first.old).type, path) if self.long else ""
-        self.cols: Resolved = resolve(names, columns, path, extra=extra_aliases, need_seq=why) if self.long else first
+        cols = resolve(names, columns, path, extra=extra_aliases, need_seq=why) if self.long else first
+        named = columns is not None and columns.token is not None
+        if cols.token is not None and not named and not _is_token_type(schema.field(cols.token).type, self.long):
+            cols = dataclasses.replace(cols, token=None)  # a recognised name holding something else: not ids
+        self.cols: Resolved = cols
         check_types(schema, self.cols, self.long, path)
+        self.tokens_wanted = False
+        """Whether ``read_columns`` includes the token-id column (``--explain``: ``Source.want_tokens``)."""
         used = {self.cols.old, self.cols.rollout, self.cols.mask, self.cols.step}
         self.metadata_columns = {
             name: key
@@ -101,7 +108,23 @@ class TableFile(ABC):
     def read_columns(self) -> list[str]:
         cols = self.cols
         names = [name for name in (cols.old, cols.rollout, cols.mask, cols.step, cols.seq) if name is not None]
-        return names + ([cols.id] if cols.id is not None and cols.id not in names else [])
+        names += [cols.id] if cols.id is not None and cols.id not in names else []
+        return names + ([cols.token] if self.tokens_wanted and cols.token is not None else [])
+
+    @property
+    def token_column(self) -> str | None:
+        """The token-id column read, if any."""
+        return self.cols.token if self.tokens_wanted else None
+
+
+def _is_token_type(arrow_type: pa.DataType, long: bool) -> bool:
+    """Token ids: integers (one per token in the long layout, else a list per response); JSON gives lists of
+    numbers as floats, checked to be whole when read (``token_values``)."""
+    if not long:
+        if not is_list_type(arrow_type):
+            return False
+        arrow_type = arrow_type.value_type
+    return pa.types.is_integer(arrow_type) or (not long and pa.types.is_floating(arrow_type))
 
 
 def _is_fact_type(arrow_type: pa.DataType) -> bool:
@@ -180,6 +203,13 @@ def check_types(schema: pa.Schema, cols: Resolved, long: bool, path: str) -> Non
         raise InputError(
             f"has type {schema.field(cols.step).type}, expected an integer training step", path=path, column=cols.step
         )
+    if cols.token is not None and not _is_token_type(schema.field(cols.token).type, long):
+        shape = "an integer per row" if long else "a list of integers"
+        raise InputError(
+            f"has type {schema.field(cols.token).type}, expected {shape} (the token id of each position)",
+            path=path,
+            column=cols.token,
+        )
     if long and cols.seq is not None:
         seq_type = schema.field(cols.seq).type
         if not (pa.types.is_integer(seq_type) or pa.types.is_string(seq_type) or pa.types.is_large_string(seq_type)):
@@ -188,8 +218,8 @@ def check_types(schema: pa.Schema, cols: Resolved, long: bool, path: str) -> Non
             )
 
 
-def list_chunks(batch: Batch, cols: Resolved, chunk_tokens: int) -> Iterator[Chunk]:
-    """Chunks of whole rows from one batch of list columns."""
+def list_chunks(batch: Batch, cols: Resolved, chunk_tokens: int, token: str | None = None) -> Iterator[Chunk]:
+    """Chunks of whole rows from one batch of list columns (with the ``token`` id column when it is read)."""
     data, path, row = batch.data, batch.path, batch.first_row
     offsets, old_values = flatten_list(data.column(cols.old), cols.old, path, row)
     rollout_offsets, rollout_values = flatten_list(data.column(cols.rollout), cols.rollout, path, row)
@@ -207,7 +237,14 @@ def list_chunks(batch: Batch, cols: Resolved, chunk_tokens: int) -> Iterator[Chu
     old = float_values(old_values)
     rollout = float_values(rollout_values)
     ids = id_array(data.column(cols.id)) if cols.id is not None else None
-    yield from slice_chunks(old, rollout, offsets, mask, steps, cols, path, chunk_tokens, first_row=row, ids=ids)
+    tokens = None
+    if token is not None:
+        token_offsets, token_list = flatten_list(data.column(token), token, path, row)
+        check_same_lengths(offsets, token_offsets, (cols.old, token), path, row)
+        tokens = token_values(token_list, token, path, row, token_offsets)
+    yield from slice_chunks(
+        old, rollout, offsets, mask, steps, cols, path, chunk_tokens, first_row=row, ids=ids, tokens=tokens
+    )
 
 
 def short(exc: BaseException) -> str:

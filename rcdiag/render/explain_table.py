@@ -5,8 +5,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
+from rich.text import Text
 
+from rcdiag.printable import printable
 from rcdiag.render.text import BREAKDOWN_METRICS, BREAKDOWNS, WORST_COLUMNS, bucket_label, fmt, worst_cells
+from rcdiag.render.token_text import (
+    SHOWN,
+    TOKEN_COLUMNS,
+    TOKEN_TABLES,
+    caption,
+    pieces,
+    rgb,
+    strength,
+    token_cells,
+    token_note,
+    window,
+)
 from rcdiag.report import ExplainReport, Report
 
 if TYPE_CHECKING:
@@ -21,7 +35,42 @@ def render_explain(report: Report, console: Console) -> None:
         return
     for name, title in BREAKDOWNS.items():
         console.print(_breakdown(title, explained.breakdowns[name]))
+    token = explained.breakdowns.get("token")
+    if token is not None:
+        for name, title in TOKEN_TABLES.items():
+            console.print(_token_table(title, token[name]))
+        console.print(Text(token_note(token), style="dim"))
     console.print(_worst(explained))
+    for text in explained.texts:
+        console.print(_highlighted(text, explained))
+
+
+TERMINAL_TOKENS = 160
+"""Tokens of a worst response the terminal shows, around its largest |log-ratio|."""
+
+
+def _token_table(title: str, entries: list[dict[str, Any]]) -> Table:
+    table = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+    for column in TOKEN_COLUMNS:
+        table.add_column(column, justify="left" if column == "text" else "right", no_wrap=column == "text")
+    for entry in entries[:SHOWN]:
+        table.add_row(*token_cells(entry))
+    if not entries:
+        table.add_row("—", "no id stands out", *("" for _ in TOKEN_COLUMNS[2:]))
+    return table
+
+
+def _highlighted(text: Any, explained: ExplainReport) -> Text:
+    """A worst response's text around its peak, each token on a background coloured by its log-ratio (red: the
+    trainer's log-prob is higher, blue: the rollout's)."""
+    entry = next((e for e in explained.worst_sequences if e["row"] == text.row), None)
+    a, b = window(text, TERMINAL_TOKENS)
+    shown = Text()
+    shown.append(f"{caption(text, entry)}, valid tokens {text.start + a}-{text.start + b - 1}: ", style="bold")
+    for piece, value in zip(pieces(text)[a:b], text.log_ratios[a:b], strict=True):
+        r, g, b = rgb(value)
+        shown.append(printable(piece), style=f"black on rgb({r},{g},{b})" if strength(value) > 0 else "")
+    return shown
 
 
 def _breakdown(title: str, entries: list[dict[str, Any]]) -> Table:

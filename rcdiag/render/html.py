@@ -38,6 +38,7 @@ from rcdiag.render.text import (
     reading_context,
     worst_cells,
 )
+from rcdiag.render.token_html import token_sections
 from rcdiag.report import Finding, Report, Verdict
 
 if TYPE_CHECKING:
@@ -138,6 +139,7 @@ def render_html(report: Report) -> str:
             section("Metrics" + (" (all steps pooled)" if report.steps else ""), _metrics(report)),
             *([section("Per step", _steps(report))] if report.steps else []),
             *_explain(report),
+            *token_sections(report, section, table),
         ],
     )
 

@@ -78,8 +78,9 @@ _SAMPLED: dict[tuple, tuple] = {}
 
 def _sample_rows(
     spec: Rollout, seed: int, n_responses: int, steps: int, min_len: int, max_len: int, prompt_len: int
-) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray, int]:
-    """Per response: the trainer's and the rollout's log-probs; each response's step; the token count."""
+) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray, int, list[np.ndarray]]:
+    """Per response: the trainer's and the rollout's log-probs; each response's step; the token count; the sampled
+    token ids (written as the dump's ``token_ids``, for ``--explain``'s by-token breakdown)."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
@@ -95,6 +96,7 @@ def _sample_rows(
     groups = [np.arange(n_responses)] if spec.drift == 0.0 else [np.flatnonzero(step_of == s) for s in range(steps)]
     old_rows: list[np.ndarray] = [np.zeros(0, np.float32)] * n_responses
     rollout_rows: list[np.ndarray] = [np.zeros(0, np.float32)] * n_responses
+    token_rows: list[np.ndarray] = [np.zeros(0, np.int64)] * n_responses
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny ops: one thread beats several spinning on a loaded machine
     try:
@@ -107,9 +109,10 @@ def _sample_rows(
             for i, row in enumerate(rows.tolist()):
                 n = int(lengths[row])
                 old_rows[row], rollout_rows[row] = old[i, :n].numpy(), rollout[i, :n].numpy()
+                token_rows[row] = tokens[i, :n].numpy().astype(np.int64)
     finally:
         torch.set_num_threads(threads)
-    return old_rows, rollout_rows, step_of, int(lengths.sum())
+    return old_rows, rollout_rows, step_of, int(lengths.sum()), token_rows
 
 
 def make_dump(
@@ -136,7 +139,7 @@ def make_dump(
     key = (spec, seed, n_responses, steps, min_len, max_len, prompt_len)
     if key not in _SAMPLED:  # a swapped scenario reuses its engine's rows when they were sampled in this process
         _SAMPLED[key] = _sample_rows(spec, seed, n_responses, steps, min_len, max_len, prompt_len)
-    old_rows, rollout_rows, step_of, tokens_total = _SAMPLED[key]
+    old_rows, rollout_rows, step_of, tokens_total, token_rows = _SAMPLED[key]
     if scenario in SWAPPED:
         old_rows, rollout_rows = rollout_rows, old_rows
     path = Path(path)
@@ -144,6 +147,9 @@ def make_dump(
         for step in range(steps):
             rows = np.flatnonzero(step_of == step).tolist()
             writer.write(
-                step=step, old_log_prob=[old_rows[r] for r in rows], rollout_log_prob=[rollout_rows[r] for r in rows]
+                step=step,
+                old_log_prob=[old_rows[r] for r in rows],
+                rollout_log_prob=[rollout_rows[r] for r in rows],
+                token_ids=[token_rows[r] for r in rows],
             )
     return Dump(path, scenario, n_responses, tokens_total, steps, time.monotonic() - began)

@@ -1,0 +1,248 @@
+"""Which tokens carry the mismatch: exact per-id sums over the dump's token ids (``--explain`` with ids read).
+
+For every token id, six float64 sums over its valid tokens (``SUMS``): the count, the log-ratio d = old - rollout,
+|d|, verl's k3 and chi2 terms (taken by the breakdowns' own per-token function, so the same bits) and d^2 (for the
+noise test). Ids below ``DENSE_IDS`` sit in a dense table that grows to the largest id seen (one pass a block over
+its raw rows, ``rcdiag.kernels.token_ids``); larger ids (a hostile dump, or a vocabulary beyond any real one) in a
+sorted sparse table. Sums merge by addition, so chunking, row order, ``--workers``, Ray and merged shard states
+change nothing beyond float64 rounding.
+
+Ranking. ``MIN_COUNT`` tokens at least, and a test so that a rare id is not ranked on noise: an id's mean |d|
+against the mean |d| of every other token, z = (a_id - a_rest) / sqrt(s_id^2 / n_id + s_rest^2 / n_rest) (each
+side's own variance, so one outlier token inflates its id's spread as much as its mean), significant when z
+exceeds the one-sided normal quantile of ``ALPHA`` Bonferroni-divided by the ids tested. Tokens of one response are
+correlated, so the test is approximate; the detector (``token_detector``) also needs a large effect.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+
+from rcdiag.fields import FieldError, counts, reals
+from rcdiag.metrics.block import Block
+
+SUMS = ("tokens", "lr", "abs_lr", "k3", "chi2", "lr_sq")
+"""Per-id sums: valid tokens, log-ratio, |log-ratio|, k3 and chi2 terms, log-ratio squared."""
+DENSE_IDS = 1 << 21
+"""Ids below this are kept in a dense table (at most 2M ids x 6 sums x 8 bytes = 96 MiB); larger ones sparsely."""
+MIN_COUNT = 20
+"""An id is ranked only with at least this many valid tokens."""
+ALPHA = 0.01
+"""Family-wise false-positive rate of the significance test over the ids tested (Bonferroni)."""
+TOP = 20
+"""Entries in each ranked list."""
+
+
+_NO_MASK = np.zeros(0, dtype=np.uint8)
+
+
+def _largest_below(tokens: np.ndarray, mask: np.ndarray | None, limit: int) -> int:
+    """The largest valid id below ``limit`` (-1 without one)."""
+    ids = tokens if mask is None else tokens[mask]
+    below = ids[ids < limit]
+    return int(below.max()) if below.size else -1
+
+
+class TokenSums:
+    """Per-id sums, dense for small ids and sparse for the rest; merged by addition."""
+
+    def __init__(self) -> None:
+        self.dense = np.zeros((0, len(SUMS)))
+        self.sparse_ids = np.zeros(0, dtype=np.int64)
+        self.sparse = np.zeros((0, len(SUMS)))
+        self.seen = False
+        """Whether any block had token ids (a dump without them has an empty table and no ``token`` breakdown)."""
+        self.stats: TokenStats | None = None
+        """``token_stats`` of the table as it is now (the report asks several times; any change drops it)."""
+
+    def update(self, block: Block, tokens: np.ndarray, mask: np.ndarray | None) -> None:
+        """Fold in a (numpy) block whose rows' raw token ids are ``tokens`` (padding included, as ``mask``)."""
+        from rcdiag.kernels.token_ids import scatter_token_sums, valid_range
+
+        self.seen = True
+        self.stats = None
+        old, rollout, _, _ = block.raw  # the raw rows: the pass skips the padding itself
+        old = np.ascontiguousarray(old, dtype=np.float32)
+        rollout = np.ascontiguousarray(rollout, dtype=np.float32)
+        tokens = np.ascontiguousarray(tokens, dtype=np.int64)
+        flags = _NO_MASK if mask is None else np.ascontiguousarray(mask).view(np.uint8)
+        _, top, count = valid_range(tokens, flags)
+        if not count:
+            return
+        if top >= self.dense.shape[0]:
+            dense_top = top if top < DENSE_IDS else _largest_below(tokens, mask, DENSE_IDS)
+            if dense_top >= self.dense.shape[0]:
+                self._grow(dense_top + 1)
+        if scatter_token_sums(old, rollout, tokens, flags, self.dense):  # ids beyond the dense table: sparse
+            valid = slice(None) if mask is None else mask
+            ids, old, rollout = tokens[valid], old[valid], rollout[valid]
+            big = ids >= self.dense.shape[0]
+            unique, local = np.unique(ids[big], return_inverse=True)
+            sums = np.zeros((unique.shape[0], len(SUMS)))
+            scatter_token_sums(old[big], rollout[big], local.astype(np.int64), _NO_MASK, sums)
+            self._merge_sparse(unique, sums)
+
+    def _grow(self, size: int) -> None:
+        grown = np.zeros((min(DENSE_IDS, max(size, 2 * self.dense.shape[0], 1024)), len(SUMS)))
+        grown[: self.dense.shape[0]] = self.dense
+        self.dense = grown
+
+    def _merge_sparse(self, ids: np.ndarray, sums: np.ndarray) -> None:
+        both = np.concatenate([self.sparse_ids, ids])
+        unique, where = np.unique(both, return_inverse=True)
+        merged = np.zeros((unique.shape[0], len(SUMS)))
+        np.add.at(merged, where, np.concatenate([self.sparse, sums]))
+        self.sparse_ids, self.sparse = unique, merged
+
+    def merge(self, other: TokenSums) -> None:
+        self.seen = self.seen or other.seen
+        self.stats = None
+        if other.dense.shape[0] > self.dense.shape[0]:
+            self._grow(other.dense.shape[0])
+        self.dense[: other.dense.shape[0]] += other.dense
+        if other.sparse_ids.size:
+            self._merge_sparse(other.sparse_ids, other.sparse)
+
+    def table(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, sums)`` of every id with a token, ids ascending."""
+        present = np.flatnonzero(self.dense[:, 0])
+        ids = np.concatenate([present.astype(np.int64), self.sparse_ids])
+        return ids, np.concatenate([self.dense[present], self.sparse])
+
+    def state_dict(self) -> dict[str, Any]:
+        ids, sums = self.table()
+        return {"seen": self.seen, "ids": ids.tolist(), "sums": sums.ravel().tolist()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state.get("seen"), bool):
+            raise FieldError("explain.tokens.seen must be true or false")
+        ids = counts(state["ids"], "explain.tokens.ids")
+        sums = reals(state["sums"], "explain.tokens.sums", (ids.shape[0], len(SUMS)))
+        if ids.size and not (np.diff(ids) > 0).all():
+            raise FieldError("explain.tokens.ids must be ascending without repeats")
+        if ids.size and not (sums[:, 0] >= 1).all():
+            raise FieldError("explain.tokens.sums must count at least one token per id")
+        self.__init__()  # type: ignore[misc]
+        self.seen = state["seen"]
+        small = ids < DENSE_IDS
+        if small.any():
+            self._grow(int(ids[small].max()) + 1)
+            self.dense[ids[small]] = sums[small]
+        self.sparse_ids, self.sparse = ids[~small], sums[~small]
+
+
+@dataclass(frozen=True)
+class TokenStats:
+    """Per-id statistics of the whole table (arrays aligned with ``ids``), for the breakdown and the detector."""
+
+    ids: np.ndarray
+    sums: np.ndarray
+    total: np.ndarray
+    """Column sums over every id."""
+    z: np.ndarray
+    """The significance statistic of each id's mean |log-ratio| (NaN below ``MIN_COUNT`` tokens)."""
+    z_critical: float
+    tested: int
+
+    @property
+    def significant(self) -> np.ndarray:
+        return np.nan_to_num(self.z, nan=-np.inf) > self.z_critical
+
+    @property
+    def k3_share(self) -> np.ndarray:
+        total = self.total[3]
+        if not (math.isfinite(total) and total > 0):
+            return np.full(self.ids.shape[0], np.nan)
+        return self.sums[:, 3] / total
+
+    @property
+    def token_share(self) -> np.ndarray:
+        return self.sums[:, 0] / max(self.total[0], 1.0)
+
+    def k3_order(self) -> np.ndarray:
+        """Indices of ids with ``MIN_COUNT`` tokens, largest share of k3 first (ties: the smaller id)."""
+        counted = np.flatnonzero(self.sums[:, 0] >= MIN_COUNT)
+        share = np.nan_to_num(self.sums[counted, 3], nan=np.inf)
+        return counted[np.lexsort((self.ids[counted], -share))]
+
+    def abs_order(self) -> np.ndarray:
+        """Indices of significant ids, largest mean |log-ratio| first."""
+        chosen = np.flatnonzero(self.significant)
+        mean = self.sums[chosen, 2] / self.sums[chosen, 0]
+        return chosen[np.lexsort((self.ids[chosen], -mean))]
+
+
+def token_stats(sums: TokenSums) -> TokenStats:
+    """The table with its significance test (computed once per state of the table)."""
+    if sums.stats is None:
+        sums.stats = _token_stats(sums)
+    return sums.stats
+
+
+def _token_stats(sums: TokenSums) -> TokenStats:
+    ids, table = sums.table()
+    total = table.sum(axis=0) if ids.size else np.zeros(len(SUMS))
+    n, abs_lr, lr_sq = table[:, 0], table[:, 2], table[:, 5]
+    tested = n >= MIN_COUNT
+    rest_n = total[0] - n
+    with np.errstate(all="ignore"):
+        mean = abs_lr / n
+        var = np.maximum(lr_sq / n - mean**2, 0.0) * n / np.maximum(n - 1, 1)
+        rest_mean = (total[2] - abs_lr) / rest_n
+        rest_var = np.maximum((total[5] - lr_sq) / rest_n - rest_mean**2, 0.0) * rest_n / np.maximum(rest_n - 1, 1)
+        spread = np.sqrt(var / n + rest_var / rest_n)
+        z = np.where(spread > 0, (mean - rest_mean) / spread, np.where(mean > rest_mean, np.inf, 0.0))
+    z = np.where(tested & (rest_n >= MIN_COUNT), z, np.nan)
+    count = int(np.count_nonzero(~np.isnan(z)))
+    critical = NormalDist().inv_cdf(1.0 - ALPHA / max(count, 1))
+    return TokenStats(ids, table, total, z, critical, count)
+
+
+def token_breakdown(sums: TokenSums, texts: dict[int, str] | None = None) -> dict[str, Any]:
+    """The JSON ``breakdowns.token`` object: the table's size and the two ranked lists (docs/explain.md)."""
+    from rcdiag.explain.breakdowns import bucket_metrics
+
+    stats = token_stats(sums)
+    shares, token_shares = stats.k3_share, stats.token_share
+
+    def entry(i: int) -> dict[str, Any]:
+        tokens, lr, abs_lr, k3, chi2, _ = (float(v) for v in stats.sums[i])
+        metrics = bucket_metrics(np.array([tokens, lr, abs_lr, k3, chi2]))
+        token_id = int(stats.ids[i])
+        z = float(stats.z[i])
+        return {
+            "id": token_id,
+            "text": None if texts is None else texts.get(token_id),
+            "tokens": int(tokens),
+            "token_share": float(token_shares[i]),
+            "k3_share": _finite(float(shares[i])),
+            **metrics,
+            "z": _finite(z),
+            "significant": bool(stats.significant[i]),
+        }
+
+    return {
+        "ids": int(stats.ids.shape[0]),
+        "tokens": int(stats.total[0]),
+        "min_count": MIN_COUNT,
+        "ids_tested": stats.tested,
+        "z_critical": stats.z_critical,
+        "by_k3_share": [entry(int(i)) for i in stats.k3_order()[:TOP]],
+        "by_abs_log_ratio": [entry(int(i)) for i in stats.abs_order()[:TOP]],
+    }
+
+
+def ranked_ids(sums: TokenSums) -> list[int]:
+    """The ids either list shows (for decoding their text)."""
+    stats = token_stats(sums)
+    chosen = [*stats.k3_order()[:TOP].tolist(), *stats.abs_order()[:TOP].tolist()]
+    return sorted({int(stats.ids[i]) for i in chosen})
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
