@@ -65,15 +65,17 @@ def test_healthy_samples_are_quiet(name: str) -> None:
         ("rollout_temperature_only", "temperature_mismatch"),
         ("train_forgot_temperature", "temperature_mismatch"),
         (Scenario("flat", "trainer at T=0.7, rollout at T=1.0", t_train=0.7), "temperature_mismatch"),
-        ("topk_offset", "logprob_offset"),
-        (Scenario("topp", "top-k 24 of 48", top_k=24), "logprob_offset"),
+        ("topk_offset", {"logprob_offset", "sampling_truncation"}),
+        (Scenario("topp", "top-k 24 of 48", top_k=24), {"logprob_offset", "sampling_truncation"}),
         ("position_drift", "position_drift"),
         ("step_trend", "mismatch_trend"),
     ],
 )
 @pytest.mark.parametrize("seed", [31, 32, 33])
-def test_each_bug_fires_its_detector_only(tmp_path: Path, scenario: Scenario | str, code: str, seed: int) -> None:
-    assert set(explained(tmp_path, scenario, seed)) == {code}
+def test_each_bug_fires_its_detector_only(
+    tmp_path: Path, scenario: Scenario | str, code: str | set[str], seed: int
+) -> None:
+    assert set(explained(tmp_path, scenario, seed)) == ({code} if isinstance(code, str) else code)
 
 
 # ------------------------------------------------------------------------------------------ evidence
