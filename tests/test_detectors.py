@@ -86,12 +86,15 @@ def findings(name: str) -> dict[str, rcdiag.Finding]:
 
 
 def test_one_sided_temperature_sample() -> None:
+    """The rollout at T = 0.7: unlikely tokens lose log-prob, likely ones gain (the rollout is sharper)."""
     finding = findings("rollout_temperature_only.parquet")["temperature_mismatch"]
     spec = SCENARIOS["rollout_temperature_only"]
     truth = spec.t_train / spec.t_rollout  # 1/0.7: rollout log-probs are 1.43x the trainer's
-    low, high = finding.evidence["interval"]
-    assert 1.0 + detectors.SCALE_TOLERANCE < low <= finding.value <= high < truth  # the slope understates it
-    assert "sharper" in finding.message and f"{finding.value:.3g}" in finding.message
+    evidence = finding.evidence
+    assert evidence["direction"] == "sharper" and "is sharper than" in finding.message
+    assert evidence["log_ratio_unlikely"] > detectors.TEMPERATURE_MIN_SHIFT and evidence["log_ratio_likely"] < 0
+    assert f"{finding.value:+.3g}" in finding.message
+    assert 1.0 < evidence["slope"] < truth  # the regression slope: the direction, understating the ratio
     assert rcdiag.analyze(SAMPLES / "rollout_temperature_only.parquet").input.metadata["temperature"] == "0.7"
 
 

@@ -1,9 +1,11 @@
-"""The four ``--explain`` detectors: statistic, threshold and evidence (docs/findings.md argues each threshold).
+"""The five ``--explain`` detectors: statistic, threshold and evidence (docs/findings.md argues each threshold).
 
 Every detector returns at most one ``Finding`` whose message quotes its evidence and whose ``evidence`` dict
-holds the same numbers for machines. Noise is measured, not assumed: the sums are kept per hash group
-(``breakdowns.GROUPS``, whole responses as the independent units) and the spread between groups gives a
-standard error; a detector fires only when its effect is large *and* beyond ``Z`` standard errors of that.
+holds the same numbers for machines. Noise is measured, not assumed, with whole responses as the independent
+units: the shape detectors (temperature_mismatch, sampling_truncation) test per-response (cluster) means with
+Student's t at ``SHAPE_FALSE_ALARM_RATE``; the others keep their sums per hash group (``breakdowns.GROUPS``) and
+take the spread between groups as the standard error, firing only when an effect is large *and* beyond ``Z``
+standard errors of that.
 """
 
 from __future__ import annotations
@@ -240,8 +242,8 @@ def temperature_mismatch(shape: ShapeSums, scale: ScaleSums | None = None) -> Fi
         "by a temperature the rollout did not use)"
     )
     how = (
-        f"d is positive beyond its minimum {TEMPERATURE_MIN_SHIFT:g} nats, which noise (it flattens) and truncation "
-        "(it only raises the rollout's log-probs) cannot make it"
+        f"the first is positive (at least {TEMPERATURE_MIN_SHIFT:g} nats), which noise (it flattens a distribution) "
+        "and truncation (it only raises the rollout's log-probs) cannot make it"
         if sharper
         else f"{share_down:.0%} of the {int(moved):,} likely tokens moved by more than {SHIFT_TOL} nats moved down "
         f"(at least {FLAT_SHARE_MIN:.0%}; noise moves them both ways)"
