@@ -25,7 +25,7 @@ def test_no_detector_fires_on_clean_real_dumps(scenario: str, seed: int) -> None
     assert detector_findings(dump(scenario, seed)) == {}
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0])
 @pytest.mark.parametrize("scenario", NOISE_LIKE)
 def test_shape_detectors_do_not_name_other_causes(scenario: str, seed: int) -> None:
     """Weights drifting across steps, sparse spikes, RoPE in low precision: noise to the shape detectors."""
