@@ -99,9 +99,13 @@ CHI2_WARN = 1.0
 
 def detect(state: ExplainState, steps: Sequence[tuple[int, dict[str, float | None]]]) -> list[Finding]:
     """Every detector's finding (none on a healthy dump)."""
-    found = [temperature_mismatch(state.shape, state.scale), logprob_offset(state.offset), position_drift(state)]
-    found.append(sampling_truncation(state.shape, state.offset))
-    found.append(mismatch_trend(steps))
+    found = [
+        temperature_mismatch(state.shape, state.scale),
+        logprob_offset(state.offset),
+        sampling_truncation(state.shape, state.offset),
+        position_drift(state),
+        mismatch_trend(steps),
+    ]
     return [f for f in found if f is not None]
 
 
