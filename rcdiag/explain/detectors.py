@@ -57,7 +57,7 @@ TEMPERATURE_MIN_SHIFT = 0.02
 rollout at T = 0.95 gives ~0.06 on the tiny real model; noise gives a negative mean)."""
 FLAT_SHARE_MIN = 0.95
 """temperature_mismatch (flatter): share of the moved likely tokens the rollout scores lower (a temperature moves
-every one down; noise both ways: at most 0.82 measured, a 4-bit rollout)."""
+every one down; noise both ways: at most 0.82 measured where FLAT_MIN_MOVED tokens moved, a 4-bit rollout)."""
 FLAT_MIN_MOVED = 100
 """temperature_mismatch (flatter): likely tokens moved by more than SHIFT_TOL needed for that share."""
 TRUNCATION_MIN_DEFICIT = 0.003
