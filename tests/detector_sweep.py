@@ -55,7 +55,9 @@ def run(scenario: Scenario | str, seed: int, scratch: Path) -> tuple[set[str], d
     slope, _, se = detectors._fit(x, np.log([v for _, v in k3]))
     stats = {
         "temperature_unlikely_z": unlikely.z() if unlikely is not None else -math.inf,
-        "temperature_likely_down_share": state.shape.count("likely_down") / moved if moved else 0.0,
+        "temperature_likely_down_share": (  # only where enough likely tokens moved for the flatter test
+            state.shape.count("likely_down") / moved if moved >= detectors.FLAT_MIN_MOVED else 0.0
+        ),
         "truncation_deficit": -ratio.mean if ratio is not None else -math.inf,
         "offset_gap": abs(1.0 - state.offset.column("capped_ratio").sum() / n),
         "drift_ratio": (detectors._k3(late) or 0.0) / (detectors._k3(early) or math.inf),
