@@ -231,7 +231,8 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "warning",
         "the capped mean IS ratio is more than OFFSET_MIN (beyond Z standard errors) from 1, with at least "
         "OFFSET_SHARE_MIN net tokens shifted the same way",
-        check="no shift of most tokens' log-probs in one direction (capped mean ratio within 2% of 1)",
+        check="no broad one-way offset (fires only with 25% net of the tokens shifted one way and the capped mean "
+        "ratio 2% beyond noise from 1)",
         advice="Typical cause: log-probs renormalised over top-k/top-p (or another truncated support) on one side "
         "only; return log-probs of the same distribution on both sides.",
         explain=True,
