@@ -18,6 +18,7 @@ CAUSE_OF: dict[str, CauseClass] = {
     "kl_negative": "swapped_columns",
     "temperature_mismatch": "temperature",
     "logprob_offset": "temperature",
+    "sampling_truncation": "truncation",
     "position_drift": "position",
     "mismatch_trend": "trend",
     "sparse_outliers": "outliers",

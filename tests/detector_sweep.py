@@ -26,13 +26,12 @@ from rcdiag import synthetic
 from rcdiag.api import accumulate, build_report
 from rcdiag.explain import detectors
 from rcdiag.explain.state import ExplainOptions
-from rcdiag.explain.statistics import ScaleSums
 from rcdiag.synthetic import SCENARIOS, Scenario
 
 BUGS = {
     "rollout_temperature_only": "temperature_mismatch",
     "train_forgot_temperature": "temperature_mismatch",
-    "topk_offset": "logprob_offset",
+    "topk_offset": "sampling_truncation",
     "position_drift": "position_drift",
     "step_trend": "mismatch_trend",
 }
@@ -45,7 +44,8 @@ def run(scenario: Scenario | str, seed: int, scratch: Path) -> tuple[set[str], d
     acc = accumulate(path, explain=ExplainOptions())
     report = build_report(acc.state, acc.info, "cpu", acc.screen)
     state = acc.state.explain
-    low, high = sorted((ScaleSums.slopes(state.scale.sums.sum(axis=0)) or (1.0, 1.0, 1.0))[:2])
+    unlikely, ratio = state.shape.mean("unlikely"), state.shape.mean("ratio")
+    moved = state.shape.count("likely_up") + state.shape.count("likely_down")
     n = state.offset.column("n").sum()
     per_group = state.breakdowns.position_sums
     early = per_group[:, list(detectors.EARLY_BUCKETS)].sum(axis=1).sum(axis=0)
@@ -54,8 +54,11 @@ def run(scenario: Scenario | str, seed: int, scratch: Path) -> tuple[set[str], d
     x = np.array([s for s, _ in k3], dtype=np.float64)
     slope, _, se = detectors._fit(x, np.log([v for _, v in k3]))
     stats = {
-        "scale_bracket_low": low,
-        "scale_bracket_high": high,
+        "temperature_unlikely_z": unlikely.z() if unlikely is not None else -math.inf,
+        "temperature_likely_down_share": (  # only where enough likely tokens moved for the flatter test
+            state.shape.count("likely_down") / moved if moved >= detectors.FLAT_MIN_MOVED else 0.0
+        ),
+        "truncation_deficit": -ratio.mean if ratio is not None else -math.inf,
         "offset_gap": abs(1.0 - state.offset.column("capped_ratio").sum() / n),
         "drift_ratio": (detectors._k3(late) or 0.0) / (detectors._k3(early) or math.inf),
         "trend_growth": math.exp(slope * (x[-1] - x[0])),
@@ -84,9 +87,8 @@ def main() -> None:
         for code in fired:
             alarms[code] += 1
             print(f"false alarm: {code} on {label}, seed {1000 + seed}", flush=True)
-        for key, value in stats.items():  # the bracket's upper end: its smallest value is the margin
-            pick = min if key == "scale_bracket_high" else max
-            largest[key] = pick(largest.get(key, value), value)
+        for key, value in stats.items():
+            largest[key] = max(largest.get(key, value), value)
     print(f"clean dumps: {len(clean) * args.seeds}, false alarms: {dict(alarms) or 0}")
     print("closest to firing on clean dumps: " + ", ".join(f"{k} {v:.4g}" for k, v in largest.items()))
     misses = 0

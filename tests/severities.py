@@ -31,6 +31,7 @@ SEVERITIES = {
     "metric_not_finite": WARNING,
     "temperature_mismatch": WARNING,
     "logprob_offset": WARNING,
+    "sampling_truncation": WARNING,
     "seq_is_hopeless": INFO,
     "position_drift": WARNING,
     "mismatch_trend": WARNING,

@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, SAMPLES, run_padded
 from severities import SEVERITIES, checked
@@ -23,9 +22,8 @@ import rcdiag
 from rcdiag.catalogue.findings import FINDINGS
 from rcdiag.catalogue.metrics import thresholds_with_findings
 from rcdiag.explain.breakdowns import GROUPS, N_DOUBLING, SUMS
-from rcdiag.explain.detectors import DETECTORS, logprob_offset, mismatch_trend, position_drift, temperature_mismatch
+from rcdiag.explain.detectors import DETECTORS, logprob_offset, mismatch_trend, position_drift
 from rcdiag.explain.state import ExplainState
-from rcdiag.explain.statistics import ScaleSums
 from rcdiag.health import evaluate
 from rcdiag.metrics.batch import BatchResult
 
@@ -377,90 +375,6 @@ def test_position_drift_floor(late: float, fires: bool) -> None:
     assert (position_drift(state) is not None) == fires
 
 
-def scale_state(slopes: list[float], n: int | list[int] = 1000) -> ExplainState:
-    """Row group g: ``n`` tokens whose rollout log-probs are exactly ``slopes[g]`` x the trainer's (centred, unit
-    variance): both of its regression slopes are slopes[g]. Pooled, with every group's x centred the same way, the
-    y-on-x slope is mean(s) and the inverse slope mean(s^2) / mean(s)."""
-    state = ExplainState()
-    sizes = n if isinstance(n, list) else [n] * len(slopes)
-    for g, (s, k) in enumerate(zip(slopes, sizes, strict=True)):
-        state.scale.sums[g] = [k, 0.0, 0.0, k, k * s * s, k * s]
-    return state
-
-
-DOUBLING = [1024, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
-"""Group sizes whose running totals are powers of two: every pooled sum of a slope of 1.1 or 0.9 is exact."""
-
-
-@pytest.mark.parametrize("slope", [1.1, 0.9])
-def test_temperature_mismatch_slopes_exactly_on_the_tolerance_hold(slope: float) -> None:
-    """Both regression slopes exactly 1 +- 0.1 and no scatter: the interval touches the tolerance and does not
-    clear it (the bound is strict: a temperature ratio within 0.9..1.1 is not flagged)."""
-    assert ScaleSums.slopes(scale_state([slope] * 8, DOUBLING).scale.sums.sum(axis=0)) == (slope, slope, slope)
-    assert temperature_mismatch(scale_state([slope] * 8, DOUBLING).scale) is None
-    outside = slope * (1 + 4e-16) if slope > 1 else slope * (1 - 4e-16)  # a few float64 steps beyond
-    assert temperature_mismatch(scale_state([outside] * 8, DOUBLING).scale)
-
-
-def interval(a: float, delta: float) -> tuple[float, float]:
-    """Half the 16 groups at slope a e^delta, half at a e^-delta: the slopes a cosh(delta) and
-    a cosh(2 delta) / cosh(delta), each widened by Z = 3 standard errors of the groups' log slopes (+-delta over
-    16 groups: standard deviation 4 delta / sqrt(15), standard error delta / sqrt(15))."""
-    se = delta / math.sqrt(15)
-    return a * math.cosh(delta) * math.exp(-3 * se), a * math.cosh(2 * delta) / math.cosh(delta) * math.exp(3 * se)
-
-
-def spread(a: float, delta: float) -> list[float]:
-    return [a * math.exp(delta), a * math.exp(-delta)] * 8
-
-
-A_ON_LOW = 1.1 / interval(1.0, 0.05)[0]  # the interval's lower end exactly on 1 + 0.1
-A_ON_HIGH = 0.9 / interval(1.0, 0.05)[1]  # its upper end exactly on 1 - 0.1
-TEMPERATURE_CASES = [
-    # (id, per-group slopes, fires): no scatter, the interval is the slopes themselves
-    ("sharper-outside", [1.1 * (1 + 1e-9)] * 16, "sharper"),
-    ("sharper-inside", [1.1 * (1 - 1e-9)] * 16, None),
-    ("flatter-outside", [0.9 * (1 - 1e-9)] * 16, "flatter"),
-    ("flatter-inside", [0.9 * (1 + 1e-9)] * 16, None),
-    # with scatter: the interval's end, Z standard errors beyond the slopes, must clear the tolerance
-    ("scatter-sharper-outside", spread(A_ON_LOW * (1 + 1e-9), 0.05), "sharper"),
-    ("scatter-sharper-inside", spread(A_ON_LOW * (1 - 1e-9), 0.05), None),
-    ("scatter-flatter-outside", spread(A_ON_HIGH * (1 - 1e-9), 0.05), "flatter"),
-    ("scatter-flatter-inside", spread(A_ON_HIGH * (1 + 1e-9), 0.05), None),
-    ("eight-groups", [1.5] * 8, "sharper"),
-    ("seven-groups", [1.5] * 7, None),
-]
-
-
-@pytest.mark.parametrize(
-    ("slopes", "direction"), [c[1:] for c in TEMPERATURE_CASES], ids=[c[0] for c in TEMPERATURE_CASES]
-)
-def test_temperature_mismatch_thresholds(slopes: list[float], direction: str | None) -> None:
-    found = temperature_mismatch(scale_state(slopes).scale)
-    assert (found is None) == (direction is None)
-    if found is None:
-        return
-    assert (found.code, found.severity, found.threshold) == ("temperature_mismatch", WARNING, 0.1)
-    assert direction in found.message
-    s = np.asarray(slopes)
-    low, high = float(s.mean()), float((s * s).mean() / s.mean())
-    assert found.evidence["slope_rollout_on_train"] == pytest.approx(low, rel=1e-9)
-    assert found.evidence["slope_inverse_train_on_rollout"] == pytest.approx(high, rel=1e-9)
-    assert found.value == pytest.approx(math.sqrt((s * s).mean()), rel=1e-9)
-    lo, hi = found.evidence["interval"]
-    assert lo <= low <= high <= hi  # the interval holds both slopes
-    if len(set(slopes)) == 2:
-        a = math.sqrt(slopes[0] * slopes[1])
-        assert (lo, hi) == pytest.approx(interval(a, 0.05), rel=1e-9)
-
-
-def test_temperature_mismatch_needs_2000_tokens() -> None:
-    assert temperature_mismatch(scale_state([1.5] * 10, n=200).scale) is not None
-    state = scale_state([1.5] * 10, n=200)
-    state.scale.sums[9] = scale_state([1.5], n=199).scale.sums[0]
-    assert temperature_mismatch(state.scale) is None
-
-
 def offset_state(ratios_: list[float], up: int, down: int, n: int = 1024) -> ExplainState:
     """Row group g: ``n`` tokens with mean capped IS ratio ``ratios_[g]``, ``up`` of them scored higher by the
     rollout side (beyond the tolerance) and ``down`` lower."""
@@ -559,24 +473,6 @@ def test_logprob_offset_needs_2000_tokens() -> None:
     state = offset_state([0.9] * 10, 100, 0, n=200)
     state.offset.sums[9] = [199, 199 * 0.9, 100, 0]
     assert logprob_offset(state.offset) is None
-
-
-def test_temperature_interval_holds_both_brute_force_slopes() -> None:
-    """On the one-sided temperature sample: the regression slopes by numpy over the valid tokens, and an interval
-    that holds both and reaches beyond them (Z standard errors of real scatter; a shrunk interval fails)."""
-    table = pq.read_table(SAMPLES / "rollout_temperature_only.parquet")
-    mask = np.concatenate(table.column("response_mask").to_numpy(zero_copy_only=False)).astype(bool)
-    x = np.concatenate(table.column("old_log_prob").to_numpy(zero_copy_only=False))[mask].astype(np.float64)
-    y = np.concatenate(table.column("rollout_log_prob").to_numpy(zero_copy_only=False))[mask].astype(np.float64)
-    cov = np.cov(x, y, bias=True)
-    low, high = cov[0, 1] / cov[0, 0], cov[1, 1] / cov[0, 1]  # y on x, and the inverse of x on y
-    found = findings_of(rcdiag.analyze(SAMPLES / "rollout_temperature_only.parquet", explain=True))
-    finding = found["temperature_mismatch"]
-    assert finding.severity == WARNING
-    assert finding.evidence["slope_rollout_on_train"] == pytest.approx(low, rel=1e-5)
-    assert finding.evidence["slope_inverse_train_on_rollout"] == pytest.approx(high, rel=1e-5)
-    lo, hi = finding.evidence["interval"]
-    assert 1.1 < lo < low < high < hi < 1 / 0.7  # the truth, T_train / T_rollout, is beyond the slopes
 
 
 # ------------------------------------------------------------------------------------------------ severities

@@ -45,12 +45,12 @@ EXCLUDES: list[Rule] = [
     (P + "kl", "typical of", lambda v: True, {"kl_negative", "sparse_outliers"}, set()),
     (P + "kl", "within noise", lambda v: True, {"kl_negative", "kl_high"}, set()),
     (P + "kl", "beyond noise", lambda v: True, set(), {"kl_negative"}),
-    (P + "chi2_token", "within noise", lambda v: True, {"kl_k3_disagree", "logprob_offset"}, set()),
+    (P + "chi2_token", "within noise", lambda v: True, {"kl_k3_disagree", "logprob_offset", "sampling_truncation"}, set()),
     (P + "chi2_token", "systematic shift", lambda v: v < 0, set(), set()),  # needs one of SHIFT (below)
     (P + "chi2_seq", "systematic shift", lambda v: v < 0, set(), set()),
     (P + "rollout_is_eff_sample_size", "healthy", lambda v: True, {"is_saturated", "is_ess_low"}, set()),
 ]
-SHIFT = {"kl_k3_disagree", "logprob_offset"}
+SHIFT = {"kl_k3_disagree", "logprob_offset", "sampling_truncation"}
 
 
 def tiny_noise(path: Path, seed: int) -> Path:

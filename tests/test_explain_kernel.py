@@ -17,13 +17,19 @@ import rcdiag
 from rcdiag.engine import Engine
 from rcdiag.explain.breakdowns import DOUBLING_EDGES, GROUPS, LOG_PROB_THRESHOLDS, N_DOUBLING, N_PROB, PROB_EDGES
 from rcdiag.explain.state import ExplainState, number_rows
-from rcdiag.explain.statistics import RATIO_CAP, SHIFT_TOL
+from rcdiag.explain.statistics import LIKELY, RATIO_CAP, SHIFT_TOL, UNLIKELY, ShapeSums
 from rcdiag.io.base import Chunk
 from rcdiag.kernels.explain import _expm1, explain_block
 
 LOG_F32_MAX = math.log(float(np.finfo(np.float32).max))
 SPECIAL = [0.0, -1e-7, -0.3, -0.35, -3.0, -19.99, -20.0, -20.5, -89.0, -100.0, -np.inf]
-NAMES = ("prob", "position", "length", "scale", "offset")
+NAMES = ("prob", "position", "length", "scale", "offset", "shape")
+LOG_UNLIKELY = LOG_PROB_THRESHOLDS[PROB_EDGES.index(UNLIKELY) - 1]
+LOG_LIKELY = LOG_PROB_THRESHOLDS[PROB_EDGES.index(LIKELY) - 1]
+SHAPE_COUNTS = [0, 4, 5, 9, 10, 14, 15, 16]
+"""The shape sums that are counts (n and n^2 of each statistic, the two shift counts): exact."""
+SHAPE_RATIO = [11, 12, 13]
+"""The shape sums of the capped ratio (float32 ``exp``)."""
 
 
 def empty_sums() -> dict[str, np.ndarray]:
@@ -33,6 +39,7 @@ def empty_sums() -> dict[str, np.ndarray]:
         "length": np.zeros((N_DOUBLING, 5)),
         "scale": np.zeros((GROUPS, 6)),
         "offset": np.zeros((GROUPS, 4)),
+        "shape": np.zeros(ShapeSums.SIZE),
     }
 
 
@@ -78,6 +85,16 @@ def _reference(old, rollout, mask, lengths, magnitude: bool) -> dict[str, np.nda
             out["length"][length_bucket] += fold(terms[j])
         out["scale"][group] += [fold(np.asarray(v, dtype=np.float64)).sum() for v in scale]
         out["offset"][group] += [fold(np.asarray(v, dtype=np.float64)).sum() for v in offset]
+        unlikely, likely = finite & (o < LOG_UNLIKELY), finite & (o >= LOG_LIKELY)
+        ratio_sum = ratio.astype(np.float64).sum()
+        per_row = [
+            (unlikely.sum(), fold(d[unlikely]).sum()),
+            (likely.sum(), fold(d[likely]).sum()),
+            (n, ratio_sum + n if magnitude else ratio_sum - n),
+        ]
+        cluster = [[k, v, v * v, k * v, k * k] for k, v in per_row]
+        counts = [(likely & (d32 < np.float32(-SHIFT_TOL))).sum(), (likely & (d32 > np.float32(SHIFT_TOL))).sum()]
+        out["shape"] += np.array([*itertools.chain(*cluster), *counts], dtype=np.float64)
     return out
 
 
@@ -95,7 +112,7 @@ def fold_blocks(old, rollout, mask, lengths, cuts: list[int]) -> dict[str, np.nd
             old[t0:t1], rollout[t0:t1], valid, lengths[a:b].astype(np.int64),
             np.zeros(0, np.uint8) if block_mask is None else block_mask.view(np.uint8),
             np.asarray(DOUBLING_EDGES, dtype=np.int64), LOG_PROB_THRESHOLDS, RATIO_CAP, SHIFT_TOL,
-            *(out[name] for name in NAMES),
+            *(out[name] for name in NAMES[:-1]), float(LOG_UNLIKELY), float(LOG_LIKELY), out["shape"],
         )  # fmt: skip
     return out
 
@@ -110,11 +127,21 @@ def assert_sums_match(got: dict[str, np.ndarray], old, rollout, mask, lengths) -
         rtol = np.full(w.shape, 1e-12)
         if name == "offset":
             rtol[..., 1] = 1e-6
+        if name == "shape":
+            rtol[SHAPE_RATIO] = 1e-6
         finite = np.isfinite(w)
         assert np.array_equal(np.isnan(g), np.isnan(w)), name
         assert np.array_equal(g[~finite & ~np.isnan(w)], w[~finite & ~np.isnan(w)]), name
         assert (np.abs(g[finite] - w[finite]) <= rtol[finite] * s[finite] + 1e-300).all(), name
-    for name, columns in (("prob", 0), ("position", 0), ("length", 0), ("scale", 0), ("offset", [0, 2, 3])):
+    columns_of = (
+        ("prob", 0),
+        ("position", 0),
+        ("length", 0),
+        ("scale", 0),
+        ("offset", [0, 2, 3]),
+        ("shape", SHAPE_COUNTS),
+    )
+    for name, columns in columns_of:
         assert np.array_equal(got[name][..., columns], want[name][..., columns]), name  # counts: exact
 
 
@@ -188,6 +215,7 @@ def test_engine_feeds_the_kernel_every_valid_token_whatever_the_blocks(data, blo
         "length": state.breakdowns.length,
         "scale": state.scale.sums,
         "offset": state.offset.sums,
+        "shape": state.shape.sums,
     }
     assert_sums_match(got, old, rollout, mask, lengths)
 

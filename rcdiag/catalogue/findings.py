@@ -218,9 +218,10 @@ FINDINGS: tuple[FindingSpec, ...] = (
     FindingSpec(
         "temperature_mismatch",
         "warning",
-        "both regression slopes of rollout on trainer log-probs beyond 1 +- SCALE_TOLERANCE by Z standard errors "
-        "(thresholds: rcdiag.explain.detectors)",
-        check="log-probs are not a scaled copy of each other (no temperature difference seen)",
+        "the log-ratio old - rollout is positive on tokens the trainer finds unlikely (by TEMPERATURE_MIN_SHIFT) and "
+        "negative on likely ones (sharper rollout), or the reverse with FLAT_SHARE_MIN of the moved likely tokens "
+        "moved down (flatter); each beyond shape_critical standard errors (thresholds: rcdiag.explain.detectors)",
+        check="no temperature difference between the engines (one side neither sharper nor flatter)",
         advice="Apply the same temperature on both sides: the trainer divides its logits by the rollout's sampling "
         "temperature, and the rollout engine reports log-probs of the tempered distribution it sampled from.",
         explain=True,
@@ -230,9 +231,22 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "warning",
         "the capped mean IS ratio is more than OFFSET_MIN (beyond Z standard errors) from 1, with at least "
         "OFFSET_SHARE_MIN net tokens shifted the same way",
-        check="no shift of most tokens' log-probs in one direction (capped mean ratio within 2% of 1)",
+        check="no broad one-way offset (fires only with 25% net of the tokens shifted one way and the capped mean "
+        "ratio 2% beyond noise from 1)",
         advice="Typical cause: log-probs renormalised over top-k/top-p (or another truncated support) on one side "
         "only; return log-probs of the same distribution on both sides.",
+        explain=True,
+    ),
+    FindingSpec(
+        "sampling_truncation",
+        "warning",
+        "the mean capped IS ratio at least TRUNCATION_MIN_DEFICIT below 1 and beyond shape_critical standard errors, "
+        "TRUNCATION_SHARE_MIN net tokens scored higher by the rollout, and the log-ratio lowest where the trainer is "
+        "unsure (thresholds: rcdiag.explain.detectors)",
+        check="the rollout's log-probs cover the trainer's whole distribution (no top-k/top-p renormalisation seen)",
+        advice="The rollout engine reports log-probs renormalised over its top-k/top-p set and the trainer scores the "
+        "full vocabulary: apply the same truncation in the trainer, or have the engine return log-probs of the "
+        "untruncated distribution (and sample without truncation if the trainer cannot match it).",
         explain=True,
     ),
     FindingSpec(

@@ -151,7 +151,7 @@ NEGATIVE_CHI2 = Band(
 )
 KL_NOISE_SIGMAS = 2.0
 """A kl within this many standard errors of 0 reads "within noise of 0" (no magnitude band)."""
-SHIFT_CODES = frozenset({"kl_k3_disagree", "logprob_offset"})
+SHIFT_CODES = frozenset({"kl_k3_disagree", "logprob_offset", "sampling_truncation"})
 """Findings that establish a systematic shift beyond noise (a negative chi2 reads as one only with them)."""
 
 

@@ -340,8 +340,8 @@ ExplainOpt = Annotated[
     typer.Option(
         "--explain",
         help="Also break the mismatch down by token position, rollout probability and response length, list the "
-        "worst responses and run the bias detectors (temperature_mismatch, logprob_offset, position_drift, "
-        "mismatch_trend).",
+        "worst responses and run the bias detectors (temperature_mismatch, logprob_offset, sampling_truncation, "
+        "position_drift, mismatch_trend).",
         rich_help_panel=EXPLAIN,
     ),
 ]

@@ -3,7 +3,7 @@
 * ``breakdowns``: token-level off-policy metrics per bucket of position, rollout probability and length;
 * ``worst``: the responses with the largest |sum of log-ratios|, in a bounded heap;
 * ``statistics`` and ``detectors``: the sums behind, and the verdicts of, ``temperature_mismatch``,
-  ``logprob_offset``, ``position_drift`` and ``mismatch_trend``;
+  ``logprob_offset``, ``sampling_truncation``, ``position_drift`` and ``mismatch_trend``;
 * ``tokens``: exact per-token-id sums and their ranking (``breakdowns.token``), ``token_detector`` its
   ``token_specific`` detector, ``vocabulary`` the text of ids (``--tokenizer``), ``token_report`` the report's
   by-token parts and the ``--tokens`` Parquet file;

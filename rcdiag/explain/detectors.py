@@ -1,9 +1,11 @@
-"""The four ``--explain`` detectors: statistic, threshold and evidence (docs/findings.md argues each threshold).
+"""The five ``--explain`` detectors: statistic, threshold and evidence (docs/findings.md argues each threshold).
 
 Every detector returns at most one ``Finding`` whose message quotes its evidence and whose ``evidence`` dict
-holds the same numbers for machines. Noise is measured, not assumed: the sums are kept per hash group
-(``breakdowns.GROUPS``, whole responses as the independent units) and the spread between groups gives a
-standard error; a detector fires only when its effect is large *and* beyond ``Z`` standard errors of that.
+holds the same numbers for machines. Noise is measured, not assumed, with whole responses as the independent
+units: the shape detectors (temperature_mismatch, sampling_truncation) test per-response (cluster) means with
+Student's t at ``SHAPE_FALSE_ALARM_RATE``; the others keep their sums per hash group (``breakdowns.GROUPS``) and
+take the spread between groups as the standard error, firing only when an effect is large *and* beyond ``Z``
+standard errors of that.
 """
 
 from __future__ import annotations
@@ -17,8 +19,19 @@ import numpy as np
 from rcdiag.catalogue.findings import FINDINGS, finding
 from rcdiag.explain.breakdowns import DOUBLING_EDGES, N_DOUBLING, SUMS, bucket_metrics
 from rcdiag.explain.state import ExplainState
-from rcdiag.explain.statistics import RATIO_CAP, SHIFT_TOL, OffsetSums, ScaleSums, group_spread
+from rcdiag.explain.statistics import (
+    LIKELY,
+    RATIO_CAP,
+    SHIFT_TOL,
+    UNLIKELY,
+    ClusterMean,
+    OffsetSums,
+    ScaleSums,
+    ShapeSums,
+    group_spread,
+)
 from rcdiag.report import Finding
+from rcdiag.stats import t_critical
 
 DETECTORS = tuple(spec.code for spec in FINDINGS if spec.explain)
 """The detectors' codes, in catalogue order (their wording and advice live in the finding catalogue)."""
@@ -32,8 +45,26 @@ MIN_TOKENS = 2000
 MIN_GROUPS = 8
 """Row groups with data needed for a standard error."""
 
-SCALE_TOLERANCE = 0.10
-"""temperature_mismatch: both regression slopes beyond 1 +- this (a temperature ratio within 0.9-1.1 is not flagged)."""
+SHAPE_FALSE_ALARM_RATE = 1e-4
+"""temperature_mismatch and sampling_truncation: the chance that noise alone clears a test's critical value (Student's
+t, responses as the units; ``shape_critical``), per detector and dump."""
+MIN_BUCKET_TOKENS = 200
+MIN_RESPONSES = 20
+"""temperature_mismatch and sampling_truncation: tokens, and effective responses, needed in each of the unlikely
+(trainer p < UNLIKELY) and likely (p >= LIKELY) sets for a standard error."""
+TEMPERATURE_MIN_SHIFT = 0.02
+"""temperature_mismatch (sharper): the unlikely tokens' mean log-ratio old - rollout must reach this many nats (a
+rollout at T = 0.95 gives ~0.06 on the tiny real model; noise gives a negative mean)."""
+FLAT_SHARE_MIN = 0.95
+"""temperature_mismatch (flatter): share of the moved likely tokens the rollout scores lower (a temperature moves
+every one down; noise both ways: at most 0.82 measured where FLAT_MIN_MOVED tokens moved, a 4-bit rollout)."""
+FLAT_MIN_MOVED = 100
+"""temperature_mismatch (flatter): likely tokens moved by more than SHIFT_TOL needed for that share."""
+TRUNCATION_MIN_DEFICIT = 0.003
+"""sampling_truncation: the mean capped IS ratio at least this far below 1 (0.3% of the trainer's mass missing)."""
+TRUNCATION_SHARE_MIN = 0.05
+"""sampling_truncation: net share of tokens scored higher by the rollout (five times the most that sparse outliers,
+at most 1% of the tokens by their definition, can carry)."""
 OFFSET_MIN = 0.02
 """logprob_offset: the capped mean IS ratio must sit this far from 1 (a 2% probability-mass shift)."""
 OFFSET_SHARE_MIN = 0.25
@@ -68,16 +99,22 @@ CHI2_WARN = 1.0
 
 def detect(state: ExplainState, steps: Sequence[tuple[int, dict[str, float | None]]]) -> list[Finding]:
     """Every detector's finding (none on a healthy dump)."""
-    found = [temperature_mismatch(state.scale), logprob_offset(state.offset), position_drift(state)]
-    found.append(mismatch_trend(steps))
+    found = [
+        temperature_mismatch(state.shape, state.scale),
+        logprob_offset(state.offset),
+        sampling_truncation(state.shape, state.offset),
+        position_drift(state),
+        mismatch_trend(steps),
+    ]
     return [f for f in found if f is not None]
 
 
 def not_run(state: ExplainState, steps: Sequence[tuple[int, dict[str, float | None]]]) -> dict[str, str]:
     """Why each detector that had too little data to test did not run (its checklist row shows "–", not ✓)."""
     reasons = {
-        "temperature_mismatch": _scale_data(state.scale),
+        "temperature_mismatch": _shape_data(state.shape),
         "logprob_offset": _offset_data(state.offset),
+        "sampling_truncation": _shape_data(state.shape, ratio=True),
         "position_drift": _position_data(state),
         "mismatch_trend": _trend_data(steps),
     }
@@ -88,11 +125,17 @@ def _too_few(what: str, have: float, need: int) -> str | None:
     return f"{int(have):,} {what}, needs {need:,}" if have < need else None
 
 
-def _scale_data(scale: ScaleSums) -> str | None:
-    groups = sum(1 for row in scale.sums if row[0] >= 2 and ScaleSums.slopes(row) is not None)
-    return _too_few("valid tokens", float(scale.sums[:, 0].sum()), MIN_TOKENS) or _too_few(
-        "groups of responses with a regression", groups, MIN_GROUPS
-    )
+def _shape_data(shape: ShapeSums, ratio: bool = False) -> str | None:
+    """Why temperature_mismatch (or, with ``ratio``, sampling_truncation) cannot test this dump."""
+    tokens = float(shape.cluster("ratio")[0])
+    need = [_too_few("valid tokens", tokens, MIN_TOKENS)]
+    for name, label in (("unlikely", f"trainer p < {UNLIKELY:g}"), ("likely", f"trainer p >= {LIKELY:g}")):
+        n, _, _, _, nn = (float(v) for v in shape.cluster(name))
+        need.append(_too_few(f"tokens at {label}", n, MIN_BUCKET_TOKENS))
+        need.append(_too_few(f"effective responses with tokens at {label}", n * n / nn if nn > 0 else 0, MIN_RESPONSES))
+    if ratio and tokens > 0 and shape.mean("ratio") is None:
+        need.append("a log-ratio is NaN (-inf on both sides), so the mean IS ratio is undefined")
+    return next((why for why in need if why is not None), None)
 
 
 def _offset_data(offset: OffsetSums) -> str | None:
@@ -130,55 +173,148 @@ def _finding(code: str, facts: str, value: float, threshold: float, evidence: di
 # ------------------------------------------------------------------------------------------- temperature
 
 
-def temperature_mismatch(scale: ScaleSums) -> Finding | None:
-    """Rollout log-probs a scaled copy of the trainer's: both regression slopes on the same side of 1.
+def shape_critical(responses: float) -> float:
+    """Standard errors a shape test (temperature_mismatch, sampling_truncation) must clear: Student's t with the
+    effective responses less 1 degrees of freedom, one-sided at SHAPE_FALSE_ALARM_RATE / 2 (the two directions
+    of temperature_mismatch together at SHAPE_FALSE_ALARM_RATE)."""
+    return t_critical(SHAPE_FALSE_ALARM_RATE, max(responses - 1.0, 1.0))
 
-    y = rollout, x = old. Pure noise (on either side) puts the true slope at 1, and with errors in both
-    variables the true slope lies between the y-on-x slope and the inverse x-on-y slope; so noise, however heavy,
-    leaves 1 inside that bracket. A temperature applied on one side scales every log-prob: both slopes move.
+
+def _shape_means(shape: ShapeSums) -> tuple[ClusterMean, ClusterMean] | None:
+    """The mean log-ratio over unlikely and likely tokens, when both have the data for a noise estimate."""
+    unlikely, likely = shape.mean("unlikely"), shape.mean("likely")
+    if unlikely is None or likely is None:
+        return None
+    if min(unlikely.tokens, likely.tokens) < MIN_BUCKET_TOKENS or min(unlikely.responses, likely.responses) < (
+        MIN_RESPONSES
+    ):
+        return None
+    return unlikely, likely
+
+
+def temperature_mismatch(shape: ShapeSums, scale: ScaleSums | None = None) -> Finding | None:
+    """One side sharper than the other, from the sign of the log-ratio d = old - rollout on the tokens the trainer
+    found unlikely (p < UNLIKELY) and likely (p >= LIKELY), each a mean with responses as the units of noise.
+
+    A rollout at T < 1 takes mass from unlikely tokens and gives it to likely ones: d > 0 on the first, d < 0 on
+    the second. Noise cannot do that in expectation: the mean d of a set of tokens B is at most log(P_B / Q_B)
+    (log-sum inequality; P, Q the trainer's and rollout's mass on B), and noise on either side moves mass towards
+    the unlikely tokens (logit noise flattens a softmax in expectation; trainer noise selects the tokens it
+    pushed down), so the unlikely tokens' mean d is below 0. Truncation only raises the rollout's log-probs (d <= 0).
+    A flatter rollout (T > 1) gives the signs noise gives; it is told from noise by the likely tokens: a
+    temperature moves every one of them down, noise moves them both ways.
     """
-    total = scale.sums.sum(axis=0)
-    slopes = ScaleSums.slopes(total)
-    n = float(total[0])
-    if slopes is None or n < MIN_TOKENS:
+    means = _shape_means(shape)
+    if means is None or float(shape.cluster("ratio")[0]) < MIN_TOKENS:
         return None
-    per_group = [ScaleSums.slopes(row) for row in scale.sums if row[0] >= 2]
-    per_group = [s for s in per_group if s is not None]
-    if len(per_group) < MIN_GROUPS:
-        return None
-    low, high = sorted(slopes[:2])
-    se_low = group_spread([math.log(min(s[:2])) for s in per_group])
-    se_high = group_spread([math.log(max(s[:2])) for s in per_group])
-    ratio = slopes[2]
-    interval = (low * _exp(-Z * se_low), high * _exp(Z * se_high))
-    if interval[0] > 1.0 + SCALE_TOLERANCE:
+    unlikely, likely = means
+    critical = shape_critical(min(unlikely.responses, likely.responses))
+    moved_up, moved_down = shape.count("likely_up"), shape.count("likely_down")
+    moved = moved_up + moved_down
+    share_down = moved_down / moved if moved > 0 else 0.0
+    if unlikely.mean >= TEMPERATURE_MIN_SHIFT and unlikely.z() >= critical and likely.z() <= -critical:
         direction = "sharper"
-    elif interval[1] < 1.0 - SCALE_TOLERANCE:
+    elif (
+        unlikely.z() <= -critical
+        and likely.z() >= critical
+        and moved >= FLAT_MIN_MOVED
+        and share_down >= FLAT_SHARE_MIN
+    ):
         direction = "flatter"
     else:
         return None
+    slopes = ScaleSums.slopes(scale.sums.sum(axis=0)) if scale is not None else None
     evidence = {
-        "ratio": ratio,
-        "interval": list(interval),
-        "slope_rollout_on_train": slopes[0],
-        "slope_inverse_train_on_rollout": slopes[1],
-        "tokens": int(n),
-        "tolerance": SCALE_TOLERANCE,
+        "direction": direction,
+        "log_ratio_unlikely": unlikely.mean,
+        "std_error_unlikely": unlikely.std_error,
+        "tokens_unlikely": int(unlikely.tokens),
+        "log_ratio_likely": likely.mean,
+        "std_error_likely": likely.std_error,
+        "tokens_likely": int(likely.tokens),
+        "likely_moved_down_share": share_down if moved > 0 else None,
+        "likely_moved": int(moved),
+        "critical": critical,
+        "slope": slopes[2] if slopes is not None else None,
     }
+    sharper = direction == "sharper"
     side = (
         "the rollout engine sampled at a lower temperature than the trainer scored at (or the trainer forgot to "
-        "divide by it)"
-        if direction == "sharper"
-        else "the trainer divided by a lower temperature than the rollout engine sampled at"
+        "divide its logits by it)"
+        if sharper
+        else "the rollout engine sampled at a higher temperature than the trainer scored at (or the trainer divided "
+        "by a temperature the rollout did not use)"
+    )
+    how = (
+        f"the first is positive (at least {TEMPERATURE_MIN_SHIFT:g} nats), which noise (it flattens a distribution) "
+        "and truncation (it only raises the rollout's log-probs) cannot make it"
+        if sharper
+        else f"{share_down:.0%} of the {int(moved):,} likely tokens moved by more than {SHIFT_TOL} nats moved down "
+        f"(at least {FLAT_SHARE_MIN:.0%}; noise moves them both ways)"
     )
     message = (
-        f"the rollout log-probs are a scaled copy of the trainer's: rollout ~ {ratio:.3g} x train + c "
-        f"(regression slopes {low:.3g}..{high:.3g}, interval {interval[0]:.3g}..{interval[1]:.3g} over "
-        f"{int(n):,} tokens; numerical noise keeps 1 inside). The rollout distribution is {direction}: {side}. "
-        "The slope understates T_train/T_rollout (each position's normaliser differs), so read it as direction "
-        "and a lower bound on the size."
+        f"the rollout distribution is {direction} than the trainer's: on tokens the trainer gives p < {UNLIKELY:g} "
+        f"the log-ratio old - rollout averages {unlikely.mean:+.3g} nats ({unlikely.z():+.3g} standard errors, "
+        f"{int(unlikely.tokens):,} tokens), on tokens with p >= {LIKELY:g} {likely.mean:+.3g} ({likely.z():+.3g} "
+        f"standard errors; noise stays within {critical:.2f} with responses as the units); {how}. Likely cause: "
+        f"{side}."
     )
-    return _finding("temperature_mismatch", message, ratio, SCALE_TOLERANCE, evidence)
+    if sharper:
+        return _finding("temperature_mismatch", message, unlikely.mean, TEMPERATURE_MIN_SHIFT, evidence)
+    return _finding("temperature_mismatch", message, share_down, FLAT_SHARE_MIN, evidence)
+
+
+# ------------------------------------------------------------------------------------------- truncation
+
+
+def sampling_truncation(shape: ShapeSums, offset: OffsetSums) -> Finding | None:
+    """Rollout log-probs renormalised over a truncated set (top-k, top-p): the mean IS ratio below 1 by the missing
+    mass, carried by many tokens, and largest where the trainer is unsure.
+
+    For tokens sampled from the rollout, E[pi_train / pi_rollout] is the trainer's probability mass on the tokens
+    the rollout can sample: exactly 1 for any two full distributions (noise, temperature), the kept mass M < 1
+    under truncation, where every sampled token's rollout log-prob is the trainer's minus log M (d = log M <= 0),
+    and M is smallest at the flat positions, where the sampled tokens are unlikely ones.
+    """
+    ratio = shape.mean("ratio")
+    means = _shape_means(shape)
+    if ratio is None or means is None or ratio.tokens < MIN_TOKENS:
+        return None
+    unlikely, likely = means
+    critical = shape_critical(ratio.responses)
+    n = float(offset.column("n").sum())
+    up, down = float(offset.column("up").sum()), float(offset.column("down").sum())
+    net_share = (up - down) / n if n > 0 else 0.0
+    deficit = -ratio.mean
+    gap = unlikely.mean - likely.mean
+    gap_se = math.hypot(unlikely.std_error, likely.std_error)
+    concentrated = gap < 0 and (gap_se == 0 or -gap / gap_se >= critical)
+    significant = deficit >= TRUNCATION_MIN_DEFICIT and -ratio.z() >= critical
+    if not significant or net_share < TRUNCATION_SHARE_MIN or not concentrated:
+        return None
+    kept = 1.0 - deficit
+    evidence = {
+        "missing_mass": deficit,
+        "mean_capped_ratio": kept,
+        "std_error": ratio.std_error,
+        "critical": critical,
+        "share_rollout_higher": up / n,
+        "share_trainer_higher": down / n,
+        "log_ratio_unlikely": unlikely.mean,
+        "log_ratio_likely": likely.mean,
+        "tokens": int(ratio.tokens),
+        "ratio_cap": RATIO_CAP,
+    }
+    message = (
+        f"the rollout's log-probs look renormalised over a truncated set: the mean IS ratio (capped at "
+        f"{RATIO_CAP:.3g}) is {kept:.4g} ({-ratio.z():.3g} standard errors below 1, noise stays within "
+        f"{critical:.2f}); for tokens sampled from the rollout it is the trainer's mass on what the rollout can "
+        f"sample, 1 for two full distributions whatever their noise or temperature, so {deficit:.2%} of it is "
+        f"missing on average. {net_share:.0%} more tokens are scored higher by the rollout than lower (by more than "
+        f"{SHIFT_TOL} nats), most where the trainer is unsure: the log-ratio old - rollout averages "
+        f"{unlikely.mean:+.3g} nats at trainer p < {UNLIKELY:g} against {likely.mean:+.3g} at p >= {LIKELY:g}."
+    )
+    return _finding("sampling_truncation", message, deficit, TRUNCATION_MIN_DEFICIT, evidence)
 
 
 # ------------------------------------------------------------------------------------------------ offset

@@ -17,7 +17,7 @@ import numpy as np
 
 from rcdiag.errors import ConfigError
 from rcdiag.explain.breakdowns import DOUBLING_EDGES, GROUPS, LOG_PROB_THRESHOLDS, PROB_EDGES, SUMS, Breakdowns
-from rcdiag.explain.statistics import RATIO_CAP, SHIFT_TOL, OffsetSums, ScaleSums
+from rcdiag.explain.statistics import LIKELY, RATIO_CAP, SHIFT_TOL, UNLIKELY, OffsetSums, ScaleSums, ShapeSums
 from rcdiag.explain.tokens import DENSE_IDS, TokenSums
 from rcdiag.explain.tokens import SUMS as TOKEN_SUMS
 from rcdiag.explain.worst import DEFAULT_WORST, PLOTTED, TEXT_TOKENS, TRACE_POINTS, WorstResponses
@@ -63,6 +63,9 @@ class RowContext:
 
 _NO_MASK = np.zeros(0, dtype=np.uint8)
 _EDGES = np.asarray(DOUBLING_EDGES, dtype=np.int64)
+_LOG_UNLIKELY = float(LOG_PROB_THRESHOLDS[PROB_EDGES.index(UNLIKELY) - 1])
+_LOG_LIKELY = float(LOG_PROB_THRESHOLDS[PROB_EDGES.index(LIKELY) - 1])
+"""The float32 thresholds on old_log_prob of ``ShapeSums``: x >= t exactly when exp(x) >= the probability edge."""
 
 
 def explain_layout() -> dict[str, Any]:
@@ -81,6 +84,13 @@ def explain_layout() -> dict[str, Any]:
         "offset": list(OffsetSums.NAMES),
         "ratio_cap": RATIO_CAP,
         "shift_tol": SHIFT_TOL,
+        "shape": {
+            "statistics": list(ShapeSums.STATISTICS),
+            "cluster": list(ShapeSums.CLUSTER),
+            "counts": list(ShapeSums.COUNTS),
+            "unlikely": UNLIKELY,
+            "likely": LIKELY,
+        },
         "worst": {"plotted": PLOTTED, "trace_points": TRACE_POINTS, "text_tokens": TEXT_TOKENS},
         "tokens": {"sums": list(TOKEN_SUMS), "dense_ids": DENSE_IDS},
         "kernel": explain_encoding.layout(),
@@ -95,6 +105,7 @@ class ExplainState:
         self.worst = WorstResponses(worst)
         self.scale = ScaleSums()
         self.offset = OffsetSums()
+        self.shape = ShapeSums()
         self.tokens = TokenSums()
         self.rows_read = 0
         """Rows numbered so far in reading order, skipped rows included (the next row's number)."""
@@ -132,6 +143,9 @@ class ExplainState:
             self.breakdowns.length,
             self.scale.sums,
             self.offset.sums,
+            _LOG_UNLIKELY,
+            _LOG_LIKELY,
+            self.shape.sums,
         )
 
     def number(self, chunk: Chunk) -> Chunk:
@@ -147,6 +161,7 @@ class ExplainState:
         self.breakdowns.merge(other.breakdowns)
         self.scale.merge(other.scale)
         self.offset.merge(other.offset)
+        self.shape.merge(other.shape)
         self.tokens.merge(other.tokens)
         self.worst.merge(other.worst, row_offset=self.rows_read)
         self.rows_read += other.rows_read
@@ -159,6 +174,7 @@ class ExplainState:
             "worst": self.worst.state_dict(),
             "scale": self.scale.state_dict(),
             "offset": self.offset.state_dict(),
+            "shape": self.shape.state_dict(),
             "tokens": self.tokens.state_dict(),
         }
 
@@ -170,6 +186,7 @@ class ExplainState:
         out.worst.load_state_dict(state["worst"])
         out.scale.load_state_dict(state["scale"])
         out.offset.load_state_dict(state["offset"])
+        out.shape.load_state_dict(state["shape"])
         out.tokens.load_state_dict(state["tokens"])
         return out
 

@@ -11,11 +11,16 @@ worker reads it.
   Products are float32, as numpy takes them (x * x of float32 arrays).
 * ``OffsetSums``: the mean of the token IS ratio exp(clamp(old - rollout)) (float32) capped at ``RATIO_CAP``, and how
   many tokens the rollout side scores more than ``SHIFT_TOL`` above or below the trainer.
+* ``ShapeSums`` (not per group): per-response sums behind the temperature and truncation detectors, with whole
+  responses as the independent units: the log-ratio d = old - rollout over the tokens the trainer found unlikely
+  (p < ``UNLIKELY``) and likely (p >= ``LIKELY``), the capped IS ratio minus 1 over every valid token, and the
+  likely tokens shifted each way.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,6 +31,10 @@ RATIO_CAP = math.exp(3.0)
 """The offset statistic caps each token's IS ratio here, so that a few outlier tokens cannot move it."""
 SHIFT_TOL = 0.01
 """A token counts as shifted when the two sides' log-probs differ by more than this (1% in probability)."""
+UNLIKELY = 0.1
+"""``ShapeSums``: a token the trainer found unlikely has exp(old_log_prob) below this (a rollout_prob bucket edge)."""
+LIKELY = 0.9
+"""``ShapeSums``: a token the trainer found likely has exp(old_log_prob) at least this (a rollout_prob bucket edge)."""
 
 
 class GroupSums:
@@ -66,6 +75,68 @@ class ScaleSums(GroupSums):
 
 class OffsetSums(GroupSums):
     NAMES = ("n", "capped_ratio", "up", "down")
+
+
+class ShapeSums:
+    """Per-response (cluster) sums of three token means, and two counts; one flat float64 array, merged by addition.
+
+    For a statistic with per-response token count n_r and sum S_r, ``CLUSTER`` keeps sum n_r, sum S_r, sum S_r^2,
+    sum n_r S_r and sum n_r^2: the mean is sum S / sum n, and its standard error with responses as the independent
+    units (tokens of one response are correlated) is sqrt(sum (S_r - mean n_r)^2) / sum n, expanded into those
+    sums (float64; clipped at 0 against rounding).
+    """
+
+    STATISTICS = ("unlikely", "likely", "ratio")
+    """d over tokens with trainer p < UNLIKELY; d over tokens with p >= LIKELY; capped IS ratio - 1, all tokens."""
+    CLUSTER = ("n", "s", "ss", "ns", "nn")
+    COUNTS = ("likely_up", "likely_down")
+    """Likely tokens the rollout scores more than SHIFT_TOL above (d < -tol) and below (d > tol) the trainer."""
+    SIZE = len(STATISTICS) * len(CLUSTER) + len(COUNTS)
+
+    def __init__(self) -> None:
+        self.sums = np.zeros(self.SIZE)
+
+    def merge(self, other: ShapeSums) -> None:
+        self.sums += other.sums
+
+    def state_dict(self) -> list[float]:
+        return self.sums.tolist()
+
+    def load_state_dict(self, state: list[float]) -> None:
+        self.sums = reals(state, type(self).__name__, (self.SIZE,))
+
+    def cluster(self, statistic: str) -> np.ndarray:
+        at = self.STATISTICS.index(statistic) * len(self.CLUSTER)
+        return self.sums[at : at + len(self.CLUSTER)]
+
+    def count(self, name: str) -> float:
+        return float(self.sums[len(self.STATISTICS) * len(self.CLUSTER) + self.COUNTS.index(name)])
+
+    def mean(self, statistic: str) -> ClusterMean | None:
+        """The statistic's token mean, standard error and effective number of responses; ``None`` without tokens
+        (or with a non-finite sum: a NaN log-ratio)."""
+        n, s, ss, ns, nn = (float(v) for v in self.cluster(statistic))
+        if n <= 0 or nn <= 0 or not math.isfinite(s + ss + ns):
+            return None
+        mean = s / n
+        variance = max(ss - 2.0 * mean * ns + mean * mean * nn, 0.0)
+        return ClusterMean(mean, math.sqrt(variance) / n, n, n * n / nn)
+
+
+@dataclass(frozen=True)
+class ClusterMean:
+    mean: float
+    std_error: float
+    tokens: float
+    responses: float
+    """Effective number of responses, (sum n_r)^2 / sum n_r^2 (Satterthwaite): fewer when a few long responses hold
+    most tokens; its value less 1 is the degrees of freedom of the t test."""
+
+    def z(self) -> float:
+        """The mean in standard errors (0 for a mean of 0, +-inf for a nonzero mean without spread)."""
+        if self.std_error > 0:
+            return self.mean / self.std_error
+        return 0.0 if self.mean == 0 else math.copysign(math.inf, self.mean)
 
 
 def group_spread(values: list[float]) -> float:

@@ -3,8 +3,9 @@
 ``explain_block`` takes the block's raw rows; a row with padding has its valid tokens copied into a row buffer
 (in L1) first. Per row, a few simple loops, each of which LLVM vectorizes (their fusion it does not):
 
-* ``_row_scale``: the scale co-moments and shift counts of the detectors, and each token's rollout-probability
-  bucket (compared with log-space thresholds, written out);
+* ``_row_scale``: the scale co-moments, shift counts and shape sums (log-ratio over the tokens the trainer found
+  unlikely and likely) of the detectors, and each token's rollout-probability bucket (compared with log-space
+  thresholds, written out);
 * ``_row_terms``: each token's k3 and chi2 terms (written out) and the capped IS ratio's sum;
 * ``_run_sums``, once per run of positions that share a position bucket (0-31, 32-63, 64-127, ...; the mask
   places each valid token at its position): the run's token count, log-ratio, |log-ratio|, k3 and chi2 sums, for
@@ -180,13 +181,19 @@ def _run_sums(old: np.ndarray, rollout: np.ndarray, k3: np.ndarray, chi2: np.nda
 
 
 @njit(**JIT)
-def _row_scale(old: np.ndarray, rollout: np.ndarray, bucket: np.ndarray, thresholds: np.ndarray, tol: np.float32):
+def _row_scale(
+    old: np.ndarray, rollout: np.ndarray, bucket: np.ndarray, thresholds: np.ndarray, tol: np.float32,
+    unlikely: np.float32, likely: np.float32,
+):  # fmt: skip
     """A row's scale co-moments over tokens with finite log-probs (n, x, y, xx, yy, xy; products in float32 as
-    numpy takes them), its shift counts (d < -tol, d > tol), whether every |d| is below ``SMALL``, and each
-    token's probability bucket (written out)."""
+    numpy takes them), its shift counts (d < -tol, d > tol), whether every |d| is below ``SMALL``, each token's
+    probability bucket (written out), and the shape sums: count and sum of d over finite tokens with old below
+    ``unlikely`` and at or above ``likely``, and the likely ones shifted each way (d < -tol, d > tol)."""
     t0, t1, t2, t3, t4, t5, t6 = (thresholds[0], thresholds[1], thresholds[2], thresholds[3], thresholds[4],
                                   thresholds[5], thresholds[6])  # fmt: skip
     n = up = down = big = 0
+    n_lo = n_hi = hi_up = hi_down = 0
+    s_lo = s_hi = 0.0
     small = np.float32(SMALL)
     sx = sy = sxx = syy = sxy = 0.0
     for j in range(old.shape[0]):
@@ -209,7 +216,27 @@ def _row_scale(old: np.ndarray, rollout: np.ndarray, bucket: np.ndarray, thresho
         sxx += np.float64(xf * xf)
         syy += np.float64(yf * yf)
         sxy += np.float64(xf * yf)
-    return float(n), sx, sy, sxx, syy, sxy, float(up), float(down), big == 0
+        lo = finite & (x < unlikely)
+        hi = finite & (x >= likely)
+        d = np.float64(d32)
+        n_lo += np.int64(lo)
+        s_lo += d if lo else 0.0
+        n_hi += np.int64(hi)
+        s_hi += d if hi else 0.0
+        hi_up += np.int64(hi & (d32 < -tol))
+        hi_down += np.int64(hi & (d32 > tol))
+    shape = (float(n_lo), s_lo, float(n_hi), s_hi, float(hi_up), float(hi_down))
+    return float(n), sx, sy, sxx, syy, sxy, float(up), float(down), big == 0, shape
+
+
+@njit(**JIT)
+def _add_cluster(out: np.ndarray, at: int, n: float, s: float) -> None:
+    """One response's count ``n`` and sum ``s`` into the cluster sums at ``out[at:at + 5]`` (n, s, s^2, n s, n^2)."""
+    out[at] += n
+    out[at + 1] += s
+    out[at + 2] += s * s
+    out[at + 3] += n * s
+    out[at + 4] += n * n
 
 
 @njit(**JIT)
@@ -238,6 +265,9 @@ def explain_block(
     length: np.ndarray,
     scale: np.ndarray,
     offset: np.ndarray,
+    unlikely: float,
+    likely: float,
+    shape: np.ndarray,
 ) -> None:
     """Fold one block into the explain sums (added in place).
 
@@ -250,13 +280,17 @@ def explain_block(
     of its valid length and the bits of its first valid trainer log-prob (``rcdiag.explain.statistics``). Sums:
     ``prob`` (buckets, 5), ``position`` (groups, buckets, 5), ``length`` (buckets, 5) with columns tokens,
     log-ratio, |log-ratio|, k3, chi2; ``scale`` (groups, 6): n, x, y, xx, yy, xy over tokens with finite
-    log-probs; ``offset`` (groups, 4): n, capped IS ratio, up, down.
+    log-probs; ``offset`` (groups, 4): n, capped IS ratio, up, down. ``shape`` (``ShapeSums.SIZE``): per-response
+    cluster sums of d over tokens with old below ``unlikely`` and at or above ``likely`` (float32 log-prob
+    thresholds) and of the capped ratio minus 1, then the likely tokens shifted up and down.
     """
     n_rows = valid_len.shape[0]
     n_edges = edges.shape[0]
     has_mask = mask.shape[0] > 0
     cap = np.float32(ratio_cap)
     tol = np.float32(shift_tol)
+    low = np.float32(unlikely)
+    high = np.float32(likely)
     longest = 0
     longest_list = 0
     for row in range(n_rows):
@@ -287,8 +321,8 @@ def explain_block(
         if n_valid == 0:
             m += n_list
             continue
-        r_n, r_x, r_y, r_xx, r_yy, r_xy, r_up, r_down, small = _row_scale(
-            row_x, row_y, row_bucket[:n_valid], thresholds, tol
+        r_n, r_x, r_y, r_xx, r_yy, r_xy, r_up, r_down, small, r_shape = _row_scale(
+            row_x, row_y, row_bucket[:n_valid], thresholds, tol, low, high
         )
         size = 0
         while size < n_edges and edges[size] < n_list:
@@ -347,3 +381,8 @@ def explain_block(
         offset[g, 1] += r_capped
         offset[g, 2] += r_up
         offset[g, 3] += r_down
+        _add_cluster(shape, 0, r_shape[0], r_shape[1])
+        _add_cluster(shape, 5, r_shape[2], r_shape[3])
+        _add_cluster(shape, 10, float(n_valid), r_capped - n_valid)
+        shape[15] += r_shape[4]
+        shape[16] += r_shape[5]
