@@ -22,9 +22,13 @@ PACKAGE = ROOT / "rcdiag"
 
 LEAVES = frozenset(
     "rcdiag." + name
-    for name in ("_version", "constants", "errors", "versions", "stats", "notices", "printable", "fields")
-)
-"""Modules that import nothing of rcdiag but each other."""
+    for name in (
+        "_version", "constants", "errors", "versions", "stats", "notices", "printable", "fields",
+        "core", "core.limits", "core.formulas",
+    )
+)  # fmt: skip
+"""Modules that import nothing of rcdiag but each other (``rcdiag.core``: the constants and formulas every engine
+path shares)."""
 FEATURES = ("rcdiag.explain", "rcdiag.sweep", "rcdiag.microbatch", "rcdiag.compare", "rcdiag.check", "rcdiag.health")
 LIBRARY_API = ("rcdiag.api", "rcdiag.writer", "rcdiag.outputs", "rcdiag.interrupts")
 BELOW_FEATURES = (

@@ -30,6 +30,7 @@ from numba.extending import intrinsic
 
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
 from rcdiag.kernels.explain_encoding import GOLDEN, GROUP_SHIFT, SERIES_TERMS, SMALL
+from rcdiag.kernels.scalar import chi2_term, clamped_expm1, k3_verl, truncate
 
 LN2_HI = 6.93147180369123816490e-01
 LN2_LO = 1.90821492927058770002e-10
@@ -38,9 +39,6 @@ _EXPM1_HI = 90.0
 """Log-ratios above this give k3 = inf anyway (float32 exp overflows at 88.7): the polynomial stops here."""
 _EXPM1_LO = -40.0
 """``expm1`` of anything below rounds to -1 in float64."""
-EM1_POS_BOUND = math.expm1(20.0)
-EM1_NEG_BOUND = math.expm1(-20.0)
-LOG_F32_MAX = math.log(float(np.finfo(np.float32).max))
 
 
 @intrinsic
@@ -158,11 +156,11 @@ def _row_terms(
     for j in range(old.shape[0]):
         d = np.float64(old[j] - rollout[j])
         em1 = _expm1_series(d) if small else _expm1(d)
-        em1c = EM1_POS_BOUND if d > 20.0 else (EM1_NEG_BOUND if d < -20.0 else em1)
+        em1c = clamped_expm1(em1, d)
         ratio = np.float32(em1c + 1.0)
-        capped += np.float64(cap if ratio > cap else ratio)
-        k3_out[j] = math.inf if d > LOG_F32_MAX else em1 - d
-        chi2_out[j] = em1c * (em1c + 2.0)
+        capped += np.float64(truncate(ratio, cap))
+        k3_out[j] = k3_verl(em1, d)
+        chi2_out[j] = chi2_term(em1c)
     return capped
 
 

@@ -18,14 +18,15 @@ import math
 import numpy as np
 from numba import njit
 
+from rcdiag.core.limits import SAFETY_BOUND_F32
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
-from rcdiag.kernels.tokens import SMALL, _clamp, _k3_small
+from rcdiag.kernels.scalar import clamp, k1, k2, k3, rs_keep
+from rcdiag.kernels.tokens import SMALL, _k3_small
 
 ESTIMATORS = {"k1": 1, "k2": 2, "k3": 3}
 """The estimator codes the kernels take."""
 
 _STRICT = {**JIT, "fastmath": False}
-_HALF32 = np.float32(0.5)
 
 
 @njit(**_STRICT)
@@ -35,23 +36,22 @@ def _statistic_row(lr, estimator, out):
     everywhere, then ``math.expm1`` where |d| >= SMALL (a second, scalar pass, only when there is one)."""
     if estimator == 1:
         for i in range(lr.shape[0]):
-            out[i] = -_clamp(lr[i])
+            out[i] = k1(clamp(lr[i], SAFETY_BOUND_F32))
     elif estimator == 2:
         for i in range(lr.shape[0]):
-            dc = _clamp(lr[i])
-            out[i] = _HALF32 * dc * dc
+            out[i] = k2(clamp(lr[i], SAFETY_BOUND_F32))
     else:
         large = 0
         for i in range(lr.shape[0]):
-            x = np.float64(_clamp(lr[i]))
+            x = np.float64(clamp(lr[i], SAFETY_BOUND_F32))
             small = abs(x) < SMALL  # False for NaN
             out[i] = np.float32(_k3_small(x if small else 0.0))
             large += np.int64(not small)
         if large:
             for i in range(lr.shape[0]):
-                x = np.float64(_clamp(lr[i]))
+                x = np.float64(clamp(lr[i], SAFETY_BOUND_F32))
                 if not abs(x) < SMALL:
-                    out[i] = np.float32(math.expm1(x) - x)
+                    out[i] = np.float32(k3(math.expm1(x), x))
 
 
 @njit(**JIT)
@@ -102,7 +102,7 @@ def _row_band(stat, lo, hi, two_sided):
     floor = min(lo, hi)  # the clip's floor: torch's clamp gives hi everywhere for an inverted band
     for i in range(stat.shape[0]):
         x = stat[i]
-        keep = (x <= hi) & ((x >= lo) | (not two_sided))
+        keep = rs_keep(x, lo, hi, two_sided)
         rejected += np.int64(not keep)
         above += np.int64(x > hi)
         below += np.int64(x < lo)

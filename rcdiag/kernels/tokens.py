@@ -22,18 +22,14 @@ import math
 import numpy as np
 from numba import njit
 
-from rcdiag.config import SAFETY_BOUND
+from rcdiag.core.limits import SAFETY_BOUND, SAFETY_BOUND_F32
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
+from rcdiag.kernels.scalar import chan_merge, chi2_term, clamp, exp_overflows, k1, k3_verl, order_key, rs_keep
 
 SMALL = 0.25
 """Below this |d| the Taylor series gives k3; at or above it (and for inf and NaN), ``math.expm1``."""
 
-_LOG_F32_MAX = math.log(float(np.finfo(np.float32).max))
-"""Above this log-ratio verl's float32 exp overflows to inf."""
-
 _C2, _C3, _C4, _C5, _C6, _C7, _C8, _C9, _C10, _C11, _C12, _C13 = (1.0 / math.factorial(k) for k in range(2, 14))
-
-_BOUND32 = np.float32(SAFETY_BOUND)
 
 N_SUMS = 4
 """Block sums in ``sums``: |d|, e^|d|, k3, chi2 terms."""
@@ -112,18 +108,12 @@ def _sums(old, rollout):
     return so, sr
 
 
-@njit(inline="always")
-def _order_key(bits):
-    """The int32 key of a float32's bits that orders as the float does (a negative float's bits, all but the
-    sign flipped); the map is its own inverse (``order_key``)."""
-    return bits ^ ((bits >> 31) & np.int32(0x7FFFFFFF))
-
-
 @njit(**JIT)
 def _row_counts(d32):
     """Sum of |d|, the counts of NaN d and of tokens left to the scalar pass, and the least and greatest d as
-    order-preserving int32 keys (``order_key``): integer min/max vectorize, float ones stayed scalar (0.04
-    against 0.4 ns a token). A NaN d has a key beyond +-inf; the caller reports such a row's extremes as NaN."""
+    order-preserving int32 keys (``rcdiag.core.formulas.order_key``): integer min/max vectorize, float ones stayed
+    scalar (0.04 against 0.4 ns a token). A NaN d has a key beyond +-inf; the caller reports such a row's extremes
+    as NaN."""
     s_abs = 0.0
     nan = 0
     big = 0
@@ -136,7 +126,7 @@ def _row_counts(d32):
         s_abs += a
         nan += np.int64(x != x)
         big += np.int64(not (a < SMALL))  # NaN included
-        k = _order_key(bits[i])
+        k = order_key(bits[i])
         lo = k if k < lo else lo
         hi = k if k > hi else hi
     return s_abs, nan, big, lo, hi
@@ -158,7 +148,7 @@ def _row_series(d32):
         k = even + odd
         rm1 = ds + k
         s_k3 += k
-        s_chi2 += rm1 * (rm1 + 2.0)
+        s_chi2 += chi2_term(rm1)
         s_exp += 1.0 + abs(ds) + even + abs(odd)  # e^|d|, by the same series at |d|
     return s_k3, s_chi2, s_exp
 
@@ -176,15 +166,10 @@ def _row_large(d32):
         if a < SMALL:
             continue
         # verl's float32 exp overflows to inf above log(float32 max); -inf gives e^d - 1 - d = +inf
-        s_k3 += math.inf if d > _LOG_F32_MAX else math.expm1(d) - d
-        s_exp += math.inf if a > _LOG_F32_MAX else math.exp(a)
-        dc = d
-        if d > SAFETY_BOUND:
-            dc = SAFETY_BOUND
-        elif d < -SAFETY_BOUND:
-            dc = -SAFETY_BOUND
-        rm1 = math.expm1(dc)  # NaN stays NaN, as under verl's clamp
-        s_chi2 += rm1 * (rm1 + 2.0)
+        s_k3 += k3_verl(math.expm1(d), d)
+        s_exp += math.inf if exp_overflows(a) else math.exp(a)
+        rm1 = math.expm1(clamp(d, SAFETY_BOUND))  # NaN stays NaN, as under verl's clamp
+        s_chi2 += chi2_term(rm1)
         clamped += 1 if a > SAFETY_BOUND else 0
     return s_exp, s_k3, s_chi2, clamped
 
@@ -217,13 +202,6 @@ def valid_lengths(mask, lengths, out):
         t += n
 
 
-def order_key(keys: np.ndarray) -> np.ndarray:
-    """The float32 values of int32 order keys (the map is its own inverse: a negative float's bits, all but the
-    sign flipped, order as integers the way the floats do)."""
-    keys = keys.astype(np.int32)
-    return (keys ^ ((keys >> 31) & np.int32(0x7FFFFFFF))).view(np.float32)
-
-
 @njit(**JIT)
 def _k1_band_row(d32, lo, hi, nan):
     """What a token-level k1 band [lo, hi] does to one row, k1 = -clamp(d, ±20): (rejected, above hi, below lo,
@@ -231,7 +209,7 @@ def _k1_band_row(d32, lo, hi, nan):
     row) is rejected, counted neither above nor below, and makes the moments NaN. Within (-20, 20) the bounds make
     the clamp irrelevant, so k1 > hi is d < -hi, k1 < lo is d > -lo and clip(k1) is -clip(d, -hi, -lo): three
     reductions LLVM vectorizes (exact float32 comparisons, the same numbers)."""
-    if not (-_BOUND32 < lo <= hi < _BOUND32):
+    if not (-SAFETY_BOUND_F32 < lo <= hi < SAFETY_BOUND_F32):
         return _k1_band_row_clamped(d32, lo, hi)
     neg_hi = -hi
     neg_lo = -lo
@@ -263,8 +241,8 @@ def _k1_band_row_clamped(d32, lo, hi):
     s = 0.0
     floor = min(lo, hi)
     for i in range(d32.shape[0]):
-        x = -_clamp(d32[i])
-        rejected += np.int64(not ((x <= hi) & (x >= lo)))
+        x = k1(clamp(d32[i], SAFETY_BOUND_F32))
+        rejected += np.int64(not rs_keep(x, lo, hi, True))
         above += np.int64(x > hi)
         below += np.int64(x < lo)
         s += np.float64(floor if x < floor else (hi if x > hi else x))
@@ -272,15 +250,10 @@ def _k1_band_row_clamped(d32, lo, hi):
     mean = s / n if n else 0.0
     m2 = 0.0
     for i in range(d32.shape[0]):
-        x = -_clamp(d32[i])
+        x = k1(clamp(d32[i], SAFETY_BOUND_F32))
         c = np.float64(floor if x < floor else (hi if x > hi else x)) - mean
         m2 += c * c
     return rejected, above, below, mean, m2
-
-
-@njit(inline="always")
-def _clamp(x):
-    return _BOUND32 if x > _BOUND32 else (-_BOUND32 if x < -_BOUND32 else x)  # NaN stays NaN
 
 
 @njit(**JIT)
@@ -294,11 +267,11 @@ def _k1_bands(d32, r, nan, band_lo, band_hi, band_rows, band_out):
         band_out[b, 0] += above
         band_out[b, 1] += below
         if n:
-            total = band_out[b, 2] + n
-            delta = mean - band_out[b, 3]
-            band_out[b, 4] += m2 + delta * delta * band_out[b, 2] * n / total
-            band_out[b, 3] += delta * n / total
+            # the row's share of M2 merged first, then added to the band's (0.0 + m2 is m2: the same sum)
+            total, merged_mean, m2_row = chan_merge(band_out[b, 2], band_out[b, 3], 0.0, n, mean, m2)
             band_out[b, 2] = total
+            band_out[b, 3] = merged_mean
+            band_out[b, 4] += m2_row
 
 
 @njit(**JIT)

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from rcdiag.backend import Array, Backend, NumpyBackend
-from rcdiag.config import SAFETY_BOUND
+from rcdiag.core.formulas import clamp_log_ratio, k1, k2, k3
+from rcdiag.core.limits import SAFETY_BOUND
 
 if TYPE_CHECKING:
     from rcdiag.metrics.tokens import Band, Statistic, TokenSums
@@ -128,7 +129,7 @@ class Block:
     @cached_property
     def lr_safe(self) -> Array:
         """The log-ratio clamped to [-20, 20] (the log-ratio itself when no value is beyond the bound)."""
-        return self.lr if self.within_clamp else self.b.clip(self.lr, -SAFETY_BOUND, SAFETY_BOUND)
+        return self.lr if self.within_clamp else clamp_log_ratio(self.b, self.lr)
 
     @cached_property
     def lr_safe64(self) -> Array:
@@ -259,8 +260,8 @@ class Block:
 def _k_stat(block: Block, estimator: str) -> Array:
     d = block.lr_safe
     if estimator == "k1":
-        return -d
+        return k1(d)
     if estimator == "k2":
-        return 0.5 * d * d
+        return k2(d)
     # float64 expm1(d) - d, rounded once: float32 exp(d) - 1 - d keeps about 3 digits at d = 0.04
-    return block.b.to_float32(block.ratio_minus_one - block.lr_safe64)
+    return block.b.to_float32(k3(block.ratio_minus_one, block.lr_safe64))

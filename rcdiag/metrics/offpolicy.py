@@ -10,13 +10,10 @@ Nothing is computed as a difference of nearly equal numbers: k3 as ``expm1(d) - 
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
-import numpy as np
-
 from rcdiag.backend import Array
-from rcdiag.config import SAFETY_BOUND
+from rcdiag.core.formulas import chi2_term, clamp_log_ratio, k3, k3_verl_array
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
 from rcdiag.metrics.block import Block
 
@@ -78,7 +75,7 @@ class OffPolicyMetrics(Accumulator):
             delta_min=b.min(delta),
             exp_delta=b.sum(b.exp(delta)),
             chi2_token=block.sums.chi2_sum,
-            chi2_seq=b.sum(b.expm1(2.0 * b.clip(s, -SAFETY_BOUND, SAFETY_BOUND))),
+            chi2_seq=b.sum(b.expm1(2.0 * clamp_log_ratio(b, s))),
         )
 
     def keys(self) -> list[str]:
@@ -123,17 +120,13 @@ def k3_terms(block: Block) -> Array:
     def compute() -> Array:
         b = block.b
         if block.within_clamp:
-            return block.ratio_minus_one - block.lr_safe64
+            return k3(block.ratio_minus_one, block.lr_safe64)
         lr = b.to_float64(block.lr)
-        return b.where(lr > _LOG_F32_MAX, math.inf, b.expm1(lr) - lr)
+        return k3_verl_array(b, b.expm1(lr), lr)
 
     return block.memo(("k3_terms",), compute)
 
 
 def chi2_terms(block: Block) -> Array:
     """Per token, ratio^2 - 1 of the clamped log-ratio, as ``(e^d - 1)(e^d + 1)`` in float64 (no cancellation)."""
-    return block.memo(("chi2_terms",), lambda: block.ratio_minus_one * (block.ratio_minus_one + 2.0))
-
-
-_LOG_F32_MAX = math.log(float(np.finfo(np.float32).max))
-"""Above this log-ratio, verl's float32 exp overflows to inf."""
+    return block.memo(("chi2_terms",), lambda: chi2_term(block.ratio_minus_one))

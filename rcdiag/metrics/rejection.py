@@ -21,7 +21,9 @@ import numpy as np
 
 from rcdiag.backend import Array
 from rcdiag.config import RSOption
-from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash, f32
+from rcdiag.core.formulas import rs_keep
+from rcdiag.core.limits import f32
+from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
 from rcdiag.metrics.block import Block
 
 _SUFFIXES = (
@@ -88,9 +90,7 @@ def bounds(option: RSOption) -> tuple[float, float]:
 
 def _keep(option: RSOption, stat: Array) -> Array:
     lo, hi = bounds(option)
-    if option.is_k1:
-        return (stat >= lo) & (stat <= hi)
-    return stat <= hi
+    return rs_keep(stat, lo, hi, option.is_k1)
 
 
 def _reject(block: Block, opt: RSOption) -> Rejection:

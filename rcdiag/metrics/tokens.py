@@ -74,7 +74,8 @@ def fused_token_sums(
     """``TokenSums`` of a raw block: float32 ``old``/``rollout`` with padding, boolean ``mask`` (``None``: every
     token valid) and each row's raw token count; with the ``Band`` of each token-level k1 RS band ``(lo, hi)``
     (float32 bounds), taken in the same pass."""
-    from rcdiag.kernels.tokens import N_COUNTS, N_SUMS, order_key, token_pass
+    from rcdiag.core.formulas import order_key_floats
+    from rcdiag.kernels.tokens import N_COUNTS, N_SUMS, token_pass
 
     table = bin_table(EDGES)
     assert table is not None  # EDGES are float32 numbers, at most one per table cell
@@ -97,8 +98,8 @@ def fused_token_sums(
         band_out,
     )
     empty, has_nan = row_counts[:, 0] == 0, row_counts[:, 1] > 0
-    row_min = np.where(empty, math.inf, np.where(has_nan, math.nan, order_key(row_keys[:, 0])))
-    row_max = np.where(empty, -math.inf, np.where(has_nan, math.nan, order_key(row_keys[:, 1])))
+    row_min = np.where(empty, math.inf, np.where(has_nan, math.nan, order_key_floats(row_keys[:, 0])))
+    row_max = np.where(empty, -math.inf, np.where(has_nan, math.nan, order_key_floats(row_keys[:, 1])))
     nan = int(counts[0])
     lo, hi = (float(np.min(row_min)), float(np.max(row_max))) if n_rows else (math.inf, -math.inf)
     return TokenSums(
