@@ -7,7 +7,7 @@ float64 sums and NaN-propagating extremes, and ``threshold_pass`` counts what a 
 the moments of the statistic clipped to it (k1 bands are counted on the log-ratios by ``rcdiag.kernels.tokens``:
 in the token pass for the configuration's bands, else by ``k1_band_pass``). The statistic itself is computed by a
 kernel without fast-math flags, so k1 and k2 are the very float32 operations numpy does (0.5 * d * d, left to
-right); k3 is the float64 value rounded once to float32, from the series of ``rcdiag.kernels.tokens`` below its
+right); k3 is the float64 value rounded once to float32, from ``rcdiag.kernels.series.k3_series`` below its
 edge and ``math.expm1`` above.
 """
 
@@ -21,7 +21,7 @@ from numba import njit
 from rcdiag.core.limits import SAFETY_BOUND_F32
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
 from rcdiag.kernels.scalar import clamp, k1, k2, k3, rs_keep
-from rcdiag.kernels.tokens import SMALL, _k3_small
+from rcdiag.kernels.series import K3_SERIES_MAX, k3_series
 
 ESTIMATORS = {"k1": 1, "k2": 2, "k3": 3}
 """The estimator codes the kernels take."""
@@ -33,7 +33,7 @@ _STRICT = {**JIT, "fastmath": False}
 def _statistic_row(lr, estimator, out):
     """The statistic of every log-ratio in ``lr``, into ``out`` (no fast-math: the float32 operations numpy
     does, in its order). One loop per estimator, each without a branch, so each vectorizes; k3 takes the series
-    everywhere, then ``math.expm1`` where |d| >= SMALL (a second, scalar pass, only when there is one)."""
+    everywhere, then ``math.expm1`` where |d| >= K3_SERIES_MAX (a second, scalar pass, only when there is one)."""
     if estimator == 1:
         for i in range(lr.shape[0]):
             out[i] = k1(clamp(lr[i], SAFETY_BOUND_F32))
@@ -44,13 +44,13 @@ def _statistic_row(lr, estimator, out):
         large = 0
         for i in range(lr.shape[0]):
             x = np.float64(clamp(lr[i], SAFETY_BOUND_F32))
-            small = abs(x) < SMALL  # False for NaN
-            out[i] = np.float32(_k3_small(x if small else 0.0))
+            small = abs(x) < K3_SERIES_MAX  # False for NaN
+            out[i] = np.float32(k3_series(x if small else 0.0))
             large += np.int64(not small)
         if large:
             for i in range(lr.shape[0]):
                 x = np.float64(clamp(lr[i], SAFETY_BOUND_F32))
-                if not abs(x) < SMALL:
+                if not abs(x) < K3_SERIES_MAX:
                     out[i] = np.float32(k3(math.expm1(x), x))
 
 

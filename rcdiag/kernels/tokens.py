@@ -8,7 +8,7 @@ Per token, with d = float32(old - rollout) over valid tokens (mask 1):
 * float64 sums of |d|, of e^|d|, of k3 = e^d - 1 - d (unclamped) and of chi2 terms e^(2 clamp(d)) - 1;
 * the number of |d| above verl's safety bound, and the log-ratio histogram's bin counts.
 
-For |d| < ``SMALL`` (nearly every token of a real dump) k3 is its Taylor series to d^13/13!, whose truncation
+For |d| < ``K3_SERIES_MAX`` (nearly every token of a real dump) k3 is its Taylor series to d^13/13!, whose truncation
 error is below 1e-19 of k3 there: more accurate than ``expm1(d) - d``, and a polynomial LLVM vectorizes, where a
 call to ``expm1`` per token costs 5 ns. e^d - 1 is then d + k3 and e^|d| is 1 + (e^d - 1) or its reciprocal.
 Other tokens (large, infinite or NaN d; a handful in a healthy dump) take a second, scalar pass over their rows
@@ -25,33 +25,12 @@ from numba import njit
 from rcdiag.core.limits import SAFETY_BOUND, SAFETY_BOUND_F32
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
 from rcdiag.kernels.scalar import chan_merge, chi2_term, clamp, exp_overflows, k1, k3_verl, order_key, rs_keep
-
-SMALL = 0.25
-"""Below this |d| the Taylor series gives k3; at or above it (and for inf and NaN), ``math.expm1``."""
-
-_C2, _C3, _C4, _C5, _C6, _C7, _C8, _C9, _C10, _C11, _C12, _C13 = (1.0 / math.factorial(k) for k in range(2, 14))
+from rcdiag.kernels.series import K3_SERIES_MAX, k3_series_parts
 
 N_SUMS = 4
 """Block sums in ``sums``: |d|, e^|d|, k3, chi2 terms."""
 N_COUNTS = 4
 """Block counts in ``counts``: NaN d, |d| beyond the safety bound, tokens left to the scalar pass, valid tokens."""
-
-
-@njit(inline="always")
-def _k3_parts(d: float) -> tuple[float, float]:
-    """The even and odd parts of e^d - 1 - d for |d| < SMALL: its Taylor series to d^13/13!, split so that
-    e^|d| - 1 - |d| (even part plus |odd part|) costs nothing more (Horner's scheme in d^2)."""
-    u = d * d
-    even = _C2 + u * (_C4 + u * (_C6 + u * (_C8 + u * (_C10 + u * _C12))))
-    odd = _C3 + u * (_C5 + u * (_C7 + u * (_C9 + u * (_C11 + u * _C13))))
-    return u * even, d * u * odd
-
-
-@njit(inline="always")
-def _k3_small(d: float) -> float:
-    """e^d - 1 - d for |d| < SMALL."""
-    even, odd = _k3_parts(d)
-    return even + odd
 
 
 @njit(**JIT)
@@ -125,7 +104,7 @@ def _row_counts(d32):
         a = abs(np.float64(x))
         s_abs += a
         nan += np.int64(x != x)
-        big += np.int64(not (a < SMALL))  # NaN included
+        big += np.int64(not (a < K3_SERIES_MAX))  # NaN included
         k = order_key(bits[i])
         lo = k if k < lo else lo
         hi = k if k > hi else hi
@@ -134,7 +113,7 @@ def _row_counts(d32):
 
 @njit(**JIT)
 def _row_series(d32):
-    """Sums of k3, chi2 terms and e^|d| by the Taylor series over tokens with |d| < SMALL; every other token
+    """Sums of k3, chi2 terms and e^|d| by the Taylor series over tokens with |d| < K3_SERIES_MAX; every other token
     adds 0, 0 and exactly 1."""
     s_k3 = 0.0
     s_chi2 = 0.0
@@ -142,9 +121,9 @@ def _row_series(d32):
     for i in range(d32.shape[0]):
         d = np.float64(d32[i])
         a = abs(d)
-        take = a < SMALL
+        take = a < K3_SERIES_MAX
         ds = d if take else 0.0
-        even, odd = _k3_parts(ds)
+        even, odd = k3_series_parts(ds)
         k = even + odd
         rm1 = ds + k
         s_k3 += k
@@ -155,7 +134,7 @@ def _row_series(d32):
 
 @njit(**JIT)
 def _row_large(d32):
-    """The tokens ``_row`` left out (|d| >= SMALL, inf or NaN): (e^|d|, k3, chi2, beyond the bound), scalar."""
+    """The tokens ``_row`` left out (|d| >= K3_SERIES_MAX, inf or NaN): (e^|d|, k3, chi2, beyond the bound), scalar."""
     s_exp = 0.0
     s_k3 = 0.0
     s_chi2 = 0.0
@@ -163,7 +142,7 @@ def _row_large(d32):
     for i in range(d32.shape[0]):
         d = np.float64(d32[i])
         a = abs(d)
-        if a < SMALL:
+        if a < K3_SERIES_MAX:
             continue
         # verl's float32 exp overflows to inf above log(float32 max); -inf gives e^d - 1 - d = +inf
         s_k3 += k3_verl(math.expm1(d), d)
