@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -121,8 +120,7 @@ class TokenTrace:
         return TokenTrace(self.row + offset, self.positions, self.log_ratios)
 
     def to_dict(self) -> dict[str, Any]:
-        finite = [v if math.isfinite(v) else None for v in self.log_ratios]
-        return {"row": self.row, "positions": list(self.positions), "log_ratios": finite}
+        return {"row": self.row, "positions": list(self.positions), "log_ratios": [finite(v) for v in self.log_ratios]}
 
 
 VerdictStatus = Literal["healthy", "correct", "fix", "broken"]

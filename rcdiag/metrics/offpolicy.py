@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from rcdiag.backend import Array
-from rcdiag.core.formulas import chi2_term, clamp_log_ratio, k3, k3_verl_array
+from rcdiag.core.formulas import clamp_log_ratio
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
 from rcdiag.metrics.block import Block
 
@@ -108,25 +107,5 @@ class OffPolicyMetrics(Accumulator):
 def token_metrics(tokens: float, lr_sum: float, k3_sum: float, chi2_sum: float) -> dict[str, float]:
     """verl's token-weighted off-policy metrics from sums of the per-token terms over any set of valid tokens (a
     batch, or one bucket of ``analyze --explain``'s breakdowns): kl = mean(rollout - old), k3_kl = mean of
-    ``k3_terms``, chi2_token = mean of ``chi2_terms``."""
+    ``rcdiag.core.formulas.k3``, chi2_token = mean of ``rcdiag.core.formulas.chi2_term``."""
     return {"kl": -lr_sum / tokens, "k3_kl": k3_sum / tokens, "chi2_token": chi2_sum / tokens}
-
-
-def k3_terms(block: Block) -> Array:
-    """Per token, e^lr - 1 - lr, unclamped as in verl, in float64 from ``expm1``; inf for a log-ratio whose e^lr
-    overflows float32, as in verl. When no log-ratio reaches the clamp, ``e^d - 1`` is the one already computed
-    for the block; the values are the same either way, so no sum depends on how rows fall into blocks."""
-
-    def compute() -> Array:
-        b = block.b
-        if block.within_clamp:
-            return k3(block.ratio_minus_one, block.lr_safe64)
-        lr = b.to_float64(block.lr)
-        return k3_verl_array(b, b.expm1(lr), lr)
-
-    return block.memo(("k3_terms",), compute)
-
-
-def chi2_terms(block: Block) -> Array:
-    """Per token, ratio^2 - 1 of the clamped log-ratio, as ``(e^d - 1)(e^d + 1)`` in float64 (no cancellation)."""
-    return block.memo(("chi2_terms",), lambda: chi2_term(block.ratio_minus_one))
