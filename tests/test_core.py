@@ -32,6 +32,7 @@ COPIES = {
     "expm1 at the clamp": r"expm1\(-?20",
     "a finite helper": r"def _finite\b",
     "the RS keep rule": r"\(\w+ >= \w+\) & \(\w+ <= \w+\)",
+    "a band's clip": r"\w+ if \w+ < \w+ else \(\w+ if \w+ > \w+ else \w+\)",
 }
 
 
@@ -49,6 +50,7 @@ def test_no_module_writes_a_core_formula_again() -> None:
 def test_the_finder_sees_a_copy() -> None:
     assert re.search(COPIES["Chan's merge"], "m2 = a + b + delta * delta * n_a * n_b / n")
     assert re.search(COPIES["the RS keep rule"], "keep = (row >= lo) & (row <= hi)")
+    assert re.search(COPIES["a band's clip"], "c = floor if x < floor else (hi if x > hi else x)")
 
 
 @njit

@@ -35,6 +35,12 @@ def clamp(x: Any, bound: Any) -> Any:
     return bound if x > bound else (-bound if x < -bound else x)
 
 
+def clip(x: Any, lo: Any, hi: Any) -> Any:
+    """``x`` clipped to ``[lo, hi]``, NaN kept (a scalar select). torch's ``clamp`` of an RS band,
+    ``min(max(x, lo), hi)``, is ``clip(x, min(lo, hi), hi)``: ``hi`` everywhere for an inverted band."""
+    return lo if x < lo else (hi if x > hi else x)
+
+
 def clamp_log_ratio(xp: Any, d: Any) -> Any:
     """verl's clamp of log-ratios to ``[-20, 20]`` before ``exp``, on arrays (NaN kept, as torch clamps)."""
     return xp.clip(d, -SAFETY_BOUND, SAFETY_BOUND)

@@ -14,11 +14,11 @@ from rcdiag.core import formulas
 
 _inline = njit(inline="always")
 
-clamp, clamped_expm1, exp_overflows, k1, k2, k3, k3_verl, chi2_term, truncate, rs_keep, order_key = map(
+clamp, clip, clamped_expm1, exp_overflows, k1, k2, k3, k3_verl, chi2_term, truncate, rs_keep, order_key = map(
     _inline,
     (
-        formulas.clamp, formulas.clamped_expm1, formulas.exp_overflows, formulas.k1, formulas.k2, formulas.k3,
-        formulas.k3_verl, formulas.chi2_term, formulas.truncate, formulas.rs_keep, formulas.order_key,
+        formulas.clamp, formulas.clip, formulas.clamped_expm1, formulas.exp_overflows, formulas.k1, formulas.k2,
+        formulas.k3, formulas.k3_verl, formulas.chi2_term, formulas.truncate, formulas.rs_keep, formulas.order_key,
     ),
 )  # fmt: skip
 chan_merge, chan_merge_share = map(_inline, (formulas.chan_merge, formulas.chan_merge_share))

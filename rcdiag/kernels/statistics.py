@@ -20,7 +20,7 @@ from numba import njit
 
 from rcdiag.core.limits import SAFETY_BOUND_F32
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
-from rcdiag.kernels.scalar import clamp, k1, k2, k3, rs_keep
+from rcdiag.kernels.scalar import clamp, clip, k1, k2, k3, rs_keep
 from rcdiag.kernels.series import K3_SERIES_MAX, k3_series
 
 ESTIMATORS = {"k1": 1, "k2": 2, "k3": 3}
@@ -106,7 +106,7 @@ def _row_band(stat, lo, hi, two_sided):
         rejected += np.int64(not keep)
         above += np.int64(x > hi)
         below += np.int64(x < lo)
-        c = floor if x < floor else (hi if x > hi else x)
+        c = clip(x, floor, hi)
         s += np.float64(c)
     return rejected, above, below, s
 
@@ -117,7 +117,7 @@ def _centred_squares(stat, lo, hi, mean):
     floor = min(lo, hi)
     for i in range(stat.shape[0]):
         x = stat[i]
-        c = np.float64(floor if x < floor else (hi if x > hi else x)) - mean
+        c = np.float64(clip(x, floor, hi)) - mean
         m2 += c * c
     return m2
 

@@ -24,7 +24,7 @@ from numba import njit
 
 from rcdiag.core.limits import SAFETY_BOUND, SAFETY_BOUND_F32
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
-from rcdiag.kernels.scalar import chan_merge, chi2_term, clamp, exp_overflows, k1, k3_verl, order_key, rs_keep
+from rcdiag.kernels.scalar import chan_merge, chi2_term, clamp, clip, exp_overflows, k1, k3_verl, order_key, rs_keep
 from rcdiag.kernels.series import K3_SERIES_MAX, k3_series_parts
 
 N_SUMS = 4
@@ -199,13 +199,13 @@ def _k1_band_row(d32, lo, hi, nan):
         d = d32[i]
         above += np.int64(d < neg_hi)
         below += np.int64(d > neg_lo)
-        s += np.float64(neg_hi if d < neg_hi else (neg_lo if d > neg_lo else d))
+        s += np.float64(clip(d, neg_hi, neg_lo))
     n = d32.shape[0]
     mean = s / n if n else 0.0
     m2 = 0.0
     for i in range(d32.shape[0]):
         d = d32[i]
-        c = np.float64(neg_hi if d < neg_hi else (neg_lo if d > neg_lo else d)) - mean
+        c = np.float64(clip(d, neg_hi, neg_lo)) - mean
         m2 += c * c
     return above + below + nan, above, below, -mean, m2
 
@@ -224,13 +224,13 @@ def _k1_band_row_clamped(d32, lo, hi):
         rejected += np.int64(not rs_keep(x, lo, hi, True))
         above += np.int64(x > hi)
         below += np.int64(x < lo)
-        s += np.float64(floor if x < floor else (hi if x > hi else x))
+        s += np.float64(clip(x, floor, hi))
     n = d32.shape[0]
     mean = s / n if n else 0.0
     m2 = 0.0
     for i in range(d32.shape[0]):
         x = k1(clamp(d32[i], SAFETY_BOUND_F32))
-        c = np.float64(floor if x < floor else (hi if x > hi else x)) - mean
+        c = np.float64(clip(x, floor, hi)) - mean
         m2 += c * c
     return rejected, above, below, mean, m2
 
