@@ -22,6 +22,8 @@ from rcdiag.core.limits import EXPM1_AT_BOUND, EXPM1_AT_NEG_BOUND, LOG_F32_MAX, 
 
 Array = Any
 """A 1-D numpy array or torch tensor."""
+SAFETY_BOUND_F32 = np.float32(SAFETY_BOUND)
+"""The clamp's bound as a float32, for clamping float32 log-ratios in float32 (the kernels)."""
 HALF32 = np.float32(0.5)
 """k2's 1/2 as a float32, so k2 of a float32 d stays float32 everywhere (numba would widen a Python 0.5)."""
 _SIGN_OFF = np.int32(0x7FFFFFFF)

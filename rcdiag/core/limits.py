@@ -1,16 +1,13 @@
-"""verl's clamp on log-ratios and float32's range: the constants every metric, kernel and report rounds against."""
+"""verl's clamp on log-ratios and float32's range: the constants every metric, kernel and report rounds against.
+Without numpy at import (the CLI's ``--help`` reads ``SAFETY_BOUND`` through ``rcdiag.config``)."""
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
-
 SAFETY_BOUND = 20.0
 """verl's clamp on log-ratios before ``exp`` (``SAFETY_BOUND`` in verl's rollout_corr_helper)."""
-SAFETY_BOUND_F32 = np.float32(SAFETY_BOUND)
-"""The clamp's bound as a float32, for clamping float32 log-ratios in float32 (the kernels)."""
-F32_MAX = float(np.finfo(np.float32).max)
+F32_MAX = float.fromhex("0x1.fffffep+127")
 """The largest float32: beyond it verl's float32 arithmetic gives an infinity."""
 LOG_F32_MAX = math.log(F32_MAX)
 """Above this log-ratio verl's float32 ``exp`` overflows to inf."""
@@ -32,4 +29,6 @@ def finite_f32(value: float | None) -> float | None:
 
 def f32(x: float) -> float:
     """``x`` rounded to float32: verl compares float32 tensors with Python scalars in float32."""
+    import numpy as np
+
     return float(np.float32(x))
