@@ -12,12 +12,16 @@ scattered back, so an empty row gets 0 for sums and the given fill value for max
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-Array = Any
-"""A 1-D numpy array or torch tensor."""
+from rcdiag.core.bins import bin_table
+from rcdiag.core.formulas import Array
+
+if TYPE_CHECKING:
+    from rcdiag.metrics.tokens import TokenPasses
 
 
 class Segments(ABC):
@@ -44,9 +48,15 @@ class Segments(ABC):
 
 
 class Backend(ABC):
-    """Elementwise functions plus reductions to Python scalars."""
+    """Elementwise functions plus reductions to Python scalars, and the per-token passes that run on them."""
 
     name: str
+
+    @property
+    @abstractmethod
+    def passes(self) -> TokenPasses:
+        """The per-token passes a ``Block`` on this backend takes (``rcdiag.metrics.tokens``): the one place the
+        compiled kernels or the array path are chosen."""
 
     @abstractmethod
     def asarray(self, values: np.ndarray) -> Array:
@@ -186,6 +196,13 @@ class NumpyBackend(Backend):
 
     name = "cpu"
 
+    @cached_property
+    def passes(self) -> TokenPasses:
+        """The numba kernels over the raw block."""
+        from rcdiag.metrics.tokens import CompiledPasses
+
+        return CompiledPasses()
+
     def asarray(self, values: np.ndarray) -> np.ndarray:
         return values
 
@@ -274,38 +291,6 @@ class NumpyBackend(Backend):
         return float(np.min(x)) if x.size else float("inf")
 
 
-_BIN_TABLES: dict[bytes, tuple[np.ndarray, np.ndarray] | None] = {}
-
-
-def bin_table(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """For each of the 65,536 values of a float32's top 16 bits (sign, exponent, 7 mantissa bits), the floats
-    holding them form one interval: ``base`` is the number of edges at or below its lowest value, ``edge`` the
-    one edge inside it (NaN if none; a comparison with NaN is false). Then ``searchsorted(edges, x, "right")`` is
-    ``base[cell] + (x >= edge[cell])`` for every non-NaN float32 ``x``. ``None`` (use the binary search) when an
-    interval holds two edges or an edge is not a float32 number."""
-    key = edges.tobytes()
-    if key not in _BIN_TABLES:
-        with np.errstate(invalid="ignore"):  # the NaN bit patterns among the cells
-            _BIN_TABLES[key] = _build_bin_table(edges)
-    return _BIN_TABLES[key]
-
-
-def _build_bin_table(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    if not np.array_equal(edges.astype(np.float32).astype(edges.dtype), edges) or np.isnan(edges).any():
-        return None
-    cells = np.arange(1 << 16, dtype=np.uint32) << 16
-    ends = np.stack([cells.view(np.float32), (cells | 0xFFFF).view(np.float32)])
-    with np.errstate(invalid="ignore"):
-        low, high = np.fmin(ends[0], ends[1]), np.fmax(ends[0], ends[1])  # a NaN end: the other one
-    base = np.searchsorted(edges, low, side="right")
-    inside = np.searchsorted(edges, high, side="right") - base
-    if inside.max() > 1:
-        return None
-    edge = np.full(cells.shape[0], np.nan, dtype=np.float32)
-    edge[inside == 1] = edges[base[inside == 1]]
-    return base.astype(np.uint8 if edges.shape[0] < 255 else np.intp), edge  # small tables stay in cache
-
-
 # ------------------------------------------------------------------------------------------------------ torch
 
 
@@ -350,6 +335,13 @@ class TorchBackend(Backend):
         self.torch = torch
         self.device = torch.device(device)
         self.name = str(self.device)
+
+    @cached_property
+    def passes(self) -> TokenPasses:
+        """torch's elementwise operations and segment reductions."""
+        from rcdiag.metrics.tokens import ArrayPasses
+
+        return ArrayPasses()
 
     def asarray(self, values: np.ndarray) -> Any:
         values = np.ascontiguousarray(values)

@@ -17,12 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rcdiag.core.limits import SAFETY_BOUND  # noqa: F401 (verl's clamp, named here beside the options it bounds)
 from rcdiag.errors import ConfigError
 from rcdiag.fields import FieldError, checked
 from rcdiag.versions import DEFAULT_VERSION, VerlVersion, needs, verl_version
-
-SAFETY_BOUND = 20.0
-"""verl clamps log-ratios to [-20, 20] before every exp (exp(20) ~ 4.85e8)."""
 
 IS_LEVELS = ("token", "sequence")
 RS_OPTIONS = (

@@ -20,6 +20,7 @@ from rcdiag.catalogue.findings import codes_for, listing_order
 from rcdiag.catalogue.metrics import MetricSpec, Threshold, rs_option, thresholds_with_findings
 from rcdiag.config import ResolvedConfig
 from rcdiag.constants import TEMPERATURE_KEY, TRAIN_TEMPERATURE_KEY
+from rcdiag.core.formulas import k3
 from rcdiag.io.registry import FORMATS
 from rcdiag.metrics.batch import BatchResult
 from rcdiag.report import Finding, Histogram, InputFacts
@@ -246,7 +247,7 @@ def outlier_shares(histogram: Histogram) -> tuple[int, float, float]:
 
 
 def _k3_term(d: float) -> float:
-    return math.expm1(min(d, 700.0)) - d
+    return k3(math.expm1(min(d, 700.0)), d)
 
 
 def _sparse_outliers(result: BatchResult, context: Context) -> list[Hit]:

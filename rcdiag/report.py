@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
+
+from rcdiag.core.limits import finite
 
 Severity = Literal["error", "warning", "info"]
 SCHEMA_VERSION = 1
@@ -31,7 +32,7 @@ class Finding:
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["evidence"] = None if self.evidence is None else _finite_tree(self.evidence)
-        out["value"] = _finite(self.value)
+        out["value"] = finite(self.value)
         out["threshold"] = list(self.threshold) if isinstance(self.threshold, tuple) else self.threshold
         out["steps"] = list(self.steps) if self.steps is not None else None
         return out
@@ -119,8 +120,7 @@ class TokenTrace:
         return TokenTrace(self.row + offset, self.positions, self.log_ratios)
 
     def to_dict(self) -> dict[str, Any]:
-        finite = [v if math.isfinite(v) else None for v in self.log_ratios]
-        return {"row": self.row, "positions": list(self.positions), "log_ratios": finite}
+        return {"row": self.row, "positions": list(self.positions), "log_ratios": [finite(v) for v in self.log_ratios]}
 
 
 @dataclass(frozen=True)
@@ -178,10 +178,10 @@ class Effect:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "tokens_rejected": _finite(self.tokens_rejected),
-            "responses_rejected": _finite(self.responses_rejected),
-            "is_ess": _finite(self.is_ess),
-            "is_truncated_share": _finite(self.is_truncated_share),
+            "tokens_rejected": finite(self.tokens_rejected),
+            "responses_rejected": finite(self.responses_rejected),
+            "is_ess": finite(self.is_ess),
+            "is_truncated_share": finite(self.is_truncated_share),
         }
 
 
@@ -336,8 +336,4 @@ def _finite_tree(value: Any) -> Any:
         return {k: _finite_tree(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_finite_tree(v) for v in value]
-    return _finite(value) if isinstance(value, float) else value
-
-
-def _finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
+    return finite(value) if isinstance(value, float) else value

@@ -19,7 +19,8 @@ from rcdiag.explain.breakdowns import DOUBLING_EDGES, GROUPS, LOG_PROB_THRESHOLD
 from rcdiag.explain.state import ExplainState, number_rows
 from rcdiag.explain.statistics import LIKELY, RATIO_CAP, SHIFT_TOL, UNLIKELY, ShapeSums
 from rcdiag.io.base import Chunk
-from rcdiag.kernels.explain import _expm1, explain_block
+from rcdiag.kernels.explain import explain_block
+from rcdiag.kernels.series import expm1_reduced as _expm1
 
 LOG_F32_MAX = math.log(float(np.finfo(np.float32).max))
 SPECIAL = [0.0, -1e-7, -0.3, -0.35, -3.0, -19.99, -20.0, -20.5, -89.0, -100.0, -np.inf]

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from rcdiag.catalogue.metrics import step_columns
-from rcdiag.compare.records import MetricDiff, StepPair, _finite
+from rcdiag.compare.records import MetricDiff, StepPair
+from rcdiag.core.limits import finite
 
 TREND_KEYS = tuple(step_columns("compare_trend"))
 
@@ -21,7 +22,7 @@ def _diffs(a: Mapping[str, float | None], b: Mapping[str, float | None]) -> tupl
 def _diff(key: str, a: float | None, b: float | None) -> MetricDiff:
     difference = b - a if a is not None and b is not None else None
     ratio = b / a if a is not None and b is not None and a != 0 else None
-    return MetricDiff(key, a, b, _finite(difference), _finite(ratio))
+    return MetricDiff(key, a, b, finite(difference), finite(ratio))
 
 
 def _slope(pairs: tuple[StepPair, ...], key: str) -> float | None:

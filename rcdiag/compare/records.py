@@ -7,11 +7,11 @@ Kept apart from the analysis so that renderers and API users depend on plain dat
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from rcdiag.catalogue.metrics import full_key
+from rcdiag.core.limits import finite
 from rcdiag.report import SCHEMA_VERSION, Report, Severity
 
 Side = Literal["a", "b"]
@@ -33,7 +33,7 @@ class CompareFinding:
     threshold: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"value": _finite(self.value)}
+        return dataclasses.asdict(self) | {"value": finite(self.value)}
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,3 @@ class Comparison:
             "trend": self.trend,
             "findings": [f.to_dict() for f in self.findings],
         }
-
-
-def _finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from rcdiag.core.limits import finite
 from rcdiag.fields import reals
 from rcdiag.metrics.offpolicy import token_metrics
 
@@ -116,7 +117,7 @@ def bucket_metrics(sums: np.ndarray) -> dict[str, float | None]:
         return {"kl": None, "k3_kl": None, "chi2_token": None, "abs_log_ratio_mean": None}
     values: dict[str, float | None] = dict(token_metrics(tokens, lr, k3, chi2))
     values["abs_log_ratio_mean"] = abs_lr / tokens
-    return {k: v if v is not None and math.isfinite(v) else None for k, v in values.items()}
+    return {k: finite(v) for k, v in values.items()}
 
 
 def _rows(sums: np.ndarray, edges: tuple, *, open_end: bool) -> list[dict[str, Any]]:

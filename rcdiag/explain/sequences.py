@@ -17,7 +17,8 @@ import numpy as np
 
 import rcdiag.outputs as outputs
 from rcdiag.backend import NumpyBackend
-from rcdiag.config import SAFETY_BOUND, ResolvedConfig
+from rcdiag.config import ResolvedConfig
+from rcdiag.core.formulas import is_weight
 from rcdiag.errors import InputError, OutputError
 from rcdiag.explain.breakdowns import token_positions
 from rcdiag.explain.state import RowContext
@@ -75,7 +76,7 @@ class SequenceWriter:
         s = np.asarray(block.row_sum_lr, dtype=np.float64)
         abs_lr = np.abs(block.lr)
         row_max = block.seg.max(abs_lr, np.nan)
-        raw = np.exp(np.clip(s, -SAFETY_BOUND, SAFETY_BOUND))
+        raw = is_weight(np, s)
         weight = raw if self.importance is None else self.importance.apply(b, raw)
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = np.where(n > 0, s / np.maximum(n, 1.0), np.nan)

@@ -16,8 +16,8 @@
 Sums are per run and per row, in token order within a vector lane, so they depend on a row's valid tokens alone:
 padding, chunking and row order change nothing beyond float64 rounding of the additions across rows.
 
-The float64 ``expm1`` here is a polynomial (``_expm1``) that LLVM vectorizes: numba's ``math.expm1`` calls libm
-one value at a time (5 ns a token). It is within two ulps of numpy's ``np.expm1``.
+The float64 ``expm1`` here is a polynomial LLVM vectorizes (``expm1_reduced`` of ``rcdiag.kernels.series``, which
+says why it is not the token pass's series).
 """
 
 from __future__ import annotations
@@ -25,78 +25,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.extending import intrinsic
+from numba import njit
 
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
-from rcdiag.kernels.explain_encoding import GOLDEN, GROUP_SHIFT, SERIES_TERMS, SMALL
-
-LN2_HI = 6.93147180369123816490e-01
-LN2_LO = 1.90821492927058770002e-10
-INV_LN2 = 1.44269504088896338700e00
-_EXPM1_HI = 90.0
-"""Log-ratios above this give k3 = inf anyway (float32 exp overflows at 88.7): the polynomial stops here."""
-_EXPM1_LO = -40.0
-"""``expm1`` of anything below rounds to -1 in float64."""
-EM1_POS_BOUND = math.expm1(20.0)
-EM1_NEG_BOUND = math.expm1(-20.0)
-LOG_F32_MAX = math.log(float(np.finfo(np.float32).max))
-
-
-@intrinsic
-def _bits_to_float64(typingctx, bits):  # type: ignore[no-untyped-def]
-    """The float64 whose bit pattern is the int64 ``bits`` (a register move, so the loop still vectorizes)."""
-    if bits != types.int64:
-        return None
-
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
-        return builder.bitcast(args[0], ir.DoubleType())
-
-    return types.float64(types.int64), codegen
-
-
-_SERIES = tuple(1.0 / math.factorial(k) for k in range(SERIES_TERMS))
-"""1/k!: the Taylor coefficients of ``expm1`` to degree 14 (truncation below 1e-17 of the value for
-|r| <= ln2/2)."""
-
-
-@njit(**{**JIT, "fastmath": {"contract"}})
-def _expm1_series(r: float) -> float:
-    """``expm1(r)`` for |r| <= ln2/2: r + r^2 (1/2 + r (1/6 + ...)), Horner's scheme (correctly rounded but for
-    an ulp now and then). Not ``inline="always"``: numba would inline it under the caller's fast-math flags, and
-    reassociating Horner's scheme changes the last bits (LLVM inlines it with its own flags)."""
-    p = r * _SERIES[14]
-    p = r * (p + _SERIES[13])
-    p = r * (p + _SERIES[12])
-    p = r * (p + _SERIES[11])
-    p = r * (p + _SERIES[10])
-    p = r * (p + _SERIES[9])
-    p = r * (p + _SERIES[8])
-    p = r * (p + _SERIES[7])
-    p = r * (p + _SERIES[6])
-    p = r * (p + _SERIES[5])
-    p = r * (p + _SERIES[4])
-    p = r * (p + _SERIES[3])
-    p = r * (p + _SERIES[2])
-    return r + r * p
-
-
-@njit(**{**JIT, "fastmath": {"contract"}})
-def _expm1(x: float) -> float:
-    """``exp(x) - 1`` in float64 without the cancellation near 0: x = k ln2 + r with |r| <= ln2/2,
-    ``_expm1_series(r)``, then ``2^k expm1(r) + (2^k - 1)``. NaN stays NaN; below -40 it is -1, above 90 it is
-    ``expm1(90)`` (the callers never need more). No reassociation here: it would fold the two halves of ln 2 back
-    into one and lose the reduction's precision."""
-    xc = x if x > _EXPM1_LO else _EXPM1_LO
-    xc = xc if xc < _EXPM1_HI else _EXPM1_HI
-    k = np.rint(xc * INV_LN2)
-    r = (xc - k * LN2_HI) - k * LN2_LO
-    em1_r = _expm1_series(r)
-    scale = _bits_to_float64((np.int64(k) + 1023) << 52)
-    out = scale * em1_r + (scale - 1.0)
-    return x if x != x else out
-
+from rcdiag.kernels.explain_encoding import GOLDEN, GROUP_SHIFT, SMALL
+from rcdiag.kernels.scalar import chi2_term, clamped_expm1, k3_verl, truncate
+from rcdiag.kernels.series import expm1_reduced, expm1_series
 
 _GOLDEN = np.uint64(GOLDEN)
 
@@ -154,16 +88,17 @@ def _row_terms(
 ) -> float:
     """A row's k3 and chi2 terms, written out, and the sum of its capped IS ratio. k3 = e^d - 1 - d unclamped (inf
     where verl's float32 e^d overflows), chi2 = (e^d - 1)(e^d + 1) and the ratio e^d at d clamped to [-20, 20].
-    ``small``: every |d| is below ``SMALL``, so ``_expm1`` is its series (LLVM takes the test out of the loop)."""
+    ``small``: every |d| is below ``SMALL``, so ``expm1_reduced`` is its series (LLVM takes the test out of the
+    loop)."""
     capped = 0.0
     for j in range(old.shape[0]):
         d = np.float64(old[j] - rollout[j])
-        em1 = _expm1_series(d) if small else _expm1(d)
-        em1c = EM1_POS_BOUND if d > 20.0 else (EM1_NEG_BOUND if d < -20.0 else em1)
+        em1 = expm1_series(d) if small else expm1_reduced(d)
+        em1c = clamped_expm1(em1, d)
         ratio = np.float32(em1c + 1.0)
-        capped += np.float64(cap if ratio > cap else ratio)
-        k3_out[j] = math.inf if d > LOG_F32_MAX else em1 - d
-        chi2_out[j] = em1c * (em1c + 2.0)
+        capped += np.float64(truncate(ratio, cap))
+        k3_out[j] = k3_verl(em1, d)
+        chi2_out[j] = chi2_term(em1c)
     return capped
 
 

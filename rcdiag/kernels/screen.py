@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from rcdiag.core.formulas import order_key_floats
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
-from rcdiag.kernels.tokens import _order_key, order_key
+from rcdiag.kernels.scalar import order_key
 
 
 @njit(**JIT)
@@ -19,7 +20,7 @@ def _key_range(bits):
     lo = np.int32(0x7FFFFFFF)
     hi = np.int32(-0x80000000)
     for i in range(bits.shape[0]):
-        k = _order_key(bits[i])
+        k = order_key(bits[i])
         lo = k if k < lo else lo
         hi = k if k > hi else hi
     return lo, hi
@@ -28,5 +29,5 @@ def _key_range(bits):
 def value_range(values: np.ndarray) -> tuple[float, float]:
     """(least, greatest) of a non-empty float32 array; both NaN when it holds a NaN (as numpy's)."""
     keys = _key_range(np.ascontiguousarray(values).view(np.int32))
-    lo, hi = (float(x) for x in order_key(np.array(keys, dtype=np.int32)))
+    lo, hi = (float(x) for x in order_key_floats(np.array(keys, dtype=np.int32)))
     return (lo, hi) if lo == lo and hi == hi else (float("nan"), float("nan"))

@@ -7,7 +7,7 @@ float64 sums and NaN-propagating extremes, and ``threshold_pass`` counts what a 
 the moments of the statistic clipped to it (k1 bands are counted on the log-ratios by ``rcdiag.kernels.tokens``:
 in the token pass for the configuration's bands, else by ``k1_band_pass``). The statistic itself is computed by a
 kernel without fast-math flags, so k1 and k2 are the very float32 operations numpy does (0.5 * d * d, left to
-right); k3 is the float64 value rounded once to float32, from the series of ``rcdiag.kernels.tokens`` below its
+right); k3 is the float64 value rounded once to float32, from ``rcdiag.kernels.series.k3_series`` below its
 edge and ``math.expm1`` above.
 """
 
@@ -18,40 +18,40 @@ import math
 import numpy as np
 from numba import njit
 
+from rcdiag.core.formulas import SAFETY_BOUND_F32
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
-from rcdiag.kernels.tokens import SMALL, _clamp, _k3_small
+from rcdiag.kernels.scalar import clamp, clip, k1, k2, k3, rs_keep
+from rcdiag.kernels.series import K3_SERIES_MAX, k3_series
 
 ESTIMATORS = {"k1": 1, "k2": 2, "k3": 3}
 """The estimator codes the kernels take."""
 
 _STRICT = {**JIT, "fastmath": False}
-_HALF32 = np.float32(0.5)
 
 
 @njit(**_STRICT)
 def _statistic_row(lr, estimator, out):
     """The statistic of every log-ratio in ``lr``, into ``out`` (no fast-math: the float32 operations numpy
     does, in its order). One loop per estimator, each without a branch, so each vectorizes; k3 takes the series
-    everywhere, then ``math.expm1`` where |d| >= SMALL (a second, scalar pass, only when there is one)."""
+    everywhere, then ``math.expm1`` where |d| >= K3_SERIES_MAX (a second, scalar pass, only when there is one)."""
     if estimator == 1:
         for i in range(lr.shape[0]):
-            out[i] = -_clamp(lr[i])
+            out[i] = k1(clamp(lr[i], SAFETY_BOUND_F32))
     elif estimator == 2:
         for i in range(lr.shape[0]):
-            dc = _clamp(lr[i])
-            out[i] = _HALF32 * dc * dc
+            out[i] = k2(clamp(lr[i], SAFETY_BOUND_F32))
     else:
         large = 0
         for i in range(lr.shape[0]):
-            x = np.float64(_clamp(lr[i]))
-            small = abs(x) < SMALL  # False for NaN
-            out[i] = np.float32(_k3_small(x if small else 0.0))
+            x = np.float64(clamp(lr[i], SAFETY_BOUND_F32))
+            small = abs(x) < K3_SERIES_MAX  # False for NaN
+            out[i] = np.float32(k3_series(x if small else 0.0))
             large += np.int64(not small)
         if large:
             for i in range(lr.shape[0]):
-                x = np.float64(_clamp(lr[i]))
-                if not abs(x) < SMALL:
-                    out[i] = np.float32(math.expm1(x) - x)
+                x = np.float64(clamp(lr[i], SAFETY_BOUND_F32))
+                if not abs(x) < K3_SERIES_MAX:
+                    out[i] = np.float32(k3(math.expm1(x), x))
 
 
 @njit(**JIT)
@@ -102,11 +102,11 @@ def _row_band(stat, lo, hi, two_sided):
     floor = min(lo, hi)  # the clip's floor: torch's clamp gives hi everywhere for an inverted band
     for i in range(stat.shape[0]):
         x = stat[i]
-        keep = (x <= hi) & ((x >= lo) | (not two_sided))
+        keep = rs_keep(x, lo, hi, two_sided)
         rejected += np.int64(not keep)
         above += np.int64(x > hi)
         below += np.int64(x < lo)
-        c = floor if x < floor else (hi if x > hi else x)
+        c = clip(x, floor, hi)
         s += np.float64(c)
     return rejected, above, below, s
 
@@ -117,7 +117,7 @@ def _centred_squares(stat, lo, hi, mean):
     floor = min(lo, hi)
     for i in range(stat.shape[0]):
         x = stat[i]
-        c = np.float64(floor if x < floor else (hi if x > hi else x)) - mean
+        c = np.float64(clip(x, floor, hi)) - mean
         m2 += c * c
     return m2
 

@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
+from rcdiag.kernels.scalar import chan_merge_share, order_key
 from rcdiag.kernels.sweep_encoding import AMBIGUOUS, BUCKETS, HISTOGRAM_CLAMPED, SHIFT
 
 
@@ -110,11 +111,10 @@ def scan(
             if n_mean[c] == 0:
                 mean[c] = sub_mean[c]
                 m2[c] = q
+            elif sub_mean[c] == mean[c]:  # (equal infinities too: no NaN)
+                m2[c] = m2[c] + q
             else:
-                delta = sub_mean[c] - mean[c] if sub_mean[c] != mean[c] else 0.0  # equal infinities: no NaN
-                share = k / (n_mean[c] + k)
-                mean[c] = mean[c] + delta * share
-                m2[c] = m2[c] + q + delta * delta * n_mean[c] * share
+                _, mean[c], m2[c] = chan_merge_share(n_mean[c], mean[c], m2[c], k, sub_mean[c], q)
             n_mean[c] += k
         if per_row:
             core = 0
@@ -134,16 +134,9 @@ def scan(
 
 
 _NEG_INF_KEY = np.int32(-0x7F800001)
-"""``_key(-inf)``."""
+"""``order_key(-inf)``."""
 _POS_INF_KEY = np.int32(0x7F800000)
-"""``_key(inf)``."""
-
-
-@njit(inline="always")
-def _key(bits: np.int32) -> np.int32:
-    """An int32 ordered as the float32 whose bit pattern is ``bits`` (negative floats' patterns reversed); its own
-    inverse. Integer max and min vectorize where float ones, which must keep NaN's meaning, do not."""
-    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+"""``order_key(inf)``."""
 
 
 @njit(**JIT)
@@ -161,14 +154,14 @@ def _row_reductions(xs: np.ndarray, lengths: np.ndarray, high: np.ndarray, low: 
         acc = 0.0
         nan = 0
         for t in range(values.shape[0]):
-            key = _key(keys[t])
+            key = order_key(keys[t])
             top = max(top, key)
             bottom = min(bottom, key)
             v = values[t]
             acc += np.float64(v)
             nan += v != v
-        high_bits[r] = _key(top)
-        low_bits[r] = _key(bottom)
+        high_bits[r] = order_key(top)
+        low_bits[r] = order_key(bottom)
         if nan:
             high[r] = low[r] = np.nan
         total[r] = acc

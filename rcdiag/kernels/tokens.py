@@ -8,7 +8,7 @@ Per token, with d = float32(old - rollout) over valid tokens (mask 1):
 * float64 sums of |d|, of e^|d|, of k3 = e^d - 1 - d (unclamped) and of chi2 terms e^(2 clamp(d)) - 1;
 * the number of |d| above verl's safety bound, and the log-ratio histogram's bin counts.
 
-For |d| < ``SMALL`` (nearly every token of a real dump) k3 is its Taylor series to d^13/13!, whose truncation
+For |d| < ``K3_SERIES_MAX`` (nearly every token of a real dump) k3 is its Taylor series to d^13/13!, whose truncation
 error is below 1e-19 of k3 there: more accurate than ``expm1(d) - d``, and a polynomial LLVM vectorizes, where a
 call to ``expm1`` per token costs 5 ns. e^d - 1 is then d + k3 and e^|d| is 1 + (e^d - 1) or its reciprocal.
 Other tokens (large, infinite or NaN d; a handful in a healthy dump) take a second, scalar pass over their rows
@@ -22,40 +22,16 @@ import math
 import numpy as np
 from numba import njit
 
-from rcdiag.config import SAFETY_BOUND
+from rcdiag.core.formulas import SAFETY_BOUND_F32
+from rcdiag.core.limits import SAFETY_BOUND
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
-
-SMALL = 0.25
-"""Below this |d| the Taylor series gives k3; at or above it (and for inf and NaN), ``math.expm1``."""
-
-_LOG_F32_MAX = math.log(float(np.finfo(np.float32).max))
-"""Above this log-ratio verl's float32 exp overflows to inf."""
-
-_C2, _C3, _C4, _C5, _C6, _C7, _C8, _C9, _C10, _C11, _C12, _C13 = (1.0 / math.factorial(k) for k in range(2, 14))
-
-_BOUND32 = np.float32(SAFETY_BOUND)
+from rcdiag.kernels.scalar import chan_merge, chi2_term, clamp, clip, exp_overflows, k1, k3_verl, order_key, rs_keep
+from rcdiag.kernels.series import K3_SERIES_MAX, k3_series_parts
 
 N_SUMS = 4
 """Block sums in ``sums``: |d|, e^|d|, k3, chi2 terms."""
 N_COUNTS = 4
 """Block counts in ``counts``: NaN d, |d| beyond the safety bound, tokens left to the scalar pass, valid tokens."""
-
-
-@njit(inline="always")
-def _k3_parts(d: float) -> tuple[float, float]:
-    """The even and odd parts of e^d - 1 - d for |d| < SMALL: its Taylor series to d^13/13!, split so that
-    e^|d| - 1 - |d| (even part plus |odd part|) costs nothing more (Horner's scheme in d^2)."""
-    u = d * d
-    even = _C2 + u * (_C4 + u * (_C6 + u * (_C8 + u * (_C10 + u * _C12))))
-    odd = _C3 + u * (_C5 + u * (_C7 + u * (_C9 + u * (_C11 + u * _C13))))
-    return u * even, d * u * odd
-
-
-@njit(inline="always")
-def _k3_small(d: float) -> float:
-    """e^d - 1 - d for |d| < SMALL."""
-    even, odd = _k3_parts(d)
-    return even + odd
 
 
 @njit(**JIT)
@@ -112,18 +88,12 @@ def _sums(old, rollout):
     return so, sr
 
 
-@njit(inline="always")
-def _order_key(bits):
-    """The int32 key of a float32's bits that orders as the float does (a negative float's bits, all but the
-    sign flipped); the map is its own inverse (``order_key``)."""
-    return bits ^ ((bits >> 31) & np.int32(0x7FFFFFFF))
-
-
 @njit(**JIT)
 def _row_counts(d32):
     """Sum of |d|, the counts of NaN d and of tokens left to the scalar pass, and the least and greatest d as
-    order-preserving int32 keys (``order_key``): integer min/max vectorize, float ones stayed scalar (0.04
-    against 0.4 ns a token). A NaN d has a key beyond +-inf; the caller reports such a row's extremes as NaN."""
+    order-preserving int32 keys (``rcdiag.core.formulas.order_key``): integer min/max vectorize, float ones stayed
+    scalar (0.04 against 0.4 ns a token). A NaN d has a key beyond +-inf; the caller reports such a row's extremes
+    as NaN."""
     s_abs = 0.0
     nan = 0
     big = 0
@@ -135,8 +105,8 @@ def _row_counts(d32):
         a = abs(np.float64(x))
         s_abs += a
         nan += np.int64(x != x)
-        big += np.int64(not (a < SMALL))  # NaN included
-        k = _order_key(bits[i])
+        big += np.int64(not (a < K3_SERIES_MAX))  # NaN included
+        k = order_key(bits[i])
         lo = k if k < lo else lo
         hi = k if k > hi else hi
     return s_abs, nan, big, lo, hi
@@ -144,7 +114,7 @@ def _row_counts(d32):
 
 @njit(**JIT)
 def _row_series(d32):
-    """Sums of k3, chi2 terms and e^|d| by the Taylor series over tokens with |d| < SMALL; every other token
+    """Sums of k3, chi2 terms and e^|d| by the Taylor series over tokens with |d| < K3_SERIES_MAX; every other token
     adds 0, 0 and exactly 1."""
     s_k3 = 0.0
     s_chi2 = 0.0
@@ -152,20 +122,20 @@ def _row_series(d32):
     for i in range(d32.shape[0]):
         d = np.float64(d32[i])
         a = abs(d)
-        take = a < SMALL
+        take = a < K3_SERIES_MAX
         ds = d if take else 0.0
-        even, odd = _k3_parts(ds)
+        even, odd = k3_series_parts(ds)
         k = even + odd
         rm1 = ds + k
         s_k3 += k
-        s_chi2 += rm1 * (rm1 + 2.0)
+        s_chi2 += chi2_term(rm1)
         s_exp += 1.0 + abs(ds) + even + abs(odd)  # e^|d|, by the same series at |d|
     return s_k3, s_chi2, s_exp
 
 
 @njit(**JIT)
 def _row_large(d32):
-    """The tokens ``_row`` left out (|d| >= SMALL, inf or NaN): (e^|d|, k3, chi2, beyond the bound), scalar."""
+    """The tokens ``_row`` left out (|d| >= K3_SERIES_MAX, inf or NaN): (e^|d|, k3, chi2, beyond the bound), scalar."""
     s_exp = 0.0
     s_k3 = 0.0
     s_chi2 = 0.0
@@ -173,18 +143,13 @@ def _row_large(d32):
     for i in range(d32.shape[0]):
         d = np.float64(d32[i])
         a = abs(d)
-        if a < SMALL:
+        if a < K3_SERIES_MAX:
             continue
         # verl's float32 exp overflows to inf above log(float32 max); -inf gives e^d - 1 - d = +inf
-        s_k3 += math.inf if d > _LOG_F32_MAX else math.expm1(d) - d
-        s_exp += math.inf if a > _LOG_F32_MAX else math.exp(a)
-        dc = d
-        if d > SAFETY_BOUND:
-            dc = SAFETY_BOUND
-        elif d < -SAFETY_BOUND:
-            dc = -SAFETY_BOUND
-        rm1 = math.expm1(dc)  # NaN stays NaN, as under verl's clamp
-        s_chi2 += rm1 * (rm1 + 2.0)
+        s_k3 += k3_verl(math.expm1(d), d)
+        s_exp += math.inf if exp_overflows(a) else math.exp(a)
+        rm1 = math.expm1(clamp(d, SAFETY_BOUND))  # NaN stays NaN, as under verl's clamp
+        s_chi2 += chi2_term(rm1)
         clamped += 1 if a > SAFETY_BOUND else 0
     return s_exp, s_k3, s_chi2, clamped
 
@@ -217,13 +182,6 @@ def valid_lengths(mask, lengths, out):
         t += n
 
 
-def order_key(keys: np.ndarray) -> np.ndarray:
-    """The float32 values of int32 order keys (the map is its own inverse: a negative float's bits, all but the
-    sign flipped, order as integers the way the floats do)."""
-    keys = keys.astype(np.int32)
-    return (keys ^ ((keys >> 31) & np.int32(0x7FFFFFFF))).view(np.float32)
-
-
 @njit(**JIT)
 def _k1_band_row(d32, lo, hi, nan):
     """What a token-level k1 band [lo, hi] does to one row, k1 = -clamp(d, ±20): (rejected, above hi, below lo,
@@ -231,7 +189,7 @@ def _k1_band_row(d32, lo, hi, nan):
     row) is rejected, counted neither above nor below, and makes the moments NaN. Within (-20, 20) the bounds make
     the clamp irrelevant, so k1 > hi is d < -hi, k1 < lo is d > -lo and clip(k1) is -clip(d, -hi, -lo): three
     reductions LLVM vectorizes (exact float32 comparisons, the same numbers)."""
-    if not (-_BOUND32 < lo <= hi < _BOUND32):
+    if not (-SAFETY_BOUND_F32 < lo <= hi < SAFETY_BOUND_F32):
         return _k1_band_row_clamped(d32, lo, hi)
     neg_hi = -hi
     neg_lo = -lo
@@ -242,13 +200,13 @@ def _k1_band_row(d32, lo, hi, nan):
         d = d32[i]
         above += np.int64(d < neg_hi)
         below += np.int64(d > neg_lo)
-        s += np.float64(neg_hi if d < neg_hi else (neg_lo if d > neg_lo else d))
+        s += np.float64(clip(d, neg_hi, neg_lo))
     n = d32.shape[0]
     mean = s / n if n else 0.0
     m2 = 0.0
     for i in range(d32.shape[0]):
         d = d32[i]
-        c = np.float64(neg_hi if d < neg_hi else (neg_lo if d > neg_lo else d)) - mean
+        c = np.float64(clip(d, neg_hi, neg_lo)) - mean
         m2 += c * c
     return above + below + nan, above, below, -mean, m2
 
@@ -263,24 +221,19 @@ def _k1_band_row_clamped(d32, lo, hi):
     s = 0.0
     floor = min(lo, hi)
     for i in range(d32.shape[0]):
-        x = -_clamp(d32[i])
-        rejected += np.int64(not ((x <= hi) & (x >= lo)))
+        x = k1(clamp(d32[i], SAFETY_BOUND_F32))
+        rejected += np.int64(not rs_keep(x, lo, hi, True))
         above += np.int64(x > hi)
         below += np.int64(x < lo)
-        s += np.float64(floor if x < floor else (hi if x > hi else x))
+        s += np.float64(clip(x, floor, hi))
     n = d32.shape[0]
     mean = s / n if n else 0.0
     m2 = 0.0
     for i in range(d32.shape[0]):
-        x = -_clamp(d32[i])
-        c = np.float64(floor if x < floor else (hi if x > hi else x)) - mean
+        x = k1(clamp(d32[i], SAFETY_BOUND_F32))
+        c = np.float64(clip(x, floor, hi)) - mean
         m2 += c * c
     return rejected, above, below, mean, m2
-
-
-@njit(inline="always")
-def _clamp(x):
-    return _BOUND32 if x > _BOUND32 else (-_BOUND32 if x < -_BOUND32 else x)  # NaN stays NaN
 
 
 @njit(**JIT)
@@ -294,11 +247,11 @@ def _k1_bands(d32, r, nan, band_lo, band_hi, band_rows, band_out):
         band_out[b, 0] += above
         band_out[b, 1] += below
         if n:
-            total = band_out[b, 2] + n
-            delta = mean - band_out[b, 3]
-            band_out[b, 4] += m2 + delta * delta * band_out[b, 2] * n / total
-            band_out[b, 3] += delta * n / total
+            # the row's share of M2 merged first, then added to the band's (0.0 + m2 is m2: the same sum)
+            total, merged_mean, m2_row = chan_merge(band_out[b, 2], band_out[b, 3], 0.0, n, mean, m2)
             band_out[b, 2] = total
+            band_out[b, 3] = merged_mean
+            band_out[b, 4] += m2_row
 
 
 @njit(**JIT)

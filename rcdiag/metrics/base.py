@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 import numpy as np
 
 from rcdiag.catalogue.findings import finding
+from rcdiag.core.formulas import chan_merge
+from rcdiag.core.limits import F32_MAX
 from rcdiag.fields import FieldError, counts, real, shown
 
 if TYPE_CHECKING:
@@ -43,9 +45,7 @@ class Moments:
             return self
         if self.n == 0:
             return other
-        n = self.n + other.n
-        delta = other.mean - self.mean
-        return Moments(n, self.mean + delta * other.n / n, self.m2 + other.m2 + delta * delta * self.n * other.n / n)
+        return Moments(*chan_merge(self.n, self.mean, self.m2, other.n, other.mean, other.m2))
 
     @property
     def variance(self) -> float:
@@ -205,16 +205,8 @@ def _nanmin(a: float, b: float) -> float:
     return a if a <= b else b
 
 
-def f32(x: float) -> float:
-    """``x`` rounded to float32: verl compares float32 tensors with Python scalars in float32."""
-    return float(np.float32(x))
-
-
-_F32_MAX = float(np.finfo(np.float32).max)
-
-
 def verl_float(x: MetricValue) -> MetricValue:
     """Keep float64 precision, but give a value beyond float32's range as verl's float32 ``.item()`` would (inf)."""
-    if x is None or x != x or abs(x) <= _F32_MAX:
+    if x is None or x != x or abs(x) <= F32_MAX:
         return x
     return math.copysign(math.inf, x)

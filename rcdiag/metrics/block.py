@@ -8,28 +8,29 @@ float32 arithmetic keeps a few digits of a small k3 and so can keep a token whos
 
 A block holds the rows' raw tokens and their mask; ``old``, ``rollout`` and everything derived from them are the
 valid tokens only (padding dropped on first use), and a row may have zero valid tokens (an empty or fully masked
-response, which still counts in verl's all-rows metrics). Two paths, chosen by the backend (``fused``): on the
-numpy backend the compiled kernels read the raw block once (``sums``: every token sum, the compacted log-ratio
-``lr`` and the configuration's k1 bands, ``rcdiag.kernels.tokens``), and the RS statistics and their bands come
-from ``statistic`` and ``band`` (``rcdiag.kernels.statistics``); on torch the same quantities are derived from
-the per-token arrays. Derived per-token and per-row arrays are computed once, on first use, and shared by every
-metric group.
+response, which still counts in verl's all-rows metrics). The per-token passes (``sums``, ``statistic``, ``band``
+and the log-ratio's ranges) come from the backend's ``passes`` (``rcdiag.metrics.tokens``: the compiled kernels on
+numpy, array operations on torch), chosen once per backend; the block caches what they give. Derived per-token and
+per-row arrays are computed once, on first use, and shared by every metric group; a value several accumulators
+share is computed once per block by ``once``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
-from rcdiag.backend import Array, Backend, NumpyBackend
-from rcdiag.config import SAFETY_BOUND
+from rcdiag.backend import Array, Backend
+from rcdiag.core.formulas import clamp_log_ratio
+from rcdiag.core.limits import SAFETY_BOUND
 
 if TYPE_CHECKING:
-    from rcdiag.metrics.tokens import Band, Statistic, TokenSums
+    from rcdiag.metrics.tokens import Band, Statistic, TokenPasses, TokenSums
+
+T = TypeVar("T")
 
 
 class Block:
@@ -48,10 +49,12 @@ class Block:
     ) -> None:
         """``old``/``rollout`` are host arrays of the rows' tokens; with a boolean ``mask`` they still hold the
         padding (``raw_lengths`` tokens per row, ``lengths`` of them valid), which is dropped only when a
-        metric needs the valid tokens one by one (the fused CPU pass reads the raw block)."""
+        metric needs the valid tokens one by one (the compiled passes read the raw block)."""
         self.b = backend
+        self.passes: TokenPasses = backend.passes
+        """The per-token passes of this backend (compiled or array)."""
         self.k1_bands = k1_bands
-        """Float32 bounds ``(lo, hi)`` of the configuration's token-level k1 RS options: the fused CPU pass
+        """Float32 bounds ``(lo, hi)`` of the configuration's token-level k1 RS options: the compiled token pass
         takes what they reject while it reads the rows (``band``)."""
         self.raw = (old, rollout, mask, lengths if raw_lengths is None else raw_lengths)
         """(old, rollout, mask or ``None``, tokens per row) as given, on the host."""
@@ -59,6 +62,8 @@ class Block:
         self.row_len: Array = backend.asarray(lengths.astype(np.float64))
         self.n_rows = self.seg.n_rows
         self.n_tokens = self.seg.n_tokens
+        self._statistics: dict[str, Statistic] = {}
+        self._once: dict[tuple, Any] = {}
 
     @cached_property
     def _valid(self) -> tuple[Array, Array]:
@@ -79,11 +84,8 @@ class Block:
 
     @cached_property
     def sums(self) -> TokenSums:
-        """Every per-token sum the off-policy metrics, the extras and the histogram fold in (one fused pass on
-        CPU)."""
-        from rcdiag.metrics.tokens import token_sums
-
-        return token_sums(self)
+        """Every per-token sum the off-policy metrics, the extras and the histogram fold in (the token pass)."""
+        return self.passes.token_sums(self)
 
     @cached_property
     def row_valid(self) -> Array:
@@ -100,24 +102,14 @@ class Block:
 
     @cached_property
     def lr(self) -> Array:
-        """``old - rollout``: log(pi_train / pi_rollout) per token, float32, unclamped (on CPU, the fused pass
-        has written it)."""
-        if self.fused:
-            return self.sums.lr
-        return self.old - self.rollout
+        """``old - rollout``: log(pi_train / pi_rollout) per token, float32, unclamped (the compiled token pass
+        writes it)."""
+        return self.passes.log_ratio(self)
 
     @cached_property
     def lr_range(self) -> tuple[float, float]:
         """(min, max) of the log-ratio over the block (NaN if any is NaN)."""
-        if self.fused:
-            return self.sums.lr_min, self.sums.lr_max
-        return self.b.min(self.lr), self.b.max(self.lr)
-
-    @property
-    def fused(self) -> bool:
-        """Whether the token sums come from the fused CPU pass (numpy backend) rather than from the per-token
-        arrays (which the generic path derives them from)."""
-        return isinstance(self.b, NumpyBackend)
+        return self.passes.log_ratio_range(self)
 
     @cached_property
     def within_clamp(self) -> bool:
@@ -128,7 +120,7 @@ class Block:
     @cached_property
     def lr_safe(self) -> Array:
         """The log-ratio clamped to [-20, 20] (the log-ratio itself when no value is beyond the bound)."""
-        return self.lr if self.within_clamp else self.b.clip(self.lr, -SAFETY_BOUND, SAFETY_BOUND)
+        return self.lr if self.within_clamp else clamp_log_ratio(self.b, self.lr)
 
     @cached_property
     def lr_safe64(self) -> Array:
@@ -175,35 +167,24 @@ class Block:
 
     def k(self, estimator: Literal["k1", "k2", "k3"]) -> Array:
         """Per-token divergence statistic on the clamped log-ratio d: k1 = -d, k2 = d^2/2, k3 = e^d - 1 - d."""
-        if self.fused:
-            return self.statistic(estimator).stat
-        return self.memo(("k", estimator), lambda: _k_stat(self, estimator))
+        return self.statistic(estimator).stat
 
     def statistic(self, estimator: Literal["k1", "k2", "k3"]) -> Statistic:
-        """A k statistic of the valid tokens and its per-row sums and extremes, from one fused CPU pass over the
-        raw block (numpy backend only)."""
-        from rcdiag.metrics.tokens import Statistic
-
-        return self.memo(
-            ("statistic", estimator), lambda: Statistic(self.lr, self.seg.lengths, estimator, self.row_lr_range)
-        )
+        """A k statistic of the valid tokens and its per-row sums and extremes (the statistic pass, once per
+        estimator)."""
+        if estimator not in self._statistics:
+            self._statistics[estimator] = self.passes.statistic(self, estimator)
+        return self._statistics[estimator]
 
     def band(self, estimator: Literal["k1", "k2", "k3"], lo: float, hi: float) -> Band:
         """What the RS band [lo, hi] (float32 bounds; k1 keeps ``lo <= x <= hi``, k2/k3 ``x <= hi``) does to a
-        token statistic, per row (fused CPU path only)."""
-        found = self.sums.bands.get((lo, hi)) if estimator == "k1" else None
-        if found is not None:
-            return found
-        from rcdiag.metrics.tokens import band
-
-        return band(self.statistic(estimator), self.seg.lengths, lo, hi, estimator == "k1")
+        token statistic, per row (the band pass)."""
+        return self.passes.band(self, estimator, lo, hi)
 
     @cached_property
     def row_lr_range(self) -> tuple[Array, Array]:
         """Per-row (min, max) of the log-ratio (+inf / -inf for empty rows; NaN propagates)."""
-        if self.fused:
-            return self.sums.row_lr_min, self.sums.row_lr_max
-        return self.seg.min(self.lr, math.inf), self.seg.max(self.lr, -math.inf)
+        return self.passes.row_log_ratio_range(self)
 
     def row_sum_k(self, estimator: Literal["k1", "k2", "k3"]) -> Array:
         """Per-row float64 sums of a k statistic (shared by every option that needs them).
@@ -213,54 +194,33 @@ class Block:
         on the row alone, never on the block, so no metric depends on how rows fall into blocks.
         """
         if estimator == "k1":
-            return self.memo(("row_sum_k", "k1"), self._row_sum_k1)
-        if self.fused:
-            return self.statistic(estimator).row_sum
-        return self.memo(("row_sum_k", estimator), lambda: self.seg.sum(self.k(estimator)))
+            return self._row_sum_k1
+        return self.statistic(estimator).row_sum
 
     def row_extremes_k(self, estimator: Literal["k1", "k2", "k3"]) -> tuple[Array, Array]:
         """Per-row (max, min) of a k statistic (-inf / +inf for empty rows; NaN propagates)."""
-        if self.fused:
-            found = self.statistic(estimator)
-            return found.row_max, found.row_min
-        return self.memo(
-            ("row_extremes_k", estimator),
-            lambda: (self.seg.max(self.k(estimator), -math.inf), self.seg.min(self.k(estimator), math.inf)),
-        )
+        found = self.statistic(estimator)
+        return found.row_max, found.row_min
 
     def row_max_k(self, estimator: Literal["k1", "k2", "k3"]) -> Array:
         """Per-row maxima of a k statistic (0 for empty rows), shared by every option that needs them."""
-        if self.fused:
-            return self.memo(
-                ("row_max_k", estimator), lambda: np.where(self.row_valid, self.statistic(estimator).row_max, 0.0)
-            )
-        return self.memo(("row_max_k", estimator), lambda: self.seg.max(self.k(estimator), 0.0))
+        return self.once(_row_max_k, estimator)
 
+    @cached_property
     def _row_sum_k1(self) -> Array:
         if self.within_clamp:
             return -self.row_sum_lr
-        b, seg = self.b, self.seg
-        if self.fused:
-            # no clamped token in a row whose k1 = -clamp(lr) stays strictly inside (-20, 20)
-            found = self.statistic("k1")
-            inside = (found.row_min > -SAFETY_BOUND) & (found.row_max < SAFETY_BOUND)
-            return np.where(inside, -self.row_sum_lr, found.row_sum)
-        inside = (seg.max(self.lr, 0.0) <= SAFETY_BOUND) & (seg.min(self.lr, 0.0) >= -SAFETY_BOUND)
-        return b.where(inside, -self.row_sum_lr, seg.sum(self.k("k1")))
+        return self.b.where(self.passes.rows_inside_clamp(self), -self.row_sum_lr, self.statistic("k1").row_sum)
 
-    def memo(self, key: tuple, compute: Callable[[], Any]) -> Any:
-        """``compute()``, once per block and ``key`` (values several metric groups share)."""
-        cache = self.__dict__.setdefault("_cache", {})
-        if key not in cache:
-            cache[key] = compute()
-        return cache[key]
+    def once(self, compute: Callable[..., T], *args: Any) -> T:
+        """``compute(self, *args)``, computed once per block (a value several accumulators share, such as what an
+        RS option rejects). The cache is keyed by the function itself, so only a caller of that function reads
+        it; what it returns must not hold the block (a block is freed as soon as the engine drops it)."""
+        key = (compute, *args)
+        if key not in self._once:
+            self._once[key] = compute(self, *args)
+        return self._once[key]
 
 
-def _k_stat(block: Block, estimator: str) -> Array:
-    d = block.lr_safe
-    if estimator == "k1":
-        return -d
-    if estimator == "k2":
-        return 0.5 * d * d
-    # float64 expm1(d) - d, rounded once: float32 exp(d) - 1 - d keeps about 3 digits at d = 0.04
-    return block.b.to_float32(block.ratio_minus_one - block.lr_safe64)
+def _row_max_k(block: Block, estimator: Literal["k1", "k2", "k3"]) -> Array:
+    return block.b.where(block.row_valid, block.statistic(estimator).row_max, 0.0)

@@ -14,17 +14,9 @@ from typing import ClassVar
 
 import numpy as np
 
+from rcdiag.core.bins import EDGES, HUGE_DECADE, PER_DECADE, TINY_DECADE  # noqa: F401 (the edges' layout, named here too)
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
 from rcdiag.metrics.block import Block
-
-TINY_DECADE = -6
-HUGE_DECADE = 2
-PER_DECADE = 5
-_MAGNITUDES = np.float32(10.0) ** (
-    np.arange(TINY_DECADE * PER_DECADE, HUGE_DECADE * PER_DECADE + 1, dtype=np.float64) / PER_DECADE
-).astype(np.float32)
-EDGES: np.ndarray = np.concatenate([-_MAGNITUDES[::-1], _MAGNITUDES]).astype(np.float64)
-"""Bin edges, ascending: ``-1e2 ... -1e-6, 1e-6 ... 1e2`` (float32 values held as float64)."""
 
 
 class LogRatioHistogram(Accumulator):

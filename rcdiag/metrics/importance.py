@@ -22,7 +22,9 @@ import numpy as np
 
 from rcdiag.backend import Array, Backend
 from rcdiag.config import SAFETY_BOUND, ISSpec
-from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash, f32
+from rcdiag.core.formulas import icepop, is_weight, truncate_array
+from rcdiag.core.limits import f32
+from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
 from rcdiag.metrics.block import Block
 from rcdiag.versions import VerlVersion
 
@@ -107,9 +109,8 @@ class ISMetrics(Accumulator):
     def apply(self, b: Backend, raw: Array) -> Array:
         """TIS: clamp at U; IcePop: zero outside [L, U]."""
         if self.lower is None:
-            return b.clip(raw, None, self.upper)
-        keep = (raw >= self.lower) & (raw <= self.upper)
-        return b.where(keep, raw, 0.0)
+            return truncate_array(b, raw, self.upper)
+        return icepop(b, raw, self.lower, self.upper)
 
     def update(self, block: Block) -> None:
         b = block.b
@@ -133,7 +134,7 @@ class ISMetrics(Accumulator):
                 legacy = {"clamped": b.moments(b.clip(raw, self.metric_lower, self.upper)), "applied_sum": b.sum(w)}
         else:
             s = block.seq_log_ratio
-            raw_row = b.exp(b.clip(s, -SAFETY_BOUND, SAFETY_BOUND))
+            raw_row = is_weight(b, s)
             w_row = self.apply(b, raw_row)
             m_row = raw_row if self.raw_metrics else w_row
             n = block.row_len

@@ -10,13 +10,9 @@ Nothing is computed as a difference of nearly equal numbers: k3 as ``expm1(d) - 
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
-import numpy as np
-
-from rcdiag.backend import Array
-from rcdiag.config import SAFETY_BOUND
+from rcdiag.core.formulas import clamp_log_ratio
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
 from rcdiag.metrics.block import Block
 
@@ -78,7 +74,7 @@ class OffPolicyMetrics(Accumulator):
             delta_min=b.min(delta),
             exp_delta=b.sum(b.exp(delta)),
             chi2_token=block.sums.chi2_sum,
-            chi2_seq=b.sum(b.expm1(2.0 * b.clip(s, -SAFETY_BOUND, SAFETY_BOUND))),
+            chi2_seq=b.sum(b.expm1(2.0 * clamp_log_ratio(b, s))),
         )
 
     def keys(self) -> list[str]:
@@ -111,29 +107,5 @@ class OffPolicyMetrics(Accumulator):
 def token_metrics(tokens: float, lr_sum: float, k3_sum: float, chi2_sum: float) -> dict[str, float]:
     """verl's token-weighted off-policy metrics from sums of the per-token terms over any set of valid tokens (a
     batch, or one bucket of ``analyze --explain``'s breakdowns): kl = mean(rollout - old), k3_kl = mean of
-    ``k3_terms``, chi2_token = mean of ``chi2_terms``."""
+    ``rcdiag.core.formulas.k3``, chi2_token = mean of ``rcdiag.core.formulas.chi2_term``."""
     return {"kl": -lr_sum / tokens, "k3_kl": k3_sum / tokens, "chi2_token": chi2_sum / tokens}
-
-
-def k3_terms(block: Block) -> Array:
-    """Per token, e^lr - 1 - lr, unclamped as in verl, in float64 from ``expm1``; inf for a log-ratio whose e^lr
-    overflows float32, as in verl. When no log-ratio reaches the clamp, ``e^d - 1`` is the one already computed
-    for the block; the values are the same either way, so no sum depends on how rows fall into blocks."""
-
-    def compute() -> Array:
-        b = block.b
-        if block.within_clamp:
-            return block.ratio_minus_one - block.lr_safe64
-        lr = b.to_float64(block.lr)
-        return b.where(lr > _LOG_F32_MAX, math.inf, b.expm1(lr) - lr)
-
-    return block.memo(("k3_terms",), compute)
-
-
-def chi2_terms(block: Block) -> Array:
-    """Per token, ratio^2 - 1 of the clamped log-ratio, as ``(e^d - 1)(e^d + 1)`` in float64 (no cancellation)."""
-    return block.memo(("chi2_terms",), lambda: block.ratio_minus_one * (block.ratio_minus_one + 2.0))
-
-
-_LOG_F32_MAX = math.log(float(np.finfo(np.float32).max))
-"""Above this log-ratio, verl's float32 exp overflows to inf."""

@@ -15,15 +15,18 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
 
 from rcdiag.backend import Array
 from rcdiag.config import RSOption
-from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash, f32
+from rcdiag.core.formulas import rs_keep
+from rcdiag.core.limits import f32
+from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
 from rcdiag.metrics.block import Block
 
+Estimator = Literal["k1", "k2", "k3"]
 _SUFFIXES = (
     "mean",
     "max",
@@ -67,17 +70,21 @@ class Rejection:
 def row_statistic(block: Block, option: RSOption) -> Array:
     """verl's per-row value of an option: the row's sum, mean or max of the token statistic (0 for an empty
     row); for token options, the row mean (what the ``seq_*`` metrics of a token option describe)."""
-    if option.agg == "sum":
-        return block.row_sum_k(option.estimator)
-    if option.agg == "max":
-        return block.row_max_k(option.estimator)
-    return block.row_mean(block.row_sum_k(option.estimator))
+    return _row_statistic(block, option.agg, option.estimator)
+
+
+def _row_statistic(block: Block, agg: str, estimator: Estimator) -> Array:
+    if agg == "sum":
+        return block.row_sum_k(estimator)
+    if agg == "max":
+        return block.row_max_k(estimator)
+    return block.row_mean(block.row_sum_k(estimator))
 
 
 def rejection(block: Block, option: RSOption) -> Rejection:
     """What ``option`` rejects in ``block``, computed once per block: the option's own metrics and the RS
     aggregates both read it, so every accumulator's ``update`` takes only the block."""
-    return block.memo(("rejection", option), lambda: _reject(block, option))
+    return block.once(_reject, option)
 
 
 def bounds(option: RSOption) -> tuple[float, float]:
@@ -88,9 +95,7 @@ def bounds(option: RSOption) -> tuple[float, float]:
 
 def _keep(option: RSOption, stat: Array) -> Array:
     lo, hi = bounds(option)
-    if option.is_k1:
-        return (stat >= lo) & (stat <= hi)
-    return stat <= hi
+    return rs_keep(stat, lo, hi, option.is_k1)
 
 
 def _reject(block: Block, opt: RSOption) -> Rejection:
@@ -127,25 +132,26 @@ def threshold_free_states(block: Block, option: RSOption) -> dict[str, float | t
 
 
 def _token_value_states(block: Block, opt: RSOption) -> dict[str, float | tuple]:
-    """Token options: the statistic's sum and extremes (the extremes from the per-row ones)."""
+    """Token options: the statistic's sum and extremes (the extremes from the per-row ones), once per block and
+    estimator."""
+    return block.once(_token_values, opt.estimator)
 
-    def compute() -> dict[str, float | tuple]:
-        b = block.b
-        row_max, row_min = block.row_extremes_k(opt.estimator)
-        stat_sum = b.sum(block.row_sum_k("k1")) if opt.is_k1 else b.sum(block.k(opt.estimator))
-        return {"stat_sum": stat_sum, "tok_max": b.max(row_max), "tok_min": b.min(row_min)}
 
-    return block.memo(("token_value_states", opt.estimator), compute)
+def _token_values(block: Block, estimator: Estimator) -> dict[str, float | tuple]:
+    b = block.b
+    row_max, row_min = block.row_extremes_k(estimator)
+    stat_sum = b.sum(block.row_sum_k("k1")) if estimator == "k1" else b.sum(block.k(estimator))
+    return {"stat_sum": stat_sum, "tok_max": b.max(row_max), "tok_min": b.min(row_min)}
 
 
 def _row_value_states(block: Block, opt: RSOption) -> tuple[Array, dict[str, float | tuple]]:
     """The threshold-free states of the per-row values (once per block, whatever the number of thresholds), and
     the valid rows' values."""
-    return block.memo(("row_value_states", opt.agg, opt.estimator), lambda: _row_values(block, opt))
+    return block.once(_row_values, opt.agg, opt.estimator, opt.level)
 
 
-def _row_values(block: Block, opt: RSOption) -> tuple[Array, dict[str, float | tuple]]:
-    b, seq_value = block.b, row_statistic(block, opt)
+def _row_values(block: Block, agg: str, estimator: Estimator, level: str) -> tuple[Array, dict[str, float | tuple]]:
+    b, seq_value = block.b, _row_statistic(block, agg, estimator)
     v = seq_value[block.row_valid] if block.n_valid_rows < block.n_rows else seq_value
     states: dict[str, float | tuple] = {
         "tokens": block.n_tokens,
@@ -155,59 +161,31 @@ def _row_values(block: Block, opt: RSOption) -> tuple[Array, dict[str, float | t
         "v_min": b.min(v),
         "v_abs_max": b.max(b.abs(v)),
     }
-    if opt.level != "token":
+    if level != "token":
         states["stat_sum"] = b.dot(block.row_len, seq_value)
     return v, states
 
 
 def _reject_tokens(block: Block, opt: RSOption) -> Rejection:
-    """Token options, in as few passes as possible: extremes per row (fast segment max/min) give the global
-    extremes and the rows with a rejected token; the two strict counts give the masked tokens, since a token is
-    rejected exactly when it lies below the lower or above the upper bound (or is NaN, handled on the slow
-    path)."""
-    b, seg, k1 = block.b, block.seg, opt.is_k1
+    """Token options: the band pass gives the per-row rejections, both strict counts and the clipped moments."""
     lo, hi = bounds(opt)
-    row_max, row_min = block.row_extremes_k(opt.estimator)
-    free = _token_value_states(block, opt)
-    if block.fused:  # one pass over the statistic: per-row rejections, both counts, the clipped moments
-        found = block.band(opt.estimator, lo, hi)
-        statistic = block.statistic(opt.estimator)  # (not the block: a closure over it would be a cycle)
-        states = {
-            **free,
-            "tok_hi": found.above,
-            "tok_lo": found.below if k1 else 0,
-            "clamped": found.clipped,
-            "masked_tokens": float(found.row_rejected.sum()),
-            "masked_rows": int(np.count_nonzero(found.row_rejected)),
-        }
-        return Rejection(
-            states["masked_tokens"],
-            found.row_rejected > 0,
-            states,
-            token_mask=lambda: ~_keep(opt, statistic.stat),
-            row_counts=found.row_rejected,
-        )
-    stat = block.k(opt.estimator)
-    tok_max, tok_min, stat_sum = free["tok_max"], free["tok_min"], free["stat_sum"]
-    above = b.count(stat > hi)
-    below = b.count(stat < lo) if k1 else 0
-    if math.isfinite(stat_sum) and lo <= hi:  # (an inverted k1 band, accepted by verl <= 0.8.0, rejects all)
-        masked_tokens: float = above + below
-        rows_hit = (row_max > hi) | (row_min < lo) if k1 else row_max > hi
-    else:  # NaN statistics fail every comparison: verl rejects them
-        reject = ~_keep(opt, stat)
-        masked_tokens = b.count(reject)
-        rows_hit = seg.count(reject) > 0
-    no_clamp = lo <= tok_min and tok_max <= hi
+    found = block.band(opt.estimator, lo, hi)
+    statistic = block.statistic(opt.estimator)  # (not the block: a closure over it would be a cycle)
     states = {
-        **free,
-        "tok_hi": above,
-        "tok_lo": below,
-        "clamped": b.moments(stat if no_clamp else b.clip(stat, lo, hi)),
-        "masked_tokens": masked_tokens,
-        "masked_rows": b.count(rows_hit),
+        **_token_value_states(block, opt),
+        "tok_hi": found.above,
+        "tok_lo": found.below if opt.is_k1 else 0,
+        "clamped": found.clipped,
+        "masked_tokens": found.masked_tokens,
+        "masked_rows": block.b.count(found.rows_hit),
     }
-    return Rejection(masked_tokens, rows_hit, states, token_mask=lambda: ~_keep(opt, stat))
+    return Rejection(
+        found.masked_tokens,
+        found.rows_hit,
+        states,
+        token_mask=lambda: ~_keep(opt, statistic.stat),
+        row_counts=found.row_rejected,
+    )
 
 
 class RSOptionMetrics(Accumulator):

@@ -1,27 +1,52 @@
-"""A block's token sums: every per-token quantity verl's off-policy metrics, rcdiag's extras and the log-ratio
-histogram fold in, reduced once per block.
+"""The per-token passes over a block, behind one interface (``TokenPasses``) with two implementations, chosen once
+per backend (``rcdiag.backend.Backend.passes``):
 
-On CPU they come from one fused pass over the raw block (``rcdiag.kernels.tokens``: 1-2 ns a token, where a pass
-per numpy operation cost about 7); on other backends (torch) from the backend's elementwise operations
-(``generic_token_sums``). Both give the same numbers up to float64 rounding (tested), so the accumulators read
-one record whatever the device.
+* ``CompiledPasses`` (the numpy backend): numba kernels read the raw block (``rcdiag.kernels.tokens``: every token
+  sum, the compacted log-ratio and the configuration's k1 bands in one pass, 1-2 ns a token, where a pass per numpy
+  operation cost about 7; ``rcdiag.kernels.statistics``: the RS statistics and their bands);
+* ``ArrayPasses`` (torch, and any backend): the backend's elementwise operations and segment reductions over the
+  valid tokens, from the formulas of ``rcdiag.core.formulas``.
+
+Three passes, each giving one record whatever the device: the token pass (``TokenSums``: every per-token quantity
+verl's off-policy metrics, rcdiag's extras and the log-ratio histogram fold in), the statistic pass (``Statistic``:
+an RS option's k1/k2/k3 per token with its per-row sums and extremes) and the band pass (``Band``: what an RS
+threshold band rejects, per row). Both implementations give the same numbers up to float64 rounding (tested,
+tests/test_token_kernel.py). The passes read a block (``rcdiag.metrics.block.Block``, named here only as the
+``TokenBlock`` protocol: the block imports this module's records).
 """
 
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
-from rcdiag.backend import Array, bin_table
-from rcdiag.config import SAFETY_BOUND
-from rcdiag.metrics.histogram import EDGES
+from rcdiag.core.bins import EDGES, bin_table
+from rcdiag.core.formulas import Array, chi2_term, clamp_log_ratio, k1, k2, k3, k3_verl_array, rs_keep
+from rcdiag.core.limits import SAFETY_BOUND
 
-if TYPE_CHECKING:
-    from rcdiag.metrics.block import Block
+
+class TokenBlock(Protocol):
+    """What the passes read of a block (``rcdiag.metrics.block.Block``)."""
+
+    b: Any
+    seg: Any
+    raw: tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]
+    k1_bands: tuple[tuple[float, float], ...]
+    old: Array
+    rollout: Array
+    lr: Array
+    lr_safe: Array
+    lr_safe64: Array
+    ratio_minus_one: Array
+    within_clamp: bool
+    sums: TokenSums
+
+    def statistic(self, estimator: str) -> Statistic: ...
 
 
 @dataclass(frozen=True)
@@ -57,13 +82,6 @@ class TokenSums:
     """What each token-level k1 RS band the block was asked for does (CPU: taken in the same pass)."""
 
 
-def token_sums(block: Block) -> TokenSums:
-    """The block's token sums, from the fused CPU pass on the numpy backend."""
-    if block.fused:
-        return fused_token_sums(*block.raw, block.k1_bands)
-    return generic_token_sums(block)
-
-
 def fused_token_sums(
     old: np.ndarray,
     rollout: np.ndarray,
@@ -74,7 +92,8 @@ def fused_token_sums(
     """``TokenSums`` of a raw block: float32 ``old``/``rollout`` with padding, boolean ``mask`` (``None``: every
     token valid) and each row's raw token count; with the ``Band`` of each token-level k1 RS band ``(lo, hi)``
     (float32 bounds), taken in the same pass."""
-    from rcdiag.kernels.tokens import N_COUNTS, N_SUMS, order_key, token_pass
+    from rcdiag.core.formulas import order_key_floats
+    from rcdiag.kernels.tokens import N_COUNTS, N_SUMS, token_pass
 
     table = bin_table(EDGES)
     assert table is not None  # EDGES are float32 numbers, at most one per table cell
@@ -97,8 +116,8 @@ def fused_token_sums(
         band_out,
     )
     empty, has_nan = row_counts[:, 0] == 0, row_counts[:, 1] > 0
-    row_min = np.where(empty, math.inf, np.where(has_nan, math.nan, order_key(row_keys[:, 0])))
-    row_max = np.where(empty, -math.inf, np.where(has_nan, math.nan, order_key(row_keys[:, 1])))
+    row_min = np.where(empty, math.inf, np.where(has_nan, math.nan, order_key_floats(row_keys[:, 0])))
+    row_max = np.where(empty, -math.inf, np.where(has_nan, math.nan, order_key_floats(row_keys[:, 1])))
     nan = int(counts[0])
     lo, hi = (float(np.min(row_min)), float(np.max(row_max))) if n_rows else (math.inf, -math.inf)
     return TokenSums(
@@ -120,11 +139,9 @@ def fused_token_sums(
     )
 
 
-def generic_token_sums(block: Block) -> TokenSums:
-    """``TokenSums`` from the backend's elementwise operations over the compacted block (the torch path; on
-    numpy, the reference the fused pass is tested against)."""
-    from rcdiag.metrics.offpolicy import chi2_terms, k3_terms
-
+def generic_token_sums(block: TokenBlock) -> TokenSums:
+    """``TokenSums`` from the backend's elementwise operations over the compacted block (the array path; on numpy,
+    the reference the fused pass is tested against)."""
     b, seg, lr = block.b, block.seg, block.lr
     abs_lr = b.abs(lr)
     lo, hi = b.min(lr), b.max(lr)
@@ -139,17 +156,68 @@ def generic_token_sums(block: Block) -> TokenSums:
         nan=b.count(lr != lr),
         abs_sum=b.sum(abs_lr),
         exp_abs_sum=b.sum(b.exp(abs_lr)),
-        k3_sum=b.sum(k3_terms(block)),
-        chi2_sum=b.sum(chi2_terms(block)),
+        k3_sum=b.sum(_k3_terms(block)),
+        chi2_sum=b.sum(chi2_term(block.ratio_minus_one)),
         clamped=b.count(abs_lr > SAFETY_BOUND),
         log_ratio_counts=b.bin_counts(lr, EDGES),
     )
 
 
-class Statistic:
-    """A k statistic over a block's valid tokens (``Block.k``) with its per-row reductions, from the log-ratios
-    the fused token pass compacted. k1's per-row extremes follow from the rows' log-ratio extremes (k1 = -clamp(d)
-    is monotone), so k1 needs no pass over the rows unless its row sums are asked for."""
+def _k3_terms(block: TokenBlock) -> Array:
+    """Per token, e^lr - 1 - lr, unclamped as in verl, in float64 from ``expm1``; inf for a log-ratio whose e^lr
+    overflows float32, as in verl. When no log-ratio reaches the clamp, ``e^d - 1`` is the one already computed
+    for the block; the values are the same either way, so no sum depends on how rows fall into blocks."""
+    b = block.b
+    if block.within_clamp:
+        return k3(block.ratio_minus_one, block.lr_safe64)
+    lr = b.to_float64(block.lr)
+    return k3_verl_array(b, b.expm1(lr), lr)
+
+
+class Statistic(ABC):
+    """A k statistic over a block's valid tokens (``Block.k``) with its per-row reductions: ``stat`` (float32, one
+    per valid token, in order), ``row_sum`` (float64, 0 for an empty row), ``row_max`` / ``row_min`` (-inf / +inf
+    for an empty row; NaN where the row holds a NaN)."""
+
+    estimator: str
+    stat: Array
+    row_sum: Array
+    row_max: Array
+    row_min: Array
+
+
+class ArrayStatistic(Statistic):
+    """The statistic from the backend's elementwise operations on the clamped log-ratio; its row reductions taken
+    when first asked for."""
+
+    def __init__(self, block: TokenBlock, estimator: str) -> None:
+        self.estimator = estimator
+        self._seg = block.seg
+        d = block.lr_safe
+        if estimator == "k1":
+            self.stat = k1(d)
+        elif estimator == "k2":
+            self.stat = k2(d)
+        else:  # float64 expm1(d) - d, rounded once: float32 exp(d) - 1 - d keeps about 3 digits at d = 0.04
+            self.stat = block.b.to_float32(k3(block.ratio_minus_one, block.lr_safe64))
+
+    @cached_property
+    def row_sum(self) -> Array:  # type: ignore[override]
+        return self._seg.sum(self.stat)
+
+    @cached_property
+    def row_max(self) -> Array:  # type: ignore[override]
+        return self._seg.max(self.stat, -math.inf)
+
+    @cached_property
+    def row_min(self) -> Array:  # type: ignore[override]
+        return self._seg.min(self.stat, math.inf)
+
+
+class CompiledStatistic(Statistic):
+    """The statistic from the log-ratios the fused token pass compacted (``rcdiag.kernels.statistics``). k1's
+    per-row extremes follow from the rows' log-ratio extremes (k1 = -clamp(d) is monotone), so k1 needs no pass
+    over the rows unless its row sums are asked for."""
 
     def __init__(
         self, lr: np.ndarray, valid_lengths: np.ndarray, estimator: str, row_range: tuple[np.ndarray, np.ndarray]
@@ -160,15 +228,15 @@ class Statistic:
         if estimator == "k1":
             row_lo, row_hi = row_range
             empty = self._lengths == 0
-            self.row_max = np.where(empty, -math.inf, -np.clip(row_lo, -SAFETY_BOUND, SAFETY_BOUND))
+            self.row_max = np.where(empty, -math.inf, k1(clamp_log_ratio(np, row_lo)))
             """float64 per-row maxima (-inf for an empty row; NaN where the row holds a NaN)."""
-            self.row_min = np.where(empty, math.inf, -np.clip(row_hi, -SAFETY_BOUND, SAFETY_BOUND))
+            self.row_min = np.where(empty, math.inf, k1(clamp_log_ratio(np, row_hi)))
             """float64 per-row minima (+inf for an empty row; NaN where the row holds a NaN)."""
         else:
             self._reduce()
 
     @cached_property
-    def stat(self) -> np.ndarray:
+    def stat(self) -> np.ndarray:  # type: ignore[override]
         """float32, one per valid token, in order (k1 is built only when asked for: its band reads the
         log-ratios)."""
         from rcdiag.kernels.statistics import ESTIMATORS, statistic
@@ -188,14 +256,14 @@ class Statistic:
             self.row_max, self.row_min = row_max, row_min
 
     @property
-    def row_sum(self) -> np.ndarray:
+    def row_sum(self) -> np.ndarray:  # type: ignore[override]
         """float64 per-row sums (0 for an empty row)."""
         if not hasattr(self, "_row_sum"):
             self._reduce()
         return self._row_sum
 
 
-def band(stat: Statistic, valid_lengths: np.ndarray, lo: float, hi: float, two_sided: bool) -> Band:
+def compiled_band(stat: CompiledStatistic, valid_lengths: np.ndarray, lo: float, hi: float, two_sided: bool) -> Band:
     """What the band ``[lo, hi]`` (``two_sided``: k1; else only ``<= hi``) does to a statistic, per row."""
     from rcdiag.kernels.statistics import threshold_pass
     from rcdiag.kernels.tokens import k1_band_pass
@@ -214,20 +282,27 @@ def band(stat: Statistic, valid_lengths: np.ndarray, lo: float, hi: float, two_s
 
 @dataclass(frozen=True)
 class Band:
-    """Per-row rejections of a band, its strict above/below counts and the moments of the clipped statistic."""
+    """What an RS band does to a token statistic: the tokens it rejects and the rows they lie in, its strict
+    above/below counts and the moments of the statistic clipped to it."""
 
-    row_rejected: np.ndarray
-    """float64 per-row rejected tokens (NaN statistics are rejected)."""
+    masked_tokens: float
+    """Rejected valid tokens (NaN statistics are rejected)."""
+    rows_hit: Array
+    """Rows with a rejected token (bool)."""
     above: int
     below: int
     clipped: tuple[float, float, float]
     """(n, mean, M2) of the statistic clipped to the band."""
+    row_rejected: np.ndarray | None = None
+    """float64 per-row rejected tokens where the pass counts them (compiled), so the RS aggregate needs no token
+    mask; ``None`` on the array path."""
 
     @classmethod
     def of(cls, rejected: np.ndarray, summary: np.ndarray) -> Band:
         """From a kernel's per-row rejected counts and its (above, below, n, mean, M2)."""
         above, below, n, mean, m2 = summary.tolist()
-        return cls(rejected.astype(np.float64), int(above), int(below), (n, mean, m2))
+        row_rejected = rejected.astype(np.float64)
+        return cls(float(row_rejected.sum()), row_rejected > 0, int(above), int(below), (n, mean, m2), row_rejected)
 
 
 def _kernel_inputs(
@@ -251,3 +326,112 @@ def _all_valid(n: int) -> np.ndarray:
         _ONES = np.ones(max(n, 1 << 17), dtype=np.bool_)
         _ONES.setflags(write=False)
     return _ONES[:n]
+
+
+class TokenPasses(ABC):
+    """The per-token passes over a block; one implementation per kind of backend (``Backend.passes``). The block
+    caches what they return (``rcdiag.metrics.block.Block``)."""
+
+    @abstractmethod
+    def token_sums(self, block: TokenBlock) -> TokenSums:
+        """Every per-token sum the off-policy metrics, the extras and the histogram fold in."""
+
+    @abstractmethod
+    def log_ratio(self, block: TokenBlock) -> Array:
+        """d = ``old - rollout`` of the valid tokens, float32, unclamped."""
+
+    @abstractmethod
+    def log_ratio_range(self, block: TokenBlock) -> tuple[float, float]:
+        """(min, max) of d over the block (NaN if any is NaN)."""
+
+    @abstractmethod
+    def row_log_ratio_range(self, block: TokenBlock) -> tuple[Array, Array]:
+        """Per-row (min, max) of d (+inf / -inf for empty rows; NaN propagates)."""
+
+    @abstractmethod
+    def statistic(self, block: TokenBlock, estimator: str) -> Statistic:
+        """The k1/k2/k3 statistic of the clamped d per token, with its per-row reductions."""
+
+    @abstractmethod
+    def rows_inside_clamp(self, block: TokenBlock) -> Array:
+        """Rows whose k1 row sum is the negated row sum of d (no token clamped): ``Block.row_sum_k``."""
+
+    @abstractmethod
+    def band(self, block: TokenBlock, estimator: str, lo: float, hi: float) -> Band:
+        """What the RS band [lo, hi] (float32 bounds; k1 keeps ``lo <= x <= hi``, k2/k3 ``x <= hi``) does to the
+        estimator's statistic."""
+
+
+class CompiledPasses(TokenPasses):
+    """The numba kernels over the raw block (numpy backend)."""
+
+    def token_sums(self, block: TokenBlock) -> TokenSums:
+        return fused_token_sums(*block.raw, block.k1_bands)
+
+    def log_ratio(self, block: TokenBlock) -> Array:
+        return block.sums.lr
+
+    def log_ratio_range(self, block: TokenBlock) -> tuple[float, float]:
+        return block.sums.lr_min, block.sums.lr_max
+
+    def row_log_ratio_range(self, block: TokenBlock) -> tuple[Array, Array]:
+        return block.sums.row_lr_min, block.sums.row_lr_max
+
+    def statistic(self, block: TokenBlock, estimator: str) -> Statistic:
+        return CompiledStatistic(block.lr, block.seg.lengths, estimator, self.row_log_ratio_range(block))
+
+    def rows_inside_clamp(self, block: TokenBlock) -> Array:
+        # no clamped token in a row whose k1 = -clamp(lr) stays strictly inside (-20, 20)
+        found = block.statistic("k1")
+        return (found.row_min > -SAFETY_BOUND) & (found.row_max < SAFETY_BOUND)
+
+    def band(self, block: TokenBlock, estimator: str, lo: float, hi: float) -> Band:
+        found = block.sums.bands.get((lo, hi)) if estimator == "k1" else None
+        if found is not None:
+            return found
+        statistic = block.statistic(estimator)
+        assert isinstance(statistic, CompiledStatistic)
+        return compiled_band(statistic, block.seg.lengths, lo, hi, estimator == "k1")
+
+
+class ArrayPasses(TokenPasses):
+    """The backend's elementwise operations and segment reductions over the valid tokens (torch; any backend)."""
+
+    def token_sums(self, block: TokenBlock) -> TokenSums:
+        return generic_token_sums(block)
+
+    def log_ratio(self, block: TokenBlock) -> Array:
+        return block.old - block.rollout
+
+    def log_ratio_range(self, block: TokenBlock) -> tuple[float, float]:
+        return block.b.min(block.lr), block.b.max(block.lr)
+
+    def row_log_ratio_range(self, block: TokenBlock) -> tuple[Array, Array]:
+        return block.seg.min(block.lr, math.inf), block.seg.max(block.lr, -math.inf)
+
+    def statistic(self, block: TokenBlock, estimator: str) -> Statistic:
+        return ArrayStatistic(block, estimator)
+
+    def rows_inside_clamp(self, block: TokenBlock) -> Array:
+        seg, lr = block.seg, block.lr
+        return (seg.max(lr, 0.0) <= SAFETY_BOUND) & (seg.min(lr, 0.0) >= -SAFETY_BOUND)
+
+    def band(self, block: TokenBlock, estimator: str, lo: float, hi: float) -> Band:
+        """In as few passes as possible: the per-row extremes give the global extremes and the rows with a
+        rejected token; the two strict counts give the rejected tokens, since a token is rejected exactly when it
+        lies below the lower or above the upper bound (NaN and an inverted band take the token mask)."""
+        b, seg = block.b, block.seg
+        statistic = block.statistic(estimator)
+        stat, row_max, row_min = statistic.stat, statistic.row_max, statistic.row_min
+        two_sided = estimator == "k1"
+        above = b.count(stat > hi)
+        below = b.count(stat < lo) if two_sided else 0
+        if not b.count(stat != stat) and lo <= hi:  # (an inverted k1 band, accepted by verl <= 0.8.0, rejects all)
+            masked_tokens: float = above + below
+            rows_hit = (row_max > hi) | (row_min < lo) if two_sided else row_max > hi
+        else:  # NaN statistics fail every comparison: verl rejects them
+            reject = ~rs_keep(stat, lo, hi, two_sided)
+            masked_tokens = b.count(reject)
+            rows_hit = seg.count(reject) > 0
+        no_clamp = lo <= b.min(row_min) and b.max(row_max) <= hi
+        return Band(masked_tokens, rows_hit, above, below, b.moments(stat if no_clamp else b.clip(stat, lo, hi)))

@@ -18,7 +18,6 @@ micro-batch of an on-policy update).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +26,7 @@ import numpy as np
 from rcdiag.backend import NumpyBackend
 from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import ResolvedConfig
+from rcdiag.core.limits import finite
 from rcdiag.metrics.base import MetricValue, verl_float
 from rcdiag.metrics.batch import BatchMetrics, BatchResult
 from rcdiag.metrics.block import Block
@@ -222,5 +222,5 @@ def _flat(dicts: list[dict[str, Any]]) -> dict[str, MetricValue] | None:
     for key in dicts[0]:
         column = [d[key] for d in dicts]
         value = None if any(x is None for x in column) else reduce_by_name(key, column)
-        out[key] = value if value is not None and math.isfinite(value) else None
+        out[key] = finite(value)
     return out

@@ -13,6 +13,7 @@ import numpy as np
 
 from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import CorrectionConfig
+from rcdiag.core.limits import finite_f32
 from rcdiag.engine import EngineState, StepKey, load_batches, saved_counts
 from rcdiag.fields import checked, integer, real
 from rcdiag.kernels import sweep_encoding
@@ -103,7 +104,7 @@ class SweepBatch:
                 if self.valid_tokens == 0:
                     crashes = [empty_batch_crash()]
                 out[sweep.option, threshold.spec] = PointResult(
-                    {PREFIX + key: _finite(value) for key, value in values.items()},
+                    {PREFIX + key: finite_f32(value) for key, value in values.items()},
                     tuple(prefixed_crash(crash) for crash in crashes),
                 )
         return out
@@ -195,12 +196,3 @@ def new_sweep_state(grid: SweepGrid, target_reject: float | None = None) -> Swee
     collector = Collector([option for option, _ in grid.options]) if target_reject is not None else None
     resolved = CorrectionConfig(verl_version=grid.verl_version).resolve()
     return SweepState(resolved, grid=grid, collector=collector, target_reject=target_reject)
-
-
-def _finite(value: MetricValue) -> MetricValue:
-    """The value as the report gives it: ``None`` for NaN and for what verl's float32 makes infinite."""
-    return value if value is not None and abs(value) <= _F32_MAX else None
-
-
-_F32_MAX = float(np.finfo(np.float32).max)
-"""Beyond this, ``verl_float`` gives an infinity."""

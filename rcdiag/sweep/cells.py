@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rcdiag.core.formulas import chan_merge_share
 from rcdiag.fields import reals
 from rcdiag.kernels.sweep_encoding import AMBIGUOUS, HISTOGRAM, HISTOGRAM_CLAMPED, NO_HISTOGRAM, SHIFT, TABLE_SIZE
 from rcdiag.metrics.base import Moments
@@ -43,13 +44,12 @@ class CellArrays:
         return cls(zeros, zeros.copy(), zeros.copy(), np.full(cells, -np.inf), np.full(cells, np.inf))
 
     def merge(self, other: CellArrays) -> None:
-        """Chan et al.'s pairwise update, cell by cell (the NaN cell only counts)."""
-        n = self.n + other.n
+        """Chan et al.'s pairwise update (``rcdiag.core.formulas.chan_merge_share``), cell by cell, where both parts
+        hold values (the NaN cell only counts)."""
         with np.errstate(invalid="ignore", divide="ignore"):
-            delta = other.mean - self.mean
-            share = np.where(n > 0, other.n / np.where(n > 0, n, 1.0), 0.0)
-            mean = np.where(self.n == 0, other.mean, np.where(other.n == 0, self.mean, self.mean + delta * share))
-            m2 = self.m2 + other.m2 + np.where((self.n > 0) & (other.n > 0), delta * delta * self.n * share, 0.0)
+            n, merged_mean, merged_m2 = chan_merge_share(self.n, self.mean, self.m2, other.n, other.mean, other.m2)
+        mean = np.where(self.n == 0, other.mean, np.where(other.n == 0, self.mean, merged_mean))
+        m2 = np.where((self.n > 0) & (other.n > 0), merged_m2, self.m2 + other.m2)
         self.n, self.mean, self.m2 = n, mean, m2
         self.max = np.maximum(self.max, other.max)  # only the NaN cell holds NaN, and must keep it
         self.min = np.minimum(self.min, other.min)

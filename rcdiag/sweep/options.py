@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from rcdiag.config import RSOption
+from rcdiag.core.formulas import rs_keep
 from rcdiag.fields import FieldError, integer, reals, shown
 from rcdiag.metrics.base import Accumulator, MetricValue, Moments, VerlCrash
 from rcdiag.metrics.block import Block
@@ -177,7 +178,7 @@ class SequenceRSSweep(RSSweep):
         value = self._value_counts(block)
         n = _host(block, block.row_len)
         row = value[None, :]
-        keep = (row >= self.lo) & (row <= self.hi) if self.k1 else row <= self.hi
+        keep = rs_keep(row, self.lo, self.hi, self.k1)
         reject = ~keep & _host(block, block.row_valid)
         self.counts[2] += np.count_nonzero(reject, axis=1)
         self.counts[3] += np.einsum("tr,r->t", reject, n, dtype=np.float64)
