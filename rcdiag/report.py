@@ -136,8 +136,8 @@ class TokenText:
     pieces: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        finite = [v if math.isfinite(v) else None for v in self.log_ratios]
-        return {"row": self.row, "start": self.start, "ids": list(self.ids), "log_ratios": finite}
+        values = [finite(v) for v in self.log_ratios]
+        return {"row": self.row, "start": self.start, "ids": list(self.ids), "log_ratios": values}
 
 
 VerdictStatus = Literal["healthy", "correct", "fix", "broken"]
