@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from rcdiag.core.limits import finite
 from rcdiag.fields import FieldError, counts, reals
 from rcdiag.metrics.block import Block
 
@@ -220,9 +221,9 @@ def token_breakdown(sums: TokenSums, texts: dict[int, str] | None = None) -> dic
             "text": None if texts is None else texts.get(token_id),
             "tokens": int(tokens),
             "token_share": float(token_shares[i]),
-            "k3_share": _finite(float(shares[i])),
+            "k3_share": finite(float(shares[i])),
             **metrics,
-            "z": _finite(z),
+            "z": finite(z),
             "significant": bool(stats.significant[i]),
         }
 
@@ -242,7 +243,3 @@ def ranked_ids(sums: TokenSums) -> list[int]:
     stats = token_stats(sums)
     chosen = [*stats.k3_order()[:TOP].tolist(), *stats.abs_order()[:TOP].tolist()]
     return sorted({int(stats.ids[i]) for i in chosen})
-
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
