@@ -29,6 +29,7 @@ from rcdiag.microbatch import MicroBatchReport, MicroBatchSettings
 from rcdiag.microbatch.report import simulate as simulate_microbatches
 from rcdiag.microbatch.rows import RowCollector
 from rcdiag.options import ReadOptions
+from rcdiag.prescribe import effect_of
 from rcdiag.outputs import refuse_inputs
 from rcdiag.parallel import (
     RAY_MAX_PARTS,
@@ -119,13 +120,39 @@ def analyze(
     micro = None
     if collector is not None and microbatch is not None:
         micro = simulate_microbatches(collector.steps(), accumulated.state.resolved, microbatch)
-    return build_report(
+    report = build_report(
         accumulated.state,
         accumulated.info,
         accumulated.device,
         accumulated.screen,
         sequences_path=sequences,
         microbatch=micro,
+    )
+    return measure_prescription(report, path, read)
+
+
+def measure_prescription(report: Report, path: str | Path, read: ReadOptions | None = None) -> Report:
+    """``report`` with its verdict's prescription measured on the dump: the effect (rejected shares, IS ESS and
+    truncated share) is what analyze computes under the prescribed setting, and a setting that raises one of
+    analyze's own findings is flagged. Costs a second pass over the dump, only for a ``correct`` verdict, and none
+    when the report was already computed with that setting (docs/performance.md)."""
+    verdict = report.verdict
+    prescription = verdict.recommendation if verdict is not None else None
+    if verdict is None or prescription is None or prescription.effect is not None:
+        return report
+    config = CorrectionConfig(**prescription.config, verl_version=report.config["verl_version"])
+    if config.resolve().same_computation(CorrectionConfig(**report.config).resolve()):
+        under = report
+    else:
+        from rcdiag.notices import Busy, notify
+
+        notify("measuring the prescribed setting on the dump (a second pass)...", Busy)
+        again = accumulate(path, config, read)
+        under = build_report(again.state, again.info, again.device, again.screen)
+    measured, steps = effect_of(prescription, under)
+    return dataclasses.replace(
+        report,
+        verdict=dataclasses.replace(verdict, recommendation=measured, next_steps=(*steps, *verdict.next_steps)),
     )
 
 

@@ -10,6 +10,7 @@ from rcdiag.cli.options import (
     ENGINE_FLAGS,
     MICROBATCH_FLAGS,
     READ_FLAGS,
+    DetailsOpt,
     ExplainOpt,
     SaveStateOpt,
     SequencesOpt,
@@ -41,13 +42,15 @@ def analyze(
     explain: ExplainOpt = False,
     worst: WorstOpt = 10,
     sequences: SequencesOpt = None,
+    details: DetailsOpt = False,
     *,
     engine: EngineFlags,
     microbatch: MicroBatchSettings | None,
     read: ReadOptions,
     out: Output,
 ) -> None:
-    """Run verl's rollout correction over a dump and report every `rollout_corr/*` metric with findings.
+    """Run verl's rollout correction over a dump: a verdict first (status, causes, one prescription measured on the
+    dump), then with `--details` every `rollout_corr/*` metric and the findings checklist.
 
     With no IS/RS flag and no preset you get verl's default: the 13 off-policy metrics (kl, k3_kl,
     chi2_token/seq, PPLs). Examples:
@@ -58,6 +61,7 @@ def analyze(
     * `rcdiag analyze logs/exp_001/` (NeMo-RL `train_data_step*.jsonl`), `rcdiag analyze "dumps/*.pt" --on-bad-row skip`
     * `rcdiag analyze shard-07.parquet --save-state s07.json`, then `rcdiag merge s*.json`
     * `rcdiag analyze run.parquet --explain --worst 20 --sequences per_response.parquet`
+    * `rcdiag analyze run.parquet --details` (every metric table, the per-step table and the checklist)
     * `rcdiag analyze run.parquet --verl-version 0.7.1 --rs token_k1 --rs-threshold 1.5 --micro-batch-size 4`
       (would verl's actor crash on a micro-batch?)
 
@@ -83,4 +87,4 @@ def analyze(
             sequences=sequences_file,
             microbatch=microbatch,
         )
-    out.emit(report)
+    out.emit(report, details=True) if details else out.emit(report)

@@ -348,6 +348,15 @@ SequencesOpt = path_option(
     EXPLAIN,
 )
 OUTPUT = "Output"
+DetailsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--details",
+        help="Terminal view: also print every metric table, the per-step table and the findings checklist (the "
+        "default opens with the verdict and the few metrics it rests on; JSON always has everything).",
+        rich_help_panel=OUTPUT,
+    ),
+]
 FormatName = enum.Enum("FormatName", {name: name for name in format_names()}, type=str)  # type: ignore[misc]
 """``--format`` choices: every format in the renderer registry that has no flag of its own."""
 FORMAT_HELP = "; ".join(f"`{name}`: {FORMATS[name].description}" for name in format_names()) + "."
