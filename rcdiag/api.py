@@ -29,7 +29,6 @@ from rcdiag.microbatch import MicroBatchReport, MicroBatchSettings
 from rcdiag.microbatch.report import simulate as simulate_microbatches
 from rcdiag.microbatch.rows import RowCollector
 from rcdiag.options import ReadOptions
-from rcdiag.prescribe import effect_of
 from rcdiag.outputs import refuse_inputs
 from rcdiag.parallel import (
     RAY_MAX_PARTS,
@@ -41,6 +40,7 @@ from rcdiag.parallel import (
     on_ray,
     sequence_writer,
 )
+from rcdiag.prescribe import effect_of
 from rcdiag.report import ExplainReport, InputFacts, Report, StepReport
 from rcdiag.validate import Screen, ScreenStats, as_chunk
 from rcdiag.verdict import judge

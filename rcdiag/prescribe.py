@@ -131,9 +131,8 @@ def matching_preset(config: dict[str, Any], version: str | None = None) -> str |
 
 def verl_yaml(config: dict[str, Any]) -> str:
     """The four settings as lines to paste into verl's config."""
-    lines = ["algorithm:", "  rollout_correction:"]
-    for key in ("rollout_is", "rollout_is_threshold", "rollout_rs", "rollout_rs_threshold"):
-        lines.append(f"    {key}: {_yaml_value(config.get(key))}")
+    keys = ("rollout_is", "rollout_is_threshold", "rollout_rs", "rollout_rs_threshold")
+    lines = ["algorithm:", "  rollout_correction:", *(f"    {key}: {_yaml_value(config.get(key))}" for key in keys)]
     return "\n".join(lines) + "\n"
 
 

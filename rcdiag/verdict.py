@@ -106,8 +106,8 @@ def judge(report: Report) -> Verdict:
         steps.extend(recommendation.alternatives)
     if status == "healthy":
         steps.append(
-            "correction is optional at this level: token-level TIS (decoupled_token_is, rollout_is: token, "
-            "threshold 2.0) changes almost nothing here"
+            "correction is optional at this level; if you want it, token-level TIS (decoupled_token_is: "
+            "rollout_is token, threshold 2.0) is the robust default"
         )
     steps.extend(_not_examined(report))
     return Verdict(
@@ -216,11 +216,8 @@ def _headline(status: VerdictStatus, causes: list[Cause], size: _Size, report: R
 
 
 def _input_steps(findings: Iterable[Finding]) -> list[str]:
-    out = []
-    for f in findings:
-        if f.code in ("mask_looks_inverted", "mask_missing", "metric_not_finite"):
-            out.append(f"{f.code}: {finding(f.code).advice}")
-    return out
+    codes = ("mask_looks_inverted", "mask_missing", "metric_not_finite")
+    return [f"{f.code}: {finding(f.code).advice}" for f in findings if f.code in codes]
 
 
 def _fix_steps(causes: list[Cause], findings: tuple[Finding, ...]) -> list[str]:

@@ -316,8 +316,7 @@ def path_option(flag: str, help_text: str, panel: str, short: str | None = None)
 
 SaveStateOpt = path_option(
     "--save-state",
-    "Also write the accumulated state here (a path or URL); `rcdiag merge` combines states of shards into one "
-    "report.",
+    "Also write the accumulated state here (a path or URL); `rcdiag merge` combines states of shards into one report.",
     RUN,
 )
 EXPLAIN = "Explain (where the mismatch sits)"

@@ -52,7 +52,9 @@ def render_table(report: Report, console: Console, *, details: bool = False) -> 
         )
 
 
-def print_verdict(verdict: Verdict, console: Console, report: Report | None = None, *, details_hint: bool = True) -> None:
+def print_verdict(
+    verdict: Verdict, console: Console, report: Report | None = None, *, details_hint: bool = True
+) -> None:
     """The verdict, styled: the status coloured, the prescription's YAML as code."""
     for line in verdict_lines(verdict, report, details_hint=details_hint):
         if line.kind == "status":

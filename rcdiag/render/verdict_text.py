@@ -52,8 +52,10 @@ def verdict_lines(verdict: Verdict, report: Report | None = None, *, details_hin
     lines = [Line("status", verdict.status.upper()), Line("headline", printable(verdict.headline))]
     if verdict.causes:
         lines.append(Line("heading", "causes"))
-        for cause in verdict.causes:
-            lines.append(Line("item", printable(f"{cause.cls} [{', '.join(cause.codes) or '-'}]: {cause.evidence}")))
+        lines.extend(
+            Line("item", printable(f"{cause.cls} [{', '.join(cause.codes) or '-'}]: {cause.evidence}"))
+            for cause in verdict.causes
+        )
     p = verdict.recommendation
     if p is not None:
         name = f" (verl preset {p.preset})" if p.preset else ""
@@ -72,4 +74,3 @@ def verdict_lines(verdict: Verdict, report: Report | None = None, *, details_hin
         if details_hint:
             lines.append(Line("hint", "every metric, the per-step table and the findings checklist: --details"))
     return lines
-
