@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rcdiag.cli.options import QUIET_FLAGS, output_flags
+from rcdiag.cli.options import QUIET_FLAGS, DetailsOpt, output_flags
 from rcdiag.cli.params import with_flags
 
 if TYPE_CHECKING:
@@ -24,6 +24,7 @@ def merge(
             show_default=False,
         ),
     ],
+    details: DetailsOpt = False,
     *,
     quiet: bool,
     out: Output,
@@ -49,4 +50,5 @@ def merge(
         return
     from rcdiag.api import merge_states
 
-    out.emit(merge_states(list(states)))
+    report = merge_states(list(states))
+    out.emit(report, details=True) if details else out.emit(report)
