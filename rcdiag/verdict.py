@@ -161,6 +161,7 @@ def _causes(findings: tuple[Finding, ...], report: Report) -> list[Cause]:
     if gap is not None and "swapped_columns" not in by_class:
         cls = _gap_class(report, "outliers" in by_class)
         by_class.setdefault(cls, []).append(gap)
+        by_class[cls].extend(f for f in findings if f.code in SIZE_CODES)  # its size is the same evidence
     causes = [
         Cause(cls, tuple(dict.fromkeys(f.code for f in group)), _evidence(cls, group, report))
         for cls, group in by_class.items()
