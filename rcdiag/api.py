@@ -97,6 +97,10 @@ def analyze(
         options: ``ReadOptions`` fields as keywords (``device="cuda"``, ``columns=ColumnMap(...)``), applied
             on top of ``read``.
 
+    The report's ``verdict`` (docs/verdict.md) is judged from its findings and metrics; a ``correct`` verdict's
+    prescription is measured on the dump by a second pass under the prescribed setting (none when ``config`` is
+    already that setting; docs/performance.md).
+
     Raises:
         ConfigError: invalid configuration (the message is verl's, where verl has one).
         InputError: unreadable file or invalid values (the message names file, row and column).
@@ -144,9 +148,6 @@ def measure_prescription(report: Report, path: str | Path, read: ReadOptions | N
     if config.resolve().same_computation(CorrectionConfig(**report.config).resolve()):
         under = report
     else:
-        from rcdiag.notices import Busy, notify
-
-        notify("measuring the prescribed setting on the dump (a second pass)...", Busy)
         again = accumulate(path, config, read)
         under = build_report(again.state, again.info, again.device, again.screen)
     measured, steps = effect_of(prescription, under)

@@ -96,6 +96,18 @@ def test_samples_get_their_status_and_class(name: str) -> None:
     assert (report.verdict.status, _classes(report)) == SAMPLE[name], report.verdict.headline
 
 
+@pytest.mark.parametrize("name", sorted(SAMPLE))
+def test_causes_cite_only_findings_that_fired(name: str) -> None:
+    """The verdict never contradicts the checklist: every code a cause cites is a finding of the report (a ✗ row)."""
+    report = rcdiag.analyze(SAMPLES / f"{name}.parquet")
+    assert report.verdict is not None
+    fired = {f.code for f in report.findings}
+    for cause in report.verdict.causes:
+        assert set(cause.codes) <= fired, cause
+    if report.verdict.status == "healthy":
+        assert not fired & {code for code, cls in CAUSE_OF.items() if STATUS_OF[cls] != "correct"}
+
+
 @pytest.mark.parametrize("name", sorted(SAMPLE_EXPLAINED))
 def test_samples_with_explain_name_the_detected_bug(name: str) -> None:
     report = rcdiag.analyze(SAMPLES / f"{name}.parquet", explain=True)
