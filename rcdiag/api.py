@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,7 +149,8 @@ def measure_prescription(report: Report, path: str | Path, read: ReadOptions | N
     if config.resolve().same_computation(CorrectionConfig(**report.config).resolve()):
         under = report
     else:
-        again = accumulate(path, config, read)
+        with warnings.catch_warnings(record=True):  # the first pass told the user everything about the dump
+            again = accumulate(path, config, read)
         under = build_report(again.state, again.info, again.device, again.screen)
     measured, steps = effect_of(prescription, under)
     return dataclasses.replace(

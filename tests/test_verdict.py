@@ -255,3 +255,31 @@ def test_every_cause_class_has_a_status_and_every_mapped_code_is_a_finding() -> 
     codes = {spec.code for spec in FINDINGS}
     assert set(CAUSE_OF) <= codes
     assert set(CAUSE_OF.values()) <= set(STATUS_OF)
+
+
+def test_a_prescription_that_raises_a_finding_is_flagged() -> None:
+    """effect_of reads the effect from the report computed under the setting and flags what it raises (here a
+    token threshold of 0.5, which saturates: is_saturated)."""
+    from rcdiag.prescribe import effect_of
+
+    config = rcdiag.CorrectionConfig(rollout_is="token", rollout_is_threshold=0.5)
+    under = rcdiag.analyze(SAMPLES / "healthy.parquet", config)
+    assert "is_saturated" in {f.code for f in under.findings}
+    verdict = rcdiag.analyze(SAMPLES / "quantized_4bit.parquet").verdict
+    assert verdict is not None and verdict.recommendation is not None
+    flagged, steps = effect_of(verdict.recommendation, under)
+    assert "FLAGGED" in flagged.why and "is_saturated" in flagged.why
+    assert steps and "is_saturated" in steps[0]
+    assert flagged.effect is not None
+    assert flagged.effect.is_truncated_share == under.metrics["rollout_corr/rollout_is_ratio_fraction_high"]
+
+
+def test_merged_states_have_no_dump_to_measure_and_say_so(tmp_path: Path) -> None:
+    from rcdiag.render.verdict_text import effect_text
+
+    state = tmp_path / "s.json"
+    rcdiag.analyze(SAMPLES / "quantized_4bit.parquet", save_state=state)
+    merged = rcdiag.merge_states([state])
+    assert merged.verdict is not None and merged.verdict.status == "correct"
+    assert merged.verdict.recommendation is not None and merged.verdict.recommendation.effect is None
+    assert effect_text(merged.verdict.recommendation.effect).startswith("effect not measured")
