@@ -98,13 +98,13 @@ def judge(report: Report) -> Verdict:
     needs the dump (``rcdiag.api`` measures it)."""
     findings = report.findings
     causes = _causes(findings, report)
-    size = _size(report)
+    size = _Size(report)
     if not causes and (size.large or any(f.code in SIZE_CODES for f in findings)):
         causes.append(Cause("noise", tuple(f.code for f in findings if f.code in SIZE_CODES), size.evidence))
     status: VerdictStatus = max((STATUS_OF[c.cls] for c in causes), key=_ORDER.index, default="healthy")
-    steps = [*_input_steps(findings), *_fix_steps(causes, findings), *_config_steps(findings)]
-    recommendation = candidate(report, status, frozenset(c.cls for c in causes)) if status == "correct" else None
-    if status == "correct" and recommendation is not None:
+    steps = [*_input_steps(findings), *_fix_steps(causes), *_config_steps(findings)]
+    recommendation = candidate(report, status, frozenset(c.cls for c in causes))
+    if recommendation is not None:
         steps.extend(recommendation.alternatives)
     if status == "healthy":
         steps.append(
@@ -147,10 +147,6 @@ class _Size:
         if self.kl is not None and not self.beyond_noise:
             parts.append(f"kl {self.kl:.3g} within {NOISE_SIGMAS:g} standard errors of 0")
         return ", ".join(parts) or "no valid token"
-
-
-def _size(report: Report) -> _Size:
-    return _Size(report)
 
 
 def _causes(findings: tuple[Finding, ...], report: Report) -> list[Cause]:
@@ -200,8 +196,7 @@ def _evidence(cls: CauseClass, group: list[Finding], report: Report) -> str:
 
 
 def _first_sentence(message: str) -> str:
-    """A finding's measured statement, without its advice (the part after the first '. ' that ends a number-free
-    clause is advice)."""
+    """A finding's measured statement: its message up to the first sentence end (the rest is advice)."""
     head, sep, _ = message.partition(". ")
     return head if sep else message
 
@@ -223,7 +218,7 @@ def _input_steps(findings: Iterable[Finding]) -> list[str]:
     return [f"{f.code}: {finding(f.code).advice}" for f in findings if f.code in codes]
 
 
-def _fix_steps(causes: list[Cause], findings: tuple[Finding, ...]) -> list[str]:
+def _fix_steps(causes: list[Cause]) -> list[str]:
     """What to fix first, for each bug class: the advice of its first finding."""
     out = []
     for cause in causes:
