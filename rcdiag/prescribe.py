@@ -82,15 +82,12 @@ def candidate(report: Report, status: VerdictStatus, classes: frozenset[CauseCla
             "that carry most of k3_kl instead of letting them set the weights"
         )
     if "saturated_is" in classes:
-        why += "; the configured IS saturates (every weight truncated), token-level TIS does not multiply ratios"
-    alternatives = _alternatives(report)
-    version = report.config.get("verl_version")
-    return Candidate(
-        Prescription(
-            config=config, preset=matching_preset(config, version), yaml=verl_yaml(config), effect=None, why=why
-        ),
-        alternatives,
-    )
+        why += (
+            "; the configured IS saturates (nearly every weight truncated to its bound): token-level TIS at "
+            f"{TIS_THRESHOLD:g} neither multiplies ratios along the response nor caps below 1"
+        )
+    prescription = Prescription(config, matching_preset(config), verl_yaml(config), None, why)
+    return Candidate(prescription, _alternatives(report))
 
 
 def _alternatives(report: Report) -> list[str]:
@@ -110,7 +107,7 @@ def _alternatives(report: Report) -> list[str]:
     ]
 
 
-def matching_preset(config: dict[str, Any], version: str | None = None) -> str | None:
+def matching_preset(config: dict[str, Any]) -> str | None:
     """The verl preset (decoupled mode) whose four settings equal ``config``, compared as verl parses them."""
     try:
         wanted = CorrectionConfig(**config).resolve()
