@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,7 @@ from rcdiag.parallel import (
     on_ray,
     sequence_writer,
 )
+from rcdiag.prescribe import effect_of
 from rcdiag.report import ExplainReport, InputFacts, Report, StepReport
 from rcdiag.validate import Screen, ScreenStats, as_chunk
 from rcdiag.verdict import judge
@@ -112,6 +114,10 @@ def analyze(
         options: ``ReadOptions`` fields as keywords (``device="cuda"``, ``columns=ColumnMap(...)``), applied
             on top of ``read``.
 
+    The report's ``verdict`` (docs/verdict.md) is judged from its findings and metrics; a ``correct`` verdict's
+    prescription is measured on the dump by a second pass under the prescribed setting (none when ``config`` is
+    already that setting; docs/performance.md).
+
     Raises:
         ConfigError: invalid configuration (the message is verl's, where verl has one).
         InputError: unreadable file or invalid values (the message names file, row and column).
@@ -146,7 +152,7 @@ def analyze(
     micro = None
     if collector is not None and microbatch is not None:
         micro = simulate_microbatches(collector.steps(), accumulated.state.resolved, microbatch)
-    return build_report(
+    report = build_report(
         accumulated.state,
         accumulated.info,
         accumulated.device,
@@ -155,6 +161,30 @@ def analyze(
         microbatch=micro,
         vocabulary=vocabulary,
         tokens_path=tokens,
+    )
+    return measure_prescription(report, path, read)
+
+
+def measure_prescription(report: Report, path: str | Path, read: ReadOptions | None = None) -> Report:
+    """``report`` with its verdict's prescription measured on the dump: the effect (rejected shares, IS ESS and
+    truncated share) is what analyze computes under the prescribed setting, and a setting that raises one of
+    analyze's own findings is flagged. Costs a second pass over the dump, only for a ``correct`` verdict, and none
+    when the report was already computed with that setting (docs/performance.md)."""
+    verdict = report.verdict
+    prescription = verdict.recommendation if verdict is not None else None
+    if verdict is None or prescription is None or prescription.effect is not None:
+        return report
+    config = CorrectionConfig(**prescription.config, verl_version=report.config["verl_version"])
+    if config.resolve().same_computation(CorrectionConfig(**report.config).resolve()):
+        under = report
+    else:
+        with warnings.catch_warnings(record=True):  # the first pass told the user everything about the dump
+            again = accumulate(path, config, read)
+        under = build_report(again.state, again.info, again.device, again.screen)
+    measured, steps = effect_of(prescription, under)
+    return dataclasses.replace(
+        report,
+        verdict=dataclasses.replace(verdict, recommendation=measured, next_steps=(*steps, *verdict.next_steps)),
     )
 
 

@@ -1,11 +1,18 @@
 """The verdict: one status, the causes with their evidence, and one prescription, from a finished report.
 
-This first version maps findings to causes and a status; the prescription policy (docs/verdict.md) fills in
-``recommendation``. Every rendering shows the verdict first.
+The policy (docs/verdict.md): findings name causes (``CAUSE_OF``: a new finding code is one line there); the kl/k3
+gap names truncation or a heavy tail; without a named cause, the size of the mismatch against published levels
+(``NOISE_K3_MAX``) decides between ``healthy`` and ``correct``. Only ``correct`` gets a threshold prescription
+(``rcdiag.prescribe``); its effect on the dump is measured by the library (``rcdiag.api``), never guessed here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from rcdiag.catalogue import finding
+from rcdiag.catalogue.metrics import KL_BANDS
+from rcdiag.prescribe import candidate
 from rcdiag.report import Cause, CauseClass, Finding, Report, Verdict, VerdictStatus
 
 CAUSE_OF: dict[str, CauseClass] = {
@@ -17,15 +24,17 @@ CAUSE_OF: dict[str, CauseClass] = {
     "rs_rejects_all_tokens": "crash",
     "kl_negative": "swapped_columns",
     "temperature_mismatch": "temperature",
-    "logprob_offset": "temperature",
+    "temperature_recorded_mismatch": "temperature",
+    "logprob_offset": "truncation",
     "sampling_truncation": "truncation",
     "position_drift": "position",
     "mismatch_trend": "trend",
     "sparse_outliers": "outliers",
     "is_saturated": "saturated_is",
     "token_specific": "token_specific",
+    "logprob_neg_inf": "token_specific",
 }
-"""The cause class each finding code is evidence of (codes absent here do not name a cause)."""
+"""The cause class each finding code is evidence of (codes absent here name no cause of their own)."""
 
 STATUS_OF: dict[CauseClass, VerdictStatus] = {
     "crash": "broken",
@@ -41,34 +50,203 @@ STATUS_OF: dict[CauseClass, VerdictStatus] = {
 }
 """The status a cause alone implies; the verdict takes the worst."""
 
+NOISE_K3_MAX = next(band.below for band in KL_BANDS if band.text.startswith("small"))
+"""``healthy`` up to this k3_kl (1e-3): the top of the range published for dense bf16 models (1e-5..1e-3), the kl
+readings' "small: typical of dense models" band, read from the catalogue; a bf16 rollout of the tests' real model
+gives 1.3e-4. Above it, and beyond kl's noise, a precision-like mismatch is ``correct`` (a 4-bit rollout: 0.05; a
+one-sided temperature 0.9: 5.6e-3)."""
+BF16_ABS_LOG_RATIO = 0.01
+"""Mean |log-ratio| reported for bf16 dense models (vLLM, Qwen3-4B: ~0.011; mismatch-practice.md), quoted in the
+headline as the yardstick."""
+NOISE_SIGMAS = 2.0
+"""kl within this many of its standard errors (rcdiag/kl_std_error) of 0 is indistinguishable from no mismatch
+(the same band the kl reading uses)."""
+SIZE_CODES = ("kl_high", "chi2_token_high")
+"""Metric warnings about the data's mismatch itself (not the configured correction): with no other cause they are
+evidence of a large precision-like mismatch (``noise``)."""
+CONFIG_CODES = (
+    "is_mean_out_of_range",
+    "is_ess_low",
+    "is_std_high",
+    "rs_rejects_most_tokens",
+    "is_weights_unused",
+)
+"""Findings about the correction the report was computed with, not about the data: reported as next steps."""
+DETECTORS = {
+    "temperature_mismatch": "a temperature applied on one side",
+    "logprob_offset": "a log-prob offset on one side",
+    "sampling_truncation": "top-k/top-p renormalised on one side",
+    "position_drift": "mismatch growing along the response",
+    "mismatch_trend": "mismatch growing across steps",
+    "token_specific": "mismatch on a few token ids (needs token ids in the dump)",
+}
+"""``--explain``'s detectors and what each tests: without ``--explain`` the verdict says they were not examined."""
+CLASS_TEXT: dict[CauseClass, str] = {
+    "noise": "precision-like noise, large",
+    "temperature": "a temperature applied on one side only",
+    "truncation": "top-k/top-p renormalised on one side",
+    "position": "mismatch growing along the response",
+    "trend": "mismatch growing across steps",
+    "outliers": "sparse outlier tokens",
+    "saturated_is": "the configured IS saturates",
+    "swapped_columns": "the log-prob columns look swapped",
+    "crash": "verl would crash or reject everything",
+    "token_specific": "tokens one engine gives zero probability",
+}
+"""Each class in words, for the headline."""
 _ORDER: tuple[VerdictStatus, ...] = ("healthy", "correct", "fix", "broken")
 
 
 def judge(report: Report) -> Verdict:
-    """The verdict for ``report`` (its findings and metrics)."""
-    causes = _causes(report.findings)
-    if not causes and any(f.severity != "info" for f in report.findings):
-        causes.append(_noise(report.findings))
+    """The verdict for ``report`` (its findings and metrics). The prescription's ``effect`` is left ``None``: it
+    needs the dump (``rcdiag.api`` measures it)."""
+    findings = report.findings
+    causes = _causes(findings, report)
+    size = _Size(report)
+    if not causes and (size.large or any(f.code in SIZE_CODES for f in findings)):
+        causes.append(Cause("noise", tuple(f.code for f in findings if f.code in SIZE_CODES), size.evidence))
     status: VerdictStatus = max((STATUS_OF[c.cls] for c in causes), key=_ORDER.index, default="healthy")
+    steps = [*_input_steps(findings), *_fix_steps(causes), *_config_steps(findings)]
+    recommendation = candidate(report, status, frozenset(c.cls for c in causes))
+    if recommendation is not None:
+        steps.extend(recommendation.alternatives)
     if status == "healthy":
-        headline = "healthy: no finding beyond numerical noise"
-    else:
-        headline = f"{status}: " + ", ".join(cause.cls.replace("_", " ") for cause in causes)
-    return Verdict(status=status, headline=headline, causes=tuple(causes))
+        steps.append(
+            "correction is optional at this level; if you want it, token-level TIS (decoupled_token_is: "
+            "rollout_is token, threshold 2.0) is the robust default"
+        )
+    steps.extend(_not_examined(report))
+    return Verdict(
+        status=status,
+        headline=_headline(status, causes, size, report, None if recommendation is None else recommendation.setting),
+        causes=tuple(causes),
+        recommendation=None if recommendation is None else recommendation.prescription,
+        next_steps=tuple(steps),
+    )
 
 
-def _causes(findings: tuple[Finding, ...]) -> list[Cause]:
+class _Size:
+    """How large the mismatch is against published levels, and whether kl is beyond its noise."""
+
+    def __init__(self, report: Report) -> None:
+        m, e = report.metrics, report.extras
+        self.k3 = m.get("rollout_corr/k3_kl")
+        self.kl = m.get("rollout_corr/kl")
+        self.abs_mean = e.get("rcdiag/abs_log_ratio_mean")
+        se = e.get("rcdiag/kl_std_error")
+        self.beyond_noise = self.kl is not None and (se is None or abs(self.kl) > NOISE_SIGMAS * se)
+        self.large = self.k3 is not None and self.k3 > NOISE_K3_MAX and self.beyond_noise
+
+    @property
+    def evidence(self) -> str:
+        parts = []
+        if self.k3 is not None:
+            parts.append(f"k3_kl {self.k3:.3g} ({'above' if self.k3 > NOISE_K3_MAX else 'within'} {NOISE_K3_MAX:g}")
+            parts[-1] += ", the top of the dense bf16 range)"
+        if self.abs_mean is not None:
+            parts.append(
+                f"mean |log-ratio| {self.abs_mean:.3g} ({self.abs_mean / BF16_ABS_LOG_RATIO:.2g}x the ~"
+                f"{BF16_ABS_LOG_RATIO:g} reported for bf16 dense models)"
+            )
+        if self.kl is not None and not self.beyond_noise:
+            parts.append(f"kl {self.kl:.3g} within {NOISE_SIGMAS:g} standard errors of 0")
+        return ", ".join(parts) or "no valid token"
+
+
+def _causes(findings: tuple[Finding, ...], report: Report) -> list[Cause]:
     by_class: dict[CauseClass, list[Finding]] = {}
     for f in findings:
         cls = CAUSE_OF.get(f.code)
         if cls is not None:
             by_class.setdefault(cls, []).append(f)
+    gap = next((f for f in findings if f.code == "kl_k3_disagree"), None)
+    if gap is not None and "swapped_columns" not in by_class:
+        cls = _gap_class(report, "outliers" in by_class)
+        by_class.setdefault(cls, []).append(gap)
+        by_class[cls].extend(f for f in findings if f.code in SIZE_CODES)  # its size is the same evidence
+    causes = [
+        Cause(cls, tuple(dict.fromkeys(f.code for f in group)), _evidence(cls, group, report))
+        for cls, group in by_class.items()
+    ]
+    return sorted(causes, key=lambda c: -_ORDER.index(STATUS_OF[c.cls]))
+
+
+def _gap_class(report: Report, outliers: bool) -> CauseClass:
+    """kl - k3_kl = 1 - mean(ratio): on tokens sampled from the rollout engine the mean ratio is 1 unless the
+    trainer's probabilities of them do not sum to 1 over the rollout's support (the rollout renormalised over a
+    top-k/top-p subset: mean ratio < 1, kl above k3_kl) or a few huge ratios dominate the mean (k3_kl above kl)."""
+    kl, k3 = report.metrics.get("rollout_corr/kl"), report.metrics.get("rollout_corr/k3_kl")
+    if outliers or kl is None or k3 is None or kl <= k3:
+        return "outliers"
+    return "truncation"
+
+
+def _evidence(cls: CauseClass, group: list[Finding], report: Report) -> str:
+    if cls in ("truncation", "outliers") and any(f.code == "kl_k3_disagree" for f in group):
+        kl, k3 = report.metrics.get("rollout_corr/kl"), report.metrics.get("rollout_corr/k3_kl")
+        if kl is not None and k3 is not None:
+            mean_ratio = 1.0 - (kl - k3)
+            gap = (
+                f"kl {kl:.3g} vs k3_kl {k3:.3g}: the mean ratio pi_train/pi_rollout of the sampled tokens is "
+                f"{mean_ratio:.4g}, not 1"
+            )
+            if cls == "truncation":
+                gap += f" (the rollout kept ~{mean_ratio:.1%} of the trainer's mass: renormalised over a subset)"
+            else:
+                gap += " (a few huge ratios dominate the mean)"
+            others = [f.message for f in group if f.code != "kl_k3_disagree"]
+            return "; ".join([*(_first_sentence(m) for m in others), gap])
+    return "; ".join(_first_sentence(f.message) for f in group)
+
+
+def _first_sentence(message: str) -> str:
+    """A finding's measured statement: its message up to the first sentence end (the rest is advice)."""
+    head, sep, _ = message.partition(". ")
+    return head if sep else message
+
+
+def _headline(status: VerdictStatus, causes: list[Cause], size: _Size, report: Report, setting: str | None) -> str:
+    names = "; ".join(CLASS_TEXT[c.cls] for c in causes)
+    if status == "healthy":
+        unexamined = " (bias detectors not run: see next steps)" if report.explain is None else ""
+        return f"healthy: the engines agree to numerical noise: {size.evidence}{unexamined}"
+    if status == "correct":
+        return f"correct: {names} ({size.evidence}); correct it with {setting}"
+    if status == "fix":
+        return f"fix: {names}, which correction cannot repair: fix the engine or configuration first"
+    return f"broken: {names}: the data or the configuration cannot be right as it is"
+
+
+def _input_steps(findings: Iterable[Finding]) -> list[str]:
+    codes = ("mask_looks_inverted", "mask_missing", "metric_not_finite")
+    return [f"{f.code}: {finding(f.code).advice}" for f in findings if f.code in codes]
+
+
+def _fix_steps(causes: list[Cause]) -> list[str]:
+    """What to fix first, for each bug class: the advice of its first finding."""
+    out = []
+    for cause in causes:
+        if STATUS_OF[cause.cls] in ("fix", "broken"):
+            advice = next((finding(code).advice for code in cause.codes if finding(code).advice), "")
+            if cause.cls == "truncation" and not advice.startswith("Return"):
+                advice = (
+                    "Return log-probs of the same distribution on both sides: both renormalised over the same "
+                    "top-k/top-p set, or both over the full vocabulary."
+                )
+            if advice:
+                out.append(f"fix {cause.cls.replace('_', ' ')} first: {advice}")
+    return out
+
+
+def _config_steps(findings: tuple[Finding, ...]) -> list[str]:
     return [
-        Cause(cls, tuple(f.code for f in group), group[0].message)
-        for cls, group in sorted(by_class.items(), key=lambda item: -_ORDER.index(STATUS_OF[item[0]]))
+        f"the configured correction: {f.code}: {finding(f.code).advice}" for f in findings if f.code in CONFIG_CODES
     ]
 
 
-def _noise(findings: tuple[Finding, ...]) -> Cause:
-    raised = [f for f in findings if f.severity != "info"]
-    return Cause("noise", tuple(f.code for f in raised), raised[0].message)
+def _not_examined(report: Report) -> list[str]:
+    """What the verdict could not test: ``--explain``'s detectors when they did not run (never read as a pass)."""
+    if report.explain is None:
+        tests = "; ".join(DETECTORS.values())
+        return [f"not examined without --explain: {tests}. Run `rcdiag analyze PATH --explain` to test for them"]
+    return [f"{code} not run: {why}" for code, why in report.explain.not_run.items()]

@@ -513,7 +513,11 @@ def checklist_rows(*args: str) -> dict[str, tuple[str, str]]:
     """``rcdiag analyze`` in a subprocess: each checklist row's code -> (mark, the rest of the row)."""
     env = {**os.environ, "COLUMNS": "250", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-m", "rcdiag", "analyze", *args], capture_output=True, text=True, env=env, check=False
+        [sys.executable, "-m", "rcdiag", "analyze", "--details", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     text = done.stdout.split("Findings checklist", 1)[1]

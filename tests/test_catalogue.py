@@ -93,13 +93,13 @@ def test_checklist_rows_come_from_the_finding_catalogue() -> None:
     path = ROOT / "sample_data" / "healthy.parquet"
     report = rcdiag.analyze(path, rcdiag.preset("decoupled_token_is"), explain=True)
     console = Console(width=400, record=True)
-    render_table(report, console)
+    render_table(report, console, details=True)
     text = console.export_text()
     for spec in FINDINGS:
         if spec.check is not None and "analyze" in spec.commands:
             assert spec.code in text
     plain = Console(width=400, record=True)
-    render_table(rcdiag.analyze(path), plain)
+    render_table(rcdiag.analyze(path), plain, details=True)
     assert not any(spec.code in plain.export_text() for spec in FINDINGS if spec.explain)  # rows only with --explain
     assert "IS weights average near 1: rollout_is_mean in [0.5, 2]" in text
     assert "chi2_token <= 1" in text

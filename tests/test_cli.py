@@ -15,7 +15,7 @@ HEALTHY = str(SAMPLES / "healthy.parquet")
 
 
 def test_quick_start_prints_tables_and_checklist(capsys: pytest.CaptureFixture) -> None:
-    code, out, err = run(capsys, "analyze", HEALTHY, "--rs", "token_k1", "--rs-threshold", "0.5_2.0")
+    code, out, err = run(capsys, "analyze", HEALTHY, "--rs", "token_k1", "--rs-threshold", "0.5_2.0", "--details")
     assert code == 0 and err == ""
     for text in (
         "Off-policy diagnostics",
@@ -90,7 +90,7 @@ def test_output_file(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     assert f"wrote {target}" in err
     assert json.loads(target.read_text())["metrics"][P + "kl"] > 0
     text = tmp_path / "report.txt"
-    run(capsys, "analyze", HEALTHY, "-o", str(text))
+    run(capsys, "analyze", HEALTHY, "--details", "-o", str(text))
     assert "Findings checklist" in text.read_text() and "\x1b[" not in text.read_text()
 
 

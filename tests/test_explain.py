@@ -286,7 +286,7 @@ def test_cli_explain_json_and_table(tmp_path: Path, capsys: pytest.CaptureFixtur
     data = json.loads(out)
     assert set(data["breakdowns"]) == {"position", "rollout_prob", "length"}
     assert [w["id"] for w in data["worst_sequences"]] == ["u0095", "u0007"]
-    code, out, _ = cli(capsys, "analyze", path, "--explain", "-q")
+    code, out, _ = cli(capsys, "analyze", path, "--explain", "-q", "--details")
     assert code == 0
     for text in ("By token position", "Worst responses", "temperature_mismatch", "u0095"):
         assert text in out

@@ -282,6 +282,6 @@ def test_topk_table_reads_negative_chi2_as_a_shift(capsys: pytest.CaptureFixture
     from rcdiag.cli import main
 
     with pytest.raises(SystemExit):
-        main(["analyze", str(Path(__file__).parents[1] / "sample_data" / "topk_offset.parquet")])
+        main(["analyze", str(Path(__file__).parents[1] / "sample_data" / "topk_offset.parquet"), "--details"])
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("rollout_corr/chi2_token"))
     assert "-0.28" in row and "negative" in row and "small spread" not in row

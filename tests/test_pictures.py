@@ -217,7 +217,7 @@ def test_sparkline_by_hand() -> None:
 def test_analyze_table_has_a_trend_row_of_every_step(capsys: pytest.CaptureFixture) -> None:
     code, out, _ = run(capsys, "analyze", PROBLEM, "--format", "json")
     kl = [s["metrics"]["rollout_corr/kl"] for s in json.loads(out)["steps"]]
-    code, out, _ = run(capsys, "analyze", PROBLEM)
+    code, out, _ = run(capsys, "analyze", PROBLEM, "--details")
     trend = next(line for line in out.splitlines() if line.startswith("trend"))
     assert code == 0 and sparkline(kl, 12) in trend
     low, high = kl.index(min(kl)), kl.index(max(kl))

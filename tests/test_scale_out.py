@@ -70,7 +70,7 @@ def test_merged_shard_states_equal_one_run(capsys: pytest.CaptureFixture, tmp_pa
     assert merged["input"]["rows"] == 90 and merged["input"]["valid_tokens"] == one["input"]["valid_tokens"]
     assert merged["input"]["path"] == ", ".join(str(s) for s in shards)
     # the table renders too
-    assert "Findings checklist" in run(capsys, "merge", *states)[1]
+    assert "Findings checklist" in run(capsys, "merge", *states, "--details")[1]
 
 
 def test_state_round_trip_keeps_non_finite_values(tmp_path: Path) -> None:

@@ -344,7 +344,9 @@ def test_table_shows_curves_recommendations_yaml_and_presets(capsys: pytest.Capt
     assert "▁" in out and "█" in out
 
 
-def test_presets_are_ranked_by_rejected_share_then_ess(capsys: pytest.CaptureFixture) -> None:
+def test_presets_are_ranked_by_the_verdict_policy(capsys: pytest.CaptureFixture) -> None:
+    """Correcting presets without a finding first (token IS alone first), no correction next, presets raising a
+    finding (ESS below --min-ess or verl's 0.3, IS saturated, RS rejecting most tokens) last."""
     healthy = str(Path(__file__).resolve().parents[1] / "sample_data" / "healthy.parquet")
     result = _sweep_json(capsys, healthy, "--no-recommend", "--min-ess", "0.9")
     rows = {(r["option"], r["threshold"]): r["metrics"] for r in result["sweep"]}
@@ -353,11 +355,26 @@ def test_presets_are_ranked_by_rejected_share_then_ess(capsys: pytest.CaptureFix
     geo = next(p for p in presets if p["name"] == "decoupled_geo_rs_seq_tis")
     assert geo["token_reject"] == rows["seq_mean_k1", "0.999_1.001"][P + "rollout_rs_seq_mean_k1_masked_fraction"]
     assert geo["ess"] == rows["is_sequence", "2.0"][P + "rollout_is_eff_sample_size"]
-    assert geo["ess"] < 0.9 and not geo["meets_min_ess"]
-    meets = [p["meets_min_ess"] for p in presets]
-    assert meets == sorted(meets, reverse=True)  # those below --min-ess last
-    ranked = [p for p in presets if p["meets_min_ess"]]
-    assert [p["token_reject"] for p in ranked] == sorted(p["token_reject"] for p in ranked)
+    assert geo["is_truncated_share"] == rows["is_sequence", "2.0"][P + "rollout_is_ratio_fraction_high"]
+    assert geo["ess"] < 0.9 and not geo["meets_min_ess"] and geo["tier"] == 2 and "min-ess" in geo["note"]
+    tiers = [p["tier"] for p in presets]
+    assert tiers == sorted(tiers)
+    assert presets[0]["name"] == "decoupled_token_is"
+    no_correction = [p["name"] for p in presets if p["tier"] == 1]
+    assert set(no_correction) == {"disabled", "bypass_ppo_clip"}
+    assert all(p["meets_min_ess"] for p in presets if p["tier"] < 2)
+
+
+def test_saturated_sequence_is_never_ranks_first(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    """issue 24: decoupled_seq_is ranked first on a dump where every sequence weight is truncated."""
+    from dumps24 import long_biased
+
+    path = long_biased(tmp_path / "long.parquet")
+    presets = _sweep_json(capsys, str(path), "--no-recommend")["presets"]
+    seq = next(p for p in presets if p["name"] == "decoupled_seq_is")
+    assert seq["is_truncated_share"] >= 0.9 and seq["tier"] == 2 and "is_saturated" in seq["note"]
+    assert presets[0]["name"] not in ("decoupled_seq_is", "disabled", "bypass_ppo_clip")
+    assert presets[0]["tier"] == 0
 
 
 def test_default_grids_cover_verls_typical_ranges_and_preset_thresholds() -> None:

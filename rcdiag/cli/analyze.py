@@ -10,6 +10,7 @@ from rcdiag.cli.options import (
     ENGINE_FLAGS,
     MICROBATCH_FLAGS,
     READ_FLAGS,
+    DetailsOpt,
     ExplainOpt,
     SaveStateOpt,
     SequencesOpt,
@@ -47,6 +48,7 @@ def analyze(
     sequences: SequencesOpt = None,
     tokens: TokensOpt = None,
     tokenizer: TokenizerOpt = None,
+    details: DetailsOpt = False,
     *,
     engine: EngineFlags,
     microbatch: MicroBatchSettings | None,
@@ -54,7 +56,8 @@ def analyze(
     tracking: TrackingOptions | None,
     out: Output,
 ) -> None:
-    """Run verl's rollout correction over a dump and report every `rollout_corr/*` metric with findings.
+    """Run verl's rollout correction over a dump: a verdict first (status, causes, one prescription measured on the
+    dump), then with `--details` every `rollout_corr/*` metric and the findings checklist.
 
     With no IS/RS flag and no preset you get verl's default: the 13 off-policy metrics (kl, k3_kl,
     chi2_token/seq, PPLs). Examples:
@@ -67,6 +70,7 @@ def analyze(
     * `rcdiag analyze run.parquet --explain --worst 20 --sequences per_response.parquet`
     * `rcdiag analyze run.parquet --explain --tokenizer Qwen3-8B/ --tokens by_token.parquet` (which token ids
       carry the mismatch; needs token ids in the dump)
+    * `rcdiag analyze run.parquet --details` (every metric table, the per-step table and the checklist)
     * `rcdiag analyze run.parquet --verl-version 0.7.1 --rs token_k1 --rs-threshold 1.5 --micro-batch-size 4`
       (would verl's actor crash on a micro-batch?)
     * `rcdiag analyze dumps/run-42 --tensorboard tb/run-42/rcdiag --mlflow sqlite:///mlflow.db` (every step's
@@ -102,4 +106,4 @@ def analyze(
         from rcdiag.cli.tracking import export
 
         export(report, tracking, path)
-    out.emit(report)
+    out.emit(report, details=True) if details else out.emit(report)

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rcdiag.cli.options import QUIET_FLAGS, TokenizerOpt, output_flags
+from rcdiag.cli.options import QUIET_FLAGS, DetailsOpt, TokenizerOpt, output_flags
 from rcdiag.cli.params import with_flags
 
 if TYPE_CHECKING:
@@ -25,6 +25,7 @@ def merge(
         ),
     ],
     tokenizer: TokenizerOpt = None,
+    details: DetailsOpt = False,
     *,
     quiet: bool,
     out: Output,
@@ -50,4 +51,5 @@ def merge(
         return
     from rcdiag.api import merge_states
 
-    out.emit(merge_states(list(states), tokenizer=tokenizer))
+    report = merge_states(list(states), tokenizer=tokenizer)
+    out.emit(report, details=True) if details else out.emit(report)

@@ -330,8 +330,7 @@ def path_option(flag: str, help_text: str, panel: str, short: str | None = None)
 
 SaveStateOpt = path_option(
     "--save-state",
-    "Also write the accumulated state here (a path or URL); `rcdiag merge` combines states of shards into one "
-    "report.",
+    "Also write the accumulated state here (a path or URL); `rcdiag merge` combines states of shards into one report.",
     RUN,
 )
 EXPLAIN = "Explain (where the mismatch sits)"
@@ -379,6 +378,15 @@ TokenizerOpt = Annotated[
     ),
 ]
 OUTPUT = "Output"
+DetailsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--details",
+        help="Terminal view: also print every metric table, the per-step table and the findings checklist (the "
+        "default opens with the verdict and the few metrics it rests on; JSON always has everything).",
+        rich_help_panel=OUTPUT,
+    ),
+]
 FormatName = enum.Enum("FormatName", {name: name for name in format_names()}, type=str)  # type: ignore[misc]
 """``--format`` choices: every format in the renderer registry that has no flag of its own."""
 FORMAT_HELP = "; ".join(f"`{name}`: {FORMATS[name].description}" for name in format_names()) + "."

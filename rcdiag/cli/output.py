@@ -5,6 +5,7 @@ files are written by rcdiag.outputs (whole or not at all, never over an input)."
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import sys
 from collections.abc import Callable, Iterator
@@ -134,10 +135,13 @@ class Output:
         """Machine-readable text on stdout: keep stderr free of progress bars when stdout is piped."""
         return self.path is None and not self.renderer.console
 
-    def emit(self, result: Any) -> None:
+    def emit(self, result: Any, **console_options: Any) -> None:
         """Render ``result``: the files first, each written whole and said on stderr, then stdout. A closed stdout
-        (``| head -1``) ends the stdout part only: every file is written and the exit code stays the verdict's."""
+        (``| head -1``) ends the stdout part only: every file is written and the exit code stays the verdict's.
+        ``console_options`` go to a console renderer only (``details=True``: analyze's full tables)."""
         render = self.renderer.load()
+        if self.renderer.console and console_options:
+            render = functools.partial(render, **console_options)
         interrupts.check()
         if self.path is not None:
             text = rich_text(lambda console: render(result, console)) if self.renderer.console else render(result)

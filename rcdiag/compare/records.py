@@ -151,6 +151,9 @@ class Comparison:
         return {
             "schema_version": SCHEMA_VERSION,
             "kind": "comparison",
+            "verdicts": {
+                side: None if r.verdict is None else r.verdict.to_dict() for side, r in (("a", self.a), ("b", self.b))
+            },
             "a": self.a.to_dict(),
             "b": self.b.to_dict(),
             "metrics": [m.to_dict() for m in self.metrics],

@@ -37,7 +37,12 @@ _GOLDEN = np.uint64(GOLDEN)
 
 @njit(**JIT)
 def _four_buckets(
-    bucket: np.ndarray, old: np.ndarray, rollout: np.ndarray, k3: np.ndarray, chi2: np.ndarray, first: int,
+    bucket: np.ndarray,
+    old: np.ndarray,
+    rollout: np.ndarray,
+    k3: np.ndarray,
+    chi2: np.ndarray,
+    first: int,
     out: np.ndarray,
 ) -> None:
     """Add one row's tokens in probability buckets ``first`` to ``first + 3`` to ``out`` (tokens, log-ratio,

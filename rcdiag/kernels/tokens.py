@@ -273,8 +273,23 @@ def k1_band_pass(lr, lengths, lo, hi, band_rows, band_out):
 
 @njit(**JIT)
 def token_pass(
-    old, rollout, mask, lengths, base, edge, band_lo, band_hi, lr, row_sums, row_keys, row_counts, sums, counts,
-    hist, band_rows, band_out,
+    old,
+    rollout,
+    mask,
+    lengths,
+    base,
+    edge,
+    band_lo,
+    band_hi,
+    lr,
+    row_sums,
+    row_keys,
+    row_counts,
+    sums,
+    counts,
+    hist,
+    band_rows,
+    band_out,
 ):
     """For the raw block ``old``/``rollout`` (``mask`` true for valid tokens; rows of ``lengths`` raw tokens),
     fill ``lr`` (the valid tokens' d, compacted; as long as the raw block), ``row_sums`` ([rows, 2]: sums of old

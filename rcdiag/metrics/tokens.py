@@ -112,7 +112,19 @@ def fused_token_sums(
     band_out = np.zeros((len(bands), 5), dtype=np.float64)
     inputs = _kernel_inputs(old, rollout, mask, lengths)
     token_pass(
-        *inputs, base, edge, band_lo, band_hi, lr, row_sums, row_keys, row_counts, sums, counts, hist, band_rows,
+        *inputs,
+        base,
+        edge,
+        band_lo,
+        band_hi,
+        lr,
+        row_sums,
+        row_keys,
+        row_counts,
+        sums,
+        counts,
+        hist,
+        band_rows,
         band_out,
     )
     empty, has_nan = row_counts[:, 0] == 0, row_counts[:, 1] > 0

@@ -12,7 +12,7 @@ from rcdiag.compare import Comparison, MetricDiff
 from rcdiag.printable import printable
 from rcdiag.render import counted
 from rcdiag.render.panels import sparkline
-from rcdiag.render.table import SPARK_WIDTH, step_table
+from rcdiag.render.table import SPARK_WIDTH, print_verdict, step_table
 from rcdiag.render.text import describe_config, fmt
 from rcdiag.report import Report
 
@@ -21,8 +21,12 @@ MAX_STEP_ROWS = 24
 
 
 def render_comparison(comparison: Comparison, console: Console) -> None:
-    """Print the whole comparison."""
+    """Print the whole comparison: each side's verdict first."""
     console.print(_header(comparison))
+    for side, report in (("A", comparison.a), ("B", comparison.b)):
+        if report.verdict is not None:
+            console.print(Text(f"{side}: {printable(report.input.path)}", style="bold"))
+            print_verdict(report.verdict, console, report, details_hint=False)
     suffix = " (all steps pooled)" if comparison.a.steps or comparison.b.steps else ""
     console.print(_metric_table("Metrics side by side" + suffix, comparison.metrics))
     console.print(_temperature_table(comparison))

@@ -102,9 +102,7 @@ def check_extra(fmt: Format) -> None:
     import importlib.util
 
     if fmt.module is not None and importlib.util.find_spec(fmt.module) is None:
-        raise ConfigError(
-            f"{fmt.flag} needs {fmt.module}, which is not installed: pip install \"rcdiag[{fmt.extra}]\"."
-        )
+        raise ConfigError(f'{fmt.flag} needs {fmt.module}, which is not installed: pip install "rcdiag[{fmt.extra}]".')
 
 
 def renderer(name: str, kind: ResultKind, command: str) -> Renderer:

@@ -138,13 +138,19 @@ def _notes(report: SweepReport) -> dict[str, list[str]]:
 
 
 def _presets(report: SweepReport) -> Table:
-    table = _table(f"verl presets on this dump, least rejected first (ESS >= {report.min_ess:g} first)")
-    for name in ("preset", "tokens rejected", "responses rejected", "ESS"):
-        table.add_column(name, justify="left" if name == "preset" else "right")
+    table = _table(
+        "verl presets on this dump, ranked by the verdict's policy: correcting without a finding first (token-level "
+        "IS, then with RS, RS, sequence IS), then no correction, then those raising a finding"
+    )
+    for name in ("preset", "tokens rejected", "responses rejected", "IS truncated", "ESS", "note"):
+        table.add_column(name, justify="left" if name in ("preset", "note") else "right")
     for preset in report.presets:
         ess = "no IS" if preset.ess is None else fmt(preset.ess)
-        style = None if preset.meets_min_ess else "dim"
-        table.add_row(preset.name, fmt(preset.token_reject), fmt(preset.seq_reject), ess, style=style)
+        truncated = "—" if preset.is_truncated_share is None else fmt(preset.is_truncated_share)
+        style = None if preset.tier == 0 else "dim"
+        table.add_row(
+            preset.name, fmt(preset.token_reject), fmt(preset.seq_reject), truncated, ess, preset.note, style=style
+        )
     return table
 
 

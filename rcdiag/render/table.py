@@ -15,7 +15,8 @@ from rcdiag.printable import printable
 from rcdiag.render import counted
 from rcdiag.render.panels import sparkline
 from rcdiag.render.text import checklist, describe_config, describe_input, fmt, reading_context
-from rcdiag.report import Report
+from rcdiag.render.verdict_text import STATUS_STYLE, verdict_lines
+from rcdiag.report import Report, Verdict
 
 T = TypeVar("T")
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -24,9 +25,55 @@ SPARK_WIDTH = 12
 """Characters of the sparkline under each per-step column (every step, each character the mean of its run)."""
 
 
-def render_table(report: Report, console: Console) -> None:
-    """Print the whole report."""
+def render_table(report: Report, console: Console, *, details: bool = False) -> None:
+    """Print the report: the verdict first and the metrics that support it; with ``details``, every metric table,
+    the per-step table and the findings checklist too. ``--explain``'s and the micro-batch sections and the fired
+    findings are always shown."""
     console.print(_header(report))
+    if report.verdict is not None:
+        print_verdict(report.verdict, console, report, details_hint=not details)
+    if details:
+        _details(report, console)
+    if report.microbatch is not None:
+        from rcdiag.render.microbatch_table import microbatch_section
+
+        for part in microbatch_section(report):
+            console.print(part)
+    if report.explain is not None:
+        from rcdiag.render.explain_table import render_explain
+
+        render_explain(report, console)
+    for finding in report.findings:
+        style = _SEVERITY_STYLE[finding.severity]
+        console.print(
+            Text.assemble(
+                (f"{finding.severity.upper()} ", style), (f"[{finding.code}] ", "bold"), printable(finding.message)
+            )
+        )
+
+
+def print_verdict(
+    verdict: Verdict, console: Console, report: Report | None = None, *, details_hint: bool = True
+) -> None:
+    """The verdict, styled: the status coloured, the prescription's YAML as code."""
+    for line in verdict_lines(verdict, report, details_hint=details_hint):
+        if line.kind == "status":
+            console.print(Text.assemble(("verdict ", "bold"), (f" {line.text} ", STATUS_STYLE[verdict.status])))
+        elif line.kind == "headline":
+            console.print(Text(line.text, style="bold"))
+        elif line.kind == "heading":
+            console.print(Text(line.text, style="bold underline"))
+        elif line.kind == "yaml":
+            console.print(Text("    " + line.text, style="cyan"))
+        elif line.kind == "item":
+            console.print(Text("  • " + line.text))
+        else:
+            console.print(Text(line.text, style="dim"))
+    console.print()
+
+
+def _details(report: Report, console: Console) -> None:
+    """Every metric table, the per-step table and the findings checklist (``--details``)."""
     metrics = report.metrics
     context = reading_context(report)
     title_suffix = " (all steps pooled)" if report.steps else ""
@@ -47,23 +94,7 @@ def render_table(report: Report, console: Console) -> None:
     )
     if report.steps:
         console.print(_trend_table(report))
-    if report.microbatch is not None:
-        from rcdiag.render.microbatch_table import microbatch_section
-
-        for part in microbatch_section(report):
-            console.print(part)
     console.print(_checklist(report))
-    if report.explain is not None:
-        from rcdiag.render.explain_table import render_explain
-
-        render_explain(report, console)
-    for finding in report.findings:
-        style = _SEVERITY_STYLE[finding.severity]
-        console.print(
-            Text.assemble(
-                (f"{finding.severity.upper()} ", style), (f"[{finding.code}] ", "bold"), printable(finding.message)
-            )
-        )
 
 
 def _header(report: Report) -> Text:

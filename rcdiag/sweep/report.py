@@ -98,7 +98,8 @@ class Recommendation:
 
 @dataclass(frozen=True)
 class PresetRank:
-    """One of verl's presets: what it would reject and the ESS it would leave on this dump."""
+    """One of verl's presets: what it would reject, the ESS it would leave and the share of IS weights it would
+    truncate (or zero) on this dump, and where the ranking policy puts it (``tier``, ``note``)."""
 
     name: str
     token_reject: float
@@ -106,6 +107,13 @@ class PresetRank:
     ess: float | None
     """``None`` without IS (every weight is 1)."""
     meets_min_ess: bool
+    is_truncated_share: float | None = None
+    """Share of IS weights beyond the bounds (truncated by TIS, zeroed by IcePop): tokens for token-level IS,
+    responses for sequence-level IS; ``None`` without IS."""
+    tier: int = 0
+    """0: corrects without raising a finding; 1: applies no correction; 2: raises one of analyze's findings."""
+    note: str = ""
+    """Why it is not in tier 0."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -143,10 +151,21 @@ class SweepReport:
         }
 
 
+ESS_FLOOR = 0.3
+"""verl's ESS warning (is_ess_low): a preset leaving less raises it."""
+SATURATED_SHARE = 0.9
+"""is_saturated: from this share of truncated weights IS multiplies every sample by the same constant."""
+MOST_REJECTED = 0.2
+"""rs_rejects_most_tokens: RS rejecting more than this share of tokens."""
+
+
 def rank_presets(rows: list[SweepRow], min_ess: float, version: str = DEFAULT_VERSION) -> list[PresetRank]:
-    """verl ``version``'s presets whose IS and RS settings are all rows of this sweep, ranked by the token share
-    they reject (then the response share), the ESS they leave (higher first) breaking ties; presets below
-    ``min_ess`` last."""
+    """verl ``version``'s presets whose IS and RS settings are all rows of this sweep, ranked by the verdict's policy
+    (docs/verdict.md, docs/sweep.md): first those that correct without raising one of analyze's findings, then those
+    that apply no correction (``disabled``, ``bypass_ppo_clip``: the PPO clip alone), last those that raise a finding
+    (IS saturated, an ESS below verl's 0.3 or ``min_ess``, RS rejecting most tokens). Within a tier: token-level IS
+    alone first (the robust default), then token IS with RS, RS alone, sequence-level IS; then fewer tokens and
+    responses rejected, fewer weights truncated, higher ESS."""
     by_key = {(row.option, row.threshold): row for row in rows}
     ranked = []
     for name in PRESETS:
@@ -168,10 +187,60 @@ def rank_presets(rows: list[SweepRow], min_ess: float, version: str = DEFAULT_VE
         seq = rs_row.seq_reject if rs_row is not None else 0.0
         if token is None or seq is None:
             continue
+        truncated = None
+        if is_row is not None:
+            truncated = is_row.token_reject if config.rollout_is == "token" else is_row.seq_reject
         meets = ess is None or ess >= min_ess
-        ranked.append(PresetRank(name, token, seq, ess, meets))
-    ranked.sort(key=lambda p: (not p.meets_min_ess, p.token_reject, p.seq_reject, -(1.0 if p.ess is None else p.ess)))
+        tier, note = _tier(config.rollout_is, config.rollout_rs, ess, truncated, token, meets, min_ess)
+        ranked.append(PresetRank(name, token, seq, ess, meets, truncated, tier, note))
+    order = {name: i for i, name in enumerate(PRESETS)}
+    ranked.sort(
+        key=lambda p: (
+            p.tier,
+            _policy_rank(preset(p.name, version)),
+            p.token_reject,
+            p.seq_reject,
+            p.is_truncated_share or 0.0,
+            -(1.0 if p.ess is None else p.ess),
+            order[p.name],
+        )
+    )
     return ranked
+
+
+def _tier(
+    level: str | None,
+    rs: str | None,
+    ess: float | None,
+    truncated: float | None,
+    token_reject: float,
+    meets: bool,
+    min_ess: float,
+) -> tuple[int, str]:
+    raised = []
+    if truncated is not None and truncated >= SATURATED_SHARE:
+        raised.append(f"is_saturated ({truncated:.0%} of the {level}-level weights beyond the bounds)")
+    if ess is not None and ess < ESS_FLOOR:
+        raised.append(f"is_ess_low (ESS {ess:.3g} < {ESS_FLOOR:g})")
+    elif not meets:
+        raised.append(f"ESS {ess:.3g} below --min-ess {min_ess:g}")
+    if token_reject > MOST_REJECTED:
+        raised.append(f"rs_rejects_most_tokens ({token_reject:.0%} of tokens)")
+    if raised:
+        return 2, "raises " + "; ".join(raised)
+    if level is None and rs is None:
+        return 1, "applies no correction (fine only where analyze's verdict is healthy)"
+    return 0, ""
+
+
+def _policy_rank(config: Any) -> int:
+    """Token-level IS alone, token IS with RS, RS alone, sequence-level IS (seed 004: token-level truncation stays
+    stable where sequence weights collapse as responses grow)."""
+    if config.rollout_is == "token":
+        return 0 if config.rollout_rs is None else 1
+    if config.rollout_is is None:
+        return 2
+    return 3
 
 
 def _lookup(by_key: dict[tuple[str, str], SweepRow], option: str, spec: Any) -> SweepRow | None:

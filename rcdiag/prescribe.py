@@ -1,0 +1,163 @@
+"""The prescription for a ``correct`` verdict: one verl setting, in verl's config syntax, with why.
+
+Grounding (docs/verdict.md): token-level truncated IS (``rollout_is: token``, threshold 2.0, verl's default and
+the ``decoupled_token_is`` preset) is the robust default: each token's weight is capped on its own, so it stays
+stable where a sequence weight (a product over the response) collapses as responses grow (seed 004; "Mismatch
+Praxis": the most robust choice on long horizons). Sparse outlier tokens are rejected with token-level RS on the
+band that defines them (|log-ratio| <= 1 nat, ``token_k1``). Sequence-level IS is only ever offered as an
+alternative, and only where ``seq_is_hopeless`` is quiet and ``chi2_seq`` is measurable. The effect of the
+setting on the dump is measured by ``rcdiag.api`` (a second pass), never guessed here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from rcdiag.config import PRESETS, CorrectionConfig
+from rcdiag.errors import ConfigError
+from rcdiag.report import CauseClass, Effect, Prescription, Report, VerdictStatus
+
+TIS_THRESHOLD = 2.0
+"""Token TIS's upper threshold: verl's default and its presets' (typical range 1.5-5)."""
+OUTLIER_BAND_NATS = 1.0
+"""The token_k1 band rejects |log-ratio| beyond this: the sparse_outliers finding's definition of an outlier."""
+REVIEW_CODES = (
+    "is_saturated",
+    "is_ess_low",
+    "is_mean_out_of_range",
+    "is_std_high",
+    "rs_rejects_most_tokens",
+    "rs_rejects_all_tokens",
+    "verl_crash_ess_zero_division",
+    "verl_crash_empty_batch",
+)
+"""analyze's findings a prescription must not raise on the dump it is prescribed for (checked when measured)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """The prescription (effect not yet measured) and alternatives worth a next step."""
+
+    prescription: Prescription
+    alternatives: list[str] = field(default_factory=list)
+
+    @property
+    def setting(self) -> str:
+        """The setting in a few words, for the headline."""
+        c = self.prescription.config
+        text = f"{c['rollout_is']}-level TIS {c['rollout_is_threshold']:g}"
+        if c.get("rollout_rs"):
+            text += f" + {c['rollout_rs']} RS {c['rollout_rs_threshold']}"
+        return text + (f" ({self.prescription.preset})" if self.prescription.preset else "")
+
+
+def outlier_band() -> str:
+    """token_k1's ``L_U`` band keeping |log-ratio| <= ``OUTLIER_BAND_NATS``."""
+    return f"{math.exp(-OUTLIER_BAND_NATS):.4g}_{math.exp(OUTLIER_BAND_NATS):.4g}"
+
+
+def candidate(report: Report, status: VerdictStatus, classes: frozenset[CauseClass]) -> Candidate | None:
+    """The setting for a ``correct`` verdict; ``None`` for any other status (no threshold repairs a bug)."""
+    if status != "correct":
+        return None
+    config: dict[str, Any] = {
+        "rollout_is": "token",
+        "rollout_is_threshold": TIS_THRESHOLD,
+        "rollout_rs": None,
+        "rollout_rs_threshold": None,
+    }
+    why = (
+        "token-level truncated IS is the robust default: each token's weight is capped at "
+        f"{TIS_THRESHOLD:g} on its own, so it stays stable on long responses where sequence-level weights collapse "
+        "(seed 004; practice reports it most robust on long horizons)"
+    )
+    if "outliers" in classes:
+        config["rollout_rs"] = "token_k1"
+        config["rollout_rs_threshold"] = outlier_band()
+        why += (
+            f"; token_k1 RS on the band |log-ratio| <= {OUTLIER_BAND_NATS:g} nat rejects the sparse outlier tokens "
+            "that carry most of k3_kl instead of letting them set the weights"
+        )
+    if "saturated_is" in classes:
+        why += (
+            "; the configured IS saturates (nearly every weight truncated to its bound): token-level TIS at "
+            f"{TIS_THRESHOLD:g} neither multiplies ratios along the response nor caps below 1"
+        )
+    prescription = Prescription(config, matching_preset(config), verl_yaml(config), None, why)
+    return Candidate(prescription, _alternatives(report))
+
+
+def _alternatives(report: Report) -> list[str]:
+    chi2_seq = report.metrics.get("rollout_corr/chi2_seq")
+    hopeless = any(f.code == "seq_is_hopeless" for f in report.findings)
+    if hopeless:
+        return [
+            "sequence-level IS is not an option here: seq_is_hopeless (untruncated sequence weights leave an ESS "
+            "below verl's minimum)"
+        ]
+    if chi2_seq is None or chi2_seq < 0.0:
+        return ["sequence-level IS cannot be judged here: chi2_seq is not measurable (negative or missing)"]
+    return [
+        f"sequence-level IS (decoupled_seq_is) is admissible here: chi2_seq {chi2_seq:.3g} leaves untruncated "
+        f"sequence weights an ESS of {1.0 / (1.0 + chi2_seq):.3g}; measure it with "
+        "`rcdiag analyze PATH --preset decoupled_seq_is`"
+    ]
+
+
+def matching_preset(config: dict[str, Any]) -> str | None:
+    """The verl preset (decoupled mode) whose four settings equal ``config``, compared as verl parses them."""
+    try:
+        wanted = CorrectionConfig(**config).resolve()
+    except ConfigError:
+        return None
+    for name, build in PRESETS.items():
+        preset = build()
+        if preset.bypass_mode:
+            continue
+        try:
+            resolved = preset.resolve()
+        except ConfigError:  # pragma: no cover - every preset resolves
+            continue
+        if resolved.is_spec == wanted.is_spec and resolved.rs_options == wanted.rs_options:
+            return name
+    return None
+
+
+def verl_yaml(config: dict[str, Any]) -> str:
+    """The four settings as lines to paste into verl's config."""
+    keys = ("rollout_is", "rollout_is_threshold", "rollout_rs", "rollout_rs_threshold")
+    lines = ["algorithm:", "  rollout_correction:", *(f"    {key}: {_yaml_value(config.get(key))}" for key in keys)]
+    return "\n".join(lines) + "\n"
+
+
+def _yaml_value(value: Any) -> str:
+    if value is None:
+        return "null"
+    text = str(value)
+    return f'"{text}"' if "_" in text and isinstance(value, str) and not text.isidentifier() else text
+
+
+def effect_of(prescription: Prescription, under: Report) -> tuple[Prescription, tuple[str, ...]]:
+    """``prescription`` with its effect read from ``under`` (the report of the same dump computed with the
+    prescribed setting), and what it raises among ``REVIEW_CODES`` (flagged in ``why``, said in a next step)."""
+    m = under.metrics
+    rs = prescription.config.get("rollout_rs") is not None
+    effect = Effect(
+        tokens_rejected=(m.get("rollout_corr/rollout_rs_masked_fraction") or 0.0) if rs else 0.0,
+        responses_rejected=(m.get("rollout_corr/rollout_rs_seq_masked_fraction") or 0.0) if rs else 0.0,
+        is_ess=m.get("rollout_corr/rollout_is_eff_sample_size"),
+        is_truncated_share=m.get("rollout_corr/rollout_is_ratio_fraction_high"),
+    )
+    raised = tuple(dict.fromkeys(f.code for f in under.findings if f.code in REVIEW_CODES))
+    why = prescription.why
+    steps: tuple[str, ...] = ()
+    if raised:
+        why += f"; FLAGGED: on this dump it raises {', '.join(raised)} (analyze's own findings)"
+        steps = (
+            f"the prescription raises {', '.join(raised)} on this dump: run `rcdiag sweep PATH` to choose a "
+            "threshold, and look for the cause of so large a mismatch first",
+        )
+    return dataclasses.replace(prescription, effect=effect, why=why), steps

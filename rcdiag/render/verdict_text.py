@@ -1,0 +1,76 @@
+"""The verdict as plain lines (terminal: analyze and compare): status, headline, causes, the prescription's
+YAML and measured effect, next steps, and the few metrics that support it. Imports no rich."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from rcdiag.printable import printable
+from rcdiag.render.text import fmt
+from rcdiag.report import Effect, Report, Verdict
+
+STATUS_STYLE = {"healthy": "bold green", "correct": "bold yellow", "fix": "bold red", "broken": "bold white on red"}
+"""Terminal colour of each status."""
+SUPPORTING = (
+    ("kl", "rollout_corr/kl"),
+    ("k3_kl", "rollout_corr/k3_kl"),
+    ("chi2_token", "rollout_corr/chi2_token"),
+    ("chi2_seq", "rollout_corr/chi2_seq"),
+    ("mean |log-ratio|", "rcdiag/abs_log_ratio_mean"),
+    ("max |log-ratio|", "rcdiag/abs_log_ratio_max"),
+    ("kl std error", "rcdiag/kl_std_error"),
+)
+"""The metrics a verdict rests on (label, key), shown under it; every other one is behind ``--details``."""
+
+Kind = Literal["status", "headline", "heading", "item", "yaml", "metrics", "hint"]
+
+
+@dataclass(frozen=True)
+class Line:
+    kind: Kind
+    text: str
+
+
+def effect_text(effect: Effect | None) -> str:
+    """One line: what the prescription does on this dump (measured)."""
+    if effect is None:
+        return "effect not measured (no dump to re-read: run `rcdiag analyze PATH` with the setting above)"
+    parts = [
+        f"tokens rejected {effect.tokens_rejected:.3%}",
+        f"responses with a rejected token {effect.responses_rejected:.2%}",
+    ]
+    if effect.is_ess is not None:
+        parts.append(f"IS ESS {effect.is_ess:.4g}")
+    if effect.is_truncated_share is not None:
+        parts.append(f"IS weights truncated {effect.is_truncated_share:.3%}")
+    return "measured on this dump: " + ", ".join(parts)
+
+
+def verdict_lines(verdict: Verdict, report: Report | None = None, *, details_hint: bool = True) -> list[Line]:
+    """The verdict, then (with ``report``) the supporting metrics."""
+    lines = [Line("status", verdict.status.upper()), Line("headline", printable(verdict.headline))]
+    if verdict.causes:
+        lines.append(Line("heading", "causes"))
+        lines.extend(
+            Line("item", printable(f"{cause.cls} [{', '.join(cause.codes) or '-'}]: {cause.evidence}"))
+            for cause in verdict.causes
+        )
+    p = verdict.recommendation
+    if p is not None:
+        name = f" (verl preset {p.preset})" if p.preset else ""
+        lines.append(Line("heading", f"prescription{name}"))
+        lines.extend(Line("yaml", row) for row in p.yaml.rstrip("\n").splitlines())
+        lines.append(Line("item", effect_text(p.effect)))
+        lines.append(Line("item", "why: " + p.why))
+    if verdict.next_steps:
+        lines.append(Line("heading", "next steps"))
+        lines.extend(Line("item", printable(step)) for step in verdict.next_steps)
+    if report is not None:
+        values = {**report.metrics, **report.extras}
+        shown = [f"{label} {fmt(values.get(key))}" for label, key in SUPPORTING if key in values]
+        if shown:
+            lines.append(Line("metrics", "  ·  ".join(shown)))
+        if details_hint:
+            lines.append(Line("hint", "every metric, the per-step table and the findings checklist: --details"))
+    return lines
