@@ -249,4 +249,4 @@ def _not_examined(report: Report) -> list[str]:
     if report.explain is None:
         tests = "; ".join(DETECTORS.values())
         return [f"not examined without --explain: {tests}. Run `rcdiag analyze PATH --explain` to test for them"]
-    return [f"{code} not run: {why}" for code, why in report.explain.not_run.items()]
+    return [f"{code} not run: {why.removeprefix('not run: ')}" for code, why in report.explain.not_run.items()]

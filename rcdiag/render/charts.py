@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import matplotlib
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
 from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure, SubFigure
+from matplotlib.text import Text
 from matplotlib.ticker import MaxNLocator
 
 from rcdiag.catalogue import short_key
@@ -212,6 +213,27 @@ def verdict_rows(verdict: Verdict) -> tuple[list[tuple[str, str]], list[tuple[st
     return left, right
 
 
+HEADLINE_POINTS = (15.0, 9.0)
+"""The headline's font size, and the smallest it shrinks to so that a long headline stays on one line."""
+
+
+def _fit(text: Text, width_px: float) -> None:
+    """Shrink ``text`` to fit ``width_px`` (measured by the renderer), down to ``HEADLINE_POINTS[1]``; cut it with an
+    ellipsis only if it does not fit even then (the HTML report and the terminal show the headline whole)."""
+    root = text.get_figure(root=True)
+    assert root is not None
+    renderer = RendererAgg(int(root.bbox.width), int(root.bbox.height), root.dpi)  # measures as the PNG draws
+    largest, smallest = HEADLINE_POINTS
+    width = text.get_window_extent(renderer).width
+    if width <= width_px:
+        return
+    text.set_fontsize(max(smallest, largest * width_px / width))
+    words = text.get_text()
+    while text.get_window_extent(renderer).width > width_px and len(words) > 1:
+        words = words[: int(len(words) * 0.97)].rstrip()
+        text.set_text(words + "…")
+
+
 def draw_verdict(
     fig: Figure | SubFigure, verdict: Verdict, rows: tuple[list[tuple[str, str]], list[tuple[str, str]]]
 ) -> None:
@@ -223,7 +245,9 @@ def draw_verdict(
     fig.text(0.012, 1 - 0.3 / height, verdict.status.upper(), color="white", fontsize=16, fontweight="bold",
              va="center", bbox={"boxstyle": "round,pad=0.4", "facecolor": colour, "edgecolor": colour})  # fmt: skip
     after = 0.032 + 0.0105 * len(verdict.status)  # past the badge (bold capitals, about 0.0105 of the width each)
-    fig.text(after, 1 - 0.3 / height, verdict.headline, fontsize=15, fontweight="bold", va="center", color="#1d2329")
+    headline = fig.text(after, 1 - 0.3 / height, verdict.headline, fontsize=HEADLINE_POINTS[0], fontweight="bold",
+                        va="center", color="#1d2329")  # fmt: skip
+    _fit(headline, (1 - after - 0.008) * fig.bbox.width)
     for x, lines in ((0.008, rows[0]), (0.62, rows[1])):
         for i, (kind, text) in enumerate(lines):
             y = 1 - (VERDICT_TOP + (i + 0.5) * VERDICT_LINE) / height
