@@ -32,6 +32,13 @@ def test_sweep_html_opens_offline_with_every_option_and_recommendation(
         assert f"rollout_{'is' if rec['option'].startswith('is_') else 'rs'}" in load.text
     for preset in sweep["presets"]:
         assert preset["name"] in load.text
+    # the preset table says the verdict's ranking and shows the IS truncated share and each preset's note
+    assert "Ranked by the verdict's policy" in load.text and "Least rejected" not in load.text
+    first = sweep["presets"][0]
+    truncated = first["is_truncated_share"]
+    digits = f"{truncated:.6g}"[:-1]  # the shown value's leading digits, whatever its last digit's rounding
+    assert re.search(rf"{first['name']}\s+\S+\s+\S+\s+{re.escape(digits)}", load.text), first
+    assert "applies no correction" in load.text
     assert len(text) < 5_000_000
 
 

@@ -440,13 +440,17 @@ def _recommendations(report: SweepReport) -> str:
 
 
 def _presets(report: SweepReport) -> str:
+    from rcdiag.sweep.report import PRESET_RANKING
+
     rows = [
-        (f"<code>{e(p.name)}</code>", fmt(p.token_reject), fmt(p.seq_reject), "no IS" if p.ess is None else fmt(p.ess),
-         "yes" if p.meets_min_ess else "no")
+        (f"<code>{e(p.name)}</code>", fmt(p.token_reject), fmt(p.seq_reject),
+         "—" if p.is_truncated_share is None else fmt(p.is_truncated_share), "no IS" if p.ess is None else fmt(p.ess),
+         e(p.note))
         for p in report.presets
     ]  # fmt: skip
-    note = f'<p class="note">Least rejected first; presets leaving an ESS below {fmt(report.min_ess)} last.</p>'
-    return note + table(("preset", "tokens rejected", "responses rejected", "ESS", "ESS ok"), rows, numeric=(1, 2, 3))
+    note = f'<p class="note">{e(PRESET_RANKING[0].upper() + PRESET_RANKING[1:])}.</p>'
+    header = ("preset", "tokens rejected", "responses rejected", "IS truncated", "ESS", "note")
+    return note + table(header, rows, numeric=(1, 2, 3, 4))
 
 
 def _sweep_rows(report: SweepReport) -> str:

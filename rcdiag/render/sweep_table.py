@@ -14,7 +14,7 @@ from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.printable import printable
 from rcdiag.render.panels import sparkline
 from rcdiag.render.table import fmt
-from rcdiag.sweep.report import SweepReport, SweepRow
+from rcdiag.sweep.report import PRESET_RANKING, SweepReport, SweepRow
 
 P = PREFIX
 BAR_WIDTH = 20
@@ -138,10 +138,7 @@ def _notes(report: SweepReport) -> dict[str, list[str]]:
 
 
 def _presets(report: SweepReport) -> Table:
-    table = _table(
-        "verl presets on this dump, ranked by the verdict's policy: correcting without a finding first (token-level "
-        "IS, then with RS, RS, sequence IS), then no correction, then those raising a finding"
-    )
+    table = _table(f"verl presets on this dump, {PRESET_RANKING}")
     for name in ("preset", "tokens rejected", "responses rejected", "IS truncated", "ESS", "note"):
         table.add_column(name, justify="left" if name in ("preset", "note") else "right")
     for preset in report.presets:

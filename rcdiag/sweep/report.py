@@ -159,6 +159,13 @@ MOST_REJECTED = 0.2
 """rs_rejects_most_tokens: RS rejecting more than this share of tokens."""
 
 
+PRESET_RANKING = (
+    "ranked by the verdict's policy: correcting without a finding first (token-level IS, then with RS, RS, sequence "
+    "IS), then no correction, then those raising a finding"
+)
+"""How ``rank_presets`` orders the presets, in the words every renderer shows above the table (docs/sweep.md)."""
+
+
 def rank_presets(rows: list[SweepRow], min_ess: float, version: str = DEFAULT_VERSION) -> list[PresetRank]:
     """verl ``version``'s presets whose IS and RS settings are all rows of this sweep, ranked by the verdict's policy
     (docs/verdict.md, docs/sweep.md): first those that correct without raising one of analyze's findings, then those
