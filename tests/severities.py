@@ -35,6 +35,7 @@ SEVERITIES = {
     "seq_is_hopeless": INFO,
     "position_drift": WARNING,
     "mismatch_trend": WARNING,
+    "token_specific": WARNING,
     "is_weights_unused": INFO,
     "temperature_kl_high": WARNING,
     "temperature_noise_mismatch": WARNING,

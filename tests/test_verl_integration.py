@@ -5,6 +5,7 @@ the step in verl's workers."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -27,15 +28,21 @@ VERL_DEPS = ("tensordict", "omegaconf", "transformers", "codetiming", "orjson")
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
 
 
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported from sys.path: what a fresh process sees, whatever this one holds in
+    sys.modules (the verl oracle keeps verl's modules, and package stubs have no spec)."""
+    return importlib.machinery.PathFinder.find_spec(module) is not None
+
+
 def require_real_verl(version: str) -> str:
     """The directory holding release ``version``'s ``verl`` package, with what its DataProto imports."""
     root = verl_root(version)
     if root is None:
         missing(f"verl-{version}")
-    if importlib.util.find_spec("torch") is None:
+    if not installed("torch"):
         missing("torch")
     for module in VERL_DEPS:
-        if importlib.util.find_spec(module) is None:
+        if not installed(module):
             missing("verl-deps")
     return str(Path(root).parent)
 
@@ -105,7 +112,7 @@ if __name__ == "__main__":
 @pytest.fixture
 def fake_main(tmp_path: Path) -> Path:
     """A real Hydra main with verl's ``ray_kwargs.ray_init`` layout (struct mode, as verl's config is)."""
-    if importlib.util.find_spec("hydra") is None:
+    if not installed("hydra"):
         missing("verl-deps")
     (tmp_path / "fake_main.py").write_text(textwrap.dedent(FAKE_MAIN))
     (tmp_path / "fake.yaml").write_text("trainer:\n  total_epochs: 1\nray_kwargs:\n  ray_init:\n    num_cpus: null\n")
@@ -246,7 +253,7 @@ def test_bad_rcdiag_options_are_one_line_exit_2(fake_main: Path, args: list[str]
 
 
 def test_without_verl_one_line_says_so(tmp_path: Path) -> None:
-    if importlib.util.find_spec("verl") is not None:
+    if installed("verl"):
         pytest.skip("verl is installed in this environment")  # not a missing component: the case cannot be made
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, "-m", "rcdiag.integrations.verl", "+rcdiag.dump_dir=d"],

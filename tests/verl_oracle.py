@@ -87,10 +87,13 @@ def load_modules(version: str = "0.9.0") -> dict[str, Any] | None:
             "metric": importlib.import_module("verl.utils.metric.utils"),
         }
     finally:
-        # Keep the loaded verl modules (helper holds references) but do not leak stubs of real packages.
+        # Keep the loaded verl modules (helper holds references) but do not leak stubs of real packages: a stub
+        # left in sys.modules (no __spec__) would stand for the package in every later import and find_spec.
         for name in ("tensordict", "transformers"):
             if saved.get(name) is not None:
                 sys.modules[name] = saved[name]
+            else:
+                sys.modules.pop(name, None)
 
 
 class _DataProto:
