@@ -94,6 +94,9 @@ CLASS_TEXT: dict[CauseClass, str] = {
     "token_specific": "tokens one engine gives zero probability",
 }
 """Each class in words, for the headline."""
+SIGN_READING = ("temperature_mismatch", "sampling_truncation", "logprob_offset")
+"""Detectors that read which side scores a token higher: with the columns swapped (kl_negative) they see the
+opposite of what happened (a swapped 4-bit dump reads as a flatter rollout), so they name no cause of their own."""
 _ORDER: tuple[VerdictStatus, ...] = ("healthy", "correct", "fix", "broken")
 
 
@@ -159,6 +162,13 @@ def _causes(findings: tuple[Finding, ...], report: Report) -> list[Cause]:
         cls = CAUSE_OF.get(f.code)
         if cls is not None:
             by_class.setdefault(cls, []).append(f)
+    if "swapped_columns" in by_class:  # the detectors that read the log-ratio's sign read it backwards
+        for cls in {CAUSE_OF[code] for code in SIGN_READING}:
+            kept = [f for f in by_class.get(cls, []) if f.code not in SIGN_READING]
+            if kept:
+                by_class[cls] = kept
+            else:
+                by_class.pop(cls, None)
     gap = next((f for f in findings if f.code == "kl_k3_disagree"), None)
     if gap is not None and "swapped_columns" not in by_class:
         cls = _gap_class(report, "outliers" in by_class)

@@ -20,7 +20,7 @@ from test_real_model import real_dumps  # noqa: F401  (the session fixture build
 import rcdiag
 from rcdiag.prescribe import OUTLIER_BAND_NATS, REVIEW_CODES, TIS_THRESHOLD, outlier_band
 from rcdiag.report import Report
-from rcdiag.verdict import CAUSE_OF, NOISE_K3_MAX, STATUS_OF
+from rcdiag.verdict import CAUSE_OF, STATUS_OF
 
 REAL = {
     # scenario: (status, cause classes, prescribed RS option or None)
@@ -75,17 +75,23 @@ def test_real_model_dumps_get_their_status_and_class(real_dumps: dict, scenario:
     assert any("not examined without --explain" in step for step in verdict.next_steps)
 
 
-def test_one_sided_temperature_with_explain(real_dumps: dict) -> None:  # noqa: F811
-    """T = 0.7 on the rollout: with --explain, fix/temperature as soon as temperature_mismatch fires on it; until the
-    detector is that sensitive (branch ``sensitivity``), its size alone gives ``correct``: noise, never ``healthy``."""
-    report = rcdiag.analyze(real_dumps["temperature_0.7"]["path"], explain=True)
+REAL_EXPLAINED = {
+    "temperature_0.9": ("fix", ["temperature"]),  # kl 5.5e-3 on ~44k tokens: temperature_mismatch's sign test
+    "temperature_0.7": ("fix", ["temperature"]),
+    "topk_50": ("fix", ["truncation"]),
+    "topp_0.95": ("fix", ["truncation"]),
+    "swapped_int4": ("broken", ["swapped_columns"]),  # the sign-reading detectors name nothing on swapped columns
+    "clean_fp32": ("healthy", []),
+    "bf16": ("healthy", []),
+}
+"""With --explain: the detectors name the bug the size alone cannot."""
+
+
+@pytest.mark.parametrize("scenario", sorted(REAL_EXPLAINED))
+def test_real_model_dumps_with_explain_name_the_planted_bug(real_dumps: dict, scenario: str) -> None:  # noqa: F811
+    report = rcdiag.analyze(real_dumps[scenario]["path"], explain=True)
     assert report.verdict is not None
-    codes = {f.code for f in report.findings}
-    if "temperature_mismatch" in codes:
-        assert report.verdict.status == "fix" and "temperature" in _classes(report)
-    else:
-        assert (report.verdict.status, _classes(report)) == ("correct", ["noise"])
-        assert report.metrics["rollout_corr/k3_kl"] > 10 * NOISE_K3_MAX
+    assert (report.verdict.status, _classes(report)) == REAL_EXPLAINED[scenario], report.verdict.headline
     assert not any("not examined" in step for step in report.verdict.next_steps)
 
 
