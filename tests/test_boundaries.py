@@ -22,7 +22,7 @@ import rcdiag
 from rcdiag.catalogue.findings import FINDINGS
 from rcdiag.catalogue.metrics import thresholds_with_findings
 from rcdiag.explain.breakdowns import GROUPS, N_DOUBLING, SUMS
-from rcdiag.explain.detectors import DETECTORS, logprob_offset, mismatch_trend, position_drift
+from rcdiag.explain.detectors import DETECTORS, TREND_K3_FLOOR, logprob_offset, mismatch_trend, position_drift
 from rcdiag.explain.state import ExplainState
 from rcdiag.health import evaluate
 from rcdiag.metrics.batch import BatchResult
@@ -453,6 +453,15 @@ TREND_CASES = [
     ("halves-outside", _ends(math.log(1.4) / 3 * (1 + 1e-6)), True),  # median of the later half 1.4x
     ("halves-inside", _ends(math.log(1.4) / 3 * (1 - 1e-6)), False),
 ]
+
+
+def test_mismatch_trend_leaves_steps_at_the_rounding_floor_out_of_its_fit() -> None:
+    """The tests' real model drifting from identical weights (k3_kl per step, measured): step 0 is float rounding.
+    At the floor a step is left out (the rest fires); a hair above it, its logarithm drowns the growth."""
+    drift = [1.36e-4, 5.11e-4, 1.278e-3, 2.437e-3, 3.67e-3, 5.784e-3, 6.702e-3]
+    assert mismatch_trend(trend([TREND_K3_FLOOR, *drift])) is not None
+    assert mismatch_trend(trend([5.7e-13, *drift])) is not None
+    assert mismatch_trend(trend([math.nextafter(TREND_K3_FLOOR, 1.0), *drift])) is None
 
 
 @pytest.mark.parametrize(("values", "fires"), [c[1:] for c in TREND_CASES], ids=[c[0] for c in TREND_CASES])

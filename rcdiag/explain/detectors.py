@@ -85,6 +85,10 @@ EARLY_BUCKETS = (0, 1)
 LATE_FROM = 4
 """Positions from 256 on."""
 TREND_MIN_STEPS = 4
+TREND_K3_FLOOR = 1e-10
+"""mismatch_trend: a step whose k3_kl is at or below this carries no measurable mismatch (float32 rounding between
+identical engines gives ~1e-14; bf16 noise ~1e-4): it is left out of the log fit, where its logarithm would
+outweigh every real step (a run whose first step has identical weights, then drifts, would never fire)."""
 TREND_GROWTH_MIN = 2.0
 """mismatch_trend: fitted growth of k3_kl over the steps analysed."""
 TREND_T_MIN = 4.0
@@ -159,8 +163,8 @@ def _position_data(state: ExplainState) -> str | None:
 def _trend_data(steps: Sequence[tuple[int, dict[str, float | None]]]) -> str | None:
     if not steps:
         return "the dump has no steps"
-    usable = sum(1 for _, m in steps if (v := m.get("rollout_corr/k3_kl")) is not None and v > 0)
-    return _too_few("steps with a positive k3_kl", usable, TREND_MIN_STEPS)
+    usable = sum(1 for _, m in steps if (v := m.get("rollout_corr/k3_kl")) is not None and v > TREND_K3_FLOOR)
+    return _too_few(f"steps with k3_kl above {TREND_K3_FLOOR:g}", usable, TREND_MIN_STEPS)
 
 
 def _finding(code: str, facts: str, value: float, threshold: float, evidence: dict[str, Any]) -> Finding:
@@ -449,7 +453,7 @@ def _growth_per_doubling(position: np.ndarray) -> float:
 def mismatch_trend(steps: Sequence[tuple[int, dict[str, float | None]]]) -> Finding | None:
     """k3_kl growing exponentially across steps: a fitted growth of >= 2x that clears the fit's own scatter."""
     points = [(s, m.get("rollout_corr/k3_kl")) for s, m in steps]
-    points = [(s, v) for s, v in points if v is not None and v > 0]
+    points = [(s, v) for s, v in points if v is not None and v > TREND_K3_FLOOR]
     if len(points) < TREND_MIN_STEPS:
         return None
     x = np.array([p[0] for p in points], dtype=np.float64)
