@@ -77,7 +77,8 @@ def test_analyze_with_a_closed_stdout_exits_0_and_writes_every_file(tmp_path: Pa
 
 
 def test_a_full_stdout_is_a_write_error(tmp_path: Path) -> None:
-    for args in (("analyze", HEALTHY), ("analyze", HEALTHY, "--format", "json"), ("presets",)):
+    for args in (("analyze", HEALTHY), ("analyze", HEALTHY, "--format", "json"), ("presets",), ("--help",),
+                 ("analyze", "--help")):  # fmt: skip
         with open("/dev/full", "w") as full:
             done = rcdiag(*args, cwd=tmp_path, stdout=full.fileno())
         assert (done.returncode, done.stderr) == (2, "rcdiag: error: cannot write stdout: No space left on device\n")

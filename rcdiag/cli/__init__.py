@@ -108,11 +108,27 @@ def _fail(exc: BaseException) -> NoReturn:
         _exit(f"rcdiag: error: {printable(exc.format_message())}{where}", ExitCode.USAGE)  # type: ignore[attr-defined]
     if "Abort" in kinds:
         _abort()
+    if isinstance(exc, OSError) and _writing_stdout(exc):  # a write rich or click made itself (`--help > /dev/full`)
+        stdout_gone()
+        _exit(f"rcdiag: error: cannot write stdout: {exc.strerror or exc}", ExitCode.USAGE)
     _exit(
         f"rcdiag: internal error: {type(exc).__name__}: {printable(exc)}. This is a bug in rcdiag {__version__}; "
         "please report it with the command you ran.",
         ExitCode.INTERNAL,
     )
+
+
+def _writing_stdout(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised writing to stdout: a frame of its traceback writes to ``sys.stdout`` (rich's
+    console: ``self.file``; click's ``echo``: ``file``). rcdiag's own writes are checked where they are made."""
+    tb = exc.__traceback__
+    while tb is not None:
+        names = tb.tb_frame.f_locals
+        self = names.get("self")
+        if any(x is sys.stdout for x in (names.get("file"), self, getattr(self, "file", None))):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _abort() -> NoReturn:
