@@ -125,7 +125,11 @@ def _writing_stdout(exc: BaseException) -> bool:
     while tb is not None:
         names = tb.tb_frame.f_locals
         self = names.get("self")
-        if any(x is sys.stdout for x in (names.get("file"), self, getattr(self, "file", None))):
+        try:
+            inner = getattr(self, "file", None)
+        except Exception:  # a property of some other object that fails: not a stream
+            inner = None
+        if any(x is sys.stdout for x in (names.get("file"), self, inner)):
             return True
         tb = tb.tb_next
     return False
