@@ -46,6 +46,7 @@ from rcdiag.parallel import (
     Job,
     PartResult,
     StateFactory,
+    choose_workers,
     in_processes,
     merge_parts,
     on_ray,
@@ -128,7 +129,9 @@ def analyze(
     wanted = ExplainOptions.of(explain or tokenizer is not None or tokens is not None, worst, sequences)
     collector = RowCollector() if microbatch is not None else None
     read = ReadOptions.of(read, options)
-    if collector is not None and (read.workers > 1 or read.ray):
+    if collector is not None and read.workers == "auto":
+        read = read.replace(workers=1)  # micro-batches need one process
+    if collector is not None and (read.workers != 1 or read.ray):
         raise ConfigError(
             "micro-batch options need the rows of each step in order, in one process: use them without --workers "
             "or --ray."
@@ -211,6 +214,8 @@ def accumulate(
             "needs one: name it with --token-col NAME",
             path=str(path),
         )
+    if read.workers == "auto":
+        read = read.replace(workers=choose_workers(source))
     parts = source.partitions(RAY_MAX_PARTS if read.ray else read.workers)
     scratch = temporary_directory(explain.sequences) if explain is not None and explain.sequences else None
     try:
