@@ -6,15 +6,19 @@ timed from outside, with the bare decode in a fresh process as the floor, all in
 Each round runs every command once, in turn (interleaved, so load on a shared machine hits all of them alike),
 after one untimed warm-up round (which also brings the dumps into the page cache and the kernels into numba's
 cache). The report gives medians over rounds of the wall time, their ratios against the baseline named in each
-row, and each command's peak RSS (``ru_maxrss`` of the child, from ``os.wait4``). Commands:
+row, and each command's peak RSS (``ru_maxrss`` of the child, from ``os.wait4``, in one more run after the timed
+ones). Commands:
 
 * ``decode``: python + pyarrow alone decode the dump's three list columns (the floor; no rcdiag import);
 * ``analyze`` with verl's default configuration and with ``is_rs`` (sequence IS plus two RS options), on the
   benchmark dump (row groups of 512 responses) and on a copy with row groups of 64 responses;
 * ``--explain`` against plain analyze; the default ``sweep`` against one ``analyze --rs token_k1``;
 * ``--workers auto`` and ``--workers 2`` against one process (``is_rs``);
+* ``--baseline TREE``: every rcdiag command also run from an older source tree (``git archive COMMIT | tar -x``),
+  interleaved with the new one, so the table's old and new figures come from the same run;
 * a 10k-token dump whose verdict is ``healthy`` and one whose verdict is ``correct`` (``rcdiag.synthetic``'s
-  ``healthy`` and ``outliers`` scenarios), kernels cached; ``--help``; bare ``python -c pass``;
+  ``healthy`` and ``outliers`` scenarios), kernels cached; ``--help``; bare ``python -c pass`` and typer + rich's help
+  module alone (the floor for ``--help``);
 * peak RSS of analyze, ``--explain`` and sweep at ``--small`` tokens and at ``--tokens``.
 """
 
@@ -47,19 +51,47 @@ for group in range(file.metadata.num_row_groups):
 """
 
 
-def run(argv: list[str], tree: str | None = None) -> tuple[float, float]:
-    """(wall seconds, peak RSS in MB) of one fresh process, with ``tree`` first on ``PYTHONPATH`` when given (the
-    baseline's source); its output is discarded, a failure is fatal."""
-    env = dict(os.environ, PYTHONPATH=tree) if tree else None
+WRAP = """
+import os, subprocess, sys
+child = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+_, status, usage = os.wait4(child.pid, 0)
+sys.stderr.write(child.stderr.read().decode())
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)
+"""
+"""Runs a command and prints its exit code and peak RSS (kB): a child's ``ru_maxrss`` counts the memory of the
+process it was forked from, so the measured command is forked from this small interpreter, not from the
+benchmark (which holds pyarrow and the dumps it wrote)."""
+
+
+def _env(tree: str | None) -> dict[str, str]:
+    """The environment of a measured command: ``tree`` first on ``PYTHONPATH`` when given (the baseline's source),
+    byte-code caching on (as installed)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    if tree:
+        env["PYTHONPATH"] = tree
+    return env
+
+
+def _check(argv: list[str], code: int, stderr: str) -> None:
+    if code not in (0, 1):  # 1: a finding at the gate; still a full run
+        raise SystemExit(f"{' '.join(argv)} failed ({code}): {stderr}")
+
+
+def run(argv: list[str], tree: str | None = None) -> float:
+    """Wall seconds of one fresh process (its output discarded; a failure is fatal)."""
     start = time.perf_counter()
-    child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    _, status, usage = os.wait4(child.pid, 0)
+    done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env(tree))
     wall = time.perf_counter() - start
-    child.returncode = os.waitstatus_to_exitcode(status)
-    stderr = child.stderr.read().decode() if child.stderr else ""
-    if child.returncode not in (0, 1):  # 1: a finding at the gate; still a full run
-        raise SystemExit(f"{' '.join(argv)} failed ({child.returncode}): {stderr}")
-    return wall, usage.ru_maxrss / 1024
+    _check(argv, done.returncode, done.stderr.decode())
+    return wall
+
+
+def peak_rss(argv: list[str], tree: str | None = None) -> float:
+    """Peak RSS (MB) of one fresh process, forked from a small wrapper (``WRAP``)."""
+    done = subprocess.run([sys.executable, "-c", WRAP, *argv], capture_output=True, text=True, env=_env(tree))
+    code, kb = done.stdout.split()
+    _check(argv, int(code), done.stderr)
+    return int(kb) / 1024
 
 
 def small_groups(path: Path, rows: int) -> Path:
@@ -104,6 +136,7 @@ def main() -> None:
     analyze = [*RCDIAG, "analyze", "-q"]
     timed = {
         "python -c pass": [sys.executable, "-c", "pass"],
+        "import typer, typer.rich_utils": [sys.executable, "-c", "import typer, typer.rich_utils"],
         "rcdiag --help": [*RCDIAG, "--help"],
         "analyze 10k (healthy)": [*analyze, str(healthy)],
         "analyze 10k (correct)": [*analyze, str(correct)],
@@ -125,19 +158,18 @@ def main() -> None:
     }
     here = str(Path(__file__).resolve().parents[1])
     trees = {"new": here} | ({"old": str(Path(args.baseline).resolve())} if args.baseline else {})
+    plain = ("decode", "python -c pass", "import typer, typer.rich_utils")  # no rcdiag: run once
     jobs = [(name, version) for name in timed for version in trees
-            if version == "new" or (name not in ("decode", "python -c pass") and "auto" not in name)]  # fmt: skip
+            if version == "new" or (name not in plain and "auto" not in name)]  # fmt: skip
     load = os.getloadavg()[0]
     for name, version in jobs:  # warm-up: page cache, kernel cache
         run(timed[name], trees[version])
     wall: dict[tuple[str, str], list[float]] = {job: [] for job in jobs}
-    rss: dict[tuple[str, str], list[float]] = {job: [] for job in jobs}
     for _ in range(args.rounds):
         for job in jobs:
-            seconds, mb = run(timed[job[0]], trees[job[1]])
-            wall[job].append(seconds)
-            rss[job].append(mb)
-    small_rss = {(name, v): run(argv, trees[v])[1] for name, argv in memory_small.items() for v in trees}
+            wall[job].append(run(timed[job[0]], trees[job[1]]))
+    rss = {job: peak_rss(timed[job[0]], trees[job[1]]) for job in jobs}
+    small_rss = {(name, v): peak_rss(argv, trees[v]) for name, argv in memory_small.items() for v in trees}
     med = {job: statistics.median(times) for job, times in wall.items()}
     print(f"{big.name}, {big_rg.name}, small {small.name}; {args.rounds} interleaved rounds after a warm-up;")
     print(f"1-minute load average {load:.1f} before, {os.getloadavg()[0]:.1f} after; {os.cpu_count()} CPUs")
@@ -145,7 +177,7 @@ def main() -> None:
     print("| command | version | wall s, median (min-max) | peak RSS MB |\n|---|---|---|---|")
     for job in jobs:
         times = wall[job]
-        print(f"| {job[0]} | {job[1]} | {med[job]:.2f} ({min(times):.2f}-{max(times):.2f}) | {max(rss[job]):.0f} |")
+        print(f"| {job[0]} | {job[1]} | {med[job]:.2f} ({min(times):.2f}-{max(times):.2f}) | {rss[job]:.0f} |")
     rg = f"rg {args.small_group_rows}"
     ratios = [
         ("decode / analyze (default)", "decode", "analyze", True, ">= 0.85"),
@@ -173,10 +205,11 @@ def main() -> None:
     for title, name, target in seconds:
         cells = [f"{med[(name, v)]:.2f}" if (name, v) in med else "-" for v in versions]
         print(f"| {title} | " + " | ".join(cells) + f" | {target} |")
-    print(f"| python -c pass, s | {med[('python -c pass', 'new')]:.2f} | |")
+    for name in ("python -c pass", "import typer, typer.rich_utils"):
+        print(f"| {name}, s | {med[(name, 'new')]:.2f} | |")
     for name in memory_small:
-        cells = [f"{small_rss[(name, v)]:.0f} -> {max(rss[(name, v)]):.0f} MB "
-                 f"({max(rss[(name, v)]) / small_rss[(name, v)]:.2f}x)" for v in versions]  # fmt: skip
+        cells = [f"{small_rss[(name, v)]:.0f} -> {rss[(name, v)]:.0f} MB ({rss[(name, v)] / small_rss[(name, v)]:.2f}x)"
+                 for v in versions]  # fmt: skip
         print(f"| peak RSS {name}, small -> large | " + " | ".join(cells) + " | <= 350 MB, <= 1.1x |")
     print(f"\nverdicts: 10k healthy {verdict(healthy)}, 10k correct {verdict(correct)}, large dump {verdict(big)}")
 
