@@ -6,7 +6,8 @@ timed from outside, with the bare decode in a fresh process as the floor, all in
 Each round runs every command once, in turn (interleaved, so load on a shared machine hits all of them alike),
 after one untimed warm-up round (which also brings the dumps into the page cache and the kernels into numba's
 cache). The report gives medians over rounds of the wall time, their ratios against the baseline named in each
-row, and each command's peak RSS (``ru_maxrss`` of the child, from ``os.wait4``, in one more run after the timed
+row (the median over rounds of each round's ratio: the two runs it compares were close in time), and each
+command's peak RSS (``ru_maxrss`` of the child, from ``os.wait4``, in one more run after the timed
 ones). Commands:
 
 * ``decode``: python + pyarrow alone decode the dump's three list columns (the floor; no rcdiag import);
@@ -195,12 +196,14 @@ def main() -> None:
         ("--help, s", "rcdiag --help", "<= 0.15"),
     ]
     versions = list(trees)
-    print("\n| ratio (same run) | " + " | ".join(versions) + " | target |\n|---|" + "---|" * len(versions) + "---|")
+    head = "\n| ratio (same run; median of per-round ratios) | " + " | ".join(versions) + " | target |"
+    print(head + "\n|---|" + "---|" * len(versions) + "---|")
     for title, top, bottom, floor, target in ratios:
         cells = []
         for v in versions:
             a, b = (top, "new" if floor else v), (bottom, v)
-            cells.append(f"{med[a] / med[b]:.2f}" if a in med and b in med else "-")
+            per_round = [x / y for x, y in zip(wall.get(a, []), wall.get(b, []), strict=False)]
+            cells.append(f"{statistics.median(per_round):.2f}" if per_round else "-")
         print(f"| {title} | " + " | ".join(cells) + f" | {target} |")
     for title, name, target in seconds:
         cells = [f"{med[(name, v)]:.2f}" if (name, v) in med else "-" for v in versions]

@@ -220,8 +220,9 @@ def accumulate(
             "needs one: name it with --token-col NAME",
             path=str(path),
         )
-    if read.workers == "auto":
-        read = read.replace(workers=choose_workers(source))
+    if read.workers == "auto":  # processes only on CPU, and never for micro-batches (rows in order, one process)
+        cpu = isinstance(backend, NumpyBackend) and collector is None
+        read = read.replace(workers=choose_workers(source) if cpu else 1)
     parts = source.partitions(RAY_MAX_PARTS if read.ray else read.workers)
     scratch = temporary_directory(explain.sequences) if explain is not None and explain.sequences else None
     try:

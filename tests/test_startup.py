@@ -144,3 +144,25 @@ def test_workers_auto_in_the_library() -> None:
     assert report.metrics == rcdiag.analyze(SAMPLES / "healthy.parquet").metrics
     with pytest.raises(rcdiag.ConfigError, match="'auto'"):
         rcdiag.analyze(SAMPLES / "healthy.parquet", workers="two")
+
+
+def test_workers_auto_stays_in_one_process_where_processes_cannot_run(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Even where the rule would start workers, ``auto`` reads in one process for micro-batches (rows in order)
+    and off the CPU (``--device``), where ``--workers 2`` is refused."""
+    import rcdiag
+    import rcdiag.api as api
+
+    monkeypatch.setattr(api, "choose_workers", lambda source: 2)
+    sample = tmp_path / "d.parquet"
+    _row_groups(sample, 4)  # four parts: --workers 2 would split it
+    micro = rcdiag.MicroBatchSettings(micro_batch_size=2)
+    report = rcdiag.analyze(sample, workers="auto", microbatch=micro)
+    assert report.metrics == rcdiag.analyze(sample, microbatch=micro).metrics
+    with pytest.raises(rcdiag.ConfigError):
+        rcdiag.analyze(sample, workers=2, microbatch=micro)
+    on_torch = rcdiag.analyze(sample, workers="auto", device="torch-cpu")
+    assert on_torch.input.tokens == report.input.tokens
+    with pytest.raises(rcdiag.ConfigError, match="CPU"):
+        rcdiag.analyze(sample, workers=2, device="torch-cpu")
