@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rcdiag._version import __version__
 from rcdiag.backend import Backend, NumpyBackend, get_backend
@@ -16,7 +16,6 @@ from rcdiag.catalogue.findings import listing_order
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import Engine, EngineState
 from rcdiag.errors import ConfigError, InputError
-from rcdiag.explain.detectors import detect, not_run
 from rcdiag.explain.sequences import check_target as check_sequences_target
 from rcdiag.explain.sequences import cleanup, temporary_directory
 from rcdiag.explain.sequences import finish as finish_sequences
@@ -37,9 +36,6 @@ from rcdiag.interrupts import checked
 from rcdiag.io import Chunk, open_dump, prefetch
 from rcdiag.io.base import SourceInfo
 from rcdiag.io.columns import ALIASES
-from rcdiag.microbatch import MicroBatchReport, MicroBatchSettings
-from rcdiag.microbatch.report import simulate as simulate_microbatches
-from rcdiag.microbatch.rows import RowCollector
 from rcdiag.options import ReadOptions
 from rcdiag.outputs import refuse_inputs
 from rcdiag.parallel import (
@@ -47,6 +43,7 @@ from rcdiag.parallel import (
     Job,
     PartResult,
     StateFactory,
+    choose_workers,
     in_processes,
     merge_parts,
     on_ray,
@@ -56,6 +53,10 @@ from rcdiag.prescribe import effect_of
 from rcdiag.report import ExplainReport, InputFacts, Report, StepReport
 from rcdiag.validate import Screen, ScreenStats, as_chunk
 from rcdiag.verdict import judge
+
+if TYPE_CHECKING:  # features a plain analyze does not run are imported when used (start-up time)
+    from rcdiag.microbatch import MicroBatchReport, MicroBatchSettings
+    from rcdiag.microbatch.rows import RowCollector
 
 
 @dataclass(frozen=True)
@@ -132,9 +133,15 @@ def analyze(
         check_tokens_target(tokens)
         refuse_inputs([("tokens", tokens)], [path])
     wanted = ExplainOptions.of(explain or tokenizer is not None or tokens is not None, worst, sequences)
-    collector = RowCollector() if microbatch is not None else None
+    collector = None
+    if microbatch is not None:
+        from rcdiag.microbatch.rows import RowCollector
+
+        collector = RowCollector()
     read = ReadOptions.of(read, options)
-    if collector is not None and (read.workers > 1 or read.ray):
+    if collector is not None and read.workers == "auto":
+        read = read.replace(workers=1)  # micro-batches need one process
+    if collector is not None and (read.workers != 1 or read.ray):
         raise ConfigError(
             "micro-batch options need the rows of each step in order, in one process: use them without --workers "
             "or --ray."
@@ -151,6 +158,8 @@ def analyze(
     )
     micro = None
     if collector is not None and microbatch is not None:
+        from rcdiag.microbatch.report import simulate as simulate_microbatches
+
         micro = simulate_microbatches(collector.steps(), accumulated.state.resolved, microbatch)
     report = build_report(
         accumulated.state,
@@ -241,6 +250,9 @@ def accumulate(
             "needs one: name it with --token-col NAME",
             path=str(path),
         )
+    if read.workers == "auto":  # processes only on CPU, and never for micro-batches (rows in order, one process)
+        cpu = isinstance(backend, NumpyBackend) and collector is None
+        read = read.replace(workers=choose_workers(source) if cpu else 1)
     parts = source.partitions(RAY_MAX_PARTS if read.ray else read.workers)
     scratch = temporary_directory(explain.sequences) if explain is not None and explain.sequences else None
     try:
@@ -391,6 +403,8 @@ def build_report(
     explained = None
     if state.explain is not None:
         stepped = [(step, result.metrics) for step, result in per_step if step is not None]
+        from rcdiag.explain.detectors import detect, not_run
+
         detected = [*detect(state.explain, stepped), *token_findings(state.explain.tokens, vocabulary)]
         findings = sorted([*findings, *detected], key=lambda f: listing_order(f.code, f.severity))
         breakdowns = state.explain.breakdowns.compute()

@@ -38,8 +38,9 @@ class ReadOptions:
     """``cpu`` (numpy), ``cuda`` / ``cuda:N`` (torch), ``auto``, ``torch-cpu``; or a ``Backend``."""
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     """Read about this many list values at a time: bounds memory, never changes a metric."""
-    workers: int = 1
-    """Split the dump's parts (Parquet row groups, a directory's shards) among this many CPU processes."""
+    workers: int | str = 1
+    """Split the dump's parts (Parquet row groups, a directory's shards) among this many CPU processes; ``"auto"``:
+    as many as can beat one process on this dump and machine (``rcdiag.parallel.auto_workers``), often one."""
     quiet: bool = False
     """No progress display. The library draws none itself; the CLI's bar honours it."""
     ray: bool = False
@@ -57,8 +58,10 @@ class ReadOptions:
         chunk = self.chunk_tokens
         if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= MAX_CHUNK_TOKENS:
             raise ConfigError(f"chunk_tokens must be a number of tokens from 1 to {MAX_CHUNK_TOKENS:,}, got {chunk}.")
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
-            raise ConfigError(f"workers must be at least 1, got {self.workers}.")
+        if self.workers != "auto" and (
+            isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1
+        ):
+            raise ConfigError(f"workers must be at least 1 or 'auto', got {self.workers}.")
         vocab = self.vocab_size
         if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1):
             raise ConfigError(f"vocab_size must be a number of token ids, 1 or more, got {vocab}.")
@@ -66,7 +69,7 @@ class ReadOptions:
             raise ConfigError("ray_address is empty (an unset variable?); give host:port, ray://host:port or auto.")
         if self.ray_address is not None:
             object.__setattr__(self, "ray", True)
-        if self.ray and self.workers > 1:
+        if self.ray and self.workers != 1:
             raise ConfigError("workers and ray both split the dump; use one (ray runs a task per part).")
 
     def replace(self, **changes: Any) -> ReadOptions:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import signal
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -148,6 +149,48 @@ def merge_parts(source: Source, results: list[PartResult], job: Job) -> tuple[En
     if merged.explain is not None:
         merged.explain.part_rows = part_rows
     return merged, stats
+
+
+CPUS_PER_PROCESS = 2
+"""Cores one process keeps busy: pyarrow decodes two row groups at a time on its threads while the calling thread
+runs the maths (docs/performance.md). A second process on the same two cores only competes with the first."""
+MIN_BYTES_PER_WORKER = 512 * 2**20
+"""Dump bytes (on disk) a worker must have for ``--workers auto`` to start it: each worker pays a fresh interpreter,
+rcdiag's imports and loading the kernels (about 0.5-0.7 s), about what one process needs to read 400-500 MB of
+zstd Parquet (docs/performance.md#workers)."""
+
+
+def auto_workers(dump_bytes: int, parts: int, cpus: int) -> int:
+    """``--workers auto``: one process per ``CPUS_PER_PROCESS`` cores, no more than the dump's parts, and only as
+    many as the dump has ``MIN_BYTES_PER_WORKER`` for; 1 whenever a second process cannot win (two cores, a small
+    dump, a dump that does not split)."""
+    return max(1, min(cpus // CPUS_PER_PROCESS, parts, dump_bytes // MIN_BYTES_PER_WORKER))
+
+
+def usable_cpus() -> int:
+    """The cores this process may run on (its affinity mask, e.g. a container's or ``taskset``'s), else all."""
+    with contextlib.suppress(AttributeError, OSError):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def choose_workers(source: Source, cpus: int | None = None) -> int:
+    """``auto_workers`` for this dump: its parts and the size of its files (a file whose size is unknown, such as
+    a remote one, counts as ``MIN_BYTES_PER_WORKER``)."""
+    cpus = usable_cpus() if cpus is None else cpus
+    most = cpus // CPUS_PER_PROCESS
+    if most < 2:
+        return 1
+    parts = source.partitions(most)
+    sizes: dict[str, int] = {}
+    for part in parts:
+        for _, where in part.files:
+            if where not in sizes:
+                try:
+                    sizes[where] = os.path.getsize(where)
+                except (OSError, ValueError):
+                    sizes[where] = MIN_BYTES_PER_WORKER
+    return auto_workers(sum(sizes.values()), len(parts), cpus)
 
 
 def in_processes(

@@ -4,20 +4,26 @@ Renderers, readings, check's name hints and packs, the health rules and the docs
 a new metric or finding is one entry here (plus the accumulator that computes it). Imports no typer or rich.
 """
 
-from rcdiag.catalogue.findings import FINDINGS, FindingSpec, codes_for, finding
-from rcdiag.catalogue.metrics import (
-    EXTRA_PREFIX,
-    METRICS,
-    PREFIX,
-    Band,
-    MetricSpec,
-    Threshold,
-    every_key,
-    full_key,
-    metric,
-    reading,
-    short_key,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rcdiag.catalogue.findings import FINDINGS, FindingSpec, codes_for, finding
+    from rcdiag.catalogue.metrics import (
+        EXTRA_PREFIX,
+        METRICS,
+        PREFIX,
+        Band,
+        MetricSpec,
+        Threshold,
+        every_key,
+        full_key,
+        metric,
+        reading,
+        short_key,
+    )
 
 __all__ = [
     "EXTRA_PREFIX",
@@ -36,3 +42,12 @@ __all__ = [
     "reading",
     "short_key",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The tables on first use: ``rcdiag --help`` reads the metrics' packs, not the findings (which import
+    ``rcdiag.report``), so neither submodule is imported for the package alone."""
+    if name in __all__:
+        module = "findings" if name in ("FINDINGS", "FindingSpec", "codes_for", "finding") else "metrics"
+        return getattr(importlib.import_module(f"rcdiag.catalogue.{module}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

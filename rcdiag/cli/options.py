@@ -242,15 +242,31 @@ ChunkOpt = Annotated[
         min=1,
     ),
 ]
+
+
+def _workers(text: str | int) -> int | str:
+    """``--workers``: a number of processes, 1 or more, or ``auto``."""
+    if str(text).strip().lower() == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise typer.BadParameter(f"{text!r} is not a number of processes (1 or more) or 'auto'.")
+    return value
+
+
 WorkersOpt = Annotated[
-    int,
+    str,
     typer.Option(
         "--workers",
-        metavar="N",
+        metavar="N|auto",
+        parser=_workers,
         help="Split the dump (a Parquet file's row groups, or the files of a directory of shards) among N "
-        "processes (CPU); the report is the same as with one.",
+        "processes (CPU); the report is the same as with one. `auto`: as many as can beat one process here "
+        "(one per two cores, each with at least 512 MiB of the dump; often one).",
         rich_help_panel=RUN,
-        min=1,
     ),
 ]
 RayOpt = Annotated[
