@@ -79,7 +79,12 @@ def live_view_svg(run: Path, state: Path) -> str:
         def update(self, renderable: object) -> None:
             self.last = renderable
 
-    session = Watch(str(run), state_path=state, settle=0.0, policy=AlertPolicy((parse_assignment(f"k3_kl={LIMIT:g}", "max", option="--max"),)))
+    session = Watch(
+        str(run),
+        state_path=state,
+        settle=0.0,
+        policy=AlertPolicy((parse_assignment(f"k3_kl={LIMIT:g}", "max", option="--max"),)),
+    )
     view = _LiveView(session)
     view.live = Frames()
     session.run(once=True, poll=0.05, on_event=view.event)
@@ -96,7 +101,8 @@ def shoot(url: str, out: Path, size: tuple[int, int], wait_ms: int) -> None:
     flags = [f for f in LOOPBACK_ONLY if not f.startswith("--remote-")]
     with tempfile.TemporaryDirectory(prefix="rcdiag-chromium-") as profile:
         subprocess.run(
-            [chromium, *flags, f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}", f"--virtual-time-budget={wait_ms}", f"--screenshot={out}", url],
+            [chromium, *flags, f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}",
+             f"--virtual-time-budget={wait_ms}", f"--screenshot={out}", url],
             check=True, capture_output=True, timeout=180,
         )  # fmt: skip
 
