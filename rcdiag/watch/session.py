@@ -3,10 +3,14 @@ new complete file once, and report every step as ``rcdiag analyze`` would on the
 
 Each file is read alone (``rcdiag.api.accumulate``) and its accumulators are merged into the running
 ``EngineState``; merging is how results combine everywhere in rcdiag, so the steps' numbers are those of one
-analysis of the whole directory. After each file the state is committed: one state file (an rcdiag state, which
-``rcdiag merge`` also reads) holding the accumulators *and* the files consumed and the alerts raised, written whole
-or not at all (``rcdiag.outputs``). A watch killed at any point restarts from the last commit: a file is counted
-once or not at all, never twice, and an alert is not raised again.
+analysis of the whole directory. After each file the state is committed, at a cost that does not grow with the run:
+one line appended to ``STATE.log`` (the file read, its source, the accumulators of the steps it added to, the screen,
+the alerts raised). The state file itself (an rcdiag state, which ``rcdiag merge`` also reads: the accumulators
+*and* the files consumed and the alerts raised) is rewritten whole or not at all (``rcdiag.outputs``) only when the
+log outgrows it, and when the watch ends: it then carries a new generation, and the log's lines of older ones are
+skipped. A watch killed at any point restarts from the state file and its log's complete lines of the same
+generation (a line cut by the kill is dropped, its file read again): a file is counted once or not at all, never
+twice, and an alert is not raised again.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import dataclasses
 import math
 import os
 import re
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +50,16 @@ WATCH_KEY = "watch"
 """The state file's extra top-level table: what was consumed, the alerts raised."""
 DEFAULT_POLL = 0.5
 """Seconds between listings of the watched directory."""
+LOG_SUFFIX = ".log"
+"""The state's log: ``STATE.log``, one JSON line per commit since the state file was last written."""
+COMPACT_BYTES = 1 << 20
+"""The log is folded into the state file once it is larger than both this and the state file (so a rewrite, whose
+cost grows with the run, comes at most once per doubling: each file's commit costs the same on average)."""
+
+
+def log_path(state_path: Path) -> Path:
+    """``STATE.log`` beside ``STATE``."""
+    return state_path.with_name(state_path.name + LOG_SUFFIX)
 
 
 def default_state_path(location: str) -> Path:
@@ -160,8 +175,12 @@ class Watch:
         self.screen = ScreenStats()
         self.consumed: dict[str, FileStamp] = {}
         self.alerted: dict[str, int | None] = {}
-        self.encoded: dict[int, Any] = {}
-        """Each step's accumulators as the state file holds them, re-encoded only when a file adds to the step."""
+        self.log_path = log_path(self.state_path)
+        self.generation: str | None = None
+        """The state file's generation (the log's lines of another are stale); ``None``: no state file of this
+        format yet, so the next commit writes it whole."""
+        self.log_bytes = 0
+        self.state_bytes = 0
         self.steps: dict[int, StepReport] = {}
         """Each step's numbers, computed once per file that adds to it (a report of every step costs more)."""
         self.device = "cpu"
@@ -200,33 +219,103 @@ class Watch:
             raise InputError(f"holds a damaged watch table ({type(exc).__name__}: {exc})", path=name) from None
         self.state, self.screen = state, screen
         self.source = combined_info(sources) if sources else None
+        generation = saved.get("generation")
+        self.generation = generation if isinstance(generation, str) else None  # a state of rcdiag <= 0.x: no log
+        self.state_bytes = self.state_path.stat().st_size
+        if self.generation is not None:
+            self._replay()
         for step in self.state.batches:
             if step is not None:
                 self.steps[step] = _step_report(self.state, step)
         self.last_step = max(self.steps, default=None)
 
-    def _commit(self) -> None:
-        """Accumulators, files consumed and alerts raised, in one file written whole or not at all."""
-        from rcdiag.state import encode_state, save_state
+    def _replay(self) -> None:
+        """Apply the log's complete lines of this generation; cut a last line a kill left incomplete."""
+        import json
+
+        from rcdiag.outputs import write_file
+
+        if not self.log_path.exists():
+            return
+        name = str(self.log_path)
+        data = self.log_path.read_bytes()
+        end = data.rfind(b"\n") + 1
+        number = 0
+        try:
+            for number, raw in enumerate(data[:end].splitlines(), 1):
+                line = json.loads(raw)
+                if line.get("generation") == self.generation:
+                    self._apply(line)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+            raise InputError(f"line {number} is damaged ({type(exc).__name__}: {exc})", path=name) from None
+        self.log_bytes = end
+        if end < len(data):  # its file was not committed: it is read again
+            write_file(name, data[:end])
+
+    def _apply(self, line: dict[str, Any]) -> None:
+        """One commit of the log: a file read (its steps' accumulators replace theirs), and the alerts raised."""
+        from rcdiag.fields import FieldError, dataclass_from
+        from rcdiag.state import combined_info, decode_state
+
+        if "file" in line:
+            try:
+                part = EngineState.from_state_dict(
+                    self.resolved, decode_state({**line["counts"], "batches": line["batches"]})
+                )
+                info = dataclass_from(SourceInfo, line["source"], "source.")
+                screen = dataclass_from(ScreenStats, line["screen"], "screen.")
+            except FieldError as exc:
+                raise ValueError(str(exc)) from None
+            self.state.batches.update(part.batches)
+            self.state.rows, self.state.tokens, self.state.valid_tokens = part.rows, part.tokens, part.valid_tokens
+            self.source = info if self.source is None else combined_info([self.source, info])
+            self.screen = screen
+            stamp = FileStamp.from_dict(line["file"])
+            self.consumed[stamp.name] = stamp
+        self.alerted.update((str(key), step) for key, step in line["alerted"].items())
+
+    def _commit(self, line: dict[str, Any]) -> None:
+        """One line on the log (``_apply`` reads it back); the state file written whole when there is none of this
+        format yet or the log has outgrown it."""
+        import json
+
+        from rcdiag.outputs import STATE_MODE, write_file
+
+        if self.generation is None:
+            self.compact()
+            return
+        data = (json.dumps({"generation": self.generation, **line}) + "\n").encode()
+        write_file(self.log_path, data, mode=STATE_MODE, append=True)  # a failed append is cut back
+        self.log_bytes += len(data)
+        if self.log_bytes > max(self.state_bytes, COMPACT_BYTES):
+            self.compact()
+
+    def compact(self) -> None:
+        """The state file written whole (accumulators, files consumed, alerts raised) with a new generation, then
+        the log emptied: a kill between the two leaves a log whose lines the new state already holds, and skips."""
+        from rcdiag.outputs import STATE_MODE, write_file
+        from rcdiag.state import save_state
 
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        generation = secrets.token_hex(8)
         table = {
             "location": _canonical(self.location),
             "consumed": [stamp.to_dict() for stamp in self.consumed.values()],
             "alerted": self.alerted,
+            "generation": generation,
         }
         sources = [self.source] if self.source is not None else []
-        state = self.state
-        for step, batch in state.batches.items():
-            if step not in self.encoded:
-                self.encoded[step] = encode_state(batch.state_dict())  # type: ignore[index]
-        encoded = {
-            "rows": state.rows,
-            "tokens": state.tokens,
-            "valid_tokens": state.valid_tokens,
-            "batches": [[step, self.encoded[step]] for step in state.batches],  # type: ignore[index]
-        }
-        save_state(self.state_path, state, sources, self.screen, extra={WATCH_KEY: table}, encoded=encoded)
+        save_state(self.state_path, self.state, sources, self.screen, extra={WATCH_KEY: table})
+        self.generation = generation
+        self.state_bytes = self.state_path.stat().st_size
+        if self.log_bytes or self.log_path.exists():
+            write_file(self.log_path, b"", mode=STATE_MODE)
+        self.log_bytes = 0
+
+    def close(self) -> None:
+        """Fold the log into the state file (so that ``rcdiag merge`` reads the whole state from it)."""
+        if self.log_bytes or self.generation is None:
+            self.compact()
 
     def _info(self) -> SourceInfo:
         if self.source is None:
@@ -256,7 +345,7 @@ class Watch:
 
     def _consume(self, file: Any, stamp: FileStamp) -> list[StepEvent]:
         from rcdiag.io.paths import identity
-        from rcdiag.state import combined_info, content_fingerprint
+        from rcdiag.state import combined_info, content_fingerprint, encode_state
 
         name = str(file)
         got = accumulate(name, self.config, self.read)
@@ -282,7 +371,6 @@ class Watch:
         self.device = got.device
         for step in steps:
             self.steps[step] = _step_report(self.state, step)
-            self.encoded.pop(step, None)
         self.last_step = max(self.steps)
         if self.report is None:
             self.report = build_report(self.state, self._info(), self.device, self.screen)  # the metric names
@@ -296,7 +384,17 @@ class Watch:
                 StepEvent(self.steps[step], stamp.name, step in revised, tuple(alerts), tuple(forecasts),
                           len(self.consumed))
             )  # fmt: skip
-        self._commit()  # then report: a kill between the two loses this file's lines, never counts it twice
+        state = self.state
+        self._commit(
+            {
+                "file": stamp.to_dict(),
+                "source": dataclasses.asdict(info),
+                "screen": self.screen.to_dict(),
+                "counts": {"rows": state.rows, "tokens": state.tokens, "valid_tokens": state.valid_tokens},
+                "batches": [[step, encode_state(state.batches[step].state_dict())] for step in steps],
+                "alerted": {alert.key: event.step.step for event in events for alert in event.alerts},
+            }
+        )  # then report: a kill between the two loses this file's lines, never counts it twice
         self._dispatch([alert for event in events for alert in event.alerts])
         return events
 
@@ -306,7 +404,7 @@ class Watch:
         alerts = self.policy.on_report(self.report, self.last_step, self.alerted)
         if alerts:
             self.alerted.update((alert.key, alert.step) for alert in alerts)
-            self._commit()
+            self._commit({"alerted": {alert.key: alert.step for alert in alerts}})
             self._dispatch(alerts)
         return ReportEvent(self.last_step, len(self.consumed), self.report, tuple(alerts))
 
