@@ -242,7 +242,7 @@ class Watch:
         end = data.rfind(b"\n") + 1
         number = 0
         try:
-            for number, raw in enumerate(data[:end].splitlines(), 1):
+            for number, raw in enumerate(data[:end].splitlines(), 1):  # noqa: B007  (named in the error)
                 line = json.loads(raw)
                 if line.get("generation") == self.generation:
                     self._apply(line)
