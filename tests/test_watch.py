@@ -501,3 +501,23 @@ def test_a_damaged_log_line_is_one_error_naming_the_log_and_line(scripts: Path, 
         done.stderr.startswith(f"rcdiag: error: {log}: line 1 is damaged (JSONDecodeError")
         and done.stderr.count("\n") == 1
     )
+
+
+@pytest.mark.parametrize("sample", ["outliers.parquet", "topk_offset.parquet", "train_forgot_temperature.parquet"])
+def test_kept_hits_give_a_full_evaluations_findings_at_every_step(sample: str) -> None:
+    from rcdiag.api import accumulate
+    from rcdiag.config import CorrectionConfig
+    from rcdiag.health import CONTEXT_RULES, Context, could_fire_in_context, evaluate
+    from rcdiag.watch.session import KeptHits
+
+    got = accumulate(str(ROOT / "sample_data" / sample), CorrectionConfig())
+    results = [(step, got.state.batches[step].compute()) for step in sorted(got.state.batches)]  # type: ignore[type-var]
+    kept = KeptHits()
+    for n in range(1, len(results) + 1):  # the steps as they arrive: the context (steps tested) grows
+        full = evaluate(results[:n], got.state.resolved)
+        assert evaluate(results[:n], got.state.resolved, hits=kept) == full
+    assert {f.code for f in full} & {"kl_k3_disagree", "kl_high", "sparse_outliers"}  # hits, kept and recomputed
+    for tests in (1, 2, 10, 1000, 10**6):  # a batch said not to fire fires neither context rule
+        for _, result in results:
+            if not could_fire_in_context(result, tests):
+                assert all(rule(result, Context(batches=tests)) == [] for rule in CONTEXT_RULES)

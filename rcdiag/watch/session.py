@@ -33,8 +33,10 @@ from rcdiag.check.metric_names import metric_names, validate_rules
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import EngineState
 from rcdiag.errors import ConfigError, InputError
+from rcdiag.health import BATCH_RULES, CONTEXT_RULES, Context, Hit, could_fire_in_context
 from rcdiag.io import storage
 from rcdiag.io.base import SourceInfo
+from rcdiag.metrics.batch import BatchResult
 from rcdiag.options import ReadOptions
 from rcdiag.outputs import refuse_inputs
 from rcdiag.report import Report, StepReport
@@ -143,6 +145,35 @@ def _finite_tree(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
+class KeptHits:
+    """``health.evaluate``'s batch hits, incrementally: each step's hits of the rules that read only its batch are
+    kept until a file adds to the step; the rules that read the context (how many steps are tested) run again on
+    each report, but only on a step that may fire them (``could_fire_in_context``). The findings are those of a
+    full evaluation; what a report costs per step is a lookup and a comparison."""
+
+    def __init__(self) -> None:
+        self.kept: dict[int | None, list[list[Hit] | None]] = {}
+
+    def forget(self, steps: list[int]) -> None:
+        for step in steps:
+            self.kept.pop(step, None)
+
+    def __call__(self, step: int | None, result: BatchResult, context: Context) -> list[Hit]:
+        per_rule = self.kept.get(step)
+        if per_rule is None:
+            per_rule = [None if rule in CONTEXT_RULES else rule(result, context) for rule in BATCH_RULES]
+            self.kept[step] = per_rule
+        fires: bool | None = None
+        out: list[Hit] = []
+        for rule, found in zip(BATCH_RULES, per_rule, strict=True):
+            if found is None:
+                if fires is None:
+                    fires = could_fire_in_context(result, context.batches)
+                found = rule(result, context) if fires else []
+            out.extend(found)
+        return out
+
+
 class Watch:
     """A watched location and its persisted state; ``run`` follows it, ``poll_once`` reads what is ready now."""
 
@@ -184,6 +215,7 @@ class Watch:
         self.steps: dict[int, StepReport] = {}
         """Each step's numbers, computed once per file that adds to it (a report of every step costs more)."""
         self.device = "cpu"
+        self.hits = KeptHits()
         self.report: Report | None = None
         self.last_step: int | None = None
         self._load()
@@ -369,11 +401,12 @@ class Watch:
         self.screen = self.screen.merge(got.screen)
         self.consumed[stamp.name] = stamp
         self.device = got.device
+        self.hits.forget(steps)
         for step in steps:
             self.steps[step] = _step_report(self.state, step)
         self.last_step = max(self.steps)
         if self.report is None:
-            self.report = build_report(self.state, self._info(), self.device, self.screen)  # the metric names
+            self.report = build_report(self.state, self._info(), self.device, self.screen, hits=self.hits)  # names
         ordered = [self.steps[step] for step in sorted(self.steps)]
         events = []
         for step in steps:
@@ -400,7 +433,7 @@ class Watch:
 
     def full_report(self) -> ReportEvent:
         """``analyze``'s report of everything read so far, and the finding alerts new in it."""
-        self.report = build_report(self.state, self._info(), self.device, self.screen)
+        self.report = build_report(self.state, self._info(), self.device, self.screen, hits=self.hits)
         alerts = self.policy.on_report(self.report, self.last_step, self.alerted)
         if alerts:
             self.alerted.update((alert.key, alert.step) for alert in alerts)
