@@ -8,7 +8,7 @@ written first, then ``watch --once`` reads them: the time between two lines is t
 file (read, step line, commit) or a whole report (rebuilt every 5 s while catching up, after every file when live).
 
     python benchmarks/watch.py --tokens-per-step 1M --steps 20 --interval 2    # latency at 1M-token steps
-    python benchmarks/watch.py --tokens-per-step 2k --steps 1000 --catch-up    # cost per file and memory, 1,000 steps
+    python benchmarks/watch.py --tokens-per-step 2k --row-tokens 250 --steps 1000 --catch-up  # per file, memory
     python benchmarks/watch.py ... --root /path/to/another/rcdiag              # the same run on another checkout
 """
 
@@ -33,9 +33,13 @@ from _data import parse_tokens
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def step_rows(rng: np.random.Generator, tokens: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Rows of about 1,000 tokens (lognormal lengths) summing to about ``tokens``; rollout = old + N(0, 0.02)."""
-    lengths = np.clip(rng.lognormal(np.log(1000), 0.9, max(1, tokens // 1000 * 2)), 16, 16384).astype(np.int64)
+def step_rows(
+    rng: np.random.Generator, tokens: int, row_tokens: int = 1000
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Rows of about ``row_tokens`` tokens (lognormal lengths) summing to about ``tokens``; rollout = old +
+    N(0, 0.02)."""
+    draws = max(1, tokens // row_tokens * 2)
+    lengths = np.clip(rng.lognormal(np.log(row_tokens), 0.9, draws), 16, 16384).astype(np.int64)
     lengths = lengths[: max(1, int(np.searchsorted(np.cumsum(lengths), tokens)) + 1)]
     old = [-np.abs(rng.normal(0, 1.5, n)).astype(np.float32) for n in lengths]
     rollout = [np.minimum(o + rng.normal(0, 0.02, o.size).astype(np.float32), 0) for o in old]
@@ -55,6 +59,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between steps")
     parser.add_argument("--catch-up", action="store_true", help="write every step first, then watch --once")
+    parser.add_argument("--row-tokens", type=int, default=1000, help="a row's typical length (lognormal)")
     parser.add_argument("--poll", type=float, default=0.1)
     parser.add_argument("--root", type=Path, default=ROOT, help="the rcdiag source tree the watch runs (default: this)")
     args = parser.parse_args()
@@ -69,7 +74,7 @@ def main() -> None:
         written: dict[int, float] = {}
 
         def write(step: int) -> None:
-            old, rollout = step_rows(rng, tokens)
+            old, rollout = step_rows(rng, tokens, args.row_tokens)
             writer.write(step=step, old_log_prob=old, rollout_log_prob=rollout)
             written[step] = time.monotonic()
 
@@ -80,7 +85,7 @@ def main() -> None:
         command = [sys.executable, "-m", "rcdiag", "watch", str(run), "--state", f"{scratch}/state.json", "--format",
                    "json", "--poll", str(args.poll), "--settle", "0",
                    *(["--once"] if args.catch_up else ["--max-idle", str(max(5.0, 3 * args.interval))])]  # fmt: skip
-        watch = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+        watch = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=scratch)  # not ours: --root
         lines: list[tuple[str, int, float, float]] = []
         """Each line: its kind, step, arrival and the watch's RSS then."""
 
@@ -102,7 +107,10 @@ def main() -> None:
     steps = {step: (at, rss) for kind, step, at, rss in lines if kind == "step"}
     rss = [steps[s][1] for s in sorted(steps)]
     print(f"rcdiag from {args.root}; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end")
-    print(f"steps written {len(written)}, reported {len(steps)}; ~{tokens:,} tokens per step, poll {args.poll} s")
+    print(
+        f"steps written {len(written)}, reported {len(steps)}; ~{tokens:,} tokens per step in rows of ~"
+        f"{args.row_tokens:,}, poll {args.poll} s"
+    )
     if not args.catch_up:
         latency = np.array([steps[s][0] - written[s] for s in written if s in steps])
         print(
