@@ -77,8 +77,8 @@ def watch(
         typer.Option(
             "--state",
             metavar="FILE",
-            help="The watch's state (accumulators, files read, alerts raised), rewritten whole after each file; "
-            "a restart resumes from it. Default: `.rcdiag-watch/NAME.json` beside DIR.",
+            help="The watch's state (accumulators, files read, alerts raised) and its log `FILE.log`, one line "
+            "appended per file; a restart resumes from them. Default: `.rcdiag-watch/NAME.json` beside DIR.",
             rich_help_panel=FOLLOW,
             show_default=False,
         ),

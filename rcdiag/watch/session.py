@@ -197,7 +197,9 @@ class Watch:
         self.dispatcher = dispatcher or Dispatcher()
         self.state_path = Path(state_path) if state_path is not None else default_state_path(location)
         if storage.is_remote(str(self.state_path)):
-            raise ConfigError(f"--state {self.state_path}: give a local file (the watch rewrites it after every file).")
+            raise ConfigError(
+                f"--state {self.state_path}: give a local file (the watch appends to its log after every file)."
+            )
         refuse_inputs([("--state", self.state_path)], [location])
         self.follower = Follower(location, settle)
         self.state = EngineState(self.resolved)
