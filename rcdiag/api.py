@@ -372,10 +372,10 @@ def build_report(
     microbatch: MicroBatchReport | None = None,
     vocabulary: Vocabulary | None = None,
     tokens_path: str | Path | None = None,
-    hits: StepHits = batch_hits,
+    step_hits: StepHits = batch_hits,
 ) -> Report:
     """Compute every batch, the all-steps view and the findings (and ``--explain``'s, when it ran; and the
-    micro-batch section, when simulated). ``hits``: ``health.evaluate``'s (``rcdiag watch`` keeps batches' hits)."""
+    micro-batch section, when simulated). ``step_hits``: ``health.evaluate``'s (``rcdiag watch`` keeps steps' hits)."""
     has_steps = any(step is not None for step in state.batches)
     per_step = sorted(
         ((step, batch.compute()) for step, batch in state.batches.items()),
@@ -388,7 +388,7 @@ def build_report(
         if step is not None
     )
     facts = input_facts(state, info, screen)
-    findings = evaluate(per_step if per_step else [(None, pooled)], state.resolved, facts, hits=hits)
+    findings = evaluate(per_step if per_step else [(None, pooled)], state.resolved, facts, step_hits=step_hits)
     explained = None
     if state.explain is not None:
         stepped = [(step, result.metrics) for step, result in per_step if step is not None]

@@ -306,7 +306,7 @@ NORMAL_MARGIN = 0.999
 is a numerical root: the margin covers its rounding)."""
 
 StepHits = Callable[[int | None, BatchResult, Context], list[Hit]]
-"""A batch's hits: every batch rule's, in ``BATCH_RULES`` order (``evaluate``'s ``hits``)."""
+"""A batch's hits: every batch rule's, in ``BATCH_RULES`` order (``evaluate``'s ``step_hits``)."""
 
 
 def batch_hits(step: int | None, result: BatchResult, context: Context) -> list[Hit]:
@@ -332,15 +332,15 @@ def evaluate(
     resolved: ResolvedConfig,
     facts: InputFacts | None = None,
     *,
-    hits: StepHits = batch_hits,
+    step_hits: StepHits = batch_hits,
 ) -> list[Finding]:
-    """Findings for a dump: input rules once, batch rules on every batch grouped by code (and metric). ``hits``:
+    """Findings for a dump: input rules once, batch rules on every batch grouped by code (and metric). ``step_hits``:
     a batch's hits (``rcdiag watch`` keeps those that do not depend on the other batches)."""
     findings = _config_findings(resolved) + (_input_findings(facts) if facts is not None else [])
     grouped: dict[tuple[str, str | None], list[tuple[int | None, Hit]]] = {}
     context = Context(batches=len(batches))
     for step, result in batches:
-        for hit in hits(step, result, context):
+        for hit in step_hits(step, result, context):
             grouped.setdefault((hit.code, hit.metric), []).append((step, hit))
     neg_inf = next((f for f in findings if f.code == "logprob_neg_inf"), None)
     with_steps = any(step is not None for step, _ in batches)

@@ -515,7 +515,7 @@ def test_kept_hits_give_a_full_evaluations_findings_at_every_step(sample: str) -
     kept = KeptHits()
     for n in range(1, len(results) + 1):  # the steps as they arrive: the context (steps tested) grows
         full = evaluate(results[:n], got.state.resolved)
-        assert evaluate(results[:n], got.state.resolved, hits=kept) == full
+        assert evaluate(results[:n], got.state.resolved, step_hits=kept) == full
     assert {f.code for f in full} & {"kl_k3_disagree", "kl_high", "sparse_outliers"}  # hits, kept and recomputed
     for tests in (1, 2, 10, 1000, 10**6):  # a batch said not to fire fires neither context rule
         for _, result in results:

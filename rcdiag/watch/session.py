@@ -152,7 +152,8 @@ class KeptHits:
     full evaluation; what a report costs per step is a lookup and a comparison."""
 
     def __init__(self) -> None:
-        self.kept: dict[int | None, list[list[Hit] | None]] = {}
+        self.kept: dict[int | None, tuple[tuple[Hit, ...] | None, ...]] = {}
+        """Per step, each rule's hits (``None``: a context rule); tuples, the empty one shared, to keep it small."""
 
     def forget(self, steps: list[int]) -> None:
         for step in steps:
@@ -161,16 +162,18 @@ class KeptHits:
     def __call__(self, step: int | None, result: BatchResult, context: Context) -> list[Hit]:
         per_rule = self.kept.get(step)
         if per_rule is None:
-            per_rule = [None if rule in CONTEXT_RULES else rule(result, context) for rule in BATCH_RULES]
+            per_rule = tuple(None if rule in CONTEXT_RULES else tuple(rule(result, context)) for rule in BATCH_RULES)
             self.kept[step] = per_rule
         fires: bool | None = None
         out: list[Hit] = []
         for rule, found in zip(BATCH_RULES, per_rule, strict=True):
-            if found is None:
-                if fires is None:
-                    fires = could_fire_in_context(result, context.batches)
-                found = rule(result, context) if fires else []
-            out.extend(found)
+            if found is not None:
+                out.extend(found)
+                continue
+            if fires is None:
+                fires = could_fire_in_context(result, context.batches)
+            if fires:
+                out.extend(rule(result, context))
         return out
 
 
@@ -410,8 +413,8 @@ class Watch:
         for step in steps:
             self.steps[step] = _step_report(self.state, step)
         self.last_step = max(self.steps)
-        if self.report is None:
-            self.report = build_report(self.state, self._info(), self.device, self.screen, hits=self.hits)  # names
+        if self.report is None:  # the metric names the rules and forecasts resolve against
+            self.report = build_report(self.state, self._info(), self.device, self.screen, step_hits=self.hits)
         ordered = [self.steps[step] for step in sorted(self.steps)]
         events = []
         for step in steps:
@@ -438,7 +441,7 @@ class Watch:
 
     def full_report(self) -> ReportEvent:
         """``analyze``'s report of everything read so far, and the finding alerts new in it."""
-        self.report = build_report(self.state, self._info(), self.device, self.screen, hits=self.hits)
+        self.report = build_report(self.state, self._info(), self.device, self.screen, step_hits=self.hits)
         alerts = self.policy.on_report(self.report, self.last_step, self.alerted)
         if alerts:
             self.alerted.update((alert.key, alert.step) for alert in alerts)
