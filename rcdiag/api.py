@@ -31,7 +31,7 @@ from rcdiag.explain.token_report import (
 )
 from rcdiag.explain.vocabulary import Vocabulary
 from rcdiag.explain.worst import DEFAULT_WORST
-from rcdiag.health import evaluate
+from rcdiag.health import StepHits, batch_hits, evaluate
 from rcdiag.interrupts import checked
 from rcdiag.io import Chunk, open_dump, prefetch
 from rcdiag.io.base import SourceInfo
@@ -384,9 +384,10 @@ def build_report(
     microbatch: MicroBatchReport | None = None,
     vocabulary: Vocabulary | None = None,
     tokens_path: str | Path | None = None,
+    step_hits: StepHits = batch_hits,
 ) -> Report:
     """Compute every batch, the all-steps view and the findings (and ``--explain``'s, when it ran; and the
-    micro-batch section, when simulated)."""
+    micro-batch section, when simulated). ``step_hits``: ``health.evaluate``'s (``rcdiag watch`` keeps steps' hits)."""
     has_steps = any(step is not None for step in state.batches)
     per_step = sorted(
         ((step, batch.compute()) for step, batch in state.batches.items()),
@@ -399,7 +400,7 @@ def build_report(
         if step is not None
     )
     facts = input_facts(state, info, screen)
-    findings = evaluate(per_step if per_step else [(None, pooled)], state.resolved, facts)
+    findings = evaluate(per_step if per_step else [(None, pooled)], state.resolved, facts, step_hits=step_hits)
     explained = None
     if state.explain is not None:
         stepped = [(step, result.metrics) for step, result in per_step if step is not None]

@@ -299,19 +299,49 @@ BATCH_RULES: tuple[BatchRule, ...] = (
     _not_finite,
 )
 """Every rule run per batch."""
+CONTEXT_RULES: tuple[BatchRule, ...] = (_kl_k3, _kl_negative)
+"""The batch rules that read the context (how many batches are tested): a batch's hits change as batches are added."""
+NORMAL_MARGIN = 0.999
+"""``could_fire_in_context`` compares against this share of the normal critical value (Student's t, never below it,
+is a numerical root: the margin covers its rounding)."""
+
+StepHits = Callable[[int | None, BatchResult, Context], list[Hit]]
+"""A batch's hits: every batch rule's, in ``BATCH_RULES`` order (``evaluate``'s ``step_hits``)."""
+
+
+def batch_hits(step: int | None, result: BatchResult, context: Context) -> list[Hit]:
+    """Every batch rule's hits on one batch."""
+    return [hit for rule in BATCH_RULES for hit in rule(result, context)]
+
+
+def could_fire_in_context(result: BatchResult, tests: int) -> bool:
+    """Whether a context rule (kl/k3_kl, kl_negative) may fire on ``result`` among ``tests`` batches. Both compare
+    against Student's t critical value, never below the normal one: a batch within the normal bound fires neither
+    (``False``), and t's quantile, the costly part of a report of many steps, is not computed for it."""
+    kl, k3, se = _value(result, "kl"), _value(result, "k3_kl"), _value(result, "rcdiag/kl_std_error") or 0.0
+    if kl is None or not all(math.isfinite(v) for v in (kl, se, 0.0 if k3 is None else k3)):
+        return True  # the rules themselves say what a missing or non-finite value does
+    normal = NORMAL_MARGIN * kl_k3_critical(tests) * se
+    if k3 is not None and abs(kl - k3) > max(normal, KL_K3_RELATIVE_GAP * max(abs(kl), abs(k3)), KL_K3_ABS_FLOOR):
+        return True
+    return kl < -max(normal, KL_K3_ABS_FLOOR)
 
 
 def evaluate(
-    batches: list[tuple[int | None, BatchResult]], resolved: ResolvedConfig, facts: InputFacts | None = None
+    batches: list[tuple[int | None, BatchResult]],
+    resolved: ResolvedConfig,
+    facts: InputFacts | None = None,
+    *,
+    step_hits: StepHits = batch_hits,
 ) -> list[Finding]:
-    """Findings for a dump: input rules once, batch rules on every batch grouped by code (and metric)."""
+    """Findings for a dump: input rules once, batch rules on every batch grouped by code (and metric). ``step_hits``:
+    a batch's hits (``rcdiag watch`` keeps those that do not depend on the other batches)."""
     findings = _config_findings(resolved) + (_input_findings(facts) if facts is not None else [])
     grouped: dict[tuple[str, str | None], list[tuple[int | None, Hit]]] = {}
     context = Context(batches=len(batches))
     for step, result in batches:
-        for rule in BATCH_RULES:
-            for hit in rule(result, context):
-                grouped.setdefault((hit.code, hit.metric), []).append((step, hit))
+        for hit in step_hits(step, result, context):
+            grouped.setdefault((hit.code, hit.metric), []).append((step, hit))
     neg_inf = next((f for f in findings if f.code == "logprob_neg_inf"), None)
     with_steps = any(step is not None for step, _ in batches)
     not_finite: dict[str, str] = {}

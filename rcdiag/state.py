@@ -415,6 +415,11 @@ def encode_state(value: Any) -> Any:
     return _encode(value)
 
 
+def decode_state(value: Any) -> Any:
+    """``encode_state``'s inverse: the strings ``nan``, ``inf`` and ``-inf`` back to floats."""
+    return _decode(value)
+
+
 def _encode(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return "nan" if value != value else ("inf" if value > 0 else "-inf")

@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 from conftest import ROOT
 
+from rcdiag.watch import Watch
+
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 POLL = "0.05"
 
@@ -310,7 +312,7 @@ def test_ctrl_c_exits_130_with_the_state_saved(scripts: Path, tmp_path: Path) ->
     follower.send_signal(signal.SIGINT)
     out, err = follower.communicate(timeout=30)
     assert (follower.returncode, parsed(out)[0], err) == (130, [], "rcdiag: aborted\n")  # (the report line may follow)
-    assert len(json.loads(state.read_text())["watch"]["consumed"]) == 2
+    assert len(Watch(str(run), state_path=state).consumed) == 2  # the state file and its log
 
 
 def test_a_state_inside_the_watched_directory_or_of_another_watch_is_refused(scripts: Path, tmp_path: Path) -> None:
@@ -399,3 +401,123 @@ def test_a_file_that_cannot_be_read_stops_the_watch_with_one_line_and_keeps_the_
     assert [item["name"] for item in json.loads(state.read_text())["watch"]["consumed"]] == [
         "step-000000000-0000.parquet"
     ]
+
+
+def reported_steps(run: Path, state: Path) -> list[int]:
+    """The steps a ``--once`` restart reports (the files the state does not hold)."""
+    done = subprocess.run(rcdiag("watch", str(run), "--state", str(state), "--format", "json", "--once"),
+                          capture_output=True, text=True, env=ENV)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return [line["step"] for line in parsed(done.stdout)[0]]
+
+
+def merged_metrics(state: Path) -> dict[int, Any]:
+    done = subprocess.run(rcdiag("merge", str(state), "--format", "json"), capture_output=True, text=True, env=ENV)
+    assert done.returncode == 0, done.stderr
+    return {s["step"]: s["metrics"] for s in json.loads(done.stdout)["steps"]}
+
+
+def test_each_commit_appends_one_log_line_and_the_end_folds_it_in(scripts: Path, tmp_path: Path) -> None:
+    run, state = tmp_path / "run", tmp_path / "watch.json"
+    log = state.with_name("watch.json.log")
+    assert subprocess.run(write_steps(scripts, run, 0, 4, 0.0), env=ENV).returncode == 0
+    session = Watch(str(run), state_path=state, settle=0.0)
+    assert session.poll_once()[0] == 4
+    first = json.loads(state.read_text())
+    assert first["watch"]["consumed"][0]["name"] == "step-000000000-0000.parquet"  # the first commit: whole
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [line["file"]["name"] for line in lines if "file" in line] == [
+        f"step-00000000{k}-0000.parquet" for k in (1, 2, 3)
+    ]
+    assert {line["generation"] for line in lines} == {first["watch"]["generation"]}
+    assert len(Watch(str(run), state_path=state).consumed) == 4  # state file + log
+    session.close()
+    assert log.read_bytes() == b"" and len(json.loads(state.read_text())["watch"]["consumed"]) == 4
+    assert merged_metrics(state) == {k: v["metrics"] for k, v in analyze_steps(run).items()}
+
+
+def test_a_kill_mid_append_drops_the_cut_line_and_reads_its_file_again(scripts: Path, tmp_path: Path) -> None:
+    run, state = tmp_path / "run", tmp_path / "watch.json"
+    log = state.with_name("watch.json.log")
+    assert subprocess.run(write_steps(scripts, run, 0, 5, 0.0), env=ENV).returncode == 0
+    Watch(str(run), state_path=state, settle=0.0).poll_once()  # no close: steps 1-4 are on the log
+    data = log.read_bytes()
+    log.write_bytes(data[: data.rindex(b'"batches"')])  # step 4's line cut where a SIGKILL would cut it
+    assert reported_steps(run, state) == [4]  # read again, once; nothing else repeated
+    assert merged_metrics(state) == {k: v["metrics"] for k, v in analyze_steps(run).items()}
+
+
+def test_a_kill_between_compactions_two_writes_counts_nothing_twice(
+    scripts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rcdiag.watch.session as session_module
+
+    run, state = tmp_path / "run", tmp_path / "watch.json"
+    log = state.with_name("watch.json.log")
+    assert subprocess.run(write_steps(scripts, run, 0, 6, 0.0), env=ENV).returncode == 0
+    monkeypatch.setattr(session_module, "COMPACT_BYTES", 0)
+    session = Watch(str(run), state_path=state, settle=0.0)
+    stale = b""
+    compact = session.compact
+
+    def keep_the_log() -> None:  # the log as a kill after the state file's write would leave it
+        nonlocal stale
+        stale = log.read_bytes() if log.exists() else b""
+        compact()
+
+    session.compact = keep_the_log  # type: ignore[method-assign]
+    session.poll_once()
+    assert stale  # the log outgrew the state file at least once
+    log.write_bytes(stale + log.read_bytes())  # the stale lines (an older generation) before the current ones
+    again = Watch(str(run), state_path=state)
+    assert len(again.consumed) == 6 and again.state.rows == 6 * 32
+    assert reported_steps(run, state) == []
+    assert merged_metrics(state) == {k: v["metrics"] for k, v in analyze_steps(run).items()}
+
+
+def test_a_state_of_the_earlier_format_without_a_log_is_read(scripts: Path, tmp_path: Path) -> None:
+    run, state = tmp_path / "run", tmp_path / "watch.json"
+    assert subprocess.run(write_steps(scripts, run, 0, 3, 0.0), env=ENV).returncode == 0
+    assert reported_steps(run, state) == [0, 1, 2]
+    saved = json.loads(state.read_text())
+    del saved["watch"]["generation"]  # as rcdiag wrote it before the log: the whole state after every file
+    state.write_text(json.dumps(saved))
+    assert subprocess.run(write_steps(scripts, run, 3, 2, 0.0), env=ENV).returncode == 0
+    assert reported_steps(run, state) == [3, 4]
+    assert merged_metrics(state) == {k: v["metrics"] for k, v in analyze_steps(run).items()}
+
+
+def test_a_damaged_log_line_is_one_error_naming_the_log_and_line(scripts: Path, tmp_path: Path) -> None:
+    run, state = tmp_path / "run", tmp_path / "watch.json"
+    log = state.with_name("watch.json.log")
+    assert subprocess.run(write_steps(scripts, run, 0, 3, 0.0), env=ENV).returncode == 0
+    Watch(str(run), state_path=state, settle=0.0).poll_once()
+    lines = log.read_text().splitlines(keepends=True)
+    log.write_text("".join([lines[0][:40] + "\n", *lines[1:]]))
+    done = subprocess.run(rcdiag("watch", str(run), "--state", str(state), "--once"), capture_output=True,
+                          text=True, env=ENV)  # fmt: skip
+    assert done.returncode == 2
+    assert (
+        done.stderr.startswith(f"rcdiag: error: {log}: line 1 is damaged (JSONDecodeError")
+        and done.stderr.count("\n") == 1
+    )
+
+
+@pytest.mark.parametrize("sample", ["outliers.parquet", "topk_offset.parquet", "train_forgot_temperature.parquet"])
+def test_kept_hits_give_a_full_evaluations_findings_at_every_step(sample: str) -> None:
+    from rcdiag.api import accumulate
+    from rcdiag.config import CorrectionConfig
+    from rcdiag.health import CONTEXT_RULES, Context, could_fire_in_context, evaluate
+    from rcdiag.watch.session import KeptHits
+
+    got = accumulate(str(ROOT / "sample_data" / sample), CorrectionConfig())
+    results = [(step, got.state.batches[step].compute()) for step in sorted(got.state.batches)]  # type: ignore[type-var]
+    kept = KeptHits()
+    for n in range(1, len(results) + 1):  # the steps as they arrive: the context (steps tested) grows
+        full = evaluate(results[:n], got.state.resolved)
+        assert evaluate(results[:n], got.state.resolved, step_hits=kept) == full
+    assert {f.code for f in full} & {"kl_k3_disagree", "kl_high", "sparse_outliers"}  # hits, kept and recomputed
+    for tests in (1, 2, 10, 1000, 10**6):  # a batch said not to fire fires neither context rule
+        for _, result in results:
+            if not could_fire_in_context(result, tests):
+                assert all(rule(result, Context(batches=tests)) == [] for rule in CONTEXT_RULES)

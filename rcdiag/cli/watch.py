@@ -15,7 +15,7 @@ from rcdiag.catalogue.metrics import packs_help
 from rcdiag.cli.options import ENGINE_FLAGS, READ_FLAGS
 from rcdiag.cli.params import with_flags
 from rcdiag.cli.tracking import TRACKING_FLAGS
-from rcdiag.errors import ExitCode
+from rcdiag.errors import ExitCode, RcdiagError
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -77,8 +77,8 @@ def watch(
         typer.Option(
             "--state",
             metavar="FILE",
-            help="The watch's state (accumulators, files read, alerts raised), rewritten whole after each file; "
-            "a restart resumes from it. Default: `.rcdiag-watch/NAME.json` beside DIR.",
+            help="The watch's state (accumulators, files read, alerts raised) and its log `FILE.log`, one line "
+            "appended per file; a restart resumes from them. Default: `.rcdiag-watch/NAME.json` beside DIR.",
             rich_help_panel=FOLLOW,
             show_default=False,
         ),
@@ -246,6 +246,10 @@ def watch(
             ended = session.run(
                 poll=poll, once=once, timeout=timeout, max_idle=max_idle, on_event=on_event, on_poll=view.poll
             )
+        session.close()  # the log folded into the state file (after a signal the log keeps it: nothing is written)
+    except RcdiagError:
+        session.close()  # a file that cannot be read stops the watch: what was read before stays, whole
+        raise
     finally:
         for outcome in session.dispatcher.close(wait=0.0 if ended == "aborted" else DRAIN_SECONDS):
             _say_delivery(outcome)

@@ -3,10 +3,14 @@ new complete file once, and report every step as ``rcdiag analyze`` would on the
 
 Each file is read alone (``rcdiag.api.accumulate``) and its accumulators are merged into the running
 ``EngineState``; merging is how results combine everywhere in rcdiag, so the steps' numbers are those of one
-analysis of the whole directory. After each file the state is committed: one state file (an rcdiag state, which
-``rcdiag merge`` also reads) holding the accumulators *and* the files consumed and the alerts raised, written whole
-or not at all (``rcdiag.outputs``). A watch killed at any point restarts from the last commit: a file is counted
-once or not at all, never twice, and an alert is not raised again.
+analysis of the whole directory. After each file the state is committed, at a cost that does not grow with the run:
+one line appended to ``STATE.log`` (the file read, its source, the accumulators of the steps it added to, the screen,
+the alerts raised). The state file itself (an rcdiag state, which ``rcdiag merge`` also reads: the accumulators
+*and* the files consumed and the alerts raised) is rewritten whole or not at all (``rcdiag.outputs``) only when the
+log outgrows it, and when the watch ends: it then carries a new generation, and the log's lines of older ones are
+skipped. A watch killed at any point restarts from the state file and its log's complete lines of the same
+generation (a line cut by the kill is dropped, its file read again): a file is counted once or not at all, never
+twice, and an alert is not raised again.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import dataclasses
 import math
 import os
 import re
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,8 +33,10 @@ from rcdiag.check.metric_names import metric_names, validate_rules
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import EngineState
 from rcdiag.errors import ConfigError, InputError
+from rcdiag.health import BATCH_RULES, CONTEXT_RULES, Context, Hit, could_fire_in_context
 from rcdiag.io import storage
 from rcdiag.io.base import SourceInfo
+from rcdiag.metrics.batch import BatchResult
 from rcdiag.options import ReadOptions
 from rcdiag.outputs import refuse_inputs
 from rcdiag.report import Report, StepReport
@@ -45,6 +52,16 @@ WATCH_KEY = "watch"
 """The state file's extra top-level table: what was consumed, the alerts raised."""
 DEFAULT_POLL = 0.5
 """Seconds between listings of the watched directory."""
+LOG_SUFFIX = ".log"
+"""The state's log: ``STATE.log``, one JSON line per commit since the state file was last written."""
+COMPACT_BYTES = 1 << 20
+"""The log is folded into the state file once it is larger than both this and the state file (so a rewrite, whose
+cost grows with the run, comes at most once per doubling: each file's commit costs the same on average)."""
+
+
+def log_path(state_path: Path) -> Path:
+    """``STATE.log`` beside ``STATE``."""
+    return state_path.with_name(state_path.name + LOG_SUFFIX)
 
 
 def default_state_path(location: str) -> Path:
@@ -128,6 +145,38 @@ def _finite_tree(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
+class KeptHits:
+    """``health.evaluate``'s batch hits, incrementally: each step's hits of the rules that read only its batch are
+    kept until a file adds to the step; the rules that read the context (how many steps are tested) run again on
+    each report, but only on a step that may fire them (``could_fire_in_context``). The findings are those of a
+    full evaluation; what a report costs per step is a lookup and a comparison."""
+
+    def __init__(self) -> None:
+        self.kept: dict[int | None, tuple[tuple[Hit, ...] | None, ...]] = {}
+        """Per step, each rule's hits (``None``: a context rule); tuples, the empty one shared, to keep it small."""
+
+    def forget(self, steps: list[int]) -> None:
+        for step in steps:
+            self.kept.pop(step, None)
+
+    def __call__(self, step: int | None, result: BatchResult, context: Context) -> list[Hit]:
+        per_rule = self.kept.get(step)
+        if per_rule is None:
+            per_rule = tuple(None if rule in CONTEXT_RULES else tuple(rule(result, context)) for rule in BATCH_RULES)
+            self.kept[step] = per_rule
+        fires: bool | None = None
+        out: list[Hit] = []
+        for rule, found in zip(BATCH_RULES, per_rule, strict=True):
+            if found is not None:
+                out.extend(found)
+                continue
+            if fires is None:
+                fires = could_fire_in_context(result, context.batches)
+            if fires:
+                out.extend(rule(result, context))
+        return out
+
+
 class Watch:
     """A watched location and its persisted state; ``run`` follows it, ``poll_once`` reads what is ready now."""
 
@@ -151,7 +200,9 @@ class Watch:
         self.dispatcher = dispatcher or Dispatcher()
         self.state_path = Path(state_path) if state_path is not None else default_state_path(location)
         if storage.is_remote(str(self.state_path)):
-            raise ConfigError(f"--state {self.state_path}: give a local file (the watch rewrites it after every file).")
+            raise ConfigError(
+                f"--state {self.state_path}: give a local file (the watch appends to its log after every file)."
+            )
         refuse_inputs([("--state", self.state_path)], [location])
         self.follower = Follower(location, settle)
         self.state = EngineState(self.resolved)
@@ -160,11 +211,16 @@ class Watch:
         self.screen = ScreenStats()
         self.consumed: dict[str, FileStamp] = {}
         self.alerted: dict[str, int | None] = {}
-        self.encoded: dict[int, Any] = {}
-        """Each step's accumulators as the state file holds them, re-encoded only when a file adds to the step."""
+        self.log_path = log_path(self.state_path)
+        self.generation: str | None = None
+        """The state file's generation (the log's lines of another are stale); ``None``: no state file of this
+        format yet, so the next commit writes it whole."""
+        self.log_bytes = 0
+        self.state_bytes = 0
         self.steps: dict[int, StepReport] = {}
         """Each step's numbers, computed once per file that adds to it (a report of every step costs more)."""
         self.device = "cpu"
+        self.hits = KeptHits()
         self.report: Report | None = None
         self.last_step: int | None = None
         self._load()
@@ -200,33 +256,103 @@ class Watch:
             raise InputError(f"holds a damaged watch table ({type(exc).__name__}: {exc})", path=name) from None
         self.state, self.screen = state, screen
         self.source = combined_info(sources) if sources else None
+        generation = saved.get("generation")
+        self.generation = generation if isinstance(generation, str) else None  # a state of rcdiag <= 0.x: no log
+        self.state_bytes = self.state_path.stat().st_size
+        if self.generation is not None:
+            self._replay()
         for step in self.state.batches:
             if step is not None:
                 self.steps[step] = _step_report(self.state, step)
         self.last_step = max(self.steps, default=None)
 
-    def _commit(self) -> None:
-        """Accumulators, files consumed and alerts raised, in one file written whole or not at all."""
-        from rcdiag.state import encode_state, save_state
+    def _replay(self) -> None:
+        """Apply the log's complete lines of this generation; cut a last line a kill left incomplete."""
+        import json
+
+        from rcdiag.outputs import write_file
+
+        if not self.log_path.exists():
+            return
+        name = str(self.log_path)
+        data = self.log_path.read_bytes()
+        end = data.rfind(b"\n") + 1
+        number = 0
+        try:
+            for number, raw in enumerate(data[:end].splitlines(), 1):  # noqa: B007  (named in the error)
+                line = json.loads(raw)
+                if line.get("generation") == self.generation:
+                    self._apply(line)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+            raise InputError(f"line {number} is damaged ({type(exc).__name__}: {exc})", path=name) from None
+        self.log_bytes = end
+        if end < len(data):  # its file was not committed: it is read again
+            write_file(name, data[:end])
+
+    def _apply(self, line: dict[str, Any]) -> None:
+        """One commit of the log: a file read (its steps' accumulators replace theirs), and the alerts raised."""
+        from rcdiag.fields import FieldError, dataclass_from
+        from rcdiag.state import combined_info, decode_state
+
+        if "file" in line:
+            try:
+                part = EngineState.from_state_dict(
+                    self.resolved, decode_state({**line["counts"], "batches": line["batches"]})
+                )
+                info = dataclass_from(SourceInfo, line["source"], "source.")
+                screen = dataclass_from(ScreenStats, line["screen"], "screen.")
+            except FieldError as exc:
+                raise ValueError(str(exc)) from None
+            self.state.batches.update(part.batches)
+            self.state.rows, self.state.tokens, self.state.valid_tokens = part.rows, part.tokens, part.valid_tokens
+            self.source = info if self.source is None else combined_info([self.source, info])
+            self.screen = screen
+            stamp = FileStamp.from_dict(line["file"])
+            self.consumed[stamp.name] = stamp
+        self.alerted.update((str(key), step) for key, step in line["alerted"].items())
+
+    def _commit(self, line: dict[str, Any]) -> None:
+        """One line on the log (``_apply`` reads it back); the state file written whole when there is none of this
+        format yet or the log has outgrown it."""
+        import json
+
+        from rcdiag.outputs import STATE_MODE, write_file
+
+        if self.generation is None:
+            self.compact()
+            return
+        data = (json.dumps({"generation": self.generation, **line}) + "\n").encode()
+        write_file(self.log_path, data, mode=STATE_MODE, append=True)  # a failed append is cut back
+        self.log_bytes += len(data)
+        if self.log_bytes > max(self.state_bytes, COMPACT_BYTES):
+            self.compact()
+
+    def compact(self) -> None:
+        """The state file written whole (accumulators, files consumed, alerts raised) with a new generation, then
+        the log emptied: a kill between the two leaves a log whose lines the new state already holds, and skips."""
+        from rcdiag.outputs import STATE_MODE, write_file
+        from rcdiag.state import save_state
 
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        generation = secrets.token_hex(8)
         table = {
             "location": _canonical(self.location),
             "consumed": [stamp.to_dict() for stamp in self.consumed.values()],
             "alerted": self.alerted,
+            "generation": generation,
         }
         sources = [self.source] if self.source is not None else []
-        state = self.state
-        for step, batch in state.batches.items():
-            if step not in self.encoded:
-                self.encoded[step] = encode_state(batch.state_dict())  # type: ignore[index]
-        encoded = {
-            "rows": state.rows,
-            "tokens": state.tokens,
-            "valid_tokens": state.valid_tokens,
-            "batches": [[step, self.encoded[step]] for step in state.batches],  # type: ignore[index]
-        }
-        save_state(self.state_path, state, sources, self.screen, extra={WATCH_KEY: table}, encoded=encoded)
+        save_state(self.state_path, self.state, sources, self.screen, extra={WATCH_KEY: table})
+        self.generation = generation
+        self.state_bytes = self.state_path.stat().st_size
+        if self.log_bytes or self.log_path.exists():
+            write_file(self.log_path, b"", mode=STATE_MODE)
+        self.log_bytes = 0
+
+    def close(self) -> None:
+        """Fold the log into the state file (so that ``rcdiag merge`` reads the whole state from it)."""
+        if self.log_bytes or self.generation is None:
+            self.compact()
 
     def _info(self) -> SourceInfo:
         if self.source is None:
@@ -244,19 +370,22 @@ class Watch:
         for index, (file, stamp) in enumerate(ready):
             interrupts.check()
             events: list[Event] = list(self._consume(file, stamp))
-            if index == len(ready) - 1 or time.monotonic() - reported >= REPORT_SECONDS:
-                events.append(self.full_report())
-                reported = time.monotonic()
-            for event in events:
+            for event in events:  # the steps' lines first: the whole report costs more as steps accumulate
                 if on_event is not None:
                     on_event(event)
+            if index == len(ready) - 1 or time.monotonic() - reported >= REPORT_SECONDS:
+                report = self.full_report()
+                reported = time.monotonic()
+                if on_event is not None:
+                    on_event(report)
+                events.append(report)
             if any(self.policy.stops(event.alerts) for event in events):
                 return index + 1, waiting, True
         return len(ready), waiting, False
 
     def _consume(self, file: Any, stamp: FileStamp) -> list[StepEvent]:
         from rcdiag.io.paths import identity
-        from rcdiag.state import combined_info, content_fingerprint
+        from rcdiag.state import combined_info, content_fingerprint, encode_state
 
         name = str(file)
         got = accumulate(name, self.config, self.read)
@@ -280,12 +409,12 @@ class Watch:
         self.screen = self.screen.merge(got.screen)
         self.consumed[stamp.name] = stamp
         self.device = got.device
+        self.hits.forget(steps)
         for step in steps:
             self.steps[step] = _step_report(self.state, step)
-            self.encoded.pop(step, None)
         self.last_step = max(self.steps)
-        if self.report is None:
-            self.report = build_report(self.state, self._info(), self.device, self.screen)  # the metric names
+        if self.report is None:  # the metric names the rules and forecasts resolve against
+            self.report = build_report(self.state, self._info(), self.device, self.screen, step_hits=self.hits)
         ordered = [self.steps[step] for step in sorted(self.steps)]
         events = []
         for step in steps:
@@ -296,17 +425,27 @@ class Watch:
                 StepEvent(self.steps[step], stamp.name, step in revised, tuple(alerts), tuple(forecasts),
                           len(self.consumed))
             )  # fmt: skip
-        self._commit()  # then report: a kill between the two loses this file's lines, never counts it twice
+        state = self.state
+        self._commit(
+            {
+                "file": stamp.to_dict(),
+                "source": dataclasses.asdict(info),
+                "screen": self.screen.to_dict(),
+                "counts": {"rows": state.rows, "tokens": state.tokens, "valid_tokens": state.valid_tokens},
+                "batches": [[step, encode_state(state.batches[step].state_dict())] for step in steps],
+                "alerted": {alert.key: event.step.step for event in events for alert in event.alerts},
+            }
+        )  # then report: a kill between the two loses this file's lines, never counts it twice
         self._dispatch([alert for event in events for alert in event.alerts])
         return events
 
     def full_report(self) -> ReportEvent:
         """``analyze``'s report of everything read so far, and the finding alerts new in it."""
-        self.report = build_report(self.state, self._info(), self.device, self.screen)
+        self.report = build_report(self.state, self._info(), self.device, self.screen, step_hits=self.hits)
         alerts = self.policy.on_report(self.report, self.last_step, self.alerted)
         if alerts:
             self.alerted.update((alert.key, alert.step) for alert in alerts)
-            self._commit()
+            self._commit({"alerted": {alert.key: alert.step for alert in alerts}})
             self._dispatch(alerts)
         return ReportEvent(self.last_step, len(self.consumed), self.report, tuple(alerts))
 
