@@ -432,7 +432,8 @@ def test_every_command_reads_a_response_whose_log_ratio_sum_overflows_exp(
 
 
 def test_k3_growth_over_a_run_beyond_exp_range_stays_finite() -> None:
-    steps = [(s, {"rollout_corr/k3_kl": 10.0 ** (-300 + 80 * s)}) for s in range(6)]  # 1e-300 .. 1e100: exp(921)
+    # 1e-9 .. 1e301 (every step above the rounding floor TREND_K3_FLOOR): a growth of exp(714), beyond exp's range
+    steps = [(s, {"rollout_corr/k3_kl": 10.0 ** (-9 + 62 * s)}) for s in range(6)]
     finding = mismatch_trend(steps)
     assert finding is not None
     assert finding.evidence["growth_over_run"] == math.exp(EXP_MAX)
