@@ -22,7 +22,7 @@ from rcdiag.api import ProgressCallback, analyze
 from rcdiag.check.evaluate import evaluate_rules
 from rcdiag.check.findings_gate import ANALYZE_PACK, ANALYZE_PACK_GATE, FindingGate, parse_fail_on
 from rcdiag.check.metric_names import PREFIXES, metric_names, resolve_metric, validate_rules
-from rcdiag.check.packs import PACK_SOURCES, describe_packs, pack
+from rcdiag.check.packs import PACK_SOURCES, describe_packs, pack, packs_and_gate
 from rcdiag.check.results import CheckResult, RuleResult
 from rcdiag.check.rules import (
     RELATIVE_KINDS,
@@ -64,6 +64,7 @@ __all__ = [
     "load_rules",
     "metric_names",
     "pack",
+    "packs_and_gate",
     "parse_assignment",
     "parse_fail_on",
     "resolve_metric",

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rcdiag.check.findings_gate import ANALYZE_PACK, ANALYZE_PACK_GATE, FindingGate, parse_fail_on
-from rcdiag.check.packs import pack
+from rcdiag.check.findings_gate import FindingGate, parse_fail_on
+from rcdiag.check.packs import packs_and_gate
 from rcdiag.check.rules import RULE_KINDS, STEP_MODES, Rule, StepMode, _parse_bound
 from rcdiag.config import CorrectionConfig, preset
 from rcdiag.errors import ConfigError, InputError
@@ -116,11 +116,10 @@ def _parse_table(path: Path, table: dict, where: str, steps: Any, tolerate: Any)
     source = path.name
     try:
         gate = parse_fail_on(_list_of_str(table.get("fail_on", []), "fail_on", fail), option="fail_on")
-        for name in _list_of_str(table.get("packs", []), "packs", fail):
-            if name == ANALYZE_PACK:
-                gate = ANALYZE_PACK_GATE.merged(gate)
-                continue
-            rules.extend(pack(name, steps=steps, tolerate=tolerate))
+        packed, gate = packs_and_gate(
+            _list_of_str(table.get("packs", []), "packs", fail), gate, steps=steps, tolerate=tolerate
+        )
+        rules.extend(packed)
         for kind in RULE_KINDS:
             entries = table.get(kind, {})
             if not isinstance(entries, dict):

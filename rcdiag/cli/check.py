@@ -148,12 +148,10 @@ def check(
     configuration or input, 3 internal error.
     """
     from rcdiag.check import (
-        ANALYZE_PACK,
-        ANALYZE_PACK_GATE,
         RuleKind,
         find_project_rules,
         load_rules,
-        pack,
+        packs_and_gate,
         parse_assignment,
         parse_fail_on,
     )
@@ -177,12 +175,8 @@ def check(
     )
     for kind, flag, texts in options:
         rules += [parse_assignment(text, kind, option=flag, steps=steps, tolerate=tolerate) for text in texts or []]  # type: ignore[arg-type]
-    gate = parse_fail_on(fail_on or [])
-    for name in packs or []:
-        if name == ANALYZE_PACK:
-            gate = ANALYZE_PACK_GATE.merged(gate)
-            continue
-        rules += pack(name, steps=steps, tolerate=tolerate)  # type: ignore[arg-type]
+    packed, gate = packs_and_gate(packs or [], parse_fail_on(fail_on or []), steps=steps, tolerate=tolerate)  # type: ignore[arg-type]
+    rules += packed
     loaded = (
         load_rules(rules_file, **defaults) if rules_file else None if no_pyproject else find_project_rules(**defaults)
     )

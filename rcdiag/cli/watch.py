@@ -203,8 +203,7 @@ def watch(
     Exit codes: 0 ended by --once, --timeout or --max-idle, 1 a new alert at --exit-on, 2 bad option or input,
     3 internal error, 130 Ctrl-C (the state holds every step reported).
     """
-    from rcdiag.check import ANALYZE_PACK, ANALYZE_PACK_GATE, load_rules, pack, parse_assignment, parse_fail_on
-    from rcdiag.check.findings_gate import FindingGate
+    from rcdiag.check import load_rules, packs_and_gate, parse_assignment, parse_fail_on
     from rcdiag.watch import AlertPolicy, Dispatcher, Watch
     from rcdiag.watch.alerts import DEFAULT_GATE
     from rcdiag.watch.deliver import DRAIN_SECONDS
@@ -216,12 +215,8 @@ def watch(
         ("max_abs", "--max-abs", max_abs_rules),
     ):
         rules += [parse_assignment(text, kind, option=flag) for text in texts or []]  # type: ignore[arg-type]
-    gate: FindingGate | None = parse_fail_on(fail_on or [])
-    for name in packs or []:
-        if name == ANALYZE_PACK:
-            gate = ANALYZE_PACK_GATE.merged(gate)
-        else:
-            rules += pack(name)
+    packed, gate = packs_and_gate(packs or [], parse_fail_on(fail_on or []))
+    rules += packed
     loaded = load_rules(rules_file) if rules_file is not None else None
     config = engine.config(base=loaded.config() if loaded is not None else None)
     if loaded is not None:
