@@ -227,8 +227,7 @@ class WorstResponses:
         traces = {}
         texts = {}
         for saved in checked(state.get("texts", []), list[dict[str, Any]], "worst.texts"):
-            values = checked(saved["log_ratios"], list[Any], "worst.texts log_ratios")
-            values = reals([math.nan if v is None else v for v in values], "worst.texts log_ratios")
+            values = _saved_log_ratios(saved, "worst.texts")
             ids = counts(saved["ids"], "worst.texts ids")
             if len(values) != len(ids) or len(values) > TEXT_TOKENS:
                 raise FieldError(f"worst.texts must hold as many ids as values, at most {TEXT_TOKENS}")
@@ -236,8 +235,7 @@ class WorstResponses:
             start = integer(saved["start"], "worst.texts start")
             texts[row] = TokenText(row, start, tuple(ids.tolist()), tuple(values.tolist()))
         for saved in checked(state.get("traces", []), list[dict[str, Any]], "worst.traces"):
-            values = checked(saved["log_ratios"], list[Any], "worst.traces log_ratios")
-            values = reals([math.nan if v is None else v for v in values], "worst.traces log_ratios")
+            values = _saved_log_ratios(saved, "worst.traces")
             positions = counts(saved["positions"], "worst.traces positions")
             if len(values) != len(positions) or len(values) > TRACE_POINTS:
                 raise FieldError(f"worst.traces must hold as many positions as values, at most {TRACE_POINTS}")
@@ -313,3 +311,9 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     return value.item() if isinstance(value, np.generic) else value
+
+
+def _saved_log_ratios(saved: dict[str, Any], where: str) -> Any:
+    """A saved trace's or text's ``log_ratios`` (JSON ``null`` for a non-finite value), checked as reals."""
+    values = checked(saved["log_ratios"], list[Any], f"{where} log_ratios")
+    return reals([math.nan if v is None else v for v in values], f"{where} log_ratios")
