@@ -30,13 +30,13 @@ from rcdiag.render.panels import (
     Panel,
     Series,
     WeightSetting,
-    effect_facts,
     panel_keys,
     series,
     weight_setting,
     weight_tails,
 )
 from rcdiag.render.text import BREAKDOWNS, bucket_label, fmt
+from rcdiag.render.verdict_text import effect_text
 from rcdiag.report import Histogram, Report, Verdict
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
@@ -206,7 +206,7 @@ def verdict_rows(verdict: Verdict) -> tuple[list[tuple[str, str]], list[tuple[st
         right.append(("text", f"verl preset: {rec.preset}"))
     right += [("code", line) for line in rec.yaml.rstrip().splitlines()]
     if rec.effect is not None:
-        right.append(("text", "measured on this dump: " + "; ".join(f"{k} {v}" for k, v in effect_facts(rec.effect))))
+        right.append(("text", effect_text(rec.effect)))
         right[-1:] = [("text", line) for line in textwrap.wrap(right[-1][1], right_width, subsequent_indent="   ")]
     if rec.why:
         right += [("text", line) for line in textwrap.wrap(f"why: {rec.why}", right_width, subsequent_indent="   ")]

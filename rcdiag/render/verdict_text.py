@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rcdiag.printable import printable
+from rcdiag.render.panels import effect_facts
 from rcdiag.render.text import fmt
 from rcdiag.report import Effect, Report, Verdict
 
@@ -36,15 +37,7 @@ def effect_text(effect: Effect | None) -> str:
     """One line: what the prescription does on this dump (measured)."""
     if effect is None:
         return "effect not measured (no dump to re-read: run `rcdiag analyze PATH` with the setting above)"
-    parts = [
-        f"tokens rejected {effect.tokens_rejected:.3%}",
-        f"responses with a rejected token {effect.responses_rejected:.2%}",
-    ]
-    if effect.is_ess is not None:
-        parts.append(f"IS ESS {effect.is_ess:.4g}")
-    if effect.is_truncated_share is not None:
-        parts.append(f"IS weights truncated {effect.is_truncated_share:.3%}")
-    return "measured on this dump: " + ", ".join(parts)
+    return "measured on this dump: " + ", ".join(f"{what} {value}" for what, value in effect_facts(effect))
 
 
 def verdict_lines(verdict: Verdict, report: Report | None = None, *, details_hint: bool = True) -> list[Line]:
