@@ -50,12 +50,12 @@ from rcdiag.parallel import (
     sequence_writer,
 )
 from rcdiag.prescribe import effect_of
-from rcdiag.report import ExplainReport, InputFacts, Report, StepReport
+from rcdiag.report import ExplainReport, InputFacts, MicroBatchReport, Report, StepReport
 from rcdiag.validate import Screen, ScreenStats, as_chunk
 from rcdiag.verdict import judge
 
 if TYPE_CHECKING:  # features a plain analyze does not run are imported when used (start-up time)
-    from rcdiag.microbatch import MicroBatchReport, MicroBatchSettings
+    from rcdiag.microbatch import MicroBatchSettings
     from rcdiag.microbatch.rows import RowCollector
 
 
@@ -422,7 +422,10 @@ def build_report(
             texts=decoded_texts(state.explain.worst.token_texts(), vocabulary),
         )
     if microbatch is not None:
-        findings = sorted([*findings, *microbatch.findings()], key=lambda f: listing_order(f.code, f.severity))
+        from rcdiag.microbatch.report import findings as microbatch_findings
+
+        found = microbatch_findings(microbatch)
+        findings = sorted([*findings, *found], key=lambda f: listing_order(f.code, f.severity))
     report = Report(
         config=state.resolved.config.to_dict(),
         input=facts,

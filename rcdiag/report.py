@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from rcdiag.core.limits import finite
 
@@ -230,11 +230,126 @@ class Verdict:
         }
 
 
-class Section(Protocol):
-    """A report section a feature builds (``rcdiag.microbatch.MicroBatchReport``): this module names no feature,
-    it only writes the section's JSON."""
+LEGACY_ASSERT = "AssertionError: Expected at least one valid token in response_mask"
+"""What verl <= 0.7.1's actor asserts on a micro-batch whose tokens RS all rejected."""
+BYPASS_VALUEERROR = "ValueError: response_mask must contain at least one valid token (1)."
+"""What bypass mode raises on a micro-batch without a valid token."""
+MicroBatchPath = Literal["legacy_actor", "bypass", "driver"]
 
-    def to_dict(self) -> dict[str, Any]: ...
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One micro-batch: its rows (indices into the step's rows, in dump order) and its valid tokens."""
+
+    rows: tuple[int, ...]
+    n_valid_tokens: int
+    n_valid_tokens_after_rs: int
+    bypass_crash: str | None
+    """What bypass mode raises on it (``ValueError``, or IcePop's ``ZeroDivisionError``); ``None``: nothing."""
+
+    @property
+    def legacy_crash(self) -> bool:
+        return self.n_valid_tokens_after_rs == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rows": list(self.rows),
+            "n_valid_tokens": self.n_valid_tokens,
+            "n_valid_tokens_after_rs": self.n_valid_tokens_after_rs,
+            "bypass_crash": self.bypass_crash,
+        }
+
+
+@dataclass(frozen=True)
+class Where:
+    """A micro-batch's place: step, mini-batch, rank, micro-batch (0-based)."""
+
+    step: int | None
+    mini: int
+    rank: int
+    micro: int
+
+    def describe(self) -> str:
+        step = "" if self.step is None else f"step {self.step}, "
+        return f"{step}mini-batch {self.mini}, rank {self.rank}, micro-batch {self.micro}"
+
+
+@dataclass(frozen=True)
+class StepMicroBatches:
+    """One step's split and what each path gives on it (``rcdiag.microbatch.simulate``)."""
+
+    step: int | None
+    refused: str | None
+    """verl's condition when it refuses this split (then nothing else is simulated)."""
+    mini_batches: tuple[tuple[tuple[MicroBatch, ...], ...], ...]
+    """``mini_batches[m][rank]``: the rank's micro-batches in mini-batch ``m``."""
+    legacy_metrics: dict[str, float | None] | None
+    bypass_metrics: dict[str, float | None] | None
+
+    def each(self) -> list[tuple[Where, MicroBatch]]:
+        return [
+            (Where(self.step, m, r, i), micro)
+            for m, ranks in enumerate(self.mini_batches)
+            for r, micros in enumerate(ranks)
+            for i, micro in enumerate(micros)
+        ]
+
+    @property
+    def legacy_crashes(self) -> list[tuple[Where, MicroBatch]]:
+        return [(where, micro) for where, micro in self.each() if micro.legacy_crash]
+
+    @property
+    def bypass_crashes(self) -> list[tuple[Where, MicroBatch]]:
+        return [(where, micro) for where, micro in self.each() if micro.bypass_crash is not None]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "legacy_actor_assert_would_fire": bool(self.legacy_crashes),
+            "bypass_valueerror_would_fire": any(m.bypass_crash == BYPASS_VALUEERROR for _, m in self.each()),
+            "legacy_metrics": self.legacy_metrics,
+            "bypass_metrics": self.bypass_metrics,
+            "refused": self.refused,
+            "mini_batches": [
+                {
+                    "index": m,
+                    "ranks": [
+                        {
+                            "rank": r,
+                            "rows": sum(len(micro.rows) for micro in micros),
+                            "micro_batches": [micro.to_dict() for micro in micros],
+                        }
+                        for r, micros in enumerate(ranks)
+                    ],
+                }
+                for m, ranks in enumerate(self.mini_batches)
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class MicroBatchReport:
+    """Every step's split, both paths' metrics, and which path the configuration takes under its release (built by
+    ``rcdiag.microbatch.report.simulate``; its findings by ``rcdiag.microbatch.report.findings``)."""
+
+    settings: dict[str, Any]
+    """The actor's batching as given (``rcdiag.MicroBatchSettings.to_dict()``)."""
+    path: MicroBatchPath
+    """``legacy_actor``: verl <= 0.7.1 decoupled; ``bypass``: bypass mode; ``driver``: verl >= 0.8.0 decoupled,
+    where no per-micro-batch rollout-correction call exists (nothing crashes there)."""
+    steps: tuple[StepMicroBatches, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "settings": dict(self.settings),
+            "path": self.path,
+            "legacy_actor_assert_would_fire": any(s.legacy_crashes for s in self.steps),
+            "bypass_valueerror_would_fire": any(s.to_dict()["bypass_valueerror_would_fire"] for s in self.steps),
+        }
+        if len(self.steps) == 1 and self.steps[0].step is None:
+            out |= {k: v for k, v in self.steps[0].to_dict().items() if k not in out}
+        else:
+            out["steps"] = [{"step": s.step, **s.to_dict()} for s in self.steps]
+        return out
 
 
 @dataclass(frozen=True)
@@ -280,7 +395,7 @@ class Report:
     ``rcdiag.metrics.histogram``)."""
     explain: ExplainReport | None = None
     """Set by ``analyze --explain``."""
-    microbatch: Section | None = None
+    microbatch: MicroBatchReport | None = None
     """How verl cut each step into micro-batches and what it computed there (``analyze`` with micro-batch
     options); ``None`` otherwise."""
     verdict: Verdict | None = None

@@ -1,71 +1,44 @@
-"""The micro-batch section of a report (JSON ``microbatch``, docs/json.md) and its findings."""
+"""The micro-batch section of a report (the record ``rcdiag.report.MicroBatchReport``, JSON ``microbatch``,
+docs/json.md): simulating it, and its findings."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any, Literal
 
 from rcdiag.catalogue import finding
 from rcdiag.config import ResolvedConfig
 from rcdiag.microbatch.plan import MicroBatchSettings
 from rcdiag.microbatch.rows import StepRows
-from rcdiag.microbatch.simulate import LEGACY_ASSERT, StepMicroBatches, simulate_step
-from rcdiag.report import Finding
-
-Path = Literal["legacy_actor", "bypass", "driver"]
+from rcdiag.microbatch.simulate import simulate_step
+from rcdiag.report import LEGACY_ASSERT, Finding, MicroBatchPath, MicroBatchReport, StepMicroBatches
 
 
-@dataclass(frozen=True)
-class MicroBatchReport:
-    """Every step's split, both paths' metrics, and which path the configuration takes under its release."""
-
-    settings: MicroBatchSettings
-    path: Path
-    """``legacy_actor``: verl <= 0.7.1 decoupled; ``bypass``: bypass mode; ``driver``: verl >= 0.8.0 decoupled,
-    where no per-micro-batch rollout-correction call exists (nothing crashes there)."""
-    steps: tuple[StepMicroBatches, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "settings": self.settings.to_dict(),
-            "path": self.path,
-            "legacy_actor_assert_would_fire": any(s.legacy_crashes for s in self.steps),
-            "bypass_valueerror_would_fire": any(s.to_dict()["bypass_valueerror_would_fire"] for s in self.steps),
-        }
-        if len(self.steps) == 1 and self.steps[0].step is None:
-            out |= {k: v for k, v in self.steps[0].to_dict().items() if k not in out}
-        else:
-            out["steps"] = [{"step": s.step, **s.to_dict()} for s in self.steps]
-        return out
-
-    def findings(self) -> list[Finding]:
-        """The crashes of the path this configuration takes, and the splits verl refuses, each naming the first."""
-        out: list[Finding] = []
-        refused = [s for s in self.steps if s.refused is not None]
-        if refused:
-            first = refused[0]
-            out.append(_finding("verl_refuses_microbatch_setup", refused, f"verl refuses this split: {first.refused}"))
-        if self.path == "legacy_actor":
-            hit = [s for s in self.steps if s.legacy_crashes]
-            if hit:
-                where, micro = hit[0].legacy_crashes[0]
-                why = (
-                    f"RS rejects all {micro.n_valid_tokens} of its valid tokens"
-                    if micro.n_valid_tokens
-                    else "it has no valid token at all"
-                )
-                message = (
-                    f"{where.describe()} (rows {_rows(micro.rows)}): {why}, and verl <= 0.7.1's actor computes the "
-                    f"off-policy metrics per micro-batch: {LEGACY_ASSERT}"
-                )
-                out.append(_finding("verl_crash_microbatch_all_rejected", hit, message, _count(hit, legacy=True)))
-        if self.path == "bypass":
-            hit = [s for s in self.steps if s.bypass_crashes]
-            if hit:
-                where, micro = hit[0].bypass_crashes[0]
-                message = f"{where.describe()} (rows {_rows(micro.rows)}): bypass mode raises {micro.bypass_crash}"
-                out.append(_finding("verl_crash_microbatch_empty", hit, message, _count(hit, legacy=False)))
-        return out
+def findings(report: MicroBatchReport) -> list[Finding]:
+    """The crashes of the path this configuration takes, and the splits verl refuses, each naming the first."""
+    out: list[Finding] = []
+    refused = [s for s in report.steps if s.refused is not None]
+    if refused:
+        first = refused[0]
+        out.append(_finding("verl_refuses_microbatch_setup", refused, f"verl refuses this split: {first.refused}"))
+    if report.path == "legacy_actor":
+        hit = [s for s in report.steps if s.legacy_crashes]
+        if hit:
+            where, micro = hit[0].legacy_crashes[0]
+            why = (
+                f"RS rejects all {micro.n_valid_tokens} of its valid tokens"
+                if micro.n_valid_tokens
+                else "it has no valid token at all"
+            )
+            message = (
+                f"{where.describe()} (rows {_rows(micro.rows)}): {why}, and verl <= 0.7.1's actor computes the "
+                f"off-policy metrics per micro-batch: {LEGACY_ASSERT}"
+            )
+            out.append(_finding("verl_crash_microbatch_all_rejected", hit, message, _count(hit, legacy=True)))
+    if report.path == "bypass":
+        hit = [s for s in report.steps if s.bypass_crashes]
+        if hit:
+            where, micro = hit[0].bypass_crashes[0]
+            message = f"{where.describe()} (rows {_rows(micro.rows)}): bypass mode raises {micro.bypass_crash}"
+            out.append(_finding("verl_crash_microbatch_empty", hit, message, _count(hit, legacy=False)))
+    return out
 
 
 def _rows(rows: tuple[int, ...]) -> str:
@@ -83,7 +56,7 @@ def _finding(code: str, steps: list[StepMicroBatches], message: str, value: floa
     return Finding(code, spec.severity, f"{where}{message}. {spec.advice}", value=value, steps=numbered or None)
 
 
-def path_of(resolved: ResolvedConfig) -> Path:
+def path_of(resolved: ResolvedConfig) -> MicroBatchPath:
     """Which per-micro-batch path verl runs under this configuration and release."""
     if resolved.config.bypass_mode:
         return "bypass"
@@ -95,4 +68,4 @@ def simulate(
 ) -> MicroBatchReport:
     """Split every step as verl would and simulate both paths."""
     simulated = tuple(simulate_step(step, rows, resolved, settings) for step, rows in steps.items())
-    return MicroBatchReport(settings, path_of(resolved), simulated)
+    return MicroBatchReport(settings.to_dict(), path_of(resolved), simulated)

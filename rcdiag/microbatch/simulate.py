@@ -18,7 +18,6 @@ micro-batch of an on-policy update).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,98 +34,7 @@ from rcdiag.metrics.rejection import rejected_tokens
 from rcdiag.microbatch.partition import SplitRefusedError
 from rcdiag.microbatch.plan import MicroBatchSettings, plan
 from rcdiag.microbatch.rows import StepRows, take
-
-LEGACY_ASSERT = "AssertionError: Expected at least one valid token in response_mask"
-BYPASS_VALUEERROR = "ValueError: response_mask must contain at least one valid token (1)."
-
-
-@dataclass(frozen=True)
-class MicroBatch:
-    """One micro-batch: its rows (indices into the step's rows, in dump order) and its valid tokens."""
-
-    rows: tuple[int, ...]
-    n_valid_tokens: int
-    n_valid_tokens_after_rs: int
-    bypass_crash: str | None
-    """What bypass mode raises on it (``ValueError``, or IcePop's ``ZeroDivisionError``); ``None``: nothing."""
-
-    @property
-    def legacy_crash(self) -> bool:
-        return self.n_valid_tokens_after_rs == 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "rows": list(self.rows),
-            "n_valid_tokens": self.n_valid_tokens,
-            "n_valid_tokens_after_rs": self.n_valid_tokens_after_rs,
-            "bypass_crash": self.bypass_crash,
-        }
-
-
-@dataclass(frozen=True)
-class Where:
-    """A micro-batch's place: step, mini-batch, rank, micro-batch (0-based)."""
-
-    step: int | None
-    mini: int
-    rank: int
-    micro: int
-
-    def describe(self) -> str:
-        step = "" if self.step is None else f"step {self.step}, "
-        return f"{step}mini-batch {self.mini}, rank {self.rank}, micro-batch {self.micro}"
-
-
-@dataclass(frozen=True)
-class StepMicroBatches:
-    """One step's split and what each path gives on it."""
-
-    step: int | None
-    refused: str | None
-    """verl's condition when it refuses this split (then nothing else is simulated)."""
-    mini_batches: tuple[tuple[tuple[MicroBatch, ...], ...], ...]
-    """``mini_batches[m][rank]``: the rank's micro-batches in mini-batch ``m``."""
-    legacy_metrics: dict[str, MetricValue] | None
-    bypass_metrics: dict[str, MetricValue] | None
-
-    def each(self) -> list[tuple[Where, MicroBatch]]:
-        return [
-            (Where(self.step, m, r, i), micro)
-            for m, ranks in enumerate(self.mini_batches)
-            for r, micros in enumerate(ranks)
-            for i, micro in enumerate(micros)
-        ]
-
-    @property
-    def legacy_crashes(self) -> list[tuple[Where, MicroBatch]]:
-        return [(where, micro) for where, micro in self.each() if micro.legacy_crash]
-
-    @property
-    def bypass_crashes(self) -> list[tuple[Where, MicroBatch]]:
-        return [(where, micro) for where, micro in self.each() if micro.bypass_crash is not None]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "legacy_actor_assert_would_fire": bool(self.legacy_crashes),
-            "bypass_valueerror_would_fire": any(m.bypass_crash == BYPASS_VALUEERROR for _, m in self.each()),
-            "legacy_metrics": self.legacy_metrics,
-            "bypass_metrics": self.bypass_metrics,
-            "refused": self.refused,
-            "mini_batches": [
-                {
-                    "index": m,
-                    "ranks": [
-                        {
-                            "rank": r,
-                            "rows": sum(len(micro.rows) for micro in micros),
-                            "micro_batches": [micro.to_dict() for micro in micros],
-                        }
-                        for r, micros in enumerate(ranks)
-                    ],
-                }
-                for m, ranks in enumerate(self.mini_batches)
-            ],
-        }
+from rcdiag.report import BYPASS_VALUEERROR, MicroBatch, StepMicroBatches
 
 
 def reduce_by_name(key: str, values: list[float]) -> float:

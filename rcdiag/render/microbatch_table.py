@@ -7,10 +7,8 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from rcdiag.microbatch import MicroBatchReport
-from rcdiag.microbatch.simulate import LEGACY_ASSERT
 from rcdiag.render.text import fmt
-from rcdiag.report import Report
+from rcdiag.report import LEGACY_ASSERT, MicroBatchReport, Report
 
 MAX_CRASH_ROWS = 20
 PATHS = {
@@ -25,7 +23,7 @@ def microbatch_section(full: Report) -> list[RenderableType]:
     """Renderables for the micro-batch section of ``full`` (which has one)."""
     report = full.microbatch
     assert report is not None
-    settings = ", ".join(f"{k}={v}" for k, v in report.settings.to_dict().items() if v not in (None, False))
+    settings = ", ".join(f"{k}={v}" for k, v in report.settings.items() if v not in (None, False))
     head = Text(f"Micro-batches ({settings})", style="bold")
     head.append(f"\nthis configuration runs: {PATHS[report.path]}", style="dim")
     if report.path == "legacy_actor":
