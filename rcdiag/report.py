@@ -9,12 +9,15 @@ from typing import Any, Literal
 from rcdiag.core.limits import finite
 
 Severity = Literal["error", "warning", "info"]
+Side = Literal["a", "b"]
+"""The two dumps of ``rcdiag compare``."""
 SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
 class Finding:
-    """One health observation, with a stable ``code`` (documented in docs/findings.md)."""
+    """One health observation, with a stable ``code`` (documented in docs/findings.md; ``compare``'s codes in
+    docs/compare.md)."""
 
     code: str
     severity: Severity
@@ -28,14 +31,31 @@ class Finding:
     """Per-metric detail folded into this finding (``logprob_neg_inf``: each non-finite metric and its value)."""
     evidence: dict[str, Any] | None = None
     """The numbers behind a detector's verdict (``analyze --explain``), as in its message."""
+    side: Side | None = None
+    """``compare``: the dump it is about (``None``: the pair as a whole, or an ``analyze`` finding)."""
 
     def to_dict(self) -> dict[str, Any]:
+        """``analyze``'s JSON finding (docs/json.md), which has no ``side``."""
         out = dataclasses.asdict(self)
+        del out["side"]
         out["evidence"] = None if self.evidence is None else _finite_tree(self.evidence)
         out["value"] = finite(self.value)
         out["threshold"] = list(self.threshold) if isinstance(self.threshold, tuple) else self.threshold
         out["steps"] = list(self.steps) if self.steps is not None else None
         return out
+
+    def to_pair_dict(self) -> dict[str, Any]:
+        """``compare``'s JSON finding (docs/compare.md): its ``side``, and no per-step fields."""
+        threshold = list(self.threshold) if isinstance(self.threshold, tuple) else self.threshold
+        return {
+            "code": self.code,
+            "severity": self.severity,
+            "message": self.message,
+            "side": self.side,
+            "metric": self.metric,
+            "value": finite(self.value),
+            "threshold": threshold,
+        }
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ from rcdiag.compare.records import (
     CompareFinding,
     Comparison,
     MetricDiff,
-    Side,
     SideTemperature,
     StepPair,
     TemperatureAnalysis,
@@ -45,7 +44,7 @@ from rcdiag.compare.verdicts import COMPARE_FINDING_CODES, TEMPERATURE_KL_LIMIT,
 from rcdiag.config import CorrectionConfig
 from rcdiag.errors import ConfigError
 from rcdiag.options import ReadOptions
-from rcdiag.report import Report
+from rcdiag.report import Report, Side
 
 __all__ = [
     "ASSUMED_TEMPERATURE",

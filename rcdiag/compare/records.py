@@ -11,29 +11,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rcdiag.catalogue.metrics import full_key
-from rcdiag.core.limits import finite
-from rcdiag.report import SCHEMA_VERSION, Report, Severity
+from rcdiag.report import SCHEMA_VERSION, Finding, Report
 
-Side = Literal["a", "b"]
 KL = full_key("kl")
 K3 = full_key("k3_kl")
 KL_SE = full_key("rcdiag/kl_std_error")
 
 
-@dataclass(frozen=True)
-class CompareFinding:
-    """One verdict about the pair; ``side`` says which dump it is about (``None``: the pair as a whole)."""
-
-    code: str
-    severity: Severity
-    message: str
-    side: Side | None = None
-    metric: str | None = None
-    value: float | None = None
-    threshold: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"value": finite(self.value)}
+CompareFinding = Finding
+"""A finding about the pair: a ``rcdiag.report.Finding`` whose ``side`` says which dump (the old name, kept)."""
 
 
 @dataclass(frozen=True)
@@ -140,7 +126,8 @@ class Comparison:
     """Steps found in only one dump (``{"a": (...), "b": (...)}``): listed, never dropped silently."""
     trend: dict[str, float | None]
     """Least-squares slope of (b - a) per step over the paired steps, for the ``TREND_KEYS`` present."""
-    findings: tuple[CompareFinding, ...]
+    findings: tuple[Finding, ...]
+    """Findings about the pair, each with its ``side``."""
 
     def metric(self, key: str) -> MetricDiff:
         """The row of one metric (full key)."""
@@ -161,5 +148,5 @@ class Comparison:
             "steps": [s.to_dict() for s in self.steps],
             "unpaired_steps": {side: list(steps) for side, steps in self.unpaired_steps.items()},
             "trend": self.trend,
-            "findings": [f.to_dict() for f in self.findings],
+            "findings": [f.to_pair_dict() for f in self.findings],
         }

@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 
 from rcdiag.catalogue.findings import codes_for, finding, listing_order
-from rcdiag.compare.records import KL, CompareFinding, Side, SideTemperature, TemperatureAnalysis
+from rcdiag.compare.records import KL, SideTemperature, TemperatureAnalysis
 from rcdiag.compare.temperature import ASSUMED_TEMPERATURE, NOISE_RATIO_LIMIT, SIGMAS, _g
 from rcdiag.health import KL_K3_RELATIVE_GAP
-from rcdiag.report import Report
+from rcdiag.report import Finding, Report, Side
 
 TEMPERATURE_KL_LIMIT = 0.1
 """kl at or above this at T != 1 is the size a log-prob computed without the temperature gives (0.1-1)."""
@@ -21,8 +21,8 @@ COMPARE_FINDING_CODES = codes_for("compare")
 """Every code ``compare`` can give, in the order findings are listed (documented in docs/compare.md)."""
 
 
-def _findings(a: Report, b: Report, t: TemperatureAnalysis) -> list[CompareFinding]:
-    findings: list[CompareFinding] = []
+def _findings(a: Report, b: Report, t: TemperatureAnalysis) -> list[Finding]:
+    findings: list[Finding] = []
     sides: dict[Side, tuple[Report, SideTemperature]] = {"a": (a, t.a), "b": (b, t.b)}
     for side, (report, st) in sides.items():
         findings.extend(_side_findings(side, report, st))
@@ -51,13 +51,13 @@ def _verdict(
     metric: str | None = None,
     value: float | None = None,
     threshold: float | None = None,
-) -> CompareFinding:
+) -> Finding:
     """A finding with its catalogue severity."""
-    return CompareFinding(code, finding(code).severity, message, side, metric, value, threshold)
+    return Finding(code, finding(code).severity, message, metric, value, threshold, side=side)
 
 
-def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[CompareFinding]:
-    out: list[CompareFinding] = []
+def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[Finding]:
+    out: list[Finding] = []
     other = "b" if side == "a" else "a"
     if st.temperature is None:
         out.append(
@@ -139,7 +139,7 @@ def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[Comp
     return out
 
 
-def _noise_findings(t: TemperatureAnalysis, shifted: set[Side | None]) -> list[CompareFinding]:
+def _noise_findings(t: TemperatureAnalysis, shifted: set[Side | None]) -> list[Finding]:
     """The noise comparison on the point estimates; where the quieter side's kl is within ``SIGMAS`` standard
     errors of 0, "far apart" must also hold against the high end of its band. Silent for a side with a systematic
     shift, where the estimate does not hold."""
@@ -209,7 +209,7 @@ def _noise_findings(t: TemperatureAnalysis, shifted: set[Side | None]) -> list[C
     ]
 
 
-def _consistent(t: TemperatureAnalysis) -> CompareFinding:
+def _consistent(t: TemperatureAnalysis) -> Finding:
     assert t.a.noise is not None
     assert t.b.noise is not None
     assert t.noise_ratio is not None

@@ -42,7 +42,7 @@ from rcdiag.render.token_html import token_sections
 from rcdiag.report import Finding, Report, Verdict
 
 if TYPE_CHECKING:
-    from rcdiag.compare.records import CompareFinding, Comparison
+    from rcdiag.compare.records import Comparison
     from rcdiag.sweep.report import SweepReport, SweepRow
 
 MAX_STEP_ROWS = 400
@@ -210,13 +210,13 @@ def _facts(report: Report) -> str:
     return f'<table class="facts"><tbody>{body}</tbody></table>'
 
 
-def _findings(findings: Sequence[Finding | CompareFinding], none: str) -> str:
+def _findings(findings: Sequence[Finding], none: str) -> str:
     """Each finding with its severity, code, the dump it concerns (compare) and its message."""
     if not findings:
         return f'<p class="ok">{none}</p>'
     blocks = []
     for f in findings:
-        side = getattr(f, "side", None)
+        side = f.side
         blocks.append(f'<div class="finding {f.severity}"><span class="{f.severity}">{f.severity.upper()}</span> '
                       f'<span class="code">[{e(f.code)}]</span>{f" (dump {e(side)})" if side else ""}'
                       f"<p>{e(f.message)}</p></div>")  # fmt: skip
