@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rcdiag._version import __version__
 from rcdiag.backend import Backend, NumpyBackend, get_backend
@@ -253,7 +253,7 @@ def accumulate(
     if read.workers == "auto":  # processes only on CPU, and never for micro-batches (rows in order, one process)
         cpu = isinstance(backend, NumpyBackend) and collector is None
         read = read.replace(workers=choose_workers(source) if cpu else 1)
-    parts = source.partitions(RAY_MAX_PARTS if read.ray else read.workers)
+    parts = source.partitions(RAY_MAX_PARTS if read.ray else cast(int, read.workers))  # "auto" is a number now
     scratch = temporary_directory(explain.sequences) if explain is not None and explain.sequences else None
     try:
         if read.ray or len(parts) > 1:
@@ -408,7 +408,7 @@ def build_report(
 
         detected = [*detect(state.explain, stepped), *token_findings(state.explain.tokens, vocabulary)]
         findings = sorted([*findings, *detected], key=lambda f: listing_order(f.code, f.severity))
-        breakdowns = state.explain.breakdowns.compute()
+        breakdowns: dict[str, Any] = state.explain.breakdowns.compute()
         if state.explain.tokens.seen:
             breakdowns["token"] = token_section(state.explain.tokens, vocabulary)
             if tokens_path is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -15,6 +16,9 @@ def take_rows(chunk: Chunk, rows: np.ndarray) -> Chunk:
     offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     index = np.repeat(chunk.offsets[:-1][rows] - offsets[:-1], lengths) + np.arange(offsets[-1])
+    per_row: dict[str, Any] = {
+        name: None if getattr(chunk, name) is None else getattr(chunk, name)[rows] for name in Chunk.PER_ROW
+    }
     return dataclasses.replace(
         chunk,
         old=chunk.old[index],
@@ -22,5 +26,5 @@ def take_rows(chunk: Chunk, rows: np.ndarray) -> Chunk:
         offsets=offsets,
         mask=None if chunk.mask is None else chunk.mask[index],
         tokens=None if chunk.tokens is None else chunk.tokens[index],
-        **{name: None if getattr(chunk, name) is None else getattr(chunk, name)[rows] for name in Chunk.PER_ROW},
+        **per_row,
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -197,6 +198,6 @@ def write(table: pa.Table, path: str | Path, *, compression: str = "zstd", row_g
     pq.write_table(table, str(path), compression=compression, row_group_size=row_group_size)
 
 
-def with_overrides(scenario: str, **changes: float) -> Scenario:
+def with_overrides(scenario: str, **changes: Any) -> Scenario:
     """A named scenario with some fields changed (e.g. more noise)."""
     return replace(SCENARIOS[scenario], **changes)

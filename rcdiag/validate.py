@@ -344,7 +344,7 @@ def as_chunk(chunk: Chunk, index: int | None = None) -> Chunk:
 def _array(values: object, name: str, where: str) -> np.ndarray:
     """numpy from numpy, torch (any device or dtype) or a list."""
     if hasattr(values, "detach"):  # a torch tensor
-        tensor = values.detach().cpu()  # type: ignore[attr-defined]
+        tensor = values.detach().cpu()
         if tensor.is_floating_point() and tensor.element_size() < 4:  # bfloat16 / float16: numpy has no bfloat16
             tensor = tensor.float()
         return tensor.numpy()

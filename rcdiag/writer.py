@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ def _numpy(value: Any, dtype: type) -> np.ndarray | list[np.ndarray]:
         rows = [_numpy(row, dtype) if not isinstance(row, (int, float)) else None for row in value]
         if any(row is None for row in rows):
             return np.asarray(value, dtype=dtype)
-        return [np.asarray(row, dtype=dtype).reshape(-1) for row in rows]  # type: ignore[arg-type]
+        return [np.asarray(row, dtype=dtype).reshape(-1) for row in rows]
     raise TypeError(f"expected a tensor, an array or a list of rows, got {type(value).__name__}")
 
 
@@ -209,7 +209,7 @@ def _optional_columns(temperature: float | None, token_ids: Any | None) -> dict[
     return fields
 
 
-def _names(columns: Sequence[str]) -> str:
+def _names(columns: Collection[str]) -> str:
     return " and ".join(columns) if columns else "no optional column"
 
 

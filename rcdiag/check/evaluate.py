@@ -83,8 +83,8 @@ def _evaluate(report: Report, rule: Rule, available: list[str], baseline: Report
         nulls = [s for s, v in series if v is None]
         if nulls:
             text = f"null (not finite) at step(s) {_list(nulls)}, so no mean"
-            failing = tuple(s for s in nulls if s is not None)
-            return RuleResult(rule, key, "failed", None, limit, None, failing, len(series), base, text)
+            null_steps = tuple(s for s in nulls if s is not None)
+            return RuleResult(rule, key, "failed", None, limit, None, null_steps, len(series), base, text)
         mean = sum(v for _, v in series if v is not None) / len(series)
         ok = _excess(rule, mean, limit) <= 0
         text = f"mean over {len(series)} step(s) is {_g(mean)}" + ("" if ok else f", beyond {_g(limit)}")

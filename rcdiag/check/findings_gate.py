@@ -48,8 +48,8 @@ class FindingGate:
         """Both gates at once: the stricter severity, every code."""
         if other is None:
             return self
-        levels = [s for s in (self.severity, other.severity) if s is not None]
-        severity = max(levels, key=lambda s: SEVERITY_RANK[s]) if levels else None
+        levels: list[Severity] = [s for s in (self.severity, other.severity) if s is not None]
+        severity = max(levels, key=SEVERITY_RANK.__getitem__) if levels else None
         return FindingGate(severity, tuple(dict.fromkeys(self.codes + other.codes)))
 
     def to_dict(self) -> dict[str, object]:
@@ -69,8 +69,8 @@ def parse_fail_on(texts: Iterable[str], *, option: str = "--fail-on") -> Finding
     for text in texts:
         for name in (part.strip() for part in text.split(",")):
             if name in SEVERITY_RANK:
-                if severity is None or SEVERITY_RANK[name] > SEVERITY_RANK[severity]:  # type: ignore[index]
-                    severity = name  # type: ignore[assignment]
+                if severity is None or SEVERITY_RANK[name] > SEVERITY_RANK[severity]:
+                    severity = name
             elif name in valid:
                 codes.append(name)
             else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from rcdiag.errors import ConfigError
 
@@ -20,6 +20,11 @@ Status = Literal["passed", "failed", "skipped"]
 RULE_KINDS: tuple[RuleKind, ...] = ("max", "min", "max_abs", "max_increase", "max_decrease")
 RELATIVE_KINDS = ("max_increase", "max_decrease")
 STEP_MODES: tuple[StepMode, ...] = ("every", "last", "mean")
+
+
+def is_step_mode(text: str) -> TypeGuard[StepMode]:
+    """Whether ``text`` names a step mode (``--steps``, a rule's ``steps``)."""
+    return text in STEP_MODES
 
 
 @dataclass(frozen=True)

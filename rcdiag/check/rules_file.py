@@ -157,8 +157,8 @@ def _parse_table(path: Path, table: dict, where: str, steps: Any, tolerate: Any)
     if baseline is not None and not isinstance(baseline, str):
         raise fail("baseline must be a path string")
     # a path is relative to the rules file; a URL (s3://...) is kept as it is
-    where = (baseline if "://" in baseline else path.parent / baseline) if baseline else None
-    return RuleFile(path, tuple(rules), dict(engine), where, gate)
+    resolved = (baseline if "://" in baseline else path.parent / baseline) if baseline else None
+    return RuleFile(path, tuple(rules), dict(engine), resolved, gate)
 
 
 def _mode(value: Any, name: str, fail: Any) -> StepMode:

@@ -156,15 +156,15 @@ def check(
         parse_fail_on,
     )
     from rcdiag.check import check as run_check
+    from rcdiag.check.rules import is_step_mode
     from rcdiag.cli.output import checked_path, refuse_inputs
     from rcdiag.cli.progress import progress
     from rcdiag.errors import ConfigError
 
     junit_file, markdown_file = checked_path(junit, "--junit"), checked_path(markdown, "--markdown")
 
-    if steps not in ("every", "last", "mean"):
+    if not is_step_mode(steps):
         raise ConfigError(f"--steps must be every, last or mean, got '{steps}'.")
-    defaults = {"steps": steps, "tolerate": tolerate}
     rules = []
     options: tuple[tuple[RuleKind, str, list[str] | None], ...] = (
         ("max", "--max", max_rules),
@@ -174,11 +174,15 @@ def check(
         ("max_decrease", "--max-decrease", max_decrease),
     )
     for kind, flag, texts in options:
-        rules += [parse_assignment(text, kind, option=flag, steps=steps, tolerate=tolerate) for text in texts or []]  # type: ignore[arg-type]
-    packed, gate = packs_and_gate(packs or [], parse_fail_on(fail_on or []), steps=steps, tolerate=tolerate)  # type: ignore[arg-type]
+        rules += [parse_assignment(text, kind, option=flag, steps=steps, tolerate=tolerate) for text in texts or []]
+    packed, gate = packs_and_gate(packs or [], parse_fail_on(fail_on or []), steps=steps, tolerate=tolerate)
     rules += packed
     loaded = (
-        load_rules(rules_file, **defaults) if rules_file else None if no_pyproject else find_project_rules(**defaults)
+        load_rules(rules_file, steps=steps, tolerate=tolerate)
+        if rules_file
+        else None
+        if no_pyproject
+        else find_project_rules(steps=steps, tolerate=tolerate)
     )
     config = engine.config(base=loaded.config() if loaded is not None else None)  # before the notice: one error line
     if loaded is not None:
@@ -186,15 +190,15 @@ def check(
         gate = loaded.fail_on.merged(gate) if loaded.fail_on is not None else gate
         if rules_file is None:
             print(f"rcdiag: using [tool.rcdiag.check] from {loaded.path}", file=sys.stderr)
-    baseline = baseline or (loaded.baseline if loaded is not None else None)
-    refuse_inputs([path, baseline], out, junit=junit_file, markdown=markdown_file)
+    against = baseline or (loaded.baseline if loaded is not None else None)
+    refuse_inputs([path, against], out, junit=junit_file, markdown=markdown_file)
     with progress(read, out) as on_chunk:
         result = run_check(
             path,
             rules,
             config,
             read,
-            baseline=baseline,
+            baseline=against,
             on_chunk=on_chunk,
             fail_on=gate,
         )
@@ -212,7 +216,7 @@ def _emit(result: CheckResult, out: Output, junit: Path | None, markdown: Path |
         write_file(junit, render_junit(result))
     if markdown is not None:
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
-        write_file(markdown, render_markdown(result), append=bool(summary) and Path(summary) == markdown)
+        write_file(markdown, render_markdown(result), append=Path(summary) == markdown if summary else False)
     out.emit(result)
     if os.environ.get("GITHUB_ACTIONS") == "true":
         for line in github_annotations(result):

@@ -66,6 +66,7 @@ def compare(
     check_temperature(temperature_b, "--temperature-b")
     config = engine.config()
     shared = read.columns
+    assert shared is not None  # the command line's ReadOptions always hold a ColumnMap (cli/options.py)
     read_a, read_b = (
         read.replace(columns=dataclasses.replace(shared, **side)) if side else read for side in (columns_a, columns_b)
     )

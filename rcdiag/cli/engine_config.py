@@ -36,7 +36,8 @@ class EngineFlags:
     def config(self, base: CorrectionConfig | None = None) -> CorrectionConfig:
         """The configuration the flags describe, on top of ``--preset``, else ``base`` (a rules file's
         ``[engine]``), else verl's default; resolved here, so that every configuration error comes first."""
-        version = verl_version(self.verl_version if self.verl_version is not None else base and base.verl_version)
+        given = self.verl_version if self.verl_version is not None or base is None else base.verl_version
+        version = verl_version(given)
         config = preset(self.preset, version.name) if self.preset else base or CorrectionConfig()
         changes: dict[str, Any] = {"verl_version": version.name}
         if self.is_level is not None:

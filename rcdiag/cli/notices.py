@@ -19,7 +19,9 @@ def notices_live_warnings_held() -> Iterator[list[warnings.WarningMessage]]:
     list."""
     held: list[warnings.WarningMessage] = []
 
-    def show(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None, line: Any = None):
+    def show(
+        message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None, line: Any = None
+    ) -> None:
         if issubclass(category, Busy):
             print(f"rcdiag: {message}", file=sys.stderr, flush=True)
         else:

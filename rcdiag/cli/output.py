@@ -8,7 +8,7 @@ import contextlib
 import functools
 import io
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,7 +83,7 @@ def checked_path(text: str | None, flag: str) -> Path | None:
     return path
 
 
-def refuse_inputs(inputs: list[str | None], out: Output | None = None, **files: Path | str | None) -> None:
+def refuse_inputs(inputs: Sequence[str | Path | None], out: Output | None = None, **files: Path | str | None) -> None:
     """Exit 2 before reading when an output (``out``'s files, and ``files``: ``save_state=...`` is
     ``--save-state``) would write over an input (rcdiag.outputs.refuse_inputs)."""
     named = [(f"--{name.replace('_', '-')}", path) for name, path in files.items()]

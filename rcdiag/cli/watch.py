@@ -222,7 +222,7 @@ def watch(
     if loaded is not None:
         rules += loaded.rules
         gate = loaded.fail_on.merged(gate) if loaded.fail_on is not None else gate
-    policy = AlertPolicy(tuple(rules), gate or DEFAULT_GATE, exit_on.value if exit_on else None, horizon)  # type: ignore[arg-type]
+    policy = AlertPolicy(tuple(rules), gate or DEFAULT_GATE, exit_on.value if exit_on else None, horizon)
     session = Watch(
         path, config, read, state_path=state, settle=settle, policy=policy, dispatcher=Dispatcher(on_alert, webhook)
     )

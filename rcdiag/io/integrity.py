@@ -12,6 +12,8 @@ the column and, for list offsets, the row.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 
@@ -50,6 +52,7 @@ def _located(batch: Batch, exc: BaseException) -> InputError:
 def bad_offset_row(array: pa.Array) -> int | None:
     """The first row of a list array whose offsets decrease or leave the values, when its offsets buffer can be read
     safely (long enough for the array); ``None`` otherwise or for other types."""
+    dtype: np.dtype[np.signedinteger[Any]]
     if pa.types.is_list(array.type):
         dtype = np.dtype(np.int32)
     elif pa.types.is_large_list(array.type):

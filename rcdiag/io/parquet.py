@@ -66,7 +66,7 @@ class ParquetFile(TableFile):
         meta = self.file.metadata
         if n < 2:
             return [None]
-        return balanced_runs([meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)], n)
+        return [*balanced_runs([meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)], n)]
 
     def batches(self, chunk_tokens: int, columns: list[str], part: tuple[int, ...] | None = None) -> Iterator[Batch]:
         """Record batches of the whole file, or of a part: a run of contiguous row groups from ``partitions``.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -130,7 +131,7 @@ def _parse(data: bytes) -> Footer:
     return Footer(_int(meta, 3), group_rows, chunks)
 
 
-def _int(fields: dict, key: int) -> int:
+def _int(fields: dict[int, Any], key: int) -> int:
     value = fields.get(key)
     if not isinstance(value, int):
         raise _MalformedError(f"field {key} missing or not an integer")
@@ -165,10 +166,10 @@ class _Compact:
         value = self.varint()
         return (value >> 1) ^ -(value & 1)
 
-    def struct(self, spec: dict, depth: int) -> dict[int, object]:
+    def struct(self, spec: dict, depth: int) -> dict[int, Any]:
         if depth > MAX_DEPTH:
             raise _MalformedError("nested too deeply")
-        fields: dict[int, object] = {}
+        fields: dict[int, Any] = {}
         field = 0
         data = self.data
         while True:

@@ -37,7 +37,7 @@ def natural_key(path: FilePath) -> list:
 
 def is_hidden(path: FilePath, root: Path | None = None) -> bool:
     """Temporary or marker files: any path component below ``root`` starting with ``.`` or ``_``."""
-    parts = path.relative_to(root).parts if root is not None else (path.name,)
+    parts = path.relative_to(root).parts if root is not None and isinstance(path, Path) else (path.name,)
     return any(part.startswith((".", "_")) for part in parts)
 
 
@@ -54,11 +54,11 @@ def expand(path: str | Path) -> list[FilePath]:
         raise InputError("file not found", path=text)
     if not p.is_dir():
         return [p]
-    files = directory_files(p)
-    if not files:
+    found = directory_files(p)
+    if not found:
         raise InputError(f"is a directory without dump files ({', '.join(registry.suffixes())})", path=text)
-    note_left_out(text, p, files)
-    return distinct_files(files)
+    note_left_out(text, p, found)
+    return distinct_files(found)
 
 
 def regular_file(name: str, what: str) -> os.stat_result:
@@ -83,7 +83,7 @@ def notice(text: str) -> None:
     notify(f"note: {text}")
 
 
-def distinct_files(files: list[FilePath]) -> list[FilePath]:
+def distinct_files(files: Sequence[FilePath]) -> list[FilePath]:
     """``files`` with each local file (device and inode) kept once, at its first name; each left out is noted."""
     first: dict[tuple[int, int], FilePath] = {}
     kept: list[FilePath] = []
@@ -107,7 +107,7 @@ def _expand_remote(url: str) -> list[FilePath]:
 
     path = storage.parse(url)
     if any(ch in path.key for ch in GLOB_CHARS):
-        files = sorted(storage.glob(path), key=natural_key)
+        files: list[FilePath] = sorted(storage.glob(path), key=natural_key)
         files = [f for f in files if not is_hidden(f)]
         if not files:
             raise InputError("matches no file", path=url)
@@ -135,7 +135,7 @@ def state_files(path: str) -> list[str]:
     elif not remote and not is_glob and Path(text).is_dir():
         files = list_files(Path(text), (".json",))
     elif is_glob:
-        files = _expand_remote(text) if remote else (glob_files(text) or [Path(text)])
+        files = _expand_remote(text) if remote else [*(glob_files(text) or [Path(text)])]
     else:
         return [path]
     if not files:

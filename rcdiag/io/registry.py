@@ -42,8 +42,8 @@ class InputFormat:
     prompts: bool = False
     keeps_open: bool = False
 
-    def open(self, path: FilePath, columns: ColumnMap | None) -> TableFile:
-        """The format's ``TableFile`` for ``path``."""
+    def open(self, path: str | FilePath, columns: ColumnMap | None) -> TableFile:
+        """The format's ``TableFile`` for ``path`` (text in a worker's ``Part``)."""
         return _load(self.opener)(path, columns)
 
     def accepts(self, path: FilePath) -> bool:

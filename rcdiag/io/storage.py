@@ -173,7 +173,10 @@ def _bounded(fs: Any) -> Any:
     import pyarrow.fs as pafs
 
     if isinstance(fs, pafs.S3FileSystem):
-        bounds = {"connect_timeout": CONNECT_TIMEOUT.seconds(), "request_timeout": REQUEST_TIMEOUT.seconds()}
+        bounds: dict[str, float | datetime.timedelta] = {
+            "connect_timeout": CONNECT_TIMEOUT.seconds(),
+            "request_timeout": REQUEST_TIMEOUT.seconds(),
+        }
     elif isinstance(fs, pafs.GcsFileSystem):
         bounds = {"retry_time_limit": datetime.timedelta(seconds=RETRY_LIMIT.seconds())}
     else:

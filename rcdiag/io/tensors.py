@@ -106,7 +106,9 @@ class TensorFile(TableFile):
     def batches(self, chunk_tokens: int, columns: list[str], part: Any = None) -> Iterator[Batch]:
         arrays, _ = self.load(self.path)
         data = {name: to_arrow(arrays[name]) for name in columns}
-        rows = len(data[self.cols.old])
+        old = data[self.cols.old]
+        assert old is not None  # the log-prob columns were checked to be arrays when the file was opened
+        rows = len(old)
         data = {name: column for name, column in data.items() if column is not None and len(column) == rows}
         if self.cols.step is not None and self.name_step is not None:
             self._check_step_column(data[self.cols.step])

@@ -31,7 +31,7 @@ from rcdiag.io.base import ColumnMap
 from rcdiag.io.paths import open_input
 from rcdiag.io.tensors import TensorFile
 
-SLIME_ALIASES = {"old": ("log_probs",)}
+SLIME_ALIASES: dict[str, tuple[str, ...]] = {"old": ("log_probs",)}
 """slime calls the trainer's log-probs ``log_probs``; recognised only inside slime's ``rollout_data``."""
 
 

@@ -109,7 +109,7 @@ def _reject(block: Block, opt: RSOption) -> Rejection:
         reject = ~_keep(opt, seq_value) & valid
         n = block.row_len
         masked_tokens = b.sum(b.where(reject, n, 0.0))
-        states = {
+        states: dict[str, float | tuple] = {
             "clamped": b.moments(b.clip(seq_value, lo, hi), n),
             "masked_tokens": masked_tokens,
             "masked_rows": b.count(reject),
@@ -321,7 +321,7 @@ class RSAggregateMetrics(Accumulator):
                 masked_rows = b.count(row_reject | (per_row > 0))
             self.add(tokens=block.n_tokens, rows=block.n_rows, masked_tokens=masked_tokens, masked_rows=masked_rows)
             return
-        token_reject = _any([r.token_mask() for r in token_options])
+        token_reject = _any([r.token_mask() for r in token_options if r.token_mask is not None])
         if token_reject is None:
             masked_tokens = b.sum(b.where(row_reject, block.row_len, 0.0))
             masked_rows = b.count(row_reject)

@@ -11,8 +11,9 @@ import io
 import math
 import re
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 from matplotlib.axes import Axes
@@ -39,6 +40,9 @@ from rcdiag.render.text import BREAKDOWNS, bucket_label, fmt
 from rcdiag.render.verdict_text import effect_text
 from rcdiag.report import Histogram, Report, Verdict
 
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
+
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
 
 
@@ -58,7 +62,7 @@ SIDES = {
     "B": Side(("#ff7f0e", "#8c564b", "#e377c2"), "-.", "s"),
 }
 WARN = "#d62728"
-STYLE = {
+STYLE: dict[RcKeyType, Any] = {
     "font.size": 11,
     "axes.titlesize": 13,
     "axes.titleweight": "bold",
@@ -148,7 +152,8 @@ def dashboard(reports: Sequence[tuple[str | None, Report]], title: str) -> Figur
     with matplotlib.rc_context(STYLE):
         fig.suptitle(title, x=0.01, ha="left", fontsize=13)
         if verdict is not None:
-            top, bottom = fig.subfigures(2, 1, height_ratios=[band, panels + 0.6])  # the title row goes with the panels
+            # the title row goes with the panels
+            top, bottom = fig.subfigures(2, 1, squeeze=False, height_ratios=[band, panels + 0.6])[:, 0]
             draw_verdict(top, verdict, rows)
         else:
             bottom = fig
@@ -239,9 +244,9 @@ def draw_verdict(
 ) -> None:
     """The verdict band of the PNG: a coloured status badge and the headline, the causes and next steps on the
     left, the prescription (its YAML and measured effect) on the right."""
-    height = fig.get_figheight() if isinstance(fig, Figure) else fig.bbox.height / fig.dpi  # type: ignore[union-attr]
+    height = fig.get_figheight() if isinstance(fig, Figure) else fig.bbox.height / fig.dpi
     colour = STATUS_COLOURS.get(verdict.status, "#57606a")
-    fig.patch.set_facecolor("#f6f8fa")  # type: ignore[union-attr]
+    fig.patch.set_facecolor("#f6f8fa")
     fig.text(0.012, 1 - 0.3 / height, verdict.status.upper(), color="white", fontsize=16, fontweight="bold",
              va="center", bbox={"boxstyle": "round,pad=0.4", "facecolor": colour, "edgecolor": colour})  # fmt: skip
     after = 0.032 + 0.0105 * len(verdict.status)  # past the badge (bold capitals, about 0.0105 of the width each)
@@ -251,8 +256,10 @@ def draw_verdict(
     for x, lines in ((0.008, rows[0]), (0.62, rows[1])):
         for i, (kind, text) in enumerate(lines):
             y = 1 - (VERDICT_TOP + (i + 0.5) * VERDICT_LINE) / height
-            style = {"title": {"fontweight": "bold", "fontsize": 12}, "code": {"family": "monospace", "fontsize": 11},
-                     "text": {"fontsize": 11}}[kind]  # fmt: skip
+            styles: dict[str, dict[str, Any]] = {"title": {"fontweight": "bold", "fontsize": 12},
+                                                 "code": {"family": "monospace", "fontsize": 11},
+                                                 "text": {"fontsize": 11}}  # fmt: skip
+            style = styles[kind]
             fig.text(x, y, text, va="center", color="#1d2329", **style)
 
 
@@ -396,13 +403,13 @@ def draw_weights(ax: Axes, histograms: Sequence[Drawn], settings: Sequence[tuple
                              f"responses{ess}\n(per-response weights: not these per-token tails)")  # fmt: skip
                 continue
             lines.setdefault((setting.upper, setting.lower), []).append(f"{who}{setting.source}{beyond}")
-        for (upper, lower), whose in lines.items():
-            kind = f"IS zeroes weights outside [{lower:g}, {upper:g}]" if lower is not None else f"IS caps at {upper:g}"
-            ax.axvline(upper, color=WARN, linestyle="--", linewidth=1.4, label=f"{kind} ({'; '.join(whose)})")
-            xs_seen.append(upper)
-            if lower is not None:
-                ax.axvline(lower, color=WARN, linestyle="--", linewidth=1.4)
-                xs_seen.append(lower)
+        for (cap, floor), whose in lines.items():
+            kind = f"IS zeroes weights outside [{floor:g}, {cap:g}]" if floor is not None else f"IS caps at {cap:g}"
+            ax.axvline(cap, color=WARN, linestyle="--", linewidth=1.4, label=f"{kind} ({'; '.join(whose)})")
+            xs_seen.append(cap)
+            if floor is not None:
+                ax.axvline(floor, color=WARN, linestyle="--", linewidth=1.4)
+                xs_seen.append(floor)
         if all(setting is None for _, setting in settings):
             notes.append("no IS configured or prescribed: the weights IS would apply")
         for note in notes:  # a legend entry without a mark: the legend finds room away from the curves
@@ -456,7 +463,7 @@ def draw_trace(ax: Axes, title: str, positions: Sequence[int], log_ratios: Seque
 def draw_sweep(
     ax: Axes,
     option: str,
-    curves: dict[str, tuple[Sequence[float], Sequence[float | None]]],
+    curves: Mapping[str, tuple[Sequence[float], Sequence[float | None]]],
     recommended: tuple[float, float, str] | None,
     target: float | None,
 ) -> None:
@@ -547,7 +554,8 @@ def svg(fig: Figure, salt: str) -> str:
     """The figure as an ``<svg>`` element to inline in HTML: no XML prolog, scalable, and ids unique to ``salt``
     (several charts share one page)."""
     out = io.StringIO()
-    with matplotlib.rc_context({**STYLE, "svg.hashsalt": salt}):
+    salted: dict[RcKeyType, Any] = {**STYLE, "svg.hashsalt": salt}
+    with matplotlib.rc_context(salted):
         FigureCanvasSVG(fig).print_svg(out, metadata={"Date": None, "Creator": None})
     text = out.getvalue()
     text = text[text.index("<svg") :]

@@ -62,7 +62,7 @@ def _gate_cases(result: CheckResult) -> list[tuple[str, str | None, str]]:
     gate = result.fail_on.describe()
     if not result.failing_findings:
         return [(f"no finding: {gate}", None, "")]
-    cases = []
+    cases: list[tuple[str, str | None, str]] = []
     for item in result.failing_findings:
         steps = f"\nsteps: {', '.join(map(str, item.steps))}" if item.steps else ""
         text = f"finding: {item.code} ({item.severity})\nfail on: {gate}{steps}\n{item.message}"

@@ -56,16 +56,16 @@ def render_check(result: CheckResult, console: Console) -> None:
             Text(item.message, style=style),
         )
     if result.fail_on is not None:
-        for item in result.failing_findings:
+        for found in result.failing_findings:
             table.add_row(
                 _MARK["failed"],
-                f"finding {item.code} ({item.severity})",
-                ", ".join(map(str, item.steps)) if item.steps else "",
+                f"finding {found.code} ({found.severity})",
+                ", ".join(map(str, found.steps)) if found.steps else "",
                 "",
                 "",
                 "",
                 "--fail-on",
-                Text(item.message),
+                Text(found.message),
             )
         if not result.failing_findings:
             table.add_row(_MARK["passed"], f"no finding: {result.fail_on.describe()}", "", "", "", "", "--fail-on", "")

@@ -43,7 +43,7 @@ class Panel:
     """Also draw every RS option's own ``masked_fraction`` (when there are several)."""
 
     def warnings(self) -> list[WarnLine]:
-        out = []
+        out: list[WarnLine] = []
         for key in self.keys:
             spec = metric(key)
             assert spec is not None, key

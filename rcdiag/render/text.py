@@ -84,8 +84,8 @@ def _checks(*, explain: bool = False) -> list[tuple[str, str | None, str]]:
 def checklist(report: Report) -> list[ChecklistRow]:
     """Every analyze check of the finding catalogue, with whether (and where) it fired."""
     fired: dict[str, Finding] = {}
-    for finding in report.findings:
-        fired.setdefault(finding.code, finding)
+    for found in report.findings:
+        fired.setdefault(found.code, found)
     rows = []
     not_run = report.explain.not_run if report.explain is not None else {}
     for code, key, label in _checks(explain=report.explain is not None):

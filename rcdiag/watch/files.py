@@ -39,7 +39,7 @@ class FileStamp:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FileStamp:
         inode = data.get("inode")
-        return cls(str(data["name"]), int(data["size"]), int(data["mtime_ns"]), tuple(inode) if inode else None)  # type: ignore[arg-type]
+        return cls(str(data["name"]), int(data["size"]), int(data["mtime_ns"]), tuple(inode) if inode else None)
 
 
 def root_of(location: str) -> FilePath:
@@ -51,16 +51,16 @@ def root_of(location: str) -> FilePath:
 def stamp(root: FilePath, file: FilePath) -> FileStamp | None:
     """The file's stamp now; ``None`` when it has gone."""
     if isinstance(file, RemotePath):
-        found = storage.identity(file)
-        if found.get("size") is None:
+        found = storage.file_info(file)
+        if found.size is None:
             return None
-        name = "/".join(file.parts[len(root.parts) :])  # type: ignore[union-attr]
-        return FileStamp(name, int(found["size"]), int(found.get("mtime_ns") or 0))  # type: ignore[call-overload]
+        name = "/".join(file.parts[len(root.parts) :])
+        return FileStamp(name, int(found.size), int(found.mtime_ns or 0))
     try:
         info = os.stat(file)
     except OSError:
         return None
-    name = Path(file).relative_to(root).as_posix()  # type: ignore[arg-type]
+    name = Path(file).relative_to(str(root)).as_posix()
     return FileStamp(name, info.st_size, info.st_mtime_ns, (info.st_dev, info.st_ino))
 
 

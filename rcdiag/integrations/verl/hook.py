@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeGuard
 
 from rcdiag.notices import notify
 from rcdiag.writer import DumpWriter
@@ -73,7 +73,7 @@ def training_step(batch: Any, caller: FrameType | None, calls: int) -> int:
     return int(step) if _is_step(step) else calls
 
 
-def _is_step(value: Any) -> bool:
+def _is_step(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -94,7 +94,9 @@ def wrap(function: Callable[..., Any], dumper: StepDumper) -> Callable[..., Any]
     """``function`` (verl's step) that first dumps its batch; same arguments, same result."""
 
     @functools.wraps(function)
-    def compute_rollout_correction_and_add_to_batch(batch: Any, rollout_corr_config: Any, *args: Any, **kwargs: Any):
+    def compute_rollout_correction_and_add_to_batch(
+        batch: Any, rollout_corr_config: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         dumper.dump(batch, rollout_corr_config, sys._getframe(1))
         return function(batch, rollout_corr_config, *args, **kwargs)
 
