@@ -22,7 +22,8 @@ from rcdiag.errors import ConfigError
 from rcdiag.fields import FieldError, checked
 from rcdiag.versions import DEFAULT_VERSION, VerlVersion, needs, verl_version
 
-IS_LEVELS = ("token", "sequence")
+ISLevel = Literal["token", "sequence"]
+IS_LEVELS: tuple[ISLevel, ...] = ("token", "sequence")
 RS_OPTIONS = (
     "token_k1",
     "token_k2",
@@ -91,7 +92,7 @@ _FIELD_TYPES = typing.get_type_hints(CorrectionConfig)
 class ISSpec:
     """Resolved importance-sampling settings."""
 
-    level: Literal["token", "sequence"]
+    level: ISLevel
     upper: float
     lower: float | None
     """IcePop lower bound; ``None`` means truncated IS (TIS)."""
@@ -317,7 +318,7 @@ def _resolve(config: CorrectionConfig) -> ResolvedConfig:
         upper, lower = parse_is_threshold(config.rollout_is_threshold)
         if lower is not None:
             needs(version, "icepop", f"rollout_is_threshold '{config.rollout_is_threshold}' (IcePop, lower_upper)")
-        is_spec = ISSpec(config.rollout_is, upper, lower, bool(config.rollout_is_batch_normalize))  # type: ignore[arg-type]
+        is_spec = ISSpec(config.rollout_is, upper, lower, bool(config.rollout_is_batch_normalize))
     rs_options: list[RSOption] = []
     if config.rollout_rs is not None:
         if config.rollout_rs_threshold is None:

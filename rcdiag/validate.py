@@ -243,7 +243,8 @@ def _describe(chunk: Chunk, row: int, code: int, valid: np.ndarray | None) -> Pr
     lo, hi = int(chunk.offsets[row]), int(chunk.offsets[row + 1])
     where = chunk.where(row)
     if code == 1:
-        values = chunk.mask[lo:hi]  # type: ignore[index]
+        assert chunk.mask is not None  # code 1 is a mask value other than 0 and 1
+        values = chunk.mask[lo:hi]
         position = int(np.flatnonzero((values != 0) & (values != 1))[0])
         value = values[position]
         shown = int(value) if float(value).is_integer() else float(value)

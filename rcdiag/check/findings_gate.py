@@ -49,7 +49,7 @@ class FindingGate:
         if other is None:
             return self
         levels: list[Severity] = [s for s in (self.severity, other.severity) if s is not None]
-        severity = max(levels, key=SEVERITY_RANK.__getitem__) if levels else None
+        severity = max(levels, key=SEVERITY_RANK.__getitem__, default=None)
         return FindingGate(severity, tuple(dict.fromkeys(self.codes + other.codes)))
 
     def to_dict(self) -> dict[str, object]:

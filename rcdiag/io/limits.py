@@ -32,16 +32,19 @@ class Limit:
             raise ConfigError(f"{self.variable}={os.environ[self.variable]!r} is not a whole number of {self.unit}.")
         return int(text)
 
-    def check(self, size: int, path: str, what: str | None = None, **where: object) -> None:
-        """``InputError`` when ``size`` exceeds the limit (``what`` names the thing measured; ``where``: the
-        ``InputError`` row, sequence or column)."""
+    def check(
+        self, size: int, path: str, what: str | None = None, *, row: int | None = None, sequence: object = None
+    ) -> None:
+        """``InputError`` when ``size`` exceeds the limit (``what`` names the thing measured; ``row`` or
+        ``sequence``: where, as ``InputError`` says it)."""
         limit = self.value
         if limit and size > limit:
             raise InputError(
                 f"{what or self.what} is {size:,} {self.unit}, beyond rcdiag's limit of {limit:,} {self.unit}; "
                 f"if the file is genuine and memory allows, raise it: {self.variable}={size}",
                 path=path,
-                **where,  # type: ignore[arg-type]
+                row=row,
+                sequence=sequence,
             )
 
 

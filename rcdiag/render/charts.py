@@ -166,9 +166,9 @@ def dashboard(reports: Sequence[tuple[str | None, Report]], title: str) -> Figur
         if histograms:
             draw_histogram(bottom.add_subplot(grid[0, :2]), histograms, share=len(reports) > 1)
         draw_weights(bottom.add_subplot(grid[0, 2]), histograms, weight_settings(reports))
-        if explained:
+        if explained and report.explain is not None:
             for i, (name, title_) in enumerate(BREAKDOWNS.items()):
-                draw_explained(bottom.add_subplot(grid[1, i]), title_, report.explain.breakdowns[name])  # type: ignore[union-attr]
+                draw_explained(bottom.add_subplot(grid[1, i]), title_, report.explain.breakdowns[name])
     return fig
 
 
@@ -496,8 +496,8 @@ def draw_sweep(
         inside = x is not None and x > 0 and (not narrow or x > 1) and grid and _near(at(x), at(grid[0]), at(grid[-1]))
         if grid:
             lo, hi = at(grid[0]), at(grid[-1])
-            if inside:
-                lo, hi = min(lo, at(x)), max(hi, at(x))  # type: ignore[arg-type]
+            if inside and x is not None:
+                lo, hi = min(lo, at(x)), max(hi, at(x))
             ax.set_xlim(*sweep_limits(lo, hi))
             if narrow or grid[-1] / grid[0] < 100:  # decade ticks would label one point at most: label the grid
                 ticks = _spread(grid, at)
