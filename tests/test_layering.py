@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
+import pytest
 from conftest import ROOT
 
 PACKAGE = ROOT / "rcdiag"
@@ -63,6 +64,38 @@ KNOWN_UPWARD = {
 }
 """Debt (issue 20, one state protocol): the engine knows the ``--explain`` and sweep states by name; the state
 file writer and the workers use the library's output and interrupt modules."""
+KNOWN_UPWARD_ELSEWHERE = {
+    ("rcdiag.check", "rcdiag.api"),
+    ("rcdiag.compare", "rcdiag.api"),
+    ("rcdiag.sweep.run", "rcdiag.api"),
+    ("rcdiag.explain.sequences", "rcdiag.outputs"),
+    ("rcdiag.explain.token_report", "rcdiag.outputs"),
+    ("rcdiag.options", "rcdiag.backend"),
+    ("rcdiag.options", "rcdiag.io.base"),
+}
+"""Debt (issue 20): ``check``, ``compare`` and the sweep run ``rcdiag.api.analyze``, and ``--explain``'s files are
+written through the library's ``outputs``; ``ReadOptions`` names ``ColumnMap`` and ``Backend`` in its fields' types
+(under ``TYPE_CHECKING``)."""
+
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("leaves", tuple(sorted(LEAVES))),
+    ("configuration", ("rcdiag.config", "rcdiag.options")),
+    ("records", ("rcdiag.report",)),
+    ("catalogue", ("rcdiag.catalogue",)),
+    ("kernels", ("rcdiag.kernels",)),
+    ("input", ("rcdiag.io", "rcdiag.validate", "rcdiag.ragged")),
+    ("maths", ("rcdiag.backend", "rcdiag.metrics")),
+    ("engine", ("rcdiag.engine", "rcdiag.parallel", "rcdiag.state")),
+    ("features", (*FEATURES, "rcdiag.verdict", "rcdiag.prescribe")),
+    ("library API", (*LIBRARY_API, "rcdiag", "rcdiag.synthetic")),
+    ("exports", ("rcdiag.export",)),
+    ("integrations", ("rcdiag.integrations",)),
+    ("watch", ("rcdiag.watch",)),
+    ("renderers", ("rcdiag.render",)),
+    ("CLI", ("rcdiag.cli", "rcdiag.__main__")),
+)
+"""docs/architecture.md's layers, bottom to top, in the order their "may import" column allows: a module may
+import its own layer and those listed before it. ``rcdiag`` itself is the package's ``__init__`` (lazy exports)."""
 
 
 def _imports(path: Path) -> Iterator[str]:
@@ -243,6 +276,47 @@ def test_nothing_below_the_features_imports_a_feature_or_the_library_api_but_the
     graph = _graph()
     upward = {(m, d) for m in graph if _in(m, BELOW_FEATURES) for d in graph[m] if _in(d, (*FEATURES, *LIBRARY_API))}
     assert upward == KNOWN_UPWARD
+
+
+def _layer(module: str) -> int:
+    """The index in ``LAYERS`` of the layer ``module`` belongs to (its longest matching prefix)."""
+    found = [
+        (len(prefix), index)
+        for index, (_, prefixes) in enumerate(LAYERS)
+        for prefix in prefixes
+        if module == prefix or (prefix != "rcdiag" and module.startswith(prefix + "."))
+    ]
+    assert found, f"{module} is in no layer of docs/architecture.md: add it to LAYERS and the page's table"
+    return max(found)[1]
+
+
+def _upward(graph: dict[str, frozenset[str]]) -> set[tuple[str, str]]:
+    return {(m, d) for m in graph for d in graph[m] if _layer(d) > _layer(m)}
+
+
+def test_every_module_has_a_layer() -> None:
+    assert all(isinstance(_layer(module), int) for module in _graph())
+
+
+def test_no_layer_imports_one_above_it_but_the_known_debts() -> None:
+    """The whole order of docs/architecture.md: records and kernels import no feature, features no renderer, nothing
+    the CLI. The debts are listed exactly, so a fixed one comes off the list."""
+    assert _upward(_graph()) == KNOWN_UPWARD | KNOWN_UPWARD_ELSEWHERE
+
+
+@pytest.mark.parametrize(
+    ("module", "imported"),
+    [
+        ("rcdiag.report", "rcdiag.microbatch.report"),  # records -> a feature
+        ("rcdiag.kernels.sweep", "rcdiag.sweep.batch"),  # a kernel -> its feature
+        ("rcdiag.metrics.block", "rcdiag.engine"),  # maths -> engine
+        ("rcdiag.health", "rcdiag.render.text"),  # a feature -> a renderer
+        ("rcdiag.render.html", "rcdiag.cli.output"),  # a renderer -> the CLI
+    ],
+)
+def test_the_layer_check_finds_a_planted_upward_import(module: str, imported: str) -> None:
+    graph = {**_graph(), module: _graph()[module] | {imported}}
+    assert (module, imported) in _upward(graph)
 
 
 def test_only_the_cli_imports_the_cli_and_only_the_cli_and_renderers_import_render() -> None:
