@@ -1,0 +1,59 @@
+"""rcdiag's sub-commands, each built when first asked for: a run or ``rcdiag CMD --help`` imports one command's
+module and turns one signature into click parameters, not all seven (``rcdiag --help`` lists them all, so it still
+builds every one). Each is built as typer builds a command of a group (``typer.main.get_command`` of a Typer that
+holds that command alone), so its help and behaviour are those of the eager build (tests/test_cli_lazy.py)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+COMMANDS = {
+    "analyze": True,
+    "compare": True,
+    "check": True,
+    "merge": True,
+    "sweep": True,
+    "presets": False,
+    "watch": True,
+}
+"""Sub-command -> whether it shows its help when given no arguments, in the order ``rcdiag --help`` lists them.
+Each is the function of that name in ``rcdiag.cli.<name>``."""
+
+
+def command_function(name: str) -> Any:
+    """The function behind ``rcdiag NAME``."""
+    return getattr(importlib.import_module(f"rcdiag.cli.{name}"), name)
+
+
+def build(name: str, markup: str) -> Any:
+    """The click command of ``rcdiag NAME``, as typer builds it in a group whose ``rich_markup_mode`` is
+    ``markup``."""
+    import typer
+
+    single = typer.Typer(rich_markup_mode=markup, pretty_exceptions_enable=False, add_completion=False)  # type: ignore[arg-type]
+    single.command(no_args_is_help=COMMANDS[name])(command_function(name))
+    return typer.main.get_command(single)
+
+
+class LazyCommands(Mapping[str, Any]):
+    """A group's ``commands``: names known at once (for listing and typo suggestions), each command built on first
+    access and kept."""
+
+    def __init__(self, markup: str) -> None:
+        self._markup = markup
+        self._built: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in COMMANDS:
+            raise KeyError(name)
+        if name not in self._built:
+            self._built[name] = build(name, self._markup)
+        return self._built[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(COMMANDS)
+
+    def __len__(self) -> int:
+        return len(COMMANDS)
