@@ -88,6 +88,15 @@ def test_a_command_builds_itself_alone(args: list[str]) -> None:
     assert ("pydantic" in names) == (args[-1] != "--help")
 
 
+def test_a_small_run_imports_no_help_renderer_and_no_compute_kernels() -> None:
+    """A plain analyze loads no other command, none of typer's help (markdown, syntax highlighting, tracebacks) and
+    neither ``pyarrow.compute`` nor polars (only the long layout's grouping and the --explain files use them)."""
+    names = _modules_after("analyze", str(SAMPLES / "healthy.parquet"), "-q")
+    assert names & {f"rcdiag.cli.{name}" for name in COMMANDS} == {"rcdiag.cli.analyze"}
+    unused = {"pyarrow.compute", "polars", "typer.rich_utils", "rich.markdown", "rich.syntax", "rich.traceback"}
+    assert not names & unused, sorted(names & unused)
+
+
 def test_catalogue_names_still_import() -> None:
     from rcdiag.catalogue import FINDINGS, METRICS, codes_for, short_key
 
