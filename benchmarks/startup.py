@@ -29,6 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parents[1]
 PLAIN = {
     "python -c pass": ["-c", "pass"],
+    "import typer": ["-c", "import typer"],
     "import typer, typer.rich_utils": ["-c", "import typer, typer.rich_utils"],
     "import typer, typer._adapters": ["-c", "import typer, typer._adapters"],
 }
