@@ -108,3 +108,40 @@ def test_the_command_tree_lists_every_command_in_order() -> None:
     assert list(group.commands) == list(COMMANDS)  # type: ignore[attr-defined]
     assert [c.name for c in group.commands.values()] == list(COMMANDS)  # type: ignore[attr-defined]
     assert "nosuch" not in group.commands  # type: ignore[attr-defined]
+
+
+def test_garbage_collection_is_paused_while_the_command_line_starts(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Off while typer parses, on (with the start-up's objects frozen) while the command runs, and as it was after
+    ``main`` returns, whatever way it leaves."""
+    import functools
+    import gc
+
+    import rcdiag.cli.presets as module
+    from rcdiag.cli import main
+
+    seen = []
+    command = module.presets
+
+    @functools.wraps(command)
+    def spy(*args: object, **kwargs: object) -> None:
+        seen.append((gc.isenabled(), gc.get_freeze_count() > 0))
+        command(*args, **kwargs)
+
+    monkeypatch.setattr(module, "presets", spy)
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    for args, code in ((["presets"], 0), (["presets", "--bogus"], 2), (["--help"], 0)):
+        with pytest.raises(SystemExit) as info:
+            main(args)
+        assert (info.value.code or 0) == code
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert seen == [(True, True)]
+    capsys.readouterr()
+    gc.disable()
+    try:
+        with pytest.raises(SystemExit):
+            main(["presets"])
+        assert not gc.isenabled() and gc.get_freeze_count() == 0  # left off by the caller: stays off
+    finally:
+        gc.enable()

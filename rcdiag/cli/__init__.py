@@ -18,7 +18,7 @@ import typer
 
 import rcdiag.interrupts as interrupts
 from rcdiag._version import __version__
-from rcdiag.cli.commands import LazyCommands
+from rcdiag.cli.commands import LazyCommands, collection_paused
 from rcdiag.cli.notices import notices_live_warnings_held, show_held
 from rcdiag.cli.stdout import StdoutClosedError, stdout_gone
 from rcdiag.errors import ExitCode, RcdiagError
@@ -77,6 +77,11 @@ def _root(
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI and exit with rcdiag's documented exit codes."""
+    with collection_paused():  # until the command runs (rcdiag.cli.commands)
+        _main(argv)
+
+
+def _main(argv: list[str] | None) -> None:
     previous = interrupts.install()
     try:
         try:
