@@ -12,7 +12,7 @@ import atexit
 import contextlib
 import os
 import sys
-from typing import NoReturn
+from typing import Literal, NoReturn
 
 import typer
 
@@ -24,7 +24,7 @@ from rcdiag.cli.stdout import StdoutClosedError, stdout_gone
 from rcdiag.errors import ExitCode, RcdiagError
 from rcdiag.printable import printable
 
-MARKUP = "markdown"
+MARKUP: Literal["markdown"] = "markdown"
 
 
 class _Group(typer.core.TyperGroup):

@@ -13,7 +13,7 @@ import gc
 import importlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import typer
 
@@ -68,15 +68,15 @@ def resume_collection() -> None:
 class Command(typer.core.TyperCommand):
     """typer's command; garbage collection resumes when it runs."""
 
-    def invoke(self, ctx: typer.Context) -> Any:
+    def invoke(self, ctx: Any) -> Any:
         resume_collection()
         return super().invoke(ctx)
 
 
-def build(name: str, markup: str) -> Any:
+def build(name: str, markup: Literal["markdown", "rich"]) -> Any:
     """The click command of ``rcdiag NAME``, as typer builds it in a group whose ``rich_markup_mode`` is
     ``markup``."""
-    single = typer.Typer(rich_markup_mode=markup, pretty_exceptions_enable=False, add_completion=False)  # type: ignore[arg-type]
+    single = typer.Typer(rich_markup_mode=markup, pretty_exceptions_enable=False, add_completion=False)
     single.command(cls=Command, no_args_is_help=COMMANDS[name])(command_function(name))
     return typer.main.get_command(single)
 
@@ -85,7 +85,7 @@ class LazyCommands(Mapping[str, Any]):
     """A group's ``commands``: names known at once (for listing and typo suggestions), each command built on first
     access and kept."""
 
-    def __init__(self, markup: str) -> None:
+    def __init__(self, markup: Literal["markdown", "rich"]) -> None:
         self._markup = markup
         self._built: dict[str, Any] = {}
 
