@@ -66,7 +66,8 @@ benchmark (which holds pyarrow and the dumps it wrote)."""
 
 def _env(tree: str | None) -> dict[str, str]:
     """The environment of a measured command: ``tree`` first on ``PYTHONPATH`` when given (the baseline's source),
-    byte-code caching on (as installed)."""
+    byte-code caching on (as installed). The command also runs from ``tree``: ``python -m`` puts the working
+    directory first on ``sys.path``, so run from this checkout a baseline would run this checkout's code."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     if tree:
         env["PYTHONPATH"] = tree
@@ -81,7 +82,7 @@ def _check(argv: list[str], code: int, stderr: str) -> None:
 def run(argv: list[str], tree: str | None = None) -> float:
     """Wall seconds of one fresh process (its output discarded; a failure is fatal)."""
     start = time.perf_counter()
-    done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env(tree))
+    done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env(tree), cwd=tree)
     wall = time.perf_counter() - start
     _check(argv, done.returncode, done.stderr.decode())
     return wall
@@ -89,7 +90,7 @@ def run(argv: list[str], tree: str | None = None) -> float:
 
 def peak_rss(argv: list[str], tree: str | None = None) -> float:
     """Peak RSS (MB) of one fresh process, forked from a small wrapper (``WRAP``)."""
-    done = subprocess.run([sys.executable, "-c", WRAP, *argv], capture_output=True, text=True, env=_env(tree))
+    done = subprocess.run([sys.executable, "-c", WRAP, *argv], capture_output=True, text=True, env=_env(tree), cwd=tree)
     code, kb = done.stdout.split()
     _check(argv, int(code), done.stderr)
     return int(kb) / 1024

@@ -14,6 +14,7 @@ import pytest
 from conftest import ROOT, SAMPLES
 
 import rcdiag.parallel as parallel
+from rcdiag.cli.commands import COMMANDS
 from rcdiag.io import open_dump
 from rcdiag.parallel import CPUS_PER_PROCESS, MIN_BYTES_PER_WORKER, auto_workers, choose_workers
 
@@ -56,6 +57,44 @@ def test_help_imports_no_report_records() -> None:
     names = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
     assert "rcdiag.catalogue.metrics" in names
     assert not names & {"rcdiag.report", "rcdiag.catalogue.findings", "rcdiag.api"}
+
+
+AFTER = """
+import runpy, sys
+sys.argv = ["rcdiag", *sys.argv[1:]]
+try:
+    runpy.run_module("rcdiag", run_name="__main__")
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print(" ".join(sorted(sys.modules)), file=sys.stderr)
+"""
+
+
+def _modules_after(*args: str) -> set[str]:
+    """Every module ``rcdiag *args`` loaded (``-X importtime`` leaves out those loaded by ``importlib``)."""
+    done = subprocess.run([sys.executable, "-c", AFTER, *args], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return set(done.stderr.split())
+
+
+@pytest.mark.parametrize("args", [["analyze", "--help"], ["sweep", "--help"], ["presets"]])
+def test_a_command_builds_itself_alone(args: list[str]) -> None:
+    """A command, or its help, imports that command's module alone; a command's help imports no pydantic (typer
+    0.29 validates every option's value through it, and the root's --help now defaults to False, not unset, so
+    help needs none; a run still does)."""
+    names = _modules_after(*args)
+    commands = {f"rcdiag.cli.{name}" for name in COMMANDS}
+    assert names & commands == {f"rcdiag.cli.{args[0]}"}
+    assert ("pydantic" in names) == (args[-1] != "--help")
+
+
+def test_a_small_run_imports_no_help_renderer_and_no_compute_kernels() -> None:
+    """A plain analyze loads no other command, none of typer's help (markdown, syntax highlighting, tracebacks) and
+    neither ``pyarrow.compute`` nor polars (only the long layout's grouping and the --explain files use them)."""
+    names = _modules_after("analyze", str(SAMPLES / "healthy.parquet"), "-q")
+    assert names & {f"rcdiag.cli.{name}" for name in COMMANDS} == {"rcdiag.cli.analyze"}
+    unused = {"pyarrow.compute", "polars", "typer.rich_utils", "rich.markdown", "rich.syntax", "rich.traceback"}
+    assert not names & unused, sorted(names & unused)
 
 
 def test_catalogue_names_still_import() -> None:

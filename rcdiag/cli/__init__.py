@@ -12,32 +12,40 @@ import atexit
 import contextlib
 import os
 import sys
-from typing import NoReturn
+from typing import Literal, NoReturn
 
 import typer
 
 import rcdiag.interrupts as interrupts
 from rcdiag._version import __version__
-from rcdiag.cli.analyze import analyze
-from rcdiag.cli.check import check
-from rcdiag.cli.compare import compare
-from rcdiag.cli.merge import merge
+from rcdiag.cli.commands import LazyCommands, collection_paused
 from rcdiag.cli.notices import notices_live_warnings_held, show_held
-from rcdiag.cli.output import StdoutClosedError, stdout_gone
-from rcdiag.cli.presets import presets
-from rcdiag.cli.sweep import sweep
-from rcdiag.cli.watch import watch
+from rcdiag.cli.stdout import StdoutClosedError, stdout_gone
 from rcdiag.errors import ExitCode, RcdiagError
 from rcdiag.printable import printable
 
+MARKUP: Literal["markdown"] = "markdown"
+
+
+class _Group(typer.core.TyperGroup):
+    """rcdiag's group: its sub-commands are built when first asked for (rcdiag.cli.commands), so that a run or a
+    command's ``--help`` imports and builds that command alone."""
+
+    def __init__(self, **attrs: object) -> None:
+        attrs["commands"] = LazyCommands(MARKUP)
+        super().__init__(**attrs)  # type: ignore[arg-type]
+
+
 app = typer.Typer(
     name="rcdiag",
+    cls=_Group,
     help="Diagnose training-inference mismatch in LLM RL from saved log-prob dumps, with verl's rollout "
     "correction metrics (IS weights, RS masks, kl, k3_kl, chi2, ESS, PPL).",
     no_args_is_help=True,
-    rich_markup_mode="markdown",
+    rich_markup_mode=MARKUP,
     pretty_exceptions_enable=False,
     add_completion=False,
+    add_help_option=False,  # its own --help below: a flag that defaults to False
 )
 
 
@@ -47,26 +55,33 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+def _help(ctx: typer.Context, value: bool) -> None:
+    """What click's own ``--help`` does. click's leaves the flag unset (``None``) when it is not given, which typer
+    0.29 validates through pydantic, so every sub-command paid for importing pydantic; ``False`` needs none."""
+    if value and not ctx.resilient_parsing:
+        typer.echo(ctx.get_help(), color=ctx.color)
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
+    show_help: bool = typer.Option(
+        False, "--help", callback=_help, is_eager=True, expose_value=False, help="Show this message and exit."
+    ),
 ) -> None:
     """Diagnose training-inference mismatch in LLM RL from saved log-prob dumps."""
 
 
-app.command(no_args_is_help=True)(analyze)
-app.command(no_args_is_help=True)(compare)
-app.command(no_args_is_help=True)(check)
-app.command(no_args_is_help=True)(merge)
-app.command(no_args_is_help=True)(sweep)
-app.command()(presets)
-app.command(no_args_is_help=True)(watch)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI and exit with rcdiag's documented exit codes."""
+    with collection_paused():  # until the command runs (rcdiag.cli.commands)
+        _main(argv)
+
+
+def _main(argv: list[str] | None) -> None:
     previous = interrupts.install()
     try:
         try:
