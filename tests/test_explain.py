@@ -440,7 +440,9 @@ def test_the_worst_list_keeps_raw_tokens_only_for_responses_that_may_be_plotted(
         old = -np.abs(rng.normal(0, 1, n)).astype(np.float32)
         rollout = (old - np.float32(row / n)).astype(np.float32)  # log-ratio sum about ``row``
         lengths = np.array([n], dtype=np.int64)
-        worst.update(Block(NumpyBackend(), old, rollout, lengths), RowContext(lengths, None, np.array([row]), None, 0))
+        worst.update(
+            Block(NumpyBackend(), old, rollout, lengths, rows=RowContext(lengths, None, np.array([row]), None, 0))
+        )
         tokens[row] = old - rollout
         assert len(worst.traces) <= 2 * PLOTTED
     top = [entry.row for entry in worst.entries()[:PLOTTED]]

@@ -160,7 +160,7 @@ def test_ids_beyond_the_dense_table_are_summed_sparsely(tmp_path: Path) -> None:
     assert set(got) == set(big)
     for token, (n, lr, *_) in expected.items():
         assert got[token]["tokens"] == n and math.isclose(got[token]["kl"], -lr / n, rel_tol=1e-9)
-    sums = json.loads(state_file.read_text())["state"]["explain"]["tokens"]
+    sums = json.loads(state_file.read_text())["state"]["extras"]["explain"]["tokens"]["table"]
     assert sums["ids"] == sorted(big)
 
 
