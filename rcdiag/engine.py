@@ -90,13 +90,13 @@ class EngineState:
     rows: int = 0
     tokens: int = 0
     valid_tokens: int = 0
-    extras: dict[str, WholeDump] = field(default_factory=dict)
+    whole_dump: dict[str, WholeDump] = field(default_factory=dict)
     """Whole-dump accumulators by ``KEY`` (``analyze --explain``'s: breakdowns, worst responses, detector sums)."""
 
     @property
     def explain(self) -> Any:
         """The ``--explain`` state (saved under ``explain``), or ``None`` without ``--explain``."""
-        return self.extras.get("explain")
+        return self.whole_dump.get("explain")
 
     def batch(self, step: StepKey) -> BatchMetrics:
         """The accumulators of one step (created on first use)."""
@@ -109,12 +109,12 @@ class EngineState:
         """Fold another state (same configuration) into this one; returns ``self``."""
         if not self.resolved.same_computation(other.resolved):
             raise ValueError("cannot merge states computed with different configurations")
-        if set(self.extras) != set(other.extras):
+        if set(self.whole_dump) != set(other.whole_dump):
             raise ValueError("cannot merge a state computed with --explain and one without")
         for step, batch in other.batches.items():
             self.batch(step).merge(batch)
-        for key, extra in self.extras.items():
-            extra.merge(other.extras[key])
+        for key, extra in self.whole_dump.items():
+            extra.merge(other.whole_dump[key])
         self.rows += other.rows
         self.tokens += other.tokens
         self.valid_tokens += other.valid_tokens
@@ -135,8 +135,8 @@ class EngineState:
             "valid_tokens": self.valid_tokens,
             "batches": [[step, batch.state_dict()] for step, batch in self.batches.items()],
         }
-        if self.extras:
-            out["extras"] = {key: extra.state_dict() for key, extra in self.extras.items()}
+        if self.whole_dump:
+            out["whole_dump"] = {key: extra.state_dict() for key, extra in self.whole_dump.items()}
         return out
 
     @classmethod
@@ -144,17 +144,17 @@ class EngineState:
         """Rebuild a state saved by ``state_dict`` under the same configuration."""
         out = cls(resolved, **saved_counts(state))
         load_batches(out, state)
-        for key, saved in saved_extras(state).items():
-            out.extras[key] = whole_dump_kind(key).from_state_dict(saved)
+        for key, saved in saved_whole_dump(state).items():
+            out.whole_dump[key] = whole_dump_kind(key).from_state_dict(saved)
         return out
 
 
-def saved_extras(state: Any) -> dict[str, Any]:
+def saved_whole_dump(state: Any) -> dict[str, Any]:
     """A saved state's whole-dump accumulators' states by ``KEY`` (none: an empty table)."""
-    extras = state.get("extras", {}) if isinstance(state, dict) else {}
-    if not isinstance(extras, dict):
-        raise FieldError(f"state.extras must be a table of whole-dump states, got {shown(extras)}")
-    return extras
+    saved = state.get("whole_dump", {}) if isinstance(state, dict) else {}
+    if not isinstance(saved, dict):
+        raise FieldError(f"state.whole_dump must be a table of whole-dump states, got {shown(saved)}")
+    return saved
 
 
 def saved_counts(state: dict[str, Any]) -> dict[str, int]:
@@ -191,8 +191,8 @@ class Engine:
         """``explain``: a whole-dump accumulator to feed too (``--explain``'s)."""
         self.resolved = resolved
         self.backend = backend or NumpyBackend()
-        extras = {} if explain is None else {explain.KEY: explain}
-        self.state = state if state is not None else EngineState(resolved, extras=extras)
+        whole_dump = {} if explain is None else {explain.KEY: explain}
+        self.state = state if state is not None else EngineState(resolved, whole_dump=whole_dump)
         """What blocks are folded into: the analyze accumulators by default, or another state with the same
         interface (the sweep's, which may ask for larger CPU blocks: ``cpu_block_tokens``)."""
         cpu_block = getattr(self.state, "cpu_block_tokens", CPU_BLOCK_TOKENS)
@@ -219,9 +219,9 @@ class Engine:
             # checks, and the mask made boolean (an integer mask would index values instead of selecting them).
             chunk = screen_one(chunk)
         state = self.state
-        extras = list(state.extras.values())
-        if extras and chunk.rows is None:
-            extras[0].number(chunk)  # rows not numbered before screening (chunks built by hand)
+        wholes = list(state.whole_dump.values())
+        if wholes and chunk.rows is None:
+            wholes[0].number(chunk)  # rows not numbered before screening (chunks built by hand)
         state.rows += chunk.n_rows
         state.tokens += chunk.n_tokens
         steps = chunk.steps
@@ -241,12 +241,12 @@ class Engine:
                 block_mask = _block_mask(mask, t0, t1)
                 valid = valid_lengths[r0 + b0 : r0 + b1]
                 raw = {"mask": block_mask, "raw_lengths": lengths[r0 + b0 : r0 + b1], "k1_bands": self.k1_bands}
-                if extras:
+                if wholes:
                     raw["rows"] = _row_context(chunk, block_mask, step, r0 + b0, r0 + b1)
                 block = Block(self.backend, old[t0:t1], rollout[t0:t1], valid, **raw)
                 batch.update(block)
-                for extra in extras:  # the device's block: its per-row values come to the host, its tokens are there
-                    extra.update(block)
+                for whole in wholes:  # the device's block: its per-row values come to the host, its tokens are there
+                    whole.update(block)
                 del block  # a block kept alive into the next one's maths costs it fresh pages (1.2 ns/token)
 
 

@@ -124,14 +124,14 @@ def merge_parts(source: Source, results: list[PartResult], job: Job) -> tuple[En
     resolved = job.config.resolve()
     whole = job.explain.new_state() if job.explain else None
     extras = {} if whole is None else {whole.KEY: whole}
-    merged = job.new_state() if job.new_state else EngineState(resolved, extras=extras)
+    merged = job.new_state() if job.new_state else EngineState(resolved, whole_dump=extras)
     stats = ScreenStats()
     part_rows = []
     first: Problem | None = None
     seen: dict[str, set[str]] = {}
     for result in results:
         part = type(merged).from_state_dict(resolved, result.state)
-        part_rows.append(next((extra.rows_read for extra in part.extras.values()), 0))
+        part_rows.append(next((extra.rows_read for extra in part.whole_dump.values()), 0))
         merged.merge(part)
         stats = stats.merge(ScreenStats.from_dict(result.stats))
         first = first or result.problem
@@ -139,7 +139,7 @@ def merge_parts(source: Source, results: list[PartResult], job: Job) -> tuple[En
             seen.setdefault(key, set()).update(values)
     source.add_metadata({key: sorted(values) for key, values in seen.items()})
     raise_for_bad_rows(first, stats)  # counted over the whole dump, not one part
-    for extra in merged.extras.values():
+    for extra in merged.whole_dump.values():
         extra.part_rows = part_rows
     return merged, stats
 

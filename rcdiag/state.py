@@ -24,7 +24,7 @@ import numpy as np
 
 from rcdiag._version import __version__
 from rcdiag.config import CorrectionConfig
-from rcdiag.engine import EngineState, saved_extras, whole_dump_kind
+from rcdiag.engine import EngineState, saved_whole_dump, whole_dump_kind
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.fields import FieldError, dataclass_from, shown
 from rcdiag.io.base import SourceInfo
@@ -45,16 +45,16 @@ MAX_INT_DIGITS = 20
 _THRESHOLDS = ("rollout_is_threshold", "rollout_rs_threshold")
 
 
-def state_layout(extras: Iterable[str] = ()) -> str:
+def state_layout(whole_dump: Iterable[str] = ()) -> str:
     """The one version of every state file kind: a short hash of every accumulator's declared states and of the
-    constants the sweep state and the state's whole-dump accumulators (``extras``: their keys, such as
+    constants the sweep state and the state's whole-dump accumulators (``whole_dump``: their keys, such as
     ``explain``) depend on (bucket edges, groups and their hash, series cut-off, the sweep kernel's buckets). A
     file written under another layout is refused, never merged into numbers that mean something else. Read when
     called, so a changed declaration or constant shows at once."""
     from rcdiag.sweep.batch import sweep_layout
 
     declared = {"accumulators": declared_states(), "sweep": sweep_layout()}
-    declared.update({key: whole_dump_kind(key).layout() for key in sorted(extras)})
+    declared.update({key: whole_dump_kind(key).layout() for key in sorted(whole_dump)})
     text = json.dumps(declared, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -85,7 +85,7 @@ def save_state(
         "version": STATE_VERSION,
         "kind": state_kind_of(state),
         "rcdiag_version": __version__,
-        "layout": state_layout(state.extras),
+        "layout": state_layout(state.whole_dump),
         "config": state.resolved.config.to_dict(),
         "sources": [_with_identity(info) for info in sources],
         "screen": screen.to_dict(),
@@ -122,7 +122,7 @@ def _load(name: str) -> tuple[EngineState, list[SourceInfo], ScreenStats, StateI
             path=name,
         )
     try:
-        layout = state_layout(saved_extras(payload.get("state")))
+        layout = state_layout(saved_whole_dump(payload.get("state")))
     except FieldError as exc:
         raise InputError(f"holds a field that does not fit: {exc}", path=name) from None
     if payload.get("layout") != layout:

@@ -120,7 +120,7 @@ CASES: list[Case] = [
     Case("per-step", lambda: (EngineState(CONFIG.resolve()), None), _per_step, _per_step_reference),
     Case(
         "explain",
-        lambda: (EngineState(CONFIG.resolve(), extras={"explain": (whole := ExplainState(7))}), whole),
+        lambda: (EngineState(CONFIG.resolve(), whole_dump={"explain": (whole := ExplainState(7))}), whole),
         _explain_members,
         _explain_reference,
     ),

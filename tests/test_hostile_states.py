@@ -228,23 +228,26 @@ def test_a_rules_file_over_the_limit_is_refused(tmp_path: Path, monkeypatch: Any
         (lambda p: p["config"].__setitem__("loss_type", 5), "loss_type must be a string, got 5 (int)"),
         (lambda p: p["sources"][0].__setitem__("total_rows", "24"), "sources[0].total_rows must be a count"),
         (lambda p: p["screen"].__setitem__("rows_read", -1), "screen.rows_read must be a count"),
-        (lambda p: p["state"]["extras"]["explain"].__setitem__("rows_read", 1.5), "explain.rows_read must be a count"),
         (
-            lambda p: p["state"]["extras"]["explain"]["breakdowns"].__setitem__("prob", [1, 2]),
+            lambda p: p["state"]["whole_dump"]["explain"].__setitem__("rows_read", 1.5),
+            "explain.rows_read must be a count",
+        ),
+        (
+            lambda p: p["state"]["whole_dump"]["explain"]["breakdowns"].__setitem__("prob", [1, 2]),
             "Breakdowns.prob must hold 40 values, holds 2",
         ),
         (
-            lambda p: p["state"]["extras"]["explain"]["worst"]["entries"]["items"][0]["entry"].__setitem__(
+            lambda p: p["state"]["whole_dump"]["explain"]["worst"]["entries"]["items"][0]["entry"].__setitem__(
                 "length", "9"
             ),
             "WorstResponses.entries.items[0].entry.length must be a count",
         ),
         (
-            lambda p: p["state"]["extras"]["explain"]["worst"]["entries"].__setitem__("n", 3),
+            lambda p: p["state"]["whole_dump"]["explain"]["worst"]["entries"].__setitem__("n", 3),
             "WorstResponses.entries must hold at most 3 items, holds 10",
         ),
         (
-            lambda p: p["state"]["extras"]["explain"]["tokens"]["table"].__setitem__("ids", [-1]),
+            lambda p: p["state"]["whole_dump"]["explain"]["tokens"]["table"].__setitem__("ids", [-1]),
             "TokenSums.table.ids must hold counts",
         ),
     ],

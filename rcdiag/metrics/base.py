@@ -315,9 +315,8 @@ class Accumulator:
             if len(items) > self.capacity(name):
                 raise FieldError(f"{field} must hold at most {self.capacity(name)} items, holds {len(items)}")
             top = self._empty("top", name)
-            self.state[name] = top  # (``offered`` may look at the state it fills)
             for i, data in enumerate(items):
-                self.offered(name, self.load_item(name, data, f"{field}.items[{i}]"))
+                top.offer(self.load_item(name, data, f"{field}.items[{i}]"))
             return top
         if how == "moments":
             if not isinstance(value, list) or len(value) != 3:
