@@ -77,7 +77,10 @@ def whole_dump_kind(key: str) -> Any:
     """The registered kind saved under ``key``; a ``FieldError`` for one no imported feature declares."""
     kind = WHOLE_DUMP.get(key)
     if kind is None:
-        raise FieldError(f"state.{key} is a whole-dump state of a kind not loaded (known: {sorted(WHOLE_DUMP)})")
+        raise FieldError(
+            f"state.whole_dump.{key} is a state no imported module declares (known: {', '.join(sorted(WHOLE_DUMP))}; "
+            "import the feature that writes it, such as rcdiag.explain.state)"
+        )
     return kind
 
 

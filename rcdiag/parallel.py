@@ -123,15 +123,15 @@ def merge_parts(source: Source, results: list[PartResult], job: Job) -> tuple[En
     """The merged state and counts of every part, in part order (the first bad row is the earliest)."""
     resolved = job.config.resolve()
     whole = job.explain.new_state() if job.explain else None
-    extras = {} if whole is None else {whole.KEY: whole}
-    merged = job.new_state() if job.new_state else EngineState(resolved, whole_dump=extras)
+    whole_dump = {} if whole is None else {whole.KEY: whole}
+    merged = job.new_state() if job.new_state else EngineState(resolved, whole_dump=whole_dump)
     stats = ScreenStats()
     part_rows = []
     first: Problem | None = None
     seen: dict[str, set[str]] = {}
     for result in results:
         part = type(merged).from_state_dict(resolved, result.state)
-        part_rows.append(next((extra.rows_read for extra in part.whole_dump.values()), 0))
+        part_rows.append(next((saved.rows_read for saved in part.whole_dump.values()), 0))
         merged.merge(part)
         stats = stats.merge(ScreenStats.from_dict(result.stats))
         first = first or result.problem
@@ -139,8 +139,8 @@ def merge_parts(source: Source, results: list[PartResult], job: Job) -> tuple[En
             seen.setdefault(key, set()).update(values)
     source.add_metadata({key: sorted(values) for key, values in seen.items()})
     raise_for_bad_rows(first, stats)  # counted over the whole dump, not one part
-    for extra in merged.whole_dump.values():
-        extra.part_rows = part_rows
+    for kept in merged.whole_dump.values():
+        kept.part_rows = part_rows
     return merged, stats
 
 

@@ -250,6 +250,14 @@ def test_a_rules_file_over_the_limit_is_refused(tmp_path: Path, monkeypatch: Any
             lambda p: p["state"]["whole_dump"]["explain"]["tokens"]["table"].__setitem__("ids", [-1]),
             "TokenSums.table.ids must hold counts",
         ),
+        (
+            lambda p: p["state"]["whole_dump"].__setitem__("bogus", {}),
+            "state.whole_dump.bogus is a state no imported module declares (known: explain;",
+        ),
+        (
+            lambda p: p["state"].__setitem__("whole_dump", [1]),
+            "state.whole_dump must be a table of whole-dump states, got [1]",
+        ),
     ],
 )
 def test_a_tampered_field_is_refused_naming_file_and_field(

@@ -119,7 +119,7 @@ class IdSums:
 
 class Top:
     """A ``top`` state: the ``n`` items with the largest ``key`` (a min-heap; every key distinct), merged by
-    offering the other heap's items. Items are frozen dataclasses with a ``key`` property."""
+    offering the other heap's items. Items are dataclasses with a ``key`` property (``Accumulator.ITEMS``)."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -142,10 +142,6 @@ class Top:
     def items(self) -> list[Any]:
         """Largest key first."""
         return [item for _, item in sorted(self.heap, key=lambda entry: entry[0], reverse=True)]
-
-    def replace(self, old: Any, new: Any) -> None:
-        """Put ``new`` (same key) where ``old`` is: an item's attachments changed."""
-        self.heap = [(key, new if item is old else item) for key, item in self.heap]
 
 
 _DEFAULTS: dict[str, Any] = {"sum": 0.0, "max": -math.inf, "min": math.inf, "moments": Moments()}
@@ -177,6 +173,12 @@ class Accumulator:
     STATES: ClassVar[dict[str, Reduce]] = {}
     BINS: ClassVar[int] = 0
     """Length of every ``counts`` state."""
+    SHAPES: ClassVar[dict[str, tuple[int, ...]]] = {}
+    """The shape of each ``sums`` state, the row shape ``(width,)`` of each ``table`` state."""
+    ITEMS: ClassVar[dict[str, type]] = {}
+    """The item dataclass of each ``top`` state."""
+    DENSE_IDS: ClassVar[int] = 1 << 21
+    """``table`` states keep ids below this in a dense table."""
     OWNER: ClassVar[str | None] = None
     """The whole-dump accumulator whose part this is (``--explain``'s: ``"explain"``), whose layout declares it;
     ``None``: a per-step accumulator of the engine (``rcdiag.metrics.batch.declared_states``)."""
@@ -201,13 +203,6 @@ class Accumulator:
         self.state: dict[str, Any] = dict(template)
         for name in fresh:  # arrays, tables, heaps: a new one for every accumulator
             self.state[name] = self._empty(self.STATES[name], name)
-
-    SHAPES: ClassVar[dict[str, tuple[int, ...]]] = {}
-    """The shape of each ``sums`` state, the row shape ``(width,)`` of each ``table`` state."""
-    ITEMS: ClassVar[dict[str, type]] = {}
-    """The item dataclass of each ``top`` state."""
-    DENSE_IDS: ClassVar[int] = 1 << 21
-    """``table`` states keep ids below this in a dense table."""
 
     def capacity(self, name: str) -> int:
         """How many items the ``top`` state ``name`` keeps (configuration: part of ``signature``)."""
