@@ -254,11 +254,13 @@ class WorstResponses(Accumulator):
     def state_dict(self) -> dict[str, Any]:
         """The list, with the traces of its ``PLOTTED`` worst (no later merge can lift another entry above them)."""
         self.plotted()
+        for item in self.top.items()[PLOTTED:]:
+            item.trace = item.text = None
         return super().state_dict()
 
     def save_item(self, name: str, item: Listed) -> Any:
-        trace = item.trace.to_dict() if isinstance(item.trace, TokenTrace) else None  # raw: never plotted
-        text = item.text.to_dict() if item.text is not None and trace is not None else None
+        trace = item.trace.to_dict() if isinstance(item.trace, TokenTrace) else None
+        text = item.text.to_dict() if item.text is not None else None
         return {"entry": _plain(asdict(item.entry)), "trace": trace, "text": text}
 
     def load_item(self, name: str, data: Any, field: str) -> Listed:
