@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
-from rcdiag.backend import Array, Backend
+from rcdiag.backend import Array, Backend, NumpyBackend
 from rcdiag.core.formulas import clamp_log_ratio
 from rcdiag.core.limits import SAFETY_BOUND
 
@@ -247,16 +247,12 @@ def on_host(block: Block) -> Block:
     """The same rows as a block of the host's backend (itself on the host): for values that must not depend on
     the device, such as per-row sums, whose float64 rounding follows the summation order. Built once per block and
     only when asked for (a device block's tokens are already on the host, in ``raw``)."""
-    from rcdiag.backend import NumpyBackend
-
     if isinstance(block.b, NumpyBackend):
         return block
     return block.once(_host_twin)
 
 
 def _host_twin(block: Block) -> Block:
-    from rcdiag.backend import NumpyBackend
-
     old, rollout, mask, raw_lengths = block.raw
     lengths = np.asarray(block.b.to_numpy(block.row_len)).astype(np.int64)
     return Block(
