@@ -19,7 +19,7 @@ from rcdiag.errors import ConfigError, InputError
 from rcdiag.explain.sequences import check_target as check_sequences_target
 from rcdiag.explain.sequences import cleanup, temporary_directory
 from rcdiag.explain.sequences import finish as finish_sequences
-from rcdiag.explain.state import ExplainOptions, ExplainState, number_rows
+from rcdiag.explain.state import ExplainOptions, number_rows
 from rcdiag.explain.token_report import (
     check_tokens_target,
     decoded_texts,
@@ -47,7 +47,6 @@ from rcdiag.parallel import (
     in_processes,
     merge_parts,
     on_ray,
-    sequence_writer,
 )
 from rcdiag.prescribe import effect_of
 from rcdiag.report import ExplainReport, InputFacts, MicroBatchReport, Report, StepReport
@@ -270,8 +269,8 @@ def accumulate(
             state, stats = merge_parts(source, run_parts(parts, job, on_part), job)
         else:
             screen = Screen(read.on_bad_row, vocab_size=read.vocab_size)
-            explain_state = ExplainState(explain.worst) if explain is not None else None
-            writer = sequence_writer(explain_state, resolved, scratch, 0, explain.sequences if explain else None)
+            explain_state = explain.new_state() if explain is not None else None
+            flush = explain.observe(explain_state, resolved, scratch, 0) if explain is not None else None
             chunks = checked(number_rows(prefetch(source.chunks(read.chunk_tokens)), explain_state))
             if on_chunk is not None:
                 chunks = _report_progress(chunks, on_chunk, source.info.total_rows)
@@ -279,8 +278,8 @@ def accumulate(
             screened = screen(chunks)
             state = engine.run(collector.tee(screened) if collector is not None else screened)
             stats = screen.stats
-            if writer is not None:
-                writer.flush()
+            if flush is not None:
+                flush()
         if scratch is not None and explain is not None and explain.sequences is not None:
             finish_sequences(_part_offsets(scratch, state), explain.sequences)
     finally:

@@ -10,9 +10,9 @@ result does not depend on chunk size, row order or how steps interleave in the f
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -22,18 +22,66 @@ from rcdiag.fields import FieldError, integer, shown
 from rcdiag.fields import step as saved_step
 from rcdiag.io.base import Chunk, split_rows
 from rcdiag.metrics.batch import BatchMetrics
-from rcdiag.metrics.block import Block
+from rcdiag.metrics.block import Block, RowContext
 from rcdiag.metrics.rejection import bounds
 from rcdiag.ragged import take_rows
 from rcdiag.validate import screen_one
-
-if TYPE_CHECKING:
-    from rcdiag.explain.state import ExplainState
 
 CPU_BLOCK_TOKENS = 1 << 19
 GPU_BLOCK_TOKENS = 1 << 24
 
 StepKey = int | None
+
+
+class WholeDump(Protocol):
+    """An accumulator of the whole dump beside the per-step ones (``--explain``'s): the protocol of
+    ``rcdiag.metrics.base.Accumulator`` (its parts are such accumulators), fed every block on the host with its
+    rows' context (``Block.rows``), and numbering rows in reading order (``number``) so that merged parts keep
+    global row numbers. The engine and the state files know it only by its ``KEY`` (``register_whole_dump``)."""
+
+    KEY: str
+    rows_read: int
+    """Rows numbered so far (the next row's number)."""
+    part_rows: list[int]
+    """Rows read by each worker part, in order (set on a merged state: ``rcdiag.parallel.merge_parts``)."""
+
+    def update(self, block: Block) -> None: ...
+    def merge(self, other: Any) -> Any: ...
+    def number(self, chunk: Chunk) -> Chunk: ...
+    def signature(self) -> tuple: ...
+    def state_dict(self) -> dict[str, Any]: ...
+
+
+WHOLE_DUMP: dict[str, Any] = {}
+"""Each kind of whole-dump accumulator by its ``KEY``: its class, with ``from_state_dict`` (a saved state) and
+``layout`` (what its saved state means, for ``rcdiag.state.state_layout``). A feature registers its own when it is
+imported (``register_whole_dump``), so the engine never imports a feature."""
+
+
+def register_whole_dump(key: str, kind: Any) -> None:
+    """Make a kind of whole-dump accumulator loadable from a saved state under ``key``."""
+    WHOLE_DUMP[key] = kind
+
+
+def number_rows(chunks: Iterable[Chunk], whole: WholeDump | None) -> Iterator[Chunk]:
+    """Number rows in reading order as they are read, before any can be skipped (a no-op without a whole-dump
+    accumulator)."""
+    if whole is None:
+        yield from chunks
+        return
+    for chunk in chunks:
+        yield whole.number(chunk)
+
+
+def whole_dump_kind(key: str) -> Any:
+    """The registered kind saved under ``key``; a ``FieldError`` for one no imported feature declares."""
+    kind = WHOLE_DUMP.get(key)
+    if kind is None:
+        raise FieldError(
+            f"state.whole_dump.{key} is a state no imported module declares (known: {', '.join(sorted(WHOLE_DUMP))}; "
+            "import the feature that writes it, such as rcdiag.explain.state)"
+        )
+    return kind
 
 
 @dataclass
@@ -45,8 +93,13 @@ class EngineState:
     rows: int = 0
     tokens: int = 0
     valid_tokens: int = 0
-    explain: ExplainState | None = None
-    """``analyze --explain``'s state (breakdowns, worst responses, detector sums), for the whole dump."""
+    whole_dump: dict[str, WholeDump] = field(default_factory=dict)
+    """Whole-dump accumulators by ``KEY`` (``analyze --explain``'s: breakdowns, worst responses, detector sums)."""
+
+    @property
+    def explain(self) -> Any:
+        """The ``--explain`` state (saved under ``explain``), or ``None`` without ``--explain``."""
+        return self.whole_dump.get("explain")
 
     def batch(self, step: StepKey) -> BatchMetrics:
         """The accumulators of one step (created on first use)."""
@@ -59,12 +112,12 @@ class EngineState:
         """Fold another state (same configuration) into this one; returns ``self``."""
         if not self.resolved.same_computation(other.resolved):
             raise ValueError("cannot merge states computed with different configurations")
-        if (self.explain is None) != (other.explain is None):
+        if set(self.whole_dump) != set(other.whole_dump):
             raise ValueError("cannot merge a state computed with --explain and one without")
         for step, batch in other.batches.items():
             self.batch(step).merge(batch)
-        if self.explain is not None and other.explain is not None:
-            self.explain.merge(other.explain)
+        for key, extra in self.whole_dump.items():
+            extra.merge(other.whole_dump[key])
         self.rows += other.rows
         self.tokens += other.tokens
         self.valid_tokens += other.valid_tokens
@@ -85,8 +138,8 @@ class EngineState:
             "valid_tokens": self.valid_tokens,
             "batches": [[step, batch.state_dict()] for step, batch in self.batches.items()],
         }
-        if self.explain is not None:
-            out["explain"] = self.explain.state_dict()
+        if self.whole_dump:
+            out["whole_dump"] = {key: extra.state_dict() for key, extra in self.whole_dump.items()}
         return out
 
     @classmethod
@@ -94,11 +147,17 @@ class EngineState:
         """Rebuild a state saved by ``state_dict`` under the same configuration."""
         out = cls(resolved, **saved_counts(state))
         load_batches(out, state)
-        if "explain" in state:
-            from rcdiag.explain.state import ExplainState
-
-            out.explain = ExplainState.from_state_dict(state["explain"])
+        for key, saved in saved_whole_dump(state).items():
+            out.whole_dump[key] = whole_dump_kind(key).from_state_dict(saved)
         return out
+
+
+def saved_whole_dump(state: Any) -> dict[str, Any]:
+    """A saved state's whole-dump accumulators' states by ``KEY`` (none: an empty table)."""
+    saved = state.get("whole_dump", {}) if isinstance(state, dict) else {}
+    if not isinstance(saved, dict):
+        raise FieldError(f"state.whole_dump must be a table of whole-dump states, got {shown(saved)}")
+    return saved
 
 
 def saved_counts(state: dict[str, Any]) -> dict[str, int]:
@@ -128,13 +187,15 @@ class Engine:
         self,
         resolved: ResolvedConfig,
         backend: Backend | None = None,
-        explain: ExplainState | None = None,
+        explain: WholeDump | None = None,
         *,
         state: EngineState | None = None,
     ) -> None:
+        """``explain``: a whole-dump accumulator to feed too (``--explain``'s)."""
         self.resolved = resolved
         self.backend = backend or NumpyBackend()
-        self.state = state if state is not None else EngineState(resolved, explain=explain)
+        whole_dump = {} if explain is None else {explain.KEY: explain}
+        self.state = state if state is not None else EngineState(resolved, whole_dump=whole_dump)
         """What blocks are folded into: the analyze accumulators by default, or another state with the same
         interface (the sweep's, which may ask for larger CPU blocks: ``cpu_block_tokens``)."""
         cpu_block = getattr(self.state, "cpu_block_tokens", CPU_BLOCK_TOKENS)
@@ -161,9 +222,9 @@ class Engine:
             # checks, and the mask made boolean (an integer mask would index values instead of selecting them).
             chunk = screen_one(chunk)
         state = self.state
-        explain = state.explain
-        if explain is not None and chunk.rows is None:
-            explain.number(chunk)  # rows not numbered before screening (chunks built by hand)
+        wholes = list(state.whole_dump.values())
+        if wholes and chunk.rows is None:
+            wholes[0].number(chunk)  # rows not numbered before screening (chunks built by hand)
         state.rows += chunk.n_rows
         state.tokens += chunk.n_tokens
         steps = chunk.steps
@@ -183,30 +244,23 @@ class Engine:
                 block_mask = _block_mask(mask, t0, t1)
                 valid = valid_lengths[r0 + b0 : r0 + b1]
                 raw = {"mask": block_mask, "raw_lengths": lengths[r0 + b0 : r0 + b1], "k1_bands": self.k1_bands}
+                if wholes:
+                    raw["rows"] = _row_context(chunk, block_mask, step, r0 + b0, r0 + b1)
                 block = Block(self.backend, old[t0:t1], rollout[t0:t1], valid, **raw)
                 batch.update(block)
-                if explain is not None:  # always on the host: the same numbers on every device
-                    host = (
-                        block
-                        if isinstance(self.backend, NumpyBackend)
-                        else Block(NumpyBackend(), old[t0:t1], rollout[t0:t1], valid, **raw)
-                    )
-                    _explain(explain, chunk, host, block_mask, step, r0 + b0, r0 + b1)
-                    del host  # a block kept alive into the next one's maths costs it fresh pages (1.2 ns/token)
+                for whole in wholes:  # the device's block: its per-row values come to the host, its tokens are there
+                    whole.update(block)
+                del block  # a block kept alive into the next one's maths costs it fresh pages (1.2 ns/token)
 
 
-def _explain(
-    explain: ExplainState, chunk: Chunk, block: Block, mask: np.ndarray | None, step: StepKey, a: int, b: int
-) -> None:
-    """Feed rows ``a:b`` of the chunk (one numpy block) to ``--explain``."""
-    from rcdiag.explain.state import RowContext
-
+def _row_context(chunk: Chunk, mask: np.ndarray | None, step: StepKey, a: int, b: int) -> RowContext:
+    """What rows ``a:b`` of the chunk (one block) carry for the whole-dump accumulators."""
     lengths = np.diff(chunk.offsets[a : b + 1])
     ids = chunk.ids
     rows = chunk.rows
     assert rows is not None  # numbered when the chunk entered the engine
     tokens = None if chunk.tokens is None else chunk.tokens[int(chunk.offsets[a]) : int(chunk.offsets[b])]
-    explain.update(block, RowContext(lengths, mask, rows[a:b], None if ids is None else ids[a:b], step, tokens))
+    return RowContext(lengths, mask, rows[a:b], None if ids is None else ids[a:b], step, tokens)
 
 
 def _valid_lengths(mask: np.ndarray, lengths: np.ndarray) -> np.ndarray:

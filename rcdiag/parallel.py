@@ -17,14 +17,12 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import rcdiag.interrupts as interrupts
 from rcdiag.config import CorrectionConfig
-from rcdiag.engine import Engine, EngineState
+from rcdiag.engine import Engine, EngineState, WholeDump, number_rows
 from rcdiag.errors import ConfigError, RcdiagError
-from rcdiag.explain.sequences import SequenceWriter
-from rcdiag.explain.state import ExplainOptions, ExplainState, number_rows
 from rcdiag.io import open_part, prefetch
 from rcdiag.io.base import Part, Source
 from rcdiag.options import ReadOptions
@@ -59,6 +57,14 @@ _CHANNEL: Any = None
 """In a worker process: the queue its progress and notices go to (``None`` elsewhere)."""
 
 
+class WholeDumpOptions(Protocol):
+    """How each read builds its whole-dump accumulator (``--explain``'s options, ``rcdiag.explain.state``):
+    picklable, for worker processes and Ray tasks."""
+
+    def new_state(self) -> WholeDump: ...
+    def observe(self, state: Any, resolved: Any, scratch: Path | None, part: int) -> Callable[[], None] | None: ...
+
+
 StateFactory = Callable[[], EngineState]
 """Builds the empty state a read folds blocks into (picklable: worker processes and Ray tasks call it too)."""
 
@@ -71,7 +77,7 @@ class Job:
 
     config: CorrectionConfig
     read: ReadOptions
-    explain: ExplainOptions | None = None
+    explain: WholeDumpOptions | None = None
     scratch: Path | None = None
     new_state: StateFactory | None = None
 
@@ -80,7 +86,7 @@ class Job:
         cls,
         config: CorrectionConfig,
         read: ReadOptions,
-        explain: ExplainOptions | None,
+        explain: WholeDumpOptions | None,
         scratch: Path | None,
         new_state: StateFactory | None = None,
     ) -> Job:
@@ -100,45 +106,32 @@ def read_part(part: Part, job: Job, index: int = 0) -> PartResult:
     source.want_tokens(job.explain is not None)
     screen = Screen(read.on_bad_row, verdict_at_end=False, vocab_size=read.vocab_size)
     resolved = job.config.resolve()
-    explain_state = ExplainState(job.explain.worst) if job.explain is not None else None
-    writer = sequence_writer(
-        explain_state, resolved, job.scratch, index, job.explain.sequences if job.explain else None
-    )
-    chunks = number_rows(prefetch(source.chunks(read.chunk_tokens, part=part.within)), explain_state)
+    whole = job.explain.new_state() if job.explain is not None else None
+    flush = job.explain.observe(whole, resolved, job.scratch, index) if job.explain is not None else None
+    chunks = number_rows(prefetch(source.chunks(read.chunk_tokens, part=part.within)), whole)
     if _CHANNEL is not None:
         chunks = _reporting(chunks, index)
-    state = Engine(resolved, explain=explain_state, state=job.empty_state()).run(screen(chunks))
-    if writer is not None:
-        writer.flush()
+    state = Engine(resolved, explain=whole, state=job.empty_state()).run(screen(chunks))
+    if flush is not None:
+        flush()
     return PartResult(
         state.state_dict(), screen.stats.to_dict(), screen.first, source.seen_metadata(), state.rows, state.tokens
     )
 
 
-def sequence_writer(
-    explain_state: ExplainState | None, resolved: Any, scratch: Path | None, part: int, target: Any = None
-) -> SequenceWriter | None:
-    """The ``--sequences`` writer of one part (its own directory under ``scratch``; ``target``: the file, named by
-    a failed write), when asked for."""
-    if explain_state is None or scratch is None:
-        return None
-    writer = SequenceWriter(resolved, scratch / f"part-{part:04d}", target)
-    explain_state.observers.append(writer)
-    return writer
-
-
 def merge_parts(source: Source, results: list[PartResult], job: Job) -> tuple[EngineState, ScreenStats]:
     """The merged state and counts of every part, in part order (the first bad row is the earliest)."""
     resolved = job.config.resolve()
-    explain_state = ExplainState(job.explain.worst) if job.explain else None
-    merged = job.new_state() if job.new_state else EngineState(resolved, explain=explain_state)
+    whole = job.explain.new_state() if job.explain else None
+    whole_dump = {} if whole is None else {whole.KEY: whole}
+    merged = job.new_state() if job.new_state else EngineState(resolved, whole_dump=whole_dump)
     stats = ScreenStats()
     part_rows = []
     first: Problem | None = None
     seen: dict[str, set[str]] = {}
     for result in results:
         part = type(merged).from_state_dict(resolved, result.state)
-        part_rows.append(part.explain.rows_read if part.explain is not None else 0)
+        part_rows.append(next((saved.rows_read for saved in part.whole_dump.values()), 0))
         merged.merge(part)
         stats = stats.merge(ScreenStats.from_dict(result.stats))
         first = first or result.problem
@@ -146,8 +139,8 @@ def merge_parts(source: Source, results: list[PartResult], job: Job) -> tuple[En
             seen.setdefault(key, set()).update(values)
     source.add_metadata({key: sorted(values) for key, values in seen.items()})
     raise_for_bad_rows(first, stats)  # counted over the whole dump, not one part
-    if merged.explain is not None:
-        merged.explain.part_rows = part_rows
+    for kept in merged.whole_dump.values():
+        kept.part_rows = part_rows
     return merged, stats
 
 

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ import numpy as np
 
 from rcdiag._version import __version__
 from rcdiag.config import CorrectionConfig
-from rcdiag.engine import EngineState
+from rcdiag.engine import EngineState, saved_whole_dump, whole_dump_kind
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.fields import FieldError, dataclass_from, shown
 from rcdiag.io.base import SourceInfo
@@ -44,15 +45,16 @@ MAX_INT_DIGITS = 20
 _THRESHOLDS = ("rollout_is_threshold", "rollout_rs_threshold")
 
 
-def state_layout() -> str:
+def state_layout(whole_dump: Iterable[str] = ()) -> str:
     """The one version of every state file kind: a short hash of every accumulator's declared states and of the
-    constants the ``--explain`` and sweep states depend on (bucket edges, groups and their hash, series cut-off,
-    the sweep kernel's buckets). A file written under another layout is refused, never merged into numbers that
-    mean something else. Read when called, so a changed declaration or constant shows at once."""
-    from rcdiag.explain.state import explain_layout
+    constants the sweep state and the state's whole-dump accumulators (``whole_dump``: their keys, such as
+    ``explain``) depend on (bucket edges, groups and their hash, series cut-off, the sweep kernel's buckets). A
+    file written under another layout is refused, never merged into numbers that mean something else. Read when
+    called, so a changed declaration or constant shows at once."""
     from rcdiag.sweep.batch import sweep_layout
 
-    declared = {"accumulators": declared_states(), "explain": explain_layout(), "sweep": sweep_layout()}
+    declared = {"accumulators": declared_states(), "sweep": sweep_layout()}
+    declared.update({key: whole_dump_kind(key).layout() for key in sorted(whole_dump)})
     text = json.dumps(declared, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -83,7 +85,7 @@ def save_state(
         "version": STATE_VERSION,
         "kind": state_kind_of(state),
         "rcdiag_version": __version__,
-        "layout": state_layout(),
+        "layout": state_layout(state.whole_dump),
         "config": state.resolved.config.to_dict(),
         "sources": [_with_identity(info) for info in sources],
         "screen": screen.to_dict(),
@@ -119,12 +121,16 @@ def _load(name: str) -> tuple[EngineState, list[SourceInfo], ScreenStats, StateI
             f"version {STATE_VERSION} (int): re-run 'rcdiag analyze ... --save-state' with this rcdiag",
             path=name,
         )
-    if payload.get("layout") != state_layout():
+    try:
+        layout = state_layout(saved_whole_dump(payload.get("state")))
+    except FieldError as exc:
+        raise InputError(f"holds a field that does not fit: {exc}", path=name) from None
+    if payload.get("layout") != layout:
         command = "sweep" if payload.get("kind") == "sweep" else "analyze"
         raise InputError(
             f"was written by {writer}, whose states have another layout (declared states or the constants they "
             f"depend on: layout {payload.get('layout') or 'not recorded'}; rcdiag {__version__} has "
-            f"{state_layout()}), so it cannot be loaded or merged: re-run 'rcdiag {command} ... --save-state' with "
+            f"{layout}), so it cannot be loaded or merged: re-run 'rcdiag {command} ... --save-state' with "
             "this rcdiag",
             path=name,
         )

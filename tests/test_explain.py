@@ -3,6 +3,7 @@ mergeability (chunks, workers, state files), the per-response export and the dat
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -12,7 +13,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import SAMPLES
+from conftest import SAMPLES, padded_chunk, random_batch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -440,9 +441,44 @@ def test_the_worst_list_keeps_raw_tokens_only_for_responses_that_may_be_plotted(
         old = -np.abs(rng.normal(0, 1, n)).astype(np.float32)
         rollout = (old - np.float32(row / n)).astype(np.float32)  # log-ratio sum about ``row``
         lengths = np.array([n], dtype=np.int64)
-        worst.update(Block(NumpyBackend(), old, rollout, lengths), RowContext(lengths, None, np.array([row]), None, 0))
+        worst.update(
+            Block(NumpyBackend(), old, rollout, lengths, rows=RowContext(lengths, None, np.array([row]), None, 0))
+        )
         tokens[row] = old - rollout
         assert len(worst.traces) <= 2 * PLOTTED
     top = [entry.row for entry in worst.entries()[:PLOTTED]]
     assert top == [199, 198, 197, 196, 195]
     assert worst.plotted() == [token_trace(row, tokens[row], None) for row in top]
+
+
+@pytest.mark.parametrize("worst", [0, 3])
+def test_explain_takes_the_device_block(monkeypatch: pytest.MonkeyPatch, worst: int) -> None:
+    """``--device cuda``'s path, run on torch's CPU tensors: --explain is fed the device's own block (its sums and
+    token table read the rows on the host, where they already are); only the worst list (row sums, whose rounding
+    follows the device's summation order) asks for the block's host twin, once a block. The state is the one the
+    numpy engine gives, bit for bit."""
+    pytest.importorskip("torch", reason="pip install torch to run the device path on CPU tensors")
+    from rcdiag.backend import NumpyBackend, TorchBackend
+    from rcdiag.engine import Engine
+    from rcdiag.explain.state import ExplainState
+    from rcdiag.metrics import block as block_module
+
+    rng = np.random.default_rng(11)
+    old, rollout, mask = random_batch(rng, rows=60, width=50, outliers=0.02)
+    chunk = padded_chunk(old, rollout, mask)
+    chunk.tokens = rng.integers(0, 300, old.size).astype(np.int64)
+    backends, twins = [], []
+    fed = ExplainState.update
+    monkeypatch.setattr(ExplainState, "update", lambda self, block: (backends.append(type(block.b)), fed(self, block)))
+    twin = block_module._host_twin
+    monkeypatch.setattr(block_module, "_host_twin", lambda block: (twins.append(1), twin(block))[1])
+    states = []
+    for backend in (NumpyBackend(), TorchBackend("cpu")):
+        engine = Engine(rcdiag.CorrectionConfig().resolve(), backend, ExplainState(worst))
+        engine.block_tokens = 500  # several blocks
+        engine.run([copy.copy(chunk)])
+        states.append(json.dumps(engine.state.explain.state_dict()))
+    blocks = len(backends) // 2
+    assert blocks > 1 and backends == [NumpyBackend] * blocks + [TorchBackend] * blocks
+    assert len(twins) == (blocks if worst else 0)
+    assert states[0] == states[1]

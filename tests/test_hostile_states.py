@@ -228,14 +228,35 @@ def test_a_rules_file_over_the_limit_is_refused(tmp_path: Path, monkeypatch: Any
         (lambda p: p["config"].__setitem__("loss_type", 5), "loss_type must be a string, got 5 (int)"),
         (lambda p: p["sources"][0].__setitem__("total_rows", "24"), "sources[0].total_rows must be a count"),
         (lambda p: p["screen"].__setitem__("rows_read", -1), "screen.rows_read must be a count"),
-        (lambda p: p["state"]["explain"].__setitem__("rows_read", 1.5), "explain.rows_read must be a count"),
         (
-            lambda p: p["state"]["explain"]["breakdowns"].__setitem__("prob", [1, 2]),
-            "breakdowns.prob must hold 40 values, holds 2",
+            lambda p: p["state"]["whole_dump"]["explain"].__setitem__("rows_read", 1.5),
+            "explain.rows_read must be a count",
         ),
         (
-            lambda p: p["state"]["explain"]["worst"]["entries"][0].__setitem__("length", "9"),
-            "worst.entries.length must be a count",
+            lambda p: p["state"]["whole_dump"]["explain"]["breakdowns"].__setitem__("prob", [1, 2]),
+            "Breakdowns.prob must hold 40 values, holds 2",
+        ),
+        (
+            lambda p: p["state"]["whole_dump"]["explain"]["worst"]["entries"]["items"][0]["entry"].__setitem__(
+                "length", "9"
+            ),
+            "WorstResponses.entries.items[0].entry.length must be a count",
+        ),
+        (
+            lambda p: p["state"]["whole_dump"]["explain"]["worst"]["entries"].__setitem__("n", 3),
+            "WorstResponses.entries must hold at most 3 items, holds 10",
+        ),
+        (
+            lambda p: p["state"]["whole_dump"]["explain"]["tokens"]["table"].__setitem__("ids", [-1]),
+            "TokenSums.table.ids must hold counts",
+        ),
+        (
+            lambda p: p["state"]["whole_dump"].__setitem__("bogus", {}),
+            "state.whole_dump.bogus is a state no imported module declares (known: explain;",
+        ),
+        (
+            lambda p: p["state"].__setitem__("whole_dump", [1]),
+            "state.whole_dump must be a table of whole-dump states, got [1]",
         ),
     ],
 )

@@ -54,16 +54,13 @@ KNOWN_CYCLES: list[set[str]] = []
 """No import circle is left: the last one (``Block`` and the token passes of ``metrics/tokens.py``) went when the
 passes moved behind one interface chosen by the backend and the formulas into ``rcdiag.core``."""
 KNOWN_UPWARD = {
-    ("rcdiag.engine", "rcdiag.explain.state"),
-    ("rcdiag.parallel", "rcdiag.explain.sequences"),
-    ("rcdiag.parallel", "rcdiag.explain.state"),
     ("rcdiag.parallel", "rcdiag.interrupts"),
-    ("rcdiag.state", "rcdiag.explain.state"),
     ("rcdiag.state", "rcdiag.outputs"),
     ("rcdiag.state", "rcdiag.sweep.batch"),
 }
-"""Debt (issue 20, one state protocol): the engine knows the ``--explain`` and sweep states by name; the state
-file writer and the workers use the library's output and interrupt modules."""
+"""Debt (issue 20, one state protocol): the engine knows the sweep's state by name; the state file writer and the
+workers use the library's output and interrupt modules. (``--explain``'s state is a whole-dump accumulator the
+engine knows only by its key: ``rcdiag.engine.WholeDump``.)"""
 KNOWN_UPWARD_ELSEWHERE = {
     ("rcdiag.check", "rcdiag.api"),
     ("rcdiag.compare", "rcdiag.api"),

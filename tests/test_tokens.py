@@ -160,7 +160,7 @@ def test_ids_beyond_the_dense_table_are_summed_sparsely(tmp_path: Path) -> None:
     assert set(got) == set(big)
     for token, (n, lr, *_) in expected.items():
         assert got[token]["tokens"] == n and math.isclose(got[token]["kl"], -lr / n, rel_tol=1e-9)
-    sums = json.loads(state_file.read_text())["state"]["explain"]["tokens"]
+    sums = json.loads(state_file.read_text())["state"]["whole_dump"]["explain"]["tokens"]["table"]
     assert sums["ids"] == sorted(big)
 
 
@@ -298,14 +298,18 @@ def test_chunking_and_row_order_do_not_change_per_id_sums(chunk_rows: int, seed:
 
 def test_token_sums_state_round_trip_and_refusals() -> None:
     sums = TokenSums()
-    sums.load_state_dict({"seen": True, "ids": [3, DENSE_IDS + 1], "sums": [1, -0.1, 0.1, 0.005, 0.02, 0.01] * 2})
-    assert sums.state_dict()["ids"] == [3, DENSE_IDS + 1]
+    table = {"ids": [3, DENSE_IDS + 1], "sums": [1, -0.1, 0.1, 0.005, 0.02, 0.01] * 2}
+    sums.load_state_dict({"seen": 1.0, "table": table})
+    assert sums.state_dict()["table"]["ids"] == [3, DENSE_IDS + 1] and sums.seen
+    assert sums.dense.shape[0] > 3 and sums.sparse_ids.tolist() == [DENSE_IDS + 1]
     from rcdiag.fields import FieldError
 
     with pytest.raises(FieldError, match="ascending"):
-        TokenSums().load_state_dict({"seen": True, "ids": [4, 3], "sums": [1.0] * 12})
+        TokenSums().load_state_dict({"seen": 1.0, "table": {"ids": [4, 3], "sums": [1.0] * 12}})
     with pytest.raises(FieldError, match="at least one token"):
-        TokenSums().load_state_dict({"seen": True, "ids": [4], "sums": [0.0] * 6})
+        TokenSums().load_state_dict({"seen": 1.0, "table": {"ids": [4], "sums": [0.0] * 6}})
+    with pytest.raises(FieldError, match="must be a table of ids and sums"):
+        TokenSums().load_state_dict({"seen": 1.0, "table": [1, 2]})
 
 
 # ------------------------------------------------------------------------------------------------ text

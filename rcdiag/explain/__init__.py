@@ -8,5 +8,6 @@
   ``token_specific`` detector, ``vocabulary`` the text of ids (``--tokenizer``), ``token_report`` the report's
   by-token parts and the ``--tokens`` Parquet file;
 * ``sequences``: the ``--sequences`` per-response Parquet file (polars);
-* ``state``: ``ExplainState``, the mergeable whole of it, which the engine feeds block by block.
+* ``state``: ``ExplainState``, the mergeable whole of it (accumulators of ``rcdiag.metrics.base``), a whole-dump
+  accumulator the engine feeds block by block.
 """

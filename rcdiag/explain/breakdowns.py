@@ -12,12 +12,12 @@ per block (``rcdiag.kernels.explain``, fed by ``rcdiag.explain.state``); this mo
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from rcdiag.core.limits import finite
-from rcdiag.fields import reals
+from rcdiag.metrics.base import Accumulator, Reduce
 from rcdiag.metrics.offpolicy import token_metrics
 
 GROUPS = 16
@@ -75,33 +75,44 @@ def token_positions(lengths: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     return positions if mask is None else positions[mask]
 
 
-class Breakdowns:
-    """The three breakdowns' sums: position buckets per hash group, rollout-probability buckets, lengths."""
+class Breakdowns(Accumulator):
+    """The three breakdowns' sums: position buckets per hash group, rollout-probability buckets, lengths (filled by
+    the fused pass, ``rcdiag.explain.state``)."""
 
-    def __init__(self) -> None:
-        self.position = np.zeros((GROUPS, N_DOUBLING, len(SUMS)))
-        self.prob = np.zeros((N_PROB, len(SUMS)))
-        self.length = np.zeros((N_DOUBLING, len(SUMS)))
+    STATES: ClassVar[dict[str, Reduce]] = {"position": "sums", "prob": "sums", "length": "sums"}
+    OWNER: ClassVar[str | None] = "explain"
+    SHAPES: ClassVar[dict[str, tuple[int, ...]]] = {
+        "position": (GROUPS, N_DOUBLING, len(SUMS)),
+        "prob": (N_PROB, len(SUMS)),
+        "length": (N_DOUBLING, len(SUMS)),
+    }
 
-    def merge(self, other: Breakdowns) -> None:
-        self.position += other.position
-        self.prob += other.prob
-        self.length += other.length
+    def update(self, block: Any) -> None:
+        """Filled with the detectors' sums by one fused pass over each block (``ExplainState``)."""
+        raise NotImplementedError("filled by ExplainState's fused pass")
 
-    def state_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name).ravel().tolist() for name in ("position", "prob", "length")}
+    @property
+    def position(self) -> np.ndarray:
+        return self.state["position"]
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for name in ("position", "prob", "length"):
-            current = getattr(self, name)
-            setattr(self, name, reals(state[name], f"breakdowns.{name}", current.shape))
+    @position.setter
+    def position(self, value: np.ndarray) -> None:
+        self.state["position"] = value
+
+    @property
+    def prob(self) -> np.ndarray:
+        return self.state["prob"]
+
+    @property
+    def length(self) -> np.ndarray:
+        return self.state["length"]
 
     @property
     def position_sums(self) -> np.ndarray:
         """(GROUPS, N_DOUBLING, len(SUMS)) position sums per hash group."""
         return self.position
 
-    def compute(self) -> dict[str, list[dict[str, Any]]]:
+    def compute(self) -> dict[str, list[dict[str, Any]]]:  # type: ignore[override]
         """The JSON ``breakdowns`` object."""
         return {
             "position": _rows(self.position.sum(axis=0), DOUBLING_EDGES, open_end=True),

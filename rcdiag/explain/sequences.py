@@ -21,8 +21,7 @@ from rcdiag.config import ResolvedConfig
 from rcdiag.core.formulas import is_weight
 from rcdiag.errors import InputError, OutputError
 from rcdiag.explain.breakdowns import token_positions
-from rcdiag.explain.state import RowContext
-from rcdiag.metrics.block import Block
+from rcdiag.metrics.block import Block, RowContext, on_host
 from rcdiag.metrics.importance import ISMetrics
 from rcdiag.metrics.rejection import rejection
 
@@ -65,19 +64,22 @@ class SequenceWriter:
         self.parts = 0
 
     def __call__(self, block: Block, context: RowContext) -> None:
+        block = on_host(block)  # per-row sums and RS statistics as on the host: the same file on every device
         self.buffer.append(self._columns(block, context, token_positions(context.lengths, context.mask)))
         self.buffered += block.n_rows
         if self.buffered >= BATCH_ROWS:
             self.flush()
 
     def _columns(self, block: Block, context: RowContext, positions: np.ndarray) -> dict[str, Any]:
-        b = NumpyBackend()
-        n = block.row_len
-        s = np.asarray(block.row_sum_lr, dtype=np.float64)
-        abs_lr = np.abs(block.lr)
-        row_max = block.seg.max(abs_lr, np.nan)
+        """The block's rows' columns (any backend's block; its per-row values brought to the host)."""
+        b, host = block.b, block.b.to_numpy
+        n = host(block.row_len)
+        s = np.asarray(host(block.row_sum_lr), dtype=np.float64)
+        abs_lr = b.abs(block.lr)
+        row_max = host(block.seg.max(abs_lr, np.nan))
+        abs_lr = host(abs_lr)
         raw = is_weight(np, s)
-        weight = raw if self.importance is None else self.importance.apply(b, raw)
+        weight = raw if self.importance is None else self.importance.apply(NumpyBackend(), raw)
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = np.where(n > 0, s / np.maximum(n, 1.0), np.nan)
         columns: dict[str, Any] = {
@@ -94,8 +96,8 @@ class SequenceWriter:
         }
         for option in self.resolved.rs_options:
             found = rejection(block, option)  # the engine's own, shared with the RS accumulators (memoised)
-            columns[f"rs_{option.name}_stat"] = np.asarray(found.seq_value, dtype=np.float64)
-            columns[f"rs_{option.name}_rejected"] = np.asarray(found.rows_hit, dtype=bool)
+            columns[f"rs_{option.name}_stat"] = np.asarray(host(found.seq_value), dtype=np.float64)
+            columns[f"rs_{option.name}_rejected"] = np.asarray(host(found.rows_hit), dtype=bool)
         return columns
 
     def flush(self) -> None:

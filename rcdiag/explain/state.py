@@ -8,22 +8,27 @@ merge in reading order), so row numbers stay global.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rcdiag.engine import number_rows, register_whole_dump
 from rcdiag.errors import ConfigError
 from rcdiag.explain.breakdowns import DOUBLING_EDGES, GROUPS, LOG_PROB_THRESHOLDS, PROB_EDGES, SUMS, Breakdowns
 from rcdiag.explain.statistics import LIKELY, RATIO_CAP, SHIFT_TOL, UNLIKELY, OffsetSums, ScaleSums, ShapeSums
 from rcdiag.explain.tokens import DENSE_IDS, TokenSums
 from rcdiag.explain.tokens import SUMS as TOKEN_SUMS
 from rcdiag.explain.worst import DEFAULT_WORST, PLOTTED, TEXT_TOKENS, TRACE_POINTS, WorstResponses
-from rcdiag.fields import integer
+from rcdiag.fields import FieldError, checked, integer, shown
 from rcdiag.io.base import Chunk
-from rcdiag.metrics.block import Block
+from rcdiag.metrics.base import Accumulator
+from rcdiag.metrics.batch import declared_states
+from rcdiag.metrics.block import Block, RowContext
+
+__all__ = ["ExplainOptions", "ExplainState", "RowContext", "explain_layout", "number_rows"]
 
 
 @dataclass(frozen=True)
@@ -45,20 +50,20 @@ class ExplainOptions:
             return None
         return cls(worst, sequences)
 
+    def new_state(self) -> ExplainState:
+        """An empty state for one read (a process, a worker part, a Ray task)."""
+        return ExplainState(self.worst)
 
-@dataclass(frozen=True)
-class RowContext:
-    """What the engine knows about a block's rows beyond the block itself."""
+    def observe(self, state: ExplainState, resolved: Any, scratch: Path | None, part: int) -> Callable[[], None] | None:
+        """With ``--sequences`` (``scratch``: the local directory of the parts' files), attach the part's writer to
+        ``state`` (its own directory under ``scratch``); returns what writes its last rows (``None``: no writer)."""
+        if scratch is None:
+            return None
+        from rcdiag.explain.sequences import SequenceWriter
 
-    lengths: np.ndarray
-    """List length of each row (padding included)."""
-    mask: np.ndarray | None
-    """The rows' boolean mask over all their positions (``None``: every position valid)."""
-    rows: np.ndarray
-    ids: np.ndarray | None
-    step: int | None
-    tokens: np.ndarray | None = None
-    """The rows' token ids over all their positions, like ``mask`` (``None``: the dump has none, or not read)."""
+        writer = SequenceWriter(resolved, scratch / f"part-{part:04d}", self.sequences)
+        state.observers.append(writer)
+        return writer.flush
 
 
 _NO_MASK = np.zeros(0, dtype=np.uint8)
@@ -94,11 +99,18 @@ def explain_layout() -> dict[str, Any]:
         "worst": {"plotted": PLOTTED, "trace_points": TRACE_POINTS, "text_tokens": TEXT_TOKENS},
         "tokens": {"sums": list(TOKEN_SUMS), "dense_ids": DENSE_IDS},
         "kernel": explain_encoding.layout(),
+        "accumulators": declared_states("explain"),
     }
 
 
 class ExplainState:
-    """Everything ``--explain`` accumulates."""
+    """Everything ``--explain`` accumulates: a whole-dump accumulator (``rcdiag.engine.WholeDump``) made of
+    accumulators of ``rcdiag.metrics.base`` (``PARTS``), fed by the engine block by block (``Block.rows`` carries
+    the rows' numbers, lengths, ids and token ids)."""
+
+    KEY = "explain"
+    """Where an engine state holds it (``EngineState.extras``) and a state file saves it."""
+    PARTS = ("breakdowns", "worst", "scale", "offset", "shape", "tokens")
 
     def __init__(self, worst: int = DEFAULT_WORST) -> None:
         self.breakdowns = Breakdowns()
@@ -114,26 +126,32 @@ class ExplainState:
         self.part_rows: list[int] = []
         """Rows read by each worker part, in order (``--workers``; for the ``--sequences`` row numbers)."""
 
-    def update(self, block: Block, context: RowContext) -> None:
-        """Fold in a block (numpy backend) of whole rows."""
-        self._fold_sums(block, context)
-        if context.tokens is not None:
-            self.tokens.update(block, context.tokens, context.mask)
-        self.worst.update(block, context)
-        for observer in self.observers:
-            observer(block, context)
+    def parts(self) -> dict[str, Accumulator]:
+        return {name: getattr(self, name) for name in self.PARTS}
 
-    def _fold_sums(self, block: Block, context: RowContext) -> None:
+    def signature(self) -> tuple:
+        return (type(self).__name__, self.worst.n)
+
+    def update(self, block: Block) -> None:
+        """Fold in a block of whole rows (``block.rows`` given)."""
+        self._fold_sums(block)
+        self.tokens.update(block)
+        self.worst.update(block)
+        for observer in self.observers:
+            observer(block, block.rows)
+
+    def _fold_sums(self, block: Block) -> None:
         """The breakdowns' and the detectors' sums, in one fused pass over the block (``rcdiag.kernels.explain``)."""
         from rcdiag.kernels.explain import explain_block
 
         old, rollout, mask, lengths = block.raw  # the raw rows: the fused pass drops the padding row by row
+        row_len = block.row_len if isinstance(block.row_len, np.ndarray) else block.b.to_numpy(block.row_len)
         explain_block(
             np.ascontiguousarray(old, dtype=np.float32),
             np.ascontiguousarray(rollout, dtype=np.float32),
-            block.row_len.astype(np.int64),
+            row_len.astype(np.int64),
             np.asarray(lengths, dtype=np.int64),
-            _NO_MASK if mask is None else mask.view(np.uint8),
+            _NO_MASK if mask is None else np.asarray(mask).view(np.uint8),
             _EDGES,
             LOG_PROB_THRESHOLDS,
             RATIO_CAP,
@@ -158,43 +176,41 @@ class ExplainState:
         """Fold in the state of rows read after this state's rows; returns ``self``."""
         if other.worst.n != self.worst.n:
             raise ValueError(f"cannot merge a worst-{other.worst.n} list into a worst-{self.worst.n} list")
-        self.breakdowns.merge(other.breakdowns)
-        self.scale.merge(other.scale)
-        self.offset.merge(other.offset)
-        self.shape.merge(other.shape)
-        self.tokens.merge(other.tokens)
-        self.worst.merge(other.worst, row_offset=self.rows_read)
+        for name, part in self.parts().items():
+            theirs = getattr(other, name)
+            part.merge(theirs.shifted(self.rows_read) if name == "worst" else theirs)
         self.rows_read += other.rows_read
         return self
 
+    def compute(self) -> dict[str, Any]:
+        """The JSON ``breakdowns`` object (the report reads the worst list, the token table and the detectors'
+        sums from the parts)."""
+        return self.breakdowns.compute()
+
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "rows_read": self.rows_read,
-            "breakdowns": self.breakdowns.state_dict(),
-            "worst": self.worst.state_dict(),
-            "scale": self.scale.state_dict(),
-            "offset": self.offset.state_dict(),
-            "shape": self.shape.state_dict(),
-            "tokens": self.tokens.state_dict(),
-        }
+        return {"rows_read": self.rows_read, **{name: part.state_dict() for name, part in self.parts().items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace the state with a saved one, every part checked against its declared states."""
+        if not isinstance(state, dict) or set(state) != {"rows_read", *self.PARTS}:
+            raise FieldError(f"explain must be a table of rows_read, {', '.join(self.PARTS)}, got {shown(state)}")
+        self.rows_read = integer(state["rows_read"], "explain.rows_read")
+        for name, part in self.parts().items():
+            part.load_state_dict(state[name])
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> ExplainState:
-        out = cls(integer(state["worst"]["n"], "explain.worst.n"))
-        out.rows_read = integer(state["rows_read"], "explain.rows_read")
-        out.breakdowns.load_state_dict(state["breakdowns"])
-        out.worst.load_state_dict(state["worst"])
-        out.scale.load_state_dict(state["scale"])
-        out.offset.load_state_dict(state["offset"])
-        out.shape.load_state_dict(state["shape"])
-        out.tokens.load_state_dict(state["tokens"])
+        saved = checked(state, dict[str, Any], "explain")
+        worst = checked(saved.get("worst"), dict[str, Any], "explain.worst")
+        entries = checked(worst.get("entries"), dict[str, Any], "explain.worst.entries")
+        out = cls(integer(entries.get("n"), "explain.worst.entries.n"))
+        out.load_state_dict(state)
         return out
 
+    @classmethod
+    def layout(cls) -> dict[str, Any]:
+        """What its saved state means: its parts' declared states and the constants they depend on."""
+        return explain_layout()
 
-def number_rows(chunks: Iterable[Chunk], state: ExplainState | None) -> Iterator[Chunk]:
-    """Number rows in reading order as they are read (a no-op without ``--explain``)."""
-    if state is None:
-        yield from chunks
-        return
-    for chunk in chunks:
-        yield state.number(chunk)
+
+register_whole_dump(ExplainState.KEY, ExplainState)

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
 from rcdiag.explain.breakdowns import GROUPS
-from rcdiag.fields import reals
+from rcdiag.metrics.base import Accumulator, Reduce
 
 RATIO_CAP = math.exp(3.0)
 """The offset statistic caps each token's IS ratio here, so that a few outlier tokens cannot move it."""
@@ -37,22 +38,33 @@ LIKELY = 0.9
 """``ShapeSums``: a token the trainer found likely has exp(old_log_prob) at least this (a rollout_prob bucket edge)."""
 
 
-class GroupSums:
+class SumsAccumulator(Accumulator):
+    """An accumulator of one ``sums`` state, ``sums`` (filled by the fused pass, ``rcdiag.explain.state``; read by
+    the detectors, which ``compute`` nothing of their own here)."""
+
+    STATES: ClassVar[dict[str, Reduce]] = {"sums": "sums"}
+    OWNER: ClassVar[str | None] = "explain"
+
+    @property
+    def sums(self) -> np.ndarray:
+        return self.state["sums"]
+
+    @sums.setter
+    def sums(self, value: np.ndarray) -> None:
+        self.state["sums"] = value
+
+    def update(self, block: Any) -> None:
+        """Filled with the other sums by one fused pass over each block (``ExplainState``)."""
+        raise NotImplementedError("filled by ExplainState's fused pass")
+
+    def compute(self) -> tuple[dict[str, Any], list]:
+        return {}, []
+
+
+class GroupSums(SumsAccumulator):
     """A (GROUPS, len(NAMES)) table of float64 sums."""
 
     NAMES: tuple[str, ...] = ()
-
-    def __init__(self) -> None:
-        self.sums = np.zeros((GROUPS, len(self.NAMES)))
-
-    def merge(self, other: GroupSums) -> None:
-        self.sums += other.sums
-
-    def state_dict(self) -> list[float]:
-        return self.sums.ravel().tolist()
-
-    def load_state_dict(self, state: list[float]) -> None:
-        self.sums = reals(state, type(self).__name__, self.sums.shape)
 
     def column(self, name: str) -> np.ndarray:
         return self.sums[:, self.NAMES.index(name)]
@@ -60,6 +72,7 @@ class GroupSums:
 
 class ScaleSums(GroupSums):
     NAMES = ("n", "x", "y", "xx", "yy", "xy")
+    SHAPES: ClassVar[dict[str, tuple[int, ...]]] = {"sums": (GROUPS, len(NAMES))}
 
     @staticmethod
     def slopes(sums: np.ndarray) -> tuple[float, float, float] | None:
@@ -75,9 +88,10 @@ class ScaleSums(GroupSums):
 
 class OffsetSums(GroupSums):
     NAMES = ("n", "capped_ratio", "up", "down")
+    SHAPES: ClassVar[dict[str, tuple[int, ...]]] = {"sums": (GROUPS, len(NAMES))}
 
 
-class ShapeSums:
+class ShapeSums(SumsAccumulator):
     """Per-response (cluster) sums of three token means, and two counts; one flat float64 array, merged by addition.
 
     For a statistic with per-response token count n_r and sum S_r, ``CLUSTER`` keeps sum n_r, sum S_r, sum S_r^2,
@@ -92,18 +106,7 @@ class ShapeSums:
     COUNTS = ("likely_up", "likely_down")
     """Likely tokens the rollout scores more than SHIFT_TOL above (d < -tol) and below (d > tol) the trainer."""
     SIZE = len(STATISTICS) * len(CLUSTER) + len(COUNTS)
-
-    def __init__(self) -> None:
-        self.sums = np.zeros(self.SIZE)
-
-    def merge(self, other: ShapeSums) -> None:
-        self.sums += other.sums
-
-    def state_dict(self) -> list[float]:
-        return self.sums.tolist()
-
-    def load_state_dict(self, state: list[float]) -> None:
-        self.sums = reals(state, type(self).__name__, (self.SIZE,))
+    SHAPES: ClassVar[dict[str, tuple[int, ...]]] = {"sums": (SIZE,)}
 
     def cluster(self, statistic: str) -> np.ndarray:
         at = self.STATISTICS.index(statistic) * len(self.CLUSTER)

@@ -19,12 +19,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from rcdiag.core.limits import finite
-from rcdiag.fields import FieldError, counts, reals
+from rcdiag.metrics.base import Accumulator, Reduce
 from rcdiag.metrics.block import Block
 
 SUMS = ("tokens", "lr", "abs_lr", "k3", "chi2", "lr_sq")
@@ -49,19 +49,47 @@ def _largest_below(tokens: np.ndarray, mask: np.ndarray | None, limit: int) -> i
     return int(below.max()) if below.size else -1
 
 
-class TokenSums:
-    """Per-id sums, dense for small ids and sparse for the rest; merged by addition."""
+class TokenSums(Accumulator):
+    """Per-id sums (a ``table`` state: dense for small ids, sparse for the rest); merged by addition."""
+
+    STATES: ClassVar[dict[str, Reduce]] = {"seen": "max", "table": "table"}
+    OWNER: ClassVar[str | None] = "explain"
+    SHAPES: ClassVar[dict[str, tuple[int, ...]]] = {"table": (len(SUMS),)}
+    DENSE_IDS: ClassVar[int] = DENSE_IDS
 
     def __init__(self) -> None:
-        self.dense = np.zeros((0, len(SUMS)))
-        self.sparse_ids = np.zeros(0, dtype=np.int64)
-        self.sparse = np.zeros((0, len(SUMS)))
-        self.seen = False
-        """Whether any block had token ids (a dump without them has an empty table and no ``token`` breakdown)."""
+        super().__init__()
         self.stats: TokenStats | None = None
         """``token_stats`` of the table as it is now (the report asks several times; any change drops it)."""
 
-    def update(self, block: Block, tokens: np.ndarray, mask: np.ndarray | None) -> None:
+    @property
+    def seen(self) -> bool:
+        """Whether any block had token ids (a dump without them has an empty table and no ``token`` breakdown)."""
+        return bool(self.state["seen"] > 0)
+
+    @seen.setter
+    def seen(self, value: bool) -> None:
+        self.state["seen"] = 1.0 if value else -math.inf
+
+    @property
+    def dense(self) -> np.ndarray:
+        return self.state["table"].dense
+
+    @property
+    def sparse_ids(self) -> np.ndarray:
+        return self.state["table"].sparse_ids
+
+    @property
+    def sparse(self) -> np.ndarray:
+        return self.state["table"].sparse
+
+    def update(self, block: Block) -> None:
+        """Fold in a block whose rows carry their raw token ids (``block.rows.tokens``; none: nothing to add)."""
+        rows = block.rows
+        if rows is not None and rows.tokens is not None:
+            self.fold(block, rows.tokens, rows.mask)
+
+    def fold(self, block: Block, tokens: np.ndarray, mask: np.ndarray | None) -> None:
         """Fold in a (numpy) block whose rows' raw token ids are ``tokens`` (padding included, as ``mask``)."""
         from rcdiag.kernels.token_ids import scatter_token_sums, valid_range
 
@@ -89,52 +117,26 @@ class TokenSums:
             self._merge_sparse(unique, sums)
 
     def _grow(self, size: int) -> None:
-        grown = np.zeros((min(DENSE_IDS, max(size, 2 * self.dense.shape[0], 1024)), len(SUMS)))
-        grown[: self.dense.shape[0]] = self.dense
-        self.dense = grown
+        self.state["table"].grow(size)
 
     def _merge_sparse(self, ids: np.ndarray, sums: np.ndarray) -> None:
-        both = np.concatenate([self.sparse_ids, ids])
-        unique, where = np.unique(both, return_inverse=True)
-        merged = np.zeros((unique.shape[0], len(SUMS)))
-        np.add.at(merged, where, np.concatenate([self.sparse, sums]))
-        self.sparse_ids, self.sparse = unique, merged
+        self.state["table"].add_sparse(ids, sums)
 
-    def merge(self, other: TokenSums) -> None:
-        self.seen = self.seen or other.seen
+    def merge(self, other: TokenSums) -> TokenSums:  # type: ignore[override]
         self.stats = None
-        if other.dense.shape[0] > self.dense.shape[0]:
-            self._grow(other.dense.shape[0])
-        self.dense[: other.dense.shape[0]] += other.dense
-        if other.sparse_ids.size:
-            self._merge_sparse(other.sparse_ids, other.sparse)
+        return super().merge(other)
 
     def table(self) -> tuple[np.ndarray, np.ndarray]:
         """``(ids, sums)`` of every id with a token, ids ascending."""
-        present = np.flatnonzero(self.dense[:, 0])
-        ids = np.concatenate([present.astype(np.int64), self.sparse_ids])
-        return ids, np.concatenate([self.dense[present], self.sparse])
-
-    def state_dict(self) -> dict[str, Any]:
-        ids, sums = self.table()
-        return {"seen": self.seen, "ids": ids.tolist(), "sums": sums.ravel().tolist()}
+        return self.state["table"].rows()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if not isinstance(state.get("seen"), bool):
-            raise FieldError("explain.tokens.seen must be true or false")
-        ids = counts(state["ids"], "explain.tokens.ids")
-        sums = reals(state["sums"], "explain.tokens.sums", (ids.shape[0], len(SUMS)))
-        if ids.size and not (np.diff(ids) > 0).all():
-            raise FieldError("explain.tokens.ids must be ascending without repeats")
-        if ids.size and not (sums[:, 0] >= 1).all():
-            raise FieldError("explain.tokens.sums must count at least one token per id")
-        self.__init__()  # type: ignore[misc]
-        self.seen = state["seen"]
-        small = ids < DENSE_IDS
-        if small.any():
-            self._grow(int(ids[small].max()) + 1)
-            self.dense[ids[small]] = sums[small]
-        self.sparse_ids, self.sparse = ids[~small], sums[~small]
+        self.stats = None
+        super().load_state_dict(state)
+
+    def compute(self) -> tuple[dict[str, Any], list]:
+        """The table's statistics are read by ``token_breakdown`` and the detector (``token_stats``)."""
+        return {}, []
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,13 @@ import dataclasses
 import heapq
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from rcdiag.fields import FieldError, checked, counts, dataclass_from, integer, reals
-from rcdiag.metrics.block import Block
+from rcdiag.fields import FieldError, checked, counts, dataclass_from, integer, reals, shown
+from rcdiag.metrics.base import Accumulator, Reduce, Top
+from rcdiag.metrics.block import Block, on_host
 from rcdiag.report import TokenText, TokenTrace
 
 DEFAULT_WORST = 10
@@ -98,24 +99,70 @@ class WorstResponse:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
 
 
-class WorstResponses:
-    """Bounded min-heap of the ``n`` most extreme responses."""
+@dataclass
+class Listed:
+    """An item of the worst list: a response's entry and what it carries while listed (its trace and token ids, for
+    the few that may be plotted), dropped with it when it leaves the list."""
+
+    entry: WorstResponse
+    trace: TokenTrace | _RawTrace | None = None
+    text: TokenText | None = None
+
+    @property
+    def key(self) -> tuple[float, int]:
+        return self.entry.key
+
+    def shifted(self, offset: int) -> Listed:
+        """The same response with its row number ``offset`` later (its state's rows follow another's)."""
+        text = self.text
+        if text is not None and offset:
+            text = dataclasses.replace(text, row=text.row + offset)
+        trace = None if self.trace is None else self.trace.shifted(offset)
+        return Listed(_shifted(self.entry, offset), trace, text)
+
+
+class WorstResponses(Accumulator):
+    """The ``n`` most extreme responses: a ``top`` state (bounded min-heap) of ``Listed`` items."""
+
+    STATES: ClassVar[dict[str, Reduce]] = {"entries": "top"}
+    OWNER: ClassVar[str | None] = "explain"
+    ITEMS: ClassVar[dict[str, type]] = {"entries": Listed}
 
     def __init__(self, n: int = DEFAULT_WORST) -> None:
         self.n = n
-        self.heap: list[tuple[tuple[float, int], WorstResponse]] = []
-        self.traces: dict[int, TokenTrace | _RawTrace] = {}
-        """Row -> its trace, for the rows in the heap that may be plotted."""
-        self.texts: dict[int, TokenText] = {}
+        super().__init__()
+
+    def capacity(self, name: str) -> int:
+        return self.n
+
+    def signature(self) -> tuple:
+        return (type(self).__name__, self.n)
+
+    @property
+    def top(self) -> Top:
+        return self.state["entries"]
+
+    @property
+    def traces(self) -> dict[int, TokenTrace | _RawTrace]:
+        """Row -> its trace, for the rows in the list that may be plotted."""
+        return {item.entry.row: item.trace for _, item in self.top.heap if item.trace is not None}
+
+    @property
+    def texts(self) -> dict[int, TokenText]:
         """Row -> its token ids (a loaded or merged state's; a ``_RawTrace`` holds them until then)."""
+        return {item.entry.row: item.text for _, item in self.top.heap if item.text is not None}
 
     def _floor(self) -> float:
-        return self.heap[0][0][0] if len(self.heap) >= self.n else -math.inf
+        floor = self.top.floor()
+        return -math.inf if floor is None else floor[0]
 
-    def update(self, block: Block, context: Any) -> None:
-        """Offer a (numpy) block's responses; only those that could enter the heap are looked at closely."""
-        if self.n == 0 or block.n_rows == 0:
+    def update(self, block: Block) -> None:
+        """Offer a (numpy) block's responses (``block.rows``: their numbers, lengths, ids and tokens); only those
+        that could enter the heap are looked at closely."""
+        context = block.rows
+        if self.n == 0 or block.n_rows == 0 or context is None:
             return
+        block = on_host(block)  # the row sums a device adds in another order: the same list on every device
         size = np.abs(block.row_sum_lr)
         size = np.where(np.isnan(size), np.inf, size)
         candidates = np.flatnonzero(size >= self._floor())
@@ -125,11 +172,12 @@ class WorstResponses:
             candidates = candidates[size[candidates] >= cut]  # keep ties: the row order decides them
         if not candidates.size:
             return
+        row_sum_lr = block.row_sum_lr
         raw_old, raw_rollout, raw_mask, _ = block.raw  # rows as read: only the candidates drop their padding
         list_starts = np.zeros(block.n_rows + 1, dtype=np.int64)
         np.cumsum(context.lengths, out=list_starts[1:])
         ids = context.ids
-        tokens = getattr(context, "tokens", None)
+        tokens = context.tokens
         plot_floor = self._plot_floor([(float(size[i]), -int(context.rows[i])) for i in candidates.tolist()])
         for i in candidates.tolist():
             a, b = int(list_starts[i]), int(list_starts[i + 1])
@@ -140,7 +188,7 @@ class WorstResponses:
             identifier = None if ids is None else ids[i]
             row = int(context.rows[i])
             lr = old - rollout
-            entry = _describe(float(block.row_sum_lr[i]), old, rollout, lr, mask, row, identifier, context.step)
+            entry = _describe(float(row_sum_lr[i]), old, rollout, lr, mask, row, identifier, context.step)
             # a response below the PLOTTED-th largest of the list and this block's candidates can never be
             # plotted (entries only move down the list), so its trace is not kept
             keep = lr.shape[0] > 0 and entry.key >= plot_floor
@@ -149,14 +197,15 @@ class WorstResponses:
                 row_tokens = tokens[a:b] if mask is None else tokens[a:b][mask]
             trace = _RawTrace(row, lr, None if mask is None else mask.copy(), row_tokens) if keep else None
             self.offer(entry, trace)
-        if len(self.traces) > 2 * PLOTTED:
+        if sum(item.trace is not None for _, item in self.top.heap) > 2 * PLOTTED:
             plotted = {entry.row for entry in self.entries()[:PLOTTED]}
-            self.traces = {row: trace for row, trace in self.traces.items() if row in plotted}
-            self.texts = {row: text for row, text in self.texts.items() if row in plotted}
+            for _, item in self.top.heap:
+                if item.entry.row not in plotted:
+                    item.trace = item.text = None
 
     def _plot_floor(self, keys: list[tuple[float, int]]) -> tuple[float, int]:
         """The ``PLOTTED``-th largest key of the list and ``keys`` (the lowest one that may still be plotted)."""
-        everything = [key for key, _ in self.heap] + keys
+        everything = [key for key, _ in self.top.heap] + keys
         if len(everything) < PLOTTED:
             return (-math.inf, -(2**63))
         return heapq.nlargest(PLOTTED, everything)[-1]
@@ -164,86 +213,90 @@ class WorstResponses:
     def offer(
         self, entry: WorstResponse, trace: TokenTrace | _RawTrace | None = None, text: TokenText | None = None
     ) -> None:
-        item = (entry.key, entry)
-        if len(self.heap) < self.n:
-            heapq.heappush(self.heap, item)
-        elif item[0] > self.heap[0][0]:
-            _, evicted = heapq.heapreplace(self.heap, item)
-            self.traces.pop(evicted.row, None)
-            self.texts.pop(evicted.row, None)
-        else:
-            return
-        if trace is not None:
-            self.traces[entry.row] = trace
-        if text is not None:
-            self.texts[entry.row] = text
+        self.top.offer(Listed(entry, trace, text))
 
-    def merge(self, other: WorstResponses, row_offset: int = 0) -> None:
-        """Fold in another list whose rows follow this one's (their row numbers shift by ``row_offset``)."""
-        for _, entry in other.heap:
-            trace = other.traces.get(entry.row)
-            text = other.texts.get(entry.row)
-            if text is not None and row_offset:
-                text = dataclasses.replace(text, row=text.row + row_offset)
-            shifted = None if trace is None else trace.shifted(row_offset)
-            self.offer(_shifted(entry, row_offset), shifted, text)
+    def offered(self, name: str, item: Listed) -> None:
+        self.top.offer(dataclasses.replace(item))  # a copy: ``plotted`` thins its own items' traces
+
+    def shifted(self, offset: int) -> WorstResponses:
+        """A copy whose rows are numbered ``offset`` later (to merge into the state of the rows read before)."""
+        out = WorstResponses(self.n)
+        for item in self.top.items():
+            out.top.offer(item.shifted(offset))
+        return out
 
     def plotted(self) -> list[TokenTrace]:
         """The traces of the ``PLOTTED`` worst responses, most extreme first."""
         out = []
-        for entry in self.entries()[:PLOTTED]:
-            trace = self.traces.get(entry.row)
-            if isinstance(trace, _RawTrace):
-                text = trace.text()
+        for item in self.top.items()[:PLOTTED]:
+            if isinstance(item.trace, _RawTrace):
+                text = item.trace.text()
                 if text is not None:
-                    self.texts[entry.row] = text
-                trace = self.traces[entry.row] = trace.thinned()
-            if trace is not None:
-                out.append(trace)
+                    item.text = text
+                item.trace = item.trace.thinned()
+            if item.trace is not None:
+                out.append(item.trace)
         return out
 
     def token_texts(self) -> list[TokenText]:
         """The token ids of the ``PLOTTED`` worst responses (when the dump has them), most extreme first."""
         self.plotted()
-        return [self.texts[entry.row] for entry in self.entries()[:PLOTTED] if entry.row in self.texts]
+        return [item.text for item in self.top.items()[:PLOTTED] if item.text is not None]
 
     def entries(self) -> list[WorstResponse]:
         """Most extreme first."""
-        return [entry for _, entry in sorted(self.heap, key=lambda item: item[0], reverse=True)]
+        return [item.entry for item in self.top.items()]
+
+    def compute(self) -> tuple[dict[str, Any], list]:
+        """The list is read by the report (``entries``, ``plotted``, ``token_texts``)."""
+        return {}, []
 
     def state_dict(self) -> dict[str, Any]:
         """The list, with the traces of its ``PLOTTED`` worst (no later merge can lift another entry above them)."""
-        traces = [trace.to_dict() for trace in self.plotted()]
-        texts = [text.to_dict() for text in self.token_texts()]
-        entries = [_plain(asdict(entry)) for entry in self.entries()]
-        return {"n": self.n, "entries": entries, "traces": traces, "texts": texts}
+        self.plotted()
+        for item in self.top.items()[PLOTTED:]:
+            item.trace = item.text = None
+        return super().state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """A saved list, every field checked against ``WorstResponse`` and ``TokenTrace``."""
-        self.n = integer(state["n"], "worst.n")
-        self.heap = []
-        self.traces = {}
-        self.texts = {}
-        traces = {}
-        texts = {}
-        for saved in checked(state.get("texts", []), list[dict[str, Any]], "worst.texts"):
-            values = _saved_log_ratios(saved, "worst.texts")
-            ids = counts(saved["ids"], "worst.texts ids")
-            if len(values) != len(ids) or len(values) > TEXT_TOKENS:
-                raise FieldError(f"worst.texts must hold as many ids as values, at most {TEXT_TOKENS}")
-            row = integer(saved["row"], "worst.texts row")
-            start = integer(saved["start"], "worst.texts start")
-            texts[row] = TokenText(row, start, tuple(ids.tolist()), tuple(values.tolist()))
-        for saved in checked(state.get("traces", []), list[dict[str, Any]], "worst.traces"):
-            values = _saved_log_ratios(saved, "worst.traces")
-            positions = counts(saved["positions"], "worst.traces positions")
-            if len(values) != len(positions) or len(values) > TRACE_POINTS:
-                raise FieldError(f"worst.traces must hold as many positions as values, at most {TRACE_POINTS}")
-            row = integer(saved["row"], "worst.traces row")
-            traces[row] = TokenTrace(row, tuple(positions.tolist()), tuple(values.tolist()))
-        for data in checked(state["entries"], list[Any], "worst.entries"):
-            entry = dataclass_from(WorstResponse, data, "worst.entries.", signed=_SIGNED)
-            self.offer(entry, traces.get(entry.row), texts.get(entry.row))
+    def save_item(self, name: str, item: Listed) -> Any:
+        trace = item.trace.to_dict() if isinstance(item.trace, TokenTrace) else None
+        text = item.text.to_dict() if item.text is not None else None
+        return {"entry": _plain(asdict(item.entry)), "trace": trace, "text": text}
+
+    def load_item(self, name: str, data: Any, field: str) -> Listed:
+        """A saved item, every field checked against ``WorstResponse``, ``TokenTrace`` and ``TokenText``."""
+        saved = checked(data, dict[str, Any], field)
+        if set(saved) != {"entry", "trace", "text"}:
+            raise FieldError(f"{field} must be a table of entry, trace and text, got {shown(data)}")
+        entry = dataclass_from(WorstResponse, saved["entry"], f"{field}.entry.", signed=_SIGNED)
+        trace = text = None
+        if saved["trace"] is not None:
+            trace = _saved_trace(checked(saved["trace"], dict[str, Any], f"{field}.trace"), f"{field}.trace")
+        if saved["text"] is not None:
+            text = _saved_text(checked(saved["text"], dict[str, Any], f"{field}.text"), f"{field}.text")
+        for attached in (trace, text):
+            if attached is not None and attached.row != entry.row:
+                raise FieldError(f"{field} carries row {attached.row} for the entry of row {entry.row}")
+        return Listed(entry, trace, text)
+
+
+def _saved_trace(saved: dict[str, Any], where: str) -> TokenTrace:
+    values = _saved_log_ratios(saved, where)
+    positions = counts(saved["positions"], f"{where} positions")
+    if len(values) != len(positions) or len(values) > TRACE_POINTS:
+        raise FieldError(f"{where} must hold as many positions as values, at most {TRACE_POINTS}")
+    row = integer(saved["row"], f"{where} row")
+    return TokenTrace(row, tuple(positions.tolist()), tuple(values.tolist()))
+
+
+def _saved_text(saved: dict[str, Any], where: str) -> TokenText:
+    values = _saved_log_ratios(saved, where)
+    ids = counts(saved["ids"], f"{where} ids")
+    if len(values) != len(ids) or len(values) > TEXT_TOKENS:
+        raise FieldError(f"{where} must hold as many ids as values, at most {TEXT_TOKENS}")
+    row = integer(saved["row"], f"{where} row")
+    start = integer(saved["start"], f"{where} start")
+    return TokenText(row, start, tuple(ids.tolist()), tuple(values.tolist()))
 
 
 def _describe(

@@ -142,17 +142,20 @@ class BatchMetrics:
         self.empty_rows = integer(state["empty_rows"], "empty_rows")
 
 
-def declared_states() -> list:
-    """Every accumulator's declared state (class, state names, their reductions, bins), sorted: the accumulators'
-    part of the state layout (``rcdiag.state.state_layout``)."""
+def declared_states(owner: str | None = None) -> list:
+    """Every accumulator's declared state (class, state names, their reductions, bins, shapes, items), sorted: the
+    accumulators' part of the state layout (``rcdiag.state.state_layout``). ``owner``: those of that whole-dump
+    accumulator (``Accumulator.OWNER``; its layout declares them), else the engine's per-step ones."""
     declared: dict[str, list] = {}
     pending = list(Accumulator.__subclasses__())
     while pending:
         cls = pending.pop()
         pending.extend(cls.__subclasses__())
-        if cls.__module__.startswith("rcdiag."):
+        if cls.__module__.startswith("rcdiag.") and owner == cls.OWNER:
             bins = [("bins", cls.BINS)] if cls.BINS else []  # a ``counts`` state's length is part of its layout
-            declared[f"{cls.__module__}.{cls.__qualname__}"] = sorted(cls.STATES.items()) + bins
+            shapes = [("shapes", sorted((k, list(v)) for k, v in cls.SHAPES.items()))] if cls.SHAPES else []
+            items = [("items", sorted((k, v.__qualname__) for k, v in cls.ITEMS.items()))] if cls.ITEMS else []
+            declared[f"{cls.__module__}.{cls.__qualname__}"] = sorted(cls.STATES.items()) + bins + shapes + items
     return sorted(declared.items())
 
 

@@ -18,12 +18,13 @@ share is computed once per block by ``once``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
-from rcdiag.backend import Array, Backend
+from rcdiag.backend import Array, Backend, NumpyBackend
 from rcdiag.core.formulas import clamp_log_ratio
 from rcdiag.core.limits import SAFETY_BOUND
 
@@ -31,6 +32,23 @@ if TYPE_CHECKING:
     from rcdiag.metrics.tokens import Band, Statistic, TokenPasses, TokenSums
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RowContext:
+    """What the engine knows about a block's rows beyond their values (``Block.rows``), for the whole-dump
+    accumulators (``--explain``'s) that place each token in its response and name each response."""
+
+    lengths: np.ndarray
+    """List length of each row (padding included)."""
+    mask: np.ndarray | None
+    """The rows' boolean mask over all their positions (``None``: every position valid)."""
+    rows: np.ndarray
+    """Each row's number in reading order (skipped rows included)."""
+    ids: np.ndarray | None
+    step: int | None
+    tokens: np.ndarray | None = None
+    """The rows' token ids over all their positions, like ``mask`` (``None``: the dump has none, or not read)."""
 
 
 class Block:
@@ -46,6 +64,7 @@ class Block:
         mask: np.ndarray | None = None,
         raw_lengths: np.ndarray | None = None,
         k1_bands: tuple[tuple[float, float], ...] = (),
+        rows: RowContext | None = None,
     ) -> None:
         """``old``/``rollout`` are host arrays of the rows' tokens; with a boolean ``mask`` they still hold the
         padding (``raw_lengths`` tokens per row, ``lengths`` of them valid), which is dropped only when a
@@ -58,6 +77,8 @@ class Block:
         takes what they reject while it reads the rows (``band``)."""
         self.raw = (old, rollout, mask, lengths if raw_lengths is None else raw_lengths)
         """(old, rollout, mask or ``None``, tokens per row) as given, on the host."""
+        self.rows = rows
+        """The rows' numbers, lengths, ids, step and token ids (given where a whole-dump accumulator reads them)."""
         self.seg = backend.segments(lengths)
         self.row_len: Array = backend.asarray(lengths.astype(np.float64))
         self.n_rows = self.seg.n_rows
@@ -220,6 +241,30 @@ class Block:
         if key not in self._once:
             self._once[key] = compute(self, *args)
         return self._once[key]
+
+
+def on_host(block: Block) -> Block:
+    """The same rows as a block of the host's backend (itself on the host): for values that must not depend on
+    the device, such as per-row sums, whose float64 rounding follows the summation order. Built once per block and
+    only when asked for (a device block's tokens are already on the host, in ``raw``)."""
+    if isinstance(block.b, NumpyBackend):
+        return block
+    return block.once(_host_twin)
+
+
+def _host_twin(block: Block) -> Block:
+    old, rollout, mask, raw_lengths = block.raw
+    lengths = np.asarray(block.b.to_numpy(block.row_len)).astype(np.int64)
+    return Block(
+        NumpyBackend(),
+        old,
+        rollout,
+        lengths,
+        mask=mask,
+        raw_lengths=raw_lengths,
+        k1_bands=block.k1_bands,
+        rows=block.rows,
+    )
 
 
 def _row_max_k(block: Block, estimator: Literal["k1", "k2", "k3"]) -> Array:

@@ -1,0 +1,210 @@
+"""One protocol for every accumulator (``rcdiag.metrics.base.Accumulator``), the per-step ones and the whole-dump
+ones (``--explain``'s): the merge of parts equals one pass, one pass equals an independent reference, and a state
+file round trip changes nothing (then merges as the state it came from).
+
+``CASES`` is the hook: each case builds the engine state its accumulators live in; a new kind of accumulator (the
+sweep's, once it is built on ``metrics/base``) joins by adding a case, and ``test_every_accumulator_is_covered``
+fails until it does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import assert_metrics_close, random_batch
+from reference import all_metrics
+from test_explain_kernel import reference as explain_reference
+
+import rcdiag
+from rcdiag.engine import Engine, EngineState
+from rcdiag.explain.state import ExplainState
+from rcdiag.explain.statistics import GroupSums, SumsAccumulator
+from rcdiag.io.base import Chunk
+from rcdiag.metrics.base import Accumulator
+from rcdiag.state import decode_state, encode_state
+
+CONFIG = rcdiag.CorrectionConfig(
+    rollout_is="token", rollout_rs="token_k1,seq_mean_k3", rollout_rs_threshold="0.5_2.0,0.01"
+)
+ABSTRACT = frozenset({SumsAccumulator, GroupSums})
+"""Bases that declare a state but are never accumulated on their own."""
+BLOCK_TOKENS = 97
+"""Small blocks, so that every part spans several of them and rows of one step sit in several blocks."""
+
+
+@dataclass(frozen=True)
+class Data:
+    """One dump: padded arrays (for the references) and its rows as chunks (for the engine)."""
+
+    old: np.ndarray
+    rollout: np.ndarray
+    mask: np.ndarray
+    ids: np.ndarray
+
+    def chunk(self, a: int, b: int) -> Chunk:
+        rows, width = self.old[a:b].shape
+        return Chunk(
+            old=np.ascontiguousarray(self.old[a:b]).reshape(-1),
+            rollout=np.ascontiguousarray(self.rollout[a:b]).reshape(-1),
+            offsets=np.arange(rows + 1, dtype=np.int64) * width,
+            mask=self.mask[a:b].astype(bool).reshape(-1),
+            tokens=np.ascontiguousarray(self.ids[a:b]).reshape(-1),
+        )
+
+
+@dataclass(frozen=True)
+class Case:
+    """A kind of accumulator: the engine state holding it (``new``), the accumulators in such a state
+    (``members``), and the check of one pass's state against an independent reference (``reference``)."""
+
+    name: str
+    new: Callable[[], tuple[EngineState, Any]]
+    """An empty engine state and the whole-dump accumulator fed beside it (``None``: the per-step ones only)."""
+    members: Callable[[EngineState], list[Accumulator]]
+    reference: Callable[[Data, EngineState], None]
+
+
+def _per_step(state: EngineState) -> list[Accumulator]:
+    return [group for batch in state.batches.values() for group in batch.groups()]
+
+
+def _per_step_reference(data: Data, state: EngineState) -> None:
+    got = state.pooled().compute().metrics
+    want = all_metrics(data.old, data.rollout, data.mask, **CONFIG.to_dict())
+    assert_metrics_close(got, want)
+
+
+def _explain_reference(data: Data, state: EngineState) -> None:
+    explain = state.explain
+    mask = data.mask.astype(bool)
+    lengths = np.full(data.old.shape[0], data.old.shape[1], dtype=np.int64)
+    want = explain_reference(data.old.reshape(-1), data.rollout.reshape(-1), mask.reshape(-1), lengths)
+    size = explain_reference(data.old.reshape(-1), data.rollout.reshape(-1), mask.reshape(-1), lengths, True)
+    got = {
+        "prob": explain.breakdowns.prob,
+        "position": explain.breakdowns.position,
+        "length": explain.breakdowns.length,
+        "scale": explain.scale.sums,
+        "offset": explain.offset.sums,
+        "shape": explain.shape.sums,
+    }
+    for name, values in got.items():
+        tolerance = 1e-6 if name in ("offset", "shape") else 1e-12  # the capped IS ratio: float32 exp
+        assert np.all(np.abs(values - want[name]) <= tolerance * size[name] + 1e-300), name
+    d = (data.old.astype(np.float64) - data.rollout.astype(np.float64)) * mask
+    sums = d.sum(axis=1)
+    order = sorted(range(len(sums)), key=lambda r: (-abs(sums[r]), r))[: explain.worst.n]
+    entries = explain.worst.entries()
+    assert [e.row for e in entries] == order
+    assert [e.log_ratio_sum for e in entries] == pytest.approx([sums[r] for r in order], rel=1e-6)
+    ids, table = explain.tokens.table()
+    valid_ids = data.ids[mask]
+    assert ids.tolist() == sorted(set(valid_ids.tolist()))
+    assert table[:, 0].tolist() == [float(np.count_nonzero(valid_ids == i)) for i in ids.tolist()]
+    lr = (data.old.astype(np.float64) - data.rollout.astype(np.float64))[mask]
+    assert table[:, 1] == pytest.approx([lr[valid_ids == i].sum() for i in ids.tolist()], rel=1e-6, abs=1e-9)
+
+
+def _explain_members(state: EngineState) -> list[Accumulator]:
+    return [*_per_step(state), *state.explain.parts().values()]
+
+
+CASES: list[Case] = [
+    Case("per-step", lambda: (EngineState(CONFIG.resolve()), None), _per_step, _per_step_reference),
+    Case(
+        "explain",
+        lambda: (EngineState(CONFIG.resolve(), whole_dump={"explain": (whole := ExplainState(7))}), whole),
+        _explain_members,
+        _explain_reference,
+    ),
+]
+"""Every kind of accumulator; the sweep's joins here."""
+
+
+def _run(case: Case, data: Data, cuts: list[int]) -> EngineState:
+    """The rows read in parts split before each row of ``cuts``, each part by its own engine, merged in order."""
+    bounds = [0, *cuts, data.old.shape[0]]
+    merged: EngineState | None = None
+    for a, b in itertools.pairwise(bounds):
+        state, whole = case.new()
+        engine = Engine(state.resolved, explain=whole, state=state)
+        engine.block_tokens = BLOCK_TOKENS
+        engine.run([data.chunk(a, b)])
+        merged = state if merged is None else merged.merge(state)
+    assert merged is not None
+    return merged
+
+
+def _data(seed: int) -> Data:
+    rng = np.random.default_rng(seed)
+    old, rollout, mask = random_batch(rng, rows=40, width=30, outliers=0.02)
+    ids = rng.integers(0, 50, old.shape).astype(np.int64)
+    ids[rng.random(old.shape) < 0.05] = (1 << 22) + rng.integers(0, 3)  # beyond the dense table: the sparse rows
+    return Data(old, rollout, mask, ids)
+
+
+def _close(a: Any, b: Any, where: str = "") -> None:
+    """Equal saved states: numbers to float64 rounding in another order, everything else exactly."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for key in a:
+            _close(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _close(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-9, abs=1e-12), where
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_merge_of_parts_is_one_pass_and_one_pass_is_the_reference(case: Case, seed: int) -> None:
+    data = _data(seed)
+    one = _run(case, data, [])
+    case.reference(data, one)
+    for cuts in ([13], [1, 22, 39]):
+        parts = _run(case, data, cuts)
+        for mine, theirs in zip(case.members(one), case.members(parts), strict=True):
+            _close(mine.state_dict(), theirs.state_dict(), type(mine).__name__)
+        case.reference(data, parts)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_a_state_file_round_trip_changes_nothing(case: Case) -> None:
+    """Saved (non-finite numbers as strings, JSON), loaded with every field checked: the same state, which merges
+    with another part as the state it came from does."""
+    data = _data(2)
+    first, second = _run(case, data, [17]), _run(case, data, [])
+    text = json.dumps(encode_state(first.state_dict()))
+    loaded = type(first).from_state_dict(first.resolved, decode_state(json.loads(text)))
+    assert json.dumps(encode_state(loaded.state_dict())) == text
+    later = _run(case, data, [])
+    merged, merged_loaded = first.merge(second), loaded.merge(later)
+    assert json.dumps(encode_state(merged.state_dict())) == json.dumps(encode_state(merged_loaded.state_dict()))
+
+
+def _subclasses(cls: type) -> set[type]:
+    found, pending = set(), list(cls.__subclasses__())
+    while pending:
+        sub = pending.pop()
+        pending.extend(sub.__subclasses__())
+        if sub.__module__.startswith("rcdiag."):
+            found.add(sub)
+    return found
+
+
+def test_every_accumulator_is_covered() -> None:
+    """A new accumulator joins a case (or a new case), so the protocol is checked for it too."""
+    data = _data(3)
+    covered = {type(member) for case in CASES for member in case.members(_run(case, data, []))}
+    assert _subclasses(Accumulator) - ABSTRACT - covered == set()
