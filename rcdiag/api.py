@@ -270,7 +270,9 @@ def accumulate(
         else:
             screen = Screen(read.on_bad_row, vocab_size=read.vocab_size)
             explain_state = explain.new_state() if explain is not None else None
-            flush = explain.observe(explain_state, resolved, scratch, 0) if explain is not None else None
+            flush = None
+            if explain is not None and explain_state is not None:
+                flush = explain.observe(explain_state, resolved, scratch, 0)
             chunks = checked(number_rows(prefetch(source.chunks(read.chunk_tokens)), explain_state))
             if on_chunk is not None:
                 chunks = _report_progress(chunks, on_chunk, source.info.total_rows)

@@ -14,11 +14,12 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import assert_metrics_close, random_batch
+from conftest import SAMPLES, assert_metrics_close, random_batch
 from reference import all_metrics
 from test_explain_kernel import reference as explain_reference
 
@@ -208,3 +209,34 @@ def test_every_accumulator_is_covered() -> None:
     data = _data(3)
     covered = {type(member) for case in CASES for member in case.members(_run(case, data, []))}
     assert _subclasses(Accumulator) - ABSTRACT - covered == set()
+
+
+def test_an_explain_state_loads_in_a_process_that_imported_only_the_state_module(tmp_path: Path) -> None:
+    """Whole-dump kinds register when their feature is imported: loading a saved ``--explain`` state must work
+    from ``rcdiag.state`` alone (a fresh process), not only where the CLI happened to import ``rcdiag.explain``."""
+    import subprocess
+    import sys
+
+    saved = tmp_path / "explain.state.json"
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rcdiag",
+            "analyze",
+            str(SAMPLES / "healthy.parquet"),
+            "--explain",
+            "--save-state",
+            str(saved),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    code = (
+        "import sys; from rcdiag.state import load_state; state = load_state(sys.argv[1])[0]; "
+        "print(sorted(state.whole_dump))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code, str(saved)], capture_output=True, text=True)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.strip() == "['explain']"
