@@ -18,7 +18,7 @@ import numpy as np
 from rcdiag.errors import ConfigError
 from rcdiag.explain.breakdowns import DOUBLING_EDGES, GROUPS, LOG_PROB_THRESHOLDS, PROB_EDGES, SUMS, Breakdowns
 from rcdiag.explain.statistics import LIKELY, RATIO_CAP, SHIFT_TOL, UNLIKELY, OffsetSums, ScaleSums, ShapeSums
-from rcdiag.explain.tokens import DENSE_IDS, TokenSums
+from rcdiag.explain.tokens import DENSE_IDS, NO_TOKENS, TokenSums
 from rcdiag.explain.tokens import SUMS as TOKEN_SUMS
 from rcdiag.explain.worst import DEFAULT_WORST, PLOTTED, TEXT_TOKENS, TRACE_POINTS, WorstResponses
 from rcdiag.fields import integer
@@ -117,18 +117,20 @@ class ExplainState:
     def update(self, block: Block, context: RowContext) -> None:
         """Fold in a block (numpy backend) of whole rows."""
         self._fold_sums(block, context)
-        if context.tokens is not None:
-            self.tokens.update(block, context.tokens, context.mask)
         self.worst.update(block, context)
         for observer in self.observers:
             observer(block, context)
 
     def _fold_sums(self, block: Block, context: RowContext) -> None:
-        """The breakdowns' and the detectors' sums, in one fused pass over the block (``rcdiag.kernels.explain``)."""
+        """The breakdowns', the detectors' and the by-token sums, in one fused pass over the block
+        (``rcdiag.kernels.explain``)."""
         from rcdiag.kernels.explain import explain_block
+        from rcdiag.kernels.token_ids import id_array
 
         old, rollout, mask, lengths = block.raw  # the raw rows: the fused pass drops the padding row by row
-        explain_block(
+        tokens = NO_TOKENS if context.tokens is None else id_array(context.tokens)
+        table = self.tokens.dense if context.tokens is None else self.tokens.reserve(tokens, mask)
+        beyond = explain_block(
             np.ascontiguousarray(old, dtype=np.float32),
             np.ascontiguousarray(rollout, dtype=np.float32),
             block.row_len.astype(np.int64),
@@ -146,7 +148,11 @@ class ExplainState:
             _LOG_UNLIKELY,
             _LOG_LIKELY,
             self.shape.sums,
+            tokens,
+            table,
         )
+        if beyond:  # ids beyond the dense table (a hostile dump): the sparse table
+            self.tokens.add_beyond(block, tokens, mask)
 
     def number(self, chunk: Chunk) -> Chunk:
         """Give a chunk's rows their numbers in reading order (before any can be skipped)."""

@@ -2,10 +2,10 @@
 
 For every token id, six float64 sums over its valid tokens (``SUMS``): the count, the log-ratio d = old - rollout,
 |d|, verl's k3 and chi2 terms (taken by the breakdowns' own per-token function, so the same bits) and d^2 (for the
-noise test). Ids below ``DENSE_IDS`` sit in a dense table that grows to the largest id seen (one pass a block over
-its raw rows, ``rcdiag.kernels.token_ids``); larger ids (a hostile dump, or a vocabulary beyond any real one) in a
-sorted sparse table. Sums merge by addition, so chunking, row order, ``--workers``, Ray and merged shard states
-change nothing beyond float64 rounding.
+noise test). Ids below ``DENSE_IDS`` sit in a dense table that grows to the largest id seen (added to by the
+explain pass itself, ``rcdiag.kernels.explain``, or on its own by ``rcdiag.kernels.token_ids``); larger ids (a
+hostile dump, or a vocabulary beyond any real one) in a sorted sparse table. Sums merge by addition, so chunking,
+row order, ``--workers``, Ray and merged shard states change nothing beyond float64 rounding.
 
 Ranking. ``MIN_COUNT`` tokens at least, and a test so that a rare id is not ranked on noise: an id's mean |d|
 against the mean |d| of every other token, z = (a_id - a_rest) / sqrt(s_id^2 / n_id + s_rest^2 / n_rest) (each
@@ -40,6 +40,8 @@ TOP = 20
 
 
 _NO_MASK = np.zeros(0, dtype=np.uint8)
+NO_TOKENS = np.zeros(0, dtype=np.int64)
+"""The explain pass's ids argument when a block has none."""
 
 
 def _largest_below(tokens: np.ndarray, mask: np.ndarray | None, limit: int) -> int:
@@ -62,31 +64,49 @@ class TokenSums:
         """``token_stats`` of the table as it is now (the report asks several times; any change drops it)."""
 
     def update(self, block: Block, tokens: np.ndarray, mask: np.ndarray | None) -> None:
-        """Fold in a (numpy) block whose rows' raw token ids are ``tokens`` (padding included, as ``mask``)."""
-        from rcdiag.kernels.token_ids import scatter_token_sums, valid_range
+        """Fold in a (numpy) block whose rows' raw token ids are ``tokens`` (padding included, as ``mask``), on its
+        own (the explain pass adds them itself: ``reserve`` and ``add_beyond``)."""
+        from rcdiag.kernels.token_ids import id_array, scatter_token_sums
 
-        self.seen = True
-        self.stats = None
+        tokens = id_array(tokens)
+        table = self.reserve(tokens, mask)
         old, rollout, _, _ = block.raw  # the raw rows: the pass skips the padding itself
         old = np.ascontiguousarray(old, dtype=np.float32)
         rollout = np.ascontiguousarray(rollout, dtype=np.float32)
-        tokens = np.ascontiguousarray(tokens, dtype=np.int64)
+        flags = _NO_MASK if mask is None else np.ascontiguousarray(mask).view(np.uint8)
+        if scatter_token_sums(old, rollout, tokens, flags, table):
+            self.add_beyond(block, tokens, mask)
+
+    def reserve(self, tokens: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        """The dense table, grown to hold every valid id of a block below ``DENSE_IDS``, for a pass adding the
+        block's tokens to it (``tokens``: raw ids, as ``id_array`` gives them, padding included, as ``mask``)."""
+        from rcdiag.kernels.token_ids import valid_range
+
+        self.seen = True
+        self.stats = None
         flags = _NO_MASK if mask is None else np.ascontiguousarray(mask).view(np.uint8)
         _, top, count = valid_range(tokens, flags)
-        if not count:
-            return
-        if top >= self.dense.shape[0]:
+        if count and top >= self.dense.shape[0]:
             dense_top = top if top < DENSE_IDS else _largest_below(tokens, mask, DENSE_IDS)
             if dense_top >= self.dense.shape[0]:
                 self._grow(dense_top + 1)
-        if scatter_token_sums(old, rollout, tokens, flags, self.dense):  # ids beyond the dense table: sparse
-            valid = slice(None) if mask is None else mask
-            ids, old, rollout = tokens[valid], old[valid], rollout[valid]
-            big = ids >= self.dense.shape[0]
-            unique, local = np.unique(ids[big], return_inverse=True)
-            sums = np.zeros((unique.shape[0], len(SUMS)))
-            scatter_token_sums(old[big], rollout[big], local.astype(np.int64), _NO_MASK, sums)
-            self._merge_sparse(unique, sums)
+        return self.dense
+
+    def add_beyond(self, block: Block, tokens: np.ndarray, mask: np.ndarray | None) -> None:
+        """Add a block's valid tokens whose ids are beyond the dense table to the sparse table (after a pass that
+        added the rest reported some left)."""
+        from rcdiag.kernels.token_ids import scatter_token_sums
+
+        old, rollout, _, _ = block.raw
+        valid = slice(None) if mask is None else mask
+        ids = tokens[valid]
+        big = ids >= self.dense.shape[0]
+        old = np.ascontiguousarray(old[valid][big], dtype=np.float32)
+        rollout = np.ascontiguousarray(rollout[valid][big], dtype=np.float32)
+        unique, local = np.unique(ids[big], return_inverse=True)
+        sums = np.zeros((unique.shape[0], len(SUMS)))
+        scatter_token_sums(old, rollout, local.astype(np.int64), _NO_MASK, sums)
+        self._merge_sparse(unique.astype(np.int64), sums)
 
     def _grow(self, size: int) -> None:
         grown = np.zeros((min(DENSE_IDS, max(size, 2 * self.dense.shape[0], 1024)), len(SUMS)))
