@@ -129,7 +129,7 @@ class ExplainState:
 
         old, rollout, mask, lengths = block.raw  # the raw rows: the fused pass drops the padding row by row
         tokens = NO_TOKENS if context.tokens is None else id_array(context.tokens)
-        table = self.tokens.dense if context.tokens is None else self.tokens.reserve(tokens, mask)
+        table = self.tokens.dense if context.tokens is None else self.tokens.pass_table()
         beyond = explain_block(
             np.ascontiguousarray(old, dtype=np.float32),
             np.ascontiguousarray(rollout, dtype=np.float32),
@@ -151,8 +151,8 @@ class ExplainState:
             tokens,
             table,
         )
-        if beyond:  # ids beyond the dense table (a hostile dump): the sparse table
-            self.tokens.add_beyond(block, tokens, mask)
+        if beyond:  # ids beyond the dense table as it was: it grows (the first blocks), or the sparse table
+            self.tokens.add_left(block, tokens, mask, table.shape[0])
 
     def number(self, chunk: Chunk) -> Chunk:
         """Give a chunk's rows their numbers in reading order (before any can be skipped)."""

@@ -44,13 +44,6 @@ NO_TOKENS = np.zeros(0, dtype=np.int64)
 """The explain pass's ids argument when a block has none."""
 
 
-def _largest_below(tokens: np.ndarray, mask: np.ndarray | None, limit: int) -> int:
-    """The largest valid id below ``limit`` (-1 without one)."""
-    ids = tokens if mask is None else tokens[mask]
-    below = ids[ids < limit]
-    return int(below.max()) if below.size else -1
-
-
 class TokenSums:
     """Per-id sums, dense for small ids and sparse for the rest; merged by addition."""
 
@@ -65,48 +58,48 @@ class TokenSums:
 
     def update(self, block: Block, tokens: np.ndarray, mask: np.ndarray | None) -> None:
         """Fold in a (numpy) block whose rows' raw token ids are ``tokens`` (padding included, as ``mask``), on its
-        own (the explain pass adds them itself: ``reserve`` and ``add_beyond``)."""
+        own (the explain pass adds them itself: ``pass_table`` and ``add_left``)."""
         from rcdiag.kernels.token_ids import id_array, scatter_token_sums
 
         tokens = id_array(tokens)
-        table = self.reserve(tokens, mask)
+        table = self.pass_table()
         old, rollout, _, _ = block.raw  # the raw rows: the pass skips the padding itself
         old = np.ascontiguousarray(old, dtype=np.float32)
         rollout = np.ascontiguousarray(rollout, dtype=np.float32)
         flags = _NO_MASK if mask is None else np.ascontiguousarray(mask).view(np.uint8)
         if scatter_token_sums(old, rollout, tokens, flags, table):
-            self.add_beyond(block, tokens, mask)
+            self.add_left(block, tokens, mask, table.shape[0])
 
-    def reserve(self, tokens: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-        """The dense table, grown to hold every valid id of a block below ``DENSE_IDS``, for a pass adding the
-        block's tokens to it (``tokens``: raw ids, as ``id_array`` gives them, padding included, as ``mask``)."""
-        from rcdiag.kernels.token_ids import valid_range
-
+    def pass_table(self) -> np.ndarray:
+        """The dense table, for a pass adding a block's valid tokens to it (ids beyond it are left for
+        ``add_left``)."""
         self.seen = True
         self.stats = None
-        flags = _NO_MASK if mask is None else np.ascontiguousarray(mask).view(np.uint8)
-        _, top, count = valid_range(tokens, flags)
-        if count and top >= self.dense.shape[0]:
-            dense_top = top if top < DENSE_IDS else _largest_below(tokens, mask, DENSE_IDS)
-            if dense_top >= self.dense.shape[0]:
-                self._grow(dense_top + 1)
         return self.dense
 
-    def add_beyond(self, block: Block, tokens: np.ndarray, mask: np.ndarray | None) -> None:
-        """Add a block's valid tokens whose ids are beyond the dense table to the sparse table (after a pass that
-        added the rest reported some left)."""
+    def add_left(self, block: Block, tokens: np.ndarray, mask: np.ndarray | None, rows: int) -> None:
+        """Add a block's valid tokens whose ids are ``rows`` or more, left by a pass over a dense table of ``rows``
+        ids: the table grows to hold those below ``DENSE_IDS``, the rest go to the sparse table. An id's tokens
+        are all added by the pass or all here, in order, so the sums are those of one pass over a table large
+        enough (growing first would cost every block a pass over its ids for their range)."""
         from rcdiag.kernels.token_ids import scatter_token_sums
 
         old, rollout, _, _ = block.raw
         valid = slice(None) if mask is None else mask
         ids = tokens[valid]
-        big = ids >= self.dense.shape[0]
-        old = np.ascontiguousarray(old[valid][big], dtype=np.float32)
-        rollout = np.ascontiguousarray(rollout[valid][big], dtype=np.float32)
-        unique, local = np.unique(ids[big], return_inverse=True)
-        sums = np.zeros((unique.shape[0], len(SUMS)))
-        scatter_token_sums(old, rollout, local.astype(np.int64), _NO_MASK, sums)
-        self._merge_sparse(unique.astype(np.int64), sums)
+        left = ids >= rows
+        ids = ids[left]
+        old = np.ascontiguousarray(old[valid][left], dtype=np.float32)
+        rollout = np.ascontiguousarray(rollout[valid][left], dtype=np.float32)
+        dense = ids[ids < DENSE_IDS]
+        if dense.size and int(dense.max()) >= self.dense.shape[0]:
+            self._grow(int(dense.max()) + 1)
+        if scatter_token_sums(old, rollout, ids, _NO_MASK, self.dense):  # ids beyond the dense table: sparse
+            big = ids >= self.dense.shape[0]
+            unique, local = np.unique(ids[big], return_inverse=True)
+            sums = np.zeros((unique.shape[0], len(SUMS)))
+            scatter_token_sums(old[big], rollout[big], local.astype(np.int64), _NO_MASK, sums)
+            self._merge_sparse(unique.astype(np.int64), sums)
 
     def _grow(self, size: int) -> None:
         grown = np.zeros((min(DENSE_IDS, max(size, 2 * self.dense.shape[0], 1024)), len(SUMS)))
