@@ -18,6 +18,11 @@ round runs every case in every tree in turn (interleaved, so load on a shared ma
 gives medians over rounds of wall time and of CPU time of all threads, the median over rounds of each round's
 ratio (the runs it compares were close in time), the load average before and after, and each case's peak RSS (a
 fresh process, this tree).
+
+``--kernels``: the ids' part of the explain pass alone, on the dump's arrays in memory (blocks of 512 rows): the
+explain pass without ids, with ids added inside it (now), and without ids followed by 5ceb9b2's separate passes
+over the block (the ids' range, then the stand-alone scatter, which is unchanged), interleaved, medians over
+rounds, the tables checked equal bit for bit.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -148,15 +154,69 @@ def peak(tree: Path, path: Path, explain: bool, read_ids: bool) -> float:
     return float(done.stdout.strip().splitlines()[-1])
 
 
+def kernels(path: Path, rounds: int) -> None:
+    """``--kernels`` (see the module's docstring)."""
+    from rcdiag.explain.breakdowns import LOG_PROB_THRESHOLDS
+    from rcdiag.explain.state import _EDGES, _LOG_LIKELY, _LOG_UNLIKELY, ExplainState
+    from rcdiag.explain.statistics import RATIO_CAP, SHIFT_TOL
+    from rcdiag.kernels.explain import explain_block
+    from rcdiag.kernels.token_ids import scatter_token_sums, valid_range
+
+    table = pq.read_table(path, columns=["old_log_prob", "rollout_log_prob", "response_mask", "token_ids"])
+    lists = [table.column(i).combine_chunks() for i in range(4)]
+    old, rollout = (np.asarray(lists[i].values, dtype=np.float32) for i in (0, 1))
+    mask = np.asarray(lists[2].values).astype(bool).view(np.uint8)
+    ids = np.asarray(lists[3].values, dtype=np.int32)
+    offsets = np.asarray(lists[0].offsets, dtype=np.int64)
+    lengths = np.diff(offsets)
+    valid = np.add.reduceat(mask.astype(np.int64), offsets[:-1])
+    vocab = int(ids.max()) + 1
+    no_ids, no_table = np.zeros(0, np.int64), np.zeros((0, 6))
+
+    def run(mode: str) -> np.ndarray:
+        state, sums = ExplainState(), np.zeros((vocab, 6))
+        for a in range(0, lengths.shape[0], 512):
+            t0, t1 = offsets[a], offsets[min(a + 512, lengths.shape[0])]
+            tokens, out = (ids[t0:t1], sums) if mode == "inside" else (no_ids, no_table)
+            explain_block(
+                old[t0:t1], rollout[t0:t1], valid[a : a + 512], lengths[a : a + 512], mask[t0:t1], _EDGES,
+                LOG_PROB_THRESHOLDS, RATIO_CAP, SHIFT_TOL, state.breakdowns.prob, state.breakdowns.position,
+                state.breakdowns.length, state.scale.sums, state.offset.sums, _LOG_UNLIKELY, _LOG_LIKELY,
+                state.shape.sums, tokens, out,
+            )  # fmt: skip
+            if mode == "separate":
+                block_ids = ids[t0:t1].astype(np.int64)  # 5ceb9b2 widened the ids
+                valid_range(block_ids, mask[t0:t1])
+                scatter_token_sums(old[t0:t1], rollout[t0:t1], block_ids, mask[t0:t1], sums)
+        return sums
+
+    if not np.array_equal(run("inside"), run("separate")):
+        raise SystemExit("the two ways gave different tables")
+    times: dict[str, list[float]] = {"no ids": [], "inside": [], "separate": []}
+    for _ in range(rounds):
+        for mode, seconds in times.items():
+            start = time.perf_counter()
+            run(mode)
+            seconds.append((time.perf_counter() - start) / ids.shape[0] * 1e9)
+    median = {mode: statistics.median(seconds) for mode, seconds in times.items()}
+    print(f"load average {os.getloadavg()}; ns a token: " + ", ".join(f"{k} {v:.1f}" for k, v in median.items()))
+    print(f"the ids add {median['inside'] - median['no ids']:.1f} ns a token inside the explain pass, "
+          f"{median['separate'] - median['no ids']:.1f} in separate passes")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", default="10M")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--baseline", default="", help="a source tree of the code to compare with (git archive)")
+    parser.add_argument("--kernels", action="store_true", help="the ids' part of the explain pass alone")
     args = parser.parse_args()
     paths = {"plain": dump(parse_tokens(args.tokens))}
     paths["ids"] = with_ids(paths["plain"], args.vocab)
+    if args.kernels:
+        kernels(paths["ids"], args.rounds)
+        return
     trees = {"new": BENCH.parent} | ({"old": Path(args.baseline).resolve()} if args.baseline else {})
     load_before = os.getloadavg()
     workers = {name: Worker(tree) for name, tree in trees.items()}

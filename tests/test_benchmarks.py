@@ -37,6 +37,11 @@ def _run(tmp_path: Path, script: str, *args: str) -> str:
             ("--tokens", "200k", "--rounds", "1", "--vocab", "1000"),
             ["new: explain, with ids / plain ", "new: explain, with ids / plain, reading ids", '"load_average"'],
         ),
+        (
+            "explain_tokens.py",
+            ("--tokens", "200k", "--rounds", "1", "--vocab", "1000", "--kernels"),
+            ["the ids add", "inside the explain pass", "in separate passes"],
+        ),
     ],
 )
 def test_benchmark_scripts_run(tmp_path: Path, script: str, args: tuple[str, ...], expected: list[str]) -> None:
