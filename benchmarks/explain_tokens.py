@@ -1,18 +1,35 @@
-"""The cost of token ids under ``analyze --explain``: the by-token breakdown against ``--explain`` without ids.
+"""The cost of token ids under ``analyze --explain``: the by-token breakdown against plain analyze.
 
-    python benchmarks/explain_tokens.py --tokens 10M --rounds 3 [--vocab 151936]
+    python benchmarks/explain_tokens.py --tokens 10M --rounds 5 [--vocab 151936] [--baseline TREE]
 
 The benchmark dump (``_data.dump``) is copied with a ``token_ids`` column (``list<int32>``, Zipf-distributed ids
-over ``--vocab`` ids, as a real vocabulary's frequencies fall off). Each round times, in turn (interleaved, so load
-on a shared machine hits all three): plain analyze of the file with ids (the id column is not read), analyze
---explain of the file without ids, and analyze --explain of the file with ids; medians over rounds, and CPU time of
-all threads. Peak RSS of each is measured in a fresh process.
+over ``--vocab`` ids, as a real vocabulary's frequencies fall off; written as ``DumpWriter`` writes: zstd,
+pyarrow's defaults). Four runs of ``rcdiag.analyze`` (``is_rs``):
+
+* ``plain``: the file with ids, the id column not read (what ``analyze`` does);
+* ``plain, reading ids``: the same, the id column read and screened as ``--explain`` reads it, then unused (the
+  floor of any use of the ids: their decode);
+* ``explain, no ids``: ``--explain`` on the file without ids;
+* ``explain, with ids``: ``--explain`` on the file with ids (the by-token breakdown).
+
+Each source tree (this one, and ``--baseline TREE``: an older tree from ``git archive COMMIT | tar -x``) runs in a
+process of its own that stays up, kernels compiled and one warm-up run of each case done before timing. Each
+round runs every case in every tree in turn (interleaved, so load on a shared machine hits all alike); the report
+gives medians over rounds of wall time and of CPU time of all threads, the median over rounds of each round's
+ratio (the runs it compares were close in time), the load average before and after, and each case's peak RSS (a
+fresh process, this tree).
+
+``--kernels``: the ids' part of the explain pass alone, on the dump's arrays in memory (blocks of 512 rows): the
+explain pass without ids, with ids added inside it (now), and without ids followed by 5ceb9b2's separate passes
+over the block (the ids' range, then the stand-alone scatter, which is unchanged), interleaved, medians over
+rounds, the tables checked equal bit for bit.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -23,9 +40,53 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from _data import dump, parse_tokens
+
+BENCH = Path(__file__).resolve().parent
+CASES = {
+    "plain": ("ids", False, False),
+    "plain, reading ids": ("ids", False, True),
+    "explain, no ids": ("plain", True, False),
+    "explain, with ids": ("ids", True, False),
+}
+"""Case: (which file, ``--explain``, read the id column without ``--explain``)."""
+RATIOS = [
+    ("explain, with ids", "plain"),
+    ("explain, with ids", "plain, reading ids"),
+    ("explain, with ids", "explain, no ids"),
+    ("explain, no ids", "plain"),
+    ("plain, reading ids", "plain"),
+]
+
+WORKER = """
+import json, sys, time
+sys.path.insert(0, {bench!r})
+import rcdiag
+from rcdiag.io.table_source import TableSource
 from _methods import CONFIG
 
+want_tokens = TableSource.want_tokens
+force = [False]
+TableSource.want_tokens = lambda self, wanted: want_tokens(self, wanted or force[0])
+for line in sys.stdin:
+    path, explain, read_ids = json.loads(line)
+    force[0] = read_ids
+    start, start_cpu = time.perf_counter(), time.process_time()
+    tokens = rcdiag.analyze(path, CONFIG, explain=explain).input.tokens
+    print(json.dumps([time.perf_counter() - start, time.process_time() - start_cpu, tokens]), flush=True)
+"""
+"""A tree's measuring process: one ``[path, explain, read_ids]`` per line in, ``[wall, cpu, tokens]`` out."""
+
+PEAK = """
+import resource, sys
+sys.path.insert(0, {bench!r})
 import rcdiag
+from rcdiag.io.table_source import TableSource
+from _methods import CONFIG
+want_tokens = TableSource.want_tokens
+TableSource.want_tokens = lambda self, wanted: want_tokens(self, wanted or {read_ids})
+rcdiag.analyze({path!r}, CONFIG, explain={explain})
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+"""
 
 
 def with_ids(path: Path, vocab: int, seed: int = 0) -> Path:
@@ -53,61 +114,149 @@ def with_ids(path: Path, vocab: int, seed: int = 0) -> Path:
     return out
 
 
-def run(path: Path, explain: bool) -> int:
-    return rcdiag.analyze(path, CONFIG, explain=explain).input.tokens
+def _env(tree: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(tree)}
 
 
-PEAK = """
-import resource, sys
-sys.path.insert(0, {bench!r})
-import rcdiag
-from _methods import CONFIG
-rcdiag.analyze({path!r}, CONFIG, explain={explain})
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-"""
+class Worker:
+    """A source tree's measuring process (``WORKER``)."""
+
+    def __init__(self, tree: Path) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", WORKER.format(bench=str(BENCH))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=_env(tree),
+            cwd=tree,
+        )
+
+    def time(self, path: Path, explain: bool, read_ids: bool) -> tuple[float, float, int]:
+        assert self.process.stdin is not None
+        assert self.process.stdout is not None
+        self.process.stdin.write(json.dumps([str(path), explain, read_ids]) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit(f"the measuring process stopped (exit {self.process.wait()})")
+        wall, cpu, tokens = json.loads(line)
+        return wall, cpu, tokens
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait()
 
 
-def peak(path: Path, explain: bool) -> float:
-    code = PEAK.format(bench=str(Path(__file__).parent), path=str(path), explain=explain)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+def peak(tree: Path, path: Path, explain: bool, read_ids: bool) -> float:
+    code = PEAK.format(bench=str(BENCH), path=str(path), explain=explain, read_ids=read_ids)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=_env(tree))
     return float(done.stdout.strip().splitlines()[-1])
+
+
+def kernels(path: Path, rounds: int) -> None:
+    """``--kernels`` (see the module's docstring)."""
+    from rcdiag.explain.breakdowns import LOG_PROB_THRESHOLDS
+    from rcdiag.explain.state import _EDGES, _LOG_LIKELY, _LOG_UNLIKELY, ExplainState
+    from rcdiag.explain.statistics import RATIO_CAP, SHIFT_TOL
+    from rcdiag.kernels.explain import explain_block
+    from rcdiag.kernels.token_ids import scatter_token_sums, valid_range
+
+    table = pq.read_table(path, columns=["old_log_prob", "rollout_log_prob", "response_mask", "token_ids"])
+    lists = [table.column(i).combine_chunks() for i in range(4)]
+    old, rollout = (np.asarray(lists[i].values, dtype=np.float32) for i in (0, 1))
+    mask = np.asarray(lists[2].values).astype(bool).view(np.uint8)
+    ids = np.asarray(lists[3].values, dtype=np.int32)
+    offsets = np.asarray(lists[0].offsets, dtype=np.int64)
+    lengths = np.diff(offsets)
+    valid = np.add.reduceat(mask.astype(np.int64), offsets[:-1])
+    vocab = int(ids.max()) + 1
+    no_ids, no_table = np.zeros(0, np.int64), np.zeros((0, 6))
+
+    def run(mode: str) -> np.ndarray:
+        state, sums = ExplainState(), np.zeros((vocab, 6))
+        for a in range(0, lengths.shape[0], 512):
+            t0, t1 = offsets[a], offsets[min(a + 512, lengths.shape[0])]
+            tokens, out = (ids[t0:t1], sums) if mode == "inside" else (no_ids, no_table)
+            explain_block(
+                old[t0:t1], rollout[t0:t1], valid[a : a + 512], lengths[a : a + 512], mask[t0:t1], _EDGES,
+                LOG_PROB_THRESHOLDS, RATIO_CAP, SHIFT_TOL, state.breakdowns.prob, state.breakdowns.position,
+                state.breakdowns.length, state.scale.sums, state.offset.sums, _LOG_UNLIKELY, _LOG_LIKELY,
+                state.shape.sums, tokens, out,
+            )  # fmt: skip
+            if mode == "separate":
+                block_ids = ids[t0:t1].astype(np.int64)  # 5ceb9b2 widened the ids
+                valid_range(block_ids, mask[t0:t1])
+                scatter_token_sums(old[t0:t1], rollout[t0:t1], block_ids, mask[t0:t1], sums)
+        return sums
+
+    if not np.array_equal(run("inside"), run("separate")):
+        raise SystemExit("the two ways gave different tables")
+    times: dict[str, list[float]] = {"no ids": [], "inside": [], "separate": []}
+    for _ in range(rounds):
+        for mode, seconds in times.items():
+            start = time.perf_counter()
+            run(mode)
+            seconds.append((time.perf_counter() - start) / ids.shape[0] * 1e9)
+    median = {mode: statistics.median(seconds) for mode, seconds in times.items()}
+    print(f"load average {os.getloadavg()}; ns a token: " + ", ".join(f"{k} {v:.1f}" for k, v in median.items()))
+    print(f"the ids add {median['inside'] - median['no ids']:.1f} ns a token inside the explain pass, "
+          f"{median['separate'] - median['no ids']:.1f} in separate passes")  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", default="10M")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--baseline", default="", help="a source tree of the code to compare with (git archive)")
+    parser.add_argument("--kernels", action="store_true", help="the ids' part of the explain pass alone")
     args = parser.parse_args()
-    plain_path = dump(parse_tokens(args.tokens))
-    ids_path = with_ids(plain_path, args.vocab)
-    cases = {
-        "plain (file with ids)": (ids_path, False),
-        "explain, no ids": (plain_path, True),
-        "explain, with ids": (ids_path, True),
-    }
-    seconds: dict[str, list[float]] = {name: [] for name in cases}
-    cpu: dict[str, list[float]] = {name: [] for name in cases}
-    run(ids_path, True)  # compile every kernel first
+    paths = {"plain": dump(parse_tokens(args.tokens))}
+    paths["ids"] = with_ids(paths["plain"], args.vocab)
+    if args.kernels:
+        kernels(paths["ids"], args.rounds)
+        return
+    trees = {"new": BENCH.parent} | ({"old": Path(args.baseline).resolve()} if args.baseline else {})
+    load_before = os.getloadavg()
+    workers = {name: Worker(tree) for name, tree in trees.items()}
+    wall: dict[tuple[str, str], list[float]] = {}
+    cpu: dict[tuple[str, str], list[float]] = {}
     tokens = 0
-    for round_ in range(args.rounds):
-        for name, (path, explain) in cases.items():
-            start, start_cpu = time.perf_counter(), time.process_time()
-            tokens = run(path, explain)
-            seconds[name].append(time.perf_counter() - start)
-            cpu[name].append(time.process_time() - start_cpu)
-            print(f"  round {round_ + 1}: {name:22s} {seconds[name][-1]:.2f} s")
-    result = {}
-    for name in cases:
-        result[name] = {
-            "seconds": statistics.median(seconds[name]),
-            "cpu_ns_per_token": statistics.median(cpu[name]) / tokens * 1e9,
-            "peak_rss_mb": peak(*cases[name]),
+    try:
+        for worker in workers.values():  # compile and warm every case (and the page cache) first
+            for file, explain, read_ids in CASES.values():
+                worker.time(paths[file], explain, read_ids)
+        for round_ in range(args.rounds):
+            for case, (file, explain, read_ids) in CASES.items():
+                for tree, worker in workers.items():
+                    seconds, cpu_seconds, tokens = worker.time(paths[file], explain, read_ids)
+                    wall.setdefault((tree, case), []).append(seconds)
+                    cpu.setdefault((tree, case), []).append(cpu_seconds)
+                    print(f"  round {round_ + 1}: {tree:3s} {case:20s} {seconds:.2f} s", flush=True)
+    finally:
+        for worker in workers.values():
+            worker.close()
+    load_after = os.getloadavg()
+    result: dict[str, object] = {"tokens": tokens, "vocab": args.vocab, "rounds": args.rounds}
+    result["load_average"] = {"before": load_before, "after": load_after}
+    for (tree, case), seconds in wall.items():
+        result[f"{tree}: {case}"] = {
+            "seconds": statistics.median(seconds),
+            "cpu_ns_per_token": statistics.median(cpu[tree, case]) / tokens * 1e9,
         }
-    print(json.dumps({"tokens": tokens, "vocab": args.vocab, **result}, indent=1))
-    with_ids_s, without_s = result["explain, with ids"]["seconds"], result["explain, no ids"]["seconds"]
-    print(f"explain with ids / without: {with_ids_s / without_s:.2f}x time; "
-          f"explain with ids / plain: {with_ids_s / result['plain (file with ids)']['seconds']:.2f}x")  # fmt: skip
+    for case, (file, explain, read_ids) in CASES.items():
+        result[f"new: {case}"]["peak_rss_mb"] = peak(trees["new"], paths[file], explain, read_ids)  # type: ignore[index]
+    ratios = {}
+    for tree in trees:
+        for a, b in RATIOS:
+            per_round = [x / y for x, y in zip(wall[tree, a], wall[tree, b], strict=True)]
+            cpu_round = [x / y for x, y in zip(cpu[tree, a], cpu[tree, b], strict=True)]
+            ratios[f"{tree}: {a} / {b}"] = {"wall": statistics.median(per_round), "cpu": statistics.median(cpu_round)}
+    result["ratios"] = ratios
+    print(json.dumps(result, indent=1))
+    for name, ratio in ratios.items():
+        print(f"{name:60s} {ratio['wall']:.2f}x wall, {ratio['cpu']:.2f}x CPU")
 
 
 if __name__ == "__main__":

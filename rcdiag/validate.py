@@ -171,10 +171,10 @@ def check_token_ids(chunk: Chunk, valid: np.ndarray | None, vocab_size: int | No
     assert tokens is not None
     if not tokens.size:
         return
-    from rcdiag.kernels.token_ids import valid_range
+    from rcdiag.kernels.token_ids import id_array, valid_range
 
     flags = np.zeros(0, dtype=np.uint8) if valid is None else np.ascontiguousarray(valid).view(np.uint8)
-    low, high, _ = valid_range(np.ascontiguousarray(tokens, dtype=np.int64), flags)
+    low, high, _ = valid_range(id_array(tokens), flags)
     if low >= 0 and (vocab_size is None or high < vocab_size):
         return
     bad = (tokens < 0) if vocab_size is None else ((tokens < 0) | (tokens >= vocab_size))

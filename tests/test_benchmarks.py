@@ -32,6 +32,16 @@ def _run(tmp_path: Path, script: str, *args: str) -> str:
         ),
         ("memory.py", ("--tokens", "100k,200k", "--padded-tokens", "0"), ["| rcdiag is_rs | IPC mmap |", "RssAnon"]),
         ("cpu_time.py", ("--tokens", "200k", "--repeats", "1"), ["| decode (the floor) |", "| engine, is_rs |", "| engine, is_rs --explain |"]),
+        (
+            "explain_tokens.py",
+            ("--tokens", "200k", "--rounds", "1", "--vocab", "1000"),
+            ["new: explain, with ids / plain ", "new: explain, with ids / plain, reading ids", '"load_average"'],
+        ),
+        (
+            "explain_tokens.py",
+            ("--tokens", "200k", "--rounds", "1", "--vocab", "1000", "--kernels"),
+            ["the ids add", "inside the explain pass", "in separate passes"],
+        ),
     ],
 )
 def test_benchmark_scripts_run(tmp_path: Path, script: str, args: tuple[str, ...], expected: list[str]) -> None:

@@ -114,6 +114,7 @@ def fold_blocks(old, rollout, mask, lengths, cuts: list[int]) -> dict[str, np.nd
             np.zeros(0, np.uint8) if block_mask is None else block_mask.view(np.uint8),
             np.asarray(DOUBLING_EDGES, dtype=np.int64), LOG_PROB_THRESHOLDS, RATIO_CAP, SHIFT_TOL,
             *(out[name] for name in NAMES[:-1]), float(LOG_UNLIKELY), float(LOG_LIKELY), out["shape"],
+            np.zeros(0, np.int64), np.zeros((0, 6)),
         )  # fmt: skip
     return out
 

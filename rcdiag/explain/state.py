@@ -19,7 +19,7 @@ from rcdiag.engine import number_rows, register_whole_dump
 from rcdiag.errors import ConfigError
 from rcdiag.explain.breakdowns import DOUBLING_EDGES, GROUPS, LOG_PROB_THRESHOLDS, PROB_EDGES, SUMS, Breakdowns
 from rcdiag.explain.statistics import LIKELY, RATIO_CAP, SHIFT_TOL, UNLIKELY, OffsetSums, ScaleSums, ShapeSums
-from rcdiag.explain.tokens import DENSE_IDS, TokenSums
+from rcdiag.explain.tokens import DENSE_IDS, NO_TOKENS, TokenSums
 from rcdiag.explain.tokens import SUMS as TOKEN_SUMS
 from rcdiag.explain.worst import DEFAULT_WORST, PLOTTED, TEXT_TOKENS, TRACE_POINTS, WorstResponses
 from rcdiag.fields import FieldError, checked, integer, shown
@@ -135,18 +135,22 @@ class ExplainState:
     def update(self, block: Block) -> None:
         """Fold in a block of whole rows (``block.rows`` given)."""
         self._fold_sums(block)
-        self.tokens.update(block)
         self.worst.update(block)
         for observer in self.observers:
             observer(block, block.rows)
 
     def _fold_sums(self, block: Block) -> None:
-        """The breakdowns' and the detectors' sums, in one fused pass over the block (``rcdiag.kernels.explain``)."""
+        """The breakdowns', the detectors' and the by-token sums, in one fused pass over the block
+        (``rcdiag.kernels.explain``)."""
         from rcdiag.kernels.explain import explain_block
+        from rcdiag.kernels.token_ids import id_array
 
         old, rollout, mask, lengths = block.raw  # the raw rows: the fused pass drops the padding row by row
         row_len = block.row_len if isinstance(block.row_len, np.ndarray) else block.b.to_numpy(block.row_len)
-        explain_block(
+        raw_tokens = None if block.rows is None else block.rows.tokens
+        tokens = NO_TOKENS if raw_tokens is None else id_array(raw_tokens)
+        table = self.tokens.dense if raw_tokens is None else self.tokens.pass_table()
+        beyond = explain_block(
             np.ascontiguousarray(old, dtype=np.float32),
             np.ascontiguousarray(rollout, dtype=np.float32),
             row_len.astype(np.int64),
@@ -164,7 +168,11 @@ class ExplainState:
             _LOG_UNLIKELY,
             _LOG_LIKELY,
             self.shape.sums,
+            tokens,
+            table,
         )
+        if beyond:  # ids beyond the dense table as it was: it grows (the first blocks), or the sparse table
+            self.tokens.add_left(block, tokens, mask, table.shape[0])
 
     def number(self, chunk: Chunk) -> Chunk:
         """Give a chunk's rows their numbers in reading order (before any can be skipped)."""

@@ -2,10 +2,10 @@
 
 For every token id, six float64 sums over its valid tokens (``SUMS``): the count, the log-ratio d = old - rollout,
 |d|, verl's k3 and chi2 terms (taken by the breakdowns' own per-token function, so the same bits) and d^2 (for the
-noise test). Ids below ``DENSE_IDS`` sit in a dense table that grows to the largest id seen (one pass a block over
-its raw rows, ``rcdiag.kernels.token_ids``); larger ids (a hostile dump, or a vocabulary beyond any real one) in a
-sorted sparse table. Sums merge by addition, so chunking, row order, ``--workers``, Ray and merged shard states
-change nothing beyond float64 rounding.
+noise test). Ids below ``DENSE_IDS`` sit in a dense table that grows to the largest id seen (added to by the
+explain pass itself, ``rcdiag.kernels.explain``, or on its own by ``rcdiag.kernels.token_ids``); larger ids (a
+hostile dump, or a vocabulary beyond any real one) in a sorted sparse table. Sums merge by addition, so chunking,
+row order, ``--workers``, Ray and merged shard states change nothing beyond float64 rounding.
 
 Ranking. ``MIN_COUNT`` tokens at least, and a test so that a rare id is not ranked on noise: an id's mean |d|
 against the mean |d| of every other token, z = (a_id - a_rest) / sqrt(s_id^2 / n_id + s_rest^2 / n_rest) (each
@@ -40,13 +40,8 @@ TOP = 20
 
 
 _NO_MASK = np.zeros(0, dtype=np.uint8)
-
-
-def _largest_below(tokens: np.ndarray, mask: np.ndarray | None, limit: int) -> int:
-    """The largest valid id below ``limit`` (-1 without one)."""
-    ids = tokens if mask is None else tokens[mask]
-    below = ids[ids < limit]
-    return int(below.max()) if below.size else -1
+NO_TOKENS = np.zeros(0, dtype=np.int64)
+"""The explain pass's ids argument when a block has none."""
 
 
 class TokenSums(Accumulator):
@@ -90,31 +85,49 @@ class TokenSums(Accumulator):
             self.fold(block, rows.tokens, rows.mask)
 
     def fold(self, block: Block, tokens: np.ndarray, mask: np.ndarray | None) -> None:
-        """Fold in a (numpy) block whose rows' raw token ids are ``tokens`` (padding included, as ``mask``)."""
-        from rcdiag.kernels.token_ids import scatter_token_sums, valid_range
+        """Fold in a (numpy) block whose rows' raw token ids are ``tokens`` (padding included, as ``mask``), on its
+        own (the explain pass adds them itself: ``pass_table`` and ``add_left``)."""
+        from rcdiag.kernels.token_ids import id_array, scatter_token_sums
 
-        self.seen = True
-        self.stats = None
+        tokens = id_array(tokens)
+        table = self.pass_table()
         old, rollout, _, _ = block.raw  # the raw rows: the pass skips the padding itself
         old = np.ascontiguousarray(old, dtype=np.float32)
         rollout = np.ascontiguousarray(rollout, dtype=np.float32)
-        tokens = np.ascontiguousarray(tokens, dtype=np.int64)
         flags = _NO_MASK if mask is None else np.ascontiguousarray(mask).view(np.uint8)
-        _, top, count = valid_range(tokens, flags)
-        if not count:
-            return
-        if top >= self.dense.shape[0]:
-            dense_top = top if top < DENSE_IDS else _largest_below(tokens, mask, DENSE_IDS)
-            if dense_top >= self.dense.shape[0]:
-                self._grow(dense_top + 1)
-        if scatter_token_sums(old, rollout, tokens, flags, self.dense):  # ids beyond the dense table: sparse
-            valid = slice(None) if mask is None else mask
-            ids, old, rollout = tokens[valid], old[valid], rollout[valid]
+        if scatter_token_sums(old, rollout, tokens, flags, table):
+            self.add_left(block, tokens, mask, table.shape[0])
+
+    def pass_table(self) -> np.ndarray:
+        """The dense table, for a pass adding a block's valid tokens to it (ids beyond it are left for
+        ``add_left``)."""
+        self.seen = True
+        self.stats = None
+        return self.dense
+
+    def add_left(self, block: Block, tokens: np.ndarray, mask: np.ndarray | None, rows: int) -> None:
+        """Add a block's valid tokens whose ids are ``rows`` or more, left by a pass over a dense table of ``rows``
+        ids: the table grows to hold those below ``DENSE_IDS``, the rest go to the sparse table. An id's tokens
+        are all added by the pass or all here, in order, so the sums are those of one pass over a table large
+        enough (growing first would cost every block a pass over its ids for their range)."""
+        from rcdiag.kernels.token_ids import scatter_token_sums
+
+        old, rollout, _, _ = block.raw
+        valid = slice(None) if mask is None else mask
+        ids = tokens[valid]
+        left = ids >= rows
+        ids = ids[left]
+        old = np.ascontiguousarray(old[valid][left], dtype=np.float32)
+        rollout = np.ascontiguousarray(rollout[valid][left], dtype=np.float32)
+        dense = ids[ids < DENSE_IDS]
+        if dense.size and int(dense.max()) >= self.dense.shape[0]:
+            self._grow(int(dense.max()) + 1)
+        if scatter_token_sums(old, rollout, ids, _NO_MASK, self.dense):  # ids beyond the dense table: sparse
             big = ids >= self.dense.shape[0]
             unique, local = np.unique(ids[big], return_inverse=True)
             sums = np.zeros((unique.shape[0], len(SUMS)))
             scatter_token_sums(old[big], rollout[big], local.astype(np.int64), _NO_MASK, sums)
-            self._merge_sparse(unique, sums)
+            self._merge_sparse(unique.astype(np.int64), sums)
 
     def _grow(self, size: int) -> None:
         self.state["table"].grow(size)

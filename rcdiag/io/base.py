@@ -48,7 +48,7 @@ class Chunk:
     each row, both for error messages. ``screened`` marks a chunk whose values were already checked.
     ``ids`` holds each row's value of the dump's id column, if it has one, and ``rows`` each row's 0-based
     index in reading order (set by ``rcdiag.explain.number_rows`` before rows can be skipped).
-    ``tokens`` holds each position's token id (int64, like ``old``), when the dump has them and they are read.
+    ``tokens`` holds each position's token id (int32 or int64) when the dump has them and they are read.
     """
 
     old: np.ndarray

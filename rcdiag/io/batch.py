@@ -46,8 +46,9 @@ def id_array(column: pa.Array) -> np.ndarray:
 def token_values(
     values: pa.Array, column: str, path: str, first_row: int | None, offsets: np.ndarray | None = None
 ) -> np.ndarray:
-    """Flat token ids as int64. Floats (JSON numbers) must be whole; ``offsets`` (list layout) place a bad value in
-    its row for the error. Negative ids and ids beyond the vocabulary are the screen's (valid positions only)."""
+    """Flat token ids as int32 when stored so (Parquet's usual type: no widened copy), else int64. Floats (JSON
+    numbers) must be whole; ``offsets`` (list layout) place a bad value in its row for the error. Negative ids and
+    ids beyond the vocabulary are the screen's (valid positions only)."""
     flat = values.to_numpy(zero_copy_only=False)
     if flat.dtype.kind == "f":
         whole = np.isfinite(flat) & (np.floor(flat) == flat) & (np.abs(flat) < 2.0**53)
@@ -70,7 +71,7 @@ def token_values(
             row=None if first_row is None else first_row + row,
             column=column,
         )
-    return flat.astype(np.int64, copy=False)
+    return flat if flat.dtype == np.int32 else flat.astype(np.int64, copy=False)
 
 
 def check_group_rows(values: int, rows: int, path: str, group: int) -> None:

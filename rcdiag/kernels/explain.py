@@ -11,7 +11,10 @@
   places each valid token at its position): the run's token count, log-ratio, |log-ratio|, k3 and chi2 sums, for
   the position and length breakdowns;
 * ``_four_buckets``, twice: the same sums per probability bucket, four buckets at a time, by a select per bucket
-  (a scatter into the buckets does not vectorize: twice the time, measured).
+  (a scatter into the buckets does not vectorize: twice the time, measured);
+* with token ids, ``add_token_terms`` (``rcdiag.kernels.token_rows``): the row's tokens added to their ids' rows
+  of the by-token table, from the terms already taken (a separate pass over the block, reading it again and taking
+  the terms again, cost about a third more: docs/performance.md).
 
 Sums are per run and per row, in token order within a vector lane, so they depend on a row's valid tokens alone:
 padding, chunking and row order change nothing beyond float64 rounding of the additions across rows.
@@ -31,6 +34,7 @@ from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice whe
 from rcdiag.kernels.explain_encoding import GOLDEN, GROUP_SHIFT, SMALL
 from rcdiag.kernels.scalar import chi2_term, clamped_expm1, k3_verl, truncate
 from rcdiag.kernels.series import expm1_reduced, expm1_series
+from rcdiag.kernels.token_rows import add_token_terms
 
 _GOLDEN = np.uint64(GOLDEN)
 
@@ -208,8 +212,11 @@ def explain_block(
     unlikely: float,
     likely: float,
     shape: np.ndarray,
-) -> None:
-    """Fold one block into the explain sums (added in place).
+    tokens: np.ndarray,
+    token_sums: np.ndarray,
+) -> int:
+    """Fold one block into the explain sums (added in place); returns how many valid tokens had an id beyond the
+    by-token table (left for the caller).
 
     ``old``/``rollout``: the block's raw tokens (float32, row after row, padding included); ``valid_len`` /
     ``list_len``: each row's valid tokens and list length (int64); ``mask``: the rows' mask over their list
@@ -222,7 +229,9 @@ def explain_block(
     log-ratio, |log-ratio|, k3, chi2; ``scale`` (groups, 6): n, x, y, xx, yy, xy over tokens with finite
     log-probs; ``offset`` (groups, 4): n, capped IS ratio, up, down. ``shape`` (``ShapeSums.SIZE``): per-response
     cluster sums of d over tokens with old below ``unlikely`` and at or above ``likely`` (float32 log-prob
-    thresholds) and of the capped ratio minus 1, then the likely tokens shifted up and down.
+    thresholds) and of the capped ratio minus 1, then the likely tokens shifted up and down. ``tokens``: the
+    block's raw token ids (int32 or int64, like ``old``), or empty without ids; ``token_sums``: the by-token table
+    (ids, ``N_TOKEN_SUMS``) their valid tokens are added to (``rcdiag.kernels.token_rows``).
     """
     n_rows = valid_len.shape[0]
     n_edges = edges.shape[0]
@@ -242,6 +251,9 @@ def explain_block(
     row_chi2 = np.empty(longest)
     row_old = np.empty(longest_list, np.float32)
     row_rollout = np.empty(longest_list, np.float32)
+    has_tokens = tokens.shape[0] > 0
+    row_tokens = np.empty(longest_list if has_tokens else 0, tokens.dtype)
+    skipped = 0
     m = 0  # first list position of the row, in the block
     for row in range(n_rows):
         n_valid = valid_len[row]
@@ -269,6 +281,13 @@ def explain_block(
             size += 1  # size: the row's runs
         row_lr = row_abs = row_k3_sum = row_chi2_sum = 0.0
         r_capped = _row_terms(row_x, row_y, row_k3[:n_valid], row_chi2[:n_valid], cap, small)
+        if has_tokens:
+            if n_valid == n_list:
+                row_t = tokens[m : m + n_list]
+            else:
+                _compact(tokens[m : m + n_list], mask[m : m + n_list], row_tokens)
+                row_t = row_tokens[:n_valid]
+            skipped += add_token_terms(row_t, row_x, row_y, row_k3[:n_valid], row_chi2[:n_valid], token_sums)
         at = 0  # the run's first token, in the row
         for k in range(size):
             lo = edges[k]
@@ -326,3 +345,4 @@ def explain_block(
         _add_cluster(shape, 10, float(n_valid), r_capped - n_valid)
         shape[15] += r_shape[4]
         shape[16] += r_shape[5]
+    return skipped

@@ -1,11 +1,14 @@
-"""``--explain``'s by-token sums: one pass over a block's raw rows adding each valid token's terms to its id's row.
+"""``--explain``'s by-token sums outside the explain pass: the ids' range, and a stand-alone pass adding each valid
+token's terms to its id's row.
 
-A row of ``out`` per token id holds ``N_TOKEN_SUMS`` float64 sums (tokens, log-ratio, |log-ratio|, k3, chi2,
-log-ratio squared; ``rcdiag.explain.tokens.SUMS``): one cache line per token, where six ``np.bincount`` passes read
-the ids six times and allocate a vocabulary-sized array each (measured: 20-45 ns against 30-55 ns a token for 256k
-ids on this machine, under load). Valid tokens are gathered ``BUFFER`` at a time into small buffers (no
-compaction of the block beforehand), their k3 and chi2 terms taken by the explain pass's own ``_row_terms`` (the
-same formulas and bits as the breakdowns), then added to their ids' rows.
+The explain pass adds the dense table's ids itself (``rcdiag.kernels.explain``, while a row's terms are in L1);
+this pass takes the rest (ids beyond the dense table, a block folded on its own). A row of ``out`` per token id
+holds ``N_TOKEN_SUMS`` float64 sums (``rcdiag.kernels.token_rows``): one cache line per token, where six
+``np.bincount`` passes read the ids six times and allocate a vocabulary-sized array each (measured: 20-45 ns
+against 30-55 ns a token for 256k ids on this machine, under load). Valid tokens are gathered ``BUFFER`` at a time
+into small buffers (no compaction of the block beforehand), their k3 and chi2 terms taken by the explain pass's own
+``_row_terms`` (the same formulas and bits as the breakdowns), then added to their ids' rows. Ids are int32 or
+int64 (each compiles once).
 """
 
 from __future__ import annotations
@@ -16,12 +19,19 @@ from numba import njit
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
 from rcdiag.kernels.explain import _row_terms
 from rcdiag.kernels.explain_encoding import SMALL
+from rcdiag.kernels.token_rows import add_token_terms
 
-N_TOKEN_SUMS = 6
 BUFFER = 2048
 """Valid tokens gathered before their terms are taken (the buffers stay in L1/L2)."""
 _CAP = np.float32(1.0)
 """``_row_terms``' capped-ratio sum is not used here; any cap will do."""
+
+
+def id_array(tokens: np.ndarray) -> np.ndarray:
+    """Raw token ids as the kernels take them: contiguous int32 (as Parquet stores them: no widened copy, half the
+    memory traffic of int64) or int64."""
+    dtype = tokens.dtype if tokens.dtype in (np.int32, np.int64) else np.int64
+    return np.ascontiguousarray(tokens, dtype=dtype)
 
 
 @njit(**JIT)
@@ -49,15 +59,7 @@ def _flush(
     out: np.ndarray,
 ) -> None:  # fmt: skip
     _row_terms(old[:n], rollout[:n], k3[:n], chi2[:n], _CAP, small)
-    for j in range(n):
-        row = ids[j]
-        d = np.float64(old[j] - rollout[j])
-        out[row, 0] += 1.0
-        out[row, 1] += d
-        out[row, 2] += abs(d)
-        out[row, 3] += k3[j]
-        out[row, 4] += chi2[j]
-        out[row, 5] += d * d
+    add_token_terms(ids[:n], old[:n], rollout[:n], k3[:n], chi2[:n], out)
 
 
 @njit(**JIT)
