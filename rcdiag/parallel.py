@@ -21,7 +21,7 @@ from typing import Any
 
 import rcdiag.interrupts as interrupts
 from rcdiag.config import CorrectionConfig
-from rcdiag.engine import Engine, EngineState
+from rcdiag.engine import Engine, EngineState, StepStates
 from rcdiag.errors import ConfigError, RcdiagError
 from rcdiag.explain.sequences import SequenceWriter
 from rcdiag.explain.state import ExplainOptions, ExplainState, number_rows
@@ -59,7 +59,7 @@ _CHANNEL: Any = None
 """In a worker process: the queue its progress and notices go to (``None`` elsewhere)."""
 
 
-StateFactory = Callable[[], EngineState]
+StateFactory = Callable[[], StepStates[Any]]
 """Builds the empty state a read folds blocks into (picklable: worker processes and Ray tasks call it too)."""
 
 
@@ -86,7 +86,7 @@ class Job:
     ) -> Job:
         return cls(config, read.replace(device="cpu", ray=False, ray_address=None), explain, scratch, new_state)
 
-    def empty_state(self) -> EngineState | None:
+    def empty_state(self) -> StepStates[Any] | None:
         """The state to fold a part into (``None``: the engine's default)."""
         return self.new_state() if self.new_state is not None else None
 
@@ -127,7 +127,7 @@ def sequence_writer(
     return writer
 
 
-def merge_parts(source: Source, results: list[PartResult], job: Job) -> tuple[EngineState, ScreenStats]:
+def merge_parts(source: Source, results: list[PartResult], job: Job) -> tuple[StepStates[Any], ScreenStats]:
     """The merged state and counts of every part, in part order (the first bad row is the earliest)."""
     resolved = job.config.resolve()
     explain_state = ExplainState(job.explain.worst) if job.explain else None

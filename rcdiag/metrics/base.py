@@ -1,7 +1,10 @@
 """The accumulator protocol: declared state, update, merge, compute.
 
 Each metric group declares its state as named float64 sums, maxima, minima and moments, or int64 bin counts
-(``STATES``; a ``counts`` state has ``BINS`` bins). ``update``
+(``STATES``; a ``counts`` state has ``BINS`` bins). Arrays over thresholds or cells (``rcdiag sweep``) are states
+too, each as long as the instance says (``sizes``): float64 ``sums`` and ``maxima`` added or maxed element by
+element, per-cell ``cells`` (``MomentArrays``: count, moments and extremes, merged cell by cell), ``sparse``
+counts (saved as their non-zero bins) and ``values`` (one float64 value per response, concatenated). ``update``
 folds one block of whole sequences into that state, ``merge`` combines two states (chunks, files, workers, steps:
 it is the only way results combine), and ``compute`` turns the state into metric values. A finished mean is
 never stored on its own: sums and counts, or (count, mean, M2) moments merged with Chan et al.'s pairwise
@@ -14,19 +17,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 
 from rcdiag.catalogue.findings import finding
-from rcdiag.core.formulas import chan_merge
+from rcdiag.core.formulas import chan_merge, chan_merge_share
 from rcdiag.core.limits import F32_MAX
-from rcdiag.fields import FieldError, counts, real, shown
+from rcdiag.fields import FieldError, counts, real, reals, shown
 
 if TYPE_CHECKING:
     from rcdiag.metrics.block import Block
 
-Reduce = Literal["sum", "max", "min", "moments", "counts"]
+Reduce = Literal["sum", "max", "min", "moments", "counts", "sums", "maxima", "cells", "sparse", "values"]
+ARRAYS: frozenset[str] = frozenset({"counts", "sums", "maxima", "cells", "sparse", "values"})
+"""The reductions whose state is an array (a new one for every accumulator)."""
 MetricValue = float | None
 """A metric value; ``None`` where verl would crash or the value does not exist for this batch."""
 
@@ -63,6 +69,49 @@ class Moments:
         return self.variance + self.mean * self.mean
 
 
+@dataclass
+class MomentArrays:
+    """Count, moments and extremes of many groups at once (cells of a statistic, thresholds): float64 arrays."""
+
+    n: np.ndarray
+    mean: np.ndarray
+    m2: np.ndarray
+    max: np.ndarray
+    min: np.ndarray
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("n", "mean", "m2", "max", "min")
+
+    @classmethod
+    def empty(cls, size: int) -> MomentArrays:
+        zeros = np.zeros(size)
+        return cls(zeros, zeros.copy(), zeros.copy(), np.full(size, -np.inf), np.full(size, np.inf))
+
+    def merge(self, other: MomentArrays) -> None:
+        """Chan et al.'s pairwise update (``rcdiag.core.formulas.chan_merge_share``), group by group, where both
+        parts hold values (a NaN cell only counts); new arrays, never ``other``'s."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            n, merged_mean, merged_m2 = chan_merge_share(self.n, self.mean, self.m2, other.n, other.mean, other.m2)
+        mean = np.where(self.n == 0, other.mean, np.where(other.n == 0, self.mean, merged_mean))
+        m2 = np.where((self.n > 0) & (other.n > 0), merged_m2, self.m2 + other.m2)
+        self.n, self.mean, self.m2 = n, mean, m2
+        self.max = np.maximum(self.max, other.max)  # NaN propagates (a NaN cell must keep it)
+        self.min = np.minimum(self.min, other.min)
+
+    def moments(self, index: int) -> Moments:
+        """One group's moments."""
+        return Moments(float(self.n[index]), float(self.mean[index]), float(self.m2[index]))
+
+    def state_dict(self) -> dict[str, list[float]]:
+        return {name: getattr(self, name).tolist() for name in self.FIELDS}
+
+    @classmethod
+    def from_state_dict(cls, state: Any, field: str, size: int) -> MomentArrays:
+        """Saved arrays, each checked: ``size`` numbers, counts ``n`` >= 0."""
+        if not isinstance(state, dict) or set(state) != set(cls.FIELDS):
+            raise FieldError(f"{field} must be a table of {', '.join(cls.FIELDS)}, got {shown(state)}")
+        return cls(*(reals(state[name], f"{field}.{name}", (size,), nonnegative=name == "n") for name in cls.FIELDS))
+
+
 _DEFAULTS: dict[str, Any] = {"sum": 0.0, "max": -math.inf, "min": math.inf, "moments": Moments()}
 
 A = TypeVar("A", bound="Accumulator")
@@ -93,29 +142,53 @@ class Accumulator:
     BINS: ClassVar[int] = 0
     """Length of every ``counts`` state."""
     COUNTED: ClassVar[frozenset[str]] = frozenset(
-        {"rows", "tokens", "valid_rows", "masked_rows", "masked_tokens", "oob_tokens", "nan"}
+        {"rows", "tokens", "valid_rows", "masked_rows", "masked_tokens", "oob_tokens", "nan", "v_hi", "v_lo"}
+        | {"rawmean_hi", "rawmean_lo"}
     )
-    """``sum`` states (of any accumulator that declares them) that count rows or tokens: a saved one is >= 0."""
+    """``sum`` and ``sums`` states (of any accumulator that declares them) that count rows or tokens: a saved one is
+    >= 0."""
 
     _empty_states: ClassVar[dict[tuple, tuple[dict[str, Any], tuple[str, ...]]]] = {}
     """Empty states built so far, by class, declared states and bins (the sweep makes thousands of accumulators):
     a class whose ``STATES`` or ``BINS`` change (a subclass, a patched declaration) gets a template of its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, sizes: Mapping[str, int] | None = None) -> None:
+        self.sizes = dict(sizes or {})
+        """The length of each array state other than ``BINS`` (``rcdiag sweep``: thresholds, cells)."""
+        self.state: dict[str, Any] = self._fresh()
+
+    def _fresh(self) -> dict[str, Any]:
+        """An empty state (a copy of the declaration's template; arrays new)."""
         key = (type(self), tuple(self.STATES.items()), self.BINS)
         empty = self._empty_states.get(key)
         if empty is None:
-            counts = tuple(name for name, how in self.STATES.items() if how == "counts")
-            template = {name: None if how == "counts" else self._empty(how) for name, how in self.STATES.items()}
-            empty = (template, counts)  # (the declared order kept: counts are filled in below)
+            arrays = tuple(name for name, how in self.STATES.items() if how in ARRAYS)
+            template = {name: None if how in ARRAYS else _DEFAULTS[how] for name, how in self.STATES.items()}
+            empty = (template, arrays)  # (the declared order kept: arrays are filled in below)
             self._empty_states[key] = empty
-        template, counts = empty
-        self.state: dict[str, Any] = dict(template)
-        for name in counts:  # arrays: a new one for every accumulator
-            self.state[name] = self._empty("counts")
+        template, arrays = empty
+        state = dict(template)
+        for name in arrays:  # arrays: a new one for every accumulator
+            state[name] = self._empty(self.STATES[name], name)
+        return state
 
-    def _empty(self, how: Reduce) -> Any:
-        return np.zeros(self.BINS, dtype=np.int64) if how == "counts" else _DEFAULTS[how]
+    def size(self, name: str) -> int:
+        """The length of an array state."""
+        return self.sizes.get(name, self.BINS)
+
+    def _empty(self, how: Reduce, name: str) -> Any:
+        size = self.size(name)
+        if how in ("counts", "sparse"):
+            return np.zeros(size, dtype=np.int64)
+        if how == "sums":
+            return np.zeros(size)
+        if how == "maxima":
+            return np.full(size, -np.inf)
+        if how == "cells":
+            return MomentArrays.empty(size)
+        if how == "values":
+            return []
+        return _DEFAULTS[how]
 
     def add(self, **values: Any) -> None:
         """Fold values into the state by each state's declared reduction (moments: a ``Moments`` or a tuple)."""
@@ -128,8 +201,16 @@ class Accumulator:
                 state[name] = _nanmax(state[name], value)
             elif how == "min":
                 state[name] = _nanmin(state[name], value)
-            elif how == "counts":
+            elif how in ("counts", "sparse"):
                 state[name] = state[name] + np.asarray(value, dtype=np.int64)  # a new array: never alias `value`
+            elif how == "sums":
+                state[name] = state[name] + np.asarray(value, dtype=np.float64)
+            elif how == "maxima":
+                state[name] = np.maximum(state[name], value)  # NaN propagates, as in torch's max
+            elif how == "cells":
+                state[name].merge(value)
+            elif how == "values":  # one block's array, or another state's list of them
+                state[name].extend(value if isinstance(value, list) else [value])
             else:
                 state[name] = state[name].merge(value if isinstance(value, Moments) else Moments(*value))
 
@@ -144,14 +225,32 @@ class Accumulator:
         """What must match for two states to merge (the kind and its configuration)."""
         return (type(self).__name__,)
 
+    def filled_states(self) -> frozenset[str]:
+        """The states this accumulator's configuration fills (``update``); the others stay empty."""
+        return frozenset(self.STATES)
+
+    def set_states(self, values: Mapping[str, Any]) -> None:
+        """Replace the state with values computed elsewhere (``rcdiag sweep`` computes every threshold at once): each
+        state ``filled_states`` names must be given, and only declared ones (the rest start empty), so a state
+        added to the declaration is never read as an unfilled 0."""
+        unknown, missing = set(values) - set(self.STATES), self.filled_states() - set(values)
+        if unknown or missing:
+            raise ValueError(f"{type(self).__name__}: states missing {sorted(missing)}, unknown {sorted(unknown)}")
+        state = self._fresh()
+        state.update(values)
+        self.state = state
+
     def state_dict(self) -> dict[str, Any]:
-        """A copy of the raw state: floats, moments as ``[n, mean, m2]``, counts as lists (JSON-serializable)."""
-        return {k: _plain(v) for k, v in self.state.items()}
+        """A copy of the raw state: floats, moments as ``[n, mean, m2]``, arrays as lists, per-cell arrays as a table
+        of lists, sparse counts as ``[bins, counts]`` (JSON-serializable)."""
+        return {k: _plain(self.STATES[k], v) for k, v in self.state.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace the state with a saved one (from a file: anything), each value checked against its declaration:
         the names exactly, a number for a sum or extreme (>= 0 for a ``COUNTED`` one), ``[n >= 0, mean, m2]`` for
-        moments, ``BINS`` integers >= 0 for counts."""
+        moments, ``size`` integers >= 0 for counts (sparse: ``[bins, counts]``, each bin below ``size``), ``size``
+        numbers for sums (>= 0 for a ``COUNTED`` one) and maxima, a table of ``size`` numbers each for cells, a list
+        of numbers for values."""
         owner = type(self).__name__
         if not isinstance(state, dict):
             raise FieldError(f"{owner} must be a table of its states, got {shown(state)}")
@@ -162,6 +261,15 @@ class Accumulator:
         self.state = {name: self._loaded(how, state[name], f"{owner}.{name}") for name, how in self.STATES.items()}
 
     def _loaded(self, how: Reduce, value: Any, field: str) -> Any:
+        name = field.rsplit(".", 1)[1]
+        if how == "sums" or how == "maxima":
+            return reals(value, field, (self.size(name),), nonnegative=how == "sums" and name in self.COUNTED)
+        if how == "cells":
+            return MomentArrays.from_state_dict(value, field, self.size(name))
+        if how == "values":
+            return [reals(value, field)]
+        if how == "sparse":
+            return _dense(value, field, self.size(name))
         if how == "moments":
             if not isinstance(value, list) or len(value) != 3:
                 raise FieldError(f"{field} must be [n, mean, m2], got {shown(value)}")
@@ -170,8 +278,8 @@ class Accumulator:
                 real(n, f"{field} n", nonnegative=True), real(mean, f"{field} mean"), real(m2, f"{field} m2")
             )
         if how == "counts":
-            return counts(value, field, (self.BINS,))
-        return real(value, field, nonnegative=field.rsplit(".", 1)[1] in self.COUNTED)
+            return counts(value, field, (self.size(name),))
+        return real(value, field, nonnegative=name in self.COUNTED)
 
     def update(self, block: Block) -> None:
         """Fold one block of whole rows into the state."""
@@ -186,10 +294,29 @@ class Accumulator:
         raise NotImplementedError
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, Moments):
+def _plain(how: Reduce, value: Any) -> Any:
+    if how == "moments":
         return [value.n, value.mean, value.m2]
+    if how == "cells":
+        return value.state_dict()
+    if how == "values":
+        return np.concatenate(value).tolist() if value else []
+    if how == "sparse":
+        bins = np.flatnonzero(value)
+        return [bins.tolist(), value[bins].tolist()]
     return value.tolist() if isinstance(value, np.ndarray) else value
+
+
+def _dense(sparse: Any, field: str, size: int) -> np.ndarray:
+    """``[bins, counts]`` as ``size`` int64 counts."""
+    if not isinstance(sparse, list) or len(sparse) != 2:
+        raise FieldError(f"{field} must be [bins, counts], got {shown(sparse)}")
+    bins, values = counts(sparse[0], f"{field} bins"), counts(sparse[1], f"{field} counts")
+    if bins.shape != values.shape or (bins.size and bins.max() >= size):
+        raise FieldError(f"{field} must list as many counts as bins, each bin below {size}")
+    out = np.zeros(size, dtype=np.int64)
+    out[bins] = values
+    return out
 
 
 def _nanmax(a: float, b: float) -> float:
