@@ -16,8 +16,8 @@ to one bound) is not lost to cancellation in E[x^2] - E[x]^2.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import numpy as np

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-
-from typing import TYPE_CHECKING, Any, Literal
 
 from rcdiag.kernels.sweep_encoding import AMBIGUOUS, HISTOGRAM, HISTOGRAM_CLAMPED, NO_HISTOGRAM, SHIFT, TABLE_SIZE
 from rcdiag.metrics.base import MomentArrays, Moments

@@ -25,7 +25,7 @@ from rcdiag.metrics.base import Accumulator, MetricValue, MomentArrays, Reduce, 
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.importance import ISMetrics
 from rcdiag.metrics.rejection import RSAggregateMetrics, RSOptionMetrics, bounds, row_statistic, threshold_free_states
-from rcdiag.sweep.cells import CellMap, Cells, Passes, TokenScan, band_map, clip_map, count_above, count_below
+from rcdiag.sweep.cells import CellMap, Cells, Passes, band_map, clip_map, count_above, count_below
 from rcdiag.sweep.grid import Threshold
 from rcdiag.versions import VerlVersion
 
@@ -77,7 +77,12 @@ class OptionSweep:
             aggregate = self._aggregate(accumulator.option)
             st = accumulator.state
             aggregate.set_states(
-                {"tokens": st["tokens"], "rows": rows, "masked_tokens": st["masked_tokens"], "masked_rows": st["masked_rows"]}
+                {
+                    "tokens": st["tokens"],
+                    "rows": rows,
+                    "masked_tokens": st["masked_tokens"],
+                    "masked_rows": st["masked_rows"],
+                }
             )
             values = {**values, **aggregate.compute()[0]}
         return values, crashes
@@ -210,7 +215,11 @@ class SequenceRSSweep(RSSweep):
 
     def _given(self, index: int) -> dict[str, Any]:
         st = self.state
-        return {**super()._given(index), "masked_tokens": float(st["masked_tokens"][index]), "clamped": st["clamped"].moments(index)}
+        return {
+            **super()._given(index),
+            "masked_tokens": float(st["masked_tokens"][index]),
+            "clamped": st["clamped"].moments(index),
+        }
 
 
 def _weighted_moments(x: np.ndarray, weights: np.ndarray) -> MomentArrays:
