@@ -7,6 +7,7 @@ state files, workers and merging all carry over unchanged; every state in it is 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -88,9 +89,10 @@ class SweepBatch:
                 if self.valid_tokens == 0:
                     crashes = [empty_batch_crash()]
                 out[sweep.option, threshold.spec] = PointResult(
-                    {PREFIX + key: finite_f32(value) for key, value in values.items()},
+                    {_shown(key): finite_f32(value) for key, value in values.items()},
                     tuple(prefixed_crash(crash) for crash in crashes),
                 )
+            sweep.release()
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -106,6 +108,12 @@ class SweepBatch:
         self.rows = integer(state["rows"], "rows")
         self.valid_tokens = integer(state["valid_tokens"], "valid_tokens")
         self.empty_rows = integer(state["empty_rows"], "empty_rows")
+
+
+@functools.cache
+def _shown(key: str) -> str:
+    """A metric's key as shown (``rollout_corr/...``), made once: a report holds it for every point of every step."""
+    return PREFIX + key
 
 
 @dataclass

@@ -57,9 +57,19 @@ class OptionSweep:
         self.thresholds = thresholds
         self.version = version
         self.passes = passes
-        self.accumulators = [_accumulator(t, version) for t in thresholds]
-        """The engine's accumulator of each threshold (``SequenceSweep``: the state itself; the others: filled from
-        the option's state at each ``at``)."""
+        self._made: list[Accumulator] | None = None
+
+    @property
+    def accumulators(self) -> list[Accumulator]:
+        """The engine's accumulator of each threshold, made on first use (``SequenceSweep``: the state itself; the
+        others: filled from the option's state at each ``at``, and dropped by ``release``)."""
+        if self._made is None:
+            self._made = [_accumulator(t, self.version) for t in self.thresholds]
+        return self._made
+
+    def release(self) -> None:
+        """Drop what only ``compute_at`` needs: a report holds every step's batch, a state file every step's."""
+        self.__dict__.pop("_aggregates", None)
 
     def parts(self) -> list[Accumulator]:
         """The accumulators holding this option's state (merged, saved and loaded by the batch)."""
@@ -103,7 +113,17 @@ class SequenceSweep(OptionSweep):
         return self.accumulators
 
 
-class RSSweep(OptionSweep, Accumulator):
+class _Filled(OptionSweep):
+    """An option whose engine accumulators only carry one threshold's state through ``compute_at``."""
+
+    def release(self) -> None:
+        super().release()
+        self._made = None
+        self.__dict__.pop("_rs", None)
+        self.__dict__.pop("_is", None)
+
+
+class RSSweep(_Filled, Accumulator):
     """An RS option: its threshold-free states once (the engine's, by their declared names), and each threshold's
     own counts as arrays over the thresholds, all of them at once from (thresholds x rows) comparisons."""
 
@@ -134,6 +154,9 @@ class RSSweep(OptionSweep, Accumulator):
         both = np.asarray([bounds(option) for option in self._options()], dtype=np.float64)
         self.lo, self.hi = both[:, :1], both[:, 1:]
         """Each threshold's bounds as verl compares them (a column: thresholds x rows)."""
+        self.option_of = first.option
+        """The option (at its first threshold: what does not depend on the threshold)."""
+        self.release()
 
     def _sizes(self) -> dict[str, int]:
         return dict.fromkeys(self.PER_THRESHOLD, len(self.thresholds))
@@ -149,12 +172,12 @@ class RSSweep(OptionSweep, Accumulator):
         return [a for a in self.accumulators if isinstance(a, RSOptionMetrics)]
 
     def _options(self) -> list[RSOption]:
-        return [a.option for a in self._rs]
+        return [t.rs_option for t in self.thresholds if t.rs_option is not None]
 
     def _value_counts(self, block: Block) -> np.ndarray:
         """Fold the threshold-free states and each threshold's counts of valid rows' values above the upper and
         below the lower bound (k1 only) in; give the per-row statistic (all rows)."""
-        option = self._rs[0].option
+        option = self.option_of
         free = threshold_free_states(block, option)
         if not self.needed <= free.keys():
             raise NotImplementedError(
@@ -266,7 +289,7 @@ class TokenRSSweep(RSSweep):
     def _given(self, index: int) -> dict[str, Any]:
         cells, arrays = self.cells, self.state["cells"]
         assert cells is not None
-        lo, hi = bounds(self._rs[index].option)
+        lo, hi = bounds(self._options()[index])
         above = count_above(cells, arrays, hi)
         below = count_below(cells, arrays, lo) if self.k1 else 0.0
         nan = float(arrays.n[cells.nan_cell])
@@ -282,7 +305,7 @@ class TokenRSSweep(RSSweep):
         }
 
 
-class TokenISSweep(OptionSweep, Accumulator):
+class TokenISSweep(_Filled, Accumulator):
     """Token-level IS (TIS and IcePop): per-cell sums of the token ratio; per threshold, the per-row mean weights
     of every threshold at once (thresholds x rows) and their states (``ISMetrics.row_states``) as arrays."""
 
@@ -319,6 +342,8 @@ class TokenISSweep(OptionSweep, Accumulator):
         """Thresholds x cells: the weight of every other cell's tokens."""
         self.upper = np.asarray([a.upper for a in self._is])[:, None]
         self.metric_lower = np.asarray([a.metric_lower for a in self._is])[:, None]
+        self.seq_fraction_applied = self._is[0].seq_fraction_applied
+        self.release()
 
     def parts(self) -> list[Accumulator]:
         return [self]
@@ -344,10 +369,7 @@ class TokenISSweep(OptionSweep, Accumulator):
         own = np.where(self.own[:, None, :], scan.row_sums[None, :, :], 0.0).sum(axis=2)
         a = (own + np.einsum("rc,tc->tr", scan.row_counts, self.constant)) / row_len
         # ISMetrics.row_states for every threshold at once; verl 0.8.0 compares the applied weights' row means
-        if self._is[0].seq_fraction_applied:
-            raw_mean = a
-        else:
-            raw_mean = _host(block, block.row_mean(block.seg.sum(block.ratio)))[None, :]
+        raw_mean = a if self.seq_fraction_applied else _host(block, block.row_mean(block.seg.sum(block.ratio)))[None, :]
         self.add(
             cells=scan.arrays,
             tokens=block.n_tokens,
