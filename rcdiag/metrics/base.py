@@ -155,10 +155,6 @@ class Accumulator:
     def __init__(self, sizes: Mapping[str, int] | None = None) -> None:
         self.sizes = dict(sizes or {})
         """The length of each array state other than ``BINS`` (``rcdiag sweep``: thresholds, cells)."""
-        self.state: dict[str, Any] = self._fresh()
-
-    def _fresh(self) -> dict[str, Any]:
-        """An empty state (a copy of the declaration's template; arrays new)."""
         key = (type(self), tuple(self.STATES.items()), self.BINS)
         empty = self._empty_states.get(key)
         if empty is None:
@@ -166,7 +162,13 @@ class Accumulator:
             template = {name: None if how in ARRAYS else _DEFAULTS[how] for name, how in self.STATES.items()}
             empty = (template, arrays)  # (the declared order kept: arrays are filled in below)
             self._empty_states[key] = empty
-        template, arrays = empty
+        self._template = empty
+        self._filled: frozenset[str] | None = None
+        self.state: dict[str, Any] = self._fresh()
+
+    def _fresh(self) -> dict[str, Any]:
+        """An empty state (a copy of the declaration's template; arrays new)."""
+        template, arrays = self._template
         state = dict(template)
         for name in arrays:  # arrays: a new one for every accumulator
             state[name] = self._empty(self.STATES[name], name)
@@ -233,8 +235,10 @@ class Accumulator:
         """Replace the state with values computed elsewhere (``rcdiag sweep`` computes every threshold at once): each
         state ``filled_states`` names must be given, and only declared ones (the rest start empty), so a state
         added to the declaration is never read as an unfilled 0."""
-        unknown, missing = set(values) - set(self.STATES), self.filled_states() - set(values)
-        if unknown or missing:
+        if self._filled is None:
+            self._filled = self.filled_states()
+        if not (values.keys() >= self._filled and values.keys() <= self.STATES.keys()):
+            unknown, missing = set(values) - set(self.STATES), self._filled - set(values)
             raise ValueError(f"{type(self).__name__}: states missing {sorted(missing)}, unknown {sorted(unknown)}")
         state = self._fresh()
         state.update(values)

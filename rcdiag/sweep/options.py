@@ -135,7 +135,7 @@ class RSSweep(_Filled, Accumulator):
 
     def __init__(self, option: str, thresholds: tuple[Threshold, ...], version: VerlVersion, passes: Passes) -> None:
         OptionSweep.__init__(self, option, thresholds, version, passes)
-        first = self._rs[0]
+        first = RSOptionMetrics(self._options()[0])
         self.k1 = first.option.is_k1
         self.estimator = first.option.estimator
         self.free = _threshold_free_declared()
@@ -156,7 +156,6 @@ class RSSweep(_Filled, Accumulator):
         """Each threshold's bounds as verl compares them (a column: thresholds x rows)."""
         self.option_of = first.option
         """The option (at its first threshold: what does not depend on the threshold)."""
-        self.release()
 
     def _sizes(self) -> dict[str, int]:
         return dict.fromkeys(self.PER_THRESHOLD, len(self.thresholds))
