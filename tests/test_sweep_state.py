@@ -128,3 +128,28 @@ def test_every_sweep_state_merges_and_round_trips_like_an_accumulator() -> None:
     loaded.load_state_dict(whole.state_dict())
     assert loaded.state_dict() == whole.state_dict()
     assert {type(part).__name__ for part in _parts(whole)} >= {"TokenRSSweep", "SequenceRSSweep", "TokenISSweep"}
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [("seq_mean_k3", "0.5"), ("token_k1", "1.5"), ("is_token", "2.0"), ("is_token", "0.5_2.0"), ("is_sequence", "2.0")],
+)
+@pytest.mark.parametrize("version", ["0.7.1", "0.9.1"])
+def test_an_update_leaves_every_state_outside_filled_states_empty(spec: tuple[str, str], version: str) -> None:
+    """``filled_states`` is what ``set_states`` insists on: a state ``update`` fills but ``filled_states`` leaves out
+    would be left empty by the sweep without a word."""
+    from rcdiag.metrics.importance import ISMetrics
+    from rcdiag.versions import verl_version
+
+    threshold = resolve(*spec)
+    accumulator: Accumulator = (
+        ISMetrics(threshold.is_spec, verl_version(version))
+        if threshold.is_spec is not None
+        else RSOptionMetrics(threshold.rs_option)
+    )
+    empty = dict(accumulator.state)
+    accumulator.update(_block(7))
+    for name in set(accumulator.STATES) - accumulator.filled_states():
+        assert accumulator.state[name] == empty[name], name
+    changed = {name for name in accumulator.STATES if accumulator.state[name] != empty[name]}
+    assert changed and changed <= accumulator.filled_states()
