@@ -14,7 +14,7 @@ from rcdiag._version import __version__
 from rcdiag.backend import Backend, NumpyBackend, get_backend
 from rcdiag.catalogue.findings import listing_order
 from rcdiag.config import CorrectionConfig
-from rcdiag.engine import Engine, EngineState
+from rcdiag.engine import Engine, EngineState, StepStates
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.explain.sequences import check_target as check_sequences_target
 from rcdiag.explain.sequences import cleanup, temporary_directory
@@ -200,7 +200,7 @@ def measure_prescription(report: Report, path: str | Path, read: ReadOptions | N
 class Accumulated:
     """A dump read into mergeable accumulators, before the report is computed."""
 
-    state: EngineState
+    state: StepStates[Any]
     info: SourceInfo
     device: str
     screen: ScreenStats
@@ -297,7 +297,7 @@ def accumulate(
 TOKEN_ALIASES = ALIASES["token"]
 
 
-def _part_offsets(scratch: Path, state: EngineState) -> list[tuple[Path, int]]:
+def _part_offsets(scratch: Path, state: StepStates[Any]) -> list[tuple[Path, int]]:
     """Each part's directory of ``--sequences`` files with the rows read before it (parts in reading order)."""
     directories = sorted(p for p in scratch.iterdir() if p.is_dir())
     rows = state.explain.part_rows if state.explain is not None and state.explain.part_rows else [0]
@@ -443,7 +443,7 @@ def build_report(
     return dataclasses.replace(report, verdict=judge(report))
 
 
-def input_facts(state: EngineState, info: SourceInfo, screen: ScreenStats | None = None) -> InputFacts:
+def input_facts(state: StepStates[Any], info: SourceInfo, screen: ScreenStats | None = None) -> InputFacts:
     """What was read: the dump's description and the counts the state holds."""
     steps = sum(step is not None for step in state.batches)
     return InputFacts(

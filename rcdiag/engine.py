@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from rcdiag.metrics.block import Block, RowContext
 from rcdiag.metrics.rejection import bounds
 from rcdiag.ragged import take_rows
 from rcdiag.validate import screen_one
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 CPU_BLOCK_TOKENS = 1 << 19
 GPU_BLOCK_TOKENS = 1 << 24
@@ -84,12 +87,35 @@ def whole_dump_kind(key: str) -> Any:
     return kind
 
 
+class StepBatch(Protocol):
+    """What a state keeps per training step: accumulators fed blocks, merged, saved (``BatchMetrics``, the sweep's
+    ``SweepBatch``)."""
+
+    rows: int
+    valid_tokens: int
+    empty_rows: int
+
+    def update(self, block: Block) -> None: ...
+
+    def merge(self, other: Self) -> Self: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+B = TypeVar("B", bound=StepBatch)
+S = TypeVar("S", bound="StepStates[Any]")
+
+
 @dataclass
-class EngineState:
-    """Accumulated state of a whole dump: one ``BatchMetrics`` per step, plus input counters."""
+class StepStates(Generic[B]):
+    """Accumulated state of a whole dump: one batch of accumulators per step (``new_batch``), plus input counters.
+    ``EngineState`` keeps ``rcdiag analyze``'s (``BatchMetrics``), ``rcdiag.sweep.batch.SweepState`` the sweep's;
+    the engine's streaming, step grouping, state files, workers and merging serve both."""
 
     resolved: ResolvedConfig
-    batches: dict[StepKey, BatchMetrics] = field(default_factory=dict)
+    batches: dict[StepKey, B] = field(default_factory=dict)
     rows: int = 0
     tokens: int = 0
     valid_tokens: int = 0
@@ -101,14 +127,18 @@ class EngineState:
         """The ``--explain`` state (saved under ``explain``), or ``None`` without ``--explain``."""
         return self.whole_dump.get("explain")
 
-    def batch(self, step: StepKey) -> BatchMetrics:
+    def new_batch(self) -> B:
+        """An empty batch of this state's accumulators."""
+        raise NotImplementedError
+
+    def batch(self, step: StepKey) -> B:
         """The accumulators of one step (created on first use)."""
         batch = self.batches.get(step)
         if batch is None:
-            batch = self.batches[step] = BatchMetrics(self.resolved)
+            batch = self.batches[step] = self.new_batch()
         return batch
 
-    def merge(self, other: EngineState) -> EngineState:
+    def merge(self, other: Self) -> Self:
         """Fold another state (same configuration) into this one; returns ``self``."""
         if not self.resolved.same_computation(other.resolved):
             raise ValueError("cannot merge states computed with different configurations")
@@ -123,9 +153,9 @@ class EngineState:
         self.valid_tokens += other.valid_tokens
         return self
 
-    def pooled(self) -> BatchMetrics:
+    def pooled(self) -> B:
         """Every step merged into one batch (the all-steps view)."""
-        pooled = BatchMetrics(self.resolved)
+        pooled = self.new_batch()
         for batch in self.batches.values():
             pooled.merge(batch)
         return pooled
@@ -143,7 +173,7 @@ class EngineState:
         return out
 
     @classmethod
-    def from_state_dict(cls, resolved: ResolvedConfig, state: dict[str, Any]) -> EngineState:
+    def from_state_dict(cls: type[S], resolved: ResolvedConfig, state: dict[str, Any]) -> S:
         """Rebuild a state saved by ``state_dict`` under the same configuration."""
         out = cls(resolved, **saved_counts(state))
         load_batches(out, state)
@@ -160,12 +190,27 @@ def saved_whole_dump(state: Any) -> dict[str, Any]:
     return saved
 
 
-def saved_counts(state: dict[str, Any]) -> dict[str, int]:
+@dataclass
+class EngineState(StepStates[BatchMetrics]):
+    """``rcdiag analyze``'s state: one ``BatchMetrics`` per step."""
+
+    def new_batch(self) -> BatchMetrics:
+        return BatchMetrics(self.resolved)
+
+
+class SavedCounts(TypedDict):
+    rows: int
+    tokens: int
+    valid_tokens: int
+
+
+def saved_counts(state: dict[str, Any]) -> SavedCounts:
     """A saved state's ``rows``, ``tokens`` and ``valid_tokens``, each checked to be a count."""
-    return {name: integer(state[name], f"state.{name}") for name in ("rows", "tokens", "valid_tokens")}
+    rows, tokens, valid = (integer(state[name], f"state.{name}") for name in ("rows", "tokens", "valid_tokens"))
+    return SavedCounts(rows=rows, tokens=tokens, valid_tokens=valid)
 
 
-def load_batches(out: EngineState, state: dict[str, Any]) -> None:
+def load_batches(out: StepStates[Any], state: dict[str, Any]) -> None:
     """Load a saved state's ``[step, batch]`` pairs into ``out``: each step an int64 or null, and given once."""
     pairs = state["batches"]
     if not isinstance(pairs, list) or not all(isinstance(pair, list) and len(pair) == 2 for pair in pairs):
@@ -189,13 +234,13 @@ class Engine:
         backend: Backend | None = None,
         explain: WholeDump | None = None,
         *,
-        state: EngineState | None = None,
+        state: StepStates[Any] | None = None,
     ) -> None:
         """``explain``: a whole-dump accumulator to feed too (``--explain``'s)."""
         self.resolved = resolved
         self.backend = backend or NumpyBackend()
         whole_dump = {} if explain is None else {explain.KEY: explain}
-        self.state = state if state is not None else EngineState(resolved, whole_dump=whole_dump)
+        self.state: StepStates[Any] = state if state is not None else EngineState(resolved, whole_dump=whole_dump)
         """What blocks are folded into: the analyze accumulators by default, or another state with the same
         interface (the sweep's, which may ask for larger CPU blocks: ``cpu_block_tokens``)."""
         cpu_block = getattr(self.state, "cpu_block_tokens", CPU_BLOCK_TOKENS)
@@ -203,7 +248,7 @@ class Engine:
         self.k1_bands = tuple(bounds(o) for o in resolved.rs_options if o.level == "token" and o.is_k1)
         """The token-level k1 RS bands, which the CPU's fused token pass takes in the same read of each row."""
 
-    def run(self, chunks: Iterable[Chunk]) -> EngineState:
+    def run(self, chunks: Iterable[Chunk]) -> StepStates[Any]:
         """Consume every chunk; returns the state."""
         for chunk in chunks:
             self.update(chunk)

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import rcdiag.interrupts as interrupts
 from rcdiag.config import CorrectionConfig
-from rcdiag.engine import Engine, EngineState, WholeDump, number_rows
+from rcdiag.engine import Engine, EngineState, StepStates, WholeDump, number_rows
 from rcdiag.errors import ConfigError, RcdiagError
 from rcdiag.io import open_part, prefetch
 from rcdiag.io.base import Part, Source
@@ -65,7 +65,7 @@ class WholeDumpOptions(Protocol):
     def observe(self, state: Any, resolved: Any, scratch: Path | None, part: int) -> Callable[[], None] | None: ...
 
 
-StateFactory = Callable[[], EngineState]
+StateFactory = Callable[[], StepStates[Any]]
 """Builds the empty state a read folds blocks into (picklable: worker processes and Ray tasks call it too)."""
 
 
@@ -92,7 +92,7 @@ class Job:
     ) -> Job:
         return cls(config, read.replace(device="cpu", ray=False, ray_address=None), explain, scratch, new_state)
 
-    def empty_state(self) -> EngineState | None:
+    def empty_state(self) -> StepStates[Any] | None:
         """The state to fold a part into (``None``: the engine's default)."""
         return self.new_state() if self.new_state is not None else None
 
@@ -119,7 +119,7 @@ def read_part(part: Part, job: Job, index: int = 0) -> PartResult:
     )
 
 
-def merge_parts(source: Source, results: list[PartResult], job: Job) -> tuple[EngineState, ScreenStats]:
+def merge_parts(source: Source, results: list[PartResult], job: Job) -> tuple[StepStates[Any], ScreenStats]:
     """The merged state and counts of every part, in part order (the first bad row is the earliest)."""
     resolved = job.config.resolve()
     whole = job.explain.new_state() if job.explain else None

@@ -24,7 +24,7 @@ import numpy as np
 
 from rcdiag._version import __version__
 from rcdiag.config import CorrectionConfig
-from rcdiag.engine import EngineState, saved_whole_dump, whole_dump_kind
+from rcdiag.engine import EngineState, StepStates, saved_whole_dump, whole_dump_kind
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.fields import FieldError, dataclass_from, shown
 from rcdiag.io.base import SourceInfo
@@ -69,7 +69,7 @@ class StateIdentity:
 
 def save_state(
     path: str | Path,
-    state: EngineState,
+    state: StepStates[Any],
     sources: list[SourceInfo],
     screen: ScreenStats,
     *,
@@ -102,13 +102,13 @@ def save_state(
     write_file(text, json.dumps(payload).encode(), mode=STATE_MODE)  # whole or not at all, owner-only
 
 
-def load_state(path: str | Path) -> tuple[EngineState, list[SourceInfo], ScreenStats]:
+def load_state(path: str | Path) -> tuple[StepStates[Any], list[SourceInfo], ScreenStats]:
     """Read a state file; any problem is an ``InputError`` naming the file (and the field at fault)."""
     state, sources, screen, _ = _load(str(path))
     return state, sources, screen
 
 
-def _load(name: str) -> tuple[EngineState, list[SourceInfo], ScreenStats, StateIdentity]:
+def _load(name: str) -> tuple[StepStates[Any], list[SourceInfo], ScreenStats, StateIdentity]:
     data, identity = read_state_bytes(name)
     payload = parse_state_json(data, name)
     if not isinstance(payload, dict) or payload.get("format") != STATE_FORMAT:
@@ -239,7 +239,7 @@ def _parse_constant(text: str) -> float:
     raise FieldError(f'the literal {text} (a state writes non-finite values as the strings "nan", "inf")')
 
 
-def state_kind_of(state: EngineState) -> str:
+def state_kind_of(state: StepStates[Any]) -> str:
     """``"sweep"`` for a sweep's state (``rcdiag sweep --save-state``), ``"analyze"`` otherwise."""
     return "sweep" if hasattr(state, "grid") else "analyze"
 
@@ -257,7 +257,7 @@ def state_kind(path: str | Path) -> str:
     return payload.get("kind", "analyze") if isinstance(payload, dict) else "analyze"
 
 
-def _state_class(kind: str) -> type[EngineState]:
+def _state_class(kind: str) -> type[StepStates[Any]]:
     if kind == "sweep":
         from rcdiag.sweep.batch import SweepState
 
@@ -265,7 +265,7 @@ def _state_class(kind: str) -> type[EngineState]:
     return EngineState
 
 
-def merge_state_files(paths: list[str | Path]) -> tuple[EngineState, list[SourceInfo], ScreenStats]:
+def merge_state_files(paths: list[str | Path]) -> tuple[StepStates[Any], list[SourceInfo], ScreenStats]:
     """Load and merge state files; they must compute the same metrics."""
     from rcdiag.io.paths import state_files
 

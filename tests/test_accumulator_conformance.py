@@ -30,11 +30,14 @@ from rcdiag.explain.statistics import GroupSums, SumsAccumulator
 from rcdiag.io.base import Chunk
 from rcdiag.metrics.base import Accumulator
 from rcdiag.state import decode_state, encode_state
+from rcdiag.sweep.batch import SweepState, new_sweep_state
+from rcdiag.sweep.grid import SweepGrid
+from rcdiag.sweep.options import RSSweep
 
 CONFIG = rcdiag.CorrectionConfig(
     rollout_is="token", rollout_rs="token_k1,seq_mean_k3", rollout_rs_threshold="0.5_2.0,0.01"
 )
-ABSTRACT = frozenset({SumsAccumulator, GroupSums})
+ABSTRACT = frozenset({SumsAccumulator, GroupSums, RSSweep})
 """Bases that declare a state but are never accumulated on their own."""
 BLOCK_TOKENS = 97
 """Small blocks, so that every part spans several of them and rows of one step sit in several blocks."""
@@ -117,6 +120,31 @@ def _explain_members(state: EngineState) -> list[Accumulator]:
     return [*_per_step(state), *state.explain.parts().values()]
 
 
+SWEEP = SweepGrid.from_specs({"token_k1": ["1.5", "0.5_2.0"], "seq_mean_k3": ["0.01", "0.5"], "is_token": ["2.0"]})
+"""A small grid: a token RS option (one- and two-sided), a sequence RS option, token IS."""
+
+
+def _sweep_members(state: EngineState) -> list[Accumulator]:
+    assert isinstance(state, SweepState) and state.collector is not None
+    return [group for batch in state.batches.values() for group in batch.groups()] + state.collector.groups()
+
+
+def _sweep_reference(data: Data, state: EngineState) -> None:
+    """Every grid point's metrics are those of the brute-force reference run with that single option."""
+    assert isinstance(state, SweepState)
+    points = state.pooled().compute()
+    for option, thresholds in SWEEP.specs().items():
+        for spec in thresholds:
+            if option.startswith("is_"):
+                config = {"rollout_is": option.removeprefix("is_"), "rollout_is_threshold": spec}
+            else:
+                config = {"rollout_rs": option, "rollout_rs_threshold": spec}
+            want = all_metrics(data.old, data.rollout, data.mask, **config)
+            got = points[option, spec].metrics
+            assert set(got) <= set(want), (option, spec)
+            assert_metrics_close(got, {key: want[key] for key in got})
+
+
 CASES: list[Case] = [
     Case("per-step", lambda: (EngineState(CONFIG.resolve()), None), _per_step, _per_step_reference),
     Case(
@@ -125,8 +153,9 @@ CASES: list[Case] = [
         _explain_members,
         _explain_reference,
     ),
+    Case("sweep", lambda: (new_sweep_state(SWEEP, target_reject=0.01), None), _sweep_members, _sweep_reference),
 ]
-"""Every kind of accumulator; the sweep's joins here."""
+"""Every kind of accumulator: analyze's per-step ones, ``--explain``'s, the sweep's."""
 
 
 def _run(case: Case, data: Data, cuts: list[int]) -> EngineState:

@@ -289,8 +289,9 @@ def test_a_sweep_state_with_a_tampered_cell_count_is_refused(tmp_path: Path) -> 
 
     sweep(dump, SweepGrid.from_specs({"token_k1": ["1.5", "2.0"]}), save_state=tmp_path / "s.json")
     data = json.loads((tmp_path / "s.json").read_text())
-    option = data["state"]["batches"][0][1]["options"][0]
-    option["cells"]["n"][0] = -3.0
+    group = data["state"]["batches"][0][1]["groups"][0]
+    assert group["kind"] == "TokenRSSweep"
+    group["state"]["cells"]["n"][0] = -3.0
     path = tampered(tmp_path, data, lambda p: None)
     message = refused(path)
     assert "cells.n must hold finite numbers >= 0 (counts), holds -3.0" in message

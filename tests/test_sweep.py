@@ -578,7 +578,7 @@ def test_an_inverted_k1_band_rejects_each_token_once_as_analyze_and_verl_do(
     ("target", "changed"),
     [
         ("rcdiag.kernels.sweep_encoding.SHIFT", 14),  # the histogram's buckets
-        ("rcdiag.sweep.options.SequenceRSSweep._counts", ("v_hi", "v_lo", "masked_rows")),
+        ("rcdiag.sweep.options.SequenceRSSweep.STATES", {"v_hi": "sums", "masked_rows": "sums"}),  # declared states
     ],
 )
 def test_a_sweep_state_of_another_layout_is_refused(

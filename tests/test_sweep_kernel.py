@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rcdiag.kernels.sweep import SUB_BLOCK
-from rcdiag.sweep.cells import HISTOGRAM, HISTOGRAM_CLAMPED, NO_HISTOGRAM, CellArrays, Cells
+from rcdiag.metrics.base import MomentArrays
+from rcdiag.sweep.cells import HISTOGRAM, HISTOGRAM_CLAMPED, NO_HISTOGRAM, Cells
 from rcdiag.sweep.collector import BUCKETS, bucket
 
 EDGES = [-0.6931, -0.1, -0.001, 0.0, 1e-4, 0.001, 0.1, 0.6931, 1.5, 2.0]
@@ -138,7 +139,7 @@ def test_scanning_parts_and_merging_equals_one_scan(block: tuple, cut: int) -> N
     split = int(lengths[:cut].sum())
     cells = Cells(edges)
     whole = cells.scan(x, lengths, nan_values=True).arrays
-    parts = CellArrays.empty(cells.count)
+    parts = MomentArrays.empty(cells.count)
     parts.merge(cells.scan(x[:split], lengths[:cut], nan_values=True).arrays)
     parts.merge(cells.scan(x[split:], lengths[cut:], nan_values=True).arrays)
     assert np.array_equal(whole.n, parts.n)

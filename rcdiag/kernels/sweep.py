@@ -52,7 +52,7 @@ def scan(
 ) -> tuple[np.ndarray, ...]:
     """One statistic over a block: float32 ``x``, rows of ``lengths`` tokens one after another.
 
-    Per cell: count, mean, M2 (centred on each sub-block's own mean, then combined as ``CellArrays.merge``
+    Per cell: count, mean, M2 (centred on each sub-block's own mean, then combined as ``MomentArrays.merge``
     does), and with ``extremes`` max and min (NaN values: skipped by the extremes, summed into the last cell).
     Per row: max and min (float32; -inf and inf for an empty row; NaN if the row holds one) and float64 sum, as
     the block's segment reductions give them. With ``per_row``: per row and cell, count and float64 sum. With

@@ -1,9 +1,12 @@
 """The accumulator protocol: declared state, update, merge, compute.
 
 Each metric group declares its state as named float64 sums, maxima, minima and moments, or int64 bin counts
-(``STATES``; a ``counts`` state has ``BINS`` bins); the whole-dump accumulators of ``--explain`` also keep float64
-arrays of sums (``sums``, of a declared ``SHAPES`` shape), float64 sums per int64 id (``table``, rows of a declared
-``SHAPES`` width) and bounded heaps of the largest items (``top``). ``update``
+(``STATES``; a ``counts`` state has ``BINS`` bins). Arrays over thresholds or cells (``rcdiag sweep``) are states
+too, each as long as the instance says (``sizes``): float64 ``sums`` and ``maxima`` added or maxed element by
+element, per-cell ``cells`` (``MomentArrays``: count, moments and extremes, merged cell by cell), ``sparse``
+counts (saved as their non-zero bins) and ``values`` (one float64 value per response, concatenated). The
+whole-dump accumulators of ``--explain`` also keep ``sums`` of a declared ``SHAPES`` shape, float64 sums per int64
+id (``table``, rows of a declared ``SHAPES`` width) and bounded heaps of the largest items (``top``). ``update``
 folds one block of whole sequences into that state, ``merge`` combines two states (chunks, files, workers, steps:
 it is the only way results combine), and ``compute`` turns the state into metric values. A finished mean is
 never stored on its own: sums and counts, or (count, mean, M2) moments merged with Chan et al.'s pairwise
@@ -16,22 +19,28 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 
 from rcdiag.catalogue.findings import finding
-from rcdiag.core.formulas import chan_merge
+from rcdiag.core.formulas import chan_merge, chan_merge_share
 from rcdiag.core.limits import F32_MAX
 from rcdiag.fields import FieldError, checked, counts, dataclass_from, real, reals, shown
 
 if TYPE_CHECKING:
     from rcdiag.metrics.block import Block
 
-Reduce = Literal["sum", "max", "min", "moments", "counts", "sums", "table", "top"]
-_FRESH = frozenset({"counts", "sums", "table", "top"})
-"""Reductions whose empty value is a mutable object: a new one for every accumulator."""
+Reduce = Literal[
+    "sum", "max", "min", "moments", "counts", "sums", "maxima", "cells", "sparse", "values", "table", "top"
+]
+ARRAYS: frozenset[str] = frozenset({"counts", "sums", "maxima", "cells", "sparse", "values"})
+"""The reductions whose state is an array (a new one for every accumulator)."""
+_FRESH = ARRAYS | {"table", "top"}
+"""Reductions whose empty value is a mutable object: arrays, id tables and heaps (a new one for every
+accumulator)."""
 MetricValue = float | None
 """A metric value; ``None`` where verl would crash or the value does not exist for this batch."""
 
@@ -144,6 +153,49 @@ class Top:
         return [item for _, item in sorted(self.heap, key=lambda entry: entry[0], reverse=True)]
 
 
+@dataclass
+class MomentArrays:
+    """Count, moments and extremes of many groups at once (cells of a statistic, thresholds): float64 arrays."""
+
+    n: np.ndarray
+    mean: np.ndarray
+    m2: np.ndarray
+    max: np.ndarray
+    min: np.ndarray
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("n", "mean", "m2", "max", "min")
+
+    @classmethod
+    def empty(cls, size: int) -> MomentArrays:
+        zeros = np.zeros(size)
+        return cls(zeros, zeros.copy(), zeros.copy(), np.full(size, -np.inf), np.full(size, np.inf))
+
+    def merge(self, other: MomentArrays) -> None:
+        """Chan et al.'s pairwise update (``rcdiag.core.formulas.chan_merge_share``), group by group, where both
+        parts hold values (a NaN cell only counts); new arrays, never ``other``'s."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            n, merged_mean, merged_m2 = chan_merge_share(self.n, self.mean, self.m2, other.n, other.mean, other.m2)
+        mean = np.where(self.n == 0, other.mean, np.where(other.n == 0, self.mean, merged_mean))
+        m2 = np.where((self.n > 0) & (other.n > 0), merged_m2, self.m2 + other.m2)
+        self.n, self.mean, self.m2 = n, mean, m2
+        self.max = np.maximum(self.max, other.max)  # NaN propagates (a NaN cell must keep it)
+        self.min = np.minimum(self.min, other.min)
+
+    def moments(self, index: int) -> Moments:
+        """One group's moments."""
+        return Moments(float(self.n[index]), float(self.mean[index]), float(self.m2[index]))
+
+    def state_dict(self) -> dict[str, list[float]]:
+        return {name: getattr(self, name).tolist() for name in self.FIELDS}
+
+    @classmethod
+    def from_state_dict(cls, state: Any, field: str, size: int) -> MomentArrays:
+        """Saved arrays, each checked: ``size`` numbers, counts ``n`` >= 0."""
+        if not isinstance(state, dict) or set(state) != set(cls.FIELDS):
+            raise FieldError(f"{field} must be a table of {', '.join(cls.FIELDS)}, got {shown(state)}")
+        return cls(*(reals(state[name], f"{field}.{name}", (size,), nonnegative=name == "n") for name in cls.FIELDS))
+
+
 _DEFAULTS: dict[str, Any] = {"sum": 0.0, "max": -math.inf, "min": math.inf, "moments": Moments()}
 
 A = TypeVar("A", bound="Accumulator")
@@ -183,36 +235,61 @@ class Accumulator:
     """The whole-dump accumulator whose part this is (``--explain``'s: ``"explain"``), whose layout declares it;
     ``None``: a per-step accumulator of the engine (``rcdiag.metrics.batch.declared_states``)."""
     COUNTED: ClassVar[frozenset[str]] = frozenset(
-        {"rows", "tokens", "valid_rows", "masked_rows", "masked_tokens", "oob_tokens", "nan"}
+        {"rows", "tokens", "valid_rows", "masked_rows", "masked_tokens", "oob_tokens", "nan", "v_hi", "v_lo"}
+        | {"rawmean_hi", "rawmean_lo"}
     )
-    """``sum`` states (of any accumulator that declares them) that count rows or tokens: a saved one is >= 0."""
+    """``sum`` and ``sums`` states (of any accumulator that declares them) that count rows or tokens: a saved one is
+    >= 0."""
 
     _empty_states: ClassVar[dict[tuple, tuple[dict[str, Any], tuple[str, ...]]]] = {}
     """Empty states built so far, by class, declared states and bins (the sweep makes thousands of accumulators):
     a class whose ``STATES`` or ``BINS`` change (a subclass, a patched declaration) gets a template of its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, sizes: Mapping[str, int] | None = None) -> None:
+        self.sizes = dict(sizes or {})
+        """The length of each array state other than ``BINS`` (``rcdiag sweep``: thresholds, cells)."""
         key = (type(self), tuple(self.STATES.items()), self.BINS)
         empty = self._empty_states.get(key)
         if empty is None:
             fresh = tuple(name for name, how in self.STATES.items() if how in _FRESH)
-            template = {name: None if how in _FRESH else self._empty(how) for name, how in self.STATES.items()}
+            template = {name: None if how in _FRESH else _DEFAULTS[how] for name, how in self.STATES.items()}
             empty = (template, fresh)  # (the declared order kept: arrays, tables and heaps are filled in below)
             self._empty_states[key] = empty
-        template, fresh = empty
-        self.state: dict[str, Any] = dict(template)
-        for name in fresh:  # arrays, tables, heaps: a new one for every accumulator
-            self.state[name] = self._empty(self.STATES[name], name)
+        self._template = empty
+        self._filled: frozenset[str] | None = None
+        self.state: dict[str, Any] = self._fresh()
+
+    def _fresh(self) -> dict[str, Any]:
+        """An empty state (a copy of the declaration's template; arrays, tables and heaps new)."""
+        template, fresh = self._template
+        state = dict(template)
+        for name in fresh:
+            state[name] = self._empty(self.STATES[name], name)
+        return state
+
+    def size(self, name: str) -> int:
+        """The length of an array state."""
+        return self.sizes.get(name, self.BINS)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The shape of a ``sums`` state: declared (``SHAPES``) or as long as the instance says (``size``)."""
+        return self.SHAPES.get(name) or (self.size(name),)
 
     def capacity(self, name: str) -> int:
         """How many items the ``top`` state ``name`` keeps (configuration: part of ``signature``)."""
         raise NotImplementedError
 
-    def _empty(self, how: Reduce, name: str = "") -> Any:
-        if how == "counts":
-            return np.zeros(self.BINS, dtype=np.int64)
+    def _empty(self, how: Reduce, name: str) -> Any:
+        if how in ("counts", "sparse"):
+            return np.zeros(self.size(name), dtype=np.int64)
         if how == "sums":
-            return np.zeros(self.SHAPES[name])
+            return np.zeros(self.shape(name))
+        if how == "maxima":
+            return np.full(self.size(name), -np.inf)
+        if how == "cells":
+            return MomentArrays.empty(self.size(name))
+        if how == "values":
+            return []
         if how == "table":
             return IdSums(self.SHAPES[name][0], self.DENSE_IDS)
         if how == "top":
@@ -230,12 +307,16 @@ class Accumulator:
                 state[name] = _nanmax(state[name], value)
             elif how == "min":
                 state[name] = _nanmin(state[name], value)
-            elif how == "counts":
+            elif how in ("counts", "sparse"):
                 state[name] = state[name] + np.asarray(value, dtype=np.int64)  # a new array: never alias `value`
             elif how == "sums":
                 state[name] = state[name] + np.asarray(value, dtype=np.float64)  # a new array: never alias `value`
-            elif how == "table":
+            elif how == "maxima":
+                state[name] = np.maximum(state[name], value)  # NaN propagates, as in torch's max
+            elif how == "cells" or how == "table":
                 state[name].merge(value)
+            elif how == "values":  # one block's array, or another state's list of them
+                state[name].extend(value if isinstance(value, list) else [value])
             elif how == "top":
                 for item in value.items():
                     self.offered(name, item)
@@ -257,9 +338,27 @@ class Accumulator:
         """What must match for two states to merge (the kind and its configuration)."""
         return (type(self).__name__,)
 
+    def filled_states(self) -> frozenset[str]:
+        """The states this accumulator's configuration fills (``update``); the others stay empty."""
+        return frozenset(self.STATES)
+
+    def set_states(self, values: Mapping[str, Any]) -> None:
+        """Replace the state with values computed elsewhere (``rcdiag sweep`` computes every threshold at once): each
+        state ``filled_states`` names must be given, and only declared ones (the rest start empty), so a state
+        added to the declaration is never read as an unfilled 0."""
+        if self._filled is None:
+            self._filled = self.filled_states()
+        if not (values.keys() >= self._filled and values.keys() <= self.STATES.keys()):
+            unknown, missing = set(values) - set(self.STATES), self._filled - set(values)
+            raise ValueError(f"{type(self).__name__}: states missing {sorted(missing)}, unknown {sorted(unknown)}")
+        state = self._fresh()
+        state.update(values)
+        self.state = state
+
     def state_dict(self) -> dict[str, Any]:
-        """A copy of the raw state: floats, moments as ``[n, mean, m2]``, counts and sums as flat lists, a table as
-        ``{"ids", "sums"}``, a heap as its items' fields, largest first (JSON-serializable)."""
+        """A copy of the raw state: floats, moments as ``[n, mean, m2]``, arrays as flat lists, per-cell arrays as a
+        table of lists, sparse counts as ``[bins, counts]``, an id table as ``{"ids", "sums"}``, a heap as its items'
+        fields, largest first (JSON-serializable)."""
         return {k: self._saved(self.STATES[k], k, v) for k, v in self.state.items()}
 
     def _saved(self, how: Reduce, name: str, value: Any) -> Any:
@@ -270,7 +369,7 @@ class Accumulator:
             return {"ids": ids.tolist(), "sums": sums.ravel().tolist()}
         if how == "top":
             return {"n": value.n, "items": [self.save_item(name, item) for item in value.items()]}
-        return _plain(value)
+        return _plain(how, value)
 
     def save_item(self, name: str, item: Any) -> Any:
         """An item of the ``top`` state ``name`` as a state file holds it (its fields)."""
@@ -283,8 +382,10 @@ class Accumulator:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace the state with a saved one (from a file: anything), each value checked against its declaration:
         the names exactly, a number for a sum or extreme (>= 0 for a ``COUNTED`` one), ``[n >= 0, mean, m2]`` for
-        moments, ``BINS`` integers >= 0 for counts, as many numbers as the shape for sums, ascending ids with a row
-        of numbers each (the first a count >= 1) for a table, at most ``capacity`` checked items for a heap."""
+        moments, ``size`` integers >= 0 for counts (sparse: ``[bins, counts]``, each bin below ``size``), as many
+        numbers as the shape for sums (>= 0 for a ``COUNTED`` one) and ``size`` for maxima, a table of ``size`` numbers
+        each for cells, a list of numbers for values, ascending ids with a row of numbers each (the first a count >= 1)
+        for a table, at most ``capacity`` checked items for a heap."""
         owner = type(self).__name__
         if not isinstance(state, dict):
             raise FieldError(f"{owner} must be a table of its states, got {shown(state)}")
@@ -297,7 +398,15 @@ class Accumulator:
     def _loaded(self, how: Reduce, value: Any, field: str) -> Any:
         name = field.rsplit(".", 1)[1]
         if how == "sums":
-            return reals(value, field, self.SHAPES[name])
+            return reals(value, field, self.shape(name), nonnegative=name in self.COUNTED)
+        if how == "maxima":
+            return reals(value, field, (self.size(name),))
+        if how == "cells":
+            return MomentArrays.from_state_dict(value, field, self.size(name))
+        if how == "values":
+            return [reals(value, field)]
+        if how == "sparse":
+            return _dense(value, field, self.size(name))
         if how == "table":
             return self._loaded_table(value, field, name)
         if how == "top":
@@ -321,7 +430,7 @@ class Accumulator:
                 real(n, f"{field} n", nonnegative=True), real(mean, f"{field} mean"), real(m2, f"{field} m2")
             )
         if how == "counts":
-            return counts(value, field, (self.BINS,))
+            return counts(value, field, (self.size(name),))
         return real(value, field, nonnegative=name in self.COUNTED)
 
     def _loaded_table(self, value: Any, field: str, name: str) -> IdSums:
@@ -350,9 +459,16 @@ class Accumulator:
         raise NotImplementedError
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, Moments):
+def _plain(how: Reduce, value: Any) -> Any:
+    if how == "moments":
         return [value.n, value.mean, value.m2]
+    if how == "cells":
+        return value.state_dict()
+    if how == "values":
+        return np.concatenate(value).tolist() if value else []
+    if how == "sparse":
+        bins = np.flatnonzero(value)
+        return [bins.tolist(), value[bins].tolist()]
     return value.tolist() if isinstance(value, np.ndarray) else value
 
 
@@ -363,6 +479,18 @@ def _plain_fields(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_plain_fields(v) for v in value]
     return value.item() if isinstance(value, np.generic) else value
+
+
+def _dense(sparse: Any, field: str, size: int) -> np.ndarray:
+    """``[bins, counts]`` as ``size`` int64 counts."""
+    if not isinstance(sparse, list) or len(sparse) != 2:
+        raise FieldError(f"{field} must be [bins, counts], got {shown(sparse)}")
+    bins, values = counts(sparse[0], f"{field} bins"), counts(sparse[1], f"{field} counts")
+    if bins.shape != values.shape or (bins.size and bins.max() >= size):
+        raise FieldError(f"{field} must list as many counts as bins, each bin below {size}")
+    out = np.zeros(size, dtype=np.int64)
+    out[bins] = values
+    return out
 
 
 def _nanmax(a: float, b: float) -> float:

@@ -79,8 +79,7 @@ class BatchMetrics:
         """Fold another batch's state (same configuration) into this one; returns ``self``."""
         if not self.resolved.same_computation(other.resolved):
             raise ValueError("cannot merge batches computed with different configurations")
-        for mine, theirs in zip(self.groups(), other.groups(), strict=True):
-            mine.merge(theirs)
+        merge_groups(self.groups(), other.groups())
         self.rows += other.rows
         self.valid_tokens += other.valid_tokens
         self.empty_rows += other.empty_rows
@@ -123,23 +122,38 @@ class BatchMetrics:
             "rows": self.rows,
             "valid_tokens": self.valid_tokens,
             "empty_rows": self.empty_rows,
-            "groups": [{"kind": type(group).__name__, "state": group.state_dict()} for group in self.groups()],
+            "groups": groups_state(self.groups()),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace this batch's state with a saved one (same configuration), every field checked."""
-        groups = self.groups()
-        saved_groups = state.get("groups") if isinstance(state, dict) else None
-        if not isinstance(saved_groups, list) or len(saved_groups) != len(groups):
-            raise ValueError("saved state was computed with a different configuration")
-        for group, saved in zip(groups, saved_groups, strict=True):
-            kind = saved.get("kind") if isinstance(saved, dict) else saved
-            if kind != type(group).__name__:
-                raise FieldError(f"group kind must be {type(group).__name__} here, got {shown(kind)}")
-            group.load_state_dict(saved["state"])
+        load_groups(self.groups(), state.get("groups") if isinstance(state, dict) else None)
         self.rows = integer(state["rows"], "rows")
         self.valid_tokens = integer(state["valid_tokens"], "valid_tokens")
         self.empty_rows = integer(state["empty_rows"], "empty_rows")
+
+
+def merge_groups(groups: list[Accumulator], others: list[Accumulator]) -> None:
+    """Fold each accumulator of ``others`` into its counterpart in ``groups`` (the same configuration, in order)."""
+    for mine, theirs in zip(groups, others, strict=True):
+        mine.merge(theirs)
+
+
+def groups_state(groups: list[Accumulator]) -> list[dict[str, Any]]:
+    """Accumulators' states as a state file holds them: each with its kind."""
+    return [{"kind": type(group).__name__, "state": group.state_dict()} for group in groups]
+
+
+def load_groups(groups: list[Accumulator], saved_groups: Any) -> None:
+    """Load ``groups_state``'s output (from a file: anything) into ``groups``: as many, each of its kind, each
+    state checked against its declaration."""
+    if not isinstance(saved_groups, list) or len(saved_groups) != len(groups):
+        raise ValueError("saved state was computed with a different configuration")
+    for group, saved in zip(groups, saved_groups, strict=True):
+        kind = saved.get("kind") if isinstance(saved, dict) else saved
+        if kind != type(group).__name__:
+            raise FieldError(f"group kind must be {type(group).__name__} here, got {shown(kind)}")
+        group.load_state_dict(saved["state"])
 
 
 def declared_states(owner: str | None = None) -> list:

@@ -106,6 +106,14 @@ class ISMetrics(Accumulator):
     def signature(self) -> tuple:
         return (type(self).__name__, self.spec, self.raw_metrics, self.seq_fraction_applied)
 
+    def filled_states(self) -> frozenset[str]:
+        unfilled = {"s_max", "s_min"} if self.spec.level == "token" else {"w_max", "w_min"}
+        if self.lower is None:
+            unfilled.add("oob_tokens")
+        if not self.raw_metrics:
+            unfilled |= {"clamped", "applied_sum"}
+        return frozenset(self.STATES) - unfilled
+
     def apply(self, b: Backend, raw: Array) -> Array:
         """TIS: clamp at U; IcePop: zero outside [L, U]."""
         if self.lower is None:

@@ -209,6 +209,13 @@ class RSOptionMetrics(Accumulator):
         "masked_tokens": "sum",
         "masked_rows": "sum",
     }
+    THRESHOLD_STATES: ClassVar[frozenset[str]] = frozenset(
+        {"tok_hi", "tok_lo", "clamped", "v_hi", "v_lo", "masked_tokens", "masked_rows"}
+    )
+    """The states that depend on the option's threshold; the others are ``threshold_free_states``'s, which
+    ``rcdiag sweep`` folds in once for all of an option's thresholds (and computes these per threshold)."""
+    TOKEN_ONLY: ClassVar[frozenset[str]] = frozenset({"tok_max", "tok_min", "tok_hi", "tok_lo"})
+    """The states a sequence option leaves empty (statistics of single tokens)."""
 
     def __init__(self, option: RSOption) -> None:
         super().__init__()
@@ -217,6 +224,10 @@ class RSOptionMetrics(Accumulator):
 
     def signature(self) -> tuple:
         return (type(self).__name__, self.option)
+
+    def filled_states(self) -> frozenset[str]:
+        states = frozenset(self.STATES)
+        return states if self.option.level == "token" else states - self.TOKEN_ONLY
 
     def update(self, block: Block) -> None:
         self.add(**rejection(block, self.option).states)

@@ -1,38 +1,37 @@
 """The sweep's accumulators of one batch (one training step), and of a whole dump (one batch per step).
 
-``SweepState`` is an ``EngineState`` whose batches are ``SweepBatch`` es, so the engine's streaming, step grouping,
-state files, workers and merging all carry over unchanged.
+``SweepState`` is a ``StepStates`` whose batches are ``SweepBatch`` es, so the engine's streaming, step grouping,
+state files, workers and merging all carry over unchanged; every state in it is an accumulator's
+(``rcdiag.metrics.base``), saved and checked as ``rcdiag analyze``'s are.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
-
-import numpy as np
 
 from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import CorrectionConfig
 from rcdiag.core.limits import finite_f32
-from rcdiag.engine import EngineState, StepKey, load_batches, saved_counts
+from rcdiag.engine import StepStates, load_batches, saved_counts
 from rcdiag.fields import checked, integer, real
 from rcdiag.kernels import sweep_encoding
-from rcdiag.metrics.base import MetricValue, VerlCrash
-from rcdiag.metrics.batch import empty_batch_crash, prefixed_crash
+from rcdiag.metrics.base import Accumulator, MetricValue, VerlCrash
+from rcdiag.metrics.batch import empty_batch_crash, groups_state, load_groups, merge_groups, prefixed_crash
 from rcdiag.metrics.block import Block
-from rcdiag.sweep.cells import NO_EDGES, TokenScan
+from rcdiag.sweep.cells import Passes
 from rcdiag.sweep.collector import Collector
 from rcdiag.sweep.grid import SweepGrid
-from rcdiag.sweep.options import OptionSweep, RSSweep, SequenceRSSweep, TokenRSSweep, option_sweep
+from rcdiag.sweep.options import OptionSweep, option_sweep
 from rcdiag.versions import verl_version
 
 
 def sweep_layout() -> dict[str, Any]:
-    """What the sweep's own state means beyond the engine's accumulators: the kernel's buckets and histogram
-    modes, and the counts each RS option keeps per threshold; for the one state layout hash
+    """What the sweep's own state means beyond its accumulators' declared states (which the layout hash reads with
+    every other accumulator's): the kernel's buckets and histogram modes; for the one state layout hash
     (``rcdiag.state.state_layout``)."""
-    counts = {cls.__name__: list(cls._counts) for cls in (RSSweep, SequenceRSSweep, TokenRSSweep)}
-    return {"kernel": sweep_encoding.layout(), "counts": counts}
+    return {"kernel": sweep_encoding.layout()}
 
 
 @dataclass(frozen=True)
@@ -44,52 +43,38 @@ class PointResult:
 
 
 class SweepBatch:
-    """Every option of the grid over one batch."""
+    """Every option of the grid over one batch: its accumulators (``groups``), fed, merged and saved as
+    ``BatchMetrics``' are."""
 
-    def __init__(self, grid: SweepGrid, collector: Collector | None = None) -> None:
+    def __init__(self, grid: SweepGrid, passes: Passes, collector: Collector | None = None) -> None:
         self.grid = grid
         self.collector = collector
         """The state's pooled collector for recommendations (fed every block; not this batch's to merge)."""
         version = verl_version(grid.verl_version)
         self.sweeps: list[OptionSweep] = [
-            option_sweep(option, thresholds, version) for option, thresholds in grid.options
+            option_sweep(option, thresholds, version, passes) for option, thresholds in grid.options
         ]
         self.rows = 0
         self.valid_tokens = 0
         self.empty_rows = 0
 
+    def groups(self) -> list[Accumulator]:
+        """Every accumulator holding this batch's state, option by option in grid order."""
+        return [part for sweep in self.sweeps for part in sweep.parts()]
+
     def update(self, block: Block) -> None:
         self.rows += block.n_rows
         self.valid_tokens += block.n_tokens
         self.empty_rows += block.n_rows - block.n_valid_rows
-        scans = self._scans(block)
-        for sweep in self.sweeps:
-            sweep.update(block, scans.get(sweep.statistic) if sweep.statistic else None)
+        for group in self.groups():
+            group.update(block)
         if self.collector is not None:
-            self.collector.update(block, scans)
-
-    def _scans(self, block: Block) -> dict[str, TokenScan]:
-        """One pass over each per-token statistic that a token option or the collector needs: the sweep's cells
-        (per row for token IS) and the collector's histogram together."""
-        b = block.b
-        histograms = self.collector.histograms if self.collector is not None else {}
-        cells = {sweep.statistic: sweep.cells for sweep in self.sweeps if sweep.statistic and sweep.cells}
-        scans = {}
-        lengths = b.to_numpy(block.row_len).astype(np.int64)
-        for statistic in dict.fromkeys([*cells, *histograms]):
-            ratio = statistic == "ratio"
-            values = b.to_numpy(block.ratio if ratio else _statistic(block, statistic))
-            found = cells.get(statistic, NO_EDGES).scan(
-                values, lengths, ratio and statistic in cells, histograms.get(statistic), nan_values=ratio
-            )
-            scans[statistic] = found
-        return scans
+            self.collector.update(block)
 
     def merge(self, other: SweepBatch) -> SweepBatch:
         if self.grid.specs() != other.grid.specs():
             raise ValueError("cannot merge sweeps over different grids")
-        for mine, theirs in zip(self.sweeps, other.sweeps, strict=True):
-            mine.merge(theirs)
+        merge_groups(self.groups(), other.groups())
         self.rows += other.rows
         self.valid_tokens += other.valid_tokens
         self.empty_rows += other.empty_rows
@@ -100,13 +85,14 @@ class SweepBatch:
         out: dict[tuple[str, str], PointResult] = {}
         for sweep in self.sweeps:
             for index, threshold in enumerate(sweep.thresholds):
-                values, crashes = sweep.compute(index, self.rows)
+                values, crashes = sweep.compute_at(index, self.rows)
                 if self.valid_tokens == 0:
                     crashes = [empty_batch_crash()]
                 out[sweep.option, threshold.spec] = PointResult(
-                    {PREFIX + key: finite_f32(value) for key, value in values.items()},
+                    {_shown(key): finite_f32(value) for key, value in values.items()},
                     tuple(prefixed_crash(crash) for crash in crashes),
                 )
+            sweep.release()
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -114,25 +100,24 @@ class SweepBatch:
             "rows": self.rows,
             "valid_tokens": self.valid_tokens,
             "empty_rows": self.empty_rows,
-            "options": [sweep.state_dict() for sweep in self.sweeps],
+            "groups": groups_state(self.groups()),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for sweep, saved in zip(self.sweeps, state["options"], strict=True):
-            sweep.load_state_dict(saved)
+        load_groups(self.groups(), state.get("groups") if isinstance(state, dict) else None)
         self.rows = integer(state["rows"], "rows")
         self.valid_tokens = integer(state["valid_tokens"], "valid_tokens")
         self.empty_rows = integer(state["empty_rows"], "empty_rows")
 
 
-def _statistic(block: Block, estimator: str) -> Any:
-    """The block's k statistic; k1 as the negated clamped log-ratio the block already holds (its definition),
-    so no k1 array is built for the sweep alone."""
-    return -block.lr_safe if estimator == "k1" else block.k(estimator)  # type: ignore[arg-type]
+@functools.cache
+def _shown(key: str) -> str:
+    """A metric's key as shown (``rollout_corr/...``), made once: a report holds it for every point of every step."""
+    return PREFIX + key
 
 
 @dataclass
-class SweepState(EngineState):
+class SweepState(StepStates[SweepBatch]):
     """An engine state whose batches are sweeps over ``grid``."""
 
     grid: SweepGrid = field(default_factory=lambda: SweepGrid(()))
@@ -140,25 +125,23 @@ class SweepState(EngineState):
     """Pooled over steps: what the recommendations need (``None``: no recommendations)."""
     target_reject: float | None = None
     """The share the recommendations aim at (kept in state files, so a merge recommends as the run would)."""
+    passes: Passes = field(default_factory=Passes)
+    """The per-token passes every batch's token options and the collector read (one grid: the same cells)."""
     cpu_block_tokens: ClassVar[int] = 1 << 20
     """Larger blocks than analyze's: each block runs every option's per-threshold work (~140 thresholds), whose
     Python overhead a 1M-token block (the default chunk) spreads thinner; the per-token work is in compiled
     passes, which do not mind the size (measured 34-37 ns a token at 1M, 36-40 at 256k)."""
 
-    def batch(self, step: StepKey) -> SweepBatch:  # type: ignore[override]
-        batch = self.batches.get(step)
-        if batch is None:
-            batch = self.batches[step] = SweepBatch(self.grid, self.collector)  # type: ignore[assignment]
-        return batch  # type: ignore[return-value]
+    def new_batch(self) -> SweepBatch:
+        return SweepBatch(self.grid, self.passes, self.collector)
 
-    def pooled(self) -> SweepBatch:  # type: ignore[override]
-        pooled = SweepBatch(self.grid)
+    def pooled(self) -> SweepBatch:
+        pooled = SweepBatch(self.grid, self.passes)
         for batch in self.batches.values():
-            pooled.merge(batch)  # type: ignore[arg-type]
+            pooled.merge(batch)
         return pooled
 
-    def merge(self, other: EngineState) -> SweepState:
-        assert isinstance(other, SweepState)
+    def merge(self, other: SweepState) -> SweepState:
         if self.grid.specs() != other.grid.specs():
             raise ValueError("cannot merge sweeps over different grids")
         super().merge(other)
@@ -184,7 +167,7 @@ class SweepState(EngineState):
         target = state.get("target_reject")
         out.target_reject = None if target is None else real(target, "state.target_reject", nonnegative=True)
         if state.get("collector") is not None:
-            out.collector = Collector([option for option, _ in out.grid.options])
+            out.collector = Collector([option for option, _ in out.grid.options], out.passes)
             out.collector.load_state_dict(state["collector"])
         load_batches(out, state)
         return out
@@ -193,6 +176,8 @@ class SweepState(EngineState):
 def new_sweep_state(grid: SweepGrid, target_reject: float | None = None) -> SweepState:
     """An empty sweep state (the engine's configuration is verl's metrics-only default; the grid is separate);
     with ``target_reject``, it also collects what the recommendations need."""
-    collector = Collector([option for option, _ in grid.options]) if target_reject is not None else None
     resolved = CorrectionConfig(verl_version=grid.verl_version).resolve()
-    return SweepState(resolved, grid=grid, collector=collector, target_reject=target_reject)
+    state = SweepState(resolved, grid=grid, target_reject=target_reject)
+    if target_reject is not None:
+        state.collector = Collector([option for option, _ in grid.options], state.passes)
+    return state

@@ -17,56 +17,17 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from rcdiag.core.formulas import chan_merge_share
-from rcdiag.fields import reals
 from rcdiag.kernels.sweep_encoding import AMBIGUOUS, HISTOGRAM, HISTOGRAM_CLAMPED, NO_HISTOGRAM, SHIFT, TABLE_SIZE
-from rcdiag.metrics.base import Moments
+from rcdiag.metrics.base import MomentArrays, Moments
+
+if TYPE_CHECKING:
+    from rcdiag.metrics.block import Block
 
 __all__ = ["HISTOGRAM", "HISTOGRAM_CLAMPED", "NO_HISTOGRAM", "SHIFT"]  # the kernel's encoding, named here too
-
-
-@dataclass
-class CellArrays:
-    """Mergeable per-cell state: count, moments, max and min (float64 arrays of ``2m + 2`` cells, NaN last)."""
-
-    n: np.ndarray
-    mean: np.ndarray
-    m2: np.ndarray
-    max: np.ndarray
-    min: np.ndarray
-
-    @classmethod
-    def empty(cls, cells: int) -> CellArrays:
-        zeros = np.zeros(cells)
-        return cls(zeros, zeros.copy(), zeros.copy(), np.full(cells, -np.inf), np.full(cells, np.inf))
-
-    def merge(self, other: CellArrays) -> None:
-        """Chan et al.'s pairwise update (``rcdiag.core.formulas.chan_merge_share``), cell by cell, where both parts
-        hold values (the NaN cell only counts)."""
-        with np.errstate(invalid="ignore", divide="ignore"):
-            n, merged_mean, merged_m2 = chan_merge_share(self.n, self.mean, self.m2, other.n, other.mean, other.m2)
-        mean = np.where(self.n == 0, other.mean, np.where(other.n == 0, self.mean, merged_mean))
-        m2 = np.where((self.n > 0) & (other.n > 0), merged_m2, self.m2 + other.m2)
-        self.n, self.mean, self.m2 = n, mean, m2
-        self.max = np.maximum(self.max, other.max)  # only the NaN cell holds NaN, and must keep it
-        self.min = np.minimum(self.min, other.min)
-
-    def state_dict(self) -> dict[str, list[float]]:
-        return {name: getattr(self, name).tolist() for name in ("n", "mean", "m2", "max", "min")}
-
-    @classmethod
-    def from_state_dict(cls, state: dict[str, list[float]], like: CellArrays | None = None) -> CellArrays:
-        """Saved arrays, each checked: numbers, as many as ``like`` has cells, counts ``n`` >= 0."""
-        shape = None if like is None else like.n.shape
-        return cls(
-            *(
-                reals(state[name], f"cells.{name}", shape, nonnegative=name == "n")
-                for name in ("n", "mean", "m2", "max", "min")
-            )
-        )
 
 
 class Cells:
@@ -108,7 +69,7 @@ class Cells:
         mode, counts = histogram if histogram is not None else (NO_HISTOGRAM, _NO_COUNTS)
         found = scan(x, rows, self.table, self.edges, self.count, nan_values, per_row, mode, counts)
         n, mean, m2, high, low, row_n, row_sum, row_max, row_min, row_total = found
-        arrays = CellArrays(n.astype(np.float64), mean, m2, high, low)
+        arrays = MomentArrays(n.astype(np.float64), mean, m2, high, low)
         nan = self.nan_cell
         if nan_values and n[nan] > 0:
             arrays.mean[nan] = arrays.m2[nan] = arrays.max[nan] = arrays.min[nan] = np.nan
@@ -128,7 +89,7 @@ class Cells:
 class TokenScan:
     """What one pass over a block's statistic gives (``Cells.scan``)."""
 
-    arrays: CellArrays
+    arrays: MomentArrays
     row_counts: np.ndarray | None
     """Rows x cells: tokens of each row in each cell (float64)."""
     row_sums: np.ndarray | None
@@ -145,6 +106,44 @@ _NO_COUNTS = np.zeros(0, dtype=np.int64)
 
 NO_EDGES = Cells([])
 """The cells of a statistic only the collector's histogram needs."""
+
+
+class Passes:
+    """The per-token passes of a sweep: one per statistic that a token option's cells (``cells``, per row for token
+    IS) or the collector's histogram (``histograms``: its mode and the counts the pass adds to) need, run once per
+    block whichever accumulator asks first (``scans``). One object per sweep state: its batches share the grid."""
+
+    def __init__(self) -> None:
+        self.cells: dict[str, Cells] = {}
+        self.histograms: dict[str, tuple[int, np.ndarray]] = {}
+
+    def scans(self, block: Block) -> dict[str, TokenScan]:
+        """Every pass over ``block`` (computed on the first call for this block; the histograms counted then)."""
+        return block.once(_scan_all, self)
+
+
+def _scan_all(block: Block, passes: Passes) -> dict[str, TokenScan]:
+    b = block.b
+    lengths = b.to_numpy(block.row_len).astype(np.int64)
+    scans = {}
+    for statistic in dict.fromkeys([*passes.cells, *passes.histograms]):
+        ratio = statistic == "ratio"
+        values = b.to_numpy(block.ratio if ratio else statistic_of(block, statistic))
+        cells = passes.cells.get(statistic)
+        found = (cells or NO_EDGES).scan(
+            values, lengths, ratio and cells is not None, passes.histograms.get(statistic), nan_values=ratio
+        )
+        scans[statistic] = found
+    return scans
+
+
+def statistic_of(block: Block, estimator: str) -> Any:
+    """The block's k statistic; k1 as the negated clamped log-ratio the block already holds (its definition),
+    so no k1 array is built for the sweep alone."""
+    return -block.lr_safe if estimator == "k1" else block.k(_HIGHER[estimator])
+
+
+_HIGHER: dict[str, Literal["k2", "k3"]] = {"k2": "k2", "k3": "k3"}
 
 
 @functools.lru_cache(maxsize=64)
@@ -173,7 +172,7 @@ class CellMap:
     value: np.ndarray
     """The constant for cells that are not ``own``."""
 
-    def moments(self, cells: CellArrays) -> Moments:
+    def moments(self, cells: MomentArrays) -> Moments:
         """Moments of the mapped values: every present cell is a group (its own values' moments, or a point mass
         at its constant), the groups combined in closed form (Chan et al., all at once)."""
         present = cells.n > 0
@@ -186,7 +185,7 @@ class CellMap:
         centre = float((n * mean).sum() / count)
         return Moments(count, centre, float(m2.sum() + (n * (mean - centre) ** 2).sum()))
 
-    def extreme(self, cells: CellArrays, largest: bool) -> float:
+    def extreme(self, cells: MomentArrays, largest: bool) -> float:
         """Max (or min) of the mapped values; NaN propagates like torch's max."""
         present = cells.n > 0
         own = self.own & present
@@ -228,11 +227,11 @@ def band_map(cells: Cells, lo: float, hi: float) -> CellMap:
     return CellMap(inside, np.zeros(cells.count))
 
 
-def count_above(cells: Cells, arrays: CellArrays, value: float) -> float:
+def count_above(cells: Cells, arrays: MomentArrays, value: float) -> float:
     """Tokens strictly above an edge (NaN excluded)."""
     return float(arrays.n[cells.point(value) + 1 : cells.nan_cell].sum())
 
 
-def count_below(cells: Cells, arrays: CellArrays, value: float) -> float:
+def count_below(cells: Cells, arrays: MomentArrays, value: float) -> float:
     """Tokens strictly below an edge."""
     return float(arrays.n[: cells.point(value)].sum())

@@ -98,7 +98,7 @@ def build_sweep_report(state: SweepState, facts: InputFacts, device: str, min_es
     target = state.target_reject
     recommendations = recommend(state.collector, target) if state.collector and target is not None else None
     per_step = sorted(
-        ((step, batch.compute()) for step, batch in state.batches.items()),  # type: ignore[attr-defined]
+        ((step, batch.compute()) for step, batch in state.batches.items()),
         key=lambda item: (item[0] is None, item[0] or 0),
     )
     stepped = any(step is not None for step, _ in per_step)
