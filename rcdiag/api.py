@@ -161,7 +161,7 @@ def analyze(
 
         micro = simulate_microbatches(collector.steps(), accumulated.state.resolved, microbatch)
     report = build_report(
-        accumulated.state,
+        analyze_state(accumulated.state),
         accumulated.info,
         accumulated.device,
         accumulated.screen,
@@ -188,7 +188,7 @@ def measure_prescription(report: Report, path: str | Path, read: ReadOptions | N
     else:
         with warnings.catch_warnings(record=True):  # the first pass told the user everything about the dump
             again = accumulate(path, config, read)
-        under = build_report(again.state, again.info, again.device, again.screen)
+        under = build_report(analyze_state(again.state), again.info, again.device, again.screen)
     measured, steps = effect_of(prescription, under)
     return dataclasses.replace(
         report,
@@ -311,7 +311,7 @@ def merge_states(paths: list[str | Path], *, tokenizer: str | Path | None = None
 
     vocabulary = load_vocabulary(tokenizer)
     state, sources, stats = merge_state_files(paths)
-    return build_report(state, combined_info(sources), "merged", stats, vocabulary=vocabulary)
+    return build_report(analyze_state(state), combined_info(sources), "merged", stats, vocabulary=vocabulary)
 
 
 class _PartProgress:
@@ -368,11 +368,20 @@ def analyze_chunks(
     backend = _backend(read.device)
     screen = Screen(read.on_bad_row)
     state = Engine(resolved, backend).run(screen(as_chunk(chunk, index) for index, chunk in enumerate(chunks)))
-    return build_report(state, SourceInfo(path="<memory>", format="chunks"), backend.name, screen.stats)
+    return build_report(analyze_state(state), SourceInfo(path="<memory>", format="chunks"), backend.name, screen.stats)
 
 
 def _backend(device: str | Backend) -> Backend:
     return device if isinstance(device, Backend) else get_backend(device)
+
+
+def analyze_state(state: StepStates[Any]) -> EngineState:
+    """``state`` as analyze's (a sweep's state makes a sweep report, not this one: ``rcdiag.sweep.run``)."""
+    if not isinstance(state, EngineState):
+        raise ConfigError(
+            "these are states of `rcdiag sweep --save-state`: merge them with `rcdiag merge` (a sweep report)"
+        )
+    return state
 
 
 def build_report(

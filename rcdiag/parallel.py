@@ -124,7 +124,7 @@ def merge_parts(source: Source, results: list[PartResult], job: Job) -> tuple[St
     resolved = job.config.resolve()
     whole = job.explain.new_state() if job.explain else None
     whole_dump = {} if whole is None else {whole.KEY: whole}
-    merged = job.new_state() if job.new_state else EngineState(resolved, whole_dump=whole_dump)
+    merged: StepStates[Any] = job.new_state() if job.new_state else EngineState(resolved, whole_dump=whole_dump)
     stats = ScreenStats()
     part_rows = []
     first: Problem | None = None

@@ -28,7 +28,7 @@ from typing import Any
 
 import rcdiag.interrupts as interrupts
 from rcdiag._version import __version__
-from rcdiag.api import accumulate, build_report
+from rcdiag.api import accumulate, analyze_state, build_report
 from rcdiag.check.metric_names import metric_names, validate_rules
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import EngineState
@@ -254,7 +254,7 @@ class Watch:
             self.alerted = {str(key): step for key, step in saved["alerted"].items()}
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(f"holds a damaged watch table ({type(exc).__name__}: {exc})", path=name) from None
-        self.state, self.screen = state, screen
+        self.state, self.screen = analyze_state(state), screen
         self.source = combined_info(sources) if sources else None
         generation = saved.get("generation")
         self.generation = generation if isinstance(generation, str) else None  # a state of rcdiag <= 0.x: no log
@@ -404,7 +404,7 @@ class Watch:
             read.update(inode=list(stamp.inode) if stamp.inode else None, fingerprint=content_fingerprint(name))
         info = dataclasses.replace(got.info, reads=[read])
         revised = {step for step in steps if step in self.state.batches}
-        self.state.merge(got.state)
+        self.state.merge(analyze_state(got.state))
         self.source = info if self.source is None else combined_info([self.source, info])
         self.screen = self.screen.merge(got.screen)
         self.consumed[stamp.name] = stamp
