@@ -243,6 +243,7 @@ def accumulate(
     refuse_inputs([("save_state", save_state), ("sequences", sequences)], [path])  # never over the dump
     backend = _backend(read.device)
     source = open_dump(path, read.columns)
+    backend = _for_size(backend, read.device, source.info)
     source.want_tokens(explain is not None)
     if need_tokens and "token_ids" not in source.info.columns:
         raise InputError(
@@ -269,7 +270,7 @@ def accumulate(
             )
             state, stats = merge_parts(source, run_parts(parts, job, on_part), job)
         else:
-            screen = Screen(read.on_bad_row, vocab_size=read.vocab_size)
+            screen = Screen(read.on_bad_row, vocab_size=read.vocab_size, compiled=getattr(backend, "compiled", True))
             explain_state = ExplainState(explain.worst) if explain is not None else None
             writer = sequence_writer(explain_state, resolved, scratch, 0, explain.sequences if explain else None)
             chunks = checked(number_rows(prefetch(source.chunks(read.chunk_tokens)), explain_state))
@@ -372,6 +373,16 @@ def analyze_chunks(
 
 def _backend(device: str | Backend) -> Backend:
     return device if isinstance(device, Backend) else get_backend(device)
+
+
+def _for_size(backend: Backend, device: str | Backend, info: SourceInfo) -> Backend:
+    """The numpy backend without numba for a dump whose files are small (``rcdiag.kernels.small``): decided once,
+    here, from the files' sizes, before the first block. A backend the caller built is kept as it is."""
+    if isinstance(device, Backend) or not isinstance(backend, NumpyBackend):
+        return backend
+    from rcdiag.kernels.small import compiled_for
+
+    return backend if compiled_for(read.get("size") for read in info.reads) else NumpyBackend(compiled=False)
 
 
 def build_report(
