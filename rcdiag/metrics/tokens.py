@@ -256,6 +256,18 @@ class ArrayStatistic(Statistic):
         # float64 expm1(d) - d, rounded once: float32 exp(d) - 1 - d keeps about 3 digits at d = 0.04
         return block.b.to_float32(k3(block.ratio_minus_one, block.lr_safe64))
 
+    @cached_property
+    def row_sum(self) -> Array:  # type: ignore[override]
+        return self._seg.sum(self.stat)
+
+    @cached_property
+    def row_max(self) -> Array:  # type: ignore[override]
+        return self._seg.max(self.stat, -math.inf)
+
+    @cached_property
+    def row_min(self) -> Array:  # type: ignore[override]
+        return self._seg.min(self.stat, math.inf)
+
 
 class SeriesStatistic(ArrayStatistic):
     """``ArrayStatistic`` on numpy with the kernel's k3 (``rcdiag.kernels.statistics``): float64 k3 by its Taylor
@@ -274,18 +286,6 @@ class SeriesStatistic(ArrayStatistic):
             large = ~small
             out[large] = k3(np.expm1(x[large]), x[large]).astype(np.float32)
         return out
-
-    @cached_property
-    def row_sum(self) -> Array:  # type: ignore[override]
-        return self._seg.sum(self.stat)
-
-    @cached_property
-    def row_max(self) -> Array:  # type: ignore[override]
-        return self._seg.max(self.stat, -math.inf)
-
-    @cached_property
-    def row_min(self) -> Array:  # type: ignore[override]
-        return self._seg.min(self.stat, math.inf)
 
 
 class CompiledStatistic(Statistic):
