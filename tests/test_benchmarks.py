@@ -32,6 +32,7 @@ def _run(tmp_path: Path, script: str, *args: str) -> str:
         ),
         ("memory.py", ("--tokens", "100k,200k", "--padded-tokens", "0"), ["| rcdiag is_rs | IPC mmap |", "RssAnon"]),
         ("cpu_time.py", ("--tokens", "200k", "--repeats", "1"), ["| decode (the floor) |", "| engine, is_rs |", "| engine, is_rs --explain |"]),
+        ("small_path.py", ("--tokens", "50k", "--rounds", "1", "--no-cli"), ["| numpy path / kernels |", "| break-even"]),
     ],
 )
 def test_benchmark_scripts_run(tmp_path: Path, script: str, args: tuple[str, ...], expected: list[str]) -> None:

@@ -23,11 +23,14 @@ import numpy as np
 from rcdiag.errors import ConfigError
 
 SMALL_DUMP_BYTES = 32 << 20
-"""Dumps whose files hold fewer bytes take the numpy path (32 MiB: about 3M tokens of zstd Parquet at 10-12 bytes a
-token, the sample dumps' density). Measured by ``benchmarks/small_path.py`` (2026-12-01, the shared 2-vCPU machine,
-in one run): the numpy path costs PLACEHOLDER more a token than the kernels, and numba's fixed cost per process is
-PLACEHOLDER, so the two break even at about PLACEHOLDER tokens; the threshold sits below that point, since the cost
-of a fresh machine's compile (3 s) falls only on the compiled side."""
+"""Dumps whose files hold fewer bytes take the numpy path: 32 MiB, about 3.5M tokens of zstd Parquet (8.8 bytes a
+token in the benchmark's dumps, 11-12 in the samples'). Measured by ``benchmarks/small_path.py --tokens 2M --rounds 5``
+(2026-12-01, the shared 2-vCPU machine, load average 8.6, medians, in one run): the numpy path took 2.58x the
+kernels' time in-process (+252 ns a token, the decode included in both), and numba's fixed cost per process was
+2.2 s cached (a 10k-token analyze forced to the kernels against the same on the numpy path; 19.6 s with an empty
+numba cache), so the two break even at 8.8M tokens (74 MiB). The threshold sits below half of that, where the numpy
+path is still faster by at least half of numba's cached fixed cost, since the per-token gap moves with load and
+with the dump's mask; a fresh machine's compile only widens the margin."""
 
 SWITCH = "RCDIAG_SMALL_DUMP_BYTES"
 """Overrides ``SMALL_DUMP_BYTES`` (a whole number of bytes): ``0`` always takes the kernels, a large number takes the

@@ -6,6 +6,9 @@ per backend (``rcdiag.backend.Backend.passes``):
   operation cost about 7; ``rcdiag.kernels.statistics``: the RS statistics and their bands);
 * ``ArrayPasses`` (torch, and any backend): the backend's elementwise operations and segment reductions over the
   valid tokens, from the formulas of ``rcdiag.core.formulas``.
+* ``NumpyPasses`` (the numpy backend on a small dump, ``rcdiag.kernels.small``: no numba is imported): the array
+  passes on numpy, with the kernels' own k3 series (``rcdiag.core.formulas.k3_series_parts``), so the k3 statistic
+  is the kernel's bit for bit and the sums agree to float64 rounding.
 
 Three passes, each giving one record whatever the device: the token pass (``TokenSums``: every per-token quantity
 verl's off-policy metrics, rcdiag's extras and the log-ratio histogram fold in), the statistic pass (``Statistic``:
