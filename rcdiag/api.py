@@ -260,7 +260,7 @@ def accumulate(
         if read.ray or len(parts) > 1:
             if not isinstance(backend, NumpyBackend):
                 raise ConfigError(f"{'ray' if read.ray else 'workers > 1'} reads on CPUs; use it with device 'cpu'.")
-            job = Job.of(resolved.config, read, explain, scratch, new_state)
+            job = Job.of(resolved.config, read, explain, scratch, new_state, backend.compiled)
             on_part = _PartProgress(on_chunk, len(parts), source.info.total_rows) if on_chunk is not None else None
             on_rows = on_part.rows if on_part is not None else None
             run_parts = (

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import rcdiag.interrupts as interrupts
+from rcdiag.backend import NumpyBackend
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import Engine, EngineState
 from rcdiag.errors import ConfigError, RcdiagError
@@ -74,6 +75,9 @@ class Job:
     explain: ExplainOptions | None = None
     scratch: Path | None = None
     new_state: StateFactory | None = None
+    compiled: bool = True
+    """The numba kernels, or the numpy path the run chose for a small dump (``rcdiag.kernels.small``): every part
+    takes the same, so the result does not depend on how the dump was split."""
 
     @classmethod
     def of(
@@ -83,8 +87,10 @@ class Job:
         explain: ExplainOptions | None,
         scratch: Path | None,
         new_state: StateFactory | None = None,
+        compiled: bool = True,
     ) -> Job:
-        return cls(config, read.replace(device="cpu", ray=False, ray_address=None), explain, scratch, new_state)
+        read = read.replace(device="cpu", ray=False, ray_address=None)
+        return cls(config, read, explain, scratch, new_state, compiled)
 
     def empty_state(self) -> EngineState | None:
         """The state to fold a part into (``None``: the engine's default)."""
@@ -98,7 +104,7 @@ def read_part(part: Part, job: Job, index: int = 0) -> PartResult:
     read = job.read
     source = open_part(part, read.columns)
     source.want_tokens(job.explain is not None)
-    screen = Screen(read.on_bad_row, verdict_at_end=False, vocab_size=read.vocab_size)
+    screen = Screen(read.on_bad_row, verdict_at_end=False, vocab_size=read.vocab_size, compiled=job.compiled)
     resolved = job.config.resolve()
     explain_state = ExplainState(job.explain.worst) if job.explain is not None else None
     writer = sequence_writer(
@@ -107,7 +113,8 @@ def read_part(part: Part, job: Job, index: int = 0) -> PartResult:
     chunks = number_rows(prefetch(source.chunks(read.chunk_tokens, part=part.within)), explain_state)
     if _CHANNEL is not None:
         chunks = _reporting(chunks, index)
-    state = Engine(resolved, explain=explain_state, state=job.empty_state()).run(screen(chunks))
+    engine = Engine(resolved, NumpyBackend(job.compiled), explain=explain_state, state=job.empty_state())
+    state = engine.run(screen(chunks))
     if writer is not None:
         writer.flush()
     return PartResult(
