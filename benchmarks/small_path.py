@@ -75,7 +75,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--baseline", default="", help="a source tree of older code for the end-to-end rows")
     parser.add_argument("--no-cli", action="store_true", help="leave out the end-to-end rows")
+    parser.add_argument("--cli-only", action="store_true", help="only the end-to-end rows")
     args = parser.parse_args()
+    if args.cli_only:
+        cli(tiny(), args.rounds, args.baseline or None)
+        return
     big, small = dump(parse_tokens(args.tokens)), tiny()
     tokens = rcdiag.accumulate(big).state.tokens
     in_process(big, True), in_process(big, False)  # kernels loaded, files in the page cache
@@ -128,12 +132,14 @@ def cli(small: Path, rounds: int, baseline: str | None) -> None:
         for tree in trees.values():
             fresh(argv, tree)  # warm-up: kernels cached, files in the page cache
     times: dict[tuple[str, str, str], list[float]] = {}
-    for _ in range(rounds):
+    for number in range(rounds):
         for name, argv in commands.items():
             for label, tree in trees.items():
                 times.setdefault((name, label, "cached"), []).append(fresh(argv, tree))
                 with tempfile.TemporaryDirectory() as cache:
                     times.setdefault((name, label, "empty cache"), []).append(fresh(argv, tree, cache))
+        done = ", ".join(f"{' '.join(key)} {values[-1]:.2f}" for key, values in times.items())
+        print(f"round {number + 1} (load average {os.getloadavg()[0]:.1f}): {done}", flush=True)
     print(f"\n10k-token dump, end to end, medians of {rounds} (load average {os.getloadavg()[0]:.1f})\n")
     kinds = ("cached", "empty cache")
     print("| command | " + " | ".join(f"{label}, {kind}" for label in trees for kind in kinds) + " |")
