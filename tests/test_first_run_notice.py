@@ -40,7 +40,7 @@ def test_worker_processes_say_it_once_through_the_driver(tmp_path: Path) -> None
     dump = tmp_path / "two_parts.parquet"
     synthetic.write(synthetic.generate("healthy", rows=200, seed=0), dump, row_group_size=100)
     command = [sys.executable, "-m", "rcdiag", "analyze", str(dump), "--workers", "2", "--format", "json"]
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "RCDIAG_COMPILE_NOTICE": "1"}
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "RCDIAG_COMPILE_NOTICE": "1", SWITCH: "0"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stderr == LINE

@@ -191,3 +191,15 @@ def test_a_bad_override_is_one_line_and_exit_2(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [f"rcdiag: error: {SWITCH}='lots' is not a whole number of bytes."]
+
+
+def test_worker_processes_take_the_runs_path(tmp_path: Path) -> None:
+    """A small dump read by two worker processes gives what one process gives, to the bit: the parts take the
+    path the run chose (the kernels' sums would differ in their last bits)."""
+    from rcdiag import synthetic
+
+    dump = tmp_path / "two_parts.parquet"
+    synthetic.write(synthetic.generate("healthy", rows=200, seed=0), dump, row_group_size=100)
+    one = rcdiag.analyze(dump).to_dict()
+    two = rcdiag.analyze(dump, workers=2).to_dict()
+    assert two == one
