@@ -242,6 +242,7 @@ def accumulate(
     refuse_inputs([("save_state", save_state), ("sequences", sequences)], [path])  # never over the dump
     backend = _backend(read.device)
     source = open_dump(path, read.columns)
+    backend = _for_size(backend, read.device, source.info)
     source.want_tokens(explain is not None)
     if need_tokens and "token_ids" not in source.info.columns:
         raise InputError(
@@ -258,7 +259,7 @@ def accumulate(
         if read.ray or len(parts) > 1:
             if not isinstance(backend, NumpyBackend):
                 raise ConfigError(f"{'ray' if read.ray else 'workers > 1'} reads on CPUs; use it with device 'cpu'.")
-            job = Job.of(resolved.config, read, explain, scratch, new_state)
+            job = Job.of(resolved.config, read, explain, scratch, new_state, backend.compiled)
             on_part = _PartProgress(on_chunk, len(parts), source.info.total_rows) if on_chunk is not None else None
             on_rows = on_part.rows if on_part is not None else None
             run_parts = (
@@ -268,7 +269,7 @@ def accumulate(
             )
             state, stats = merge_parts(source, run_parts(parts, job, on_part), job)
         else:
-            screen = Screen(read.on_bad_row, vocab_size=read.vocab_size)
+            screen = Screen(read.on_bad_row, vocab_size=read.vocab_size, compiled=getattr(backend, "compiled", True))
             explain_state = explain.new_state() if explain is not None else None
             flush = None
             if explain is not None and explain_state is not None:
@@ -382,6 +383,16 @@ def analyze_state(state: StepStates[Any]) -> EngineState:
             "these are states of `rcdiag sweep --save-state`: merge them with `rcdiag merge` (a sweep report)"
         )
     return state
+
+
+def _for_size(backend: Backend, device: str | Backend, info: SourceInfo) -> Backend:
+    """The numpy backend without numba for a dump whose files are small (``rcdiag.kernels.small``): decided once,
+    here, from the files' sizes, before the first block. A backend the caller built is kept as it is."""
+    if isinstance(device, Backend) or not isinstance(backend, NumpyBackend):
+        return backend
+    from rcdiag.kernels.small import compiled_for
+
+    return backend if compiled_for(read.get("size") for read in info.reads) else NumpyBackend(compiled=False)
 
 
 def build_report(

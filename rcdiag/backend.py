@@ -196,12 +196,17 @@ class NumpyBackend(Backend):
 
     name = "cpu"
 
+    def __init__(self, compiled: bool = True) -> None:
+        self.compiled = compiled
+        """The numba kernels (the default); ``False``: the array passes and the numpy forms of the other kernels,
+        which never import numba (a small dump's run: ``rcdiag.kernels.small``)."""
+
     @cached_property
     def passes(self) -> TokenPasses:
-        """The numba kernels over the raw block."""
-        from rcdiag.metrics.tokens import CompiledPasses
+        """The numba kernels over the raw block, or the array passes on numpy (``compiled=False``)."""
+        from rcdiag.metrics.tokens import CompiledPasses, NumpyPasses
 
-        return CompiledPasses()
+        return CompiledPasses() if self.compiled else NumpyPasses()
 
     def asarray(self, values: np.ndarray) -> np.ndarray:
         return values

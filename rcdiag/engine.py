@@ -245,6 +245,8 @@ class Engine:
         interface (the sweep's, which may ask for larger CPU blocks: ``cpu_block_tokens``)."""
         cpu_block = getattr(self.state, "cpu_block_tokens", CPU_BLOCK_TOKENS)
         self.block_tokens = cpu_block if isinstance(self.backend, NumpyBackend) else GPU_BLOCK_TOKENS
+        self.compiled = getattr(self.backend, "compiled", True)
+        """The numba kernels, or a small dump's numpy forms of them (``rcdiag.kernels.small``)."""
         self.k1_bands = tuple(bounds(o) for o in resolved.rs_options if o.level == "token" and o.is_k1)
         """The token-level k1 RS bands, which the CPU's fused token pass takes in the same read of each row."""
 
@@ -280,7 +282,7 @@ class Engine:
         mask = chunk.mask
         if mask is not None and int(np.count_nonzero(mask)) == mask.shape[0]:
             mask = None
-        valid_lengths = lengths if mask is None else _valid_lengths(mask, lengths)
+        valid_lengths = lengths if mask is None else _valid_lengths(mask, lengths, self.compiled)
         state.valid_tokens += int(valid_lengths.sum())
         for step, r0, r1 in _step_runs(steps, lengths.shape[0]):
             batch = state.batch(step)
@@ -308,8 +310,12 @@ def _row_context(chunk: Chunk, mask: np.ndarray | None, step: StepKey, a: int, b
     return RowContext(lengths, mask, rows[a:b], None if ids is None else ids[a:b], step, tokens)
 
 
-def _valid_lengths(mask: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Valid tokens per row."""
+def _valid_lengths(mask: np.ndarray, lengths: np.ndarray, compiled: bool = True) -> np.ndarray:
+    """Valid tokens per row (by the kernel, or its numpy form)."""
+    if not compiled:
+        from rcdiag.kernels import small
+
+        return small.valid_lengths(mask, lengths)
     from rcdiag.kernels.tokens import valid_lengths
 
     valid = np.empty(lengths.shape[0], dtype=np.int64)

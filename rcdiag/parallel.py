@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import rcdiag.interrupts as interrupts
+from rcdiag.backend import NumpyBackend
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import Engine, EngineState, StepStates, WholeDump, number_rows
 from rcdiag.errors import ConfigError, RcdiagError
@@ -80,6 +81,9 @@ class Job:
     explain: WholeDumpOptions | None = None
     scratch: Path | None = None
     new_state: StateFactory | None = None
+    compiled: bool = True
+    """The numba kernels, or the numpy path the run chose for a small dump (``rcdiag.kernels.small``): every part
+    takes the same, so the result does not depend on how the dump was split."""
 
     @classmethod
     def of(
@@ -89,8 +93,10 @@ class Job:
         explain: WholeDumpOptions | None,
         scratch: Path | None,
         new_state: StateFactory | None = None,
+        compiled: bool = True,
     ) -> Job:
-        return cls(config, read.replace(device="cpu", ray=False, ray_address=None), explain, scratch, new_state)
+        read = read.replace(device="cpu", ray=False, ray_address=None)
+        return cls(config, read, explain, scratch, new_state, compiled)
 
     def empty_state(self) -> StepStates[Any] | None:
         """The state to fold a part into (``None``: the engine's default)."""
@@ -104,14 +110,15 @@ def read_part(part: Part, job: Job, index: int = 0) -> PartResult:
     read = job.read
     source = open_part(part, read.columns)
     source.want_tokens(job.explain is not None)
-    screen = Screen(read.on_bad_row, verdict_at_end=False, vocab_size=read.vocab_size)
+    screen = Screen(read.on_bad_row, verdict_at_end=False, vocab_size=read.vocab_size, compiled=job.compiled)
     resolved = job.config.resolve()
     whole = job.explain.new_state() if job.explain is not None else None
     flush = job.explain.observe(whole, resolved, job.scratch, index) if job.explain is not None else None
     chunks = number_rows(prefetch(source.chunks(read.chunk_tokens, part=part.within)), whole)
     if _CHANNEL is not None:
         chunks = _reporting(chunks, index)
-    state = Engine(resolved, explain=whole, state=job.empty_state()).run(screen(chunks))
+    engine = Engine(resolved, NumpyBackend(job.compiled), explain=whole, state=job.empty_state())
+    state = engine.run(screen(chunks))
     if flush is not None:
         flush()
     return PartResult(

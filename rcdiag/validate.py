@@ -92,11 +92,18 @@ class Screen:
     """Check every chunk; drop or report bad rows; make masks boolean."""
 
     def __init__(
-        self, on_bad_row: OnBadRow | str = OnBadRow.error, *, verdict_at_end: bool = True, vocab_size: int | None = None
+        self,
+        on_bad_row: OnBadRow | str = OnBadRow.error,
+        *,
+        verdict_at_end: bool = True,
+        vocab_size: int | None = None,
+        compiled: bool = True,
     ) -> None:
         """``verdict_at_end=False`` leaves the final error to the caller (``raise_for_bad_rows``): a worker
         screening one part of a dump cannot tell how many rows of the whole dump are bad, or whether all are.
-        ``vocab_size``: token ids (when read) must be below it."""
+        ``vocab_size``: token ids (when read) must be below it. ``compiled=False``: the numpy forms of the screen's
+        kernels (a small dump, ``rcdiag.kernels.small``; the same answers)."""
+        self.compiled = compiled
         self.on_bad_row = OnBadRow(on_bad_row)
         self.vocab_size = vocab_size
         self.stats = ScreenStats()
@@ -117,7 +124,7 @@ class Screen:
         lengths = np.diff(chunk.offsets)
         valid, bad_mask = _valid(chunk.mask)
         if chunk.tokens is not None:
-            check_token_ids(chunk, valid, self.vocab_size)
+            check_token_ids(chunk, valid, self.vocab_size, self.compiled)
         flagged: dict[int, np.ndarray] = {}
         if bad_mask is not None:
             flagged[1] = bad_mask
@@ -126,7 +133,7 @@ class Screen:
                 continue
             # Fast paths, one pass each: no value anywhere (padding included) above the tolerance or NaN, and
             # no -inf anywhere. Only when they fail are the valid positions looked at one by one.
-            low, high = _range(values)
+            low, high = _range(values, self.compiled)
             if not high <= POSITIVE_TOLERANCE:
                 ok = values <= POSITIVE_TOLERANCE
                 if valid is not None:
@@ -163,7 +170,7 @@ class Screen:
         return dataclasses.replace(chunk, mask=valid, screened=True)
 
 
-def check_token_ids(chunk: Chunk, valid: np.ndarray | None, vocab_size: int | None) -> None:
+def check_token_ids(chunk: Chunk, valid: np.ndarray | None, vocab_size: int | None, compiled: bool = True) -> None:
     """Token ids at valid positions are 0 or more, and below ``vocab_size`` when given (padding may hold anything,
     as for log-probs); the first that is not is an ``InputError`` naming its row, column and position. A wrong id
     is a broken dump rather than a bad value in one row, so ``--on-bad-row skip`` does not apply."""
@@ -171,7 +178,12 @@ def check_token_ids(chunk: Chunk, valid: np.ndarray | None, vocab_size: int | No
     assert tokens is not None
     if not tokens.size:
         return
-    from rcdiag.kernels.token_ids import id_array, valid_range
+    from rcdiag.kernels.arrays import id_array
+
+    if compiled:
+        from rcdiag.kernels.token_ids import valid_range
+    else:
+        from rcdiag.kernels.small import valid_range
 
     flags = np.zeros(0, dtype=np.uint8) if valid is None else np.ascontiguousarray(valid).view(np.uint8)
     low, high, _ = valid_range(id_array(tokens), flags)
@@ -207,9 +219,9 @@ def raise_for_bad_rows(first: Problem | None, stats: ScreenStats) -> None:
         raise InputError(f"every row was skipped ({stats.skipped_rows} rows: {breakdown}); there is nothing to analyze")
 
 
-def _range(values: np.ndarray) -> tuple[float, float]:
+def _range(values: np.ndarray, compiled: bool = True) -> tuple[float, float]:
     """(min, max) of the values, NaN-propagating enough for the fast paths: a NaN makes one of them NaN."""
-    if values.dtype == np.float32:
+    if values.dtype == np.float32 and compiled:
         from rcdiag.kernels.screen import value_range
 
         return value_range(values)

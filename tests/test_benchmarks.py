@@ -42,6 +42,7 @@ def _run(tmp_path: Path, script: str, *args: str) -> str:
             ("--tokens", "200k", "--rounds", "1", "--vocab", "1000", "--kernels"),
             ["the ids add", "inside the explain pass", "in separate passes"],
         ),
+        ("small_path.py", ("--tokens", "50k", "--rounds", "1", "--no-cli"), ["| numpy path / kernels |", "| break-even"]),
     ],
 )
 def test_benchmark_scripts_run(tmp_path: Path, script: str, args: tuple[str, ...], expected: list[str]) -> None:

@@ -1,5 +1,6 @@
 """The first run on a machine compiles the kernels for seconds: one line on stderr says so, only then (a fresh
-``NUMBA_CACHE_DIR`` in real subprocesses: cold, then warm)."""
+``NUMBA_CACHE_DIR`` in real subprocesses: cold, then warm). The sample dumps are small enough for the numpy path,
+which compiles nothing (tests/test_small_path.py): these runs take the kernels (``RCDIAG_SMALL_DUMP_BYTES=0``)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from pathlib import Path
 
 from conftest import SAMPLES
 
+from rcdiag.kernels.small import SWITCH
+
 LINE = "rcdiag: compiling kernels (first run on this machine only)...\n"
 
 
 def analyze(cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "rcdiag", "analyze", str(SAMPLES / "healthy.parquet"), "--format", "json", *args]
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "RCDIAG_COMPILE_NOTICE": "1"}
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "RCDIAG_COMPILE_NOTICE": "1", SWITCH: "0"}
     return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, check=False)
 
 
@@ -37,7 +40,7 @@ def test_worker_processes_say_it_once_through_the_driver(tmp_path: Path) -> None
     dump = tmp_path / "two_parts.parquet"
     synthetic.write(synthetic.generate("healthy", rows=200, seed=0), dump, row_group_size=100)
     command = [sys.executable, "-m", "rcdiag", "analyze", str(dump), "--workers", "2", "--format", "json"]
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "RCDIAG_COMPILE_NOTICE": "1"}
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "RCDIAG_COMPILE_NOTICE": "1", SWITCH: "0"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stderr == LINE

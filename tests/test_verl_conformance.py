@@ -193,10 +193,18 @@ def test_random_configs_and_batches(config: dict, seed: int, rows: int, width: i
         ("--rs", "token_k1,seq_mean_k3,seq_max_k2", "--rs-threshold", "0.7_1.4,0.02,0.5"),
     ],
 )
-def test_cli_json_per_step_matches_verl(capsys: pytest.CaptureFixture, tmp_path: Path, flags: tuple) -> None:
+@pytest.mark.parametrize("small_dump_bytes", ["0", str(1 << 40)], ids=["compiled", "numpy"])
+def test_cli_json_per_step_matches_verl(
+    capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: tuple, small_dump_bytes: str
+) -> None:
     """End to end: a Parquet dump with steps, through `rcdiag analyze --format json`, against verl run on each
-    step's padded batch and on all rows at once (the pooled view)."""
+    step's padded batch and on all rows at once (the pooled view); by the numba kernels and by a small dump's numpy
+    path (``rcdiag.kernels.small``)."""
     from test_cli import run
+
+    from rcdiag.kernels.small import SWITCH
+
+    monkeypatch.setenv(SWITCH, small_dump_bytes)
 
     rng = np.random.default_rng(len(flags))
     old, rollout, mask = random_batch(rng, rows=36, width=30, noise=0.3, empty_rows=3, outliers=0.01)

@@ -76,6 +76,23 @@ def k3(em1: Any, d: Any) -> Any:
     return em1 - d
 
 
+K3_SERIES_MAX = 0.25
+"""Below this |d| ``k3_series_parts`` gives k3 (truncation below 1e-19 of k3); at or above it (and for inf and NaN)
+k3 is taken from ``expm1``."""
+_C2, _C3, _C4, _C5, _C6, _C7, _C8, _C9, _C10, _C11, _C12, _C13 = (1.0 / math.factorial(k) for k in range(2, 14))
+
+
+def k3_series_parts(d: Any) -> tuple[Any, Any]:
+    """The even and odd parts of k3 = e^d - 1 - d for |d| < K3_SERIES_MAX (float64): its Taylor series to d^13/13!,
+    split so that e^|d| - 1 - |d| (even part plus |odd part|) costs nothing more (Horner's scheme in d^2). Taking
+    k3 directly, not as ``expm1(d) - d``, keeps its digits for a small d. The kernels compile it
+    (``rcdiag.kernels.series``); the numpy path evaluates the same operations in the same order."""
+    u = d * d
+    even = _C2 + u * (_C4 + u * (_C6 + u * (_C8 + u * (_C10 + u * _C12))))
+    odd = _C3 + u * (_C5 + u * (_C7 + u * (_C9 + u * (_C11 + u * _C13))))
+    return u * even, d * u * odd
+
+
 def k3_verl(em1: Any, d: Any) -> Any:
     """k3 of the unclamped d as verl's float32 gives it: inf where ``e^d`` overflows (a scalar select; written out,
     not calling ``k3`` and ``exp_overflows``: numba compiles a kernel's call only into a compiled function)."""

@@ -87,7 +87,8 @@ class TokenSums(Accumulator):
     def fold(self, block: Block, tokens: np.ndarray, mask: np.ndarray | None) -> None:
         """Fold in a (numpy) block whose rows' raw token ids are ``tokens`` (padding included, as ``mask``), on its
         own (the explain pass adds them itself: ``pass_table`` and ``add_left``)."""
-        from rcdiag.kernels.token_ids import id_array, scatter_token_sums
+        from rcdiag.kernels.arrays import id_array
+        from rcdiag.kernels.token_ids import scatter_token_sums
 
         tokens = id_array(tokens)
         table = self.pass_table()

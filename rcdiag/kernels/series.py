@@ -5,8 +5,9 @@ There are two, on purpose, each pinned bit for bit by its tests (tests/test_toke
 tests/test_explain_kernel.py) and by the numbers analyze and ``--explain`` have written:
 
 * ``k3_series`` (the analyze token pass and the RS statistics, ``kernels/tokens.py``, ``kernels/statistics.py``):
-  k3 = e^d - 1 - d itself, its even and odd parts in d^2 to d^13/13!, for |d| < ``K3_SERIES_MAX``; inlined, so it
-  compiles under the calling kernel's fast-math flags. Taking k3 directly (not as ``expm1(d) - d``) keeps its
+  k3 = e^d - 1 - d itself, its even and odd parts in d^2 to d^13/13!, for |d| < ``K3_SERIES_MAX``
+  (``rcdiag.core.formulas.k3_series_parts``, which the numpy path evaluates too); inlined, so it compiles under the
+  calling kernel's fast-math flags. Taking k3 directly (not as ``expm1(d) - d``) keeps its
   digits for a small d, and the split gives e^|d| at no cost.
 * ``expm1_reduced`` (``--explain``'s kernel, ``kernels/explain.py``): e^x - 1 for any x, by range reduction
   x = k ln2 + r and ``expm1_series(r)``, Horner's scheme in r to r^14/14!, compiled with ``contract`` only and never
@@ -28,26 +29,15 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from rcdiag.core import formulas
 from rcdiag.kernels import JIT
 from rcdiag.kernels.explain_encoding import SERIES_TERMS
 
 # --------------------------------------------------------------------------------------- k3, directly
 
-K3_SERIES_MAX = 0.25
-"""Below this |d| ``k3_series`` gives k3 (truncation below 1e-19 of k3); at or above it (and for inf and NaN) the
-kernels take ``math.expm1``."""
-
-_C2, _C3, _C4, _C5, _C6, _C7, _C8, _C9, _C10, _C11, _C12, _C13 = (1.0 / math.factorial(k) for k in range(2, 14))
-
-
-@njit(inline="always")
-def k3_series_parts(d: float) -> tuple[float, float]:
-    """The even and odd parts of e^d - 1 - d for |d| < K3_SERIES_MAX: its Taylor series to d^13/13!, split so that
-    e^|d| - 1 - |d| (even part plus |odd part|) costs nothing more (Horner's scheme in d^2)."""
-    u = d * d
-    even = _C2 + u * (_C4 + u * (_C6 + u * (_C8 + u * (_C10 + u * _C12))))
-    odd = _C3 + u * (_C5 + u * (_C7 + u * (_C9 + u * (_C11 + u * _C13))))
-    return u * even, d * u * odd
+k3_series_parts = njit(inline="always")(formulas.k3_series_parts)
+"""The even and odd parts of e^d - 1 - d for |d| < K3_SERIES_MAX (``rcdiag.core.formulas.k3_series_parts``,
+compiled and inlined)."""
 
 
 @njit(inline="always")

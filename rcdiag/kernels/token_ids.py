@@ -27,13 +27,6 @@ _CAP = np.float32(1.0)
 """``_row_terms``' capped-ratio sum is not used here; any cap will do."""
 
 
-def id_array(tokens: np.ndarray) -> np.ndarray:
-    """Raw token ids as the kernels take them: contiguous int32 (as Parquet stores them: no widened copy, half the
-    memory traffic of int64) or int64."""
-    dtype = tokens.dtype if tokens.dtype in (np.int32, np.int64) else np.int64
-    return np.ascontiguousarray(tokens, dtype=dtype)
-
-
 @njit(**JIT)
 def valid_range(ids: np.ndarray, mask: np.ndarray) -> tuple[int, int, int]:
     """(smallest id, largest id, valid tokens) over valid positions (``mask`` empty: every position valid);

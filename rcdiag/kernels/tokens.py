@@ -22,11 +22,11 @@ import math
 import numpy as np
 from numba import njit
 
-from rcdiag.core.formulas import SAFETY_BOUND_F32
+from rcdiag.core.formulas import K3_SERIES_MAX, SAFETY_BOUND_F32
 from rcdiag.core.limits import SAFETY_BOUND
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
 from rcdiag.kernels.scalar import chan_merge, chi2_term, clamp, clip, exp_overflows, k1, k3_verl, order_key, rs_keep
-from rcdiag.kernels.series import K3_SERIES_MAX, k3_series_parts
+from rcdiag.kernels.series import k3_series_parts
 
 N_SUMS = 4
 """Block sums in ``sums``: |d|, e^|d|, k3, chi2 terms."""

@@ -10,9 +10,9 @@ A block holds the rows' raw tokens and their mask; ``old``, ``rollout`` and ever
 valid tokens only (padding dropped on first use), and a row may have zero valid tokens (an empty or fully masked
 response, which still counts in verl's all-rows metrics). The per-token passes (``sums``, ``statistic``, ``band``
 and the log-ratio's ranges) come from the backend's ``passes`` (``rcdiag.metrics.tokens``: the compiled kernels on
-numpy, array operations on torch), chosen once per backend; the block caches what they give. Derived per-token and
-per-row arrays are computed once, on first use, and shared by every metric group; a value several accumulators
-share is computed once per block by ``once``.
+numpy, numpy's array operations for a small dump, array operations on torch), chosen once per backend; the block
+caches what they give. Derived per-token and per-row arrays are computed once, on first use, and shared by every
+metric group; a value several accumulators share is computed once per block by ``once``.
 """
 
 from __future__ import annotations

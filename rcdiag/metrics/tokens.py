@@ -6,6 +6,9 @@ per backend (``rcdiag.backend.Backend.passes``):
   operation cost about 7; ``rcdiag.kernels.statistics``: the RS statistics and their bands);
 * ``ArrayPasses`` (torch, and any backend): the backend's elementwise operations and segment reductions over the
   valid tokens, from the formulas of ``rcdiag.core.formulas``.
+* ``NumpyPasses`` (the numpy backend on a small dump, ``rcdiag.kernels.small``: no numba is imported): the array
+  passes on numpy, with the kernels' own k3 series (``rcdiag.core.formulas.k3_series_parts``), so the k3 statistic
+  is the kernel's bit for bit and the sums agree to float64 rounding.
 
 Three passes, each giving one record whatever the device: the token pass (``TokenSums``: every per-token quantity
 verl's off-policy metrics, rcdiag's extras and the log-ratio histogram fold in), the statistic pass (``Statistic``:
@@ -26,7 +29,19 @@ from typing import Any, Protocol
 import numpy as np
 
 from rcdiag.core.bins import EDGES, bin_table
-from rcdiag.core.formulas import Array, chi2_term, clamp_log_ratio, k1, k2, k3, k3_verl_array, rs_keep
+from rcdiag.core.formulas import (
+    K3_SERIES_MAX,
+    Array,
+    chi2_term,
+    clamp_log_ratio,
+    exp_overflows,
+    k1,
+    k2,
+    k3,
+    k3_series_parts,
+    k3_verl_array,
+    rs_keep,
+)
 from rcdiag.core.limits import SAFETY_BOUND
 
 
@@ -151,12 +166,16 @@ def fused_token_sums(
     )
 
 
-def generic_token_sums(block: TokenBlock) -> TokenSums:
+def generic_token_sums(block: TokenBlock, term_sums: tuple[float, float, float] | None = None) -> TokenSums:
     """``TokenSums`` from the backend's elementwise operations over the compacted block (the array path; on numpy,
-    the reference the fused pass is tested against)."""
+    the reference the fused pass is tested against). ``term_sums``: the sums of e^|d|, k3 and chi2 terms, where the
+    caller takes them its own way (``series_token_sums``)."""
     b, seg, lr = block.b, block.seg, block.lr
     abs_lr = b.abs(lr)
     lo, hi = b.min(lr), b.max(lr)
+    if term_sums is None:
+        term_sums = (b.sum(b.exp(abs_lr)), b.sum(_k3_terms(block)), b.sum(chi2_term(block.ratio_minus_one)))
+    exp_abs_sum, k3_sum, chi2_sum = term_sums
     return TokenSums(
         lr=None,
         row_lr_min=None,
@@ -167,12 +186,35 @@ def generic_token_sums(block: TokenBlock) -> TokenSums:
         lr_max=hi,
         nan=b.count(lr != lr),
         abs_sum=b.sum(abs_lr),
-        exp_abs_sum=b.sum(b.exp(abs_lr)),
-        k3_sum=b.sum(_k3_terms(block)),
-        chi2_sum=b.sum(chi2_term(block.ratio_minus_one)),
+        exp_abs_sum=exp_abs_sum,
+        k3_sum=k3_sum,
+        chi2_sum=chi2_sum,
         clamped=b.count(abs_lr > SAFETY_BOUND),
         log_ratio_counts=b.bin_counts(lr, EDGES),
     )
+
+
+def series_token_sums(block: TokenBlock) -> TokenSums:
+    """``generic_token_sums`` on numpy with the kernels' per-token terms (``fused_token_sums``): e^|d|, k3 and chi2
+    in float64 by k3's Taylor series below ``K3_SERIES_MAX``, and by ``exp``/``expm1`` with verl's float32 overflow
+    and clamp rules above, so the sums agree with the kernels' to float64 rounding (float32 ``exp`` and
+    ``expm1(d) - d`` would move them by 1e-9 and, for a tiny d, lose k3's digits)."""
+    d = block.lr.astype(np.float64)
+    a = np.abs(d)
+    small = a < K3_SERIES_MAX  # False for NaN
+    ds = np.where(small, d, 0.0)
+    even, odd = k3_series_parts(ds)
+    k3_terms = even + odd
+    chi2_terms = chi2_term(ds + k3_terms)
+    exp_terms = 1.0 + np.abs(ds) + even + np.abs(odd)
+    if not small.all():
+        large = ~small
+        dl, al = d[large], a[large]
+        k3_terms[large] = k3_verl_array(np, np.expm1(dl), dl)
+        exp_terms[large] = np.where(exp_overflows(al), math.inf, np.exp(al))
+        chi2_terms[large] = chi2_term(np.expm1(clamp_log_ratio(np, dl)))
+    b = block.b
+    return generic_token_sums(block, (b.sum(exp_terms), b.sum(k3_terms), b.sum(chi2_terms)))
 
 
 def _k3_terms(block: TokenBlock) -> Array:
@@ -205,13 +247,17 @@ class ArrayStatistic(Statistic):
     def __init__(self, block: TokenBlock, estimator: str) -> None:
         self.estimator = estimator
         self._seg = block.seg
+        self.stat = self._statistic(block, estimator)
+
+    @staticmethod
+    def _statistic(block: TokenBlock, estimator: str) -> Array:
         d = block.lr_safe
         if estimator == "k1":
-            self.stat = k1(d)
-        elif estimator == "k2":
-            self.stat = k2(d)
-        else:  # float64 expm1(d) - d, rounded once: float32 exp(d) - 1 - d keeps about 3 digits at d = 0.04
-            self.stat = block.b.to_float32(k3(block.ratio_minus_one, block.lr_safe64))
+            return k1(d)
+        if estimator == "k2":
+            return k2(d)
+        # float64 expm1(d) - d, rounded once: float32 exp(d) - 1 - d keeps about 3 digits at d = 0.04
+        return block.b.to_float32(k3(block.ratio_minus_one, block.lr_safe64))
 
     @cached_property
     def row_sum(self) -> Array:  # type: ignore[override]
@@ -224,6 +270,25 @@ class ArrayStatistic(Statistic):
     @cached_property
     def row_min(self) -> Array:  # type: ignore[override]
         return self._seg.min(self.stat, math.inf)
+
+
+class SeriesStatistic(ArrayStatistic):
+    """``ArrayStatistic`` on numpy with the kernel's k3 (``rcdiag.kernels.statistics``): float64 k3 by its Taylor
+    series below ``K3_SERIES_MAX`` and ``expm1(d) - d`` above, rounded once to float32, in the kernel's order of
+    operations: the very float32 values, so an RS band keeps and rejects the same tokens on both paths."""
+
+    @staticmethod
+    def _statistic(block: TokenBlock, estimator: str) -> Array:
+        if estimator != "k3":
+            return ArrayStatistic._statistic(block, estimator)
+        x = block.lr_safe64
+        small = np.abs(x) < K3_SERIES_MAX  # False for NaN
+        even, odd = k3_series_parts(np.where(small, x, 0.0))
+        out = (even + odd).astype(np.float32)
+        if not small.all():
+            large = ~small
+            out[large] = k3(np.expm1(x[large]), x[large]).astype(np.float32)
+        return out
 
 
 class CompiledStatistic(Statistic):
@@ -447,3 +512,15 @@ class ArrayPasses(TokenPasses):
             rows_hit = seg.count(reject) > 0
         no_clamp = lo <= b.min(row_min) and b.max(row_max) <= hi
         return Band(masked_tokens, rows_hit, above, below, b.moments(stat if no_clamp else b.clip(stat, lo, hi)))
+
+
+class NumpyPasses(ArrayPasses):
+    """The array passes on numpy with the kernels' series (``series_token_sums``, ``SeriesStatistic``): a small
+    dump's passes, which never import numba (``rcdiag.kernels.small``); the same numbers as ``CompiledPasses`` to
+    float64 rounding, and the same float32 statistics, so the same RS decisions."""
+
+    def token_sums(self, block: TokenBlock) -> TokenSums:
+        return series_token_sums(block)
+
+    def statistic(self, block: TokenBlock, estimator: str) -> Statistic:
+        return SeriesStatistic(block, estimator)
