@@ -109,13 +109,17 @@ class ISSpec:
         return self.lower if self.lower is not None else 1.0 / self.upper
 
 
+Estimator = Literal["k1", "k2", "k3"]
+"""verl's per-token statistics an RS option thresholds: k1 = -d, k2 = d^2/2, k3 = e^d - 1 - d."""
+
+
 @dataclass(frozen=True)
 class RSOption:
     """One resolved rejection-sampling option, e.g. ``seq_mean_k1`` with bounds ``[0.999, 1.001]``."""
 
     name: str
     agg: Literal["token", "sum", "mean", "max"]
-    estimator: Literal["k1", "k2", "k3"]
+    estimator: Estimator
     upper: float
     lower: float | None
     """Ratio lower bound, k1 options only."""

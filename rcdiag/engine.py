@@ -290,10 +290,11 @@ class Engine:
                 t0, t1 = int(offsets[r0 + b0]), int(offsets[r0 + b1])
                 block_mask = _block_mask(mask, t0, t1)
                 valid = valid_lengths[r0 + b0 : r0 + b1]
-                raw = {"mask": block_mask, "raw_lengths": lengths[r0 + b0 : r0 + b1], "k1_bands": self.k1_bands}
-                if wholes:
-                    raw["rows"] = _row_context(chunk, block_mask, step, r0 + b0, r0 + b1)
-                block = Block(self.backend, old[t0:t1], rollout[t0:t1], valid, **raw)
+                rows = _row_context(chunk, block_mask, step, r0 + b0, r0 + b1) if wholes else None
+                block = Block(
+                    self.backend, old[t0:t1], rollout[t0:t1], valid, mask=block_mask,
+                    raw_lengths=lengths[r0 + b0 : r0 + b1], k1_bands=self.k1_bands, rows=rows,
+                )  # fmt: skip
                 batch.update(block)
                 for whole in wholes:  # the device's block: its per-row values come to the host, its tokens are there
                     whole.update(block)

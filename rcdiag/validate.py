@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -180,6 +180,7 @@ def check_token_ids(chunk: Chunk, valid: np.ndarray | None, vocab_size: int | No
         return
     from rcdiag.kernels.arrays import id_array
 
+    valid_range: Callable[[np.ndarray, np.ndarray], tuple[int, int, int]]
     if compiled:
         from rcdiag.kernels.token_ids import valid_range
     else:

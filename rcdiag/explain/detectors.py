@@ -452,8 +452,8 @@ def _growth_per_doubling(position: np.ndarray) -> float:
 
 def mismatch_trend(steps: Sequence[tuple[int, dict[str, float | None]]]) -> Finding | None:
     """k3_kl growing exponentially across steps: a fitted growth of >= 2x that clears the fit's own scatter."""
-    points = [(s, m.get("rollout_corr/k3_kl")) for s, m in steps]
-    points = [(s, v) for s, v in points if v is not None and v > TREND_K3_FLOOR]
+    read = [(s, m.get("rollout_corr/k3_kl")) for s, m in steps]
+    points = [(s, v) for s, v in read if v is not None and v > TREND_K3_FLOOR]
     if len(points) < TREND_MIN_STEPS:
         return None
     x = np.array([p[0] for p in points], dtype=np.float64)
@@ -505,8 +505,8 @@ def _fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
 
 def _crossing(steps: Sequence[tuple[int, dict[str, float | None]]], key: str, threshold: float) -> dict[str, Any]:
     """When the metric's exponential fit reaches ``threshold`` (``already`` if the last step is above it)."""
-    points = [(s, m.get(key)) for s, m in steps]
-    points = [(s, abs(v)) for s, v in points if v is not None and v != 0]
+    read = [(s, m.get(key)) for s, m in steps]
+    points = [(s, abs(v)) for s, v in read if v is not None and v != 0]
     if len(points) < TREND_MIN_STEPS:
         return {"step": None, "already": False}
     if points[-1][1] > threshold:

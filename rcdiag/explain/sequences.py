@@ -154,7 +154,7 @@ def _series(pl: Any, name: str, values: np.ndarray) -> Any:
     if name in ("max_abs_log_ratio", "mean_log_ratio", "seq_is_weight"):
         series = series.fill_nan(None)
     if name == "position_of_max":
-        series = pl.Series(name, np.where(values < 0, None, values).tolist(), dtype=pl.Int64)
+        series = pl.Series(name, np.where(values < 0, np.array(None, dtype=object), values).tolist(), dtype=pl.Int64)
     return series
 
 

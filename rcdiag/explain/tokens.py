@@ -136,7 +136,7 @@ class TokenSums(Accumulator):
     def _merge_sparse(self, ids: np.ndarray, sums: np.ndarray) -> None:
         self.state["table"].add_sparse(ids, sums)
 
-    def merge(self, other: TokenSums) -> TokenSums:  # type: ignore[override]
+    def merge(self, other: TokenSums) -> TokenSums:
         self.stats = None
         return super().merge(other)
 

@@ -14,9 +14,20 @@ take every per-token quantity a group needs in one or two passes. Conventions sh
 
 from __future__ import annotations
 
+from typing import TypedDict
+
+
+class JitOptions(TypedDict, total=False):
+    """The ``numba.njit`` keyword arguments the kernels set (a typed dict, so mypy matches them to ``njit``'s)."""
+
+    cache: bool
+    nogil: bool
+    fastmath: bool | set[str]
+
+
 FASTMATH = frozenset({"reassoc", "contract", "arcp"})
 """LLVM fast-math flags every kernel compiles with: reassociation (vectorized sums), fused multiply-add and
 reciprocal approximations of divisions are allowed; NaN and infinity keep their IEEE meaning."""
 
-JIT = {"cache": True, "nogil": True, "fastmath": set(FASTMATH)}
+JIT: JitOptions = {"cache": True, "nogil": True, "fastmath": set(FASTMATH)}
 """Keyword arguments of ``numba.njit`` for every kernel."""

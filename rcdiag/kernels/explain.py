@@ -112,7 +112,9 @@ def _row_terms(
 
 
 @njit(**JIT)
-def _run_sums(old: np.ndarray, rollout: np.ndarray, k3: np.ndarray, chi2: np.ndarray):
+def _run_sums(
+    old: np.ndarray, rollout: np.ndarray, k3: np.ndarray, chi2: np.ndarray
+) -> tuple[float, float, float, float]:
     """Sums of the log-ratio d, |d| and the k3 and chi2 terms over a run of a row's valid tokens."""
     s_lr = s_abs = s_k3 = s_chi2 = 0.0
     for j in range(old.shape[0]):
@@ -128,7 +130,7 @@ def _run_sums(old: np.ndarray, rollout: np.ndarray, k3: np.ndarray, chi2: np.nda
 def _row_scale(
     old: np.ndarray, rollout: np.ndarray, bucket: np.ndarray, thresholds: np.ndarray, tol: np.float32,
     unlikely: np.float32, likely: np.float32,
-):  # fmt: skip
+) -> tuple[float, float, float, float, float, float, float, float, bool, tuple[float, ...]]:  # fmt: skip
     """A row's scale co-moments over tokens with finite log-probs (n, x, y, xx, yy, xy; products in float32 as
     numpy takes them), its shift counts (d < -tol, d > tol), whether every |d| is below ``SMALL``, each token's
     probability bucket (written out), and the shape sums: count and sum of d over finite tokens with old below

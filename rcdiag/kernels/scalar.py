@@ -14,11 +14,18 @@ from rcdiag.core import formulas
 
 _inline = njit(inline="always")
 
-clamp, clip, clamped_expm1, exp_overflows, k1, k2, k3, k3_verl, chi2_term, truncate, rs_keep, order_key = map(
-    _inline,
-    (
-        formulas.clamp, formulas.clip, formulas.clamped_expm1, formulas.exp_overflows, formulas.k1, formulas.k2,
-        formulas.k3, formulas.k3_verl, formulas.chi2_term, formulas.truncate, formulas.rs_keep, formulas.order_key,
-    ),
-)  # fmt: skip
-chan_merge, chan_merge_share = map(_inline, (formulas.chan_merge, formulas.chan_merge_share))
+# One line a formula (not a map over a tuple), so each keeps its signature for mypy.
+clamp = _inline(formulas.clamp)
+clip = _inline(formulas.clip)
+clamped_expm1 = _inline(formulas.clamped_expm1)
+exp_overflows = _inline(formulas.exp_overflows)
+k1 = _inline(formulas.k1)
+k2 = _inline(formulas.k2)
+k3 = _inline(formulas.k3)
+k3_verl = _inline(formulas.k3_verl)
+chi2_term = _inline(formulas.chi2_term)
+truncate = _inline(formulas.truncate)
+rs_keep = _inline(formulas.rs_keep)
+order_key = _inline(formulas.order_key)
+chan_merge = _inline(formulas.chan_merge)
+chan_merge_share = _inline(formulas.chan_merge_share)

@@ -23,6 +23,8 @@ k3 sums and analyze's agree to float64 rounding, not bit for bit (as before this
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 from llvmlite import ir
@@ -30,7 +32,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from rcdiag.core import formulas
-from rcdiag.kernels import JIT
+from rcdiag.kernels import JIT, JitOptions
 from rcdiag.kernels.explain_encoding import SERIES_TERMS
 
 # --------------------------------------------------------------------------------------- k3, directly
@@ -56,24 +58,30 @@ EXPM1_HI = 90.0
 """Log-ratios above this give k3 = inf anyway (float32 exp overflows at 88.7): the polynomial stops here."""
 EXPM1_LO = -40.0
 """``expm1`` of anything below rounds to -1 in float64."""
+_CONTRACT: JitOptions = {**JIT, "fastmath": {"contract"}}
+"""The kernels' options with fused multiply-add as the only fast-math flag (no reassociation)."""
 _SERIES = tuple(1.0 / math.factorial(k) for k in range(SERIES_TERMS))
 """1/k!: the Taylor coefficients of ``expm1`` to degree 14 (truncation below 1e-17 of the value for
 |r| <= ln2/2)."""
 
 
 @intrinsic
-def _bits_to_float64(typingctx, bits):  # type: ignore[no-untyped-def]
+def _bits_to_float64(typingctx, bits):
     """The float64 whose bit pattern is the int64 ``bits`` (a register move, so the loop still vectorizes)."""
     if bits != types.int64:
         return None
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], ir.DoubleType())
 
     return types.float64(types.int64), codegen
 
 
-@njit(**{**JIT, "fastmath": {"contract"}})
+_bits_as_float64 = cast("Callable[[np.int64], float]", _bits_to_float64)
+"""``_bits_to_float64`` as compiled code calls it (numba supplies ``typingctx``), for mypy; the same object."""
+
+
+@njit(**_CONTRACT)
 def expm1_series(r: float) -> float:
     """``expm1(r)`` for |r| <= ln2/2: r + r^2 (1/2 + r (1/6 + ...)), Horner's scheme (correctly rounded but for
     an ulp now and then). Not ``inline="always"``: numba would inline it under the caller's fast-math flags, and
@@ -94,7 +102,7 @@ def expm1_series(r: float) -> float:
     return r + r * p
 
 
-@njit(**{**JIT, "fastmath": {"contract"}})
+@njit(**_CONTRACT)
 def expm1_reduced(x: float) -> float:
     """``exp(x) - 1`` in float64 without the cancellation near 0: x = k ln2 + r with |r| <= ln2/2,
     ``expm1_series(r)``, then ``2^k expm1(r) + (2^k - 1)``. NaN stays NaN; below -40 it is -1, above 90 it is
@@ -105,6 +113,6 @@ def expm1_reduced(x: float) -> float:
     k = np.rint(xc * INV_LN2)
     r = (xc - k * LN2_HI) - k * LN2_LO
     em1_r = expm1_series(r)
-    scale = _bits_to_float64((np.int64(k) + 1023) << 52)
+    scale = _bits_as_float64((np.int64(k) + 1023) << 52)
     out = scale * em1_r + (scale - 1.0)
     return x if x != x else out

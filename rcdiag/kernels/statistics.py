@@ -19,14 +19,14 @@ import numpy as np
 from numba import njit
 
 from rcdiag.core.formulas import K3_SERIES_MAX, SAFETY_BOUND_F32
-from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
+from rcdiag.kernels import JIT, JitOptions, compiling  # noqa: F401 (compiling: a notice when kernels compile)
 from rcdiag.kernels.scalar import clamp, clip, k1, k2, k3, rs_keep
 from rcdiag.kernels.series import k3_series
 
 ESTIMATORS = {"k1": 1, "k2": 2, "k3": 3}
 """The estimator codes the kernels take."""
 
-_STRICT = {**JIT, "fastmath": False}
+_STRICT: JitOptions = {**JIT, "fastmath": False}
 
 
 @njit(**_STRICT)

@@ -20,11 +20,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from rcdiag.backend import Array, Backend, NumpyBackend
+from rcdiag.config import Estimator
 from rcdiag.core.formulas import clamp_log_ratio
 from rcdiag.core.limits import SAFETY_BOUND
 
@@ -186,18 +187,18 @@ class Block:
     def row_mean_rollout(self) -> Array:
         return self.row_mean(self.row_sum_rollout)
 
-    def k(self, estimator: Literal["k1", "k2", "k3"]) -> Array:
+    def k(self, estimator: Estimator) -> Array:
         """Per-token divergence statistic on the clamped log-ratio d: k1 = -d, k2 = d^2/2, k3 = e^d - 1 - d."""
         return self.statistic(estimator).stat
 
-    def statistic(self, estimator: Literal["k1", "k2", "k3"]) -> Statistic:
+    def statistic(self, estimator: Estimator) -> Statistic:
         """A k statistic of the valid tokens and its per-row sums and extremes (the statistic pass, once per
         estimator)."""
         if estimator not in self._statistics:
             self._statistics[estimator] = self.passes.statistic(self, estimator)
         return self._statistics[estimator]
 
-    def band(self, estimator: Literal["k1", "k2", "k3"], lo: float, hi: float) -> Band:
+    def band(self, estimator: Estimator, lo: float, hi: float) -> Band:
         """What the RS band [lo, hi] (float32 bounds; k1 keeps ``lo <= x <= hi``, k2/k3 ``x <= hi``) does to a
         token statistic, per row (the band pass)."""
         return self.passes.band(self, estimator, lo, hi)
@@ -207,7 +208,7 @@ class Block:
         """Per-row (min, max) of the log-ratio (+inf / -inf for empty rows; NaN propagates)."""
         return self.passes.row_log_ratio_range(self)
 
-    def row_sum_k(self, estimator: Literal["k1", "k2", "k3"]) -> Array:
+    def row_sum_k(self, estimator: Estimator) -> Array:
         """Per-row float64 sums of a k statistic (shared by every option that needs them).
 
         k1 = -clamp(lr): for a row whose log-ratios all lie within the bound, its sum is the negated row sum of
@@ -218,12 +219,12 @@ class Block:
             return self._row_sum_k1
         return self.statistic(estimator).row_sum
 
-    def row_extremes_k(self, estimator: Literal["k1", "k2", "k3"]) -> tuple[Array, Array]:
+    def row_extremes_k(self, estimator: Estimator) -> tuple[Array, Array]:
         """Per-row (max, min) of a k statistic (-inf / +inf for empty rows; NaN propagates)."""
         found = self.statistic(estimator)
         return found.row_max, found.row_min
 
-    def row_max_k(self, estimator: Literal["k1", "k2", "k3"]) -> Array:
+    def row_max_k(self, estimator: Estimator) -> Array:
         """Per-row maxima of a k statistic (0 for empty rows), shared by every option that needs them."""
         return self.once(_row_max_k, estimator)
 
@@ -267,5 +268,5 @@ def _host_twin(block: Block) -> Block:
     )
 
 
-def _row_max_k(block: Block, estimator: Literal["k1", "k2", "k3"]) -> Array:
+def _row_max_k(block: Block, estimator: Estimator) -> Array:
     return block.b.where(block.row_valid, block.statistic(estimator).row_max, 0.0)

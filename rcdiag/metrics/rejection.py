@@ -15,18 +15,17 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import numpy as np
 
 from rcdiag.backend import Array
-from rcdiag.config import RSOption
+from rcdiag.config import Estimator, RSOption
 from rcdiag.core.formulas import rs_keep
 from rcdiag.core.limits import f32
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
 from rcdiag.metrics.block import Block
 
-Estimator = Literal["k1", "k2", "k3"]
 _SUFFIXES = (
     "mean",
     "max",

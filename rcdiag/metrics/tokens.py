@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from rcdiag.config import Estimator
 from rcdiag.core.bins import EDGES, bin_table
 from rcdiag.core.formulas import (
     K3_SERIES_MAX,
@@ -52,16 +53,26 @@ class TokenBlock(Protocol):
     seg: Any
     raw: tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]
     k1_bands: tuple[tuple[float, float], ...]
-    old: Array
-    rollout: Array
-    lr: Array
-    lr_safe: Array
-    lr_safe64: Array
-    ratio_minus_one: Array
-    within_clamp: bool
-    sums: TokenSums
 
-    def statistic(self, estimator: str) -> Statistic: ...
+    # read-only here: ``Block`` computes these once (cached properties)
+    @property
+    def old(self) -> Array: ...
+    @property
+    def rollout(self) -> Array: ...
+    @property
+    def lr(self) -> Array: ...
+    @property
+    def lr_safe(self) -> Array: ...
+    @property
+    def lr_safe64(self) -> Array: ...
+    @property
+    def ratio_minus_one(self) -> Array: ...
+    @property
+    def within_clamp(self) -> bool: ...
+    @property
+    def sums(self) -> TokenSums: ...
+
+    def statistic(self, estimator: Estimator) -> Statistic: ...
 
 
 @dataclass(frozen=True)
@@ -233,7 +244,7 @@ class Statistic(ABC):
     per valid token, in order), ``row_sum`` (float64, 0 for an empty row), ``row_max`` / ``row_min`` (-inf / +inf
     for an empty row; NaN where the row holds a NaN)."""
 
-    estimator: str
+    estimator: Estimator
     stat: Array
     row_sum: Array
     row_max: Array
@@ -244,13 +255,13 @@ class ArrayStatistic(Statistic):
     """The statistic from the backend's elementwise operations on the clamped log-ratio; its row reductions taken
     when first asked for."""
 
-    def __init__(self, block: TokenBlock, estimator: str) -> None:
+    def __init__(self, block: TokenBlock, estimator: Estimator) -> None:
         self.estimator = estimator
         self._seg = block.seg
         self.stat = self._statistic(block, estimator)
 
     @staticmethod
-    def _statistic(block: TokenBlock, estimator: str) -> Array:
+    def _statistic(block: TokenBlock, estimator: Estimator) -> Array:
         d = block.lr_safe
         if estimator == "k1":
             return k1(d)
@@ -260,15 +271,15 @@ class ArrayStatistic(Statistic):
         return block.b.to_float32(k3(block.ratio_minus_one, block.lr_safe64))
 
     @cached_property
-    def row_sum(self) -> Array:  # type: ignore[override]
+    def row_sum(self) -> Array:
         return self._seg.sum(self.stat)
 
     @cached_property
-    def row_max(self) -> Array:  # type: ignore[override]
+    def row_max(self) -> Array:
         return self._seg.max(self.stat, -math.inf)
 
     @cached_property
-    def row_min(self) -> Array:  # type: ignore[override]
+    def row_min(self) -> Array:
         return self._seg.min(self.stat, math.inf)
 
 
@@ -278,7 +289,7 @@ class SeriesStatistic(ArrayStatistic):
     operations: the very float32 values, so an RS band keeps and rejects the same tokens on both paths."""
 
     @staticmethod
-    def _statistic(block: TokenBlock, estimator: str) -> Array:
+    def _statistic(block: TokenBlock, estimator: Estimator) -> Array:
         if estimator != "k3":
             return ArrayStatistic._statistic(block, estimator)
         x = block.lr_safe64
@@ -297,7 +308,7 @@ class CompiledStatistic(Statistic):
     over the rows unless its row sums are asked for."""
 
     def __init__(
-        self, lr: np.ndarray, valid_lengths: np.ndarray, estimator: str, row_range: tuple[np.ndarray, np.ndarray]
+        self, lr: np.ndarray, valid_lengths: np.ndarray, estimator: Estimator, row_range: tuple[np.ndarray, np.ndarray]
     ) -> None:
         self.lr = lr
         self.estimator = estimator
@@ -313,7 +324,7 @@ class CompiledStatistic(Statistic):
             self._reduce()
 
     @cached_property
-    def stat(self) -> np.ndarray:  # type: ignore[override]
+    def stat(self) -> np.ndarray:
         """float32, one per valid token, in order (k1 is built only when asked for: its band reads the
         log-ratios)."""
         from rcdiag.kernels.statistics import ESTIMATORS, statistic
@@ -333,7 +344,7 @@ class CompiledStatistic(Statistic):
             self.row_max, self.row_min = row_max, row_min
 
     @property
-    def row_sum(self) -> np.ndarray:  # type: ignore[override]
+    def row_sum(self) -> np.ndarray:
         """float64 per-row sums (0 for an empty row)."""
         if not hasattr(self, "_row_sum"):
             self._reduce()
@@ -426,7 +437,7 @@ class TokenPasses(ABC):
         """Per-row (min, max) of d (+inf / -inf for empty rows; NaN propagates)."""
 
     @abstractmethod
-    def statistic(self, block: TokenBlock, estimator: str) -> Statistic:
+    def statistic(self, block: TokenBlock, estimator: Estimator) -> Statistic:
         """The k1/k2/k3 statistic of the clamped d per token, with its per-row reductions."""
 
     @abstractmethod
@@ -434,7 +445,7 @@ class TokenPasses(ABC):
         """Rows whose k1 row sum is the negated row sum of d (no token clamped): ``Block.row_sum_k``."""
 
     @abstractmethod
-    def band(self, block: TokenBlock, estimator: str, lo: float, hi: float) -> Band:
+    def band(self, block: TokenBlock, estimator: Estimator, lo: float, hi: float) -> Band:
         """What the RS band [lo, hi] (float32 bounds; k1 keeps ``lo <= x <= hi``, k2/k3 ``x <= hi``) does to the
         estimator's statistic."""
 
@@ -454,7 +465,7 @@ class CompiledPasses(TokenPasses):
     def row_log_ratio_range(self, block: TokenBlock) -> tuple[Array, Array]:
         return block.sums.row_lr_min, block.sums.row_lr_max
 
-    def statistic(self, block: TokenBlock, estimator: str) -> Statistic:
+    def statistic(self, block: TokenBlock, estimator: Estimator) -> Statistic:
         return CompiledStatistic(block.lr, block.seg.lengths, estimator, self.row_log_ratio_range(block))
 
     def rows_inside_clamp(self, block: TokenBlock) -> Array:
@@ -462,7 +473,7 @@ class CompiledPasses(TokenPasses):
         found = block.statistic("k1")
         return (found.row_min > -SAFETY_BOUND) & (found.row_max < SAFETY_BOUND)
 
-    def band(self, block: TokenBlock, estimator: str, lo: float, hi: float) -> Band:
+    def band(self, block: TokenBlock, estimator: Estimator, lo: float, hi: float) -> Band:
         found = block.sums.bands.get((lo, hi)) if estimator == "k1" else None
         if found is not None:
             return found
@@ -486,14 +497,14 @@ class ArrayPasses(TokenPasses):
     def row_log_ratio_range(self, block: TokenBlock) -> tuple[Array, Array]:
         return block.seg.min(block.lr, math.inf), block.seg.max(block.lr, -math.inf)
 
-    def statistic(self, block: TokenBlock, estimator: str) -> Statistic:
+    def statistic(self, block: TokenBlock, estimator: Estimator) -> Statistic:
         return ArrayStatistic(block, estimator)
 
     def rows_inside_clamp(self, block: TokenBlock) -> Array:
         seg, lr = block.seg, block.lr
         return (seg.max(lr, 0.0) <= SAFETY_BOUND) & (seg.min(lr, 0.0) >= -SAFETY_BOUND)
 
-    def band(self, block: TokenBlock, estimator: str, lo: float, hi: float) -> Band:
+    def band(self, block: TokenBlock, estimator: Estimator, lo: float, hi: float) -> Band:
         """In as few passes as possible: the per-row extremes give the global extremes and the rows with a
         rejected token; the two strict counts give the rejected tokens, since a token is rejected exactly when it
         lies below the lower or above the upper bound (NaN and an inverted band take the token mask)."""
@@ -522,5 +533,5 @@ class NumpyPasses(ArrayPasses):
     def token_sums(self, block: TokenBlock) -> TokenSums:
         return series_token_sums(block)
 
-    def statistic(self, block: TokenBlock, estimator: str) -> Statistic:
+    def statistic(self, block: TokenBlock, estimator: Estimator) -> Statistic:
         return SeriesStatistic(block, estimator)
