@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rcdiag.core.limits import finite
+from rcdiag.core.limits import finite, finite_tree
 
 Severity = Literal["error", "warning", "info"]
 Side = Literal["a", "b"]
@@ -38,7 +38,7 @@ class Finding:
         """``analyze``'s JSON finding (docs/json.md), which has no ``side``."""
         out = dataclasses.asdict(self)
         del out["side"]
-        out["evidence"] = None if self.evidence is None else _finite_tree(self.evidence)
+        out["evidence"] = None if self.evidence is None else finite_tree(self.evidence)
         out["value"] = finite(self.value)
         out["threshold"] = list(self.threshold) if isinstance(self.threshold, tuple) else self.threshold
         out["steps"] = list(self.steps) if self.steps is not None else None
@@ -463,12 +463,3 @@ class Report:
         if self.explain is None or self.explain.sequences_path is None:
             raise ValueError("no per-response file: run analyze(..., sequences='FILE.parquet') first")
         return pl.read_parquet(self.explain.sequences_path)
-
-
-def _finite_tree(value: Any) -> Any:
-    """Non-finite floats anywhere in nested dicts and lists as ``None`` (JSON has no inf)."""
-    if isinstance(value, dict):
-        return {k: _finite_tree(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite_tree(v) for v in value]
-    return finite(value) if isinstance(value, float) else value

@@ -17,7 +17,7 @@ from test_token_kernel import _valid_lengths, raw_blocks
 
 from rcdiag.backend import NumpyBackend
 from rcdiag.core import formulas
-from rcdiag.core.limits import F32_MAX, LOG_F32_MAX, SAFETY_BOUND, finite, finite_f32
+from rcdiag.core.limits import F32_MAX, LOG_F32_MAX, SAFETY_BOUND, finite, finite_f32, finite_tree
 from rcdiag.kernels import scalar
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.tokens import ArrayPasses, CompiledPasses
@@ -30,7 +30,8 @@ COPIES = {
     "chi2's term": r"\(\w+ \+ 2\.0\)",
     "the clamp's bound": r"\b20\.0\b",
     "expm1 at the clamp": r"expm1\(-?20",
-    "a finite helper": r"def _finite\b",
+    "a finite helper": r"def _finite\w*\b|!= float\(\"inf\"\) and",
+    "an order key's bound": r"0x7F80000[01]\b|0x7FFFFFFF\b|0x80000000\b",
     "the RS keep rule": r"\(\w+ >= \w+\) & \(\w+ <= \w+\)",
     "a band's clip": r"\w+ if \w+ < \w+ else \(\w+ if \w+ > \w+ else \w+\)",
 }
@@ -97,6 +98,13 @@ def test_order_key_orders_as_the_floats_and_inverts_itself() -> None:
     assert np.array_equal(formulas.order_key_floats(keys), values)
 
 
+def test_order_key_bounds() -> None:
+    keys = np.array([formulas.NEG_INF_KEY, formulas.POS_INF_KEY], dtype=np.int32)
+    assert formulas.order_key_floats(keys).tolist() == [-math.inf, math.inf]
+    assert formulas.KEY_LOWEST < formulas.NEG_INF_KEY < formulas.POS_INF_KEY < formulas.KEY_HIGHEST
+    assert (int(formulas.KEY_LOWEST), int(formulas.KEY_HIGHEST)) == (-(2**31), 2**31 - 1)
+
+
 def test_chan_merge_of_two_parts_is_one_pass() -> None:
     rng = np.random.default_rng(1)
     a, b = rng.normal(3, 2, 500), rng.normal(-1, 5, 700)
@@ -113,6 +121,8 @@ def test_chan_merge_of_two_parts_is_one_pass() -> None:
 def test_finite_helpers() -> None:
     assert [finite(v) for v in (1.0, math.inf, -math.inf, math.nan, None)] == [1.0, None, None, None, None]
     assert [finite_f32(v) for v in (F32_MAX, F32_MAX * 2, -F32_MAX * 2, math.nan, None)] == [F32_MAX] + [None] * 4
+    tree = {"a": [1.0, math.inf, (math.nan, "x")], "b": {"c": -math.inf, "d": 2}, "e": np.float64(np.inf)}
+    assert finite_tree(tree) == {"a": [1.0, None, [None, "x"]], "b": {"c": None, "d": 2}, "e": None}
 
 
 @pytest.fixture(autouse=True)

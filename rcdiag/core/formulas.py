@@ -154,6 +154,16 @@ def order_key(bits: Any) -> Any:
     return bits ^ ((bits >> 31) & _SIGN_OFF)
 
 
+KEY_LOWEST = np.int32(-0x80000000)
+"""The least int32 key, beyond every float's: where a search for the greatest key starts."""
+KEY_HIGHEST = np.int32(0x7FFFFFFF)
+"""The greatest int32 key (a NaN's): where a search for the least key starts."""
+POS_INF_KEY = np.int32(0x7F800000)
+"""``order_key`` of +inf: its float32 bits (a positive float's key is its bit pattern)."""
+NEG_INF_KEY = np.int32(-0x7F800001)
+"""``order_key`` of -inf."""
+
+
 def order_key_floats(keys: np.ndarray) -> np.ndarray:
     """The float32 values of int32 order keys (an array)."""
     return order_key(keys.astype(np.int32)).view(np.float32)

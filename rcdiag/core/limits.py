@@ -4,6 +4,7 @@ Without numpy at import (the CLI's ``--help`` reads ``SAFETY_BOUND`` through ``r
 from __future__ import annotations
 
 import math
+from typing import Any
 
 SAFETY_BOUND = 20.0
 """verl's clamp on log-ratios before ``exp`` (``SAFETY_BOUND`` in verl's rollout_corr_helper)."""
@@ -20,6 +21,16 @@ EXPM1_AT_NEG_BOUND = math.expm1(-SAFETY_BOUND)
 def finite(value: float | None) -> float | None:
     """The value, or ``None`` for NaN and the infinities (JSON has no inf)."""
     return value if value is not None and math.isfinite(value) else None
+
+
+def finite_tree(value: Any) -> Any:
+    """Non-finite floats anywhere in nested dicts and lists as ``None`` (JSON has no inf), as in every JSON rcdiag
+    writes; tuples become lists."""
+    if isinstance(value, dict):
+        return {k: finite_tree(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_tree(v) for v in value]
+    return finite(value) if isinstance(value, float) else value
 
 
 def finite_f32(value: float | None) -> float | None:

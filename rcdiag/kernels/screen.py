@@ -10,15 +10,15 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from rcdiag.core.formulas import order_key_floats
+from rcdiag.core.formulas import KEY_HIGHEST, KEY_LOWEST, order_key_floats
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
 from rcdiag.kernels.scalar import order_key
 
 
 @njit(**JIT)
 def _key_range(bits):
-    lo = np.int32(0x7FFFFFFF)
-    hi = np.int32(-0x80000000)
+    lo = KEY_HIGHEST
+    hi = KEY_LOWEST
     for i in range(bits.shape[0]):
         k = order_key(bits[i])
         lo = k if k < lo else lo

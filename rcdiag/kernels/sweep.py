@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from rcdiag.core.formulas import NEG_INF_KEY, POS_INF_KEY
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
 from rcdiag.kernels.scalar import chan_merge_share, order_key
 from rcdiag.kernels.sweep_encoding import AMBIGUOUS, BUCKETS, HISTOGRAM_CLAMPED, SHIFT
@@ -133,12 +134,6 @@ def scan(
     return n_mean, mean, m2, cell_high, cell_low, row_n, row_sum, row_high, row_low, row_total
 
 
-_NEG_INF_KEY = np.int32(-0x7F800001)
-"""``order_key(-inf)``."""
-_POS_INF_KEY = np.int32(0x7F800000)
-"""``order_key(inf)``."""
-
-
 @njit(**JIT)
 def _row_reductions(xs: np.ndarray, lengths: np.ndarray, high: np.ndarray, low: np.ndarray, total: np.ndarray) -> None:
     """Each row's max, min (NaN if it holds a NaN) and float64 sum."""
@@ -149,8 +144,8 @@ def _row_reductions(xs: np.ndarray, lengths: np.ndarray, high: np.ndarray, low: 
     for r in range(lengths.shape[0]):
         values = xs[start : start + lengths[r]]
         keys = bits[start : start + lengths[r]]
-        top = _NEG_INF_KEY
-        bottom = _POS_INF_KEY
+        top = NEG_INF_KEY
+        bottom = POS_INF_KEY
         acc = 0.0
         nan = 0
         for t in range(values.shape[0]):

@@ -22,7 +22,7 @@ import math
 import numpy as np
 from numba import njit
 
-from rcdiag.core.formulas import K3_SERIES_MAX, SAFETY_BOUND_F32
+from rcdiag.core.formulas import K3_SERIES_MAX, KEY_HIGHEST, KEY_LOWEST, SAFETY_BOUND_F32
 from rcdiag.core.limits import SAFETY_BOUND
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
 from rcdiag.kernels.scalar import chan_merge, chi2_term, clamp, clip, exp_overflows, k1, k3_verl, order_key, rs_keep
@@ -98,8 +98,8 @@ def _row_counts(d32):
     nan = 0
     big = 0
     bits = d32.view(np.int32)
-    lo = np.int32(0x7FFFFFFF)
-    hi = np.int32(-0x80000000)
+    lo = KEY_HIGHEST
+    hi = KEY_LOWEST
     for i in range(d32.shape[0]):
         x = d32[i]
         a = abs(np.float64(x))

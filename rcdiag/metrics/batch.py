@@ -7,11 +7,13 @@ and rcdiag's own diagnostics separately.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
 from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import ResolvedConfig
+from rcdiag.core.limits import finite
 from rcdiag.fields import FieldError, integer, shown
 from rcdiag.metrics.base import Accumulator, MetricValue, VerlCrash, verl_float
 from rcdiag.metrics.block import Block
@@ -41,31 +43,18 @@ class BatchResult:
     """Valid tokens per log-ratio bin (``None`` only where a result is built by hand)."""
 
 
-class BatchMetrics:
-    """The accumulators of one batch; ``update`` with blocks, ``merge`` batches, ``compute`` the metrics."""
+class GroupedBatch(ABC):
+    """One batch's accumulators (``groups``) and its row counts, fed, merged and saved one way for analyze's
+    ``BatchMetrics`` and the sweep's ``SweepBatch`` (one state format for both)."""
 
-    def __init__(self, resolved: ResolvedConfig) -> None:
-        self.resolved = resolved
-        self.importance = ISMetrics(resolved.is_spec, resolved.version) if resolved.is_spec is not None else None
-        self.rs_options = [RSOptionMetrics(option) for option in resolved.rs_options]
-        self.rs_aggregate = RSAggregateMetrics(resolved.rs_options) if self.rs_options else None
-        self.offpolicy = OffPolicyMetrics()
-        self.extras = ExtraMetrics()
-        self.log_ratio = LogRatioHistogram()
+    def __init__(self) -> None:
         self.rows = 0
         self.valid_tokens = 0
         self.empty_rows = 0
 
+    @abstractmethod
     def groups(self) -> list[Accumulator]:
-        """Every accumulator, in verl's key order (rcdiag's extras, then the log-ratio histogram, last)."""
-        groups: list[Accumulator] = []
-        if self.importance is not None:
-            groups.append(self.importance)
-        groups.extend(self.rs_options)
-        if self.rs_aggregate is not None:
-            groups.append(self.rs_aggregate)
-        groups.extend([self.offpolicy, self.extras, self.log_ratio])
-        return groups
+        """Every accumulator holding this batch's state, in a fixed order."""
 
     def update(self, block: Block) -> None:
         """Fold one block of whole rows into every group."""
@@ -75,46 +64,12 @@ class BatchMetrics:
         for group in self.groups():
             group.update(block)
 
-    def merge(self, other: BatchMetrics) -> BatchMetrics:
-        """Fold another batch's state (same configuration) into this one; returns ``self``."""
-        if not self.resolved.same_computation(other.resolved):
-            raise ValueError("cannot merge batches computed with different configurations")
+    def merge_state(self, other: GroupedBatch) -> None:
+        """Fold ``other``'s groups and counts into this batch's (the caller checks they were configured alike)."""
         merge_groups(self.groups(), other.groups())
         self.rows += other.rows
         self.valid_tokens += other.valid_tokens
         self.empty_rows += other.empty_rows
-        return self
-
-    def compute(self) -> BatchResult:
-        """The batch's metrics; a batch without a valid token gives ``None`` everywhere and a crash note."""
-        raw: dict[str, float | None] = {}
-        crashes: list[VerlCrash] = []
-        for group in self.groups():
-            values, group_crashes = group.compute()
-            raw.update(values)
-            crashes.extend(prefixed_crash(crash) for crash in group_crashes)
-        if self.valid_tokens == 0:
-            crashes = [empty_batch_crash()]
-        metrics: dict[str, MetricValue] = {}
-        extras: dict[str, MetricValue] = {}
-        for key, value in raw.items():
-            value = verl_float(value)
-            finite = value is not None and abs(value) != float("inf") and value == value
-            target = extras if key.startswith("rcdiag/") else metrics
-            target[key if key.startswith("rcdiag/") else PREFIX + key] = value if finite else None
-            raw[key] = value
-        return BatchResult(
-            metrics=metrics,
-            extras=extras,
-            raw={(k if k.startswith("rcdiag/") else PREFIX + k): v for k, v in raw.items()},
-            crashes=tuple(crashes),
-            rows=self.rows,
-            valid_tokens=self.valid_tokens,
-            empty_rows=self.empty_rows,
-            log_ratio=Histogram(
-                tuple(EDGES.tolist()), tuple(self.log_ratio.counts.tolist()), int(self.log_ratio.state["nan"])
-            ),
-        )
 
     def state_dict(self) -> dict[str, Any]:
         """Serializable state (merge it back with ``load_state_dict`` + ``merge``)."""
@@ -131,6 +86,68 @@ class BatchMetrics:
         self.rows = integer(state["rows"], "rows")
         self.valid_tokens = integer(state["valid_tokens"], "valid_tokens")
         self.empty_rows = integer(state["empty_rows"], "empty_rows")
+
+
+class BatchMetrics(GroupedBatch):
+    """The accumulators of one batch; ``update`` with blocks, ``merge`` batches, ``compute`` the metrics."""
+
+    def __init__(self, resolved: ResolvedConfig) -> None:
+        super().__init__()
+        self.resolved = resolved
+        self.importance = ISMetrics(resolved.is_spec, resolved.version) if resolved.is_spec is not None else None
+        self.rs_options = [RSOptionMetrics(option) for option in resolved.rs_options]
+        self.rs_aggregate = RSAggregateMetrics(resolved.rs_options) if self.rs_options else None
+        self.offpolicy = OffPolicyMetrics()
+        self.extras = ExtraMetrics()
+        self.log_ratio = LogRatioHistogram()
+
+    def groups(self) -> list[Accumulator]:
+        """Every accumulator, in verl's key order (rcdiag's extras, then the log-ratio histogram, last)."""
+        groups: list[Accumulator] = []
+        if self.importance is not None:
+            groups.append(self.importance)
+        groups.extend(self.rs_options)
+        if self.rs_aggregate is not None:
+            groups.append(self.rs_aggregate)
+        groups.extend([self.offpolicy, self.extras, self.log_ratio])
+        return groups
+
+    def merge(self, other: BatchMetrics) -> BatchMetrics:
+        """Fold another batch's state (same configuration) into this one; returns ``self``."""
+        if not self.resolved.same_computation(other.resolved):
+            raise ValueError("cannot merge batches computed with different configurations")
+        self.merge_state(other)
+        return self
+
+    def compute(self) -> BatchResult:
+        """The batch's metrics; a batch without a valid token gives ``None`` everywhere and a crash note."""
+        raw: dict[str, float | None] = {}
+        crashes: list[VerlCrash] = []
+        for group in self.groups():
+            values, group_crashes = group.compute()
+            raw.update(values)
+            crashes.extend(prefixed_crash(crash) for crash in group_crashes)
+        if self.valid_tokens == 0:
+            crashes = [empty_batch_crash()]
+        metrics: dict[str, MetricValue] = {}
+        extras: dict[str, MetricValue] = {}
+        for key, value in raw.items():
+            value = verl_float(value)
+            target = extras if key.startswith("rcdiag/") else metrics
+            target[key if key.startswith("rcdiag/") else PREFIX + key] = finite(value)
+            raw[key] = value
+        return BatchResult(
+            metrics=metrics,
+            extras=extras,
+            raw={(k if k.startswith("rcdiag/") else PREFIX + k): v for k, v in raw.items()},
+            crashes=tuple(crashes),
+            rows=self.rows,
+            valid_tokens=self.valid_tokens,
+            empty_rows=self.empty_rows,
+            log_ratio=Histogram(
+                tuple(EDGES.tolist()), tuple(self.log_ratio.counts.tolist()), int(self.log_ratio.state["nan"])
+            ),
+        )
 
 
 def merge_groups(groups: list[Accumulator], others: list[Accumulator]) -> None:

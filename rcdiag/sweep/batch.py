@@ -15,10 +15,10 @@ from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import CorrectionConfig
 from rcdiag.core.limits import finite_f32
 from rcdiag.engine import StepStates, load_batches, saved_counts
-from rcdiag.fields import checked, integer, real
+from rcdiag.fields import checked, real
 from rcdiag.kernels import sweep_encoding
 from rcdiag.metrics.base import Accumulator, MetricValue, VerlCrash
-from rcdiag.metrics.batch import empty_batch_crash, groups_state, load_groups, merge_groups, prefixed_crash
+from rcdiag.metrics.batch import GroupedBatch, empty_batch_crash, prefixed_crash
 from rcdiag.metrics.block import Block
 from rcdiag.sweep.cells import Passes
 from rcdiag.sweep.collector import Collector
@@ -42,11 +42,12 @@ class PointResult:
     crashes: tuple[VerlCrash, ...]
 
 
-class SweepBatch:
+class SweepBatch(GroupedBatch):
     """Every option of the grid over one batch: its accumulators (``groups``), fed, merged and saved as
     ``BatchMetrics``' are."""
 
     def __init__(self, grid: SweepGrid, passes: Passes, collector: Collector | None = None) -> None:
+        super().__init__()
         self.grid = grid
         self.collector = collector
         """The state's pooled collector for recommendations (fed every block; not this batch's to merge)."""
@@ -54,30 +55,20 @@ class SweepBatch:
         self.sweeps: list[OptionSweep] = [
             option_sweep(option, thresholds, version, passes) for option, thresholds in grid.options
         ]
-        self.rows = 0
-        self.valid_tokens = 0
-        self.empty_rows = 0
 
     def groups(self) -> list[Accumulator]:
         """Every accumulator holding this batch's state, option by option in grid order."""
         return [part for sweep in self.sweeps for part in sweep.parts()]
 
     def update(self, block: Block) -> None:
-        self.rows += block.n_rows
-        self.valid_tokens += block.n_tokens
-        self.empty_rows += block.n_rows - block.n_valid_rows
-        for group in self.groups():
-            group.update(block)
+        super().update(block)
         if self.collector is not None:
             self.collector.update(block)
 
     def merge(self, other: SweepBatch) -> SweepBatch:
         if self.grid.specs() != other.grid.specs():
             raise ValueError("cannot merge sweeps over different grids")
-        merge_groups(self.groups(), other.groups())
-        self.rows += other.rows
-        self.valid_tokens += other.valid_tokens
-        self.empty_rows += other.empty_rows
+        self.merge_state(other)
         return self
 
     def compute(self) -> dict[tuple[str, str], PointResult]:
@@ -94,20 +85,6 @@ class SweepBatch:
                 )
             sweep.release()
         return out
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "rows": self.rows,
-            "valid_tokens": self.valid_tokens,
-            "empty_rows": self.empty_rows,
-            "groups": groups_state(self.groups()),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        load_groups(self.groups(), state.get("groups") if isinstance(state, dict) else None)
-        self.rows = integer(state["rows"], "rows")
-        self.valid_tokens = integer(state["valid_tokens"], "valid_tokens")
-        self.empty_rows = integer(state["empty_rows"], "empty_rows")
 
 
 @functools.cache

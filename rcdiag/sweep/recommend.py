@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from rcdiag.config import SAFETY_BOUND
+from rcdiag.core.formulas import POS_INF_KEY
 from rcdiag.sweep.collector import BUCKETS, Collector, bucket, edge
 from rcdiag.sweep.grid import IS_OPTIONS, resolve
 from rcdiag.sweep.report import Recommendation
@@ -171,7 +172,7 @@ def _sequence_is(rows: np.ndarray, lengths: np.ndarray, collector: Collector, ta
 def _smallest_with_log_at_least(s: float) -> np.float32:
     """The smallest positive float32 ``u`` whose float32 log (verl's IS log-threshold) is ``>= s``: a bisection
     over the bit patterns of positive float32 values, on which ``log`` is monotone."""
-    lo, hi = 1, 0x7F800000  # smallest subnormal .. +inf
+    lo, hi = 1, int(POS_INF_KEY)  # smallest subnormal .. +inf (bit patterns)
     with np.errstate(divide="ignore"):
         while lo < hi:
             mid = (lo + hi) // 2

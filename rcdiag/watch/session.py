@@ -16,7 +16,6 @@ twice, and an alert is not raised again.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 import secrets
@@ -31,6 +30,7 @@ from rcdiag._version import __version__
 from rcdiag.api import accumulate, analyze_state, build_report
 from rcdiag.check.metric_names import metric_names, validate_rules
 from rcdiag.config import CorrectionConfig
+from rcdiag.core.limits import finite_tree
 from rcdiag.engine import EngineState
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.health import BATCH_RULES, CONTEXT_RULES, Context, Hit, could_fire_in_context
@@ -89,7 +89,7 @@ class StepEvent:
     """Files read so far."""
 
     def to_dict(self) -> dict[str, Any]:
-        return _finite_tree(
+        return finite_tree(
             {
                 "kind": "step",
                 **self.step.to_dict(),
@@ -116,7 +116,7 @@ class ReportEvent:
 
     def to_dict(self) -> dict[str, Any]:
         verdict = self.report.verdict
-        return _finite_tree(
+        return finite_tree(
             {
                 "kind": "report",
                 "step": self.step,
@@ -134,15 +134,6 @@ class ReportEvent:
 Event = StepEvent | ReportEvent
 REPORT_SECONDS = 5.0
 """While files keep arriving faster than they are read, the whole report is rebuilt at most this often."""
-
-
-def _finite_tree(value: Any) -> Any:
-    """Non-finite floats as ``None`` (JSON has no inf), as in every JSON rcdiag writes."""
-    if isinstance(value, dict):
-        return {k: _finite_tree(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite_tree(v) for v in value]
-    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 class KeptHits:
@@ -456,7 +447,7 @@ class Watch:
     def alert_payload(self, alert: Alert) -> dict[str, Any]:
         """The JSON an ``--on-alert`` command reads and a ``--webhook`` receives."""
         verdict = self.report.verdict if self.report is not None else None
-        return _finite_tree(
+        return finite_tree(
             {
                 **alert.to_dict(),
                 "watch": self.location,
