@@ -51,7 +51,12 @@ def _both(x: np.ndarray, lengths: np.ndarray, edges: list[float], extremes: bool
     kernel_hist, twin_hist = np.zeros(4 * BUCKETS, np.int64), np.zeros(4 * BUCKETS, np.int64)
     args = (cells.count, extremes, per_row, mode)
     want = scan(x, lengths, cells.table, cells.edges, *args, kernel_hist)
-    got = scan_arrays.scan(None, x, lengths, cells.edges, *args, twin_hist)
+    got = scan_arrays.scan(None, x, lengths, cells.edges, *args, twin_hist, cells.table)
+    compared_hist = np.zeros(4 * BUCKETS, np.int64)
+    compared = scan_arrays.scan(None, x, lengths, cells.edges, *args, compared_hist)  # torch's way to the cells
+    assert np.array_equal(compared_hist, twin_hist)
+    for name, a, b in zip(NAMES, got, compared, strict=True):
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), name
     return dict(zip(NAMES, want, strict=True)), dict(zip(NAMES, got, strict=True)), kernel_hist, twin_hist
 
 

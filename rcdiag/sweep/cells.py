@@ -75,7 +75,8 @@ class Cells:
         else:
             from rcdiag.sweep import scan_arrays
 
-            found = scan_arrays.scan(backend, x, rows, self.edges, self.count, nan_values, per_row, mode, counts)
+            args = (self.edges, self.count, nan_values, per_row, mode, counts)
+            found = scan_arrays.scan(backend, x, rows, *args, self.table)
         n, mean, m2, high, low, row_n, row_sum, row_max, row_min, row_total = found
         arrays = MomentArrays(n.astype(np.float64), mean, m2, high, low)
         nan = self.nan_cell

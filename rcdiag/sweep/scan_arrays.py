@@ -18,12 +18,13 @@ results (and the histogram's counts) come back to the host. Held to the kernel b
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rcdiag.core.formulas import chan_merge_share, order_key
-from rcdiag.kernels.sweep_encoding import BUCKETS, HISTOGRAM_CLAMPED, NO_HISTOGRAM, SHIFT
+from rcdiag.kernels.sweep_encoding import AMBIGUOUS, BUCKETS, HISTOGRAM_CLAMPED, NO_HISTOGRAM, SHIFT
 
 if TYPE_CHECKING:
     from rcdiag.backend import Backend
@@ -61,8 +62,26 @@ class _NumpyOps:
     def int64(self, x: np.ndarray) -> np.ndarray:
         return x.astype(np.int64)
 
+    def cells(self, x: np.ndarray, edges: np.ndarray, table: np.ndarray | None, nan_cell: int) -> np.ndarray:
+        """The table's cell by the value's bucket (``Cells.table``), the few ambiguous ones by comparison."""
+        if table is None:
+            return _compared(self, x, edges, nan_cell)
+        cell = table.take(x.view(np.uint32) >> SHIFT).astype(np.int64)
+        ambiguous = np.flatnonzero(cell == AMBIGUOUS)
+        if ambiguous.size:
+            cell[ambiguous] = _compared(self, x[ambiguous], edges, nan_cell)
+        return cell
+
     def searchsorted(self, edges: np.ndarray, x: np.ndarray, right: bool) -> np.ndarray:
         return np.searchsorted(edges, x, side="right" if right else "left")
+
+    def row_extremes(self, x: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's largest and smallest order key (int32; an empty row's: the infinities')."""
+        from rcdiag.backend import NumpyBackend
+
+        keys = order_key(x.view(np.int32))
+        rows = NumpyBackend().segments(lengths)
+        return rows.max(keys, _NEG_INF_KEY), rows.min(keys, _POS_INF_KEY)
 
     def repeat(self, values: np.ndarray, counts: np.ndarray) -> np.ndarray:
         return np.repeat(values, counts)
@@ -82,8 +101,10 @@ class _NumpyOps:
 class _TorchOps:
     """The same scatters on torch tensors, on the backend's device."""
 
-    def __init__(self, torch: Any, device: Any) -> None:
-        self.torch, self.xp, self.where = torch, torch, device
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.torch = self.xp = backend.torch  # type: ignore[attr-defined]
+        self.where = backend.device  # type: ignore[attr-defined]
 
     def float32(self, x: Any) -> Any:
         return self.torch.as_tensor(x, device=self.where).to(self.torch.float32).contiguous()
@@ -92,7 +113,7 @@ class _TorchOps:
         return x.detach().cpu().numpy()
 
     def device(self, x: np.ndarray) -> Any:
-        return self.torch.as_tensor(np.ascontiguousarray(x), device=self.where)
+        return self.torch.tensor(np.ascontiguousarray(x), device=self.where)  # (a copy: small host arrays)
 
     def bits(self, x: Any) -> Any:
         return x.view(self.torch.int32)
@@ -103,8 +124,17 @@ class _TorchOps:
     def int64(self, x: Any) -> Any:
         return x.to(self.torch.int64)
 
+    def cells(self, x: Any, edges: np.ndarray, table: np.ndarray | None, nan_cell: int) -> Any:
+        return _compared(self, x, edges, nan_cell)
+
     def searchsorted(self, edges: Any, x: Any, right: bool) -> Any:
         return self.torch.searchsorted(edges, x, right=right)
+
+    def row_extremes(self, x: Any, lengths: np.ndarray) -> tuple[Any, Any]:
+        """Each row's largest and smallest order key (float64, which holds every int32 exactly)."""
+        keys = order_key(x.view(self.torch.int32)).to(self.torch.float64)
+        rows = self.backend.segments(lengths)
+        return rows.max(keys, _NEG_INF_KEY), rows.min(keys, _POS_INF_KEY)
 
     def repeat(self, values: Any, counts: Any) -> Any:
         return self.torch.repeat_interleave(values, counts)
@@ -120,9 +150,38 @@ class _TorchOps:
         return out.scatter_reduce_(0, index, values, "amax" if largest else "amin", include_self=True)
 
 
+@functools.lru_cache(maxsize=4)
 def _ops(backend: Backend | None) -> _NumpyOps | _TorchOps:
-    torch = getattr(backend, "torch", None)
-    return _NumpyOps() if torch is None else _TorchOps(torch, backend.device)  # type: ignore[union-attr]
+    """One object per backend (``_layout``'s cache is keyed by it)."""
+    return _TorchOps(backend) if backend is not None and hasattr(backend, "torch") else _NUMPY
+
+
+_NUMPY = _NumpyOps()
+
+
+def _compared(ops: _NumpyOps | _TorchOps, x: Any, edges: np.ndarray, nan_cell: int) -> Any:
+    """Each value's cell by comparison with every edge: edges below plus edges at or below (NaN: the last cell)."""
+    nan = x != x
+    if not edges.shape[0]:
+        return ops.int64(nan)  # no edge: every number in cell 0, NaN in cell 1
+    e = ops.device(edges)
+    return ops.xp.where(nan, nan_cell, ops.searchsorted(e, x, False) + ops.searchsorted(e, x, True))
+
+
+@functools.lru_cache(maxsize=4)
+def _layout(ops: _NumpyOps | _TorchOps, lengths: bytes) -> tuple[int, Any, Any, Any]:
+    """A block's sub-blocks and, per token, its sub-block, its copy within the sub-block (its position there, mod
+    4) and its row; the same for every statistic of the block (cached by its row lengths)."""
+    rows = np.frombuffer(lengths, dtype=np.int64)
+    firsts = sub_blocks(rows)
+    n_sub = int(firsts.shape[0]) - 1
+    starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+    sizes = starts[firsts[1:]] - starts[firsts[:-1]]
+    tokens = np.arange(int(starts[-1]), dtype=np.int64)
+    sub = ops.repeat(ops.device(np.arange(n_sub, dtype=np.int64)), ops.device(sizes))
+    lane = (ops.device(tokens) - ops.repeat(ops.device(starts[firsts[:-1]]), ops.device(sizes))) & (LANES - 1)
+    row = ops.repeat(ops.device(np.arange(rows.shape[0], dtype=np.int64)), ops.device(rows))
+    return n_sub, sub, sub * LANES + lane, row
 
 
 def sub_blocks(lengths: np.ndarray) -> np.ndarray:
@@ -149,36 +208,23 @@ def scan(
     per_row: bool,
     histogram: int,
     hist: np.ndarray,
+    table: np.ndarray | None = None,
 ) -> tuple[np.ndarray, ...]:
-    """``rcdiag.kernels.sweep.scan`` on ``backend``'s arrays (``None``: numpy): the same arguments but the cell table
-    (``x`` on the backend, the rest on the host) and the same results, as host numpy arrays."""
+    """``rcdiag.kernels.sweep.scan`` on ``backend``'s arrays (``None``: numpy): the same arguments, ``x`` on the
+    backend and the rest on the host, and the same results, as host numpy arrays. ``table``: the cells' table
+    (``Cells.table``), which numpy indexes (torch compares every value with the edges)."""
     ops = _ops(backend)
     xp = ops.xp
     x = ops.float32(x)
     n_rows = int(lengths.shape[0])
-    n = int(x.shape[0])
-    nan_cell = n_cells - 1
-    firsts = sub_blocks(lengths)
-    n_sub = int(firsts.shape[0]) - 1
-    starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    sizes = starts[firsts[1:]] - starts[firsts[:-1]]
-    sub = ops.repeat(ops.device(np.arange(n_sub, dtype=np.int64)), ops.device(sizes))
-    lane = (
-        ops.device(np.arange(n, dtype=np.int64)) - ops.repeat(ops.device(starts[firsts[:-1]]), ops.device(sizes))
-    ) & (LANES - 1)
-    row = ops.repeat(ops.device(np.arange(n_rows, dtype=np.int64)), ops.device(lengths))
-
+    n_sub, sub, copy_of, row = _layout(ops, np.ascontiguousarray(lengths, dtype=np.int64).tobytes())
+    lane = copy_of & (LANES - 1)
     nan = x != x
-    e = ops.device(edges) if edges.shape[0] else None
-    if e is None:
-        cell = ops.int64(nan)  # no edge: every number in cell 0, NaN in cell 1
-    else:
-        cell = ops.searchsorted(e, x, False) + ops.searchsorted(e, x, True)
-        cell = xp.where(nan, nan_cell, cell)
+    cell = ops.cells(x, edges, table, n_cells - 1)
     f = ops.float64(x)
 
     # per sub-block, copy and cell: count and sum, then the cells' centred squares (the kernel's two passes)
-    slot = (sub * LANES + lane) * n_cells + cell
+    slot = copy_of * n_cells + cell
     size = n_sub * LANES * n_cells
     counts = ops.host(ops.count(slot, size)).reshape(n_sub, LANES, n_cells)
     totals = ops.host(ops.add(slot, f, size)).reshape(n_sub, LANES, n_cells)
@@ -206,11 +252,7 @@ def scan(
                 out[better] = copy[better]
 
     # per row: extremes by the float order key (NaN if the row holds one), float64 sums
-    keys = ops.float64(order_key(ops.bits(x)))
-    row_high, row_low = (
-        _floats(ops.host(ops.extreme(row, keys, n_rows, largest, empty)))
-        for largest, empty in ((True, _NEG_INF_KEY), (False, _POS_INF_KEY))
-    )
+    row_high, row_low = (_floats(ops.host(keys)) for keys in ops.row_extremes(x, lengths))
     row_nan = ops.host(ops.count(row[nan], n_rows)) > 0
     row_high[row_nan] = row_low[row_nan] = np.nan
     row_total = ops.host(ops.add(row, f, n_rows))
