@@ -40,7 +40,6 @@ def _quiet():  # type: ignore[no-untyped-def]
 
 
 def test_the_sub_blocks_are_the_kernels() -> None:
-    assert scan_arrays.SUB_BLOCK == SUB_BLOCK
     lengths = np.array([SUB_BLOCK - 1, 1, 0, 5, SUB_BLOCK + 3, 0, 2, 0], dtype=np.int64)
     assert scan_arrays.sub_blocks(lengths).tolist() == [0, 3, 4, 5, 8]
     assert scan_arrays.sub_blocks(np.zeros(0, dtype=np.int64)).tolist() == [0]

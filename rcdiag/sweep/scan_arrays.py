@@ -12,8 +12,8 @@ count, histogram bin and cell sum is the kernel's to the bit, and so are the cel
 sub-block; the rest moves in the last bits (the kernel contracts ``d * d + s`` and the sub-blocks' merge to fused
 multiply-adds and reorders its row sums under fast-math), and the cells' extremes are the kernel's values (the sign
 of a zero tied with another may differ). On torch the scatters' order is the device's (atomics on a GPU): floats to
-rounding, counts exact. Only per-cell and per-row
-results (and the histogram's counts) come back to the host. Held to the kernel by tests/test_sweep_twin.py.
+rounding, counts exact. Only per-cell and per-row results (and the histogram's counts) come back to the host. Held
+to the kernel by tests/test_sweep_twin.py.
 """
 
 from __future__ import annotations
@@ -24,14 +24,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rcdiag.core.formulas import chan_merge_share, order_key
-from rcdiag.kernels.sweep_encoding import AMBIGUOUS, BUCKETS, HISTOGRAM_CLAMPED, NO_HISTOGRAM, SHIFT
+from rcdiag.kernels.sweep_encoding import AMBIGUOUS, BUCKETS, HISTOGRAM_CLAMPED, NO_HISTOGRAM, SHIFT, SUB_BLOCK
 
 if TYPE_CHECKING:
     from rcdiag.backend import Backend
 
-SUB_BLOCK = 1 << 15
-"""Tokens per sub-block (whole rows): ``rcdiag.kernels.sweep.SUB_BLOCK``, which this module cannot import (it
-imports numba); tests/test_sweep_twin.py holds the two equal."""
 LANES = 4
 """The kernel's interleaved copies of its per-cell sums and of the histogram."""
 _NEG_INF_KEY = float(order_key(np.float32(-np.inf).view(np.int32)))
