@@ -20,7 +20,7 @@ from numba import njit
 from rcdiag.core.formulas import NEG_INF_KEY, POS_INF_KEY
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
 from rcdiag.kernels.scalar import chan_merge_share, order_key
-from rcdiag.kernels.sweep_encoding import AMBIGUOUS, BUCKETS, HISTOGRAM_CLAMPED, SHIFT
+from rcdiag.kernels.sweep_encoding import AMBIGUOUS, BUCKETS, HISTOGRAM_CLAMPED, SHIFT, SUB_BLOCK
 
 
 @njit(**JIT)
@@ -33,10 +33,6 @@ def _locate(v: np.float32, edges: np.ndarray, nan_cell: int) -> int:
         e = edges[k]
         cell += (v >= e) + (v > e)
     return cell
-
-
-SUB_BLOCK = 1 << 15
-"""Tokens per sub-block (whole rows): its values and cells stay in the core's cache between the two passes."""
 
 
 @njit(**JIT)

@@ -15,6 +15,10 @@ NO_HISTOGRAM, HISTOGRAM, HISTOGRAM_CLAMPED = 0, 1, 2
 """What a statistic's pass (``Cells.scan``) adds to the collector's histogram: nothing; the bucket of ``|x|``
 (the sign bit dropped: statistics >= 0, and k1 whose absolute value decides); the bucket of ``max(x, 0)`` (k3,
 which float32 may round below 0)."""
+SUB_BLOCK = 1 << 15
+"""Tokens per sub-block of the sweep's pass (whole rows): its values and cells stay in the core's cache between the
+kernel's two passes; each cell's M2 is centred on its sub-block's mean (the array twin, ``rcdiag.sweep.scan_arrays``,
+cuts the same sub-blocks)."""
 AMBIGUOUS = 0xFFFF
 """A table entry whose bucket holds an edge: its tokens are located by comparison with every edge."""
 

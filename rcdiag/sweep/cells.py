@@ -25,6 +25,7 @@ from rcdiag.kernels.sweep_encoding import AMBIGUOUS, HISTOGRAM, HISTOGRAM_CLAMPE
 from rcdiag.metrics.base import MomentArrays, Moments
 
 if TYPE_CHECKING:
+    from rcdiag.backend import Backend
     from rcdiag.metrics.block import Block
 
 __all__ = ["HISTOGRAM", "HISTOGRAM_CLAMPED", "NO_HISTOGRAM", "SHIFT"]  # the kernel's encoding, named here too
@@ -56,18 +57,26 @@ class Cells:
         per_row: bool = False,
         histogram: tuple[int, np.ndarray] | None = None,
         nan_values: bool = False,
+        backend: Backend | None = None,
     ) -> TokenScan:
         """One statistic's pass over a block (``x`` float32, rows of ``lengths`` tokens): the per-cell state, and
         with ``per_row`` the per-(row, cell) counts and sums; ``histogram``: the collector's mode and counts,
         which the pass adds the block's tokens to. The NaN cell only counts (and the extremes are left out),
         unless ``nan_values`` (token IS: a NaN ratio makes verl's weights' statistics NaN): then the cells'
-        extremes are kept, and the NaN cell's mean, M2 and extremes are NaN when it holds a token."""
-        from rcdiag.kernels.sweep import scan
-
-        x = np.ascontiguousarray(x, dtype=np.float32)
+        extremes are kept, and the NaN cell's mean, M2 and extremes are NaN when it holds a token. ``backend``: a
+        backend without the kernels (``uses_kernel``), whose arrays ``x`` are, takes the array twin."""
         rows = np.asarray(lengths).astype(np.int64, copy=False)
         mode, counts = histogram if histogram is not None else (NO_HISTOGRAM, _NO_COUNTS)
-        found = scan(x, rows, self.table, self.edges, self.count, nan_values, per_row, mode, counts)
+        if backend is None or uses_kernel(backend):
+            from rcdiag.kernels.sweep import scan
+
+            x = np.ascontiguousarray(x if backend is None else backend.to_numpy(x), dtype=np.float32)
+            found = scan(x, rows, self.table, self.edges, self.count, nan_values, per_row, mode, counts)
+        else:
+            from rcdiag.sweep import scan_arrays
+
+            args = (self.edges, self.count, nan_values, per_row, mode, counts)
+            found = scan_arrays.scan(backend, x, rows, *args, self.table)
         n, mean, m2, high, low, row_n, row_sum, row_max, row_min, row_total = found
         arrays = MomentArrays(n.astype(np.float64), mean, m2, high, low)
         nan = self.nan_cell
@@ -122,16 +131,25 @@ class Passes:
         return block.once(_scan_all, self)
 
 
+def uses_kernel(backend: Backend) -> bool:
+    """Whether the sweep's pass runs the numba kernel on this backend (the compiled numpy backend), or the array
+    twin (``rcdiag.sweep.scan_arrays``: a small dump's numpy path, which imports no numba, and torch, whose blocks
+    stay on the device)."""
+    from rcdiag.backend import NumpyBackend
+
+    return isinstance(backend, NumpyBackend) and backend.compiled
+
+
 def _scan_all(block: Block, passes: Passes) -> dict[str, TokenScan]:
     b = block.b
     lengths = b.to_numpy(block.row_len).astype(np.int64)
     scans = {}
     for statistic in dict.fromkeys([*passes.cells, *passes.histograms]):
         ratio = statistic == "ratio"
-        values = b.to_numpy(block.ratio if ratio else statistic_of(block, statistic))
+        values = block.ratio if ratio else statistic_of(block, statistic)
         cells = passes.cells.get(statistic)
         found = (cells or NO_EDGES).scan(
-            values, lengths, ratio and cells is not None, passes.histograms.get(statistic), nan_values=ratio
+            values, lengths, ratio and cells is not None, passes.histograms.get(statistic), nan_values=ratio, backend=b
         )
         scans[statistic] = found
     return scans
