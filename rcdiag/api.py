@@ -157,7 +157,7 @@ def analyze(
     )
     micro = None
     if collector is not None and microbatch is not None:
-        from rcdiag.microbatch.report import simulate as simulate_microbatches
+        from rcdiag.microbatch.section import simulate as simulate_microbatches
 
         micro = simulate_microbatches(collector.steps(), accumulated.state.resolved, microbatch)
     report = build_report(
@@ -443,7 +443,7 @@ def build_report(
             texts=decoded_texts(state.explain.worst.token_texts(), vocabulary),
         )
     if microbatch is not None:
-        from rcdiag.microbatch.report import findings as microbatch_findings
+        from rcdiag.microbatch.section import findings as microbatch_findings
 
         found = microbatch_findings(microbatch)
         findings = sorted([*findings, *found], key=lambda f: listing_order(f.code, f.severity))

@@ -111,7 +111,7 @@ S = TypeVar("S", bound="StepStates[Any]")
 @dataclass
 class StepStates(Generic[B]):
     """Accumulated state of a whole dump: one batch of accumulators per step (``new_batch``), plus input counters.
-    ``EngineState`` keeps ``rcdiag analyze``'s (``BatchMetrics``), ``rcdiag.sweep.batch.SweepState`` the sweep's;
+    ``EngineState`` keeps ``rcdiag analyze``'s (``BatchMetrics``), ``rcdiag.sweep.accumulated.SweepState`` the sweep's;
     the engine's streaming, step grouping, state files, workers and merging serve both."""
 
     resolved: ResolvedConfig

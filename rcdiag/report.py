@@ -349,7 +349,7 @@ class StepMicroBatches:
 @dataclass(frozen=True)
 class MicroBatchReport:
     """Every step's split, both paths' metrics, and which path the configuration takes under its release (built by
-    ``rcdiag.microbatch.report.simulate``; its findings by ``rcdiag.microbatch.report.findings``)."""
+    ``rcdiag.microbatch.section.simulate``; its findings by ``rcdiag.microbatch.section.findings``)."""
 
     settings: dict[str, Any]
     """The actor's batching as given (``rcdiag.MicroBatchSettings.to_dict()``)."""

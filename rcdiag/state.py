@@ -51,7 +51,7 @@ def state_layout(whole_dump: Iterable[str] = ()) -> str:
     ``explain``) depend on (bucket edges, groups and their hash, series cut-off, the sweep kernel's buckets). A
     file written under another layout is refused, never merged into numbers that mean something else. Read when
     called, so a changed declaration or constant shows at once."""
-    from rcdiag.sweep.batch import sweep_layout
+    from rcdiag.sweep.accumulated import sweep_layout
 
     declared = {"accumulators": declared_states(), "sweep": sweep_layout()}
     declared.update({key: whole_dump_kind(key).layout() for key in sorted(whole_dump)})
@@ -259,7 +259,7 @@ def state_kind(path: str | Path) -> str:
 
 def _state_class(kind: str) -> type[StepStates[Any]]:
     if kind == "sweep":
-        from rcdiag.sweep.batch import SweepState
+        from rcdiag.sweep.accumulated import SweepState
 
         return SweepState
     return EngineState

@@ -30,9 +30,9 @@ from rcdiag.explain.statistics import GroupSums, SumsAccumulator
 from rcdiag.io.base import Chunk
 from rcdiag.metrics.base import Accumulator
 from rcdiag.state import decode_state, encode_state
-from rcdiag.sweep.batch import SweepState, new_sweep_state
+from rcdiag.sweep.accumulated import SweepState, new_sweep_state
 from rcdiag.sweep.grid import SweepGrid
-from rcdiag.sweep.options import RSSweep
+from rcdiag.sweep.option_sweeps import RSSweep
 
 CONFIG = rcdiag.CorrectionConfig(
     rollout_is="token", rollout_rs="token_k1,seq_mean_k3", rollout_rs_threshold="0.5_2.0,0.01"

@@ -56,7 +56,7 @@ passes moved behind one interface chosen by the backend and the formulas into ``
 KNOWN_UPWARD = {
     ("rcdiag.parallel", "rcdiag.interrupts"),
     ("rcdiag.state", "rcdiag.outputs"),
-    ("rcdiag.state", "rcdiag.sweep.batch"),
+    ("rcdiag.state", "rcdiag.sweep.accumulated"),
 }
 """Debt (issue 20, one state protocol): the engine knows the sweep's state by name; the state file writer and the
 workers use the library's output and interrupt modules. (``--explain``'s state is a whole-dump accumulator the
@@ -218,7 +218,7 @@ def test_the_version_module_imports_nothing() -> None:
 def test_the_graph_sees_lazy_relative_and_type_checking_imports() -> None:
     """The graph builder itself: imports inside functions and under TYPE_CHECKING are edges."""
     graph = _graph()
-    assert "rcdiag.sweep.batch" in graph["rcdiag.state"]  # inside a function
+    assert "rcdiag.sweep.accumulated" in graph["rcdiag.state"]  # inside a function
     assert "rcdiag.metrics.block" in graph["rcdiag.metrics.base"]  # under TYPE_CHECKING
     assert "rcdiag.catalogue.findings" in graph["rcdiag.catalogue"]  # the package's __init__
 
@@ -304,8 +304,8 @@ def test_no_layer_imports_one_above_it_but_the_known_debts() -> None:
 @pytest.mark.parametrize(
     ("module", "imported"),
     [
-        ("rcdiag.report", "rcdiag.microbatch.report"),  # records -> a feature
-        ("rcdiag.kernels.sweep", "rcdiag.sweep.batch"),  # a kernel -> its feature
+        ("rcdiag.report", "rcdiag.microbatch.section"),  # records -> a feature
+        ("rcdiag.kernels.sweep", "rcdiag.sweep.accumulated"),  # a kernel -> its feature
         ("rcdiag.metrics.block", "rcdiag.engine"),  # maths -> engine
         ("rcdiag.health", "rcdiag.render.text"),  # a feature -> a renderer
         ("rcdiag.render.html", "rcdiag.cli.output"),  # a renderer -> the CLI

@@ -153,7 +153,7 @@ def test_refused_thresholds_are_exit_2_with_one_line(capsys: pytest.CaptureFixtu
     assert err.count("\n") == 1 and message in err, err
 
 
-def _points(report: rcdiag.sweep.report.SweepReport) -> dict:
+def _points(report: rcdiag.sweep.results.SweepReport) -> dict:
     return {(r.option, r.threshold): (r.metrics, r.steps) for r in report.rows}
 
 
@@ -578,7 +578,7 @@ def test_an_inverted_k1_band_rejects_each_token_once_as_analyze_and_verl_do(
     ("target", "changed"),
     [
         ("rcdiag.kernels.sweep_encoding.SHIFT", 14),  # the histogram's buckets
-        ("rcdiag.sweep.options.SequenceRSSweep.STATES", {"v_hi": "sums", "masked_rows": "sums"}),  # declared states
+        ("rcdiag.sweep.option_sweeps.SequenceRSSweep.STATES", {"v_hi": "sums", "masked_rows": "sums"}),  # declared states
     ],
 )
 def test_a_sweep_state_of_another_layout_is_refused(

@@ -16,7 +16,7 @@ from rcdiag.metrics.base import Accumulator, Moments
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.extras import ExtraMetrics
 from rcdiag.metrics.rejection import RSOptionMetrics
-from rcdiag.sweep.batch import SweepBatch
+from rcdiag.sweep.accumulated import SweepBatch
 from rcdiag.sweep.cells import Passes
 from rcdiag.sweep.grid import SweepGrid, resolve
 from rcdiag.sweep.run import sweep_chunks
@@ -54,7 +54,7 @@ def test_a_new_threshold_dependent_rs_state_is_refused_never_read_as_zero(monkey
     analyze = RSOptionMetrics(resolve("token_k1", "2.0").rs_option)
     analyze.update(_block(1))
     assert analyze.state["tok_nan"] >= 1.0
-    with pytest.raises(NotImplementedError, match=r"'tok_nan'.*rcdiag/sweep/options\.py"):
+    with pytest.raises(NotImplementedError, match=r"'tok_nan'.*rcdiag/sweep/option_sweeps\.py"):
         sweep_chunks([_chunk(1)], SweepGrid.from_specs({"token_k1": ["1.5", "2.0"]}))
 
 

@@ -15,7 +15,7 @@ from rcdiag.engine import Engine
 from rcdiag.explain.state import ExplainState
 from rcdiag.explain.tokens import DENSE_IDS, TokenSums
 from rcdiag.io import Chunk, open_dump
-from rcdiag.io.batch import token_values
+from rcdiag.io.record_batches import token_values
 from rcdiag.metrics.block import Block
 
 

@@ -14,8 +14,8 @@ import pyarrow as pa
 
 from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap
-from rcdiag.io.batch import Batch
 from rcdiag.io.paths import arrow_input, open_input
+from rcdiag.io.record_batches import Batch
 from rcdiag.io.tables import TableFile, schema_metadata, short
 
 FILE_MAGIC = b"ARROW1"

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from rcdiag.errors import InputError
-from rcdiag.io.batch import Batch
+from rcdiag.io.record_batches import Batch
 from rcdiag.io.tables import short
 
 

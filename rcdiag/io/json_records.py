@@ -18,9 +18,9 @@ import pyarrow as pa
 
 from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap
-from rcdiag.io.batch import Batch
 from rcdiag.io.limits import JSON_LINE_CHARS
 from rcdiag.io.paths import open_text
+from rcdiag.io.record_batches import Batch
 from rcdiag.io.tables import TableFile
 
 

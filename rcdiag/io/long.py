@@ -31,10 +31,10 @@ import pyarrow as pa
 from rcdiag.errors import InputError
 from rcdiag.io.arrow_lists import float_values
 from rcdiag.io.base import Chunk
-from rcdiag.io.batch import Batch, id_array, mask_array, slice_chunks, token_values
 from rcdiag.io.columns import Resolved
 from rcdiag.io.limits import MAX_SPILL_BUCKETS
 from rcdiag.io.open_files import ensure_open_files, room
+from rcdiag.io.record_batches import Batch, id_array, mask_array, slice_chunks, token_values
 
 IN_MEMORY_FACTOR = 4
 BUCKET_FACTOR = 2

@@ -15,10 +15,10 @@ import pyarrow as pa
 from rcdiag.errors import InputError
 from rcdiag.io.arrow_lists import is_list_type
 from rcdiag.io.base import DEFAULT_CHUNK_TOKENS, Chunk, Part, Source, SourceInfo, balanced_runs
-from rcdiag.io.batch import Batch
 from rcdiag.io.integrity import check_batch
 from rcdiag.io.long import group_sequences
 from rcdiag.io.paths import identity, map_files
+from rcdiag.io.record_batches import Batch
 from rcdiag.io.tables import TableFile, check_unmasked, list_chunks
 
 MAX_METADATA_VALUES = 8

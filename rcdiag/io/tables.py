@@ -19,8 +19,8 @@ import pyarrow as pa
 from rcdiag.errors import InputError
 from rcdiag.io.arrow_lists import check_same_lengths, flatten_list, float_values, is_list_type
 from rcdiag.io.base import Chunk, ColumnMap
-from rcdiag.io.batch import Batch, id_array, mask_array, slice_chunks, step_array, token_values
 from rcdiag.io.columns import Resolved, check_unique, long_layout_reason, resolve
+from rcdiag.io.record_batches import Batch, id_array, mask_array, slice_chunks, step_array, token_values
 
 METADATA_COLUMNS = {
     "temperature": "temperature",

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap
-from rcdiag.io.batch import Batch
+from rcdiag.io.record_batches import Batch
 from rcdiag.io.tables import METADATA_COLUMNS, TableFile
 
 FILE_STEP_KEYS = ("step", "global_step", "rollout_id")

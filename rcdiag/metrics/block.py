@@ -30,7 +30,7 @@ from rcdiag.core.formulas import clamp_log_ratio
 from rcdiag.core.limits import SAFETY_BOUND
 
 if TYPE_CHECKING:
-    from rcdiag.metrics.tokens import Band, Statistic, TokenPasses, TokenSums
+    from rcdiag.metrics.tokens import BandRejection, Statistic, TokenPasses, TokenSums
 
 T = TypeVar("T")
 
@@ -198,7 +198,7 @@ class Block:
             self._statistics[estimator] = self.passes.statistic(self, estimator)
         return self._statistics[estimator]
 
-    def band(self, estimator: Estimator, lo: float, hi: float) -> Band:
+    def band(self, estimator: Estimator, lo: float, hi: float) -> BandRejection:
         """What the RS band [lo, hi] (float32 bounds; k1 keeps ``lo <= x <= hi``, k2/k3 ``x <= hi``) does to a
         token statistic, per row (the band pass)."""
         return self.passes.band(self, estimator, lo, hi)

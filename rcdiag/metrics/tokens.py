@@ -12,7 +12,7 @@ per backend (``rcdiag.backend.Backend.passes``):
 
 Three passes, each giving one record whatever the device: the token pass (``TokenSums``: every per-token quantity
 verl's off-policy metrics, rcdiag's extras and the log-ratio histogram fold in), the statistic pass (``Statistic``:
-an RS option's k1/k2/k3 per token with its per-row sums and extremes) and the band pass (``Band``: what an RS
+an RS option's k1/k2/k3 per token with its per-row sums and extremes) and the band pass (``BandRejection``: what an RS
 threshold band rejects, per row). Both implementations give the same numbers up to float64 rounding (tested,
 tests/test_token_kernel.py). The passes read a block (``rcdiag.metrics.block.Block``, named here only as the
 ``TokenBlock`` protocol: the block imports this module's records).
@@ -104,7 +104,7 @@ class TokenSums:
     """Tokens with |d| beyond verl's safety bound."""
     log_ratio_counts: np.ndarray
     """int64 counts of d in the ``len(EDGES) + 1`` bins of ``rcdiag.metrics.histogram`` (NaN in none)."""
-    bands: dict[tuple[float, float], Band] = field(default_factory=dict)
+    bands: dict[tuple[float, float], BandRejection] = field(default_factory=dict)
     """What each token-level k1 RS band the block was asked for does (CPU: taken in the same pass)."""
 
 
@@ -116,7 +116,7 @@ def fused_token_sums(
     bands: tuple[tuple[float, float], ...] = (),
 ) -> TokenSums:
     """``TokenSums`` of a raw block: float32 ``old``/``rollout`` with padding, boolean ``mask`` (``None``: every
-    token valid) and each row's raw token count; with the ``Band`` of each token-level k1 RS band ``(lo, hi)``
+    token valid) and each row's raw token count; with the ``BandRejection`` of each token-level k1 RS band ``(lo, hi)``
     (float32 bounds), taken in the same pass."""
     from rcdiag.core.formulas import order_key_floats
     from rcdiag.kernels.tokens import N_COUNTS, N_SUMS, token_pass
@@ -173,7 +173,7 @@ def fused_token_sums(
         chi2_sum=float(sums[3]),
         clamped=int(counts[1]),
         log_ratio_counts=hist.sum(axis=0),
-        bands={band: Band.of(rows, out) for band, rows, out in zip(bands, band_rows, band_out, strict=True)},
+        bands={band: BandRejection.of(rows, out) for band, rows, out in zip(bands, band_rows, band_out, strict=True)},
     )
 
 
@@ -351,7 +351,9 @@ class CompiledStatistic(Statistic):
         return self._row_sum
 
 
-def compiled_band(stat: CompiledStatistic, valid_lengths: np.ndarray, lo: float, hi: float, two_sided: bool) -> Band:
+def compiled_band(
+    stat: CompiledStatistic, valid_lengths: np.ndarray, lo: float, hi: float, two_sided: bool
+) -> BandRejection:
     """What the band ``[lo, hi]`` (``two_sided``: k1; else only ``<= hi``) does to a statistic, per row."""
     from rcdiag.kernels.statistics import threshold_pass
     from rcdiag.kernels.tokens import k1_band_pass
@@ -361,15 +363,15 @@ def compiled_band(stat: CompiledStatistic, valid_lengths: np.ndarray, lo: float,
         rows = np.empty((1, lengths.shape[0]), dtype=np.int64)
         out = np.zeros((1, 5), dtype=np.float64)
         k1_band_pass(stat.lr, lengths, lo, hi, rows, out)
-        return Band.of(rows[0], out[0])
+        return BandRejection.of(rows[0], out[0])
     rejected = np.empty(lengths.shape[0], dtype=np.int64)
     summary = np.empty(5, dtype=np.float64)
     threshold_pass(stat.stat, lengths, lo, hi, two_sided, rejected, summary)
-    return Band.of(rejected, summary)
+    return BandRejection.of(rejected, summary)
 
 
 @dataclass(frozen=True)
-class Band:
+class BandRejection:
     """What an RS band does to a token statistic: the tokens it rejects and the rows they lie in, its strict
     above/below counts and the moments of the statistic clipped to it."""
 
@@ -386,7 +388,7 @@ class Band:
     mask; ``None`` on the array path."""
 
     @classmethod
-    def of(cls, rejected: np.ndarray, summary: np.ndarray) -> Band:
+    def of(cls, rejected: np.ndarray, summary: np.ndarray) -> BandRejection:
         """From a kernel's per-row rejected counts and its (above, below, n, mean, M2)."""
         above, below, n, mean, m2 = summary.tolist()
         row_rejected = rejected.astype(np.float64)
@@ -445,7 +447,7 @@ class TokenPasses(ABC):
         """Rows whose k1 row sum is the negated row sum of d (no token clamped): ``Block.row_sum_k``."""
 
     @abstractmethod
-    def band(self, block: TokenBlock, estimator: Estimator, lo: float, hi: float) -> Band:
+    def band(self, block: TokenBlock, estimator: Estimator, lo: float, hi: float) -> BandRejection:
         """What the RS band [lo, hi] (float32 bounds; k1 keeps ``lo <= x <= hi``, k2/k3 ``x <= hi``) does to the
         estimator's statistic."""
 
@@ -473,7 +475,7 @@ class CompiledPasses(TokenPasses):
         found = block.statistic("k1")
         return (found.row_min > -SAFETY_BOUND) & (found.row_max < SAFETY_BOUND)
 
-    def band(self, block: TokenBlock, estimator: Estimator, lo: float, hi: float) -> Band:
+    def band(self, block: TokenBlock, estimator: Estimator, lo: float, hi: float) -> BandRejection:
         found = block.sums.bands.get((lo, hi)) if estimator == "k1" else None
         if found is not None:
             return found
@@ -504,7 +506,7 @@ class ArrayPasses(TokenPasses):
         seg, lr = block.seg, block.lr
         return (seg.max(lr, 0.0) <= SAFETY_BOUND) & (seg.min(lr, 0.0) >= -SAFETY_BOUND)
 
-    def band(self, block: TokenBlock, estimator: Estimator, lo: float, hi: float) -> Band:
+    def band(self, block: TokenBlock, estimator: Estimator, lo: float, hi: float) -> BandRejection:
         """In as few passes as possible: the per-row extremes give the global extremes and the rows with a
         rejected token; the two strict counts give the rejected tokens, since a token is rejected exactly when it
         lies below the lower or above the upper bound (NaN and an inverted band take the token mask)."""
@@ -522,7 +524,9 @@ class ArrayPasses(TokenPasses):
             masked_tokens = b.count(reject)
             rows_hit = seg.count(reject) > 0
         no_clamp = lo <= b.min(row_min) and b.max(row_max) <= hi
-        return Band(masked_tokens, rows_hit, above, below, b.moments(stat if no_clamp else b.clip(stat, lo, hi)))
+        return BandRejection(
+            masked_tokens, rows_hit, above, below, b.moments(stat if no_clamp else b.clip(stat, lo, hi))
+        )
 
 
 class NumpyPasses(ArrayPasses):

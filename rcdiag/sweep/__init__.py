@@ -6,7 +6,7 @@ thresholds and verl's presets ranked (docs/sweep.md).
 """
 
 from rcdiag.sweep.grid import DEFAULT_GRIDS, SweepGrid, build_grid
-from rcdiag.sweep.report import Recommendation, SweepReport, SweepRow
+from rcdiag.sweep.results import Recommendation, SweepReport, SweepRow
 from rcdiag.sweep.run import merge_sweep_states, sweep, sweep_chunks
 
 __all__ = [

@@ -41,7 +41,7 @@ OPTIONS = (*IS_OPTIONS.values(), *RS_OPTIONS)
 
 
 @dataclass(frozen=True)
-class Threshold:
+class GridPoint:
     """One grid point: the spec as written and what verl's parser makes of it."""
 
     spec: str
@@ -60,11 +60,11 @@ class Threshold:
 class SweepGrid:
     """The options swept and each one's thresholds, in the order given."""
 
-    options: tuple[tuple[str, tuple[Threshold, ...]], ...]
+    options: tuple[tuple[str, tuple[GridPoint, ...]], ...]
     verl_version: str = DEFAULT_VERSION
     """The verl release whose semantics every point follows (``rcdiag.versions``)."""
 
-    def thresholds(self, option: str) -> tuple[Threshold, ...]:
+    def thresholds(self, option: str) -> tuple[GridPoint, ...]:
         return dict(self.options)[option]
 
     def specs(self) -> dict[str, list[str]]:
@@ -79,7 +79,7 @@ class SweepGrid:
         return cls(options, version)
 
 
-def resolve(option: str, spec: str, version: str = DEFAULT_VERSION) -> Threshold:
+def resolve(option: str, spec: str, version: str = DEFAULT_VERSION) -> GridPoint:
     """Parse one threshold of one option with verl ``version``'s rules; ``ConfigError`` (verl's message, or the
     release that introduced the option) if verl refuses it."""
     text = spec.strip()
@@ -87,9 +87,9 @@ def resolve(option: str, spec: str, version: str = DEFAULT_VERSION) -> Threshold
         config = CorrectionConfig(
             rollout_is=option.removeprefix("is_"), rollout_is_threshold=text, verl_version=version
         )
-        return Threshold(text, is_spec=config.resolve().is_spec)
+        return GridPoint(text, is_spec=config.resolve().is_spec)
     resolved = CorrectionConfig(rollout_rs=option, rollout_rs_threshold=text, verl_version=version).resolve()
-    return Threshold(text, rs_option=resolved.rs_options[0])
+    return GridPoint(text, rs_option=resolved.rs_options[0])
 
 
 def build_grid(

@@ -17,10 +17,10 @@ from rcdiag.io import Chunk
 from rcdiag.io.base import SourceInfo
 from rcdiag.options import ReadOptions
 from rcdiag.report import Finding, InputFacts
-from rcdiag.sweep.batch import PointResult, SweepState, new_sweep_state
+from rcdiag.sweep.accumulated import PointResult, SweepState, new_sweep_state
 from rcdiag.sweep.grid import SweepGrid, build_grid
 from rcdiag.sweep.recommend import recommend
-from rcdiag.sweep.report import SweepReport, SweepRow, rank_presets
+from rcdiag.sweep.results import SweepReport, SweepRow, rank_presets
 from rcdiag.validate import Screen, as_chunk
 
 

@@ -26,13 +26,13 @@ from rcdiag.metrics.block import Block
 from rcdiag.metrics.importance import ISMetrics
 from rcdiag.metrics.rejection import RSAggregateMetrics, RSOptionMetrics, bounds, row_statistic, threshold_free_states
 from rcdiag.sweep.cells import CellMap, Cells, Passes, band_map, clip_map, count_above, count_below
-from rcdiag.sweep.grid import Threshold
+from rcdiag.sweep.grid import GridPoint
 from rcdiag.versions import VerlVersion
 
 Values = tuple[dict[str, MetricValue], list[VerlCrash]]
 
 
-def _accumulator(threshold: Threshold, version: VerlVersion) -> Accumulator:
+def _accumulator(threshold: GridPoint, version: VerlVersion) -> Accumulator:
     if threshold.is_spec is not None:
         return ISMetrics(threshold.is_spec, version)
     assert threshold.rs_option is not None
@@ -52,7 +52,7 @@ class OptionSweep:
     ``None`` for per-response options."""
     cells: Cells | None = None
 
-    def __init__(self, option: str, thresholds: tuple[Threshold, ...], version: VerlVersion, passes: Passes) -> None:
+    def __init__(self, option: str, thresholds: tuple[GridPoint, ...], version: VerlVersion, passes: Passes) -> None:
         self.option = option
         self.thresholds = thresholds
         self.version = version
@@ -133,7 +133,7 @@ class RSSweep(_Filled, Accumulator):
     """The threshold-dependent states of ``RSOptionMetrics`` that ``at`` gives."""
     STATES: ClassVar[dict[str, Reduce]] = {}
 
-    def __init__(self, option: str, thresholds: tuple[Threshold, ...], version: VerlVersion, passes: Passes) -> None:
+    def __init__(self, option: str, thresholds: tuple[GridPoint, ...], version: VerlVersion, passes: Passes) -> None:
         OptionSweep.__init__(self, option, thresholds, version, passes)
         first = RSOptionMetrics(self._options()[0])
         self.k1 = first.option.is_k1
@@ -147,7 +147,7 @@ class RSSweep(_Filled, Accumulator):
         if missing:
             raise NotImplementedError(
                 f"rcdiag sweep does not compute RSOptionMetrics' threshold-dependent state(s) {sorted(missing)} per "
-                f"threshold: add them to {type(self).__name__} (rcdiag/sweep/options.py)"
+                f"threshold: add them to {type(self).__name__} (rcdiag/sweep/option_sweeps.py)"
             )
         self.needed = first.filled_states() & set(self.free)
         """The threshold-free states each block must give (``threshold_free_states``)."""
@@ -263,7 +263,7 @@ class TokenRSSweep(RSSweep):
     """``cells``: the statistic's count, moments and extremes in each cell (``rcdiag.sweep.cells``)."""
     GIVES = RSSweep.GIVES | {"tok_hi", "tok_lo", "clamped", "masked_tokens"}
 
-    def __init__(self, option: str, thresholds: tuple[Threshold, ...], version: VerlVersion, passes: Passes) -> None:
+    def __init__(self, option: str, thresholds: tuple[GridPoint, ...], version: VerlVersion, passes: Passes) -> None:
         self.statistic = option.rsplit("_", 1)[1]
         edges = [b for t in thresholds if t.rs_option is not None for b in bounds(t.rs_option)]  # k2/k3: 0, std floor
         self.cells = Cells(edges)
@@ -322,7 +322,7 @@ class TokenISSweep(_Filled, Accumulator):
     same for every threshold; per threshold: the per-row mean weights (moments of all rows, extremes, largest
     deviation from 1) and the rows whose mean ratio lies above ``upper`` and below ``metric_lower``."""
 
-    def __init__(self, option: str, thresholds: tuple[Threshold, ...], version: VerlVersion, passes: Passes) -> None:
+    def __init__(self, option: str, thresholds: tuple[GridPoint, ...], version: VerlVersion, passes: Passes) -> None:
         OptionSweep.__init__(self, option, thresholds, version, passes)
         edges: list[float] = []
         for accumulator in self._is:
@@ -416,7 +416,7 @@ class TokenISSweep(_Filled, Accumulator):
         return own
 
 
-def option_sweep(option: str, thresholds: tuple[Threshold, ...], version: VerlVersion, passes: Passes) -> OptionSweep:
+def option_sweep(option: str, thresholds: tuple[GridPoint, ...], version: VerlVersion, passes: Passes) -> OptionSweep:
     """The sweep accumulator of one option under verl ``version``. Token IS up to v0.7.1 describes the raw
     weights, which the per-cell sums of the applied ones do not give: there each threshold runs the engine's
     accumulator."""

@@ -23,7 +23,7 @@ from rcdiag.metrics.block import Block
 from rcdiag.sweep.cells import Passes
 from rcdiag.sweep.collector import Collector
 from rcdiag.sweep.grid import SweepGrid
-from rcdiag.sweep.options import OptionSweep, option_sweep
+from rcdiag.sweep.option_sweeps import OptionSweep, option_sweep
 from rcdiag.versions import verl_version
 
 
