@@ -1,6 +1,6 @@
 """How to read a dump: one frozen record that every entry point takes (analyze, sweep, compare, check, merge).
 
-The CLI declares one flag per field (``READ_FLAGS`` in ``rcdiag.cli.options``) and passes the record through
+The CLI declares one flag per field (``READ_FLAGS`` in ``rcdiag.cli.flags``) and passes the record through
 unchanged, so a new input option is a field here, a flag there and a row in docs/options.md. Imports nothing
 heavy: the CLI's ``--help`` loads this module.
 """

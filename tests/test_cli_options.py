@@ -15,7 +15,7 @@ from conftest import ROOT, SAMPLES
 from test_cli import run
 
 from rcdiag.cli import app
-from rcdiag.cli.options import READ_FLAGS
+from rcdiag.cli.flags import READ_FLAGS
 
 HEALTHY = str(SAMPLES / "healthy.parquet")
 T06 = str(SAMPLES / "healthy_t06.parquet")

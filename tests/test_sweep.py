@@ -153,7 +153,7 @@ def test_refused_thresholds_are_exit_2_with_one_line(capsys: pytest.CaptureFixtu
     assert err.count("\n") == 1 and message in err, err
 
 
-def _points(report: rcdiag.sweep.results.SweepReport) -> dict:
+def _points(report: rcdiag.sweep.sweep_report.SweepReport) -> dict:
     return {(r.option, r.threshold): (r.metrics, r.steps) for r in report.rows}
 
 

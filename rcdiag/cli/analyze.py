@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rcdiag.cli.options import (
+from rcdiag.cli.flags import (
     ENGINE_FLAGS,
     MICROBATCH_FLAGS,
     READ_FLAGS,

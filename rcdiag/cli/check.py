@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from rcdiag.catalogue.metrics import packs_help
-from rcdiag.cli.options import ENGINE_FLAGS, READ_FLAGS, output_flags, path_option
+from rcdiag.cli.flags import ENGINE_FLAGS, READ_FLAGS, output_flags, path_option
 from rcdiag.cli.params import with_flags
 
 if TYPE_CHECKING:

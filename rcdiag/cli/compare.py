@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rcdiag.cli.options import ENGINE_FLAGS, READ_FLAGS, output_flags, side_columns
+from rcdiag.cli.flags import ENGINE_FLAGS, READ_FLAGS, output_flags, side_columns
 from rcdiag.cli.params import with_flags
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def compare(
     check_temperature(temperature_b, "--temperature-b")
     config = engine.config()
     shared = read.columns
-    assert shared is not None  # the command line's ReadOptions always hold a ColumnMap (cli/options.py)
+    assert shared is not None  # the command line's ReadOptions always hold a ColumnMap (cli/flags.py)
     read_a, read_b = (
         read.replace(columns=dataclasses.replace(shared, **side)) if side else read for side in (columns_a, columns_b)
     )

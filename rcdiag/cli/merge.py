@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rcdiag.cli.options import QUIET_FLAGS, DetailsOpt, TokenizerOpt, output_flags
+from rcdiag.cli.flags import QUIET_FLAGS, DetailsOpt, TokenizerOpt, output_flags
 from rcdiag.cli.params import with_flags
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rcdiag.cli.options import VerlVersionOpt
+from rcdiag.cli.flags import VerlVersionOpt
 
 
 def presets(verl_version: VerlVersionOpt = None) -> None:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rcdiag.cli.options import ENGINE, READ_FLAGS, RELEASE_FLAGS, SaveStateOpt, output_flags
+from rcdiag.cli.flags import ENGINE, READ_FLAGS, RELEASE_FLAGS, SaveStateOpt, output_flags
 from rcdiag.cli.params import with_flags
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from rcdiag.catalogue.metrics import packs_help
-from rcdiag.cli.options import ENGINE_FLAGS, READ_FLAGS
+from rcdiag.cli.flags import ENGINE_FLAGS, READ_FLAGS
 from rcdiag.cli.params import with_flags
 from rcdiag.cli.tracking import TRACKING_FLAGS
 from rcdiag.errors import ExitCode, RcdiagError

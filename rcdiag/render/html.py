@@ -43,7 +43,7 @@ from rcdiag.report import Finding, Report, Verdict
 
 if TYPE_CHECKING:
     from rcdiag.compare.records import Comparison
-    from rcdiag.sweep.results import SweepReport, SweepRow
+    from rcdiag.sweep.sweep_report import SweepReport, SweepRow
 
 MAX_STEP_ROWS = 400
 """Per-step table rows; a longer run shows this many evenly spaced steps (every step is in the charts)."""
@@ -440,7 +440,7 @@ def _recommendations(report: SweepReport) -> str:
 
 
 def _presets(report: SweepReport) -> str:
-    from rcdiag.sweep.results import PRESET_RANKING
+    from rcdiag.sweep.sweep_report import PRESET_RANKING
 
     rows = [
         (f"<code>{e(p.name)}</code>", fmt(p.token_reject), fmt(p.seq_reject),

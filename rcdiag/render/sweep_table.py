@@ -14,7 +14,7 @@ from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.printable import printable
 from rcdiag.render.panels import sparkline
 from rcdiag.render.table import fmt
-from rcdiag.sweep.results import PRESET_RANKING, SweepReport, SweepRow
+from rcdiag.sweep.sweep_report import PRESET_RANKING, SweepReport, SweepRow
 
 P = PREFIX
 BAR_WIDTH = 20

@@ -6,8 +6,8 @@ thresholds and verl's presets ranked (docs/sweep.md).
 """
 
 from rcdiag.sweep.grid import DEFAULT_GRIDS, SweepGrid, build_grid
-from rcdiag.sweep.results import Recommendation, SweepReport, SweepRow
 from rcdiag.sweep.run import merge_sweep_states, sweep, sweep_chunks
+from rcdiag.sweep.sweep_report import Recommendation, SweepReport, SweepRow
 
 __all__ = [
     "DEFAULT_GRIDS",

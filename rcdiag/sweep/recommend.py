@@ -21,7 +21,7 @@ from rcdiag.config import SAFETY_BOUND
 from rcdiag.core.formulas import POS_INF_KEY
 from rcdiag.sweep.collector import BUCKETS, Collector, bucket, edge
 from rcdiag.sweep.grid import IS_OPTIONS, resolve
-from rcdiag.sweep.results import Recommendation
+from rcdiag.sweep.sweep_report import Recommendation
 
 K1_BAND_MAX = float(np.nextafter(np.float32(math.log(np.finfo(np.float64).max)), np.float32(0.0)))
 """The widest k1 band, ``+-709.78`` in log space: ``exp`` of more overflows, so no spec states a wider one."""

@@ -20,7 +20,7 @@ from rcdiag.report import Finding, InputFacts
 from rcdiag.sweep.accumulated import PointResult, SweepState, new_sweep_state
 from rcdiag.sweep.grid import SweepGrid, build_grid
 from rcdiag.sweep.recommend import recommend
-from rcdiag.sweep.results import SweepReport, SweepRow, rank_presets
+from rcdiag.sweep.sweep_report import SweepReport, SweepRow, rank_presets
 from rcdiag.validate import Screen, as_chunk
 
 
