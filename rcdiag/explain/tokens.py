@@ -88,8 +88,8 @@ class TokenSums(Accumulator):
         """Fold in a (numpy) block whose rows' raw token ids are ``tokens`` (padding included, as ``mask``), on its
         own (the explain pass adds them itself: ``pass_table`` and ``add_left``)."""
         from rcdiag.kernels.arrays import id_array
-        from rcdiag.kernels.token_ids import scatter_token_sums
 
+        scatter_token_sums = _scatter(block)
         tokens = id_array(tokens)
         table = self.pass_table()
         old, rollout, _, _ = block.raw  # the raw rows: the pass skips the padding itself
@@ -111,8 +111,7 @@ class TokenSums(Accumulator):
         ids: the table grows to hold those below ``DENSE_IDS``, the rest go to the sparse table. An id's tokens
         are all added by the pass or all here, in order, so the sums are those of one pass over a table large
         enough (growing first would cost every block a pass over its ids for their range)."""
-        from rcdiag.kernels.token_ids import scatter_token_sums
-
+        scatter_token_sums = _scatter(block)
         old, rollout, _, _ = block.raw
         valid = slice(None) if mask is None else mask
         ids = tokens[valid]
@@ -151,6 +150,16 @@ class TokenSums(Accumulator):
     def compute(self) -> tuple[dict[str, Any], list]:
         """The table's statistics are read by ``token_breakdown`` and the detector (``token_stats``)."""
         return {}, []
+
+
+def _scatter(block: Block) -> Any:
+    """The stand-alone by-token pass of the block's path: the kernel (``rcdiag.kernels.token_ids``), or its numpy form
+    on a small dump's numpy path (``rcdiag.kernels.small_explain``, which imports no numba)."""
+    if getattr(block.b, "compiled", True):
+        from rcdiag.kernels.token_ids import scatter_token_sums
+    else:
+        from rcdiag.kernels.small_explain import scatter_token_sums
+    return scatter_token_sums
 
 
 @dataclass(frozen=True)
