@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -121,6 +122,20 @@ def test_the_twin_is_the_definitions_and_the_kernel_in_any_blocks(data, cuts, id
     rng = np.random.default_rng(seed)
     tokens = np.zeros(0, np.int64) if ids is None else rng.integers(-3, 70, old.shape[0]).astype(ids)
     assert_twin_is_the_kernel(data, tokens, [c for c in cuts if 0 < c < len(data[3])])
+
+
+@settings(max_examples=50, deadline=None)
+@given(data=blocks(), piece=st.integers(1, 400), seed=st.integers(0, 2**32 - 1))
+def test_the_pieces_of_a_block_change_no_bit(data, piece: int, seed: int) -> None:  # type: ignore[no-untyped-def]
+    """The twin takes a block ``PIECE`` raw tokens (whole rows) at a time: any piece size gives the same bits."""
+    old, rollout, mask, lengths = data
+    tokens = np.random.default_rng(seed).integers(-3, 70, old.shape[0]).astype(np.int64)
+    whole = fold(small_explain.explain_block, old, rollout, mask, lengths, tokens)
+    with patch.object(small_explain, "PIECE", piece):
+        pieces = fold(small_explain.explain_block, old, rollout, mask, lengths, tokens)
+    for name in NAMES:
+        assert np.array_equal(pieces[0][name], whole[0][name], equal_nan=True), name
+    assert np.array_equal(pieces[1], whole[1], equal_nan=True) and sum(pieces[2]) == sum(whole[2])
 
 
 def test_the_twin_on_edges_and_special_rows() -> None:
