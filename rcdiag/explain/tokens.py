@@ -3,9 +3,10 @@
 For every token id, six float64 sums over its valid tokens (``SUMS``): the count, the log-ratio d = old - rollout,
 |d|, verl's k3 and chi2 terms (taken by the breakdowns' own per-token function, so the same bits) and d^2 (for the
 noise test). Ids below ``DENSE_IDS`` sit in a dense table that grows to the largest id seen (added to by the
-explain pass itself, ``rcdiag.kernels.explain``, or on its own by ``rcdiag.kernels.token_ids``); larger ids (a
-hostile dump, or a vocabulary beyond any real one) in a sorted sparse table. Sums merge by addition, so chunking,
-row order, ``--workers``, Ray and merged shard states change nothing beyond float64 rounding.
+explain pass itself, ``rcdiag.kernels.explain``, or on its own by ``rcdiag.kernels.token_ids``; on a small dump their
+numpy forms, ``rcdiag.kernels.small_explain``); larger ids (a hostile dump, or a vocabulary beyond any real one) in a
+sorted sparse table. Sums merge by addition, so chunking, row order, ``--workers``, Ray and merged shard states change
+nothing beyond float64 rounding.
 
 Ranking. ``MIN_COUNT`` tokens at least, and a test so that a rare id is not ranked on noise: an id's mean |d|
 against the mean |d| of every other token, z = (a_id - a_rest) / sqrt(s_id^2 / n_id + s_rest^2 / n_rest) (each
@@ -17,6 +18,7 @@ correlated, so the test is approximate; the detector (``token_detector``) also n
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any, ClassVar
@@ -152,7 +154,7 @@ class TokenSums(Accumulator):
         return {}, []
 
 
-def _scatter(block: Block) -> Any:
+def _scatter(block: Block) -> Callable[..., int]:
     """The stand-alone by-token pass of the block's path: the kernel (``rcdiag.kernels.token_ids``), or its numpy form
     on a small dump's numpy path (``rcdiag.kernels.small_explain``, which imports no numba)."""
     if getattr(block.b, "compiled", True):

@@ -3,15 +3,15 @@ numba (``rcdiag.kernels.small``): ``explain_block`` (``rcdiag.kernels.explain``,
 ``rcdiag.kernels.token_rows``) and ``scatter_token_sums`` (``rcdiag.kernels.token_ids``), same arguments, same sums
 added in place, same return value.
 
-Whole-block array operations over the block's valid tokens in place of the kernel's loop over rows, keeping the
-kernel's grouping of the additions: a run of a row's tokens that share a position bucket is summed first and added
-to its cell, a row's runs make its length sums, a row's tokens per probability bucket its probability sums, a row's
-scale, offset and shape sums are added to its group and the clusters, in row order (``np.add.at``); each id's
-tokens are summed in token order. Counts are therefore the kernel's exactly; sums differ from its sums by float64
-rounding only (its vector lanes and fused multiply-adds add in another order), and the per-token terms are the
-kernel's formulas (``rcdiag.core.formulas``) on numpy's ``expm1``, within two ulps of the kernel's ``expm1_reduced``
-(tests/test_explain_kernel.py), so k3 of a tiny log-ratio keeps the kernel's digits. Held to the kernel and to the
-brute-force reference by tests/test_explain_twin.py.
+Array operations over the valid tokens of a piece of whole rows at a time in place of the kernel's loop over rows,
+keeping the kernel's grouping of the additions: a run of a row's tokens that share a position bucket is summed first
+and added to its cell, a row's runs make its length sums, a row's tokens per probability bucket its probability
+sums, a row's scale, offset and shape sums are added to its group and the clusters, in row order (``np.add.at``);
+each token is added to its id's row in token order. Counts are therefore the kernel's exactly; sums differ from its
+sums by float64 rounding only (its vector lanes and fused multiply-adds add in another order), and the per-token
+terms are the kernel's formulas (``rcdiag.core.formulas``) on numpy's ``expm1``, within two ulps of the kernel's
+``expm1_reduced`` (tests/test_explain_kernel.py), so k3 of a tiny log-ratio keeps the kernel's digits. Held to the
+kernel and to the brute-force reference by tests/test_explain_twin.py.
 """
 
 from __future__ import annotations
