@@ -124,6 +124,35 @@ def test_the_twin_is_the_definitions_and_the_kernel_in_any_blocks(data, cuts, id
     assert_twin_is_the_kernel(data, tokens, [c for c in cuts if 0 < c < len(data[3])])
 
 
+@st.composite
+def edge_blocks(draw):  # type: ignore[no-untyped-def]
+    """``blocks`` with a share of their values moved onto the edges: rollout log-probs on the probability buckets'
+    thresholds and a float32 step below, old log-probs on the unlikely and likely thresholds, log-ratios on the series
+    cut-off (``SMALL``) and a step either side, on the clamp and beyond float32's exp."""
+    old, rollout, mask, lengths = draw(blocks())
+    old, rollout = old.copy(), rollout.copy()
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n = old.shape[0]
+    down = np.float32(-np.inf)
+    on_prob = [*LOG_PROB_THRESHOLDS, *np.nextafter(LOG_PROB_THRESHOLDS, down)]
+    small = np.float32(SMALL)
+    shifts = [small, -small, np.nextafter(small, down), np.nextafter(small, np.float32(1)), 20.0, -20.0, 88.8, 0.0]
+    share = draw(st.sampled_from([0.1, 0.5]))
+    for values, choices in ((rollout, on_prob), (old, [np.float32(LOG_UNLIKELY), np.float32(LOG_LIKELY)])):
+        chosen = rng.random(n) < share
+        values[chosen] = rng.choice(np.asarray(choices, dtype=np.float32), int(chosen.sum()))
+    chosen = rng.random(n) < share
+    old[chosen] = rollout[chosen] + rng.choice(np.asarray(shifts, dtype=np.float32), int(chosen.sum()))
+    return old, rollout, mask, lengths
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=edge_blocks(), seed=st.integers(0, 2**32 - 1))
+def test_the_twin_is_the_kernel_on_the_edges(data, seed: int) -> None:  # type: ignore[no-untyped-def]
+    tokens = np.random.default_rng(seed).integers(-3, 70, data[0].shape[0]).astype(np.int32)
+    assert_twin_is_the_kernel(data, tokens)
+
+
 @settings(max_examples=50, deadline=None)
 @given(data=blocks(), piece=st.integers(1, 400), seed=st.integers(0, 2**32 - 1))
 def test_the_pieces_of_a_block_change_no_bit(data, piece: int, seed: int) -> None:  # type: ignore[no-untyped-def]
