@@ -344,8 +344,13 @@ def test_row_order_changes_no_breakdown_or_detector(tmp_path: Path) -> None:
     assert [f.code for f in a.findings] == [f.code for f in b.findings]
 
 
-def test_explain_does_not_depend_on_the_device(tmp_path: Path) -> None:
+def test_explain_does_not_depend_on_the_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU's kernels and the torch backend (which runs the same explain kernel on the host) to the bit; a small
+    dump's numpy path, which the CPU takes by default, agrees to float64 rounding (tests/test_explain_twin.py)."""
     pytest.importorskip("torch", reason="pip install torch to compare the torch backend")
+    from rcdiag.kernels.small import SWITCH
+
+    monkeypatch.setenv(SWITCH, "0")
     path, _, _ = planted(tmp_path)
     config = rcdiag.CorrectionConfig(rollout_rs="token_k1", rollout_rs_threshold="0.5_2.0")
     cpu = rcdiag.analyze(path, config, explain=True, sequences=tmp_path / "cpu.parquet")

@@ -141,9 +141,18 @@ class ExplainState:
 
     def _fold_sums(self, block: Block) -> None:
         """The breakdowns', the detectors' and the by-token sums, in one fused pass over the block
-        (``rcdiag.kernels.explain``)."""
+        (``rcdiag.kernels.explain``; on a small dump's numpy path its numpy form, ``rcdiag.kernels.small_explain``)."""
         from rcdiag.kernels.arrays import id_array
-        from rcdiag.kernels.explain import explain_block
+
+        explain_block: Callable[..., int]
+        if getattr(block.b, "compiled", True):
+            from rcdiag.kernels import explain
+
+            explain_block = explain.explain_block
+        else:
+            from rcdiag.kernels import small_explain
+
+            explain_block = small_explain.explain_block
 
         old, rollout, mask, lengths = block.raw  # the raw rows: the fused pass drops the padding row by row
         row_len = block.row_len if isinstance(block.row_len, np.ndarray) else block.b.to_numpy(block.row_len)

@@ -3,9 +3,10 @@
 For every token id, six float64 sums over its valid tokens (``SUMS``): the count, the log-ratio d = old - rollout,
 |d|, verl's k3 and chi2 terms (taken by the breakdowns' own per-token function, so the same bits) and d^2 (for the
 noise test). Ids below ``DENSE_IDS`` sit in a dense table that grows to the largest id seen (added to by the
-explain pass itself, ``rcdiag.kernels.explain``, or on its own by ``rcdiag.kernels.token_ids``); larger ids (a
-hostile dump, or a vocabulary beyond any real one) in a sorted sparse table. Sums merge by addition, so chunking,
-row order, ``--workers``, Ray and merged shard states change nothing beyond float64 rounding.
+explain pass itself, ``rcdiag.kernels.explain``, or on its own by ``rcdiag.kernels.token_ids``; on a small dump their
+numpy forms, ``rcdiag.kernels.small_explain``); larger ids (a hostile dump, or a vocabulary beyond any real one) in a
+sorted sparse table. Sums merge by addition, so chunking, row order, ``--workers``, Ray and merged shard states change
+nothing beyond float64 rounding.
 
 Ranking. ``MIN_COUNT`` tokens at least, and a test so that a rare id is not ranked on noise: an id's mean |d|
 against the mean |d| of every other token, z = (a_id - a_rest) / sqrt(s_id^2 / n_id + s_rest^2 / n_rest) (each
@@ -17,6 +18,7 @@ correlated, so the test is approximate; the detector (``token_detector``) also n
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any, ClassVar
@@ -88,8 +90,8 @@ class TokenSums(Accumulator):
         """Fold in a (numpy) block whose rows' raw token ids are ``tokens`` (padding included, as ``mask``), on its
         own (the explain pass adds them itself: ``pass_table`` and ``add_left``)."""
         from rcdiag.kernels.arrays import id_array
-        from rcdiag.kernels.token_ids import scatter_token_sums
 
+        scatter_token_sums = _scatter(block)
         tokens = id_array(tokens)
         table = self.pass_table()
         old, rollout, _, _ = block.raw  # the raw rows: the pass skips the padding itself
@@ -111,8 +113,7 @@ class TokenSums(Accumulator):
         ids: the table grows to hold those below ``DENSE_IDS``, the rest go to the sparse table. An id's tokens
         are all added by the pass or all here, in order, so the sums are those of one pass over a table large
         enough (growing first would cost every block a pass over its ids for their range)."""
-        from rcdiag.kernels.token_ids import scatter_token_sums
-
+        scatter_token_sums = _scatter(block)
         old, rollout, _, _ = block.raw
         valid = slice(None) if mask is None else mask
         ids = tokens[valid]
@@ -151,6 +152,18 @@ class TokenSums(Accumulator):
     def compute(self) -> tuple[dict[str, Any], list]:
         """The table's statistics are read by ``token_breakdown`` and the detector (``token_stats``)."""
         return {}, []
+
+
+def _scatter(block: Block) -> Callable[..., int]:
+    """The stand-alone by-token pass of the block's path: the kernel (``rcdiag.kernels.token_ids``), or its numpy form
+    on a small dump's numpy path (``rcdiag.kernels.small_explain``, which imports no numba)."""
+    if getattr(block.b, "compiled", True):
+        from rcdiag.kernels import token_ids
+
+        return token_ids.scatter_token_sums
+    from rcdiag.kernels import small_explain
+
+    return small_explain.scatter_token_sums
 
 
 @dataclass(frozen=True)
