@@ -24,14 +24,14 @@ PACKAGE = ROOT / "rcdiag"
 LEAVES = frozenset(
     "rcdiag." + name
     for name in (
-        "_version", "constants", "errors", "versions", "stats", "notices", "printable", "fields",
+        "_version", "constants", "errors", "versions", "stats", "notices", "printable", "fields", "interrupts",
         "core", "core.limits", "core.formulas", "core.bins",
     )
 )  # fmt: skip
 """Modules that import nothing of rcdiag but each other (``rcdiag.core``: the constants and formulas every engine
 path shares)."""
 FEATURES = ("rcdiag.explain", "rcdiag.sweep", "rcdiag.microbatch", "rcdiag.compare", "rcdiag.check", "rcdiag.health")
-LIBRARY_API = ("rcdiag.api", "rcdiag.writer", "rcdiag.outputs", "rcdiag.interrupts")
+LIBRARY_API = ("rcdiag.api", "rcdiag.writer")
 BELOW_FEATURES = (
     *sorted(LEAVES),
     "rcdiag.config",
@@ -41,6 +41,7 @@ BELOW_FEATURES = (
     "rcdiag.io",
     "rcdiag.validate",
     "rcdiag.ragged",
+    "rcdiag.outputs",
     "rcdiag.kernels",
     "rcdiag.backend",
     "rcdiag.metrics",
@@ -54,24 +55,19 @@ KNOWN_CYCLES: list[set[str]] = []
 """No import circle is left: the last one (``Block`` and the token passes of ``metrics/tokens.py``) went when the
 passes moved behind one interface chosen by the backend and the formulas into ``rcdiag.core``."""
 KNOWN_UPWARD = {
-    ("rcdiag.parallel", "rcdiag.interrupts"),
-    ("rcdiag.state", "rcdiag.outputs"),
     ("rcdiag.state", "rcdiag.sweep.accumulated"),
 }
-"""Debt (issue 20, one state protocol): the engine knows the sweep's state by name; the state file writer and the
-workers use the library's output and interrupt modules. (``--explain``'s state is a whole-dump accumulator the
+"""Debt (issue 20, one state protocol): the engine knows the sweep's state by name (its kind and layout in state
+files). (``--explain``'s state is a whole-dump accumulator the
 engine knows only by its key: ``rcdiag.engine.WholeDump``.)"""
 KNOWN_UPWARD_ELSEWHERE = {
     ("rcdiag.check", "rcdiag.api"),
     ("rcdiag.compare", "rcdiag.api"),
     ("rcdiag.sweep.run", "rcdiag.api"),
-    ("rcdiag.explain.sequences", "rcdiag.outputs"),
-    ("rcdiag.explain.token_report", "rcdiag.outputs"),
     ("rcdiag.options", "rcdiag.backend"),
     ("rcdiag.options", "rcdiag.io.base"),
 }
-"""Debt (issue 20): ``check``, ``compare`` and the sweep run ``rcdiag.api.analyze``, and ``--explain``'s files are
-written through the library's ``outputs``; ``ReadOptions`` names ``ColumnMap`` and ``Backend`` in its fields' types
+"""Debt (issue 20): ``check``, ``compare`` and the sweep run ``rcdiag.api.analyze``; ``ReadOptions`` names ``ColumnMap`` and ``Backend`` in its fields' types
 (under ``TYPE_CHECKING``)."""
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -80,7 +76,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("records", ("rcdiag.report",)),
     ("catalogue", ("rcdiag.catalogue",)),
     ("kernels", ("rcdiag.kernels",)),
-    ("input", ("rcdiag.io", "rcdiag.validate", "rcdiag.ragged")),
+    ("input", ("rcdiag.io", "rcdiag.validate", "rcdiag.ragged", "rcdiag.outputs")),
     ("maths", ("rcdiag.backend", "rcdiag.metrics")),
     ("engine", ("rcdiag.engine", "rcdiag.parallel", "rcdiag.state")),
     ("features", (*FEATURES, "rcdiag.verdict", "rcdiag.prescribe")),
@@ -263,9 +259,14 @@ def test_kernels_import_only_numpy_numba_and_configuration() -> None:
 
 
 def test_input_imports_only_leaves_kernels_and_input() -> None:
-    allowed = ("rcdiag.io", "rcdiag.validate", "rcdiag.ragged", "rcdiag.kernels", *LEAVES)
+    allowed = ("rcdiag.io", "rcdiag.validate", "rcdiag.ragged", "rcdiag.outputs", "rcdiag.kernels", *LEAVES)
     graph = _graph()
-    offenders = {(m, d) for m in graph if _in(m, ("rcdiag.io", "rcdiag.validate", "rcdiag.ragged")) for d in graph[m]}
+    offenders = {
+        (m, d)
+        for m in graph
+        if _in(m, ("rcdiag.io", "rcdiag.validate", "rcdiag.ragged", "rcdiag.outputs"))
+        for d in graph[m]
+    }
     assert {(m, d) for m, d in offenders if not _in(d, allowed)} == set()
 
 
