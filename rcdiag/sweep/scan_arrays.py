@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rcdiag.core.formulas import chan_merge_share, order_key
+from rcdiag.core.formulas import NEG_INF_KEY, POS_INF_KEY, chan_merge_share, order_key
 from rcdiag.kernels.sweep_encoding import AMBIGUOUS, BUCKETS, HISTOGRAM_CLAMPED, NO_HISTOGRAM, SHIFT, SUB_BLOCK
 
 if TYPE_CHECKING:
@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 LANES = 4
 """The kernel's interleaved copies of its per-cell sums and of the histogram."""
-_NEG_INF_KEY = float(order_key(np.float32(-np.inf).view(np.int32)))
-_POS_INF_KEY = float(order_key(np.float32(np.inf).view(np.int32)))
+_NEG_INF_KEY = float(NEG_INF_KEY)
+_POS_INF_KEY = float(POS_INF_KEY)
 
 
 class _NumpyOps:
