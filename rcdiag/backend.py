@@ -143,6 +143,34 @@ class Backend(ABC):
         """int64 counts of ``x`` in the ``len(edges) + 1`` bins ``[edges[i-1], edges[i])`` (the outer two open);
         NaN is in no bin."""
 
+    # scatters over a flat index (the sweep's array pass, ``rcdiag.sweep.scan_arrays``) --------------------------
+    @abstractmethod
+    def to_int64(self, x: Array) -> Array: ...
+
+    @abstractmethod
+    def int32_bits(self, x: Array) -> Array:
+        """A float32 array's bits as int32 (a view)."""
+
+    @abstractmethod
+    def repeat(self, values: Array, counts: Array) -> Array:
+        """Each value repeated its count's times, in order."""
+
+    @abstractmethod
+    def searchsorted(self, edges: Array, x: Array, right: bool) -> Array:
+        """Each value's insertion index in the sorted ``edges`` (``right``: after equal edges)."""
+
+    @abstractmethod
+    def bincount(self, index: Array, size: int) -> Array:
+        """int64 occurrences of each index in ``[0, size)``."""
+
+    @abstractmethod
+    def scatter_add(self, index: Array, weights: Array, size: int) -> Array:
+        """float64 sums of ``weights`` by index in ``[0, size)`` (numpy adds in index order; a GPU in any)."""
+
+    @abstractmethod
+    def scatter_extreme(self, index: Array, values: Array, size: int, largest: bool, fill: float) -> Array:
+        """float64 maxima (``largest``) or minima of ``values`` by index, ``fill`` where no value falls."""
+
 
 # ------------------------------------------------------------------------------------------------------ numpy
 
@@ -295,6 +323,31 @@ class NumpyBackend(Backend):
     def min(self, x: np.ndarray) -> float:
         return float(np.min(x)) if x.size else float("inf")
 
+    def to_int64(self, x: np.ndarray) -> np.ndarray:
+        return x.astype(np.int64)
+
+    def int32_bits(self, x: np.ndarray) -> np.ndarray:
+        return x.view(np.int32)
+
+    def repeat(self, values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        return np.repeat(values, counts)
+
+    def searchsorted(self, edges: np.ndarray, x: np.ndarray, right: bool) -> np.ndarray:
+        return np.searchsorted(edges, x, side="right" if right else "left")
+
+    def bincount(self, index: np.ndarray, size: int) -> np.ndarray:
+        return np.bincount(index, minlength=size)
+
+    def scatter_add(self, index: np.ndarray, weights: np.ndarray, size: int) -> np.ndarray:
+        return np.bincount(index, weights, minlength=size).astype(np.float64, copy=False)  # (int64 when empty)
+
+    def scatter_extreme(
+        self, index: np.ndarray, values: np.ndarray, size: int, largest: bool, fill: float
+    ) -> np.ndarray:
+        out = np.full(size, fill)
+        (np.maximum if largest else np.minimum).at(out, index, values)
+        return out
+
 
 # ------------------------------------------------------------------------------------------------------ torch
 
@@ -411,6 +464,28 @@ class TorchBackend(Backend):
 
     def min(self, x: Any) -> float:
         return float(x.min().item()) if x.numel() else float("inf")
+
+    def to_int64(self, x: Any) -> Any:
+        return x.to(self.torch.int64)
+
+    def int32_bits(self, x: Any) -> Any:
+        return x.view(self.torch.int32)
+
+    def repeat(self, values: Any, counts: Any) -> Any:
+        return self.torch.repeat_interleave(values, counts)
+
+    def searchsorted(self, edges: Any, x: Any, right: bool) -> Any:
+        return self.torch.searchsorted(edges, x, right=right)
+
+    def bincount(self, index: Any, size: int) -> Any:
+        return self.torch.bincount(index, minlength=size)
+
+    def scatter_add(self, index: Any, weights: Any, size: int) -> Any:
+        return self.torch.zeros(size, dtype=self.torch.float64, device=self.device).index_add_(0, index, weights)
+
+    def scatter_extreme(self, index: Any, values: Any, size: int, largest: bool, fill: float) -> Any:
+        out = self.torch.full((size,), fill, dtype=self.torch.float64, device=self.device)
+        return out.scatter_reduce_(0, index, values, "amax" if largest else "amin", include_self=True)
 
 
 def get_backend(device: str = "cpu") -> Backend:

@@ -19,15 +19,13 @@ to the kernel by tests/test_sweep_twin.py.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from rcdiag.backend import Backend, NumpyBackend
 from rcdiag.core.formulas import NEG_INF_KEY, POS_INF_KEY, chan_merge_share, order_key
 from rcdiag.kernels.sweep_encoding import AMBIGUOUS, BUCKETS, HISTOGRAM_CLAMPED, NO_HISTOGRAM, SHIFT, SUB_BLOCK
-
-if TYPE_CHECKING:
-    from rcdiag.backend import Backend
 
 LANES = 4
 """The kernel's interleaved copies of its per-cell sums and of the histogram."""
@@ -35,138 +33,41 @@ _NEG_INF_KEY = float(NEG_INF_KEY)
 _POS_INF_KEY = float(POS_INF_KEY)
 
 
-class _NumpyOps:
-    """The scatters on numpy: ``bincount`` (adds in index order) and ``ufunc.at``."""
-
-    def __init__(self) -> None:
-        self.xp = np
-
-    def float32(self, x: Any) -> np.ndarray:
-        return np.ascontiguousarray(x, dtype=np.float32)
-
-    def host(self, x: Any) -> np.ndarray:
-        return np.asarray(x)
-
-    def device(self, x: np.ndarray) -> np.ndarray:
-        return x
-
-    def bits(self, x: np.ndarray) -> np.ndarray:
-        return x.view(np.int32)
-
-    def float64(self, x: np.ndarray) -> np.ndarray:
-        return x.astype(np.float64)
-
-    def int64(self, x: np.ndarray) -> np.ndarray:
-        return x.astype(np.int64)
-
-    def cells(self, x: np.ndarray, edges: np.ndarray, table: np.ndarray | None, nan_cell: int) -> np.ndarray:
-        """The table's cell by the value's bucket (``Cells.table``), the few ambiguous ones by comparison."""
-        if table is None:
-            return _compared(self, x, edges, nan_cell)
-        cell = table.take(x.view(np.uint32) >> SHIFT).astype(np.int64)
-        ambiguous = np.flatnonzero(cell == AMBIGUOUS)
-        if ambiguous.size:
-            cell[ambiguous] = _compared(self, x[ambiguous], edges, nan_cell)
-        return cell
-
-    def searchsorted(self, edges: np.ndarray, x: np.ndarray, right: bool) -> np.ndarray:
-        return np.searchsorted(edges, x, side="right" if right else "left")
-
-    def row_extremes(self, x: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each row's largest and smallest order key (int32; an empty row's: the infinities')."""
-        from rcdiag.backend import NumpyBackend
-
-        keys = order_key(x.view(np.int32))
-        rows = NumpyBackend().segments(lengths)
-        return rows.max(keys, _NEG_INF_KEY), rows.min(keys, _POS_INF_KEY)
-
-    def repeat(self, values: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        return np.repeat(values, counts)
-
-    def count(self, index: np.ndarray, size: int) -> np.ndarray:
-        return np.bincount(index, minlength=size)
-
-    def add(self, index: np.ndarray, weights: np.ndarray, size: int) -> np.ndarray:
-        return np.bincount(index, weights, minlength=size).astype(np.float64, copy=False)  # (int64 when empty)
-
-    def extreme(self, index: np.ndarray, values: np.ndarray, size: int, largest: bool, fill: float) -> np.ndarray:
-        out = np.full(size, fill)
-        (np.maximum if largest else np.minimum).at(out, index, values)
-        return out
+_NUMPY = NumpyBackend(compiled=False)
+"""The backend of a call without one (the numpy path; its layout cache is keyed by it)."""
 
 
-class _TorchOps:
-    """The same scatters on torch tensors, on the backend's device."""
-
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
-        self.torch = self.xp = backend.torch  # type: ignore[attr-defined]
-        self.where = backend.device  # type: ignore[attr-defined]
-
-    def float32(self, x: Any) -> Any:
-        return self.torch.as_tensor(x, device=self.where).to(self.torch.float32).contiguous()
-
-    def host(self, x: Any) -> np.ndarray:
-        return x.detach().cpu().numpy()
-
-    def device(self, x: np.ndarray) -> Any:
-        return self.torch.tensor(np.ascontiguousarray(x), device=self.where)  # (a copy: small host arrays)
-
-    def bits(self, x: Any) -> Any:
-        return x.view(self.torch.int32)
-
-    def float64(self, x: Any) -> Any:
-        return x.to(self.torch.float64)
-
-    def int64(self, x: Any) -> Any:
-        return x.to(self.torch.int64)
-
-    def cells(self, x: Any, edges: np.ndarray, table: np.ndarray | None, nan_cell: int) -> Any:
-        return _compared(self, x, edges, nan_cell)
-
-    def searchsorted(self, edges: Any, x: Any, right: bool) -> Any:
-        return self.torch.searchsorted(edges, x, right=right)
-
-    def row_extremes(self, x: Any, lengths: np.ndarray) -> tuple[Any, Any]:
-        """Each row's largest and smallest order key (float64, which holds every int32 exactly)."""
-        keys = order_key(x.view(self.torch.int32)).to(self.torch.float64)
-        rows = self.backend.segments(lengths)
-        return rows.max(keys, _NEG_INF_KEY), rows.min(keys, _POS_INF_KEY)
-
-    def repeat(self, values: Any, counts: Any) -> Any:
-        return self.torch.repeat_interleave(values, counts)
-
-    def count(self, index: Any, size: int) -> Any:
-        return self.torch.bincount(index, minlength=size)
-
-    def add(self, index: Any, weights: Any, size: int) -> Any:
-        return self.torch.zeros(size, dtype=self.torch.float64, device=self.where).index_add_(0, index, weights)
-
-    def extreme(self, index: Any, values: Any, size: int, largest: bool, fill: float) -> Any:
-        out = self.torch.full((size,), fill, dtype=self.torch.float64, device=self.where)
-        return out.scatter_reduce_(0, index, values, "amax" if largest else "amin", include_self=True)
+def _cells(b: Backend, x: Any, edges: np.ndarray, table: np.ndarray | None, nan_cell: int) -> Any:
+    """Each value's cell: on numpy the table's cell by the value's bucket (``Cells.table``), the few ambiguous ones by
+    comparison; elsewhere by comparison."""
+    if table is None or not isinstance(b, NumpyBackend):
+        return _compared(b, x, edges, nan_cell)
+    cell = table.take(x.view(np.uint32) >> SHIFT).astype(np.int64)
+    ambiguous = np.flatnonzero(cell == AMBIGUOUS)
+    if ambiguous.size:
+        cell[ambiguous] = _compared(b, x[ambiguous], edges, nan_cell)
+    return cell
 
 
-@functools.lru_cache(maxsize=4)
-def _ops(backend: Backend | None) -> _NumpyOps | _TorchOps:
-    """One object per backend (``_layout``'s cache is keyed by it)."""
-    return _TorchOps(backend) if backend is not None and hasattr(backend, "torch") else _NUMPY
-
-
-_NUMPY = _NumpyOps()
-
-
-def _compared(ops: _NumpyOps | _TorchOps, x: Any, edges: np.ndarray, nan_cell: int) -> Any:
+def _compared(b: Backend, x: Any, edges: np.ndarray, nan_cell: int) -> Any:
     """Each value's cell by comparison with every edge: edges below plus edges at or below (NaN: the last cell)."""
     nan = x != x
     if not edges.shape[0]:
-        return ops.int64(nan)  # no edge: every number in cell 0, NaN in cell 1
-    e = ops.device(edges)
-    return ops.xp.where(nan, nan_cell, ops.searchsorted(e, x, False) + ops.searchsorted(e, x, True))
+        return b.to_int64(nan)  # no edge: every number in cell 0, NaN in cell 1
+    e = b.asarray(np.ascontiguousarray(edges))
+    return b.where(nan, nan_cell, b.searchsorted(e, x, False) + b.searchsorted(e, x, True))
+
+
+def _row_extremes(b: Backend, x: Any, lengths: np.ndarray) -> tuple[Any, Any]:
+    """Each row's largest and smallest order key, as float64 (which holds every int32 exactly; an empty row's: the
+    infinities')."""
+    keys = b.to_float64(order_key(b.int32_bits(x)))
+    rows = b.segments(lengths)
+    return rows.max(keys, _NEG_INF_KEY), rows.min(keys, _POS_INF_KEY)
 
 
 @functools.lru_cache(maxsize=4)
-def _layout(ops: _NumpyOps | _TorchOps, lengths: bytes) -> tuple[int, Any, Any, Any]:
+def _layout(b: Backend, lengths: bytes) -> tuple[int, Any, Any, Any]:
     """A block's sub-blocks and, per token, its sub-block, its copy within the sub-block (its position there, mod
     4) and its row; the same for every statistic of the block (cached by its row lengths)."""
     rows = np.frombuffer(lengths, dtype=np.int64)
@@ -175,9 +76,9 @@ def _layout(ops: _NumpyOps | _TorchOps, lengths: bytes) -> tuple[int, Any, Any, 
     starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
     sizes = starts[firsts[1:]] - starts[firsts[:-1]]
     tokens = np.arange(int(starts[-1]), dtype=np.int64)
-    sub = ops.repeat(ops.device(np.arange(n_sub, dtype=np.int64)), ops.device(sizes))
-    lane = (ops.device(tokens) - ops.repeat(ops.device(starts[firsts[:-1]]), ops.device(sizes))) & (LANES - 1)
-    row = ops.repeat(ops.device(np.arange(rows.shape[0], dtype=np.int64)), ops.device(rows))
+    sub = b.repeat(b.asarray(np.arange(n_sub, dtype=np.int64)), b.asarray(sizes))
+    lane = (b.asarray(tokens) - b.repeat(b.asarray(starts[firsts[:-1]]), b.asarray(sizes))) & (LANES - 1)
+    row = b.repeat(b.asarray(np.arange(rows.shape[0], dtype=np.int64)), b.asarray(np.ascontiguousarray(rows)))
     return n_sub, sub, sub * LANES + lane, row
 
 
@@ -210,27 +111,26 @@ def scan(
     """``rcdiag.kernels.sweep.scan`` on ``backend``'s arrays (``None``: numpy): the same arguments, ``x`` on the
     backend and the rest on the host, and the same results, as host numpy arrays. ``table``: the cells' table
     (``Cells.table``), which numpy indexes (torch compares every value with the edges)."""
-    ops = _ops(backend)
-    xp = ops.xp
-    x = ops.float32(x)
+    b = backend or _NUMPY
+    x = b.to_float32(x)
     n_rows = int(lengths.shape[0])
-    n_sub, sub, copy_of, row = _layout(ops, np.ascontiguousarray(lengths, dtype=np.int64).tobytes())
+    n_sub, sub, copy_of, row = _layout(b, np.ascontiguousarray(lengths, dtype=np.int64).tobytes())
     lane = copy_of & (LANES - 1)
     nan = x != x
-    cell = ops.cells(x, edges, table, n_cells - 1)
-    f = ops.float64(x)
+    cell = _cells(b, x, edges, table, n_cells - 1)
+    f = b.to_float64(x)
 
     # per sub-block, copy and cell: count and sum, then the cells' centred squares (the kernel's two passes)
     slot = copy_of * n_cells + cell
     size = n_sub * LANES * n_cells
-    counts = ops.host(ops.count(slot, size)).reshape(n_sub, LANES, n_cells)
-    totals = ops.host(ops.add(slot, f, size)).reshape(n_sub, LANES, n_cells)
+    counts = b.to_numpy(b.bincount(slot, size)).reshape(n_sub, LANES, n_cells)
+    totals = b.to_numpy(b.scatter_add(slot, f, size)).reshape(n_sub, LANES, n_cells)
     sub_n = counts[:, 0] + counts[:, 1] + counts[:, 2] + counts[:, 3]
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         sub_total = totals[:, 0] + totals[:, 1] + totals[:, 2] + totals[:, 3]
         sub_mean = np.where(sub_n > 0, sub_total / np.maximum(sub_n, 1), 0.0)
-    d = f - ops.device(sub_mean.reshape(-1))[sub * n_cells + cell]
-    squares = ops.host(ops.add(slot, d * d, size)).reshape(n_sub, LANES, n_cells)
+    d = f - b.asarray(sub_mean.reshape(-1))[sub * n_cells + cell]
+    squares = b.to_numpy(b.scatter_add(slot, d * d, size)).reshape(n_sub, LANES, n_cells)
     with np.errstate(invalid="ignore", over="ignore"):
         sub_m2 = squares[:, 0] + squares[:, 1] + squares[:, 2] + squares[:, 3]
     n_mean, mean, m2 = _merge(sub_n, sub_mean, sub_m2, n_cells)
@@ -241,30 +141,30 @@ def scan(
         keep = ~nan
         index = (lane * n_cells + cell)[keep]
         for largest, out in ((True, cell_high), (False, cell_low)):
-            copies = ops.host(
-                ops.extreme(index, f[keep], LANES * n_cells, largest, -np.inf if largest else np.inf)
+            copies = b.to_numpy(
+                b.scatter_extreme(index, f[keep], LANES * n_cells, largest, -np.inf if largest else np.inf)
             ).reshape(LANES, n_cells)
             for copy in copies:
                 better = copy > out if largest else copy < out
                 out[better] = copy[better]
 
     # per row: extremes by the float order key (NaN if the row holds one), float64 sums
-    row_high, row_low = (_floats(ops.host(keys)) for keys in ops.row_extremes(x, lengths))
-    row_nan = ops.host(ops.count(row[nan], n_rows)) > 0
+    row_high, row_low = (_floats(b.to_numpy(keys)) for keys in _row_extremes(b, x, lengths))
+    row_nan = b.to_numpy(b.bincount(row[nan], n_rows)) > 0
     row_high[row_nan] = row_low[row_nan] = np.nan
-    row_total = ops.host(ops.add(row, f, n_rows))
+    row_total = b.to_numpy(b.scatter_add(row, f, n_rows))
     if per_row:
         flat = row * n_cells + cell
-        row_n = ops.host(ops.count(flat, n_rows * n_cells)).astype(np.int64).reshape(n_rows, n_cells)
-        row_sum = ops.host(ops.add(flat, f, n_rows * n_cells)).reshape(n_rows, n_cells)
+        row_n = b.to_numpy(b.bincount(flat, n_rows * n_cells)).astype(np.int64).reshape(n_rows, n_cells)
+        row_sum = b.to_numpy(b.scatter_add(flat, f, n_rows * n_cells)).reshape(n_rows, n_cells)
     else:
         row_n, row_sum = np.zeros((0, n_cells), np.int64), np.zeros((0, n_cells))
 
     if histogram != NO_HISTOGRAM:
-        bucket = ops.int64((ops.bits(x) >> SHIFT) & (BUCKETS - 1))
+        bucket = b.to_int64((b.int32_bits(x) >> SHIFT) & (BUCKETS - 1))
         if histogram == HISTOGRAM_CLAMPED:
-            bucket = xp.where(x < 0, 0, bucket)
-        hist += ops.host(ops.count(lane * BUCKETS + bucket, LANES * BUCKETS)).astype(np.int64)
+            bucket = b.where(x < 0, 0, bucket)
+        hist += b.to_numpy(b.bincount(lane * BUCKETS + bucket, LANES * BUCKETS)).astype(np.int64)
     return n_mean, mean, m2, cell_high, cell_low, row_n, row_sum, row_high, row_low, row_total
 
 
