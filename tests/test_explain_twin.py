@@ -17,7 +17,7 @@ from conftest import SAMPLES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_explain_kernel import LOG_LIKELY, LOG_UNLIKELY, NAMES, SHAPE_RATIO, assert_sums_match, blocks, empty_sums
-from test_small_path import _analyze_modules, _flat
+from test_small_path import _cli_modules, _far_apart, _flat
 
 import rcdiag
 from rcdiag.backend import NumpyBackend
@@ -252,16 +252,7 @@ def test_a_small_explain_report_is_the_kernels(sample: str) -> None:
     path = SAMPLES / sample
     reports = [rcdiag.analyze(path, explain=True, device=NumpyBackend(compiled=c)).to_dict() for c in (True, False)]
     compiled, numpy = (_flat(r) for r in reports)
-    assert compiled.keys() == numpy.keys()
-    far = []
-    for key, want in compiled.items():
-        got = numpy[key]
-        if isinstance(want, float) and isinstance(got, float):
-            if not (got == want or (math.isnan(got) and math.isnan(want)) or math.isclose(got, want, rel_tol=1e-11)):
-                far.append((key, got, want))
-        elif got != want:
-            far.append((key, got, want))
-    assert far == []
+    assert _far_apart(compiled, numpy) == []
     kernel, twin = reports  # strings (messages, the verdict) and lists compared whole above; restated:
     assert twin["verdict"] == kernel["verdict"]
     codes = [[(f["code"], f["severity"]) for f in report["findings"]] for report in reports]
@@ -278,7 +269,7 @@ def test_a_small_explain_imports_no_numba(tmp_path: Path) -> None:
     """A real small ``analyze --explain`` with token ids, on a fresh machine (empty numba cache): no numba or llvmlite
     module loaded, nothing compiled or said, the by-token ranking in its JSON."""
     args = ("analyze", str(SAMPLES / "stop_token.parquet"), "--explain", "--format", "json")
-    done, loaded = _analyze_modules(tmp_path, *args)
+    done, loaded = _cli_modules(tmp_path, *args)
     assert done.returncode == 0, done.stderr
     assert loaded == [] and done.stderr == ""
     assert not any((tmp_path / "numba_cache").rglob("*.nbi"))

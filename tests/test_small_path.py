@@ -42,7 +42,7 @@ open(out, "w").write(" ".join(sorted(m for m in sys.modules if m.split(".")[0] i
 """Runs the CLI as ``python -m rcdiag`` does, then writes the numba and llvmlite modules it loaded to ``argv[1]``."""
 
 
-def _analyze_modules(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+def _cli_modules(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     """A real CLI run in a fresh interpreter (an empty numba cache of its own) and the numba modules it loaded."""
     out = tmp_path / "modules.txt"
     full_env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba_cache"), "RCDIAG_COMPILE_NOTICE": "1", **env}
@@ -56,11 +56,11 @@ def test_a_small_analyze_imports_no_numba_and_compiles_nothing(tmp_path: Path) -
     """A fresh machine (empty numba cache): a small dump's analyze loads no numba module, says nothing about
     compiling and writes no kernel cache; forced to the kernels (``RCDIAG_SMALL_DUMP_BYTES=0``) it does all three."""
     args = ("analyze", str(SAMPLES / "healthy.parquet"), "--format", "json")
-    done, loaded = _analyze_modules(tmp_path, *args)
+    done, loaded = _cli_modules(tmp_path, *args)
     assert done.returncode == 0, done.stderr
     assert loaded == [] and done.stderr == ""
     assert not any((tmp_path / "numba_cache").rglob("*.nbi"))
-    forced, loaded = _analyze_modules(tmp_path, *args, **{SWITCH: "0"})
+    forced, loaded = _cli_modules(tmp_path, *args, **{SWITCH: "0"})
     assert forced.returncode == 0, forced.stderr
     assert "numba" in loaded and "compiling kernels" in forced.stderr
     assert any((tmp_path / "numba_cache").rglob("*.nbi"))
@@ -74,6 +74,21 @@ def _flat(value: object, key: str = "") -> dict[str, object]:
     return {key: value}
 
 
+def _far_apart(want: dict[str, object], got: dict[str, object]) -> list[tuple[str, object, object]]:
+    """The keys of two flattened reports (``_flat``) whose values differ: a float by more than 1e-11 relative (NaN
+    equals NaN), anything else at all; a key in one report only is listed too."""
+    far: list[tuple[str, object, object]] = [(key, got.get(key), None) for key in got.keys() - want.keys()]
+    for key, expected in want.items():
+        found = got.get(key)
+        if isinstance(expected, float) and isinstance(found, float):
+            same = found == expected or (math.isnan(found) and math.isnan(expected))
+            if not (same or math.isclose(found, expected, rel_tol=1e-11)):
+                far.append((key, found, expected))
+        elif key not in got or found != expected:
+            far.append((key, found, expected))
+    return far
+
+
 @pytest.mark.parametrize("sample", sorted(p.name for p in SAMPLES.glob("*.parquet")))
 @pytest.mark.parametrize("config", [None, RS_IS], ids=["default", "is_rs"])
 def test_the_small_path_gives_the_kernels_report(sample: str, config: rcdiag.CorrectionConfig | None) -> None:
@@ -83,16 +98,7 @@ def test_the_small_path_gives_the_kernels_report(sample: str, config: rcdiag.Cor
     path = SAMPLES / sample
     compiled = _flat(rcdiag.analyze(path, config, device=NumpyBackend(compiled=True)).to_dict())
     numpy = _flat(rcdiag.analyze(path, config, device=NumpyBackend(compiled=False)).to_dict())
-    assert compiled.keys() == numpy.keys()
-    far = []
-    for key, want in compiled.items():
-        got = numpy[key]
-        if isinstance(want, float) and isinstance(got, float):
-            if not (got == want or (math.isnan(got) and math.isnan(want)) or math.isclose(got, want, rel_tol=1e-11)):
-                far.append((key, got, want))
-        elif got != want:
-            far.append((key, got, want))
-    assert far == []
+    assert _far_apart(compiled, numpy) == []
     masked = [k for k in compiled if k.endswith(("masked_tokens", "masked_rows")) or "rollout_rs_masked" in k]
     assert config is None or masked
 

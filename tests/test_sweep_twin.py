@@ -4,10 +4,6 @@ small dump's ``rcdiag sweep`` loads no numba."""
 
 from __future__ import annotations
 
-import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +12,7 @@ import pytest
 from conftest import SAMPLES, padded_chunk, random_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_small_path import MODULES, _flat
+from test_small_path import _cli_modules, _far_apart, _flat
 from test_sweep_kernel import blocks
 from test_token_kernel import _valid_lengths, raw_blocks
 
@@ -173,40 +169,22 @@ def test_every_sample_sweep_is_the_kernels(sample: str) -> None:
     every float within 1e-11 (measured: 6.3e-13 at worst)."""
     want, got = _sweep_json(SAMPLES / sample, True), _sweep_json(SAMPLES / sample, False)
     assert got.keys() == want.keys()
-    far = []
-    for key, expected in want.items():
-        found = got[key]
-        if isinstance(expected, float) and isinstance(found, float):
-            same = found == expected or (math.isnan(found) and math.isnan(expected))
-            if not (same or math.isclose(found, expected, rel_tol=1e-11)):
-                far.append((key, found, expected))
-        elif found != expected:
-            far.append((key, found, expected))
-    assert far == []
+    assert _far_apart(want, got) == []
     counted = [k for k in want if k.endswith(COUNTED) or k.startswith(".recommendations")]
     assert len(counted) > 100
     assert [got[k] for k in counted] == [want[k] for k in counted]  # counts over counts: exactly
-
-
-def _sweep_modules(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
-    out = tmp_path / "modules.txt"
-    full_env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba_cache"), "RCDIAG_COMPILE_NOTICE": "1", **env}
-    args = ("sweep", str(SAMPLES / "healthy.parquet"), "--format", "json")
-    done = subprocess.run(
-        [sys.executable, "-c", MODULES, str(out), *args], capture_output=True, text=True, env=full_env, timeout=600
-    )
-    return done, out.read_text().split()
 
 
 def test_a_small_sweep_imports_no_numba(tmp_path: Path) -> None:
     """A fresh machine (empty numba cache): a small dump's sweep loads no numba or llvmlite module, says nothing
     about compiling and writes no kernel cache; forced to the kernels it does all three, and prints the same
     counts."""
-    done, loaded = _sweep_modules(tmp_path)
+    args = ("sweep", str(SAMPLES / "healthy.parquet"), "--format", "json")
+    done, loaded = _cli_modules(tmp_path, *args)
     assert done.returncode == 0, done.stderr
     assert loaded == [] and done.stderr == ""
     assert not any((tmp_path / "numba_cache").rglob("*.nbi"))
-    forced, loaded = _sweep_modules(tmp_path, **{SWITCH: "0"})
+    forced, loaded = _cli_modules(tmp_path, *args, **{SWITCH: "0"})
     assert forced.returncode == 0, forced.stderr
     assert "numba" in loaded and "compiling kernels" in forced.stderr
     assert any((tmp_path / "numba_cache").rglob("*.nbi"))
