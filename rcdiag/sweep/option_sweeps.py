@@ -116,6 +116,14 @@ class SequenceSweep(OptionSweep):
 class _Filled(OptionSweep):
     """An option whose engine accumulators only carry one threshold's state through ``compute_at``."""
 
+    def parts(self) -> list[Accumulator]:
+        """Itself: the option's whole state, an accumulator of its own (``RSSweep``, ``TokenISSweep``)."""
+        assert isinstance(self, Accumulator)  # mixed into accumulators only
+        return [self]
+
+    def signature(self) -> tuple:
+        return (type(self).__name__, self.option, tuple(t.spec for t in self.thresholds))
+
     def release(self) -> None:
         super().release()
         self._made = None
@@ -159,12 +167,6 @@ class RSSweep(_Filled, Accumulator):
 
     def _sizes(self) -> dict[str, int]:
         return dict.fromkeys(self.PER_THRESHOLD, len(self.thresholds))
-
-    def parts(self) -> list[Accumulator]:
-        return [self]
-
-    def signature(self) -> tuple:
-        return (type(self).__name__, self.option, tuple(t.spec for t in self.thresholds))
 
     @functools.cached_property
     def _rs(self) -> list[RSOptionMetrics]:
@@ -343,12 +345,6 @@ class TokenISSweep(_Filled, Accumulator):
         self.metric_lower = np.asarray([a.metric_lower for a in self._is])[:, None]
         self.seq_fraction_applied = self._is[0].seq_fraction_applied
         self.release()
-
-    def parts(self) -> list[Accumulator]:
-        return [self]
-
-    def signature(self) -> tuple:
-        return (type(self).__name__, self.option, tuple(t.spec for t in self.thresholds))
 
     @functools.cached_property
     def _is(self) -> list[ISMetrics]:
