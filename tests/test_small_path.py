@@ -55,7 +55,15 @@ def _cli_modules(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.Com
 def test_a_small_analyze_imports_no_numba_and_compiles_nothing(tmp_path: Path) -> None:
     """A fresh machine (empty numba cache): a small dump's analyze loads no numba module, says nothing about
     compiling and writes no kernel cache; forced to the kernels (``RCDIAG_SMALL_DUMP_BYTES=0``) it does all three."""
-    args = ("analyze", str(SAMPLES / "healthy.parquet"), "--format", "json")
+    _without_numba_then_forced(tmp_path, "analyze", str(SAMPLES / "healthy.parquet"), "--format", "json")
+
+
+def _without_numba_then_forced(
+    tmp_path: Path, *args: str
+) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+    """The command on an empty numba cache: it loads no numba module, says nothing and writes no kernel cache;
+    forced to the kernels (``RCDIAG_SMALL_DUMP_BYTES=0``) it loads numba, says it compiles and writes the cache.
+    Returns both runs."""
     done, loaded = _cli_modules(tmp_path, *args)
     assert done.returncode == 0, done.stderr
     assert loaded == [] and done.stderr == ""
@@ -64,6 +72,7 @@ def test_a_small_analyze_imports_no_numba_and_compiles_nothing(tmp_path: Path) -
     assert forced.returncode == 0, forced.stderr
     assert "numba" in loaded and "compiling kernels" in forced.stderr
     assert any((tmp_path / "numba_cache").rglob("*.nbi"))
+    return done, forced
 
 
 def _flat(value: object, key: str = "") -> dict[str, object]:

@@ -12,12 +12,11 @@ import pytest
 from conftest import SAMPLES, padded_chunk, random_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_small_path import _cli_modules, _far_apart, _flat
+from test_small_path import _far_apart, _flat, _without_numba_then_forced
 from test_sweep_kernel import blocks
 from test_token_kernel import _valid_lengths, raw_blocks
 
 from rcdiag.backend import NumpyBackend
-from rcdiag.kernels.small import SWITCH
 from rcdiag.kernels.sweep import SUB_BLOCK, scan
 from rcdiag.metrics.block import Block
 from rcdiag.sweep import scan_arrays
@@ -179,15 +178,7 @@ def test_a_small_sweep_imports_no_numba(tmp_path: Path) -> None:
     """A fresh machine (empty numba cache): a small dump's sweep loads no numba or llvmlite module, says nothing
     about compiling and writes no kernel cache; forced to the kernels it does all three, and prints the same
     counts."""
-    args = ("sweep", str(SAMPLES / "healthy.parquet"), "--format", "json")
-    done, loaded = _cli_modules(tmp_path, *args)
-    assert done.returncode == 0, done.stderr
-    assert loaded == [] and done.stderr == ""
-    assert not any((tmp_path / "numba_cache").rglob("*.nbi"))
-    forced, loaded = _cli_modules(tmp_path, *args, **{SWITCH: "0"})
-    assert forced.returncode == 0, forced.stderr
-    assert "numba" in loaded and "compiling kernels" in forced.stderr
-    assert any((tmp_path / "numba_cache").rglob("*.nbi"))
+    done, forced = _without_numba_then_forced(tmp_path, "sweep", str(SAMPLES / "healthy.parquet"), "--format", "json")
     counts = [line for line in done.stdout.splitlines() if "masked_fraction" in line]
     assert len(counts) > 100
     assert counts == [line for line in forced.stdout.splitlines() if "masked_fraction" in line]
