@@ -269,7 +269,7 @@ def accumulate(
             )
             state, stats = merge_parts(source, run_parts(parts, job, on_part), job)
         else:
-            screen = Screen(read.on_bad_row, vocab_size=read.vocab_size, compiled=getattr(backend, "compiled", True))
+            screen = Screen(read.on_bad_row, vocab_size=read.vocab_size, compiled=backend.compiled)
             explain_state = explain.new_state() if explain is not None else None
             flush = None
             if explain is not None and explain_state is not None:

@@ -51,6 +51,9 @@ class Backend(ABC):
     """Elementwise functions plus reductions to Python scalars, and the per-token passes that run on them."""
 
     name: str
+    compiled: bool = True
+    """Whether passes over host arrays (the screen, ``--explain``'s) run the numba kernels; ``False`` only on a small
+    dump's numpy path (``NumpyBackend(compiled=False)``), which never imports numba."""
 
     @property
     @abstractmethod

@@ -245,7 +245,7 @@ class Engine:
         interface (the sweep's, which may ask for larger CPU blocks: ``cpu_block_tokens``)."""
         cpu_block = getattr(self.state, "cpu_block_tokens", CPU_BLOCK_TOKENS)
         self.block_tokens = cpu_block if isinstance(self.backend, NumpyBackend) else GPU_BLOCK_TOKENS
-        self.compiled = getattr(self.backend, "compiled", True)
+        self.compiled = self.backend.compiled
         """The numba kernels, or a small dump's numpy forms of them (``rcdiag.kernels.small``)."""
         self.k1_bands = tuple(bounds(o) for o in resolved.rs_options if o.level == "token" and o.is_k1)
         """The token-level k1 RS bands, which the CPU's fused token pass takes in the same read of each row."""

@@ -145,7 +145,7 @@ class ExplainState:
         from rcdiag.kernels.arrays import id_array
 
         explain_block: Callable[..., int]
-        if getattr(block.b, "compiled", True):
+        if block.b.compiled:
             from rcdiag.kernels import explain
 
             explain_block = explain.explain_block

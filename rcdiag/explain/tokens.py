@@ -157,7 +157,7 @@ class TokenSums(Accumulator):
 def _scatter(block: Block) -> Callable[..., int]:
     """The stand-alone by-token pass of the block's path: the kernel (``rcdiag.kernels.token_ids``), or its numpy form
     on a small dump's numpy path (``rcdiag.kernels.small_explain``, which imports no numba)."""
-    if getattr(block.b, "compiled", True):
+    if block.b.compiled:
         from rcdiag.kernels import token_ids
 
         return token_ids.scatter_token_sums
