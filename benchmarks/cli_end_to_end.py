@@ -5,10 +5,11 @@ timed from outside, with the bare decode in a fresh process as the floor, all in
 
 Each round runs every command once, in turn (interleaved, so load on a shared machine hits all of them alike),
 after one untimed warm-up round (which also brings the dumps into the page cache and the kernels into numba's
-cache). The report gives medians over rounds of the wall time, their ratios against the baseline named in each
-row (the median over rounds of each round's ratio: the two runs it compares were close in time), and each
-command's peak RSS (``ru_maxrss`` of the child, from ``os.wait4``, in one more run after the timed
-ones). Commands:
+cache). The report gives medians over rounds of the wall time and of the CPU time (user and system, every thread
+and waited-for child: where the decode already keeps every core busy, any CPU beyond it shows as wall time), their
+ratios against the baseline named in each row (the median over rounds of each round's ratio: the two runs it
+compares were close in time), and each command's peak RSS (``ru_maxrss`` of the child, from ``os.wait4``, in one
+more run after the timed ones). Commands:
 
 * ``decode``: python + pyarrow alone decode the dump's three list columns (the floor; no rcdiag import);
 * ``analyze`` with verl's default configuration and with ``is_rs`` (sequence IS plus two RS options), on the
@@ -79,13 +80,18 @@ def _check(argv: list[str], code: int, stderr: str) -> None:
         raise SystemExit(f"{' '.join(argv)} failed ({code}): {stderr}")
 
 
-def run(argv: list[str], tree: str | None = None) -> float:
-    """Wall seconds of one fresh process (its output discarded; a failure is fatal)."""
+def run(argv: list[str], tree: str | None = None) -> tuple[float, float]:
+    """Wall and CPU seconds (user + system, all its threads) of one fresh process (its output discarded; a failure
+    is fatal)."""
     start = time.perf_counter()
-    done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env(tree), cwd=tree)
+    child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env(tree), cwd=tree)
+    assert child.stderr is not None
+    stderr = child.stderr.read().decode()
+    _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - start
-    _check(argv, done.returncode, done.stderr.decode())
-    return wall
+    child.returncode = os.waitstatus_to_exitcode(status)
+    _check(argv, child.returncode, stderr)
+    return wall, usage.ru_utime + usage.ru_stime
 
 
 def peak_rss(argv: list[str], tree: str | None = None) -> float:
@@ -167,19 +173,23 @@ def main() -> None:
     for name, version in jobs:  # warm-up: page cache, kernel cache
         run(timed[name], trees[version])
     wall: dict[tuple[str, str], list[float]] = {job: [] for job in jobs}
+    cpu: dict[tuple[str, str], list[float]] = {job: [] for job in jobs}
     for _ in range(args.rounds):
         for job in jobs:
-            wall[job].append(run(timed[job[0]], trees[job[1]]))
+            seconds, cpu_seconds = run(timed[job[0]], trees[job[1]])
+            wall[job].append(seconds)
+            cpu[job].append(cpu_seconds)
     rss = {job: peak_rss(timed[job[0]], trees[job[1]]) for job in jobs}
     small_rss = {(name, v): peak_rss(argv, trees[v]) for name, argv in memory_small.items() for v in trees}
     med = {job: statistics.median(times) for job, times in wall.items()}
     print(f"{big.name}, {big_rg.name}, small {small.name}; {args.rounds} interleaved rounds after a warm-up;")
     print(f"1-minute load average {load:.1f} before, {os.getloadavg()[0]:.1f} after; {os.cpu_count()} CPUs")
     print(f"new: {trees['new']}" + (f"; old: {trees['old']}" if "old" in trees else "") + "\n")
-    print("| command | version | wall s, median (min-max) | peak RSS MB |\n|---|---|---|---|")
+    print("| command | version | wall s, median (min-max) | CPU s, median | peak RSS MB |\n|---|---|---|---|---|")
     for job in jobs:
         times = wall[job]
-        print(f"| {job[0]} | {job[1]} | {med[job]:.2f} ({min(times):.2f}-{max(times):.2f}) | {rss[job]:.0f} |")
+        print(f"| {job[0]} | {job[1]} | {med[job]:.2f} ({min(times):.2f}-{max(times):.2f}) | "
+              f"{statistics.median(cpu[job]):.2f} | {rss[job]:.0f} |")  # fmt: skip
     rg = f"rg {args.small_group_rows}"
     ratios = [
         ("decode / analyze (default)", "decode", "analyze", True, ">= 0.85"),
@@ -197,14 +207,16 @@ def main() -> None:
         ("--help, s", "rcdiag --help", "<= 0.15"),
     ]
     versions = list(trees)
-    head = "\n| ratio (same run; median of per-round ratios) | " + " | ".join(versions) + " | target |"
-    print(head + "\n|---|" + "---|" * len(versions) + "---|")
+    columns = " | ".join(f"{v}: wall | {v}: CPU" for v in versions)
+    head = f"\n| ratio (same run; median of per-round ratios) | {columns} | target (wall) |"
+    print(head + "\n|---|" + "---|---|" * len(versions) + "---|")
     for title, top, bottom, floor, target in ratios:
         cells = []
         for v in versions:
             a, b = (top, "new" if floor else v), (bottom, v)
-            per_round = [x / y for x, y in zip(wall.get(a, []), wall.get(b, []), strict=False)]
-            cells.append(f"{statistics.median(per_round):.2f}" if per_round else "-")
+            for times in (wall, cpu):
+                per_round = [x / y for x, y in zip(times.get(a, []), times.get(b, []), strict=False)]
+                cells.append(f"{statistics.median(per_round):.2f}" if per_round else "-")
         print(f"| {title} | " + " | ".join(cells) + f" | {target} |")
     for title, name, target in seconds:
         cells = [f"{med[(name, v)]:.2f}" if (name, v) in med else "-" for v in versions]

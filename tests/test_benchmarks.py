@@ -31,7 +31,11 @@ def _run(tmp_path: Path, script: str, *args: str) -> str:
             ["| decode |", "| rcdiag is_rs, IPC mmap |", "| rcdiag / decode |", "IPC mmap / maths alone", "--help`:"],
         ),
         ("memory.py", ("--tokens", "100k,200k", "--padded-tokens", "0"), ["| rcdiag is_rs | IPC mmap |", "RssAnon"]),
-        ("cpu_time.py", ("--tokens", "200k", "--repeats", "1"), ["| decode (the floor) |", "| engine, is_rs |", "| engine, is_rs --explain |"]),
+        (
+            "cpu_time.py",
+            ("--tokens", "200k", "--repeats", "1"),
+            ["| decode (the floor) |", "| engine, is_rs |", "| engine, is_rs --explain |"],
+        ),
         (
             "explain_tokens.py",
             ("--tokens", "200k", "--rounds", "1", "--vocab", "1000"),
@@ -42,7 +46,16 @@ def _run(tmp_path: Path, script: str, *args: str) -> str:
             ("--tokens", "200k", "--rounds", "1", "--vocab", "1000", "--kernels"),
             ["the ids add", "inside the explain pass", "in separate passes"],
         ),
-        ("small_path.py", ("--tokens", "50k", "--rounds", "1", "--no-cli"), ["| numpy path / kernels |", "| break-even"]),
+        (
+            "small_path.py",
+            ("--tokens", "50k", "--rounds", "1", "--no-cli"),
+            ["| numpy path / kernels |", "| break-even"],
+        ),
+        (
+            "cli_end_to_end.py",
+            ("--tokens", "100k", "--small", "50k", "--rounds", "1"),
+            ["| decode / analyze (default) |", "new: CPU", "| peak RSS sweep (default), small -> large |"],
+        ),
     ],
 )
 def test_benchmark_scripts_run(tmp_path: Path, script: str, args: tuple[str, ...], expected: list[str]) -> None:
