@@ -19,8 +19,9 @@ more run after the timed ones). Commands:
 * ``--baseline TREE``: every rcdiag command also run from an older source tree (``git archive COMMIT | tar -x``),
   interleaved with the new one, so the table's old and new figures come from the same run;
 * a 10k-token dump whose verdict is ``healthy`` and one whose verdict is ``correct`` (``rcdiag.synthetic``'s
-  ``healthy`` and ``outliers`` scenarios), kernels cached; ``--help``; bare ``python -c pass`` and typer + rich's help
-  module alone (the floor for ``--help``);
+  ``healthy`` and ``outliers`` scenarios), kernels cached; ``--help``; bare ``python -c pass``, typer + rich's help
+  module alone (the floor for ``--help``) and the libraries a run imports alone (``RUN_IMPORTS``: the floor for
+  the 10k-token run);
 * peak RSS of analyze, ``--explain`` and sweep at ``--small`` tokens and at ``--tokens``.
 """
 
@@ -52,6 +53,9 @@ for group in range(file.metadata.num_row_groups):
         flat = [chunk.values.to_numpy(zero_copy_only=False) for chunk in column.chunks]
 """
 
+RUN_IMPORTS = "import numpy, pyarrow.parquet, typer, typer._adapters, rich.console, rich.table"
+"""What any small run imports whatever rcdiag does (the libraries of the design card; typer 0.29 validates every
+parameter through pydantic, ``typer._adapters``): the floor of the 10k-token run."""
 
 WRAP = """
 import os, subprocess, sys
@@ -145,6 +149,7 @@ def main() -> None:
     timed = {
         "python -c pass": [sys.executable, "-c", "pass"],
         "import typer, typer.rich_utils": [sys.executable, "-c", "import typer, typer.rich_utils"],
+        "imports of a run": [sys.executable, "-c", RUN_IMPORTS],
         "rcdiag --help": [*RCDIAG, "--help"],
         "analyze 10k (healthy)": [*analyze, str(healthy)],
         "analyze 10k (correct)": [*analyze, str(correct)],
@@ -166,7 +171,7 @@ def main() -> None:
     }
     here = str(Path(__file__).resolve().parents[1])
     trees = {"new": here} | ({"old": str(Path(args.baseline).resolve())} if args.baseline else {})
-    plain = ("decode", "python -c pass", "import typer, typer.rich_utils")  # no rcdiag: run once
+    plain = ("decode", "python -c pass", "import typer, typer.rich_utils", "imports of a run")  # no rcdiag: run once
     jobs = [(name, version) for name in timed for version in trees
             if version == "new" or (name not in plain and "auto" not in name)]  # fmt: skip
     load = os.getloadavg()[0]
@@ -221,7 +226,7 @@ def main() -> None:
     for title, name, target in seconds:
         cells = [f"{med[(name, v)]:.2f}" if (name, v) in med else "-" for v in versions]
         print(f"| {title} | " + " | ".join(cells) + f" | {target} |")
-    for name in ("python -c pass", "import typer, typer.rich_utils"):
+    for name in ("python -c pass", "import typer, typer.rich_utils", "imports of a run"):
         print(f"| {name}, s | {med[(name, 'new')]:.2f} | |")
     for name in memory_small:
         cells = [f"{small_rss[(name, v)]:.0f} -> {rss[(name, v)]:.0f} MB ({rss[(name, v)] / small_rss[(name, v)]:.2f}x)"
