@@ -49,14 +49,35 @@ def test_help_imports_no_heavy_library(args: list[str]) -> None:
     assert imported.isdisjoint(HEAVY), sorted(imported & set(HEAVY))
 
 
-def test_help_imports_no_report_records() -> None:
-    """The catalogue's package imports its tables on first use: help reads the metric packs only."""
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "rcdiag", "--help"], capture_output=True, text=True, cwd=ROOT
-    )
-    names = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
-    assert "rcdiag.catalogue.metrics" in names
-    assert not names & {"rcdiag.report", "rcdiag.catalogue.findings", "rcdiag.api"}
+def test_help_lists_the_commands_without_importing_them() -> None:
+    """``rcdiag --help`` lists each command by its docstring, read from its module's source: it imports no
+    command's module, nor the flags and catalogue their help texts read; no help imports the report records (the
+    catalogue's package imports its tables on first use)."""
+    names = _modules_after("--help")
+    assert not names & {f"rcdiag.cli.{name}" for name in COMMANDS}, sorted(names)
+    assert not names & {"rcdiag.cli.flags", "rcdiag.catalogue.metrics", "rcdiag.report", "rcdiag.api"}
+    for name in COMMANDS:
+        assert not _modules_after(name, "--help") & {"rcdiag.report", "rcdiag.catalogue.findings", "rcdiag.api"}
+
+
+def test_a_command_listed_without_a_literal_docstring_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The listing's stand-in has the built command's name, help and settings; a command whose help is not a
+    literal docstring in its module's source is built instead."""
+    from rcdiag.cli import commands
+
+    for name in COMMANDS:
+        built, stand_in = commands.build(name, "markdown"), commands.listed(name, "markdown")
+        assert stand_in is not None and not stand_in.params
+        assert (stand_in.name, stand_in.help, stand_in.no_args_is_help) == (
+            built.name,
+            built.help,
+            built.no_args_is_help,
+        )
+        assert (stand_in.hidden, stand_in.deprecated, stand_in.short_help) == (built.hidden, built.deprecated, None)
+    monkeypatch.setattr(commands, "listed", lambda name, markup: None)
+    lazy = commands.LazyCommands("markdown")
+    with lazy.listing():
+        assert lazy["presets"].params  # built: it has its --verl-version option
 
 
 AFTER = """

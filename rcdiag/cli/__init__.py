@@ -12,7 +12,7 @@ import atexit
 import contextlib
 import os
 import sys
-from typing import Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 import typer
 
@@ -32,8 +32,18 @@ class _Group(typer.core.TyperGroup):
     command's ``--help`` imports and builds that command alone."""
 
     def __init__(self, **attrs: object) -> None:
-        attrs["commands"] = LazyCommands(MARKUP)
+        self.lazy = LazyCommands(MARKUP)
+        attrs["commands"] = self.lazy
         super().__init__(**attrs)  # type: ignore[arg-type]
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        """The names, in order, without building the commands (typer's reads every value)."""
+        return list(self.lazy)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """typer's help of the group, listing each command by its stand-in (``LazyCommands.listing``)."""
+        with self.lazy.listing():
+            return super().format_help(ctx, formatter)
 
 
 app = typer.Typer(

@@ -1,7 +1,9 @@
 """rcdiag's sub-commands, each built when first asked for: a run or ``rcdiag CMD --help`` imports one command's
-module and turns one signature into click parameters, not all seven (``rcdiag --help`` lists them all, so it still
-builds every one). Each is built as typer builds a command of a group (``typer.main.get_command`` of a Typer that
-holds that command alone), so its help and behaviour are those of the eager build (tests/test_cli_lazy.py).
+module and turns one signature into click parameters, not all seven. Each is built as typer builds a command of a
+group (``typer.main.get_command`` of a Typer that holds that command alone), so its help and behaviour are those of
+the eager build (tests/test_cli_lazy.py). ``rcdiag --help`` lists every command by its name and help alone, so it
+reads each one's docstring from its module's source (``listed``) and builds none (building the seven was over half
+of its time).
 
 While the command line starts, the cyclic garbage collector is off: imports, typer and its option checks allocate
 a few hundred thousand objects that live as long as the process, and each full collection would walk them all.
@@ -9,8 +11,10 @@ When the command starts, they are frozen out of later collections (``gc.freeze``
 
 from __future__ import annotations
 
+import ast
 import gc
 import importlib
+import importlib.util
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal
@@ -81,18 +85,50 @@ def build(name: str, markup: Literal["markdown", "rich"]) -> Any:
     return typer.main.get_command(single)
 
 
+def listed(name: str, markup: Literal["markdown", "rich"]) -> Any | None:
+    """``rcdiag NAME`` as a group's help lists it: a command without parameters whose name, help and settings are
+    those ``build`` gives it, the help being its function's docstring read from the module's source (typer takes
+    ``inspect.getdoc`` of the function, which ``functools.wraps`` carries through ``with_flags``). None when the
+    source or a literal docstring cannot be found (the caller builds the command)."""
+    spec = importlib.util.find_spec(f"rcdiag.cli.{name}")
+    get_source = getattr(spec.loader, "get_source", None) if spec is not None else None
+    source = get_source(f"rcdiag.cli.{name}") if get_source is not None else None
+    if not source:
+        return None
+    functions = (node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef) and node.name == name)
+    function = next(functions, None)
+    help_text = ast.get_docstring(function) if function is not None else None
+    if help_text is None:
+        return None
+    return Command(name=name, help=help_text, no_args_is_help=COMMANDS[name], rich_markup_mode=markup)
+
+
 class LazyCommands(Mapping[str, Any]):
     """A group's ``commands``: names known at once (for listing and typo suggestions), each command built on first
-    access and kept."""
+    access and kept; while the group's help is drawn (``listing``), a command not built yet is its ``listed``
+    stand-in."""
 
     def __init__(self, markup: Literal["markdown", "rich"]) -> None:
         self._markup = markup
         self._built: dict[str, Any] = {}
+        self._listing = False
+
+    @contextmanager
+    def listing(self) -> Iterator[None]:
+        """While the group's help lists the commands."""
+        self._listing = True
+        try:
+            yield
+        finally:
+            self._listing = False
 
     def __getitem__(self, name: str) -> Any:
         if name not in COMMANDS:
             raise KeyError(name)
         if name not in self._built:
+            stand_in = listed(name, self._markup) if self._listing else None
+            if stand_in is not None:
+                return stand_in
             self._built[name] = build(name, self._markup)
         return self._built[name]
 
