@@ -34,7 +34,7 @@ from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice whe
 from rcdiag.kernels.explain_encoding import GOLDEN, GROUP_SHIFT, SMALL
 from rcdiag.kernels.scalar import chi2_term, clamped_expm1, k3_verl, truncate
 from rcdiag.kernels.series import expm1_reduced, expm1_series
-from rcdiag.kernels.token_rows import add_token_terms
+from rcdiag.kernels.token_rows import add_token_terms, prefetch_token_rows
 
 _GOLDEN = np.uint64(GOLDEN)
 
@@ -275,6 +275,13 @@ def explain_block(
         if n_valid == 0:
             m += n_list
             continue
+        if has_tokens:  # the row's ids first: their table rows are fetched while the row's sums are taken
+            if n_valid == n_list:
+                row_t = tokens[m : m + n_list]
+            else:
+                _compact(tokens[m : m + n_list], mask[m : m + n_list], row_tokens)
+                row_t = row_tokens[:n_valid]
+            prefetch_token_rows(row_t, token_sums)
         r_n, r_x, r_y, r_xx, r_yy, r_xy, r_up, r_down, small, r_shape = _row_scale(
             row_x, row_y, row_bucket[:n_valid], thresholds, tol, low, high
         )
@@ -283,13 +290,6 @@ def explain_block(
             size += 1  # size: the row's runs
         row_lr = row_abs = row_k3_sum = row_chi2_sum = 0.0
         r_capped = _row_terms(row_x, row_y, row_k3[:n_valid], row_chi2[:n_valid], cap, small)
-        if has_tokens:
-            if n_valid == n_list:
-                row_t = tokens[m : m + n_list]
-            else:
-                _compact(tokens[m : m + n_list], mask[m : m + n_list], row_tokens)
-                row_t = row_tokens[:n_valid]
-            skipped += add_token_terms(row_t, row_x, row_y, row_k3[:n_valid], row_chi2[:n_valid], token_sums)
         at = 0  # the run's first token, in the row
         for k in range(size):
             lo = edges[k]
@@ -323,6 +323,8 @@ def explain_block(
         ys = row_y
         _four_buckets(row_bucket[:n_valid], xs, ys, row_k3[:n_valid], row_chi2[:n_valid], 0, prob)
         _four_buckets(row_bucket[:n_valid], xs, ys, row_k3[:n_valid], row_chi2[:n_valid], 4, prob)
+        if has_tokens:  # last: the prefetched table rows have had the row's other loops' time to arrive
+            skipped += add_token_terms(row_t, row_x, row_y, row_k3[:n_valid], row_chi2[:n_valid], token_sums)
         m += n_list
         bucket = 0
         while bucket + 1 < n_edges and edges[bucket + 1] <= n_valid:

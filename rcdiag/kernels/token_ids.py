@@ -19,7 +19,7 @@ from numba import njit
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
 from rcdiag.kernels.explain import _row_terms
 from rcdiag.kernels.explain_encoding import SMALL
-from rcdiag.kernels.token_rows import add_token_terms
+from rcdiag.kernels.token_rows import add_token_terms, prefetch_token_rows
 
 BUFFER = 2048
 """Valid tokens gathered before their terms are taken (the buffers stay in L1/L2)."""
@@ -51,6 +51,7 @@ def _flush(
     ids: np.ndarray, old: np.ndarray, rollout: np.ndarray, k3: np.ndarray, chi2: np.ndarray, n: int, small: bool,
     out: np.ndarray,
 ) -> None:  # fmt: skip
+    prefetch_token_rows(ids[:n], out)  # the ids' table rows arrive while the terms are taken
     _row_terms(old[:n], rollout[:n], k3[:n], chi2[:n], _CAP, small)
     add_token_terms(ids[:n], old[:n], rollout[:n], k3[:n], chi2[:n], out)
 
