@@ -6,8 +6,9 @@ this pass takes the rest (ids beyond the dense table, a block folded on its own)
 holds ``N_TOKEN_SUMS`` float64 sums (``rcdiag.kernels.token_rows``): one cache line per token, where six
 ``np.bincount`` passes read the ids six times and allocate a vocabulary-sized array each (measured: 20-45 ns
 against 30-55 ns a token for 256k ids on this machine, under load). Valid tokens are gathered ``BUFFER`` at a time
-into small buffers (no compaction of the block beforehand), their k3 and chi2 terms taken by the explain pass's own
-``_row_terms`` (the same formulas and bits as the breakdowns), then added to their ids' rows. Ids are int32 or
+into small buffers (no compaction of the block beforehand), their ids' rows prefetched, their k3 and chi2 terms
+taken by the explain pass's own ``_row_terms`` (the same formulas and bits as the breakdowns), then added to their
+ids' rows. Ids are int32 or
 int64 (each compiles once).
 """
 

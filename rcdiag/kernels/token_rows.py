@@ -25,6 +25,11 @@ from numba.extending import intrinsic
 from rcdiag.kernels import JIT
 
 N_TOKEN_SUMS = 6
+PREFETCH_TABLE_BYTES = 4 << 20
+"""``prefetch_token_rows`` prefetches only for a table larger than this (87,381 ids): over a smaller one the rows
+mostly stay in L2 and the prefetches cost more than they save (measured, ``benchmarks/explain_tokens.py
+--kernels``: 1,024 to 32,000 ids 1-2 ns a token slower, 65,536 ids (3 MB) within noise, 151,936 ids 20-45%
+faster)."""
 
 
 @intrinsic
@@ -55,7 +60,9 @@ _prefetch = cast("Callable[[int], None]", _prefetch_address)
 @njit(**JIT)
 def prefetch_token_rows(ids: np.ndarray, out: np.ndarray) -> None:
     """Prefetch the rows of ``out`` (both cache lines of a row that straddles two) of the ids in
-    ``[0, out.shape[0])``."""
+    ``[0, out.shape[0])``, when ``out`` is larger than ``PREFETCH_TABLE_BYTES``."""
+    if out.nbytes <= PREFETCH_TABLE_BYTES:
+        return
     rows = out.shape[0]
     base = out.ctypes.data
     stride = out.strides[0]
