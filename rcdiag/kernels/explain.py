@@ -14,9 +14,9 @@
   (a scatter into the buckets does not vectorize: twice the time, measured);
 * with token ids, ``add_token_terms`` (``rcdiag.kernels.token_rows``), last: the row's tokens added to their ids'
   rows of the by-token table, from the terms already taken (a separate pass over the block, reading it again and
-  taking the terms again, cost about a third more: docs/performance.md). The row's ids are compacted first and their
-  table rows prefetched (``prefetch_token_rows``), so the cache misses into the table (larger than L2) are in flight
-  while the loops above run: a third to two fifths less time for the ids (docs/performance.md).
+  taking the terms again, cost about a third more: docs/performance.md). The row's ids are compacted first and, over
+  a table larger than L2, their table rows prefetched (``prefetch_token_rows``), so the cache misses into it are in
+  flight before the loops above run: a fifth to two fifths less time for the ids (docs/performance.md).
 
 Sums are per run and per row, in token order within a vector lane, so they depend on a row's valid tokens alone:
 padding, chunking and row order change nothing beyond float64 rounding of the additions across rows.
