@@ -21,8 +21,10 @@ fresh process, this tree).
 
 ``--kernels``: the ids' part of the explain pass alone, on the dump's arrays in memory (blocks of 512 rows): the
 explain pass without ids, with ids added inside it (now), and without ids followed by 5ceb9b2's separate passes
-over the block (the ids' range, then the stand-alone scatter, which is unchanged), interleaved, medians over
-rounds, the tables checked equal bit for bit.
+over the block (the ids' range, then this tree's stand-alone scatter), interleaved, medians over rounds, the tables
+checked equal bit for bit. Each tree (this one, and ``--baseline TREE``) runs in a process of its own, the trees
+interleaved too; with a baseline, the last line compares what the ids add inside the explain pass in each (median
+over rounds of each round's difference).
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -154,54 +155,102 @@ def peak(tree: Path, path: Path, explain: bool, read_ids: bool) -> float:
     return float(done.stdout.strip().splitlines()[-1])
 
 
-def kernels(path: Path, rounds: int) -> None:
+KERNELS = """
+import hashlib, json, sys, time
+import numpy as np
+import pyarrow.parquet as pq
+from rcdiag.explain.breakdowns import LOG_PROB_THRESHOLDS
+from rcdiag.explain.state import _EDGES, _LOG_LIKELY, _LOG_UNLIKELY, ExplainState
+from rcdiag.explain.statistics import RATIO_CAP, SHIFT_TOL
+from rcdiag.kernels.explain import explain_block
+from rcdiag.kernels.token_ids import scatter_token_sums, valid_range
+
+table = pq.read_table({path!r}, columns=["old_log_prob", "rollout_log_prob", "response_mask", "token_ids"])
+lists = [table.column(i).combine_chunks() for i in range(4)]
+old, rollout = (np.asarray(lists[i].values, dtype=np.float32) for i in (0, 1))
+mask = np.asarray(lists[2].values).astype(bool).view(np.uint8)
+ids = np.asarray(lists[3].values, dtype=np.int32)
+offsets = np.asarray(lists[0].offsets, dtype=np.int64)
+lengths = np.diff(offsets)
+valid = np.add.reduceat(mask.astype(np.int64), offsets[:-1])
+vocab = int(ids.max()) + 1
+no_ids, no_table = np.zeros(0, np.int64), np.zeros((0, 6))
+
+def run(mode):
+    state, sums = ExplainState(), np.zeros((vocab, 6))
+    start = time.perf_counter()
+    for a in range(0, lengths.shape[0], 512):
+        t0, t1 = offsets[a], offsets[min(a + 512, lengths.shape[0])]
+        tokens, out = (ids[t0:t1], sums) if mode == "inside" else (no_ids, no_table)
+        explain_block(
+            old[t0:t1], rollout[t0:t1], valid[a : a + 512], lengths[a : a + 512], mask[t0:t1], _EDGES,
+            LOG_PROB_THRESHOLDS, RATIO_CAP, SHIFT_TOL, state.breakdowns.prob, state.breakdowns.position,
+            state.breakdowns.length, state.scale.sums, state.offset.sums, _LOG_UNLIKELY, _LOG_LIKELY,
+            state.shape.sums, tokens, out,
+        )
+        if mode == "separate":
+            block_ids = ids[t0:t1].astype(np.int64)  # 5ceb9b2 widened the ids
+            valid_range(block_ids, mask[t0:t1])
+            scatter_token_sums(old[t0:t1], rollout[t0:t1], block_ids, mask[t0:t1], sums)
+    ns = (time.perf_counter() - start) / ids.shape[0] * 1e9
+    return ns, hashlib.sha256(sums.tobytes()).hexdigest() if mode != "no ids" else ""
+
+for line in sys.stdin:
+    print(json.dumps(run(json.loads(line))), flush=True)
+"""
+"""A tree's ``--kernels`` process: one mode (``"no ids"``, ``"inside"``, ``"separate"``) per line in, ``[ns a token,
+the by-token table's digest]`` out."""
+MODES = ("no ids", "inside", "separate")
+
+
+def kernels(path: Path, rounds: int, trees: dict[str, Path]) -> None:
     """``--kernels`` (see the module's docstring)."""
-    from rcdiag.explain.breakdowns import LOG_PROB_THRESHOLDS
-    from rcdiag.explain.state import _EDGES, _LOG_LIKELY, _LOG_UNLIKELY, ExplainState
-    from rcdiag.explain.statistics import RATIO_CAP, SHIFT_TOL
-    from rcdiag.kernels.explain import explain_block
-    from rcdiag.kernels.token_ids import scatter_token_sums, valid_range
+    workers = {
+        tree: subprocess.Popen(
+            [sys.executable, "-c", KERNELS.format(path=str(path))], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True, env=_env(root), cwd=root,
+        )
+        for tree, root in trees.items()
+    }  # fmt: skip
 
-    table = pq.read_table(path, columns=["old_log_prob", "rollout_log_prob", "response_mask", "token_ids"])
-    lists = [table.column(i).combine_chunks() for i in range(4)]
-    old, rollout = (np.asarray(lists[i].values, dtype=np.float32) for i in (0, 1))
-    mask = np.asarray(lists[2].values).astype(bool).view(np.uint8)
-    ids = np.asarray(lists[3].values, dtype=np.int32)
-    offsets = np.asarray(lists[0].offsets, dtype=np.int64)
-    lengths = np.diff(offsets)
-    valid = np.add.reduceat(mask.astype(np.int64), offsets[:-1])
-    vocab = int(ids.max()) + 1
-    no_ids, no_table = np.zeros(0, np.int64), np.zeros((0, 6))
+    def ask(tree: str, mode: str) -> tuple[float, str]:
+        worker = workers[tree]
+        assert worker.stdin is not None
+        assert worker.stdout is not None
+        worker.stdin.write(json.dumps(mode) + "\n")
+        worker.stdin.flush()
+        line = worker.stdout.readline()
+        if not line:
+            raise SystemExit(f"the {tree} tree's kernel process stopped (exit {worker.wait()})")
+        ns, digest = json.loads(line)
+        return ns, digest
 
-    def run(mode: str) -> np.ndarray:
-        state, sums = ExplainState(), np.zeros((vocab, 6))
-        for a in range(0, lengths.shape[0], 512):
-            t0, t1 = offsets[a], offsets[min(a + 512, lengths.shape[0])]
-            tokens, out = (ids[t0:t1], sums) if mode == "inside" else (no_ids, no_table)
-            explain_block(
-                old[t0:t1], rollout[t0:t1], valid[a : a + 512], lengths[a : a + 512], mask[t0:t1], _EDGES,
-                LOG_PROB_THRESHOLDS, RATIO_CAP, SHIFT_TOL, state.breakdowns.prob, state.breakdowns.position,
-                state.breakdowns.length, state.scale.sums, state.offset.sums, _LOG_UNLIKELY, _LOG_LIKELY,
-                state.shape.sums, tokens, out,
-            )  # fmt: skip
-            if mode == "separate":
-                block_ids = ids[t0:t1].astype(np.int64)  # 5ceb9b2 widened the ids
-                valid_range(block_ids, mask[t0:t1])
-                scatter_token_sums(old[t0:t1], rollout[t0:t1], block_ids, mask[t0:t1], sums)
-        return sums
-
-    if not np.array_equal(run("inside"), run("separate")):
-        raise SystemExit("the two ways gave different tables")
-    times: dict[str, list[float]] = {"no ids": [], "inside": [], "separate": []}
-    for _ in range(rounds):
-        for mode, seconds in times.items():
-            start = time.perf_counter()
-            run(mode)
-            seconds.append((time.perf_counter() - start) / ids.shape[0] * 1e9)
-    median = {mode: statistics.median(seconds) for mode, seconds in times.items()}
-    print(f"load average {os.getloadavg()}; ns a token: " + ", ".join(f"{k} {v:.1f}" for k, v in median.items()))
-    print(f"the ids add {median['inside'] - median['no ids']:.1f} ns a token inside the explain pass, "
-          f"{median['separate'] - median['no ids']:.1f} in separate passes")  # fmt: skip
+    times: dict[tuple[str, str], list[float]] = {}
+    try:
+        digests = {(tree, mode): ask(tree, mode)[1] for tree in trees for mode in MODES}  # compiles, warms
+        if len({digest for (_, mode), digest in digests.items() if mode != "no ids"}) != 1:
+            raise SystemExit(f"the ways gave different tables: {digests}")
+        for _ in range(rounds):
+            for mode in MODES:
+                for tree in trees:
+                    times.setdefault((tree, mode), []).append(ask(tree, mode)[0])
+    finally:
+        for worker in workers.values():
+            if worker.stdin is not None:
+                worker.stdin.close()
+            worker.wait()
+    median = {key: statistics.median(seconds) for key, seconds in times.items()}
+    print(f"load average {os.getloadavg()}")
+    for tree in trees:
+        print(f"{tree}: ns a token: " + ", ".join(f"{mode} {median[tree, mode]:.1f}" for mode in MODES))
+        inside, separate = (median[tree, mode] - median[tree, "no ids"] for mode in MODES[1:])
+        print(f"{tree}: the ids add {inside:.1f} ns a token inside the explain pass, {separate:.1f} in separate passes")
+    if "old" in trees:
+        added = {
+            tree: [a - b for a, b in zip(times[tree, "inside"], times[tree, "no ids"], strict=True)] for tree in trees
+        }
+        print(f"inside the explain pass, median over rounds: the ids add {statistics.median(added['new']):.1f} ns a "
+              f"token here, {statistics.median(added['old']):.1f} in the baseline")  # fmt: skip
 
 
 def main() -> None:
@@ -214,10 +263,10 @@ def main() -> None:
     args = parser.parse_args()
     paths = {"plain": dump(parse_tokens(args.tokens))}
     paths["ids"] = with_ids(paths["plain"], args.vocab)
-    if args.kernels:
-        kernels(paths["ids"], args.rounds)
-        return
     trees = {"new": BENCH.parent} | ({"old": Path(args.baseline).resolve()} if args.baseline else {})
+    if args.kernels:
+        kernels(paths["ids"], args.rounds, trees)
+        return
     load_before = os.getloadavg()
     workers = {name: Worker(tree) for name, tree in trees.items()}
     wall: dict[tuple[str, str], list[float]] = {}

@@ -1,7 +1,7 @@
 """The by-token sums' faster path (docs/performance.md, "Explain with token ids"): the explain pass adds each valid
 token to its id's row itself, from the terms it already took, and ids stay int32 as Parquet stores them. Its sums
 are the stand-alone pass's bit for bit: padding, ids that arrive beyond the table as it was (it grows after the
-pass), ids beyond the dense table (sparse), int32 and int64 ids."""
+pass), ids beyond the dense table (sparse), int32 and int64 ids, a table large enough that both prefetch its rows."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from rcdiag.explain.state import ExplainState
 from rcdiag.explain.tokens import DENSE_IDS, TokenSums
 from rcdiag.io import Chunk, open_dump
 from rcdiag.io.record_batches import token_values
+from rcdiag.kernels.token_rows import PREFETCH_TABLE_BYTES, prefetch_token_rows
 from rcdiag.metrics.block import Block
 
 
@@ -56,12 +57,27 @@ def test_the_explain_pass_adds_the_stand_alone_pass_bits(dtype: type) -> None:
                 tokens=ids.astype(dtype),
             )
         )
+    assert state.tokens.dense.nbytes > PREFETCH_TABLE_BYTES  # the last blocks' passes prefetched the table's rows
+    assert state.alone.dense.nbytes > PREFETCH_TABLE_BYTES
     ids, sums = state.tokens.table()
     alone_ids, alone = state.alone.table()
     assert 1 <= (ids >= DENSE_IDS).sum() <= 5
     assert ids.shape[0] > 1000
     assert np.array_equal(ids, alone_ids)
     assert np.array_equal(sums, alone)  # bit for bit, not to a tolerance
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_prefetching_the_table_rows_changes_nothing(dtype: type) -> None:
+    """A hint only: over a table that is prefetched (above ``PREFETCH_TABLE_BYTES``) and one that is not, ids
+    beyond the table (negative, past its end, the largest of the type) included, no value of the table changes."""
+    rng = np.random.default_rng(3)
+    for rows in (PREFETCH_TABLE_BYTES // 48 + 1000, 1000):
+        table = rng.random((rows, 6))
+        before = table.copy()
+        ids = np.concatenate([rng.integers(0, rows, 5000), [-1, -(2**31), rows, rows + 1, 2**31 - 1]]).astype(dtype)
+        prefetch_token_rows(ids, table)
+        assert table.tobytes() == before.tobytes()
 
 
 def test_token_ids_stay_int32_as_parquet_stores_them(tmp_path) -> None:

@@ -12,9 +12,11 @@
   the position and length breakdowns;
 * ``_four_buckets``, twice: the same sums per probability bucket, four buckets at a time, by a select per bucket
   (a scatter into the buckets does not vectorize: twice the time, measured);
-* with token ids, ``add_token_terms`` (``rcdiag.kernels.token_rows``): the row's tokens added to their ids' rows
-  of the by-token table, from the terms already taken (a separate pass over the block, reading it again and taking
-  the terms again, cost about a third more: docs/performance.md).
+* with token ids, ``add_token_terms`` (``rcdiag.kernels.token_rows``), last: the row's tokens added to their ids'
+  rows of the by-token table, from the terms already taken (a separate pass over the block, reading it again and
+  taking the terms again, cost about a third more: docs/performance.md). The row's ids are compacted first and, over
+  a table larger than L2, their table rows prefetched (``prefetch_token_rows``), so the cache misses into it are in
+  flight before the loops above run: a fifth to two fifths less time for the ids (docs/performance.md).
 
 Sums are per run and per row, in token order within a vector lane, so they depend on a row's valid tokens alone:
 padding, chunking and row order change nothing beyond float64 rounding of the additions across rows.
@@ -34,7 +36,7 @@ from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice whe
 from rcdiag.kernels.explain_encoding import GOLDEN, GROUP_SHIFT, SMALL
 from rcdiag.kernels.scalar import chi2_term, clamped_expm1, k3_verl, truncate
 from rcdiag.kernels.series import expm1_reduced, expm1_series
-from rcdiag.kernels.token_rows import add_token_terms
+from rcdiag.kernels.token_rows import add_token_terms, prefetch_token_rows
 
 _GOLDEN = np.uint64(GOLDEN)
 
@@ -275,6 +277,13 @@ def explain_block(
         if n_valid == 0:
             m += n_list
             continue
+        if has_tokens:  # the row's ids first: their table rows are fetched while the row's sums are taken
+            if n_valid == n_list:
+                row_t = tokens[m : m + n_list]
+            else:
+                _compact(tokens[m : m + n_list], mask[m : m + n_list], row_tokens)
+                row_t = row_tokens[:n_valid]
+            prefetch_token_rows(row_t, token_sums)
         r_n, r_x, r_y, r_xx, r_yy, r_xy, r_up, r_down, small, r_shape = _row_scale(
             row_x, row_y, row_bucket[:n_valid], thresholds, tol, low, high
         )
@@ -283,13 +292,6 @@ def explain_block(
             size += 1  # size: the row's runs
         row_lr = row_abs = row_k3_sum = row_chi2_sum = 0.0
         r_capped = _row_terms(row_x, row_y, row_k3[:n_valid], row_chi2[:n_valid], cap, small)
-        if has_tokens:
-            if n_valid == n_list:
-                row_t = tokens[m : m + n_list]
-            else:
-                _compact(tokens[m : m + n_list], mask[m : m + n_list], row_tokens)
-                row_t = row_tokens[:n_valid]
-            skipped += add_token_terms(row_t, row_x, row_y, row_k3[:n_valid], row_chi2[:n_valid], token_sums)
         at = 0  # the run's first token, in the row
         for k in range(size):
             lo = edges[k]
@@ -323,6 +325,8 @@ def explain_block(
         ys = row_y
         _four_buckets(row_bucket[:n_valid], xs, ys, row_k3[:n_valid], row_chi2[:n_valid], 0, prob)
         _four_buckets(row_bucket[:n_valid], xs, ys, row_k3[:n_valid], row_chi2[:n_valid], 4, prob)
+        if has_tokens:  # last: the prefetched table rows have had the row's other loops' time to arrive
+            skipped += add_token_terms(row_t, row_x, row_y, row_k3[:n_valid], row_chi2[:n_valid], token_sums)
         m += n_list
         bucket = 0
         while bucket + 1 < n_edges and edges[bucket + 1] <= n_valid:

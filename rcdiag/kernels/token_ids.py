@@ -6,8 +6,9 @@ this pass takes the rest (ids beyond the dense table, a block folded on its own)
 holds ``N_TOKEN_SUMS`` float64 sums (``rcdiag.kernels.token_rows``): one cache line per token, where six
 ``np.bincount`` passes read the ids six times and allocate a vocabulary-sized array each (measured: 20-45 ns
 against 30-55 ns a token for 256k ids on this machine, under load). Valid tokens are gathered ``BUFFER`` at a time
-into small buffers (no compaction of the block beforehand), their k3 and chi2 terms taken by the explain pass's own
-``_row_terms`` (the same formulas and bits as the breakdowns), then added to their ids' rows. Ids are int32 or
+into small buffers (no compaction of the block beforehand), their ids' rows prefetched, their k3 and chi2 terms
+taken by the explain pass's own ``_row_terms`` (the same formulas and bits as the breakdowns), then added to their
+ids' rows. Ids are int32 or
 int64 (each compiles once).
 """
 
@@ -19,7 +20,7 @@ from numba import njit
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
 from rcdiag.kernels.explain import _row_terms
 from rcdiag.kernels.explain_encoding import SMALL
-from rcdiag.kernels.token_rows import add_token_terms
+from rcdiag.kernels.token_rows import add_token_terms, prefetch_token_rows
 
 BUFFER = 2048
 """Valid tokens gathered before their terms are taken (the buffers stay in L1/L2)."""
@@ -51,6 +52,7 @@ def _flush(
     ids: np.ndarray, old: np.ndarray, rollout: np.ndarray, k3: np.ndarray, chi2: np.ndarray, n: int, small: bool,
     out: np.ndarray,
 ) -> None:  # fmt: skip
+    prefetch_token_rows(ids[:n], out)  # the ids' table rows arrive while the terms are taken
     _row_terms(old[:n], rollout[:n], k3[:n], chi2[:n], _CAP, small)
     add_token_terms(ids[:n], old[:n], rollout[:n], k3[:n], chi2[:n], out)
 
