@@ -118,6 +118,8 @@ class IdSums:
     def rows(self) -> tuple[np.ndarray, np.ndarray]:
         """``(ids, sums)`` of every id with a row (a first sum, the count, above 0), ids ascending."""
         present = np.flatnonzero(self.dense[:, 0])
+        if not self.sparse_ids.size:  # one copy of the rows, not two (a vocabulary's table is megabytes)
+            return present.astype(np.int64), self.dense[present]
         ids = np.concatenate([present.astype(np.int64), self.sparse_ids])
         return ids, np.concatenate([self.dense[present], self.sparse])
 
