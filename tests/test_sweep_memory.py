@@ -12,10 +12,12 @@ import tracemalloc
 from typing import Any
 
 import numpy as np
+import pytest
 from conftest import padded_chunk, random_batch
 
 from rcdiag.api import input_facts
 from rcdiag.engine import Engine
+from rcdiag.fields import FieldError
 from rcdiag.io.base import SourceInfo
 from rcdiag.sweep.accumulated import SweepState, new_sweep_state
 from rcdiag.sweep.grid import build_grid
@@ -108,3 +110,24 @@ def test_the_report_drops_each_steps_batch_once_its_rows_are_computed() -> None:
         key = (row.option, row.threshold)
         assert row.metrics == want_pooled[key].metrics
         assert row.steps == tuple((step, want_steps[step][key].metrics) for step in range(STEPS))
+
+
+@pytest.mark.parametrize(
+    ("group", "message"),
+    [
+        (0, "collector lengths must hold one length per response"),
+        (3, "collector token_k1 must hold a statistic for every response of the lengths"),
+    ],
+)
+def test_a_saved_collector_whose_statistics_and_lengths_disagree_is_refused(group: int, message: str) -> None:
+    """The lengths are kept once for every option, so a saved state whose lengths (group 0, the totals) or one
+    option's statistics lost a response is refused, named, rather than pairing statistics with other responses'
+    lengths."""
+    state, _ = _state()
+    saved = state.state_dict()
+    groups = saved["collector"]["groups"]
+    assert groups[group]["kind"] in ("Totals", "TokenCollector")
+    values = groups[group]["state"]["lengths" if group == 0 else "statistic"]
+    del values[-1]
+    with pytest.raises(FieldError, match=message):
+        SweepState.from_state_dict(state.resolved, saved)
