@@ -4,9 +4,10 @@ Each metric group declares its state as named float64 sums, maxima, minima and m
 (``STATES``; a ``counts`` state has ``BINS`` bins). Arrays over thresholds or cells (``rcdiag sweep``) are states
 too, each as long as the instance says (``sizes``): float64 ``sums`` and ``maxima`` added or maxed element by
 element, per-cell ``cells`` (``MomentArrays``: count, moments and extremes, merged cell by cell), ``sparse``
-counts (saved as their non-zero bins) and ``values`` (one float64 value per response, concatenated). The
-whole-dump accumulators of ``--explain`` also keep ``sums`` of a declared ``SHAPES`` shape, float64 sums per int64
-id (``table``, rows of a declared ``SHAPES`` width) and bounded heaps of the largest items (``top``). ``update``
+counts (saved as their non-zero bins) and ``values`` (one value per response, concatenated; float64, or float32
+where the value given is). The whole-dump accumulators of ``--explain`` also keep ``sums`` of a declared ``SHAPES``
+shape, float64 sums per int64 id (``table``, rows of a declared ``SHAPES`` width) and bounded heaps of the largest
+items (``top``). ``update``
 folds one block of whole sequences into that state, ``merge`` combines two states (chunks, files, workers, steps:
 it is the only way results combine), and ``compute`` turns the state into metric values. A finished mean is
 never stored on its own: sums and counts, or (count, mean, M2) moments merged with Chan et al.'s pairwise

@@ -34,9 +34,10 @@ def sweep_layout() -> dict[str, Any]:
     return {"kernel": sweep_encoding.layout()}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PointResult:
-    """One option at one threshold on one batch: verl's metrics for that single option, and any crash."""
+    """One option at one threshold on one batch: verl's metrics for that single option, and any crash. Slotted: a
+    report's build holds one per point of every step (135 a step by default)."""
 
     metrics: dict[str, MetricValue]
     crashes: tuple[VerlCrash, ...]

@@ -16,8 +16,9 @@ squares; per row as well for token IS (its per-response sums), and the recommend
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
@@ -27,6 +28,8 @@ from rcdiag.metrics.base import MomentArrays, Moments
 if TYPE_CHECKING:
     from rcdiag.backend import Backend
     from rcdiag.metrics.block import Block
+
+T = TypeVar("T")
 
 __all__ = ["HISTOGRAM", "HISTOGRAM_CLAMPED", "NO_HISTOGRAM", "SHIFT"]  # the kernel's encoding, named here too
 
@@ -125,6 +128,16 @@ class Passes:
     def __init__(self) -> None:
         self.cells: dict[str, Cells] = {}
         self.histograms: dict[str, tuple[int, np.ndarray]] = {}
+        self._shared: dict[Hashable, Any] = {}
+
+    def shared(self, key: Hashable, make: Callable[[], T]) -> T:
+        """What ``make`` gives, made on the first call for ``key``: an option's cells, maps and bounds, the same for
+        every step's accumulator of it, made once per sweep state rather than once per step (a sweep holds every
+        step's batch until its report is built)."""
+        found = self._shared.get(key)
+        if found is None:
+            found = self._shared[key] = make()
+        return found
 
     def scans(self, block: Block) -> dict[str, TokenScan]:
         """Every pass over ``block`` (computed on the first call for this block; the histograms counted then)."""

@@ -3,7 +3,8 @@ rejection (docs/sweep.md#recommendations). Accumulators (``rcdiag.metrics.base``
 state files like every other.
 
 * per response (``seq_*`` options, sequence IS, and each response's worst token for token options): every value,
-  exactly (a few bytes per response);
+  exactly (float32 where every value of a block is one, else float64: 4 or 8 bytes per response and option), and
+  each response's length once for all options;
 * per token (``token_*`` options, token IS): a histogram over the float32 value with 256 buckets per power of two
   (bucket width 0.39%), exact at bucket edges.
 """
@@ -44,9 +45,9 @@ T = TypeVar("T", bound="TokenCollector")
 
 class OptionCollector(Accumulator):
     """What one option's recommendation needs, mergeable: per response, the statistic (token options: the row's
-    worst token) and its tokens."""
+    worst token); the responses' lengths are the collector's (``Totals``), kept once for every option."""
 
-    STATES: ClassVar[dict[str, Reduce]] = {"statistic": "values", "lengths": "values"}
+    STATES: ClassVar[dict[str, Reduce]] = {"statistic": "values"}
     token_level = False
 
     def __init__(self, option: str, passes: Passes) -> None:
@@ -60,13 +61,14 @@ class OptionCollector(Accumulator):
         return (type(self).__name__, self.option)
 
     @property
-    def rows(self) -> list[np.ndarray]:
-        """Per response: the statistic, float64 (in parts)."""
-        return self.state["statistic"]
+    def all_rows(self) -> bool:
+        """Whether every response has a statistic (sequence IS), or only the valid ones (``row_len > 0``)."""
+        return self.option == "is_sequence"
 
     @property
-    def lengths(self) -> list[np.ndarray]:
-        return self.state["lengths"]
+    def rows(self) -> list[np.ndarray]:
+        """Per response: the statistic (in parts; float32 where that is exact, else float64)."""
+        return self.state["statistic"]
 
     @property
     def histogram(self) -> np.ndarray | None:
@@ -74,22 +76,15 @@ class OptionCollector(Accumulator):
 
     def update(self, block: Block) -> None:
         b = block.b
-        lengths = b.to_numpy(block.row_len)
-        if self.option == "is_sequence":
-            self.add(statistic=b.to_numpy(block.seq_log_ratio).astype(np.float64), lengths=lengths)
+        if self.all_rows:
+            self.add(statistic=_exact(b.to_numpy(block.seq_log_ratio)))
             return
-        valid = lengths > 0
-        self.add(statistic=self._worst(block)[valid], lengths=lengths[valid])
+        self.add(statistic=self._worst(block)[b.to_numpy(block.row_len) > 0])
 
     def _worst(self, block: Block) -> np.ndarray:
         assert self.spec is not None
-        worst = block.b.to_numpy(row_statistic(block, self.spec)).astype(np.float64)
+        worst = _exact(block.b.to_numpy(row_statistic(block, self.spec)))
         return np.abs(worst) if self.option.endswith("k1") else worst
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        if self.rows[0].shape != self.lengths[0].shape:
-            raise FieldError(f"collector {self.option} statistic and lengths must be as long as each other")
 
 
 class TokenCollector(OptionCollector):
@@ -128,10 +123,10 @@ class TokenCollector(OptionCollector):
     def _worst(self, block: Block) -> np.ndarray:
         """Each row's largest token statistic (|k1| for k1), from the per-row extremes of the pass."""
         if self.option == "is_token":
-            return self.passes.scans(block)["ratio"].row_max.astype(np.float64)
+            return _exact(self.passes.scans(block)["ratio"].row_max)
         b = block.b
         assert self.spec is not None
-        row_max, row_min = (b.to_numpy(r).astype(np.float64) for r in block.row_extremes_k(self.spec.estimator))
+        row_max, row_min = (_exact(b.to_numpy(r)) for r in block.row_extremes_k(self.spec.estimator))
         return np.maximum(np.abs(row_max), np.abs(row_min)) if self.option.endswith("k1") else row_max
 
     def merge(self: T, other: T) -> T:
@@ -150,12 +145,14 @@ class TokenCollector(OptionCollector):
 
 
 class Totals(Accumulator):
-    """The tokens, rows and valid rows the recommendations' shares are of."""
+    """The tokens, rows and valid rows the recommendations' shares are of, and each response's length (the tokens
+    a rejected response takes with it), in the order the options' statistics are."""
 
-    STATES: ClassVar[dict[str, Reduce]] = {"tokens": "sum", "rows": "sum", "valid_rows": "sum"}
+    STATES: ClassVar[dict[str, Reduce]] = {"tokens": "sum", "rows": "sum", "valid_rows": "sum", "lengths": "values"}
 
     def update(self, block: Block) -> None:
-        self.add(tokens=block.n_tokens, rows=block.n_rows, valid_rows=block.n_valid_rows)
+        lengths = block.b.to_numpy(block.row_len).astype(np.float64)
+        self.add(tokens=block.n_tokens, rows=block.n_rows, valid_rows=block.n_valid_rows, lengths=lengths)
 
 
 class Collector:
@@ -181,6 +178,12 @@ class Collector:
     def valid_rows(self) -> int:
         return int(self.totals.state["valid_rows"])
 
+    def lengths(self, option: str) -> np.ndarray:
+        """The lengths of the responses ``option``'s statistic is of (float64), in its order."""
+        parts = self.totals.state["lengths"]
+        lengths = np.concatenate(parts) if parts else np.zeros(0)
+        return lengths if self.collectors[option].all_rows else lengths[lengths > 0]
+
     def groups(self) -> list[Accumulator]:
         return [self.totals, *self.collectors.values()]
 
@@ -197,6 +200,22 @@ class Collector:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         load_groups(self.groups(), state.get("groups") if isinstance(state, dict) else None)
+        if sum(part.shape[0] for part in self.totals.state["lengths"]) != self.rows:
+            raise FieldError("collector lengths must hold one length per response")
+        for option, collector in self.collectors.items():
+            if sum(part.shape[0] for part in collector.rows) != self.lengths(option).shape[0]:
+                raise FieldError(f"collector {option} must hold a statistic for every response of the lengths")
+
+
+def _exact(values: np.ndarray) -> np.ndarray:
+    """Per-response values in half the memory where that loses nothing: float32 when every value is one (a float32
+    statistic, or float32 values the kernels give as float64: a row's worst token), else float64."""
+    if values.dtype == np.float32:
+        return values
+    values = values.astype(np.float64, copy=False)
+    with np.errstate(over="ignore", invalid="ignore"):
+        narrow = values.astype(np.float32)
+    return narrow if bool(((narrow == values) | np.isnan(values)).all()) else values
 
 
 def _estimator(option: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rcdiag.config import RSOption
+from rcdiag.config import Estimator, RSOption
 from rcdiag.core.formulas import rs_keep
 from rcdiag.metrics.base import Accumulator, MetricValue, MomentArrays, Reduce, VerlCrash
 from rcdiag.metrics.block import Block
@@ -141,29 +141,47 @@ class RSSweep(_Filled, Accumulator):
     """The threshold-dependent states of ``RSOptionMetrics`` that ``at`` gives."""
     STATES: ClassVar[dict[str, Reduce]] = {}
 
+    k1: bool
+    estimator: Estimator
+    free: dict[str, Reduce]
+    """``RSOptionMetrics``' threshold-free states, as declared when the state was made."""
+    needed: frozenset[str]
+    """The threshold-free states each block must give (``threshold_free_states``)."""
+    lo: np.ndarray
+    hi: np.ndarray
+    """Each threshold's bounds as verl compares them (a column: thresholds x rows)."""
+    option_of: RSOption
+    """The option (at its first threshold: what does not depend on the threshold)."""
+
     def __init__(self, option: str, thresholds: tuple[GridPoint, ...], version: VerlVersion, passes: Passes) -> None:
         OptionSweep.__init__(self, option, thresholds, version, passes)
-        first = RSOptionMetrics(self._options()[0])
-        self.k1 = first.option.is_k1
-        self.estimator = first.option.estimator
-        self.free = _threshold_free_declared()
-        # this instance's declaration, read from RSOptionMetrics' as it is now (the class's is read at import, for
-        # the state layout): a threshold-free state added there is carried here
-        self.__dict__["STATES"] = {**self.free, **self.PER_THRESHOLD}
+        self.__dict__.update(passes.shared((type(self), option, thresholds, version), self._layout))
         Accumulator.__init__(self, self._sizes())
+
+    def _layout(self) -> dict[str, Any]:
+        """What does not depend on the data (the option, its bounds, the declaration), made once per sweep state and
+        shared by every step's accumulator of this option (``Passes.shared``)."""
+        first = RSOptionMetrics(self._options()[0])
+        free = _threshold_free_declared()
         missing = (first.filled_states() & RSOptionMetrics.THRESHOLD_STATES) - self.GIVES
         if missing:
             raise NotImplementedError(
                 f"rcdiag sweep does not compute RSOptionMetrics' threshold-dependent state(s) {sorted(missing)} per "
                 f"threshold: add them to {type(self).__name__} (rcdiag/sweep/option_sweeps.py)"
             )
-        self.needed = first.filled_states() & set(self.free)
-        """The threshold-free states each block must give (``threshold_free_states``)."""
         both = np.asarray([bounds(option) for option in self._options()], dtype=np.float64)
-        self.lo, self.hi = both[:, :1], both[:, 1:]
-        """Each threshold's bounds as verl compares them (a column: thresholds x rows)."""
-        self.option_of = first.option
-        """The option (at its first threshold: what does not depend on the threshold)."""
+        return {
+            "k1": first.option.is_k1,
+            "estimator": first.option.estimator,
+            "free": free,
+            # this instance's declaration, read from RSOptionMetrics' as it is now (the class's is read at import,
+            # for the state layout): a threshold-free state added there is carried here
+            "STATES": {**free, **self.PER_THRESHOLD},
+            "needed": first.filled_states() & set(free),
+            "lo": both[:, :1],
+            "hi": both[:, 1:],
+            "option_of": first.option,
+        }
 
     def _sizes(self) -> dict[str, int]:
         return dict.fromkeys(self.PER_THRESHOLD, len(self.thresholds))
@@ -265,14 +283,20 @@ class TokenRSSweep(RSSweep):
     """``cells``: the statistic's count, moments and extremes in each cell (``rcdiag.sweep.cells``)."""
     GIVES = RSSweep.GIVES | {"tok_hi", "tok_lo", "clamped", "masked_tokens"}
 
+    maps: list[CellMap]
+    """Each threshold's clamp of the statistic (std), cell by cell."""
+
     def __init__(self, option: str, thresholds: tuple[GridPoint, ...], version: VerlVersion, passes: Passes) -> None:
-        self.statistic = option.rsplit("_", 1)[1]
-        edges = [b for t in thresholds if t.rs_option is not None for b in bounds(t.rs_option)]  # k2/k3: 0, std floor
-        self.cells = Cells(edges)
         super().__init__(option, thresholds, version, passes)
+        assert self.statistic is not None
+        assert self.cells is not None
         passes.cells[self.statistic] = self.cells
-        self.maps = [clip_map(self.cells, *bounds(option)) for option in self._options()]
-        """Each threshold's clamp of the statistic (std), cell by cell."""
+
+    def _layout(self) -> dict[str, Any]:
+        edges = [b for t in self.thresholds if t.rs_option is not None for b in bounds(t.rs_option)]  # k2/k3: 0, std
+        cells = Cells(edges)
+        maps = [clip_map(cells, *bounds(option)) for option in self._options()]
+        return {**super()._layout(), "statistic": self.option.rsplit("_", 1)[1], "cells": cells, "maps": maps}
 
     def _sizes(self) -> dict[str, int]:
         assert self.cells is not None
@@ -324,27 +348,45 @@ class TokenISSweep(_Filled, Accumulator):
     same for every threshold; per threshold: the per-row mean weights (moments of all rows, extremes, largest
     deviation from 1) and the rows whose mean ratio lies above ``upper`` and below ``metric_lower``."""
 
+    maps: list[CellMap]
+    own: np.ndarray
+    """Thresholds x cells: the cells whose weights are the tokens' own ratios."""
+    constant: np.ndarray
+    """Thresholds x cells: the weight of every other cell's tokens."""
+    upper: np.ndarray
+    metric_lower: np.ndarray
+    seq_fraction_applied: bool
+
     def __init__(self, option: str, thresholds: tuple[GridPoint, ...], version: VerlVersion, passes: Passes) -> None:
         OptionSweep.__init__(self, option, thresholds, version, passes)
+        self.__dict__.update(passes.shared((type(self), option, thresholds, version), self._layout))
+        assert self.cells is not None
+        passes.cells["ratio"] = self.cells
+        per_threshold = dict.fromkeys(("a", "a_max_dev", "rawmean_hi", "rawmean_lo"), len(thresholds))
+        Accumulator.__init__(self, {"cells": self.cells.count, **per_threshold})
+
+    def _layout(self) -> dict[str, Any]:
+        """What does not depend on the data (the thresholds' cells, maps and bounds), made once per sweep state and
+        shared by every step's accumulator of this option (``Passes.shared``)."""
         edges: list[float] = []
         for accumulator in self._is:
             edges += [accumulator.upper, accumulator.metric_lower]
             if accumulator.lower is not None:
                 edges.append(accumulator.lower)
-        self.cells = Cells(edges)
-        self.statistic = "ratio"
-        passes.cells[self.statistic] = self.cells
-        per_threshold = dict.fromkeys(("a", "a_max_dev", "rawmean_hi", "rawmean_lo"), len(thresholds))
-        Accumulator.__init__(self, {"cells": self.cells.count, **per_threshold})
-        self.maps = [self._map(a) for a in self._is]
-        self.own = np.stack([m.own for m in self.maps])
-        """Thresholds x cells: the cells whose weights are the tokens' own ratios."""
-        self.constant = np.stack([np.where(m.own, 0.0, m.value) for m in self.maps])
-        """Thresholds x cells: the weight of every other cell's tokens."""
-        self.upper = np.asarray([a.upper for a in self._is])[:, None]
-        self.metric_lower = np.asarray([a.metric_lower for a in self._is])[:, None]
-        self.seq_fraction_applied = self._is[0].seq_fraction_applied
-        self.release()
+        self.cells = Cells(edges)  # read by ``_map``
+        maps = [self._map(a) for a in self._is]
+        layout = {
+            "statistic": "ratio",
+            "cells": self.cells,
+            "maps": maps,
+            "own": np.stack([m.own for m in maps]),
+            "constant": np.stack([np.where(m.own, 0.0, m.value) for m in maps]),
+            "upper": np.asarray([a.upper for a in self._is])[:, None],
+            "metric_lower": np.asarray([a.metric_lower for a in self._is])[:, None],
+            "seq_fraction_applied": self._is[0].seq_fraction_applied,
+        }
+        self.release()  # the accumulators made for this: ``at`` makes them again when computing
+        return layout
 
     @functools.cached_property
     def _is(self) -> list[ISMetrics]:

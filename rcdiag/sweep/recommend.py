@@ -84,8 +84,8 @@ def choose(collector: Collector, option: str, target: float) -> Recommendation |
     why = unreachable(units, target, share)
     if why is not None:
         return Recommendation(option, None, None, None, share, "", unreachable=why)
-    rows = np.concatenate(c.rows) if c.rows else np.zeros(0)
-    lengths = np.concatenate(c.lengths) if c.lengths else np.zeros(0)
+    rows = np.concatenate(c.rows).astype(np.float64, copy=False) if c.rows else np.zeros(0)
+    lengths = collector.lengths(option)
     if option == "is_sequence":
         return _sequence_is(rows, lengths, collector, target)
     if c.token_level:

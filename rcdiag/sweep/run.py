@@ -94,15 +94,19 @@ def merge_sweep_states(paths: list[str | Path], min_ess: float = 0.0) -> SweepRe
 
 
 def build_sweep_report(state: SweepState, facts: InputFacts, device: str, min_ess: float) -> SweepReport:
-    """Compute every row (pooled and per step), the recommendations, the crash findings and the preset ranking."""
+    """Compute every row (pooled and per step), the recommendations, the crash findings and the preset ranking.
+    Consumes the state: each step's batch is dropped once its rows are computed (the pooled rows first), so the
+    states and the rows they give are not all held at once."""
     target = state.target_reject
     recommendations = recommend(state.collector, target) if state.collector and target is not None else None
-    per_step = sorted(
-        ((step, batch.compute()) for step, batch in state.batches.items()),
-        key=lambda item: (item[0] is None, item[0] or 0),
-    )
-    stepped = any(step is not None for step, _ in per_step)
-    pooled: dict[tuple[str, str], PointResult] = state.pooled().compute() if stepped or not per_step else per_step[0][1]
+    stepped = any(step is not None for step in state.batches)
+    pooled: dict[tuple[str, str], PointResult] | None = state.pooled().compute() if stepped else None
+    per_step = [
+        (step, state.batches.pop(step).compute())
+        for step in sorted(state.batches, key=lambda step: (step is None, step or 0))
+    ]
+    if pooled is None:
+        pooled = per_step[0][1] if per_step else state.pooled().compute()
     rows = []
     for key, point in pooled.items():
         steps = tuple((int(step), result[key].metrics) for step, result in per_step if step is not None)
