@@ -373,11 +373,11 @@ class TokenISSweep(_Filled, Accumulator):
             edges += [accumulator.upper, accumulator.metric_lower]
             if accumulator.lower is not None:
                 edges.append(accumulator.lower)
-        self.cells = Cells(edges)  # read by ``_map``
-        maps = [self._map(a) for a in self._is]
+        cells = Cells(edges)
+        maps = [_is_map(cells, a) for a in self._is]
         layout = {
             "statistic": "ratio",
-            "cells": self.cells,
+            "cells": cells,
             "maps": maps,
             "own": np.stack([m.own for m in maps]),
             "constant": np.stack([np.where(m.own, 0.0, m.value) for m in maps]),
@@ -391,12 +391,6 @@ class TokenISSweep(_Filled, Accumulator):
     @functools.cached_property
     def _is(self) -> list[ISMetrics]:
         return [a for a in self.accumulators if isinstance(a, ISMetrics)]
-
-    def _map(self, accumulator: ISMetrics) -> CellMap:
-        assert self.cells is not None
-        if accumulator.lower is None:
-            return clip_map(self.cells, None, accumulator.upper)
-        return band_map(self.cells, accumulator.lower, accumulator.upper)
 
     def update(self, block: Block) -> None:
         scan = self.passes.scans(block)["ratio"]
@@ -465,6 +459,13 @@ def option_sweep(option: str, thresholds: tuple[GridPoint, ...], version: VerlVe
     if option.startswith("seq_"):
         return SequenceRSSweep(option, thresholds, version, passes)
     return SequenceSweep(option, thresholds, version, passes)
+
+
+def _is_map(cells: Cells, accumulator: ISMetrics) -> CellMap:
+    """A token IS threshold's weight in each cell: truncated at ``upper`` (TIS), or zero outside the band (IcePop)."""
+    if accumulator.lower is None:
+        return clip_map(cells, None, accumulator.upper)
+    return band_map(cells, accumulator.lower, accumulator.upper)
 
 
 for _cls in (RSSweep, SequenceRSSweep, TokenRSSweep):  # the classes' declarations (the state layout's part)
