@@ -85,9 +85,7 @@ DEFECTS: dict[str, Defect] = {
     "repetition_penalty": Defect(Rollout(repetition_penalty=1.3)),
     "softcap": Defect(Rollout(softcap=4.0)),
     "replica": Defect(Rollout(dtype="bf16"), bad_replica=Rollout(dtype="bf16", int4=True)),
-    "replica_column": Defect(
-        Rollout(dtype="bf16"), bad_replica=Rollout(dtype="bf16", int4=True), replica_column=True
-    ),
+    "replica_column": Defect(Rollout(dtype="bf16"), bad_replica=Rollout(dtype="bf16", int4=True), replica_column=True),
     "kv_fp8": Defect(Rollout(dtype="bf16", kv_dtype="fp8")),
     "stale": Defect(Rollout(dtype="bf16", stale=0.004)),
 }
