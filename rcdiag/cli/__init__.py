@@ -17,6 +17,7 @@ from typing import Any, Literal, NoReturn
 import typer
 
 import rcdiag.interrupts as interrupts
+import rcdiag.outputs as outputs
 from rcdiag._version import __version__
 from rcdiag.cli.commands import LazyCommands, collection_paused
 from rcdiag.cli.notices import notices_live_warnings_held, show_held
@@ -97,7 +98,7 @@ def _main(argv: list[str] | None) -> None:
         try:
             # a library's warning (numpy, torch) and rcdiag's notices must not precede the one error line: shown
             # only after a success (a Busy notice, such as kernels compiling, at once)
-            with notices_live_warnings_held() as held:
+            with notices_live_warnings_held() as held, outputs.ledger():  # what the command reads and writes
                 result = typer.main.get_command(app).main(args=argv, prog_name="rcdiag", standalone_mode=False)
         except BaseException as exc:  # every way out gets its documented code
             _fail(exc)
