@@ -2,7 +2,8 @@
 files, pyproject.toml found in the current directory, a rules file's baseline, tokenizer files (named, or found in a
 directory), a watch's rules, merge's tokenizer; reached by a hard link or a symlink too. Each is refused before the
 dump or the protected file is read (both are built so that reading them first would say so), exit 2, one line
-naming the flag and the input, and the protected file's bytes are unchanged."""
+naming the flag and the input, and the protected file's bytes are unchanged. Also: an argument that looks like a
+file but was read as an option (``-q.parquet``) is one line suggesting ``./-q.parquet``."""
 
 from __future__ import annotations
 
@@ -196,3 +197,30 @@ def test_a_write_no_flag_named_is_checked_against_the_inputs(tmp_path: Path) -> 
             outputs.write_file(tmp_path / "." / "r.toml", "replaced")
         outputs.write_file(tmp_path / "other.txt", "fine")
     assert rules.read_bytes() == NOT_TOML and (tmp_path / "other.txt").read_text() == "fine"
+
+
+@pytest.mark.parametrize("exists", [False, True], ids=["missing", "exists"])
+def test_a_file_read_as_an_option_suggests_dot_slash(tmp_path: Path, exists: bool) -> None:
+    if exists:
+        shutil.copy(HEALTHY, tmp_path / "-q.parquet")
+    done = run_capped("analyze", "-q.parquet", cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "rcdiag: error: -q.parquet was read as an option (No such option: -.); to name a file, give it as "
+        "./-q.parquet (see 'rcdiag analyze --help')\n"
+    )
+    if exists:
+        done = run_capped("analyze", "./-q.parquet", "-q", "--format", "json", cwd=tmp_path)
+        assert done.returncode == 0 and '"rollout_corr/kl"' in done.stdout, done.stderr
+
+
+def test_an_option_only_a_file_on_disk_explains_is_hinted_and_others_are_not(tmp_path: Path) -> None:
+    (tmp_path / "-weird").write_bytes(NOT_A_DUMP)
+    done = run_capped("merge", "-weird", cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "rcdiag: error: -weird was read as an option (No such option: -w); to name a file, give it as ./-weird "
+        "(see 'rcdiag merge --help')\n"
+    )
+    done = run_capped("analyze", "-x", cwd=tmp_path)
+    assert (done.returncode, done.stderr) == (2, "rcdiag: error: No such option: -x (see 'rcdiag analyze --help')\n")
