@@ -37,7 +37,7 @@ from rcdiag.io import Chunk, open_dump, prefetch
 from rcdiag.io.base import SourceInfo
 from rcdiag.io.columns import ALIASES
 from rcdiag.options import ReadOptions
-from rcdiag.outputs import refuse_inputs
+from rcdiag.outputs import ledger, reads, refuse_inputs, writes
 from rcdiag.parallel import (
     RAY_MAX_PARTS,
     Job,
@@ -127,10 +127,13 @@ def analyze(
         >>> report = analyze("sample_data/healthy.parquet", preset("decoupled_geo_rs"))  # doctest: +SKIP
         >>> report.metrics["rollout_corr/kl"]  # doctest: +SKIP
     """
-    vocabulary = load_vocabulary(tokenizer)
-    if tokens is not None:
-        check_tokens_target(tokens)
-        refuse_inputs([("tokens", tokens)], [path])
+    with ledger():  # every output against every input, the tokenizer's file included, before any is read
+        if tokens is not None:
+            check_tokens_target(tokens)
+        for name, output in (("save_state", save_state), ("sequences", sequences), ("tokens", tokens)):
+            writes(output, name)
+        reads(path)
+        vocabulary = load_vocabulary(tokenizer)
     wanted = ExplainOptions.of(explain or tokenizer is not None or tokens is not None, worst, sequences)
     collector = None
     if microbatch is not None:
@@ -308,8 +311,9 @@ def _part_offsets(scratch: Path, state: StepStates[Any]) -> list[tuple[Path, int
 def merge_states(paths: list[str | Path], *, tokenizer: str | Path | None = None) -> Report:
     """The report of one run over every shard whose state files are given (``analyze --save-state``);
     ``tokenizer`` gives the token ids' text (``analyze(tokenizer=...)``)."""
-    from rcdiag.state import combined_info, merge_state_files
+    from rcdiag.state import STATE_INPUT, combined_info, merge_state_files
 
+    reads(*paths, what=STATE_INPUT)  # the command line's outputs are refused over them before the tokenizer is read
     vocabulary = load_vocabulary(tokenizer)
     state, sources, stats = merge_state_files(paths)
     return build_report(analyze_state(state), combined_info(sources), "merged", stats, vocabulary=vocabulary)

@@ -45,6 +45,10 @@ MAX_INT_DIGITS = 20
 _THRESHOLDS = ("rollout_is_threshold", "rollout_rs_threshold")
 
 
+STATE_INPUT = "the state file {source}"
+"""How a refused output names a state file it would write over (rcdiag.outputs.Ledger)."""
+
+
 def state_layout(whole_dump: Iterable[str] = ()) -> str:
     """The one version of every state file kind: a short hash of every accumulator's declared states and of the
     constants the sweep state and the state's whole-dump accumulators (``whole_dump``: their keys, such as
@@ -268,6 +272,9 @@ def _state_class(kind: str) -> type[StepStates[Any]]:
 def merge_state_files(paths: list[str | Path]) -> tuple[StepStates[Any], list[SourceInfo], ScreenStats]:
     """Load and merge state files; they must compute the same metrics."""
     from rcdiag.io.paths import state_files
+    from rcdiag.outputs import reads
+
+    reads(*paths, what=STATE_INPUT)  # the run's inputs before one is read (rcdiag.outputs.Ledger)
 
     paths = [file for path in paths for file in state_files(str(path))]
     if not paths:

@@ -17,6 +17,7 @@ from typing import Any, Literal, NoReturn
 import typer
 
 import rcdiag.interrupts as interrupts
+import rcdiag.outputs as outputs
 from rcdiag._version import __version__
 from rcdiag.cli.commands import LazyCommands, collection_paused
 from rcdiag.cli.notices import notices_live_warnings_held, show_held
@@ -97,10 +98,10 @@ def _main(argv: list[str] | None) -> None:
         try:
             # a library's warning (numpy, torch) and rcdiag's notices must not precede the one error line: shown
             # only after a success (a Busy notice, such as kernels compiling, at once)
-            with notices_live_warnings_held() as held:
+            with notices_live_warnings_held() as held, outputs.ledger():  # what the command reads and writes
                 result = typer.main.get_command(app).main(args=argv, prog_name="rcdiag", standalone_mode=False)
         except BaseException as exc:  # every way out gets its documented code
-            _fail(exc)
+            _fail(exc, sys.argv[1:] if argv is None else argv)
         if interrupts.received() is not None:  # a signal whose exception something swallowed
             _abort()
         show_held(held)
@@ -112,7 +113,7 @@ def _main(argv: list[str] | None) -> None:
         interrupts.restore(previous)
 
 
-def _fail(exc: BaseException) -> NoReturn:
+def _fail(exc: BaseException, argv: list[str]) -> NoReturn:
     if interrupts.received() is not None or isinstance(exc, KeyboardInterrupt | interrupts.Aborted):
         _abort()  # whatever the exception became on its way up (numba: SystemError)
     if isinstance(exc, SystemExit):
@@ -130,7 +131,11 @@ def _fail(exc: BaseException) -> NoReturn:
         sys.exit(ExitCode.OK)
     if "UsageError" in kinds:
         where = f" (see '{context.command_path} --help')" if context is not None else ""
-        _exit(f"rcdiag: error: {printable(exc.format_message())}{where}", ExitCode.USAGE)  # type: ignore[attr-defined]
+        message = exc.format_message()  # type: ignore[attr-defined]
+        file = _file_taken_as_option(getattr(exc, "option_name", None), argv) if "NoSuchOption" in kinds else None
+        if file is not None:  # `rcdiag analyze -q.parquet`: click reads "-q" and "-."
+            message = f"{file} was read as an option ({message}); to name a file, give it as ./{file}"
+        _exit(f"rcdiag: error: {printable(message)}{where}", ExitCode.USAGE)
     if "Abort" in kinds:
         _abort()
     if isinstance(exc, OSError) and _writing_stdout(exc):  # a write rich or click made itself (`--help > /dev/full`)
@@ -141,6 +146,27 @@ def _fail(exc: BaseException) -> NoReturn:
         "please report it with the command you ran.",
         ExitCode.INTERNAL,
     )
+
+
+def _file_taken_as_option(option: str | None, argv: list[str]) -> str | None:
+    """The argument behind an unknown option ``option`` when it looks like a file: it ends in a suffix rcdiag reads
+    (a dump's, a state's ``.json``) or names something on disk; ``None`` otherwise."""
+    from rcdiag.io.registry import suffixes
+
+    if not option:
+        return None
+    readable = (*suffixes(), ".json")
+    for arg in argv[: argv.index("--")] if "--" in argv else argv:
+        if len(arg) < 2 or not arg.startswith("-"):
+            continue
+        theirs = (
+            arg == option
+            or arg.startswith(option + "=")
+            or (not option.startswith("--") and not arg.startswith("--") and option[1:] in arg[1:])
+        )
+        if theirs and (arg.lower().endswith(readable) or os.path.lexists(arg)):
+            return arg
+    return None
 
 
 def _writing_stdout(exc: BaseException) -> bool:

@@ -157,11 +157,13 @@ def check(
     )
     from rcdiag.check import check as run_check
     from rcdiag.check.rules import is_step_mode
-    from rcdiag.cli.output import checked_path, refuse_inputs
+    from rcdiag.cli.output import checked_path
     from rcdiag.cli.progress import progress
     from rcdiag.errors import ConfigError
+    from rcdiag.outputs import reads
 
     junit_file, markdown_file = checked_path(junit, "--junit"), checked_path(markdown, "--markdown")
+    reads(path)  # every output is an input's clash from here on: the rules file's, pyproject.toml's, the baseline's
 
     if not is_step_mode(steps):
         raise ConfigError(f"--steps must be every, last or mean, got '{steps}'.")
@@ -191,7 +193,6 @@ def check(
         if rules_file is None:
             print(f"rcdiag: using [tool.rcdiag.check] from {loaded.path}", file=sys.stderr)
     against = baseline or (loaded.baseline if loaded is not None else None)
-    refuse_inputs([path, against], out, junit=junit_file, markdown=markdown_file)
     with progress(read, out) as on_chunk:
         result = run_check(
             path,

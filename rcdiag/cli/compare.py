@@ -56,12 +56,12 @@ def compare(
     """
     import dataclasses
 
-    from rcdiag.cli.output import refuse_inputs
     from rcdiag.cli.progress import progress
     from rcdiag.compare import check_temperature
     from rcdiag.compare import compare as run_compare
+    from rcdiag.outputs import reads
 
-    refuse_inputs([path_a, path_b], out)
+    reads(path_a, path_b)  # both before A is read: an output over B is refused first
     check_temperature(temperature_a, "--temperature-a")
     check_temperature(temperature_b, "--temperature-b")
     config = engine.config()

@@ -39,10 +39,12 @@ def merge(
     * `rcdiag analyze part-0.parquet --preset decoupled_geo_rs --save-state s0.json` (on each machine)
     * `rcdiag merge s0.json s1.json s2.json --format json -o report.json`
     """
-    from rcdiag.cli.output import refuse_inputs
-    from rcdiag.state import state_kind
+    from rcdiag.explain.token_report import claim_tokenizer
+    from rcdiag.outputs import reads
+    from rcdiag.state import STATE_INPUT, state_kind
 
-    refuse_inputs(list(states), out)
+    reads(*states, what=STATE_INPUT)  # before the first is read for its kind
+    claim_tokenizer(tokenizer)  # and the tokenizer's file, read later by merge_states
 
     if states and state_kind(states[0]) == "sweep":  # states of `rcdiag sweep --save-state`
         from rcdiag.sweep.run import merge_sweep_states

@@ -106,14 +106,15 @@ def sweep(
 
     Exit codes: 0 done (verl-would-crash rows do not change it), 2 bad option, threshold or input, 3 internal error.
     """
-    from rcdiag.cli.output import checked_state_path, refuse_inputs
+    from rcdiag.cli.output import checked_state_path
     from rcdiag.cli.progress import progress
+    from rcdiag.outputs import reads
     from rcdiag.sweep.grid import build_grid, split_list
     from rcdiag.sweep.run import sweep as run_sweep
 
     grid = build_grid(split_list(is_levels), split_list(rs), split_list(thresholds), release)
     state_file = checked_state_path(save_state)
-    refuse_inputs([path], out, save_state=state_file)
+    reads(path)
     with progress(read, out) as on_chunk:
         report = run_sweep(
             path,

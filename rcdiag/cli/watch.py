@@ -207,7 +207,9 @@ def watch(
     from rcdiag.watch import AlertPolicy, Dispatcher, Watch
     from rcdiag.watch.alerts import DEFAULT_GATE
     from rcdiag.watch.deliver import DRAIN_SECONDS
+    from rcdiag.watch.session import claim_state
 
+    claim_state(path, state)  # before the rules file is read: a --state over it is refused
     rules: list[Rule] = []
     for kind, flag, texts in (
         ("max", "--max", max_rules),
@@ -257,13 +259,10 @@ def watch(
 
 
 def _open_trackers(tracking: TrackingOptions | None, path: str) -> list[Tracker]:
-    """``--tensorboard`` / ``--mlflow``: checked against the watched directory (an event file inside it would be
-    read as a dump), then opened before the first step."""
+    """``--tensorboard`` / ``--mlflow``, opened before the first step (``--tensorboard`` was refused inside the
+    watched directory, where an event file would be read as a dump: rcdiag.outputs.Ledger)."""
     if tracking is None:
         return []
-    from rcdiag.cli.output import refuse_inputs
-
-    refuse_inputs([path], tensorboard=tracking.tensorboard)
     return tracking.open(run_name=Path(path.rstrip("/")).name or path)
 
 

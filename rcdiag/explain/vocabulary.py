@@ -18,6 +18,8 @@ from rcdiag.printable import printable
 EXTRA = "tokens"
 """The optional extra that installs ``tokenizers``."""
 FILE_NAME = "tokenizer.json"
+TOKENIZER_INPUT = "the tokenizer {source}"
+"""How a refused output names the tokenizer file (rcdiag.outputs.Ledger)."""
 _INVISIBLE = re.compile(r"[\u00a0\u1680\u2000-\u200d\u202f\u205f\u2060\u3000\ufeff]")
 SPACE = "\u2423"
 """How a space shows in a token's text (an open box)."""
@@ -32,6 +34,12 @@ def escape(text: str) -> str:
     return _INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", visible)
 
 
+def tokenizer_file(path: str | Path) -> Path:
+    """The file a ``--tokenizer PATH`` reads: ``PATH``, or ``PATH/tokenizer.json`` for a directory."""
+    file = Path(path)
+    return file / FILE_NAME if file.is_dir() else file
+
+
 class Vocabulary:
     """A tokenizer read from ``path``; ``ConfigError`` without the library, ``InputError`` for a bad file."""
 
@@ -42,9 +50,7 @@ class Vocabulary:
             raise ConfigError(
                 f'--tokenizer needs the tokenizers library, which is not installed: pip install "rcdiag[{EXTRA}]".'
             ) from None
-        file = Path(path)
-        if file.is_dir():
-            file = file / FILE_NAME
+        file = tokenizer_file(path)
         if not file.is_file():
             raise InputError(f"has no {FILE_NAME} (give the file, or a directory holding one)", path=str(path))
         try:

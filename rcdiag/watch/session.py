@@ -38,7 +38,7 @@ from rcdiag.io import storage
 from rcdiag.io.base import SourceInfo
 from rcdiag.metrics.batch import BatchResult
 from rcdiag.options import ReadOptions
-from rcdiag.outputs import refuse_inputs
+from rcdiag.outputs import ledger, reads, writes
 from rcdiag.report import Report, StepReport
 from rcdiag.validate import ScreenStats
 from rcdiag.watch.alerts import Alert, AlertPolicy
@@ -72,6 +72,25 @@ def default_state_path(location: str) -> Path:
         return Path(STATE_DIR) / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', text.rstrip('/'))}.json"
     where = Path(text).resolve()
     return where.parent / STATE_DIR / f"{where.name}.json"
+
+
+WATCHED_INPUT = "the watched directory {source}"
+"""How a refused output names the watched location (rcdiag.outputs.Ledger)."""
+
+
+def claim_state(location: str, state_path: str | Path | None) -> Path:
+    """The watch's state file (``--state``, else ``default_state_path``), added with its log to the run's outputs
+    and ``location`` to its inputs (rcdiag.outputs.Ledger): a state over an input (a rules file, a file of the
+    watched directory) is refused before anything is read. The state itself is the watch's own: it is read back
+    on a restart, never an input."""
+    path = Path(state_path) if state_path is not None else default_state_path(location)
+    if storage.is_remote(str(path)):
+        raise ConfigError(f"--state {path}: give a local file (the watch appends to its log after every file).")
+    with ledger():
+        writes(path, "--state")
+        writes(log_path(path), "--state")
+        reads(location, what=WATCHED_INPUT)
+    return path
 
 
 @dataclass(frozen=True)
@@ -189,12 +208,7 @@ class Watch:
         self.policy = policy or AlertPolicy()
         validate_rules(self.policy.rules, metric_names(self.resolved), has_baseline=False)
         self.dispatcher = dispatcher or Dispatcher()
-        self.state_path = Path(state_path) if state_path is not None else default_state_path(location)
-        if storage.is_remote(str(self.state_path)):
-            raise ConfigError(
-                f"--state {self.state_path}: give a local file (the watch appends to its log after every file)."
-            )
-        refuse_inputs([("--state", self.state_path)], [location])
+        self.state_path = claim_state(location, state_path)
         self.follower = Follower(location, settle)
         self.state = EngineState(self.resolved)
         self.source: SourceInfo | None = None
