@@ -483,7 +483,7 @@ def draw_sweep(
         ax.set_xscale("log")
         ax.set_yscale("symlog", linthresh=1e-4)
         ax.set_xlabel("threshold's upper bound U" + (" (spaced by ln U)" if narrow else ""))
-        ax.set_ylabel("share rejected")
+        ax.set_ylabel("share beyond the bounds (truncated)" if option.startswith("is_") else "share rejected")
         for i, (label, (xs, ys)) in enumerate(curves.items()):
             style = "--" if "responses" in label else "-"
             values = [math.nan if y is None else y for y in ys]

@@ -1,0 +1,92 @@
+"""Issue 36, what a new user runs into (round three): the sweep's words, the pictures, and docs that must say what
+the tool prints today. Every check runs the real CLI in a subprocess (tests/hostile.py ``run_capped``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import SAMPLES
+from hostile import run_capped
+
+from rcdiag.sweep.recommend import not_config
+from rcdiag.sweep.sweep_report import GRID_NOTE
+
+HEALTHY = SAMPLES / "healthy.parquet"
+GRID = "0.99_1.01,0.995_1.005,0.999_1.001"
+
+
+def _sweep(*args: str | Path) -> tuple[str, dict]:
+    """The sweep's table and its JSON, for the same arguments."""
+    table = run_capped("sweep", *args, "-q")
+    assert table.returncode == 0 and table.stderr == "", table.stderr
+    done = run_capped("sweep", *args, "-q", "--format", "json")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    return table.stdout, json.loads(done.stdout)
+
+
+def _recommended(report: dict) -> dict[str, dict]:
+    return {r["option"]: r for r in report["recommendations"]}
+
+
+# ---------------------------------------------------------------------------------------------- 1. the sweep's words
+
+
+def test_an_off_grid_recommendation_says_it_is_exact_and_names_the_nearest_grid_point() -> None:
+    out, report = _sweep(HEALTHY, "--rs", "token_k1", "--thresholds", GRID)
+    rec = _recommended(report)["token_k1"]
+    assert rec["threshold"] == "0.9291488558_1.076253814" and rec["token_reject"] <= 0.01
+    shares = {row["threshold"]: row["metrics"]["rollout_corr/rollout_rs_token_k1_masked_fraction"] for row in
+              report["sweep"]}  # fmt: skip
+    assert rec["on_grid"] is False
+    assert rec["nearest_grid_threshold"] == "0.99_1.01"  # 0.589 of the tokens: the grid's share nearest 0.01
+    assert rec["nearest_grid_share"] == shares["0.99_1.01"] == min(shares.values())
+    assert "nearest grid point" in out and "0.99_1.01 (0.588952)" in out
+    assert GRID_NOTE.split(";")[0].split(", not")[0] in " ".join(out.split())  # said in words: an exact value
+    # the recommended value put on the grid: it says so
+    out, report = _sweep(HEALTHY, "--rs", "token_k1", "--thresholds", GRID + ",0.9291488558_1.076253814")
+    rec = _recommended(report)["token_k1"]
+    assert (rec["on_grid"], rec["nearest_grid_threshold"]) == (True, "0.9291488558_1.076253814")
+    assert "on the grid" in out
+
+
+def test_a_band_no_one_should_paste_is_marked_and_offered_as_no_yaml() -> None:
+    out, report = _sweep(SAMPLES / "topk_offset.parquet", "--rs", "seq_sum_k1,seq_mean_k1")
+    widest = _recommended(report)["seq_sum_k1"]
+    assert widest["threshold"] == "5.48236e-110_1.82403e+109"
+    assert widest["not_config"] == (
+        "the band is wider than e^+-20, verl's clamp on any ratio: the dump's mismatch is far beyond correction"
+    )
+    assert _recommended(report)["seq_mean_k1"]["not_config"] is None
+    yaml = out[out.index("verl YAML to paste") : out.index("NOT CONFIG")]
+    assert "seq_mean_k1" in yaml and "seq_sum_k1" not in yaml and "e+109" not in yaml
+    assert "5.48236e-110_1.82403e+109 (do not paste)" in out
+    assert "NOT CONFIG seq_sum_k1 5.48236e-110_1.82403e+109: no YAML offered, do not paste it" in out
+    # the other limits: beyond the clamp an IS threshold truncates nothing, a k1 band rejects nothing; a float limit
+    assert not_config("is_token", "5e8") == "beyond verl's clamp (e^20): it truncates nothing"
+    assert not_config("is_token", "4e8") is None
+    assert (
+        not_config("token_k1", "1e-9_1e9")
+        == "the band is wider than e^+-20, verl's clamp on any ratio: it rejects nothing"
+    )
+    assert not_config("seq_sum_k1", "5.563e-309_1.7976e+308") is not None and "float limit" in not_config(
+        "seq_sum_k1", "5.563e-309_1.7976e+308"
+    )
+    assert not_config("seq_max_k3", "1e-45") == "the threshold sits at a float32 limit"
+    assert not_config("seq_max_k3", "0.05") is None
+
+
+def test_is_recommendations_read_as_truncation_never_rejection(tmp_path: Path) -> None:
+    out, report = _sweep(HEALTHY, "--is", "token,sequence")
+    section = out[out.index("Recommended IS thresholds (TIS)") : out.index("The thresholds are exact")]
+    assert "rejected" not in section
+    assert "closest to 0.01 of the weights truncated, not above it" in section
+    assert "0.0099639 of token weights" in section and "0.0078125 of sequence weights" in section
+    assert "responses with a truncated weight" in section and "tokens under a truncated weight" in section
+    assert _recommended(report)["is_token"]["token_reject"] == 875 / 87_817  # tokens truncated of valid tokens
+    page = tmp_path / "s.html"
+    done = run_capped("sweep", HEALTHY, "--is", "token,sequence", "-q", "--html", page)
+    assert done.returncode == 0, done.stderr
+    html = page.read_text()
+    recs = html[html.index("Recommended thresholds") : html.index("Every threshold")]
+    assert "rejected" not in recs.split("verl presets")[0] and "weights truncated" in recs
