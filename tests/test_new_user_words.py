@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from conftest import SAMPLES
+import numpy as np
+from conftest import SAMPLES, ragged_lists, require, write_dump
 from hostile import run_capped
 
 from rcdiag.sweep.recommend import not_config
@@ -90,3 +92,73 @@ def test_is_recommendations_read_as_truncation_never_rejection(tmp_path: Path) -
     html = page.read_text()
     recs = html[html.index("Recommended thresholds") : html.index("Every threshold")]
     assert "rejected" not in recs.split("verl presets")[0] and "weights truncated" in recs
+
+
+# --------------------------------------------------------------------------------------------------- 2. the pictures
+
+
+def _gaussian_dump(tmp_path: Path, sigma: float = 0.02) -> Path:
+    """Unimodal noise: per-token log-ratios N(0, sigma), 400 responses of 200 tokens, no step column."""
+    rng = np.random.default_rng(36)
+    old = -rng.uniform(0.5, 3.0, (400, 200))
+    rollout = old - rng.normal(0.0, sigma, old.shape)
+    return write_dump(tmp_path / "gauss.parquet", ragged_lists(old, rollout, np.ones(old.shape, dtype=bool)))
+
+
+def _drawn_bars(ax: Any) -> tuple[np.ndarray, np.ndarray]:
+    (stairs,) = [p for p in ax.patches if type(p).__name__ == "StepPatch"]
+    data = stairs.get_data()
+    return np.asarray(data.edges), np.asarray(data.values)
+
+
+def _unimodal(values: np.ndarray) -> bool:
+    """Rises (or stays) to one peak, then falls (or stays)."""
+    peak = int(np.argmax(values))
+    return bool(np.all(np.diff(values[: peak + 1]) >= 0) and np.all(np.diff(values[peak:]) <= 0))
+
+
+def test_the_png_histogram_of_gaussian_noise_is_one_hump_around_zero(tmp_path: Path) -> None:
+    require("matplotlib", "plot")
+    import rcdiag
+    from rcdiag.render.charts import dashboard
+
+    dump = _gaussian_dump(tmp_path)
+    done = run_capped("analyze", dump, "--png", tmp_path / "g.png", "-q")
+    assert done.returncode == 0 and (tmp_path / "g.png").stat().st_size > 10_000, done.stderr
+    report = rcdiag.analyze(dump)
+    fig = dashboard([(None, report)], "title")
+    edges, heights = _drawn_bars(fig.subfigs[1].axes[0])
+    centres = (edges[:-1] + edges[1:]) / 2
+    near = np.abs(centres) < 0.1  # +-5 sigma: every bar of the noise
+    assert near.sum() >= 9
+    assert _unimodal(heights[near]), heights[near]
+    peak = int(np.argmax(heights))
+    assert edges[peak] < 0 < edges[peak + 1]  # the hump's top holds 0: no hole there
+    assert fig.subfigs[1].axes[0].xaxis.get_transform().linthresh >= 0.02  # the linear part reaches the noise
+    # drawn as raw counts per logarithmic bin (the old picture), the same noise reads as two humps
+    counts = np.asarray(report.log_ratio.counts, float)
+    assert not _unimodal(counts[np.abs(np.asarray([-1e9, *report.log_ratio.edges])) < 0.1])
+
+
+def test_the_png_headline_wraps_and_is_never_cut(tmp_path: Path) -> None:
+    require("matplotlib", "plot")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    import rcdiag
+    from rcdiag.render.charts import dashboard
+
+    done = run_capped("analyze", HEALTHY, "--png", tmp_path / "h.png", "-q")
+    assert done.returncode == 0, done.stderr
+    report = rcdiag.analyze(HEALTHY)
+    assert report.verdict is not None and len(report.verdict.headline) > 150  # longer than one line
+    fig = dashboard([(None, report)], "title")
+    band = fig.subfigs[0]
+    headline = band.texts[1]
+    assert headline.get_text().count("\n") >= 1  # wrapped
+    assert " ".join(headline.get_text().split("\n")) == report.verdict.headline  # every word, none cut
+    assert not any("…" in t.get_text() for t in band.texts)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    box = headline.get_window_extent(renderer)
+    assert box.x1 <= fig.bbox.width  # inside the picture
+    below = min(t.get_window_extent(renderer).y1 for t in band.texts[2:3])
+    assert below <= box.y0  # the next steps start under the headline's last line
