@@ -4,11 +4,12 @@ the tool prints today. Every check runs the real CLI in a subprocess (tests/host
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from conftest import SAMPLES, ragged_lists, require, write_dump
+from conftest import ROOT, SAMPLES, ragged_lists, require, write_dump
 from hostile import run_capped
 
 from rcdiag.sweep.recommend import not_config
@@ -162,3 +163,115 @@ def test_the_png_headline_wraps_and_is_never_cut(tmp_path: Path) -> None:
     assert box.x1 <= fig.bbox.width  # inside the picture
     below = min(t.get_window_extent(renderer).y1 for t in band.texts[2:3])
     assert below <= box.y0  # the next steps start under the headline's last line
+
+
+# ------------------------------------------------------------------------------- 3. docs that say what it prints
+
+
+def _read(name: str) -> str:
+    return (ROOT / name).read_text(encoding="utf-8")
+
+
+def _block_after(text: str, command: str) -> list[str]:
+    """The lines of the first plain code block after the bash block that holds ``command``."""
+    rest = text[text.index(command) :]
+    rest = rest[rest.index("```\n") + 4 :]  # the end of the command's block
+    rest = rest[rest.index("```\n") + 4 :]  # the start of its output's block
+    return rest[: rest.index("```")].splitlines()
+
+
+def test_readme_explain_example_is_what_explain_prints_today() -> None:
+    command = "rcdiag analyze sample_data/rollout_temperature_only.parquet --explain"
+    shown = _block_after(_read("README.md"), command)
+    done = run_capped(*command.split()[1:], cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    printed = {line.rstrip() for line in done.stdout.splitlines()}
+    quoted = [line for line in shown if line != "..."]
+    assert len(quoted) >= 8
+    assert [line for line in quoted if line.rstrip() not in printed] == []
+    for page in ("README.md", "docs/verdict.md"):  # the old evidence is gone
+        assert "scaled copy" not in _read(page), page
+
+
+def test_install_docs_name_the_source_checkout_not_a_package_index() -> None:
+    readme, index = _read("README.md"), _read("docs/index.md")
+    for text in (readme, index, _read("sample_data/README.md"), _read("docs/report.md")):
+        assert not re.search(r"pip install (rcdiag\b|\"rcdiag\[|'rcdiag\[)", text)
+    assert "`pip install .`" in readme and "\npip install .\n" in index  # the same command for the tool alone
+    assert "is not on a package index" in index
+    extras = set(re.findall(r'pip install "\.\[(\w+)\]"', index))
+    declared = set(re.findall(r"^(\w+) = \[", _read("pyproject.toml"), re.M))
+    assert extras and extras <= declared
+    dev = re.search(r'pip install -e "\.\[([\w,]+)\]"', index)
+    assert dev is not None and set(dev.group(1).split(",")) <= declared
+
+
+def test_sample_readme_says_what_quantized_4bit_and_topk_offset_give() -> None:
+    samples = _read("sample_data/README.md")
+    done = run_capped("analyze", SAMPLES / "quantized_4bit.parquet", "--explain", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["verdict"]["status"] == "correct"
+    assert {f["code"] for f in report["findings"]} == {"seq_is_hopeless"}
+    row = next(line for line in samples.splitlines() if line.startswith("| `quantized_4bit.parquet`"))
+    assert "`CORRECT`" in row and "`seq_is_hopeless`" in row and "no finding" not in row
+    done = run_capped("analyze", SAMPLES / "topk_offset.parquet", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    (gap,) = [f["message"] for f in json.loads(done.stdout)["findings"] if f["code"] == "kl_k3_disagree"]
+    errors = round(float(re.search(r"= [\d.]+, ([\d.]+) standard errors of kl", gap).group(1)))  # type: ignore[union-attr]
+    assert errors == 107
+    assert f"about {errors} standard errors" in samples
+    assert f"gap ≈ {errors} standard errors" in _read("docs/findings.md")
+
+
+WORDS = {5: "five", 6: "six", 7: "seven"}
+
+
+def test_every_page_counts_the_detectors_the_catalogue_has() -> None:
+    from rcdiag.catalogue.findings import FINDINGS
+    from rcdiag.explain.detectors import DETECTORS
+
+    assert len(DETECTORS) == sum(1 for spec in FINDINGS if spec.explain) == 6
+    word = WORDS[len(DETECTORS)]
+    for page, phrase in (
+        ("README.md", f"runs {word} bias detectors"),
+        ("docs/index.md", f"{word} **bias detectors**"),
+        ("docs/explain.md", f"{word} findings that tell a bug"),
+        ("docs/findings.md", f"adds {word} detectors"),
+    ):
+        assert phrase in _read(page), (page, phrase)
+        assert not re.search(rf"\b(?!{word}\b)(five|seven) (bias )?detectors", _read(page)), page
+
+
+def test_input_page_lists_every_synthetic_scenario() -> None:
+    from rcdiag.synthetic import SCENARIOS
+
+    text = _read("docs/input.md")
+    sentence = text[text.index("Its scenarios") :]
+    sentence = sentence[: sentence.index(":\n")]
+    assert re.findall(r"`(\w+)`", sentence.split(") are", 1)[1]) == list(SCENARIOS)
+
+
+def test_verdict_page_and_headline_say_the_stop_token_has_probability_one() -> None:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(SAMPLES / "stop_token.parquet").to_pydict()
+    stop = [lp for ids, lps in zip(table["token_ids"], table["rollout_log_prob"], strict=True)
+            for i, lp in zip(ids, lps, strict=True) if i == 1]  # fmt: skip
+    assert stop and set(stop) == {0.0}  # the rollout engine's log-prob of its stop token: probability 1
+    done = run_capped("analyze", SAMPLES / "stop_token.parquet", "--explain", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    verdict = json.loads(done.stdout)["verdict"]
+    assert "token_specific" in [c["class"] for c in verdict["causes"]]
+    assert "zero probability" not in verdict["headline"] and "mismatch on a few token ids" in verdict["headline"]
+    row = next(line for line in _read("docs/verdict.md").splitlines() if line.startswith("| `token_specific` |"))
+    assert "probability 1" in row and "`token_specific` (`--explain`" in row
+
+
+def test_readme_help_time_is_the_latest_measurement() -> None:
+    readme = re.search(r"`rcdiag --help` takes \*\*([\d.]+) s\*\*", _read("README.md"))
+    latest = re.search(
+        r"^\| `rcdiag --help` \| [^|]* \| [^|]* \| \*\*([\d.]+) s\*\*", _read("docs/performance.md"), re.M
+    )
+    assert readme is not None and latest is not None
+    assert readme.group(1) == latest.group(1) == "0.23"

@@ -109,9 +109,9 @@ def not_config(option: str, spec: str) -> str | None:
 def place_on_grid(
     recommendations: Iterable[Recommendation], rows: Iterable[SweepRow], target: float | None, version: str
 ) -> list[Recommendation]:
-    """Each recommendation with the swept threshold whose targeted share comes nearest to ``target``
-    (``Recommendation.nearest``); for IS only TIS thresholds count, since the recommendations truncate. Specs are
-    compared as verl ``version`` parses them (the grid's release)."""
+    """Each recommendation with the swept threshold whose targeted share comes nearest to ``target`` (ties: the one
+    nearest the recommendation in value; ``Recommendation.nearest``); for IS only TIS thresholds count, since the
+    recommendations truncate. Specs are compared as verl ``version`` parses them (the grid's release)."""
     by_option: dict[str, list[SweepRow]] = {}
     for row in rows:
         if not (row.option.startswith("is_") and "_" in row.threshold):
@@ -133,7 +133,13 @@ def _nearest(rec: Recommendation, rows: list[SweepRow], target: float | None, ve
     for share, row in shares:  # the recommendation is a grid point: that one, whatever another's share
         if dataclasses.replace(resolve(rec.option, row.threshold, version), spec=mine.spec) == mine:
             return GridNeighbour(row.threshold, float(share), True)
-    share, row = min(shares, key=lambda pair: (abs(pair[0] - target), pair[0] > target))
+    mine_upper = float(rec.threshold.split("_")[-1])
+
+    def apart(spec: str) -> float:  # among equal shares, the grid point nearest the recommendation in value
+        upper = float(spec.split("_")[-1])
+        return abs(math.log(upper / mine_upper)) if upper > 0 and mine_upper > 0 else math.inf
+
+    share, row = min(shares, key=lambda pair: (abs(pair[0] - target), pair[0] > target, apart(pair[1].threshold)))
     return GridNeighbour(row.threshold, float(share), False)
 
 
