@@ -275,3 +275,20 @@ def test_readme_help_time_is_the_latest_measurement() -> None:
     )
     assert readme is not None and latest is not None
     assert readme.group(1) == latest.group(1) == "0.23"
+
+
+def test_recommendations_at_float_limits_are_no_config_and_still_find_their_grid_neighbour(tmp_path: Path) -> None:
+    """Two 1,000-token responses with a log-ratio of 0.8 at every token, half of them allowed out: seq_sum_k1's
+    order statistic (800) is beyond any band a spec states, sequence IS's threshold is infinite."""
+    old = np.full((2, 1000), -1.0)
+    dump = write_dump(tmp_path / "d.parquet", ragged_lists(old, old - 0.8, np.ones(old.shape, dtype=bool)))
+    out, report = _sweep(dump, "--target-reject", "0.5")
+    recs = _recommended(report)
+    assert recs["seq_sum_k1"]["threshold"] == "5.563e-309_1.7976e+308"
+    assert "float limit" in recs["seq_sum_k1"]["not_config"]
+    assert recs["is_sequence"]["threshold"] == "inf"
+    assert recs["is_sequence"]["not_config"] == "beyond verl's clamp (e^20): it truncates nothing"
+    assert recs["seq_sum_k2"]["nearest_grid_threshold"] == "10.0"  # next to 1.8e308 in value: no underflow
+    assert recs["is_token"]["nearest_grid_threshold"] == "2.5"  # share 0, the nearest in value of those
+    yaml = out[out.index("verl YAML to paste") :]
+    assert "rollout_is_threshold: inf" not in yaml and "1.7976e+308" not in yaml.split("NOT CONFIG")[0]

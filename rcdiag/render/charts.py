@@ -385,7 +385,7 @@ def draw_histogram(ax: Axes, histograms: Sequence[Drawn], share: bool = False) -
         ax.axvspan(outer[0], -SAFETY_BOUND, color=WARN, alpha=0.07,
                    label=f"|log-ratio| > {SAFETY_BOUND:g}: verl clamps")  # fmt: skip
         ticks = {0.0: "0", threshold: f"{threshold:.2g}", -threshold: f"−{threshold:.2g}"}
-        ticks.update({t: label for t, label in LOG_TICKS.items() if abs(t) >= 3 * threshold})
+        ticks.update({t: label for t, label in LOG_TICKS.items() if abs(t) >= 2 * threshold})
         ax.set_xticks(list(ticks), list(ticks.values()))
         ax.set_xticks([], minor=True)
         ax.legend(loc="upper left")

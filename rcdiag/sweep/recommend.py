@@ -137,7 +137,7 @@ def _nearest(rec: Recommendation, rows: list[SweepRow], target: float | None, ve
 
     def apart(spec: str) -> float:  # among equal shares, the grid point nearest the recommendation in value
         upper = float(spec.split("_")[-1])
-        return abs(math.log(upper / mine_upper)) if upper > 0 and mine_upper > 0 else math.inf
+        return abs(math.log(upper) - math.log(mine_upper)) if upper > 0 and mine_upper > 0 else math.inf
 
     share, row = min(shares, key=lambda pair: (abs(pair[0] - target), pair[0] > target, apart(pair[1].threshold)))
     return GridNeighbour(row.threshold, float(share), False)
