@@ -91,7 +91,7 @@ CLASS_TEXT: dict[CauseClass, str] = {
     "saturated_is": "the configured IS saturates",
     "swapped_columns": "the log-prob columns look swapped",
     "crash": "verl would crash or reject everything",
-    "token_specific": "tokens one engine gives zero probability",
+    "token_specific": "mismatch on a few token ids (or tokens one engine gives probability 0)",
 }
 """Each class in words, for the headline."""
 SIGN_READING = ("temperature_mismatch", "sampling_truncation", "logprob_offset")

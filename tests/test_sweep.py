@@ -335,7 +335,8 @@ def test_table_shows_curves_recommendations_yaml_and_presets(capsys: pytest.Capt
     for text in (
         "token_k1: share rejected by threshold",
         "is_sequence: share beyond the bounds by threshold",
-        "Recommended thresholds: closest to 0.01 rejected without exceeding it",
+        "Recommended RS thresholds: closest to 0.01 rejected without exceeding it",
+        "Recommended IS thresholds (TIS): closest to 0.01 of the weights truncated, not above it",
         "algorithm:\n  rollout_correction:\n    rollout_rs: seq_mean_k1\n    rollout_rs_threshold:",
         "verl presets on this dump",
         "decoupled_geo_rs_seq_tis",
@@ -578,7 +579,10 @@ def test_an_inverted_k1_band_rejects_each_token_once_as_analyze_and_verl_do(
     ("target", "changed"),
     [
         ("rcdiag.kernels.sweep_encoding.SHIFT", 14),  # the histogram's buckets
-        ("rcdiag.sweep.option_sweeps.SequenceRSSweep.STATES", {"v_hi": "sums", "masked_rows": "sums"}),  # declared states
+        (
+            "rcdiag.sweep.option_sweeps.SequenceRSSweep.STATES",
+            {"v_hi": "sums", "masked_rows": "sums"},
+        ),  # declared states
     ],
 )
 def test_a_sweep_state_of_another_layout_is_refused(

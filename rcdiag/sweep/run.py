@@ -19,7 +19,7 @@ from rcdiag.options import ReadOptions
 from rcdiag.report import Finding, InputFacts
 from rcdiag.sweep.accumulated import PointResult, SweepState, new_sweep_state
 from rcdiag.sweep.grid import SweepGrid, build_grid
-from rcdiag.sweep.recommend import recommend
+from rcdiag.sweep.recommend import place_on_grid, recommend
 from rcdiag.sweep.sweep_report import SweepReport, SweepRow, rank_presets
 from rcdiag.validate import Screen, as_chunk
 
@@ -115,7 +115,7 @@ def build_sweep_report(state: SweepState, facts: InputFacts, device: str, min_es
         rows.append(SweepRow(key[0], key[1], point.metrics, steps, crashes, crash_steps))
     return SweepReport(
         rows=tuple(rows),
-        recommendations=tuple(recommendations or ()),
+        recommendations=tuple(place_on_grid(recommendations or (), rows, target, state.grid.verl_version)),
         target_reject=target if recommendations is not None else None,
         presets=tuple(rank_presets(rows, min_ess, state.grid.verl_version)),
         min_ess=min_ess,
