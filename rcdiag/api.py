@@ -47,6 +47,7 @@ from rcdiag.parallel import (
     in_processes,
     merge_parts,
     on_ray,
+    too_many_workers,
 )
 from rcdiag.prescribe import effect_of
 from rcdiag.report import ExplainReport, InputFacts, MicroBatchReport, Report, StepReport
@@ -253,10 +254,13 @@ def accumulate(
             "needs one: name it with --token-col NAME",
             path=str(path),
         )
-    if read.workers == "auto":  # processes only on CPU, and never for micro-batches (rows in order, one process)
+    asked = read.workers
+    if asked == "auto":  # processes only on CPU, and never for micro-batches (rows in order, one process)
         cpu = isinstance(backend, NumpyBackend) and collector is None
         read = read.replace(workers=choose_workers(source) if cpu else 1)
     parts = source.partitions(RAY_MAX_PARTS if read.ray else cast(int, read.workers))  # "auto" is a number now
+    if asked != "auto" and not read.ray and len(parts) > 1:
+        _say_once(too_many_workers(parts, cast(int, asked)))
     scratch = temporary_directory(explain.sequences) if explain is not None and explain.sequences else None
     try:
         if read.ray or len(parts) > 1:
@@ -299,6 +303,17 @@ def accumulate(
 
 
 TOKEN_ALIASES = ALIASES["token"]
+_SAID: set[str] = set()
+"""Notes this process has given already (``_say_once``): a watch reads each file with its own ``accumulate``."""
+
+
+def _say_once(note: str | None) -> None:
+    """``note`` as a notice, the first time this process meets it."""
+    if note is not None and note not in _SAID:
+        from rcdiag.notices import notify
+
+        _SAID.add(note)
+        notify(note)
 
 
 def _part_offsets(scratch: Path, state: StepStates[Any]) -> list[tuple[Path, int]]:

@@ -235,7 +235,7 @@ def watch(
         if sys.stdout.isatty()
         else _TextLines()
     )
-    trackers = _open_trackers(tracking, path)
+    trackers = _open_trackers(tracking, path, resume=bool(session.consumed))
     on_event = _tracked(view.event, trackers) if trackers else view.event
     ended = "aborted"
     try:
@@ -258,12 +258,13 @@ def watch(
         raise typer.Exit(ExitCode.CHECK_FAILED)
 
 
-def _open_trackers(tracking: TrackingOptions | None, path: str) -> list[Tracker]:
+def _open_trackers(tracking: TrackingOptions | None, path: str, *, resume: bool) -> list[Tracker]:
     """``--tensorboard`` / ``--mlflow``, opened before the first step (``--tensorboard`` was refused inside the
-    watched directory, where an event file would be read as a dump: rcdiag.outputs.Ledger)."""
+    watched directory, where an event file would be read as a dump: rcdiag.outputs.Ledger); ``resume`` (the state
+    holds files read): TensorBoard continues the latest run of its directory, whose steps this watch logged."""
     if tracking is None:
         return []
-    return tracking.open(run_name=Path(path.rstrip("/")).name or path)
+    return tracking.open(run_name=Path(path.rstrip("/")).name or path, resume=resume)
 
 
 def _tracked(on_event: Any, trackers: list[Tracker]) -> Any:
@@ -401,6 +402,7 @@ class _LiveView(_View):
             parts.append(Text("findings: " + ", ".join(f"{f.code} ({f.severity})" for f in report.findings)))
         if last is not None:
             parts += [Text(f"forecast: {f.message}", style="yellow") for f in last.forecasts]
+            parts += [Text(f"forecast: {f.message}", style="dim") for f in last.no_trend]
         parts += [Text(f"ALERT {printable(line)}", style="red") for line in self.alerts]
         return Group(*parts)
 

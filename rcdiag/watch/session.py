@@ -41,10 +41,10 @@ from rcdiag.options import ReadOptions
 from rcdiag.outputs import ledger, reads, writes
 from rcdiag.report import Report, StepReport
 from rcdiag.validate import ScreenStats
-from rcdiag.watch.alerts import Alert, AlertPolicy
+from rcdiag.watch.alerts import Alert, AlertPolicy, file_alert
 from rcdiag.watch.deliver import Delivery, Dispatcher
-from rcdiag.watch.files import DEFAULT_SETTLE, FileStamp, Follower
-from rcdiag.watch.forecast import Forecast
+from rcdiag.watch.files import DEFAULT_SETTLE, FileChange, FileStamp, Follower
+from rcdiag.watch.forecast import Forecast, NoTrend
 
 STATE_DIR = ".rcdiag-watch"
 """Where a watch keeps its state by default: beside the watched directory (never inside it: that is an input)."""
@@ -106,6 +106,8 @@ class StepEvent:
     forecasts: tuple[Forecast, ...]
     files: int
     """Files read so far."""
+    no_trend: tuple[NoTrend, ...] = ()
+    """Bounded metrics not forecast because a level change leaves no trend since (``rcdiag.watch.forecast``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return finite_tree(
@@ -117,6 +119,7 @@ class StepEvent:
                 "files": self.files,
                 "alerts": [a.to_dict() for a in self.alerts],
                 "forecasts": [f.to_dict() for f in self.forecasts],
+                "no_trend": [f.to_dict() for f in self.no_trend],
             }
         )
 
@@ -228,6 +231,8 @@ class Watch:
         self.hits = KeptHits()
         self.report: Report | None = None
         self.last_step: int | None = None
+        self.pending: list[Alert] = []
+        """File alerts raised since the last report (``_changed``), shown with the next one."""
         self._load()
 
     # ---------------------------------------------------------------------------------------------- state file
@@ -370,7 +375,13 @@ class Watch:
         """Read every complete file not read yet: commit after each, then hand its steps to ``on_event``; after
         the last (and every ``REPORT_SECONDS`` before), the whole report. Returns the files read, how many are
         still settling, and whether a new alert at ``exit_on`` stopped the reading."""
-        ready, waiting = self.follower.poll(self.consumed)
+        ready, waiting, changed = self.follower.poll(self.consumed)
+        self._changed(changed)
+        if self.pending and not ready:  # said now, with the report of what the state holds
+            report = self.full_report()
+            if on_event is not None:
+                on_event(report)
+            return 0, waiting, self.policy.stops(report.alerts)
         reported = time.monotonic()
         for index, (file, stamp) in enumerate(ready):
             interrupts.check()
@@ -424,11 +435,11 @@ class Watch:
         events = []
         for step in steps:
             upto = dataclasses.replace(self.report, steps=tuple(s for s in ordered if s.step <= step))
-            alerts, forecasts = self.policy.on_step(upto, step, self.alerted)
+            alerts, forecasts, flat = self.policy.on_step(upto, step, self.alerted)
             self.alerted.update((alert.key, step) for alert in alerts)
             events.append(
                 StepEvent(self.steps[step], stamp.name, step in revised, tuple(alerts), tuple(forecasts),
-                          len(self.consumed))
+                          len(self.consumed), tuple(flat))
             )  # fmt: skip
         state = self.state
         self._commit(
@@ -444,15 +455,29 @@ class Watch:
         self._dispatch([alert for event in events for alert in event.alerts])
         return events
 
+    def _changed(self, changed: list[FileChange]) -> None:
+        """A file alert for each file read earlier that changed or went, once per file (its key is kept in the
+        state with the others): committed and delivered now, shown with the next report."""
+        alerts = [file_alert(change, self.last_step, self.location) for change in changed]
+        alerts = [alert for alert in alerts if alert.key not in self.alerted]
+        if not alerts:
+            return
+        self.alerted.update((alert.key, alert.step) for alert in alerts)
+        self._commit({"alerted": {alert.key: alert.step for alert in alerts}})
+        self._dispatch(alerts)
+        self.pending += alerts
+
     def full_report(self) -> ReportEvent:
-        """``analyze``'s report of everything read so far, and the finding alerts new in it."""
+        """``analyze``'s report of everything read so far, and the finding alerts new in it (after the file alerts
+        raised since the last report)."""
         self.report = build_report(self.state, self._info(), self.device, self.screen, step_hits=self.hits)
         alerts = self.policy.on_report(self.report, self.last_step, self.alerted)
+        earlier, self.pending = self.pending, []
         if alerts:
             self.alerted.update((alert.key, alert.step) for alert in alerts)
             self._commit({"alerted": {alert.key: alert.step for alert in alerts}})
             self._dispatch(alerts)
-        return ReportEvent(self.last_step, len(self.consumed), self.report, tuple(alerts))
+        return ReportEvent(self.last_step, len(self.consumed), self.report, (*earlier, *alerts))
 
     def _dispatch(self, alerts: list[Alert]) -> None:
         for alert in alerts:
