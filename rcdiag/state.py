@@ -251,10 +251,13 @@ def state_kind_of(state: StepStates[Any]) -> str:
 def state_kind(path: str | Path) -> str:
     """The kind of a state file (a path or URL), without loading its state (``"analyze"`` for files without one;
     a directory, prefix or glob: its first state file's)."""
+    import warnings
+
     from rcdiag.io.paths import state_files
 
     try:
-        first = state_files(str(path))[0]
+        with warnings.catch_warnings(record=True):  # what the listing leaves out is said once, by the merge
+            first = state_files(str(path))[0]
         payload = parse_state_json(read_state_bytes(first)[0], first)
     except InputError:
         return "analyze"  # load_state gives the precise error

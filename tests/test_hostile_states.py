@@ -382,7 +382,7 @@ def test_merging_a_fifo_is_refused_without_blocking(tmp_path: Path, saved: Path)
     fifo = tmp_path / "state.json"
     os.mkfifo(fifo)
     line = one_error_line(run_cli("merge", fifo, saved))
-    assert line == f"rcdiag: error: {fifo}: is not a regular file (a FIFO); give a state file"
+    assert line == f"rcdiag: error: {fifo}: is a FIFO, not a regular file; give a state file"
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX")
@@ -390,7 +390,7 @@ def test_a_fifo_as_rules_file_is_refused_without_blocking(tmp_path: Path) -> Non
     fifo = tmp_path / "rules.toml"
     os.mkfifo(fifo)
     line = one_error_line(run_cli("check", SAMPLES / "healthy.parquet", "--rules", fifo))
-    assert line == f"rcdiag: error: {fifo}: is not a regular file (a FIFO); give a rules file"
+    assert line == f"rcdiag: error: {fifo}: is a FIFO, not a regular file; give a rules file"
 
 
 # --------------------------------------------------------------------- 13: text from a file, warnings

@@ -7,6 +7,7 @@ so they are reported against the file that holds them.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,8 +192,10 @@ def _list_of_str(value: Any, name: str, fail: Any) -> list[str]:
 
 
 def find_project_rules(directory: str | Path = ".", **defaults: Any) -> RuleFile | None:
-    """``[tool.rcdiag.check]`` of ``directory/pyproject.toml``, if that file exists and has the table."""
+    """``[tool.rcdiag.check]`` of ``directory/pyproject.toml``, if that file exists and has the table (one that is
+    there but is no regular file, such as a FIFO or a dangling symlink, is refused by ``load_rules``, not passed
+    over)."""
     candidate = Path(directory) / "pyproject.toml"
-    if not candidate.is_file():
+    if not os.path.lexists(candidate):
         return None
     return load_rules(candidate, required=False, what=PROJECT_INPUT, **defaults)

@@ -101,9 +101,9 @@ def _main(argv: list[str] | None) -> None:
             with notices_live_warnings_held() as held, outputs.ledger():  # what the command reads and writes
                 result = typer.main.get_command(app).main(args=argv, prog_name="rcdiag", standalone_mode=False)
         except BaseException as exc:  # every way out gets its documented code
-            _fail(exc, sys.argv[1:] if argv is None else argv)
+            _fail(exc, sys.argv[1:] if argv is None else argv, program=argv is None)
         if interrupts.received() is not None:  # a signal whose exception something swallowed
-            _abort()
+            _abort(program=argv is None)
         show_held(held)
         failed = _flush_stdout()
         if failed is not None:  # what was printed did not reach a full stdout
@@ -113,9 +113,9 @@ def _main(argv: list[str] | None) -> None:
         interrupts.restore(previous)
 
 
-def _fail(exc: BaseException, argv: list[str]) -> NoReturn:
+def _fail(exc: BaseException, argv: list[str], *, program: bool = False) -> NoReturn:
     if interrupts.received() is not None or isinstance(exc, KeyboardInterrupt | interrupts.Aborted):
-        _abort()  # whatever the exception became on its way up (numba: SystemError)
+        _abort(program=program)  # whatever the exception became on its way up (numba: SystemError)
     if isinstance(exc, SystemExit):
         raise exc
     if isinstance(exc, RcdiagError):
@@ -137,7 +137,7 @@ def _fail(exc: BaseException, argv: list[str]) -> NoReturn:
             message = f"{file} was read as an option ({message}); to name a file, give it as ./{file}"
         _exit(f"rcdiag: error: {printable(message)}{where}", ExitCode.USAGE)
     if "Abort" in kinds:
-        _abort()
+        _abort(program=program)
     if isinstance(exc, OSError) and _writing_stdout(exc):  # a write rich or click made itself (`--help > /dev/full`)
         stdout_gone()
         _exit(f"rcdiag: error: cannot write stdout: {exc.strerror or exc}", ExitCode.USAGE)
@@ -186,8 +186,10 @@ def _writing_stdout(exc: BaseException) -> bool:
     return False
 
 
-def _abort() -> NoReturn:
-    """Ctrl-C or SIGTERM: no partial output file, one line, 130 (143 for SIGTERM)."""
+def _abort(*, program: bool = False) -> NoReturn:
+    """Ctrl-C or SIGTERM: no partial output file, one line, 130 (143 for SIGTERM). In the program itself (``main``
+    called without arguments) the process then ends at once (``interrupts.end_process``); a caller of ``main`` in
+    its own process gets ``SystemExit``."""
     from rcdiag.outputs import remove_temporaries
 
     remove_temporaries()
@@ -196,7 +198,10 @@ def _abort() -> NoReturn:
         print(interrupts.MESSAGE, file=sys.stderr, flush=True)
     atexit.register(_silence_stderr)  # registered last, so it runs before the libraries' exit handlers
     _flush_stdout()
-    sys.exit(interrupts.exit_code(signum) if signum is not None else ExitCode.ABORTED)
+    code = interrupts.exit_code(signum) if signum is not None else ExitCode.ABORTED
+    if program:
+        interrupts.end_process(code)
+    sys.exit(code)
 
 
 def _silence_stderr() -> None:

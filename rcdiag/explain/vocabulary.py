@@ -8,7 +8,9 @@ stream, so a character spread over several byte-level tokens comes out whole, on
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +52,17 @@ class Vocabulary:
             raise ConfigError(
                 f'--tokenizer needs the tokenizers library, which is not installed: pip install "rcdiag[{EXTRA}]".'
             ) from None
-        file = tokenizer_file(path)
-        if not file.is_file():
+        from rcdiag.io.paths import regular_file
+
+        file = Path(path)
+        give = f"a {FILE_NAME} or a directory holding one"
+        if not os.path.lexists(file):
             raise InputError(f"has no {FILE_NAME} (give the file, or a directory holding one)", path=str(path))
+        if stat.S_ISDIR(regular_file(file, give, directory=True).st_mode):
+            file = file / FILE_NAME
+            if not os.path.lexists(file):
+                raise InputError(f"has no {FILE_NAME} (give the file, or a directory holding one)", path=str(path))
+            regular_file(file, f"a {FILE_NAME}")
         try:
             self.tokenizer: Any = Tokenizer.from_file(str(file))
         except Exception as exc:  # the library raises a bare Exception for a malformed file

@@ -284,8 +284,10 @@ class Watch:
 
         if not self.log_path.exists():
             return
+        from rcdiag.io.paths import read_bytes
+
         name = str(self.log_path)
-        data = self.log_path.read_bytes()
+        data = read_bytes(name)  # a FIFO or a device is refused, never waited on
         end = data.rfind(b"\n") + 1
         number = 0
         try:
