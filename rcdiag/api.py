@@ -311,7 +311,7 @@ def merge_states(paths: list[str | Path], *, tokenizer: str | Path | None = None
     from rcdiag.state import combined_info, merge_state_files
 
     vocabulary = load_vocabulary(tokenizer)
-    state, sources, stats = merge_state_files(paths)
+    state, sources, stats = merge_state_files(paths, "analyze")
     return build_report(analyze_state(state), combined_info(sources), "merged", stats, vocabulary=vocabulary)
 
 
