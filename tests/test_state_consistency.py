@@ -273,9 +273,7 @@ def test_a_float64_value_beyond_float32_above_zero_is_refused_in_one_line(tmp_pa
 
 def test_repeated_packs_and_identical_rules_are_checked_once_and_fast(tmp_path: Path) -> None:
     rules = tmp_path / "rules.toml"
-    rules.write_text(
-        "packs = [" + ", ".join(['"verl"'] * 5000) + ', "nemo-rl", "verl"]\n[max]\nk3_kl = 0.5\n'
-    )
+    rules.write_text("packs = [" + ", ".join(['"verl"'] * 5000) + ', "nemo-rl", "verl"]\n[max]\nk3_kl = 0.5\n')
     start = time.perf_counter()
     done = run_capped(
         "check", SAMPLES / "healthy.parquet", "--rules", rules, "--pack", "verl", "--pack", "verl",
