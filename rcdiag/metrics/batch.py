@@ -89,9 +89,9 @@ class GroupedBatch(ABC):
                 if declared.get(name) == "sum" and isinstance(value, float | int) and value != count:
                     return f"{kind}.{name} is {_count(value)} but {label} is {count}"
             if declared.get("counts") == "counts":
-                held = int(np.asarray(state["counts"]).sum()) + int(state.get("nan", 0))
+                held = float(np.asarray(state["counts"]).sum()) + float(state.get("nan", 0.0))  # nan: any sum
                 if held != valid:
-                    return f"{kind} holds {held} tokens (counts and nan) but valid_tokens is {valid}"
+                    return f"{kind} holds {_count(held)} tokens (counts and nan) but valid_tokens is {valid}"
         return None
 
     def merge_state(self, other: GroupedBatch) -> None:
