@@ -324,9 +324,6 @@ def merge_state_files(
                 f"{path} was computed with a different configuration ({_describe(state.resolved.config)}) than "
                 f"{paths[0]} ({_describe(merged.resolved.config)}); states merge only under the same configuration"
             )
-        if state_kind_of(state) != state_kind_of(merged):
-            kinds = state_kind_of(state), state_kind_of(merged)
-            raise ConfigError(f"{path} holds a {kinds[0]} state and {paths[0]} a {kinds[1]} one; they do not merge")
         if (merged.explain is None) != (state.explain is None):
             raise ConfigError(
                 f"{path} was {'' if state.explain is not None else 'not '}analysed with --explain but {paths[0]} "
