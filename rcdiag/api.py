@@ -330,7 +330,7 @@ def merge_states(paths: list[str | Path], *, tokenizer: str | Path | None = None
 
     reads(*paths, what=STATE_INPUT)  # the command line's outputs are refused over them before the tokenizer is read
     vocabulary = load_vocabulary(tokenizer)
-    state, sources, stats = merge_state_files(paths)
+    state, sources, stats = merge_state_files(paths, "analyze")
     return build_report(analyze_state(state), combined_info(sources), "merged", stats, vocabulary=vocabulary)
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from rcdiag.errors import InputError
 from rcdiag.io.base import Chunk
+from rcdiag.io.record_batches import exact_steps
 from rcdiag.ragged import take_rows
 
 POSITIVE_TOLERANCE = 1e-3
@@ -342,7 +343,7 @@ def as_chunk(chunk: Chunk, index: int | None = None) -> Chunk:
         steps = _array(steps, "steps", where)
         if steps.shape != (offsets.shape[0] - 1,) or steps.dtype.kind not in "iu":
             raise InputError("has 'steps' that are not one integer per row", path=where)
-        steps = steps.astype(np.int64, copy=False)
+        steps = exact_steps(steps)
     return dataclasses.replace(
         chunk,
         old=old.astype(np.float32, copy=False),

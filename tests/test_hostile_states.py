@@ -216,11 +216,17 @@ def test_a_rules_file_over_the_limit_is_refused(tmp_path: Path, monkeypatch: Any
         ),
         (
             lambda p: p["state"]["batches"][0].__setitem__(0, 0.5),
-            "state.batches step must be a step (an int64 integer, or null), got 0.5 (float)",
+            "state.batches step must be a step (an integer in int64's or uint64's range, or null), got 0.5 (float)",
         ),
         (
-            lambda p: p["state"]["batches"][0].__setitem__(0, 2**64 - 1),
-            "state.batches step must be a step (an int64 integer, or null), got 18446744073709551615 (int)",
+            lambda p: p["state"]["batches"][0].__setitem__(0, 2**64),
+            "state.batches step must be a step (an integer in int64's or uint64's range, or null), got "
+            "18446744073709551616 (int)",
+        ),
+        (
+            lambda p: p["state"]["batches"][0].__setitem__(0, -(2**63) - 1),
+            "state.batches step must be a step (an integer in int64's or uint64's range, or null), got "
+            "-9223372036854775809 (int)",
         ),
         (lambda p: p["state"]["batches"][1].__setitem__(0, p["state"]["batches"][0][0]), "holds step 0 twice"),
         (lambda p: p.__setitem__("kind", "bogus"), "kind must be one of analyze, sweep, got 'bogus' (str)"),

@@ -100,6 +100,7 @@ def check(
             "no rules to check: give --max/--min/--max-abs NAME=VALUE, --pack NAME, --fail-on SEVERITY|CODES, "
             "--rules FILE, or a [tool.rcdiag.check] table in pyproject.toml."
         )
+    rules = list(dict.fromkeys(rules))  # an identical rule (same metric, bound, mode, source) is checked once
     config = config or CorrectionConfig()
     resolved = config.resolve()
     validate_rules(rules, metric_names(resolved), has_baseline=baseline is not None)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rcdiag.errors import ConfigError, OutputError
+from rcdiag.fields import INT64_MAX, INT64_MIN
 from rcdiag.io.storage import Timeout
 
 if TYPE_CHECKING:
@@ -67,6 +68,18 @@ def _number(value: float | None) -> float:
     return math.nan if value is None else float(value)
 
 
+def tracked_step(step: int, target: object) -> int:
+    """``step`` as the trackers store it: TensorBoard's event and MLflow's metric keep an int64 step, so a step
+    beyond it (a uint64 step of 2**63 or more) is refused naming the target, never wrapped to a negative one."""
+    if not INT64_MIN <= step <= INT64_MAX:
+        raise OutputError(
+            target,
+            f"step {step} is beyond int64, the type of a tracker's step (TensorBoard, MLflow), so it cannot be "
+            "logged exactly; renumber the steps, or leave out --tensorboard/--mlflow",
+        )
+    return step
+
+
 class TensorBoardTracker:
     """Scalars in a TensorBoard event file in ``directory`` (created if missing), as verl's own tracker writes
     them (``add_scalar``: a float32 ``simple_value`` per key and step). A directory beside the run's own event
@@ -101,6 +114,7 @@ class TensorBoardTracker:
 
     def log_step(self, step: int, values: Mapping[str, float | None]) -> None:
         scalars = [self._summary.Value(tag=key, simple_value=_number(value)) for key, value in values.items()]
+        step = tracked_step(step, self.directory)
         self._writer.add_event(self._event(wall_time=time.time(), step=step, summary=self._summary(value=scalars)))
 
     def flush(self) -> None:
@@ -174,6 +188,7 @@ class MlflowTracker:
         as for a thousand (a sqlite store commits once per call), so a whole report goes in a few calls."""
         from mlflow.entities import Metric
 
+        step = tracked_step(step, self.uri)
         now = int(time.time() * 1000)
         self._pending += [Metric(key, _number(value), now, step) for key, value in values.items()]
         if len(self._pending) >= MLFLOW_BATCH:
@@ -345,7 +360,10 @@ def step_values(report: Report) -> Iterator[tuple[int, dict[str, float | None]]]
 
 
 def export_report(report: Report, options: TrackingOptions, *, run_name: str | None = None) -> list[Tracker]:
-    """Log every step of ``report`` to each tracker of ``options`` and close them; returns the trackers."""
+    """Log every step of ``report`` to each tracker of ``options`` and close them; returns the trackers. Every
+    step is checked to fit a tracker's before any tracker is opened: a refused export leaves nothing behind."""
+    for step, _ in step_values(report):
+        tracked_step(step, options.tensorboard or options.mlflow)
     trackers = options.open(run_name)
     try:
         for step, values in step_values(report):

@@ -87,8 +87,8 @@ def merge_sweep_states(paths: list[str | Path], min_ess: float = 0.0) -> SweepRe
     (at the target the states were written with) when every state carries what they need."""
     from rcdiag.state import combined_info, merge_state_files
 
-    state, sources, stats = merge_state_files(paths)
-    assert isinstance(state, SweepState)
+    state, sources, stats = merge_state_files(paths, "sweep")
+    assert isinstance(state, SweepState)  # merge_state_files refused any other kind
     facts = input_facts(state, combined_info(sources), stats)
     return build_sweep_report(state, facts, "merged", min_ess)
 

@@ -253,7 +253,7 @@ class Watch:
                 "another --state file",
                 path=name,
             )
-        state, sources, screen = load_state(name)
+        state, sources, screen = load_state(name, "analyze")
         if not self.resolved.same_computation(state.resolved):
             raise ConfigError(
                 f"--state {name} was computed with another configuration ({state.resolved.config.to_dict()}); "
