@@ -253,20 +253,27 @@ def parse_rs_thresholds(
     }
 
 
+class ThresholdError(ConfigError):
+    """A threshold verl refuses: the message is verl's own text (``resolve`` raises what verl raises), and
+    ``forms`` the forms it accepts, which the command line appends (``rcdiag.cli.engine_config``)."""
+
+    def __init__(self, message: str, forms: str) -> None:
+        super().__init__(message)
+        self.forms = forms
+
+
 IS_FORMS = (
     "An IS threshold is U (TIS: weights truncated at U, e.g. 2.0) or L_U (IcePop: weights outside [L, U] zeroed, "
     "e.g. 0.5_5.0)."
 )
-"""The accepted forms of ``rollout_is_threshold``, appended to each of its errors by ``resolve`` (``parse_is_threshold``
-keeps verl's text alone)."""
+"""The accepted forms of ``rollout_is_threshold``: the ``forms`` of each of its errors."""
 K1_FORMS = "U (the ratio band [1/U, U], e.g. 2.0) or L_U (e.g. 0.5_2.0)"
 UPPER_FORMS = "an upper bound U (e.g. 0.01; no '_')"
 
 
 def rs_forms(options: object) -> str:
     """The accepted forms of ``rollout_rs_threshold`` for ``options`` (a list, or verl's comma-separated text; any
-    other value: every form), appended to each of its errors by ``resolve`` (``parse_rs_thresholds`` keeps verl's
-    text alone)."""
+    other value: every form): the ``forms`` of each of its errors."""
     try:
         names = parse_rs_options(options) if not isinstance(options, list) else options
     except ConfigError:
@@ -347,16 +354,17 @@ def _resolve(config: CorrectionConfig) -> ResolvedConfig:
         try:
             upper, lower = parse_is_threshold(config.rollout_is_threshold)
         except ConfigError as exc:
-            raise ConfigError(f"{exc} {IS_FORMS}") from None
+            raise ThresholdError(str(exc), IS_FORMS) from None
         if lower is not None:
             needs(version, "icepop", f"rollout_is_threshold '{config.rollout_is_threshold}' (IcePop, lower_upper)")
         is_spec = ISSpec(config.rollout_is, upper, lower, bool(config.rollout_is_batch_normalize))
     rs_options: list[RSOption] = []
     if config.rollout_rs is not None:
         if config.rollout_rs_threshold is None:
-            raise ConfigError(
+            raise ThresholdError(
                 "rollout_rs_threshold must be explicitly provided when rollout_rs is enabled. "
-                f"Set rollout_rs_threshold to the desired threshold value. {rs_forms(config.rollout_rs)}"
+                "Set rollout_rs_threshold to the desired threshold value.",
+                rs_forms(config.rollout_rs),
             )
         names = parse_rs_options(config.rollout_rs)
         try:
@@ -365,7 +373,7 @@ def _resolve(config: CorrectionConfig) -> ResolvedConfig:
             )
         except ConfigError as exc:
             hint = _band_hint(names, config.rollout_rs_threshold)
-            raise ConfigError(f"{exc}{hint}" if hint else f"{exc} {rs_forms(names)}") from None
+            raise ConfigError(f"{exc}{hint}") if hint else ThresholdError(str(exc), rs_forms(names)) from None
         for name in names:
             agg, estimator = name.rsplit("_", 1)
             lower, upper = bounds[name]

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from rcdiag.config import CorrectionConfig, preset
+from rcdiag.config import CorrectionConfig, ThresholdError, preset
 from rcdiag.errors import ConfigError
 from rcdiag.versions import verl_version
 
@@ -35,11 +35,13 @@ def flag_names(message: str, flags: Mapping[str, str]) -> str:
 
 @contextmanager
 def named_by_flags(flags: Mapping[str, str]) -> Iterator[None]:
-    """A ``ConfigError`` raised in the block, its fields named by their flags (``flag_names``)."""
+    """A ``ConfigError`` raised in the block, its fields named by their flags (``flag_names``), and a threshold's
+    followed by the forms it accepts (``ThresholdError.forms``)."""
     try:
         yield
     except ConfigError as exc:
-        raise ConfigError(flag_names(str(exc), flags)) from None
+        forms = f" {exc.forms}" if isinstance(exc, ThresholdError) else ""
+        raise ConfigError(flag_names(str(exc), flags) + forms) from None
 
 
 class ISLevel(str, enum.Enum):
