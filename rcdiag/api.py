@@ -248,7 +248,7 @@ def accumulate(
     source = open_dump(path, read.columns)
     backend = _for_size(backend, read.device, source.info)
     source.want_tokens(explain is not None)
-    if need_tokens and "token_ids" not in source.info.columns:
+    if need_tokens and source.info.columns.get("token_ids") is None:
         raise InputError(
             f"has no column of token ids (looked for {', '.join(repr(n) for n in TOKEN_ALIASES[:4])}, ...); --tokens "
             "needs one: name it with --token-col NAME",

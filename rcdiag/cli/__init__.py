@@ -19,7 +19,7 @@ import typer
 import rcdiag.interrupts as interrupts
 import rcdiag.outputs as outputs
 from rcdiag._version import __version__
-from rcdiag.cli.commands import LazyCommands, collection_paused
+from rcdiag.cli.commands import HELP_NAMES, Group, LazyCommands, collection_paused
 from rcdiag.cli.notices import notices_live_warnings_held, show_held
 from rcdiag.cli.stdout import StdoutClosedError, stdout_gone
 from rcdiag.errors import ExitCode, RcdiagError
@@ -28,7 +28,7 @@ from rcdiag.printable import printable
 MARKUP: Literal["markdown"] = "markdown"
 
 
-class _Group(typer.core.TyperGroup):
+class _Group(Group):
     """rcdiag's group: its sub-commands are built when first asked for (rcdiag.cli.commands), so that a run or a
     command's ``--help`` imports and builds that command alone."""
 
@@ -57,6 +57,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
     add_help_option=False,  # its own --help below: a flag that defaults to False
+    context_settings={"help_option_names": HELP_NAMES},  # -h too, in every command (their contexts inherit it)
 )
 
 
@@ -80,7 +81,7 @@ def _root(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
     show_help: bool = typer.Option(
-        False, "--help", callback=_help, is_eager=True, expose_value=False, help="Show this message and exit."
+        False, *HELP_NAMES, callback=_help, is_eager=True, expose_value=False, help="Show this message and exit."
     ),
 ) -> None:
     """Diagnose training-inference mismatch in LLM RL from saved log-prob dumps."""

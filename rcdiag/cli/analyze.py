@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated
 
-import typer
-
 from rcdiag.cli.flags import (
     ENGINE_FLAGS,
     MICROBATCH_FLAGS,
@@ -18,6 +16,7 @@ from rcdiag.cli.flags import (
     TokensOpt,
     WorstOpt,
     output_flags,
+    path_argument,
 )
 from rcdiag.cli.params import with_flags
 from rcdiag.cli.tracking import TRACKING_FLAGS
@@ -35,11 +34,10 @@ if TYPE_CHECKING:
 def analyze(
     path: Annotated[
         str,
-        typer.Argument(
-            help=f"The dump: a file ({', '.join(format_names())}), or a directory or quoted glob of shards; a local "
+        path_argument(
+            "PATH",
+            f"The dump: a file ({', '.join(format_names())}), or a directory or quoted glob of shards; a local "
             "path or an s3://, gs://, hdfs:// or file:// URL.",
-            metavar="PATH",
-            show_default=False,
         ),
     ],
     save_state: SaveStateOpt = None,

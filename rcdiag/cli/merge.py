@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated
 
-import typer
-
-from rcdiag.cli.flags import QUIET_FLAGS, DetailsOpt, TokenizerOpt, output_flags
+from rcdiag.cli.flags import QUIET_FLAGS, DetailsOpt, TokenizerOpt, output_flags, path_argument
 from rcdiag.cli.params import with_flags
 
 if TYPE_CHECKING:
@@ -17,11 +15,10 @@ if TYPE_CHECKING:
 def merge(
     states: Annotated[
         list[str],
-        typer.Argument(
-            help="State files written by `rcdiag analyze ... --save-state` (or all by `rcdiag sweep`): paths or "
+        path_argument(
+            "STATE",
+            "State files written by `rcdiag analyze ... --save-state` (or all by `rcdiag sweep`): paths or "
             "URLs, or a directory, prefix or quoted glob of them (`'s3://bucket/states/*.json'`).",
-            metavar="STATE",
-            show_default=False,
         ),
     ],
     tokenizer: TokenizerOpt = None,

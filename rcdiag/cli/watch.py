@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from rcdiag.catalogue.metrics import packs_help
-from rcdiag.cli.flags import ENGINE_FLAGS, READ_FLAGS
+from rcdiag.cli.flags import ENGINE_FLAGS, READ_FLAGS, path_argument
 from rcdiag.cli.params import with_flags
 from rcdiag.cli.tracking import TRACKING_FLAGS
 from rcdiag.errors import ExitCode, RcdiagError
@@ -66,11 +66,7 @@ def _bounds(flag: str, help_text: str) -> Any:
 def watch(
     path: Annotated[
         str,
-        typer.Argument(
-            help="The directory (or s3://, gs://, hdfs:// prefix) the trainer writes per-step dumps into.",
-            metavar="DIR",
-            show_default=False,
-        ),
+        path_argument("DIR", "The directory (or s3://, gs://, hdfs:// prefix) the trainer writes per-step dumps into."),
     ],
     state: Annotated[
         str | None,

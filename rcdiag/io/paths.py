@@ -41,8 +41,20 @@ def is_hidden(path: FilePath, root: Path | None = None) -> bool:
     return any(part.startswith((".", "_")) for part in parts)
 
 
+EMPTY_PATH = "the path is empty (an unset shell variable?); give a file, directory, glob or URL"
+"""An empty name would be read as the current directory (``Path("")`` is ``.``): refused instead."""
+
+
+def refuse_empty(path: str | Path) -> None:
+    """``EMPTY_PATH`` as an ``InputError`` when ``path`` is empty or blank (a ``Path`` never is: ``Path("")`` is
+    ``.``, which names the directory on purpose)."""
+    if isinstance(path, str) and not path.strip():
+        raise InputError(EMPTY_PATH)
+
+
 def expand(path: str | Path) -> list[FilePath]:
     """The files a dump path names: a file, a directory or prefix (read recursively) or a glob."""
+    refuse_empty(path)
     text = storage.local_path(str(path))
     if storage.is_remote(text):
         return _expand_remote(text)
@@ -154,6 +166,7 @@ def _expand_remote(url: str) -> list[FilePath]:
 def state_files(path: str) -> list[str]:
     """The state files one ``merge`` argument names: itself, or the ``.json`` files of a directory, prefix or
     glob (a URL's glob cannot be left to the shell)."""
+    refuse_empty(path)
     text = storage.local_path(path)
     remote = storage.is_remote(text)
     is_glob = any(ch in text for ch in GLOB_CHARS)
