@@ -95,3 +95,18 @@ def test_readme_links_resolve() -> None:
     for target in re.findall(r"\]\(([^)#]+)", readme):
         if not target.startswith("http"):
             assert (ROOT / target).exists(), target
+
+
+def test_every_test_the_threat_model_names_exists() -> None:
+    """docs/threat-model.md names the test that keeps each promise (``tests/test_x.py::name``, then ``::name`` for
+    more in the same file): each one is a test function of that file."""
+    page = (ROOT / "docs" / "threat-model.md").read_text()
+    named, current = [], None
+    for match in re.finditer(r"`(tests/test_\w+\.py)(?:::(\w+))?`|`::(\w+)`", page):
+        current = match.group(1) or current
+        name = match.group(2) or match.group(3)
+        if current is not None and name is not None:
+            named.append((current, name))
+    assert len(named) > 40
+    missing = [(f, n) for f, n in named if f"def {n}(" not in (ROOT / f).read_text()]
+    assert missing == []
