@@ -61,21 +61,21 @@ PLURALS = {"str": "strings", "list": "lists", "dict": "objects", "NoneType": "nu
 
 def _odd_value(value: Any) -> str | None:
     """What a first record's value holds when it is neither a number, a string nor a list of numbers: a list of
-    strings (``holds strings ('a' at position 0)``), a list of lists, an object, a null; else ``None``."""
+    strings (``strings ("a" at position 0)``), a list of lists, an object, a null; else ``None``."""
     value = unwrap(value)
     if isinstance(value, list):
         at = next((i for i, v in enumerate(value) if isinstance(v, bool) or not isinstance(v, (int, float))), None)
         if at is None or isinstance(value[at], bool):
             return None
         kind = type(value[at]).__name__
-        return f"{PLURALS.get(kind, kind + ' values')} ({printable_short(value[at])} at position {at})"
+        return f"{PLURALS.get(kind, kind + ' values')} ({_short(value[at])} at position {at})"
     if value is None or isinstance(value, dict):
         return "null" if value is None else "an object"
     return None
 
 
-def printable_short(value: Any) -> str:
-    """A value from the file, shortened for a message (``printable`` escapes it for the terminal later)."""
+def _short(value: Any) -> str:
+    """A value from the file as JSON, shortened for a message (the CLI escapes it for the terminal)."""
     text = json.dumps(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
