@@ -38,6 +38,11 @@ class ConfigError(RcdiagError, ValueError):
     """An invalid rollout-correction configuration (verl would reject it too, or crash on it)."""
 
 
+class SettingError(RcdiagError):
+    """An ``RCDIAG_*`` environment variable holding a value it does not take (``rcdiag.environment``). Not a
+    ``ValueError``: readers catch those as damaged files, and the file is not at fault."""
+
+
 class OutputError(RcdiagError):
     """An output file (or stdout) that cannot be written: a full disk, a refused permission, a closed device. The
     message is ``cannot write PATH: REASON``; nothing claims the file was written."""

@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import warnings
 
+from rcdiag.environment import Variable, switch
+
+COMPILE_NOTICE = Variable("RCDIAG_COMPILE_NOTICE", "0 (leave the notice out) or 1", switch)
+"""Whether the first compile of rcdiag's kernels says so (``rcdiag.kernels.compiling``); on by default."""
+
 
 class Notice(UserWarning):
     """Something the user should know about this run that does not stop it."""

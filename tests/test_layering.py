@@ -25,7 +25,7 @@ LEAVES = frozenset(
     "rcdiag." + name
     for name in (
         "_version", "constants", "errors", "versions", "stats", "notices", "printable", "fields", "interrupts",
-        "core", "core.limits", "core.formulas", "core.bins",
+        "environment", "core", "core.limits", "core.formulas", "core.bins",
     )
 )  # fmt: skip
 """Modules that import nothing of rcdiag but each other (``rcdiag.core``: the constants and formulas every engine

@@ -18,7 +18,7 @@ from test_token_kernel import _assert_chi2, _close, _valid_lengths, raw_blocks
 
 import rcdiag
 from rcdiag.backend import NumpyBackend
-from rcdiag.errors import ConfigError
+from rcdiag.errors import SettingError
 from rcdiag.kernels import small
 from rcdiag.kernels.small import SMALL_DUMP_BYTES, SWITCH, compiled_for
 from rcdiag.metrics.block import Block
@@ -191,7 +191,7 @@ def test_the_choice_is_made_from_the_files_sizes(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv(SWITCH, "1_000_000_000")
     assert not compiled_for([SMALL_DUMP_BYTES])
     monkeypatch.setenv(SWITCH, "small")
-    with pytest.raises(ConfigError, match=f"{SWITCH}='small' is not a whole number of bytes"):
+    with pytest.raises(SettingError, match=f"{SWITCH}='small' is not a whole number of bytes"):
         compiled_for([1])
 
 

@@ -40,8 +40,10 @@ def open_dump(path: str | Path, columns: ColumnMap | None = None) -> Source:
     a glob such as ``"dumps/step_*.parquet"``; on the local disk or as an ``s3://``, ``gs://``, ``hdfs://`` or
     ``file://`` URL (``rcdiag.io.storage``).
     """
+    from rcdiag.io.limits import check_environment
     from rcdiag.io.table_source import TableSource
 
+    check_environment()
     label = str(path)
     files = expand(path)
     kinds = _one_kind(label, dict(zip(files, map_files(format_of, files), strict=True)))
@@ -52,9 +54,11 @@ def open_dump(path: str | Path, columns: ColumnMap | None = None) -> Source:
 
 def open_part(part: Part, columns: ColumnMap | None = None) -> Source:
     """Open one ``Part`` of a dump (``Source.partitions``) in a worker: only its files, with their known format."""
+    from rcdiag.io.limits import check_environment
     from rcdiag.io.registry import FORMATS
     from rcdiag.io.table_source import TableSource
 
+    check_environment()
     by_name = {fmt.name: fmt for fmt in FORMATS}
     _make_room([(path, by_name[kind]) for kind, path in part.files], part.label)
     return TableSource(part.label, [by_name[kind].open(path, columns) for kind, path in part.files], part.files[0][0])

@@ -4,11 +4,18 @@ The first record tells which keys exist and what they hold (a list of numbers, a
 then parsed a few thousand records at a time into Arrow record batches with those keys as columns, so the column
 mapping, type checks and chunking are those of every other table. Errors name the 0-based record index (blank
 lines are not records), as every other format names its row.
+
+A record is parsed only within bounds Python's parser does not keep itself (docs/input.md, "Limits"): nesting at
+most ``MAX_JSON_DEPTH`` deep (measured before parsing: deeper would overflow the parser's recursion), no integer of
+more digits than Python converts, and no key twice in one object (which value would be read is not the file's
+to decide). Each is one error naming the file and record, whichever key holds it.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +25,7 @@ import pyarrow as pa
 
 from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap
-from rcdiag.io.limits import JSON_LINE_CHARS
+from rcdiag.io.limits import JSON_LINE_CHARS, MAX_JSON_DEPTH
 from rcdiag.io.paths import open_text
 from rcdiag.io.record_batches import Batch
 from rcdiag.io.tables import TableFile
@@ -31,7 +38,10 @@ def unwrap(value: Any) -> Any:
     return value
 
 
-def _kind(value: Any) -> pa.DataType | None:
+def _kind(value: Any) -> pa.DataType:
+    """The column type a first record's value gives its key; a value no column type fits (an object, a null, a
+    list of strings) still makes a column (of nulls), so that a log-prob key holding one is refused for what it
+    holds (``_odd_value``), never reported missing."""
     value = unwrap(value)
     if isinstance(value, bool):
         return pa.bool_()
@@ -43,7 +53,31 @@ def _kind(value: Any) -> pa.DataType | None:
         return pa.string()
     if isinstance(value, list) and all(isinstance(v, (int, float)) for v in value[:64]):
         return pa.list_(pa.float64())
+    return pa.list_(pa.null())  # a list of other things, an object, a null: refused if used, by _odd_value
+
+
+PLURALS = {"str": "strings", "list": "lists", "dict": "objects", "NoneType": "nulls"}
+
+
+def _odd_value(value: Any) -> str | None:
+    """What a first record's value holds when it is neither a number, a string nor a list of numbers: a list of
+    strings (``strings ("a" at position 0)``), a list of lists, an object, a null; else ``None``."""
+    value = unwrap(value)
+    if isinstance(value, list):
+        at = next((i for i, v in enumerate(value) if isinstance(v, bool) or not isinstance(v, (int, float))), None)
+        if at is None or isinstance(value[at], bool):
+            return None
+        kind = type(value[at]).__name__
+        return f"{PLURALS.get(kind, kind + ' values')} ({_short(value[at])} at position {at})"
+    if value is None or isinstance(value, dict):
+        return "null" if value is None else "an object"
     return None
+
+
+def _short(value: Any) -> str:
+    """A value from the file as JSON, shortened for a message (the CLI escapes it for the terminal)."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def records(path: str) -> Iterator[tuple[int, dict]]:
@@ -96,8 +130,16 @@ class JsonRecordsFile(TableFile):
             raise InputError(f"cannot be read ({exc})", path=name) from None
         if first is None:
             raise InputError("has no records: there is nothing to analyze", path=name)
-        fields = [(key, kind) for key, value in first.items() if (kind := _kind(value)) is not None]
-        super().__init__(name, columns, format=format, schema=pa.schema(fields), step=step, step_origin=step_origin)
+        fields = [(key, _kind(value)) for key, value in first.items()]
+        try:
+            super().__init__(name, columns, format=format, schema=pa.schema(fields), step=step, step_origin=step_origin)
+        except InputError as exc:  # a used key's type refused: say what the record holds, where
+            odd = _odd_value(first[exc.column]) if exc.column in first and exc.row is None else None
+            if odd is None:
+                raise
+            raise InputError(
+                f"holds {odd}, expected a list of numbers (one per token)", path=name, row=0, column=exc.column
+            ) from None
         self.mask_factor = mask_factor
         if self.cols.mask is not None and mask_factor is not None and mask_factor in first:
             self.columns_used["response_mask"] = f"{self.cols.mask} * {mask_factor}"
@@ -159,10 +201,14 @@ class JsonRecordsFile(TableFile):
         try:
             return pa.array(values, type=kind)
         except (pa.ArrowException, TypeError, ValueError) as exc:
+            at = _first_unconvertible(values, kind)
+            odd = _odd_value(values[at]) if pa.types.is_list(kind) else None
             raise InputError(
-                f"cannot be read as {kind} ({str(exc).splitlines()[0][:120]})",
+                f"holds {odd}, expected a list of numbers (one per token)"
+                if odd is not None
+                else f"cannot be read as {kind} ({str(exc).splitlines()[0][:120]})",
                 path=self.path,
-                row=first_row + _first_unconvertible(values, kind),
+                row=first_row + at,
                 column=name,
             ) from None
 
@@ -187,12 +233,81 @@ def _converts(values: list, kind: pa.DataType) -> bool:
     return True
 
 
+STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+"""A JSON string (its brackets are no nesting)."""
+DEPTH_BLOCK = 1 << 20
+"""Characters measured at a time: a 256M-character line is measured in bounded memory."""
+STEPS = np.zeros(128, dtype=np.int8)
+STEPS[[ord("["), ord("{")]] = 1
+STEPS[[ord("]"), ord("}")]] = -1
+
+
+class _DuplicateKeyError(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict:
+    """``json.loads``' object hook: a dict, refusing a key that appears twice (json keeps the last silently)."""
+    record = dict(pairs)
+    if len(record) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKeyError(key)
+            seen.add(key)
+    return record
+
+
+def depth(line: str) -> int:
+    """How deep ``line``'s arrays and objects nest (brackets inside strings not counted): counted by numpy in
+    blocks, and only when the line holds more opening brackets than ``MAX_JSON_DEPTH`` (else it cannot be deeper)."""
+    opening = line.count("[") + line.count("{")
+    if opening <= MAX_JSON_DEPTH:
+        return opening
+    text = STRING.sub('""', line) if '"' in line else line
+    deepest = level = 0
+    for start in range(0, len(text), DEPTH_BLOCK):
+        codes = np.frombuffer(text[start : start + DEPTH_BLOCK].encode("ascii", "replace"), dtype=np.uint8)
+        levels = level + np.cumsum(STEPS[codes], dtype=np.int64)  # one byte per character, all below 128
+        if levels.size:
+            deepest, level = max(deepest, int(levels.max())), int(levels[-1])
+    return deepest
+
+
 def _parse(line: str, path: str, row: int) -> dict:
+    deep = depth(line)
+    if deep > MAX_JSON_DEPTH:
+        raise InputError(
+            f"nests arrays or objects {deep:,} deep, beyond rcdiag's limit of {MAX_JSON_DEPTH} (a dump's "
+            "values nest a few levels: a list of numbers, a batch of one)",
+            path=path,
+            row=row,
+        )
     try:
-        record = json.loads(line)
+        record = json.loads(line, object_pairs_hook=_object)
     except json.JSONDecodeError as exc:
         raise InputError(
             f"is not valid JSON ({exc.msg} at column {exc.colno}); is the file complete?", path=path, row=row
+        ) from None
+    except _DuplicateKeyError as exc:
+        raise InputError(
+            "appears twice in one object of this record; rcdiag cannot tell which value to read: keep one",
+            path=path,
+            row=row,
+            column=exc.key,
+        ) from None
+    except ValueError:  # Python's bound on integer digits (sys.get_int_max_str_digits)
+        raise InputError(
+            f"holds an integer of more than {sys.get_int_max_str_digits():,} digits, beyond what Python reads "
+            "(a dump's numbers are log-probs, masks, ids, steps)",
+            path=path,
+            row=row,
+        ) from None
+    except RecursionError:  # not reached within MAX_JSON_DEPTH; kept so the parser's own bound is never a crash
+        raise InputError(
+            f"nests arrays or objects beyond rcdiag's limit of {MAX_JSON_DEPTH}", path=path, row=row
         ) from None
     if not isinstance(record, dict):
         raise InputError(f"is a JSON {type(record).__name__}, expected an object per line", path=path, row=row)

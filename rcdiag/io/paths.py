@@ -368,15 +368,16 @@ def open_input(path: str | FilePath) -> IO[bytes] | Any:
     return open(text, "rb")
 
 
-def arrow_input(path: str, *, memory_map: bool = False) -> Any:
-    """A pyarrow file to read Arrow data from: a local file (memory-mapped when asked) or an object in storage."""
+def arrow_input(path: str) -> Any:
+    """A pyarrow file to read Arrow data from: a local file or an object in storage. Never a memory map: a mapped
+    file truncated while it is read kills the process with SIGBUS; a read past its end is an error."""
     import pyarrow as pa
 
     text = storage.local_path(path)
     if storage.is_remote(text):
         return storage.open_input(storage.parse(text))
     regular_file(text)
-    return pa.memory_map(text) if memory_map else pa.OSFile(text)
+    return pa.OSFile(text)
 
 
 REMOTE_OPENERS = 16

@@ -43,8 +43,12 @@ class InputFormat:
     keeps_open: bool = False
 
     def open(self, path: str | FilePath, columns: ColumnMap | None) -> TableFile:
-        """The format's ``TableFile`` for ``path`` (text in a worker's ``Part``)."""
-        return _load(self.opener)(path, columns)
+        """The format's ``TableFile`` for ``path`` (text in a worker's ``Part``); memory it cannot have is an
+        error naming the file."""
+        from rcdiag.io.limits import memory_named
+
+        with memory_named(str(path)):
+            return _load(self.opener)(path, columns)
 
     def accepts(self, path: FilePath) -> bool:
         """Whether this format reads ``path`` (once its suffix or magic matched)."""

@@ -17,13 +17,13 @@ import fnmatch
 import functools
 import inspect
 import io
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import unquote, urlsplit
 
+from rcdiag.environment import Variable, positive_seconds
 from rcdiag.errors import InputError
 
 SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -46,16 +46,7 @@ class Timeout:
 
     def seconds(self) -> float:
         """The bound in force: the variable's value when set (a positive number), else the default."""
-        text = os.environ.get(self.env, "").strip()
-        if not text:
-            return self.default
-        try:
-            value = float(text)
-        except ValueError:
-            value = -1.0
-        if not 0 < value < float("inf"):
-            raise InputError(f"must be a positive number of seconds, not {text!r}", path=self.env)
-        return value
+        return Variable(self.env, "a positive number of seconds", positive_seconds).value(self.default)
 
 
 CONNECT_TIMEOUT = Timeout("RCDIAG_STORAGE_CONNECT_TIMEOUT", 10.0, "S3: seconds to open a connection")

@@ -16,6 +16,7 @@ from rcdiag.errors import InputError
 from rcdiag.io.arrow_lists import is_list_type
 from rcdiag.io.base import DEFAULT_CHUNK_TOKENS, Chunk, Part, Source, SourceInfo, balanced_runs
 from rcdiag.io.integrity import check_batch
+from rcdiag.io.limits import memory_named
 from rcdiag.io.long import group_sequences
 from rcdiag.io.paths import identity, map_files
 from rcdiag.io.record_batches import Batch
@@ -104,9 +105,10 @@ class TableSource(Source):
         if part is not None and len(self.files) > 1:
             raise ValueError("a part within a file applies to a single-file source")
         for file in self.files:
-            for batch in file.batches(chunk_tokens, file.read_columns() + list(file.metadata_columns), part):
-                check_batch(batch)  # before any kernel or pyarrow compute function reads it
-                yield batch
+            with memory_named(file.path):
+                for batch in file.batches(chunk_tokens, file.read_columns() + list(file.metadata_columns), part):
+                    check_batch(batch)  # before any kernel or pyarrow compute function reads it
+                    yield batch
 
     def _with_metadata(self, batches: Iterator[Batch]) -> Iterator[Batch]:
         for batch in batches:

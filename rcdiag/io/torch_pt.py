@@ -11,8 +11,11 @@ numbers, never code to run. Recognised structures:
   ``rollout_id``.
 
 A ``.pt`` is a zip archive: its members' sizes are checked against ``rcdiag.io.limits`` before torch reads them
-(torch itself checks each storage against its record). Tensors are read as numpy: float8 and half types become
-float32; a sparse, quantized or meta tensor (no plain values to read) is refused by name.
+(torch itself checks each storage against its record). A tensor's size is then its shape's, never its storage's:
+an expanded (stride-0) tensor of one stored value may declare 10^12 x 8 values, which reading it as an array
+allocates, so the shapes' sizes together are held to ``TENSOR_BYTES`` before any tensor is converted. Tensors are
+read as numpy: float8 and half types become float32; a sparse, quantized or meta tensor (no plain values to read)
+is refused by name.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import numpy as np
 from rcdiag.errors import InputError
 from rcdiag.io.archives import check_members
 from rcdiag.io.base import ColumnMap
+from rcdiag.io.limits import TENSOR_BYTES
 from rcdiag.io.paths import open_input
 from rcdiag.io.tensors import TensorFile
 
@@ -63,6 +67,24 @@ def _numpy(value: Any, key: str, path: str) -> Any:
     return value
 
 
+def declared_bytes(obj: Any) -> int:
+    """The bytes the tensors in ``obj`` (dicts, lists and tuples walked) take once read as arrays: each tensor's
+    number of elements (its shape, whatever its storage holds) times the item size it is read as (float types
+    other than float64 become float32); a tensor under two keys is read, and counted, twice."""
+    import torch
+
+    total, pending, seen = 0, [obj], set()
+    while pending:
+        value = pending.pop()
+        if isinstance(value, torch.Tensor):
+            floating = value.is_floating_point() and value.dtype != torch.float64
+            total += value.numel() * (4 if floating else value.element_size())
+        elif isinstance(value, (dict, list, tuple)) and id(value) not in seen:  # a list may hold itself
+            seen.add(id(value))
+            pending.extend(value.values() if isinstance(value, dict) else value)
+    return total
+
+
 def load_pt(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(arrays, file-level scalars)`` of a ``.pt`` dump, loaded without running code."""
     try:
@@ -93,6 +115,7 @@ def load_pt(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
         ) from None
     except (RuntimeError, OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:
         raise InputError(f"cannot be read as a PyTorch file ({str(exc)[:160]}); is it complete?", path=path) from None
+    TENSOR_BYTES.check(declared_bytes(obj), path, "the decoded size of its tensors (their shapes' sizes)")
     if not isinstance(obj, dict):
         raise InputError(
             f"holds a {type(obj).__name__}, expected a dict of tensors (e.g. old_log_probs, rollout_log_probs, "

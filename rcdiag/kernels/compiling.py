@@ -7,15 +7,26 @@ kernel module."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from numba.core import event
 
+from rcdiag.errors import SettingError
+from rcdiag.notices import COMPILE_NOTICE
+
 COMPILING = "compiling kernels (first run on this machine only)..."
 """The notice's text (the CLI prints it as ``rcdiag: compiling kernels ...`` on stderr)."""
-SWITCH = "RCDIAG_COMPILE_NOTICE"
-"""Set to ``0`` to leave the notice out."""
+SWITCH = COMPILE_NOTICE.name
+"""Set to ``0`` to leave the notice out (``rcdiag.notices.COMPILE_NOTICE``)."""
+
+
+def _wanted() -> bool:
+    """Whether to say so: a value the variable does not take is refused when the dump is opened
+    (``rcdiag.io.limits.check_environment``); inside numba's compile event it only leaves the notice on."""
+    try:
+        return COMPILE_NOTICE.value(True)
+    except SettingError:
+        return True
 
 
 class _FirstCompile(event.Listener):
@@ -24,7 +35,7 @@ class _FirstCompile(event.Listener):
     said = False
 
     def on_start(self, ev: Any) -> None:
-        if _FirstCompile.said or os.environ.get(SWITCH, "1") == "0":
+        if _FirstCompile.said or not _wanted():
             return
         dispatcher = (ev.data or {}).get("dispatcher")
         module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""

@@ -15,12 +15,11 @@ in memory, a file without a known size) takes the kernels. This module imports n
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 
 import numpy as np
 
-from rcdiag.errors import ConfigError
+from rcdiag.environment import Variable, whole_number
 
 SMALL_DUMP_BYTES = 32 << 20
 """Dumps whose files hold fewer bytes take the numpy path: 32 MiB, about 3.5M tokens of zstd Parquet (8.8 bytes a
@@ -37,14 +36,12 @@ SWITCH = "RCDIAG_SMALL_DUMP_BYTES"
 numpy path for every dump of known size."""
 
 
+SMALL_DUMP = Variable(SWITCH, "a whole number of bytes", whole_number)
+
+
 def small_dump_bytes() -> int:
     """The threshold in force (the variable is read at each use, so a test or a wrapper can set it)."""
-    text = os.environ.get(SWITCH, "").strip().replace("_", "")
-    if not text:
-        return SMALL_DUMP_BYTES
-    if not text.isdigit():
-        raise ConfigError(f"{SWITCH}={os.environ[SWITCH]!r} is not a whole number of bytes.")
-    return int(text)
+    return SMALL_DUMP.value(SMALL_DUMP_BYTES)
 
 
 def compiled_for(sizes: Iterable[int | None]) -> bool:
