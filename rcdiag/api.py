@@ -37,7 +37,7 @@ from rcdiag.io import Chunk, open_dump, prefetch
 from rcdiag.io.base import SourceInfo
 from rcdiag.io.columns import ALIASES
 from rcdiag.options import ReadOptions
-from rcdiag.outputs import refuse_inputs
+from rcdiag.outputs import ledger, reads, refuse_inputs, writes
 from rcdiag.parallel import (
     RAY_MAX_PARTS,
     Job,
@@ -47,6 +47,7 @@ from rcdiag.parallel import (
     in_processes,
     merge_parts,
     on_ray,
+    too_many_workers,
 )
 from rcdiag.prescribe import effect_of
 from rcdiag.report import ExplainReport, InputFacts, MicroBatchReport, Report, StepReport
@@ -128,10 +129,13 @@ def analyze(
         >>> report = analyze("sample_data/healthy.parquet", preset("decoupled_geo_rs"))  # doctest: +SKIP
         >>> report.metrics["rollout_corr/kl"]  # doctest: +SKIP
     """
-    vocabulary = load_vocabulary(tokenizer)
-    if tokens is not None:
-        check_tokens_target(tokens)
-        refuse_inputs([("tokens", tokens)], [path])
+    with ledger():  # every output against every input, the tokenizer's file included, before any is read
+        if tokens is not None:
+            check_tokens_target(tokens)
+        for name, output in (("save_state", save_state), ("sequences", sequences), ("tokens", tokens)):
+            writes(output, name)
+        reads(path)
+        vocabulary = load_vocabulary(tokenizer)
     wanted = ExplainOptions.of(explain or tokenizer is not None or tokens is not None, worst, sequences)
     collector = None
     if microbatch is not None:
@@ -245,16 +249,19 @@ def accumulate(
     source = open_dump(path, read.columns)
     backend = _for_size(backend, read.device, source.info)
     source.want_tokens(explain is not None)
-    if need_tokens and "token_ids" not in source.info.columns:
+    if need_tokens and source.info.columns.get("token_ids") is None:
         raise InputError(
             f"has no column of token ids (looked for {', '.join(repr(n) for n in TOKEN_ALIASES[:4])}, ...); --tokens "
             "needs one: name it with --token-col NAME",
             path=str(path),
         )
-    if read.workers == "auto":  # processes only on CPU, and never for micro-batches (rows in order, one process)
+    asked = read.workers
+    if asked == "auto":  # processes only on CPU, and never for micro-batches (rows in order, one process)
         cpu = isinstance(backend, NumpyBackend) and collector is None
         read = read.replace(workers=choose_workers(source) if cpu else 1)
     parts = source.partitions(RAY_MAX_PARTS if read.ray else cast(int, read.workers))  # "auto" is a number now
+    if asked != "auto" and not read.ray and len(parts) > 1:
+        _say_once(too_many_workers(parts, cast(int, asked)))
     scratch = temporary_directory(explain.sequences) if explain is not None and explain.sequences else None
     try:
         if read.ray or len(parts) > 1:
@@ -297,6 +304,17 @@ def accumulate(
 
 
 TOKEN_ALIASES = ALIASES["token"]
+_SAID: set[str] = set()
+"""Notes this process has given already (``_say_once``): a watch reads each file with its own ``accumulate``."""
+
+
+def _say_once(note: str | None) -> None:
+    """``note`` as a notice, the first time this process meets it."""
+    if note is not None and note not in _SAID:
+        from rcdiag.notices import notify
+
+        _SAID.add(note)
+        notify(note)
 
 
 def _part_offsets(scratch: Path, state: StepStates[Any]) -> list[tuple[Path, int]]:
@@ -309,10 +327,11 @@ def _part_offsets(scratch: Path, state: StepStates[Any]) -> list[tuple[Path, int
 def merge_states(paths: list[str | Path], *, tokenizer: str | Path | None = None) -> Report:
     """The report of one run over every shard whose state files are given (``analyze --save-state``);
     ``tokenizer`` gives the token ids' text (``analyze(tokenizer=...)``)."""
-    from rcdiag.state import combined_info, merge_state_files
+    from rcdiag.state import STATE_INPUT, combined_info, merge_state_files
 
+    reads(*paths, what=STATE_INPUT)  # the command line's outputs are refused over them before the tokenizer is read
     vocabulary = load_vocabulary(tokenizer)
-    state, sources, stats = merge_state_files(paths)
+    state, sources, stats = merge_state_files(paths, "analyze")
     return build_report(analyze_state(state), combined_info(sources), "merged", stats, vocabulary=vocabulary)
 
 

@@ -253,6 +253,38 @@ def parse_rs_thresholds(
     }
 
 
+class ThresholdError(ConfigError):
+    """A threshold verl refuses: the message is verl's own text (``resolve`` raises what verl raises), and
+    ``forms`` the forms it accepts, which the command line appends (``rcdiag.cli.engine_config``)."""
+
+    def __init__(self, message: str, forms: str) -> None:
+        super().__init__(message)
+        self.forms = forms
+
+
+IS_FORMS = (
+    "An IS threshold is U (TIS: weights truncated at U, e.g. 2.0) or L_U (IcePop: weights outside [L, U] zeroed, "
+    "e.g. 0.5_5.0)."
+)
+"""The accepted forms of ``rollout_is_threshold``: the ``forms`` of each of its errors."""
+K1_FORMS = "U (the ratio band [1/U, U], e.g. 2.0) or L_U (e.g. 0.5_2.0)"
+UPPER_FORMS = "an upper bound U (e.g. 0.01; no '_')"
+
+
+def rs_forms(options: object) -> str:
+    """The accepted forms of ``rollout_rs_threshold`` for ``options`` (a list, or verl's comma-separated text; any
+    other value: every form): the ``forms`` of each of its errors."""
+    try:
+        names = parse_rs_options(options) if not isinstance(options, list) else options
+    except ConfigError:
+        names = list(RS_OPTIONS)
+    k1 = [name for name in names if name.endswith("k1")]
+    upper = [name for name in names if not name.endswith("k1")]
+    forms = [f"{', '.join(group)}: {text}" for group, text in ((k1, K1_FORMS), (upper, UPPER_FORMS)) if group]
+    each = "; one threshold for every option, or one per option separated by commas" if len(names) > 1 else ""
+    return f"An RS threshold for {'; for '.join(forms)}{each}."
+
+
 def _band_hint(options: list[str], spec: Any) -> str:
     """For ``0.5,2.0`` or ``[0.5, 2.0]`` meant as one k1 band: how a band is written."""
     if not isinstance(spec, str) or not any(option.endswith("k1") for option in options):
@@ -319,16 +351,20 @@ def _resolve(config: CorrectionConfig) -> ResolvedConfig:
     if config.rollout_is is not None and config.rollout_is_threshold is not None:
         if config.rollout_is not in IS_LEVELS:
             raise ConfigError(f"Invalid rollout_is: {config.rollout_is}. Must be one of {{'token', 'sequence'}}.")
-        upper, lower = parse_is_threshold(config.rollout_is_threshold)
+        try:
+            upper, lower = parse_is_threshold(config.rollout_is_threshold)
+        except ConfigError as exc:
+            raise ThresholdError(str(exc), IS_FORMS) from None
         if lower is not None:
             needs(version, "icepop", f"rollout_is_threshold '{config.rollout_is_threshold}' (IcePop, lower_upper)")
         is_spec = ISSpec(config.rollout_is, upper, lower, bool(config.rollout_is_batch_normalize))
     rs_options: list[RSOption] = []
     if config.rollout_rs is not None:
         if config.rollout_rs_threshold is None:
-            raise ConfigError(
+            raise ThresholdError(
                 "rollout_rs_threshold must be explicitly provided when rollout_rs is enabled. "
-                "Set rollout_rs_threshold to the desired threshold value."
+                "Set rollout_rs_threshold to the desired threshold value.",
+                rs_forms(config.rollout_rs),
             )
         names = parse_rs_options(config.rollout_rs)
         try:
@@ -337,9 +373,7 @@ def _resolve(config: CorrectionConfig) -> ResolvedConfig:
             )
         except ConfigError as exc:
             hint = _band_hint(names, config.rollout_rs_threshold)
-            if not hint:
-                raise
-            raise ConfigError(f"{exc}{hint}") from None
+            raise ConfigError(f"{exc}{hint}") if hint else ThresholdError(str(exc), rs_forms(names)) from None
         for name in names:
             agg, estimator = name.rsplit("_", 1)
             lower, upper = bounds[name]

@@ -103,6 +103,8 @@ class StepBatch(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
+    def counts_contradiction(self) -> str | None: ...
+
 
 B = TypeVar("B", bound=StepBatch)
 S = TypeVar("S", bound="StepStates[Any]")
@@ -152,6 +154,24 @@ class StepStates(Generic[B]):
         self.tokens += other.tokens
         self.valid_tokens += other.valid_tokens
         return self
+
+    def counts_contradiction(self) -> str | None:
+        """Where this state's counts contradict each other, else ``None``: what ``_update`` adds to the state's
+        ``rows`` and ``valid_tokens`` it adds to one step's batch (their sums agree), a valid token is a token
+        (``valid_tokens <= tokens``), and each batch's own counts agree (``GroupedBatch.counts_contradiction``).
+        A state file read back is checked with it (``rcdiag.state``), so an edited or damaged one is refused
+        instead of merged into a report of counts that cannot be."""
+        if self.valid_tokens > self.tokens:
+            return f"valid_tokens is {self.valid_tokens} but tokens is {self.tokens}"
+        for name in ("rows", "valid_tokens"):
+            total, summed = getattr(self, name), sum(getattr(batch, name) for batch in self.batches.values())
+            if total != summed:
+                return f"{name} is {total} but its steps' batches hold {summed}"
+        for step, batch in self.batches.items():
+            found = batch.counts_contradiction()
+            if found is not None:
+                return f"{'the batch' if step is None else f'step {step}'}: {found}"
+        return None
 
     def pooled(self) -> B:
         """Every step merged into one batch (the all-steps view)."""

@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
+UINT64_MAX = 2**64 - 1
+STEP_RANGE = (INT64_MIN, UINT64_MAX)
+"""A training step is any value of an integer column (int8 to int64, uint8 to uint64): kept exact as a Python int
+from the reader to the report and in state files, so its range is the union of int64's and uint64's."""
 
 
 class FieldError(ValueError):
@@ -47,11 +51,11 @@ def integer(value: Any, field: str, *, low: int = 0, high: int = INT64_MAX) -> i
 
 
 def step(value: Any, field: str = "step") -> int | None:
-    """A training step: ``None`` or an int64."""
+    """A training step: ``None`` or an integer of an int64 or uint64 column (``STEP_RANGE``)."""
     if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int) or not INT64_MIN <= value <= INT64_MAX
+        isinstance(value, bool) or not isinstance(value, int) or not STEP_RANGE[0] <= value <= STEP_RANGE[1]
     ):
-        raise _fail(field, "a step (an int64 integer, or null)", value)
+        raise _fail(field, "a step (an integer in int64's or uint64's range, or null)", value)
     return value
 
 
@@ -101,7 +105,8 @@ def counts(value: Any, field: str, shape: tuple[int, ...] | None = None) -> np.n
 
 def checked(value: Any, annotation: Any, field: str, *, signed: bool = False) -> Any:
     """``value`` if it fits ``annotation`` (str, int, float, bool, None, unions, ``dict[K, V]``, ``list[T]``,
-    ``Any``), else a ``FieldError``; an int is a count unless ``signed``."""
+    ``Any``), else a ``FieldError``; an int is a count unless ``signed`` (then any value a step may take,
+    ``STEP_RANGE``: steps are the signed fields of saved records)."""
     origin = typing.get_origin(annotation)
     if annotation is Any:
         return value
@@ -137,7 +142,7 @@ def checked(value: Any, annotation: Any, field: str, *, signed: bool = False) ->
             raise _fail(field, "true or false", value)
         return value
     if annotation is int:
-        return integer(value, field, low=INT64_MIN if signed else 0)
+        return integer(value, field, low=STEP_RANGE[0], high=STEP_RANGE[1]) if signed else integer(value, field)
     if annotation is float:
         return real(value, field)
     if annotation is str:

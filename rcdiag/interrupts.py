@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from rcdiag.errors import ExitCode
 
@@ -111,6 +111,24 @@ def received() -> int | None:
 
 def exit_code(signum: int) -> ExitCode:
     return EXIT_CODES.get(signal.Signals(signum), ExitCode.ABORTED)
+
+
+def end_process(code: int) -> NoReturn:
+    """End an aborted program now, with ``code``: the exit handlers run (Ray's shutdown, multiprocessing's, the
+    CLI's) and stdout and stderr are flushed, but the process waits neither for a thread still blocked in a read
+    nor for the interpreter to tear its modules down (most of a second with numba and pyarrow loaded, more on a
+    busy machine), so a signal ends any command within a second. The CLI calls it for the program itself (``python
+    -m rcdiag``, the ``rcdiag`` script), never in a process that goes on."""
+    import atexit
+    import contextlib
+    import os
+
+    atexit._run_exitfuncs()
+    with contextlib.suppress(OSError, ValueError):  # a closed or full stream: nothing more can be said
+        sys.stdout.flush()
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def ignore_in_worker() -> None:

@@ -182,6 +182,11 @@ def choose_workers(source: Source, cpus: int | None = None) -> int:
     if most < 2:
         return 1
     parts = source.partitions(most)
+    return auto_workers(dump_bytes(parts), len(parts), cpus)
+
+
+def dump_bytes(parts: list[Part]) -> int:
+    """The size of the parts' files, each once (unknown: ``MIN_BYTES_PER_WORKER``)."""
     sizes: dict[str, int] = {}
     for part in parts:
         for _, where in part.files:
@@ -190,7 +195,34 @@ def choose_workers(source: Source, cpus: int | None = None) -> int:
                     sizes[where] = os.path.getsize(where)
                 except (OSError, ValueError):
                     sizes[where] = MIN_BYTES_PER_WORKER
-    return auto_workers(sum(sizes.values()), len(parts), cpus)
+    return sum(sizes.values())
+
+
+def too_many_workers(parts: list[Part], asked: int, cpus: int | None = None) -> str | None:
+    """Why ``len(parts)`` processes (``--workers asked``, split into these parts) are more than help, by the rule
+    ``--workers auto`` follows (``auto_workers``); ``None`` when they are not. The run still starts them: the
+    number was the user's choice, this only says it may cost time."""
+    cpus = usable_cpus() if cpus is None else cpus
+    started = len(parts)
+    size = dump_bytes(parts)
+    helpful = auto_workers(size, started, cpus)
+    if started <= helpful:
+        return None
+    reasons = []
+    if cpus // CPUS_PER_PROCESS < started:
+        reasons.append(
+            f"{cpus} core(s) here keep {max(1, cpus // CPUS_PER_PROCESS)} process(es) busy (each decodes on "
+            f"{CPUS_PER_PROCESS} threads while it computes)"
+        )
+    if size // MIN_BYTES_PER_WORKER < started:
+        reasons.append(
+            f"the dump's {size / 2**20:.3g} MiB give each worker less than {MIN_BYTES_PER_WORKER >> 20} MiB to "
+            "pay for its start (a fresh interpreter and the kernels, about 0.5-0.7 s)"
+        )
+    return (
+        f"note: --workers {asked} starts {started} processes, more than help: {'; and '.join(reasons)}; "
+        f"`--workers auto` would use {helpful}, which is likely faster (docs/scale-out.md)"
+    )
 
 
 def in_processes(

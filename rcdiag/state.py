@@ -45,6 +45,10 @@ MAX_INT_DIGITS = 20
 _THRESHOLDS = ("rollout_is_threshold", "rollout_rs_threshold")
 
 
+STATE_INPUT = "the state file {source}"
+"""How a refused output names a state file it would write over (rcdiag.outputs.Ledger)."""
+
+
 def state_layout(whole_dump: Iterable[str] = ()) -> str:
     """The one version of every state file kind: a short hash of every accumulator's declared states and of the
     constants the sweep state and the state's whole-dump accumulators (``whole_dump``: their keys, such as
@@ -102,13 +106,16 @@ def save_state(
     write_file(text, json.dumps(payload).encode(), mode=STATE_MODE)  # whole or not at all, owner-only
 
 
-def load_state(path: str | Path) -> tuple[StepStates[Any], list[SourceInfo], ScreenStats]:
-    """Read a state file; any problem is an ``InputError`` naming the file (and the field at fault)."""
-    state, sources, screen, _ = _load(str(path))
+def load_state(path: str | Path, kind: str | None = None) -> tuple[StepStates[Any], list[SourceInfo], ScreenStats]:
+    """Read a state file; any problem is an ``InputError`` naming the file (and the field at fault). ``kind``
+    (``"analyze"``, ``"sweep"``): the kind the caller reads; a state of another kind is refused naming both."""
+    state, sources, screen, _ = _load(str(path), kind)
     return state, sources, screen
 
 
-def _load(name: str) -> tuple[StepStates[Any], list[SourceInfo], ScreenStats, StateIdentity]:
+def _load(
+    name: str, expected: str | None = None
+) -> tuple[StepStates[Any], list[SourceInfo], ScreenStats, StateIdentity]:
     data, identity = read_state_bytes(name)
     payload = parse_state_json(data, name)
     if not isinstance(payload, dict) or payload.get("format") != STATE_FORMAT:
@@ -138,9 +145,11 @@ def _load(name: str) -> tuple[StepStates[Any], list[SourceInfo], ScreenStats, St
         kind = payload.get("kind", "analyze")
         if kind not in STATE_KINDS:
             raise FieldError(f"kind must be one of {', '.join(STATE_KINDS)}, got {shown(kind)}")
+        table = _table(payload, "state")
+        _check_kind(name, kind, table)
         config = dataclass_from(CorrectionConfig, payload.get("config"), "config.", signed=_THRESHOLDS)
         resolved = config.resolve()
-        state = _state_class(kind).from_state_dict(resolved, _decode(_table(payload, "state")))
+        state = _state_class(kind).from_state_dict(resolved, _decode(table))
         infos = payload.get("sources")
         if not isinstance(infos, list):
             raise FieldError(f"sources must be a list, got {shown(infos)}")
@@ -150,7 +159,32 @@ def _load(name: str) -> tuple[StepStates[Any], list[SourceInfo], ScreenStats, St
         raise InputError(f"holds a field that does not fit: {exc}", path=name) from None
     except (KeyError, IndexError, AttributeError, TypeError, ValueError) as exc:  # a shape the layout lacks
         raise InputError(f"holds a damaged state ({type(exc).__name__}: {exc})", path=name) from None
+    if expected is not None and kind != expected:  # after the fields: a damaged state says what is damaged
+        raise InputError(
+            f"is {_a(kind)} state (written by 'rcdiag {kind} --save-state') where {_a(expected)} state is expected: "
+            f"give states of 'rcdiag {expected} --save-state'",
+            path=name,
+        )
+    contradiction = state.counts_contradiction()
+    if contradiction is not None:
+        raise InputError(
+            f"holds counts that contradict each other: {contradiction} (a damaged or edited state; write it again "
+            f"with 'rcdiag {kind} ... --save-state')",
+            path=name,
+        )
     return state, sources, screen, identity
+
+
+def _check_kind(name: str, kind: str, table: dict[str, Any]) -> None:
+    """The state's declared ``kind`` must be the one its contents are (a sweep's state holds its ``grid``, an
+    analyze state none): else it is refused naming both kinds, before its contents are read as the other's."""
+    held = "sweep" if "grid" in table else "analyze"
+    if held != kind:
+        raise InputError(
+            f"says it is {_a(kind)} state (kind {kind!r}) but holds {_a(held)} state (written by 'rcdiag {held} "
+            "--save-state'); it was edited or damaged: write it again",
+            path=name,
+        )
 
 
 def _table(payload: dict[str, Any], key: str) -> dict[str, Any]:
@@ -247,10 +281,13 @@ def state_kind_of(state: StepStates[Any]) -> str:
 def state_kind(path: str | Path) -> str:
     """The kind of a state file (a path or URL), without loading its state (``"analyze"`` for files without one;
     a directory, prefix or glob: its first state file's)."""
+    import warnings
+
     from rcdiag.io.paths import state_files
 
     try:
-        first = state_files(str(path))[0]
+        with warnings.catch_warnings(record=True):  # what the listing leaves out is said once, by the merge
+            first = state_files(str(path))[0]
         payload = parse_state_json(read_state_bytes(first)[0], first)
     except InputError:
         return "analyze"  # load_state gives the precise error
@@ -265,20 +302,31 @@ def _state_class(kind: str) -> type[StepStates[Any]]:
     return EngineState
 
 
-def merge_state_files(paths: list[str | Path]) -> tuple[StepStates[Any], list[SourceInfo], ScreenStats]:
-    """Load and merge state files; they must compute the same metrics."""
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
+
+
+def merge_state_files(
+    paths: list[str | Path], kind: str | None = None
+) -> tuple[StepStates[Any], list[SourceInfo], ScreenStats]:
+    """Load and merge state files; they must compute the same metrics. ``kind``: the kind of state the caller
+    merges (each file of another kind is refused naming both); ``None``: the first file's."""
     from rcdiag.io.paths import state_files
+    from rcdiag.outputs import reads
+
+    reads(*paths, what=STATE_INPUT)  # the run's inputs before one is read (rcdiag.outputs.Ledger)
 
     paths = [file for path in paths for file in state_files(str(path))]
     if not paths:
         raise ConfigError("no state files to merge")
-    merged, sources, screen, identity = _load(str(paths[0]))
+    merged, sources, screen, identity = _load(str(paths[0]), kind)
+    kind = state_kind_of(merged)
     seen: dict[tuple, tuple[int, str | Path, Any]] = {}
     _check_not_merged(0, paths[0], sources, seen)
     states: dict[Any, str | Path] = {}
     _check_not_twice(paths[0], identity, states)
     for index, path in enumerate(paths[1:], 1):
-        state, more, more_screen, identity = _load(str(path))
+        state, more, more_screen, identity = _load(str(path), kind)
         _check_not_merged(index, path, more, seen)  # first: it names the dump read twice
         _check_not_twice(path, identity, states)
         if not merged.resolved.same_computation(state.resolved):
@@ -286,9 +334,6 @@ def merge_state_files(paths: list[str | Path]) -> tuple[StepStates[Any], list[So
                 f"{path} was computed with a different configuration ({_describe(state.resolved.config)}) than "
                 f"{paths[0]} ({_describe(merged.resolved.config)}); states merge only under the same configuration"
             )
-        if state_kind_of(state) != state_kind_of(merged):
-            kinds = state_kind_of(state), state_kind_of(merged)
-            raise ConfigError(f"{path} holds a {kinds[0]} state and {paths[0]} a {kinds[1]} one; they do not merge")
         if (merged.explain is None) != (state.explain is None):
             raise ConfigError(
                 f"{path} was {'' if state.explain is not None else 'not '}analysed with --explain but {paths[0]} "

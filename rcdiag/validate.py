@@ -18,6 +18,7 @@ import numpy as np
 
 from rcdiag.errors import InputError
 from rcdiag.io.base import Chunk
+from rcdiag.io.record_batches import exact_steps
 from rcdiag.ragged import take_rows
 
 POSITIVE_TOLERANCE = 1e-3
@@ -210,12 +211,15 @@ def raise_for_bad_rows(first: Problem | None, stats: ScreenStats) -> None:
     breakdown = ", ".join(f"{k} {v}" for k, v in stats.skipped_by_reason.items() if v)
     if first is not None:
         at = f" at valid position {first.position} of the response" if first.position is not None else ""
-        raise InputError(
-            f"holds {first.what}{at}; {stats.skipped_rows} row(s) of the dump are bad ({breakdown}); fix the dump, "
-            "or pass --on-bad-row skip to leave those rows out",
-            column=first.column,
-            **first.where,
+        # skipping is advised only when it leaves rows to analyse: with every row bad it would be refused below
+        remedy = (
+            f"every row of the dump is bad ({stats.skipped_rows} rows: {breakdown}), so skipping bad rows would "
+            "leave nothing to analyze; fix the dump"
+            if stats.skipped_rows == stats.rows_read
+            else f"{stats.skipped_rows} row(s) of the dump are bad ({breakdown}); fix the dump, or pass --on-bad-row "
+            "skip to leave those rows out"
         )
+        raise InputError(f"holds {first.what}{at}; {remedy}", column=first.column, **first.where)
     if stats.rows_read and stats.skipped_rows == stats.rows_read:
         raise InputError(f"every row was skipped ({stats.skipped_rows} rows: {breakdown}); there is nothing to analyze")
 
@@ -342,7 +346,7 @@ def as_chunk(chunk: Chunk, index: int | None = None) -> Chunk:
         steps = _array(steps, "steps", where)
         if steps.shape != (offsets.shape[0] - 1,) or steps.dtype.kind not in "iu":
             raise InputError("has 'steps' that are not one integer per row", path=where)
-        steps = steps.astype(np.int64, copy=False)
+        steps = exact_steps(steps)
     return dataclasses.replace(
         chunk,
         old=old.astype(np.float32, copy=False),

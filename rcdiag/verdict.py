@@ -92,11 +92,14 @@ DETECTORS = {
     "sampling_truncation": "top-k/top-p renormalised on one side",
     "position_drift": "mismatch growing along the response",
     "mismatch_trend": "mismatch growing across steps",
-    "token_specific": "mismatch on a few token ids (needs token ids in the dump)",
+    "token_specific": "mismatch on a few token ids",
 }
 """``--explain``'s detectors and what each tests: without ``--explain`` the verdict says they were not examined."""
 DEFAULT_DETECTORS = ("mismatch_trend",)
 """Detectors every analyze runs (they read only the per-step metrics), so never "not examined"."""
+NO_TOKEN_IDS = "mismatch on a few token ids (it also needs token ids: none found in the dump; --token-col NAME)"
+"""``token_specific`` not examined, on a dump without token ids (``InputFacts.columns["token_ids"]`` is ``None``):
+``--explain`` alone would not test it."""
 CLASS_TEXT: dict[CauseClass, str] = {
     "noise": "precision-like noise, large",
     "temperature": "a temperature applied on one side only",
@@ -107,7 +110,7 @@ CLASS_TEXT: dict[CauseClass, str] = {
     "saturated_is": "the configured IS saturates",
     "swapped_columns": "the log-prob columns look swapped",
     "crash": "verl would crash or reject everything",
-    "token_specific": "tokens one engine gives zero probability",
+    "token_specific": "mismatch on a few token ids (or tokens one engine gives probability 0)",
     "mask": "the mask covers tokens that were not sampled",
     "alignment": "the two columns are shifted by a position",
     "offset": "a constant log-prob offset on one side",
@@ -323,6 +326,8 @@ def _config_steps(findings: tuple[Finding, ...]) -> list[str]:
 def _not_examined(report: Report) -> list[str]:
     """What the verdict could not test: ``--explain``'s detectors when they did not run (never read as a pass)."""
     if report.explain is None:
-        tests = "; ".join(text for code, text in DETECTORS.items() if code not in DEFAULT_DETECTORS)
+        lacks_ids = "token_ids" in report.input.columns and report.input.columns["token_ids"] is None
+        shown = {**DETECTORS, "token_specific": NO_TOKEN_IDS} if lacks_ids else DETECTORS
+        tests = "; ".join(text for code, text in shown.items() if code not in DEFAULT_DETECTORS)
         return [f"not examined without --explain: {tests}. Run `rcdiag analyze PATH --explain` to test for them"]
     return [f"{code} not run: {why.removeprefix('not run: ')}" for code, why in report.explain.not_run.items()]

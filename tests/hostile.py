@@ -40,22 +40,24 @@ def _cap() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
 
 
-def run_capped(*args: str | Path, cwd: Path | None = None, python: tuple[str, ...] = ("-m", "rcdiag")) -> Result:
-    """``python -m rcdiag ARGS`` (or ``python PYTHON ARGS``) under ``MEMORY_CAP`` of address space and
-    ``TIME_CAP`` seconds."""
+def run_capped(
+    *args: str | Path, cwd: Path | None = None, python: tuple[str, ...] = ("-m", "rcdiag"), timeout: float = TIME_CAP
+) -> Result:
+    """``python -m rcdiag ARGS`` (or ``python PYTHON ARGS``) under ``MEMORY_CAP`` of address space and ``timeout``
+    seconds (killed after them: a hang fails the test)."""
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     try:
         done = subprocess.run(
             [sys.executable, *python, *map(str, args)],
             capture_output=True,
             text=True,
-            timeout=TIME_CAP,
+            timeout=timeout,
             preexec_fn=_cap,
             env=env,
             cwd=cwd,
         )
     except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"rcdiag {' '.join(map(str, args))} ran over {TIME_CAP} s") from exc
+        raise AssertionError(f"rcdiag {' '.join(map(str, args))} ran over {timeout} s") from exc
     return Result(done.returncode, done.stdout, done.stderr)
 
 

@@ -199,7 +199,8 @@ def test_column_flags_pick_columns(capsys: pytest.CaptureFixture, tmp_path: Path
     assert code == 0
     data = json.loads(out)
     assert data["input"]["columns"] == {
-        "old_log_prob": "lp_train", "rollout_log_prob": "lp_infer", "response_mask": "m", "step": "it"
+        "old_log_prob": "lp_train", "rollout_log_prob": "lp_infer", "response_mask": "m", "step": "it",
+        "token_ids": None,  # the dump has no token ids (null: an absent optional column)
     }  # fmt: skip
     assert [s["step"] for s in data["steps"]] == [5, 6]
     assert data["metrics"]["rollout_corr/kl"] == pytest.approx((0.1 - 0.1) / 2, abs=1e-6)

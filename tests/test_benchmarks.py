@@ -52,6 +52,11 @@ def _run(tmp_path: Path, script: str, *args: str) -> str:
             ["| numpy path / kernels |", "| break-even"],
         ),
         (
+            "many_steps.py",
+            ("--rows", "200", "--length", "4", "--rounds", "1"),
+            ["| tree | one step | a step per row | many / one | per distinct step |", "| new | "],
+        ),
+        (
             "cli_end_to_end.py",
             ("--tokens", "100k", "--small", "50k", "--rounds", "1"),
             ["| decode / analyze (default) |", "new: CPU", "| peak RSS sweep (default), small -> large |"],

@@ -109,11 +109,11 @@ def test_chunk_tokens_does_not_change_the_report(capsys: pytest.CaptureFixture) 
         (("analyze", HEALTHY, "--bogus"), "rcdiag: error: No such option: --bogus"),
         (
             ("analyze", HEALTHY, "--rs", "token_k1"),
-            "rcdiag: error: rollout_rs_threshold must be explicitly provided",
+            "rcdiag: error: --rs-threshold must be explicitly provided when --rs is enabled",
         ),
         (
             ("analyze", HEALTHY, "--rs", "seq_max_k1", "--rs-threshold", "2"),
-            "rcdiag: error: Invalid rollout_rs option: seq_max_k1.",
+            "rcdiag: error: Invalid --rs option: seq_max_k1.",
         ),
         (
             ("analyze", HEALTHY, "--rs", "token_k1", "--rs-threshold", "0"),
@@ -121,7 +121,7 @@ def test_chunk_tokens_does_not_change_the_report(capsys: pytest.CaptureFixture) 
         ),
         (
             ("analyze", HEALTHY, "--is", "token", "--is-threshold", "5_2"),
-            "rollout_is_threshold lower bound must be <= upper bound.",
+            "--is-threshold lower bound must be <= upper bound.",
         ),
         (
             ("analyze", HEALTHY, "--preset", "decoupled_k1_rs"),
@@ -180,8 +180,8 @@ def test_version_help_and_no_args(capsys: pytest.CaptureFixture) -> None:
     assert code == 0 and "--rs-threshold" in out and "Exit codes" in out
     code, out, _ = run(capsys)
     assert code == 0 and "analyze" in out
-    code, out, _ = run(capsys, "analyze")
-    assert code == 0 and "--rs-threshold" in out
+    code, out, err = run(capsys, "analyze")  # a missing PATH is a usage error (tests/test_new_user_cli.py)
+    assert (code, out, err) == (2, "", "rcdiag: error: Missing argument 'PATH'. (see 'rcdiag analyze --help')\n")
 
 
 def test_module_and_console_script_entry_points(tmp_path: Path) -> None:

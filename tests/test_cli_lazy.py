@@ -18,10 +18,11 @@ EAGER = """
 import sys
 import typer
 import rcdiag.cli as cli
-from rcdiag.cli.commands import COMMANDS, command_function
+from rcdiag.cli.commands import COMMANDS, HELP_NAMES, Command, Group, command_function
 
 eager = typer.Typer(name="rcdiag", help=cli.app.info.help, no_args_is_help=True, rich_markup_mode="markdown",
-                    pretty_exceptions_enable=False, add_completion=False)
+                    pretty_exceptions_enable=False, add_completion=False, cls=Group,
+                    context_settings={"help_option_names": HELP_NAMES})
 
 @eager.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=cli._version, is_eager=True,
@@ -29,13 +30,14 @@ def _root(version: bool = typer.Option(False, "--version", callback=cli._version
     pass
 
 _root.__doc__ = cli._root.__doc__
-for name, no_args in COMMANDS.items():
-    eager.command(no_args_is_help=no_args)(command_function(name))
+for name in COMMANDS:
+    eager.command(cls=Command)(command_function(name))
 typer.main.get_command(eager).main(args=sys.argv[1:], prog_name="rcdiag", standalone_mode=False)
 """
-"""Typer's own rendering of the whole tree, built at once as rcdiag built it before."""
+"""Typer's own rendering of the whole tree, built at once as rcdiag built it before (with rcdiag's help layout:
+``Group`` and ``Command``, and ``-h`` beside ``--help``)."""
 
-HELP_SCREENS = [["--help"], *([name, "--help"] for name in COMMANDS)]
+HELP_SCREENS = [["--help"], ["-h"], *([name, "--help"] for name in COMMANDS), *([name, "-h"] for name in COMMANDS)]
 
 
 def _env(color: bool) -> dict[str, str]:
@@ -67,10 +69,10 @@ def test_help_is_typers_own_rendering_of_the_whole_tree(args: list[str], color: 
 
 
 def test_no_arguments_show_the_help() -> None:
-    for args in ([], ["analyze"], ["watch"]):
-        done = _lazy(args, color=False)
-        assert done.returncode == 0 and done.stderr == ""
-        assert done.stdout.rstrip("\n") == _lazy([*args, "--help"], color=False).stdout.rstrip("\n")
+    """``rcdiag`` alone; a command without its arguments is a usage error (tests/test_new_user_cli.py)."""
+    done = _lazy([], color=False)
+    assert done.returncode == 0 and done.stderr == ""
+    assert done.stdout.rstrip("\n") == _lazy(["--help"], color=False).stdout.rstrip("\n")
 
 
 @pytest.mark.parametrize(

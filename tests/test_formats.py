@@ -90,7 +90,7 @@ def test_padded_lists_with_verl_names(batch: dict, canonical: rcdiag.Report, tmp
     same(report, canonical)
     assert report.input.columns == {
         "old_log_prob": "old_log_probs", "rollout_log_prob": "rollout_log_probs",
-        "response_mask": "response_mask", "step": "global_step",
+        "response_mask": "response_mask", "step": "global_step", "token_ids": None,
     }  # fmt: skip
 
 

@@ -216,11 +216,17 @@ def test_a_rules_file_over_the_limit_is_refused(tmp_path: Path, monkeypatch: Any
         ),
         (
             lambda p: p["state"]["batches"][0].__setitem__(0, 0.5),
-            "state.batches step must be a step (an int64 integer, or null), got 0.5 (float)",
+            "state.batches step must be a step (an integer in int64's or uint64's range, or null), got 0.5 (float)",
         ),
         (
-            lambda p: p["state"]["batches"][0].__setitem__(0, 2**64 - 1),
-            "state.batches step must be a step (an int64 integer, or null), got 18446744073709551615 (int)",
+            lambda p: p["state"]["batches"][0].__setitem__(0, 2**64),
+            "state.batches step must be a step (an integer in int64's or uint64's range, or null), got "
+            "18446744073709551616 (int)",
+        ),
+        (
+            lambda p: p["state"]["batches"][0].__setitem__(0, -(2**63) - 1),
+            "state.batches step must be a step (an integer in int64's or uint64's range, or null), got "
+            "-9223372036854775809 (int)",
         ),
         (lambda p: p["state"]["batches"][1].__setitem__(0, p["state"]["batches"][0][0]), "holds step 0 twice"),
         (lambda p: p.__setitem__("kind", "bogus"), "kind must be one of analyze, sweep, got 'bogus' (str)"),
@@ -382,7 +388,7 @@ def test_merging_a_fifo_is_refused_without_blocking(tmp_path: Path, saved: Path)
     fifo = tmp_path / "state.json"
     os.mkfifo(fifo)
     line = one_error_line(run_cli("merge", fifo, saved))
-    assert line == f"rcdiag: error: {fifo}: is not a regular file (a FIFO); give a state file"
+    assert line == f"rcdiag: error: {fifo}: is a FIFO, not a regular file; give a state file"
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX")
@@ -390,7 +396,7 @@ def test_a_fifo_as_rules_file_is_refused_without_blocking(tmp_path: Path) -> Non
     fifo = tmp_path / "rules.toml"
     os.mkfifo(fifo)
     line = one_error_line(run_cli("check", SAMPLES / "healthy.parquet", "--rules", fifo))
-    assert line == f"rcdiag: error: {fifo}: is not a regular file (a FIFO); give a rules file"
+    assert line == f"rcdiag: error: {fifo}: is a FIFO, not a regular file; give a rules file"
 
 
 # --------------------------------------------------------------------- 13: text from a file, warnings

@@ -28,7 +28,7 @@ import itertools
 
 from matplotlib.colors import to_hex
 
-from rcdiag.render import charts
+from rcdiag.render import charts, log_hist
 from rcdiag.render.charts import SIDES, dashboard, draw_sweep, figure, histogram_figure, trend_figure
 from rcdiag.render.dashboard import render_png
 from rcdiag.render.html import render_comparison_html, render_html, render_sweep_html
@@ -171,7 +171,12 @@ def test_a_dump_without_steps_shows_what_varies_inside_it(flat_explained: Report
     histogram = fig.subfigs[1].axes[0]
     (stairs,) = [p for p in histogram.patches if type(p).__name__ == "StepPatch"]
     drawn = stairs.get_data().values
-    np.testing.assert_array_equal(drawn, np.maximum(np.asarray(report.log_ratio.counts, float), 0.5))
+    h = report.log_ratio
+    threshold = log_hist.linthresh(h.edges, h.counts)
+    bars = log_hist.bars(h.edges, h.counts, threshold)  # tokens per axis unit: a bar's area is its tokens
+    np.testing.assert_allclose(drawn, np.maximum(bars.heights, min(x for x in bars.heights if x > 0) / 4))
+    widths = np.diff(log_hist.transform(threshold).transform(np.asarray(bars.edges)))
+    assert float(np.dot(bars.heights, widths)) == pytest.approx(sum(h.counts))
     text = render_html(report)
     assert "Inside the dump (no step column)" in text and "Trends over steps" not in text
     assert text.count("<svg") == 1 + 1 + 3 + len(report.explain.traces)  # type: ignore[union-attr]

@@ -76,7 +76,7 @@ def test_input_facts_and_metadata(tmp_path: Path) -> None:
     assert facts.format == "parquet"
     assert facts.columns == {
         "old_log_prob": "old_log_prob", "rollout_log_prob": "rollout_log_prob",
-        "response_mask": "response_mask", "step": "step",
+        "response_mask": "response_mask", "step": "step", "token_ids": None,
     }  # fmt: skip
     assert [s.step for s in report.steps] == [4, 5]
     assert report.steps[0].metrics[P + "kl"] == pytest.approx(-0.1, rel=1e-5)

@@ -142,8 +142,8 @@ def test_icepop_crash_row_has_the_crash_finding_and_the_sweep_goes_on(capsys: py
         (("--rs", "token_k2", "--thresholds", "0.1_0.2"), "single upper bound"),
         (("--is", "token", "--thresholds", "3_2"), "lower bound must be <= upper bound"),
         (("--rs", "token_k1,token_k2", "--thresholds", "0.1"), "exactly one"),
-        (("--rs", "seq_max_k1"), "Invalid rollout_rs option"),
-        (("--is", "row"), "Invalid rollout_is"),
+        (("--rs", "seq_max_k1"), "Invalid --rs option"),  # the flag, not verl's field (tests/test_new_user_cli.py)
+        (("--is", "row"), "Invalid --is: row"),
     ],
 )
 def test_refused_thresholds_are_exit_2_with_one_line(capsys: pytest.CaptureFixture, args: tuple, message: str) -> None:
@@ -335,7 +335,8 @@ def test_table_shows_curves_recommendations_yaml_and_presets(capsys: pytest.Capt
     for text in (
         "token_k1: share rejected by threshold",
         "is_sequence: share beyond the bounds by threshold",
-        "Recommended thresholds: closest to 0.01 rejected without exceeding it",
+        "Recommended RS thresholds: closest to 0.01 rejected without exceeding it",
+        "Recommended IS thresholds (TIS): closest to 0.01 of the weights truncated, not above it",
         "algorithm:\n  rollout_correction:\n    rollout_rs: seq_mean_k1\n    rollout_rs_threshold:",
         "verl presets on this dump",
         "decoupled_geo_rs_seq_tis",
@@ -578,7 +579,10 @@ def test_an_inverted_k1_band_rejects_each_token_once_as_analyze_and_verl_do(
     ("target", "changed"),
     [
         ("rcdiag.kernels.sweep_encoding.SHIFT", 14),  # the histogram's buckets
-        ("rcdiag.sweep.option_sweeps.SequenceRSSweep.STATES", {"v_hi": "sums", "masked_rows": "sums"}),  # declared states
+        (
+            "rcdiag.sweep.option_sweeps.SequenceRSSweep.STATES",
+            {"v_hi": "sums", "masked_rows": "sums"},
+        ),  # declared states
     ],
 )
 def test_a_sweep_state_of_another_layout_is_refused(

@@ -278,7 +278,7 @@ def test_cli_default_is_the_latest_release_and_the_header_names_it(capsys: pytes
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (("--is", "token", "--is-threshold", "0.5_5.0"), "rollout_is_threshold '0.5_5.0' (IcePop, lower_upper) needs "
+        (("--is", "token", "--is-threshold", "0.5_5.0"), "--is-threshold '0.5_5.0' (IcePop, lower_upper) needs "
          "verl 0.8.0 or later; verl 0.7.1 does not have it."),
         (("--preset", "decoupled_token_icepop"), "The preset decoupled_token_icepop needs verl 0.8.0 or later; verl "
          "0.7.1 does not have it."),

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import rcdiag.outputs as outputs
 from rcdiag.api import ProgressCallback, analyze
 from rcdiag.check.evaluate import evaluate_rules
 from rcdiag.check.findings_gate import ANALYZE_PACK, ANALYZE_PACK_GATE, FindingGate, parse_fail_on
@@ -38,6 +39,9 @@ from rcdiag.check.rules_file import CONFIG_TABLE, RuleFile, find_project_rules, 
 from rcdiag.config import CorrectionConfig
 from rcdiag.errors import ConfigError
 from rcdiag.options import ReadOptions
+
+BASELINE_INPUT = "the baseline {source}"
+"""How a refused output names the baseline dump (rcdiag.outputs.Ledger)."""
 
 __all__ = [
     "ANALYZE_PACK",
@@ -96,9 +100,12 @@ def check(
             "no rules to check: give --max/--min/--max-abs NAME=VALUE, --pack NAME, --fail-on SEVERITY|CODES, "
             "--rules FILE, or a [tool.rcdiag.check] table in pyproject.toml."
         )
+    rules = list(dict.fromkeys(rules))  # an identical rule (same metric, bound, mode, source) is checked once
     config = config or CorrectionConfig()
     resolved = config.resolve()
     validate_rules(rules, metric_names(resolved), has_baseline=baseline is not None)
+    outputs.reads(path)  # both dumps are the run's inputs before either is read (rcdiag.outputs.Ledger)
+    outputs.reads(baseline, what=BASELINE_INPUT)
     read = ReadOptions.of(read, options)
     explain = fail_on is not None and fail_on.explain
     report = analyze(path, config, read, on_chunk=on_chunk, explain=explain)

@@ -35,9 +35,10 @@ def packs_and_gate(
     names: Iterable[str], gate: FindingGate | None, *, steps: StepMode = "every", tolerate: float = 0.0
 ) -> tuple[list[Rule], FindingGate | None]:
     """Packs as ``--pack`` and a rules file's ``packs`` name them: each metric pack's rules, and ``gate`` merged
-    with the ``analyze`` pack's gate on findings when it is named."""
+    with the ``analyze`` pack's gate on findings when it is named. A pack named more than once counts once (in the
+    order first named): 5,000 repeated entries are one pack's rules, not 5,000 copies of them to evaluate."""
     rules: list[Rule] = []
-    for name in names:
+    for name in dict.fromkeys(names):
         if name == ANALYZE_PACK:
             gate = ANALYZE_PACK_GATE.merged(gate)
         else:

@@ -7,6 +7,7 @@ so they are reported against the file that holds them.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from rcdiag.check.rules import RULE_KINDS, STEP_MODES, Rule, StepMode, _parse_bo
 from rcdiag.config import CorrectionConfig, preset
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.io.paths import regular_file
+from rcdiag.outputs import reads
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -27,6 +29,9 @@ else:  # pragma: no cover
 CONFIG_TABLE = ("tool", "rcdiag", "check")
 MAX_RULES_BYTES = 1 << 20
 """The largest rules file (or pyproject.toml) read: rules are a few lines."""
+RULES_INPUT = "the rules file {source}"
+PROJECT_INPUT = "the project file {source} (read for its [tool.rcdiag.check]; --no-pyproject skips it)"
+"""How a refused output names the file rules were read from (rcdiag.outputs.Ledger)."""
 
 
 @dataclass(frozen=True)
@@ -61,15 +66,22 @@ _ENGINE_KEYS = {"preset", *(f.name for f in dataclasses.fields(CorrectionConfig)
 
 
 def load_rules(
-    path: str | Path, *, steps: StepMode = "every", tolerate: float = 0.0, required: bool = True
+    path: str | Path,
+    *,
+    steps: StepMode = "every",
+    tolerate: float = 0.0,
+    required: bool = True,
+    what: str = RULES_INPUT,
 ) -> RuleFile | None:
     """Rules from a TOML file: its ``[tool.rcdiag.check]`` table if it has one, else its top level.
 
     ``steps``/``tolerate`` are the defaults for rules that set neither (the file's own top-level ``steps`` and
     ``tolerate`` override them). With ``required=False`` a file without ``[tool.rcdiag.check]`` gives ``None``
-    (a pyproject.toml that does not configure rcdiag).
+    (a pyproject.toml that does not configure rcdiag). The file is added to the run's inputs first (``what``
+    names it): an output over it is refused before it is read.
     """
     p = Path(path)
+    reads(p, what=what)
     try:
         regular_file(str(p), "a rules file")
         with p.open("rb") as handle:
@@ -180,8 +192,10 @@ def _list_of_str(value: Any, name: str, fail: Any) -> list[str]:
 
 
 def find_project_rules(directory: str | Path = ".", **defaults: Any) -> RuleFile | None:
-    """``[tool.rcdiag.check]`` of ``directory/pyproject.toml``, if that file exists and has the table."""
+    """``[tool.rcdiag.check]`` of ``directory/pyproject.toml``, if that file exists and has the table (one that is
+    there but is no regular file, such as a FIFO or a dangling symlink, is refused by ``load_rules``, not passed
+    over)."""
     candidate = Path(directory) / "pyproject.toml"
-    if not candidate.is_file():
+    if not os.path.lexists(candidate):
         return None
-    return load_rules(candidate, required=False, **defaults)
+    return load_rules(candidate, required=False, what=PROJECT_INPUT, **defaults)

@@ -17,8 +17,9 @@ from typing import Any, Literal, NoReturn
 import typer
 
 import rcdiag.interrupts as interrupts
+import rcdiag.outputs as outputs
 from rcdiag._version import __version__
-from rcdiag.cli.commands import LazyCommands, collection_paused
+from rcdiag.cli.commands import HELP_NAMES, Group, LazyCommands, collection_paused
 from rcdiag.cli.notices import notices_live_warnings_held, show_held
 from rcdiag.cli.stdout import StdoutClosedError, stdout_gone
 from rcdiag.errors import ExitCode, RcdiagError
@@ -27,7 +28,7 @@ from rcdiag.printable import printable
 MARKUP: Literal["markdown"] = "markdown"
 
 
-class _Group(typer.core.TyperGroup):
+class _Group(Group):
     """rcdiag's group: its sub-commands are built when first asked for (rcdiag.cli.commands), so that a run or a
     command's ``--help`` imports and builds that command alone."""
 
@@ -56,6 +57,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
     add_help_option=False,  # its own --help below: a flag that defaults to False
+    context_settings={"help_option_names": HELP_NAMES},  # -h too, in every command (their contexts inherit it)
 )
 
 
@@ -79,7 +81,7 @@ def _root(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
     show_help: bool = typer.Option(
-        False, "--help", callback=_help, is_eager=True, expose_value=False, help="Show this message and exit."
+        False, *HELP_NAMES, callback=_help, is_eager=True, expose_value=False, help="Show this message and exit."
     ),
 ) -> None:
     """Diagnose training-inference mismatch in LLM RL from saved log-prob dumps."""
@@ -97,12 +99,12 @@ def _main(argv: list[str] | None) -> None:
         try:
             # a library's warning (numpy, torch) and rcdiag's notices must not precede the one error line: shown
             # only after a success (a Busy notice, such as kernels compiling, at once)
-            with notices_live_warnings_held() as held:
+            with notices_live_warnings_held() as held, outputs.ledger():  # what the command reads and writes
                 result = typer.main.get_command(app).main(args=argv, prog_name="rcdiag", standalone_mode=False)
         except BaseException as exc:  # every way out gets its documented code
-            _fail(exc)
+            _fail(exc, sys.argv[1:] if argv is None else argv, program=argv is None)
         if interrupts.received() is not None:  # a signal whose exception something swallowed
-            _abort()
+            _abort(program=argv is None)
         show_held(held)
         failed = _flush_stdout()
         if failed is not None:  # what was printed did not reach a full stdout
@@ -112,9 +114,9 @@ def _main(argv: list[str] | None) -> None:
         interrupts.restore(previous)
 
 
-def _fail(exc: BaseException) -> NoReturn:
+def _fail(exc: BaseException, argv: list[str], *, program: bool = False) -> NoReturn:
     if interrupts.received() is not None or isinstance(exc, KeyboardInterrupt | interrupts.Aborted):
-        _abort()  # whatever the exception became on its way up (numba: SystemError)
+        _abort(program=program)  # whatever the exception became on its way up (numba: SystemError)
     if isinstance(exc, SystemExit):
         raise exc
     if isinstance(exc, RcdiagError):
@@ -130,9 +132,13 @@ def _fail(exc: BaseException) -> NoReturn:
         sys.exit(ExitCode.OK)
     if "UsageError" in kinds:
         where = f" (see '{context.command_path} --help')" if context is not None else ""
-        _exit(f"rcdiag: error: {printable(exc.format_message())}{where}", ExitCode.USAGE)  # type: ignore[attr-defined]
+        message = exc.format_message()  # type: ignore[attr-defined]
+        file = _file_taken_as_option(getattr(exc, "option_name", None), argv) if "NoSuchOption" in kinds else None
+        if file is not None:  # `rcdiag analyze -q.parquet`: click reads "-q" and "-."
+            message = f"{file} was read as an option ({message}); to name a file, give it as ./{file}"
+        _exit(f"rcdiag: error: {printable(message)}{where}", ExitCode.USAGE)
     if "Abort" in kinds:
-        _abort()
+        _abort(program=program)
     if isinstance(exc, OSError) and _writing_stdout(exc):  # a write rich or click made itself (`--help > /dev/full`)
         stdout_gone()
         _exit(f"rcdiag: error: cannot write stdout: {exc.strerror or exc}", ExitCode.USAGE)
@@ -141,6 +147,27 @@ def _fail(exc: BaseException) -> NoReturn:
         "please report it with the command you ran.",
         ExitCode.INTERNAL,
     )
+
+
+def _file_taken_as_option(option: str | None, argv: list[str]) -> str | None:
+    """The argument behind an unknown option ``option`` when it looks like a file: it ends in a suffix rcdiag reads
+    (a dump's, a state's ``.json``) or names something on disk; ``None`` otherwise."""
+    from rcdiag.io.registry import suffixes
+
+    if not option:
+        return None
+    readable = (*suffixes(), ".json")
+    for arg in argv[: argv.index("--")] if "--" in argv else argv:
+        if len(arg) < 2 or not arg.startswith("-"):
+            continue
+        theirs = (
+            arg == option
+            or arg.startswith(option + "=")
+            or (not option.startswith("--") and not arg.startswith("--") and option[1:] in arg[1:])
+        )
+        if theirs and (arg.lower().endswith(readable) or os.path.lexists(arg)):
+            return arg
+    return None
 
 
 def _writing_stdout(exc: BaseException) -> bool:
@@ -160,8 +187,10 @@ def _writing_stdout(exc: BaseException) -> bool:
     return False
 
 
-def _abort() -> NoReturn:
-    """Ctrl-C or SIGTERM: no partial output file, one line, 130 (143 for SIGTERM)."""
+def _abort(*, program: bool = False) -> NoReturn:
+    """Ctrl-C or SIGTERM: no partial output file, one line, 130 (143 for SIGTERM). In the program itself (``main``
+    called without arguments) the process then ends at once (``interrupts.end_process``); a caller of ``main`` in
+    its own process gets ``SystemExit``."""
     from rcdiag.outputs import remove_temporaries
 
     remove_temporaries()
@@ -170,7 +199,10 @@ def _abort() -> NoReturn:
         print(interrupts.MESSAGE, file=sys.stderr, flush=True)
     atexit.register(_silence_stderr)  # registered last, so it runs before the libraries' exit handlers
     _flush_stdout()
-    sys.exit(interrupts.exit_code(signum) if signum is not None else ExitCode.ABORTED)
+    code = interrupts.exit_code(signum) if signum is not None else ExitCode.ABORTED
+    if program:
+        interrupts.end_process(code)
+    sys.exit(code)
 
 
 def _silence_stderr() -> None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated
 
-import typer
-
 from rcdiag.cli.flags import (
     ENGINE_FLAGS,
     MICROBATCH_FLAGS,
@@ -18,6 +16,7 @@ from rcdiag.cli.flags import (
     TokensOpt,
     WorstOpt,
     output_flags,
+    path_argument,
 )
 from rcdiag.cli.params import with_flags
 from rcdiag.cli.tracking import TRACKING_FLAGS
@@ -35,11 +34,10 @@ if TYPE_CHECKING:
 def analyze(
     path: Annotated[
         str,
-        typer.Argument(
-            help=f"The dump: a file ({', '.join(format_names())}), or a directory or quoted glob of shards; a local "
+        path_argument(
+            "PATH",
+            f"The dump: a file ({', '.join(format_names())}), or a directory or quoted glob of shards; a local "
             "path or an s3://, gs://, hdfs:// or file:// URL.",
-            metavar="PATH",
-            show_default=False,
         ),
     ],
     save_state: SaveStateOpt = None,
@@ -79,15 +77,15 @@ def analyze(
     Exit codes: 0 done (findings do not change it), 2 bad option, configuration or input, 3 internal error.
     """
     from rcdiag.api import analyze as run_analysis
-    from rcdiag.cli.output import checked_path, checked_state_path, refuse_inputs
+    from rcdiag.cli.output import checked_path, checked_state_path
     from rcdiag.cli.progress import progress
+    from rcdiag.outputs import reads
 
     config = engine.config()
     state_file = checked_state_path(save_state)
     sequences_file = checked_path(sequences, "--sequences")
     tokens_file = checked_path(tokens, "--tokens")
-    refuse_inputs([path], out, save_state=state_file, sequences=sequences_file, tokens=tokens_file,
-                  tensorboard=tracking.tensorboard if tracking is not None else None)  # fmt: skip
+    reads(path)  # the outputs named by flags are refused over the dump now; the tokenizer's file when it is read
     with progress(read, out) as on_chunk:
         report = run_analysis(
             path,

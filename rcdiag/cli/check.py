@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from rcdiag.catalogue.metrics import packs_help
-from rcdiag.cli.flags import ENGINE_FLAGS, READ_FLAGS, output_flags, path_option
+from rcdiag.cli.flags import ENGINE_FLAGS, READ_FLAGS, given_path, output_flags, path_argument, path_option
 from rcdiag.cli.params import with_flags
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ def _assignments(help_text: str, flag: str) -> object:
 
 @with_flags(ENGINE_FLAGS, READ_FLAGS, output_flags("check", "check"))
 def check(
-    path: Annotated[str, typer.Argument(help="The dump to check (a path or URL).", metavar="PATH", show_default=False)],
+    path: Annotated[str, path_argument("PATH", "The dump to check (a path or URL).")],
     max_rules: Annotated[
         list[str] | None, _assignments("Upper bound, e.g. `kl=2e-3` (short or full metric name). Repeatable.", "--max")
     ] = None,
@@ -120,6 +120,7 @@ def check(
             help="The last good run, for `--max-increase`/`--max-decrease` (analysed with the same configuration).",
             rich_help_panel=RULES,
             show_default=False,
+            callback=given_path,
         ),
     ] = None,
     junit: path_option(  # type: ignore[valid-type]
@@ -157,11 +158,13 @@ def check(
     )
     from rcdiag.check import check as run_check
     from rcdiag.check.rules import is_step_mode
-    from rcdiag.cli.output import checked_path, refuse_inputs
+    from rcdiag.cli.output import checked_path
     from rcdiag.cli.progress import progress
     from rcdiag.errors import ConfigError
+    from rcdiag.outputs import reads
 
     junit_file, markdown_file = checked_path(junit, "--junit"), checked_path(markdown, "--markdown")
+    reads(path)  # every output is an input's clash from here on: the rules file's, pyproject.toml's, the baseline's
 
     if not is_step_mode(steps):
         raise ConfigError(f"--steps must be every, last or mean, got '{steps}'.")
@@ -191,7 +194,6 @@ def check(
         if rules_file is None:
             print(f"rcdiag: using [tool.rcdiag.check] from {loaded.path}", file=sys.stderr)
     against = baseline or (loaded.baseline if loaded is not None else None)
-    refuse_inputs([path, against], out, junit=junit_file, markdown=markdown_file)
     with progress(read, out) as on_chunk:
         result = run_check(
             path,

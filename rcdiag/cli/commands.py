@@ -21,17 +21,12 @@ from typing import Any, Literal
 
 import typer
 
-COMMANDS = {
-    "analyze": True,
-    "compare": True,
-    "check": True,
-    "merge": True,
-    "sweep": True,
-    "presets": False,
-    "watch": True,
-}
-"""Sub-command -> whether it shows its help when given no arguments, in the order ``rcdiag --help`` lists them.
-Each is the function of that name in ``rcdiag.cli.<name>``."""
+COMMANDS = ("analyze", "compare", "check", "merge", "sweep", "presets", "watch")
+"""The sub-commands, in the order ``rcdiag --help`` lists them; each is the function of that name in
+``rcdiag.cli.<name>``. None shows its help when its arguments are missing: a missing PATH is a usage error (exit 2,
+one line), as in every command; ``rcdiag`` alone (no command) shows the help."""
+HELP_NAMES = ["-h", "--help"]
+"""The help flag's names, in every command (``context_settings``, which each sub-command's context inherits)."""
 
 
 def command_function(name: str) -> Any:
@@ -69,19 +64,55 @@ def resume_collection() -> None:
         gc.enable()
 
 
+def bare_flags(params: list[Any]) -> None:
+    """Flags shown without a value placeholder: typer 0.29's help panels print a flag's type (``--explain
+    <bool>``, ``--help <bool>``) as if it took a value, unless it has a metavar; an empty one prints nothing. A
+    flag's metavar is read nowhere else (click names an option by its flags in errors)."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+
+
+def usage_name(param: Any) -> str:
+    """An argument on the usage line as click writes it: ``PATH`` (required), ``[PATH]`` (optional), ``STATE...``
+    (any number); typer 0.29 writes a required one ``{PATH}``."""
+    name = str(param.metavar or (param.name or "").upper())
+    name += "..." if param.nargs != 1 else ""
+    return name if param.required else f"[{name}]"
+
+
+class Group(typer.core.TyperGroup):
+    """typer's group, its flags shown as flags (``bare_flags``)."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        bare_flags(self.get_params(ctx))
+        return super().format_help(ctx, formatter)
+
+
 class Command(typer.core.TyperCommand):
-    """typer's command; garbage collection resumes when it runs."""
+    """typer's command, its flags shown as flags and its arguments on the usage line as click writes them
+    (``bare_flags``, ``usage_name``); garbage collection resumes when it runs."""
 
     def invoke(self, ctx: Any) -> Any:
         resume_collection()
         return super().invoke(ctx)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        bare_flags(self.get_params(ctx))
+        return super().format_help(ctx, formatter)
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            pieces += [usage_name(param)] if param.param_type_name == "argument" else param.get_usage_pieces(ctx)
+        return pieces
 
 
 def build(name: str, markup: Literal["markdown", "rich"]) -> Any:
     """The click command of ``rcdiag NAME``, as typer builds it in a group whose ``rich_markup_mode`` is
     ``markup``."""
     single = typer.Typer(rich_markup_mode=markup, pretty_exceptions_enable=False, add_completion=False)
-    single.command(cls=Command, no_args_is_help=COMMANDS[name])(command_function(name))
+    single.command(cls=Command)(command_function(name))
     return typer.main.get_command(single)
 
 
@@ -100,7 +131,7 @@ def listed(name: str, markup: Literal["markdown", "rich"]) -> Any | None:
     help_text = ast.get_docstring(function) if function is not None else None
     if help_text is None:
         return None
-    return Command(name=name, help=help_text, no_args_is_help=COMMANDS[name], rich_markup_mode=markup)
+    return Command(name=name, help=help_text, rich_markup_mode=markup)
 
 
 class LazyCommands(Mapping[str, Any]):

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rcdiag.cli.flags import ENGINE_FLAGS, READ_FLAGS, output_flags, side_columns
+from rcdiag.cli.flags import ENGINE_FLAGS, READ_FLAGS, output_flags, path_argument, side_columns
 from rcdiag.cli.params import with_flags
 
 if TYPE_CHECKING:
@@ -30,8 +30,8 @@ def _temperature(side: str) -> object:
 
 @with_flags(ENGINE_FLAGS, READ_FLAGS, side_columns("a"), side_columns("b"), output_flags("comparison", "compare"))
 def compare(
-    path_a: Annotated[str, typer.Argument(help="Dump A (a path or URL).", metavar="A", show_default=False)],
-    path_b: Annotated[str, typer.Argument(help="Dump B (a path or URL).", metavar="B", show_default=False)],
+    path_a: Annotated[str, path_argument("A", "Dump A (a path or URL).")],
+    path_b: Annotated[str, path_argument("B", "Dump B (a path or URL).")],
     temperature_a: Annotated[float | None, _temperature("a")] = None,
     temperature_b: Annotated[float | None, _temperature("b")] = None,
     *,
@@ -56,12 +56,12 @@ def compare(
     """
     import dataclasses
 
-    from rcdiag.cli.output import refuse_inputs
     from rcdiag.cli.progress import progress
     from rcdiag.compare import check_temperature
     from rcdiag.compare import compare as run_compare
+    from rcdiag.outputs import reads
 
-    refuse_inputs([path_a, path_b], out)
+    reads(path_a, path_b)  # both before A is read: an output over B is refused first
     check_temperature(temperature_a, "--temperature-a")
     check_temperature(temperature_b, "--temperature-b")
     config = engine.config()

@@ -4,12 +4,44 @@ and a flag that would change nothing (a threshold without its option) refused be
 from __future__ import annotations
 
 import enum
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from rcdiag.config import CorrectionConfig, preset
+from rcdiag.config import CorrectionConfig, ThresholdError, preset
 from rcdiag.errors import ConfigError
 from rcdiag.versions import verl_version
+
+FIELD_FLAGS = {
+    "rollout_is": "--is",
+    "rollout_is_threshold": "--is-threshold",
+    "rollout_is_batch_normalize": "--batch-normalize",
+    "rollout_rs": "--rs",
+    "rollout_rs_threshold": "--rs-threshold",
+}
+"""verl's field -> the flag that sets it: the library's messages name fields, the command line's name flags."""
+
+
+def flag_names(message: str, flags: Mapping[str, str]) -> str:
+    """``message`` with each field of ``flags`` named by its flag (whole words: ``rollout_rs`` is not the start of
+    ``rollout_rs_threshold``)."""
+    if not flags:
+        return message
+    fields = "|".join(sorted(map(re.escape, flags), key=len, reverse=True))
+    return re.sub(rf"\b({fields})\b", lambda match: flags[match.group(1)], message)
+
+
+@contextmanager
+def named_by_flags(flags: Mapping[str, str]) -> Iterator[None]:
+    """A ``ConfigError`` raised in the block, its fields named by their flags (``flag_names``), and a threshold's
+    followed by the forms it accepts (``ThresholdError.forms``)."""
+    try:
+        yield
+    except ConfigError as exc:
+        forms = f" {exc.forms}" if isinstance(exc, ThresholdError) else ""
+        raise ConfigError(flag_names(str(exc), flags) + forms) from None
 
 
 class ISLevel(str, enum.Enum):
@@ -52,8 +84,25 @@ class EngineFlags:
             changes["rollout_is_batch_normalize"] = self.batch_normalize
         config = config.replace(**changes)
         self._refuse_unused(config)
-        config.resolve()
+        with named_by_flags(self._flags(config)):
+            config.resolve()
         return config
+
+    def _flags(self, config: CorrectionConfig) -> dict[str, str]:
+        """The fields an error names by their flag: those a flag set, and those left unset (a flag sets them); a
+        value from ``--preset`` or a rules file keeps its field's name, which is where it was written."""
+        given = {
+            "rollout_is": self.is_level,
+            "rollout_is_threshold": self.is_threshold,
+            "rollout_is_batch_normalize": self.batch_normalize,
+            "rollout_rs": self.rs,
+            "rollout_rs_threshold": self.rs_threshold,
+        }
+        return {
+            field: flag
+            for field, flag in FIELD_FLAGS.items()
+            if given[field] is not None or getattr(config, field) is None
+        }
 
     def _refuse_unused(self, config: CorrectionConfig) -> None:
         """verl ignores an IS threshold or batch normalisation while IS is off, and an RS threshold while RS is

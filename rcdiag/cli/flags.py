@@ -336,6 +336,21 @@ def _read_options(values: dict[str, Any]) -> Any:
     return ReadOptions(columns=ColumnMap(**_columns(values)), **fields | {"on_bad_row": values["on_bad_row"].value})
 
 
+def given_path(value: Any) -> Any:
+    """A path argument (PATH, A, B, DIR, STATE) or ``--baseline`` that was given empty (``rcdiag check "$DUMP"``
+    with ``DUMP`` unset), refused as a usage error naming it: read as a path it would be the current directory."""
+    from rcdiag.io.paths import EMPTY_PATH
+
+    if any(isinstance(text, str) and not text.strip() for text in (value if isinstance(value, list) else [value])):
+        raise typer.BadParameter(EMPTY_PATH)
+    return value
+
+
+def path_argument(metavar: str, help_text: str) -> Any:
+    """A command's input PATH (``metavar``: ``PATH``, ``A``, ``DIR``, ``STATE``), never empty (``given_path``)."""
+    return typer.Argument(help=help_text, metavar=metavar, show_default=False, callback=given_path)
+
+
 def path_option(flag: str, help_text: str, panel: str, short: str | None = None) -> Any:
     """A FILE option kept as text, so that an empty value (an unset variable) can be refused by name."""
     names = (flag, short) if short else (flag,)

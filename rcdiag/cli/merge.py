@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated
 
-import typer
-
-from rcdiag.cli.flags import QUIET_FLAGS, DetailsOpt, TokenizerOpt, output_flags
+from rcdiag.cli.flags import QUIET_FLAGS, DetailsOpt, TokenizerOpt, output_flags, path_argument
 from rcdiag.cli.params import with_flags
 
 if TYPE_CHECKING:
@@ -17,11 +15,10 @@ if TYPE_CHECKING:
 def merge(
     states: Annotated[
         list[str],
-        typer.Argument(
-            help="State files written by `rcdiag analyze ... --save-state` (or all by `rcdiag sweep`): paths or "
+        path_argument(
+            "STATE",
+            "State files written by `rcdiag analyze ... --save-state` (or all by `rcdiag sweep`): paths or "
             "URLs, or a directory, prefix or quoted glob of them (`'s3://bucket/states/*.json'`).",
-            metavar="STATE",
-            show_default=False,
         ),
     ],
     tokenizer: TokenizerOpt = None,
@@ -39,10 +36,12 @@ def merge(
     * `rcdiag analyze part-0.parquet --preset decoupled_geo_rs --save-state s0.json` (on each machine)
     * `rcdiag merge s0.json s1.json s2.json --format json -o report.json`
     """
-    from rcdiag.cli.output import refuse_inputs
-    from rcdiag.state import state_kind
+    from rcdiag.explain.token_report import claim_tokenizer
+    from rcdiag.outputs import reads
+    from rcdiag.state import STATE_INPUT, state_kind
 
-    refuse_inputs(list(states), out)
+    reads(*states, what=STATE_INPUT)  # before the first is read for its kind
+    claim_tokenizer(tokenizer)  # and the tokenizer's file, read later by merge_states
 
     if states and state_kind(states[0]) == "sweep":  # states of `rcdiag sweep --save-state`
         from rcdiag.sweep.run import merge_sweep_states

@@ -1,6 +1,7 @@
 """Where and how a result is written, for every command: stdout or ``-o FILE``, in a registered format, and the
-"wrote" line on stderr. Output paths are checked when the flags are read, before anything is read or written;
-files are written by rcdiag.outputs (whole or not at all, never over an input)."""
+"wrote" line on stderr. Output paths are checked when the flags are read, before anything is read or written, and
+added to the run's outputs (rcdiag.outputs.Ledger, which refuses one over an input); files are written by
+rcdiag.outputs (whole or not at all, never over an input)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import contextlib
 import functools
 import io
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,7 @@ def checked_state_path(text: str | None) -> str | Path | None:
     from rcdiag.io.storage import is_remote, local_path
 
     if text and is_remote(text):
+        outputs.writes(text, "--save-state")
         return text
     return checked_path(local_path(text) if text else text, "--save-state")
 
@@ -65,7 +67,7 @@ def checked_path(text: str | None, flag: str) -> Path | None:
     """``text`` as a file path that can be written, or ``None`` when the flag was not given. An empty value (an
     unset variable such as ``$GITHUB_STEP_SUMMARY``), a value that looks like a flag (``--html -q``: give ``./-q``),
     a directory, a missing directory or something that is not a file, device or FIFO is a ``ConfigError`` naming
-    ``flag``."""
+    ``flag``. The path is added to the run's outputs (rcdiag.outputs.Ledger): one that is an input is refused."""
     if text is None:
         return None
     if not text.strip():
@@ -80,14 +82,8 @@ def checked_path(text: str | None, flag: str) -> Path | None:
         )
     path = Path(text)
     outputs.check_destination(path, flag)
+    outputs.writes(path, flag)
     return path
-
-
-def refuse_inputs(inputs: Sequence[str | Path | None], out: Output | None = None, **files: Path | str | None) -> None:
-    """Exit 2 before reading when an output (``out``'s files, and ``files``: ``save_state=...`` is
-    ``--save-state``) would write over an input (rcdiag.outputs.refuse_inputs)."""
-    named = [(f"--{name.replace('_', '-')}", path) for name, path in files.items()]
-    outputs.refuse_inputs([*(out.targets() if out is not None else []), *named], inputs)
 
 
 @dataclass(frozen=True)
@@ -105,6 +101,7 @@ class Output:
     def of(
         cls, format_name: str, path: str | None, kind: ResultKind, command: str, files: dict[str, str] | None = None
     ) -> Output:
+        target_path = checked_path(path, "--output")  # first: a picture over it names --output
         pictures = []
         for name, file in (files or {}).items():
             picture = FORMATS[name]
@@ -112,7 +109,7 @@ class Output:
             target = checked_path(file, picture.flag or name)
             assert target is not None
             pictures.append((name, target, picture.renderers[kind]))
-        return cls(format_name, checked_path(path, "--output"), renderer(format_name, kind, command), tuple(pictures))
+        return cls(format_name, target_path, renderer(format_name, kind, command), tuple(pictures))
 
     def as_kind(self, kind: ResultKind, command: str) -> Output:
         """The same destinations for another kind of result (``merge`` of sweep states); a picture that cannot
@@ -124,11 +121,6 @@ class Output:
                 raise ConfigError(f"rcdiag {command} cannot write {picture.flag} for a {kind}.")
             files.append((name, path, picture.renderers[kind]))
         return Output(self.format, self.path, renderer(self.format, kind, command), tuple(files))
-
-    def targets(self) -> list[tuple[str, Path]]:
-        """Each file this output writes, with its flag (for ``refuse_inputs``)."""
-        named = [("--output", self.path)] if self.path is not None else []
-        return [*named, *((FORMATS[name].flag or name, path) for name, path, _ in self.files)]
 
     @property
     def text_to_stdout(self) -> bool:

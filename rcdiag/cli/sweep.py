@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rcdiag.cli.flags import ENGINE, READ_FLAGS, RELEASE_FLAGS, SaveStateOpt, output_flags
+from rcdiag.cli.flags import ENGINE, READ_FLAGS, RELEASE_FLAGS, SaveStateOpt, output_flags, path_argument
 from rcdiag.cli.params import with_flags
 
 if TYPE_CHECKING:
@@ -14,16 +14,21 @@ if TYPE_CHECKING:
     from rcdiag.options import ReadOptions
 
 SWEEP = "Sweep"
+SWEEP_FLAGS = {
+    "rollout_is": "--is",
+    "rollout_rs": "--rs",
+    "rollout_is_threshold": "--thresholds",
+    "rollout_rs_threshold": "--thresholds",
+}
+"""verl's fields -> the sweep's flags, for its messages (``cli.engine_config.named_by_flags``)."""
 
 
 @with_flags(RELEASE_FLAGS, READ_FLAGS, output_flags("sweep", "sweep"))
 def sweep(
     path: Annotated[
         str,
-        typer.Argument(
-            help="The dump (any format `rcdiag analyze` reads; a path or an s3://, gs://, hdfs:// or file:// URL).",
-            metavar="PATH",
-            show_default=False,
+        path_argument(
+            "PATH", "The dump (any format `rcdiag analyze` reads; a path or an s3://, gs://, hdfs:// or file:// URL)."
         ),
     ],
     is_levels: Annotated[
@@ -106,14 +111,17 @@ def sweep(
 
     Exit codes: 0 done (verl-would-crash rows do not change it), 2 bad option, threshold or input, 3 internal error.
     """
-    from rcdiag.cli.output import checked_state_path, refuse_inputs
+    from rcdiag.cli.engine_config import named_by_flags
+    from rcdiag.cli.output import checked_state_path
     from rcdiag.cli.progress import progress
+    from rcdiag.outputs import reads
     from rcdiag.sweep.grid import build_grid, split_list
     from rcdiag.sweep.run import sweep as run_sweep
 
-    grid = build_grid(split_list(is_levels), split_list(rs), split_list(thresholds), release)
+    with named_by_flags(SWEEP_FLAGS):
+        grid = build_grid(split_list(is_levels), split_list(rs), split_list(thresholds), release)
     state_file = checked_state_path(save_state)
-    refuse_inputs([path], out, save_state=state_file)
+    reads(path)
     with progress(read, out) as on_chunk:
         report = run_sweep(
             path,

@@ -13,6 +13,7 @@ import typer
 from rcdiag.cli.params import Flag, FlagGroup
 from rcdiag.errors import ConfigError
 from rcdiag.export.tracking import DEFAULT_EXPERIMENT, MlflowTracker, TensorBoardTracker, TrackingOptions
+from rcdiag.outputs import writes
 
 if TYPE_CHECKING:
     from rcdiag.report import Report
@@ -66,6 +67,7 @@ def tracking_options(
             raise ConfigError(f"{flag} was given '{value}': give a {'directory' if flag == '--tensorboard' else 'URI'}")
     if tensorboard is None and mlflow is None:
         return None
+    writes(tensorboard, "--tensorboard")  # refused over (or inside) an input: rcdiag.outputs.Ledger
     options = TrackingOptions(tensorboard, mlflow, mlflow_experiment or DEFAULT_EXPERIMENT, mlflow_run_name,
                               mlflow_run_id)  # fmt: skip
     options.check()

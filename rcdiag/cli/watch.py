@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from rcdiag.catalogue.metrics import packs_help
-from rcdiag.cli.flags import ENGINE_FLAGS, READ_FLAGS
+from rcdiag.cli.flags import ENGINE_FLAGS, READ_FLAGS, path_argument
 from rcdiag.cli.params import with_flags
 from rcdiag.cli.tracking import TRACKING_FLAGS
 from rcdiag.errors import ExitCode, RcdiagError
@@ -66,11 +66,7 @@ def _bounds(flag: str, help_text: str) -> Any:
 def watch(
     path: Annotated[
         str,
-        typer.Argument(
-            help="The directory (or s3://, gs://, hdfs:// prefix) the trainer writes per-step dumps into.",
-            metavar="DIR",
-            show_default=False,
-        ),
+        path_argument("DIR", "The directory (or s3://, gs://, hdfs:// prefix) the trainer writes per-step dumps into."),
     ],
     state: Annotated[
         str | None,
@@ -207,7 +203,9 @@ def watch(
     from rcdiag.watch import AlertPolicy, Dispatcher, Watch
     from rcdiag.watch.alerts import DEFAULT_GATE
     from rcdiag.watch.deliver import DRAIN_SECONDS
+    from rcdiag.watch.session import claim_state
 
+    claim_state(path, state)  # before the rules file is read: a --state over it is refused
     rules: list[Rule] = []
     for kind, flag, texts in (
         ("max", "--max", max_rules),
@@ -233,7 +231,7 @@ def watch(
         if sys.stdout.isatty()
         else _TextLines()
     )
-    trackers = _open_trackers(tracking, path)
+    trackers = _open_trackers(tracking, path, resume=bool(session.consumed))
     on_event = _tracked(view.event, trackers) if trackers else view.event
     ended = "aborted"
     try:
@@ -256,15 +254,13 @@ def watch(
         raise typer.Exit(ExitCode.CHECK_FAILED)
 
 
-def _open_trackers(tracking: TrackingOptions | None, path: str) -> list[Tracker]:
-    """``--tensorboard`` / ``--mlflow``: checked against the watched directory (an event file inside it would be
-    read as a dump), then opened before the first step."""
+def _open_trackers(tracking: TrackingOptions | None, path: str, *, resume: bool) -> list[Tracker]:
+    """``--tensorboard`` / ``--mlflow``, opened before the first step (``--tensorboard`` was refused inside the
+    watched directory, where an event file would be read as a dump: rcdiag.outputs.Ledger); ``resume`` (the state
+    holds files read): TensorBoard continues the latest run of its directory, whose steps this watch logged."""
     if tracking is None:
         return []
-    from rcdiag.cli.output import refuse_inputs
-
-    refuse_inputs([path], tensorboard=tracking.tensorboard)
-    return tracking.open(run_name=Path(path.rstrip("/")).name or path)
+    return tracking.open(run_name=Path(path.rstrip("/")).name or path, resume=resume)
 
 
 def _tracked(on_event: Any, trackers: list[Tracker]) -> Any:
@@ -402,6 +398,7 @@ class _LiveView(_View):
             parts.append(Text("findings: " + ", ".join(f"{f.code} ({f.severity})" for f in report.findings)))
         if last is not None:
             parts += [Text(f"forecast: {f.message}", style="yellow") for f in last.forecasts]
+            parts += [Text(f"forecast: {f.message}", style="dim") for f in last.no_trend]
         parts += [Text(f"ALERT {printable(line)}", style="red") for line in self.alerts]
         return Group(*parts)
 

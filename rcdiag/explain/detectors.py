@@ -456,7 +456,7 @@ def mismatch_trend(steps: Sequence[tuple[int, dict[str, float | None]]]) -> Find
     points = [(s, v) for s, v in read if v is not None and v > TREND_K3_FLOOR]
     if len(points) < TREND_MIN_STEPS:
         return None
-    x = np.array([p[0] for p in points], dtype=np.float64)
+    _, x = _step_axis([p[0] for p in points])
     y = np.log([p[1] for p in points])
     slope, _, se = _fit(x, y)
     span = float(x[-1] - x[0])
@@ -485,7 +485,7 @@ def mismatch_trend(steps: Sequence[tuple[int, dict[str, float | None]]]) -> Find
     when = "; ".join(f"{k} > {w} {_when(c)}" for (k, c), w in zip(crossing.items(), limits, strict=True))
     message = (
         f"mismatch grows across training steps: k3_kl rises {_exp(slope):.3g}x per step ({growth:.3g}x from "
-        f"step {int(x[0])} to {int(x[-1])}, {t:.3g} standard errors of the fit). At this rate verl's warnings "
+        f"step {points[0][0]} to {points[-1][0]}, {t:.3g} standard errors of the fit). At this rate verl's warnings "
         f"trip: {when}."
     )
     return _finding("mismatch_trend", message, _exp(slope), TREND_GROWTH_MIN, evidence)
@@ -511,11 +511,20 @@ def _crossing(steps: Sequence[tuple[int, dict[str, float | None]]], key: str, th
         return {"step": None, "already": False}
     if points[-1][1] > threshold:
         return {"step": int(points[-1][0]), "already": True}
-    x = np.array([p[0] for p in points], dtype=np.float64)
+    origin, x = _step_axis([p[0] for p in points])
     slope, intercept, _ = _fit(x, np.log([p[1] for p in points]))
     if slope <= 0:
         return {"step": None, "already": False}
-    return {"step": math.ceil((math.log(threshold) - intercept) / slope), "already": False}
+    return {"step": origin + math.ceil((math.log(threshold) - intercept) / slope), "already": False}
+
+
+def _step_axis(steps: list[int]) -> tuple[int, np.ndarray]:
+    """The fit's float64 axis and the step at its 0: the steps as they are while float64 holds them exactly (below
+    2**53, every dump's usual steps), else counted from the first (a uint64 step of 2**63 and its neighbours would
+    round to one float)."""
+    if all(abs(step) < 2**53 for step in steps):
+        return 0, np.array(steps, dtype=np.float64)
+    return steps[0], np.array([step - steps[0] for step in steps], dtype=np.float64)
 
 
 def _when(crossing: dict[str, Any]) -> str:

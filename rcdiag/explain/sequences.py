@@ -21,6 +21,7 @@ from rcdiag.config import ResolvedConfig
 from rcdiag.core.formulas import is_weight
 from rcdiag.errors import InputError, OutputError
 from rcdiag.explain.breakdowns import token_positions
+from rcdiag.fields import INT64_MAX
 from rcdiag.metrics.block import Block, RowContext, on_host
 from rcdiag.metrics.importance import ISMetrics
 from rcdiag.metrics.rejection import rejection
@@ -82,6 +83,12 @@ class SequenceWriter:
         weight = raw if self.importance is None else self.importance.apply(NumpyBackend(), raw)
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = np.where(n > 0, s / np.maximum(n, 1.0), np.nan)
+        if context.step is not None and context.step > INT64_MAX:
+            raise OutputError(
+                self.target,
+                f"step {context.step} is beyond int64, the type of the file's step column (a uint64 step of 2**63 "
+                "or more cannot be written exactly); leave out --sequences, or renumber the steps",
+            )
         columns: dict[str, Any] = {
             "row": context.rows,
             "step": None if context.step is None else np.full(block.n_rows, context.step, dtype=np.int64),

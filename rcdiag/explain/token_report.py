@@ -13,7 +13,7 @@ import rcdiag.outputs as outputs
 from rcdiag.errors import InputError, OutputError
 from rcdiag.explain.token_detector import token_not_run, token_specific
 from rcdiag.explain.tokens import TokenSums, ranked_ids, token_breakdown, token_stats
-from rcdiag.explain.vocabulary import Vocabulary
+from rcdiag.explain.vocabulary import TOKENIZER_INPUT, Vocabulary, tokenizer_file
 from rcdiag.report import Finding, TokenText
 
 TABLE_COLUMNS = (
@@ -27,9 +27,18 @@ def load_vocabulary(path: str | Path | None) -> Vocabulary | None:
     """The tokenizer at ``path`` (``None``: none given)."""
     if path is None:
         return None
+    claim_tokenizer(path)
+    return Vocabulary(path)
+
+
+def claim_tokenizer(path: str | Path | None) -> None:
+    """Add the file ``--tokenizer PATH`` reads to the run's inputs (rcdiag.outputs.Ledger), before it is read: an
+    output over it is refused."""
+    if path is None:
+        return
     if not str(path).strip():
         raise InputError("--tokenizer is empty (an unset variable?); give a tokenizer.json or its directory")
-    return Vocabulary(path)
+    outputs.reads(tokenizer_file(path), what=TOKENIZER_INPUT)
 
 
 def token_section(sums: TokenSums, vocabulary: Vocabulary | None) -> dict[str, Any]:

@@ -8,7 +8,9 @@ stream, so a character spread over several byte-level tokens comes out whole, on
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,8 @@ from rcdiag.printable import printable
 EXTRA = "tokens"
 """The optional extra that installs ``tokenizers``."""
 FILE_NAME = "tokenizer.json"
+TOKENIZER_INPUT = "the tokenizer {source}"
+"""How a refused output names the tokenizer file (rcdiag.outputs.Ledger)."""
 _INVISIBLE = re.compile(r"[\u00a0\u1680\u2000-\u200d\u202f\u205f\u2060\u3000\ufeff]")
 SPACE = "\u2423"
 """How a space shows in a token's text (an open box)."""
@@ -32,6 +36,12 @@ def escape(text: str) -> str:
     return _INVISIBLE.sub(lambda m: f"\\u{ord(m.group()):04x}", visible)
 
 
+def tokenizer_file(path: str | Path) -> Path:
+    """The file a ``--tokenizer PATH`` reads: ``PATH``, or ``PATH/tokenizer.json`` for a directory."""
+    file = Path(path)
+    return file / FILE_NAME if file.is_dir() else file
+
+
 class Vocabulary:
     """A tokenizer read from ``path``; ``ConfigError`` without the library, ``InputError`` for a bad file."""
 
@@ -42,11 +52,17 @@ class Vocabulary:
             raise ConfigError(
                 f'--tokenizer needs the tokenizers library, which is not installed: pip install "rcdiag[{EXTRA}]".'
             ) from None
+        from rcdiag.io.paths import regular_file
+
         file = Path(path)
-        if file.is_dir():
-            file = file / FILE_NAME
-        if not file.is_file():
+        give = f"a {FILE_NAME} or a directory holding one"
+        if not os.path.lexists(file):
             raise InputError(f"has no {FILE_NAME} (give the file, or a directory holding one)", path=str(path))
+        if stat.S_ISDIR(regular_file(file, give, directory=True).st_mode):
+            file = file / FILE_NAME
+            if not os.path.lexists(file):
+                raise InputError(f"has no {FILE_NAME} (give the file, or a directory holding one)", path=str(path))
+            regular_file(file, f"a {FILE_NAME}")
         try:
             self.tokenizer: Any = Tokenizer.from_file(str(file))
         except Exception as exc:  # the library raises a bare Exception for a malformed file

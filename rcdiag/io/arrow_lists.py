@@ -50,9 +50,14 @@ def flatten_list(array: pa.Array, column: str, path: str, first_row: int) -> tup
 
 
 def float_values(values: pa.Array) -> np.ndarray:
-    """Flat float32 numpy values (zero-copy when the column is already float32)."""
+    """Flat float32 numpy values (zero-copy when the column is already float32). A float64 value beyond float32's
+    range becomes +-inf, as float32 arithmetic (verl's) would make it (docs/input.md: -1e300 is read as -inf, a
+    probability 0; +1e300 as +inf, refused by the screen), without numpy's overflow warning on stderr."""
     out = values.to_numpy(zero_copy_only=False)
-    return out if out.dtype == np.float32 else out.astype(np.float32)
+    if out.dtype == np.float32:
+        return out
+    with np.errstate(over="ignore", under="ignore"):
+        return out.astype(np.float32)
 
 
 def check_same_lengths(

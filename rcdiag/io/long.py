@@ -34,7 +34,7 @@ from rcdiag.io.base import Chunk
 from rcdiag.io.columns import Resolved
 from rcdiag.io.limits import MAX_SPILL_BUCKETS
 from rcdiag.io.open_files import ensure_open_files, room
-from rcdiag.io.record_batches import Batch, id_array, mask_array, slice_chunks, token_values
+from rcdiag.io.record_batches import Batch, exact_steps, id_array, mask_array, slice_chunks, token_values
 
 IN_MEMORY_FACTOR = 4
 BUCKET_FACTOR = 2
@@ -179,7 +179,7 @@ def bucket_chunks(table: pa.Table, cols: Resolved, path: str, chunk_tokens: int)
     mask = mask_array(table.column(cols.mask).combine_chunks()) if cols.mask is not None else None
     steps = None
     if cols.step is not None:
-        token_steps = table.column(cols.step).to_numpy().astype(np.int64, copy=False)
+        token_steps = exact_steps(table.column(cols.step).to_numpy())
         changes = np.flatnonzero(token_steps[1:] != token_steps[:-1]) + 1
         inside = changes[~np.isin(changes, starts)]
         if inside.size:

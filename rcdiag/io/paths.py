@@ -30,7 +30,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def natural_key(path: FilePath) -> list:
+def natural_key(path: str | FilePath) -> list:
     """Sort key that orders digit runs by value."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
 
@@ -41,8 +41,20 @@ def is_hidden(path: FilePath, root: Path | None = None) -> bool:
     return any(part.startswith((".", "_")) for part in parts)
 
 
+EMPTY_PATH = "the path is empty (an unset shell variable?); give a file, directory, glob or URL"
+"""An empty name would be read as the current directory (``Path("")`` is ``.``): refused instead."""
+
+
+def refuse_empty(path: str | Path) -> None:
+    """``EMPTY_PATH`` as an ``InputError`` when ``path`` is empty or blank (a ``Path`` never is: ``Path("")`` is
+    ``.``, which names the directory on purpose)."""
+    if isinstance(path, str) and not path.strip():
+        raise InputError(EMPTY_PATH)
+
+
 def expand(path: str | Path) -> list[FilePath]:
     """The files a dump path names: a file, a directory or prefix (read recursively) or a glob."""
+    refuse_empty(path)
     text = storage.local_path(str(path))
     if storage.is_remote(text):
         return _expand_remote(text)
@@ -50,30 +62,57 @@ def expand(path: str | Path) -> list[FilePath]:
     if files is not None:
         return distinct_files(files)
     p = Path(text)
-    if not p.exists():
-        raise InputError("file not found", path=text)
-    if not p.is_dir():
+    if not stat_mode.S_ISDIR(regular_file(text, "a dump file, a directory or a glob", directory=True).st_mode):
         return [p]
     found = directory_files(p)
     if not found:
-        raise InputError(f"is a directory without dump files ({', '.join(registry.suffixes())})", path=text)
+        left = left_out(p, [])
+        said = f"; {describe_left_out('', left)}" if left else ""
+        raise InputError(f"is a directory without dump files ({', '.join(registry.suffixes())}){said}", path=text)
     note_left_out(text, p, found)
     return distinct_files(found)
 
 
-def regular_file(name: str, what: str) -> os.stat_result:
-    """The ``os.stat`` of a local file that is to be read whole (a state, a rules file), refused unless it is a
-    regular file: a FIFO would block the read and a device never end it."""
-    info = os.stat(name)
-    if not stat_mode.S_ISREG(info.st_mode):
-        kinds = {
-            stat_mode.S_ISDIR: "a directory",
-            stat_mode.S_ISFIFO: "a FIFO",
-            stat_mode.S_ISCHR: "a character device",
-        }
-        kind = next((text for test, text in kinds.items() if test(info.st_mode)), "not a plain file")
-        raise InputError(f"is not a regular file ({kind}); give {what}", path=name)
-    return info
+_KINDS = (
+    (stat_mode.S_ISDIR, "a directory"),
+    (stat_mode.S_ISFIFO, "a FIFO"),
+    (stat_mode.S_ISSOCK, "a socket"),
+    (stat_mode.S_ISCHR, "a character device"),
+    (stat_mode.S_ISBLK, "a block device"),
+)
+
+
+def not_regular(name: str | Path, *, directory: bool = False) -> tuple[str, os.stat_result | None]:
+    """Why the local ``name`` cannot be read as a file, by ``os.stat`` alone (it is never opened: opening a FIFO
+    blocks until a writer comes, inside C code that no signal interrupts, and a device may never end), and its
+    stat; ``""`` for a regular file (or a directory, with ``directory``). A name that does not exist gives
+    ``"file not found"``, a symlink to nothing ``"a dangling symlink to TARGET"``."""
+    try:
+        info = os.stat(name)
+    except FileNotFoundError:
+        if os.path.islink(name):
+            return f"a dangling symlink to {os.readlink(name)}", None
+        return "file not found", None
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})", None
+    if stat_mode.S_ISREG(info.st_mode) or (directory and stat_mode.S_ISDIR(info.st_mode)):
+        return "", info
+    kind = next((text for test, text in _KINDS if test(info.st_mode)), "a special file")
+    return f"{kind}, not a regular file", info
+
+
+def regular_file(name: str | Path, what: str = "", *, directory: bool = False) -> os.stat_result:
+    """The ``os.stat`` of a local file about to be opened for reading, refused (``InputError``, naming the file and
+    what it is) unless it is a regular file (or, with ``directory``, a directory); ``what`` says what to give
+    instead. Every local file rcdiag reads passes here before it is opened: the openers below, the state, rules
+    and tokenizer loaders."""
+    why, info = not_regular(name, directory=directory)
+    if info is not None and not why:
+        return info
+    if why == "file not found" or why.startswith("cannot be read"):
+        raise InputError(why, path=str(name))
+    give = f"; give {what}" if what and info is not None else ""
+    raise InputError(f"is {why}{give}", path=str(name))
 
 
 def notice(text: str) -> None:
@@ -127,6 +166,7 @@ def _expand_remote(url: str) -> list[FilePath]:
 def state_files(path: str) -> list[str]:
     """The state files one ``merge`` argument names: itself, or the ``.json`` files of a directory, prefix or
     glob (a URL's glob cannot be left to the shell)."""
+    refuse_empty(path)
     text = storage.local_path(path)
     remote = storage.is_remote(text)
     is_glob = any(ch in text for ch in GLOB_CHARS)
@@ -134,6 +174,11 @@ def state_files(path: str) -> list[str]:
         files: list[FilePath] = list_files(storage.parse(text), (".json",))
     elif not remote and not is_glob and Path(text).is_dir():
         files = list_files(Path(text), (".json",))
+        special = special_entries(Path(text))
+        if special:
+            from rcdiag.notices import notify
+
+            notify(describe_left_out(text, special))
     elif is_glob:
         files = _expand_remote(text) if remote else [*(glob_files(text) or [Path(text)])]
     else:
@@ -141,6 +186,13 @@ def state_files(path: str) -> list[str]:
     if not files:
         raise InputError("holds no state files (.json)", path=path)
     return [str(f) for f in files]
+
+
+def special_entries(root: Path) -> list[tuple[str, str]]:
+    """Entries under ``root`` that no listing reads because they are neither a regular file nor a directory (a
+    FIFO, a socket, a device, a dangling symlink), as (path below ``root``, what it is), in natural order."""
+    found = [(p.relative_to(root).as_posix(), not_regular(p)[0]) for p in root.rglob("*") if not p.is_dir()]
+    return sorted(((below, why) for below, why in found if why), key=lambda item: natural_key(item[0]))
 
 
 def _is_dir(path: FilePath) -> bool:
@@ -162,10 +214,16 @@ def glob_files(pattern: str) -> list[Path] | None:
     """The files a glob matches (natural order), or ``None`` when ``pattern`` names an existing path or is no glob."""
     if Path(pattern).exists() or not any(ch in pattern for ch in GLOB_CHARS):
         return None
-    found = _Glob().matches(pattern)
-    files = sorted((f for f in found if f.is_file() and not is_hidden(f)), key=natural_key)
+    found = [f for f in _Glob().matches(pattern) if not is_hidden(f)]
+    files = sorted((f for f in found if f.is_file()), key=natural_key)
+    special = [(str(f), not_regular(f)[0]) for f in found if not f.is_file() and not f.is_dir()]
+    special.sort(key=lambda item: natural_key(item[0]))
     if not files:
-        raise InputError("matches no file", path=pattern)
+        raise InputError("matches no file" + (f"; {describe_left_out('', special)}" if special else ""), path=pattern)
+    if special:
+        from rcdiag.notices import notify
+
+        notify(describe_left_out(pattern, special))
     return files
 
 
@@ -269,15 +327,18 @@ def left_out(root: FilePath, kept: Sequence[FilePath]) -> list[tuple[str, str]]:
     read = {str(f) for f in kept}
     if isinstance(root, RemotePath):
         listed = [(str(p), "/".join(below)) for p, below in storage.listing(root)]
-    else:
-        listed = [(str(p), p.relative_to(root).as_posix()) for p in root.rglob("*") if p.is_file()]
+    else:  # every entry but a directory: a FIFO, a socket, a device or a dangling symlink is named too
+        listed = [(str(p), p.relative_to(root).as_posix()) for p in root.rglob("*") if not p.is_dir()]
     suffixes = registry.suffixes()
     left = []
     for full, below in sorted(listed, key=lambda item: natural_key(Path(item[1]))):
         if full in read:
             continue
         suffix = Path(below).suffix.lower()
-        if _hidden_parts(tuple(below.split("/"))):
+        special = "" if isinstance(root, RemotePath) else not_regular(full)[0]
+        if special:
+            why = special
+        elif _hidden_parts(tuple(below.split("/"))):
             why = "hidden: a name starts with '.' or '_'"
         elif suffix not in suffixes:
             why = f"'{suffix}' is not a dump suffix" if suffix else "no dump suffix"
@@ -291,7 +352,7 @@ def describe_left_out(label: str, left: Sequence[tuple[str, str]]) -> str:
     """One line: how many files were left out, the first few with why."""
     named = ", ".join(f"{name} ({why})" for name, why in left[:LEFT_OUT_NAMED])
     more = f" and {len(left) - LEFT_OUT_NAMED} more" if len(left) > LEFT_OUT_NAMED else ""
-    return f"{label}: left out {len(left)} file{'s' if len(left) != 1 else ''}: {named}{more}"
+    return f"{f'{label}: ' if label else ''}left out {len(left)} file{'s' if len(left) != 1 else ''}: {named}{more}"
 
 
 def _hidden_parts(parts: tuple[str, ...]) -> bool:
@@ -303,6 +364,7 @@ def open_input(path: str | FilePath) -> IO[bytes] | Any:
     text = storage.local_path(str(path))
     if storage.is_remote(text):
         return storage.open_input(storage.parse(text))
+    regular_file(text)
     return open(text, "rb")
 
 
@@ -313,6 +375,7 @@ def arrow_input(path: str, *, memory_map: bool = False) -> Any:
     text = storage.local_path(path)
     if storage.is_remote(text):
         return storage.open_input(storage.parse(text))
+    regular_file(text)
     return pa.memory_map(text) if memory_map else pa.OSFile(text)
 
 
@@ -339,6 +402,7 @@ def open_text(path: str) -> IO[str]:
     text = storage.local_path(path)
     if storage.is_remote(text):
         return storage.open_text(storage.parse(text))
+    regular_file(text)
     return open(text, encoding="utf-8")
 
 
@@ -350,6 +414,7 @@ def read_bytes(path: str | Path) -> bytes:
         if storage.file_info(remote).type.name == "NotFound":
             raise storage.missing(remote)
         return storage.read_bytes(remote)
+    regular_file(text)
     return Path(text).read_bytes()
 
 
@@ -358,6 +423,7 @@ def read_head(path: FilePath, size: int = 8) -> bytes:
     if isinstance(path, RemotePath):
         with storage.open_input(path) as handle:
             return handle.read(size)
+    regular_file(path)
     try:
         with open(path, "rb") as handle:
             return handle.read(size)

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from rcdiag.errors import InputError
+from rcdiag.fields import STEP_RANGE
 from rcdiag.io.base import Chunk, split_rows
 from rcdiag.io.columns import Resolved
 from rcdiag.io.limits import ROW_TOKENS
@@ -31,11 +32,35 @@ def mask_array(values: pa.Array) -> np.ndarray:
 
 
 def step_array(column: pa.Array, name: str, path: str, first_row: int) -> np.ndarray:
-    """Per-row steps as int64; a null step is an ``InputError``."""
+    """Per-row steps, exact (``exact_steps``); a null step is an ``InputError``."""
     if column.null_count:
         null_row = int(np.flatnonzero(~np.asarray(column.is_valid()))[0])
         raise InputError("is null; every row needs a step", path=path, row=first_row + null_row, column=name)
-    return column.to_numpy().astype(np.int64, copy=False)
+    return exact_steps(column.to_numpy())
+
+
+def exact_steps(values: np.ndarray) -> np.ndarray:
+    """Steps of any integer column as int64, or kept uint64 when one lies beyond int64 (a uint64 step of 2**63 or
+    more, which int64 would make negative): every step stays exact, and the engine keys its batches by the
+    Python ``int`` of each (``rcdiag.fields.STEP_RANGE``)."""
+    if values.dtype == np.uint64 and values.size and int(values.max()) > np.iinfo(np.int64).max:
+        return values
+    return values.astype(np.int64, copy=False)
+
+
+def constant_steps(step: int, rows: int) -> np.ndarray:
+    """``rows`` copies of the one step a file states (its name, a key), exact: int64, or uint64 beyond it."""
+    return np.full(rows, step, dtype=np.int64 if step <= np.iinfo(np.int64).max else np.uint64)
+
+
+def check_file_step(step: int, path: str, origin: str) -> None:
+    """A step a file states (its name, a key) must be one a step column could hold (``STEP_RANGE``)."""
+    low, high = STEP_RANGE
+    if not low <= step <= high:
+        raise InputError(
+            f"states step {step} (from its {origin}), beyond the range of a step (int64 or uint64: {low} to {high})",
+            path=path,
+        )
 
 
 def id_array(column: pa.Array) -> np.ndarray:

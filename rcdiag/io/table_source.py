@@ -65,12 +65,16 @@ class TableSource(Source):
         return [Part(self.info.path, tuple(refs[i] for i in run)) for run in runs]
 
     def want_tokens(self, wanted: bool) -> None:
+        """``InputFacts.columns["token_ids"]``: the column when it is read; ``None`` when the dump has none (an
+        absent optional column, which the verdict names); left out when the dump has one that is not read."""
         for file in self.files:
             file.tokens_wanted = wanted
         token = self.files[0].token_column
         if token is not None:
             self.info.columns["token_ids"] = token
             self.info.dtypes[token] = str(self.files[0].schema.field(token).type)
+        elif self.files[0].cols.token is None:
+            self.info.columns["token_ids"] = None
         else:
             self.info.columns.pop("token_ids", None)
 

@@ -20,7 +20,16 @@ from rcdiag.errors import InputError
 from rcdiag.io.arrow_lists import check_same_lengths, flatten_list, float_values, is_list_type
 from rcdiag.io.base import Chunk, ColumnMap
 from rcdiag.io.columns import Resolved, check_unique, long_layout_reason, resolve
-from rcdiag.io.record_batches import Batch, id_array, mask_array, slice_chunks, step_array, token_values
+from rcdiag.io.record_batches import (
+    Batch,
+    check_file_step,
+    constant_steps,
+    id_array,
+    mask_array,
+    slice_chunks,
+    step_array,
+    token_values,
+)
 
 METADATA_COLUMNS = {
     "temperature": "temperature",
@@ -63,6 +72,8 @@ class TableFile(ABC):
         self.schema = schema
         self.kv_metadata = dict(kv_metadata or {})
         self.total_rows = total_rows
+        if step is not None:
+            check_file_step(step, path, step_origin)
         self.step = step
         """The step of every row when the container says it; ``step_origin`` says where ("file name",
         "directory name" or "key 'NAME'"), used only when the dump has no step column."""
@@ -233,7 +244,7 @@ def list_chunks(batch: Batch, cols: Resolved, chunk_tokens: int, token: str | No
     if cols.step is not None:
         steps = step_array(data.column(cols.step), cols.step, path, row)
     elif batch.step is not None:
-        steps = np.full(data.num_rows, batch.step, dtype=np.int64)
+        steps = constant_steps(batch.step, data.num_rows)
     old = float_values(old_values)
     rollout = float_values(rollout_values)
     ids = id_array(data.column(cols.id)) if cols.id is not None else None

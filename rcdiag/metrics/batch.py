@@ -11,6 +11,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import ResolvedConfig
 from rcdiag.core.limits import finite
@@ -64,6 +66,34 @@ class GroupedBatch(ABC):
         self.empty_rows += block.n_rows - block.n_valid_rows
         for group in self.groups():
             group.update(block)
+
+    def counts_contradiction(self) -> str | None:
+        """Where this batch's counts contradict each other (a damaged or edited state file), else ``None``. The
+        invariants follow from what ``update`` adds: every row is counted once, by the batch and by each group
+        that declares a ``rows`` state; every valid token likewise (a ``tokens`` state); a ``valid_rows`` state
+        counts the rows that are not empty; a histogram (a ``counts`` state, with its ``nan``) holds every valid
+        token once."""
+        rows, valid, empty = self.rows, self.valid_tokens, self.empty_rows
+        if empty > rows:
+            return f"empty_rows is {empty} but rows is {rows}"
+        if valid < rows - empty:
+            return f"valid_tokens is {valid} but {rows - empty} rows (rows - empty_rows) have a valid token each"
+        expected = {
+            "rows": ("rows", rows),
+            "tokens": ("valid_tokens", valid),
+            "valid_rows": ("rows - empty_rows", rows - empty),
+        }
+        for group in self.groups():
+            declared, state, kind = type(group).STATES, group.state, type(group).__name__
+            for name, (label, count) in expected.items():
+                value = state.get(name)
+                if declared.get(name) == "sum" and isinstance(value, float | int) and value != count:
+                    return f"{kind}.{name} is {_count(value)} but {label} is {count}"
+            if declared.get("counts") == "counts":
+                held = float(np.asarray(state["counts"]).sum()) + float(state.get("nan", 0.0))  # nan: any sum
+                if held != valid:
+                    return f"{kind} holds {_count(held)} tokens (counts and nan) but valid_tokens is {valid}"
+        return None
 
     def merge_state(self, other: GroupedBatch) -> None:
         """Fold ``other``'s groups and counts into this batch's (the caller checks they were configured alike)."""
@@ -151,6 +181,11 @@ class BatchMetrics(GroupedBatch):
                 tuple(EDGES.tolist()), tuple(self.log_ratio.counts.tolist()), int(self.log_ratio.state["nan"])
             ),
         )
+
+
+def _count(value: float | int) -> str:
+    """A count as a state file holds it (a float sum of whole numbers), shown as an integer where it is one."""
+    return str(int(value)) if float(value).is_integer() else repr(value)
 
 
 def merge_groups(groups: list[Accumulator], others: list[Accumulator]) -> None:

@@ -20,11 +20,11 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
 from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure, SubFigure
-from matplotlib.text import Text
 from matplotlib.ticker import MaxNLocator
 
 from rcdiag.catalogue import short_key
 from rcdiag.config import SAFETY_BOUND
+from rcdiag.render import log_hist
 from rcdiag.render.panels import (
     STATUS_COLOURS,
     TRENDS,
@@ -144,11 +144,15 @@ def dashboard(reports: Sequence[tuple[str | None, Report]], title: str) -> Figur
     report = reports[0][1]
     verdict = report.verdict if len(reports) == 1 else None
     rows = verdict_rows(verdict) if verdict is not None else ([], [])
-    band = VERDICT_TOP + VERDICT_LINE * max(len(rows[0]), len(rows[1])) if verdict is not None else 0.0
+    width, dpi = 16, 120
+    band = 0.0
+    if verdict is not None:
+        headline = (len(headline_lines(verdict, width * dpi, dpi)) - 1) * HEADLINE_LINE
+        band = VERDICT_TOP + headline + VERDICT_LINE * max(len(rows[0]), len(rows[1]))
     has_steps = any(r.steps for _, r in reports)
     explained = report.explain is not None and len(reports) == 1
     panels = 10.0 if has_steps else (9.0 if explained else 4.6)
-    fig = figure(16, band + panels + 0.6, dpi=120)
+    fig = figure(width, band + panels + 0.6, dpi=dpi)
     with matplotlib.rc_context(STYLE):
         fig.suptitle(title, x=0.01, ha="left", fontsize=13)
         if verdict is not None:
@@ -218,25 +222,35 @@ def verdict_rows(verdict: Verdict) -> tuple[list[tuple[str, str]], list[tuple[st
     return left, right
 
 
-HEADLINE_POINTS = (15.0, 9.0)
-"""The headline's font size, and the smallest it shrinks to so that a long headline stays on one line."""
+HEADLINE_POINTS = 14.0
+"""The headline's font size (bold)."""
+HEADLINE_LINE = HEADLINE_POINTS * 1.25 / 72
+"""One headline line, in inches (its font size at a line spacing of 1.25)."""
 
 
-def _fit(text: Text, width_px: float) -> None:
-    """Shrink ``text`` to fit ``width_px`` (measured by the renderer), down to ``HEADLINE_POINTS[1]``; cut it with an
-    ellipsis only if it does not fit even then (the HTML report and the terminal show the headline whole)."""
-    root = text.get_figure(root=True)
-    assert root is not None
-    renderer = RendererAgg(int(root.bbox.width), int(root.bbox.height), root.dpi)  # measures as the PNG draws
-    largest, smallest = HEADLINE_POINTS
-    width = text.get_window_extent(renderer).width
-    if width <= width_px:
-        return
-    text.set_fontsize(max(smallest, largest * width_px / width))
-    words = text.get_text()
-    while text.get_window_extent(renderer).width > width_px and len(words) > 1:
-        words = words[: int(len(words) * 0.97)].rstrip()
-        text.set_text(words + "…")
+def _badge_end(verdict: Verdict) -> float:
+    """Where the headline starts, as a share of the band's width: past the badge (bold capitals, about 0.0105 of
+    the width each)."""
+    return 0.032 + 0.0105 * len(verdict.status)
+
+
+def headline_lines(verdict: Verdict, width_px: float, dpi: float) -> list[str]:
+    """The headline wrapped, word by word, to the band's width right of the badge (``width_px`` the band's, in
+    pixels at ``dpi``), each line measured as the PNG draws it: never cut (the HTML report and the terminal show
+    the same words)."""
+    from matplotlib.font_manager import FontProperties
+
+    renderer = RendererAgg(1, 1, dpi)
+    font = FontProperties(size=HEADLINE_POINTS, weight="bold")
+    room = (1 - _badge_end(verdict) - 0.008) * width_px
+    lines: list[str] = []
+    for word in verdict.headline.split():
+        trial = f"{lines[-1]} {word}" if lines else word
+        if lines and renderer.get_text_width_height_descent(trial, font, ismath=False)[0] <= room:
+            lines[-1] = trial
+        else:
+            lines.append(word)
+    return lines or [""]
 
 
 def draw_verdict(
@@ -249,13 +263,14 @@ def draw_verdict(
     fig.patch.set_facecolor("#f6f8fa")
     fig.text(0.012, 1 - 0.3 / height, verdict.status.upper(), color="white", fontsize=16, fontweight="bold",
              va="center", bbox={"boxstyle": "round,pad=0.4", "facecolor": colour, "edgecolor": colour})  # fmt: skip
-    after = 0.032 + 0.0105 * len(verdict.status)  # past the badge (bold capitals, about 0.0105 of the width each)
-    headline = fig.text(after, 1 - 0.3 / height, verdict.headline, fontsize=HEADLINE_POINTS[0], fontweight="bold",
-                        va="center", color="#1d2329")  # fmt: skip
-    _fit(headline, (1 - after - 0.008) * fig.bbox.width)
-    for x, lines in ((0.008, rows[0]), (0.62, rows[1])):
-        for i, (kind, text) in enumerate(lines):
-            y = 1 - (VERDICT_TOP + (i + 0.5) * VERDICT_LINE) / height
+    after = _badge_end(verdict)
+    lines = headline_lines(verdict, fig.bbox.width, fig.dpi)
+    fig.text(after, 1 - (0.3 - HEADLINE_LINE / 2) / height, "\n".join(lines), fontsize=HEADLINE_POINTS,
+             fontweight="bold", va="top", linespacing=1.25, color="#1d2329")  # fmt: skip
+    below = (len(lines) - 1) * HEADLINE_LINE  # the band's rows start under the headline's last line
+    for x, rows_ in ((0.008, rows[0]), (0.62, rows[1])):
+        for i, (kind, text) in enumerate(rows_):
+            y = 1 - (VERDICT_TOP + below + (i + 0.5) * VERDICT_LINE) / height
             styles: dict[str, dict[str, Any]] = {"title": {"fontweight": "bold", "fontsize": 12},
                                                  "code": {"family": "monospace", "fontsize": 11},
                                                  "text": {"fontsize": 11}}  # fmt: skip
@@ -343,28 +358,42 @@ def _dedupe_legend(ax: Axes) -> None:
 
 
 def draw_histogram(ax: Axes, histograms: Sequence[Drawn], share: bool = False) -> None:
-    """The log-ratio distribution: counts (or, with ``share``, shares of tokens) per logarithmic bin, on a
-    logarithmic count axis; the region where verl's clamps bite is shaded."""
+    """The log-ratio distribution on a symmetric-log axis whose linear part holds the bulk of the tokens, each bar
+    its tokens (or, with ``share``, shares of tokens) per unit of the drawn axis, so a bar's area is its tokens and
+    unimodal noise reads as one hump (``rcdiag.render.log_hist``); a logarithmic height axis; the region where
+    verl's clamps bite is shaded."""
+    scaled = [_scaled(drawn.histogram, share) for drawn in histograms]
+    pooled = [sum(column) for column in zip(*scaled, strict=True)]
+    threshold = log_hist.linthresh(histograms[0].histogram.edges, pooled)
+    drawn_bars = [log_hist.bars(d.histogram.edges, counts, threshold) for d, counts in zip(histograms, scaled,
+                                                                                            strict=True)]  # fmt: skip
+    positive = [h for b in drawn_bars for h in b.heights if h > 0]
+    floor = min(positive) / 4 if positive else 0.5
     with matplotlib.rc_context(STYLE):
         ax.set_title("Token log-ratio log π_train − log π_rollout", loc="left")
-        ax.set_xscale("symlog", linthresh=1e-6, linscale=0.5)
+        ax.set_xscale("symlog", **log_hist.axis_kwargs(threshold))
         ax.set_yscale("log")
-        ax.set_xlabel("log-ratio (symmetric log scale; outer bins hold everything beyond ±100)")
-        ax.set_ylabel("share of tokens" if share else "tokens")
-        for drawn in histograms:
-            histogram = drawn.histogram
-            edges = [2 * histogram.edges[0], *histogram.edges, 2 * histogram.edges[-1]]
-            total = max(sum(histogram.counts), 1)
-            counts = [c / total if share else c for c in histogram.counts]
-            floor = 0.5 / total if share else 0.5
-            ax.stairs([max(c, floor) for c in counts], edges, baseline=floor, fill=len(histograms) == 1,
+        ax.set_xlabel(f"log-ratio (linear within ±{threshold:.3g}, logarithmic beyond; outer bins hold everything "
+                      "beyond ±100)")  # fmt: skip
+        ax.set_ylabel(("share of tokens" if share else "tokens") + " per axis unit (bar area ∝ tokens)")
+        for drawn, b in zip(histograms, drawn_bars, strict=True):
+            ax.stairs([max(h, floor) for h in b.heights], b.edges, baseline=floor, fill=len(histograms) == 1,
                       color=drawn.colour, linestyle=drawn.style, alpha=0.55 if len(histograms) == 1 else 0.9,
                       label=drawn.label, linewidth=1.5)  # fmt: skip
-        ax.axvspan(SAFETY_BOUND, 2 * histograms[0].histogram.edges[-1], color=WARN, alpha=0.07)
-        ax.axvspan(2 * histograms[0].histogram.edges[0], -SAFETY_BOUND, color=WARN, alpha=0.07,
+        outer = drawn_bars[0].edges
+        ax.axvspan(SAFETY_BOUND, outer[-1], color=WARN, alpha=0.07)
+        ax.axvspan(outer[0], -SAFETY_BOUND, color=WARN, alpha=0.07,
                    label=f"|log-ratio| > {SAFETY_BOUND:g}: verl clamps")  # fmt: skip
-        ax.set_xticks(list(LOG_TICKS), list(LOG_TICKS.values()))
-        ax.legend(loc="upper center")
+        ticks = {0.0: "0", threshold: f"{threshold:.2g}", -threshold: f"−{threshold:.2g}"}
+        ticks.update({t: label for t, label in LOG_TICKS.items() if abs(t) >= 2 * threshold})
+        ax.set_xticks(list(ticks), list(ticks.values()))
+        ax.set_xticks([], minor=True)
+        ax.legend(loc="upper left")
+
+
+def _scaled(histogram: Histogram, share: bool) -> list[float]:
+    total = max(sum(histogram.counts), 1)
+    return [c / total if share else float(c) for c in histogram.counts]
 
 
 def weight_settings(reports: Sequence[tuple[str | None, Report]]) -> list[tuple[str, WeightSetting | None]]:
@@ -483,7 +512,7 @@ def draw_sweep(
         ax.set_xscale("log")
         ax.set_yscale("symlog", linthresh=1e-4)
         ax.set_xlabel("threshold's upper bound U" + (" (spaced by ln U)" if narrow else ""))
-        ax.set_ylabel("share rejected")
+        ax.set_ylabel("share beyond the bounds (truncated)" if option.startswith("is_") else "share rejected")
         for i, (label, (xs, ys)) in enumerate(curves.items()):
             style = "--" if "responses" in label else "-"
             values = [math.nan if y is None else y for y in ys]

@@ -43,7 +43,7 @@ from rcdiag.report import Finding, Report, Verdict
 
 if TYPE_CHECKING:
     from rcdiag.compare.records import Comparison
-    from rcdiag.sweep.sweep_report import SweepReport, SweepRow
+    from rcdiag.sweep.sweep_report import Recommendation, SweepReport, SweepRow
 
 MAX_STEP_ROWS = 400
 """Per-step table rows; a longer run shows this many evenly spaced steps (every step is in the charts)."""
@@ -427,16 +427,44 @@ def _sweep_curves(report: SweepReport) -> str:
 
 
 def _recommendations(report: SweepReport) -> str:
-    rows = [
-        (f"<code>{e(r.option)}</code>",
-         f"<code>{e(r.threshold)}</code>" if r.threshold is not None else "cannot be met", e(r.share),
-         fmt(r.token_reject), fmt(r.seq_reject),
-         e(r.unreachable) if r.unreachable else f"<pre>{e(r.yaml.rstrip())}</pre>" + "".join(
-             f'<p class="note">{e(w)}</p>' for w in r.warnings))
+    """RS recommendations (what they reject) and IS ones (what they truncate), each with its YAML unless it is no
+    setting to paste, and where it sits on the grid."""
+    from rcdiag.sweep.sweep_report import GRID_NOTE, IS_SHARES, RS_SHARES, weights_truncated
+
+    def cells(r: Recommendation) -> tuple[str, ...]:
+        threshold = f"<code>{e(r.threshold)}</code>" if r.threshold is not None else "cannot be met"
+        grid = (
+            ""
+            if r.nearest is None
+            else (
+                "on the grid"
+                if r.nearest.on_grid
+                else f"<code>{e(r.nearest.threshold)}</code> ({fmt(r.nearest.share)})"
+            )
+        )
+        if r.unreachable:
+            yaml = e(r.unreachable)
+        elif r.not_config:
+            yaml = f'<p class="note"><b>not config, do not paste:</b> {e(r.not_config)}</p>'
+        else:
+            yaml = f"<pre>{e(r.yaml.rstrip())}</pre>"
+        yaml += "".join(f'<p class="note">{e(w)}</p>' for w in r.warnings)
+        return (f"<code>{e(r.option)}</code>", threshold, fmt(r.token_reject), fmt(r.seq_reject), grid, yaml)
+
+    rs = [cells(r) for r in report.recommendations if not r.option.startswith("is_")]
+    is_ = [
+        (c[0], c[1], e(weights_truncated(r)), *c[2:])
         for r in report.recommendations
-    ]  # fmt: skip
-    headers = ("option", "threshold", "share targeted", "tokens rejected", "responses rejected", "verl YAML")
-    return table(headers, rows, numeric=(3, 4))
+        if r.option.startswith("is_")
+        for c in (cells(r),)
+    ]
+    parts = [f'<p class="note">{e(GRID_NOTE)}</p>']
+    if rs:
+        parts.append(table(("option", "threshold", *RS_SHARES, "nearest grid point", "verl YAML"), rs, numeric=(2, 3)))
+    if is_:
+        headers = ("IS level (TIS)", "threshold", "weights truncated", *IS_SHARES, "nearest grid point", "verl YAML")
+        parts.append(table(headers, is_, numeric=(3, 4)))
+    return "".join(parts)
 
 
 def _presets(report: SweepReport) -> str:
@@ -459,5 +487,6 @@ def _sweep_rows(report: SweepReport) -> str:
          fmt(r.ess), "verl would crash" if r.crashes else "")
         for r in report.rows
     ]  # fmt: skip
-    headers = ("option", "threshold", "tokens rejected", "responses rejected", "ESS", "")
+    headers = ("option", "threshold", "tokens rejected (IS: beyond the bounds)",
+               "responses rejected (IS: beyond the bounds)", "ESS", "")  # fmt: skip
     return table(headers, rows, numeric=(2, 3, 4))

@@ -14,7 +14,16 @@ from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.printable import printable
 from rcdiag.render.panels import sparkline
 from rcdiag.render.table import fmt
-from rcdiag.sweep.sweep_report import PRESET_RANKING, SweepReport, SweepRow
+from rcdiag.sweep.sweep_report import (
+    GRID_NOTE,
+    IS_SHARES,
+    PRESET_RANKING,
+    RS_SHARES,
+    Recommendation,
+    SweepReport,
+    SweepRow,
+    weights_truncated,
+)
 
 P = PREFIX
 BAR_WIDTH = 20
@@ -48,13 +57,25 @@ def render_sweep(report: SweepReport, console: Console) -> None:
     for option, rows in groupby(report.rows, key=lambda r: r.option):
         console.print(_option_table(option, list(rows)))
     if report.recommendations:
-        console.print(_recommendations(report))
+        for table in _recommendations(report):
+            console.print(table)
+        console.print(Text(GRID_NOTE))
         for note, options in _notes(report).items():
             console.print(Text.assemble(("WARNING ", "yellow"), (f"{', '.join(options)}: ", "bold"), note))
-        console.print(Text("verl YAML to paste (one option each):", style="bold"))
+        pasteable = [rec for rec in report.recommendations if rec.yaml]
+        if pasteable:
+            console.print(Text("verl YAML to paste (one option each):", style="bold"))
+        for rec in pasteable:
+            console.print(Text(rec.yaml.rstrip()))
         for rec in report.recommendations:
-            if rec.threshold is not None:
-                console.print(Text(rec.yaml.rstrip()))
+            if rec.not_config:
+                console.print(
+                    Text.assemble(
+                        ("NOT CONFIG ", "bold red"),
+                        (f"{rec.option} {rec.threshold}: ", "bold"),
+                        f"no YAML offered, do not paste it: {rec.not_config}",
+                    )
+                )
     if report.presets:
         console.print(_presets(report))
     for finding in report.findings:
@@ -117,15 +138,46 @@ def _worst_step(row: SweepRow) -> str:
     return f"{next(step for v, step in present if v == value)} ({fmt(value)})"
 
 
-def _recommendations(report: SweepReport) -> Table:
+def _recommendations(report: SweepReport) -> list[Table]:
+    """RS recommendations (what they reject), then IS ones (what they truncate: TIS never rejects a sample)."""
     target = report.target_reject
-    table = _table(f"Recommended thresholds: closest to {target:g} rejected without exceeding it")
-    for name in ("option", "threshold", "share targeted", "tokens rejected", "responses rejected"):
-        table.add_column(name, justify="left" if name in ("option", "threshold") else "right")
-    for rec in report.recommendations:
-        threshold = "cannot be met" if rec.threshold is None else rec.threshold + (" (!)" if rec.warnings else "")
-        table.add_row(rec.option, threshold, rec.share, fmt(rec.token_reject), fmt(rec.seq_reject))
-    return table
+    rs = [rec for rec in report.recommendations if not rec.option.startswith("is_")]
+    is_ = [rec for rec in report.recommendations if rec.option.startswith("is_")]
+    tables = []
+    if rs:
+        table = _table(f"Recommended RS thresholds: closest to {target:g} rejected without exceeding it")
+        columns = ("option", "threshold", "share targeted", *RS_SHARES, "nearest grid point")
+        for name in columns:
+            table.add_column(name, justify="left" if name in ("option", "threshold", "nearest grid point") else "right")
+        for rec in rs:
+            shares = (fmt(rec.token_reject), fmt(rec.seq_reject))
+            table.add_row(rec.option, _threshold(rec), rec.share, *shares, _grid(rec))
+        tables.append(table)
+    if is_:
+        table = _table(f"Recommended IS thresholds (TIS): closest to {target:g} of the weights truncated, not above it")
+        columns = ("option", "threshold", "weights truncated", *IS_SHARES, "nearest grid point")
+        for name in columns:
+            table.add_column(name, justify="left" if name in ("option", "threshold", "nearest grid point") else "right")
+        for rec in is_:
+            row = (weights_truncated(rec), fmt(rec.token_reject), fmt(rec.seq_reject))
+            table.add_row(rec.option, _threshold(rec), *row, _grid(rec))
+        tables.append(table)
+    return tables
+
+
+def _threshold(rec: Recommendation) -> str:
+    if rec.threshold is None:
+        return "cannot be met"
+    return rec.threshold + (" (do not paste)" if rec.not_config else " (!)" if rec.warnings else "")
+
+
+def _grid(rec: Recommendation) -> str:
+    """Where the exact threshold sits on the grid."""
+    if rec.nearest is None:
+        return ""
+    if rec.nearest.on_grid:
+        return "on the grid"
+    return f"{rec.nearest.threshold} ({fmt(rec.nearest.share)})"
 
 
 def _notes(report: SweepReport) -> dict[str, list[str]]:

@@ -9,19 +9,26 @@ k1 bands are symmetric in log space, ``[1/U, U]``, written as ``L_U`` with ``log
 so the band rejects exactly the values whose ``|log ratio|`` exceeds ``log U``. A statistic beyond ``K1_BAND_MAX``
 (a sequence log-ratio sum of 800: ``exp(800)`` is no float) gets the widest band a decimal spec can state, and its
 rejected shares are those of that band, above the target where it must be. IS recommendations truncate (TIS).
+
+Each threshold is an exact value for the target, usually not one of the grid's points: ``place_on_grid`` says
+which swept threshold comes nearest. A threshold that rejects or truncates nothing (beyond verl's clamp) or sits at
+a float32 limit is no setting anyone should paste: it gets ``not_config`` and no YAML.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Iterable
 
 import numpy as np
 
 from rcdiag.config import SAFETY_BOUND
 from rcdiag.core.formulas import POS_INF_KEY
+from rcdiag.core.limits import F32_MAX
 from rcdiag.sweep.collector import BUCKETS, Collector, bucket, edge
 from rcdiag.sweep.grid import IS_OPTIONS, resolve
-from rcdiag.sweep.sweep_report import Recommendation
+from rcdiag.sweep.sweep_report import GridNeighbour, Recommendation, SweepRow
 
 K1_BAND_MAX = float(np.nextafter(np.float32(math.log(np.finfo(np.float64).max)), np.float32(0.0)))
 """The widest k1 band, ``+-709.78`` in log space: ``exp`` of more overflows, so no spec states a wider one."""
@@ -74,6 +81,68 @@ def warnings(option: str, spec: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+F32_TINY = float(np.nextafter(np.float32(0.0), np.float32(1.0)))
+"""The smallest positive float32: a threshold there rejects every value above 0."""
+
+
+def not_config(option: str, spec: str) -> str | None:
+    """Why a recommended spec is no setting to paste into verl's config, or ``None`` when it is one: a band or
+    threshold beyond verl's clamp rejects (or truncates) nothing a weight can show, and a bound at a float limit
+    (the widest band a spec can state, a threshold at the smallest or largest float32) says only that the dump's
+    values reach that limit."""
+    upper = float(spec.split("_")[-1])
+    if option.endswith("k1") and option != "is_token":
+        if math.log(upper) >= K1_BAND_MAX * (1 - 1e-6):
+            return "the widest band a spec can state (a float limit): the dump's statistic lies beyond any band"
+        if math.log(upper) > SAFETY_BOUND:
+            return f"the band is wider than e^+-{SAFETY_BOUND:g}, verl's clamp on any ratio: " + (
+                "it rejects nothing" if option != "seq_sum_k1" else "the dump's mismatch is far beyond correction"
+            )
+        return None
+    if option.startswith("is_") and upper > CLAMP_WEIGHT:
+        return f"beyond verl's clamp (e^{SAFETY_BOUND:g}): it truncates nothing"
+    if upper >= F32_MAX or upper <= F32_TINY:
+        return "the threshold sits at a float32 limit"
+    return None
+
+
+def place_on_grid(
+    recommendations: Iterable[Recommendation], rows: Iterable[SweepRow], target: float | None, version: str
+) -> list[Recommendation]:
+    """Each recommendation with the swept threshold whose targeted share comes nearest to ``target`` (ties: the one
+    nearest the recommendation in value; ``Recommendation.nearest``); for IS only TIS thresholds count, since the
+    recommendations truncate. Specs are compared as verl ``version`` parses them (the grid's release)."""
+    by_option: dict[str, list[SweepRow]] = {}
+    for row in rows:
+        if not (row.option.startswith("is_") and "_" in row.threshold):
+            by_option.setdefault(row.option, []).append(row)
+    return [
+        dataclasses.replace(rec, nearest=_nearest(rec, by_option.get(rec.option, []), target, version))
+        for rec in recommendations
+    ]
+
+
+def _nearest(rec: Recommendation, rows: list[SweepRow], target: float | None, version: str) -> GridNeighbour | None:
+    if rec.threshold is None or target is None:
+        return None
+    pairs = ((row.token_reject if rec.share == "token" else row.seq_reject, row) for row in rows)
+    shares = [(share, row) for share, row in pairs if share is not None]
+    if not shares:
+        return None
+    mine = resolve(rec.option, rec.threshold, version)
+    for share, row in shares:  # the recommendation is a grid point: that one, whatever another's share
+        if dataclasses.replace(resolve(rec.option, row.threshold, version), spec=mine.spec) == mine:
+            return GridNeighbour(row.threshold, float(share), True)
+    mine_upper = float(rec.threshold.split("_")[-1])
+
+    def apart(spec: str) -> float:  # among equal shares, the grid point nearest the recommendation in value
+        upper = float(spec.split("_")[-1])
+        return abs(math.log(upper) - math.log(mine_upper)) if upper > 0 and mine_upper > 0 else math.inf
+
+    share, row = min(shares, key=lambda pair: (abs(pair[0] - target), pair[0] > target, apart(pair[1].threshold)))
+    return GridNeighbour(row.threshold, float(share), False)
+
+
 def choose(collector: Collector, option: str, target: float) -> Recommendation | None:
     """The recommendation of one option; ``None`` if the dump has no valid token."""
     c = collector.collectors[option]
@@ -106,9 +175,14 @@ def choose(collector: Collector, option: str, target: float) -> Recommendation |
         token_reject = float(lengths[_rejected(rows, threshold)].sum()) / collector.tokens
     seq_reject = float(np.count_nonzero(_rejected(rows, threshold))) / max(collector.valid_rows, 1)
     spec = _spec(option, threshold)
-    return Recommendation(
-        option, spec, token_reject, seq_reject, share, verl_yaml(option, spec), warnings(option, spec)
-    )
+    return _made(option, spec, token_reject, seq_reject, share)
+
+
+def _made(option: str, spec: str, token_reject: float, seq_reject: float, share: str) -> Recommendation:
+    """A recommendation, its YAML only when it is a setting to paste."""
+    why = not_config(option, spec)
+    yaml = verl_yaml(option, spec) if why is None else ""
+    return Recommendation(option, spec, token_reject, seq_reject, share, yaml, warnings(option, spec), not_config=why)
 
 
 def _rejected(values: np.ndarray, threshold: float) -> np.ndarray:
@@ -158,14 +232,12 @@ def _sequence_is(rows: np.ndarray, lengths: np.ndarray, collector: Collector, ta
     spec = _float_spec(float(upper))
     log_upper = float(np.log(np.float32(float(spec))))
     hit = _rejected(rows, log_upper)
-    return Recommendation(
+    return _made(
         "is_sequence",
         spec,
         float(lengths[hit].sum()) / max(collector.tokens, 1),
         float(np.count_nonzero(hit)) / max(collector.rows, 1),
         "response",
-        verl_yaml("is_sequence", spec),
-        warnings("is_sequence", spec),
     )
 
 

@@ -19,7 +19,7 @@ from rcdiag.options import ReadOptions
 from rcdiag.report import Finding, InputFacts
 from rcdiag.sweep.accumulated import PointResult, SweepState, new_sweep_state
 from rcdiag.sweep.grid import SweepGrid, build_grid
-from rcdiag.sweep.recommend import recommend
+from rcdiag.sweep.recommend import place_on_grid, recommend
 from rcdiag.sweep.sweep_report import SweepReport, SweepRow, rank_presets
 from rcdiag.validate import Screen, as_chunk
 
@@ -87,8 +87,8 @@ def merge_sweep_states(paths: list[str | Path], min_ess: float = 0.0) -> SweepRe
     (at the target the states were written with) when every state carries what they need."""
     from rcdiag.state import combined_info, merge_state_files
 
-    state, sources, stats = merge_state_files(paths)
-    assert isinstance(state, SweepState)
+    state, sources, stats = merge_state_files(paths, "sweep")
+    assert isinstance(state, SweepState)  # merge_state_files refused any other kind
     facts = input_facts(state, combined_info(sources), stats)
     return build_sweep_report(state, facts, "merged", min_ess)
 
@@ -115,7 +115,7 @@ def build_sweep_report(state: SweepState, facts: InputFacts, device: str, min_es
         rows.append(SweepRow(key[0], key[1], point.metrics, steps, crashes, crash_steps))
     return SweepReport(
         rows=tuple(rows),
-        recommendations=tuple(recommendations or ()),
+        recommendations=tuple(place_on_grid(recommendations or (), rows, target, state.grid.verl_version)),
         target_reject=target if recommendations is not None else None,
         presets=tuple(rank_presets(rows, min_ess, state.grid.verl_version)),
         min_ess=min_ess,

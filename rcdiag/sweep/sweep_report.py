@@ -84,6 +84,13 @@ class Recommendation:
     """What to know before pasting it: beyond verl's clamp, outside verl's typical range."""
     unreachable: str | None = None
     """Why no threshold meets the target on this dump (too few responses or tokens)."""
+    not_config: str | None = None
+    """Why this threshold is no setting to paste (it rejects or truncates nothing, being beyond verl's clamp, or it
+    sits at a float32 limit); ``None`` when it is. Such a recommendation has no ``yaml``: renderers never offer it
+    as config."""
+    nearest: GridNeighbour | None = None
+    """Where the recommendation sits on the swept grid (set by ``place_on_grid``): the threshold is an exact value
+    computed for the target, usually not one of the grid's points."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,7 +100,42 @@ class Recommendation:
             "seq_reject": self.seq_reject,
             "warnings": list(self.warnings),
             "unreachable": self.unreachable,
+            "not_config": self.not_config,
+            "on_grid": None if self.nearest is None else self.nearest.on_grid,
+            "nearest_grid_threshold": None if self.nearest is None else self.nearest.threshold,
+            "nearest_grid_share": None if self.nearest is None else self.nearest.share,
         }
+
+
+RS_SHARES = ("tokens rejected", "responses rejected")
+"""What an RS recommendation's ``token_reject`` and ``seq_reject`` are, in every renderer's words."""
+IS_SHARES = ("tokens under a truncated weight", "responses with a truncated weight")
+"""The same two shares of an IS recommendation: TIS truncates weights, it never rejects a sample."""
+WEIGHT_KIND = {"token": "token", "response": "sequence"}
+"""The weights an IS recommendation's targeted share counts (``Recommendation.share`` -> token or sequence)."""
+GRID_NOTE = (
+    "The thresholds are exact values for the target, computed from the dump, not grid points unless marked 'on the "
+    "grid'; the nearest grid point is the swept threshold whose share comes closest to the target (share in brackets)."
+)
+"""Said under the recommendations, by every renderer: what a threshold off the grid is."""
+
+
+def weights_truncated(rec: Recommendation) -> str:
+    """An IS recommendation's targeted share, as the share of weights it truncates."""
+    share = rec.token_reject if rec.share == "token" else rec.seq_reject
+    return "" if share is None else f"{share:.6g} of {WEIGHT_KIND[rec.share]} weights"
+
+
+@dataclass(frozen=True)
+class GridNeighbour:
+    """The swept threshold whose targeted share comes closest to the target (among TIS thresholds for IS, which the
+    recommendations truncate with), and whether the recommendation is that very threshold."""
+
+    threshold: str
+    share: float
+    """Its targeted share (tokens or responses, as the recommendation's ``share``)."""
+    on_grid: bool
+    """The recommended threshold is this grid point (the same value, however written)."""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from rcdiag.watch.alerts import Alert, AlertPolicy
 from rcdiag.watch.deliver import Delivery, Dispatcher
-from rcdiag.watch.forecast import Forecast, forecast_crossing
+from rcdiag.watch.files import FileChange
+from rcdiag.watch.forecast import Forecast, NoTrend, forecast_crossing, trend
 from rcdiag.watch.session import ReportEvent, StepEvent, Watch, default_state_path
 
 __all__ = [
@@ -17,10 +18,13 @@ __all__ = [
     "AlertPolicy",
     "Delivery",
     "Dispatcher",
+    "FileChange",
     "Forecast",
+    "NoTrend",
     "ReportEvent",
     "StepEvent",
     "Watch",
     "default_state_path",
     "forecast_crossing",
+    "trend",
 ]

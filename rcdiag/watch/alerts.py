@@ -3,7 +3,8 @@ new step; an alert is new the first time its key holds (``finding:CODE``, ``rule
 and is not raised again at the following steps, nor after a restart (the keys are kept in the watch state).
 
 Severities: a finding keeps its own; a failed rule is an ``error`` (the bound ``check`` would fail on); a forecast
-crossing is a ``warning`` (it has not happened yet).
+crossing is a ``warning`` (it has not happened yet); a file replaced or deleted after it was read (``file:NAME``)
+is a ``warning``: the watch's counts no longer match the directory's.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from rcdiag.check.findings_gate import FindingGate
 from rcdiag.check.metric_names import resolve_metric
 from rcdiag.check.rules import Rule
 from rcdiag.report import Report, Severity
-from rcdiag.watch.forecast import DEFAULT_LEVEL, DEFAULT_WINDOW, Direction, Forecast, forecast_crossing
+from rcdiag.watch.files import FileChange
+from rcdiag.watch.forecast import DEFAULT_LEVEL, DEFAULT_WINDOW, Direction, Forecast, NoTrend, trend
 
-AlertKind = Literal["finding", "rule", "forecast"]
+AlertKind = Literal["finding", "rule", "forecast", "file"]
 DEFAULT_HORIZON = 50
 """A forecast alerts when its expected crossing is at most this many steps ahead."""
 DEFAULT_GATE = FindingGate(severity="warning")
@@ -65,9 +67,11 @@ class AlertPolicy:
             return False
         return any(SEVERITY_RANK[a.severity] <= SEVERITY_RANK[self.exit_on] for a in alerts)
 
-    def on_step(self, steps: Report, step: int, alerted: Collection[str]) -> tuple[list[Alert], list[Forecast]]:
-        """The new rule and forecast alerts (keys not in ``alerted``) and the forecasts at ``step``; ``steps`` is a
-        report whose steps are those up to ``step``."""
+    def on_step(
+        self, steps: Report, step: int, alerted: Collection[str]
+    ) -> tuple[list[Alert], list[Forecast], list[NoTrend]]:
+        """The new rule and forecast alerts (keys not in ``alerted``), the forecasts at ``step`` and the bounded
+        metrics a level change leaves without a trend; ``steps`` is a report whose steps are those up to ``step``."""
         found: list[Alert] = []
         for result in evaluate_rules(steps, self.rules):
             if result.status == "failed":
@@ -76,14 +80,14 @@ class AlertPolicy:
                     Alert(f"rule:{result.label}", "rule", "error", step, message, result.key, result.value,
                           result.limit, result.to_dict())
                 )  # fmt: skip
-        forecasts = self.forecasts(steps)
+        forecasts, flat = self.trends(steps)
         for item in forecasts:
             if item.expected <= item.last_step + self.horizon:
                 key = f"forecast:{item.metric}:{item.direction}:{item.limit:g}"
                 found.append(
                     Alert(key, "forecast", "warning", step, item.message, item.metric, None, item.limit, item.to_dict())
                 )
-        return _new(found, alerted), forecasts
+        return _new(found, alerted), forecasts, flat
 
     def on_report(self, report: Report, step: int | None, alerted: Collection[str]) -> list[Alert]:
         """The new finding alerts of a whole report (attributed to ``step``, the last step read)."""
@@ -97,8 +101,13 @@ class AlertPolicy:
 
     def forecasts(self, report: Report) -> list[Forecast]:
         """The crossing forecast of each bounded rule (``max``, ``min``, ``max_abs``) whose metric is computed."""
+        return self.trends(report)[0]
+
+    def trends(self, report: Report) -> tuple[list[Forecast], list[NoTrend]]:
+        """``forecasts``, and each bounded metric whose last level change leaves no trend to forecast."""
         available = [*report.metrics, *report.extras]
         made: list[Forecast] = []
+        flat: list[NoTrend] = []
         seen: set[tuple[str, str, float]] = set()
         for rule in self.rules:
             direction = _DIRECTIONS.get(rule.kind)
@@ -110,12 +119,29 @@ class AlertPolicy:
             values = [(s.metrics | s.extras).get(key) for s in report.steps]
             if rule.kind == "max_abs":
                 values = [None if v is None else abs(v) for v in values]
-            made_one = forecast_crossing(
-                key, steps, values, rule.bound, direction, window=self.window, level=self.level
-            )
-            if made_one is not None:
+            made_one = trend(key, steps, values, rule.bound, direction, window=self.window, level=self.level)
+            if isinstance(made_one, Forecast):
                 made.append(made_one)
-        return made
+            elif made_one is not None:
+                flat.append(made_one)
+        return made, flat
+
+
+def file_alert(change: FileChange, step: int | None, location: str) -> Alert:
+    """A file read earlier changed or went: the watch keeps the rows it read (accumulators cannot give a file's rows
+    back), so its numbers and those of ``rcdiag analyze`` of the directory now differ; said once, by file."""
+    name = change.read.name
+    if change.now is None:
+        fate = "its rows stay counted here, and `rcdiag analyze` of the directory no longer counts them"
+    else:
+        fate = (
+            "the watch keeps the rows of the version it read and does not read it again; `rcdiag analyze` of the "
+            "directory reads the new one"
+        )
+    happened = "was deleted" if change.now is None else f"changed ({change.what})"
+    message = f"{name} in {location} {happened} after the watch read it: {fate}"
+    detail = {"file": name, "read": change.read.to_dict(), "now": None if change.now is None else change.now.to_dict()}
+    return Alert(f"file:{name}", "file", "warning", step, message, detail=detail)
 
 
 def _new(found: list[Alert], alerted: Collection[str]) -> list[Alert]:

@@ -5,6 +5,9 @@ names starting with ``.`` or ``_`` never read), so DumpWriter's hidden temporary
 name appears only once the part is whole (written, fsync'd, renamed). Any other writer may still be writing a file
 under its final name; such a file is read once it has *settled*: its size and modification time unchanged over
 ``settle`` seconds (across polls, or by an mtime that old when first seen). Object-store uploads appear whole.
+
+A file already read is never read again; when its stamp changes (rewritten, another inode under its name) or it
+goes, ``poll`` says so (``FileChange``): the watch's counts then hold a version the directory no longer has.
 """
 
 from __future__ import annotations
@@ -64,6 +67,28 @@ def stamp(root: FilePath, file: FilePath) -> FileStamp | None:
     return FileStamp(name, info.st_size, info.st_mtime_ns, (info.st_dev, info.st_ino))
 
 
+@dataclass(frozen=True)
+class FileChange:
+    """A file read earlier that is no longer what was read: ``now`` its stamp, ``None`` when it was deleted."""
+
+    read: FileStamp
+    now: FileStamp | None
+
+    @property
+    def what(self) -> str:
+        """What differs, in words."""
+        if self.now is None:
+            return "deleted"
+        said = []
+        if self.read.inode is not None and self.now.inode is not None and self.read.inode != self.now.inode:
+            said.append("another file under its name")
+        if self.read.size != self.now.size:
+            said.append(f"{self.read.size:,} -> {self.now.size:,} bytes")
+        if self.read.mtime_ns != self.now.mtime_ns:
+            said.append("modified")
+        return ", ".join(said)
+
+
 class Follower:
     """Lists the root at each ``poll`` and returns the complete files not yet consumed, in natural order."""
 
@@ -81,21 +106,30 @@ class Follower:
             return []
         return directory_files(self.root)
 
-    def poll(self, consumed: dict[str, FileStamp]) -> tuple[list[tuple[FilePath, FileStamp]], int]:
-        """The files now complete and not in ``consumed`` (by name), and how many are still settling."""
+    def poll(self, consumed: dict[str, FileStamp]) -> tuple[list[tuple[FilePath, FileStamp]], int, list[FileChange]]:
+        """The files now complete and not in ``consumed`` (by name), how many are still settling, and the consumed
+        files whose stamp differs now or that are gone (the caller says so once)."""
         ready: list[tuple[FilePath, FileStamp]] = []
+        changed: list[FileChange] = []
+        listed: set[str] = set()
         waiting = 0
         now = time.monotonic()
         for file in self.listing():
             current = stamp(self.root, file)
-            if current is None or current.name in consumed:
+            if current is None:
+                continue
+            listed.add(current.name)
+            if current.name in consumed:
+                if current != consumed[current.name]:
+                    changed.append(FileChange(consumed[current.name], current))
                 continue
             if self._complete(file, current, now):
                 ready.append((file, current))
                 self.seen.pop(current.name, None)
             else:
                 waiting += 1
-        return ready, waiting
+        changed += [FileChange(read, None) for name, read in consumed.items() if name not in listed]
+        return ready, waiting, changed
 
     def _complete(self, file: FilePath, current: FileStamp, now: float) -> bool:
         if isinstance(file, RemotePath) or self.settle <= 0 or PART.match(file.name):

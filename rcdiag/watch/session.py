@@ -38,13 +38,13 @@ from rcdiag.io import storage
 from rcdiag.io.base import SourceInfo
 from rcdiag.metrics.batch import BatchResult
 from rcdiag.options import ReadOptions
-from rcdiag.outputs import refuse_inputs
+from rcdiag.outputs import ledger, reads, writes
 from rcdiag.report import Report, StepReport
 from rcdiag.validate import ScreenStats
-from rcdiag.watch.alerts import Alert, AlertPolicy
+from rcdiag.watch.alerts import Alert, AlertPolicy, file_alert
 from rcdiag.watch.deliver import Delivery, Dispatcher
-from rcdiag.watch.files import DEFAULT_SETTLE, FileStamp, Follower
-from rcdiag.watch.forecast import Forecast
+from rcdiag.watch.files import DEFAULT_SETTLE, FileChange, FileStamp, Follower
+from rcdiag.watch.forecast import Forecast, NoTrend
 
 STATE_DIR = ".rcdiag-watch"
 """Where a watch keeps its state by default: beside the watched directory (never inside it: that is an input)."""
@@ -74,6 +74,25 @@ def default_state_path(location: str) -> Path:
     return where.parent / STATE_DIR / f"{where.name}.json"
 
 
+WATCHED_INPUT = "the watched directory {source}"
+"""How a refused output names the watched location (rcdiag.outputs.Ledger)."""
+
+
+def claim_state(location: str, state_path: str | Path | None) -> Path:
+    """The watch's state file (``--state``, else ``default_state_path``), added with its log to the run's outputs
+    and ``location`` to its inputs (rcdiag.outputs.Ledger): a state over an input (a rules file, a file of the
+    watched directory) is refused before anything is read. The state itself is the watch's own: it is read back
+    on a restart, never an input."""
+    path = Path(state_path) if state_path is not None else default_state_path(location)
+    if storage.is_remote(str(path)):
+        raise ConfigError(f"--state {path}: give a local file (the watch appends to its log after every file).")
+    with ledger():
+        writes(path, "--state")
+        writes(log_path(path), "--state")
+        reads(location, what=WATCHED_INPUT)
+    return path
+
+
 @dataclass(frozen=True)
 class StepEvent:
     """One step, reported once the file holding it is read and committed: its metrics (those ``analyze`` gives on
@@ -87,6 +106,8 @@ class StepEvent:
     forecasts: tuple[Forecast, ...]
     files: int
     """Files read so far."""
+    no_trend: tuple[NoTrend, ...] = ()
+    """Bounded metrics not forecast because a level change leaves no trend since (``rcdiag.watch.forecast``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return finite_tree(
@@ -98,6 +119,7 @@ class StepEvent:
                 "files": self.files,
                 "alerts": [a.to_dict() for a in self.alerts],
                 "forecasts": [f.to_dict() for f in self.forecasts],
+                "no_trend": [f.to_dict() for f in self.no_trend],
             }
         )
 
@@ -189,12 +211,7 @@ class Watch:
         self.policy = policy or AlertPolicy()
         validate_rules(self.policy.rules, metric_names(self.resolved), has_baseline=False)
         self.dispatcher = dispatcher or Dispatcher()
-        self.state_path = Path(state_path) if state_path is not None else default_state_path(location)
-        if storage.is_remote(str(self.state_path)):
-            raise ConfigError(
-                f"--state {self.state_path}: give a local file (the watch appends to its log after every file)."
-            )
-        refuse_inputs([("--state", self.state_path)], [location])
+        self.state_path = claim_state(location, state_path)
         self.follower = Follower(location, settle)
         self.state = EngineState(self.resolved)
         self.source: SourceInfo | None = None
@@ -214,6 +231,8 @@ class Watch:
         self.hits = KeptHits()
         self.report: Report | None = None
         self.last_step: int | None = None
+        self.pending: list[Alert] = []
+        """File alerts raised since the last report (``_changed``), shown with the next one."""
         self._load()
 
     # ---------------------------------------------------------------------------------------------- state file
@@ -234,7 +253,7 @@ class Watch:
                 "another --state file",
                 path=name,
             )
-        state, sources, screen = load_state(name)
+        state, sources, screen = load_state(name, "analyze")
         if not self.resolved.same_computation(state.resolved):
             raise ConfigError(
                 f"--state {name} was computed with another configuration ({state.resolved.config.to_dict()}); "
@@ -265,8 +284,10 @@ class Watch:
 
         if not self.log_path.exists():
             return
+        from rcdiag.io.paths import read_bytes
+
         name = str(self.log_path)
-        data = self.log_path.read_bytes()
+        data = read_bytes(name)  # a FIFO or a device is refused, never waited on
         end = data.rfind(b"\n") + 1
         number = 0
         try:
@@ -356,7 +377,13 @@ class Watch:
         """Read every complete file not read yet: commit after each, then hand its steps to ``on_event``; after
         the last (and every ``REPORT_SECONDS`` before), the whole report. Returns the files read, how many are
         still settling, and whether a new alert at ``exit_on`` stopped the reading."""
-        ready, waiting = self.follower.poll(self.consumed)
+        ready, waiting, changed = self.follower.poll(self.consumed)
+        self._changed(changed)
+        if self.pending and not ready:  # said now, with the report of what the state holds
+            report = self.full_report()
+            if on_event is not None:
+                on_event(report)
+            return 0, waiting, self.policy.stops(report.alerts)
         reported = time.monotonic()
         for index, (file, stamp) in enumerate(ready):
             interrupts.check()
@@ -410,11 +437,11 @@ class Watch:
         events = []
         for step in steps:
             upto = dataclasses.replace(self.report, steps=tuple(s for s in ordered if s.step <= step))
-            alerts, forecasts = self.policy.on_step(upto, step, self.alerted)
+            alerts, forecasts, flat = self.policy.on_step(upto, step, self.alerted)
             self.alerted.update((alert.key, step) for alert in alerts)
             events.append(
                 StepEvent(self.steps[step], stamp.name, step in revised, tuple(alerts), tuple(forecasts),
-                          len(self.consumed))
+                          len(self.consumed), tuple(flat))
             )  # fmt: skip
         state = self.state
         self._commit(
@@ -430,15 +457,29 @@ class Watch:
         self._dispatch([alert for event in events for alert in event.alerts])
         return events
 
+    def _changed(self, changed: list[FileChange]) -> None:
+        """A file alert for each file read earlier that changed or went, once per file (its key is kept in the
+        state with the others): committed and delivered now, shown with the next report."""
+        alerts = [file_alert(change, self.last_step, self.location) for change in changed]
+        alerts = [alert for alert in alerts if alert.key not in self.alerted]
+        if not alerts:
+            return
+        self.alerted.update((alert.key, alert.step) for alert in alerts)
+        self._commit({"alerted": {alert.key: alert.step for alert in alerts}})
+        self._dispatch(alerts)
+        self.pending += alerts
+
     def full_report(self) -> ReportEvent:
-        """``analyze``'s report of everything read so far, and the finding alerts new in it."""
+        """``analyze``'s report of everything read so far, and the finding alerts new in it (after the file alerts
+        raised since the last report)."""
         self.report = build_report(self.state, self._info(), self.device, self.screen, step_hits=self.hits)
         alerts = self.policy.on_report(self.report, self.last_step, self.alerted)
+        earlier, self.pending = self.pending, []
         if alerts:
             self.alerted.update((alert.key, alert.step) for alert in alerts)
             self._commit({"alerted": {alert.key: alert.step for alert in alerts}})
             self._dispatch(alerts)
-        return ReportEvent(self.last_step, len(self.consumed), self.report, tuple(alerts))
+        return ReportEvent(self.last_step, len(self.consumed), self.report, (*earlier, *alerts))
 
     def _dispatch(self, alerts: list[Alert]) -> None:
         for alert in alerts:
