@@ -11,8 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rcdiag.catalogue import finding
+from rcdiag.catalogue.metrics import KL_BANDS
 from rcdiag.report import Finding
 
+NOISE_K3_MAX = next(band.below for band in KL_BANDS if band.text.startswith("small"))
+"""A mismatch is large from this k3_kl (1e-3): the top of the range published for dense bf16 models (1e-5..1e-3),
+the kl readings' "small: typical of dense models" band, read from the catalogue; a bf16 rollout of the tests' real
+model gives 1.3e-4. Below it a mismatch is ``healthy`` whatever its shape (the verdict)."""
+NOISE_SIGMAS = 2.0
+"""kl within this many of its standard errors (rcdiag/kl_std_error) of 0 is indistinguishable from no mismatch
+(the same band the kl reading uses)."""
 Z = 4.0
 """Standard errors (responses as the units) a ratio must clear beyond 1: with the Bonferroni share of the dump's
 two ratio tests, under 1e-4 false alarms per dump."""
@@ -51,6 +59,7 @@ SIGNATURE_CODES = (
     "logprobs_misaligned",
     "offset_per_response",
     "logprobs_not_sampled",
+    "mismatch_not_noise",
 )
 
 
@@ -88,8 +97,31 @@ def signature_findings(
     )
     if valid_tokens < MIN_TOKENS:
         return []
-    found = [_mask(read), _alignment(read), _offset(read), _not_sampled(read)]
+    found = [_mask(read), _alignment(read), _offset(read), _not_sampled(read), _not_noise(metrics, extras)]
     return [f for f in found if f is not None]
+
+
+def mismatch_large(metrics: dict[str, float | None], extras: dict[str, float | None]) -> bool:
+    """k3_kl above ``NOISE_K3_MAX`` and kl beyond ``NOISE_SIGMAS`` of its standard errors."""
+    k3, kl, se = metrics.get("rollout_corr/k3_kl"), metrics.get("rollout_corr/kl"), extras.get("rcdiag/kl_std_error")
+    beyond = kl is not None and (se is None or abs(kl) > NOISE_SIGMAS * se)
+    return k3 is not None and k3 > NOISE_K3_MAX and beyond
+
+
+def _not_noise(metrics: dict[str, float | None], extras: dict[str, float | None]) -> Finding | None:
+    """A large mismatch that fails a precision test: systematic, whether or not a signature names it."""
+    if not mismatch_large(metrics, extras):
+        return None
+    _, failed = precision_tests(metrics, extras)
+    if not failed:
+        return None
+    k3 = metrics.get("rollout_corr/k3_kl")
+    return _emit(
+        "mismatch_not_noise",
+        f"the mismatch (k3_kl {k3:.3g}, above {NOISE_K3_MAX:g}) is not precision noise: {'; '.join(failed)}.",
+        k3,
+        NOISE_K3_MAX,
+    )
 
 
 def _mask(read: _Read) -> Finding | None:
@@ -144,7 +176,7 @@ def _offset(read: _Read) -> Finding | None:
     return _emit(
         "offset_per_response",
         f"the log-ratio is a constant per response: {1 - within:.1%} of its energy is each response's mean "
-        f"(noise leaves about 1% there); the {higher}'s log-probs sit {abs(read.kl):.3g} nats higher on average.",
+        f"(precision noise puts 1-4% there); the {higher}'s log-probs sit {abs(read.kl):.3g} nats higher on average.",
         within,
         OFFSET_WITHIN_MAX,
     )

@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from rcdiag.catalogue import finding
-from rcdiag.catalogue.metrics import KL_BANDS
 from rcdiag.prescribe import candidate
 from rcdiag.report import Cause, CauseClass, Finding, Report, Verdict, VerdictStatus
-from rcdiag.signature_rules import precision_tests, swap_consistent
+from rcdiag.signature_rules import NOISE_K3_MAX, NOISE_SIGMAS, mismatch_large, precision_tests, swap_consistent
 
 CAUSE_OF: dict[str, CauseClass] = {
     "verl_crash_empty_batch": "crash",
@@ -35,6 +34,7 @@ CAUSE_OF: dict[str, CauseClass] = {
     "mask_looks_inverted": "mask",
     "logprobs_misaligned": "alignment",
     "logprobs_not_sampled": "logprob_mode",
+    "mismatch_not_noise": "unexplained",
     "sampling_truncation": "truncation",
     "position_drift": "position",
     "mismatch_trend": "trend",
@@ -64,17 +64,10 @@ STATUS_OF: dict[CauseClass, VerdictStatus] = {
 }
 """The status a cause alone implies; the verdict takes the worst."""
 
-NOISE_K3_MAX = next(band.below for band in KL_BANDS if band.text.startswith("small"))
-"""``healthy`` up to this k3_kl (1e-3): the top of the range published for dense bf16 models (1e-5..1e-3), the kl
-readings' "small: typical of dense models" band, read from the catalogue; a bf16 rollout of the tests' real model
-gives 1.3e-4. Above it, and beyond kl's noise, a precision-like mismatch is ``correct`` (a 4-bit rollout: 0.05; a
-one-sided temperature 0.9: 5.6e-3)."""
+
 BF16_ABS_LOG_RATIO = 0.01
 """Mean |log-ratio| reported for bf16 dense models (vLLM, Qwen3-4B: ~0.011; mismatch-practice.md), quoted in the
 headline as the yardstick."""
-NOISE_SIGMAS = 2.0
-"""kl within this many of its standard errors (rcdiag/kl_std_error) of 0 is indistinguishable from no mismatch
-(the same band the kl reading uses)."""
 SIZE_CODES = ("kl_high", "chi2_token_high")
 """Metric warnings about the data's mismatch itself (not the configured correction): with no other cause they are
 evidence of a large precision-like mismatch (``noise``)."""
@@ -182,7 +175,7 @@ class _Size:
         self.abs_mean = e.get("rcdiag/abs_log_ratio_mean")
         se = e.get("rcdiag/kl_std_error")
         self.beyond_noise = self.kl is not None and (se is None or abs(self.kl) > NOISE_SIGMAS * se)
-        self.large = self.k3 is not None and self.k3 > NOISE_K3_MAX and self.beyond_noise
+        self.large = mismatch_large(m, e)
 
     @property
     def evidence(self) -> str:
@@ -227,6 +220,9 @@ def _causes(findings: tuple[Finding, ...], report: Report) -> list[Cause]:
         cls = _gap_class(report, "outliers" in by_class)
         by_class.setdefault(cls, []).append(gap)
         by_class[cls].extend(f for f in findings if f.code in SIZE_CODES)  # its size is the same evidence
+    named = [cls for cls in by_class if cls != "unexplained" and STATUS_OF[cls] in ("fix", "broken")]
+    if named and "unexplained" in by_class:  # a named bug class explains what is systematic
+        del by_class["unexplained"]
     causes = [
         Cause(cls, tuple(dict.fromkeys(f.code for f in group)), _evidence(cls, group, report))
         for cls, group in by_class.items()

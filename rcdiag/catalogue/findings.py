@@ -122,10 +122,20 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "logprobs_not_sampled",
         "error",
         "the capped mean IS ratio is above 1 beyond 4 standard errors and by at least 0.5%",
-        check="the rollout's log-probs are of the distribution it sampled from (mean IS ratio at most 1)",
+        check="the rollout's log-probs are of the distribution it sampled from (capped ratio at most 1 on average)",
         advice="Return the log-probs of the distribution the tokens were sampled from: processed log-probs (after "
         "temperature, penalties and truncation; vLLM logprobs_mode=processed_logprobs) of the sampled token, "
         "not raw ones or another token's.",
+    ),
+    FindingSpec(
+        "mismatch_not_noise",
+        "warning",
+        "k3_kl above 1e-3 beyond noise and a precision test fails (missing mass, a shaped mismatch, beyond the "
+        "published precision ranges)",
+        check="a large mismatch is precision-like noise",
+        advice="A systematic difference, not precision noise: check the sampling parameters on each side (penalties, "
+        "logit bias, soft-capping, min-p, temperature), raw vs processed log-probs, the columns' alignment and the "
+        "mask, and the engine and weights on each side; analyze --explain tests for a temperature and a truncation.",
     ),
     FindingSpec(
         "mask_looks_inverted",
