@@ -29,10 +29,12 @@ Statistics are over the valid tokens whose log-ratio is a number (a token -inf o
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
+from rcdiag.kernels.signature_slots import TOTALS
 from rcdiag.metrics.base import Accumulator, MetricValue, Moments, Reduce, VerlCrash
 from rcdiag.metrics.block import Block
 
@@ -85,71 +87,47 @@ class SignatureMetrics(Accumulator):
     )
 
     def update(self, block: Block) -> None:
-        old32 = np.ascontiguousarray(block.b.to_numpy(block.old), dtype=np.float32)
-        rollout32 = np.ascontiguousarray(block.b.to_numpy(block.rollout), dtype=np.float32)
-        lengths = np.asarray(block.b.to_numpy(block.row_len)).astype(np.int64)
-        zero = rollout32 == 0.0
-        self.add(
-            valid=old32.shape[0],
-            rollout_zero=int(np.count_nonzero(zero & (old32 < ZERO_TRAINER_MAX))),
-            both_zero=int(np.count_nonzero(zero & (old32 == 0.0))),
-            identical=int(np.count_nonzero(old32.view(np.int32) == rollout32.view(np.int32))),
+        old, rollout, mask, lengths = block.raw
+        old = np.ascontiguousarray(old, dtype=np.float32)
+        rollout = np.ascontiguousarray(rollout, dtype=np.float32)
+        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+        sums = (
+            signature_kernel(old, rollout, mask, lengths)
+            if block.b.compiled
+            else signature_arrays(old, rollout, mask, lengths)
         )
-        old, rollout = old32.astype(np.float64), rollout32.astype(np.float64)
-        d = old - rollout
-        finite = np.isfinite(d)
-        if not finite.all():
-            rows = np.repeat(np.arange(lengths.shape[0]), lengths)[finite]
-            lengths = np.bincount(rows, minlength=lengths.shape[0])
-            old, rollout, d = old[finite], rollout[finite], d[finite]
-        self._update_tokens(old, rollout, d, lengths)
-        self._update_pairs(block)
+        self.fold(sums)
 
-    def _update_tokens(self, old: np.ndarray, rollout: np.ndarray, d: np.ndarray, lengths: np.ndarray) -> None:
-        if d.shape[0] == 0:
-            return
-        ratio = np.expm1(np.minimum(d, RATIO_CAP_LOG))  # ratio - 1: small sums, no cancellation against 1
-        reverse = np.expm1(np.minimum(-d, RATIO_CAP_LOG))
-        mid = 0.5 * (old + rollout)
-        kept = lengths > 0
-        starts = (np.cumsum(lengths) - lengths)[kept]
-        n = lengths[kept].astype(np.float64)
-        row_d = np.add.reduceat(d, starts)
+    def fold(self, sums: SignatureSums) -> None:
+        """Fold one block's sums into the state."""
+        t = dict(zip(TOTALS, sums.totals.tolist(), strict=True))
+        kept = sums.row_n > 0
+        n = sums.row_n[kept].astype(np.float64)
         self.add(
-            n=float(d.shape[0]),
-            ratio=float(ratio.sum()),
-            ratio_rows=_row_moments(np.add.reduceat(ratio, starts), n),
-            reverse=float(reverse.sum()),
-            reverse_rows=_row_moments(np.add.reduceat(reverse, starts), n),
-            d=float(d.sum()),
-            d2=float(np.dot(d, d)),
-            mid=float(mid.sum()),
-            mid2=float(np.dot(mid, mid)),
-            d_mid=float(np.dot(d, mid)),
+            valid=t["valid"],
+            rollout_zero=t["rollout_zero"],
+            both_zero=t["both_zero"],
+            identical=t["identical"],
+            pairs=t["pairs"],
+            pair_same=t["pair_same"],
+            pair_ahead=t["pair_ahead"],
+            pair_behind=t["pair_behind"],
+        )
+        if not n.size:
+            return
+        row_d = sums.row_d[kept]
+        self.add(
+            n=t["n"],
+            ratio=t["ratio"],
+            ratio_rows=_row_moments(sums.row_ratio[kept], n),
+            reverse=t["reverse"],
+            reverse_rows=_row_moments(sums.row_reverse[kept], n),
+            d=t["d"],
+            d2=t["d2"],
+            mid=t["mid"],
+            mid2=t["mid2"],
+            d_mid=t["d_mid"],
             row_energy=float(np.dot(row_d, row_d / n)),
-        )
-
-    def _update_pairs(self, block: Block) -> None:
-        """Neighbouring valid tokens of one response, on the rows as read (padding included)."""
-        old, rollout, mask, raw_lengths = block.raw
-        old = np.asarray(old, dtype=np.float32)
-        rollout = np.asarray(rollout, dtype=np.float32)
-        if old.shape[0] < 2:
-            return
-        ok = np.ones(old.shape[0] - 1, dtype=bool)
-        ends = np.cumsum(np.asarray(raw_lengths, dtype=np.int64))[:-1] - 1  # a row's last token: no pair after it
-        ok[ends[(ends >= 0) & (ends < ok.shape[0])]] = False
-        if mask is not None:
-            ok &= mask[:-1] & mask[1:]
-        same = np.abs(old[:-1] - rollout[:-1])
-        ahead = np.abs(old[:-1] - rollout[1:])
-        behind = np.abs(old[1:] - rollout[:-1])
-        ok &= np.isfinite(same) & np.isfinite(ahead) & np.isfinite(behind)
-        self.add(
-            pairs=int(np.count_nonzero(ok)),
-            pair_same=float(same[ok].sum(dtype=np.float64)),
-            pair_ahead=float(ahead[ok].sum(dtype=np.float64)),
-            pair_behind=float(behind[ok].sum(dtype=np.float64)),
         )
 
     def keys(self) -> list[str]:
@@ -199,3 +177,78 @@ def _cluster_error(rows: Moments, mean: float, n: float) -> float:
     """sqrt(sum_i (S_i - mean n_i)^2) / N from the weighted row-mean moments (M2 + W (mu - mean)^2)."""
     spread = rows.m2 + rows.n * (rows.mean - mean) ** 2
     return math.sqrt(max(spread, 0.0)) / n if spread == spread else math.nan
+
+
+@dataclass(frozen=True)
+class SignatureSums:
+    """One block's sums: ``totals`` at the slots ``rcdiag.kernels.signatures.TOTALS`` names, and per row the sums
+    of the capped ratio - 1, the reverse ratio - 1, the log-ratio and the count of finite log-ratios."""
+
+    totals: np.ndarray
+    row_ratio: np.ndarray
+    row_reverse: np.ndarray
+    row_d: np.ndarray
+    row_n: np.ndarray
+
+
+def signature_kernel(
+    old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | None, lengths: np.ndarray
+) -> SignatureSums:
+    """The block's sums by the compiled pass (``rcdiag.kernels.signatures``)."""
+    from rcdiag.kernels.signatures import signature_pass
+
+    rows = lengths.shape[0]
+    out = SignatureSums(np.zeros(len(TOTALS)), np.empty(rows), np.empty(rows), np.empty(rows), np.empty(rows, np.int64))
+    flags = np.zeros(0, dtype=np.bool_) if mask is None else np.ascontiguousarray(mask, dtype=np.bool_)
+    signature_pass(
+        old, rollout, old.view(np.int32), rollout.view(np.int32), flags, mask is not None, lengths,
+        math.exp(RATIO_CAP_LOG), ZERO_TRAINER_MAX, out.row_ratio, out.row_reverse, out.row_d, out.row_n, out.totals,
+    )  # fmt: skip
+    return out
+
+
+def signature_arrays(
+    old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | None, lengths: np.ndarray
+) -> SignatureSums:
+    """The same sums with numpy's array operations (a small dump's path, which never imports numba)."""
+    rows = lengths.shape[0]
+    row = np.repeat(np.arange(rows), lengths)
+    valid = np.ones(old.shape[0], dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+    o32, r32, rw = old[valid], rollout[valid], row[valid]
+    zero = r32 == 0.0
+    pair = (row[1:] == row[:-1]) & valid[1:] & valid[:-1]
+    same = np.abs(old[:-1] - rollout[:-1])
+    ahead = np.abs(old[:-1] - rollout[1:])
+    behind = np.abs(old[1:] - rollout[:-1])
+    pair &= np.isfinite(same) & np.isfinite(ahead) & np.isfinite(behind)
+    d = o32.astype(np.float64) - r32.astype(np.float64)
+    finite = np.isfinite(d)
+    d, rw = d[finite], rw[finite]
+    mid = 0.5 * (o32.astype(np.float64) + r32.astype(np.float64))[finite]
+    ratio = np.expm1(np.minimum(d, RATIO_CAP_LOG))
+    reverse = np.expm1(np.minimum(-d, RATIO_CAP_LOG))
+    totals = {
+        "n": float(d.shape[0]),
+        "ratio": float(ratio.sum()),
+        "reverse": float(reverse.sum()),
+        "d": float(d.sum()),
+        "d2": float(np.dot(d, d)),
+        "mid": float(mid.sum()),
+        "mid2": float(np.dot(mid, mid)),
+        "d_mid": float(np.dot(d, mid)),
+        "pairs": float(np.count_nonzero(pair)),
+        "pair_same": float(same[pair].sum(dtype=np.float64)),
+        "pair_ahead": float(ahead[pair].sum(dtype=np.float64)),
+        "pair_behind": float(behind[pair].sum(dtype=np.float64)),
+        "valid": float(o32.shape[0]),
+        "rollout_zero": float(np.count_nonzero(zero & (o32 < ZERO_TRAINER_MAX))),
+        "both_zero": float(np.count_nonzero(zero & (o32 == 0.0))),
+        "identical": float(np.count_nonzero(o32.view(np.int32) == r32.view(np.int32))),
+    }
+    return SignatureSums(
+        np.array([totals[name] for name in TOTALS]),
+        np.bincount(rw, weights=ratio, minlength=rows),
+        np.bincount(rw, weights=reverse, minlength=rows),
+        np.bincount(rw, weights=d, minlength=rows),
+        np.bincount(rw, minlength=rows).astype(np.int64),
+    )
