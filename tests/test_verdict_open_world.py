@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -256,7 +257,9 @@ def test_compare_judges_each_side_by_its_own_signature() -> None:
     assert (verdicts["b"]["status"], verdicts["b"]["causes"][0]["class"]) == ("fix", "logprob_mode")
 
 
-def test_watch_once_reads_the_same_class_as_analyze() -> None:
-    done = _cli("watch", defect_dump("offset_some", 2), "--once")
+def test_watch_once_reads_the_same_class_as_analyze(tmp_path: Path) -> None:
+    followed = tmp_path / "run"
+    shutil.copytree(defect_dump("offset_some", 2), followed)
+    done = _cli("watch", followed, "--once", "--settle", "0", "--state", tmp_path / "watch.state")
     assert done.returncode in (0, 1), done.stderr
     assert "verdict fix: a constant log-prob offset on one side" in done.stdout
