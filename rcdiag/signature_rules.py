@@ -101,11 +101,16 @@ def signature_findings(
     return [f for f in found if f is not None]
 
 
+def kl_beyond_noise(metrics: dict[str, float | None], extras: dict[str, float | None]) -> bool:
+    """kl beyond ``NOISE_SIGMAS`` of its standard errors (or without one)."""
+    kl, se = metrics.get("rollout_corr/kl"), extras.get("rcdiag/kl_std_error")
+    return kl is not None and (se is None or abs(kl) > NOISE_SIGMAS * se)
+
+
 def mismatch_large(metrics: dict[str, float | None], extras: dict[str, float | None]) -> bool:
-    """k3_kl above ``NOISE_K3_MAX`` and kl beyond ``NOISE_SIGMAS`` of its standard errors."""
-    k3, kl, se = metrics.get("rollout_corr/k3_kl"), metrics.get("rollout_corr/kl"), extras.get("rcdiag/kl_std_error")
-    beyond = kl is not None and (se is None or abs(kl) > NOISE_SIGMAS * se)
-    return k3 is not None and k3 > NOISE_K3_MAX and beyond
+    """k3_kl above ``NOISE_K3_MAX`` and kl beyond its noise."""
+    k3 = metrics.get("rollout_corr/k3_kl")
+    return k3 is not None and k3 > NOISE_K3_MAX and kl_beyond_noise(metrics, extras)
 
 
 def _not_noise(metrics: dict[str, float | None], extras: dict[str, float | None]) -> Finding | None:

@@ -15,7 +15,14 @@ from collections.abc import Iterable
 from rcdiag.catalogue import finding
 from rcdiag.prescribe import candidate
 from rcdiag.report import Cause, CauseClass, Finding, Report, Verdict, VerdictStatus
-from rcdiag.signature_rules import NOISE_K3_MAX, NOISE_SIGMAS, mismatch_large, precision_tests, swap_consistent
+from rcdiag.signature_rules import (
+    NOISE_K3_MAX,
+    NOISE_SIGMAS,
+    kl_beyond_noise,
+    mismatch_large,
+    precision_tests,
+    swap_consistent,
+)
 
 CAUSE_OF: dict[str, CauseClass] = {
     "verl_crash_empty_batch": "crash",
@@ -63,8 +70,6 @@ STATUS_OF: dict[CauseClass, VerdictStatus] = {
     "noise": "correct",
 }
 """The status a cause alone implies; the verdict takes the worst."""
-
-
 BF16_ABS_LOG_RATIO = 0.01
 """Mean |log-ratio| reported for bf16 dense models (vLLM, Qwen3-4B: ~0.011; mismatch-practice.md), quoted in the
 headline as the yardstick."""
@@ -173,8 +178,7 @@ class _Size:
         self.k3 = m.get("rollout_corr/k3_kl")
         self.kl = m.get("rollout_corr/kl")
         self.abs_mean = e.get("rcdiag/abs_log_ratio_mean")
-        se = e.get("rcdiag/kl_std_error")
-        self.beyond_noise = self.kl is not None and (se is None or abs(self.kl) > NOISE_SIGMAS * se)
+        self.beyond_noise = kl_beyond_noise(m, e)
         self.large = mismatch_large(m, e)
 
     @property
