@@ -51,6 +51,7 @@ from rcdiag.parallel import (
 )
 from rcdiag.prescribe import effect_of
 from rcdiag.report import ExplainReport, InputFacts, MicroBatchReport, Report, StepReport
+from rcdiag.signature_rules import signature_findings
 from rcdiag.validate import Screen, ScreenStats, as_chunk
 from rcdiag.verdict import judge
 
@@ -441,6 +442,13 @@ def build_report(
     )
     facts = input_facts(state, info, screen)
     findings = evaluate(per_step if per_step else [(None, pooled)], state.resolved, facts, step_hits=step_hits)
+    findings.extend(signature_findings(pooled.metrics, pooled.extras, state.valid_tokens))
+    if state.explain is None:  # the trend reads only the per-step metrics: run on every analyze
+        from rcdiag.explain.detectors import mismatch_trend
+
+        trend = mismatch_trend([(step, result.metrics) for step, result in per_step if step is not None])
+        findings.extend([] if trend is None else [trend])
+    findings.sort(key=lambda f: listing_order(f.code, f.severity))
     explained = None
     if state.explain is not None:
         stepped = [(step, result.metrics) for step, result in per_step if step is not None]

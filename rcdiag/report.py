@@ -172,6 +172,11 @@ CauseClass = Literal[
     "swapped_columns",
     "crash",
     "token_specific",
+    "mask",
+    "alignment",
+    "offset",
+    "logprob_mode",
+    "unexplained",
 ]
 
 

@@ -2,7 +2,9 @@
 
 The policy (docs/verdict.md): findings name causes (``CAUSE_OF``: a new finding code is one line there); the kl/k3
 gap names truncation or a heavy tail; without a named cause, the size of the mismatch against published levels
-(``NOISE_K3_MAX``) decides between ``healthy`` and ``correct``. Only ``correct`` gets a threshold prescription
+(``NOISE_K3_MAX``) decides between ``healthy`` and ``correct``, and ``correct`` (class ``noise``) only when the
+mismatch passes the precision tests (``rcdiag.signature_rules.precision_tests``): a systematic mismatch that fits
+no known signature is ``unexplained`` (status ``fix``), never noise. Only ``correct`` gets a threshold prescription
 (``rcdiag.prescribe``); its effect on the dump is measured by the library (``rcdiag.api``), never guessed here.
 """
 
@@ -11,9 +13,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from rcdiag.catalogue import finding
-from rcdiag.catalogue.metrics import KL_BANDS
 from rcdiag.prescribe import candidate
 from rcdiag.report import Cause, CauseClass, Finding, Report, Verdict, VerdictStatus
+from rcdiag.signature_rules import (
+    NOISE_K3_MAX,
+    NOISE_SIGMAS,
+    kl_beyond_noise,
+    mismatch_large,
+    precision_tests,
+    swap_consistent,
+)
 
 CAUSE_OF: dict[str, CauseClass] = {
     "verl_crash_empty_batch": "crash",
@@ -25,7 +34,14 @@ CAUSE_OF: dict[str, CauseClass] = {
     "kl_negative": "swapped_columns",
     "temperature_mismatch": "temperature",
     "temperature_recorded_mismatch": "temperature",
-    "logprob_offset": "truncation",
+    "logprob_offset": "offset",
+    "offset_per_response": "offset",
+    "mask_padding_valid": "mask",
+    "mask_tokens_unsampled": "mask",
+    "mask_looks_inverted": "mask",
+    "logprobs_misaligned": "alignment",
+    "logprobs_not_sampled": "logprob_mode",
+    "mismatch_not_noise": "unexplained",
     "sampling_truncation": "truncation",
     "position_drift": "position",
     "mismatch_trend": "trend",
@@ -39,6 +55,11 @@ CAUSE_OF: dict[str, CauseClass] = {
 STATUS_OF: dict[CauseClass, VerdictStatus] = {
     "crash": "broken",
     "swapped_columns": "broken",
+    "mask": "broken",
+    "alignment": "broken",
+    "offset": "fix",
+    "logprob_mode": "fix",
+    "unexplained": "fix",
     "temperature": "fix",
     "truncation": "fix",
     "position": "fix",
@@ -49,18 +70,9 @@ STATUS_OF: dict[CauseClass, VerdictStatus] = {
     "noise": "correct",
 }
 """The status a cause alone implies; the verdict takes the worst."""
-
-NOISE_K3_MAX = next(band.below for band in KL_BANDS if band.text.startswith("small"))
-"""``healthy`` up to this k3_kl (1e-3): the top of the range published for dense bf16 models (1e-5..1e-3), the kl
-readings' "small: typical of dense models" band, read from the catalogue; a bf16 rollout of the tests' real model
-gives 1.3e-4. Above it, and beyond kl's noise, a precision-like mismatch is ``correct`` (a 4-bit rollout: 0.05; a
-one-sided temperature 0.9: 5.6e-3)."""
 BF16_ABS_LOG_RATIO = 0.01
 """Mean |log-ratio| reported for bf16 dense models (vLLM, Qwen3-4B: ~0.011; mismatch-practice.md), quoted in the
 headline as the yardstick."""
-NOISE_SIGMAS = 2.0
-"""kl within this many of its standard errors (rcdiag/kl_std_error) of 0 is indistinguishable from no mismatch
-(the same band the kl reading uses)."""
 SIZE_CODES = ("kl_high", "chi2_token_high")
 """Metric warnings about the data's mismatch itself (not the configured correction): with no other cause they are
 evidence of a large precision-like mismatch (``noise``)."""
@@ -81,6 +93,8 @@ DETECTORS = {
     "token_specific": "mismatch on a few token ids",
 }
 """``--explain``'s detectors and what each tests: without ``--explain`` the verdict says they were not examined."""
+DEFAULT_DETECTORS = ("mismatch_trend",)
+"""Detectors every analyze runs (they read only the per-step metrics), so never "not examined"."""
 NO_TOKEN_IDS = "mismatch on a few token ids (it also needs token ids: none found in the dump; --token-col NAME)"
 """``token_specific`` not examined, on a dump without token ids (``InputFacts.columns["token_ids"]`` is ``None``):
 ``--explain`` alone would not test it."""
@@ -95,8 +109,27 @@ CLASS_TEXT: dict[CauseClass, str] = {
     "swapped_columns": "the log-prob columns look swapped",
     "crash": "verl would crash or reject everything",
     "token_specific": "mismatch on a few token ids (or tokens one engine gives probability 0)",
+    "mask": "the mask covers tokens that were not sampled",
+    "alignment": "the two columns are shifted by a position",
+    "offset": "a constant log-prob offset on one side",
+    "logprob_mode": "the rollout reports log-probs of another distribution than it sampled from",
+    "unexplained": "a systematic mismatch that fits no known signature",
 }
 """Each class in words, for the headline."""
+DATA_CLASSES: tuple[CauseClass, ...] = ("mask", "alignment", "offset")
+"""Classes that explain the whole log-ratio by the data's layout: with one of them, the classes read from the
+log-ratio's sign or size (swapped columns, log-prob mode, the kl/k3 gap, the sign-reading detectors) name nothing
+of their own."""
+UNMODELLED = (
+    "sampling parameters applied on one side only (repetition, presence or frequency penalty, logit bias, "
+    "soft-capping, min-p, a temperature)",
+    "raw vs processed log-probs (vLLM logprobs_mode)",
+    "the alignment of the two columns (a BOS/EOS or one-position shift)",
+    "what the mask covers (prompt, padding, tool output)",
+    "the engine and model versions and weights on each side",
+)
+"""What an ``unexplained`` verdict asks to check: the causes rcdiag has no signature for yet, or whose signature
+needs ``--explain``."""
 SIGN_READING = ("temperature_mismatch", "sampling_truncation", "logprob_offset")
 """Detectors that read which side scores a token higher: with the columns swapped (kl_negative) they see the
 opposite of what happened (a swapped 4-bit dump reads as a flatter rollout), so they name no cause of their own."""
@@ -110,7 +143,13 @@ def judge(report: Report) -> Verdict:
     causes = _causes(findings, report)
     size = _Size(report)
     if not causes and (size.large or any(f.code in SIZE_CODES for f in findings)):
-        causes.append(Cause("noise", tuple(f.code for f in findings if f.code in SIZE_CODES), size.evidence))
+        codes = tuple(f.code for f in findings if f.code in SIZE_CODES)
+        passed, failed = precision_tests(report.metrics, report.extras)
+        if failed:
+            causes.append(Cause("unexplained", codes, f"{size.evidence}; not precision noise: {'; '.join(failed)}"))
+        else:
+            tests = f"; consistent with precision noise: {', '.join(passed)}" if passed else ""
+            causes.append(Cause("noise", codes, size.evidence + tests))
     status: VerdictStatus = max((STATUS_OF[c.cls] for c in causes), key=_ORDER.index, default="healthy")
     steps = [*_input_steps(findings), *_fix_steps(causes), *_config_steps(findings)]
     recommendation = candidate(report, status, frozenset(c.cls for c in causes))
@@ -139,9 +178,8 @@ class _Size:
         self.k3 = m.get("rollout_corr/k3_kl")
         self.kl = m.get("rollout_corr/kl")
         self.abs_mean = e.get("rcdiag/abs_log_ratio_mean")
-        se = e.get("rcdiag/kl_std_error")
-        self.beyond_noise = self.kl is not None and (se is None or abs(self.kl) > NOISE_SIGMAS * se)
-        self.large = self.k3 is not None and self.k3 > NOISE_K3_MAX and self.beyond_noise
+        self.beyond_noise = kl_beyond_noise(m, e)
+        self.large = mismatch_large(m, e)
 
     @property
     def evidence(self) -> str:
@@ -165,23 +203,46 @@ def _causes(findings: tuple[Finding, ...], report: Report) -> list[Cause]:
         cls = CAUSE_OF.get(f.code)
         if cls is not None:
             by_class.setdefault(cls, []).append(f)
-    if "swapped_columns" in by_class:  # the detectors that read the log-ratio's sign read it backwards
-        for cls in {CAUSE_OF[code] for code in SIGN_READING}:
-            kept = [f for f in by_class.get(cls, []) if f.code not in SIGN_READING]
-            if kept:
-                by_class[cls] = kept
-            else:
-                by_class.pop(cls, None)
+    offsets = by_class.get("offset", [])
+    if "truncation" in by_class and offsets and all(f.code == "logprob_offset" for f in offsets):
+        del by_class["offset"]  # a truncation's missing mass reads as an offset of the capped ratio: not its own
+    data = any(f.code not in SIGN_READING for cls in DATA_CLASSES for f in by_class.get(cls, []))
+    if data:  # the layout explains the log-ratio's sign and size
+        by_class.pop("swapped_columns", None)
+        by_class.pop("logprob_mode", None)
+        _drop_sign_reading(by_class)
+    elif "swapped_columns" in by_class and not swap_consistent(report.extras):
+        # kl < 0 on sampled tokens, but exchanging the columns does not make the dump read as noise: the rollout
+        # reports log-probs of another distribution than it sampled from (raw log-probs at T != 1, another token's)
+        by_class.setdefault("logprob_mode", []).extend(by_class.pop("swapped_columns"))
+    if "swapped_columns" in by_class:
+        by_class["swapped_columns"].extend(by_class.pop("logprob_mode", []))
+    if "swapped_columns" in by_class or "logprob_mode" in by_class:
+        _drop_sign_reading(by_class)
     gap = next((f for f in findings if f.code == "kl_k3_disagree"), None)
-    if gap is not None and "swapped_columns" not in by_class:
+    if gap is not None and not data and not any(c in by_class for c in ("swapped_columns", "logprob_mode")):
         cls = _gap_class(report, "outliers" in by_class)
         by_class.setdefault(cls, []).append(gap)
         by_class[cls].extend(f for f in findings if f.code in SIZE_CODES)  # its size is the same evidence
+    named = [cls for cls in by_class if cls != "unexplained" and STATUS_OF[cls] in ("fix", "broken")]
+    if named and "unexplained" in by_class:  # a named bug class explains what is systematic
+        del by_class["unexplained"]
     causes = [
         Cause(cls, tuple(dict.fromkeys(f.code for f in group)), _evidence(cls, group, report))
         for cls, group in by_class.items()
     ]
     return sorted(causes, key=lambda c: -_ORDER.index(STATUS_OF[c.cls]))
+
+
+def _drop_sign_reading(by_class: dict[CauseClass, list[Finding]]) -> None:
+    """Drop the detectors that read which side scores a token higher (``SIGN_READING``): on swapped columns, raw
+    log-probs or a layout bug they see what the bug made, not a cause of their own."""
+    for cls in {CAUSE_OF[code] for code in SIGN_READING}:
+        kept = [f for f in by_class.get(cls, []) if f.code not in SIGN_READING]
+        if kept:
+            by_class[cls] = kept
+        else:
+            by_class.pop(cls, None)
 
 
 def _gap_class(report: Report, outliers: bool) -> CauseClass:
@@ -239,8 +300,13 @@ def _fix_steps(causes: list[Cause]) -> list[str]:
     """What to fix first, for each bug class: the advice of its first finding."""
     out = []
     for cause in causes:
+        if cause.cls == "unexplained":
+            out.append(f"find the systematic difference first; check, in this order: {'; '.join(UNMODELLED)}")
+            continue
         if STATUS_OF[cause.cls] in ("fix", "broken"):
             advice = next((finding(code).advice for code in cause.codes if finding(code).advice), "")
+            if cause.cls == "logprob_mode":  # never kl_negative's "swapped": that reading was tested and rejected
+                advice = finding("logprobs_not_sampled").advice
             if cause.cls == "truncation" and not advice.startswith("Return"):
                 advice = (
                     "Return log-probs of the same distribution on both sides: both renormalised over the same "
@@ -262,6 +328,6 @@ def _not_examined(report: Report) -> list[str]:
     if report.explain is None:
         lacks_ids = "token_ids" in report.input.columns and report.input.columns["token_ids"] is None
         shown = {**DETECTORS, "token_specific": NO_TOKEN_IDS} if lacks_ids else DETECTORS
-        tests = "; ".join(shown.values())
+        tests = "; ".join(text for code, text in shown.items() if code not in DEFAULT_DETECTORS)
         return [f"not examined without --explain: {tests}. Run `rcdiag analyze PATH --explain` to test for them"]
     return [f"{code} not run: {why.removeprefix('not run: ')}" for code, why in report.explain.not_run.items()]

@@ -70,3 +70,20 @@ def dump(scenario: str, seed: int) -> Path:
 def detector_findings(path: Path) -> dict[str, rcdiag.Finding]:
     """The ``--explain`` detectors' findings on a dump, by code."""
     return {f.code: f for f in rcdiag.analyze(path, explain=True).findings if f.code in DETECTORS}
+
+
+def defect_dump(name: str, seed: int) -> Path:
+    """The dump of pipeline defect ``name`` (tests/realmodel ``DEFECTS``) at ``seed``, built once, then cached."""
+    package = realmodel()
+    path = _cache_root() / f"defect_{name}_s{seed}"
+    if path.exists():
+        return path
+    building = Path(tempfile.mkdtemp(prefix=".building-", dir=tempfile.gettempdir()))
+    try:
+        package.make_defect_dump(name, building / "dump", seed=seed, n_responses=N_RESPONSES)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # another session finished first
+            (building / "dump").rename(path)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return path

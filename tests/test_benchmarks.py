@@ -56,6 +56,7 @@ def _run(tmp_path: Path, script: str, *args: str) -> str:
             ("--rows", "200", "--length", "4", "--rounds", "1"),
             ["| tree | one step | a step per row | many / one | per distinct step |", "| new | "],
         ),
+        ("signatures.py", ("--tokens", "200k", "--rounds", "1"), ["ratio", "default  without", "is_rs    without"]),
         (
             "cli_end_to_end.py",
             ("--tokens", "100k", "--small", "50k", "--rounds", "1"),

@@ -26,6 +26,7 @@ from rcdiag.explain.detectors import DETECTORS, TREND_K3_FLOOR, logprob_offset, 
 from rcdiag.explain.state import ExplainState
 from rcdiag.health import evaluate
 from rcdiag.metrics.batch import BatchResult
+from rcdiag.signature_rules import SIGNATURE_CODES
 
 P = "rollout_corr/"
 LOG2 = float(np.float32(math.log(2.0)))  # verl compares k1 with log(U) rounded to float32
@@ -514,7 +515,7 @@ NOT_COMPUTED_PLAIN = {  # the checks whose metric needs IS or RS, which plain an
 COMPUTED_PLAIN = {  # every other check of plain analyze (--explain's detectors appear only with --explain)
     "verl_crash_empty_batch", "mask_looks_inverted", "mask_missing", "kl_high", "chi2_token_high", "kl_k3_disagree",
     "logprob_neg_inf", "metric_not_finite", "temperature_recorded_mismatch", "kl_negative", "sparse_outliers",
-    "seq_is_hopeless",
+    "seq_is_hopeless", *SIGNATURE_CODES,
 }  # fmt: skip
 
 

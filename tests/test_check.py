@@ -19,6 +19,8 @@ from verl_oracle import require_verl, verl_metrics
 import rcdiag
 from rcdiag.check import Rule, check, evaluate_rules, load_rules, metric_names, pack, parse_assignment
 from rcdiag.errors import ConfigError, InputError
+from rcdiag.metrics.extras import EXTRA_KEYS
+from rcdiag.metrics.signatures import SIGNATURE_KEYS
 from rcdiag.render.check_formats import github_annotations, render_junit, render_markdown
 from rcdiag.report import StepReport
 
@@ -72,14 +74,15 @@ def test_parse_assignment() -> None:
 
 def test_metric_names_follow_the_configuration() -> None:
     plain = metric_names(rcdiag.CorrectionConfig().resolve())
-    assert len(plain) == 13 + 6 and P + "kl" in plain and "rcdiag/token_mult_prob_error" in plain
+    assert len(plain) == 13 + len(EXTRA_KEYS) + len(SIGNATURE_KEYS) and P + "kl" in plain and "rcdiag/token_mult_prob_error" in plain
     with_is = metric_names(rcdiag.CorrectionConfig(rollout_is="token").resolve())
     assert P + "rollout_is_eff_sample_size" in with_is and P + "rollout_is_eff_sample_size" not in plain
     # verl's own keys, in verl's order, then rcdiag's extras (docs/metrics.md)
     torch = require_verl()
     old, rollout, mask = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.1, -2.0]]), torch.ones(1, 2)
     extras = ["rcdiag/abs_log_ratio_mean", "rcdiag/abs_log_ratio_max", "rcdiag/token_mult_prob_error",
-              "rcdiag/kl_std_error", "rcdiag/kl_std_error_dof", "rcdiag/clamped_token_fraction"]  # fmt: skip
+              "rcdiag/kl_std_error", "rcdiag/kl_std_error_dof", "rcdiag/clamped_token_fraction",
+              *SIGNATURE_KEYS]  # fmt: skip
     for config in (
         {},
         {"rollout_is": "token"},

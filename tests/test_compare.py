@@ -257,7 +257,7 @@ def test_cli_table(capsys: pytest.CaptureFixture) -> None:
         "trend of b - a",
         "WARNING [temperature_kl_high] side b: kl = 0.156 at T=0.6",
         "[temperature_noise_mismatch]",
-        "analyze on side b: kl_high, chi2_token_high",
+        "analyze on side b: mismatch_not_noise, kl_high, chi2_token_high",
     ):
         assert text in out, text
 

@@ -79,7 +79,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("input", ("rcdiag.io", "rcdiag.validate", "rcdiag.ragged", "rcdiag.outputs")),
     ("maths", ("rcdiag.backend", "rcdiag.metrics")),
     ("engine", ("rcdiag.engine", "rcdiag.parallel", "rcdiag.state")),
-    ("features", (*FEATURES, "rcdiag.verdict", "rcdiag.prescribe")),
+    ("features", (*FEATURES, "rcdiag.verdict", "rcdiag.prescribe", "rcdiag.signature_rules")),
     ("library API", (*LIBRARY_API, "rcdiag", "rcdiag.synthetic")),
     ("exports", ("rcdiag.export",)),
     ("integrations", ("rcdiag.integrations",)),

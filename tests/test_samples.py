@@ -81,14 +81,18 @@ def brute_rejected_share(path: Path, reduce: Callable[[np.ndarray], float], spec
 def test_topk_offset_sample() -> None:
     path = SAMPLES / "topk_offset.parquet"
     found = codes(path)
-    assert found == {"kl_high": (0, 1, 2, 3, 4, 5), "kl_k3_disagree": (0, 1, 2, 3, 4, 5)}
+    assert found == {
+        "kl_high": (0, 1, 2, 3, 4, 5),
+        "kl_k3_disagree": (0, 1, 2, 3, 4, 5),
+        "mismatch_not_noise": None,  # 2% of the trainer's mass missing: not precision noise
+    }
     assert_as_generated(path, "topk_offset", rcdiag.analyze(path), ("kl", "k3_kl", "token_mult_prob_error"))
 
 
 def test_forgotten_temperature_sample() -> None:
     path = SAMPLES / "train_forgot_temperature.parquet"
     found = codes(path)
-    assert set(found) == {"kl_high", "chi2_token_high", "temperature_recorded_mismatch"}
+    assert set(found) == {"kl_high", "chi2_token_high", "temperature_recorded_mismatch", "mismatch_not_noise"}
     assert found["kl_high"] == (0, 1, 2, 3, 4, 5)
     # the generator samples at T=0.6 and scores at T=1.0, and records both
     report = rcdiag.analyze(path)

@@ -85,6 +85,59 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "or the tokens were not sampled from the engine that scored them (a re-scored or replayed rollout).",
     ),
     FindingSpec(
+        "mask_padding_valid",
+        "error",
+        "more than half of the valid tokens are exactly 0.0 on both sides",
+        check="valid tokens are not padding (not exactly 0.0 on both sides)",
+        advice="Padding is counted as response tokens: the mask is inverted or belongs to another column. Fix the "
+        "mask (or pass --mask-col with the right one) before reading any metric.",
+    ),
+    FindingSpec(
+        "mask_tokens_unsampled",
+        "error",
+        "more than 1% of valid tokens have a rollout log-prob of exactly 0.0 where the trainer's is below -0.1",
+        check="the rollout scored every valid token (no exact 0.0 against a trainer below -0.1)",
+        advice="The mask covers tokens the rollout never sampled (prompt tokens, padding, tool output), for which it "
+        "reports 0.0: make the mask 1 only at sampled response tokens before reading any metric.",
+    ),
+    FindingSpec(
+        "logprobs_misaligned",
+        "error",
+        "the two columns agree at least twice as well shifted by one position as unshifted",
+        check="the two columns are aligned (no one-position shift agrees better)",
+        advice="The trainer's log-probs are shifted by one position against the rollout's (logits or labels sliced "
+        "one position off, a BOS/EOS token added on one side): align them; no correction can repair this.",
+    ),
+    FindingSpec(
+        "offset_per_response",
+        "error",
+        "the log-ratio is a constant per response (less than 25% of its energy within responses) and kl is beyond "
+        "its noise",
+        check="the log-ratio is not a constant offset per response",
+        advice="One side's log-probs carry a constant offset (on all responses or some): a bias added after the "
+        "softmax, a log-sum-exp computed over another vocabulary, a length or reward term folded into the log-prob. "
+        "Find which side and remove it; correction would only reweight by a constant.",
+    ),
+    FindingSpec(
+        "logprobs_not_sampled",
+        "error",
+        "the capped mean IS ratio is above 1 beyond 4 standard errors and by at least 0.5%",
+        check="the rollout's log-probs are of the distribution it sampled from (capped ratio at most 1 on average)",
+        advice="Return the log-probs of the distribution the tokens were sampled from: processed log-probs (after "
+        "temperature, penalties and truncation; vLLM logprobs_mode=processed_logprobs) of the sampled token, "
+        "not raw ones or another token's.",
+    ),
+    FindingSpec(
+        "mismatch_not_noise",
+        "warning",
+        "k3_kl above 1e-3 beyond noise and a precision test fails (missing mass, a shaped mismatch, beyond the "
+        "published precision ranges)",
+        check="a large mismatch is precision-like noise",
+        advice="A systematic difference, not precision noise: check the sampling parameters on each side (penalties, "
+        "logit bias, soft-capping, min-p, temperature), raw vs processed log-probs, the columns' alignment and the "
+        "mask, and the engine and weights on each side; analyze --explain tests for a temperature and a truncation.",
+    ),
+    FindingSpec(
         "mask_looks_inverted",
         "warning",
         "more than half of the rows have no valid token",

@@ -369,6 +369,34 @@ METRICS: tuple[MetricSpec, ...] = (
         "effective responses behind kl_std_error (its degrees of freedom + 1); few when a few long responses dominate",
     ),
     MetricSpec("rcdiag/clamped_token_fraction", "extras", "share of tokens with |gap| > 20, where verl's clamps bite"),
+    # the signature statistics the verdict tells noise from bugs by (rcdiag/metrics/signatures.py)
+    MetricSpec(
+        "rcdiag/capped_ratio_mean",
+        "extras",
+        "mean IS ratio capped at e^3: at most 1 when the rollout's log-probs are those it sampled from",
+    ),
+    MetricSpec("rcdiag/capped_ratio_std_error", "extras", "standard error of capped_ratio_mean (responses)"),
+    MetricSpec("rcdiag/reverse_ratio_mean", "extras", "the same with the columns exchanged (at most 1 if swapped)"),
+    MetricSpec("rcdiag/reverse_ratio_std_error", "extras", "standard error of reverse_ratio_mean (responses)"),
+    MetricSpec(
+        "rcdiag/shape_corr", "extras", "correlation of the log-ratio with the log-prob (temperature-like shapes)"
+    ),
+    MetricSpec(
+        "rcdiag/within_row_share", "extras", "share of the log-ratio's energy within responses (about 0: offset)"
+    ),
+    MetricSpec(
+        "rcdiag/shifted_ahead_ratio", "extras", "mean |old[t] - rollout[t+1]| over mean |old[t] - rollout[t]|"
+    ),
+    MetricSpec(
+        "rcdiag/shifted_behind_ratio", "extras", "mean |old[t+1] - rollout[t]| over mean |old[t] - rollout[t]|"
+    ),
+    MetricSpec(
+        "rcdiag/rollout_zero_fraction",
+        "extras",
+        "share of valid tokens the rollout scores exactly 0.0 where the trainer does not (tokens never sampled)",
+    ),
+    MetricSpec("rcdiag/both_zero_fraction", "extras", "share of valid tokens exactly 0.0 on both sides (padding)"),
+    MetricSpec("rcdiag/identical_fraction", "extras", "share of valid tokens bit-identical on both sides"),
 )
 """Every metric, in the order the docs list them (reports keep verl's insertion order)."""
 

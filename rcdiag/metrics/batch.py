@@ -24,6 +24,7 @@ from rcdiag.metrics.histogram import EDGES, LogRatioHistogram
 from rcdiag.metrics.importance import ISMetrics
 from rcdiag.metrics.offpolicy import OffPolicyMetrics
 from rcdiag.metrics.rejection import RSAggregateMetrics, RSOptionMetrics
+from rcdiag.metrics.signatures import SignatureMetrics
 from rcdiag.report import Histogram
 
 
@@ -129,17 +130,19 @@ class BatchMetrics(GroupedBatch):
         self.rs_aggregate = RSAggregateMetrics(resolved.rs_options) if self.rs_options else None
         self.offpolicy = OffPolicyMetrics()
         self.extras = ExtraMetrics()
+        self.signatures = SignatureMetrics()
         self.log_ratio = LogRatioHistogram()
 
     def groups(self) -> list[Accumulator]:
-        """Every accumulator, in verl's key order (rcdiag's extras, then the log-ratio histogram, last)."""
+        """Every accumulator, in verl's key order (rcdiag's extras and signatures, then the log-ratio histogram,
+        last)."""
         groups: list[Accumulator] = []
         if self.importance is not None:
             groups.append(self.importance)
         groups.extend(self.rs_options)
         if self.rs_aggregate is not None:
             groups.append(self.rs_aggregate)
-        groups.extend([self.offpolicy, self.extras, self.log_ratio])
+        groups.extend([self.offpolicy, self.extras, self.signatures, self.log_ratio])
         return groups
 
     def merge(self, other: BatchMetrics) -> BatchMetrics:

@@ -1,0 +1,254 @@
+"""The signature statistics: what tells precision noise from a bug, computed on every run (docs/verdict.md).
+
+Precision noise (bf16, fp8, a 4-bit rollout, MoE routing) has a shape: for tokens sampled from the rollout, the
+capped importance ratio pi_train / pi_rollout has mean at most 1 (the trainer's mass on what the rollout can
+sample), the log-ratio d = old - rollout barely depends on how likely the token is, its energy is spread over the
+tokens (not a constant per row), and no neighbouring position agrees better than the token's own. Each statistic
+here tests one of these, so the verdict names ``noise`` only when every one holds, and names a bug class by its
+own evidence when one fails:
+
+* ``capped_ratio_mean`` (and ``_std_error``, responses as the units): E[min(e^d, e^3)]. Above 1 beyond noise, the
+  rollout's log-probs are not those of the distribution its tokens were drawn from (raw log-probs, an offset,
+  swapped columns, a misaligned trainer). ``reverse_ratio_mean``: the same with the columns exchanged, at most 1
+  when the columns are swapped.
+* ``shape_corr``: the correlation of d with the mean of the two log-probs: a temperature, a penalty or soft-capping
+  moves likely and unlikely tokens apart (|r| 0.4-0.9 on the tests' real model), noise barely (|r| <= 0.27).
+* ``within_row_share``: the share of sum d^2 left after each response's mean d is taken out: about 1 for noise,
+  about 0 for a constant offset on some or all responses.
+* ``shifted_ahead_ratio`` / ``shifted_behind_ratio``: mean |old[t] - rollout[t+1]| (and |old[t+1] - rollout[t]|)
+  over mean |old[t] - rollout[t]|, over pairs of neighbouring valid tokens of one response: far below 1 when the two
+  columns are offset by a position (an alignment bug), far above 1 otherwise.
+* ``rollout_zero_fraction``: valid tokens the rollout scores exactly 0.0 (probability 1) where the trainer gives
+  p < e^-0.1: tokens it never sampled (prompt tokens or padding inside the mask). ``both_zero_fraction``: valid
+  tokens exactly 0.0 on both sides (padding read as valid: an inverted mask). ``identical_fraction``: valid tokens
+  whose two float32 values are bit-identical.
+
+Statistics are over the valid tokens whose log-ratio is a number (a token -inf on both sides has none).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from rcdiag.kernels.signature_slots import TOTALS
+from rcdiag.metrics.base import Accumulator, MetricValue, Moments, Reduce, VerlCrash
+from rcdiag.metrics.block import Block
+
+RATIO_CAP_LOG = 3.0
+"""Each token's ratio is capped at e^3 (as ``--explain``'s offset statistic), so a few outliers cannot move it."""
+ZERO_TRAINER_MAX = -0.1
+"""A rollout log-prob of exactly 0.0 counts as a token it never sampled where the trainer's is below this."""
+
+SIGNATURE_KEYS = (
+    "rcdiag/capped_ratio_mean",
+    "rcdiag/capped_ratio_std_error",
+    "rcdiag/reverse_ratio_mean",
+    "rcdiag/reverse_ratio_std_error",
+    "rcdiag/shape_corr",
+    "rcdiag/within_row_share",
+    "rcdiag/shifted_ahead_ratio",
+    "rcdiag/shifted_behind_ratio",
+    "rcdiag/rollout_zero_fraction",
+    "rcdiag/both_zero_fraction",
+    "rcdiag/identical_fraction",
+)
+
+
+class SignatureMetrics(Accumulator):
+    """The signature statistics (see the module docstring)."""
+
+    STATES: ClassVar[dict[str, Reduce]] = {
+        "n": "sum",
+        "ratio": "sum",
+        "ratio_rows": "moments",
+        "reverse": "sum",
+        "reverse_rows": "moments",
+        "d": "sum",
+        "d2": "sum",
+        "mid": "sum",
+        "mid2": "sum",
+        "d_mid": "sum",
+        "row_energy": "sum",
+        "pairs": "sum",
+        "pair_same": "sum",
+        "pair_ahead": "sum",
+        "pair_behind": "sum",
+        "valid": "sum",
+        "rollout_zero": "sum",
+        "both_zero": "sum",
+        "identical": "sum",
+    }
+    COUNTED: ClassVar[frozenset[str]] = Accumulator.COUNTED | frozenset(
+        {"n", "pairs", "valid", "rollout_zero", "both_zero", "identical", "d2", "mid2", "row_energy"}
+    )
+
+    def update(self, block: Block) -> None:
+        old, rollout, mask, lengths = block.raw
+        old = np.ascontiguousarray(old, dtype=np.float32)
+        rollout = np.ascontiguousarray(rollout, dtype=np.float32)
+        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+        sums = (
+            signature_kernel(old, rollout, mask, lengths)
+            if block.b.compiled
+            else signature_arrays(old, rollout, mask, lengths)
+        )
+        self.fold(sums)
+
+    def fold(self, sums: SignatureSums) -> None:
+        """Fold one block's sums into the state."""
+        t = dict(zip(TOTALS, sums.totals.tolist(), strict=True))
+        kept = sums.row_n > 0
+        n = sums.row_n[kept].astype(np.float64)
+        self.add(
+            valid=t["valid"],
+            rollout_zero=t["rollout_zero"],
+            both_zero=t["both_zero"],
+            identical=t["identical"],
+            pairs=t["pairs"],
+            pair_same=t["pair_same"],
+            pair_ahead=t["pair_ahead"],
+            pair_behind=t["pair_behind"],
+        )
+        if not n.size:
+            return
+        row_d = sums.row_d[kept]
+        self.add(
+            n=t["n"],
+            ratio=t["ratio"],
+            ratio_rows=_row_moments(sums.row_ratio[kept], n),
+            reverse=t["reverse"],
+            reverse_rows=_row_moments(sums.row_reverse[kept], n),
+            d=t["d"],
+            d2=t["d2"],
+            mid=t["mid"],
+            mid2=t["mid2"],
+            d_mid=t["d_mid"],
+            row_energy=float(np.dot(row_d, row_d / n)),
+        )
+
+    def keys(self) -> list[str]:
+        return list(SIGNATURE_KEYS)
+
+    def compute(self) -> tuple[dict[str, MetricValue], list[VerlCrash]]:
+        st = self.state
+        values: dict[str, MetricValue] = dict.fromkeys(SIGNATURE_KEYS)
+        valid = st["valid"]
+        if valid > 0:
+            values["rcdiag/rollout_zero_fraction"] = st["rollout_zero"] / valid
+            values["rcdiag/both_zero_fraction"] = st["both_zero"] / valid
+            values["rcdiag/identical_fraction"] = st["identical"] / valid
+        if st["pair_same"] > 0:
+            values["rcdiag/shifted_ahead_ratio"] = st["pair_ahead"] / st["pair_same"]
+            values["rcdiag/shifted_behind_ratio"] = st["pair_behind"] / st["pair_same"]
+        n = st["n"]
+        if n == 0:
+            return values, []
+        for name in ("ratio", "reverse"):
+            mean = st[name] / n
+            values[f"rcdiag/{'capped' if name == 'ratio' else 'reverse'}_ratio_mean"] = 1.0 + mean
+            values[f"rcdiag/{'capped' if name == 'ratio' else 'reverse'}_ratio_std_error"] = _cluster_error(
+                st[f"{name}_rows"], mean, n
+            )
+        var_d = st["d2"] / n - (st["d"] / n) ** 2
+        var_mid = st["mid2"] / n - (st["mid"] / n) ** 2
+        cov = st["d_mid"] / n - (st["d"] / n) * (st["mid"] / n)
+        if var_d > 1e-12 * max(st["d2"] / n, 1e-300) and var_mid > 0:
+            values["rcdiag/shape_corr"] = max(-1.0, min(1.0, cov / math.sqrt(var_d * var_mid)))
+        if st["d2"] > 0:
+            values["rcdiag/within_row_share"] = max(st["d2"] - st["row_energy"], 0.0) / st["d2"]
+        return values, []
+
+
+def _row_moments(row_sums: np.ndarray, n: np.ndarray) -> tuple[float, float, float]:
+    """Moments of the row means weighted by n_i^2 (``rcdiag.metrics.extras``' standard error of a token mean
+    with responses as the units)."""
+    weights = n * n
+    means = row_sums / n
+    total = float(weights.sum())
+    mean = float(np.dot(weights, means) / total)
+    return total, mean, float(np.dot(weights, (means - mean) ** 2))
+
+
+def _cluster_error(rows: Moments, mean: float, n: float) -> float:
+    """sqrt(sum_i (S_i - mean n_i)^2) / N from the weighted row-mean moments (M2 + W (mu - mean)^2)."""
+    spread = rows.m2 + rows.n * (rows.mean - mean) ** 2
+    return math.sqrt(max(spread, 0.0)) / n if spread == spread else math.nan
+
+
+@dataclass(frozen=True)
+class SignatureSums:
+    """One block's sums: ``totals`` at the slots ``rcdiag.kernels.signatures.TOTALS`` names, and per row the sums
+    of the capped ratio - 1, the reverse ratio - 1, the log-ratio and the count of finite log-ratios."""
+
+    totals: np.ndarray
+    row_ratio: np.ndarray
+    row_reverse: np.ndarray
+    row_d: np.ndarray
+    row_n: np.ndarray
+
+
+def signature_kernel(
+    old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | None, lengths: np.ndarray
+) -> SignatureSums:
+    """The block's sums by the compiled pass (``rcdiag.kernels.signatures``)."""
+    from rcdiag.kernels.signatures import signature_pass
+
+    rows = lengths.shape[0]
+    out = SignatureSums(np.zeros(len(TOTALS)), np.empty(rows), np.empty(rows), np.empty(rows), np.empty(rows, np.int64))
+    flags = np.zeros(0, dtype=np.bool_) if mask is None else np.ascontiguousarray(mask, dtype=np.bool_)
+    signature_pass(
+        old, rollout, old.view(np.int32), rollout.view(np.int32), flags, mask is not None, lengths,
+        math.exp(RATIO_CAP_LOG), ZERO_TRAINER_MAX, out.row_ratio, out.row_reverse, out.row_d, out.row_n, out.totals,
+    )  # fmt: skip
+    return out
+
+
+def signature_arrays(
+    old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | None, lengths: np.ndarray
+) -> SignatureSums:
+    """The same sums with numpy's array operations (a small dump's path, which never imports numba)."""
+    rows = lengths.shape[0]
+    row = np.repeat(np.arange(rows), lengths)
+    valid = np.ones(old.shape[0], dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+    o32, r32, rw = old[valid], rollout[valid], row[valid]
+    zero = r32 == 0.0
+    pair = (row[1:] == row[:-1]) & valid[1:] & valid[:-1]
+    same = np.abs(old[:-1] - rollout[:-1])
+    ahead = np.abs(old[:-1] - rollout[1:])
+    behind = np.abs(old[1:] - rollout[:-1])
+    pair &= np.isfinite(same) & np.isfinite(ahead) & np.isfinite(behind)
+    d = o32.astype(np.float64) - r32.astype(np.float64)
+    finite = np.isfinite(d)
+    d, rw = d[finite], rw[finite]
+    mid = 0.5 * (o32.astype(np.float64) + r32.astype(np.float64))[finite]
+    ratio = np.expm1(np.minimum(d, RATIO_CAP_LOG))
+    reverse = np.expm1(np.minimum(-d, RATIO_CAP_LOG))
+    totals = {
+        "n": float(d.shape[0]),
+        "ratio": float(ratio.sum()),
+        "reverse": float(reverse.sum()),
+        "d": float(d.sum()),
+        "d2": float(np.dot(d, d)),
+        "mid": float(mid.sum()),
+        "mid2": float(np.dot(mid, mid)),
+        "d_mid": float(np.dot(d, mid)),
+        "pairs": float(np.count_nonzero(pair)),
+        "pair_same": float(same[pair].sum(dtype=np.float64)),
+        "pair_ahead": float(ahead[pair].sum(dtype=np.float64)),
+        "pair_behind": float(behind[pair].sum(dtype=np.float64)),
+        "valid": float(o32.shape[0]),
+        "rollout_zero": float(np.count_nonzero(zero & (o32 < ZERO_TRAINER_MAX))),
+        "both_zero": float(np.count_nonzero(zero & (o32 == 0.0))),
+        "identical": float(np.count_nonzero(o32.view(np.int32) == r32.view(np.int32))),
+    }
+    return SignatureSums(
+        np.array([totals[name] for name in TOTALS]),
+        np.bincount(rw, weights=ratio, minlength=rows),
+        np.bincount(rw, weights=reverse, minlength=rows),
+        np.bincount(rw, weights=d, minlength=rows),
+        np.bincount(rw, minlength=rows).astype(np.int64),
+    )

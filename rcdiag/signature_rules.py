@@ -1,0 +1,251 @@
+"""Signature findings: each names a cause by its own evidence from the signature statistics (rcdiag/metrics/
+signatures.py), on every run, and ``precision_tests`` says whether a mismatch is consistent with precision noise.
+
+Read on the whole dump (all steps pooled): a pipeline bug is there at every step, and pooling gives the tests their
+power. docs/verdict.md gives each signature, its threshold and its measured false-alarm rate on the tests' real
+model (tests/test_verdict_open_world.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rcdiag.catalogue import finding
+from rcdiag.catalogue.metrics import KL_BANDS
+from rcdiag.report import Finding
+
+NOISE_K3_MAX = next(band.below for band in KL_BANDS if band.text.startswith("small"))
+"""A mismatch is large from this k3_kl (1e-3): the top of the range published for dense bf16 models (1e-5..1e-3),
+the kl readings' "small: typical of dense models" band, read from the catalogue; a bf16 rollout of the tests' real
+model gives 1.3e-4. Below it a mismatch is ``healthy`` whatever its shape (the verdict)."""
+NOISE_SIGMAS = 2.0
+"""kl within this many of its standard errors (rcdiag/kl_std_error) of 0 is indistinguishable from no mismatch
+(the same band the kl reading uses)."""
+Z = 4.0
+"""Standard errors (responses as the units) a ratio must clear beyond 1: with the Bonferroni share of the dump's
+two ratio tests, under 1e-4 false alarms per dump."""
+MIN_TOKENS = 2000
+"""Fewer valid tokens leave every signature silent."""
+RATIO_OVER_MIN = 0.005
+"""logprobs_not_sampled: the capped mean IS ratio must also exceed 1 by this (0.5% of probability mass)."""
+DEFICIT_MIN = 0.003
+"""precision test: a capped mean IS ratio this far below 1 beyond noise is mass missing, not noise (as
+``--explain``'s sampling_truncation)."""
+SHAPE_CORR_MAX = 0.35
+"""precision test: |corr(log-ratio, log-prob)| above this is a shaped mismatch (a temperature, a penalty, soft-capping:
+0.41-0.89 on the tests' real model), not noise (at most 0.27 measured: a 4-bit rollout)."""
+ENVELOPE_K3 = 0.1
+"""precision test: k3_kl above this is beyond every range published for precision effects (dense bf16 1e-5..1e-3,
+MoE 1e-3..1e-1; mismatch-practice.md)."""
+ALIGN_RATIO_MAX = 0.5
+"""logprobs_misaligned: the columns shifted by one position agree at least twice as well as unshifted (1.1-2900 on
+clean real-model dumps; 0.00002 with an off-by-one trainer)."""
+ALIGN_ABS_MIN = 0.05
+"""logprobs_misaligned: and the unshifted mean |log-ratio| is at least this (5x bf16's)."""
+OFFSET_WITHIN_MAX = 0.25
+"""offset_per_response: at most this share of the log-ratio's energy is left within responses once each response's
+mean is taken out (0.96-0.99 for noise; 0 for an exact offset; 0.06-0.18 for a 0.05-nat offset over bf16 noise)."""
+OFFSET_SIGMAS = 4.0
+"""offset_per_response: |kl| at least this many of its standard errors."""
+ZERO_SHARE_MAX = 0.01
+"""mask_tokens_unsampled: rollout log-probs of exactly 0.0 against a trainer below -0.1 on more than this share of
+valid tokens (0 on every clean real-model dump)."""
+BOTH_ZERO_SHARE_MAX = 0.5
+"""mask_padding_valid: both log-probs exactly 0.0 on more than this share of valid tokens."""
+
+SIGNATURE_CODES = (
+    "mask_padding_valid",
+    "mask_tokens_unsampled",
+    "logprobs_misaligned",
+    "offset_per_response",
+    "logprobs_not_sampled",
+    "mismatch_not_noise",
+)
+
+
+@dataclass(frozen=True)
+class _Read:
+    """The numbers the signatures read from a pooled result."""
+
+    tokens: int
+    kl: float | None
+    kl_se: float | None
+    k3: float | None
+    abs_mean: float | None
+    extras: dict[str, float | None]
+
+    def get(self, key: str) -> float | None:
+        return self.extras.get(f"rcdiag/{key}")
+
+
+def _emit(code: str, facts: str, value: float | None, threshold: float | None) -> Finding:
+    spec = finding(code)
+    return Finding(code, spec.severity, f"{facts} {spec.advice}", None, value, threshold)
+
+
+def signature_findings(
+    metrics: dict[str, float | None], extras: dict[str, float | None], valid_tokens: int
+) -> list[Finding]:
+    """The signature findings of a whole dump's pooled metrics and extras."""
+    read = _Read(
+        valid_tokens,
+        metrics.get("rollout_corr/kl"),
+        extras.get("rcdiag/kl_std_error"),
+        metrics.get("rollout_corr/k3_kl"),
+        extras.get("rcdiag/abs_log_ratio_mean"),
+        extras,
+    )
+    if valid_tokens < MIN_TOKENS:
+        return []
+    found = [_mask(read), _alignment(read), _offset(read), _not_sampled(read), _not_noise(metrics, extras)]
+    return [f for f in found if f is not None]
+
+
+def kl_beyond_noise(metrics: dict[str, float | None], extras: dict[str, float | None]) -> bool:
+    """kl beyond ``NOISE_SIGMAS`` of its standard errors (or without one)."""
+    kl, se = metrics.get("rollout_corr/kl"), extras.get("rcdiag/kl_std_error")
+    return kl is not None and (se is None or abs(kl) > NOISE_SIGMAS * se)
+
+
+def mismatch_large(metrics: dict[str, float | None], extras: dict[str, float | None]) -> bool:
+    """k3_kl above ``NOISE_K3_MAX`` and kl beyond its noise."""
+    k3 = metrics.get("rollout_corr/k3_kl")
+    return k3 is not None and k3 > NOISE_K3_MAX and kl_beyond_noise(metrics, extras)
+
+
+def _not_noise(metrics: dict[str, float | None], extras: dict[str, float | None]) -> Finding | None:
+    """A large mismatch that fails a precision test: systematic, whether or not a signature names it."""
+    if not mismatch_large(metrics, extras):
+        return None
+    _, failed = precision_tests(metrics, extras)
+    if not failed:
+        return None
+    k3 = metrics.get("rollout_corr/k3_kl")
+    return _emit(
+        "mismatch_not_noise",
+        f"the mismatch (k3_kl {k3:.3g}, above {NOISE_K3_MAX:g}) is not precision noise: {'; '.join(failed)}.",
+        k3,
+        NOISE_K3_MAX,
+    )
+
+
+def _mask(read: _Read) -> Finding | None:
+    both, unsampled = read.get("both_zero_fraction"), read.get("rollout_zero_fraction")
+    if both is not None and both > BOTH_ZERO_SHARE_MAX:
+        return _emit(
+            "mask_padding_valid",
+            f"{both:.1%} of the valid tokens are exactly 0.0 on both sides (more than {BOTH_ZERO_SHARE_MAX:.0%}): "
+            "padding counted as response tokens.",
+            both,
+            BOTH_ZERO_SHARE_MAX,
+        )
+    if unsampled is not None and unsampled > ZERO_SHARE_MAX:
+        return _emit(
+            "mask_tokens_unsampled",
+            f"{unsampled:.1%} of the valid tokens have a rollout log-prob of exactly 0.0 (probability 1) where the "
+            f"trainer's is below -0.1 (more than {ZERO_SHARE_MAX:.0%}): the rollout never sampled them.",
+            unsampled,
+            ZERO_SHARE_MAX,
+        )
+    return None
+
+
+def _alignment(read: _Read) -> Finding | None:
+    ahead, behind = read.get("shifted_ahead_ratio"), read.get("shifted_behind_ratio")
+    if ahead is None or behind is None or read.abs_mean is None or read.abs_mean < ALIGN_ABS_MIN:
+        return None
+    ratio = min(ahead, behind)
+    if ratio >= ALIGN_RATIO_MAX:
+        return None
+    which = (
+        "the trainer's log-prob at position t matches the rollout's at t+1"
+        if ahead <= behind
+        else "the trainer's log-prob at position t+1 matches the rollout's at t"
+    )
+    return _emit(
+        "logprobs_misaligned",
+        f"shifted by one position the two columns agree {1 / ratio:.3g}x better than as given (mean |log-ratio| "
+        f"{read.abs_mean:.3g} unshifted, {read.abs_mean * ratio:.3g} shifted): {which}.",
+        ratio,
+        ALIGN_RATIO_MAX,
+    )
+
+
+def _offset(read: _Read) -> Finding | None:
+    within = read.get("within_row_share")
+    if within is None or within > OFFSET_WITHIN_MAX or read.kl is None or read.kl_se is None:
+        return None
+    if abs(read.kl) <= OFFSET_SIGMAS * read.kl_se or read.kl == 0.0:
+        return None
+    higher = "rollout" if read.kl > 0 else "trainer"
+    return _emit(
+        "offset_per_response",
+        f"the log-ratio is a constant per response: {1 - within:.1%} of its energy is each response's mean "
+        f"(precision noise puts 1-4% there); the {higher}'s log-probs sit {abs(read.kl):.3g} nats higher on average.",
+        within,
+        OFFSET_WITHIN_MAX,
+    )
+
+
+def ratio_excess(read_extras: dict[str, float | None], key: str) -> tuple[float, float] | None:
+    """(mean - 1, its standard error) of a capped ratio (``capped`` or ``reverse``), when known."""
+    mean, se = read_extras.get(f"rcdiag/{key}_ratio_mean"), read_extras.get(f"rcdiag/{key}_ratio_std_error")
+    if mean is None or se is None:
+        return None
+    return mean - 1.0, se
+
+
+def _not_sampled(read: _Read) -> Finding | None:
+    excess = ratio_excess(read.extras, "capped")
+    if excess is None:
+        return None
+    gap, se = excess
+    if gap <= RATIO_OVER_MIN or gap <= Z * se:
+        return None
+    return _emit(
+        "logprobs_not_sampled",
+        f"the mean IS ratio pi_train/pi_rollout (capped at e^3) is {1 + gap:.4g} +- {se:.2g}, above 1 by "
+        f"{gap / se:.3g} standard errors: for tokens drawn from the distribution the rollout reports it is at most 1, "
+        "so the rollout's log-probs are not those of the distribution its tokens were drawn from.",
+        1 + gap,
+        1 + RATIO_OVER_MIN,
+    )
+
+
+def swap_consistent(extras: dict[str, float | None]) -> bool:
+    """Exchanging the columns makes the dump read as precision noise: the reverse ratio at most 1 within noise and
+    no shaped mismatch (a shaped one swapped would still be a bug: raw log-probs, a penalty)."""
+    excess = ratio_excess(extras, "reverse")
+    corr = extras.get("rcdiag/shape_corr")
+    if excess is None:
+        return False
+    gap, se = excess
+    return gap <= max(Z * se, RATIO_OVER_MIN) and (corr is None or abs(corr) <= SHAPE_CORR_MAX)
+
+
+def precision_tests(metrics: dict[str, float | None], extras: dict[str, float | None]) -> tuple[list[str], list[str]]:
+    """The precision-noise tests as (passed, failed) sentences; noise is named only when none fails."""
+    passed, failed = [], []
+    excess = ratio_excess(extras, "capped")
+    if excess is not None:
+        gap, se = excess
+        text = f"mean IS ratio {1 + gap:.4g} +- {se:.2g}"
+        if -gap > DEFICIT_MIN and -gap > Z * se:
+            failed.append(f"{text}: {-gap:.2%} of the trainer's mass is missing on the rollout's support")
+        else:
+            passed.append(f"{text} (at most 1 on sampled tokens)")
+    corr = extras.get("rcdiag/shape_corr")
+    if corr is not None:
+        text = f"corr(log-ratio, log-prob) {corr:+.2f}"
+        if abs(corr) > SHAPE_CORR_MAX:
+            side = "the rollout is sharper" if corr < 0 else "the rollout is flatter or penalised"
+            failed.append(f"{text}: the mismatch depends on how likely a token is ({side}), beyond {SHAPE_CORR_MAX}")
+        else:
+            passed.append(f"{text} (within {SHAPE_CORR_MAX})")
+    k3 = metrics.get("rollout_corr/k3_kl")
+    if k3 is not None:
+        if k3 > ENVELOPE_K3:
+            failed.append(f"k3_kl {k3:.3g} beyond every published precision range (at most {ENVELOPE_K3:g}, MoE)")
+        else:
+            passed.append(f"k3_kl {k3:.3g} inside the published precision ranges (at most {ENVELOPE_K3:g})")
+    return passed, failed
