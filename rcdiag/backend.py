@@ -129,6 +129,16 @@ class Backend(ABC):
         d = self.minus64(x, mean)
         return n, mean, self.dot(weights * d, d)
 
+    def comoments(self, x: Array, y: Array) -> tuple[float, float, float, float, float, float]:
+        """``(n, mean_x, mean_y, M2_x, M2_y, C_xy)`` of value pairs, centred on this block's own means, in float64
+        (``rcdiag.metrics.base.CoMoments``)."""
+        n = float(self.numel(x))
+        if n == 0:
+            return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        mean_x, mean_y = self.sum(x) / n, self.sum(y) / n
+        dx, dy = self.minus64(x, mean_x), self.minus64(y, mean_y)
+        return n, mean_x, mean_y, self.dot(dx, dx), self.dot(dy, dy), self.dot(dx, dy)
+
     @abstractmethod
     def numel(self, x: Array) -> int:
         """Number of elements."""
