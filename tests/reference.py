@@ -223,7 +223,9 @@ def rejection(
     return out
 
 
-def debug(old: np.ndarray, rollout: np.ndarray, m: np.ndarray, raises_on_empty: bool = False) -> dict[str, float | None]:
+def debug(
+    old: np.ndarray, rollout: np.ndarray, m: np.ndarray, raises_on_empty: bool = False
+) -> dict[str, float | None]:
     """verl's ``training/*`` debug metrics (``calculate_debug_metrics``), in float64 with numpy's own functions:
     |exp(old) - exp(rollout)| over the valid tokens (max, mean, std with ddof 1) and ``np.corrcoef`` of the two
     probabilities. No valid token: valid 0 and NaN (verl >= 0.8.0), or ``None`` everywhere (0.7.1 raises)."""
