@@ -297,6 +297,18 @@ class NumpyBackend(Backend):
         d -= mean
         return float(n), mean, float(np.einsum("i,i->", d, d))
 
+    def comoments(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float, float, float]:
+        if x.dtype != np.float32 or y.dtype != np.float32 or not x.size:
+            return super().comoments(x, y)
+        # float32 values: cast once each and centre in place (as ``moments``)
+        dx, dy = x.astype(np.float64), y.astype(np.float64)
+        n = dx.shape[0]
+        mean_x, mean_y = float(np.add.reduce(dx)) / n, float(np.add.reduce(dy)) / n
+        dx -= mean_x
+        dy -= mean_y
+        dot = lambda a, b: float(np.einsum("i,i->", a, b))  # noqa: E731
+        return float(n), mean_x, mean_y, dot(dx, dx), dot(dy, dy), dot(dx, dy)
+
     def numel(self, x: np.ndarray) -> int:
         return int(x.size)
 
