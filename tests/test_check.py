@@ -72,7 +72,8 @@ def test_parse_assignment() -> None:
 
 def test_metric_names_follow_the_configuration() -> None:
     plain = metric_names(rcdiag.CorrectionConfig().resolve())
-    assert len(plain) == 5 + 13 + 6 and P + "kl" in plain and "training/rollout_probs_diff_max" in plain and "rcdiag/token_mult_prob_error" in plain
+    assert len(plain) == 5 + 13 + 6 and P + "kl" in plain and "rcdiag/token_mult_prob_error" in plain
+    assert "training/rollout_probs_diff_max" in plain  # decoupled mode (the default): verl's debug metrics
     with_is = metric_names(rcdiag.CorrectionConfig(rollout_is="token").resolve())
     assert P + "rollout_is_eff_sample_size" in with_is and P + "rollout_is_eff_sample_size" not in plain
     # verl's own keys, in verl's order, then rcdiag's extras (docs/metrics.md)

@@ -290,3 +290,17 @@ def test_check_rules_read_the_keys(tmp_path: Path) -> None:
     failing = run_capped("check", path, "--max", f"training/rollout_probs_diff_max={value / 2}")
     holding = run_capped("check", path, "--max", f"training/rollout_probs_diff_max={value * 2}")
     assert (failing.returncode, holding.returncode) == (1, 0), (failing.stderr, holding.stderr)
+
+
+def test_torch_backend_agrees_with_numpy() -> None:
+    """The array path on torch (``TorchBackend``, here on the CPU; a GPU runs the same operations) gives numpy's
+    values to float32 rounding: the two libraries' float32 ``exp`` differ in the last bit or two."""
+    pytest.importorskip("torch")
+    from rcdiag.backend import TorchBackend
+
+    old, rollout, mask = random_batch(np.random.default_rng(1), rows=30, width=40, noise=0.2, empty_rows=3)
+    chunks = [padded_chunk(old[a : a + 7], rollout[a : a + 7], mask[a : a + 7]) for a in range(0, 30, 7)]
+    numpy_path = rcdiag.analyze_chunks(chunks, rcdiag.CorrectionConfig()).metrics
+    torch_path = rcdiag.analyze_chunks(chunks, rcdiag.CorrectionConfig(), device=TorchBackend("cpu")).metrics
+    for key in DEBUG_KEYS:
+        assert abs(torch_path[key] - numpy_path[key]) <= EXACT_TOLERANCE, key
