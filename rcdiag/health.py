@@ -17,7 +17,7 @@ from statistics import NormalDist
 
 from rcdiag.catalogue import finding, full_key, metric
 from rcdiag.catalogue.findings import codes_for, listing_order
-from rcdiag.catalogue.metrics import MetricSpec, Threshold, rs_option, thresholds_with_findings
+from rcdiag.catalogue.metrics import DEBUG_PREFIX, MetricSpec, Threshold, rs_option, thresholds_with_findings
 from rcdiag.config import ResolvedConfig
 from rcdiag.constants import TEMPERATURE_KEY, TRAIN_TEMPERATURE_KEY
 from rcdiag.core.formulas import k3
@@ -275,8 +275,8 @@ def _rs_all(result: BatchResult, context: Context) -> list[Hit]:
 def _not_finite(result: BatchResult, context: Context) -> list[Hit]:
     hits = []
     for key, value in result.raw.items():
-        if value is None or math.isfinite(value):
-            continue
+        if value is None or math.isfinite(value) or key.startswith(DEBUG_PREFIX):
+            continue  # verl's debug metrics are NaN by definition (no token; one token's std; a corr without spread)
         hint = "a log-ratio above ~88 overflows exp() in float32" if key.endswith("k3_kl") else "inf or NaN"
         message = f"{key} is {value} ({hint}); it is reported as null."
         hits.append(Hit("metric_not_finite", key, None, None, message, detail={key: str(value)}))

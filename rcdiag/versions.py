@@ -30,6 +30,10 @@ class VerlVersion:
     legacy_actor: bool
     """<= 0.7.1: ``dp_actor``/``megatron_actor`` computed the off-policy metrics per micro-batch on the RS-modified
     mask (and asserted a valid token in each); metrics were reduced over all micro-batches by key name."""
+    debug_metrics_on_empty: bool
+    """>= 0.8.0: ``calculate_debug_metrics`` (the ``training/rollout_*probs*`` keys) gives
+    ``rollout_probs_diff_valid`` 0 and NaN for a batch without a valid token; 0.7.1 raises ``RuntimeError``
+    (``torch.max`` of no element)."""
     same_code_as: str | None = None
     """A release whose rollout-correction code is byte-identical (0.9.1 = 0.9.0)."""
 
@@ -42,10 +46,10 @@ class VerlVersion:
 VERSIONS: dict[str, VerlVersion] = {
     v.name: v
     for v in (
-        VerlVersion("0.7.1", True, False, False, False, True),
-        VerlVersion("0.8.0", False, True, True, False, False),
-        VerlVersion("0.9.0", False, False, True, True, False),
-        VerlVersion("0.9.1", False, False, True, True, False, same_code_as="0.9.0"),
+        VerlVersion("0.7.1", True, False, False, False, True, False),
+        VerlVersion("0.8.0", False, True, True, False, False, True),
+        VerlVersion("0.9.0", False, False, True, True, False, True),
+        VerlVersion("0.9.1", False, False, True, True, False, True, same_code_as="0.9.0"),
     )
 }
 """Oldest first. v0.6.x/v0.7.0 had another RS API (token/sequence/geometric plus a veto) and are not reproduced."""

@@ -223,6 +223,24 @@ def rejection(
     return out
 
 
+def debug(
+    old: np.ndarray, rollout: np.ndarray, m: np.ndarray, raises_on_empty: bool = False
+) -> dict[str, float | None]:
+    """verl's ``training/*`` debug metrics (``calculate_debug_metrics``), in float64 with numpy's own functions:
+    |exp(old) - exp(rollout)| over the valid tokens (max, mean, std with ddof 1) and ``np.corrcoef`` of the two
+    probabilities. No valid token: valid 0 and NaN (verl >= 0.8.0), or ``None`` everywhere (0.7.1 raises)."""
+    keys = ("valid", "max", "mean", "std")
+    names = [f"training/rollout_probs_diff_{k}" for k in keys] + ["training/rollout_actor_probs_pearson_corr"]
+    p_old, p_rollout = np.exp(old[m]), np.exp(rollout[m])
+    if not p_old.size:
+        return dict.fromkeys(names) if raises_on_empty else dict(zip(names, [0.0] + [math.nan] * 4, strict=True))
+    diff = np.abs(p_old - p_rollout)
+    with np.errstate(all="ignore"):
+        corr = float(np.clip(np.corrcoef(p_old, p_rollout)[0, 1], -1, 1)) if p_old.size > 1 else math.nan
+    std = float(diff.std(ddof=1)) if diff.size > 1 else math.nan
+    return dict(zip(names, [1.0, float(diff.max()), float(diff.mean()), std, corr], strict=True))
+
+
 def all_metrics(
     old: np.ndarray,
     rollout: np.ndarray,
@@ -230,7 +248,8 @@ def all_metrics(
     spreads: dict[str, tuple[float, float]] | None = None,
     **config: object,
 ) -> dict[str, float | None]:
-    """Every ``rollout_corr/*`` metric verl would log for one padded batch and config.
+    """Every ``training/*`` (decoupled mode: ``bypass_mode`` false) and ``rollout_corr/*`` metric verl would log for
+    one padded batch and config.
 
     ``spreads``, if given, receives for each population ``*_std`` metric (unprefixed key) E[x^2] of the (clamped)
     values behind it, and the magnitude whose float32 rounding separates verl's values from exact ones (for the
@@ -255,4 +274,5 @@ def all_metrics(
         options, spec = str(config["rollout_rs"]), config["rollout_rs_threshold"]
         out.update(rejection(old, rollout, m, options, spec, spreads))  # type: ignore[arg-type]
     out.update(offpolicy(old, rollout, m))
-    return {"rollout_corr/" + k: v for k, v in out.items()}
+    logged = {} if config.get("bypass_mode") else debug(old, rollout, m, config.get("verl_version") == "0.7.1")
+    return {**logged, **{"rollout_corr/" + k: v for k, v in out.items()}}

@@ -74,7 +74,10 @@ def test_parse_assignment() -> None:
 
 def test_metric_names_follow_the_configuration() -> None:
     plain = metric_names(rcdiag.CorrectionConfig().resolve())
-    assert len(plain) == 13 + len(EXTRA_KEYS) + len(SIGNATURE_KEYS) and P + "kl" in plain and "rcdiag/token_mult_prob_error" in plain
+    debug, verl = 5, 13
+    assert len(plain) == debug + verl + len(EXTRA_KEYS) + len(SIGNATURE_KEYS)
+    assert P + "kl" in plain and "rcdiag/token_mult_prob_error" in plain
+    assert "training/rollout_probs_diff_max" in plain  # decoupled mode (the default): verl's debug metrics
     with_is = metric_names(rcdiag.CorrectionConfig(rollout_is="token").resolve())
     assert P + "rollout_is_eff_sample_size" in with_is and P + "rollout_is_eff_sample_size" not in plain
     # verl's own keys, in verl's order, then rcdiag's extras (docs/metrics.md)
@@ -231,7 +234,8 @@ def test_rules_are_validated_before_reading() -> None:
         check("does-not-matter.parquet", [Rule("rollout_is_mean", "min", 0.5)])
     message = str(info.value)
     assert "'rollout_is_mean' is not computed for this configuration (IS metrics need --is" in message
-    assert "Available: training_ppl, training_log_ppl, kl, k3_kl," in message and "rcdiag/kl_std_error" in message
+    assert "Available: training/rollout_probs_diff_valid, training/rollout_probs_diff_max," in message
+    assert ", training_ppl, training_log_ppl, kl, k3_kl," in message and "rcdiag/kl_std_error" in message
     with pytest.raises(ConfigError, match="'kll' is not a metric rcdiag computes"):
         check("x.parquet", [Rule("kll", "max", 1.0)])
     with pytest.raises(ConfigError, match="give --baseline"):
@@ -407,7 +411,7 @@ def test_process_exit_code_is_exactly_1(tmp_path: Path) -> None:
     ("args", "expected"),
     [
         (("--min", "rollout_is_eff_sample_size=0.8"), "is not computed for this configuration (IS metrics need --is"),
-        (("--max", "kll=1"), "Available: training_ppl"),
+        (("--max", "kll=1"), "Available: training/rollout_probs_diff_valid, "),
         (("--max", "kl"), "--max expects NAME=VALUE"),
         (("--max-increase", "kl=50%"), "give --baseline"),
         (("--max", "kl=1", "--steps", "first"), "--steps must be every, last or mean"),

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import SAMPLES, run, write_dump
 
+from rcdiag.metrics.debug import DEBUG_KEYS
+
 P = "rollout_corr/"
 HEALTHY = str(SAMPLES / "healthy.parquet")
 
@@ -44,7 +46,8 @@ def test_json_output_has_verl_keys_findings_config_input_steps(capsys: pytest.Ca
     assert code == 0
     data = json.loads(out)
     assert data["schema_version"] == 1
-    assert len(data["metrics"]) == 27 and all(k.startswith(P) for k in data["metrics"])
+    verl_keys = [k for k in data["metrics"] if k.startswith(P)]
+    assert len(verl_keys) == 27 and list(data["metrics"]) == [*DEBUG_KEYS, *verl_keys]  # decoupled: training/* first
     assert data["config"]["rollout_is"] == "token" and data["config"]["rollout_is_threshold"] == 2.0
     assert data["input"]["rows"] == 384 and data["input"]["steps"] == 6 and data["input"]["skipped_rows"] == 0
     assert len(data["steps"]) == 6 and set(data["steps"][0]["metrics"]) == set(data["metrics"])
@@ -80,7 +83,7 @@ def test_flags_override_a_preset(capsys: pytest.CaptureFixture) -> None:
             "json",
         )[1]
     )
-    assert len(data["metrics"]) == 13
+    assert len(data["metrics"]) == 5 + 13  # verl's training/* debug metrics and the off-policy ones
 
 
 def test_output_file(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:

@@ -113,7 +113,9 @@ def test_batch_without_a_valid_token() -> None:
     old, rollout, mask = rows_with_ratios([[1.0, 2.0], [0.5]])
     mask[:] = 0
     report = run_padded(old, rollout, mask, rollout_is="token", rollout_rs="token_k1", rollout_rs_threshold=2.0)
-    assert report.metrics and all(v is None for v in report.metrics.values())
+    # verl >= 0.8.0's calculate_debug_metrics gives valid 0 (and NaN) before rollout correction raises
+    valid = report.metrics.pop("training/rollout_probs_diff_valid")
+    assert valid == 0.0 and report.metrics and all(v is None for v in report.metrics.values())
     assert [f.code for f in report.findings] == ["verl_crash_empty_batch"]
     assert report.input.valid_tokens == 0 and report.input.rows == 2
 
@@ -205,7 +207,9 @@ def test_duplicate_rs_options_are_merged_first_occurrence_wins() -> None:
 def test_key_counts(config: dict, count: int) -> None:
     config = {k: v for k, v in config.items() if k not in ("bypass_mode", "loss_type")}
     old, rollout, mask = random_batch(np.random.default_rng(0))
-    assert len(run_padded(old, rollout, mask, **config).metrics) == count
+    metrics = run_padded(old, rollout, mask, **config).metrics
+    assert len([k for k in metrics if k.startswith("rollout_corr/")]) == count
+    assert len([k for k in metrics if k.startswith("training/")]) == 5  # decoupled mode: verl's debug metrics
 
 
 def test_key_order_follows_verl() -> None:
@@ -227,16 +231,18 @@ def test_key_order_follows_verl() -> None:
     ]
     head_token = ["mean", "ratio_fraction_high", "ratio_fraction_low", "max", "min", "std", "eff_sample_size"]
     head_seq = ["max", "min", "mean", "ratio_fraction_high", "ratio_fraction_low", "std", "eff_sample_size"]
-    assert token == [P + "rollout_is_" + k for k in head_token + tail] + [P + k for k in offpolicy]
+    debug = [f"training/rollout_probs_diff_{k}" for k in ("valid", "max", "mean", "std")]
+    debug.append("training/rollout_actor_probs_pearson_corr")  # verl logs them first, when old_log_probs are recomputed
+    assert token == debug + [P + "rollout_is_" + k for k in head_token + tail] + [P + k for k in offpolicy]
     expected_seq = [P + "rollout_is_" + k for k in [*head_seq, *tail, "batch_norm_factor"]]
-    assert seq == expected_seq + [P + k for k in offpolicy]
+    assert seq == debug + expected_seq + [P + k for k in offpolicy]
     rs = list(run_padded(old, rollout, mask, rollout_rs="seq_max_k3,token_k1", rollout_rs_threshold="1.0,2.0").metrics)
     k1 = ["mean", "max", "min", "fraction_high", "fraction_low", "std", "seq_mean", "seq_std", "seq_max", "seq_min",
           "seq_max_deviation", "seq_fraction_high", "seq_fraction_low", "masked_fraction", "seq_masked_fraction"]  # fmt: skip
     k3 = [s for s in k1 if s != "seq_fraction_low"]
     expected = [P + "rollout_rs_seq_max_k3_" + s for s in k3] + [P + "rollout_rs_token_k1_" + s for s in k1]
     expected += [P + "rollout_rs_masked_fraction", P + "rollout_rs_seq_masked_fraction"]
-    assert rs == expected + [P + k for k in offpolicy]
+    assert rs == debug + expected + [P + k for k in offpolicy]
 
 
 def test_empty_rows_count_in_all_row_metrics() -> None:

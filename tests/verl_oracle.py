@@ -1,15 +1,14 @@
 """Load the rollout-correction code of verl v0.7.1, v0.8.0 and v0.9.0 as test oracles, without verl's heavy
 dependencies.
 
-Each release is installed with ``pip install --no-deps --target .gl/verl-<version> verl==<version>`` (see
-.ci/run); v0.9.0 may also come from the environment (``pip install --no-deps verl==0.9.0``). Its package
-``__init__`` files import ray, transformers and more, so we load only the modules the oracles need
-(``rollout_corr_helper``, ``torch_functional``, ``algorithm`` config, ``seqlen_balancing``, ``metric.utils``) from
-the installed files and stand in tiny stubs for the imports they never use on this path (``DataProto``,
+Each release is installed with ``pip install --no-deps --target .gl/verl-<version> verl==<version>`` (see .ci/run);
+v0.9.0 may also come from the environment (``pip install --no-deps verl==0.9.0``). Its package ``__init__`` files
+import ray, transformers and more, so we load only the modules the oracles need (``rollout_corr_helper``,
+``torch_functional``, ``algorithm`` config, ``seqlen_balancing``, ``metric.utils``, ``debug.metrics``) from the
+installed files and stand in tiny stubs for the imports they never use on this path (``DataProto``,
 ``PolicyLossConfig``, ``tensordict``, ``transformers``, the tensordict helpers). Several releases share the module
-name ``verl``: loading one takes the previous one's modules out of ``sys.modules`` (the loaded modules keep
-their references, and none of the functions used here imports lazily). Nothing of verl is copied into this
-repository.
+name ``verl``: loading one takes the previous one's modules out of ``sys.modules`` (the loaded modules keep their
+references, and none of the functions used here imports lazily). Nothing of verl is copied into this repository.
 """
 
 from __future__ import annotations
@@ -52,7 +51,7 @@ def verl_root(version: str) -> str | None:
 
 @cache
 def load_modules(version: str = "0.9.0") -> dict[str, Any] | None:
-    """The oracle modules of one release by short name (helper, algorithm, balancing, metric), or ``None``."""
+    """The oracle modules of one release by short name (helper, algorithm, balancing, metric, debug), or ``None``."""
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -71,7 +70,7 @@ def load_modules(version: str = "0.9.0") -> dict[str, Any] | None:
 
     try:
         package("verl", root)
-        for sub in ("utils", "trainer", "trainer/ppo", "trainer/config", "workers", "workers/config"):
+        for sub in ("utils", "utils/debug", "trainer", "trainer/ppo", "trainer/config", "workers", "workers/config"):
             package("verl." + sub.replace("/", "."), os.path.join(root, sub))
         for name, attrs in _STUBS.items():
             if name in sys.modules and not name.startswith("verl."):
@@ -85,6 +84,7 @@ def load_modules(version: str = "0.9.0") -> dict[str, Any] | None:
             "algorithm": importlib.import_module("verl.trainer.config.algorithm"),
             "balancing": importlib.import_module("verl.utils.seqlen_balancing"),
             "metric": importlib.import_module("verl.utils.metric.utils"),
+            "debug": importlib.import_module("verl.utils.debug.metrics"),
         }
     finally:
         # Keep the loaded verl modules (helper holds references) but do not leak stubs of real packages: a stub
@@ -130,7 +130,11 @@ def require_verl(version: str = "0.9.0") -> Any:
 
 
 def verl_metrics(old: Any, rollout: Any, mask: Any, version: str = "0.9.0", **config: Any) -> dict[str, float]:
-    """verl ``version``'s ``rollout_corr/*`` metrics for padded (B, T) tensors and a config (verl's field names)."""
+    """verl ``version``'s metrics for padded (B, T) tensors and a config (verl's field names): in decoupled mode
+    (``bypass_mode`` false, the default) the ``training/*`` debug metrics first, as verl's trainer logs them, then
+    the ``rollout_corr/*`` ones. The rollout correction runs first, so a batch without a valid token raises its
+    ``ValueError`` under every release (verl 0.7.1's trainer raises a ``RuntimeError`` in the debug metrics before
+    it: ``verl_debug_metrics``)."""
     loaded = load_verl(version)
     assert loaded is not None
     helper, _ = loaded
@@ -144,4 +148,16 @@ def verl_metrics(old: Any, rollout: Any, mask: Any, version: str = "0.9.0", **co
         rollout_rs=config.get("rollout_rs"),
         rollout_rs_threshold=config.get("rollout_rs_threshold"),
     )
-    return metrics
+    if config.get("bypass_mode"):
+        return metrics
+    return {**verl_debug_metrics(old, rollout, mask, version), **metrics}
+
+
+def verl_debug_metrics(old: Any, rollout: Any, mask: Any, version: str = "0.9.0") -> dict[str, float]:
+    """verl ``version``'s ``training/*`` debug metrics (``calculate_debug_metrics``) for padded (B, T) tensors, as
+    verl's trainer calls it in decoupled mode: ``old_log_probs`` recomputed, the response mask before rollout
+    correction changes it. Raises what that release raises (0.7.1: on a batch without a valid token)."""
+    loaded = load_modules(version)
+    assert loaded is not None
+    batch = {"rollout_log_probs": rollout, "old_log_probs": old, "response_mask": mask, "responses": mask}
+    return loaded["debug"].calculate_debug_metrics(_DataProto(batch))

@@ -1,9 +1,10 @@
 """Every metric rcdiag reports: its key, table group, reading, and the thresholds that judge it.
 
-verl's keys are declared without their ``rollout_corr/`` prefix (``kl``) and rcdiag's own with theirs
-(``rcdiag/kl_std_error``). A per-option RS key is declared once as a template, ``rollout_rs_{option}_<suffix>``,
-and stands for that suffix of every RS option. Each ``Threshold`` is a health check: with a ``finding`` code,
-``analyze`` warns when it fails; with ``packs``, ``rcdiag check --pack`` turns it into rules.
+verl's keys are declared without their ``rollout_corr/`` prefix (``kl``), verl's debug metrics and rcdiag's own with
+theirs (``training/rollout_probs_diff_max``, ``rcdiag/kl_std_error``). A per-option RS key is declared once as a
+template, ``rollout_rs_{option}_<suffix>``, and stands for that suffix of every RS option. Each ``Threshold`` is a
+health check: with a ``finding`` code, ``analyze`` warns when it fails; with ``packs``, ``rcdiag check --pack``
+turns it into rules.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ PREFIX = "rollout_corr/"
 """verl's prefix for the keys it logs."""
 EXTRA_PREFIX = "rcdiag/"
 """rcdiag's own diagnostics (not verl keys)."""
+DEBUG_PREFIX = "training/"
+"""verl's prefix for its debug metrics (``calculate_debug_metrics``), declared and reported with it."""
 
-Group = Literal["offpolicy", "is", "rs_option", "rs_aggregate", "extras"]
+Group = Literal["offpolicy", "is", "rs_option", "rs_aggregate", "extras", "debug"]
 ThresholdKind = Literal["min", "max", "max_abs", "range"]
 StepTable = Literal["analyze", "compare", "compare_trend"]
 """Per-step views: analyze's step table, compare's step table, compare's trend of b - a."""
@@ -31,6 +34,7 @@ GROUP_NEEDS: dict[Group, str] = {
     "rs_option": "RS metrics need --rs with that option and --rs-threshold",
     "rs_aggregate": "RS metrics need --rs and --rs-threshold",
     "extras": "always computed",
+    "debug": "verl's debug metrics are logged in decoupled mode only (bypass_mode false)",
 }
 """What a group's metrics need, for the hint when a rule names a metric the configuration lacks."""
 
@@ -348,6 +352,24 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "rollout_rs_seq_masked_fraction", "rs_aggregate", "share of all responses with at least one rejected token"
     ),
+    # verl's debug metrics (calculate_debug_metrics, decoupled mode), under their own prefix
+    MetricSpec(
+        "training/rollout_probs_diff_valid",
+        "debug",
+        "1 when the batch has a valid token (0 without one, verl >= 0.8.0; verl 0.7.1 raises)",
+    ),
+    MetricSpec("training/rollout_probs_diff_max", "debug", "largest |p_train - p_rollout| of any token"),
+    MetricSpec(
+        "training/rollout_probs_diff_mean",
+        "debug",
+        "mean |p_train - p_rollout| per token: the gap in probability space, where log-prob gaps at p ~ 0 weigh little",
+    ),
+    MetricSpec("training/rollout_probs_diff_std", "debug", "spread of |p_train - p_rollout| (unbiased, torch.std)"),
+    MetricSpec(
+        "training/rollout_actor_probs_pearson_corr",
+        "debug",
+        "Pearson correlation of the token probabilities of both engines; 1 = they agree up to a linear map",
+    ),
     # rcdiag's own diagnostics
     MetricSpec(
         "rcdiag/abs_log_ratio_mean",
@@ -402,8 +424,8 @@ METRICS: tuple[MetricSpec, ...] = (
 
 
 def full_key(key: str) -> str:
-    """``kl`` -> ``rollout_corr/kl``; an ``rcdiag/`` or already prefixed key is unchanged."""
-    return key if key.startswith((PREFIX, EXTRA_PREFIX)) else PREFIX + key
+    """``kl`` -> ``rollout_corr/kl``; an ``rcdiag/``, ``training/`` or already prefixed key is unchanged."""
+    return key if key.startswith((PREFIX, EXTRA_PREFIX, DEBUG_PREFIX)) else PREFIX + key
 
 
 def short_key(key: str) -> str:

@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from rcdiag.catalogue import EXTRA_PREFIX, PREFIX, every_key, full_key, metric, short_key
+from rcdiag.catalogue.metrics import DEBUG_PREFIX
 from rcdiag.check.rules import RELATIVE_KINDS, Rule
 from rcdiag.config import ResolvedConfig
 from rcdiag.errors import ConfigError
 
-PREFIXES = (PREFIX, EXTRA_PREFIX)
+PREFIXES = (PREFIX, DEBUG_PREFIX, EXTRA_PREFIX)
 
 
 def metric_names(resolved: ResolvedConfig) -> list[str]:

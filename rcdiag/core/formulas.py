@@ -180,6 +180,24 @@ def chan_merge(n_a: Any, mean_a: Any, m2_a: Any, n_b: Any, mean_b: Any, m2_b: An
     return n, mean_a + delta * n_b / n, m2_a + m2_b + delta * delta * n_a * n_b / n
 
 
+def chan_merge_comoment(
+    n_a: Any, mean_x_a: Any, mean_y_a: Any, c_a: Any, n_b: Any, mean_x_b: Any, mean_y_b: Any, c_b: Any
+) -> Any:
+    """The co-moment ``C = sum (x - mean_x)(y - mean_y)`` of two parts merged, the pairwise update ``chan_merge``
+    makes of M2 (which is C of x with itself): ``C_a + C_b + dx dy n_a n_b / n``. Both counts must be positive."""
+    n = n_a + n_b
+    return c_a + c_b + (mean_x_b - mean_x_a) * (mean_y_b - mean_y_a) * n_a * n_b / n
+
+
+def correlation(m2_x: float, m2_y: float, c_xy: float) -> float:
+    """Pearson's r from the centred moments M2_x, M2_y and the co-moment C_xy, clipped to [-1, 1] as
+    ``torch.corrcoef`` clips; NaN where either side has no spread (torch's 0/0) or a moment is NaN."""
+    scale = math.sqrt(m2_x) * math.sqrt(m2_y) if m2_x >= 0 and m2_y >= 0 else math.nan
+    if not scale > 0:
+        return math.nan
+    return min(max(c_xy / scale, -1.0), 1.0) if c_xy == c_xy else math.nan
+
+
 def chan_merge_share(n_a: Any, mean_a: Any, m2_a: Any, n_b: Any, mean_b: Any, m2_b: Any) -> tuple[Any, Any, Any]:
     """``chan_merge`` with the second part's share ``n_b / n`` taken first: the sweep's cells (``rcdiag.sweep.cells``
     and its kernel) merge this way. The same update, rounded differently in the last bit: the sweep's saved states

@@ -1,19 +1,18 @@
 """The accumulator protocol: declared state, update, merge, compute.
 
-Each metric group declares its state as named float64 sums, maxima, minima and moments, or int64 bin counts
-(``STATES``; a ``counts`` state has ``BINS`` bins). Arrays over thresholds or cells (``rcdiag sweep``) are states
-too, each as long as the instance says (``sizes``): float64 ``sums`` and ``maxima`` added or maxed element by
-element, per-cell ``cells`` (``MomentArrays``: count, moments and extremes, merged cell by cell), ``sparse``
-counts (saved as their non-zero bins) and ``values`` (one value per response, concatenated; float64, or float32
-where the value given is). The whole-dump accumulators of ``--explain`` also keep ``sums`` of a declared ``SHAPES``
-shape, float64 sums per int64 id (``table``, rows of a declared ``SHAPES`` width) and bounded heaps of the largest
-items (``top``). ``update``
-folds one block of whole sequences into that state, ``merge`` combines two states (chunks, files, workers, steps:
-it is the only way results combine), and ``compute`` turns the state into metric values. A finished mean is
-never stored on its own: sums and counts, or (count, mean, M2) moments merged with Chan et al.'s pairwise
-formula, so a merge is exact up to float64 rounding and every metric is independent of chunk size and row order.
-Moments are centred per block, so a spread far smaller than the mean (IS weights near 1, a statistic clamped
-to one bound) is not lost to cancellation in E[x^2] - E[x]^2.
+Each metric group declares its state as named float64 sums, maxima, minima, moments and co-moments (pairs of values,
+for a correlation), or int64 bin counts (``STATES``; a ``counts`` state has ``BINS`` bins). Arrays over thresholds
+or cells (``rcdiag sweep``) are states too, each as long as the instance says (``sizes``): float64 ``sums`` and
+``maxima`` added or maxed element by element, per-cell ``cells`` (``MomentArrays``: count, moments and extremes,
+merged cell by cell), ``sparse`` counts (saved as their non-zero bins) and ``values`` (one value per response,
+concatenated; float64, or float32 where the value given is). The whole-dump accumulators of ``--explain`` also keep
+``sums`` of a declared ``SHAPES`` shape, float64 sums per int64 id (``table``, rows of a declared ``SHAPES`` width)
+and bounded heaps of the largest items (``top``). ``update`` folds one block of whole sequences into that state,
+``merge`` combines two states (chunks, files, workers, steps: it is the only way results combine), and ``compute``
+turns the state into metric values. A finished mean is never stored on its own: sums and counts, or (count, mean,
+M2) moments merged with Chan et al.'s pairwise formula, so a merge is exact up to float64 rounding and every metric
+is independent of chunk size and row order. Moments are centred per block, so a spread far smaller than the mean (IS
+weights near 1, a statistic clamped to one bound) is not lost to cancellation in E[x^2] - E[x]^2.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 import numpy as np
 
 from rcdiag.catalogue.findings import finding
-from rcdiag.core.formulas import chan_merge, chan_merge_share
+from rcdiag.core.formulas import chan_merge, chan_merge_comoment, chan_merge_share
 from rcdiag.core.limits import F32_MAX
 from rcdiag.fields import FieldError, checked, counts, dataclass_from, real, reals, shown
 
@@ -35,7 +34,7 @@ if TYPE_CHECKING:
     from rcdiag.metrics.block import Block
 
 Reduce = Literal[
-    "sum", "max", "min", "moments", "counts", "sums", "maxima", "cells", "sparse", "values", "table", "top"
+    "sum", "max", "min", "moments", "comoments", "counts", "sums", "maxima", "cells", "sparse", "values", "table", "top"
 ]
 ARRAYS: frozenset[str] = frozenset({"counts", "sums", "maxima", "cells", "sparse", "values"})
 """The reductions whose state is an array (a new one for every accumulator)."""
@@ -76,6 +75,29 @@ class Moments:
     def second_moment(self) -> float:
         """E[x^2] = variance + mean^2."""
         return self.variance + self.mean * self.mean
+
+
+@dataclass(frozen=True)
+class CoMoments:
+    """Count, means, M2s and co-moment ``C = sum (x - mean_x)(y - mean_y)`` of value pairs, in float64: what a
+    correlation needs, merged exactly (Chan's update for each moment, ``chan_merge_comoment`` for C)."""
+
+    n: float = 0.0
+    mean_x: float = 0.0
+    mean_y: float = 0.0
+    m2_x: float = 0.0
+    m2_y: float = 0.0
+    c: float = 0.0
+
+    def merge(self, other: CoMoments) -> CoMoments:
+        if other.n == 0:
+            return self
+        if self.n == 0:
+            return other
+        n, mean_x, m2_x = chan_merge(self.n, self.mean_x, self.m2_x, other.n, other.mean_x, other.m2_x)
+        _, mean_y, m2_y = chan_merge(self.n, self.mean_y, self.m2_y, other.n, other.mean_y, other.m2_y)
+        c = chan_merge_comoment(self.n, self.mean_x, self.mean_y, self.c, other.n, other.mean_x, other.mean_y, other.c)
+        return CoMoments(n, mean_x, mean_y, m2_x, m2_y, c)
 
 
 class IdSums:
@@ -203,7 +225,13 @@ class MomentArrays:
         return cls(*(reals(state[name], f"{field}.{name}", (size,), nonnegative=name == "n") for name in cls.FIELDS))
 
 
-_DEFAULTS: dict[str, Any] = {"sum": 0.0, "max": -math.inf, "min": math.inf, "moments": Moments()}
+_DEFAULTS: dict[str, Any] = {
+    "sum": 0.0,
+    "max": -math.inf,
+    "min": math.inf,
+    "moments": Moments(),
+    "comoments": CoMoments(),
+}
 
 A = TypeVar("A", bound="Accumulator")
 
@@ -304,7 +332,8 @@ class Accumulator:
         return _DEFAULTS[how]
 
     def add(self, **values: Any) -> None:
-        """Fold values into the state by each state's declared reduction (moments: a ``Moments`` or a tuple)."""
+        """Fold values into the state by each state's declared reduction (moments: a ``Moments`` or a tuple;
+        comoments: a ``CoMoments`` or a tuple)."""
         state = self.state
         for name, value in values.items():
             how = self.STATES[name]
@@ -327,6 +356,8 @@ class Accumulator:
             elif how == "top":
                 for item in value.items():
                     self.offered(name, item)
+            elif how == "comoments":
+                state[name] = state[name].merge(value if isinstance(value, CoMoments) else CoMoments(*value))
             else:
                 state[name] = state[name].merge(value if isinstance(value, Moments) else Moments(*value))
 
@@ -429,6 +460,11 @@ class Accumulator:
             for i, data in enumerate(items):
                 top.offer(self.load_item(name, data, f"{field}.items[{i}]"))
             return top
+        if how == "comoments":
+            if not isinstance(value, list) or len(value) != 6:
+                raise FieldError(f"{field} must be [n, mean_x, mean_y, m2_x, m2_y, c], got {shown(value)}")
+            n, *rest = value
+            return CoMoments(real(n, f"{field} n", nonnegative=True), *(real(v, field) for v in rest))
         if how == "moments":
             if not isinstance(value, list) or len(value) != 3:
                 raise FieldError(f"{field} must be [n, mean, m2], got {shown(value)}")
@@ -469,6 +505,8 @@ class Accumulator:
 def _plain(how: Reduce, value: Any) -> Any:
     if how == "moments":
         return [value.n, value.mean, value.m2]
+    if how == "comoments":
+        return [value.n, value.mean_x, value.mean_y, value.m2_x, value.m2_y, value.c]
     if how == "cells":
         return value.state_dict()
     if how == "values":

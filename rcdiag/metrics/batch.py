@@ -1,8 +1,9 @@
 """All metric groups of one batch (one training step), built from a resolved configuration.
 
-The groups run in verl's order: IS, then each RS option and the RS aggregates, then the off-policy metrics;
-``compute`` returns the ``rollout_corr/*`` keys in exactly the order verl inserts them into its metrics dict,
-and rcdiag's own diagnostics separately.
+The groups run in verl's order: the ``training/*`` debug metrics (decoupled mode: verl logs them when it
+recomputes ``old_log_probs``, before rollout correction), IS, then each RS option and the RS aggregates, then the
+off-policy metrics; ``compute`` returns verl's keys in exactly the order verl inserts them into its metrics dict
+(``training/*`` as they are, the others under ``rollout_corr/``), and rcdiag's own diagnostics separately.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag.catalogue.metrics import PREFIX
+from rcdiag.catalogue.metrics import EXTRA_PREFIX, full_key
 from rcdiag.config import ResolvedConfig
 from rcdiag.core.limits import finite
 from rcdiag.fields import FieldError, integer, shown
 from rcdiag.metrics.base import Accumulator, MetricValue, VerlCrash, verl_float
 from rcdiag.metrics.block import Block
+from rcdiag.metrics.debug import DebugMetrics
 from rcdiag.metrics.extras import ExtraMetrics
 from rcdiag.metrics.histogram import EDGES, LogRatioHistogram
 from rcdiag.metrics.importance import ISMetrics
@@ -33,7 +35,8 @@ class BatchResult:
     """Metric values of one batch (or of several merged)."""
 
     metrics: dict[str, MetricValue]
-    """verl's ``rollout_corr/*`` keys, in verl's order; ``None`` where verl would crash or the value is not finite."""
+    """verl's ``training/*`` (decoupled mode) and ``rollout_corr/*`` keys, in verl's order; ``None`` where verl
+    would crash or the value is not finite."""
     extras: dict[str, MetricValue]
     """rcdiag's own ``rcdiag/*`` diagnostics."""
     raw: dict[str, float | None] = field(repr=False)
@@ -125,6 +128,7 @@ class BatchMetrics(GroupedBatch):
     def __init__(self, resolved: ResolvedConfig) -> None:
         super().__init__()
         self.resolved = resolved
+        self.debug = None if resolved.config.bypass_mode else DebugMetrics(resolved.version)
         self.importance = ISMetrics(resolved.is_spec, resolved.version) if resolved.is_spec is not None else None
         self.rs_options = [RSOptionMetrics(option) for option in resolved.rs_options]
         self.rs_aggregate = RSAggregateMetrics(resolved.rs_options) if self.rs_options else None
@@ -137,6 +141,8 @@ class BatchMetrics(GroupedBatch):
         """Every accumulator, in verl's key order (rcdiag's extras and signatures, then the log-ratio histogram,
         last)."""
         groups: list[Accumulator] = []
+        if self.debug is not None:  # decoupled mode: logged first, when verl recomputes old_log_probs
+            groups.append(self.debug)
         if self.importance is not None:
             groups.append(self.importance)
         groups.extend(self.rs_options)
@@ -161,18 +167,18 @@ class BatchMetrics(GroupedBatch):
             raw.update(values)
             crashes.extend(prefixed_crash(crash) for crash in group_crashes)
         if self.valid_tokens == 0:
-            crashes = [empty_batch_crash()]
+            crashes = [empty_batch_crash(debug_raises=self.debug is not None and not self.debug.on_empty)]
         metrics: dict[str, MetricValue] = {}
         extras: dict[str, MetricValue] = {}
         for key, value in raw.items():
             value = verl_float(value)
-            target = extras if key.startswith("rcdiag/") else metrics
-            target[key if key.startswith("rcdiag/") else PREFIX + key] = finite(value)
+            target = extras if key.startswith(EXTRA_PREFIX) else metrics
+            target[full_key(key)] = finite(value)
             raw[key] = value
         return BatchResult(
             metrics=metrics,
             extras=extras,
-            raw={(k if k.startswith("rcdiag/") else PREFIX + k): v for k, v in raw.items()},
+            raw={full_key(k): v for k, v in raw.items()},
             crashes=tuple(crashes),
             rows=self.rows,
             valid_tokens=self.valid_tokens,
@@ -228,18 +234,25 @@ def declared_states(owner: str | None = None) -> list:
     return sorted(declared.items())
 
 
-def empty_batch_crash() -> VerlCrash:
-    """What verl does with a batch that has no valid token."""
+def empty_batch_crash(debug_raises: bool = False) -> VerlCrash:
+    """What verl does with a batch that has no valid token; ``debug_raises``: verl 0.7.1 in decoupled mode, whose
+    ``calculate_debug_metrics`` raises first (``torch.max`` of no element)."""
+    raised = (
+        "RuntimeError('max(): Expected reduction dim to be specified for input.numel() == 0. ...') in "
+        "calculate_debug_metrics"
+        if debug_raises
+        else "ValueError('response_mask must contain at least one valid token (1).')"
+    )
     return VerlCrash(
         "verl_crash_empty_batch",
         None,
-        "this batch has no valid token (every response is empty or fully masked): verl raises "
-        "ValueError('response_mask must contain at least one valid token (1).') and logs nothing",
+        f"this batch has no valid token (every response is empty or fully masked): verl raises {raised} and logs "
+        "nothing",
     )
 
 
 def prefixed_crash(crash: VerlCrash) -> VerlCrash:
     """Crash notes name metrics with the key users see (``rollout_corr/...``)."""
-    if crash.metric is None or crash.metric.startswith(("rcdiag/", PREFIX)):
+    if crash.metric is None or crash.metric == full_key(crash.metric):
         return crash
-    return VerlCrash(crash.code, PREFIX + crash.metric, crash.message)
+    return VerlCrash(crash.code, full_key(crash.metric), crash.message)

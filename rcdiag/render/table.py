@@ -77,6 +77,10 @@ def _details(report: Report, console: Console) -> None:
     metrics = report.metrics
     context = reading_context(report)
     title_suffix = " (all steps pooled)" if report.steps else ""
+    debug = [k for k in metrics if _group(k) == "debug"]
+    if debug:
+        title = "verl's debug metrics (training/*, probabilities)" + title_suffix
+        console.print(_metric_table(title, debug, metrics, context))
     off = [k for k in metrics if _group(k) == "offpolicy"]
     console.print(_metric_table("Off-policy diagnostics" + title_suffix, off, metrics, context))
     is_keys = [k for k in metrics if _group(k) == "is"]
