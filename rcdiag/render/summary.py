@@ -181,8 +181,8 @@ def correction_rows(report: Report) -> list[CorrectionRow]:
 @dataclass(frozen=True)
 class HealthWarning:
     """One error or warning finding as one line: the check it fails, with the value and steps where it failed
-    (its checklist row), not its message: the verdict above already quotes each message's measured facts (a
-    cause's evidence) or its advice (a next step), and ``--details`` prints every message whole."""
+    (its checklist row), not its message, much of which the verdict above already quotes (a cause's evidence is
+    its findings' measured facts, a next step a finding's advice); ``--details`` prints every message whole."""
 
     severity: Severity
     code: str
