@@ -96,6 +96,14 @@ def write_dump(path: Path, columns: dict, *, types: dict | None = None, metadata
     return path
 
 
+def block_after(text: str, command: str) -> list[str]:
+    """The lines of the first plain code block after the bash block that holds ``command``."""
+    rest = text[text.index(command) :]
+    rest = rest[rest.index("```\n") + 4 :]  # the end of the command's block
+    rest = rest[rest.index("```\n") + 4 :]  # the start of its output's block
+    return rest[: rest.index("```")].splitlines()
+
+
 def run_padded(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray, **config: object) -> rcdiag.Report:
     """rcdiag over one padded batch."""
     return rcdiag.analyze_chunks([padded_chunk(old, rollout, mask)], rcdiag.CorrectionConfig(**config))

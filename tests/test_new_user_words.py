@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from conftest import ROOT, SAMPLES, ragged_lists, require, write_dump
+from conftest import ROOT, SAMPLES, block_after, ragged_lists, require, write_dump
 from hostile import run_capped
 
 from rcdiag.sweep.recommend import not_config
@@ -172,17 +172,9 @@ def _read(name: str) -> str:
     return (ROOT / name).read_text(encoding="utf-8")
 
 
-def _block_after(text: str, command: str) -> list[str]:
-    """The lines of the first plain code block after the bash block that holds ``command``."""
-    rest = text[text.index(command) :]
-    rest = rest[rest.index("```\n") + 4 :]  # the end of the command's block
-    rest = rest[rest.index("```\n") + 4 :]  # the start of its output's block
-    return rest[: rest.index("```")].splitlines()
-
-
 def test_readme_explain_example_is_what_explain_prints_today() -> None:
     command = "rcdiag analyze sample_data/rollout_temperature_only.parquet --explain"
-    shown = _block_after(_read("README.md"), command)
+    shown = block_after(_read("README.md"), command)
     done = run_capped(*command.split()[1:], cwd=ROOT)
     assert done.returncode == 0, done.stderr
     printed = {line.rstrip() for line in done.stdout.splitlines()}

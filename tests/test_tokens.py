@@ -361,7 +361,8 @@ def test_terminal_table_shows_ids_text_and_highlighted_response(tmp_path: Path) 
     assert "By token id: largest share of the dump's k3" in out
     assert "\u27e8<|im_end|>\u27e9" in out and "21.5 *" in out
     assert "row 66, step 1, sum -6.59693, valid tokens 0-84:" in out and "The answer is 24.\\n<|im_end|>" in out
-    assert "[token_specific] 1 token id carries 97% of the dump's k3" in out
+    assert "token_specific [token_specific]: 1 token id carries 97% of the dump's k3" in out  # the verdict's cause
+    assert "WARNING [token_specific] 0.965358 (whole dump): fails mismatch is not concentrated on a few token ids" in out
 
 
 def test_terminal_colours_tokens_by_log_ratio() -> None:

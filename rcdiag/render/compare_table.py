@@ -14,9 +14,9 @@ from rcdiag.render import counted
 from rcdiag.render.panels import sparkline
 from rcdiag.render.table import SPARK_WIDTH, print_verdict, step_table
 from rcdiag.render.text import describe_config, fmt
+from rcdiag.render.verdict_text import SEVERITY_STYLE
 from rcdiag.report import Report
 
-_SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 MAX_STEP_ROWS = 24
 
 
@@ -26,7 +26,7 @@ def render_comparison(comparison: Comparison, console: Console) -> None:
     for side, report in (("A", comparison.a), ("B", comparison.b)):
         if report.verdict is not None:
             console.print(Text(f"{side}: {printable(report.input.path)}", style="bold"))
-            print_verdict(report.verdict, console, report, details_hint=False)
+            print_verdict(report.verdict, console, report)
     suffix = " (all steps pooled)" if comparison.a.steps or comparison.b.steps else ""
     console.print(_metric_table("Metrics side by side" + suffix, comparison.metrics))
     console.print(_temperature_table(comparison))
@@ -46,7 +46,7 @@ def render_comparison(comparison: Comparison, console: Console) -> None:
         where = f"side {finding.side}: " if finding.side and not finding.message.startswith("side") else ""
         console.print(
             Text.assemble(
-                (f"{finding.severity.upper()} ", _SEVERITY_STYLE[finding.severity]),
+                (f"{finding.severity.upper()} ", SEVERITY_STYLE[finding.severity]),
                 (f"[{finding.code}] ", "bold"),
                 printable(where + finding.message),
             )

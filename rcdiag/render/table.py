@@ -10,30 +10,33 @@ from rich.text import Text
 
 from rcdiag.catalogue import metric, reading, short_key
 from rcdiag.catalogue.metrics import ReadingContext, rs_option, step_columns
-from rcdiag.config import CorrectionConfig
 from rcdiag.printable import printable
 from rcdiag.render import counted
 from rcdiag.render.panels import sparkline
+from rcdiag.render.summary import is_title, rs_keeps
+from rcdiag.render.summary_table import print_health_warnings, print_summary
 from rcdiag.render.text import checklist, describe_config, describe_input, fmt, reading_context
-from rcdiag.render.verdict_text import STATUS_STYLE, verdict_lines
+from rcdiag.render.verdict_text import SEVERITY_STYLE, STATUS_STYLE, verdict_lines
 from rcdiag.report import Report, Verdict
 
 T = TypeVar("T")
-_SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 MAX_TREND_ROWS = 24
 SPARK_WIDTH = 12
 """Characters of the sparkline under each per-step column (every step, each character the mean of its run)."""
 
 
 def render_table(report: Report, console: Console, *, details: bool = False) -> None:
-    """Print the report: the verdict first and the metrics that support it; with ``details``, every metric table,
-    the per-step table and the findings checklist too. ``--explain``'s and the micro-batch sections and the fired
-    findings are always shown."""
+    """Print the report: the verdict first; then, by default, the off-policy table, the IS/RS table and the health
+    warnings, one line each (``rcdiag.render.summary_table``); with ``details``, the supporting metrics, every
+    metric table, the per-step table, the findings checklist and every finding's full message instead.
+    ``--explain``'s and the micro-batch sections are always shown."""
     console.print(_header(report))
     if report.verdict is not None:
-        print_verdict(report.verdict, console, report, details_hint=not details)
+        print_verdict(report.verdict, console, report if details else None)
     if details:
         _details(report, console)
+    else:
+        print_summary(report, console)
     if report.microbatch is not None:
         from rcdiag.render.microbatch_table import microbatch_section
 
@@ -43,20 +46,20 @@ def render_table(report: Report, console: Console, *, details: bool = False) -> 
         from rcdiag.render.explain_table import render_explain
 
         render_explain(report, console)
-    for finding in report.findings:
-        style = _SEVERITY_STYLE[finding.severity]
+    if not details:
+        print_health_warnings(report, console)
+        return
+    for found in report.findings:
+        style = SEVERITY_STYLE[found.severity]
         console.print(
-            Text.assemble(
-                (f"{finding.severity.upper()} ", style), (f"[{finding.code}] ", "bold"), printable(finding.message)
-            )
+            Text.assemble((f"{found.severity.upper()} ", style), (f"[{found.code}] ", "bold"), printable(found.message))
         )
 
 
-def print_verdict(
-    verdict: Verdict, console: Console, report: Report | None = None, *, details_hint: bool = True
-) -> None:
-    """The verdict, styled: the status coloured, the prescription's YAML as code."""
-    for line in verdict_lines(verdict, report, details_hint=details_hint):
+def print_verdict(verdict: Verdict, console: Console, report: Report | None = None) -> None:
+    """The verdict, styled: the status coloured, the prescription's YAML as code; with ``report``, the metrics it
+    rests on under it."""
+    for line in verdict_lines(verdict, report):
         if line.kind == "status":
             console.print(Text.assemble(("verdict ", "bold"), (f" {line.text} ", STATUS_STYLE[verdict.status])))
         elif line.kind == "headline":
@@ -85,9 +88,10 @@ def _details(report: Report, console: Console) -> None:
     console.print(_metric_table("Off-policy diagnostics" + title_suffix, off, metrics, context))
     is_keys = [k for k in metrics if _group(k) == "is"]
     if is_keys:
-        console.print(_metric_table(_is_title(report.config) + title_suffix, is_keys, metrics, context))
+        console.print(_metric_table(is_title(report.config) + title_suffix, is_keys, metrics, context))
     for option, keys in _rs_groups(metrics).items():
-        console.print(_metric_table(_rs_title(option, report.config) + title_suffix, keys, metrics, context))
+        title = f"RS {option}: keeps {rs_keeps(option, report.config)}{title_suffix}"
+        console.print(_metric_table(title, keys, metrics, context))
     aggregates = [k for k in metrics if _group(k) == "rs_aggregate"]
     if aggregates:
         console.print(
@@ -141,29 +145,6 @@ def _rs_groups(metrics: dict) -> dict[str, list[str]]:
         if option is not None:
             groups.setdefault(option, []).append(key)
     return groups
-
-
-def _is_title(config: dict) -> str:
-    resolved = CorrectionConfig(**config).resolve().is_spec
-    assert resolved is not None
-    if resolved.icepop:
-        how = f"IcePop: weights outside [{resolved.lower:g}, {resolved.upper:g}] zeroed"
-    else:
-        how = f"TIS: weights clamped at {resolved.upper:g}"
-    norm = ", batch-normalized" if resolved.batch_normalize else ""
-    return f"IS weights, {resolved.level} level ({how}{norm})"
-
-
-def _rs_title(option: str, config: dict) -> str:
-    resolved = CorrectionConfig(**config).resolve()
-    spec = next(o for o in resolved.rs_options if o.name == option)
-    if spec.is_k1:
-        assert spec.lower is not None
-        keeps = f"keeps ratio pi_train/pi_rollout in [{1 / spec.upper:.6g}, {1 / spec.lower:.6g}]"
-    else:
-        where = "per token" if spec.level == "token" else f"{spec.agg} per response"
-        keeps = f"keeps {spec.estimator} {where} <= {spec.upper:g}"
-    return f"RS {option}: {keeps}"
 
 
 def _metric_table(title: str, keys: list[str], values: dict, context: ReadingContext) -> Table:
@@ -223,5 +204,5 @@ def _checklist(report: Report) -> Table:
         elif row.status == "ok":
             table.add_row(Text("✓", style="green"), row.label, row.code, "")
         else:
-            table.add_row(Text("✗", style=_SEVERITY_STYLE[row.status]), row.label, row.code, row.where)
+            table.add_row(Text("✗", style=SEVERITY_STYLE[row.status]), row.label, row.code, row.where)
     return table

@@ -13,6 +13,8 @@ from rcdiag.report import Effect, Report, Verdict
 
 STATUS_STYLE = {"healthy": "bold green", "correct": "bold yellow", "fix": "bold red", "broken": "bold white on red"}
 """Terminal colour of each status."""
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+"""Terminal colour of each finding severity."""
 SUPPORTING = (
     ("kl", "rollout_corr/kl"),
     ("k3_kl", "rollout_corr/k3_kl"),
@@ -22,9 +24,10 @@ SUPPORTING = (
     ("max |log-ratio|", "rcdiag/abs_log_ratio_max"),
     ("kl std error", "rcdiag/kl_std_error"),
 )
-"""The metrics a verdict rests on (label, key), shown under it; every other one is behind ``--details``."""
+"""The metrics a verdict rests on (label, key): under it in ``compare`` and ``--details``; by default, those not in
+the off-policy table (``rcdiag.render.summary.OFFPOLICY``) follow that table."""
 
-Kind = Literal["status", "headline", "heading", "item", "yaml", "metrics", "hint"]
+Kind = Literal["status", "headline", "heading", "item", "yaml", "metrics"]
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ def effect_text(effect: Effect | None) -> str:
     return "measured on this dump: " + ", ".join(f"{what} {value}" for what, value in effect_facts(effect))
 
 
-def verdict_lines(verdict: Verdict, report: Report | None = None, *, details_hint: bool = True) -> list[Line]:
+def verdict_lines(verdict: Verdict, report: Report | None = None) -> list[Line]:
     """The verdict, then (with ``report``) the supporting metrics."""
     lines = [Line("status", verdict.status.upper()), Line("headline", printable(verdict.headline))]
     if verdict.causes:
@@ -60,10 +63,15 @@ def verdict_lines(verdict: Verdict, report: Report | None = None, *, details_hin
         lines.append(Line("heading", "next steps"))
         lines.extend(Line("item", printable(step)) for step in verdict.next_steps)
     if report is not None:
-        values = {**report.metrics, **report.extras}
-        shown = [f"{label} {fmt(values.get(key))}" for label, key in SUPPORTING if key in values]
+        shown = supporting_text(report)
         if shown:
-            lines.append(Line("metrics", "  ·  ".join(shown)))
-        if details_hint:
-            lines.append(Line("hint", "every metric, the per-step table and the findings checklist: --details"))
+            lines.append(Line("metrics", shown))
     return lines
+
+
+def supporting_text(report: Report, leave_out: tuple[str, ...] = ()) -> str:
+    """``kl 0.000273796  ·  k3_kl ...``: the supporting metrics the report has, but those in ``leave_out`` (shown
+    elsewhere on the same screen); ``""`` when none is left."""
+    values = {**report.metrics, **report.extras}
+    shown = [f"{label} {fmt(values[key])}" for label, key in SUPPORTING if key in values and key not in leave_out]
+    return "  ·  ".join(shown)
