@@ -205,11 +205,16 @@ def _not_sampled(read: _Read) -> Finding | None:
     return _emit(
         "logprobs_not_sampled",
         f"the mean IS ratio pi_train/pi_rollout (capped at e^3) is {1 + gap:.4g} +- {se:.2g}, above 1 by "
-        f"{gap / se:.3g} standard errors: for tokens drawn from the distribution the rollout reports it is at most 1, "
+        f"{_in_errors(gap, se)}: for tokens drawn from the distribution the rollout reports it is at most 1, "
         "so the rollout's log-probs are not those of the distribution its tokens were drawn from.",
         1 + gap,
         1 + RATIO_OVER_MIN,
     )
+
+
+def _in_errors(gap: float, se: float) -> str:
+    """``gap`` in standard errors, for a message (a single response has none: its spread is unknown)."""
+    return f"{gap / se:.3g} standard errors" if se > 0 else "more than its noise (a standard error of 0)"
 
 
 def swap_consistent(extras: dict[str, float | None]) -> bool:

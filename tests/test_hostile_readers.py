@@ -242,6 +242,11 @@ FORMS = {
     "RCDIAG_COMPILE_NOTICE": "0 (leave the notice out) or 1",
 }
 NOT_SETTINGS = {"RCDIAG_VERL_DUMP_DIR": "a directory rcdiag's verl launcher sets for the trainer's process"}
+WHEN_USED = {
+    "RCDIAG_MLFLOW_REQUEST_TIMEOUT": "read through the same parser when --mlflow opens its client",
+    "RCDIAG_MLFLOW_RETRY_LIMIT": "likewise (tests/test_watch_dashboards_bounds.py)",
+}
+"""Settings of an export, not of reading: checked (one line, the same form) when the export starts."""
 
 
 def test_every_rcdiag_variable_is_read_through_the_one_parser(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -249,7 +254,7 @@ def test_every_rcdiag_variable_is_read_through_the_one_parser(monkeypatch: pytes
     names = set()
     for source in (ROOT / "rcdiag").rglob("*.py"):
         names.update(re.findall(r"[\"'](RCDIAG_[A-Z0-9_]+)[\"']", source.read_text()))
-    assert names == set(FORMS) | set(NOT_SETTINGS)
+    assert names == set(FORMS) | set(NOT_SETTINGS) | set(WHEN_USED)
     for name, form in FORMS.items():
         monkeypatch.setenv(name, "zz")
         with pytest.raises(SettingError) as info:

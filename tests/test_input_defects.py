@@ -241,7 +241,7 @@ RECORD = {"old_log_prob": [-1.0, -2.0], "rollout_log_prob": [-1.0, -2.5]}
         (
             [json.dumps(RECORD)] * 3 + [json.dumps(dict(RECORD, old_log_prob=[-1.0, "x"]))],
             ("--chunk-tokens", "3"),
-            "row 3, column 'old_log_prob': cannot be read as list<item: double>",
+            "row 3, column 'old_log_prob': holds strings (\"x\" at position 1), expected a list of numbers",
         ),
         (
             [json.dumps(RECORD), "", json.dumps({"old_log_prob": [-1.0]})],

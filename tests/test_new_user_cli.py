@@ -39,8 +39,7 @@ USAGE = {
 }
 DETECTORS_NOT_EXAMINED = (
     "not examined without --explain: a temperature applied on one side; a log-prob offset on one side; top-k/top-p "
-    "renormalised on one side; mismatch growing along the response; mismatch growing across steps; mismatch on a "
-    "few token ids"
+    "renormalised on one side; mismatch growing along the response; mismatch on a few token ids"
 )
 RUN_EXPLAIN = ". Run `rcdiag analyze PATH --explain` to test for them"
 

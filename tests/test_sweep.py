@@ -213,7 +213,7 @@ def test_a_sweep_state_does_not_merge_with_an_analyze_state(capsys: pytest.Captu
     outliers = healthy.replace("healthy", "outliers")
     run(capsys, "analyze", outliers, "-q", "--save-state", str(tmp_path / "b.json"), "--format", "json")
     code, _, err = run(capsys, "merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"))
-    assert code == 2 and "do not merge" in err
+    assert code == 2 and "is an analyze state" in err and "where a sweep state is expected" in err
 
 
 # ---------------------------------------------------------------------------------------- recommendations

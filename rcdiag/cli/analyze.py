@@ -55,7 +55,8 @@ def analyze(
     out: Output,
 ) -> None:
     """Run verl's rollout correction over a dump: a verdict first (status, causes, one prescription measured on the
-    dump), then with `--details` every `rollout_corr/*` metric and the findings checklist.
+    dump), the off-policy table, a row per IS/RS option and the health warnings; with `--details` every
+    `rollout_corr/*` metric and the findings checklist.
 
     With no IS/RS flag and no preset you get verl's default: the 13 off-policy metrics (kl, k3_kl,
     chi2_token/seq, PPLs). Examples:

@@ -413,8 +413,9 @@ DetailsOpt = Annotated[
     bool,
     typer.Option(
         "--details",
-        help="Terminal view: also print every metric table, the per-step table and the findings checklist (the "
-        "default opens with the verdict and the few metrics it rests on; JSON always has everything).",
+        help="Terminal view: also print every metric table, the per-step table, the findings checklist and each "
+        "finding's full message (the default shows the verdict, the off-policy table, a row per IS/RS option and the "
+        "health warnings; JSON always has everything).",
         rich_help_panel=OUTPUT,
     ),
 ]

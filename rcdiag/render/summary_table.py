@@ -23,7 +23,8 @@ from rcdiag.report import Report
 
 def print_summary(report: Report, console: Console) -> None:
     """The off-policy table, the supporting metrics it leaves out, and the IS/RS table when IS or RS is on."""
-    pooled = f" (all {report.input.steps:,} steps pooled)" if report.steps else ""
+    steps = report.input.steps
+    pooled = f" (all {steps:,} steps pooled)" if steps > 1 else " (its one step)" if report.steps else ""
     table = _table("Off-policy" + pooled)
     table.add_column("metric", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)
