@@ -236,7 +236,7 @@ def test_the_mlflow_bounds_are_mlflows_own_variables_and_a_bad_one_is_refused(
     assert (done.returncode, done.stdout) == (2, "")
     assert (
         done.stderr
-        == "rcdiag: error: RCDIAG_MLFLOW_REQUEST_TIMEOUT: must be a positive number of seconds, not 'soon'\n"
+        == "rcdiag: error: RCDIAG_MLFLOW_REQUEST_TIMEOUT='soon' is not a positive number of seconds.\n"
     )
 
 
