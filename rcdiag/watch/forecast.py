@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from rcdiag.stats import t_critical
@@ -81,20 +81,7 @@ class Forecast:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "metric": self.metric,
-            "limit": self.limit,
-            "direction": self.direction,
-            "last_step": self.last_step,
-            "points": self.points,
-            "slope": self.slope,
-            "slope_se": self.slope_se,
-            "level": self.level,
-            "expected": self.expected,
-            "earliest": self.earliest,
-            "latest": self.latest,
-            "message": self.message,
-        }
+        return _with_message(self)
 
 
 @dataclass(frozen=True)
@@ -124,17 +111,12 @@ class NoTrend:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "metric": self.metric,
-            "limit": self.limit,
-            "direction": self.direction,
-            "last_step": self.last_step,
-            "since": self.since,
-            "before": self.before,
-            "after": self.after,
-            "points": self.points,
-            "message": self.message,
-        }
+        return _with_message(self)
+
+
+def _with_message(record: Forecast | NoTrend) -> dict[str, Any]:
+    """A record's fields in declaration order, then its message (the JSON of ``watch``'s steps)."""
+    return {**asdict(record), "message": record.message}
 
 
 def forecast_crossing(
