@@ -100,6 +100,14 @@ class CoMoments:
         return CoMoments(n, mean_x, mean_y, m2_x, m2_y, c)
 
 
+def cluster_std_error(rows: Moments, mean: float, n: float) -> float:
+    """Standard error of a token mean with responses as the units, sqrt(sum_i (S_i - mean n_i)^2) / N, from the
+    moments of the row means x_i = S_i / n_i weighted by n_i^2: M2 + W (mu - mean)^2, a sum of non-negative terms
+    (raw moments would cancel when the spread is small). NaN propagates."""
+    spread = rows.m2 + rows.n * (rows.mean - mean) ** 2
+    return math.sqrt(max(spread, 0.0)) / n if spread == spread else math.nan
+
+
 class IdSums:
     """A ``table`` state: rows of float64 sums per int64 id, merged by adding the rows of equal ids.
 

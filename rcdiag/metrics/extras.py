@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
+from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash, cluster_std_error
 from rcdiag.metrics.block import Block
 
 EXTRA_KEYS = (
@@ -74,12 +74,11 @@ class ExtraMetrics(Accumulator):
         mean_lr = st["s_sum"] / n
         # sum_i (S_i - m n_i)^2 = sum_i n_i^2 (x_i - m)^2 = M2 + W (mu - m)^2 (x_i, mu, M2, W: row-mean moments)
         x = st["row_mean"]
-        spread = x.m2 + x.n * (x.mean - mean_lr) ** 2
         return {
             "rcdiag/abs_log_ratio_mean": st["abs_sum"] / n,
             "rcdiag/abs_log_ratio_max": st["abs_max"],
             "rcdiag/token_mult_prob_error": st["exp_abs"] / n,
-            "rcdiag/kl_std_error": math.sqrt(max(spread, 0.0)) / n if spread == spread else math.nan,
+            "rcdiag/kl_std_error": cluster_std_error(x, mean_lr, n),
             "rcdiag/kl_std_error_dof": x.n**2 / st["n_4"],  # x.n = sum_i n_i^2
             "rcdiag/clamped_token_fraction": st["clamped"] / n,
         }, []

@@ -35,7 +35,7 @@ from typing import ClassVar
 import numpy as np
 
 from rcdiag.kernels.signature_slots import TOTALS
-from rcdiag.metrics.base import Accumulator, MetricValue, Moments, Reduce, VerlCrash
+from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash, cluster_std_error
 from rcdiag.metrics.block import Block
 
 RATIO_CAP_LOG = 3.0
@@ -150,7 +150,7 @@ class SignatureMetrics(Accumulator):
         for name in ("ratio", "reverse"):
             mean = st[name] / n
             values[f"rcdiag/{'capped' if name == 'ratio' else 'reverse'}_ratio_mean"] = 1.0 + mean
-            values[f"rcdiag/{'capped' if name == 'ratio' else 'reverse'}_ratio_std_error"] = _cluster_error(
+            values[f"rcdiag/{'capped' if name == 'ratio' else 'reverse'}_ratio_std_error"] = cluster_std_error(
                 st[f"{name}_rows"], mean, n
             )
         var_d = st["d2"] / n - (st["d"] / n) ** 2
@@ -171,12 +171,6 @@ def _row_moments(row_sums: np.ndarray, n: np.ndarray) -> tuple[float, float, flo
     total = float(weights.sum())
     mean = float(np.dot(weights, means) / total)
     return total, mean, float(np.dot(weights, (means - mean) ** 2))
-
-
-def _cluster_error(rows: Moments, mean: float, n: float) -> float:
-    """sqrt(sum_i (S_i - mean n_i)^2) / N from the weighted row-mean moments (M2 + W (mu - mean)^2)."""
-    spread = rows.m2 + rows.n * (rows.mean - mean) ** 2
-    return math.sqrt(max(spread, 0.0)) / n if spread == spread else math.nan
 
 
 @dataclass(frozen=True)
