@@ -67,7 +67,6 @@ SIGNATURE_CODES = (
 class _Read:
     """The numbers the signatures read from a pooled result."""
 
-    tokens: int
     kl: float | None
     kl_se: float | None
     k3: float | None
@@ -88,7 +87,6 @@ def signature_findings(
 ) -> list[Finding]:
     """The signature findings of a whole dump's pooled metrics and extras."""
     read = _Read(
-        valid_tokens,
         metrics.get("rollout_corr/kl"),
         extras.get("rcdiag/kl_std_error"),
         metrics.get("rollout_corr/k3_kl"),
