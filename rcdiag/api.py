@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -14,28 +14,16 @@ from rcdiag._version import __version__
 from rcdiag.backend import Backend, NumpyBackend, get_backend
 from rcdiag.catalogue.findings import listing_order
 from rcdiag.config import CorrectionConfig
-from rcdiag.engine import Engine, EngineState, StepStates
-from rcdiag.errors import ConfigError, InputError
-from rcdiag.explain.sequences import check_target as check_sequences_target
+from rcdiag.engine import Engine, EngineState, StepStates, number_rows
+from rcdiag.errors import ConfigError
+from rcdiag.explain.section import ExplainSection
 from rcdiag.explain.sequences import cleanup, temporary_directory
 from rcdiag.explain.sequences import finish as finish_sequences
-from rcdiag.explain.state import ExplainOptions, number_rows
-from rcdiag.explain.token_report import (
-    check_tokens_target,
-    decoded_texts,
-    load_vocabulary,
-    token_findings,
-    token_not_run_reason,
-    token_section,
-    write_token_table,
-)
-from rcdiag.explain.vocabulary import Vocabulary
 from rcdiag.explain.worst import DEFAULT_WORST
 from rcdiag.health import StepHits, batch_hits, evaluate
 from rcdiag.interrupts import checked
 from rcdiag.io import Chunk, open_dump, prefetch
 from rcdiag.io.base import SourceInfo
-from rcdiag.io.columns import ALIASES
 from rcdiag.options import ReadOptions
 from rcdiag.outputs import ledger, reads, refuse_inputs, writes
 from rcdiag.parallel import (
@@ -46,11 +34,14 @@ from rcdiag.parallel import (
     choose_workers,
     in_processes,
     merge_parts,
+    new_wholes,
+    observe,
     on_ray,
     too_many_workers,
 )
 from rcdiag.prescribe import effect_of
-from rcdiag.report import ExplainReport, InputFacts, MicroBatchReport, Report, StepReport
+from rcdiag.report import Finding, InputFacts, MicroBatchReport, Report, StepReport
+from rcdiag.sections import RunFacts, Section
 from rcdiag.signature_rules import signature_findings
 from rcdiag.validate import Screen, ScreenStats, as_chunk
 from rcdiag.verdict import judge
@@ -129,14 +120,17 @@ def analyze(
         >>> report = analyze("sample_data/healthy.parquet", preset("decoupled_geo_rs"))  # doctest: +SKIP
         >>> report.metrics["rollout_corr/kl"]  # doctest: +SKIP
     """
+    explained = explain or tokenizer is not None or tokens is not None or worst != DEFAULT_WORST
+    explained = explained or sequences is not None
+    wanted = [ExplainSection(worst, sequences, tokenizer, tokens)] if explained else []
     with ledger():  # every output against every input, the tokenizer's file included, before any is read
-        if tokens is not None:
-            check_tokens_target(tokens)
+        for section in wanted:
+            section.check_outputs()
         for name, output in (("save_state", save_state), ("sequences", sequences), ("tokens", tokens)):
             writes(output, name)
         reads(path)
-        vocabulary = load_vocabulary(tokenizer)
-    wanted = ExplainOptions.of(explain or tokenizer is not None or tokens is not None, worst, sequences)
+        for section in wanted:
+            section.vocabulary()
     collector = None
     if microbatch is not None:
         from rcdiag.microbatch.rows import RowCollector
@@ -151,31 +145,26 @@ def analyze(
             "or --ray."
         )
     accumulated = accumulate(
-        path,
-        config,
-        read,
-        on_chunk=on_chunk,
-        save_state=save_state,
-        explain=wanted,
-        collector=collector,
-        need_tokens=tokens is not None,
+        path, config, read, on_chunk=on_chunk, save_state=save_state, sections=wanted, collector=collector
     )
     micro = None
     if collector is not None and microbatch is not None:
         from rcdiag.microbatch.section import simulate as simulate_microbatches
 
         micro = simulate_microbatches(collector.steps(), accumulated.state.resolved, microbatch)
+    state = analyze_state(accumulated.state)
     report = build_report(
-        analyze_state(accumulated.state),
-        accumulated.info,
-        accumulated.device,
-        accumulated.screen,
-        sequences_path=sequences,
-        microbatch=micro,
-        vocabulary=vocabulary,
-        tokens_path=tokens,
+        state, accumulated.info, accumulated.device, accumulated.screen, microbatch=micro, sections=wanted
     )
+    write_sections(state, report, wanted)
     return measure_prescription(report, path, read)
+
+
+def write_sections(state: StepStates[Any], report: Report, sections: Sequence[Section]) -> None:
+    """Each section's files, from its state and record, once the report is built (never inside building it)."""
+    for section in sections:
+        record = report.explain if section.KEY == ExplainSection.KEY else report.sections.get(section.KEY)
+        section.write(state.whole_dump.get(section.KEY), record)
 
 
 def measure_prescription(report: Report, path: str | Path, read: ReadOptions | None = None) -> Report:
@@ -218,43 +207,32 @@ def accumulate(
     *,
     on_chunk: ProgressCallback | None = None,
     save_state: str | Path | None = None,
-    explain: ExplainOptions | None = None,
+    sections: Sequence[Section] = (),
     new_state: StateFactory | None = None,
     collector: RowCollector | None = None,
-    need_tokens: bool = False,
     **options: Any,
 ) -> Accumulated:
     """Read a dump into an ``EngineState`` (the mergeable accumulators), without computing the report.
 
     With ``workers > 1`` the dump's parts (runs of Parquet row groups, or of a directory's shards) are read by
     that many processes; with ``ray`` each row group or shard is a Ray task. Their states are merged: the result is
-    the same as one process reading everything. ``explain`` adds ``--explain``'s accumulators (and writes its
-    ``sequences`` file). ``new_state`` builds the empty state blocks are folded into instead of the analyze
-    accumulators of ``config`` (the sweep passes its own); it must pickle, for the worker processes and Ray tasks.
-    A ``collector`` keeps every screened row by step (micro-batch simulation; one process only). ``need_tokens``:
-    the dump must have a token-id column (``--tokens``), checked before anything is read.
+    the same as one process reading everything. ``sections`` (``rcdiag.sections``: ``--explain``'s and each
+    feature's) add their accumulators, each checked against the dump first (``Section.prepare``; ``--explain``
+    writes its ``sequences`` file here). ``new_state`` builds the empty state blocks are folded into instead of the
+    analyze accumulators of ``config`` (the sweep passes its own); it must pickle, for the worker processes and Ray
+    tasks.
+    A ``collector`` keeps every screened row by step (micro-batch simulation; one process only).
     """
     resolved = (config or CorrectionConfig()).resolve()
     read = ReadOptions.of(read, options)
-    if explain is not None and explain.sequences is not None:
-        if read.ray:
-            raise ConfigError(
-                "--sequences writes each part's rows on this machine, which Ray tasks elsewhere cannot reach; use it "
-                "without --ray (one process or --workers)."
-            )
-        check_sequences_target(explain.sequences)
-    sequences = explain.sequences if explain is not None else None
+    sequences = next((s.sequences for s in sections if isinstance(s, ExplainSection) and s.sequences), None)
     refuse_inputs([("save_state", save_state), ("sequences", sequences)], [path])  # never over the dump
     backend = _backend(read.device)
     source = open_dump(path, read.columns)
     backend = _for_size(backend, read.device, source.info)
-    source.want_tokens(explain is not None)
-    if need_tokens and source.info.columns.get("token_ids") is None:
-        raise InputError(
-            f"has no column of token ids (looked for {', '.join(repr(n) for n in TOKEN_ALIASES[:4])}, ...); --tokens "
-            "needs one: name it with --token-col NAME",
-            path=str(path),
-        )
+    source.want_tokens(any(section.wants_tokens for section in sections))
+    for section in sections:
+        section.prepare(source.info, read)
     asked = read.workers
     if asked == "auto":  # processes only on CPU, and never for micro-batches (rows in order, one process)
         cpu = isinstance(backend, NumpyBackend) and collector is None
@@ -262,12 +240,12 @@ def accumulate(
     parts = source.partitions(RAY_MAX_PARTS if read.ray else cast(int, read.workers))  # "auto" is a number now
     if asked != "auto" and not read.ray and len(parts) > 1:
         _say_once(too_many_workers(parts, cast(int, asked)))
-    scratch = temporary_directory(explain.sequences) if explain is not None and explain.sequences else None
+    scratch = temporary_directory(sequences) if sequences is not None else None
     try:
         if read.ray or len(parts) > 1:
             if not isinstance(backend, NumpyBackend):
                 raise ConfigError(f"{'ray' if read.ray else 'workers > 1'} reads on CPUs; use it with device 'cpu'.")
-            job = Job.of(resolved.config, read, explain, scratch, new_state, backend.compiled)
+            job = Job.of(resolved.config, read, sections, scratch, new_state, backend.compiled)
             on_part = _PartProgress(on_chunk, len(parts), source.info.total_rows) if on_chunk is not None else None
             on_rows = on_part.rows if on_part is not None else None
             run_parts = (
@@ -278,21 +256,19 @@ def accumulate(
             state, stats = merge_parts(source, run_parts(parts, job, on_part), job)
         else:
             screen = Screen(read.on_bad_row, vocab_size=read.vocab_size, compiled=backend.compiled)
-            explain_state = explain.new_state() if explain is not None else None
-            flush = None
-            if explain is not None and explain_state is not None:
-                flush = explain.observe(explain_state, resolved, scratch, 0)
-            chunks = checked(number_rows(prefetch(source.chunks(read.chunk_tokens)), explain_state))
+            wholes = new_wholes(sections)
+            flushes = observe(sections, wholes, resolved, scratch, 0)
+            chunks = checked(number_rows(prefetch(source.chunks(read.chunk_tokens)), wholes))
             if on_chunk is not None:
                 chunks = _report_progress(chunks, on_chunk, source.info.total_rows)
-            engine = Engine(resolved, backend, explain_state, state=new_state() if new_state else None)
+            engine = Engine(resolved, backend, wholes, state=new_state() if new_state else None)
             screened = screen(chunks)
             state = engine.run(collector.tee(screened) if collector is not None else screened)
             stats = screen.stats
-            if flush is not None:
+            for flush in flushes:
                 flush()
-        if scratch is not None and explain is not None and explain.sequences is not None:
-            finish_sequences(_part_offsets(scratch, state), explain.sequences)
+        if scratch is not None and sequences is not None:
+            finish_sequences(_part_offsets(scratch, state), sequences)
     finally:
         if scratch is not None:
             cleanup(scratch)
@@ -303,7 +279,6 @@ def accumulate(
     return Accumulated(state, source.info, backend.name, stats)
 
 
-TOKEN_ALIASES = ALIASES["token"]
 _SAID: set[str] = set()
 """Notes this process has given already (``_say_once``): a watch reads each file with its own ``accumulate``."""
 
@@ -327,12 +302,16 @@ def _part_offsets(scratch: Path, state: StepStates[Any]) -> list[tuple[Path, int
 def merge_states(paths: list[str | Path], *, tokenizer: str | Path | None = None) -> Report:
     """The report of one run over every shard whose state files are given (``analyze --save-state``);
     ``tokenizer`` gives the token ids' text (``analyze(tokenizer=...)``)."""
+    from rcdiag.sections.registry import load_kinds
     from rcdiag.state import STATE_INPUT, combined_info, merge_state_files
 
     reads(*paths, what=STATE_INPUT)  # the command line's outputs are refused over them before the tokenizer is read
-    vocabulary = load_vocabulary(tokenizer)
+    explain = ExplainSection(tokenizer=tokenizer)
+    explain.vocabulary()
+    load_kinds()
     state, sources, stats = merge_state_files(paths, "analyze")
-    return build_report(analyze_state(state), combined_info(sources), "merged", stats, vocabulary=vocabulary)
+    given = [explain] if ExplainSection.KEY in state.whole_dump else []
+    return build_report(analyze_state(state), combined_info(sources), "merged", stats, sections=given)
 
 
 class _PartProgress:
@@ -421,14 +400,14 @@ def build_report(
     device: str,
     screen: ScreenStats | None = None,
     *,
-    sequences_path: str | Path | None = None,
     microbatch: MicroBatchReport | None = None,
-    vocabulary: Vocabulary | None = None,
-    tokens_path: str | Path | None = None,
+    sections: Sequence[Section] = (),
     step_hits: StepHits = batch_hits,
 ) -> Report:
-    """Compute every batch, the all-steps view and the findings (and ``--explain``'s, when it ran; and the
-    micro-batch section, when simulated). ``step_hits``: ``health.evaluate``'s (``rcdiag watch`` keeps steps' hits)."""
+    """Compute every batch, the all-steps view, each section's record and every finding (and the micro-batch
+    section, when simulated). ``sections``: the run's (``rcdiag.sections``); a state it holds that no section given
+    reads (a merged state file's) is read by its registered kind's defaults (``rcdiag.sections.registry``). Writes
+    nothing (``write_sections``). ``step_hits``: ``health.evaluate``'s (``rcdiag watch`` keeps steps' hits)."""
     has_steps = any(step is not None for step in state.batches)
     per_step = sorted(
         ((step, batch.compute()) for step, batch in state.batches.items()),
@@ -441,39 +420,31 @@ def build_report(
         if step is not None
     )
     facts = input_facts(state, info, screen)
-    findings = evaluate(per_step if per_step else [(None, pooled)], state.resolved, facts, step_hits=step_hits)
+    findings: list[Finding] = evaluate(
+        per_step if per_step else [(None, pooled)], state.resolved, facts, step_hits=step_hits
+    )
     findings.extend(signature_findings(pooled.metrics, pooled.extras, state.valid_tokens))
+    stepped = [(step, result.metrics) for step, result in per_step if step is not None]
+    run = RunFacts(state.resolved, pooled.metrics, pooled.extras, stepped, facts)
+    from rcdiag.sections.registry import sections_for
+
+    records: dict[str, Any] = {}
+    for section in sections_for(state.whole_dump, sections):
+        whole = state.whole_dump.get(section.KEY)
+        record = section.record(whole, run)
+        if record is not None:
+            records[section.KEY] = record
+        findings.extend(section.findings(whole, run))
     if state.explain is None:  # the trend reads only the per-step metrics: run on every analyze
         from rcdiag.explain.detectors import mismatch_trend
 
-        trend = mismatch_trend([(step, result.metrics) for step, result in per_step if step is not None])
+        trend = mismatch_trend(stepped)
         findings.extend([] if trend is None else [trend])
-    findings.sort(key=lambda f: listing_order(f.code, f.severity))
-    explained = None
-    if state.explain is not None:
-        stepped = [(step, result.metrics) for step, result in per_step if step is not None]
-        from rcdiag.explain.detectors import detect, not_run
-
-        detected = [*detect(state.explain, stepped), *token_findings(state.explain.tokens, vocabulary)]
-        findings = sorted([*findings, *detected], key=lambda f: listing_order(f.code, f.severity))
-        breakdowns: dict[str, Any] = state.explain.breakdowns.compute()
-        if state.explain.tokens.seen:
-            breakdowns["token"] = token_section(state.explain.tokens, vocabulary)
-            if tokens_path is not None:
-                write_token_table(state.explain.tokens, tokens_path, vocabulary)
-        explained = ExplainReport(
-            breakdowns=breakdowns,
-            worst_sequences=tuple(entry.to_dict() for entry in state.explain.worst.entries()),
-            traces=tuple(state.explain.worst.plotted()),
-            sequences_path=None if sequences_path is None else str(sequences_path),
-            not_run={**not_run(state.explain, stepped), **token_not_run_reason(state.explain.tokens)},
-            texts=decoded_texts(state.explain.worst.token_texts(), vocabulary),
-        )
     if microbatch is not None:
         from rcdiag.microbatch.section import findings as microbatch_findings
 
-        found = microbatch_findings(microbatch)
-        findings = sorted([*findings, *found], key=lambda f: listing_order(f.code, f.severity))
+        findings.extend(microbatch_findings(microbatch))
+    findings.sort(key=lambda f: listing_order(f.code, f.severity))
     report = Report(
         config=state.resolved.config.to_dict(),
         input=facts,
@@ -484,8 +455,9 @@ def build_report(
         device=device,
         version=__version__,
         log_ratio=pooled.log_ratio,
-        explain=explained,
+        explain=records.pop(ExplainSection.KEY, None),
         microbatch=microbatch,
+        sections=records,
     )
     return dataclasses.replace(report, verdict=judge(report))
 

@@ -10,7 +10,7 @@ result does not depend on chunk size, row order or how steps interleave in the f
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar
 
@@ -66,14 +66,18 @@ def register_whole_dump(key: str, kind: Any) -> None:
     WHOLE_DUMP[key] = kind
 
 
-def number_rows(chunks: Iterable[Chunk], whole: WholeDump | None) -> Iterator[Chunk]:
-    """Number rows in reading order as they are read, before any can be skipped (a no-op without a whole-dump
-    accumulator)."""
-    if whole is None:
+def number_rows(chunks: Iterable[Chunk], wholes: Sequence[WholeDump] = ()) -> Iterator[Chunk]:
+    """Number rows in reading order as they are read, before any can be skipped (a no-op without whole-dump
+    accumulators): the first numbers them, every other counts the same rows (each merges by its own count)."""
+    if not wholes:
         yield from chunks
         return
+    first, others = wholes[0], wholes[1:]
     for chunk in chunks:
-        yield whole.number(chunk)
+        chunk = first.number(chunk)
+        for other in others:
+            other.rows_read = first.rows_read
+        yield chunk
 
 
 def whole_dump_kind(key: str) -> Any:
@@ -145,7 +149,9 @@ class StepStates(Generic[B]):
         if not self.resolved.same_computation(other.resolved):
             raise ValueError("cannot merge states computed with different configurations")
         if set(self.whole_dump) != set(other.whole_dump):
-            raise ValueError("cannot merge a state computed with --explain and one without")
+            raise ValueError(
+                f"cannot merge a state with sections {sorted(self.whole_dump)} and one with {sorted(other.whole_dump)}"
+            )
         for step, batch in other.batches.items():
             self.batch(step).merge(batch)
         for key, extra in self.whole_dump.items():
@@ -252,14 +258,14 @@ class Engine:
         self,
         resolved: ResolvedConfig,
         backend: Backend | None = None,
-        explain: WholeDump | None = None,
+        wholes: Sequence[WholeDump] = (),
         *,
         state: StepStates[Any] | None = None,
     ) -> None:
-        """``explain``: a whole-dump accumulator to feed too (``--explain``'s)."""
+        """``wholes``: the whole-dump accumulators to feed too (the run's sections', ``rcdiag.sections``)."""
         self.resolved = resolved
         self.backend = backend or NumpyBackend()
-        whole_dump = {} if explain is None else {explain.KEY: explain}
+        whole_dump = {whole.KEY: whole for whole in wholes}
         self.state: StepStates[Any] = state if state is not None else EngineState(resolved, whole_dump=whole_dump)
         """What blocks are folded into: the analyze accumulators by default, or another state with the same
         interface (the sweep's, which may ask for larger CPU blocks: ``cpu_block_tokens``)."""
@@ -292,6 +298,8 @@ class Engine:
         wholes = list(state.whole_dump.values())
         if wholes and chunk.rows is None:
             wholes[0].number(chunk)  # rows not numbered before screening (chunks built by hand)
+            for other in wholes[1:]:
+                other.rows_read = wholes[0].rows_read
         state.rows += chunk.n_rows
         state.tokens += chunk.n_tokens
         steps = chunk.steps

@@ -13,11 +13,11 @@ import multiprocessing
 import os
 import signal
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import rcdiag.interrupts as interrupts
 from rcdiag.backend import NumpyBackend
@@ -58,27 +58,20 @@ _CHANNEL: Any = None
 """In a worker process: the queue its progress and notices go to (``None`` elsewhere)."""
 
 
-class WholeDumpOptions(Protocol):
-    """How each read builds its whole-dump accumulator (``--explain``'s options, ``rcdiag.explain.state``):
-    picklable, for worker processes and Ray tasks."""
-
-    def new_state(self) -> WholeDump: ...
-    def observe(self, state: Any, resolved: Any, scratch: Path | None, part: int) -> Callable[[], None] | None: ...
-
-
 StateFactory = Callable[[], StepStates[Any]]
 """Builds the empty state a read folds blocks into (picklable: worker processes and Ray tasks call it too)."""
 
 
 @dataclass(frozen=True)
 class Job:
-    """What every part of one run is read with: the configuration, how to read (CPU), ``--explain``'s options,
-    for ``--sequences`` the local scratch directory each part writes its rows under, and the state to fold into
-    (``new_state``: the sweep's; default the analyze accumulators)."""
+    """What every part of one run is read with: the configuration, how to read (CPU), the run's sections
+    (``rcdiag.sections``: each builds its part's whole-dump accumulator), for ``--sequences`` the local scratch
+    directory each part writes its rows under, and the state to fold into (``new_state``: the sweep's; default the
+    analyze accumulators)."""
 
     config: CorrectionConfig
     read: ReadOptions
-    explain: WholeDumpOptions | None = None
+    sections: tuple[Any, ...] = ()
     scratch: Path | None = None
     new_state: StateFactory | None = None
     compiled: bool = True
@@ -90,13 +83,17 @@ class Job:
         cls,
         config: CorrectionConfig,
         read: ReadOptions,
-        explain: WholeDumpOptions | None,
+        sections: Sequence[Any],
         scratch: Path | None,
         new_state: StateFactory | None = None,
         compiled: bool = True,
     ) -> Job:
         read = read.replace(device="cpu", ray=False, ray_address=None)
-        return cls(config, read, explain, scratch, new_state, compiled)
+        return cls(config, read, tuple(sections), scratch, new_state, compiled)
+
+    def wholes(self) -> list[WholeDump]:
+        """A fresh whole-dump accumulator of each section that keeps one."""
+        return new_wholes(self.sections)
 
     def empty_state(self) -> StepStates[Any] | None:
         """The state to fold a part into (``None``: the engine's default)."""
@@ -105,21 +102,21 @@ class Job:
 
 def read_part(part: Part, job: Job, index: int = 0) -> PartResult:
     """Read one part with the numpy engine; bad rows are counted (the driver judges them over the whole dump).
-    With ``job.explain``, its accumulators too, and with ``job.scratch`` the part's ``--sequences`` rows go there
+    With ``job.sections``, their accumulators too, and with ``job.scratch`` the part's ``--sequences`` rows go there
     (``index`` names the part's directory)."""
     read = job.read
     source = open_part(part, read.columns)
-    source.want_tokens(job.explain is not None)
+    source.want_tokens(any(section.wants_tokens for section in job.sections))
     screen = Screen(read.on_bad_row, verdict_at_end=False, vocab_size=read.vocab_size, compiled=job.compiled)
     resolved = job.config.resolve()
-    whole = job.explain.new_state() if job.explain is not None else None
-    flush = job.explain.observe(whole, resolved, job.scratch, index) if job.explain is not None else None
-    chunks = number_rows(prefetch(source.chunks(read.chunk_tokens, part=part.within)), whole)
+    wholes = job.wholes()
+    flushes = observe(job.sections, wholes, resolved, job.scratch, index)
+    chunks = number_rows(prefetch(source.chunks(read.chunk_tokens, part=part.within)), wholes)
     if _CHANNEL is not None:
         chunks = _reporting(chunks, index)
-    engine = Engine(resolved, NumpyBackend(job.compiled), explain=whole, state=job.empty_state())
+    engine = Engine(resolved, NumpyBackend(job.compiled), wholes=wholes, state=job.empty_state())
     state = engine.run(screen(chunks))
-    if flush is not None:
+    for flush in flushes:
         flush()
     return PartResult(
         state.state_dict(), screen.stats.to_dict(), screen.first, source.seen_metadata(), state.rows, state.tokens
@@ -129,8 +126,7 @@ def read_part(part: Part, job: Job, index: int = 0) -> PartResult:
 def merge_parts(source: Source, results: list[PartResult], job: Job) -> tuple[StepStates[Any], ScreenStats]:
     """The merged state and counts of every part, in part order (the first bad row is the earliest)."""
     resolved = job.config.resolve()
-    whole = job.explain.new_state() if job.explain else None
-    whole_dump = {} if whole is None else {whole.KEY: whole}
+    whole_dump = {whole.KEY: whole for whole in job.wholes()}
     merged: StepStates[Any] = job.new_state() if job.new_state else EngineState(resolved, whole_dump=whole_dump)
     stats = ScreenStats()
     part_rows = []
@@ -149,6 +145,20 @@ def merge_parts(source: Source, results: list[PartResult], job: Job) -> tuple[St
     for kept in merged.whole_dump.values():
         kept.part_rows = part_rows
     return merged, stats
+
+
+def new_wholes(sections: Sequence[Any]) -> list[WholeDump]:
+    """A fresh whole-dump accumulator of each section that keeps one (``Section.new_state``), in section order."""
+    return [state for state in (section.new_state() for section in sections) if state is not None]
+
+
+def observe(
+    sections: Sequence[Any], wholes: Sequence[WholeDump], resolved: Any, scratch: Path | None, part: int
+) -> list[Callable[[], None]]:
+    """Attach each section's per-row consumers to its state; the flushes of those that attached one."""
+    by_key = {whole.KEY: whole for whole in wholes}
+    flushes = (section.observe(by_key.get(section.KEY), resolved, scratch, part) for section in sections)
+    return [flush for flush in flushes if flush is not None]
 
 
 CPUS_PER_PROCESS = 2

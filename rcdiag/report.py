@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rcdiag.core.limits import finite, finite_tree
@@ -425,6 +425,9 @@ class Report:
     options); ``None`` otherwise."""
     verdict: Verdict | None = None
     """Status, causes and one prescription (``rcdiag.verdict``); first in every rendering."""
+    sections: dict[str, Any] = field(default_factory=dict)
+    """Each section's typed record by its key (``rcdiag.sections``; ``--explain``'s is ``explain``), in the JSON
+    under that key."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (schema documented in docs/json.md)."""
@@ -449,6 +452,8 @@ class Report:
                 out["sequences_path"] = self.explain.sequences_path
         if self.microbatch is not None:
             out["microbatch"] = self.microbatch.to_dict()
+        for key, record in self.sections.items():
+            out[key] = record.to_dict()
         return out
 
     def steps_frame(self) -> Any:

@@ -25,7 +25,7 @@ import numpy as np
 from rcdiag import synthetic
 from rcdiag.api import accumulate, build_report
 from rcdiag.explain import detectors
-from rcdiag.explain.state import ExplainOptions
+from rcdiag.explain.section import ExplainSection
 from rcdiag.synthetic import SCENARIOS, Scenario
 
 BUGS = {
@@ -41,7 +41,7 @@ def run(scenario: Scenario | str, seed: int, scratch: Path) -> tuple[set[str], d
     """The detector codes that fire, and the raw statistics behind them."""
     path = scratch / "dump.parquet"
     synthetic.write(synthetic.generate(scenario, rows=384, steps=6, seed=seed), path)
-    acc = accumulate(path, explain=ExplainOptions())
+    acc = accumulate(path, sections=[ExplainSection()])
     report = build_report(acc.state, acc.info, "cpu", acc.screen)
     state = acc.state.explain
     unlikely, ratio = state.shape.mean("unlikely"), state.shape.mean("ratio")

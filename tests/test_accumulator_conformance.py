@@ -164,7 +164,7 @@ def _run(case: Case, data: Data, cuts: list[int]) -> EngineState:
     merged: EngineState | None = None
     for a, b in itertools.pairwise(bounds):
         state, whole = case.new()
-        engine = Engine(state.resolved, explain=whole, state=state)
+        engine = Engine(state.resolved, wholes=() if whole is None else [whole], state=state)
         engine.block_tokens = BLOCK_TOKENS
         engine.run([data.chunk(a, b)])
         merged = state if merged is None else merged.merge(state)

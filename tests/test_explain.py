@@ -479,7 +479,7 @@ def test_explain_takes_the_device_block(monkeypatch: pytest.MonkeyPatch, worst: 
     monkeypatch.setattr(block_module, "_host_twin", lambda block: (twins.append(1), twin(block))[1])
     states = []
     for backend in (NumpyBackend(), TorchBackend("cpu")):
-        engine = Engine(rcdiag.CorrectionConfig().resolve(), backend, ExplainState(worst))
+        engine = Engine(rcdiag.CorrectionConfig().resolve(), backend, [ExplainState(worst)])
         engine.block_tokens = 500  # several blocks
         engine.run([copy.copy(chunk)])
         states.append(json.dumps(engine.state.explain.state_dict()))

@@ -208,9 +208,9 @@ def test_engine_feeds_the_kernel_every_valid_token_whatever_the_blocks(data, blo
         part_mask = None if mask is None else mask[t0:t1]
         chunks.append(Chunk(old[t0:t1], rollout[t0:t1], offsets[a : b + 1] - t0, part_mask))
     state = ExplainState()
-    engine = Engine(rcdiag.CorrectionConfig().resolve(), explain=state)
+    engine = Engine(rcdiag.CorrectionConfig().resolve(), wholes=[state])
     engine.block_tokens = block_tokens
-    engine.run(number_rows(chunks, state))
+    engine.run(number_rows(chunks, [state]))
     got = {
         "prob": state.breakdowns.prob,
         "position": state.breakdowns.position,

@@ -30,7 +30,15 @@ LEAVES = frozenset(
 )  # fmt: skip
 """Modules that import nothing of rcdiag but each other (``rcdiag.core``: the constants and formulas every engine
 path shares)."""
-FEATURES = ("rcdiag.explain", "rcdiag.sweep", "rcdiag.microbatch", "rcdiag.compare", "rcdiag.check", "rcdiag.health")
+FEATURES = (
+    "rcdiag.explain",
+    "rcdiag.sweep",
+    "rcdiag.microbatch",
+    "rcdiag.compare",
+    "rcdiag.check",
+    "rcdiag.health",
+    "rcdiag.sections",
+)
 LIBRARY_API = ("rcdiag.api", "rcdiag.writer")
 BELOW_FEATURES = (
     *sorted(LEAVES),

@@ -36,7 +36,7 @@ class BothPasses(ExplainState):
 def test_the_explain_pass_adds_the_stand_alone_pass_bits(dtype: type) -> None:
     rng = np.random.default_rng(11)
     state = BothPasses()
-    engine = Engine(CorrectionConfig().resolve(), explain=state)
+    engine = Engine(CorrectionConfig().resolve(), wholes=[state])
     for block in range(6):  # the id range widens block by block: the table grows after a pass left ids
         lengths = rng.integers(1, 60, 25)
         n = int(lengths.sum())

@@ -267,7 +267,7 @@ def test_shards_merged_and_workers_equal_one_pass(tmp_path: Path, stream: np.nda
 
 def engine_sums(data: dict, order: list[int], chunk_rows: int) -> tuple[np.ndarray, np.ndarray]:
     state = ExplainState()
-    engine = Engine(CorrectionConfig().resolve(), explain=state)
+    engine = Engine(CorrectionConfig().resolve(), wholes=[state])
     for start in range(0, len(order), chunk_rows):
         rows = order[start : start + chunk_rows]
         lengths = [len(data["ids"][r]) for r in rows]

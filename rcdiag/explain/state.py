@@ -42,14 +42,6 @@ class ExplainOptions:
         if isinstance(self.worst, bool) or not isinstance(self.worst, int) or self.worst < 0:
             raise ConfigError(f"worst must be 0 or more responses, got {self.worst}.")
 
-    @classmethod
-    def of(cls, explain: bool, worst: int, sequences: str | Path | None) -> ExplainOptions | None:
-        """The options, or ``None`` when explain is off (a non-default ``worst`` or a ``sequences`` file turn it
-        on)."""
-        if not explain and worst == DEFAULT_WORST and sequences is None:
-            return None
-        return cls(worst, sequences)
-
     def new_state(self) -> ExplainState:
         """An empty state for one read (a process, a worker part, a Ray task)."""
         return ExplainState(self.worst)

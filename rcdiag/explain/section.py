@@ -1,0 +1,119 @@
+"""``--explain`` as a section (``rcdiag.sections``): its options, checks, state, record, findings and files."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from rcdiag.errors import ConfigError, InputError
+from rcdiag.explain.state import ExplainOptions, ExplainState
+from rcdiag.explain.worst import DEFAULT_WORST
+from rcdiag.io.columns import ALIASES
+from rcdiag.report import ExplainReport
+from rcdiag.sections.base import PlainSection, RunFacts
+
+if TYPE_CHECKING:
+    from rcdiag.explain.vocabulary import Vocabulary
+    from rcdiag.io.base import SourceInfo
+    from rcdiag.options import ReadOptions
+    from rcdiag.report import Finding
+
+TOKEN_ALIASES = ALIASES["token"]
+
+
+class ExplainSection(PlainSection):
+    """Where the mismatch sits: breakdowns, worst responses, the bias detectors, the by-token table
+    (docs/explain.md). ``tokenizer`` names the token ids' text; ``tokens`` writes the by-token table there; the
+    ``--sequences`` rows are written while the dump is read (``observe``)."""
+
+    KEY: ClassVar[str] = ExplainState.KEY
+    wants_tokens = True
+
+    def __init__(
+        self,
+        worst: int = DEFAULT_WORST,
+        sequences: str | Path | None = None,
+        tokenizer: str | Path | None = None,
+        tokens: str | Path | None = None,
+    ) -> None:
+        self.options = ExplainOptions(worst, sequences)
+        self.sequences = sequences
+        self.tokenizer = tokenizer
+        self.tokens = tokens
+        self._vocabulary: Vocabulary | None = None
+        self._loaded = False
+
+    def __getstate__(self) -> dict[str, Any]:  # a worker needs the options, never the tokenizer
+        return {**self.__dict__, "_vocabulary": None, "_loaded": False}
+
+    def vocabulary(self) -> Vocabulary | None:
+        """The tokenizer's vocabulary, read once (the library reads it inside the run's output ledger)."""
+        if not self._loaded:
+            from rcdiag.explain.token_report import load_vocabulary
+
+            self._vocabulary, self._loaded = load_vocabulary(self.tokenizer), True
+        return self._vocabulary
+
+    def check_outputs(self) -> None:
+        """The output paths' own rules (suffix, directory), before the ledger sees them."""
+        if self.tokens is not None:
+            from rcdiag.explain.token_report import check_tokens_target
+
+            check_tokens_target(self.tokens)
+
+    def prepare(self, info: SourceInfo, read: ReadOptions) -> None:
+        if self.sequences is not None:
+            if read.ray:
+                raise ConfigError(
+                    "--sequences writes each part's rows on this machine, which Ray tasks elsewhere cannot reach; use "
+                    "it without --ray (one process or --workers)."
+                )
+            from rcdiag.explain.sequences import check_target
+
+            check_target(self.sequences)
+        if self.tokens is not None and info.columns.get("token_ids") is None:
+            raise InputError(
+                f"has no column of token ids (looked for {', '.join(repr(n) for n in TOKEN_ALIASES[:4])}, ...); "
+                "--tokens needs one: name it with --token-col NAME",
+                path=str(info.path),
+            )
+
+    def new_state(self) -> ExplainState:
+        return self.options.new_state()
+
+    def observe(self, state: Any, resolved: Any, scratch: Path | None, part: int) -> Callable[[], None] | None:
+        return self.options.observe(state, resolved, scratch, part)
+
+    def record(self, state: ExplainState | None, run: RunFacts) -> ExplainReport | None:
+        if state is None:
+            return None
+        from rcdiag.explain.detectors import not_run
+        from rcdiag.explain.token_report import decoded_texts, token_not_run_reason, token_section
+
+        vocabulary = self.vocabulary()
+        breakdowns: dict[str, Any] = state.breakdowns.compute()
+        if state.tokens.seen:
+            breakdowns["token"] = token_section(state.tokens, vocabulary)
+        return ExplainReport(
+            breakdowns=breakdowns,
+            worst_sequences=tuple(entry.to_dict() for entry in state.worst.entries()),
+            traces=tuple(state.worst.plotted()),
+            sequences_path=None if self.sequences is None else str(self.sequences),
+            not_run={**not_run(state, run.steps), **token_not_run_reason(state.tokens)},
+            texts=decoded_texts(state.worst.token_texts(), vocabulary),
+        )
+
+    def findings(self, state: ExplainState | None, run: RunFacts) -> list[Finding]:
+        if state is None:
+            return []
+        from rcdiag.explain.detectors import detect
+        from rcdiag.explain.token_report import token_findings
+
+        return [*detect(state, run.steps), *token_findings(state.tokens, self.vocabulary())]
+
+    def write(self, state: ExplainState | None, record: Any) -> None:
+        if state is not None and self.tokens is not None and state.tokens.seen:
+            from rcdiag.explain.token_report import write_token_table
+
+            write_token_table(state.tokens, self.tokens, self.vocabulary())

@@ -1,0 +1,88 @@
+"""The section protocol: what a feature riding on a run declares, and what it is given when the run ends."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from rcdiag.config import ResolvedConfig
+    from rcdiag.engine import WholeDump
+    from rcdiag.io.base import SourceInfo
+    from rcdiag.options import ReadOptions
+    from rcdiag.report import Finding, InputFacts
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a section's record may read besides its own state: the finished run's configuration, metrics and
+    counts (computed once by the library, never again by a section)."""
+
+    resolved: ResolvedConfig
+    metrics: dict[str, float | None]
+    extras: dict[str, float | None]
+    steps: Sequence[tuple[int, dict[str, float | None]]]
+    """Each step's metrics, in step order (empty for a dump without steps)."""
+    input: InputFacts
+
+
+class SectionRecord(Protocol):
+    """A section's typed, frozen result (``rcdiag.report``): what its renderers read and its JSON holds."""
+
+    def to_dict(self) -> Any: ...
+
+
+class Section(Protocol):
+    """A feature that rides on a run. Picklable: worker processes and Ray tasks build their states with it."""
+
+    KEY: ClassVar[str]
+    """Its name: the saved state's ``whole_dump`` key, ``Report.sections``' key and its JSON key."""
+    wants_tokens: bool
+    """It reads the dump's token ids (the readers then decode them)."""
+
+    def prepare(self, info: SourceInfo, read: ReadOptions) -> None:
+        """Refuse, before any value is read, what the section cannot do with this dump and these options (a
+        missing column, ``--ray`` for a feature that writes local files): ``ConfigError`` or ``InputError``."""
+        ...
+
+    def new_state(self) -> WholeDump | None:
+        """The empty accumulator one read (a process, a worker part, a Ray task) feeds; ``None`` for a section
+        computed from the run's facts alone."""
+        ...
+
+    def observe(self, state: Any, resolved: Any, scratch: Path | None, part: int) -> Callable[[], None] | None:
+        """Attach per-row consumers writing under ``scratch`` (``--sequences``); returns what flushes them."""
+        ...
+
+    def record(self, state: Any, run: RunFacts) -> SectionRecord | None:
+        """The typed record of the finished (merged) state; ``None``: nothing to report."""
+        ...
+
+    def findings(self, state: Any, run: RunFacts) -> list[Finding]:
+        """The findings the finished state shows (each through ``rcdiag.catalogue.finding``)."""
+        ...
+
+    def write(self, state: Any, record: Any) -> None:
+        """Write the section's files (through ``rcdiag.outputs``); called after the report is built."""
+        ...
+
+
+class PlainSection:
+    """Defaults for a section that needs no check, no token ids, no observers and no files."""
+
+    KEY: ClassVar[str] = ""
+    wants_tokens = False
+
+    def prepare(self, info: SourceInfo, read: ReadOptions) -> None:
+        return None
+
+    def observe(self, state: Any, resolved: Any, scratch: Path | None, part: int) -> Callable[[], None] | None:
+        return None
+
+    def findings(self, state: Any, run: RunFacts) -> list[Finding]:
+        return []
+
+    def write(self, state: Any, record: Any) -> None:
+        return None
