@@ -52,7 +52,7 @@ def main() -> None:
         "screen": lambda: list(Screen()(chunks)),
         "engine, default configuration": lambda: Engine(rcdiag.CorrectionConfig().resolve()).run(screened),
         "engine, is_rs": lambda: Engine(CONFIG.resolve()).run(screened),
-        "engine, is_rs --explain": lambda: Engine(CONFIG.resolve(), explain=ExplainState()).run(screened),
+        "engine, is_rs --explain": lambda: Engine(CONFIG.resolve(), wholes=[ExplainState()]).run(screened),
     }
     print(f"{tokens / 1e6:.1f}M tokens, chunk {chunk:,}; least CPU time of {args.repeats} runs, all threads\n")
     print("| stage | CPU ns per token |\n|---|---|")

@@ -122,7 +122,7 @@ def analyze(
     """
     explained = explain or tokenizer is not None or tokens is not None or worst != DEFAULT_WORST
     explained = explained or sequences is not None
-    wanted = [ExplainSection(worst, sequences, tokenizer, tokens)] if explained else []
+    wanted: list[Any] = [ExplainSection(worst, sequences, tokenizer, tokens)] if explained else []
     with ledger():  # every output against every input, the tokenizer's file included, before any is read
         for section in wanted:
             section.check_outputs()
@@ -225,7 +225,8 @@ def accumulate(
     """
     resolved = (config or CorrectionConfig()).resolve()
     read = ReadOptions.of(read, options)
-    sequences = next((s.sequences for s in sections if isinstance(s, ExplainSection) and s.sequences), None)
+    named = (getattr(section, "sequences", None) for section in sections)
+    sequences = next((name for name in named if name is not None), None)
     refuse_inputs([("save_state", save_state), ("sequences", sequences)], [path])  # never over the dump
     backend = _backend(read.device)
     source = open_dump(path, read.columns)
@@ -310,7 +311,7 @@ def merge_states(paths: list[str | Path], *, tokenizer: str | Path | None = None
     explain.vocabulary()
     load_kinds()
     state, sources, stats = merge_state_files(paths, "analyze")
-    given = [explain] if ExplainSection.KEY in state.whole_dump else []
+    given: list[Any] = [explain] if ExplainSection.KEY in state.whole_dump else []
     return build_report(analyze_state(state), combined_info(sources), "merged", stats, sections=given)
 
 
