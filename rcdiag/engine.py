@@ -72,12 +72,16 @@ def number_rows(chunks: Iterable[Chunk], wholes: Sequence[WholeDump] = ()) -> It
     if not wholes:
         yield from chunks
         return
-    first, others = wholes[0], wholes[1:]
     for chunk in chunks:
-        chunk = first.number(chunk)
-        for other in others:
-            other.rows_read = first.rows_read
-        yield chunk
+        yield number_chunk(chunk, wholes)
+
+
+def number_chunk(chunk: Chunk, wholes: Sequence[WholeDump]) -> Chunk:
+    """Number one chunk's rows by the first whole-dump accumulator; every other counts the same rows."""
+    chunk = wholes[0].number(chunk)
+    for other in wholes[1:]:
+        other.rows_read = wholes[0].rows_read
+    return chunk
 
 
 def whole_dump_kind(key: str) -> Any:
@@ -297,9 +301,7 @@ class Engine:
         state = self.state
         wholes = list(state.whole_dump.values())
         if wholes and chunk.rows is None:
-            wholes[0].number(chunk)  # rows not numbered before screening (chunks built by hand)
-            for other in wholes[1:]:
-                other.rows_read = wholes[0].rows_read
+            number_chunk(chunk, wholes)  # rows not numbered before screening (chunks built by hand)
         state.rows += chunk.n_rows
         state.tokens += chunk.n_tokens
         steps = chunk.steps

@@ -38,11 +38,15 @@ class ExplainSection(PlainSection):
         tokens: str | Path | None = None,
     ) -> None:
         self.options = ExplainOptions(worst, sequences)
-        self.sequences = sequences
         self.tokenizer = tokenizer
         self.tokens = tokens
         self._vocabulary: Vocabulary | None = None
         self._loaded = False
+
+    @property
+    def sequences(self) -> str | Path | None:
+        """The ``--sequences`` file (held by the options)."""
+        return self.options.sequences
 
     def __getstate__(self) -> dict[str, Any]:  # a worker needs the options, never the tokenizer
         return {**self.__dict__, "_vocabulary": None, "_loaded": False}
