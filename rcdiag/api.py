@@ -79,6 +79,7 @@ def analyze(
     microbatch: MicroBatchSettings | None = None,
     tokenizer: str | Path | None = None,
     tokens: str | Path | None = None,
+    sections: Sequence[Section] = (),
     **options: Any,
 ) -> Report:
     """Run verl's rollout correction over a dump and return the report.
@@ -101,6 +102,8 @@ def analyze(
         tokenizer: a ``tokenizer.json`` (or a directory holding one) giving the text of the token ids in the
             by-token breakdown and the worst responses (``rcdiag[tokens]``; implies ``explain``).
         tokens: write the by-token table (one row per token id) to this Parquet file (implies ``explain``).
+        sections: more features riding on the run (``rcdiag.sections``), after ``--explain``'s; each record in
+            ``report.sections[KEY]``.
         microbatch: also split each step as verl's actor does (``rcdiag.MicroBatchSettings``) and report what
             verl computes and where it crashes per micro-batch (``report.microbatch``). Keeps every valid token
             in memory.
@@ -122,15 +125,16 @@ def analyze(
     """
     explained = explain or tokenizer is not None or tokens is not None or worst != DEFAULT_WORST
     explained = explained or sequences is not None
-    wanted: list[Any] = [ExplainSection(worst, sequences, tokenizer, tokens)] if explained else []
+    explaining = [ExplainSection(worst, sequences, tokenizer, tokens)] if explained else []
     with ledger():  # every output against every input, the tokenizer's file included, before any is read
-        for section in wanted:
+        for section in explaining:
             section.check_outputs()
         for name, output in (("save_state", save_state), ("sequences", sequences), ("tokens", tokens)):
             writes(output, name)
         reads(path)
-        for section in wanted:
+        for section in explaining:
             section.vocabulary()
+    wanted: list[Any] = [*explaining, *sections]
     collector = None
     if microbatch is not None:
         from rcdiag.microbatch.rows import RowCollector

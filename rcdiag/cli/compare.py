@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rcdiag.cli.flags import ENGINE_FLAGS, READ_FLAGS, output_flags, path_argument, side_columns
+from rcdiag.cli.flags import ENGINE_FLAGS, READ_FLAGS, given_path, output_flags, path_argument, side_columns
 from rcdiag.cli.params import with_flags
 
 if TYPE_CHECKING:
@@ -32,6 +32,26 @@ def _temperature(side: str) -> object:
 def compare(
     path_a: Annotated[str, path_argument("A", "Dump A (a path or URL).")],
     path_b: Annotated[str, path_argument("B", "Dump B (a path or URL).")],
+    more: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="More dumps: each is compared with the baseline (A unless --baseline), the tests' p-values "
+            "Holm-adjusted over the comparisons.",
+            metavar="[C ...]",
+            show_default=False,
+            callback=given_path,
+        ),
+    ] = None,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            "--baseline",
+            metavar="PATH",
+            help="With more than two dumps: the one every other is compared with (one of the dumps given; "
+            "default: A).",
+            show_default=False,
+        ),
+    ] = None,
     temperature_a: Annotated[float | None, _temperature("a")] = None,
     temperature_b: Annotated[float | None, _temperature("b")] = None,
     *,
@@ -42,7 +62,8 @@ def compare(
     out: Output,
 ) -> None:
     """Run both dumps through the same rollout correction and compare them: every metric with its difference and
-    ratio, a temperature analysis, the per-step difference, and verdicts.
+    ratio, whether B differs from A significantly (95% intervals), a temperature analysis, the per-step difference,
+    and verdicts. With more dumps, each is compared with the baseline.
 
     kl grows as 1/T^2 with the sampling temperature T, so `compare` turns each side's kl into a logit-noise
     estimate T*sqrt(2 kl) that is comparable across temperatures, and says whether the engines' noise is the same,
@@ -51,6 +72,7 @@ def compare(
     * `rcdiag compare run_t06.parquet run_t10.parquet`
     * `rcdiag compare old_engine.parquet new_engine.parquet --temperature-a 0.7 --temperature-b 0.7 --is token`
     * `rcdiag compare a.parquet b.parquet --old-col-b logp_train --format json -o comparison.json`
+    * `rcdiag compare bf16.parquet fp8.parquet mxfp8.parquet --baseline bf16.parquet`
 
     Exit codes: 0 done (findings do not change it), 2 bad option, configuration or input, 3 internal error.
     """
@@ -61,7 +83,8 @@ def compare(
     from rcdiag.compare import compare as run_compare
     from rcdiag.outputs import reads
 
-    reads(path_a, path_b)  # both before A is read: an output over B is refused first
+    paths = [path_a, path_b, *(more or [])]
+    reads(*paths)  # all before A is read: an output over B is refused first
     check_temperature(temperature_a, "--temperature-a")
     check_temperature(temperature_b, "--temperature-b")
     config = engine.config()
@@ -70,6 +93,24 @@ def compare(
     read_a, read_b = (
         read.replace(columns=dataclasses.replace(shared, **side)) if side else read for side in (columns_a, columns_b)
     )
+    if len(paths) > 2 or baseline is not None:
+        from rcdiag.compare import compare_many
+        from rcdiag.errors import ConfigError
+
+        if baseline is not None and baseline not in paths:
+            raise ConfigError(f"--baseline {baseline} is none of the dumps given ({', '.join(paths)}).")
+        with progress(read, out) as on_chunk:
+            result = compare_many(
+                paths,
+                config,
+                read,
+                baseline=0 if baseline is None else paths.index(baseline),
+                reads=(read_a, read_b),
+                temperatures=(temperature_a, temperature_b),
+                on_chunk=on_chunk,
+            )
+        out.emit(result)
+        return
     with progress(read, out) as on_chunk:
         comparison = run_compare(
             path_a,

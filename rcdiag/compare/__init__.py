@@ -14,17 +14,21 @@ holds the entry points ``compare`` and ``compare_reports``.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rcdiag.api import ProgressCallback, analyze
 from rcdiag.compare.diffs import TREND_KEYS, _diffs, _slope
+from rcdiag.compare.paired import LEVEL, PairedTest, holm, paired_tests
 from rcdiag.compare.records import (
     K3,
     KL,
     KL_SE,
     CompareFinding,
     Comparison,
+    Comparisons,
     MetricDiff,
     SideTemperature,
     StepPair,
@@ -60,7 +64,9 @@ __all__ = [
     "TREND_KEYS",
     "CompareFinding",
     "Comparison",
+    "Comparisons",
     "MetricDiff",
+    "PairedTest",
     "Side",
     "SideTemperature",
     "StepPair",
@@ -68,6 +74,7 @@ __all__ = [
     "analyze",
     "check_temperature",
     "compare",
+    "compare_many",
     "compare_reports",
 ]
 
@@ -96,9 +103,62 @@ def compare(
     config = config or CorrectionConfig()
     config.resolve()
     read = ReadOptions.of(read, options)
-    report_a = analyze(path_a, config, read, on_chunk=on_chunk)
-    report_b = analyze(path_b, config, read_b or read, on_chunk=on_chunk)
+    from rcdiag.sections.units import UnitsSection
+
+    units = (UnitsSection(),)  # each response's sums, for the significance tests
+    report_a = analyze(path_a, config, read, on_chunk=on_chunk, sections=units)
+    report_b = analyze(path_b, config, read_b or read, on_chunk=on_chunk, sections=units)
     return compare_reports(report_a, report_b, temperature_a=temperature_a, temperature_b=temperature_b)
+
+
+def compare_many(
+    paths: Sequence[str | Path],
+    config: CorrectionConfig | None = None,
+    read: ReadOptions | None = None,
+    *,
+    baseline: int = 0,
+    reads: Sequence[ReadOptions | None] = (),
+    temperatures: Sequence[float | None] = (),
+    on_chunk: ProgressCallback | None = None,
+    **options: Any,
+) -> Comparisons:
+    """Every dump against ``paths[baseline]``, each dump read once. ``reads``/``temperatures``, where given, apply
+    per dump (by position); the tests' p-values are Holm-adjusted over the comparisons, per metric."""
+    from rcdiag.sections.units import UnitsSection
+
+    if len(paths) < 2:
+        raise ConfigError("compare needs at least two dumps.")
+    if not 0 <= baseline < len(paths):
+        raise ConfigError(f"the baseline must be one of the {len(paths)} dumps given.")
+    for i, value in enumerate(temperatures):
+        check_temperature(value, f"temperature of dump {i + 1}")
+    config = config or CorrectionConfig()
+    config.resolve()
+    read = ReadOptions.of(read, options)
+    given = [*reads, *[None] * (len(paths) - len(reads))]
+    reports = [
+        analyze(path, config, given[i] or read, on_chunk=on_chunk, sections=(UnitsSection(),))
+        for i, path in enumerate(paths)
+    ]
+    temps = [*temperatures, *[None] * (len(paths) - len(temperatures))]
+    others = [i for i in range(len(paths)) if i != baseline]
+    pairs = [
+        compare_reports(reports[baseline], reports[i], temperature_a=temps[baseline], temperature_b=temps[i])
+        for i in others
+    ]
+    return Comparisons(reports[baseline], tuple(_holm_adjusted(pairs)))
+
+
+def _holm_adjusted(pairs: list[Comparison]) -> list[Comparison]:
+    """Each comparison with its tests' p-values adjusted over the comparisons (per metric)."""
+    keys = {key for pair in pairs for key in pair.tests}
+    tests: list[dict[str, PairedTest]] = [dict(pair.tests) for pair in pairs]
+    for key in keys:
+        adjusted = holm([t[key].p_value if key in t else None for t in tests])
+        for t, p in zip(tests, adjusted, strict=True):
+            if key in t and p is not None:
+                t[key] = dataclasses.replace(t[key], adjusted_p_value=p, significant=p < LEVEL)
+    return [dataclasses.replace(pair, tests=t) for pair, t in zip(pairs, tests, strict=True)]
 
 
 def compare_reports(
@@ -130,4 +190,5 @@ def compare_reports(
         },
         trend={key: _slope(pairs, key) for key in TREND_KEYS if key in a.metrics or key in a.extras},
         findings=tuple(_findings(a, b, temperature)),
+        tests=paired_tests(a, b),
     )

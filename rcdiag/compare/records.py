@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rcdiag.catalogue.metrics import full_key
+from rcdiag.compare.paired import PairedTest
 from rcdiag.report import SCHEMA_VERSION, Finding, Report
 
 KL = full_key("kl")
@@ -128,6 +129,9 @@ class Comparison:
     """Least-squares slope of (b - a) per step over the paired steps, for the ``TREND_KEYS`` present."""
     findings: tuple[Finding, ...]
     """Findings about the pair, each with its ``side``."""
+    tests: dict[str, PairedTest] = dataclasses.field(default_factory=dict)
+    """Per headline metric (full key): is B different from A, by how much, how sure (``rcdiag.compare.paired``;
+    empty when neither responses nor steps can be the units)."""
 
     def metric(self, key: str) -> MetricDiff:
         """The row of one metric (full key)."""
@@ -149,4 +153,29 @@ class Comparison:
             "unpaired_steps": {side: list(steps) for side, steps in self.unpaired_steps.items()},
             "trend": self.trend,
             "findings": [f.to_pair_dict() for f in self.findings],
+            "tests": {key: test.to_dict() for key, test in self.tests.items()},
+        }
+
+
+@dataclass(frozen=True)
+class Comparisons:
+    """``compare`` over more than two dumps: each against one baseline, every test's p-value Holm-adjusted over
+    the comparisons (per metric), so the family-wise false-alarm rate stays at the level (docs/compare.md)."""
+
+    baseline: Report
+    comparisons: tuple[Comparison, ...]
+    """One per other dump, in the order given; each ``a`` is the baseline."""
+
+    @property
+    def reports(self) -> tuple[Report, ...]:
+        """The baseline, then every other dump."""
+        return (self.baseline, *(c.b for c in self.comparisons))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "comparisons",
+            "baseline": self.baseline.input.path,
+            "correction": "holm",
+            "comparisons": [{"path": c.b.input.path, **c.to_dict()} for c in self.comparisons],
         }

@@ -60,8 +60,19 @@ class Side:
 SIDES = {
     "A": Side(("#1f77b4", "#17becf", "#9467bd"), "-", "o"),
     "B": Side(("#ff7f0e", "#8c564b", "#e377c2"), "-.", "s"),
+    "C": Side(("#2ca02c", "#bcbd22", "#7f7f7f"), ":", "^"),
+    "D": Side(("#9467bd", "#e377c2", "#17becf"), "-", "D"),
+    "E": Side(("#8c564b", "#7f7f7f", "#bcbd22"), "-.", "v"),
 }
 WARN = "#d62728"
+
+
+def side_look(label: str) -> Side:
+    """How dump ``label`` is drawn; past E (compare with many dumps) the looks repeat in turn."""
+    if label in SIDES:
+        return SIDES[label]
+    looks = list(SIDES.values())
+    return looks[sum(map(ord, label)) % len(looks)]
 STYLE: dict[RcKeyType, Any] = {
     "font.size": 11,
     "axes.titlesize": 13,
@@ -113,7 +124,7 @@ def drawn_sides(reports: Sequence[tuple[str | None, Report]]) -> list[Drawn]:
         if side is None:
             out.append(Drawn("all tokens", report.log_ratio, PALETTE[0]))
         else:
-            look = SIDES[side]
+            look = side_look(side)
             out.append(Drawn(side, report.log_ratio, look.colours[0], look.style, look.marker))
     return out
 
@@ -131,7 +142,7 @@ def trend_lines(report: Report, panel: Panel, side: str | None = None) -> list[L
         if side is None:
             out.append(Line(series(report, key, short_key(key)), PALETTE[i % len(PALETTE)]))
         else:
-            drawn = SIDES[side]
+            drawn = side_look(side)
             colour = drawn.colours[i % len(drawn.colours)]
             out.append(Line(series(report, key, f"{side}: {short_key(key)}"), colour, drawn.style, drawn.marker))
     return out

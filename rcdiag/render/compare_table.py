@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rcdiag.catalogue.metrics import short_key, step_columns
-from rcdiag.compare import Comparison, MetricDiff
+from rcdiag.compare import Comparison, Comparisons, MetricDiff
 from rcdiag.printable import printable
 from rcdiag.render import counted
 from rcdiag.render.panels import sparkline
@@ -20,8 +20,11 @@ from rcdiag.report import Report
 MAX_STEP_ROWS = 24
 
 
-def render_comparison(comparison: Comparison, console: Console) -> None:
+def render_comparison(comparison: Comparison | Comparisons, console: Console) -> None:
     """Print the whole comparison: each side's verdict first."""
+    if isinstance(comparison, Comparisons):
+        render_comparisons(comparison, console)
+        return
     console.print(_header(comparison))
     for side, report in (("A", comparison.a), ("B", comparison.b)):
         if report.verdict is not None:
@@ -29,6 +32,11 @@ def render_comparison(comparison: Comparison, console: Console) -> None:
             print_verdict(report.verdict, console, report)
     suffix = " (all steps pooled)" if comparison.a.steps or comparison.b.steps else ""
     console.print(_metric_table("Metrics side by side" + suffix, comparison.metrics))
+    if comparison.tests:
+        console.print(Text("Is B different from A? (95% intervals; docs/compare.md)", style="bold"))
+        for test in comparison.tests.values():
+            style = "yellow" if test.significant else "dim"
+            console.print(Text("  " + test.sentence(), style=style))
     console.print(_temperature_table(comparison))
     for line in comparison.temperature.explanation:
         console.print(Text("  " + line))
@@ -51,6 +59,37 @@ def render_comparison(comparison: Comparison, console: Console) -> None:
                 printable(where + finding.message),
             )
         )
+
+
+def render_comparisons(many: Comparisons, console: Console) -> None:
+    """Every dump against the baseline: one line per dump, its verdict, then its tests (Holm-adjusted)."""
+    base = many.baseline
+    console.print(
+        Text(f"rcdiag {base.version} compare · {len(many.reports)} dumps · device {base.device}", style="bold")
+    )
+    console.print(Text(_describe("baseline A", base)))
+    console.print(Text("config (every dump): " + describe_config(base.config), style="dim"))
+    if base.verdict is not None:
+        console.print(Text(f"A: {base.verdict.status.upper()}: {printable(base.verdict.headline)}"))
+    for i, comparison in enumerate(many.comparisons):
+        label = chr(ord("B") + i) if i < 25 else str(i + 2)
+        report = comparison.b
+        console.print(Text(_describe(label, report), style="bold"))
+        if report.verdict is not None:
+            console.print(Text(f"  verdict {report.verdict.status.upper()}: {printable(report.verdict.headline)}"))
+        for test in comparison.tests.values():
+            style = "yellow" if test.significant else "dim"
+            console.print(Text("  " + test.sentence("A", label), style=style))
+        for finding in comparison.findings:
+            console.print(
+                Text(f"  {finding.severity.upper()} [{finding.code}] {printable(finding.message)}", style="dim")
+            )
+    console.print(
+        Text(
+            f"p-values Holm-adjusted over the {len(many.comparisons)} comparisons (per metric); docs/compare.md",
+            style="dim",
+        )
+    )
 
 
 def _describe(side: str, report: Report) -> str:

@@ -42,7 +42,7 @@ from rcdiag.render.token_html import token_sections
 from rcdiag.report import Finding, Report, Verdict
 
 if TYPE_CHECKING:
-    from rcdiag.compare.records import Comparison
+    from rcdiag.compare.records import Comparison, Comparisons
     from rcdiag.sweep.sweep_report import Recommendation, SweepReport, SweepRow
 
 MAX_STEP_ROWS = 400
@@ -316,10 +316,16 @@ def _explain(report: Report) -> list[str]:
 # --------------------------------------------------------------------------------------------------- compare
 
 
-def render_comparison_html(comparison: Comparison) -> str:
+def render_comparison_html(comparison: Comparison | Comparisons) -> str:
     """Both dumps on one page: their facts, the verdicts, every chart with both overlaid, the metric table."""
+    from rcdiag.compare.records import Comparisons
+
+    if isinstance(comparison, Comparisons):
+        return _comparisons_html(comparison)
     a, b = comparison.a, comparison.b
     sides = [("A", a), ("B", b)]
+    title = "Is B different from A? (95% intervals)"
+    tested = [section(title, _tests([("B", comparison)]))] if comparison.tests else []
     return page(
         "rcdiag comparison",
         f"A: {a.input.path} · B: {b.input.path} · rcdiag {a.version}",
@@ -329,6 +335,7 @@ def render_comparison_html(comparison: Comparison) -> str:
             ),
             section("Dumps", _sides(comparison)),
             section("Findings on the pair", _findings(comparison.findings, "No finding."), _temperature(comparison)),
+            *tested,
             *(
                 [
                     section("Trends over steps, A and B overlaid", _trends(sides)),
@@ -340,6 +347,42 @@ def render_comparison_html(comparison: Comparison) -> str:
             section("Metrics, all steps pooled", _diffs(comparison)),
         ],
     )
+
+
+def _comparisons_html(many: Comparisons) -> str:
+    """Every dump against the baseline: verdicts, the tests (Holm-adjusted), per-step trajectories overlaid."""
+    labels = [chr(ord("A") + i) if i < 26 else str(i + 1) for i in range(len(many.reports))]
+    sides = list(zip(labels, many.reports, strict=True))
+    rows = [(label, f"<code>{e(r.input.path)}</code>", f"{r.input.rows:,}", f"{r.input.valid_tokens:,}",
+             f"{r.input.steps:,}") for label, r in sides]  # fmt: skip
+    verdicts = "".join(_verdict(r.verdict, label) for label, r in sides)
+    return page(
+        "rcdiag comparison",
+        f"baseline A: {many.baseline.input.path} · {len(many.comparisons)} dumps against it · "
+        f"rcdiag {many.baseline.version}",
+        [
+            section("Dumps", table(("", "dump", "rows", "valid tokens", "steps"), rows, numeric=(2, 3, 4))),
+            section("Verdict per dump", f'<div class="sides">{verdicts}</div>'),
+            section(
+                "Each dump against A (95% intervals, p-values Holm-adjusted over the comparisons)",
+                _tests(list(zip(labels[1:], many.comparisons, strict=True))),
+            ),
+            *([section("Trends over steps, every dump overlaid", _trends(sides))] * any(r.steps for r in many.reports)),
+        ],
+    )
+
+
+def _tests(pairs: Sequence[tuple[str, Comparison]]) -> str:
+    rows = []
+    for label, comparison in pairs:
+        for test in comparison.tests.values():
+            p = test.p_value if test.adjusted_p_value is None else test.adjusted_p_value
+            interval = "" if test.ci_low is None else f"[{fmt(test.ci_low)}, {fmt(test.ci_high)}]"
+            rows.append((e(label), f"<code>{e(test.metric)}</code>", fmt(test.a), fmt(test.b), fmt(test.difference),
+                         interval, fmt(p), "yes" if test.significant else "no",
+                         e(f"{test.units} ({test.method})")))  # fmt: skip
+    headers = ("dump", "metric", "A", "that dump", "difference", "95% interval", "p", "significant", "units")
+    return table(headers, rows, numeric=(2, 3, 4, 6))
 
 
 def _sides(comparison: Comparison) -> str:
