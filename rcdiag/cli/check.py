@@ -148,15 +148,9 @@ def check(
     Exit codes: 0 every rule holds and no finding fails `--fail-on`, 1 a rule or finding failed, 2 bad option, rule,
     configuration or input, 3 internal error.
     """
-    from rcdiag.check import (
-        RuleKind,
-        find_project_rules,
-        load_rules,
-        packs_and_gate,
-        parse_assignment,
-        parse_fail_on,
-    )
     from rcdiag.check import check as run_check
+    from rcdiag.check import find_project_rules, load_rules
+    from rcdiag.check.rule_set import rule_set
     from rcdiag.check.rules import is_step_mode
     from rcdiag.cli.output import checked_path
     from rcdiag.cli.progress import progress
@@ -168,18 +162,6 @@ def check(
 
     if not is_step_mode(steps):
         raise ConfigError(f"--steps must be every, last or mean, got '{steps}'.")
-    rules = []
-    options: tuple[tuple[RuleKind, str, list[str] | None], ...] = (
-        ("max", "--max", max_rules),
-        ("min", "--min", min_rules),
-        ("max_abs", "--max-abs", max_abs_rules),
-        ("max_increase", "--max-increase", max_increase),
-        ("max_decrease", "--max-decrease", max_decrease),
-    )
-    for kind, flag, texts in options:
-        rules += [parse_assignment(text, kind, option=flag, steps=steps, tolerate=tolerate) for text in texts or []]
-    packed, gate = packs_and_gate(packs or [], parse_fail_on(fail_on or []), steps=steps, tolerate=tolerate)
-    rules += packed
     loaded = (
         load_rules(rules_file, steps=steps, tolerate=tolerate)
         if rules_file
@@ -187,22 +169,27 @@ def check(
         if no_pyproject
         else find_project_rules(steps=steps, tolerate=tolerate)
     )
+    bounds = {
+        "max": max_rules,
+        "min": min_rules,
+        "max_abs": max_abs_rules,
+        "max_increase": max_increase,
+        "max_decrease": max_decrease,
+    }
+    ruled = rule_set(bounds, packs, fail_on, loaded, steps=steps, tolerate=tolerate)
     config = engine.config(base=loaded.config() if loaded is not None else None)  # before the notice: one error line
-    if loaded is not None:
-        rules += loaded.rules
-        gate = loaded.fail_on.merged(gate) if loaded.fail_on is not None else gate
-        if rules_file is None:
-            print(f"rcdiag: using [tool.rcdiag.check] from {loaded.path}", file=sys.stderr)
+    if loaded is not None and rules_file is None:
+        print(f"rcdiag: using [tool.rcdiag.check] from {loaded.path}", file=sys.stderr)
     against = baseline or (loaded.baseline if loaded is not None else None)
     with progress(read, out) as on_chunk:
         result = run_check(
             path,
-            rules,
+            ruled.rules,
             config,
             read,
             baseline=against,
             on_chunk=on_chunk,
-            fail_on=gate,
+            fail_on=ruled.gate,
         )
     _emit(result, out, junit_file, markdown_file)
     if not result.passed:

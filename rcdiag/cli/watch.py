@@ -20,7 +20,6 @@ from rcdiag.errors import ExitCode, RcdiagError
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-    from rcdiag.check import Rule
     from rcdiag.cli.engine_config import EngineFlags
     from rcdiag.export.tracking import Tracker, TrackingOptions
     from rcdiag.options import ReadOptions
@@ -199,28 +198,19 @@ def watch(
     Exit codes: 0 ended by --once, --timeout or --max-idle, 1 a new alert at --exit-on, 2 bad option or input,
     3 internal error, 130 Ctrl-C (the state holds every step reported).
     """
-    from rcdiag.check import load_rules, packs_and_gate, parse_assignment, parse_fail_on
+    from rcdiag.check import load_rules
+    from rcdiag.check.rule_set import rule_set
     from rcdiag.watch import AlertPolicy, Dispatcher, Watch
     from rcdiag.watch.alerts import DEFAULT_GATE
     from rcdiag.watch.deliver import DRAIN_SECONDS
     from rcdiag.watch.session import claim_state
 
     claim_state(path, state)  # before the rules file is read: a --state over it is refused
-    rules: list[Rule] = []
-    for kind, flag, texts in (
-        ("max", "--max", max_rules),
-        ("min", "--min", min_rules),
-        ("max_abs", "--max-abs", max_abs_rules),
-    ):
-        rules += [parse_assignment(text, kind, option=flag) for text in texts or []]  # type: ignore[arg-type]
-    packed, gate = packs_and_gate(packs or [], parse_fail_on(fail_on or []))
-    rules += packed
     loaded = load_rules(rules_file) if rules_file is not None else None
+    bounds = {"max": max_rules, "min": min_rules, "max_abs": max_abs_rules}
+    ruled = rule_set(bounds, packs, fail_on, loaded)
     config = engine.config(base=loaded.config() if loaded is not None else None)
-    if loaded is not None:
-        rules += loaded.rules
-        gate = loaded.fail_on.merged(gate) if loaded.fail_on is not None else gate
-    policy = AlertPolicy(tuple(rules), gate or DEFAULT_GATE, exit_on.value if exit_on else None, horizon)
+    policy = AlertPolicy(ruled.rules, ruled.gate or DEFAULT_GATE, exit_on.value if exit_on else None, horizon)
     session = Watch(
         path, config, read, state_path=state, settle=settle, policy=policy, dispatcher=Dispatcher(on_alert, webhook)
     )
