@@ -72,12 +72,8 @@ def live_view_svg(run: Path, state: Path) -> str:
     from rich.console import Console
 
     from rcdiag.check.rules import parse_assignment
-    from rcdiag.cli.watch import _LiveView
+    from rcdiag.render.watch_table import WatchScreen
     from rcdiag.watch import AlertPolicy, Watch
-
-    class Frames:
-        def update(self, renderable: object) -> None:
-            self.last = renderable
 
     session = Watch(
         str(run),
@@ -85,11 +81,10 @@ def live_view_svg(run: Path, state: Path) -> str:
         settle=0.0,
         policy=AlertPolicy((parse_assignment(f"k3_kl={LIMIT:g}", "max", option="--max"),)),
     )
-    view = _LiveView(session)
-    view.live = Frames()
-    session.run(once=True, poll=0.05, on_event=view.event)
+    screen = WatchScreen(session.location, session.consumed)
+    session.run(once=True, poll=0.05, on_event=screen.add)
     console = Console(record=True, width=118, force_terminal=True, color_system="truecolor", file=io.StringIO())
-    console.print(view._render())
+    console.print(screen.render())
     return console.export_svg(title=f"rcdiag watch {run.name} --max k3_kl={LIMIT:g}")
 
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import enum
-import json
 import sys
-from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -18,20 +17,15 @@ from rcdiag.cli.tracking import TRACKING_FLAGS
 from rcdiag.errors import ExitCode, RcdiagError
 
 if TYPE_CHECKING:
-    from rich.console import RenderableType
-
     from rcdiag.cli.engine_config import EngineFlags
     from rcdiag.export.tracking import Tracker, TrackingOptions
     from rcdiag.options import ReadOptions
-    from rcdiag.report import Report
-    from rcdiag.watch import Delivery, StepEvent, Watch
-    from rcdiag.watch.session import Event, ReportEvent
+    from rcdiag.render.watch_table import WatchScreen
+    from rcdiag.watch import Delivery, Watch
+    from rcdiag.watch.session import Event
 
 FOLLOW = "Following"
 ALERTS = "Alerts"
-SHOWN_STEPS = 12
-"""Steps in the live view's table."""
-SHOWN_METRICS = ("rollout_corr/kl", "rollout_corr/k3_kl", "rollout_corr/chi2_token", "rollout_corr/log_ppl_abs_diff")
 
 
 class WatchFormat(str, enum.Enum):
@@ -214,13 +208,7 @@ def watch(
     session = Watch(
         path, config, read, state_path=state, settle=settle, policy=policy, dispatcher=Dispatcher(on_alert, webhook)
     )
-    view = (
-        _JsonLines()
-        if output_format is WatchFormat.json
-        else _LiveView(session)
-        if sys.stdout.isatty()
-        else _TextLines()
-    )
+    view = _view(output_format.value, session)
     trackers = _open_trackers(tracking, path, resume=bool(session.consumed))
     on_event = _tracked(view.event, trackers) if trackers else view.event
     ended = "aborted"
@@ -242,6 +230,16 @@ def watch(
             close_all(trackers, quietly=ended == "aborted")
     if ended == "alert":
         raise typer.Exit(ExitCode.CHECK_FAILED)
+
+
+def _view(format_name: str, session: Watch) -> _View:
+    """The format's live screen on a terminal where it has one, else its line renderer."""
+    from rcdiag.render.registry import FORMATS, renderer
+
+    live = FORMATS[format_name].renderers.get("watch")
+    if live is not None and sys.stdout.isatty():
+        return _LiveView(live.load()(session.location, session.consumed))
+    return _View(renderer(format_name, "watch_line", "watch").load())
 
 
 def _open_trackers(tracking: TrackingOptions | None, path: str, *, resume: bool) -> list[Tracker]:
@@ -274,6 +272,11 @@ def _say_delivery(outcome: Delivery) -> None:
 
 
 class _View:
+    """Writes each event as the format's line renderer gives it (``rcdiag.render.registry``, kind ``watch_line``)."""
+
+    def __init__(self, line: Callable[[Event], str]) -> None:
+        self.line = line
+
     def __enter__(self) -> _View:
         return self
 
@@ -281,54 +284,20 @@ class _View:
         return None
 
     def event(self, event: Event) -> None:
-        raise NotImplementedError
+        from rcdiag.cli.output import write_stdout
+
+        write_stdout(self.line(event))
 
     def poll(self, waiting: int, outcomes: list[Delivery]) -> None:
         for outcome in outcomes:
             _say_delivery(outcome)
 
 
-class _JsonLines(_View):
-    """One JSON object per step and per whole report, one per line, flushed at once (read as it comes)."""
-
-    def event(self, event: Event) -> None:
-        from rcdiag.cli.output import write_stdout
-
-        write_stdout(json.dumps(event.to_dict()) + "\n")
-
-
-class _TextLines(_View):
-    """One plain line per step, per report and per alert when stdout is not a terminal."""
-
-    def event(self, event: Event) -> None:
-        from rcdiag.cli.output import write_stdout
-        from rcdiag.printable import printable
-        from rcdiag.watch import StepEvent
-
-        if isinstance(event, StepEvent):
-            step = event.step
-            values = " ".join(
-                f"{key.rpartition('/')[2]}={_g(step.metrics.get(key))}" for key in SHOWN_METRICS if key in step.metrics
-            )
-            lines = [f"step {step.step}: {step.rows} rows, {step.valid_tokens:,} tokens {values}"]
-        else:
-            codes = ", ".join(f"{f.code} ({f.severity})" for f in event.report.findings) or "none"
-            said = _verdict(event.report)
-            lines = [f"after step {event.step} ({event.files} files): verdict {said}; findings: {codes}"]
-        lines += [f"  ALERT {a.severity}: {printable(a.message)}" for a in event.alerts]
-        write_stdout("\n".join(lines) + "\n")
-
-
 class _LiveView(_View):
-    """A rich live view: the last steps, the verdict, the findings, the alerts and the forecasts."""
+    """The live view on a terminal: the registry's ``watch`` screen, redrawn on every event and settling count."""
 
-    def __init__(self, session: Watch) -> None:
-        self.session = session
-        self.steps: deque[StepEvent] = deque(maxlen=SHOWN_STEPS)
-        self.alerts: deque[str] = deque(maxlen=8)
-        self.last: StepEvent | None = None
-        self.report: ReportEvent | None = None
-        self.waiting = 0
+    def __init__(self, screen: WatchScreen) -> None:
+        self.screen = screen
         self.live: Any = None
 
     def __enter__(self) -> _LiveView:
@@ -336,7 +305,7 @@ class _LiveView(_View):
 
         from rcdiag.cli.console import stdout_console
 
-        self.live = Live(self._render(), console=stdout_console(), refresh_per_second=4, transient=False)
+        self.live = Live(self.screen.render(), console=stdout_console(), refresh_per_second=4, transient=False)
         self.live.__enter__()
         return self
 
@@ -344,65 +313,11 @@ class _LiveView(_View):
         self.live.__exit__(*exc)
 
     def event(self, event: Event) -> None:
-        from rcdiag.watch import StepEvent
-
-        if isinstance(event, StepEvent):
-            self.steps.append(event)
-            self.last = event
-        else:
-            self.report = event
-        self.alerts.extend(f"step {a.step}: {a.severity}: {a.message}" for a in event.alerts)
-        self.live.update(self._render())
+        self.screen.add(event)
+        self.live.update(self.screen.render())
 
     def poll(self, waiting: int, outcomes: list[Delivery]) -> None:
         super().poll(waiting, outcomes)
-        if waiting != self.waiting:
-            self.waiting = waiting
-            self.live.update(self._render())
-
-    def _render(self) -> RenderableType:
-        from rich.console import Group
-        from rich.table import Table
-        from rich.text import Text
-
-        from rcdiag.printable import printable
-
-        last = self.last
-        head = Text(
-            f"watching {printable(self.session.location)}: {len(self.session.consumed)} file(s) read"
-            + (f", {self.waiting} settling" if self.waiting else ""),
-            style="bold",
-        )
-        table = Table(box=None, pad_edge=False)
-        keys = [k for k in SHOWN_METRICS if last is not None and k in last.step.metrics]
-        for column in ("step", "rows", "tokens", *(k.rpartition("/")[2] for k in keys)):
-            table.add_column(column, justify="right")
-        for event in self.steps:
-            values = [_g(event.step.metrics.get(k)) for k in keys]
-            table.add_row(str(event.step.step), str(event.step.rows), f"{event.step.valid_tokens:,}", *values)
-        parts: list[Any] = [head, table]
-        report = self.report.report if self.report is not None else None
-        if report is not None and report.verdict is not None:
-            parts.append(Text(f"verdict: {_verdict(report)}", style="bold"))
-        if report is not None and report.findings:
-            parts.append(Text("findings: " + ", ".join(f"{f.code} ({f.severity})" for f in report.findings)))
-        if last is not None:
-            parts += [Text(f"forecast: {f.message}", style="yellow") for f in last.forecasts]
-            parts += [Text(f"forecast: {f.message}", style="dim") for f in last.no_trend]
-        parts += [Text(f"ALERT {printable(line)}", style="red") for line in self.alerts]
-        return Group(*parts)
-
-
-def _verdict(report: Report) -> str:
-    """The verdict's headline, led by its status unless the headline already says it."""
-    from rcdiag.printable import printable
-
-    verdict = report.verdict
-    if verdict is None:
-        return "none"
-    headline = printable(verdict.headline)
-    return headline if headline.startswith(verdict.status) else f"{verdict.status}: {headline}"
-
-
-def _g(value: float | None) -> str:
-    return "null" if value is None else f"{value:.4g}"
+        if waiting != self.screen.waiting:
+            self.screen.waiting = waiting
+            self.live.update(self.screen.render())

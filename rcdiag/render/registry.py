@@ -18,7 +18,8 @@ from typing import Any, Literal
 
 from rcdiag.errors import ConfigError
 
-ResultKind = Literal["report", "comparison", "check", "sweep"]
+ResultKind = Literal["report", "comparison", "check", "sweep", "watch", "watch_line"]
+"""``watch`` is the live view on a terminal (a screen object fed every event); ``watch_line`` one event as lines."""
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,20 @@ FORMATS: dict[str, Format] = {
             "comparison": Renderer("rcdiag.render.compare_table:render_comparison", console=True),
             "check": Renderer("rcdiag.render.check_table:render_check", console=True),
             "sweep": Renderer("rcdiag.render.sweep_table:render_sweep", console=True),
+            "watch": Renderer("rcdiag.render.watch_table:WatchScreen", console=True),
+            "watch_line": Renderer("rcdiag.render.watch_table:text_line"),
         },
     ),
-    "json": Format("one JSON object", {"report": _JSON, "comparison": _JSON, "check": _JSON, "sweep": _JSON}),
+    "json": Format(
+        "one JSON object",
+        {
+            "report": _JSON,
+            "comparison": _JSON,
+            "check": _JSON,
+            "sweep": _JSON,
+            "watch_line": Renderer("rcdiag.render.watch_table:json_line"),
+        },
+    ),
     "html": Format(
         "a self-contained HTML report (findings, charts as inline SVG, tables; opens offline)",
         {
