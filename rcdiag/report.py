@@ -17,7 +17,7 @@ SCHEMA_VERSION = 1
 @dataclass(frozen=True)
 class Finding:
     """One health observation, with a stable ``code`` (documented in docs/findings.md; ``compare``'s codes in
-    docs/compare.md)."""
+    docs/compare.md). Made by ``rcdiag.catalogue.emit.emit``."""
 
     code: str
     severity: Severity
@@ -33,11 +33,16 @@ class Finding:
     """The numbers behind a detector's verdict (``analyze --explain``), as in its message."""
     side: Side | None = None
     """``compare``: the dump it is about (``None``: the pair as a whole, or an ``analyze`` finding)."""
+    facts: str = ""
+    """The measured statement the message opens with (one sentence, no full stop): what the verdict quotes."""
+    advice: str = ""
+    """The spec's advice the message ends with (``rcdiag.catalogue.emit.emit`` sets both)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """``analyze``'s JSON finding (docs/json.md), which has no ``side``."""
+        """``analyze``'s JSON finding (docs/json.md): no ``side``; ``facts`` and ``advice`` are in its message."""
         out = dataclasses.asdict(self)
-        del out["side"]
+        for key in ("side", "facts", "advice"):
+            del out[key]
         out["evidence"] = None if self.evidence is None else finite_tree(self.evidence)
         out["value"] = finite(self.value)
         out["threshold"] = list(self.threshold) if isinstance(self.threshold, tuple) else self.threshold

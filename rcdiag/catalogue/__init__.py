@@ -10,7 +10,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rcdiag.catalogue.findings import FINDINGS, FindingSpec, codes_for, finding
+    from rcdiag.catalogue.emit import emit, ordered
+    from rcdiag.catalogue.findings import FINDINGS, Code, FindingSpec, codes_for, finding
     from rcdiag.catalogue.metrics import (
         EXTRA_PREFIX,
         METRICS,
@@ -19,7 +20,9 @@ if TYPE_CHECKING:
         MetricSpec,
         Threshold,
         every_key,
+        finding_threshold,
         full_key,
+        known_key,
         metric,
         reading,
         short_key,
@@ -31,23 +34,35 @@ __all__ = [
     "METRICS",
     "PREFIX",
     "Band",
+    "Code",
     "FindingSpec",
     "MetricSpec",
     "Threshold",
     "codes_for",
+    "emit",
     "every_key",
     "finding",
+    "finding_threshold",
     "full_key",
+    "known_key",
     "metric",
+    "ordered",
     "reading",
     "short_key",
 ]
 
 
+_MODULE = {
+    **dict.fromkeys(("FINDINGS", "Code", "FindingSpec", "codes_for", "finding"), "findings"),
+    **dict.fromkeys(("emit", "ordered"), "emit"),
+}
+"""Where each name lives (the rest: ``metrics``)."""
+
+
 def __getattr__(name: str) -> Any:
-    """The tables on first use: ``rcdiag --help`` reads the metrics' packs, not the findings (which import
-    ``rcdiag.report``), so neither submodule is imported for the package alone."""
+    """The tables on first use: no submodule is imported for the package alone (``rcdiag --help`` reads the
+    metrics' packs; a command's help the detectors; neither imports ``rcdiag.report``, which ``emit`` does)."""
     if name in __all__:
-        module = "findings" if name in ("FINDINGS", "FindingSpec", "codes_for", "finding") else "metrics"
+        module = _MODULE.get(name, "metrics")
         return getattr(importlib.import_module(f"rcdiag.catalogue.{module}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

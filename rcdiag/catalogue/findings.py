@@ -1,19 +1,92 @@
-"""Every finding code: its severity, which commands give it, its checklist wording and what it advises.
+"""Every finding code: one spec each, with its severity, which commands give it, its checklist wording, what it
+advises and what the verdict reads from it (the cause class it is evidence of, its role, whether it reads the
+log-ratio's sign, what it tests as a detector).
 
-Codes are stable (scripts key on them). Findings are listed in this order within a severity; docs/findings.md
-documents the ``analyze`` codes and docs/compare.md the ``compare`` codes, and tests hold both to this table.
-A threshold finding's bound lives with its metric (``rcdiag.catalogue.metrics``), never here.
+Codes are stable (scripts key on them; ``Code`` names each). Findings are listed in this order within a severity;
+docs/findings.md documents the ``analyze`` codes and docs/compare.md the ``compare`` codes, and tests hold both to
+this table. A threshold finding's bound lives with its metric (``rcdiag.catalogue.metrics.finding_threshold``),
+never here. Findings are made by ``rcdiag.catalogue.emit.emit`` (severity and advice from the spec). Imports no
+records at run time: command help reads the detectors from here.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from enum import Enum
 from functools import cache
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from rcdiag.report import Severity
+if TYPE_CHECKING:
+    from rcdiag.report import CauseClass, Severity
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # pragma: no cover - Python 3.10
+
+    class StrEnum(str, Enum):
+        """``enum.StrEnum`` (Python 3.11): members are their values, as strings."""
+
+        def __str__(self) -> str:
+            return str(self.value)
+
+        def __format__(self, spec: str) -> str:
+            return format(str(self.value), spec)
+
 
 Command = Literal["analyze", "compare", "sweep"]
+Role = Literal["size", "configuration", "input"]
+"""What a finding is about when it names no cause of its own: ``size`` (the data's mismatch is large: with no other
+cause, evidence of ``noise``), ``configuration`` (the correction the report was computed with: the verdict's next
+steps), ``input`` (what was read: the verdict's first next steps)."""
+
+
+class Code(StrEnum):
+    """Every finding code; a member is its string (``Code.KL_NEGATIVE == "kl_negative"``)."""
+
+    VERL_CRASH_EMPTY_BATCH = "verl_crash_empty_batch"
+    VERL_CRASH_ESS_ZERO_DIVISION = "verl_crash_ess_zero_division"
+    VERL_CRASH_MICROBATCH_ALL_REJECTED = "verl_crash_microbatch_all_rejected"
+    VERL_CRASH_MICROBATCH_EMPTY = "verl_crash_microbatch_empty"
+    VERL_REFUSES_MICROBATCH_SETUP = "verl_refuses_microbatch_setup"
+    KL_NEGATIVE = "kl_negative"
+    MASK_PADDING_VALID = "mask_padding_valid"
+    MASK_TOKENS_UNSAMPLED = "mask_tokens_unsampled"
+    LOGPROBS_MISALIGNED = "logprobs_misaligned"
+    OFFSET_PER_RESPONSE = "offset_per_response"
+    LOGPROBS_NOT_SAMPLED = "logprobs_not_sampled"
+    MISMATCH_NOT_NOISE = "mismatch_not_noise"
+    MASK_LOOKS_INVERTED = "mask_looks_inverted"
+    MASK_MISSING = "mask_missing"
+    IS_MEAN_OUT_OF_RANGE = "is_mean_out_of_range"
+    IS_ESS_LOW = "is_ess_low"
+    IS_STD_HIGH = "is_std_high"
+    KL_HIGH = "kl_high"
+    CHI2_TOKEN_HIGH = "chi2_token_high"
+    KL_K3_DISAGREE = "kl_k3_disagree"
+    IS_SATURATED = "is_saturated"
+    SPARSE_OUTLIERS = "sparse_outliers"
+    RS_REJECTS_ALL_TOKENS = "rs_rejects_all_tokens"
+    RS_REJECTS_MOST_TOKENS = "rs_rejects_most_tokens"
+    LOGPROB_NEG_INF = "logprob_neg_inf"
+    METRIC_NOT_FINITE = "metric_not_finite"
+    TEMPERATURE_MISMATCH = "temperature_mismatch"
+    LOGPROB_OFFSET = "logprob_offset"
+    SAMPLING_TRUNCATION = "sampling_truncation"
+    POSITION_DRIFT = "position_drift"
+    MISMATCH_TREND = "mismatch_trend"
+    TOKEN_SPECIFIC = "token_specific"
+    SEQ_IS_HOPELESS = "seq_is_hopeless"
+    IS_WEIGHTS_UNUSED = "is_weights_unused"
+    TEMPERATURE_KL_HIGH = "temperature_kl_high"
+    TEMPERATURE_NOISE_MISMATCH = "temperature_noise_mismatch"
+    TEMPERATURE_RECORDED_MISMATCH = "temperature_recorded_mismatch"
+    TEMPERATURE_OPTION_OVERRIDES_METADATA = "temperature_option_overrides_metadata"
+    ENGINE_NOISE_DIFFERS = "engine_noise_differs"
+    SYSTEMATIC_SHIFT = "systematic_shift"
+    TEMPERATURE_UNKNOWN = "temperature_unknown"
+    NOISE_INCONCLUSIVE = "noise_inconclusive"
+    NOISE_CONSISTENT = "noise_consistent"
 
 
 @dataclass(frozen=True)
@@ -21,7 +94,7 @@ class FindingSpec:
     """One finding code."""
 
     code: str
-    """Stable: scripts key on it."""
+    """Stable: scripts key on it (a ``Code`` value)."""
     severity: Severity
     """The same wherever the code is raised (analyze, compare, an accumulator's crash note)."""
     trigger: str
@@ -35,6 +108,18 @@ class FindingSpec:
     commands: tuple[Command, ...] = ("analyze",)
     explain: bool = False
     """Given only by ``analyze --explain`` (its checklist rows are shown only then)."""
+    cause: CauseClass | None = None
+    """The cause class it is evidence of (``rcdiag.verdict``); ``None``: it names no cause of its own."""
+    role: Role | None = None
+    """What it is about when it names no cause (``Role``); ``None``: neither."""
+    reads_sign: bool = False
+    """It reads which side scores a token higher: on swapped columns, raw log-probs or a layout bug it sees what
+    the bug made, so the verdict lets it name no cause of its own there."""
+    detects: str | None = None
+    """A bias detector's test in words (the verdict lists those not examined); ``None``: not a detector."""
+    class_advice: str | None = None
+    """What the verdict advises for its cause class as a whole, whichever finding showed it (truncation, seen by
+    the kl/k3_kl gap alone, is cured as when this detector sees it); ``None``: the first finding's advice."""
 
 
 FINDINGS: tuple[FindingSpec, ...] = (
@@ -44,6 +129,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "a batch has no valid token",
         check="every batch has a valid token (else verl raises ValueError)",
         commands=("analyze", "sweep"),
+        cause="crash",
     ),
     FindingSpec(
         "verl_crash_ess_zero_division",
@@ -52,6 +138,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         check="IS leaves a nonzero weight (else verl's ESS divides by 0)",
         metric="rollout_is_eff_sample_size",
         commands=("analyze", "sweep"),
+        cause="crash",
     ),
     FindingSpec(
         "verl_crash_microbatch_all_rejected",
@@ -59,6 +146,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "with micro-batch flags, verl <= 0.7.1 in decoupled mode: RS rejects every token of a micro-batch",
         advice="verl <= 0.7.1's actor asserts a valid token in each micro-batch. Loosen the RS thresholds, use larger "
         "micro-batches, or upgrade to verl >= 0.8.0, whose decoupled mode has no per-micro-batch call.",
+        cause="crash",
     ),
     FindingSpec(
         "verl_crash_microbatch_empty",
@@ -66,6 +154,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "with micro-batch flags, bypass mode: a micro-batch has no valid token (or IcePop zeroes all its weights)",
         advice="Bypass mode runs rollout correction per micro-batch. Filter empty responses before the update, or use "
         "larger micro-batches.",
+        cause="crash",
     ),
     FindingSpec(
         "verl_refuses_microbatch_setup",
@@ -73,6 +162,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "with micro-batch flags: verl refuses the split (rows not divisible, a token budget below the longest "
         "sequence)",
         advice="verl stops at this assertion before training. Change the batch sizes or the token budget.",
+        cause="crash",
     ),
     FindingSpec(
         "kl_negative",
@@ -83,6 +173,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         advice="On tokens sampled from the rollout engine E[log(pi_rollout/pi_train)] >= 0, so these log-probs cannot "
         "be right: the two log-prob columns are likely swapped (pass --old-col/--rollout-col the other way round), "
         "or the tokens were not sampled from the engine that scored them (a re-scored or replayed rollout).",
+        cause="swapped_columns",
     ),
     FindingSpec(
         "mask_padding_valid",
@@ -91,6 +182,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         check="valid tokens are not padding (not exactly 0.0 on both sides)",
         advice="Padding is counted as response tokens: the mask is inverted or belongs to another column. Fix the "
         "mask (or pass --mask-col with the right one) before reading any metric.",
+        cause="mask",
     ),
     FindingSpec(
         "mask_tokens_unsampled",
@@ -99,6 +191,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         check="the rollout scored every valid token (no exact 0.0 against a trainer below -0.1)",
         advice="The mask covers tokens the rollout never sampled (prompt tokens, padding, tool output), for which it "
         "reports 0.0: make the mask 1 only at sampled response tokens before reading any metric.",
+        cause="mask",
     ),
     FindingSpec(
         "logprobs_misaligned",
@@ -107,6 +200,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         check="the two columns are aligned (no one-position shift agrees better)",
         advice="The trainer's log-probs are shifted by one position against the rollout's (logits or labels sliced "
         "one position off, a BOS/EOS token added on one side): align them; no correction can repair this.",
+        cause="alignment",
     ),
     FindingSpec(
         "offset_per_response",
@@ -117,6 +211,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         advice="One side's log-probs carry a constant offset (on all responses or some): a bias added after the "
         "softmax, a log-sum-exp computed over another vocabulary, a length or reward term folded into the log-prob. "
         "Find which side and remove it; correction would only reweight by a constant.",
+        cause="offset",
     ),
     FindingSpec(
         "logprobs_not_sampled",
@@ -126,6 +221,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         advice="Return the log-probs of the distribution the tokens were sampled from: processed log-probs (after "
         "temperature, penalties and truncation; vLLM logprobs_mode=processed_logprobs) of the sampled token, "
         "not raw ones or another token's.",
+        cause="logprob_mode",
     ),
     FindingSpec(
         "mismatch_not_noise",
@@ -136,6 +232,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         advice="A systematic difference, not precision noise: check the sampling parameters on each side (penalties, "
         "logit bias, soft-capping, min-p, temperature), raw vs processed log-probs, the columns' alignment and the "
         "mask, and the engine and weights on each side; analyze --explain tests for a temperature and a truncation.",
+        cause="unexplained",
     ),
     FindingSpec(
         "mask_looks_inverted",
@@ -144,6 +241,8 @@ FINDINGS: tuple[FindingSpec, ...] = (
         check="most rows have a valid token (the mask is not inverted)",
         advice="The mask must be 1 at response tokens and 0 at prompt and padding: check the mask column (or pass "
         "--mask-col with the right one) before reading any metric.",
+        cause="mask",
+        role="input",
     ),
     FindingSpec(
         "mask_missing",
@@ -152,6 +251,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         check="the dump has a mask where its format needs one",
         advice="Pass --mask-col with the key holding the loss mask (NeMo-RL writes token_loss_mask, prime-rl "
         "loss_mask).",
+        role="input",
     ),
     FindingSpec(
         "is_mean_out_of_range",
@@ -162,6 +262,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         advice="The two engines' log-probs differ systematically, not by noise. Check that the rollout engine "
         "returns log-probs of the sampled tokens (calculate_log_probs), that both sides use the same temperature "
         "and sampling filters, and the log-prob plumbing.",
+        role="configuration",
     ),
     FindingSpec(
         "is_ess_low",
@@ -172,6 +273,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         advice="A few tokens or sequences carry most of the IS weight, so the corrected gradient is high-variance. "
         "Tighten the IS threshold, or reject outliers with length-normalised RS (seq_mean_k1 'Geo-RS', or "
         "seq_mean_k3).",
+        role="configuration",
     ),
     FindingSpec(
         "is_std_high",
@@ -180,6 +282,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         check="IS weight spread: {rule}",
         metric="rollout_is_std",
         advice="High-variance correction. Tighten the IS threshold or add length-normalised RS.",
+        role="configuration",
     ),
     FindingSpec(
         "kl_high",
@@ -190,6 +293,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         advice="Training and rollout disagree far beyond numerical noise (k3 KL typically runs 1e-5..1e-3 on "
         "dense models, 1e-3..1e-1 on MoE). Likely causes: temperature applied on one side only, top-k/top-p "
         "log-probs not renormalised alike, a stale or different checkpoint, or misaligned token positions.",
+        role="size",
     ),
     FindingSpec(
         "chi2_token_high",
@@ -199,6 +303,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         metric="chi2_token",
         advice="The second moment of the token IS ratio is large, so some tokens have ratios far above 1. "
         "Token-level IS needs a tight cap, or reject those tokens (token_k1/token_k3 RS).",
+        role="size",
     ),
     FindingSpec(
         "kl_k3_disagree",
@@ -222,6 +327,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "same constant and corrects nothing; rollout_is_std near 0 and an ESS near 1 only say the weights are "
         "equal. Sequence weights are products over the response: use token-level TIS (rollout_is=token, "
         "threshold ~2), and check the IS threshold is an upper bound above 1.",
+        cause="saturated_is",
     ),
     FindingSpec(
         "sparse_outliers",
@@ -233,6 +339,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "nondeterministic or buggy kernels, a token mis-scored on one side) dominate k3_kl and chi2, so averages "
         "mislead. Reject them with token-level RS (token_k1/token_k3) or IcePop, and look at the worst responses "
         "(analyze --explain).",
+        cause="outliers",
     ),
     FindingSpec(
         "rs_rejects_all_tokens",
@@ -242,6 +349,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         metric="rollout_rs_masked_fraction",
         advice="The step trains on nothing. (verl <= v0.7.1 crashed here: 'Expected at least one valid token in "
         "response_mask'.) Loosen the RS thresholds.",
+        cause="crash",
     ),
     FindingSpec(
         "rs_rejects_most_tokens",
@@ -251,6 +359,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         metric="rollout_rs_masked_fraction",
         advice="verl's RS is a hard filter for extreme outliers; removing this much of a batch trains on a biased "
         "subset. Loosen that option's --rs-threshold (rcdiag sweep scans thresholds for one that fits).",
+        role="configuration",
     ),
     FindingSpec(
         "logprob_neg_inf",
@@ -260,12 +369,14 @@ FINDINGS: tuple[FindingSpec, ...] = (
         advice="A log-prob of -inf says the engine gave the sampled token probability 0: a sampling filter "
         "(top-k/top-p/min-p) applied on one side only, or a masked-out vocabulary entry. Every metric it made "
         "infinite is listed in this finding's detail (JSON).",
+        cause="token_specific",
     ),
     FindingSpec(
         "metric_not_finite",
         "warning",
         "a metric is +inf, -inf or NaN for a reason other than -inf log-probs",
         check="every metric is finite",
+        role="input",
     ),
     # analyze --explain's bias detectors (rcdiag.explain.detectors; docs/explain.md)
     FindingSpec(
@@ -278,6 +389,9 @@ FINDINGS: tuple[FindingSpec, ...] = (
         advice="Apply the same temperature on both sides: the trainer divides its logits by the rollout's sampling "
         "temperature, and the rollout engine reports log-probs of the tempered distribution it sampled from.",
         explain=True,
+        cause="temperature",
+        reads_sign=True,
+        detects="a temperature applied on one side",
     ),
     FindingSpec(
         "logprob_offset",
@@ -289,6 +403,9 @@ FINDINGS: tuple[FindingSpec, ...] = (
         advice="Typical cause: log-probs renormalised over top-k/top-p (or another truncated support) on one side "
         "only; return log-probs of the same distribution on both sides.",
         explain=True,
+        cause="offset",
+        reads_sign=True,
+        detects="a log-prob offset on one side",
     ),
     FindingSpec(
         "sampling_truncation",
@@ -301,6 +418,11 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "full vocabulary: apply the same truncation in the trainer, or have the engine return log-probs of the "
         "untruncated distribution (and sample without truncation if the trainer cannot match it).",
         explain=True,
+        cause="truncation",
+        reads_sign=True,
+        detects="top-k/top-p renormalised on one side",
+        class_advice="Return log-probs of the same distribution on both sides: both renormalised over the same "
+        "top-k/top-p set, or both over the full vocabulary.",
     ),
     FindingSpec(
         "position_drift",
@@ -311,6 +433,8 @@ FINDINGS: tuple[FindingSpec, ...] = (
         advice="Numerical noise does not depend on position; look for precision lost with context length "
         "(KV-cache dtype, RoPE or attention kernels at long context, positions shifted between the engines).",
         explain=True,
+        cause="position",
+        detects="mismatch growing along the response",
     ),
     FindingSpec(
         "mismatch_trend",
@@ -321,6 +445,8 @@ FINDINGS: tuple[FindingSpec, ...] = (
         advice="Mismatch that feeds on itself precedes collapse: correct it now (token or sequence IS, RS) and "
         "look for the component that drifts with training.",
         explain=True,
+        cause="trend",
+        detects="mismatch growing across steps",
     ),
     FindingSpec(
         "token_specific",
@@ -332,6 +458,8 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "treat those tokens (chat template, stop and end-of-sequence tokens, added or special tokens, tokenizer "
         "versions, digit or whitespace normalisation).",
         explain=True,
+        cause="token_specific",
+        detects="mismatch on a few token ids",
     ),
     FindingSpec(
         "seq_is_hopeless",
@@ -349,6 +477,8 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "is_weights_unused",
         "info",
         "bypass_mode with loss_type ppo_clip and IS on (configuration-level)",
+        advice="Use loss_type=reinforce to apply them.",
+        role="configuration",
     ),
     # compare's verdicts about a pair of dumps (docs/compare.md)
     FindingSpec(
@@ -371,6 +501,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         advice="Its old_log_prob is not from the distribution the tokens were sampled from: the trainer must divide "
         "its logits by the rollout temperature before log_softmax.",
         commands=("analyze", "compare"),
+        cause="temperature",
     ),
     FindingSpec(
         "temperature_option_overrides_metadata",
@@ -421,9 +552,29 @@ def codes_for(command: Command) -> tuple[str, ...]:
     return tuple(spec.code for spec in FINDINGS if command in spec.commands)
 
 
+def codes_with(role: Role) -> frozenset[str]:
+    """The codes of a role (``Role``)."""
+    return frozenset(spec.code for spec in FINDINGS if spec.role == role)
+
+
+def of_class(cls: CauseClass) -> tuple[FindingSpec, ...]:
+    """The specs that are evidence of a cause class, in catalogue order."""
+    return tuple(spec for spec in FINDINGS if spec.cause == cls)
+
+
+def detectors() -> tuple[FindingSpec, ...]:
+    """The bias detectors (``--explain``'s), in catalogue order."""
+    return tuple(spec for spec in FINDINGS if spec.detects is not None)
+
+
 SEVERITY_RANK: dict[Severity, int] = {"error": 0, "warning": 1, "info": 2}
+
+
+@cache
+def _position() -> dict[str, int]:
+    return {spec.code: i for i, spec in enumerate(FINDINGS)}
 
 
 def listing_order(code: str, severity: Severity) -> tuple[int, int]:
     """Sort key: severity first, then catalogue order."""
-    return SEVERITY_RANK[severity], [spec.code for spec in FINDINGS].index(code)
+    return SEVERITY_RANK[severity], _position()[code]

@@ -487,6 +487,20 @@ def reading(key: str, value: float | None, context: ReadingContext | None = None
     return text
 
 
+def known_key(key: str) -> str:
+    """The full key of a metric the catalogue declares (``kl`` -> ``rollout_corr/kl``); ``KeyError`` for one it
+    does not, so that a renamed metric fails where it is read instead of reading ``None``."""
+    full = full_key(key)
+    if full not in _index():
+        raise KeyError(f"{key!r} is not a metric of the catalogue (rcdiag.catalogue.metrics)")
+    return full
+
+
+def finding_threshold(code: str) -> Threshold:
+    """The threshold whose failure is finding ``code`` (``kl_high``: ``|kl| <= 0.1``): its one place."""
+    return next(t for _, t in thresholds_with_findings() if t.finding == code)
+
+
 def thresholds_with_findings() -> list[tuple[MetricSpec, Threshold]]:
     """Every (metric, threshold) pair that ``analyze`` checks, in catalogue order."""
     return [(spec, t) for spec in METRICS for t in spec.thresholds if t.finding is not None]
