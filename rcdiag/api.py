@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from rcdiag._version import __version__
 from rcdiag.backend import Backend, NumpyBackend, get_backend
-from rcdiag.catalogue.findings import listing_order
+from rcdiag.catalogue.checklist import checklist
+from rcdiag.catalogue.emit import ordered
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import Engine, EngineState, StepStates, number_rows
 from rcdiag.errors import ConfigError
@@ -449,7 +450,8 @@ def build_report(
         from rcdiag.microbatch.section import findings as microbatch_findings
 
         findings.extend(microbatch_findings(microbatch))
-    findings.sort(key=lambda f: listing_order(f.code, f.severity))
+    findings = ordered(findings)
+    explain = records.pop(ExplainSection.KEY, None)
     report = Report(
         config=state.resolved.config.to_dict(),
         input=facts,
@@ -460,9 +462,10 @@ def build_report(
         device=device,
         version=__version__,
         log_ratio=pooled.log_ratio,
-        explain=records.pop(ExplainSection.KEY, None),
+        explain=explain,
         microbatch=microbatch,
         sections=records,
+        checklist=checklist(findings, pooled.metrics, None if explain is None else explain.not_run),
     )
     return dataclasses.replace(report, verdict=judge(report))
 

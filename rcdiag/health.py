@@ -15,9 +15,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-from rcdiag.catalogue import finding, full_key, metric
-from rcdiag.catalogue.findings import codes_for, listing_order
-from rcdiag.catalogue.metrics import DEBUG_PREFIX, MetricSpec, Threshold, rs_option, thresholds_with_findings
+from rcdiag.catalogue import full_key
+from rcdiag.catalogue.emit import emit, ordered
+from rcdiag.catalogue.findings import Code, codes_for
+from rcdiag.catalogue.metrics import (
+    DEBUG_PREFIX,
+    MetricSpec,
+    Threshold,
+    finding_threshold,
+    rs_option,
+    thresholds_with_findings,
+)
 from rcdiag.config import ResolvedConfig
 from rcdiag.constants import TEMPERATURE_KEY, TRAIN_TEMPERATURE_KEY
 from rcdiag.core.formulas import k3
@@ -57,10 +65,13 @@ class Hit:
     metric: str | None
     value: float | None
     threshold: float | tuple[float, float] | None
-    message: str
+    facts: str
+    """The measured statement (``rcdiag.catalogue.emit.emit``'s ``facts``)."""
     badness: float = 0.0
     """Larger is worse; picks the step quoted when the rule fires at several."""
     detail: dict[str, str] = field(default_factory=dict)
+    more: str = ""
+    """Further measured sentences (``emit``'s ``more``)."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +100,7 @@ def _threshold_hit(result: BatchResult, spec: MetricSpec, threshold: Threshold) 
     facts = _FACTS.get(code, _plain_facts)(result, value, spec.short, rule)
     if facts is None:
         return None
-    return Hit(code, spec.name, value, threshold.bound, f"{facts}. {finding(code).advice}", threshold.badness(value))
+    return Hit(code, spec.name, value, threshold.bound, facts, threshold.badness(value))
 
 
 def _plain_facts(result: BatchResult, value: float, name: str, rule: str) -> str:
@@ -145,13 +156,12 @@ def _kl_k3(result: BatchResult, context: Context) -> list[Hit]:
         return []
     sigmas = f"{abs(gap) / se:.1f}" if se > 0 else "infinitely many"
     steps = f"{context.batches} batches" if context.batches != 1 else "1 batch"
-    message = (
+    facts = (
         f"kl ({kl:.3g}) and k3_kl ({k3:.3g}) disagree: kl - k3_kl = 1 - mean(ratio) = {gap:.3g}, {sigmas} standard "
         f"errors of kl (rcdiag/kl_std_error = {se:.3g}, {dof:.3g} degrees of freedom); noise stays within "
-        f"{limit:.2f} standard errors over {steps} tested (false-alarm rate {KL_K3_FALSE_ALARM_RATE:g} per dump). "
-        + finding("kl_k3_disagree").advice
+        f"{limit:.2f} standard errors over {steps} tested (false-alarm rate {KL_K3_FALSE_ALARM_RATE:g} per dump)"
     )
-    return [Hit("kl_k3_disagree", full_key("kl"), kl, tolerance, message, abs(gap) / tolerance)]
+    return [Hit(Code.KL_K3_DISAGREE, full_key("kl"), kl, tolerance, facts, abs(gap) / tolerance)]
 
 
 def kl_negative_limit(se: float, dof: float, tests: int) -> float:
@@ -169,12 +179,11 @@ def _kl_negative(result: BatchResult, context: Context) -> list[Hit]:
     if kl >= -limit:
         return []
     sigmas = f"{-kl / se:.1f}" if se > 0 else "infinitely many"
-    message = (
+    facts = (
         f"kl = {kl:.4g} is negative by {sigmas} standard errors (rcdiag/kl_std_error = {se:.3g}; noise stays "
-        f"within {limit:.3g} at the false-alarm rate {KL_K3_FALSE_ALARM_RATE:g} per dump). "
-        + finding("kl_negative").advice
+        f"within {limit:.3g} at the false-alarm rate {KL_K3_FALSE_ALARM_RATE:g} per dump)"
     )
-    return [Hit("kl_negative", full_key("kl"), kl, -limit, message, -kl / limit)]
+    return [Hit(Code.KL_NEGATIVE, full_key("kl"), kl, -limit, facts, -kl / limit)]
 
 
 def _is_saturated(result: BatchResult, context: Context) -> list[Hit]:
@@ -188,19 +197,18 @@ def _is_saturated(result: BatchResult, context: Context) -> list[Hit]:
         for name, value in (("rollout_is_mean", mean), ("rollout_is_std", std), ("ESS", ess))
         if value is not None
     )
-    message = (
+    statement = (
         f"{share:.1%} of the raw IS ratios exceed the upper threshold (from {IS_SATURATED_SHARE:.0%} the weights are "
-        f"a constant){'; ' + facts if facts else ''}. " + finding("is_saturated").advice
+        f"a constant){'; ' + facts if facts else ''}"
     )
-    return [Hit("is_saturated", full_key("rollout_is_ratio_fraction_high"), share, IS_SATURATED_SHARE, message, share)]
+    key = full_key("rollout_is_ratio_fraction_high")
+    return [Hit(Code.IS_SATURATED, key, share, IS_SATURATED_SHARE, statement, share)]
 
 
 def seq_is_usable_ess() -> float:
     """seq_is_hopeless: verl's documented ESS minimum (the catalogue's is_ess_low bound), applied to untruncated
     sequence weights."""
-    spec = metric("rollout_is_eff_sample_size")
-    assert spec is not None
-    return next(t.limit for t in spec.thresholds if t.finding == "is_ess_low")
+    return finding_threshold(Code.IS_ESS_LOW).limit
 
 
 def seq_is_ess(chi2_seq: float) -> float:
@@ -214,11 +222,11 @@ def _seq_is_hopeless(result: BatchResult, context: Context) -> list[Hit]:
     if chi2 is None or seq_is_ess(chi2) >= floor:
         return []
     ess = seq_is_ess(chi2)
-    message = (
+    facts = (
         f"chi2_seq = {chi2:.4g}: untruncated sequence IS weights have an effective sample size of "
-        f"1 / (1 + chi2_seq) = {ess:.3g} of the responses, below {floor:g}. " + finding("seq_is_hopeless").advice
+        f"1 / (1 + chi2_seq) = {ess:.3g} of the responses, below {floor:g}"
     )
-    return [Hit("seq_is_hopeless", full_key("chi2_seq"), chi2, 1.0 / floor - 1.0, message, chi2)]
+    return [Hit(Code.SEQ_IS_HOPELESS, full_key("chi2_seq"), chi2, 1.0 / floor - 1.0, facts, chi2)]
 
 
 def outlier_shares(histogram: Histogram) -> tuple[int, float, float]:
@@ -256,20 +264,19 @@ def _sparse_outliers(result: BatchResult, context: Context) -> list[Hit]:
     count, share, k3_share = outlier_shares(result.log_ratio)
     if count == 0 or share > OUTLIER_TOKEN_SHARE or k3_share < OUTLIER_K3_SHARE:
         return []
-    message = (
+    facts = (
         f"{count:,} tokens ({share:.3%} of the valid tokens) have |log-ratio| >= {OUTLIER_LOG_RATIO:g} and carry at "
-        f"least {k3_share:.0%} of k3_kl (from the log-ratio histogram). " + finding("sparse_outliers").advice
+        f"least {k3_share:.0%} of k3_kl (from the log-ratio histogram)"
     )
-    return [Hit("sparse_outliers", None, k3_share, OUTLIER_K3_SHARE, message, k3_share)]
+    return [Hit(Code.SPARSE_OUTLIERS, None, k3_share, OUTLIER_K3_SHARE, facts, k3_share)]
 
 
 def _rs_all(result: BatchResult, context: Context) -> list[Hit]:
     value = _value(result, "rollout_rs_masked_fraction")
     if value is None or value < 1.0:
         return []
-    code = "rs_rejects_all_tokens"
-    message = f"rejection sampling rejects every valid token of the batch. {finding(code).advice}"
-    return [Hit(code, full_key("rollout_rs_masked_fraction"), value, 1.0, message, value)]
+    facts = "rejection sampling rejects every valid token of the batch"
+    return [Hit(Code.RS_REJECTS_ALL_TOKENS, full_key("rollout_rs_masked_fraction"), value, 1.0, facts, value)]
 
 
 def _not_finite(result: BatchResult, context: Context) -> list[Hit]:
@@ -278,8 +285,8 @@ def _not_finite(result: BatchResult, context: Context) -> list[Hit]:
         if value is None or math.isfinite(value) or key.startswith(DEBUG_PREFIX):
             continue  # verl's debug metrics are NaN by definition (no token; one token's std; a corr without spread)
         hint = "a log-ratio above ~88 overflows exp() in float32" if key.endswith("k3_kl") else "inf or NaN"
-        message = f"{key} is {value} ({hint}); it is reported as null."
-        hits.append(Hit("metric_not_finite", key, None, None, message, detail={key: str(value)}))
+        facts = f"{key} is {value} ({hint}); it is reported as null."
+        hits.append(Hit(Code.METRIC_NOT_FINITE, key, None, None, facts, detail={key: str(value)}))
     return hits
 
 
@@ -353,24 +360,31 @@ def evaluate(
         findings.append(_grouped(code, hits, with_steps, len(batches)))
     if neg_inf is not None and not_finite:
         findings[findings.index(neg_inf)] = dataclasses.replace(neg_inf, detail=not_finite)
-    findings.sort(key=lambda f: listing_order(f.code, f.severity))
-    return findings
+    return ordered(findings)
 
 
 def _grouped(code: str, hits: list[tuple[int | None, Hit]], with_steps: bool, total: int) -> Finding:
     worst_step, worst = max(hits, key=lambda item: item[1].badness)
-    severity = finding(code).severity
     detail = {k: v for _, hit in hits for k, v in hit.detail.items()} or None
-    if not with_steps:
-        return Finding(code, severity, worst.message, worst.metric, worst.value, worst.threshold, detail=detail)
-    steps = tuple(sorted(int(step) for step, _ in hits if step is not None))
-    if len(steps) < total:
-        listed = ", ".join(map(str, steps[:10])) + (", ..." if len(steps) > 10 else "")
-        where = f"at {len(steps)} of {total} steps ({listed})"
-    else:
-        where = f"at all {total} steps"
-    message = f"{where}; worst at step {worst_step}: {worst.message}"
-    return Finding(code, severity, message, worst.metric, worst.value, worst.threshold, steps=steps, detail=detail)
+    facts, steps = worst.facts, None
+    if with_steps:
+        steps = tuple(sorted(int(step) for step, _ in hits if step is not None))
+        if len(steps) < total:
+            listed = ", ".join(map(str, steps[:10])) + (", ..." if len(steps) > 10 else "")
+            where = f"at {len(steps)} of {total} steps ({listed})"
+        else:
+            where = f"at all {total} steps"
+        facts = f"{where}; worst at step {worst_step}: {facts}"
+    return emit(
+        code,
+        facts,
+        more=worst.more,
+        value=worst.value,
+        threshold=worst.threshold,
+        metric=worst.metric,
+        steps=steps,
+        detail=detail,
+    )
 
 
 def _config_findings(resolved: ResolvedConfig) -> list[Finding]:
@@ -378,11 +392,10 @@ def _config_findings(resolved: ResolvedConfig) -> list[Finding]:
     if not (config.bypass_mode and config.loss_type == "ppo_clip" and resolved.is_spec is not None):
         return []
     return [
-        Finding(
-            "is_weights_unused",
-            finding("is_weights_unused").severity,
+        emit(
+            Code.IS_WEIGHTS_UNUSED,
             "bypass mode with loss_type=ppo_clip computes the IS metrics but never applies the weights: "
-            "the PPO ratio pi_theta/pi_rollout already corrects. Use loss_type=reinforce to apply them.",
+            "the PPO ratio pi_theta/pi_rollout already corrects",
         )
     ]
 
@@ -390,16 +403,15 @@ def _config_findings(resolved: ResolvedConfig) -> list[Finding]:
 def _input_findings(facts: InputFacts) -> list[Finding]:
     out: list[Finding] = []
 
-    def add(code: str, message: str, value: float | None = None, threshold: float | None = None) -> None:
-        spec = finding(code)
-        out.append(Finding(code, spec.severity, f"{message} {spec.advice}", None, value, threshold))
+    def add(code: str, facts: str, value: float | None = None, threshold: float | None = None, more: str = "") -> None:
+        out.append(emit(code, facts, more=more, value=value, threshold=threshold))
 
     if facts.valid_tokens and facts.empty_rows / facts.rows > MASK_EMPTY_ROW_SHARE:  # none valid: a crash finding
         add(
             "mask_looks_inverted",
             f"{facts.empty_rows:,} of {facts.rows:,} rows have no valid token (more than "
             f"{MASK_EMPTY_ROW_SHARE:.0%}) and {facts.valid_tokens:,} of {facts.tokens:,} tokens are valid: the mask "
-            "looks inverted (1 at prompt or padding) or belongs to another column.",
+            "looks inverted (1 at prompt or padding) or belongs to another column",
             facts.empty_rows / facts.rows,
             MASK_EMPTY_ROW_SHARE,
         )
@@ -408,14 +420,14 @@ def _input_findings(facts: InputFacts) -> list[Finding]:
         add(
             "mask_missing",
             f"this {facts.format} dump has no mask key, so every position counts as a response token, prompt and "
-            f"padding included ({facts.valid_tokens:,} valid tokens of {facts.tokens:,}).",
+            f"padding included ({facts.valid_tokens:,} valid tokens of {facts.tokens:,})",
         )
     temperatures = [_positive(facts.metadata.get(key)) for key in (TEMPERATURE_KEY, TRAIN_TEMPERATURE_KEY)]
     rollout_t, train_t = temperatures
     if rollout_t is not None and train_t is not None and rollout_t != train_t:
         add(
             "temperature_recorded_mismatch",
-            f"the dump records a rollout temperature of {rollout_t:g} but a trainer temperature of {train_t:g}.",
+            f"the dump records a rollout temperature of {rollout_t:g} but a trainer temperature of {train_t:g}",
             train_t,
             rollout_t,
         )
@@ -428,9 +440,10 @@ def _input_findings(facts: InputFacts) -> list[Finding]:
         )
         add(
             "logprob_neg_inf",
-            f"{sum(neg_inf.values()):,} valid tokens have a -inf log-prob ({counts}){where}. kl, k3_kl, the PPL "
-            "metrics and the rcdiag/abs_log_ratio_* extras are infinite there and reported as null.",
+            f"{sum(neg_inf.values()):,} valid tokens have a -inf log-prob ({counts}){where}",
             float(sum(neg_inf.values())),
+            more="kl, k3_kl, the PPL metrics and the rcdiag/abs_log_ratio_* extras are infinite there and reported as "
+            "null.",
         )
     return out
 

@@ -165,6 +165,34 @@ class TokenText:
         return {"row": self.row, "start": self.start, "ids": list(self.ids), "log_ratios": values}
 
 
+@dataclass(frozen=True)
+class ChecklistRow:
+    """One check of ``analyze``'s checklist (``rcdiag.catalogue.checklist``): ``ok``, the finding's severity when
+    it fired, or ``not_computed`` (its metric is not computed for this configuration, or a detector had too little
+    data: ``reason`` says which)."""
+
+    code: str
+    check: str
+    """The check in words (the finding spec's ``check``, its threshold filled in)."""
+    status: Literal["ok", "not_computed"] | Severity
+    value: float | None = None
+    """The fired finding's value."""
+    steps: tuple[int, ...] | None = None
+    """Steps at which the finding fired; ``None``: the dump as a whole (or it did not fire)."""
+    reason: str = ""
+    """Why it is ``not_computed``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "check": self.check,
+            "status": self.status,
+            "value": finite(self.value),
+            "steps": None if self.steps is None else list(self.steps),
+            "reason": self.reason or None,
+        }
+
+
 VerdictStatus = Literal["healthy", "correct", "fix", "broken"]
 CauseClass = Literal[
     "noise",
@@ -433,6 +461,8 @@ class Report:
     sections: dict[str, Any] = field(default_factory=dict)
     """Each section's typed record by its key (``rcdiag.sections``; ``--explain``'s is ``explain``), in the JSON
     under that key."""
+    checklist: tuple[ChecklistRow, ...] = ()
+    """Every check of the finding catalogue with whether (and where) it fired (``rcdiag.catalogue.checklist``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (schema documented in docs/json.md)."""
@@ -447,6 +477,7 @@ class Report:
             "extras": self.extras,
             "steps": [step.to_dict() for step in self.steps],
             "findings": [finding.to_dict() for finding in self.findings],
+            "checklist": [row.to_dict() for row in self.checklist],
             "log_ratio_histogram": self.log_ratio.to_dict() if self.log_ratio is not None else None,
         }
         if self.explain is not None:

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rcdiag.catalogue import finding
-from rcdiag.catalogue.metrics import KL_BANDS
+from rcdiag.catalogue.emit import emit
+from rcdiag.catalogue.findings import Code
+from rcdiag.catalogue.metrics import KL_BANDS, known_key
 from rcdiag.report import Finding
 
+KL, K3_KL, KL_SE, ABS_MEAN, SHAPE_CORR = (
+    known_key(key) for key in ("kl", "k3_kl", "rcdiag/kl_std_error", "rcdiag/abs_log_ratio_mean", "rcdiag/shape_corr")
+)
+"""The keys the signatures and the verdict read, named by the metric catalogue (a renamed metric fails here)."""
 NOISE_K3_MAX = next(band.below for band in KL_BANDS if band.text.startswith("small"))
 """A mismatch is large from this k3_kl (1e-3): the top of the range published for dense bf16 models (1e-5..1e-3),
 the kl readings' "small: typical of dense models" band, read from the catalogue; a bf16 rollout of the tests' real
@@ -74,12 +79,7 @@ class _Read:
     extras: dict[str, float | None]
 
     def get(self, key: str) -> float | None:
-        return self.extras.get(f"rcdiag/{key}")
-
-
-def _emit(code: str, facts: str, value: float | None, threshold: float | None) -> Finding:
-    spec = finding(code)
-    return Finding(code, spec.severity, f"{facts} {spec.advice}", None, value, threshold)
+        return self.extras.get(known_key(f"rcdiag/{key}"))
 
 
 def signature_findings(
@@ -87,10 +87,10 @@ def signature_findings(
 ) -> list[Finding]:
     """The signature findings of a whole dump's pooled metrics and extras."""
     read = _Read(
-        metrics.get("rollout_corr/kl"),
-        extras.get("rcdiag/kl_std_error"),
-        metrics.get("rollout_corr/k3_kl"),
-        extras.get("rcdiag/abs_log_ratio_mean"),
+        metrics.get(KL),
+        extras.get(KL_SE),
+        metrics.get(K3_KL),
+        extras.get(ABS_MEAN),
         extras,
     )
     if valid_tokens < MIN_TOKENS:
@@ -101,13 +101,13 @@ def signature_findings(
 
 def kl_beyond_noise(metrics: dict[str, float | None], extras: dict[str, float | None]) -> bool:
     """kl beyond ``NOISE_SIGMAS`` of its standard errors (or without one)."""
-    kl, se = metrics.get("rollout_corr/kl"), extras.get("rcdiag/kl_std_error")
+    kl, se = metrics.get(KL), extras.get(KL_SE)
     return kl is not None and (se is None or abs(kl) > NOISE_SIGMAS * se)
 
 
 def mismatch_large(metrics: dict[str, float | None], extras: dict[str, float | None]) -> bool:
     """k3_kl above ``NOISE_K3_MAX`` and kl beyond its noise."""
-    k3 = metrics.get("rollout_corr/k3_kl")
+    k3 = metrics.get(K3_KL)
     return k3 is not None and k3 > NOISE_K3_MAX and kl_beyond_noise(metrics, extras)
 
 
@@ -118,32 +118,32 @@ def _not_noise(metrics: dict[str, float | None], extras: dict[str, float | None]
     _, failed = precision_tests(metrics, extras)
     if not failed:
         return None
-    k3 = metrics.get("rollout_corr/k3_kl")
-    return _emit(
-        "mismatch_not_noise",
-        f"the mismatch (k3_kl {k3:.3g}, above {NOISE_K3_MAX:g}) is not precision noise: {'; '.join(failed)}.",
-        k3,
-        NOISE_K3_MAX,
+    k3 = metrics.get(K3_KL)
+    return emit(
+        Code.MISMATCH_NOT_NOISE,
+        f"the mismatch (k3_kl {k3:.3g}, above {NOISE_K3_MAX:g}) is not precision noise: {'; '.join(failed)}",
+        value=k3,
+        threshold=NOISE_K3_MAX,
     )
 
 
 def _mask(read: _Read) -> Finding | None:
     both, unsampled = read.get("both_zero_fraction"), read.get("rollout_zero_fraction")
     if both is not None and both > BOTH_ZERO_SHARE_MAX:
-        return _emit(
-            "mask_padding_valid",
+        return emit(
+            Code.MASK_PADDING_VALID,
             f"{both:.1%} of the valid tokens are exactly 0.0 on both sides (more than {BOTH_ZERO_SHARE_MAX:.0%}): "
-            "padding counted as response tokens.",
-            both,
-            BOTH_ZERO_SHARE_MAX,
+            "padding counted as response tokens",
+            value=both,
+            threshold=BOTH_ZERO_SHARE_MAX,
         )
     if unsampled is not None and unsampled > ZERO_SHARE_MAX:
-        return _emit(
-            "mask_tokens_unsampled",
+        return emit(
+            Code.MASK_TOKENS_UNSAMPLED,
             f"{unsampled:.1%} of the valid tokens have a rollout log-prob of exactly 0.0 (probability 1) where the "
-            f"trainer's is below -0.1 (more than {ZERO_SHARE_MAX:.0%}): the rollout never sampled them.",
-            unsampled,
-            ZERO_SHARE_MAX,
+            f"trainer's is below -0.1 (more than {ZERO_SHARE_MAX:.0%}): the rollout never sampled them",
+            value=unsampled,
+            threshold=ZERO_SHARE_MAX,
         )
     return None
 
@@ -160,12 +160,12 @@ def _alignment(read: _Read) -> Finding | None:
         if ahead <= behind
         else "the trainer's log-prob at position t+1 matches the rollout's at t"
     )
-    return _emit(
-        "logprobs_misaligned",
+    return emit(
+        Code.LOGPROBS_MISALIGNED,
         f"shifted by one position the two columns agree {1 / ratio:.3g}x better than as given (mean |log-ratio| "
-        f"{read.abs_mean:.3g} unshifted, {read.abs_mean * ratio:.3g} shifted): {which}.",
-        ratio,
-        ALIGN_RATIO_MAX,
+        f"{read.abs_mean:.3g} unshifted, {read.abs_mean * ratio:.3g} shifted): {which}",
+        value=ratio,
+        threshold=ALIGN_RATIO_MAX,
     )
 
 
@@ -176,18 +176,19 @@ def _offset(read: _Read) -> Finding | None:
     if abs(read.kl) <= OFFSET_SIGMAS * read.kl_se or read.kl == 0.0:
         return None
     higher = "rollout" if read.kl > 0 else "trainer"
-    return _emit(
-        "offset_per_response",
+    return emit(
+        Code.OFFSET_PER_RESPONSE,
         f"the log-ratio is a constant per response: {1 - within:.1%} of its energy is each response's mean "
-        f"(precision noise puts 1-4% there); the {higher}'s log-probs sit {abs(read.kl):.3g} nats higher on average.",
-        within,
-        OFFSET_WITHIN_MAX,
+        f"(precision noise puts 1-4% there); the {higher}'s log-probs sit {abs(read.kl):.3g} nats higher on average",
+        value=within,
+        threshold=OFFSET_WITHIN_MAX,
     )
 
 
 def ratio_excess(read_extras: dict[str, float | None], key: str) -> tuple[float, float] | None:
     """(mean - 1, its standard error) of a capped ratio (``capped`` or ``reverse``), when known."""
-    mean, se = read_extras.get(f"rcdiag/{key}_ratio_mean"), read_extras.get(f"rcdiag/{key}_ratio_std_error")
+    mean = read_extras.get(known_key(f"rcdiag/{key}_ratio_mean"))
+    se = read_extras.get(known_key(f"rcdiag/{key}_ratio_std_error"))
     if mean is None or se is None:
         return None
     return mean - 1.0, se
@@ -200,13 +201,13 @@ def _not_sampled(read: _Read) -> Finding | None:
     gap, se = excess
     if gap <= RATIO_OVER_MIN or gap <= Z * se:
         return None
-    return _emit(
-        "logprobs_not_sampled",
+    return emit(
+        Code.LOGPROBS_NOT_SAMPLED,
         f"the mean IS ratio pi_train/pi_rollout (capped at e^3) is {1 + gap:.4g} +- {se:.2g}, above 1 by "
         f"{_in_errors(gap, se)}: for tokens drawn from the distribution the rollout reports it is at most 1, "
-        "so the rollout's log-probs are not those of the distribution its tokens were drawn from.",
-        1 + gap,
-        1 + RATIO_OVER_MIN,
+        "so the rollout's log-probs are not those of the distribution its tokens were drawn from",
+        value=1 + gap,
+        threshold=1 + RATIO_OVER_MIN,
     )
 
 
@@ -219,7 +220,7 @@ def swap_consistent(extras: dict[str, float | None]) -> bool:
     """Exchanging the columns makes the dump read as precision noise: the reverse ratio at most 1 within noise and
     no shaped mismatch (a shaped one swapped would still be a bug: raw log-probs, a penalty)."""
     excess = ratio_excess(extras, "reverse")
-    corr = extras.get("rcdiag/shape_corr")
+    corr = extras.get(SHAPE_CORR)
     if excess is None:
         return False
     gap, se = excess
@@ -237,7 +238,7 @@ def precision_tests(metrics: dict[str, float | None], extras: dict[str, float | 
             failed.append(f"{text}: {-gap:.2%} of the trainer's mass is missing on the rollout's support")
         else:
             passed.append(f"{text} (at most 1 on sampled tokens)")
-    corr = extras.get("rcdiag/shape_corr")
+    corr = extras.get(SHAPE_CORR)
     if corr is not None:
         text = f"corr(log-ratio, log-prob) {corr:+.2f}"
         if abs(corr) > SHAPE_CORR_MAX:
@@ -245,7 +246,7 @@ def precision_tests(metrics: dict[str, float | None], extras: dict[str, float | 
             failed.append(f"{text}: the mismatch depends on how likely a token is ({side}), beyond {SHAPE_CORR_MAX}")
         else:
             passed.append(f"{text} (within {SHAPE_CORR_MAX})")
-    k3 = metrics.get("rollout_corr/k3_kl")
+    k3 = metrics.get(K3_KL)
     if k3 is not None:
         if k3 > ENVELOPE_K3:
             failed.append(f"k3_kl {k3:.3g} beyond every published precision range (at most {ENVELOPE_K3:g}, MoE)")

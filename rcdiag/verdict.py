@@ -1,7 +1,8 @@
 """The verdict: one status, the causes with their evidence, and one prescription, from a finished report.
 
-The policy (docs/verdict.md): findings name causes (``CAUSE_OF``: a new finding code is one line there); the kl/k3
-gap names truncation or a heavy tail; without a named cause, the size of the mismatch against published levels
+The policy (docs/verdict.md): findings name causes (each finding's spec in ``rcdiag.catalogue.findings`` says which
+class it is evidence of, its role, whether it reads the log-ratio's sign); the kl/k3 gap names truncation or a heavy
+tail; without a named cause, the size of the mismatch against published levels
 (``NOISE_K3_MAX``) decides between ``healthy`` and ``correct``, and ``correct`` (class ``noise``) only when the
 mismatch passes the precision tests (``rcdiag.signature_rules.precision_tests``): a systematic mismatch that fits
 no known signature is ``unexplained`` (status ``fix``), never noise. Only ``correct`` gets a threshold prescription
@@ -13,9 +14,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from rcdiag.catalogue import finding
+from rcdiag.catalogue.findings import Code, Role, detectors, of_class
 from rcdiag.prescribe import candidate
 from rcdiag.report import Cause, CauseClass, Finding, Report, Verdict, VerdictStatus
 from rcdiag.signature_rules import (
+    ABS_MEAN,
+    K3_KL,
+    KL,
     NOISE_K3_MAX,
     NOISE_SIGMAS,
     kl_beyond_noise,
@@ -24,33 +29,16 @@ from rcdiag.signature_rules import (
     swap_consistent,
 )
 
-CAUSE_OF: dict[str, CauseClass] = {
-    "verl_crash_empty_batch": "crash",
-    "verl_crash_ess_zero_division": "crash",
-    "verl_crash_microbatch_all_rejected": "crash",
-    "verl_crash_microbatch_empty": "crash",
-    "verl_refuses_microbatch_setup": "crash",
-    "rs_rejects_all_tokens": "crash",
-    "kl_negative": "swapped_columns",
-    "temperature_mismatch": "temperature",
-    "temperature_recorded_mismatch": "temperature",
-    "logprob_offset": "offset",
-    "offset_per_response": "offset",
-    "mask_padding_valid": "mask",
-    "mask_tokens_unsampled": "mask",
-    "mask_looks_inverted": "mask",
-    "logprobs_misaligned": "alignment",
-    "logprobs_not_sampled": "logprob_mode",
-    "mismatch_not_noise": "unexplained",
-    "sampling_truncation": "truncation",
-    "position_drift": "position",
-    "mismatch_trend": "trend",
-    "sparse_outliers": "outliers",
-    "is_saturated": "saturated_is",
-    "token_specific": "token_specific",
-    "logprob_neg_inf": "token_specific",
+DERIVED_CLASSES: dict[CauseClass, str] = {
+    "noise": "a large mismatch (size findings, or k3_kl above NOISE_K3_MAX) with no other cause that passes the "
+    "precision tests",
+    "unexplained": "besides mismatch_not_noise: a large mismatch with no other cause that fails a precision test",
+    "truncation": "besides sampling_truncation: kl_k3_disagree with kl above k3_kl (mass missing)",
+    "outliers": "besides sparse_outliers: kl_k3_disagree with k3_kl above kl (a few huge ratios)",
+    "logprob_mode": "besides logprobs_not_sampled: kl_negative where swapping the columns does not read as noise",
 }
-"""The cause class each finding code is evidence of (codes absent here name no cause of their own)."""
+"""Classes the verdict names from what no single finding's spec says (``judge``, ``_causes``); every other class
+is some finding's ``cause`` in the catalogue."""
 
 STATUS_OF: dict[CauseClass, VerdictStatus] = {
     "crash": "broken",
@@ -73,27 +61,7 @@ STATUS_OF: dict[CauseClass, VerdictStatus] = {
 BF16_ABS_LOG_RATIO = 0.01
 """Mean |log-ratio| reported for bf16 dense models (vLLM, Qwen3-4B: ~0.011; mismatch-practice.md), quoted in the
 headline as the yardstick."""
-SIZE_CODES = ("kl_high", "chi2_token_high")
-"""Metric warnings about the data's mismatch itself (not the configured correction): with no other cause they are
-evidence of a large precision-like mismatch (``noise``)."""
-CONFIG_CODES = (
-    "is_mean_out_of_range",
-    "is_ess_low",
-    "is_std_high",
-    "rs_rejects_most_tokens",
-    "is_weights_unused",
-)
-"""Findings about the correction the report was computed with, not about the data: reported as next steps."""
-DETECTORS = {
-    "temperature_mismatch": "a temperature applied on one side",
-    "logprob_offset": "a log-prob offset on one side",
-    "sampling_truncation": "top-k/top-p renormalised on one side",
-    "position_drift": "mismatch growing along the response",
-    "mismatch_trend": "mismatch growing across steps",
-    "token_specific": "mismatch on a few token ids",
-}
-"""``--explain``'s detectors and what each tests: without ``--explain`` the verdict says they were not examined."""
-DEFAULT_DETECTORS = ("mismatch_trend",)
+DEFAULT_DETECTORS = (Code.MISMATCH_TREND,)
 """Detectors every analyze runs (they read only the per-step metrics), so never "not examined"."""
 NO_TOKEN_IDS = "mismatch on a few token ids (it also needs token ids: none found in the dump; --token-col NAME)"
 """``token_specific`` not examined, on a dump without token ids (``InputFacts.columns["token_ids"]`` is ``None``):
@@ -130,9 +98,6 @@ UNMODELLED = (
 )
 """What an ``unexplained`` verdict asks to check: the causes rcdiag has no signature for yet, or whose signature
 needs ``--explain``."""
-SIGN_READING = ("temperature_mismatch", "sampling_truncation", "logprob_offset")
-"""Detectors that read which side scores a token higher: with the columns swapped (kl_negative) they see the
-opposite of what happened (a swapped 4-bit dump reads as a flatter rollout), so they name no cause of their own."""
 _ORDER: tuple[VerdictStatus, ...] = ("healthy", "correct", "fix", "broken")
 
 
@@ -142,8 +107,8 @@ def judge(report: Report) -> Verdict:
     findings = report.findings
     causes = _causes(findings, report)
     size = _Size(report)
-    if not causes and (size.large or any(f.code in SIZE_CODES for f in findings)):
-        codes = tuple(f.code for f in findings if f.code in SIZE_CODES)
+    if not causes and (size.large or any(_is(f, "size") for f in findings)):
+        codes = tuple(f.code for f in findings if _is(f, "size"))
         passed, failed = precision_tests(report.metrics, report.extras)
         if failed:
             causes.append(Cause("unexplained", codes, f"{size.evidence}; not precision noise: {'; '.join(failed)}"))
@@ -175,9 +140,9 @@ class _Size:
 
     def __init__(self, report: Report) -> None:
         m, e = report.metrics, report.extras
-        self.k3 = m.get("rollout_corr/k3_kl")
-        self.kl = m.get("rollout_corr/kl")
-        self.abs_mean = e.get("rcdiag/abs_log_ratio_mean")
+        self.k3 = m.get(K3_KL)
+        self.kl = m.get(KL)
+        self.abs_mean = e.get(ABS_MEAN)
         self.beyond_noise = kl_beyond_noise(m, e)
         self.large = mismatch_large(m, e)
 
@@ -197,16 +162,24 @@ class _Size:
         return ", ".join(parts) or "no valid token"
 
 
+def _is(found: Finding, role: Role) -> bool:
+    return finding(found.code).role == role
+
+
+def _reads_sign(found: Finding) -> bool:
+    return finding(found.code).reads_sign
+
+
 def _causes(findings: tuple[Finding, ...], report: Report) -> list[Cause]:
     by_class: dict[CauseClass, list[Finding]] = {}
     for f in findings:
-        cls = CAUSE_OF.get(f.code)
+        cls = finding(f.code).cause
         if cls is not None:
             by_class.setdefault(cls, []).append(f)
     offsets = by_class.get("offset", [])
-    if "truncation" in by_class and offsets and all(f.code == "logprob_offset" for f in offsets):
+    if "truncation" in by_class and offsets and all(f.code == Code.LOGPROB_OFFSET for f in offsets):
         del by_class["offset"]  # a truncation's missing mass reads as an offset of the capped ratio: not its own
-    data = any(f.code not in SIGN_READING for cls in DATA_CLASSES for f in by_class.get(cls, []))
+    data = any(not _reads_sign(f) for cls in DATA_CLASSES for f in by_class.get(cls, []))
     if data:  # the layout explains the log-ratio's sign and size
         by_class.pop("swapped_columns", None)
         by_class.pop("logprob_mode", None)
@@ -219,11 +192,11 @@ def _causes(findings: tuple[Finding, ...], report: Report) -> list[Cause]:
         by_class["swapped_columns"].extend(by_class.pop("logprob_mode", []))
     if "swapped_columns" in by_class or "logprob_mode" in by_class:
         _drop_sign_reading(by_class)
-    gap = next((f for f in findings if f.code == "kl_k3_disagree"), None)
+    gap = next((f for f in findings if f.code == Code.KL_K3_DISAGREE), None)
     if gap is not None and not data and not any(c in by_class for c in ("swapped_columns", "logprob_mode")):
         cls = _gap_class(report, "outliers" in by_class)
         by_class.setdefault(cls, []).append(gap)
-        by_class[cls].extend(f for f in findings if f.code in SIZE_CODES)  # its size is the same evidence
+        by_class[cls].extend(f for f in findings if _is(f, "size"))  # its size is the same evidence
     named = [cls for cls in by_class if cls != "unexplained" and STATUS_OF[cls] in ("fix", "broken")]
     if named and "unexplained" in by_class:  # a named bug class explains what is systematic
         del by_class["unexplained"]
@@ -235,29 +208,30 @@ def _causes(findings: tuple[Finding, ...], report: Report) -> list[Cause]:
 
 
 def _drop_sign_reading(by_class: dict[CauseClass, list[Finding]]) -> None:
-    """Drop the detectors that read which side scores a token higher (``SIGN_READING``): on swapped columns, raw
-    log-probs or a layout bug they see what the bug made, not a cause of their own."""
-    for cls in {CAUSE_OF[code] for code in SIGN_READING}:
-        kept = [f for f in by_class.get(cls, []) if f.code not in SIGN_READING]
+    """Drop the findings that read which side scores a token higher (their spec's ``reads_sign``: with the columns
+    swapped a 4-bit dump reads as a flatter rollout): on swapped columns, raw log-probs or a layout bug they see
+    what the bug made, not a cause of their own."""
+    for cls in list(by_class):
+        kept = [f for f in by_class[cls] if not _reads_sign(f)]
         if kept:
             by_class[cls] = kept
         else:
-            by_class.pop(cls, None)
+            del by_class[cls]
 
 
 def _gap_class(report: Report, outliers: bool) -> CauseClass:
     """kl - k3_kl = 1 - mean(ratio): on tokens sampled from the rollout engine the mean ratio is 1 unless the
     trainer's probabilities of them do not sum to 1 over the rollout's support (the rollout renormalised over a
     top-k/top-p subset: mean ratio < 1, kl above k3_kl) or a few huge ratios dominate the mean (k3_kl above kl)."""
-    kl, k3 = report.metrics.get("rollout_corr/kl"), report.metrics.get("rollout_corr/k3_kl")
+    kl, k3 = report.metrics.get(KL), report.metrics.get(K3_KL)
     if outliers or kl is None or k3 is None or kl <= k3:
         return "outliers"
     return "truncation"
 
 
 def _evidence(cls: CauseClass, group: list[Finding], report: Report) -> str:
-    if cls in ("truncation", "outliers") and any(f.code == "kl_k3_disagree" for f in group):
-        kl, k3 = report.metrics.get("rollout_corr/kl"), report.metrics.get("rollout_corr/k3_kl")
+    if cls in ("truncation", "outliers") and any(f.code == Code.KL_K3_DISAGREE for f in group):
+        kl, k3 = report.metrics.get(KL), report.metrics.get(K3_KL)
         if kl is not None and k3 is not None:
             mean_ratio = 1.0 - (kl - k3)
             gap = (
@@ -268,15 +242,9 @@ def _evidence(cls: CauseClass, group: list[Finding], report: Report) -> str:
                 gap += f" (the rollout kept ~{mean_ratio:.1%} of the trainer's mass: renormalised over a subset)"
             else:
                 gap += " (a few huge ratios dominate the mean)"
-            others = [f.message for f in group if f.code != "kl_k3_disagree"]
-            return "; ".join([*(_first_sentence(m) for m in others), gap])
-    return "; ".join(_first_sentence(f.message) for f in group)
-
-
-def _first_sentence(message: str) -> str:
-    """A finding's measured statement: its message up to the first sentence end (the rest is advice)."""
-    head, sep, _ = message.partition(". ")
-    return head if sep else message
+            others = [f.facts for f in group if f.code != Code.KL_K3_DISAGREE]
+            return "; ".join([*others, gap])
+    return "; ".join(f.facts for f in group)
 
 
 def _headline(status: VerdictStatus, causes: list[Cause], size: _Size, report: Report, setting: str | None) -> str:
@@ -292,42 +260,47 @@ def _headline(status: VerdictStatus, causes: list[Cause], size: _Size, report: R
 
 
 def _input_steps(findings: Iterable[Finding]) -> list[str]:
-    codes = ("mask_looks_inverted", "mask_missing", "metric_not_finite")
-    return [f"{f.code}: {finding(f.code).advice}" for f in findings if f.code in codes]
+    return [f"{f.code}: {f.advice}" for f in findings if _is(f, "input")]
 
 
 def _fix_steps(causes: list[Cause]) -> list[str]:
-    """What to fix first, for each bug class: the advice of its first finding."""
+    """What to fix first, for each bug class (``class_advice``)."""
     out = []
     for cause in causes:
         if cause.cls == "unexplained":
             out.append(f"find the systematic difference first; check, in this order: {'; '.join(UNMODELLED)}")
             continue
-        if STATUS_OF[cause.cls] in ("fix", "broken"):
-            advice = next((finding(code).advice for code in cause.codes if finding(code).advice), "")
-            if cause.cls == "logprob_mode":  # never kl_negative's "swapped": that reading was tested and rejected
-                advice = finding("logprobs_not_sampled").advice
-            if cause.cls == "truncation" and not advice.startswith("Return"):
-                advice = (
-                    "Return log-probs of the same distribution on both sides: both renormalised over the same "
-                    "top-k/top-p set, or both over the full vocabulary."
-                )
-            if advice:
-                out.append(f"fix {cause.cls.replace('_', ' ')} first: {advice}")
+        advice = class_advice(cause)
+        if STATUS_OF[cause.cls] in ("fix", "broken") and advice:
+            out.append(f"fix {cause.cls.replace('_', ' ')} first: {advice}")
     return out
 
 
+def class_advice(cause: Cause) -> str:
+    """What to do about a cause, from the catalogue: its class's ``class_advice`` where a spec of the class has
+    one; else the advice of its first finding that is evidence of that class by its spec (never another class's:
+    kl_negative's "swapped" under ``logprob_mode``, where swapping was tested and rejected); else, when no finding
+    of the class itself shows it, the advice of the class's first spec that has one."""
+    specs = of_class(cause.cls)
+    declared = next((spec.class_advice for spec in specs if spec.class_advice), None)
+    if declared is not None:
+        return declared
+    own = [finding(code) for code in cause.codes if finding(code).cause == cause.cls]
+    return next((spec.advice for spec in own or specs if spec.advice), "")
+
+
 def _config_steps(findings: tuple[Finding, ...]) -> list[str]:
-    return [
-        f"the configured correction: {f.code}: {finding(f.code).advice}" for f in findings if f.code in CONFIG_CODES
-    ]
+    return [f"the configured correction: {f.code}: {f.advice}" for f in findings if _is(f, "configuration")]
 
 
 def _not_examined(report: Report) -> list[str]:
     """What the verdict could not test: ``--explain``'s detectors when they did not run (never read as a pass)."""
     if report.explain is None:
         lacks_ids = "token_ids" in report.input.columns and report.input.columns["token_ids"] is None
-        shown = {**DETECTORS, "token_specific": NO_TOKEN_IDS} if lacks_ids else DETECTORS
-        tests = "; ".join(text for code, text in shown.items() if code not in DEFAULT_DETECTORS)
+        tests = "; ".join(
+            NO_TOKEN_IDS if lacks_ids and spec.code == Code.TOKEN_SPECIFIC else str(spec.detects)
+            for spec in detectors()
+            if spec.code not in DEFAULT_DETECTORS
+        )
         return [f"not examined without --explain: {tests}. Run `rcdiag analyze PATH --explain` to test for them"]
     return [f"{code} not run: {why.removeprefix('not run: ')}" for code, why in report.explain.not_run.items()]

@@ -26,7 +26,7 @@ import rcdiag
 from rcdiag import synthetic
 from rcdiag.catalogue import reading
 from rcdiag.catalogue.metrics import METRICS
-from rcdiag.render.text import checklist, reading_context
+from rcdiag.render.text import reading_context
 
 P = "rollout_corr/"
 CLAIMS = (
@@ -85,14 +85,14 @@ def dumps(tmp: Path) -> list[tuple[str, Path, rcdiag.CorrectionConfig | None]]:
 def contradictions(report: rcdiag.Report) -> list[str]:
     """Every contradictory pair of statements in ``report`` (empty when it is consistent)."""
     fired = {f.code for f in report.findings}
-    rows = checklist(report)
+    rows = report.checklist
     bad = [  # row vs finding
         f"row {row.status} {row.code} vs findings {sorted(fired)}"
         for row in rows
         if (row.status in ("ok", "not_computed")) == (row.code in fired)
     ]
     for a, b in itertools.combinations(rows, 2):  # row vs row
-        shared = [c for c in CLAIMS if c in a.label and c in b.label]
+        shared = [c for c in CLAIMS if c in a.check and c in b.check]
         if shared:
             bad.append(f"rows {a.code} ({a.status}) and {b.code} ({b.status}) both claim {shared}")
     context = reading_context(report)

@@ -31,7 +31,6 @@ from rcdiag.health import (
 )
 from rcdiag.metrics.batch import BatchResult
 from rcdiag.metrics.histogram import EDGES
-from rcdiag.render.text import checklist
 from rcdiag.report import Histogram
 
 P = "rollout_corr/"
@@ -210,11 +209,11 @@ def test_sparse_outliers_does_not_fire_on_broad_mismatch(name: str) -> None:
 
 def test_detectors_without_their_data_say_not_run(tmp_path: Path) -> None:
     report = rcdiag.analyze(short_without_steps(tmp_path / "s.parquet"), explain=True)
-    rows = {row.code: row for row in checklist(report)}
+    rows = {row.code: row for row in report.checklist}
     assert rows["mismatch_trend"].status == "not_computed"
-    assert rows["mismatch_trend"].where == "not run: the dump has no steps"
+    assert rows["mismatch_trend"].reason == "not run: the dump has no steps"
     assert rows["position_drift"].status == "not_computed"
-    assert rows["position_drift"].where == "not run: 0 tokens at positions >= 256, needs 2,000"
+    assert rows["position_drift"].reason == "not run: 0 tokens at positions >= 256, needs 2,000"
     assert rows["temperature_mismatch"].status == rows["logprob_offset"].status == "ok"  # these ran
     assert report.to_dict()["detectors_not_run"] == {
         "mismatch_trend": "not run: the dump has no steps",
@@ -227,6 +226,6 @@ def test_detectors_with_their_data_all_run() -> None:
     report = rcdiag.analyze(SAMPLES / "healthy.parquet", explain=True)
     no_ids = {"token_specific": "not run: the dump has no token ids (--token-col NAME)"}  # the sample has no ids
     assert report.to_dict()["detectors_not_run"] == no_ids
-    assert all(row.status == "ok" for row in checklist(report) if row.code in DETECTORS and row.code not in no_ids)
+    assert all(row.status == "ok" for row in report.checklist if row.code in DETECTORS and row.code not in no_ids)
     with_ids = rcdiag.analyze(SAMPLES / "stop_token.parquet", explain=True)
     assert with_ids.to_dict()["detectors_not_run"] == {}  # every detector, token_specific too, ran

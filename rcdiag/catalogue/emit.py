@@ -26,7 +26,8 @@ def emit(
 ) -> Finding:
     """A finding of ``code``. ``facts``: the measured statement, one sentence without its full stop (the verdict
     quotes it as evidence); ``more``: further sentences, with their full stops. The message is the facts, then
-    ``more``, then the spec's advice: ``"{facts}. {more} {advice}"``, or the facts alone when both are empty."""
+    ``more``, then the spec's advice: ``"{facts}. {more} {advice}"``; the facts alone, as given, when nothing
+    follows."""
     spec = finding(code)
     rest = " ".join(part for part in (more, spec.advice) if part)
     message = f"{facts}. {rest}" if rest else facts

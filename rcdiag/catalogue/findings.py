@@ -485,6 +485,8 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "temperature_kl_high",
         "warning",
         "a side's kl at T != 1 is the size a missing temperature gives",
+        advice="Check that the trainer divides its logits by the rollout temperature before log_softmax, and that "
+        "the rollout engine reports log-probs after temperature scaling.",
         commands=("compare",),
     ),
     FindingSpec(
@@ -526,6 +528,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "noise_inconclusive",
         "info",
         "the noise estimates are far apart, but not across the quieter side's noise band",
+        advice="Compare larger dumps (more responses) for a verdict.",
         commands=("compare",),
     ),
     FindingSpec(

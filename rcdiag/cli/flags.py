@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from rcdiag.catalogue.findings import detectors
 from rcdiag.cli.engine_config import EngineFlags, ISLevel
 from rcdiag.cli.params import Flag, FlagGroup
 from rcdiag.constants import DEFAULT_CHUNK_TOKENS, DEVICES
@@ -370,8 +371,7 @@ ExplainOpt = Annotated[
     typer.Option(
         "--explain",
         help="Also break the mismatch down by token position, rollout probability and response length, list the "
-        "worst responses and run the bias detectors (temperature_mismatch, logprob_offset, sampling_truncation, "
-        "position_drift, mismatch_trend).",
+        f"worst responses and run the bias detectors ({', '.join(spec.code for spec in detectors())}).",
         rich_help_panel=EXPLAIN,
     ),
 ]

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 
-from rcdiag.catalogue.findings import codes_for, finding, listing_order
+from rcdiag.catalogue.emit import emit, ordered
+from rcdiag.catalogue.findings import Code, codes_for
 from rcdiag.compare.records import KL, SideTemperature, TemperatureAnalysis
 from rcdiag.compare.temperature import ASSUMED_TEMPERATURE, NOISE_RATIO_LIMIT, SIGMAS, _g
 from rcdiag.health import KL_K3_RELATIVE_GAP
@@ -28,11 +29,12 @@ def _findings(a: Report, b: Report, t: TemperatureAnalysis) -> list[Finding]:
         findings.extend(_side_findings(side, report, st))
     if t.a.source == "assumed" and t.b.source == "assumed":
         findings.append(
-            _verdict(
-                "temperature_unknown",
+            emit(
+                Code.TEMPERATURE_UNKNOWN,
                 "neither dump records its sampling temperature (no --temperature-a/-b, no 'temperature' metadata): "
                 f"the analysis assumes they are equal (T={ASSUMED_TEMPERATURE:g} on both; the noise verdicts do not "
-                "depend on the common value). If they differ, pass --temperature-a and --temperature-b.",
+                "depend on the common value)",
+                more="If they differ, pass --temperature-a and --temperature-b.",
             )
         )
     shifted = {f.side for f in findings if f.code == "systematic_shift"}
@@ -40,20 +42,7 @@ def _findings(a: Report, b: Report, t: TemperatureAnalysis) -> list[Finding]:
     problems = [f for f in findings if f.severity != "info"]
     if not problems and t.noise_ratio is not None and 1 / NOISE_RATIO_LIMIT < t.noise_ratio < NOISE_RATIO_LIMIT:
         findings.append(_consistent(t))
-    findings.sort(key=lambda f: (*listing_order(f.code, f.severity), f.side or ""))
-    return findings
-
-
-def _verdict(
-    code: str,
-    message: str,
-    side: Side | None = None,
-    metric: str | None = None,
-    value: float | None = None,
-    threshold: float | None = None,
-) -> Finding:
-    """A finding with its catalogue severity."""
-    return Finding(code, finding(code).severity, message, metric, value, threshold, side=side)
+    return ordered(findings)
 
 
 def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[Finding]:
@@ -61,11 +50,11 @@ def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[Find
     other = "b" if side == "a" else "a"
     if st.temperature is None:
         out.append(
-            _verdict(
-                "temperature_unknown",
+            emit(
+                Code.TEMPERATURE_UNKNOWN,
                 f"side {side}'s sampling temperature is unknown: pass --temperature-{side} (or write 'temperature' "
                 "into the dump's metadata) to get the temperature analysis for it.",
-                side,
+                side=side,
             )
         )
     elif st.kl is not None and st.kl >= TEMPERATURE_KL_LIMIT and st.temperature != 1.0:
@@ -77,17 +66,15 @@ def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[Find
             else "kl and k3_kl also disagree, so part of it is a systematic shift"
         )
         out.append(
-            _verdict(
-                "temperature_kl_high",
-                f"side {side}: kl = {st.kl:.3g} at T={st.temperature:g}. Numerical engine noise gives kl of "
-                f"1e-5..1e-2; kl of order {TEMPERATURE_KL_LIMIT:g}-1 at T != 1 is what log-probs computed without "
-                f"the temperature on one side give ({shape}). Check that the trainer divides its logits by the "
-                "rollout temperature before log_softmax, and that the rollout engine reports log-probs after "
-                "temperature scaling.",
-                side,
-                KL,
-                st.kl,
-                TEMPERATURE_KL_LIMIT,
+            emit(
+                Code.TEMPERATURE_KL_HIGH,
+                f"side {side}: kl = {st.kl:.3g} at T={st.temperature:g}",
+                more=f"Numerical engine noise gives kl of 1e-5..1e-2; kl of order {TEMPERATURE_KL_LIMIT:g}-1 at T != 1 "
+                f"is what log-probs computed without the temperature on one side give ({shape}).",
+                side=side,
+                metric=KL,
+                value=st.kl,
+                threshold=TEMPERATURE_KL_LIMIT,
             )
         )
     overridden = st.source == "option" and st.recorded_temperature not in (None, st.temperature)
@@ -95,45 +82,44 @@ def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[Find
         assert st.temperature is not None
         assert st.recorded_temperature is not None
         out.append(
-            _verdict(
-                "temperature_option_overrides_metadata",
+            emit(
+                Code.TEMPERATURE_OPTION_OVERRIDES_METADATA,
                 f"side {side}: --temperature-{side} {st.temperature:g} disagrees with the temperature the dump "
-                f"records ({st.recorded_temperature:g}); the analysis uses {st.temperature:g}. If the dump's "
-                f"metadata is right, drop --temperature-{side}: the noise estimate T*sqrt(2 kl) and the verdict "
-                "depend on it.",
-                side,
-                None,
-                st.temperature,
-                st.recorded_temperature,
+                f"records ({st.recorded_temperature:g}); the analysis uses {st.temperature:g}",
+                more=f"If the dump's metadata is right, drop --temperature-{side}: the noise estimate T*sqrt(2 kl) "
+                "and the verdict depend on it.",
+                side=side,
+                value=st.temperature,
+                threshold=st.recorded_temperature,
             )
         )
     recorded = st.source == "metadata" and st.train_temperature is not None
     if recorded and st.train_temperature != st.temperature:
         out.append(
-            _verdict(
-                "temperature_recorded_mismatch",
+            emit(
+                Code.TEMPERATURE_RECORDED_MISMATCH,
                 f"side {side}'s dump records a rollout temperature of {st.temperature:g} but a trainer temperature "
-                f"of {st.train_temperature:g}. " + finding("temperature_recorded_mismatch").advice,
-                side,
-                None,
-                st.train_temperature,
-                st.temperature,
+                f"of {st.train_temperature:g}",
+                side=side,
+                value=st.train_temperature,
+                threshold=st.temperature,
             )
         )
-    shift = next((f for f in report.findings if f.code == "kl_k3_disagree"), None)
+    shift = next((f for f in report.findings if f.code == Code.KL_K3_DISAGREE), None)
     if shift is not None:
         out.append(
-            _verdict(
-                "systematic_shift",
+            emit(
+                Code.SYSTEMATIC_SHIFT,
                 f"side {side}: kl ({_g(st.kl)}) and k3_kl ({_g(st.k3_kl)}) disagree, so its mismatch is not "
                 "small noise and its noise estimate T*sqrt(2 kl) does not hold (the second-order expansion "
-                f"behind it assumes they agree). The cause is on side {side}'s log-prob plumbing, not something "
-                f"side {other} shares: top-k/top-p renormalised on one engine only, a constant offset, or "
-                "shifted positions. analyze's finding: " + shift.message,
-                side,
-                KL,
-                shift.value,
-                shift.threshold if isinstance(shift.threshold, float) else None,
+                "behind it assumes they agree)",
+                more=f"The cause is on side {side}'s log-prob plumbing, not something side {other} shares: "
+                "top-k/top-p renormalised on one engine only, a constant offset, or shifted positions. analyze's "
+                "finding: " + shift.message,
+                side=side,
+                metric=KL,
+                value=shift.value,
+                threshold=shift.threshold if isinstance(shift.threshold, float) else None,
             )
         )
     return out
@@ -162,32 +148,32 @@ def _noise_findings(t: TemperatureAnalysis, shifted: set[Side | None]) -> list[F
     )
     if not quiet.noise_resolved and worst_case < NOISE_RATIO_LIMIT:
         return [
-            _verdict(
-                "noise_inconclusive",
+            emit(
+                Code.NOISE_INCONCLUSIVE,
                 f"{numbers}: {point:.3g}x apart, but side {other}'s kl ({_g(quiet.kl)}) is within {SIGMAS:g} "
                 f"standard errors ({_g(quiet.kl_std_error)}) of 0, and at the high end of its band the two are "
-                f"{worst_case:.3g}x apart, within {NOISE_RATIO_LIMIT:g}x. Compare larger dumps (more responses) "
-                "for a verdict.",
-                side,
-                KL,
-                point,
-                NOISE_RATIO_LIMIT,
+                f"{worst_case:.3g}x apart, within {NOISE_RATIO_LIMIT:g}x",
+                side=side,
+                metric=KL,
+                value=point,
+                threshold=NOISE_RATIO_LIMIT,
             )
         ]
     apart = f"{point:.3g}x apart" if quiet.noise else "apart"
     if noisy.temperature != 1.0 and quiet.noise:
         return [
-            _verdict(
-                "temperature_noise_mismatch",
-                f"{numbers}: {apart} (limit {NOISE_RATIO_LIMIT:g}x). Temperature cannot explain this, because the "
-                f"estimate already corrects for it; at T={noisy.temperature:g} the likely cause is temperature "
-                f"handling on side {side}: log-probs taken before or without dividing by T on one engine, or a "
-                f"different T on each. If the temperature is handled identically, side {side}'s engines are "
-                "simply noisier (another kernel, dtype or parallel layout).",
-                side,
-                KL,
-                noisy.noise,
-                NOISE_RATIO_LIMIT,
+            emit(
+                Code.TEMPERATURE_NOISE_MISMATCH,
+                f"{numbers}: {apart} (limit {NOISE_RATIO_LIMIT:g}x)",
+                more="Temperature cannot explain this, because the estimate already corrects for it; at "
+                f"T={noisy.temperature:g} the likely cause is temperature handling on side {side}: log-probs taken "
+                f"before or without dividing by T on one engine, or a different T on each. If the temperature is "
+                f"handled identically, side {side}'s engines are simply noisier (another kernel, dtype or parallel "
+                "layout).",
+                side=side,
+                metric=KL,
+                value=noisy.noise,
+                threshold=NOISE_RATIO_LIMIT,
             )
         ]
     if noisy.source == "assumed":
@@ -197,14 +183,15 @@ def _noise_findings(t: TemperatureAnalysis, shifted: set[Side | None]) -> list[F
     else:
         why = f"Side {other} shows no measurable noise (kl <= 0: bitwise-equal engines?), so"
     return [
-        _verdict(
-            "engine_noise_differs",
-            f"{numbers}: {apart} (limit {NOISE_RATIO_LIMIT:g}x). {why} side {side}'s two engines disagree more: "
-            "another kernel, dtype, parallel layout, engine version or checkpoint.",
-            side,
-            KL,
-            noisy.noise,
-            NOISE_RATIO_LIMIT,
+        emit(
+            Code.ENGINE_NOISE_DIFFERS,
+            f"{numbers}: {apart} (limit {NOISE_RATIO_LIMIT:g}x)",
+            more=f"{why} side {side}'s two engines disagree more: another kernel, dtype, parallel layout, engine "
+            "version or checkpoint.",
+            side=side,
+            metric=KL,
+            value=noisy.noise,
+            threshold=NOISE_RATIO_LIMIT,
         )
     ]
 
@@ -213,27 +200,36 @@ def _consistent(t: TemperatureAnalysis) -> Finding:
     assert t.a.noise is not None
     assert t.b.noise is not None
     assert t.noise_ratio is not None
-    message = (
+    facts = (
         f"engine noise is consistent across the two runs: logit-noise estimates {t.a.noise:.3g} (a) and "
-        f"{t.b.noise:.3g} (b), ratio {t.noise_ratio:.3g}, within {NOISE_RATIO_LIMIT:g}x."
+        f"{t.b.noise:.3g} (b), ratio {t.noise_ratio:.3g}, within {NOISE_RATIO_LIMIT:g}x"
     )
+    more: list[str] = []
     rough = [side for side, st in (("a", t.a), ("b", t.b)) if not st.noise_resolved]
     if rough:
-        message += (
-            f" (Side {' and '.join(rough)}'s kl is within {SIGMAS:g} standard errors of 0, so its estimate is rough.)"
+        more.append(
+            f"(Side {' and '.join(rough)}'s kl is within {SIGMAS:g} standard errors of 0, so its estimate is rough.)"
         )
     if t.a.temperature != t.b.temperature and t.kl_ratio is not None and t.ideal_kl_ratio is not None:
         if t.kl_ratio_explained:
-            message += (
-                f" The kl difference (kl_a/kl_b = {t.kl_ratio:.3g}) comes from the temperatures "
+            more.append(
+                f"The kl difference (kl_a/kl_b = {t.kl_ratio:.3g}) comes from the temperatures "
                 f"({t.a.temperature:g} vs {t.b.temperature:g}; ideal {t.ideal_kl_ratio:.3g}x, usually less because "
                 "a sharper distribution shrinks Var_pi(eps)), not from a change in the engines."
             )
         else:
-            message += (
-                f" But the kl ratio kl_a/kl_b = {t.kl_ratio:.3g} lies outside what the temperatures explain "
+            more.append(
+                f"But the kl ratio kl_a/kl_b = {t.kl_ratio:.3g} lies outside what the temperatures explain "
                 f"({t.a.temperature:g} vs {t.b.temperature:g}: between 1x and {t.ideal_kl_ratio:.3g}x), so the "
                 f"temperatures do not account for the kl difference; the {t.noise_ratio:.3g}x between the noise "
                 f"estimates is what the engines differ by, within the {NOISE_RATIO_LIMIT:g}x this verdict allows."
             )
-    return _verdict("noise_consistent", message, None, KL, t.noise_ratio, NOISE_RATIO_LIMIT)
+    # the statement alone keeps its full stop (``emit`` adds one only before what follows)
+    return emit(
+        Code.NOISE_CONSISTENT,
+        facts if more else f"{facts}.",
+        more=" ".join(more),
+        metric=KL,
+        value=t.noise_ratio,
+        threshold=NOISE_RATIO_LIMIT,
+    )

@@ -1,4 +1,5 @@
-"""The five ``--explain`` detectors: statistic, threshold and evidence (docs/findings.md argues each threshold).
+"""The ``--explain`` detectors: statistic, threshold and evidence (docs/findings.md argues each threshold; the
+token detector is ``rcdiag.explain.token_detector``).
 
 Every detector returns at most one ``Finding`` whose message quotes its evidence and whose ``evidence`` dict
 holds the same numbers for machines. Noise is measured, not assumed, with whole responses as the independent
@@ -16,7 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag.catalogue.findings import FINDINGS, finding
+from rcdiag.catalogue.emit import emit
+from rcdiag.catalogue.findings import Code, detectors
+from rcdiag.catalogue.metrics import finding_threshold, known_key
 from rcdiag.explain.breakdowns import DOUBLING_EDGES, N_DOUBLING, SUMS, bucket_metrics
 from rcdiag.explain.state import ExplainState
 from rcdiag.explain.statistics import (
@@ -33,7 +36,7 @@ from rcdiag.explain.statistics import (
 from rcdiag.report import Finding
 from rcdiag.stats import t_critical
 
-DETECTORS = tuple(spec.code for spec in FINDINGS if spec.explain)
+DETECTORS = tuple(spec.code for spec in detectors())
 """The detectors' codes, in catalogue order (their wording and advice live in the finding catalogue)."""
 
 Z = 3.0
@@ -96,9 +99,11 @@ TREND_T_MIN = 4.0
 TREND_HALVES_MIN = 1.4
 """mismatch_trend: the median k3_kl of the later half of the steps over that of the earlier half (one spiking
 step cannot move a median)."""
-KL_WARN = 0.1
-CHI2_WARN = 1.0
-"""verl's warning thresholds (|kl| > 0.1, chi2_token > 1.0) projected by the trend."""
+KL, K3_KL, CHI2_TOKEN = (known_key(key) for key in ("kl", "k3_kl", "chi2_token"))
+KL_WARN = finding_threshold(Code.KL_HIGH).limit
+CHI2_WARN = finding_threshold(Code.CHI2_TOKEN_HIGH).limit
+"""verl's warning thresholds (|kl| > 0.1, chi2_token > 1.0: kl_high's and chi2_token_high's, from the metric
+catalogue) projected by the trend."""
 
 
 def detect(state: ExplainState, steps: Sequence[tuple[int, dict[str, float | None]]]) -> list[Finding]:
@@ -116,13 +121,13 @@ def detect(state: ExplainState, steps: Sequence[tuple[int, dict[str, float | Non
 def not_run(state: ExplainState, steps: Sequence[tuple[int, dict[str, float | None]]]) -> dict[str, str]:
     """Why each detector that had too little data to test did not run (its checklist row shows "–", not ✓)."""
     reasons = {
-        "temperature_mismatch": _shape_data(state.shape),
-        "logprob_offset": _offset_data(state.offset),
-        "sampling_truncation": _shape_data(state.shape, ratio=True),
-        "position_drift": _position_data(state),
-        "mismatch_trend": _trend_data(steps),
+        Code.TEMPERATURE_MISMATCH: _shape_data(state.shape),
+        Code.LOGPROB_OFFSET: _offset_data(state.offset),
+        Code.SAMPLING_TRUNCATION: _shape_data(state.shape, ratio=True),
+        Code.POSITION_DRIFT: _position_data(state),
+        Code.MISMATCH_TREND: _trend_data(steps),
     }
-    return {code: f"not run: {why}" for code, why in reasons.items() if why is not None}
+    return {code.value: f"not run: {why}" for code, why in reasons.items() if why is not None}
 
 
 def _too_few(what: str, have: float, need: int) -> str | None:
@@ -163,15 +168,8 @@ def _position_data(state: ExplainState) -> str | None:
 def _trend_data(steps: Sequence[tuple[int, dict[str, float | None]]]) -> str | None:
     if not steps:
         return "the dump has no steps"
-    usable = sum(1 for _, m in steps if (v := m.get("rollout_corr/k3_kl")) is not None and v > TREND_K3_FLOOR)
+    usable = sum(1 for _, m in steps if (v := m.get(K3_KL)) is not None and v > TREND_K3_FLOOR)
     return _too_few(f"steps with k3_kl above {TREND_K3_FLOOR:g}", usable, TREND_MIN_STEPS)
-
-
-def _finding(code: str, facts: str, value: float, threshold: float, evidence: dict[str, Any]) -> Finding:
-    """The measured ``facts`` followed by the catalogue's advice."""
-    spec = finding(code)
-    message = f"{facts} {spec.advice}"
-    return Finding(code, spec.severity, message, metric=None, value=value, threshold=threshold, evidence=evidence)
 
 
 # ------------------------------------------------------------------------------------------- temperature
@@ -256,16 +254,21 @@ def temperature_mismatch(shape: ShapeSums, scale: ScaleSums | None = None) -> Fi
         else f"{share_down:.0%} of the {int(moved):,} likely tokens moved by more than {SHIFT_TOL} nats moved down "
         f"(at least {FLAT_SHARE_MIN:.0%}; noise moves them both ways)"
     )
-    message = (
+    facts = (
         f"the rollout distribution is {direction} than the trainer's: on tokens the trainer gives p < {UNLIKELY:g} "
         f"the log-ratio old - rollout averages {unlikely.mean:+.3g} nats ({unlikely.z():+.3g} standard errors, "
         f"{int(unlikely.tokens):,} tokens), on tokens with p >= {LIKELY:g} {likely.mean:+.3g} ({likely.z():+.3g} "
-        f"standard errors; noise stays within {critical:.2f} with responses as the units); {how}. Likely cause: "
-        f"{side}."
+        f"standard errors; noise stays within {critical:.2f} with responses as the units); {how}"
     )
-    if sharper:
-        return _finding("temperature_mismatch", message, unlikely.mean, TEMPERATURE_MIN_SHIFT, evidence)
-    return _finding("temperature_mismatch", message, share_down, FLAT_SHARE_MIN, evidence)
+    value, threshold = (unlikely.mean, TEMPERATURE_MIN_SHIFT) if sharper else (share_down, FLAT_SHARE_MIN)
+    return emit(
+        Code.TEMPERATURE_MISMATCH,
+        facts,
+        more=f"Likely cause: {side}.",
+        value=value,
+        threshold=threshold,
+        evidence=evidence,
+    )
 
 
 # ------------------------------------------------------------------------------------------- truncation
@@ -309,16 +312,26 @@ def sampling_truncation(shape: ShapeSums, offset: OffsetSums) -> Finding | None:
         "tokens": int(ratio.tokens),
         "ratio_cap": RATIO_CAP,
     }
-    message = (
+    facts = (
         f"the rollout's log-probs look renormalised over a truncated set: the mean IS ratio (capped at "
         f"{RATIO_CAP:.3g}) is {kept:.4g} ({-ratio.z():.3g} standard errors below 1, noise stays within "
         f"{critical:.2f}); for tokens sampled from the rollout it is the trainer's mass on what the rollout can "
         f"sample, 1 for two full distributions whatever their noise or temperature, so {deficit:.2%} of it is "
-        f"missing on average. {net_share:.0%} more tokens are scored higher by the rollout than lower (by more than "
-        f"{SHIFT_TOL} nats), most where the trainer is unsure: the log-ratio old - rollout averages "
-        f"{unlikely.mean:+.3g} nats at trainer p < {UNLIKELY:g} against {likely.mean:+.3g} at p >= {LIKELY:g}."
+        "missing on average"
     )
-    return _finding("sampling_truncation", message, deficit, TRUNCATION_MIN_DEFICIT, evidence)
+    more = (
+        f"{net_share:.0%} more tokens are scored higher by the rollout than lower (by more than {SHIFT_TOL} nats), "
+        f"most where the trainer is unsure: the log-ratio old - rollout averages {unlikely.mean:+.3g} nats at "
+        f"trainer p < {UNLIKELY:g} against {likely.mean:+.3g} at p >= {LIKELY:g}."
+    )
+    return emit(
+        Code.SAMPLING_TRUNCATION,
+        facts,
+        more=more,
+        value=deficit,
+        threshold=TRUNCATION_MIN_DEFICIT,
+        evidence=evidence,
+    )
 
 
 # ------------------------------------------------------------------------------------------------ offset
@@ -357,13 +370,13 @@ def logprob_offset(offset: OffsetSums) -> Finding | None:
         "tokens": int(n),
         "ratio_cap": RATIO_CAP,
     }
-    message = (
+    facts = (
         f"the {higher} side's log-probs sit systematically higher: estimated offset {abs(estimate):.3g} nats "
         f"(mean IS ratio, capped at {RATIO_CAP:.3g}, is {mean_ratio:.4g} +- {se:.2g}; it is 1 whenever both sides "
         f"are proper distributions over the same tokens), and {abs(share):.0%} more tokens are shifted up than "
-        f"down by more than {SHIFT_TOL} nats."
+        f"down by more than {SHIFT_TOL} nats"
     )
-    return _finding("logprob_offset", message, abs(estimate), OFFSET_MIN, evidence)
+    return emit(Code.LOGPROB_OFFSET, facts, value=abs(estimate), threshold=OFFSET_MIN, evidence=evidence)
 
 
 # -------------------------------------------------------------------------------------------- position
@@ -421,14 +434,14 @@ def position_drift(state: ExplainState) -> Finding | None:
         "tokens_early": int(early[:, 0].sum()),
         "tokens_late": int(late[:, 0].sum()),
     }
-    message = (
+    facts = (
         f"mismatch grows along the response: k3_kl is {k3_late:.3g} at positions >= {DOUBLING_EDGES[LATE_FROM]} "
         f"against {k3_early:.3g} at positions < 64 ({ratio:.3g}x; {median:.3g}x in the median of "
         f"{len(group_ratios)} groups of responses dealt by hash, {share:.0%} of them above {DRIFT_LOWER_MIN:g}x; "
         f"mean |log-ratio| {abs_ratio:.3g}x), "
-        f"about {growth:.3g}x per doubling of position."
+        f"about {growth:.3g}x per doubling of position"
     )
-    return _finding("position_drift", message, ratio, DRIFT_RATIO_MIN, evidence)
+    return emit(Code.POSITION_DRIFT, facts, value=ratio, threshold=DRIFT_RATIO_MIN, evidence=evidence)
 
 
 def _growth_per_doubling(position: np.ndarray) -> float:
@@ -452,7 +465,7 @@ def _growth_per_doubling(position: np.ndarray) -> float:
 
 def mismatch_trend(steps: Sequence[tuple[int, dict[str, float | None]]]) -> Finding | None:
     """k3_kl growing exponentially across steps: a fitted growth of >= 2x that clears the fit's own scatter."""
-    read = [(s, m.get("rollout_corr/k3_kl")) for s, m in steps]
+    read = [(s, m.get(K3_KL)) for s, m in steps]
     points = [(s, v) for s, v in read if v is not None and v > TREND_K3_FLOOR]
     if len(points) < TREND_MIN_STEPS:
         return None
@@ -468,11 +481,11 @@ def mismatch_trend(steps: Sequence[tuple[int, dict[str, float | None]]]) -> Find
     if growth < TREND_GROWTH_MIN or t < TREND_T_MIN or halves < TREND_HALVES_MIN:
         return None
     crossing = {
-        "kl": _crossing(steps, "rollout_corr/kl", KL_WARN),
-        "chi2_token": _crossing(steps, "rollout_corr/chi2_token", CHI2_WARN),
+        "kl": _crossing(steps, KL, KL_WARN),
+        "chi2_token": _crossing(steps, CHI2_TOKEN, CHI2_WARN),
     }
     evidence = {
-        "metric": "rollout_corr/k3_kl",
+        "metric": K3_KL,
         "steps": [int(s) for s, _ in points],
         "values": [float(v) for _, v in points],
         "growth_per_step": _exp(slope),
@@ -483,12 +496,18 @@ def mismatch_trend(steps: Sequence[tuple[int, dict[str, float | None]]]) -> Find
     }
     limits = (KL_WARN, CHI2_WARN)
     when = "; ".join(f"{k} > {w} {_when(c)}" for (k, c), w in zip(crossing.items(), limits, strict=True))
-    message = (
+    facts = (
         f"mismatch grows across training steps: k3_kl rises {_exp(slope):.3g}x per step ({growth:.3g}x from "
-        f"step {points[0][0]} to {points[-1][0]}, {t:.3g} standard errors of the fit). At this rate verl's warnings "
-        f"trip: {when}."
+        f"step {points[0][0]} to {points[-1][0]}, {t:.3g} standard errors of the fit)"
     )
-    return _finding("mismatch_trend", message, _exp(slope), TREND_GROWTH_MIN, evidence)
+    return emit(
+        Code.MISMATCH_TREND,
+        facts,
+        more=f"At this rate verl's warnings trip: {when}.",
+        value=_exp(slope),
+        threshold=TREND_GROWTH_MIN,
+        evidence=evidence,
+    )
 
 
 def _fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rcdiag.catalogue.findings import finding
+from rcdiag.catalogue.emit import emit
+from rcdiag.catalogue.findings import Code
 from rcdiag.explain.tokens import MIN_COUNT, TokenStats, TokenSums, token_stats
 from rcdiag.report import Finding
 
 if TYPE_CHECKING:
     from rcdiag.explain.vocabulary import Vocabulary
 
-CODE = "token_specific"
+CODE = Code.TOKEN_SPECIFIC
 MAX_IDS = 10
 """At most this many ids ('one id or a handful')."""
 K3_SHARE_MIN = 0.5
@@ -91,16 +92,17 @@ def token_specific(sums: TokenSums, vocabulary: Vocabulary | None = None) -> Fin
     facts = (
         f"{count} {k3_share:.0%} of the dump's k3 while being {token_share:.2%} of its valid tokens "
         f"(each with at least {MIN_COUNT} tokens, mean |log-ratio| beyond the rest's by z > {stats.z_critical:.1f}): "
-        f"{named}."
+        f"{named}"
     )
     special = [e["id"] for e in per_id if e["special"]]
+    more = ""
     if special:
-        facts += (
-            f" Special token{'s' if len(special) > 1 else ''} {', '.join(map(str, special))} (end of sequence or a "
+        more = (
+            f"Special token{'s' if len(special) > 1 else ''} {', '.join(map(str, special))} (end of sequence or a "
             "chat-template marker): the engines handle the chat template or the stop token differently."
         )
     elif vocabulary is None:
-        facts += " Give --tokenizer PATH to see their text."
+        more = "Give --tokenizer PATH to see their text."
     evidence = {
         "ids": [e["id"] for e in per_id],
         "k3_share": k3_share,
@@ -108,7 +110,4 @@ def token_specific(sums: TokenSums, vocabulary: Vocabulary | None = None) -> Fin
         "z_critical": stats.z_critical,
         "per_id": per_id,
     }
-    spec = finding(CODE)
-    return Finding(
-        CODE, spec.severity, f"{facts} {spec.advice}", value=k3_share, threshold=K3_SHARE_MIN, evidence=evidence
-    )
+    return emit(CODE, facts, more=more, value=k3_share, threshold=K3_SHARE_MIN, evidence=evidence)

@@ -3,7 +3,7 @@ docs/json.md): simulating it, and its findings."""
 
 from __future__ import annotations
 
-from rcdiag.catalogue import finding
+from rcdiag.catalogue.emit import emit
 from rcdiag.config import ResolvedConfig
 from rcdiag.microbatch.plan import MicroBatchSettings
 from rcdiag.microbatch.rows import StepRows
@@ -51,9 +51,8 @@ def _count(steps: list[StepMicroBatches], legacy: bool) -> float:
 
 def _finding(code: str, steps: list[StepMicroBatches], message: str, value: float | None = None) -> Finding:
     numbered = tuple(int(s.step) for s in steps if s.step is not None)
-    spec = finding(code)
     where = f"at {len(numbered)} step{'s' if len(numbered) != 1 else ''}, first " if numbered else ""
-    return Finding(code, spec.severity, f"{where}{message}. {spec.advice}", value=value, steps=numbered or None)
+    return emit(code, f"{where}{message}", value=value, steps=numbered or None)
 
 
 def path_of(resolved: ResolvedConfig) -> MicroBatchPath:

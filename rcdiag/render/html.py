@@ -31,11 +31,11 @@ from rcdiag.render.text import (
     BREAKDOWNS,
     WORST_COLUMNS,
     bucket_label,
-    checklist,
     describe_config,
     describe_input,
     fmt,
     reading_context,
+    where,
     worst_cells,
 )
 from rcdiag.render.token_html import token_sections
@@ -228,11 +228,11 @@ _MARKS = {"ok": ("✓", "ok"), "not_computed": ("–", "muted")}
 
 def _checklist(report: Report) -> str:
     rows = []
-    for row in checklist(report):
+    for row in report.checklist:
         mark, cls = _MARKS.get(row.status, ("✗", row.status))
-        where = f'<span class="muted">{e(row.where)}</span>' if row.status == "not_computed" else e(row.where)
+        at = f'<span class="muted">{e(where(row))}</span>' if row.status == "not_computed" else e(where(row))
         rows.append(
-            (f'<span class="{cls}">{mark}</span>', e(row.label), f'<span class="code">{e(row.code)}</span>', where)
+            (f'<span class="{cls}">{mark}</span>', e(row.check), f'<span class="code">{e(row.code)}</span>', at)
         )
     return "<h3>Checklist</h3>" + table(("", "check", "code", "where"), rows)
 

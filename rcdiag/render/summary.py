@@ -14,7 +14,7 @@ from rcdiag.catalogue import full_key, metric, short_key
 from rcdiag.catalogue.metrics import rs_option
 from rcdiag.config import CorrectionConfig
 from rcdiag.printable import printable
-from rcdiag.render.text import checklist
+from rcdiag.render.text import where
 from rcdiag.report import Report, Severity
 
 OFFPOLICY = tuple(full_key(k) for k in ("kl", "k3_kl", "chi2_token", "chi2_seq", "training_ppl", "rollout_ppl"))
@@ -192,13 +192,13 @@ class HealthWarning:
 
 def health_warnings(report: Report) -> list[HealthWarning]:
     """The findings of severity error or warning, in the report's order (errors first)."""
-    rows = {row.code: row for row in checklist(report) if row.status in WARNING_SEVERITIES}
+    rows = {row.code: row for row in report.checklist if row.status in WARNING_SEVERITIES}
     out = []
     for f in report.findings:
         if f.severity not in WARNING_SEVERITIES:
             continue
         row = rows.get(f.code)
-        text = f"{row.where}: fails {row.label}" if row is not None else f.message
+        text = f"{where(row)}: fails {row.check}" if row is not None else f.message
         out.append(HealthWarning(f.severity, f.code, printable(text)))
     return out
 

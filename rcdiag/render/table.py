@@ -15,7 +15,7 @@ from rcdiag.render import counted
 from rcdiag.render.panels import sparkline
 from rcdiag.render.summary import is_title, rs_keeps
 from rcdiag.render.summary_table import print_health_warnings, print_summary
-from rcdiag.render.text import checklist, describe_config, describe_input, fmt, reading_context
+from rcdiag.render.text import describe_config, describe_input, fmt, reading_context, where
 from rcdiag.render.verdict_text import SEVERITY_STYLE, STATUS_STYLE, verdict_lines
 from rcdiag.report import Report, Verdict
 
@@ -198,11 +198,11 @@ def _checklist(report: Report) -> Table:
     table.add_column("check")
     table.add_column("code", style="dim")
     table.add_column("where", overflow="fold")
-    for row in checklist(report):
+    for row in report.checklist:
         if row.status == "not_computed":
-            table.add_row(Text("–", style="dim"), Text(row.label, style="dim"), row.code, Text(row.where, style="dim"))
+            table.add_row(Text("–", style="dim"), Text(row.check, style="dim"), row.code, Text(where(row), style="dim"))
         elif row.status == "ok":
-            table.add_row(Text("✓", style="green"), row.label, row.code, "")
+            table.add_row(Text("✓", style="green"), row.check, row.code, "")
         else:
-            table.add_row(Text("✗", style=SEVERITY_STYLE[row.status]), row.label, row.code, row.where)
+            table.add_row(Text("✗", style=SEVERITY_STYLE[row.status]), row.check, row.code, where(row))
     return table

@@ -1,16 +1,14 @@
-"""Plain-text pieces every renderer shares (terminal, HTML): numbers, the input and configuration lines, and the
-findings checklist's rows. Imports no rich."""
+"""Plain-text pieces every renderer shares (terminal, HTML): numbers, the input and configuration lines, and where
+a checklist row fired (the rows themselves: ``Report.checklist``). Imports no rich."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from rcdiag.catalogue import FINDINGS, metric
 from rcdiag.catalogue.metrics import ReadingContext
 from rcdiag.config import CorrectionConfig
 from rcdiag.printable import printable
-from rcdiag.report import Finding, Report, Severity
+from rcdiag.report import ChecklistRow, Report
 
 
 def fmt(value: float | None) -> str:
@@ -54,56 +52,14 @@ def reading_context(report: Report) -> ReadingContext:
     return ReadingContext(report.extras.get("rcdiag/kl_std_error"), frozenset(f.code for f in report.findings))
 
 
-@dataclass(frozen=True)
-class ChecklistRow:
-    """One check: ``ok``, a finding's severity when it fired, or ``not_computed`` for this configuration (or a
-    detector that had too little data to run: ``where`` says why)."""
-
-    status: Literal["ok", "not_computed"] | Severity
-    label: str
-    code: str
-    where: str
-
-
-def _checks(*, explain: bool = False) -> list[tuple[str, str | None, str]]:
-    """(code, full metric key or None, label) of every checklist row, from the finding catalogue; ``--explain``'s
-    detectors only when they ran."""
-    rows = []
-    for spec in FINDINGS:
-        if spec.check is None or "analyze" not in spec.commands or (spec.explain and not explain):
-            continue
-        needed = metric(spec.metric) if spec.metric is not None else None
-        label = spec.check
-        if needed is not None and "{rule}" in label:
-            threshold = next(t for t in needed.thresholds if t.finding == spec.code)
-            label = label.format(rule=threshold.describe(needed.short))
-        rows.append((spec.code, needed.name if needed is not None else None, label))
-    return rows
-
-
-def checklist(report: Report) -> list[ChecklistRow]:
-    """Every analyze check of the finding catalogue, with whether (and where) it fired."""
-    fired: dict[str, Finding] = {}
-    for found in report.findings:
-        fired.setdefault(found.code, found)
-    rows = []
-    not_run = report.explain.not_run if report.explain is not None else {}
-    for code, key, label in _checks(explain=report.explain is not None):
-        if key and key not in report.metrics:
-            rows.append(ChecklistRow("not_computed", label, code, "not computed for this config"))
-            continue
-        if code in not_run:
-            rows.append(ChecklistRow("not_computed", label, code, not_run[code]))
-            continue
-        finding = fired.get(code)
-        if finding is None:
-            rows.append(ChecklistRow("ok", label, code, ""))
-            continue
-        where = "whole dump" if finding.steps is None else _steps_text(finding.steps)
-        if finding.value is not None:
-            where = f"{fmt(finding.value)} ({where})"
-        rows.append(ChecklistRow(finding.severity, label, code, where))
-    return rows
+def where(row: ChecklistRow) -> str:
+    """Where a checklist row fired (``3166.38 (1 step: 2)``, ``whole dump``), or why it was not computed."""
+    if row.status == "ok":
+        return ""
+    if row.status == "not_computed":
+        return row.reason
+    at = "whole dump" if row.steps is None else _steps_text(row.steps)
+    return at if row.value is None else f"{fmt(row.value)} ({at})"
 
 
 def _steps_text(steps: tuple[int, ...]) -> str:

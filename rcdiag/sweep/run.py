@@ -10,7 +10,7 @@ from typing import Any
 
 from rcdiag.api import ProgressCallback, accumulate, input_facts
 from rcdiag.backend import Backend, get_backend
-from rcdiag.catalogue.findings import finding
+from rcdiag.catalogue.emit import emit
 from rcdiag.config import CorrectionConfig
 from rcdiag.engine import Engine
 from rcdiag.io import Chunk
@@ -138,13 +138,5 @@ def _crash_findings(rows: list[SweepRow]) -> list[Finding]:
                 continue
             empty_seen = empty_seen or empty
             where = "" if empty else f"{row.option} at {row.threshold}: "
-            findings.append(
-                Finding(
-                    code=crash.code,
-                    severity=finding(crash.code).severity,
-                    message=where + crash.message,
-                    metric=crash.metric,
-                    steps=row.crash_steps or None,
-                )
-            )
+            findings.append(emit(crash.code, where + crash.message, metric=crash.metric, steps=row.crash_steps or None))
     return findings
