@@ -127,3 +127,125 @@ def test_a_crash_note_needs_a_catalogued_code() -> None:
     assert VerlCrash("verl_crash_empty_batch", None, "no valid token").code == "verl_crash_empty_batch"
     with pytest.raises(KeyError):
         VerlCrash("verl_crash_not_in_the_catalogue", None, "")
+
+
+# ------------------------------------------------------------------------------------ one spec per finding
+
+
+def test_every_code_has_one_spec_and_one_enum_member() -> None:
+    from rcdiag.catalogue import Code
+
+    assert [member.value for member in Code] == [spec.code for spec in FINDINGS]
+    assert Code.KL_NEGATIVE == "kl_negative" and finding(Code.KL_NEGATIVE) is finding("kl_negative")
+
+
+def test_every_cause_class_is_a_specs_class_or_derived_by_the_verdict() -> None:
+    from typing import get_args
+
+    from rcdiag.report import CauseClass
+    from rcdiag.verdict import DERIVED_CLASSES, STATUS_OF
+
+    classes = set(get_args(CauseClass))
+    named = {spec.cause for spec in FINDINGS if spec.cause is not None}
+    assert classes == named | set(DERIVED_CLASSES) and set(DERIVED_CLASSES) <= classes
+    assert classes == set(STATUS_OF)
+    assert "noise" not in named  # precision noise is never one finding's word: the verdict derives it
+
+
+def test_detectors_and_their_texts_come_from_the_specs() -> None:
+    """The detectors are the specs with a ``detects`` text: ``--explain``'s (and the trend every analyze runs);
+    their codes, the CLI help and the verdict's "not examined" list read them there."""
+    from rcdiag.catalogue.findings import detectors
+    from rcdiag.cli.flags import ExplainOpt
+    from rcdiag.explain.detectors import DETECTORS
+
+    found = [spec.code for spec in detectors()]
+    assert found == [spec.code for spec in FINDINGS if spec.explain] == list(DETECTORS)
+    assert len(found) == 6
+    help_text = ExplainOpt.__metadata__[0].help
+    assert all(code in help_text for code in found), help_text
+
+
+def test_thresholds_restated_elsewhere_are_read_from_the_catalogue() -> None:
+    from rcdiag.catalogue.metrics import finding_threshold
+    from rcdiag.explain import detectors
+    from rcdiag.health import seq_is_usable_ess
+
+    assert (detectors.KL_WARN, detectors.CHI2_WARN) == (0.1, 1.0)  # verl's own warnings, from the catalogue
+    assert finding_threshold("kl_high").limit == detectors.KL_WARN
+    assert finding_threshold("chi2_token_high").limit == detectors.CHI2_WARN
+    assert seq_is_usable_ess() == finding_threshold("is_ess_low").limit == 0.3
+
+
+def test_a_renamed_metric_fails_where_it_is_read() -> None:
+    from rcdiag.catalogue.metrics import known_key
+
+    assert known_key("k3_kl") == PREFIX + "k3_kl" and known_key("rcdiag/shape_corr") == "rcdiag/shape_corr"
+    with pytest.raises(KeyError):
+        known_key("k3_kl_renamed")
+
+
+def test_the_verdict_advises_from_the_specs() -> None:
+    """A class's fix step: its ``class_advice`` (truncation, whether the detector or the kl/k3 gap showed it);
+    else its own finding's advice, never another class's (kl_negative under ``logprob_mode``)."""
+    from rcdiag.report import Cause
+    from rcdiag.verdict import class_advice
+
+    truncation = finding("sampling_truncation").class_advice
+    assert truncation is not None and truncation.startswith("Return log-probs of the same distribution")
+    assert class_advice(Cause("truncation", ("kl_k3_disagree", "kl_high"), "")) == truncation
+    assert class_advice(Cause("truncation", ("sampling_truncation",), "")) == truncation
+    not_sampled = finding("logprobs_not_sampled").advice
+    assert class_advice(Cause("logprob_mode", ("kl_negative",), "")) == not_sampled
+    assert class_advice(Cause("logprob_mode", ("kl_negative", "logprobs_not_sampled"), "")) == not_sampled
+    assert class_advice(Cause("swapped_columns", ("kl_negative", "logprobs_not_sampled"), "")) == (
+        finding("kl_negative").advice
+    )
+    assert class_advice(Cause("crash", ("verl_crash_empty_batch",), "")) == ""  # no advice of its own
+
+
+def test_findings_are_made_only_by_emit() -> None:
+    """No module builds a ``Finding`` itself: ``rcdiag.catalogue.emit.emit`` takes the severity and advice from
+    the spec (so a severity changed in the catalogue changes everywhere)."""
+    built = [
+        path.relative_to(ROOT).as_posix()
+        for path, text in SOURCES.items()
+        if re.search(r"\bFinding\(", text) and path.name != "emit.py"
+    ]
+    assert built == []
+    sorts = [path.relative_to(ROOT).as_posix() for path, text in SOURCES.items() if "listing_order(" in text]
+    assert sorts == ["rcdiag/catalogue/emit.py", "rcdiag/catalogue/findings.py"]  # one sort: ``ordered``
+
+
+def _producers_findings() -> list[rcdiag.Finding]:
+    """Findings from every producer: health rules and crash notes, signatures, ``--explain``'s detectors and the
+    token detector, the micro-batch section, compare."""
+    from rcdiag import MicroBatchSettings
+    from rcdiag.compare import compare
+
+    found: list[rcdiag.Finding] = []
+    for path in sorted((ROOT / "sample_data").glob("*.parquet")):
+        found.extend(rcdiag.analyze(path, explain=True).findings)
+        found.extend(rcdiag.analyze(path, rcdiag.preset("decoupled_seq_is_rs")).findings)
+    bypass = CorrectionConfig(rollout_is="token", rollout_is_threshold="2", bypass_mode=True, loss_type="ppo_clip")
+    found.extend(rcdiag.analyze(ROOT / "sample_data" / "healthy.parquet", bypass).findings)
+    micro = MicroBatchSettings(micro_batch_size=1)
+    legacy = rcdiag.preset("decoupled_k3_rs", "0.7.1")
+    found.extend(rcdiag.analyze(ROOT / "sample_data" / "healthy.parquet", legacy, microbatch=micro).findings)
+    samples = ROOT / "sample_data"
+    for a, b in (("healthy", "train_forgot_temperature"), ("healthy", "healthy_t06"), ("healthy", "topk_offset")):
+        found.extend(compare(samples / f"{a}.parquet", samples / f"{b}.parquet").findings)
+    return found
+
+
+def test_every_producers_findings_carry_their_specs_severity_and_advice() -> None:
+    found = _producers_findings()
+    codes = {f.code for f in found}
+    assert len(codes) >= 20, sorted(codes)  # the sample dumps reach most producers
+    assert {"verl_crash_microbatch_all_rejected", "is_weights_unused", "token_specific", "temperature_kl_high"} <= codes
+    for f in found:
+        spec = finding(f.code)
+        assert f.severity == spec.severity and f.advice == spec.advice, f.code
+        assert f.facts and f.message.startswith(f.facts), f.code
+        if spec.advice:
+            assert f.message.endswith(spec.advice), f.code

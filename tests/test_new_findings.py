@@ -61,7 +61,7 @@ def test_kl_k3_boundary_is_the_noise_limit() -> None:
     assert _kl_k3(batch(1e-3 + limit * 0.999, 1e-3, se), Context(steps)) == []
     (hit,) = _kl_k3(batch(1e-3 + limit * 1.001, 1e-3, se), Context(steps))
     assert hit.threshold == pytest.approx(limit)
-    assert f"{limit * 1.001 / se:.1f} standard errors" in hit.message and "8 batches" in hit.message
+    assert f"{limit * 1.001 / se:.1f} standard errors" in hit.facts and "8 batches" in hit.facts
     # the same gap is noise when 1000 steps are tested at once
     assert _kl_k3(batch(1e-3 + limit * 1.001, 1e-3, se), Context(1000)) == []
 

@@ -113,7 +113,7 @@ def test_seq_is_hopeless_boundary_is_verls_ess_minimum() -> None:
     on = 1.0 / 0.3 - 1.0  # ESS 1 / (1 + chi2_seq) = 0.3
     assert _seq_is_hopeless(result({"chi2_seq": on * (1 - 1e-9)}), Context(1)) == []
     hit = _seq_is_hopeless(result({"chi2_seq": on * (1 + 1e-9)}), Context(1))
-    assert hit and "token-level TIS" in hit[0].message
+    assert hit and "of the responses, below 0.3" in hit[0].facts
 
 
 # --------------------------------------------------------------------------------------------- sparse_outliers
