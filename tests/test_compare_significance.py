@@ -231,3 +231,32 @@ def test_the_units_merge_across_workers_and_round_trip_a_state(tmp_path: Path) -
     back = ResponseUnits.from_state_dict(json.loads(json.dumps(state.state_dict())))
     np.testing.assert_array_equal(back.table(), one)
     assert back.rows_read == one.shape[0]
+
+
+def test_the_worked_example_in_compare_md_is_what_compare_gives(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """docs/compare.md's bf16 / fp8 KV cache / 4-bit study: every number of its table, as printed (3 significant
+    digits), from the comparison rerun on the same real-model dumps."""
+    from shape_dumps import defect_dump
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "compare.md").read_text()
+    table = text.split("<!-- compare-study")[1].split("<!-- /compare-study -->")[0]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[3:] if line]
+    paths = [dump("bf16", 1), dump("bf16", 2), defect_dump("kv_fp8", 1), dump("int4", 1)]
+    code, out, _ = cli(capsys, "compare", *paths, "--format", "json")
+    assert code == 0
+    result = json.loads(out)
+    assert len(rows) == 4 and len(result["comparisons"]) == 3
+    key = "rollout_corr/k3_kl"
+    first = result["comparisons"][0]["tests"][key]
+    assert rows[0][1] == f"{first['a']:.3g}" and rows[0][5] == "healthy"
+    for row, comparison in zip(rows[1:], result["comparisons"], strict=True):
+        test = comparison["tests"][key]
+        shown = [
+            f"{test['b']:.3g}",
+            f"{test['difference']:.3g}",
+            f"[{test['ci_low']:.3g}, {test['ci_high']:.3g}]",
+            f"{test['adjusted_p_value']:.3g}",
+            comparison["b"]["verdict"]["status"],
+        ]
+        assert row[1:] == shown, row[0]
+        assert test["units"] == "steps" and test["significant"] == (row[0] != "bf16, seed 2")

@@ -70,16 +70,18 @@ def render_comparisons(many: Comparisons, console: Console) -> None:
     console.print(Text(_describe("baseline A", base)))
     console.print(Text("config (every dump): " + describe_config(base.config), style="dim"))
     if base.verdict is not None:
-        console.print(Text(f"A: {base.verdict.status.upper()}: {printable(base.verdict.headline)}"))
+        console.print(Text(f"A: verdict {_verdict_line(base)}"))
     for i, comparison in enumerate(many.comparisons):
         label = chr(ord("B") + i) if i < 25 else str(i + 2)
         report = comparison.b
         console.print(Text(_describe(label, report), style="bold"))
         if report.verdict is not None:
-            console.print(Text(f"  verdict {report.verdict.status.upper()}: {printable(report.verdict.headline)}"))
+            console.print(Text(f"  verdict {_verdict_line(report)}"))
         for test in comparison.tests.values():
             style = "yellow" if test.significant else "dim"
             console.print(Text("  " + test.sentence("A", label), style=style))
+        if comparison.findings:
+            console.print(Text(f"  the pair's findings (side a: A, side b: {label}):", style="dim"))
         for finding in comparison.findings:
             console.print(
                 Text(f"  {finding.severity.upper()} [{finding.code}] {printable(finding.message)}", style="dim")
@@ -90,6 +92,13 @@ def render_comparisons(many: Comparisons, console: Console) -> None:
             style="dim",
         )
     )
+
+
+def _verdict_line(report: Report) -> str:
+    """``STATUS: headline``, the headline's own leading status word not repeated."""
+    assert report.verdict is not None
+    status = report.verdict.status
+    return f"{status.upper()}: {printable(report.verdict.headline.removeprefix(status + ': '))}"
 
 
 def _describe(side: str, report: Report) -> str:
