@@ -47,6 +47,8 @@ def open_dump(path: str | Path, columns: ColumnMap | None = None) -> Source:
     label = str(path)
     files = expand(path)
     kinds = _one_kind(label, dict(zip(files, map_files(format_of, files), strict=True)))
+    fmt = next(iter(kinds.values()))
+    kinds = dict.fromkeys(fmt.opened(list(kinds)), fmt)
     _make_room(list(kinds.items()), label)
     opened = map_files(lambda file: kinds[file].open(file, columns), list(kinds))
     return TableSource(label, opened, next(iter(kinds.values())).name)

@@ -17,11 +17,13 @@ import json
 import re
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap
@@ -38,10 +40,11 @@ def unwrap(value: Any) -> Any:
     return value
 
 
-def _kind(value: Any) -> pa.DataType:
+def _kind(value: Any, nulls: bool = False) -> pa.DataType:
     """The column type a first record's value gives its key; a value no column type fits (an object, a null, a
     list of strings) still makes a column (of nulls), so that a log-prob key holding one is refused for what it
-    holds (``_odd_value``), never reported missing."""
+    holds (``_odd_value``), never reported missing. ``nulls``: a list of numbers may hold nulls (prime-rl's
+    non-finite values)."""
     value = unwrap(value)
     if isinstance(value, bool):
         return pa.bool_()
@@ -51,7 +54,8 @@ def _kind(value: Any) -> pa.DataType:
         return pa.float64()
     if isinstance(value, str):
         return pa.string()
-    if isinstance(value, list) and all(isinstance(v, (int, float)) for v in value[:64]):
+    numbers = (int, float, type(None)) if nulls else (int, float)
+    if isinstance(value, list) and all(isinstance(v, numbers) for v in value[:64]):
         return pa.list_(pa.float64())
     return pa.list_(pa.null())  # a list of other things, an object, a null: refused if used, by _odd_value
 
@@ -111,7 +115,9 @@ def first_keys(path: Path) -> set[str]:
 
 class JsonRecordsFile(TableFile):
     """A JSONL file; ``step`` (with ``step_origin``) is every row's step when the container says it,
-    ``mask_factor`` names a per-record 0/1 key that multiplies the mask (NeMo-RL's ``sample_loss_mask``)."""
+    ``mask_factor`` names a per-record 0/1 key that multiplies the mask (NeMo-RL's ``sample_loss_mask``);
+    ``null_floats``: a null among a response's log-probs is a non-finite value whose kind the writer dropped,
+    read as NaN (so ``--on-bad-row`` decides at a valid position), counted per column and said in a notice."""
 
     def __init__(
         self,
@@ -122,15 +128,18 @@ class JsonRecordsFile(TableFile):
         step: int | None = None,
         step_origin: str = "file name",
         mask_factor: str | None = None,
+        null_floats: bool = False,
     ) -> None:
         name = str(path)
+        self.null_floats = null_floats
+        self.nulls = NullCount()
         try:
             first = next((record for _, record in records(name)), None)
         except (OSError, UnicodeDecodeError) as exc:
             raise InputError(f"cannot be read ({exc})", path=name) from None
         if first is None:
             raise InputError("has no records: there is nothing to analyze", path=name)
-        fields = [(key, _kind(value)) for key, value in first.items()]
+        fields = [(key, _kind(value, null_floats)) for key, value in first.items()]
         try:
             super().__init__(name, columns, format=format, schema=pa.schema(fields), step=step, step_origin=step_origin)
         except InputError as exc:  # a used key's type refused: say what the record holds, where
@@ -161,6 +170,11 @@ class JsonRecordsFile(TableFile):
                 batch, tokens = [], 0
         if batch:
             yield self._batch(batch, columns, first_row)
+        if self.nulls.count:
+            from rcdiag.notices import notify
+
+            notify(self.nulls.notice(self.path))
+            self.nulls = NullCount()
 
     def _batch(self, rows: list[dict], columns: list[str], first_row: int) -> Batch:
         arrays = [self._column(rows, name, first_row) for name in columns]
@@ -199,7 +213,7 @@ class JsonRecordsFile(TableFile):
                         column=name,
                     )
         try:
-            return pa.array(values, type=kind)
+            array = pa.array(values, type=kind)
         except (pa.ArrowException, TypeError, ValueError) as exc:
             at = _first_unconvertible(values, kind)
             odd = _odd_value(values[at]) if pa.types.is_list(kind) else None
@@ -211,6 +225,43 @@ class JsonRecordsFile(TableFile):
                 row=first_row + at,
                 column=name,
             ) from None
+        if self.null_floats and name in (self.cols.old, self.cols.rollout) and pa.types.is_list(kind):
+            array = self.nulls.filled(array, name, first_row)
+        return array
+
+
+@dataclass
+class NullCount:
+    """Nulls read as NaN among the log-probs of one file: how many per column, and where the first was."""
+
+    count: dict[str, int] = field(default_factory=dict)
+    first: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def filled(self, array: pa.ListArray, name: str, first_row: int) -> pa.ListArray:
+        """``array`` (a list column of one batch, starting at ``first_row``) with its null values as NaN."""
+        values = array.values
+        if not values.null_count:
+            return array
+        if name not in self.first:
+            at = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
+            offsets = np.asarray(array.offsets)
+            row = int(np.searchsorted(offsets, at, side="right") - 1)
+            self.first[name] = (first_row + row, at - int(offsets[row]))
+        self.count[name] = self.count.get(name, 0) + values.null_count
+        return pa.ListArray.from_arrays(array.offsets, pc.fill_null(values, float("nan")))
+
+    def notice(self, path: str) -> str:
+        """One line: the nulls read as NaN, per column with the first one's row and position."""
+        parts = [
+            f"'{name}' {n:,} (first at row {self.first[name][0]}, position {self.first[name][1]})"
+            for name, n in self.count.items()
+        ]
+        total = sum(self.count.values())
+        return (
+            f"note: {path}: read {total:,} JSON null log-prob{'s' if total != 1 else ''} as NaN: {', '.join(parts)}; "
+            "prime-rl writes every non-finite value (NaN, +inf, -inf) as null, so at a valid position each makes its "
+            "row bad under 'nan' (--on-bad-row), and at a masked one it is padding"
+        )
 
 
 def _first_unconvertible(values: list, kind: pa.DataType) -> int:

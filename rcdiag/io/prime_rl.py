@@ -2,7 +2,9 @@
 
 ``trainer_logprobs`` are the trainer's log-probs, ``inference_logprobs`` the inference engine's and
 ``loss_mask`` the mask (false on prompt tokens); ``step`` is a field of every record (else the ``step_N``
-directory name) and the per-token ``temperatures`` become the report's ``temperature``.
+directory name) and the per-token ``temperatures`` become the report's ``temperature``. The exporter writes every
+non-finite float as JSON ``null`` (``_json_float``, ``src/prime_rl/trainer/rl/token_export.py:247-253`` at
+PrimeIntellect-ai/prime-rl 559b4477): a null log-prob is read as NaN and counted (``JsonRecordsFile``).
 """
 
 from __future__ import annotations
@@ -33,4 +35,5 @@ class PrimeRlFile(JsonRecordsFile):
             format="prime-rl",
             step=int(match.group(1)) if match else None,
             step_origin="directory name",
+            null_floats=True,
         )

@@ -28,7 +28,9 @@ class InputFormat:
     tool's run directory; ``companions`` are file names this tool writes beside its dumps that are not dumps.
     ``prompts``: its rows hold the prompt and padding too, so a dump of it without a mask counts them as response
     tokens (the ``mask_missing`` finding). ``keeps_open``: each local file stays open from opening the dump to the
-    end of reading (a Parquet reader), so a dump of many shards needs as many open files.
+    end of reading (a Parquet reader), so a dump of many shards needs as many open files. ``units`` maps the
+    format's files of a dump to the files to open when one unit spans several files (a rollout's rank files, read
+    through one of them): a function of the file list, in order.
     """
 
     name: str
@@ -41,6 +43,7 @@ class InputFormat:
     companions: str | None = None
     prompts: bool = False
     keeps_open: bool = False
+    units: str | None = None
 
     def open(self, path: str | FilePath, columns: ColumnMap | None) -> TableFile:
         """The format's ``TableFile`` for ``path`` (text in a worker's ``Part``); memory it cannot have is an
@@ -49,6 +52,10 @@ class InputFormat:
 
         with memory_named(str(path)):
             return _load(self.opener)(path, columns)
+
+    def opened(self, files: list[FilePath]) -> list[FilePath]:
+        """The files of this format to open (each reads what its unit spans)."""
+        return files if self.units is None else list(_load(self.units)(files))
 
     def accepts(self, path: FilePath) -> bool:
         """Whether this format reads ``path`` (once its suffix or magic matched)."""
@@ -65,7 +72,10 @@ FORMATS: tuple[InputFormat, ...] = (
     InputFormat("prime-rl", "prime-rl JSONL", (".jsonl",), (b"{",), "rcdiag.io.prime_rl:PrimeRlFile",
                 claims="rcdiag.io.prime_rl:claims", run_dir="token_exports", prompts=True),
     InputFormat("jsonl", "JSONL", (".jsonl",), (b"{",), "rcdiag.io.jsonl:JsonlFile"),
-    InputFormat("torch", "PyTorch .pt", (".pt", ".pth"), (), "rcdiag.io.torch_pt:TorchFile"),
+    InputFormat("torch", "PyTorch .pt", (".pt", ".pth"), (), "rcdiag.io.torch_pt:TorchFile",
+                units="rcdiag.io.rank_files:leaders"),
+    InputFormat("skyrl", "SkyRL .pkl", (".pkl",), (), "rcdiag.io.skyrl:SkyrlFile", run_dir="dumped_data",
+                prompts=True),
     InputFormat("npz", "NumPy .npz", (".npz",), (b"PK\x03\x04",), "rcdiag.io.npz:NpzFile"),
 )  # fmt: skip
 
