@@ -129,7 +129,11 @@ def _build_dump_payload(dp_shards: list[dict], *, rollout_id: int, writer_rank: 
             samples_out.append(sample)
         layout.append(shard_layout)
     order = next(
-        (k for k in ("rollout_position", "sample_index") if samples_out and all(s.get(k) is not None for s in samples_out)),
+        (
+            k
+            for k in ("rollout_position", "sample_index")
+            if samples_out and all(s.get(k) is not None for s in samples_out)
+        ),
         None,
     )
     if order is not None:
@@ -213,7 +217,9 @@ def miles_ranks(
                     continue
 
                 def sliced(values: np.ndarray, s: Sample, cp_rank: int = cp_rank, max_len: int | None = max_len) -> Any:
-                    return cp_slice(torch.from_numpy(values.copy()), s.total, s.response, cp_rank, cp_size, qkv_format, max_len)
+                    return cp_slice(
+                        torch.from_numpy(values.copy()), s.total, s.response, cp_rank, cp_size, qkv_format, max_len
+                    )
 
                 rollout_data: dict[str, Any] = {
                     "tokens": [torch.arange(s.total, dtype=torch.long) for s in shard],
@@ -230,7 +236,7 @@ def miles_ranks(
                 rollout_data["log_probs"] = [sliced(s.old, s) for s in shard]
                 path = directory / f"{rollout_id}_{rank}.pt"
                 torch.save(
-                    dict(
+                    dict(  # noqa: C408 - the writer's own call
                         rollout_id=rollout_id,
                         rank=rank,
                         rollout_data=rollout_data,
@@ -362,13 +368,15 @@ def skyrl_pickle(path: Path, arrays: dict[str, Any], metadata: dict, *, bfloat16
         def __reduce__(self) -> Any:
             return (_rebuild_tensor_batch, (type(self), state))
 
-    with _module(SKYRL_MODULE, _rebuild_tensor_batch=_rebuild_tensor_batch, TrainingInputBatch=TrainingInputBatch):
-        with open(path, "wb") as handle:
-            pickle.dump(TrainingInputBatch(), handle)
+    members = {"_rebuild_tensor_batch": _rebuild_tensor_batch, "TrainingInputBatch": TrainingInputBatch}
+    with _module(SKYRL_MODULE, **members), open(path, "wb") as handle:
+        pickle.dump(TrainingInputBatch(), handle)
     return path
 
 
-def skyrl_pickle_before_2026_03(path: Path, arrays: dict[str, Any], metadata: dict, *, torch_bytes: bool = False) -> Path:
+def skyrl_pickle_before_2026_03(
+    path: Path, arrays: dict[str, Any], metadata: dict, *, torch_bytes: bool = False
+) -> Path:
     """The batch as SkyRL pickled it before c7348d07 (2026-03-24; ``skyrl-train``'s ``skyrl_train.training_batch``
     until the 2026-03 package move): a plain ``dict`` subclass with ``__getstate__``, so ``pickle.dump`` writes
     the class, its items as torch tensors (``torch._utils._rebuild_tensor_v2`` over ``torch.storage.
@@ -388,9 +396,8 @@ def skyrl_pickle_before_2026_03(path: Path, arrays: dict[str, Any], metadata: di
         def __getstate__(self) -> Any:
             return state
 
-    with _module(SKYRL_OLD_MODULE, TrainingInputBatch=TrainingInputBatch):
-        with open(path, "wb") as handle:
-            pickle.dump(TrainingInputBatch(items), handle)
+    with _module(SKYRL_OLD_MODULE, TrainingInputBatch=TrainingInputBatch), open(path, "wb") as handle:
+        pickle.dump(TrainingInputBatch(items), handle)
     return path
 
 

@@ -220,6 +220,7 @@ def _stitched(holders: list[tuple[Pack, int]], key: str, sample: int, total: int
             )
         return value
     chunks: dict[int, np.ndarray] = {}
+    files: dict[int, str] = {}
     for holder, at in found:
         if holder.cp_size != pack.cp_size or holder.qkv_format != pack.qkv_format:
             raise InputError(
@@ -227,7 +228,9 @@ def _stitched(holders: list[tuple[Pack, int]], key: str, sample: int, total: int
                 f"({pack.qkv_format}); the rank files of one rollout must agree",
                 path=holder.path,
             )
-        chunks.setdefault(holder.cp_rank, np.asarray(holder.per_sample(key, at)))
+        if holder.cp_rank not in chunks:
+            chunks[holder.cp_rank] = np.asarray(holder.per_sample(key, at))
+            files[holder.cp_rank] = holder.path
     missing = sorted(set(range(pack.cp_size)) - set(chunks))
     if missing:
         raise InputError(
@@ -244,7 +247,8 @@ def _stitched(holders: list[tuple[Pack, int]], key: str, sample: int, total: int
     max_len = None
     if pack.qkv_format == "bshd":
         max_len = _whole(pack.per_sample("max_seq_lens", row), "max_seq_lens", pack.path)
-    return assemble(chunks, total, response, pack.cp_size, pack.qkv_format, max_len, pack.path, f"sample {sample}")
+    what = f"sample {sample}'s '{key}'"
+    return assemble(chunks, total, response, pack.cp_size, pack.qkv_format, max_len, files, what)
 
 
 def logit_ranges(
@@ -274,34 +278,39 @@ def assemble(
     cp_size: int,
     qkv_format: str,
     max_seq_len: int | None,
-    path: str,
+    files: dict[int, str],
     what: str,
 ) -> np.ndarray:
     """One response from its context-parallel slices: Miles' ``assemble_log_prob_from_cp`` (``cp_utils.py:440-472``),
-    each slice checked to fill exactly its ranges and the ranges to tile the response once."""
-    sizes = sum(chunk.shape[0] if chunk.ndim == 1 else -1 for chunk in chunks.values())
+    each slice (from ``files[cp_rank]``) checked to fill exactly its ranges and the ranges to tile the response
+    once."""
     prompt = total - response
-    out = np.zeros(response, dtype=np.result_type(*chunks.values())) if sizes == response else None
-    covered = np.zeros(response, dtype=np.int8) if out is not None else None
+    placed = []
     for cp_rank, chunk in sorted(chunks.items()):
         ranges = logit_ranges(total, response, cp_rank, cp_size, qkv_format, max_seq_len)
         widths = [max(hi - lo, 0) for lo, hi in ranges]
-        if chunk.ndim != 1 or chunk.shape[0] != sum(widths) or out is None or covered is None:
+        if chunk.ndim != 1 or chunk.shape[0] != sum(widths):
             raise InputError(
                 f"holds {chunk.shape[0] if chunk.ndim == 1 else chunk.shape} values of {what} at cp_rank {cp_rank} "
                 f"of {cp_size}, where Miles' zigzag split of {total} tokens ({response} of them the response, "
                 f"{qkv_format}) places {sum(widths)}; the file is not Miles' dump of that sample",
-                path=path,
+                path=files[cp_rank],
             )
+        placed.append((chunk, ranges, widths))
+    out = np.zeros(response, dtype=np.result_type(*chunks.values()))
+    covered = np.zeros(response, dtype=np.int64)
+    for chunk, ranges, widths in placed:
         taken = 0
         for (lo, _), width in zip(ranges, widths, strict=True):
             if width:
                 start = lo - (prompt - 1)
+                if start < 0 or start + width > response:
+                    raise InputError(f"holds a context-parallel slice of {what} outside its response", path=files[0])
                 out[start : start + width] = chunk[taken : taken + width]
                 covered[start : start + width] += 1
                 taken += width
-    if covered is None or out is None or not np.all(covered == 1):
-        raise InputError(f"holds context-parallel slices of {what} that do not tile its response", path=path)
+    if not np.all(covered == 1):
+        raise InputError(f"holds context-parallel slices of {what} that do not tile its response", path=files[0])
     return out
 
 

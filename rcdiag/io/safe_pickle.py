@@ -43,8 +43,8 @@ def loads(data: bytes, admitted: Mapping[tuple[str, str], Any], holds: str, path
             found = admitted.get((module, name))
             if found is None:
                 raise InputError(
-                    f"is a pickle naming the global '{module}.{name}', which {holds} never holds; rcdiag refused it "
-                    "before importing or calling anything it names (a pickle can run code: see docs/threat-model.md)",
+                    f"is a pickle naming the global '{module}.{name}', which {holds} never holds; refused before "
+                    "anything it names was imported or run (a pickle is code: docs/threat-model.md)",
                     path=path,
                 )
             return found

@@ -38,7 +38,7 @@ from rcdiag.io.base import ColumnMap
 from rcdiag.io.tensors import TensorFile
 from rcdiag.io.torch_load import load_torch, to_numpy, torch_module
 
-HOLDS = "a SkyRL training batch (TrainingInputBatch of tensors, numbers, strings and containers)"
+HOLDS = "a SkyRL training batch"
 MODULES = ("skyrl.backends.skyrl_train.training_batch", "skyrl_train.training_batch")
 """Where SkyRL's batch classes live (the second before SkyRL's 2026-03 package move)."""
 DTYPES = frozenset(
