@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
+import trainer_dumps
 from conftest import assert_metrics_close, ragged_lists, random_batch, write_dump
 
 import rcdiag
@@ -196,24 +197,19 @@ def test_nemo_rl_sample_loss_mask_drops_a_sample(batch: dict, canonical: rcdiag.
 
 
 def test_prime_rl_token_exports(batch: dict, canonical: rcdiag.Report, tmp_path: Path) -> None:
-    exports = tmp_path / "run" / "token_exports"
-    for step in STEPS:
-        rows = np.flatnonzero(batch["steps"] == step)
-        for rank, part in enumerate(np.array_split(rows, 2)):
-            (exports / f"step_{step}").mkdir(parents=True, exist_ok=True)
-            with open(exports / f"step_{step}" / f"rank_{rank}.jsonl", "w") as handle:
-                for r in part:
-                    record = {
-                        "schema_version": 2,
-                        "step": int(step),
-                        "token_ids": [5, 6] + [1] * batch["old"].shape[1],
-                        "loss_mask": [False, False] + [bool(v) for v in batch["mask"][r]],
-                        "temperatures": [0.7] * (2 + batch["old"].shape[1]),
-                        "inference_logprobs": [0.0, 0.0, *batch["rollout"][r].astype(float).tolist()],
-                        "trainer_logprobs": [-1.0, -2.0, *batch["old"][r].astype(float).tolist()],
-                    }
-                    handle.write(json.dumps(record) + "\n")
-            (exports / f"step_{step}" / "STABLE").touch()
+    def record(row: int, step: int, rank: int) -> dict:
+        return {
+            "schema_version": 2,
+            "step": step,
+            "token_ids": [5, 6] + [1] * batch["old"].shape[1],
+            "loss_mask": [False, False] + [bool(v) for v in batch["mask"][row]],
+            "temperatures": [0.7] * (2 + batch["old"].shape[1]),
+            "inference_logprobs": [0.0, 0.0, *batch["rollout"][row].astype(float).tolist()],
+            "trainer_logprobs": [-1.0, -2.0, *batch["old"][row].astype(float).tolist()],
+        }
+
+    # json.dumps' -Infinity keeps the batch's -inf (prime-rl's exporter would write null: tests/test_trainer_dumps.py)
+    trainer_dumps.prime_rl_exports(tmp_path / "run", batch["steps"], record, line=lambda r: json.dumps(r) + "\n")
     report = rcdiag.analyze(tmp_path / "run", CONFIG)
     same(report, canonical)
     assert report.input.format == "prime-rl, 4 files" and report.input.metadata["temperature"] == "0.7"

@@ -100,19 +100,7 @@ def _skyrl(tmp_path: Path, change: Callable[[dict], None] | None = None, pad: in
     state = td.skyrl_state(td.skyrl_arrays(ss), td.skyrl_metadata(ss, pad))
     if change is not None:
         change(state)
-    path = tmp_path / "global_step_1_training_input.pkl"
-
-    def _rebuild_tensor_batch(cls: Any, state: Any) -> Any:  # pragma: no cover - only named
-        raise AssertionError
-
-    class TrainingInputBatch(dict):
-        def __reduce__(self) -> Any:
-            return (_rebuild_tensor_batch, (type(self), state))
-
-    members = {"_rebuild_tensor_batch": _rebuild_tensor_batch, "TrainingInputBatch": TrainingInputBatch}
-    with td._module(td.SKYRL_MODULE, **members), open(path, "wb") as handle:
-        pickle.dump(TrainingInputBatch(), handle)
-    return path
+    return td.pickle_state(tmp_path / "global_step_1_training_input.pkl", state)
 
 
 def _entry(state: dict, key: str) -> dict:

@@ -180,37 +180,31 @@ def test_skyrl_bfloat16_log_probs_read_through_torch(tmp_path: Path, capsys: pyt
 
 
 def prime_rl_exports(batch: dict, directory: Path, nulls: dict[int, tuple[int, str, float]]) -> Path:
-    """``token_exports/step_N/rank_R.jsonl`` as prime-rl's exporter writes them: two prompt tokens (loss mask false)
-    then the response; ``nulls`` puts a non-finite value (row -> position, column, value) where ``_json_float``
-    turns it into null."""
-    exports = directory / "token_exports"
-    for step in STEPS:
-        rows = np.flatnonzero(batch["steps"] == step)
-        for rank, part in enumerate(np.array_split(rows, 2)):
-            (exports / f"step_{step}").mkdir(parents=True, exist_ok=True)
-            with open(exports / f"step_{step}" / f"rank_{rank}.jsonl", "w") as handle:
-                for r in part:
-                    columns = {
-                        "trainer_logprobs": batch["old"][r].astype(float),
-                        "inference_logprobs": batch["rollout"][r].astype(float),
-                    }
-                    if r in nulls:
-                        position, column, value = nulls[r]
-                        columns[column] = columns[column].copy()
-                        columns[column][position] = value
-                    record = {
-                        "schema_version": 1,
-                        "step": int(step),
-                        "rank": rank,
-                        "token_ids": [5, 6] + [1] * batch["old"].shape[1],
-                        "loss_mask": [False, False] + [bool(v) for v in batch["mask"][r]],
-                        "inference_logprobs": [0.0, 0.0] + [td.json_float(v) for v in columns["inference_logprobs"]],
-                        "trainer_logprobs": [-1.0, -2.0] + [td.json_float(v) for v in columns["trainer_logprobs"]],
-                        "mismatch_kl": [None] * (2 + batch["old"].shape[1]),
-                    }
-                    handle.write(td.prime_rl_line(record))
-            (exports / f"step_{step}" / "STABLE").touch()
-    return directory
+    """The batch as prime-rl's token exports: two prompt tokens (loss mask false) then the response; ``nulls`` puts
+    a non-finite value (row -> position, column, value) where ``_json_float`` turns it into null."""
+
+    def record(row: int, step: int, rank: int) -> dict:
+        columns = {
+            "trainer_logprobs": batch["old"][row].astype(float),
+            "inference_logprobs": batch["rollout"][row].astype(float),
+        }
+        if row in nulls:
+            position, column, value = nulls[row]
+            columns[column] = columns[column].copy()
+            columns[column][position] = value
+        width = batch["old"].shape[1]
+        return {
+            "schema_version": 1,
+            "step": step,
+            "rank": rank,
+            "token_ids": [5, 6] + [1] * width,
+            "loss_mask": [False, False] + [bool(v) for v in batch["mask"][row]],
+            "inference_logprobs": [0.0, 0.0] + [td.json_float(v) for v in columns["inference_logprobs"]],
+            "trainer_logprobs": [-1.0, -2.0] + [td.json_float(v) for v in columns["trainer_logprobs"]],
+            "mismatch_kl": [None] * (2 + width),
+        }
+
+    return td.prime_rl_exports(directory, batch["steps"], record)
 
 
 def test_prime_rl_nulls_are_non_finite_values_handled_like_nan(

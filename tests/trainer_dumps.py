@@ -12,7 +12,7 @@ import math
 import pickle
 import sys
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -356,10 +356,14 @@ def _module(name: str, **members: Any) -> Iterator[types.ModuleType]:
 
 
 def skyrl_pickle(path: Path, arrays: dict[str, Any], metadata: dict, *, bfloat16: Sequence[str] = ()) -> Path:
-    """``TensorBatch.save`` (``training_batch.py:395-398``): ``pickle.dump`` of a ``TrainingInputBatch`` whose
-    ``__reduce__`` (:244-253) is ``(_rebuild_tensor_batch, (type(self), self.__getstate__()))``; the class and the
-    function are pickled by reference, under SkyRL's module and names."""
-    state = skyrl_state(arrays, metadata, bfloat16)
+    """``TensorBatch.save`` (``training_batch.py:395-398``) of a batch of ``arrays``: ``pickle_state``."""
+    return pickle_state(path, skyrl_state(arrays, metadata, bfloat16))
+
+
+def pickle_state(path: Path, state: dict) -> Path:
+    """``pickle.dump`` of a ``TrainingInputBatch`` whose ``__reduce__`` (``training_batch.py:244-253``) is
+    ``(_rebuild_tensor_batch, (type(self), self.__getstate__()))`` for ``state``; the class and the function are
+    pickled by reference, under SkyRL's module and names."""
 
     def _rebuild_tensor_batch(cls: Any, state: Any) -> Any:  # pragma: no cover - never called: only named
         raise AssertionError
@@ -427,3 +431,22 @@ def json_float(value: float) -> float | None:
 def prime_rl_line(record: dict) -> str:
     """One export line as ``TokenExporter._write`` writes it (``token_export.py:102-112``)."""
     return json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
+
+
+def prime_rl_exports(
+    directory: Path,
+    steps: np.ndarray,
+    record: Callable[[int, int, int], dict],
+    line: Callable[[dict], str] = prime_rl_line,
+) -> Path:
+    """``directory/token_exports/step_N/rank_R.jsonl`` (``token_export.py:87-100``) for a batch whose row ``i`` is
+    at step ``steps[i]``: each step's rows split over two ranks, ``record(row, step, rank)`` one ``line`` each, and
+    the step's ``STABLE`` marker (:81-85)."""
+    exports = directory / "token_exports"
+    for step in dict.fromkeys(steps.tolist()):
+        (exports / f"step_{step}").mkdir(parents=True, exist_ok=True)
+        for rank, part in enumerate(np.array_split(np.flatnonzero(steps == step), 2)):
+            lines = [line(record(int(row), int(step), rank)) for row in part]
+            (exports / f"step_{step}" / f"rank_{rank}.jsonl").write_text("".join(lines))
+        (exports / f"step_{step}" / "STABLE").touch()
+    return directory

@@ -90,7 +90,9 @@ def rollout_files(path: str | FilePath) -> list[str]:
 class Pack:
     """One rank file: its rank, context-parallel position and per-sample columns (numpy)."""
 
-    def __init__(self, path: str, obj: dict[str, Any], convert: Callable[[Any, str], Any]) -> None:
+    def __init__(self, path: str, obj: dict[str, Any], convert: Callable[[Any, str, str], Any]) -> None:
+        """``obj`` as ``torch.load`` gave it (format 1's shape); ``convert(value, key, path)`` makes its tensors
+        numpy."""
         self.path = path
         data = obj.get("rollout_data")
         if not isinstance(data, dict):
@@ -108,7 +110,7 @@ class Pack:
         self.qkv_format = obj.get("qkv_format", "thd")
         if self.qkv_format not in ("thd", "bshd"):
             raise InputError(f"holds qkv_format {self.qkv_format!r}; Miles writes 'thd' or 'bshd'", path=path)
-        self.data = {str(k): convert(v, str(k)) for k, v in data.items()}
+        self.data = {str(k): convert(v, str(k), path) for k, v in data.items()}
         lengths = self.data.get("response_lengths")
         if not isinstance(lengths, (list, np.ndarray)):
             raise InputError("holds no 'response_lengths' in 'rollout_data'; is it a training dump?", path=path)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag import outputs
+import rcdiag.outputs as outputs
 from rcdiag.errors import InputError
 from rcdiag.io import rank_files, slime
 from rcdiag.io.base import ColumnMap
@@ -43,10 +43,10 @@ def load_pt(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     obj = objs[0][1] if len(objs) == 1 else {}
     if len(objs) == 1 and not slime.is_train_dump(obj):
         return _plain(obj, path)
-    packs = [rank_files.Pack(name, slime.as_rollout_data(o, name), lambda v, k, n=name: to_numpy(v, k, n))
-             for name, o in objs]  # fmt: skip
-    _same_rollout(packs, objs)
-    leader = slime.as_rollout_data(objs[0][1], files[0])
+    dumps = [(name, slime.as_rollout_data(o, name)) for name, o in objs]
+    _same_rollout(dumps)
+    packs = [rank_files.Pack(name, dump, to_numpy) for name, dump in dumps]
+    leader = dumps[0][1]
     scalars = {k: to_numpy(v, str(k), path) for k, v in leader.items() if not isinstance(v, (dict, list, tuple))}
     arrays = rank_files.join(packs, path)
     return arrays, {k: v for k, v in scalars.items() if isinstance(v, (int, float, str, np.integer))}
@@ -65,7 +65,7 @@ def _load_dict(name: str) -> dict[str, Any]:
     return obj
 
 
-def _same_rollout(packs: list[rank_files.Pack], objs: list[tuple[str, dict[str, Any]]]) -> None:
+def _same_rollout(objs: list[tuple[str, dict[str, Any]]]) -> None:
     """The rank files of one rollout say the same ``rollout_id``."""
     ids = [(name, obj.get("rollout_id")) for name, obj in objs]
     for name, rollout in ids[1:]:
