@@ -7,12 +7,15 @@ bit for bit: the same float32 tokens in the same order give the same sums."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import trainer_dumps as td
-from conftest import ragged_lists, random_batch, require, run, write_dump
+from conftest import ROOT, ragged_lists, random_batch, require, run, write_dump
 
 STEPS = (3, 7)
 NULLS = (
@@ -149,6 +152,26 @@ def test_skyrl_training_input(batch: dict, canonical: dict, tmp_path: Path, caps
     assert doc["input"]["format"] == "skyrl, 2 files" and doc["input"]["step_source"] == "file name"
     assert doc["input"]["columns"]["old_log_prob"] == "action_log_probs"
     assert doc["input"]["columns"]["response_mask"] == "loss_mask"
+
+
+def test_a_skyrl_pickle_of_numpy_entries_reads_without_torch(batch: dict, canonical: dict, tmp_path: Path) -> None:
+    """Today's batch holds numpy bytes only (``torch.device`` is a stand-in): read where importing torch fails."""
+    require("torch", "gpu")  # to write it
+    for step in STEPS:
+        ss = step_samples(batch, step)
+        td.skyrl_pickle(
+            tmp_path / f"global_step_{step}_training_input.pkl", td.skyrl_arrays(ss), td.skyrl_metadata(ss, 0)
+        )
+    shadow = tmp_path / "no_torch"
+    shadow.mkdir()
+    (shadow / "torch.py").write_text("raise ImportError('torch is not installed here')\n")
+    env = dict(os.environ, PYTHONPATH=f"{shadow}{os.pathsep}{ROOT}")
+    done = subprocess.run(
+        [sys.executable, "-m", "rcdiag", "analyze", str(tmp_path), "--format", "json", "-q"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    same(json.loads(done.stdout), canonical)
 
 
 @pytest.mark.parametrize("torch_bytes", [False, True])

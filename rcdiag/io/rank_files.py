@@ -33,6 +33,8 @@ from rcdiag.io.storage import FilePath, RemotePath
 RANK_FILE = re.compile(r"^(\d+)_(\d+)\.pt$")
 """``{rollout_id}_{rank}.pt``: the name Miles' and slime's ``--dump-details`` give each rank's train data."""
 
+ROLES = ("log_probs", "rollout_log_probs", "loss_masks")
+"""The per-sample fields rcdiag reads: each holds one value per response token."""
 CP_SHARDED = ("log_probs", "rollout_log_probs", "ref_log_probs", "entropy", "ref_entropy", "advantages", "returns")
 """Per-token fields each context-parallel rank holds its slice of (``miles/dashboard/dump_reader.py:132-140``)."""
 
@@ -112,9 +114,15 @@ class Pack:
             raise InputError(f"holds qkv_format {self.qkv_format!r}; Miles writes 'thd' or 'bshd'", path=path)
         self.data = {str(k): convert(v, str(k), path) for k, v in data.items()}
         lengths = self.data.get("response_lengths")
-        if not isinstance(lengths, (list, np.ndarray)):
-            raise InputError("holds no 'response_lengths' in 'rollout_data'; is it a training dump?", path=path)
-        self.rows = len(lengths)
+        self.has_lengths = lengths is not None
+        counted = lengths if lengths is not None else next((self.data[k] for k in ROLES if k in self.data), None)
+        if not isinstance(counted, (list, np.ndarray)):
+            raise InputError(
+                "holds no per-sample 'response_lengths', 'log_probs' or 'rollout_log_probs' in 'rollout_data'; is it "
+                "a training dump?",
+                path=path,
+            )
+        self.rows = len(counted)
         indices = self.data.get("sample_indices")
         self.samples = [_whole(i, "sample_indices", path) for i in indices] if indices is not None else None
         if self.samples is not None and len(self.samples) != self.rows:
@@ -153,19 +161,25 @@ def join(packs: Sequence[Pack], path: str) -> dict[str, list]:
         for row in range(pack.rows):
             where.setdefault(pack.samples[row] if pack.samples is not None else row, []).append((pack, row))
     keys = [k for k in packs[0].data if k not in CP_SHARDED and _is_per_token(packs[0], k)]
-    out: dict[str, list] = {key: [] for key in (*keys, *CP_SHARDED, "response_lengths")}
+    out: dict[str, list] = {key: [] for key in (*keys, *CP_SHARDED)}
     for sample in sorted(where):
         holders = where[sample]
         total, response = _lengths(holders, sample)
-        out["response_lengths"].append(response)
         first, row = holders[0]
         for key in keys:
-            out[key].append(first.per_sample(key, row))
+            value = first.per_sample(key, row)
+            if key in ROLES and response is not None and value.shape != (response,):
+                raise InputError(
+                    f"holds '{key}' of {value.shape[0]} values for sample {sample}, whose response has {response} "
+                    "tokens (response_lengths)",
+                    path=first.path,
+                )
+            out[key].append(value)
         for key in CP_SHARDED:
             out[key].append(_stitched(holders, key, sample, total, response))
     for key, values in out.items():
         absent = [i for i, v in enumerate(values) if v is None]
-        if absent and len(absent) < len(values) and key in ("log_probs", "rollout_log_probs", "loss_masks"):
+        if absent and len(absent) < len(values) and key in ROLES:
             raise InputError(
                 f"holds no '{key}' for sample {sorted(where)[absent[0]]}, which other samples of its rollout have",
                 path=path,
@@ -178,17 +192,19 @@ def _is_per_token(pack: Pack, key: str) -> bool:
     return isinstance(values, list) and len(values) == pack.rows and all(isinstance(v, np.ndarray) for v in values)
 
 
-def _lengths(holders: list[tuple[Pack, int]], sample: int) -> tuple[int | None, int]:
-    """``(total, response)`` length of a sample, the same in every file holding it (total ``None`` when the files
-    do not record it: only context-parallel slices need it)."""
+def _lengths(holders: list[tuple[Pack, int]], sample: int) -> tuple[int | None, int | None]:
+    """``(total, response)`` length of a sample, the same in every file holding it (``None`` where the files do not
+    record it: a lone format-1 file may omit both; context-parallel slices need both)."""
     seen = []
     for pack, row in holders:
         stored = pack.per_sample("total_lengths", row)
         total = None if stored is None else _whole(stored, "total_lengths", pack.path)
-        response = _whole(pack.per_sample("response_lengths", row), "response_lengths", pack.path)
-        if response < 0 or (total is not None and total < response):
+        given = pack.per_sample("response_lengths", row) if pack.has_lengths else None
+        response = None if given is None else _whole(given, "response_lengths", pack.path)
+        if response is not None and (response < 0 or (total is not None and total < response)):
             raise InputError(f"holds sample {sample} of {response} response tokens in {total} tokens", path=pack.path)
-        ROW_TOKENS.check(response, pack.path, f"sample {sample}'s response")
+        if response is not None:
+            ROW_TOKENS.check(response, pack.path, f"sample {sample}'s response")
         seen.append((total, response, pack.path))
     for total, response, other in seen[1:]:
         if (total, response) != seen[0][:2]:
@@ -200,19 +216,26 @@ def _lengths(holders: list[tuple[Pack, int]], sample: int) -> tuple[int | None, 
     return seen[0][0], seen[0][1]
 
 
-def _stitched(holders: list[tuple[Pack, int]], key: str, sample: int, total: int | None, response: int) -> Any:
+def _stitched(holders: list[tuple[Pack, int]], key: str, sample: int, total: int | None, response: int | None) -> Any:
     """One sample's ``key`` at full response length: the lowest rank's copy of each context-parallel slice, put
     back in place; ``None`` when no file holds the field (pipeline stages before the last)."""
     found = [(pack, row) for pack, row in holders if pack.per_sample(key, row) is not None]
     if not found:
         return None
     pack, row = found[0]
+    for holder, _ in found[1:]:
+        if (holder.cp_size, holder.qkv_format) != (pack.cp_size, pack.qkv_format):
+            raise InputError(
+                f"holds cp_size {holder.cp_size} ({holder.qkv_format}) but {pack.path} holds cp_size {pack.cp_size} "
+                f"({pack.qkv_format}); the rank files of one rollout must agree",
+                path=holder.path,
+            )
     if pack.cp_size == 1:
         value = np.asarray(pack.per_sample(key, row))
-        if value.shape != (response,):
+        if value.ndim != 1 or (response is not None and value.shape[0] != response):
             why = (
                 "; a context-parallel slice, and the file records no cp_rank/cp_size to place it"
-                if value.ndim == 1 and value.shape[0] < response and not pack.recorded
+                if value.ndim == 1 and response is not None and value.shape[0] < response and not pack.recorded
                 else ""
             )
             raise InputError(
@@ -221,15 +244,15 @@ def _stitched(holders: list[tuple[Pack, int]], key: str, sample: int, total: int
                 path=pack.path,
             )
         return value
+    if total is None or response is None:
+        raise InputError(
+            f"holds context-parallel slices of sample {sample} but no 'total_lengths' and 'response_lengths' to place "
+            "them",
+            path=pack.path,
+        )
     chunks: dict[int, np.ndarray] = {}
     files: dict[int, str] = {}
     for holder, at in found:
-        if holder.cp_size != pack.cp_size or holder.qkv_format != pack.qkv_format:
-            raise InputError(
-                f"holds cp_size {holder.cp_size} ({holder.qkv_format}) but {pack.path} holds cp_size {pack.cp_size} "
-                f"({pack.qkv_format}); the rank files of one rollout must agree",
-                path=holder.path,
-            )
         if holder.cp_rank not in chunks:
             chunks[holder.cp_rank] = np.asarray(holder.per_sample(key, at))
             files[holder.cp_rank] = holder.path
@@ -241,10 +264,6 @@ def _stitched(holders: list[tuple[Pack, int]], key: str, sample: int, total: int
             + (f" (nor {', '.join(map(str, missing[1:]))})" if missing[1:] else "")
             + "; a rank file is missing: copy every train_data/{rollout_id}_{rank}.pt of the rollout",
             path=pack.path,
-        )
-    if total is None:
-        raise InputError(
-            f"holds context-parallel slices of sample {sample} but no 'total_lengths' to place them", path=pack.path
         )
     max_len = None
     if pack.qkv_format == "bshd":

@@ -48,6 +48,7 @@ DTYPES = frozenset(
 ALIASES: dict[str, tuple[str, ...]] = {"old": ("action_log_probs",)}
 """SkyRL names the trainer's log-probs ``action_log_probs`` (``rollout_logprobs`` is a known rollout name)."""
 MASK = "loss_mask"
+TORCH_PICKLED = "holds torch tensors (SkyRL pickled them so before 2026-03)"
 
 
 class StandIn(dict):
@@ -80,12 +81,13 @@ def admitted(path: str) -> dict[tuple[str, str], Any]:
     def storage_from_bytes(data: Any) -> Any:  # torch.storage._load_from_bytes, with weights_only=True
         if not isinstance(data, bytes):
             raise InputError(f"holds a tensor storage of {type(data).__name__}, expected torch.save bytes", path=path)
+        torch_module(path, TORCH_PICKLED)
         return load_torch(io.BytesIO(data), path)
 
     def rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *rest: Any) -> Any:
         """torch._utils._rebuild_tensor_v2 over a storage read above, shape and strides checked to be whole
         numbers; hooks and metadata dropped."""
-        torch = torch_module(path)
+        torch = torch_module(path, TORCH_PICKLED)
         from torch._utils import _rebuild_tensor_v2
 
         shape = (*size, *stride) if isinstance(size, tuple) and isinstance(stride, tuple) else (None,)
@@ -145,6 +147,7 @@ def _tensor(value: Any, key: str, path: str) -> np.ndarray | None:
         data = value if isinstance(value, bytes) else value.get("data")
         if not isinstance(data, bytes):
             raise InputError(f"holds '{key}' of format 'torch' without its bytes", path=path)
+        torch_module(path, f"holds '{key}' as torch.save bytes (SkyRL saves bfloat16 tensors so)")
         tensor = load_torch(io.BytesIO(data), path)
         return None if tensor is None else _array(to_numpy(tensor, key, path), key, path)
     if not isinstance(value, dict) or value.get("format", "numpy") != "numpy":
