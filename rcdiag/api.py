@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -43,11 +43,13 @@ from rcdiag.parallel import (
 from rcdiag.prescribe import effect_of
 from rcdiag.report import Finding, InputFacts, MicroBatchReport, Report, StepReport
 from rcdiag.sections import RunFacts, Section
+from rcdiag.sections.base import Values, ValuesRecord
 from rcdiag.signature_rules import signature_findings
 from rcdiag.validate import Screen, ScreenStats, as_chunk
 from rcdiag.verdict import judge
 
 if TYPE_CHECKING:  # features a plain analyze does not run are imported when used (start-up time)
+    from rcdiag.frameworks.registry import Chosen
     from rcdiag.microbatch import MicroBatchSettings
     from rcdiag.microbatch.rows import RowCollector
 
@@ -81,6 +83,8 @@ def analyze(
     tokenizer: str | Path | None = None,
     tokens: str | Path | None = None,
     sections: Sequence[Section] = (),
+    framework: str | Chosen | None = None,
+    framework_options: Mapping[str, Any] | Sequence[str] = (),
     **options: Any,
 ) -> Report:
     """Run verl's rollout correction over a dump and return the report.
@@ -105,6 +109,12 @@ def analyze(
         tokens: write the by-token table (one row per token id) to this Parquet file (implies ``explain``).
         sections: more features riding on the run (``rcdiag.sections``), after ``--explain``'s; each record in
             ``report.sections[KEY]``.
+        framework: also compute this framework's own correction and logged keys (``"trl"``, ``"openrlhf"``,
+            ``"areal"``; docs/frameworks.md), merged into ``metrics`` and each step's, its release and options in
+            ``report.sections["framework"]``; ``"verl"`` (the default) changes nothing but takes
+            ``framework_options`` as ``algorithm.rollout_correction`` fields on top of ``config``.
+        framework_options: the framework's own options (``{"vllm_importance_sampling_mode": "token_mask"}`` or
+            ``["vllm_importance_sampling_mode=token_mask"]``), on top of its release's defaults.
         microbatch: also split each step as verl's actor does (``rcdiag.MicroBatchSettings``) and report what
             verl computes and where it crashes per micro-batch (``report.microbatch``). Keeps every valid token
             in memory.
@@ -124,6 +134,7 @@ def analyze(
         >>> report = analyze("sample_data/healthy.parquet", preset("decoupled_geo_rs"))  # doctest: +SKIP
         >>> report.metrics["rollout_corr/kl"]  # doctest: +SKIP
     """
+    config, riding = _framework(framework, framework_options, config)
     explained = explain or tokenizer is not None or tokens is not None or worst != DEFAULT_WORST
     explained = explained or sequences is not None
     explaining = [ExplainSection(worst, sequences, tokenizer, tokens)] if explained else []
@@ -135,7 +146,7 @@ def analyze(
         reads(path)
         for section in explaining:
             section.vocabulary()
-    wanted: list[Any] = [*explaining, *sections]
+    wanted: list[Any] = [*explaining, *sections, *riding]
     collector = None
     if microbatch is not None:
         from rcdiag.microbatch.rows import RowCollector
@@ -163,6 +174,22 @@ def analyze(
     )
     write_sections(state, report, wanted)
     return measure_prescription(report, path, read)
+
+
+def _framework(
+    framework: str | Chosen | None, options: Mapping[str, Any] | Sequence[str], config: CorrectionConfig | None
+) -> tuple[CorrectionConfig | None, list[Section]]:
+    """``config`` as ``--as verl``'s options set it, or the section computing another framework's keys."""
+    if framework is None and not options:
+        return config, []
+    from rcdiag.frameworks.registry import Chosen, choose
+    from rcdiag.frameworks.section import FrameworkSection
+    from rcdiag.frameworks.verl import VerlSettings
+
+    chosen = framework if isinstance(framework, Chosen) else choose(framework or "verl", options)
+    if isinstance(chosen.settings, VerlSettings):
+        return chosen.settings.config(config), []
+    return config, [FrameworkSection(chosen)]
 
 
 def write_sections(state: StepStates[Any], report: Report, sections: Sequence[Section]) -> None:
@@ -452,11 +479,16 @@ def build_report(
         findings.extend(microbatch_findings(microbatch))
     findings = ordered(findings)
     explain = records.pop(ExplainSection.KEY, None)
+    metrics, extras = pooled.metrics, pooled.extras
+    for record in records.values():
+        if isinstance(record, ValuesRecord):  # a framework's own keys (--as NAME) first, per step and pooled
+            metrics, extras = {**record.pooled.metrics, **metrics}, {**extras, **record.pooled.extras}
+            steps = tuple(_with_values(step, record.step_metrics(step.step)) for step in steps)
     report = Report(
         config=state.resolved.config.to_dict(),
         input=facts,
-        metrics=pooled.metrics,
-        extras=pooled.extras,
+        metrics=metrics,
+        extras=extras,
         steps=steps,
         findings=tuple(findings),
         device=device,
@@ -468,6 +500,13 @@ def build_report(
         checklist=checklist(findings, pooled.metrics, None if explain is None else explain.not_run),
     )
     return dataclasses.replace(report, verdict=judge(report))
+
+
+def _with_values(step: StepReport, values: Values) -> StepReport:
+    """A step with a section's values beside verl's (its keys first) and rcdiag's."""
+    return dataclasses.replace(
+        step, metrics={**values.metrics, **step.metrics}, extras={**step.extras, **values.extras}
+    )
 
 
 def input_facts(state: StepStates[Any], info: SourceInfo, screen: ScreenStats | None = None) -> InputFacts:

@@ -391,6 +391,21 @@ def _resolve(config: CorrectionConfig) -> ResolvedConfig:
     return ResolvedConfig(config=config, is_spec=is_spec, rs_options=tuple(rs_options), version=version)
 
 
+ROUTER_REPLAY_R2_BYPASS = (
+    "router_replay.mode='R2' requires algorithm.rollout_correction.bypass_mode=False: "
+    "R2 records routes while recomputing actor old_log_probs, but bypass mode skips that forward."
+)
+"""verl 0.9.1's message (``verl/utils/config.py``, ``_validate_router_replay_config``)."""
+
+
+def refuse_router_replay(mode: str, bypass_mode: bool, version: str | None = None) -> None:
+    """Refuse, as verl ``version`` does (0.9.1 on), the actor's MoE router replay in mode ``R2`` together with
+    ``bypass_mode``: R2 records routes in the forward that recomputes ``old_log_probs``, which bypass mode skips.
+    Every configuration rcdiag reads or prescribes passes through here (``rcdiag.frameworks.verl``)."""
+    if mode == "R2" and bypass_mode and verl_version(version).refuses_r2_bypass:
+        raise ConfigError(ROUTER_REPLAY_R2_BYPASS)
+
+
 # --------------------------------------------------------------------------------------------------- presets
 
 _GEO = "0.999_1.001"

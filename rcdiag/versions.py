@@ -34,6 +34,9 @@ class VerlVersion:
     """>= 0.8.0: ``calculate_debug_metrics`` (the ``training/rollout_*probs*`` keys) gives
     ``rollout_probs_diff_valid`` 0 and NaN for a batch without a valid token; 0.7.1 raises ``RuntimeError``
     (``torch.max`` of no element)."""
+    refuses_r2_bypass: bool = False
+    """>= 0.9.1: ``validate_config`` refuses ``router_replay.mode: R2`` with ``rollout_correction.bypass_mode: true``
+    (``verl/utils/config.py``, ``_validate_router_replay_config``)."""
     same_code_as: str | None = None
     """A release whose rollout-correction code is byte-identical (0.9.1 = 0.9.0)."""
 
@@ -49,7 +52,7 @@ VERSIONS: dict[str, VerlVersion] = {
         VerlVersion("0.7.1", True, False, False, False, True, False),
         VerlVersion("0.8.0", False, True, True, False, False, True),
         VerlVersion("0.9.0", False, False, True, True, False, True),
-        VerlVersion("0.9.1", False, False, True, True, False, True, same_code_as="0.9.0"),
+        VerlVersion("0.9.1", False, False, True, True, False, True, refuses_r2_bypass=True, same_code_as="0.9.0"),
     )
 }
 """Oldest first. v0.6.x/v0.7.0 had another RS API (token/sequence/geometric plus a veto) and are not reproduced."""

@@ -38,6 +38,7 @@ FEATURES = (
     "rcdiag.check",
     "rcdiag.health",
     "rcdiag.sections",
+    "rcdiag.frameworks",
 )
 LIBRARY_API = ("rcdiag.api", "rcdiag.writer")
 BELOW_FEATURES = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated
 
 from rcdiag.cli.flags import (
+    AS_FLAGS,
     ENGINE_FLAGS,
     MICROBATCH_FLAGS,
     READ_FLAGS,
@@ -26,11 +27,12 @@ if TYPE_CHECKING:
     from rcdiag.cli.engine_config import EngineFlags
     from rcdiag.cli.output import Output
     from rcdiag.export.tracking import TrackingOptions
+    from rcdiag.frameworks.registry import Chosen
     from rcdiag.microbatch import MicroBatchSettings
     from rcdiag.options import ReadOptions
 
 
-@with_flags(ENGINE_FLAGS, MICROBATCH_FLAGS, READ_FLAGS, TRACKING_FLAGS, output_flags("report", "analyze"))
+@with_flags(ENGINE_FLAGS, AS_FLAGS, MICROBATCH_FLAGS, READ_FLAGS, TRACKING_FLAGS, output_flags("report", "analyze"))
 def analyze(
     path: Annotated[
         str,
@@ -49,6 +51,7 @@ def analyze(
     details: DetailsOpt = False,
     *,
     engine: EngineFlags,
+    framework: Chosen | None,
     microbatch: MicroBatchSettings | None,
     read: ReadOptions,
     tracking: TrackingOptions | None,
@@ -72,6 +75,8 @@ def analyze(
     * `rcdiag analyze run.parquet --details` (every metric table, the per-step table and the checklist)
     * `rcdiag analyze run.parquet --verl-version 0.7.1 --rs token_k1 --rs-threshold 1.5 --micro-batch-size 4`
       (would verl's actor crash on a micro-batch?)
+    * `rcdiag analyze run.parquet --as trl --as-option vllm_importance_sampling_mode=token_truncate` (TRL's own
+      `sampling/*` keys beside verl's; docs/frameworks.md)
     * `rcdiag analyze dumps/run-42 --tensorboard tb/run-42/rcdiag --mlflow sqlite:///mlflow.db` (every step's
       values into the dashboards; docs/dashboards.md)
 
@@ -83,6 +88,8 @@ def analyze(
     from rcdiag.outputs import reads
 
     config = engine.config()
+    if framework is not None:
+        config = engine.for_framework(framework, config)
     state_file = checked_state_path(save_state)
     sequences_file = checked_path(sequences, "--sequences")
     tokens_file = checked_path(tokens, "--tokens")
@@ -100,6 +107,7 @@ def analyze(
             microbatch=microbatch,
             tokenizer=tokenizer,
             tokens=tokens_file,
+            framework=framework,
         )
     if tracking is not None:
         from rcdiag.cli.tracking import export

@@ -88,6 +88,31 @@ class EngineFlags:
             config.resolve()
         return config
 
+    def for_framework(self, chosen: Any, config: CorrectionConfig) -> CorrectionConfig:
+        """``config`` under ``--as NAME`` (``chosen``): ``--as verl``'s options put on top of it (verl's refusals,
+        R2 with bypass mode among them, raised now); another framework takes its own options, so a flag that
+        configures verl's correction is refused rather than read as that framework's."""
+        if chosen.name == "verl":
+            return chosen.settings.config(config)
+        given = [flag for flag, value in self._correction_flags().items() if value is not None]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)} configure verl's correction; under --as {chosen.name} give "
+                f"{chosen.framework.title}'s own options with --as-option KEY=VALUE (`rcdiag presets --as "
+                f"{chosen.name}` lists them)"
+            )
+        return config
+
+    def _correction_flags(self) -> dict[str, Any]:
+        return {
+            "--is": self.is_level,
+            "--is-threshold": self.is_threshold,
+            "--rs": self.rs,
+            "--rs-threshold": self.rs_threshold,
+            "--batch-normalize": self.batch_normalize,
+            "--preset": self.preset,
+        }
+
     def _flags(self, config: CorrectionConfig) -> dict[str, str]:
         """The fields an error names by their flag: those a flag set, and those left unset (a flag sets them); a
         value from ``--preset`` or a rules file keeps its field's name, which is where it was written."""

@@ -128,6 +128,49 @@ def _engine_flags(values: dict[str, Any]) -> EngineFlags:
     return EngineFlags(**values)
 
 
+FRAMEWORK = "Framework (whose correction and keys; docs/frameworks.md)"
+AS_NAMES = ("verl", "trl", "openrlhf", "areal")
+"""``--as`` choices, as ``rcdiag.frameworks.registry.FRAMEWORKS`` names them (tests/test_frameworks_cli.py checks it;
+the registry is not imported for ``--help``)."""
+AsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--as",
+        metavar="|".join(AS_NAMES),
+        help="Also compute this framework's own correction and the keys it logs, with its release's defaults "
+        "(`rcdiag presets --as NAME`), into the metrics and each step's. Default: verl (rcdiag's own keys).",
+        rich_help_panel=FRAMEWORK,
+        show_default=False,
+    ),
+]
+AsOptionOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--as-option",
+        metavar="KEY=VALUE",
+        help="One of the framework's own options, KEY as its config spells it (dotted where it nests), VALUE JSON "
+        "or a bare word (a string); a nested block may be given whole as a JSON object. Repeatable.",
+        rich_help_panel=FRAMEWORK,
+        show_default=False,
+    ),
+]
+AS_FLAGS = FlagGroup(
+    "framework",
+    (Flag("as_name", AsOpt), Flag("as_options", AsOptionOpt)),
+    lambda values: _framework(values["as_name"], values["as_options"] or []),
+)
+"""``--as NAME`` and its ``--as-option``s -> the chosen framework (``rcdiag.frameworks.registry.Chosen``), checked
+before any file is read; ``None`` without them."""
+
+
+def _framework(name: str | None, options: list[str]) -> Any:
+    if name is None and not options:
+        return None
+    from rcdiag.frameworks.registry import choose
+
+    return choose(name or "verl", options)
+
+
 MICRO = "Micro-batches (how verl's actor cuts each step; analyze)"
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rcdiag.catalogue import metric, reading, short_key
 from rcdiag.catalogue.metrics import step_columns
@@ -136,6 +136,7 @@ def render_html(report: Report) -> str:
                 if report.steps
                 else [section("Inside the dump (no step column)", *_inside([(None, report)]))]
             ),
+            *_framework(report),
             section("Metrics" + (" (all steps pooled)" if report.steps else ""), _metrics(report)),
             *([section("Per step", _steps(report))] if report.steps else []),
             *_explain(report),
@@ -249,6 +250,16 @@ def _histogram(reports: Sequence[tuple[str | None, Report]]) -> str:
     nan = sum(r.log_ratio.nan for _, r in reports if r.log_ratio is not None)
     note = f'<p class="note">{nan:,} token(s) with −inf on both sides have no log-ratio.</p>' if nan else ""
     return chart(svg(fig, "histogram"), wide=True) + note
+
+
+def _framework(report: Report) -> list[str]:
+    """``--as NAME``: the framework's keys, values (pooled) and readings, and its notes."""
+    record: Any = report.sections.get("framework")
+    if record is None:
+        return []
+    rows = [(f"<code>{e(key)}</code>", fmt(value), e(text)) for key, value, text in record.rows()]
+    notes = "".join(f'<p class="note">{e(note)}</p>' for note in record.notes)
+    return [section(record.heading(), table(("key", "value", "reading"), rows, numeric=(1,)) if rows else "", notes)]
 
 
 def _metrics(report: Report) -> str:

@@ -29,7 +29,7 @@ def render_table(report: Report, console: Console, *, details: bool = False) -> 
     """Print the report: the verdict first; then, by default, the off-policy table, the IS/RS table and the health
     warnings, one line each (``rcdiag.render.summary_table``); with ``details``, the supporting metrics, every
     metric table, the per-step table, the findings checklist and every finding's full message instead.
-    ``--explain``'s and the micro-batch sections are always shown."""
+    ``--as NAME``'s framework table, ``--explain``'s and the micro-batch sections are always shown."""
     console.print(_header(report))
     if report.verdict is not None:
         print_verdict(report.verdict, console, report if details else None)
@@ -37,6 +37,10 @@ def render_table(report: Report, console: Console, *, details: bool = False) -> 
         _details(report, console)
     else:
         print_summary(report, console)
+    if "framework" in report.sections:
+        from rcdiag.render.framework_table import render_framework
+
+        render_framework(report, console)
     if report.microbatch is not None:
         from rcdiag.render.microbatch_table import microbatch_section
 

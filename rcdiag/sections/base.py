@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from rcdiag.config import ResolvedConfig
@@ -30,6 +30,26 @@ class RunFacts:
 
 class SectionRecord(Protocol):
     """A section's typed, frozen result (``rcdiag.report``): what its renderers read and its JSON holds."""
+
+    def to_dict(self) -> Any: ...
+
+
+class Values(Protocol):
+    """Values keyed as a report keys them: ``metrics`` beside verl's, ``extras`` beside rcdiag's."""
+
+    metrics: dict[str, float | None]
+    extras: dict[str, float | None]
+
+
+@runtime_checkable
+class ValuesRecord(Protocol):
+    """A record whose values join the report's ``metrics`` and ``extras``, pooled and per step (``--as NAME``: a
+    framework's own keys, ``rcdiag.frameworks.section``); ``rcdiag.api.build_report`` merges them."""
+
+    @property
+    def pooled(self) -> Values: ...
+
+    def step_metrics(self, step: int) -> Values: ...
 
     def to_dict(self) -> Any: ...
 

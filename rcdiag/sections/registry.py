@@ -16,6 +16,7 @@ from rcdiag.sections.base import Section
 KINDS: dict[str, tuple[str, str]] = {
     "explain": ("rcdiag.explain.section", "ExplainSection"),
     "units": ("rcdiag.sections.units", "UnitsSection"),
+    "framework": ("rcdiag.frameworks.section", "FrameworkSection"),
 }
 """Each section's key -> (module, class); the class built with no arguments reads a merged state by its defaults."""
 

@@ -1,0 +1,279 @@
+"""AReaL 1.0.4's rejection sampling of stale or mismatched tokens (``areal/utils/functional/functional.py``:
+``apply_rejection_sampling`` :185-425 and ``ppo_actor_loss_fn`` :429-560; logged by ``grpo_loss_fn`` in
+``areal/trainer/ppo/actor.py:530-548`` under ``ppo_actor/update/``).
+
+AReaL's decoupled loss (``actor.use_decoupled_loss``) compares the proximal policy's log-probs (recomputed by the
+trainer: rcdiag's ``old_log_prob``) with the behaviour policy's (the inference engine's: rcdiag's
+``rollout_log_prob``). Without it the trainer keeps one set of log-probs and the two sides are equal. With
+``actor.rejection_sampling`` set, ``lr = prox - behave`` (float32, a non-finite value made 0) gives the weight
+``exp(lr)`` (per token; at ``level: sequence`` with ``metric: ratio``, the row's geometric mean on each token); the
+metric (the ratio ``exp(lr)``, or ``kl_k1 = lr``, ``kl_k2 = lr^2/2``, ``kl_k3 = exp(-lr) - 1 + lr`` of the raw
+log-probs) is compared with ``[lower, upper]`` per token or per row (aggregated by ``sum``, ``mean`` or ``max``, in
+log space for the ratio); ``mask`` drops what falls outside from the loss, ``clamp`` clamps the weight there.
+Logged: ``behave_imp_weight`` and ``behave_approx_kl`` (``prox - behave``) as ``avg``/``min``/``max`` over the tokens
+kept with a weight above 0, that count (``unclipped_behave_tokens``) and ``rs_filtered_fraction``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from rcdiag.errors import ConfigError
+from rcdiag.frameworks.base import Framework, MetricKey, Option, TokenRows
+from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
+
+DECOUPLED = "actor.use_decoupled_loss"
+REJECTION = "actor.rejection_sampling"
+SCOPE = "ppo_actor/update/"
+WEIGHT = SCOPE + "behave_imp_weight"
+KL = SCOPE + "behave_approx_kl"
+KEPT = SCOPE + "unclipped_behave_tokens"
+FILTERED = SCOPE + "rs_filtered_fraction"
+WEIGHT_MEAN = "rcdiag/areal/weight_mean"
+ZEROED = "rcdiag/areal/zeroed_fraction"
+FIELDS = (
+    Option(
+        "level",
+        "choice",
+        "token",
+        "token, or sequence (every token of a row shares its fate)",
+        choices=("token", "sequence"),
+    ),
+    Option("action", "choice", "mask", "mask: drop from the loss; clamp: clamp the weight", choices=("mask", "clamp")),
+    Option(
+        "metric",
+        "choice",
+        "ratio",
+        "ratio, or a KL estimate of prox vs behave",
+        choices=("ratio", "kl_k1", "kl_k2", "kl_k3"),
+    ),
+    Option(
+        "agg", "choice", "mean", "a row's metric (level sequence): sum, mean or max", choices=("sum", "mean", "max")
+    ),
+    Option("upper", "number", 5.0, "upper bound"),
+    Option("lower", "number", None, "lower bound", nullable=True),
+)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """``RejectionSamplingConfig`` after its ``__post_init__`` (clamp's lower bound defaults to 0)."""
+
+    level: str
+    action: str
+    metric: str
+    agg: str
+    upper: float
+    lower: float | None
+
+    def in_bounds(self, metric: np.ndarray) -> np.ndarray:
+        """``_check_bounds``: within [lower, upper] (float32 compared with the bounds rounded to float32)."""
+        inside = metric <= np.float32(self.upper)
+        return inside & (metric >= np.float32(self.lower)) if self.lower is not None else inside
+
+
+@dataclass(frozen=True)
+class ArealSettings:
+    decoupled: bool
+    rejection: Rejection | None
+
+    def new_metrics(self) -> ArealMetrics | None:
+        return ArealMetrics(self) if self.rejection is not None else None
+
+    def notes(self) -> tuple[str, ...]:
+        if self.rejection is None:
+            return (f"{REJECTION} is null (AReaL's default): it filters nothing and logs no behave_* key",)
+        notes = [
+            "rs_filtered_fraction is AReaL's mean over the step's micro-batch calls of each one's filtered share; "
+            "rcdiag gives it for the step as one micro-batch (ppo_n_minibatches 1), pooled for all steps as one",
+            "rcdiag/areal/* are rcdiag's: the weight AReaL puts on each token's loss, 0 where rejection sampling "
+            "drops it",
+        ]
+        if not self.decoupled:
+            notes.insert(
+                0,
+                f"{DECOUPLED} is false (AReaL's default): the trainer keeps one engine's log-probs, so AReaL sees "
+                "no mismatch (weights 1, KL 0) whatever the dump holds; set it true to compare the two",
+            )
+        return tuple(notes)
+
+    def to_dict(self) -> dict[str, Any]:
+        rejection = None if self.rejection is None else self.rejection.__dict__.copy()
+        return {DECOUPLED: self.decoupled, REJECTION: rejection}
+
+    def apply(self, rows: TokenRows) -> tuple[np.ndarray, np.ndarray, int]:
+        """(weight on each valid token, 0 where dropped; ``prox - behave`` per token; tokens filtered or clamped)."""
+        rs = self.rejection
+        assert rs is not None
+        raw = rows.diff if self.decoupled else np.zeros_like(rows.diff)
+        lr = np.where(np.isfinite(raw), raw, np.float32(0.0))
+        weight = np.exp(lr)
+        original = weight
+        metric = _metric(rs.metric, raw, lr)
+        if rs.level == "sequence":
+            count = np.maximum(rows.counts, 1).astype(np.float32)
+            if rs.metric == "ratio":
+                weight = rows.per_token(np.exp(rows.row_sum(lr).astype(np.float32) / count))
+                original = weight
+            values = lr if rs.metric == "ratio" else metric
+            if rs.agg == "max":
+                agg = rows.row_max(values, np.float32(0.0))
+            else:
+                agg = rows.row_sum(values).astype(np.float32)
+                if rs.agg == "mean":
+                    agg = agg / count
+            row_metric = np.exp(agg) if rs.metric == "ratio" else agg
+            inside = rows.per_token(rs.in_bounds(row_metric))
+        else:
+            inside = rs.in_bounds(metric) if rs.action == "mask" else np.ones(rows.n_tokens, dtype=bool)
+        if rs.action == "mask":
+            kept = inside
+            changed = int(np.count_nonzero(~inside))
+        else:
+            low = np.float32(rs.lower if rs.lower is not None else 0.0)
+            clamped = np.minimum(np.maximum(weight, low), np.float32(rs.upper))
+            weight = clamped if rs.level == "token" else np.where(inside, weight, clamped)
+            kept = np.ones(rows.n_tokens, dtype=bool)
+            changed = int(np.count_nonzero(original != weight))
+        return np.where(kept, weight, np.float32(0.0)), raw, changed
+
+
+def _metric(name: str, raw: np.ndarray, lr: np.ndarray) -> np.ndarray:
+    """The rejection metric per token, as ``KLEstimator._compute_approx_kl`` computes it in float32 (unclamped)."""
+    if name == "ratio":
+        return np.exp(lr)
+    if name == "kl_k1":
+        return raw
+    if name == "kl_k2":
+        return raw * raw / np.float32(2.0)
+    return np.exp(-raw) - np.float32(1.0) + raw
+
+
+class ArealMetrics(Accumulator):
+    """One step's ``ppo_actor/update/behave_*`` keys and rcdiag's token-weighted reading of the weights."""
+
+    OWNER = "framework"
+    STATES: ClassVar[dict[str, Reduce]] = {
+        "tokens": "sum",
+        "kept": "sum",
+        "weight_sum": "sum",
+        "weight_min": "min",
+        "weight_max": "max",
+        "kl_sum": "sum",
+        "kl_min": "min",
+        "kl_max": "max",
+        "changed": "sum",
+        "zeroed": "sum",
+    }
+
+    def __init__(self, settings: ArealSettings) -> None:
+        super().__init__()
+        self.settings = settings
+
+    def signature(self) -> tuple:
+        return (type(self).__name__, self.settings)
+
+    def update(self, block: Any) -> None:
+        rows = TokenRows(block)
+        weight, raw, changed = self.settings.apply(rows)
+        behave = weight > 0
+        kept_weight = weight[behave].astype(np.float64)
+        kl = np.where(behave, raw, np.float32(0.0))[behave].astype(np.float64)
+        self.add(
+            tokens=float(rows.n_tokens),
+            kept=float(kept_weight.size),
+            weight_sum=float(kept_weight.sum()),
+            weight_min=float(kept_weight.min()) if kept_weight.size else np.inf,
+            weight_max=float(kept_weight.max()) if kept_weight.size else -np.inf,
+            kl_sum=float(kl.sum()),
+            kl_min=float(kl.min()) if kl.size else np.inf,
+            kl_max=float(kl.max()) if kl.size else -np.inf,
+            changed=float(changed),
+            zeroed=float(np.count_nonzero(weight == 0)),
+        )
+
+    def keys(self) -> list[str]:
+        return [
+            KEPT,
+            *(f"{key}/{s}" for key in (WEIGHT, KL) for s in ("avg", "min", "max")),
+            FILTERED,
+            WEIGHT_MEAN,
+            ZEROED,
+        ]
+
+    def compute(self) -> tuple[dict[str, MetricValue], list[VerlCrash]]:
+        """AReaL drops a key whose denominator is 0 (and a min/max that stays infinite); ``None`` here."""
+        st = self.state
+        kept, tokens = st["kept"], st["tokens"]
+        return {  # in the order AReaL's tracker exports them (the denominator first)
+            KEPT: kept,
+            f"{WEIGHT}/avg": st["weight_sum"] / kept if kept else None,
+            f"{WEIGHT}/min": st["weight_min"] if kept else None,
+            f"{WEIGHT}/max": st["weight_max"] if kept else None,
+            f"{KL}/avg": st["kl_sum"] / kept if kept else None,
+            f"{KL}/min": st["kl_min"] if kept else None,
+            f"{KL}/max": st["kl_max"] if kept else None,
+            FILTERED: st["changed"] / max(tokens, 1.0),
+            WEIGHT_MEAN: st["weight_sum"] / tokens if tokens else None,
+            ZEROED: st["zeroed"] / tokens if tokens else None,
+        }, []
+
+
+def settings(values: Mapping[str, Any], given: frozenset[str] = frozenset()) -> ArealSettings:
+    """``RejectionSamplingConfig.__post_init__``'s checks, with AReaL's messages."""
+    block = values[REJECTION]
+    if block is None:
+        return ArealSettings(values[DECOUPLED], None)
+    level, action, metric, agg = block["level"], block["action"], block["metric"], block["agg"]
+    upper, lower = block["upper"], block["lower"]
+    if lower is not None and lower > upper:
+        raise ConfigError(f"lower ({lower}) cannot be greater than upper ({upper})")
+    if metric == "ratio":
+        if upper <= 1.0:
+            raise ConfigError(
+                "upper must be > 1.0 for 'ratio' metric (otherwise all non-identical policy tokens will be "
+                f"filtered), got {upper}"
+            )
+        if lower is not None and lower <= 0:
+            raise ConfigError(f"lower must be positive for 'ratio' metric, got {lower}")
+    if metric in ("kl_k2", "kl_k3") and upper <= 0:
+        raise ConfigError(f"upper must be positive for '{metric}' metric, got {upper}")
+    if action == "clamp" and metric != "ratio":
+        raise ConfigError(
+            f"action='clamp' only supports metric='ratio' (direct importance weight truncation). Got "
+            f"metric='{metric}'. Use action='mask' for KL-based filtering."
+        )
+    if action == "clamp" and lower is None:
+        lower = 0.0
+    return ArealSettings(values[DECOUPLED], Rejection(level, action, metric, agg, upper, lower))
+
+
+FRAMEWORK = Framework(
+    name="areal",
+    title="AReaL",
+    release="1.0.4",
+    source="areal/utils/functional/functional.py:185-560; areal/trainer/ppo/actor.py:530-548",
+    options=(
+        Option(DECOUPLED, "bool", False, "decoupled PPO: proximal (trainer) vs behaviour (inference) log-probs"),
+        Option(REJECTION, "block", None, "rejection sampling; null: off", nullable=True, fields=FIELDS),
+    ),
+    keys=(
+        MetricKey(KEPT, "tokens kept with a weight above 0 (the denominator of the behave_* averages)"),
+        MetricKey(f"{WEIGHT}/avg", "mean weight exp(prox - behave) over the tokens kept with weight > 0"),
+        MetricKey(f"{WEIGHT}/min", "smallest kept weight"),
+        MetricKey(f"{WEIGHT}/max", "largest kept weight"),
+        MetricKey(f"{KL}/avg", "mean prox - behave over the kept tokens (k1 of KL(prox||behave)), signed"),
+        MetricKey(f"{KL}/min", "smallest prox - behave kept"),
+        MetricKey(f"{KL}/max", "largest prox - behave kept"),
+        MetricKey(FILTERED, "share of loss tokens rejection sampling dropped (mask) or clamped (clamp)"),
+        MetricKey(WEIGHT_MEAN, "rcdiag's: mean weight AReaL puts on a loss token (1 = no correction)"),
+        MetricKey(ZEROED, "rcdiag's: share of loss tokens AReaL's rejection sampling drops"),
+    ),
+    settings=settings,
+    prefixes=("actor.",),
+    batching="one PPO update (ppo_update over the step's batch; rs_filtered_fraction per micro-batch call)",
+)

@@ -1,0 +1,213 @@
+"""What a framework module declares (``Framework``), its options (``Option``) and keys (``MetricKey``), and the host
+arrays its accumulators read from a block (``TokenRows``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import numpy as np
+
+from rcdiag.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rcdiag.metrics.base import Accumulator
+    from rcdiag.metrics.block import Block
+
+Kind = Literal["bool", "number", "choice", "pair", "text", "block"]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a framework, keyed as its configuration spells it (dotted where it nests).
+
+    ``kind``: ``bool`` (true/false), ``number`` (an int or float), ``choice`` (one of ``choices``), ``pair`` (two
+    numbers), ``text`` (a string or a number, kept as given: verl's thresholds), ``block`` (a nested block of
+    ``fields``, given whole as a JSON object, its other fields at their defaults, or one field at a time).
+    ``nullable``: ``null`` is a value (a bound that is off, a block that is off)."""
+
+    key: str
+    kind: Kind
+    default: Any
+    help: str
+    choices: tuple[str, ...] = ()
+    nullable: bool = False
+    fields: tuple[Option, ...] = ()
+
+    def field(self, name: str) -> Option | None:
+        """A block's field by name."""
+        return next((f for f in self.fields if f.key == name), None)
+
+    def block_defaults(self) -> dict[str, Any]:
+        """A block's fields at their defaults (what setting one field of a block that is off starts from)."""
+        return {f.key: f.default for f in self.fields}
+
+    def accepts(self) -> str:
+        """What the option takes, in words."""
+        text = {
+            "bool": "true or false",
+            "number": "a number",
+            "choice": " or ".join(", ".join(self.choices).rsplit(", ", 1)),
+            "pair": "two numbers [low, high]",
+            "text": "a number or a string",
+            "block": "a JSON object of " + ", ".join(f.key for f in self.fields),
+        }[self.kind]
+        return text + (" (or null)" if self.nullable else "")
+
+    def check(self, value: Any, where: str) -> Any:
+        """``value`` as this option holds it, or a ``ConfigError`` naming ``where`` (the option as given)."""
+        if value is None:
+            if self.nullable:
+                return None
+            raise ConfigError(f"{where}: takes {self.accepts()}, not null")
+        if self.kind == "bool" and isinstance(value, bool):
+            return value
+        if self.kind == "number" and _number(value):
+            return float(value)
+        if self.kind == "choice" and isinstance(value, str) and value in self.choices:
+            return value
+        if self.kind == "text" and (isinstance(value, str) or _number(value)):
+            return value
+        if self.kind == "pair" and isinstance(value, list) and len(value) == 2 and all(map(_number, value)):
+            return tuple(float(v) for v in value)
+        if self.kind == "block" and isinstance(value, dict):
+            block = self.block_defaults()
+            for name, item in value.items():
+                field = self.field(str(name))
+                if field is None:
+                    raise ConfigError(f"{where}: {self.key} has no field {name!r}; its fields: {_fields(self)}")
+                block[field.key] = field.check(item, f"{where} ({self.key}.{name})")
+            return block
+        raise ConfigError(f"{where}: takes {self.accepts()}, got {value!r}")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _fields(block: Option) -> str:
+    return ", ".join(f.key for f in block.fields)
+
+
+@dataclass(frozen=True)
+class MetricKey:
+    """A key a framework logs (or, under ``rcdiag/<name>/``, rcdiag's reading of what its correction does), with
+    what it means; ``when`` says when the framework logs it, if not always."""
+
+    key: str
+    reading: str
+    when: str = ""
+
+
+class Settings(Protocol):
+    """A framework's resolved options: what builds the per-step accumulator. Frozen and picklable (worker
+    processes and Ray tasks build their own accumulators from it)."""
+
+    def new_metrics(self) -> Accumulator | None:
+        """An empty accumulator of one step's keys; ``None`` when these settings log no key."""
+        ...
+
+    def notes(self) -> tuple[str, ...]:
+        """What the report says about these settings: keys not logged and why, values that depend on how the
+        framework batched (never guessed)."""
+        ...
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every option by its key, as resolved (the JSON's ``framework.options``)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Framework:
+    """One framework rcdiag reproduces: its release, options and keys, and ``settings``, which turns checked
+    option values (every option present, by key) into its ``Settings``, raising what the framework raises (its own
+    message) on a combination it refuses."""
+
+    name: str
+    title: str
+    release: str
+    source: str
+    """Where the reproduced code lives in that release (``file:lines``)."""
+    options: tuple[Option, ...]
+    keys: tuple[MetricKey, ...]
+    settings: Callable[[Mapping[str, Any], frozenset[str]], Settings]
+    """Checked values of every option (defaults where not given) and the keys given (a block's field as
+    ``block.field``) -> the settings."""
+    prefixes: tuple[str, ...] = ()
+    """Leading parts of option keys a user may leave out (verl's ``algorithm.rollout_correction.``)."""
+    batching: str = ""
+    """What one dump step stands for in this framework, and what its values depend on beyond the step's rows."""
+
+    @property
+    def label(self) -> str:
+        """``TRL 1.16.0``."""
+        return f"{self.title} {self.release}"
+
+    def locate(self, key: str) -> tuple[Option, Option | None] | None:
+        """The option ``key`` names (with or without one of ``prefixes``) and, for ``block.field``, the field."""
+        for candidate in (key, *(prefix + key for prefix in self.prefixes)):
+            for option in self.options:
+                if candidate == option.key:
+                    return option, None
+                if option.kind == "block" and candidate.startswith(option.key + "."):
+                    field = option.field(candidate[len(option.key) + 1 :])
+                    if field is not None:
+                        return option, field
+        return None
+
+    def defaults(self) -> dict[str, Any]:
+        """Every option at this release's default."""
+        return {option.key: option.default for option in self.options}
+
+
+# ------------------------------------------------------------------------------------------------ host arrays
+
+
+class TokenRows:
+    """A block's valid tokens on the host, float32 as the trainers hold them, with each row's count: what the
+    framework accumulators compute from (they run beside verl's, on the host, once per block)."""
+
+    def __init__(self, block: Block) -> None:
+        b = block.b
+        self.old: np.ndarray = b.to_numpy(block.old)
+        self.rollout: np.ndarray = b.to_numpy(block.rollout)
+        self.counts: np.ndarray = b.to_numpy(block.row_len).astype(np.int64)
+        self.n_tokens = int(self.old.shape[0])
+        self.n_rows = int(self.counts.shape[0])
+
+    @cached_property
+    def diff(self) -> np.ndarray:
+        """``old - rollout`` per token, float32 (log pi_train - log pi_rollout)."""
+        return self.old - self.rollout
+
+    @cached_property
+    def _starts(self) -> np.ndarray:
+        starts = np.zeros(self.n_rows, dtype=np.int64)
+        np.cumsum(self.counts[:-1], out=starts[1:])
+        return starts[self.counts > 0]
+
+    def row_sum(self, values: np.ndarray) -> np.ndarray:
+        """Per-row float64 sums (0 for an empty row)."""
+        out = np.zeros(self.n_rows)
+        if self.n_tokens:
+            out[self.counts > 0] = np.add.reduceat(values.astype(np.float64), self._starts)
+        return out
+
+    def row_max(self, values: np.ndarray, empty: float) -> np.ndarray:
+        """Per-row maxima in ``values``' dtype (``empty`` for an empty row; NaN propagates, as torch's max)."""
+        out = np.full(self.n_rows, empty, dtype=values.dtype)
+        if self.n_tokens:
+            out[self.counts > 0] = np.maximum.reduceat(values, self._starts)
+        return out
+
+    def per_token(self, per_row: np.ndarray) -> np.ndarray:
+        """A per-row value repeated on each of the row's valid tokens."""
+        return np.repeat(per_row, self.counts)
+
+
+def f32(value: float | None) -> np.float32 | None:
+    """A Python bound as a float32 tensor compares with it (torch rounds a scalar to the tensor's dtype)."""
+    return None if value is None else np.float32(value)

@@ -1,0 +1,143 @@
+"""OpenRLHF 0.11.0's vLLM importance-sampling correction (``openrlhf/models/loss.py:116-230``, ``PolicyLoss``; the
+logging in ``openrlhf/trainer/ray/ppo_actor.py:197-221, 306-317``).
+
+With ``--algo.advantage.is_correction_enable`` (off by default) and the PPO loss, each token's loss is multiplied
+by a coefficient from ``r = exp(old - rollout)`` (float32, no clamp on the log): ``tis`` clamps r to [low, high],
+``icepop`` zeroes it outside [low, high], ``seq-mask-tis`` keeps the raw token r where the row's geometric mean
+ratio ``exp(masked mean of old - rollout)`` lies in [low, high] and zeroes the row otherwise. The one key it logs
+is ``vllm_kl``: the masked mean of ``rollout - old`` (signed k1, no clamp), per micro-batch, which the actor
+weights by each micro-batch's action tokens, so a step's value is the token mean of the step, however it was cut.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from rcdiag.frameworks.base import Framework, MetricKey, Option, TokenRows, f32
+from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
+
+TYPES = ("tis", "icepop", "seq-mask-tis")
+ENABLE = "algo.advantage.is_correction_enable"
+THRESHOLD = "algo.advantage.is_correction_threshold"
+TYPE = "algo.advantage.is_correction_type"
+LOSS = "actor.policy_loss_type"
+VLLM_KL = "vllm_kl"
+WEIGHT_MEAN = "rcdiag/openrlhf/weight_mean"
+ZEROED = "rcdiag/openrlhf/zeroed_fraction"
+
+
+@dataclass(frozen=True)
+class OpenRLHFSettings:
+    enable: bool
+    low: float
+    high: float
+    kind: str
+    loss: str
+
+    @property
+    def corrects(self) -> bool:
+        """``PolicyLoss`` applies the correction (and returns ``vllm_kl``) only for the PPO loss."""
+        return self.enable and self.loss == "ppo"
+
+    def new_metrics(self) -> OpenRLHFMetrics | None:
+        return OpenRLHFMetrics(self) if self.corrects else None
+
+    def notes(self) -> tuple[str, ...]:
+        if not self.enable:
+            return (f"{ENABLE} is false (OpenRLHF's default): it corrects nothing and logs no mismatch key",)
+        if self.loss != "ppo":
+            return (f"{LOSS}={self.loss}: OpenRLHF 0.11.0 applies its IS correction and logs vllm_kl only for ppo",)
+        return (
+            "vllm_kl is the token mean of the step (OpenRLHF weights each micro-batch's mean by its action tokens); "
+            "a micro-batch without an action token would make OpenRLHF's value NaN",
+            "rcdiag/openrlhf/* are rcdiag's: the coefficient PolicyLoss puts on each action token's loss",
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {ENABLE: self.enable, THRESHOLD: [self.low, self.high], TYPE: self.kind, LOSS: self.loss}
+
+    def weights(self, rows: TokenRows) -> np.ndarray:
+        """The coefficient on each valid token's loss (float32, bounds compared in float32 as torch does)."""
+        low, high = f32(self.low), f32(self.high)
+        ratio = np.exp(rows.diff)
+        if self.kind == "tis":
+            return np.minimum(np.maximum(ratio, low), high)
+        if self.kind == "icepop":
+            return ratio * ((ratio >= low) & (ratio <= high)).astype(np.float32)  # inf * 0 is NaN, as in torch
+        mean = (rows.row_sum(rows.diff).astype(np.float32) / rows.counts.astype(np.float32)).astype(np.float32)
+        seq = np.exp(mean)
+        keep = ((seq >= low) & (seq <= high)).astype(np.float32)
+        return rows.per_token(keep) * ratio
+
+
+class OpenRLHFMetrics(Accumulator):
+    """One step's ``vllm_kl`` and rcdiag's token-weighted reading of the coefficients."""
+
+    OWNER = "framework"
+    STATES: ClassVar[dict[str, Reduce]] = {"tokens": "sum", "kl_sum": "sum", "weight_sum": "sum", "zeroed": "sum"}
+
+    def __init__(self, settings: OpenRLHFSettings) -> None:
+        super().__init__()
+        self.settings = settings
+
+    def signature(self) -> tuple:
+        return (type(self).__name__, self.settings)
+
+    def update(self, block: Any) -> None:
+        rows = TokenRows(block)
+        weight = self.settings.weights(rows)
+        self.add(
+            tokens=float(rows.n_tokens),
+            kl_sum=float((rows.rollout - rows.old).astype(np.float64).sum()),
+            weight_sum=float(weight.astype(np.float64).sum()),
+            zeroed=float(np.count_nonzero(weight == 0)),
+        )
+
+    def keys(self) -> list[str]:
+        return [VLLM_KL, WEIGHT_MEAN, ZEROED]
+
+    def compute(self) -> tuple[dict[str, MetricValue], list[VerlCrash]]:
+        """A step without a valid token is NaN in OpenRLHF (0/0); ``None`` here."""
+        st = self.state
+        n = st["tokens"]
+        return {
+            VLLM_KL: st["kl_sum"] / n if n else None,
+            WEIGHT_MEAN: st["weight_sum"] / n if n else None,
+            ZEROED: st["zeroed"] / n if n else None,
+        }, []
+
+
+def settings(values: Mapping[str, Any], given: frozenset[str] = frozenset()) -> OpenRLHFSettings:
+    low, high = values[THRESHOLD]
+    return OpenRLHFSettings(values[ENABLE], low, high, values[TYPE], values[LOSS])
+
+
+FRAMEWORK = Framework(
+    name="openrlhf",
+    title="OpenRLHF",
+    release="0.11.0",
+    source="openrlhf/models/loss.py:116-230 (PolicyLoss); openrlhf/trainer/ray/ppo_actor.py:197-221, 306-317",
+    options=(
+        Option(ENABLE, "bool", False, "apply the vLLM IS correction (and log vllm_kl)"),
+        Option(THRESHOLD, "pair", (0.5, 5.0), "[low, high] bounds of the coefficient"),
+        Option(
+            TYPE,
+            "choice",
+            "tis",
+            "tis: clamp; icepop: zero outside; seq-mask-tis: zero rows by geometric mean",
+            choices=TYPES,
+        ),
+        Option(LOSS, "choice", "ppo", "the policy loss (the correction applies to ppo only)", choices=("ppo", "gspo")),
+    ),
+    keys=(
+        MetricKey(VLLM_KL, "token mean of rollout - old: ~KL(rollout||train), signed, not clamped"),
+        MetricKey(WEIGHT_MEAN, "rcdiag's: mean coefficient on an action token's loss (1 = no correction)"),
+        MetricKey(ZEROED, "rcdiag's: share of action tokens whose loss the correction zeroes"),
+    ),
+    settings=settings,
+    batching="one PPO training step (ppo_train over the step's experience; micro-batches token-weighted)",
+)

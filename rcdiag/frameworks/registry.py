@@ -1,0 +1,66 @@
+"""The one table of frameworks: ``--as NAME`` -> the module that declares it (imported when first named).
+
+Adding a framework is one module declaring ``FRAMEWORK`` (``rcdiag.frameworks.base.Framework``) and one line here
+(docs/frameworks.md, "Adding a framework").
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rcdiag.errors import ConfigError
+from rcdiag.frameworks.base import Framework, Settings
+
+DEFAULT = "verl"
+FRAMEWORKS: dict[str, str] = {
+    "verl": "rcdiag.frameworks.verl",
+    "trl": "rcdiag.frameworks.trl",
+    "openrlhf": "rcdiag.frameworks.openrlhf",
+    "areal": "rcdiag.frameworks.areal",
+}
+"""``--as`` names rcdiag reproduces -> their module, in the order ``--help`` lists them."""
+PLANNED = ("nemo-rl", "slime", "skyrl", "prime-rl", "roll")
+"""Names ``--as`` knows but does not reproduce yet: refused with a line saying so."""
+
+
+def names() -> tuple[str, ...]:
+    """Every ``--as`` name rcdiag reproduces."""
+    return tuple(FRAMEWORKS)
+
+
+def framework(name: str) -> Framework:
+    """The framework called ``name``; a ``ConfigError`` for one rcdiag does not reproduce."""
+    key = name.strip().lower()
+    module = FRAMEWORKS.get(key)
+    if module is None:
+        if key in PLANNED:
+            raise ConfigError(
+                f"--as {name}: rcdiag does not reproduce {name}'s correction yet; it reproduces {', '.join(FRAMEWORKS)}"
+            )
+        raise ConfigError(f"--as {name}: unknown framework; rcdiag reproduces {', '.join(FRAMEWORKS)}")
+    found: Framework = importlib.import_module(module).FRAMEWORK
+    return found
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """A framework and its resolved settings: what ``--as NAME --as-option ...`` asks for."""
+
+    framework: Framework
+    settings: Settings
+
+    @property
+    def name(self) -> str:
+        return self.framework.name
+
+
+def choose(name: str = DEFAULT, options: Iterable[str] | Mapping[str, Any] = ()) -> Chosen:
+    """``name`` with ``options`` (``KEY=VALUE`` texts, or keys to values) on top of its release's defaults;
+    a ``ConfigError`` (one line) for an unknown name, key or value, or a combination the framework refuses."""
+    from rcdiag.frameworks.options import option_values
+
+    found = framework(name)
+    return Chosen(found, found.settings(*option_values(found, options)))

@@ -1,0 +1,206 @@
+"""TRL 1.16.0's vLLM importance-sampling correction (``GRPOTrainer._generate_and_score_completions``, inline in
+the trainer: the ratio at ``trl/trainer/grpo_trainer.py:2660-2707``, its metrics at ``:2860-2896``).
+
+Per token ``d = nan_to_num((old - vllm) * mask)`` in float32 (NaN to 0, +-inf to +-float32's largest); the
+sequence modes sum ``d`` over the completion and take ``exp`` of the sum, with no clamp on the log (a sum above
+~88.7 overflows to inf); the token modes take ``exp(d)``. ``*_truncate`` clamps the ratio to [clip_min, clip_max],
+``*_mask`` sets a ratio outside them to 0. TRL logs ``sampling/sampling_logp_difference/mean|max`` (|old - vllm|
+over the completion tokens, NaN left out; 0 for none) and ``sampling/importance_sampling_ratio/min|mean|max``,
+over every sequence of the batch in the sequence modes (an empty completion's ratio is exp(0) = 1) and over the
+completion tokens in the token modes (0 for none); the masked ratios' zeros are in them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from rcdiag.errors import ConfigError
+from rcdiag.frameworks.base import Framework, MetricKey, Option, TokenRows, f32
+from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
+
+MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+PREFIX = "sampling/"
+DIFF_MEAN = "sampling/sampling_logp_difference/mean"
+DIFF_MAX = "sampling/sampling_logp_difference/max"
+RATIO_MIN = "sampling/importance_sampling_ratio/min"
+RATIO_MEAN = "sampling/importance_sampling_ratio/mean"
+RATIO_MAX = "sampling/importance_sampling_ratio/max"
+WEIGHT_MEAN = "rcdiag/trl/weight_mean"
+ZEROED = "rcdiag/trl/zeroed_fraction"
+
+
+@dataclass(frozen=True)
+class TRLSettings:
+    """``GRPOConfig``'s four fields that shape the correction, after its ``__post_init__``."""
+
+    correction: bool
+    mode: str
+    clip_max: float | None
+    clip_min: float | None
+
+    @property
+    def sequence(self) -> bool:
+        return self.mode.startswith("sequence")
+
+    @property
+    def truncate(self) -> bool:
+        return self.mode.endswith("truncate")
+
+    def new_metrics(self) -> TRLMetrics | None:
+        return TRLMetrics(self) if self.correction else None
+
+    def notes(self) -> tuple[str, ...]:
+        if not self.correction:
+            return ("vllm_importance_sampling_correction is false: TRL computes no ratio and logs no sampling/* key",)
+        unit = "sequence" if self.sequence else "completion token"
+        return (
+            f"sampling/importance_sampling_ratio/* are over every {unit} of a step, the ratios the "
+            f"{'truncation' if self.truncate else 'mask'} left (a masked one counts as 0); rcdiag/trl/* weigh each "
+            "token's loss by its ratio, token by token",
+            "a dump step is one generation batch on one process: TRL logs the mean over processes of each process's "
+            "mean (the min of the minima, the max of the maxima), and averages the batches of one optimizer step "
+            "(steps_per_generation > 1)",
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "vllm_importance_sampling_correction": self.correction,
+            "vllm_importance_sampling_mode": self.mode,
+            "vllm_importance_sampling_clip_max": self.clip_max,
+            "vllm_importance_sampling_clip_min": self.clip_min,
+        }
+
+    def apply(self, ratio: np.ndarray) -> np.ndarray:
+        """The ratios after the mode's truncation or mask (float32, bounds rounded to float32 as torch does)."""
+        low, high = f32(self.clip_min), f32(self.clip_max)
+        if self.truncate:
+            if low is not None:
+                ratio = np.maximum(ratio, low)  # NaN propagates, as in torch.clamp
+            return np.minimum(ratio, high) if high is not None else ratio
+        outside = np.zeros(ratio.shape, dtype=bool)
+        if low is not None:
+            outside |= ratio < low
+        if high is not None:
+            outside |= ratio > high
+        return np.where(outside, np.float32(0.0), ratio)
+
+
+class TRLMetrics(Accumulator):
+    """One step's ``sampling/*`` keys and rcdiag's token-weighted reading of the correction."""
+
+    OWNER = "framework"
+    STATES: ClassVar[dict[str, Reduce]] = {
+        "diff_sum": "sum",
+        "diff_n": "sum",
+        "diff_max": "max",
+        "ratio_sum": "sum",
+        "ratio_n": "sum",
+        "ratio_min": "min",
+        "ratio_max": "max",
+        "tokens": "sum",
+        "weight_sum": "sum",
+        "zeroed": "sum",
+    }
+
+    def __init__(self, settings: TRLSettings) -> None:
+        super().__init__()
+        self.settings = settings
+
+    def signature(self) -> tuple:
+        return (type(self).__name__, self.settings)
+
+    def update(self, block: Any) -> None:
+        rows = TokenRows(block)
+        diff = rows.diff
+        delta = np.abs(diff)
+        delta = delta[~np.isnan(delta)]
+        safe = np.nan_to_num(diff, nan=0.0)  # +-inf to +-float32's largest, as torch.nan_to_num
+        units = np.exp(rows.row_sum(safe).astype(np.float32) if self.settings.sequence else safe)
+        ratio = self.settings.apply(units)
+        weight = rows.per_token(ratio) if self.settings.sequence else ratio
+        self.add(
+            diff_sum=float(delta.astype(np.float64).sum()),
+            diff_n=float(delta.size),
+            diff_max=float(delta.max()) if delta.size else -np.inf,
+            ratio_sum=float(ratio.astype(np.float64).sum()),
+            ratio_n=float(ratio.size),
+            ratio_min=float(ratio.min()) if ratio.size else np.inf,
+            ratio_max=float(ratio.max()) if ratio.size else -np.inf,
+            tokens=float(rows.n_tokens),
+            weight_sum=float(weight.astype(np.float64).sum()),
+            zeroed=float(np.count_nonzero(weight == 0)),
+        )
+
+    def keys(self) -> list[str]:
+        return [DIFF_MEAN, DIFF_MAX, RATIO_MIN, RATIO_MEAN, RATIO_MAX, WEIGHT_MEAN, ZEROED]
+
+    def compute(self) -> tuple[dict[str, MetricValue], list[VerlCrash]]:
+        """TRL's values (0 where it has nothing to reduce, as it logs) and rcdiag's (``None`` without a token)."""
+        st = self.state
+        diff, ratio, tokens = st["diff_n"], st["ratio_n"], st["tokens"]
+        return {
+            DIFF_MEAN: st["diff_sum"] / diff if diff else 0.0,
+            DIFF_MAX: st["diff_max"] if diff else 0.0,
+            RATIO_MIN: st["ratio_min"] if ratio else 0.0,
+            RATIO_MEAN: st["ratio_sum"] / ratio if ratio else 0.0,
+            RATIO_MAX: st["ratio_max"] if ratio else 0.0,
+            WEIGHT_MEAN: st["weight_sum"] / tokens if tokens else None,
+            ZEROED: st["zeroed"] / tokens if tokens else None,
+        }, []
+
+
+def settings(values: Mapping[str, Any], given: frozenset[str] = frozenset()) -> TRLSettings:
+    """``GRPOConfig.__post_init__``'s checks and its deprecated cap; TRL's own messages."""
+    clip_max = values["vllm_importance_sampling_clip_max"]
+    if values["vllm_importance_sampling_cap"] is not None:
+        clip_max = values["vllm_importance_sampling_cap"]
+    clip_min = values["vllm_importance_sampling_clip_min"]
+    if clip_min is not None and clip_max is not None and clip_min >= clip_max:
+        raise ConfigError(
+            f"vllm_importance_sampling_clip_min ({clip_min}) must be less than vllm_importance_sampling_clip_max "
+            f"({clip_max})."
+        )
+    mode = values["vllm_importance_sampling_mode"]
+    correction = values["vllm_importance_sampling_correction"]
+    if correction and mode.endswith("truncate") and clip_min is None and clip_max is None:
+        raise ConfigError(
+            f"vllm_importance_sampling_mode={mode} with neither clip_min nor clip_max: TRL 1.16.0 crashes at its "
+            "first batch (torch.clamp needs a bound); set vllm_importance_sampling_clip_max"
+        )
+    return TRLSettings(correction, mode, clip_max, clip_min)
+
+
+FRAMEWORK = Framework(
+    name="trl",
+    title="TRL",
+    release="1.16.0",
+    source="trl/trainer/grpo_trainer.py:2660-2707 (ratio), 2860-2896 (metrics); trl/trainer/utils.py:1124-1156",
+    options=(
+        Option("vllm_importance_sampling_correction", "bool", True, "apply the IS correction (and log sampling/*)"),
+        Option(
+            "vllm_importance_sampling_mode",
+            "choice",
+            "sequence_mask",
+            "token or sequence ratio; truncate (clamp) or mask (zero outside the bounds)",
+            choices=MODES,
+        ),
+        Option("vllm_importance_sampling_clip_max", "number", 3.0, "upper bound C_max", nullable=True),
+        Option("vllm_importance_sampling_clip_min", "number", None, "lower bound C_min", nullable=True),
+        Option("vllm_importance_sampling_cap", "number", None, "deprecated: sets clip_max", nullable=True),
+    ),
+    keys=(
+        MetricKey(DIFF_MEAN, "mean |old - vllm| over the completion tokens (NaN left out)"),
+        MetricKey(DIFF_MAX, "largest |old - vllm|"),
+        MetricKey(RATIO_MIN, "smallest ratio after truncation or mask (per sequence or per token)"),
+        MetricKey(RATIO_MEAN, "mean ratio after truncation or mask; a masked ratio counts as 0"),
+        MetricKey(RATIO_MAX, "largest ratio after truncation or mask"),
+        MetricKey(WEIGHT_MEAN, "rcdiag's: mean weight TRL puts on a completion token's loss (1 = no correction)"),
+        MetricKey(ZEROED, "rcdiag's: share of completion tokens whose loss TRL's mask zeroes (the gradient lost)"),
+    ),
+    settings=settings,
+    batching="one generation batch (_generate_and_score_completions) on one process",
+)

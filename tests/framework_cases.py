@@ -1,0 +1,100 @@
+"""The dumps ``--as NAME`` is checked on, read back as each framework holds them: per step, padded (B, T) tensors.
+
+A dump's rows are read with pyarrow directly (not rcdiag's readers): each row's lists as stored, padding included,
+each step padded to its longest row (pads: log-prob 0, mask 0), as a trainer pads its batch. The synthetic dumps
+hold what the real-model ones lack: masked padding inside the lists, empty and fully masked rows, long responses and
+outlier tokens far enough out to trip every bound.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+Rows = list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+def dump_rows(path: Path) -> dict[int | None, Rows]:
+    """Every row of a Parquet dump (a file or a directory of them) by step: (old, rollout, mask) as stored."""
+    files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+    steps: dict[int | None, Rows] = {}
+    for file in files:
+        table = pq.read_table(file)
+        columns = table.column_names
+        old = table.column("old_log_prob").to_pylist()
+        rollout = table.column("rollout_log_prob").to_pylist()
+        mask = table.column("response_mask").to_pylist() if "response_mask" in columns else [None] * len(old)
+        step = table.column("step").to_pylist() if "step" in columns else [None] * len(old)
+        for a, b, m, s in zip(old, rollout, mask, step, strict=True):
+            a32, b32 = np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)
+            m8 = np.ones(len(a), dtype=bool) if m is None else np.asarray(m, dtype=bool)
+            steps.setdefault(s, []).append((a32, b32, m8))
+    return steps
+
+
+def padded(rows: Rows) -> tuple[Any, Any, Any]:
+    """(old, rollout, mask) (B, T) torch tensors padded to the longest row (pads: 0, mask 0)."""
+    import torch
+
+    width = max((len(old) for old, _, _ in rows), default=0)
+    old = np.zeros((len(rows), width), dtype=np.float32)
+    rollout = np.zeros_like(old)
+    mask = np.zeros(old.shape, dtype=bool)
+    for i, (a, b, m) in enumerate(rows):
+        old[i, : len(a)], rollout[i, : len(b)], mask[i, : len(m)] = a, b, m
+    return torch.from_numpy(old), torch.from_numpy(rollout), torch.from_numpy(mask)
+
+
+def all_rows(steps: dict[int | None, Rows]) -> Rows:
+    """Every step's rows, in step order (the pooled view)."""
+    return [row for step in sorted(steps, key=lambda s: (s is None, s or 0)) for row in steps[step]]
+
+
+def synthetic_dump(directory: Path, seed: int, *, scale: float = 0.05, outliers: float = 3.0) -> Path:
+    """Three steps of rows with masked padding at their ends and inside, empty and fully masked rows, a few long
+    responses (up to 3,000 tokens) and rare outlier tokens (``outliers`` nats); written as one Parquet file."""
+    rng = np.random.default_rng(seed)
+    old_rows, rollout_rows, mask_rows, step_rows = [], [], [], []
+    for step in range(3):
+        for i in range(40):
+            n = int(rng.choice([0, 1, 7, 60, 300, 3000], p=[0.05, 0.05, 0.2, 0.4, 0.25, 0.05]))
+            old = np.minimum(rng.normal(-1.2, 1.0, n), -1e-4)
+            gap = rng.normal(rng.normal(0.0, scale / 4), scale, n)  # a per-row bias: sequence ratios spread
+            far = rng.random(n) < 0.004
+            gap[far] += rng.choice([-outliers, outliers], far.sum())
+            rollout = np.minimum(old - gap, 0.0)
+            mask = np.ones(n, dtype=np.int8)
+            if n and i % 5 == 1:
+                mask[-max(1, n // 4) :] = 0  # padding at the end (values present, masked)
+            if n > 10 and i % 7 == 2:
+                mask[n // 3 : n // 2] = 0  # masked inside (a tool's output)
+            if n and i % 11 == 3:
+                mask[:] = 0  # a fully masked row
+            old_rows.append(old.astype(np.float32).tolist())
+            rollout_rows.append(rollout.astype(np.float32).tolist())
+            mask_rows.append(mask.tolist())
+            step_rows.append(step)
+    table = pa.table(
+        {
+            "old_log_prob": pa.array(old_rows, pa.list_(pa.float32())),
+            "rollout_log_prob": pa.array(rollout_rows, pa.list_(pa.float32())),
+            "response_mask": pa.array(mask_rows, pa.list_(pa.int8())),
+            "step": pa.array(step_rows, pa.int64()),
+        }
+    )
+    path = directory / f"synthetic_s{seed}.parquet"
+    pq.write_table(table, path)
+    return path
+
+
+def close(ours: float | None, theirs: float, *, rel: float = 2e-6, abs_: float = 1e-7) -> bool:
+    """Equal to float32 rounding: ``None`` (rcdiag's non-finite) matches a non-finite value; otherwise within a few
+    float32 ulps, relative, or ``abs_`` near 0."""
+    if ours is None:
+        return not math.isfinite(theirs)
+    return math.isclose(ours, theirs, rel_tol=rel, abs_tol=abs_)

@@ -1,0 +1,301 @@
+"""Each framework's own code as the oracle of ``rcdiag analyze --as NAME`` (beside tests/verl_oracle.py).
+
+Every release is installed without its dependencies into ``.gl/NAME-VERSION`` (``pip install --no-deps --target``,
+as .ci/run does). Nothing of theirs is copied into this repository:
+
+* TRL's correction sits inline in ``GRPOTrainer._generate_and_score_completions``: the oracle reads those lines from
+  the installed file (file, line range and release pinned below, and their SHA-256 asserted, so a changed file fails
+  instead of testing something else), dedents them and runs them on our tensors, with ``self`` standing for the
+  trainer: its four settings, a one-process ``accelerator.gather`` and the metrics dict it appends to.
+* OpenRLHF's ``PolicyLoss`` (``openrlhf/models/loss.py``) and AReaL's ``apply_rejection_sampling`` and
+  ``ppo_actor_loss_fn`` (``areal/utils/functional/functional.py``, config ``areal/api/cli_args.py``) are functions
+  of importable modules: loaded from the installed files, with their package ``__init__`` files (which import the
+  whole trainer) skipped, and stubs only for modules unrelated to these functions (deepspeed, uvloop, the attention
+  kernels, the data loader, logging).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+import textwrap
+import types
+from collections import defaultdict
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+TARGETS = Path(__file__).resolve().parent.parent / ".gl"
+RELEASES = {"trl": "1.16.0", "openrlhf": "0.11.0", "areal": "1.0.4"}
+"""The release of each framework the oracles run (installed under .gl/NAME-VERSION)."""
+AREAL_LINES = ("areal/trainer/ppo/actor.py", 539, 547, "b0957fb8")
+"""AReaL 1.0.4's logging of rejection sampling, inline in ``grpo_loss_fn`` (file, lines, SHA-256 prefix)."""
+
+TRL_LINES = {
+    "ratio": ("trl/trainer/grpo_trainer.py", 2660, 2707, "a43369a9"),
+    "metrics": ("trl/trainer/grpo_trainer.py", 2860, 2896, "9ca40ea6"),
+    "nan_reductions": ("trl/trainer/utils.py", 1124, 1156, "a3aa6dbf"),
+}
+"""TRL 1.16.0's inline code the oracle runs: (file, first line, last line, first 8 hex digits of the SHA-256 of those
+lines joined by newlines)."""
+
+
+def installed(name: str) -> Path | None:
+    """``.gl/NAME-VERSION``, or ``None`` when it is not installed."""
+    root = TARGETS / f"{name}-{RELEASES[name]}"
+    return root if root.is_dir() else None
+
+
+def require(name: str) -> Any:
+    """torch, with ``name``'s release installed; or skip saying what to install (a failure under ``CI=true``)."""
+    from missing_components import missing
+
+    try:
+        import torch
+    except ImportError:
+        missing("torch")
+    if installed(name) is None:
+        missing(f"{name}-{RELEASES[name]}")
+    return torch
+
+
+def pinned_lines(name: str, path: str, first: int, last: int, digest: str) -> str:
+    """Lines ``first..last`` of an installed file, dedented; an ``AssertionError`` when they no longer hash the same."""
+    root = installed(name)
+    assert root is not None
+    lines = (root / path).read_text().splitlines()[first - 1 : last]
+    text = "\n".join(lines)
+    found = hashlib.sha256(text.encode()).hexdigest()[:8]
+    assert found == digest, f"TRL's {path}:{first}-{last} changed (sha256 {found}, pinned {digest})"
+    return textwrap.dedent(text)
+
+
+def trl_lines(part: str) -> str:
+    """The pinned lines of TRL 1.16.0 (``TRL_LINES``)."""
+    return pinned_lines("trl", *TRL_LINES[part])
+
+
+def trl_metrics(old: Any, rollout: Any, mask: Any, **options: Any) -> tuple[dict[str, float], Any]:
+    """TRL 1.16.0's logged ``sampling/*`` values and its ratio tensor for padded (B, T) float32 tensors, by running
+    its own lines; ``options``: ``GRPOConfig``'s names (its defaults otherwise)."""
+    import math
+
+    import torch
+
+    settings = {
+        "vllm_importance_sampling_correction": True,
+        "vllm_importance_sampling_mode": "sequence_mask",
+        "vllm_importance_sampling_clip_max": 3.0,
+        "vllm_importance_sampling_clip_min": None,
+        **options,
+    }
+    metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list)}
+    trainer = types.SimpleNamespace(
+        use_vllm=True,
+        accelerator=types.SimpleNamespace(gather=lambda tensor: tensor.reshape(1)),  # one process
+        _metrics=metrics,
+        **settings,
+    )
+    scope: dict[str, Any] = {"torch": torch, "math": math}
+    exec(compile(trl_lines("nan_reductions"), "trl/trainer/utils.py", "exec"), scope)
+    scope.update(
+        self=trainer,
+        mode="train",
+        device=old.device,
+        completion_mask=mask.to(torch.int64),
+        tool_mask=None,
+        old_per_token_logps=old,
+        sampling_per_token_logps=rollout,
+    )
+    exec(compile(trl_lines("ratio"), "trl/trainer/grpo_trainer.py", "exec"), scope)
+    exec(compile(trl_lines("metrics"), "trl/trainer/grpo_trainer.py", "exec"), scope)
+    logged = {key: values[-1] for key, values in metrics["train"].items()}
+    return logged, scope.get("vllm_importance_sampling_ratio")
+
+
+# ------------------------------------------------------------------------------------------------ module loading
+
+
+def _package(name: str, path: Path) -> None:
+    module = types.ModuleType(name)
+    module.__path__ = [str(path)]
+    sys.modules[name] = module
+
+
+def _stub(name: str, **attrs: Any) -> None:
+    module = types.ModuleType(name)
+    for attr, value in attrs.items():
+        setattr(module, attr, value)
+    sys.modules[name] = module
+
+
+def _load(name: str, path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@cache
+def openrlhf_loss() -> Any:
+    """OpenRLHF 0.11.0's ``openrlhf.models.loss`` module (``PolicyLoss``), its package ``__init__`` skipped and
+    ``deepspeed`` (imported by ``models/utils.py`` for ZeRO-3, unrelated) stubbed."""
+    root = installed("openrlhf")
+    assert root is not None
+    package = root / "openrlhf"
+    saved = {name: sys.modules.get(name) for name in ("deepspeed",)}
+    _package("openrlhf", package)
+    _package("openrlhf.models", package / "models")
+    if "deepspeed" not in sys.modules:
+        _stub("deepspeed")
+    try:
+        _load("openrlhf.models.utils", package / "models" / "utils.py")
+        return _load("openrlhf.models.loss", package / "models" / "loss.py")
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+
+
+@cache
+def areal_functional() -> Any:
+    """AReaL 1.0.4's ``areal.utils.functional.functional`` (``apply_rejection_sampling``, ``ppo_actor_loss_fn``)
+    with its real ``RejectionSamplingConfig`` (``areal.api.cli_args``) and ``KLEstimator`` (``areal.utils.data``);
+    unrelated imports stubbed: ``uvloop``, the FSDP attention helpers, ``einops``, ``torchdata``'s loader, AReaL's
+    platform, logging, name-resolve and sequence-packing utilities."""
+    root = installed("areal")
+    assert root is not None
+    package = root / "areal"
+    saved = {name: sys.modules.get(name) for name in ("uvloop", "einops", "torchdata", "torchdata.stateful_dataloader")}
+    for name in ("areal", "areal.api", "areal.utils", "areal.utils.functional"):
+        _package(name, package.joinpath(*name.split(".")[1:]))
+
+    class _Logger:
+        def __getattr__(self, _: str) -> Any:
+            return lambda *args, **kwargs: None
+
+    stubs: dict[str, dict[str, Any]] = {
+        "uvloop": {"install": lambda: None},
+        "einops": {"rearrange": None},
+        "torchdata": {},
+        "torchdata.stateful_dataloader": {"StatefulDataLoader": object},
+        "areal.engine": {},
+        "areal.engine.fsdp_utils": {},
+        "areal.engine.fsdp_utils.attn_impl": {
+            "BUILTIN_ATTN_IMPLS": (),
+            "get_attn_impl_validation_error": str,
+            "is_valid_attn_impl": lambda name: True,
+        },
+        "areal.infra": {},
+        "areal.infra.platforms": {
+            "current_platform": types.SimpleNamespace(is_initialized=lambda: False, device_type="cpu")
+        },
+        "areal.utils.logging": {"getLogger": lambda *args, **kwargs: _Logger()},
+        "areal.utils.name_resolve": {},
+        "areal.utils.pkg_version": {"is_version_greater_or_equal": lambda *args: False},
+        "areal.utils.seqpack": {"PACKING_ALGORITHMS": (), "get_allocate_fn": None},
+        "areal.utils.math": {"align": None},
+    }
+    for name, attrs in stubs.items():
+        if name in sys.modules and not name.startswith("areal"):
+            continue
+        _stub(name, **attrs)
+    for name in ("logging", "name_resolve", "pkg_version", "seqpack"):
+        setattr(sys.modules["areal.utils"], name, sys.modules[f"areal.utils.{name}"])
+    try:
+        _load("areal.utils.constants", package / "utils" / "constants.py")
+        _load("areal.api.cli_args", package / "api" / "cli_args.py")
+        _load("areal.utils.data", package / "utils" / "data.py")
+        return _load("areal.utils.functional.functional", package / "utils" / "functional" / "functional.py")
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+
+
+def openrlhf_metrics(
+    old: Any,
+    rollout: Any,
+    mask: Any,
+    *,
+    enable: bool = True,
+    threshold: tuple[float, float] = (0.5, 5.0),
+    kind: str = "tis",
+    loss: str = "ppo",
+) -> tuple[float | None, Any]:
+    """OpenRLHF 0.11.0's ``vllm_kl`` for one micro-batch holding the whole step, and the coefficient its
+    ``PolicyLoss`` puts on each token's loss: with the current policy equal to the old one (PPO ratio 1) and every
+    advantage a leaf of the graph, the loss is ``-sum(A_t c_t) / N``, so ``c_t = -N dL/dA_t`` (``None`` for gspo,
+    whose loss takes no coefficient)."""
+    import torch
+
+    module = openrlhf_loss()
+    policy = module.PolicyLoss(
+        enable_vllm_is_correction=enable,
+        vllm_is_truncated_threshold=list(threshold),
+        vllm_is_correction_type=kind,
+        policy_loss_type=loss,
+    )
+    advantages = torch.ones_like(old, requires_grad=True)
+    value, _, _, vllm_kl = policy(old, old, advantages, action_mask=mask, rollout_log_probs=rollout)
+    value.backward()
+    coefficients = None if loss != "ppo" else -advantages.grad * mask.sum()
+    return (None if vllm_kl is None else float(vllm_kl)), coefficients
+
+
+@cache
+def areal_tracker_module() -> Any:
+    """AReaL 1.0.4's ``areal.utils.stats_tracker`` (loaded after ``areal_functional``, which stubs its imports)."""
+    areal_functional()
+    root = installed("areal")
+    assert root is not None
+    seqpack = sys.modules.get("areal.utils.seqpack")
+    if seqpack is not None and not hasattr(seqpack, "flat2d"):
+        seqpack.flat2d = lambda lists: [x for sub in lists for x in sub]  # type: ignore[attr-defined]
+    return _load("areal.utils.stats_tracker", root / "areal" / "utils" / "stats_tracker.py")
+
+
+def areal_metrics(
+    old: Any, rollout: Any, mask: Any, *, decoupled: bool = True, rejection: dict[str, Any] | None = None
+) -> tuple[dict[str, float], Any]:
+    """AReaL 1.0.4's exported ``ppo_actor/update/*`` rejection-sampling keys for one micro-batch holding the whole
+    step, and the weight on each token's loss: its ``ppo_actor_loss_fn`` on our tensors (proximal = the trainer's
+    log-probs in decoupled mode, else the inference engine's, as its actor sets them), then ``grpo_loss_fn``'s own
+    logging lines (``AREAL_LINES``) into a fresh ``DistributedStatsTracker`` under its scopes, exported."""
+    import torch
+
+    functional = areal_functional()
+    config = functional.RejectionSamplingConfig(**(rejection or {}))
+    proximal = old if decoupled else rollout
+    mask = mask.bool()
+    _, stat = functional.ppo_actor_loss_fn(
+        logprobs=proximal.clone(),
+        proximal_logprobs=proximal,
+        old_logprobs=rollout,
+        advantages=torch.zeros_like(old),
+        eps_clip=0.2,
+        loss_mask=mask,
+        rejection_sampling=config,
+    )
+    tracker = areal_tracker_module().DistributedStatsTracker()
+    with tracker.scope("ppo_actor"), tracker.scope("update"):
+        exec(
+            compile(pinned_lines("areal", *AREAL_LINES), AREAL_LINES[0], "exec"),
+            {"stat": stat, "stats_tracker": tracker},
+        )
+        exported = tracker.export()
+    exported.pop("ppo_actor/update/rs_filtered_fraction__count", None)
+    return exported, stat["behave_imp_weight"]
+
+
+if os.environ.get("RCDIAG_PRINT_ORACLE_HASHES"):  # pragma: no cover - how the pins above were taken
+    for name, (path, first, last, _) in [*(("trl", lines) for lines in TRL_LINES.values()), ("areal", AREAL_LINES)]:
+        text = "\n".join((TARGETS / f"{name}-{RELEASES[name]}" / path).read_text().splitlines()[first - 1 : last])
+        print(name, path, first, hashlib.sha256(text.encode()).hexdigest()[:8])
