@@ -13,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rcdiag.constants import ROUTER_REPLAY_KEY
 from rcdiag.core.limits import SAFETY_BOUND  # noqa: F401 (verl's clamp, named here beside the options it bounds)
 from rcdiag.errors import ConfigError
 from rcdiag.fields import FieldError, checked
@@ -396,6 +397,12 @@ ROUTER_REPLAY_R2_BYPASS = (
     "R2 records routes while recomputing actor old_log_probs, but bypass mode skips that forward."
 )
 """verl 0.9.1's message (``verl/utils/config.py``, ``_validate_router_replay_config``)."""
+
+
+def router_replay_mode(metadata: Mapping[str, Any]) -> str:
+    """The router replay mode a dump's metadata records (``disabled`` when it records none)."""
+    mode = metadata.get(ROUTER_REPLAY_KEY)
+    return mode if isinstance(mode, str) else "disabled"
 
 
 def refuse_router_replay(mode: str, bypass_mode: bool, version: str | None = None) -> None:

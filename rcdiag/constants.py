@@ -12,3 +12,6 @@ TEMPERATURE_KEY = "temperature"
 """Dump metadata key holding the rollout sampling temperature."""
 TRAIN_TEMPERATURE_KEY = "train_temperature"
 """Dump metadata key holding the temperature the trainer divided its logits by, when the dump records it."""
+ROUTER_REPLAY_KEY = "verl.router_replay.mode"
+"""Dump metadata key recording the actor's MoE ``router_replay.mode`` (written by ``rcdiag.integrations.verl``):
+verl 0.9.1 refuses R2 with bypass mode, so a sweep never ranks a bypass preset for such a run."""

@@ -17,7 +17,11 @@ INSTALL = {
     "torch": "pip install 'torch==2.13.0'",
     **{
         f"verl-{v}": f"pip install --no-deps --target .gl/verl-{v} 'verl=={v}' (and torch; see .ci/run)"
-        for v in ("0.7.1", "0.8.0", "0.9.0")
+        for v in ("0.7.1", "0.8.0", "0.9.0", "0.9.1")
+    },
+    **{
+        f"{name}-{v}": f"pip install --no-deps --target .gl/{name}-{v} '{name}=={v}' (and torch; see .ci/run)"
+        for name, v in (("trl", "1.16.0"), ("openrlhf", "0.11.0"), ("areal", "1.0.4"))
     },
     "moto": "pip install 'moto[server]' (in the test extra: pip install -e '.[test]')",
     "ray": "pip install -e '.[ray]'",

@@ -27,6 +27,8 @@ import rcdiag
 from rcdiag.engine import Engine, EngineState
 from rcdiag.explain.state import ExplainState
 from rcdiag.explain.statistics import GroupSums, SumsAccumulator
+from rcdiag.frameworks.registry import choose
+from rcdiag.frameworks.section import FrameworkState
 from rcdiag.io.base import Chunk
 from rcdiag.metrics.base import Accumulator
 from rcdiag.state import decode_state, encode_state
@@ -145,6 +147,59 @@ def _sweep_reference(data: Data, state: EngineState) -> None:
             assert_metrics_close(got, {key: want[key] for key in got})
 
 
+def _framework_case(name: str, options: dict[str, Any], reference: Callable[[Data], dict[str, float]]) -> Case:
+    """``--as name``'s per-step accumulators (``rcdiag.frameworks``) beside analyze's, checked against a numpy
+    brute force of the framework's formulas (its own code checks them in tests/test_frameworks_*.py)."""
+
+    def new() -> tuple[EngineState, Any]:
+        whole = FrameworkState(choose(name, options))
+        return EngineState(CONFIG.resolve(), whole_dump={"framework": whole}), whole
+
+    def members(state: EngineState) -> list[Accumulator]:
+        return [*_per_step(state), *state.whole_dump["framework"].steps.values()]
+
+    def check(data: Data, state: EngineState) -> None:
+        pooled = state.whole_dump["framework"].pooled()
+        got, _ = pooled.compute()
+        for key, value in reference(data).items():
+            assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-9), (name, key)
+
+    return Case(f"framework-{name}", new, members, check)
+
+
+def _valid(data: Data) -> tuple[np.ndarray, np.ndarray]:
+    mask = data.mask.astype(bool)
+    return mask, data.old.astype(np.float64) - data.rollout.astype(np.float64)
+
+
+def _trl_reference(data: Data) -> dict[str, float]:
+    mask, d = _valid(data)
+    ratio = np.exp((d * mask).sum(axis=1))
+    ratio[ratio > 3.0] = 0.0  # sequence_mask at TRL's default 3
+    return {
+        "sampling/sampling_logp_difference/mean": float(np.abs(d[mask]).mean()),
+        "sampling/importance_sampling_ratio/mean": float(ratio.mean()),
+        "sampling/importance_sampling_ratio/max": float(ratio.max()),
+    }
+
+
+def _openrlhf_reference(data: Data) -> dict[str, float]:
+    mask, d = _valid(data)
+    ratio = np.exp(d[mask])
+    return {"vllm_kl": float(-d[mask].mean()), "rcdiag/openrlhf/weight_mean": float(np.clip(ratio, 0.5, 5.0).mean())}
+
+
+def _areal_reference(data: Data) -> dict[str, float]:
+    mask, d = _valid(data)
+    weight = np.exp(d[mask])
+    kept = weight <= 2.0
+    return {
+        "ppo_actor/update/behave_imp_weight/avg": float(weight[kept].mean()),
+        "ppo_actor/update/behave_approx_kl/avg": float(d[mask][kept].mean()),
+        "ppo_actor/update/rs_filtered_fraction": float(1.0 - kept.mean()),
+    }
+
+
 CASES: list[Case] = [
     Case("per-step", lambda: (EngineState(CONFIG.resolve()), None), _per_step, _per_step_reference),
     Case(
@@ -154,8 +209,11 @@ CASES: list[Case] = [
         _explain_reference,
     ),
     Case("sweep", lambda: (new_sweep_state(SWEEP, target_reject=0.01), None), _sweep_members, _sweep_reference),
+    _framework_case("trl", {}, _trl_reference),
+    _framework_case("openrlhf", {"algo.advantage.is_correction_enable": True}, _openrlhf_reference),
+    _framework_case("areal", {"use_decoupled_loss": True, "rejection_sampling": {"upper": 2.0}}, _areal_reference),
 ]
-"""Every kind of accumulator: analyze's per-step ones, ``--explain``'s, the sweep's."""
+"""Every kind of accumulator: analyze's per-step ones, ``--explain``'s, the sweep's, each framework's (``--as``)."""
 
 
 def _run(case: Case, data: Data, cuts: list[int]) -> EngineState:

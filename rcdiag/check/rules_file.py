@@ -16,7 +16,7 @@ from typing import Any
 from rcdiag.check.findings_gate import FindingGate, parse_fail_on
 from rcdiag.check.packs import packs_and_gate
 from rcdiag.check.rules import RULE_KINDS, STEP_MODES, Rule, StepMode, _parse_bound
-from rcdiag.config import CorrectionConfig, preset
+from rcdiag.config import CorrectionConfig, preset, refuse_router_replay
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.io.paths import regular_file
 from rcdiag.outputs import reads
@@ -47,11 +47,22 @@ class RuleFile:
     fail_on: FindingGate | None = None
     """``fail_on = ["warning"]`` or ``packs = ["analyze"]``: the gate on findings (``--fail-on``)."""
 
+    def refuse_router_replay(self, config: CorrectionConfig) -> None:
+        """Refuse ``router_replay_mode = "R2"`` with the engine's final ``config`` in bypass mode, as verl 0.9.1's
+        ``validate_config`` does (the flags may have set bypass mode on top of the file)."""
+        mode = self.engine.get(ROUTER_REPLAY, "disabled")
+        if mode not in ("disabled", "R2", "R3"):
+            raise ConfigError(f"{self.path}: [engine]: {ROUTER_REPLAY} must be disabled, R2 or R3, got {mode!r}")
+        try:
+            refuse_router_replay(mode, config.bypass_mode, config.verl_version)
+        except ConfigError as exc:
+            raise ConfigError(f"{self.path}: [engine]: {exc}") from None
+
     def config(self) -> CorrectionConfig | None:
         """The engine configuration the file asks for, or ``None`` if it sets none."""
-        if not self.engine:
+        if not set(self.engine) - {ROUTER_REPLAY}:
             return None
-        fields = {k: v for k, v in self.engine.items() if k != "preset"}
+        fields = {k: v for k, v in self.engine.items() if k not in ("preset", ROUTER_REPLAY)}
         name = self.engine.get("preset")
         try:
             base = preset(name) if name else CorrectionConfig()
@@ -62,7 +73,9 @@ class RuleFile:
 
 _TABLE_KEYS = {"packs", "fail_on", "steps", "tolerate", "baseline", "engine", "rule", *RULE_KINDS}
 _RULE_KEYS = {"metric", "steps", "tolerate", *RULE_KINDS}
-_ENGINE_KEYS = {"preset", *(f.name for f in dataclasses.fields(CorrectionConfig))}
+ROUTER_REPLAY = "router_replay_mode"
+"""``[engine]``'s key for the actor engine's ``router_replay.mode``, read only to refuse what verl 0.9.1 refuses."""
+_ENGINE_KEYS = {"preset", ROUTER_REPLAY, *(f.name for f in dataclasses.fields(CorrectionConfig))}
 
 
 def load_rules(

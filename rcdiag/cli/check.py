@@ -178,6 +178,8 @@ def check(
     }
     ruled = rule_set(bounds, packs, fail_on, loaded, steps=steps, tolerate=tolerate)
     config = engine.config(base=loaded.config() if loaded is not None else None)  # before the notice: one error line
+    if loaded is not None:
+        loaded.refuse_router_replay(config)
     if loaded is not None and rules_file is None:
         print(f"rcdiag: using [tool.rcdiag.check] from {loaded.path}", file=sys.stderr)
     against = baseline or (loaded.baseline if loaded is not None else None)

@@ -97,7 +97,8 @@ class EngineFlags:
         given = [flag for flag, value in self._correction_flags().items() if value is not None]
         if given:
             raise ConfigError(
-                f"{', '.join(given)} configure verl's correction; under --as {chosen.name} give "
+                f"{', '.join(given)} {'configures' if len(given) == 1 else 'configure'} verl's correction; under "
+                f"--as {chosen.name} give "
                 f"{chosen.framework.title}'s own options with --as-option KEY=VALUE (`rcdiag presets --as "
                 f"{chosen.name}` lists them)"
             )

@@ -274,6 +274,11 @@ FRAMEWORK = Framework(
         MetricKey(ZEROED, "rcdiag's: share of loss tokens AReaL's rejection sampling drops"),
     ),
     settings=settings,
+    left_out=(
+        "left out: importance_weight, approx_kl, clip_ratio and actor_loss compare the current policy with "
+        "the proximal one (and need advantages), and M2PO (m2_threshold) sorts a whole micro-batch: a dump of"
+        " the two engines holds neither current log-probs nor advantages"
+    ),
     prefixes=("actor.",),
     batching="one PPO update (ppo_update over the step's batch; rs_filtered_fraction per micro-batch call)",
 )

@@ -140,6 +140,9 @@ class Framework:
     """Leading parts of option keys a user may leave out (verl's ``algorithm.rollout_correction.``)."""
     batching: str = ""
     """What one dump step stands for in this framework, and what its values depend on beyond the step's rows."""
+    left_out: str = ""
+    """The keys it logs beside these that a dump cannot give (the current policy's log-probs, advantages), never
+    guessed: a note of every report computed ``--as`` it."""
 
     @property
     def label(self) -> str:

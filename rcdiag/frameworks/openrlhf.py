@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rcdiag.frameworks.base import Framework, MetricKey, Option, TokenRows, f32
+from rcdiag.frameworks.base import Framework, MetricKey, Option, TokenRows
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
 
 TYPES = ("tis", "icepop", "seq-mask-tis")
@@ -62,7 +62,7 @@ class OpenRLHFSettings:
 
     def weights(self, rows: TokenRows) -> np.ndarray:
         """The coefficient on each valid token's loss (float32, bounds compared in float32 as torch does)."""
-        low, high = f32(self.low), f32(self.high)
+        low, high = np.float32(self.low), np.float32(self.high)
         ratio = np.exp(rows.diff)
         if self.kind == "tis":
             return np.minimum(np.maximum(ratio, low), high)
@@ -139,5 +139,9 @@ FRAMEWORK = Framework(
         MetricKey(ZEROED, "rcdiag's: share of action tokens whose loss the correction zeroes"),
     ),
     settings=settings,
+    left_out=(
+        "left out: ppo_kl, ppo_clip_ratio and policy_loss compare the current policy with the old one and "
+        "need advantages: a dump of the two engines holds neither"
+    ),
     batching="one PPO training step (ppo_train over the step's experience; micro-batches token-weighted)",
 )

@@ -207,7 +207,7 @@ class FrameworkSection(PlainSection):
             label=chosen.framework.label,
             source=chosen.framework.source,
             options=chosen.settings.to_dict(),
-            notes=chosen.settings.notes(),
+            notes=(*chosen.settings.notes(), *((chosen.framework.left_out,) if chosen.framework.left_out else ())),
             pooled=step_values(state.pooled()),
             steps=steps,
             readings={key.key: key.reading for key in chosen.framework.keys},

@@ -202,5 +202,10 @@ FRAMEWORK = Framework(
         MetricKey(ZEROED, "rcdiag's: share of completion tokens whose loss TRL's mask zeroes (the gradient lost)"),
     ),
     settings=settings,
+    left_out=(
+        "left out: kl, entropy, clip_ratio/* and policy_loss compare the current policy with the old one (and"
+        " need advantages), and the off-policy sequence mask (off_policy_mask_threshold) needs advantages and"
+        " the current policy: a dump of the two engines holds neither"
+    ),
     batching="one generation batch (_generate_and_score_completions) on one process",
 )

@@ -11,7 +11,7 @@ from typing import Any
 from rcdiag.api import ProgressCallback, accumulate, input_facts
 from rcdiag.backend import Backend, get_backend
 from rcdiag.catalogue.emit import emit
-from rcdiag.config import CorrectionConfig
+from rcdiag.config import CorrectionConfig, router_replay_mode
 from rcdiag.engine import Engine
 from rcdiag.io import Chunk
 from rcdiag.io.base import SourceInfo
@@ -117,7 +117,7 @@ def build_sweep_report(state: SweepState, facts: InputFacts, device: str, min_es
         rows=tuple(rows),
         recommendations=tuple(place_on_grid(recommendations or (), rows, target, state.grid.verl_version)),
         target_reject=target if recommendations is not None else None,
-        presets=tuple(rank_presets(rows, min_ess, state.grid.verl_version)),
+        presets=tuple(rank_presets(rows, min_ess, state.grid.verl_version, router_replay_mode(facts.metadata))),
         min_ess=min_ess,
         input=facts,
         findings=tuple(_crash_findings(rows)),

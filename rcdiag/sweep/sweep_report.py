@@ -8,7 +8,7 @@ from typing import Any
 
 from rcdiag._version import __version__
 from rcdiag.catalogue.metrics import PREFIX
-from rcdiag.config import PRESETS, preset
+from rcdiag.config import PRESETS, preset, refuse_router_replay
 from rcdiag.errors import ConfigError
 from rcdiag.metrics.base import MetricValue, VerlCrash
 from rcdiag.report import Finding, InputFacts
@@ -208,19 +208,23 @@ PRESET_RANKING = (
 """How ``rank_presets`` orders the presets, in the words every renderer shows above the table (docs/sweep.md)."""
 
 
-def rank_presets(rows: list[SweepRow], min_ess: float, version: str = DEFAULT_VERSION) -> list[PresetRank]:
+def rank_presets(
+    rows: list[SweepRow], min_ess: float, version: str = DEFAULT_VERSION, router_replay: str = "disabled"
+) -> list[PresetRank]:
     """verl ``version``'s presets whose IS and RS settings are all rows of this sweep, ranked by the verdict's policy
     (docs/verdict.md, docs/sweep.md): first those that correct without raising one of analyze's findings, then those
     that apply no correction (``disabled``, ``bypass_ppo_clip``: the PPO clip alone), last those that raise a finding
     (IS saturated, an ESS below verl's 0.3 or ``min_ess``, RS rejecting most tokens). Within a tier: token-level IS
     alone first (the robust default), then token IS with RS, RS alone, sequence-level IS; then fewer tokens and
-    responses rejected, fewer weights truncated, higher ESS."""
+    responses rejected, fewer weights truncated, higher ESS. A preset verl refuses with the run's ``router_replay``
+    mode (R2 with bypass mode, verl 0.9.1: ``rcdiag.config.refuse_router_replay``) is never ranked."""
     by_key = {(row.option, row.threshold): row for row in rows}
     ranked = []
     for name in PRESETS:
         try:
             config = preset(name, version)
-        except ConfigError:  # a preset this release did not have
+            refuse_router_replay(router_replay, config.bypass_mode, version)
+        except ConfigError:  # a preset this release did not have, or one it refuses with this router replay
             continue
         is_row = rs_row = None
         if config.rollout_is is not None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeGuard
 
+from rcdiag.constants import ROUTER_REPLAY_KEY
 from rcdiag.notices import notify
 from rcdiag.writer import DumpWriter
 
@@ -51,7 +52,8 @@ class StepDumper:
         try:
             tensors = batch.batch
             if self._writer is None:
-                self._writer = DumpWriter(self.directory, metadata=run_metadata(rollout_corr_config))
+                metadata = run_metadata(rollout_corr_config, router_replay(caller))
+                self._writer = DumpWriter(self.directory, metadata=metadata)
             self._writer.write(
                 step=step,
                 old_log_prob=tensors["old_log_probs"],
@@ -77,9 +79,27 @@ def _is_step(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def run_metadata(rollout_corr_config: Any) -> dict[str, str]:
-    """What the dump records of the run: verl's version and its rollout-correction settings."""
+ENGINES = ("megatron", "veomni", "fsdp")
+"""``actor_rollout_ref.actor.<engine>`` blocks that may hold ``router_replay``."""
+
+
+def router_replay(caller: FrameType | None) -> str | None:
+    """The actor's ``router_replay.mode`` in the config of the trainer that called (``self.config``), if any."""
+    trainer = caller.f_locals.get("self") if caller is not None else None
+    actor = getattr(getattr(getattr(trainer, "config", None), "actor_rollout_ref", None), "actor", None)
+    for engine in ENGINES:
+        mode = getattr(getattr(getattr(actor, engine, None), "router_replay", None), "mode", None)
+        if isinstance(mode, str):
+            return mode
+    return None
+
+
+def run_metadata(rollout_corr_config: Any, router_replay_mode: str | None = None) -> dict[str, str]:
+    """What the dump records of the run: verl's version, its rollout-correction settings and the actor's router
+    replay mode (a sweep never ranks a preset verl refuses with it)."""
     metadata = {"rcdiag.integration": "rcdiag.integrations.verl"}
+    if router_replay_mode is not None:
+        metadata[ROUTER_REPLAY_KEY] = router_replay_mode
     version = getattr(sys.modules.get("verl"), "__version__", None)
     if version is not None:
         metadata["verl.version"] = str(version)
