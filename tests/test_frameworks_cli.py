@@ -29,7 +29,7 @@ def run(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
 
 
 def test_the_flag_names_every_framework_of_the_registry() -> None:
-    assert AS_NAMES == tuple(FRAMEWORKS)
+    assert tuple(FRAMEWORKS) == AS_NAMES
 
 
 @pytest.mark.parametrize("sample", ["healthy", "outliers", "topk_offset"])

@@ -19,7 +19,6 @@ import rcdiag
 from rcdiag.config import PRESETS, preset, refuse_router_replay
 from rcdiag.constants import ROUTER_REPLAY_KEY
 from rcdiag.errors import ConfigError
-from rcdiag.versions import VERSIONS
 from rcdiag.writer import DumpWriter
 
 MODES = ("disabled", "R2", "R3")

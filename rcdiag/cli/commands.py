@@ -1,5 +1,5 @@
 """rcdiag's sub-commands, each built when first asked for: a run or ``rcdiag CMD --help`` imports one command's
-module and turns one signature into click parameters, not all seven. Each is built as typer builds a command of a
+module and turns one signature into click parameters, not all eight. Each is built as typer builds a command of a
 group (``typer.main.get_command`` of a Typer that holds that command alone), so its help and behaviour are those of
 the eager build (tests/test_cli_lazy.py). ``rcdiag --help`` lists every command by its name and help alone, so it
 reads each one's docstring from its module's source (``listed``) and builds none (building the seven was over half
@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import typer
 
-COMMANDS = ("analyze", "compare", "check", "merge", "sweep", "presets", "watch")
+COMMANDS = ("analyze", "compare", "check", "merge", "sweep", "presets", "translate", "watch")
 """The sub-commands, in the order ``rcdiag --help`` lists them; each is the function of that name in
 ``rcdiag.cli.<name>``. None shows its help when its arguments are missing: a missing PATH is a usage error (exit 2,
 one line), as in every command; ``rcdiag`` alone (no command) shows the help."""

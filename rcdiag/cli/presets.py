@@ -96,8 +96,8 @@ def _framework(found: object, console: object, release: str | None = None) -> No
     keys = Table(title="keys it logs", title_justify="left", show_edge=False, pad_edge=False)
     keys.add_column("key", no_wrap=True)
     keys.add_column("reading")
-    for key in found.keys:
-        keys.add_row(key.key, key.reading + (f" ({key.when})" if key.when else ""))
+    for logged in found.keys:
+        keys.add_row(logged.key, logged.reading + (f" ({logged.when})" if logged.when else ""))
     say(keys)
     for note in choose(found.name).settings.notes():
         say(Text(f"under its defaults: {note}", style="dim"))
