@@ -184,12 +184,10 @@ def _framework(
         return config, []
     from rcdiag.frameworks.registry import Chosen, choose
     from rcdiag.frameworks.section import FrameworkSection
-    from rcdiag.frameworks.verl import VerlSettings
 
     chosen = framework if isinstance(framework, Chosen) else choose(framework or "verl", options)
-    if isinstance(chosen.settings, VerlSettings):
-        return chosen.settings.config(config), []
-    return config, [FrameworkSection(chosen)]
+    config, riding = chosen.split(config)
+    return config, [] if riding is None else [FrameworkSection(riding)]
 
 
 def write_sections(state: StepStates[Any], report: Report, sections: Sequence[Section]) -> None:

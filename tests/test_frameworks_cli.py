@@ -163,3 +163,20 @@ def test_state_files_and_workers_give_the_same_values(name: str, options: dict, 
 def test_library_refuses_as_the_command_line_does() -> None:
     with pytest.raises(ConfigError, match="has no option 'x'"):
         rcdiag.analyze(SAMPLE, framework="trl", framework_options={"x": 1})
+
+
+def test_check_rules_name_the_frameworks_keys(capsys: pytest.CaptureFixture) -> None:
+    code, out, _ = run(capsys, "check", OUTLIERS, "--as", "trl", "--min", "rcdiag/trl/weight_mean=0.9",
+                       "--max", "sampling/importance_sampling_ratio/max=3", "--format", "json", "-q")  # fmt: skip
+    result = json.loads(out)
+    report = rcdiag.analyze(OUTLIERS, framework="trl")
+    worst = min(step.extras["rcdiag/trl/weight_mean"] for step in report.steps)
+    by_metric = {r["metric"]: r for r in result["results"]}
+    assert code == 1 and by_metric["sampling/importance_sampling_ratio/max"]["status"] == "passed"
+    assert by_metric["rcdiag/trl/weight_mean"]["status"] == "failed"
+    assert by_metric["rcdiag/trl/weight_mean"]["value"] == pytest.approx(worst)
+    code, _, err = run(capsys, "check", OUTLIERS, "--as", "openrlhf", "--max", "vllm_kl=0.01")
+    assert code == 2 and "OpenRLHF 0.11.0 does not log 'vllm_kl' with these options" in err
+    code, out, _ = run(capsys, "check", OUTLIERS, "--as", "openrlhf", "--as-option",
+                       "algo.advantage.is_correction_enable=true", "--max", "vllm_kl=1", "-q")  # fmt: skip
+    assert code == 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import rcdiag.outputs as outputs
 from rcdiag.api import ProgressCallback, analyze
@@ -39,6 +39,9 @@ from rcdiag.check.rules_file import CONFIG_TABLE, RuleFile, find_project_rules, 
 from rcdiag.config import CorrectionConfig
 from rcdiag.errors import ConfigError
 from rcdiag.options import ReadOptions
+
+if TYPE_CHECKING:
+    from rcdiag.frameworks.registry import Chosen
 
 BASELINE_INPUT = "the baseline {source}"
 """How a refused output names the baseline dump (rcdiag.outputs.Ledger)."""
@@ -76,6 +79,19 @@ __all__ = [
 ]
 
 
+def _refuse_unlogged(rules: Sequence[Rule], chosen: Chosen) -> None:
+    """A rule on a key the framework logs, but not under these settings: say why (its notes), not "unknown"."""
+    declared = {key.key for key in chosen.framework.keys}
+    logged = set(chosen.keys())
+    for rule in rules:
+        if rule.metric in declared and rule.metric not in logged and not rule.optional:
+            why = "; ".join(chosen.settings.notes()[:1])
+            raise ConfigError(
+                f"rule '{rule.describe()}' ({rule.source}): {chosen.framework.label} does not log '{rule.metric}' "
+                f"with these options: {why}"
+            )
+
+
 def check(
     path: str | Path,
     rules: Sequence[Rule],
@@ -85,6 +101,7 @@ def check(
     baseline: str | Path | None = None,
     on_chunk: ProgressCallback | None = None,
     fail_on: FindingGate | None = None,
+    framework: Chosen | None = None,
     **options: Any,
 ) -> CheckResult:
     """Analyse ``path`` (and ``baseline``, read the same way) with ``config`` and evaluate ``rules``.
@@ -93,7 +110,8 @@ def check(
     does not compute raises ``ConfigError`` listing the available names (rule-pack rules are skipped instead).
     ``read`` and the keyword ``ReadOptions`` fields say how to read the dumps, as for ``rcdiag.analyze``.
     ``fail_on`` also fails the check on the dump's findings (``FindingGate``; a named ``--explain`` code runs
-    analyze's explain detectors).
+    analyze's explain detectors). ``framework`` (``--as NAME``): its keys may be named by rules too (in full:
+    ``sampling/importance_sampling_ratio/mean``); ``--as verl``'s options are put on ``config``.
     """
     if not rules and fail_on is None:
         raise ConfigError(
@@ -101,13 +119,19 @@ def check(
             "--rules FILE, or a [tool.rcdiag.check] table in pyproject.toml."
         )
     rules = list(dict.fromkeys(rules))  # an identical rule (same metric, bound, mode, source) is checked once
+    riding = None
+    if framework is not None:
+        config, riding = framework.split(config)
     config = config or CorrectionConfig()
     resolved = config.resolve()
-    validate_rules(rules, metric_names(resolved), has_baseline=baseline is not None)
+    available = [*(riding.keys() if riding is not None else []), *metric_names(resolved)]
+    if riding is not None:
+        _refuse_unlogged(rules, riding)
+    validate_rules(rules, available, has_baseline=baseline is not None)
     outputs.reads(path)  # both dumps are the run's inputs before either is read (rcdiag.outputs.Ledger)
     outputs.reads(baseline, what=BASELINE_INPUT)
     read = ReadOptions.of(read, options)
     explain = fail_on is not None and fail_on.explain
-    report = analyze(path, config, read, on_chunk=on_chunk, explain=explain)
-    base = analyze(baseline, config, read, on_chunk=on_chunk) if baseline is not None else None
+    report = analyze(path, config, read, on_chunk=on_chunk, explain=explain, framework=riding)
+    base = analyze(baseline, config, read, on_chunk=on_chunk, framework=riding) if baseline is not None else None
     return CheckResult(report, base, evaluate_rules(report, rules, base), fail_on)

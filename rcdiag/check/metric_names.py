@@ -27,7 +27,7 @@ def metric_names(resolved: ResolvedConfig) -> list[str]:
 
 def resolve_metric(name: str, available: Sequence[str]) -> str | None:
     """The full name ``name`` refers to among ``available``, or ``None``."""
-    candidates = [name] if "/" in name else [full_key(name), full_key(EXTRA_PREFIX + name)]
+    candidates = [name] if "/" in name else [full_key(name), full_key(EXTRA_PREFIX + name), name]
     return next((c for c in candidates if c in available), None)
 
 

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from rcdiag.catalogue.metrics import packs_help
-from rcdiag.cli.flags import ENGINE_FLAGS, READ_FLAGS, given_path, output_flags, path_argument, path_option
+from rcdiag.cli.flags import AS_FLAGS, ENGINE_FLAGS, READ_FLAGS, given_path, output_flags, path_argument, path_option
 from rcdiag.cli.params import with_flags
 
 if TYPE_CHECKING:
     from rcdiag.check import CheckResult
     from rcdiag.cli.engine_config import EngineFlags
     from rcdiag.cli.output import Output
+    from rcdiag.frameworks.registry import Chosen
     from rcdiag.options import ReadOptions
 
 RULES = "Rules"
@@ -27,7 +28,7 @@ def _assignments(help_text: str, flag: str) -> object:
     return typer.Option(flag, metavar="NAME=VALUE", help=help_text, rich_help_panel=RULES, show_default=False)
 
 
-@with_flags(ENGINE_FLAGS, READ_FLAGS, output_flags("check", "check"))
+@with_flags(ENGINE_FLAGS, AS_FLAGS, READ_FLAGS, output_flags("check", "check"))
 def check(
     path: Annotated[str, path_argument("PATH", "The dump to check (a path or URL).")],
     max_rules: Annotated[
@@ -131,6 +132,7 @@ def check(
     ) = None,
     *,
     engine: EngineFlags,
+    framework: Chosen | None,
     read: ReadOptions,
     out: Output,
 ) -> None:
@@ -144,6 +146,8 @@ def check(
     * `rcdiag check run.parquet --fail-on warning` (any finding analyze warns about fails the gate)
     * `rcdiag check run.parquet --is token --pack verl --pack analyze --junit rcdiag.xml`
     * `rcdiag check new.parquet --baseline good.parquet --max-increase k3_kl=50% --steps mean`
+    * `rcdiag check run.parquet --as trl --min rcdiag/trl/weight_mean=0.9` (a framework's own keys and rcdiag's
+      readings of its correction; docs/frameworks.md)
 
     Exit codes: 0 every rule holds and no finding fails `--fail-on`, 1 a rule or finding failed, 2 bad option, rule,
     configuration or input, 3 internal error.
@@ -178,6 +182,8 @@ def check(
     }
     ruled = rule_set(bounds, packs, fail_on, loaded, steps=steps, tolerate=tolerate)
     config = engine.config(base=loaded.config() if loaded is not None else None)  # before the notice: one error line
+    if framework is not None:
+        config = engine.for_framework(framework, config)
     if loaded is not None:
         loaded.refuse_router_replay(config)
     if loaded is not None and rules_file is None:
@@ -192,6 +198,7 @@ def check(
             baseline=against,
             on_chunk=on_chunk,
             fail_on=ruled.gate,
+            framework=framework,
         )
     _emit(result, out, junit_file, markdown_file)
     if not result.passed:

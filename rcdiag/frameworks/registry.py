@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rcdiag.config import CorrectionConfig
 from rcdiag.errors import ConfigError
 from rcdiag.frameworks.base import Framework, Settings
 
@@ -55,6 +56,20 @@ class Chosen:
     @property
     def name(self) -> str:
         return self.framework.name
+
+    def keys(self) -> list[str]:
+        """The keys these settings log (none where the framework logs nothing under them)."""
+        metrics = self.settings.new_metrics()
+        return [] if metrics is None else metrics.keys()
+
+    def split(self, config: CorrectionConfig | None) -> tuple[CorrectionConfig | None, Chosen | None]:
+        """``(verl's configuration, the framework riding beside it)``: ``--as verl``'s options put on top of
+        ``config`` (nothing rides), or ``config`` as it is and this framework."""
+        from rcdiag.frameworks.verl import VerlSettings
+
+        if isinstance(self.settings, VerlSettings):
+            return self.settings.config(config), None
+        return config, self
 
 
 def choose(name: str = DEFAULT, options: Iterable[str] | Mapping[str, Any] = ()) -> Chosen:
