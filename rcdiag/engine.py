@@ -240,17 +240,27 @@ def saved_counts(state: dict[str, Any]) -> SavedCounts:
     return SavedCounts(rows=rows, tokens=tokens, valid_tokens=valid)
 
 
+def step_pairs(pairs: Any, field: str) -> list[tuple[StepKey, Any]]:
+    """A saved list of ``[step, state]`` pairs (from a file: anything), each step an int64 or null and given once."""
+    if not isinstance(pairs, list) or not all(isinstance(pair, list) and len(pair) == 2 for pair in pairs):
+        raise FieldError(f"{field} must be a list of [step, state] pairs, got {shown(pairs)}")
+    seen: set[StepKey] = set()
+    out = []
+    for step, saved in pairs:
+        key = saved_step(step, f"{field} step")
+        if key in seen:
+            raise FieldError(f"{field} holds step {key} twice")
+        seen.add(key)
+        out.append((key, saved))
+    return out
+
+
 def load_batches(out: StepStates[Any], state: dict[str, Any]) -> None:
     """Load a saved state's ``[step, batch]`` pairs into ``out``: each step an int64 or null, and given once."""
-    pairs = state["batches"]
-    if not isinstance(pairs, list) or not all(isinstance(pair, list) and len(pair) == 2 for pair in pairs):
-        raise FieldError(f"state.batches must be a list of [step, state] pairs, got {shown(pairs)}")
-    for step, batch_state in pairs:
-        key = saved_step(step, "state.batches step")
-        if key in out.batches:
-            raise FieldError(f"state.batches holds step {key} twice")
+    for key, batch_state in step_pairs(state["batches"], "state.batches"):
+        batch = out.batch(key)
         try:
-            out.batch(key).load_state_dict(batch_state)
+            batch.load_state_dict(batch_state)
         except FieldError as exc:
             raise FieldError(f"state.batches step {key}: {exc}") from None
 

@@ -27,6 +27,7 @@ import rcdiag
 from rcdiag.engine import Engine, EngineState
 from rcdiag.explain.state import ExplainState
 from rcdiag.explain.statistics import GroupSums, SumsAccumulator
+from rcdiag.frameworks.base import FrameworkMetrics
 from rcdiag.frameworks.registry import choose
 from rcdiag.frameworks.section import FrameworkState
 from rcdiag.io.base import Chunk
@@ -39,7 +40,7 @@ from rcdiag.sweep.option_sweeps import RSSweep
 CONFIG = rcdiag.CorrectionConfig(
     rollout_is="token", rollout_rs="token_k1,seq_mean_k3", rollout_rs_threshold="0.5_2.0,0.01"
 )
-ABSTRACT = frozenset({SumsAccumulator, GroupSums, RSSweep})
+ABSTRACT = frozenset({SumsAccumulator, GroupSums, RSSweep, FrameworkMetrics})
 """Bases that declare a state but are never accumulated on their own."""
 BLOCK_TOKENS = 97
 """Small blocks, so that every part spans several of them and rows of one step sit in several blocks."""

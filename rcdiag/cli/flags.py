@@ -132,17 +132,20 @@ FRAMEWORK = "Framework (whose correction and keys; docs/frameworks.md)"
 AS_NAMES = ("verl", "trl", "openrlhf", "areal")
 """``--as`` choices, as ``rcdiag.frameworks.registry.FRAMEWORKS`` names them (tests/test_frameworks_cli.py checks it;
 the registry is not imported for ``--help``)."""
-AsOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--as",
-        metavar="|".join(AS_NAMES),
-        help="Also compute this framework's own correction and the keys it logs, with its release's defaults "
-        "(`rcdiag presets --as NAME`), into the metrics and each step's. Default: verl (rcdiag's own keys).",
-        rich_help_panel=FRAMEWORK,
-        show_default=False,
-    ),
-]
+
+
+def as_option(help_text: str) -> Any:
+    """``--as NAME`` with ``help_text`` (``analyze`` and ``check`` run the framework, ``presets`` describes it)."""
+    option = typer.Option(
+        "--as", metavar="|".join(AS_NAMES), help=help_text, rich_help_panel=FRAMEWORK, show_default=False
+    )
+    return Annotated[str | None, option]
+
+
+AsOpt = as_option(
+    "Also compute this framework's own correction and the keys it logs, with its release's defaults "
+    "(`rcdiag presets --as NAME`), into the metrics and each step's. Default: verl (rcdiag's own keys)."
+)
 AsOptionOpt = Annotated[
     list[str] | None,
     typer.Option(

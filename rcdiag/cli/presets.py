@@ -3,26 +3,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from rcdiag.cli.flags import VerlVersionOpt, as_option
 
-import typer
-
-from rcdiag.cli.flags import AS_NAMES, FRAMEWORK, VerlVersionOpt
-
-PresetsAsOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--as",
-        metavar="|".join(AS_NAMES),
-        help="Show the release of this framework rcdiag reproduces, its options (for `analyze --as NAME "
-        "--as-option KEY=VALUE`) with their defaults, and the keys it logs.",
-        rich_help_panel=FRAMEWORK,
-        show_default=False,
-    ),
-]
+PresetsAsOpt = as_option(
+    "Show the release of this framework rcdiag reproduces, its options (for `analyze --as NAME --as-option "
+    "KEY=VALUE`) with their defaults, and the keys it logs."
+)
 
 
-def presets(verl_version: VerlVersionOpt = None, as_name: PresetsAsOpt = None) -> None:
+def presets(verl_version: VerlVersionOpt = None, as_name: PresetsAsOpt = None) -> None:  # type: ignore[valid-type]
     """List verl's RolloutCorrectionConfig presets (use one with `rcdiag analyze --preset NAME`); with `--as NAME`,
     the framework's release, options and keys (docs/frameworks.md)."""
     from rich.table import Table

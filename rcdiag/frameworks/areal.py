@@ -23,8 +23,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rcdiag.errors import ConfigError
-from rcdiag.frameworks.base import Framework, MetricKey, Option, TokenRows
-from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
+from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, weight_keys
+from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
 
 DECOUPLED = "actor.use_decoupled_loss"
 REJECTION = "actor.rejection_sampling"
@@ -33,8 +33,6 @@ WEIGHT = SCOPE + "behave_imp_weight"
 KL = SCOPE + "behave_approx_kl"
 KEPT = SCOPE + "unclipped_behave_tokens"
 FILTERED = SCOPE + "rs_filtered_fraction"
-WEIGHT_MEAN = "rcdiag/areal/weight_mean"
-ZEROED = "rcdiag/areal/zeroed_fraction"
 FIELDS = (
     Option(
         "level",
@@ -153,29 +151,22 @@ def _metric(name: str, raw: np.ndarray, lr: np.ndarray) -> np.ndarray:
     return np.exp(-raw) - np.float32(1.0) + raw
 
 
-class ArealMetrics(Accumulator):
+class ArealMetrics(FrameworkMetrics):
     """One step's ``ppo_actor/update/behave_*`` keys and rcdiag's token-weighted reading of the weights."""
 
-    OWNER = "framework"
+    NAME = "areal"
     STATES: ClassVar[dict[str, Reduce]] = {
-        "tokens": "sum",
+        **FrameworkMetrics.WEIGHT_STATES,
         "kept": "sum",
-        "weight_sum": "sum",
+        "kept_sum": "sum",
         "weight_min": "min",
         "weight_max": "max",
         "kl_sum": "sum",
         "kl_min": "min",
         "kl_max": "max",
         "changed": "sum",
-        "zeroed": "sum",
     }
-
-    def __init__(self, settings: ArealSettings) -> None:
-        super().__init__()
-        self.settings = settings
-
-    def signature(self) -> tuple:
-        return (type(self).__name__, self.settings)
+    settings: ArealSettings
 
     def update(self, block: Any) -> None:
         rows = TokenRows(block)
@@ -184,25 +175,23 @@ class ArealMetrics(Accumulator):
         kept_weight = weight[behave].astype(np.float64)
         kl = np.where(behave, raw, np.float32(0.0))[behave].astype(np.float64)
         self.add(
-            tokens=float(rows.n_tokens),
             kept=float(kept_weight.size),
-            weight_sum=float(kept_weight.sum()),
+            kept_sum=float(kept_weight.sum()),
             weight_min=float(kept_weight.min()) if kept_weight.size else np.inf,
             weight_max=float(kept_weight.max()) if kept_weight.size else -np.inf,
             kl_sum=float(kl.sum()),
             kl_min=float(kl.min()) if kl.size else np.inf,
             kl_max=float(kl.max()) if kl.size else -np.inf,
             changed=float(changed),
-            zeroed=float(np.count_nonzero(weight == 0)),
         )
+        self.add_weights(weight)
 
     def keys(self) -> list[str]:
         return [
             KEPT,
             *(f"{key}/{s}" for key in (WEIGHT, KL) for s in ("avg", "min", "max")),
             FILTERED,
-            WEIGHT_MEAN,
-            ZEROED,
+            *self.weight_keys(),
         ]
 
     def compute(self) -> tuple[dict[str, MetricValue], list[VerlCrash]]:
@@ -211,15 +200,14 @@ class ArealMetrics(Accumulator):
         kept, tokens = st["kept"], st["tokens"]
         return {  # in the order AReaL's tracker exports them (the denominator first)
             KEPT: kept,
-            f"{WEIGHT}/avg": st["weight_sum"] / kept if kept else None,
+            f"{WEIGHT}/avg": st["kept_sum"] / kept if kept else None,
             f"{WEIGHT}/min": st["weight_min"] if kept else None,
             f"{WEIGHT}/max": st["weight_max"] if kept else None,
             f"{KL}/avg": st["kl_sum"] / kept if kept else None,
             f"{KL}/min": st["kl_min"] if kept else None,
             f"{KL}/max": st["kl_max"] if kept else None,
             FILTERED: st["changed"] / max(tokens, 1.0),
-            WEIGHT_MEAN: st["weight_sum"] / tokens if tokens else None,
-            ZEROED: st["zeroed"] / tokens if tokens else None,
+            **self.weight_values(),
         }, []
 
 
@@ -270,8 +258,7 @@ FRAMEWORK = Framework(
         MetricKey(f"{KL}/min", "smallest prox - behave kept"),
         MetricKey(f"{KL}/max", "largest prox - behave kept"),
         MetricKey(FILTERED, "share of loss tokens rejection sampling dropped (mask) or clamped (clamp)"),
-        MetricKey(WEIGHT_MEAN, "rcdiag's: mean weight AReaL puts on a loss token (1 = no correction)"),
-        MetricKey(ZEROED, "rcdiag's: share of loss tokens AReaL's rejection sampling drops"),
+        *weight_keys("areal", "AReaL", "loss token", "AReaL's rejection sampling"),
     ),
     settings=settings,
     left_out=(

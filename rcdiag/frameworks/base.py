@@ -7,14 +7,14 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import numpy as np
 
 from rcdiag.errors import ConfigError
+from rcdiag.metrics.base import Accumulator, MetricValue, Reduce
 
 if TYPE_CHECKING:
-    from rcdiag.metrics.base import Accumulator
     from rcdiag.metrics.block import Block
 
 Kind = Literal["bool", "number", "choice", "pair", "text", "block"]
@@ -214,3 +214,47 @@ class TokenRows:
 def f32(value: float | None) -> np.float32 | None:
     """A Python bound as a float32 tensor compares with it (torch rounds a scalar to the tensor's dtype)."""
     return None if value is None else np.float32(value)
+
+
+def weight_keys(name: str, title: str = "", token: str = "", zeroes: str = "") -> tuple[MetricKey, MetricKey]:
+    """rcdiag's two readings of framework ``name``'s correction, in its words (``title``: the framework; ``token``:
+    what it calls a valid token; ``zeroes``: what zeroes one)."""
+    mean = f"rcdiag's: mean weight {title} puts on a {token}'s loss (1 = no correction)"
+    zeroed = f"rcdiag's: share of {token}s whose loss {zeroes} zeroes (the gradient lost)"
+    return MetricKey(f"rcdiag/{name}/weight_mean", mean), MetricKey(f"rcdiag/{name}/zeroed_fraction", zeroed)
+
+
+class FrameworkMetrics(Accumulator):
+    """Base of each framework's per-step accumulator: built from its settings (which must match to merge), with
+    the states of rcdiag's reading of its correction, ``rcdiag/NAME/weight_mean`` and ``zeroed_fraction``."""
+
+    OWNER = "framework"
+    NAME: ClassVar[str] = ""
+    """The framework's ``--as`` name, in rcdiag's keys."""
+    WEIGHT_STATES: ClassVar[dict[str, Reduce]] = {"tokens": "sum", "weight_sum": "sum", "zeroed": "sum"}
+    STATES: ClassVar[dict[str, Reduce]] = WEIGHT_STATES
+
+    def __init__(self, settings: Any) -> None:
+        super().__init__()
+        self.settings = settings
+
+    def signature(self) -> tuple:
+        return (type(self).__name__, self.settings)
+
+    def add_weights(self, weight: np.ndarray) -> None:
+        """Fold in the weight the framework puts on each valid token's loss (0 where it drops the token)."""
+        self.add(
+            tokens=float(weight.shape[0]),
+            weight_sum=float(weight.astype(np.float64).sum()),
+            zeroed=float(np.count_nonzero(weight == 0)),
+        )
+
+    def weight_keys(self) -> list[str]:
+        return [key.key for key in weight_keys(self.NAME)]
+
+    def weight_values(self) -> dict[str, MetricValue]:
+        """The token mean of the weights and the share that is 0 (``None`` without a valid token)."""
+        st = self.state
+        n = st["tokens"]
+        mean, zeroed = self.weight_keys()
+        return {mean: st["weight_sum"] / n if n else None, zeroed: st["zeroed"] / n if n else None}

@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rcdiag.frameworks.base import Framework, MetricKey, Option, TokenRows
-from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
+from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, weight_keys
+from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
 
 TYPES = ("tis", "icepop", "seq-mask-tis")
 ENABLE = "algo.advantage.is_correction_enable"
@@ -26,8 +26,6 @@ THRESHOLD = "algo.advantage.is_correction_threshold"
 TYPE = "algo.advantage.is_correction_type"
 LOSS = "actor.policy_loss_type"
 VLLM_KL = "vllm_kl"
-WEIGHT_MEAN = "rcdiag/openrlhf/weight_mean"
-ZEROED = "rcdiag/openrlhf/zeroed_fraction"
 
 
 @dataclass(frozen=True)
@@ -74,41 +72,27 @@ class OpenRLHFSettings:
         return rows.per_token(keep) * ratio
 
 
-class OpenRLHFMetrics(Accumulator):
+class OpenRLHFMetrics(FrameworkMetrics):
     """One step's ``vllm_kl`` and rcdiag's token-weighted reading of the coefficients."""
 
-    OWNER = "framework"
-    STATES: ClassVar[dict[str, Reduce]] = {"tokens": "sum", "kl_sum": "sum", "weight_sum": "sum", "zeroed": "sum"}
-
-    def __init__(self, settings: OpenRLHFSettings) -> None:
-        super().__init__()
-        self.settings = settings
-
-    def signature(self) -> tuple:
-        return (type(self).__name__, self.settings)
+    NAME = "openrlhf"
+    STATES: ClassVar[dict[str, Reduce]] = {**FrameworkMetrics.WEIGHT_STATES, "kl_sum": "sum"}
+    settings: OpenRLHFSettings
 
     def update(self, block: Any) -> None:
         rows = TokenRows(block)
         weight = self.settings.weights(rows)
-        self.add(
-            tokens=float(rows.n_tokens),
-            kl_sum=float((rows.rollout - rows.old).astype(np.float64).sum()),
-            weight_sum=float(weight.astype(np.float64).sum()),
-            zeroed=float(np.count_nonzero(weight == 0)),
-        )
+        self.add(kl_sum=float((rows.rollout - rows.old).astype(np.float64).sum()))
+        self.add_weights(weight)
 
     def keys(self) -> list[str]:
-        return [VLLM_KL, WEIGHT_MEAN, ZEROED]
+        return [VLLM_KL, *self.weight_keys()]
 
     def compute(self) -> tuple[dict[str, MetricValue], list[VerlCrash]]:
         """A step without a valid token is NaN in OpenRLHF (0/0); ``None`` here."""
         st = self.state
         n = st["tokens"]
-        return {
-            VLLM_KL: st["kl_sum"] / n if n else None,
-            WEIGHT_MEAN: st["weight_sum"] / n if n else None,
-            ZEROED: st["zeroed"] / n if n else None,
-        }, []
+        return {VLLM_KL: st["kl_sum"] / n if n else None, **self.weight_values()}, []
 
 
 def settings(values: Mapping[str, Any], given: frozenset[str] = frozenset()) -> OpenRLHFSettings:
@@ -135,8 +119,7 @@ FRAMEWORK = Framework(
     ),
     keys=(
         MetricKey(VLLM_KL, "token mean of rollout - old: ~KL(rollout||train), signed, not clamped"),
-        MetricKey(WEIGHT_MEAN, "rcdiag's: mean coefficient on an action token's loss (1 = no correction)"),
-        MetricKey(ZEROED, "rcdiag's: share of action tokens whose loss the correction zeroes"),
+        *weight_keys("openrlhf", "OpenRLHF", "action token", "OpenRLHF's correction"),
     ),
     settings=settings,
     left_out=(

@@ -17,9 +17,8 @@ import numpy as np
 
 from rcdiag.catalogue.metrics import EXTRA_PREFIX
 from rcdiag.core.limits import finite
-from rcdiag.engine import StepKey, register_whole_dump
+from rcdiag.engine import StepKey, register_whole_dump, step_pairs
 from rcdiag.fields import FieldError, integer, shown
-from rcdiag.fields import step as saved_step
 from rcdiag.frameworks.registry import Chosen, choose
 from rcdiag.metrics.base import Accumulator, MetricValue, verl_float
 from rcdiag.metrics.batch import declared_states
@@ -97,13 +96,7 @@ class FrameworkState:
             raise FieldError("framework.name must be a name and framework.options a table")
         out = cls(choose(state["name"], state["options"]))
         out.rows_read = integer(state["rows_read"], "framework.rows_read")
-        pairs = state["steps"]
-        if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
-            raise FieldError(f"framework.steps must be a list of [step, state] pairs, got {shown(pairs)}")
-        for step, saved in pairs:
-            key = saved_step(step, "framework.steps step")
-            if key in out.steps:
-                raise FieldError(f"framework.steps holds step {key} twice")
+        for key, saved in step_pairs(state["steps"], "framework.steps"):
             metrics = out._step(key)
             if metrics is None:
                 raise FieldError(f"framework.steps: --as {out.chosen.name} with these options logs no key")

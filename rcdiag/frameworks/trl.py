@@ -19,8 +19,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rcdiag.errors import ConfigError
-from rcdiag.frameworks.base import Framework, MetricKey, Option, TokenRows, f32
-from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
+from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, f32, weight_keys
+from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
 
 MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 PREFIX = "sampling/"
@@ -29,8 +29,6 @@ DIFF_MAX = "sampling/sampling_logp_difference/max"
 RATIO_MIN = "sampling/importance_sampling_ratio/min"
 RATIO_MEAN = "sampling/importance_sampling_ratio/mean"
 RATIO_MAX = "sampling/importance_sampling_ratio/max"
-WEIGHT_MEAN = "rcdiag/trl/weight_mean"
-ZEROED = "rcdiag/trl/zeroed_fraction"
 
 
 @dataclass(frozen=True)
@@ -89,11 +87,12 @@ class TRLSettings:
         return np.where(outside, np.float32(0.0), ratio)
 
 
-class TRLMetrics(Accumulator):
+class TRLMetrics(FrameworkMetrics):
     """One step's ``sampling/*`` keys and rcdiag's token-weighted reading of the correction."""
 
-    OWNER = "framework"
+    NAME = "trl"
     STATES: ClassVar[dict[str, Reduce]] = {
+        **FrameworkMetrics.WEIGHT_STATES,
         "diff_sum": "sum",
         "diff_n": "sum",
         "diff_max": "max",
@@ -101,17 +100,8 @@ class TRLMetrics(Accumulator):
         "ratio_n": "sum",
         "ratio_min": "min",
         "ratio_max": "max",
-        "tokens": "sum",
-        "weight_sum": "sum",
-        "zeroed": "sum",
     }
-
-    def __init__(self, settings: TRLSettings) -> None:
-        super().__init__()
-        self.settings = settings
-
-    def signature(self) -> tuple:
-        return (type(self).__name__, self.settings)
+    settings: TRLSettings
 
     def update(self, block: Any) -> None:
         rows = TokenRows(block)
@@ -130,26 +120,23 @@ class TRLMetrics(Accumulator):
             ratio_n=float(ratio.size),
             ratio_min=float(ratio.min()) if ratio.size else np.inf,
             ratio_max=float(ratio.max()) if ratio.size else -np.inf,
-            tokens=float(rows.n_tokens),
-            weight_sum=float(weight.astype(np.float64).sum()),
-            zeroed=float(np.count_nonzero(weight == 0)),
         )
+        self.add_weights(weight)
 
     def keys(self) -> list[str]:
-        return [DIFF_MEAN, DIFF_MAX, RATIO_MIN, RATIO_MEAN, RATIO_MAX, WEIGHT_MEAN, ZEROED]
+        return [DIFF_MEAN, DIFF_MAX, RATIO_MIN, RATIO_MEAN, RATIO_MAX, *self.weight_keys()]
 
     def compute(self) -> tuple[dict[str, MetricValue], list[VerlCrash]]:
         """TRL's values (0 where it has nothing to reduce, as it logs) and rcdiag's (``None`` without a token)."""
         st = self.state
-        diff, ratio, tokens = st["diff_n"], st["ratio_n"], st["tokens"]
+        diff, ratio = st["diff_n"], st["ratio_n"]
         return {
             DIFF_MEAN: st["diff_sum"] / diff if diff else 0.0,
             DIFF_MAX: st["diff_max"] if diff else 0.0,
             RATIO_MIN: st["ratio_min"] if ratio else 0.0,
             RATIO_MEAN: st["ratio_sum"] / ratio if ratio else 0.0,
             RATIO_MAX: st["ratio_max"] if ratio else 0.0,
-            WEIGHT_MEAN: st["weight_sum"] / tokens if tokens else None,
-            ZEROED: st["zeroed"] / tokens if tokens else None,
+            **self.weight_values(),
         }, []
 
 
@@ -198,8 +185,7 @@ FRAMEWORK = Framework(
         MetricKey(RATIO_MIN, "smallest ratio after truncation or mask (per sequence or per token)"),
         MetricKey(RATIO_MEAN, "mean ratio after truncation or mask; a masked ratio counts as 0"),
         MetricKey(RATIO_MAX, "largest ratio after truncation or mask"),
-        MetricKey(WEIGHT_MEAN, "rcdiag's: mean weight TRL puts on a completion token's loss (1 = no correction)"),
-        MetricKey(ZEROED, "rcdiag's: share of completion tokens whose loss TRL's mask zeroes (the gradient lost)"),
+        *weight_keys("trl", "TRL", "completion token", "TRL's mask"),
     ),
     settings=settings,
     left_out=(
