@@ -180,3 +180,12 @@ def test_check_rules_name_the_frameworks_keys(capsys: pytest.CaptureFixture) -> 
     code, out, _ = run(capsys, "check", OUTLIERS, "--as", "openrlhf", "--as-option",
                        "algo.advantage.is_correction_enable=true", "--max", "vllm_kl=1", "-q")  # fmt: skip
     assert code == 0
+
+
+def test_the_torch_backend_gives_the_same_values() -> None:
+    pytest.importorskip("torch")
+    for name, options in (("trl", {}), ("areal", {"use_decoupled_loss": True, "rejection_sampling": {"upper": 2}})):
+        numpy = rcdiag.analyze(OUTLIERS, framework=name, framework_options=options)
+        torch = rcdiag.analyze(OUTLIERS, framework=name, framework_options=options, device="torch-cpu")
+        keys = numpy.sections["framework"].to_dict()["keys"]
+        assert [(numpy.metrics | numpy.extras)[k] for k in keys] == [(torch.metrics | torch.extras)[k] for k in keys]
