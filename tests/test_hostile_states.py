@@ -26,6 +26,7 @@ from rcdiag.check.rules_file import load_rules
 from rcdiag.cli import main
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.printable import printable
+from rcdiag.sections.registry import KINDS
 from tests.conftest import ROOT, SAMPLES, ragged_lists, random_batch, write_dump
 
 ESC = "\x1b"
@@ -258,7 +259,7 @@ def test_a_rules_file_over_the_limit_is_refused(tmp_path: Path, monkeypatch: Any
         ),
         (
             lambda p: p["state"]["whole_dump"].__setitem__("bogus", {}),
-            "state.whole_dump.bogus is a state no imported module declares (known: explain;",
+            f"state.whole_dump.bogus is a state no imported module declares (known: {', '.join(sorted(KINDS))};",
         ),
         (
             lambda p: p["state"].__setitem__("whole_dump", [1]),

@@ -30,7 +30,7 @@ IS_FORMS = (
 COMMANDS = ("analyze", "compare", "check", "merge", "sweep", "presets", "watch")
 USAGE = {
     "analyze": "[OPTIONS] PATH",
-    "compare": "[OPTIONS] A B",
+    "compare": "[OPTIONS] A B [C...]",
     "check": "[OPTIONS] PATH",
     "merge": "[OPTIONS] STATE...",
     "sweep": "[OPTIONS] PATH",

@@ -37,7 +37,7 @@ def compare(
         typer.Argument(
             help="More dumps: each is compared with the baseline (A unless --baseline), the tests' p-values "
             "Holm-adjusted over the comparisons.",
-            metavar="[C ...]",
+            metavar="C",
             show_default=False,
             callback=given_path,
         ),
