@@ -26,5 +26,10 @@ def take_rows(chunk: Chunk, rows: np.ndarray) -> Chunk:
         offsets=offsets,
         mask=None if chunk.mask is None else chunk.mask[index],
         tokens=None if chunk.tokens is None else chunk.tokens[index],
+        nulls=None if chunk.nulls is None else (_taken(chunk.nulls[0], index), _taken(chunk.nulls[1], index)),
         **per_row,
     )
+
+
+def _taken(values: np.ndarray | None, index: np.ndarray) -> np.ndarray | None:
+    return None if values is None else values[index]

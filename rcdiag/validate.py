@@ -266,7 +266,8 @@ def _describe(chunk: Chunk, row: int, code: int, valid: np.ndarray | None) -> Pr
         value = values[position]
         shown = int(value) if float(value).is_integer() else float(value)
         return Problem(where, chunk.mask_name, f"the mask value {shown} (a mask must be 0 or 1)", position)
-    for values, name in zip((chunk.old, chunk.rollout), chunk.column_names, strict=True):
+    nulls = chunk.nulls or (None, None)
+    for values, name, held in zip((chunk.old, chunk.rollout), chunk.column_names, nulls, strict=True):
         row_values = values[lo:hi]
         row_valid = np.ones(hi - lo, dtype=bool) if valid is None else valid[lo:hi]
         tests = {
@@ -278,8 +279,9 @@ def _describe(chunk: Chunk, row: int, code: int, valid: np.ndarray | None) -> Pr
         if hits.size:
             position = int(hits[0])
             value = float(row_values[position])
+            null = code == 2 and held is not None and bool(held[lo + position])
             what = {
-                2: "NaN",
+                2: "null (a non-finite value written as null)" if null else "NaN",
                 3: "+inf",
                 4: f"a positive log-prob ({value:.6g}); log-probs are <= 0 (is this column probabilities or logits?)",
             }[code]

@@ -10,6 +10,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +126,172 @@ def test_miles_rank_files_stitch_context_parallel_slices(
     assert one["metrics"] == canonical["steps"][0]["metrics"]
 
 
+def miles_run(batch: dict, directory: Path) -> dict[int, list[Path]]:
+    """Both steps as Miles writes them (two data-parallel shards, context parallel 2, tensor parallel 2: 8 rank
+    files per rollout), each rollout's files by rank."""
+    directory.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for step in STEPS:
+        ss = step_samples(batch, step)
+        files[step] = td.miles_ranks(directory, step, [ss[0::2], ss[1::2]], cp_size=2, tp_size=2)
+    return files
+
+
+def watch_lines(capsys: pytest.CaptureFixture, directory: Path, state: Path) -> list[dict]:
+    code, out, err = run(capsys, "watch", str(directory), "--state", str(state), "--once", "--settle", "0",
+                         "--format", "json")  # fmt: skip
+    assert code == 0, err
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def merged(capsys: pytest.CaptureFixture, state: Path) -> dict:
+    code, out, err = run(capsys, "merge", str(state), "--format", "json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def same_steps(events: list[dict], canonical: dict) -> None:
+    """Each step reported once, never revised, with the canonical step's numbers bit for bit."""
+    steps = [e for e in events if e["kind"] == "step"]
+    assert [e["step"] for e in steps] == list(STEPS) and not any(e["revised"] for e in steps)
+    for event, theirs in zip(steps, canonical["steps"], strict=True):
+        assert (event["metrics"], event["extras"], event["rows"], event["valid_tokens"]) == (
+            theirs["metrics"], theirs["extras"], theirs["rows"], theirs["valid_tokens"])  # fmt: skip
+
+
+def test_a_miles_rollout_counts_once_in_a_directory_a_glob_workers_and_watch(
+    batch: dict, canonical: dict, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Every rank file reads its whole rollout, so each rollout is one unit wherever rcdiag splits a dump: the
+    directory, a glob matching some rank files of each rollout, two workers (a part per rollout, opened through its
+    lowest rank), and ``watch --once`` (one step line per rollout, its state merging to the directory's numbers)."""
+    require("torch", "gpu")
+    files = miles_run(batch, tmp_path / "train_data")
+    directory = tmp_path / "train_data"
+    from rcdiag.io import open_dump
+
+    parts = open_dump(directory).partitions(2)
+    assert [[Path(path).name for _, path in part.files] for part in parts] == [["3_0.pt"], ["7_0.pt"]]
+    for target, flags in ((directory, ()), (directory, ("--workers", "2")), (directory / "*_[36].pt", ())):
+        same(analyzed(capsys, target, *flags), canonical)
+    events = watch_lines(capsys, directory, tmp_path / "w.json")
+    same_steps(events, canonical)
+    assert [e["file"] for e in events if e["kind"] == "step"] == ["3_0.pt", "7_0.pt"]
+    assert [e["files"] for e in events if e["kind"] == "step"] == [8, 16]  # files read: every rank file
+    same(merged(capsys, tmp_path / "w.json"), canonical)
+    assert len(files[3]) == len(files[7]) == 8
+
+
+def test_a_miles_rollout_is_one_part_under_ray(
+    batch: dict, canonical: dict, tmp_path: Path, capsys: pytest.CaptureFixture, ray_local: object
+) -> None:
+    """Ray's tasks take the parts ``--workers`` takes: each rollout read once, whole."""
+    require("torch", "gpu")
+    miles_run(batch, tmp_path)
+    same(analyzed(capsys, tmp_path, "--ray"), canonical)
+
+
+def arrival_order(files: dict[int, list[Path]]) -> list[Path]:
+    """Rollout after rollout (each rank saves its file after the rollout's training step, before the next one's),
+    the ranks of one rollout in no fixed order (they write at once): here shuffled."""
+    rng = np.random.default_rng(8)
+    return [files[step][i] for step in STEPS for i in rng.permutation(len(files[step]))]
+
+
+def test_a_live_watch_reads_each_miles_rollout_once_all_its_ranks_are_there(
+    batch: dict, canonical: dict, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Rank files landing one per poll: the first rollout waits (how many ranks a run has is not in its files) until
+    the next rollout's first file proves it whole; the second is read as its last rank lands, once the ranks of the
+    first are there. A rank file arriving after its rollout was read, and one rewritten, are said as changed files,
+    never read again: the numbers stay the directory's as read."""
+    from rcdiag.watch import Watch
+
+    require("torch", "gpu")
+    staged = miles_run(batch, tmp_path / "staged")
+    directory, state = tmp_path / "train_data", tmp_path / "w.json"
+    directory.mkdir()
+    session = Watch(str(directory), state_path=state, settle=0.0)
+    read_at: list[tuple[int, list[int]]] = []
+    for landed, file in enumerate(arrival_order(staged), 1):
+        (directory / file.name).write_bytes(file.read_bytes())
+        events: list = []
+        units, waiting, _ = session.poll_once(events.append)
+        steps = [e.step.step for e in events if hasattr(e, "revised")]
+        assert units == len(steps)
+        if steps:
+            read_at.append((landed, steps))
+        assert waiting == landed - 8 * sum(len(s) for _, s in read_at)
+    assert read_at == [(9, [3]), (16, [7])]
+    session.close()
+
+    (directory / "3_8.pt").write_bytes(staged[3][1].read_bytes())  # a rank file after its rollout was read
+    (directory / "7_2.pt").write_bytes(staged[7][2].read_bytes() + b"")  # rewritten: the same bytes, a new stamp
+    os.utime(directory / "7_2.pt", ns=(1, 1))
+    events = watch_lines(capsys, directory, state)
+    assert [e["kind"] for e in events] == ["report"]
+    alerts = {a["key"]: a for a in events[0]["alerts"]}
+    assert sorted(alerts) == ["file:3_8.pt", "file:7_2.pt"]
+    assert alerts["file:3_8.pt"]["message"] == (
+        f"3_8.pt in {directory} appeared after the watch read its rollout's rank files: the watch keeps the rollout "
+        "as it read it, without this file, and does not read it (alone it would count the rollout again); `rcdiag "
+        "analyze` of the directory reads the rollout with it"
+    )
+    assert alerts["file:3_8.pt"]["detail"]["read"] is None
+    assert alerts["file:7_2.pt"]["message"].startswith(f"7_2.pt in {directory} changed (modified) after the watch")
+    same(merged(capsys, state), canonical)
+    assert watch_lines(capsys, directory, state) == []  # said once
+
+
+def test_the_watch_command_follows_miles_rank_files_as_they_land(batch: dict, canonical: dict, tmp_path: Path) -> None:
+    """``rcdiag watch`` in its own process while the rank files are written in place (as ``torch.save`` writes
+    them), one every few polls: one line per rollout, with the directory's numbers."""
+    require("torch", "gpu")
+    staged = miles_run(batch, tmp_path / "staged")
+    directory = tmp_path / "train_data"
+    directory.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    command = [sys.executable, "-m", "rcdiag", "watch", str(directory), "--state", str(tmp_path / "w.json"),
+               "--format", "json", "--poll", "0.05", "--settle", "0.2", "--max-idle", "3"]  # fmt: skip
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as watch:
+        time.sleep(1.0)  # started
+        for file in arrival_order(staged):
+            with open(directory / file.name, "wb") as handle:
+                data = file.read_bytes()
+                handle.write(data[: len(data) // 2])
+                handle.flush()
+                time.sleep(0.05)  # half written for a poll
+                handle.write(data[len(data) // 2 :])
+            time.sleep(0.3)
+        out, err = watch.communicate(timeout=120)
+    assert watch.returncode == 0, err
+    same_steps([json.loads(line) for line in out.splitlines()], canonical)
+
+
+def test_a_whole_dump_details_folder_is_refused_naming_its_train_data(
+    batch: dict, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Miles' ``--dump-details`` folder holds the rollout side (``rollout_data/{id}.pt``, ``dashboard_columns/
+    rollout_{id}.parquet``, ``trajectory/{id}.jsonl``: ``miles/ray/rollout/debug_data.py``) beside ``train_data/``:
+    one line saying which subfolder to give, exit 2; nothing is guessed."""
+    torch = require("torch", "gpu")
+    details = tmp_path / "dump_details"
+    miles_run(batch, details / "train_data")
+    for sub in ("rollout_data", "dashboard_columns", "trajectory"):
+        (details / sub).mkdir()
+    torch.save({"rollout_id": 3, "metadata": {}, "samples": [{"index": 0, "tokens": [1, 2]}]},
+               details / "rollout_data" / "3.pt")  # fmt: skip
+    write_dump(details / "dashboard_columns" / "rollout_3.parquet", {"index": [0], "rollout_log_probs": [[-0.1]]})
+    (details / "trajectory" / "3.jsonl").write_text('{"index":0,"messages":[]}\n')
+    code, out, err = run(capsys, "analyze", str(details))
+    assert code == 2 and out == ""
+    assert err == (
+        f"rcdiag: error: {details}: mixes jsonl, parquet and torch files (1 jsonl, 1 parquet, 17 torch): a "
+        "--dump-details folder (Miles', slime's) holds the rollout side beside the training dump in train_data/; give "
+        f"that subfolder: {details / 'train_data'}\n"
+    )
+
+
 def test_a_miles_slice_is_never_read_as_a_response(batch: dict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Miles' own split gives rank 1 of 2 a slice shorter than the response: read alone (renamed, so its rollout's
     other ranks cannot be found) it is refused, naming the rank that is missing."""
@@ -205,6 +373,11 @@ def test_skyrl_bfloat16_log_probs_read_through_torch(tmp_path: Path, capsys: pyt
 def prime_rl_exports(batch: dict, directory: Path, nulls: dict[int, tuple[int, str, float]]) -> Path:
     """The batch as prime-rl's token exports: two prompt tokens (loss mask false) then the response; ``nulls`` puts
     a non-finite value (row -> position, column, value) where ``_json_float`` turns it into null."""
+    return td.prime_rl_exports(directory, batch["steps"], exporter_record(batch, nulls))
+
+
+def exporter_record(batch: dict, nulls: dict[int, tuple[int, str, float]]) -> Callable[[int, int, int], dict]:
+    """``record(row, step, rank)``: one export record of the batch's row (``prime_rl_exports``)."""
 
     def record(row: int, step: int, rank: int) -> dict:
         columns = {
@@ -227,7 +400,7 @@ def prime_rl_exports(batch: dict, directory: Path, nulls: dict[int, tuple[int, s
             "mismatch_kl": [None] * (2 + width),
         }
 
-    return td.prime_rl_exports(directory, batch["steps"], record)
+    return record
 
 
 def test_prime_rl_nulls_are_non_finite_values_handled_like_nan(
@@ -269,13 +442,44 @@ def test_prime_rl_nulls_are_non_finite_values_handled_like_nan(
 def test_prime_rl_null_stops_the_default_run_as_nan_does(
     batch: dict, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    """The first bad row is row 0, whose legal -inf the exporter wrote as null (its sign is gone): one line, exit 2,
-    counting row 2's NaN too; nothing printed but the error."""
+    """The first bad row is row 0, whose legal -inf the exporter wrote as null (its sign is gone): one line naming
+    the value as the file holds it, exit 2, counting row 2's null too; nothing printed but the error."""
     run_dir = prime_rl_exports(batch, tmp_path / "run", {2: (1, "trainer_logprobs", np.nan)})
     code, out, err = run(capsys, "analyze", str(run_dir))
     assert code == 2 and out == ""
+    code, _, from_workers = run(capsys, "analyze", str(run_dir), "--workers", "2")
+    assert code == 2 and from_workers.splitlines()[-1] == err.strip()  # a worker names it alike
     assert err == (
-        f"rcdiag: error: {run_dir}/token_exports/step_3/rank_0.jsonl, row 0, column 'trainer_logprobs': holds NaN at "
-        "valid position 5 of the response; 2 row(s) of the dump are bad (nan 2); fix the dump, or pass --on-bad-row "
-        "skip to leave those rows out\n"
+        f"rcdiag: error: {run_dir}/token_exports/step_3/rank_0.jsonl, row 0, column 'trainer_logprobs': holds null "
+        "(a non-finite value written as null) at valid position 5 of the response; 2 row(s) of the dump are bad "
+        "(nan 2); fix the dump, or pass --on-bad-row skip to leave those rows out\n"
     )
+
+
+def test_a_nan_the_file_holds_as_nan_is_still_named_nan(
+    batch: dict, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A record whose log-prob is the JSON literal NaN (Python's json writes it; prime-rl's exporter never does)
+    beside a null in another row of the same batch: each is named as the file holds it, at its own row."""
+    nulls = {2: (1, "trainer_logprobs", np.nan)}
+
+    def line(record: dict) -> str:  # row 0's -inf (the first record of step 3, rank 0) written as the literal NaN
+        if record["step"] == 3 and record["rank"] == 0 and record["trainer_logprobs"][5] is None:
+            record = dict(record, trainer_logprobs=[*record["trainer_logprobs"][:5], float("nan"),
+                                                    *record["trainer_logprobs"][6:]])  # fmt: skip
+        return json.dumps(record) + "\n"
+
+    run_dir = td.prime_rl_exports(tmp_path / "run", batch["steps"], exporter_record(batch, nulls), line)
+    text = (run_dir / "token_exports" / "step_3" / "rank_0.jsonl").read_text().splitlines()
+    assert "NaN" in text[0] and "null" in text[2].split('"trainer_logprobs"')[1].split("]")[0]
+    code, _, err = run(capsys, "analyze", str(run_dir))
+    assert code == 2
+    assert ", row 0, column 'trainer_logprobs': holds NaN at valid position 5 of the response; 2 row(s)" in err
+    code, _, err = run(capsys, "analyze", str(run_dir / "token_exports" / "step_3" / "rank_0.jsonl"), "--on-bad-row",
+                       "skip", "--format", "json")  # fmt: skip
+    assert code == 0, err
+    notes = [line for line in err.splitlines() if "JSON null" in line]
+    assert notes == [
+        f"rcdiag: note: {run_dir}/token_exports/step_3/rank_0.jsonl: read 1 JSON null log-prob as NaN: "
+        "'trainer_logprobs' 1 (first at row 2, position 3); " + NULLS
+    ]

@@ -113,6 +113,16 @@ def _one_kind(label: str, kinds: dict[FilePath, InputFormat]) -> dict[FilePath, 
         if any(ch in label for ch in GLOB_CHARS):  # a glob: its directory
             root = str(Path(label).parent) if "://" not in label else root.rpartition("/")[0]
         example = f"{root}/**/*{present[names[0]].suffixes[0]}"
+        from rcdiag.io.rank_files import TRAIN_DATA
+
+        train = next((f.parent for f in kept if f.parent.name == TRAIN_DATA and f.suffix == ".pt"), None)
+        if train is not None:  # Miles' or slime's --dump-details folder: said, never guessed
+            raise InputError(
+                f"mixes {', '.join(names[:-1])} and {names[-1]} files ({listed}): a --dump-details folder (Miles', "
+                f"slime's) holds the rollout side beside the training dump in {TRAIN_DATA}/; give that subfolder: "
+                f"{train}",
+                path=label,
+            )
         raise InputError(
             f"mixes {', '.join(names[:-1])} and {names[-1]} files ({listed}); point rcdiag at one kind, e.g. a "
             f"quoted glob such as '{example}', or move the others out",

@@ -49,6 +49,9 @@ class Chunk:
     ``ids`` holds each row's value of the dump's id column, if it has one, and ``rows`` each row's 0-based
     index in reading order (set by ``rcdiag.explain.number_rows`` before rows can be skipped).
     ``tokens`` holds each position's token id (int32 or int64) when the dump has them and they are read.
+    ``nulls`` marks, per log-prob column (old, rollout; ``None`` for one without), the positions the file held as
+    JSON null and the reader gave as NaN (prime-rl's non-finite values): set only when the chunk has one, and read
+    only by the screen, to name such a value as the file holds it.
     """
 
     old: np.ndarray
@@ -66,6 +69,7 @@ class Chunk:
     rows: np.ndarray | None = None
     tokens: np.ndarray | None = None
     token_name: str = "token_ids"
+    nulls: tuple[np.ndarray | None, np.ndarray | None] | None = None
 
     PER_ROW = ("steps", "seq_ids", "ids", "rows")
     """Optional per-row arrays: selecting rows selects these too."""

@@ -177,7 +177,8 @@ class JsonRecordsFile(TableFile):
             self.nulls = NullCount()
 
     def _batch(self, rows: list[dict], columns: list[str], first_row: int) -> Batch:
-        arrays = [self._column(rows, name, first_row) for name in columns]
+        nulls: dict[str, np.ndarray] = {}
+        arrays = [self._column(rows, name, first_row, nulls) for name in columns]
         if self.mask_factor is not None and self.cols.mask in columns:
             index = columns.index(self.cols.mask)
             factor = np.array(
@@ -189,9 +190,12 @@ class JsonRecordsFile(TableFile):
             lengths = np.diff(np.asarray(mask.offsets))
             values = mask.values.to_numpy(zero_copy_only=False) * np.repeat(factor, lengths)
             arrays[index] = pa.ListArray.from_arrays(mask.offsets, pa.array(values))
-        return Batch(pa.RecordBatch.from_arrays(arrays, names=columns), self.path, first_row, self.step)
+        data = pa.RecordBatch.from_arrays(arrays, names=columns)
+        return Batch(data, self.path, first_row, self.step, nulls or None)
 
-    def _column(self, rows: list[dict], name: str, first_row: int) -> pa.Array:
+    def _column(self, rows: list[dict], name: str, first_row: int, nulls: dict[str, np.ndarray]) -> pa.Array:
+        """One column of a batch as Arrow; with ``null_floats``, a log-prob column's nulls as NaN, their positions
+        put in ``nulls`` (the screen names such a value as the file holds it)."""
         kind = self.schema.field(name).type
         values = []
         for i, record in enumerate(rows):
@@ -226,7 +230,9 @@ class JsonRecordsFile(TableFile):
                 column=name,
             ) from None
         if self.null_floats and name in (self.cols.old, self.cols.rollout) and pa.types.is_list(kind):
-            array = self.nulls.filled(array, name, first_row)
+            array, where = self.nulls.filled(array, name, first_row)
+            if where is not None:
+                nulls[name] = where
         return array
 
 
@@ -237,18 +243,20 @@ class NullCount:
     count: dict[str, int] = field(default_factory=dict)
     first: dict[str, tuple[int, int]] = field(default_factory=dict)
 
-    def filled(self, array: pa.ListArray, name: str, first_row: int) -> pa.ListArray:
-        """``array`` (a list column of one batch, starting at ``first_row``) with its null values as NaN."""
+    def filled(self, array: pa.ListArray, name: str, first_row: int) -> tuple[pa.ListArray, np.ndarray | None]:
+        """``array`` (a list column of one batch, starting at ``first_row``) with its null values as NaN, and where
+        they were over its flat values (``None`` when it had none: the usual case costs one count)."""
         values = array.values
         if not values.null_count:
-            return array
+            return array, None
+        where = values.is_null().to_numpy(zero_copy_only=False)
         if name not in self.first:
-            at = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
+            at = int(np.flatnonzero(where)[0])
             offsets = np.asarray(array.offsets)
             row = int(np.searchsorted(offsets, at, side="right") - 1)
             self.first[name] = (first_row + row, at - int(offsets[row]))
         self.count[name] = self.count.get(name, 0) + values.null_count
-        return pa.ListArray.from_arrays(array.offsets, pc.fill_null(values, float("nan")))
+        return pa.ListArray.from_arrays(array.offsets, pc.fill_null(values, float("nan"))), where
 
     def notice(self, path: str) -> str:
         """One line: the nulls read as NaN, per column with the first one's row and position."""

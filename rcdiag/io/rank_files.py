@@ -32,6 +32,9 @@ from rcdiag.io.storage import FilePath, RemotePath
 
 RANK_FILE = re.compile(r"^(\d+)_(\d+)\.pt$")
 """``{rollout_id}_{rank}.pt``: the name Miles' and slime's ``--dump-details`` give each rank's train data."""
+TRAIN_DATA = "train_data"
+"""The ``--dump-details`` subfolder (Miles', slime's) holding the training dump; its other subfolders (``rollout_data``,
+``trajectory``, ``dashboard_columns``, ``events``) hold the rollout side, which rcdiag cannot analyse."""
 
 ROLES = ("log_probs", "rollout_log_probs", "loss_masks")
 """The per-sample fields rcdiag reads: each holds one value per response token."""
@@ -51,6 +54,14 @@ def rollout_and_rank(path: str | FilePath) -> tuple[int, int] | None:
     """``(rollout id, rank)`` from a rank file's name, or ``None`` for any other name."""
     match = RANK_FILE.match(file_path(path).name)
     return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def unit_of(name: str) -> tuple[str, int, int] | None:
+    """``(directory, rollout id, rank)`` of a rank file named ``name`` (a ``/``-separated path), ``None`` for any
+    other name: the rank files sharing a directory and rollout id are one unit, read together."""
+    directory, _, base = name.rpartition("/")
+    match = RANK_FILE.match(base)
+    return (directory, int(match.group(1)), int(match.group(2))) if match else None
 
 
 def leaders(files: Sequence[FilePath]) -> list[FilePath]:

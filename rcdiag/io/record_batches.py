@@ -24,6 +24,9 @@ class Batch:
     first_row: int
     step: int | None = None
     """The step of every row when the container says it (a NeMo-RL file name), else ``None``."""
+    nulls: dict[str, np.ndarray] | None = None
+    """Per list column that had any, its positions (over the column's flat values) the file held as null and the
+    reader gave as NaN (``Chunk.nulls``); ``None`` when none did."""
 
 
 def mask_array(values: pa.Array) -> np.ndarray:
@@ -121,6 +124,7 @@ def slice_chunks(
     seq_ids: np.ndarray | None = None,
     ids: np.ndarray | None = None,
     tokens: np.ndarray | None = None,
+    nulls: tuple[np.ndarray | None, np.ndarray | None] | None = None,
 ) -> Iterator[Chunk]:
     """Cut flat whole rows into chunks of at most ``chunk_tokens`` values (a longer row is its own chunk).
     ``first_row`` is the file row of the first row, or ``None`` when rows are not file rows (long layout).
@@ -148,4 +152,9 @@ def slice_chunks(
             ids=None if ids is None else ids[start:stop],
             tokens=None if tokens is None else tokens[lo:hi],
             token_name=cols.token or "token_ids",
+            nulls=None if nulls is None else (_cut(nulls[0], lo, hi), _cut(nulls[1], lo, hi)),
         )
+
+
+def _cut(values: np.ndarray | None, lo: int, hi: int) -> np.ndarray | None:
+    return None if values is None else values[lo:hi]

@@ -253,9 +253,11 @@ def list_chunks(batch: Batch, cols: Resolved, chunk_tokens: int, token: str | No
         token_offsets, token_list = flatten_list(data.column(token), token, path, row)
         check_same_lengths(offsets, token_offsets, (cols.old, token), path, row)
         tokens = token_values(token_list, token, path, row, token_offsets)
+    nulls = None if batch.nulls is None else (batch.nulls.get(cols.old), batch.nulls.get(cols.rollout))
     yield from slice_chunks(
-        old, rollout, offsets, mask, steps, cols, path, chunk_tokens, first_row=row, ids=ids, tokens=tokens
-    )
+        old, rollout, offsets, mask, steps, cols, path, chunk_tokens, first_row=row, ids=ids, tokens=tokens,
+        nulls=nulls,
+    )  # fmt: skip
 
 
 def short(exc: BaseException) -> str:

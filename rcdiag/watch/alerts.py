@@ -128,19 +128,31 @@ class AlertPolicy:
 
 
 def file_alert(change: FileChange, step: int | None, location: str) -> Alert:
-    """A file read earlier changed or went: the watch keeps the rows it read (accumulators cannot give a file's rows
-    back), so its numbers and those of ``rcdiag analyze`` of the directory now differ; said once, by file."""
-    name = change.read.name
-    if change.now is None:
-        fate = "its rows stay counted here, and `rcdiag analyze` of the directory no longer counts them"
-    else:
-        fate = (
-            "the watch keeps the rows of the version it read and does not read it again; `rcdiag analyze` of the "
-            "directory reads the new one"
+    """A file read earlier changed or went, or a rank file appeared after its rollout was read: the watch keeps the
+    rows it read (accumulators cannot give a file's rows back), so its numbers and those of ``rcdiag analyze`` of
+    the directory now differ; said once, by file."""
+    name = change.name
+    if change.read is None:
+        message = (
+            f"{name} in {location} appeared after the watch read its rollout's rank files: the watch keeps the "
+            "rollout as it read it, without this file, and does not read it (alone it would count the rollout "
+            "again); `rcdiag analyze` of the directory reads the rollout with it"
         )
-    happened = "was deleted" if change.now is None else f"changed ({change.what})"
-    message = f"{name} in {location} {happened} after the watch read it: {fate}"
-    detail = {"file": name, "read": change.read.to_dict(), "now": None if change.now is None else change.now.to_dict()}
+    else:
+        if change.now is None:
+            fate = "its rows stay counted here, and `rcdiag analyze` of the directory no longer counts them"
+        else:
+            fate = (
+                "the watch keeps the rows of the version it read and does not read it again; `rcdiag analyze` of "
+                "the directory reads the new one"
+            )
+        happened = "was deleted" if change.now is None else f"changed ({change.what})"
+        message = f"{name} in {location} {happened} after the watch read it: {fate}"
+    detail = {
+        "file": name,
+        "read": None if change.read is None else change.read.to_dict(),
+        "now": None if change.now is None else change.now.to_dict(),
+    }
     return Alert(f"file:{name}", "file", "warning", step, message, detail=detail)
 
 

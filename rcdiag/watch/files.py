@@ -8,6 +8,12 @@ under its final name; such a file is read once it has *settled*: its size and mo
 
 A file already read is never read again; when its stamp changes (rewritten, another inode under its name) or it
 goes, ``poll`` says so (``FileChange``): the watch's counts then hold a version the directory no longer has.
+
+The rank files of one rollout (``{rollout_id}_{rank}.pt``: Miles' ``--dump-details``, ``rcdiag.io.rank_files``)
+are one unit: any of them reads the whole rollout, so the unit is read once, through its lowest rank, when every
+rank file of it is complete and the rollout is whole (``whole``). A rank file that appears after its
+rollout was read is a ``FileChange`` too (read ``None``): it is never read on its own, which would count the
+rollout twice.
 """
 
 from __future__ import annotations
@@ -16,10 +22,11 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rcdiag.io import storage
 from rcdiag.io.paths import directory_files
+from rcdiag.io.rank_files import rollout_files, unit_of
 from rcdiag.io.storage import FilePath, RemotePath
 from rcdiag.writer import PART
 
@@ -69,14 +76,23 @@ def stamp(root: FilePath, file: FilePath) -> FileStamp | None:
 
 @dataclass(frozen=True)
 class FileChange:
-    """A file read earlier that is no longer what was read: ``now`` its stamp, ``None`` when it was deleted."""
+    """A file read earlier that is no longer what was read: ``now`` its stamp, ``None`` when it was deleted;
+    ``read`` is ``None`` for a rank file that appeared after the watch read its rollout."""
 
-    read: FileStamp
+    read: FileStamp | None
     now: FileStamp | None
+
+    @property
+    def name(self) -> str:
+        stamp = self.read or self.now
+        assert stamp is not None
+        return stamp.name
 
     @property
     def what(self) -> str:
         """What differs, in words."""
+        if self.read is None:
+            return "appeared after its rollout was read"
         if self.now is None:
             return "deleted"
         said = []
@@ -89,8 +105,27 @@ class FileChange:
         return ", ".join(said)
 
 
+@dataclass(frozen=True)
+class Ready:
+    """A unit to read: ``file``, the one to open, and the stamps of every file it reads (``file``'s first): one
+    file, or a rollout's rank files opened through the lowest rank."""
+
+    file: FilePath
+    stamps: tuple[FileStamp, ...]
+
+
+class Member(NamedTuple):
+    """A listed, unread rank file: its position in the listing, rank, path, stamp, and whether it is complete."""
+
+    position: int
+    rank: int
+    file: FilePath
+    stamp: FileStamp
+    complete: bool
+
+
 class Follower:
-    """Lists the root at each ``poll`` and returns the complete files not yet consumed, in natural order."""
+    """Lists the root at each ``poll`` and returns the complete units not yet consumed, in natural order."""
 
     def __init__(self, location: str, settle: float = DEFAULT_SETTLE) -> None:
         self.location = location
@@ -106,30 +141,66 @@ class Follower:
             return []
         return directory_files(self.root)
 
-    def poll(self, consumed: dict[str, FileStamp]) -> tuple[list[tuple[FilePath, FileStamp]], int, list[FileChange]]:
-        """The files now complete and not in ``consumed`` (by name), how many are still settling, and the consumed
-        files whose stamp differs now or that are gone (the caller says so once)."""
-        ready: list[tuple[FilePath, FileStamp]] = []
+    def poll(self, consumed: dict[str, FileStamp], final: bool = False) -> tuple[list[Ready], int, list[FileChange]]:
+        """The units now complete and not in ``consumed`` (by name), how many files are still waiting (to settle,
+        or for their rollout to be whole), and the consumed files whose stamp differs now or that are gone, with
+        the rank files that appeared after their rollout was read (the caller says each once). ``final``: the
+        directory is taken as it stands (``--once``), so a rollout is read once its rank files are complete."""
+        ready: list[tuple[int, Ready]] = []
         changed: list[FileChange] = []
         listed: set[str] = set()
+        rollouts: dict[tuple[str, int], list[Member]] = {}
+        newest: dict[str, int] = {}
         waiting = 0
         now = time.monotonic()
-        for file in self.listing():
+        for position, file in enumerate(self.listing()):
             current = stamp(self.root, file)
             if current is None:
                 continue
             listed.add(current.name)
+            unit = unit_of(current.name)
+            if unit is not None:
+                newest[unit[0]] = max(newest.get(unit[0], unit[1]), unit[1])
             if current.name in consumed:
                 if current != consumed[current.name]:
                     changed.append(FileChange(consumed[current.name], current))
                 continue
-            if self._complete(file, current, now):
-                ready.append((file, current))
+            complete = self._complete(file, current, now)
+            if unit is not None:
+                rollouts.setdefault(unit[:2], []).append(Member(position, unit[2], file, current, complete))
+            elif complete:
+                ready.append((position, Ready(file, (current,))))
                 self.seen.pop(current.name, None)
             else:
                 waiting += 1
         changed += [FileChange(read, None) for name, read in consumed.items() if name not in listed]
-        return ready, waiting, changed
+        if rollouts:
+            read = read_rollouts(consumed)
+            for key, members in rollouts.items():
+                if key in read:  # never read alone: it would count its rollout twice
+                    changed += [FileChange(None, m.stamp) for m in members]
+                elif all(m.complete for m in members) and (final or whole(key, members, read, newest)):
+                    members.sort(key=lambda m: m.rank)
+                    for m in members:
+                        self.seen.pop(m.stamp.name, None)
+                    first = min(m.position for m in members)
+                    ready.append((first, Ready(members[0].file, tuple(m.stamp for m in members))))
+                else:
+                    waiting += len(members)
+        return [unit for _, unit in sorted(ready, key=lambda r: r[0])], waiting, changed
+
+    def unchanged(self, unit: Ready) -> bool:
+        """Whether the files ``unit`` read (checked after the read) are still those it was listed with: for a
+        rollout, the same rank files (one that appeared meanwhile was read too); local files, the same stamps."""
+        files: list[FilePath] = [unit.file]
+        if unit_of(unit.stamps[0].name) is not None:
+            files = [root_of(name) for name in rollout_files(unit.file)]
+            if len(files) != len(unit.stamps):
+                return False
+        if isinstance(unit.file, RemotePath):
+            return True  # uploads appear whole
+        now = {each.name: each for file in files if (each := stamp(self.root, file)) is not None}
+        return now == {each.name: each for each in unit.stamps}
 
     def _complete(self, file: FilePath, current: FileStamp, now: float) -> bool:
         if isinstance(file, RemotePath) or self.settle <= 0 or PART.match(file.name):
@@ -142,3 +213,27 @@ class Follower:
             self.seen[current.name] = (current, now)
             return False
         return now - before[1] >= self.settle
+
+
+def read_rollouts(consumed: dict[str, FileStamp]) -> dict[tuple[str, int], set[int]]:
+    """The rollouts read (by directory and rollout id), with their ranks."""
+    out: dict[tuple[str, int], set[int]] = {}
+    for name in consumed:
+        unit = unit_of(name)
+        if unit is not None:
+            out.setdefault(unit[:2], set()).add(unit[2])
+    return out
+
+
+def whole(
+    key: tuple[str, int], members: list[Member], read: dict[tuple[str, int], set[int]], newest: dict[str, int]
+) -> bool:
+    """Whether every rank file of a live rollout is there: a later rollout's file is listed in its directory
+    (each rank saves its file after the rollout's training step and before the next, whose collectives need every
+    rank: ``miles/backends/megatron_utils/actor.py:587`` at Miles 31f1ca96), or it holds every rank the latest
+    rollout read in its directory held (the ranks of a run do not change)."""
+    directory, rollout_id = key
+    if newest.get(directory, rollout_id) > rollout_id:
+        return True
+    earlier = [r for d, r in read if d == directory]
+    return bool(earlier) and {m.rank for m in members} >= read[(directory, max(earlier))]

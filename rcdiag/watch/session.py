@@ -1,22 +1,21 @@
 """``rcdiag watch``: follow a directory (or object-store prefix) a trainer writes per-step dumps into, read each
 new complete file once, and report every step as ``rcdiag analyze`` would on the finished directory.
 
-Each file is read alone (``rcdiag.api.accumulate``) and its accumulators are merged into the running
-``EngineState``; merging is how results combine everywhere in rcdiag, so the steps' numbers are those of one
-analysis of the whole directory. After each file the state is committed, at a cost that does not grow with the run:
-one line appended to ``STATE.log`` (the file read, its source, the accumulators of the steps it added to, the screen,
-the alerts raised). The state file itself (an rcdiag state, which ``rcdiag merge`` also reads: the accumulators
-*and* the files consumed and the alerts raised) is rewritten whole or not at all (``rcdiag.outputs``) only when the
-log outgrows it, and when the watch ends: it then carries a new generation, and the log's lines of older ones are
-skipped. A watch killed at any point restarts from the state file and its log's complete lines of the same
-generation (a line cut by the kill is dropped, its file read again): a file is counted once or not at all, never
-twice, and an alert is not raised again.
+Each file (a rollout's rank files as one: ``rcdiag.watch.files``) is read alone (``rcdiag.api.accumulate``) and its
+accumulators are merged into the running ``EngineState``; merging is how results combine everywhere in rcdiag, so
+the steps' numbers are those of one analysis of the whole directory. After each file the state is committed, at a
+cost that does not grow with the run: one line appended to ``STATE.log`` (the file read, its source, the accumulators
+of the steps it added to, the screen, the alerts raised). The state file itself (an rcdiag state, which ``rcdiag
+merge`` also reads: the accumulators *and* the files consumed and the alerts raised) is rewritten whole or not at all
+(``rcdiag.outputs``) only when the log outgrows it, and when the watch ends: it then carries a new generation, and
+the log's lines of older ones are skipped. A watch killed at any point restarts from the state file and its log's
+complete lines of the same generation (a line cut by the kill is dropped, its file read again): a file is counted
+once or not at all, never twice, and an alert is not raised again.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import secrets
 import time
@@ -43,7 +42,7 @@ from rcdiag.report import Report, StepReport
 from rcdiag.validate import ScreenStats
 from rcdiag.watch.alerts import Alert, AlertPolicy, file_alert
 from rcdiag.watch.deliver import Delivery, Dispatcher
-from rcdiag.watch.files import DEFAULT_SETTLE, FileChange, FileStamp, Follower
+from rcdiag.watch.files import DEFAULT_SETTLE, FileChange, FileStamp, Follower, Ready
 from rcdiag.watch.forecast import Forecast, NoTrend
 
 STATE_DIR = ".rcdiag-watch"
@@ -319,8 +318,9 @@ class Watch:
             self.state.rows, self.state.tokens, self.state.valid_tokens = part.rows, part.tokens, part.valid_tokens
             self.source = info if self.source is None else combined_info([self.source, info])
             self.screen = screen
-            stamp = FileStamp.from_dict(line["file"])
-            self.consumed[stamp.name] = stamp
+            for item in (line["file"], *line.get("with", ())):  # "with": the other rank files of a rollout
+                stamp = FileStamp.from_dict(item)
+                self.consumed[stamp.name] = stamp
         self.alerted.update((str(key), step) for key, step in line["alerted"].items())
 
     def _commit(self, line: dict[str, Any]) -> None:
@@ -373,11 +373,12 @@ class Watch:
 
     # ------------------------------------------------------------------------------------------------- reading
 
-    def poll_once(self, on_event: Callable[[Event], None] | None = None) -> tuple[int, int, bool]:
-        """Read every complete file not read yet: commit after each, then hand its steps to ``on_event``; after
-        the last (and every ``REPORT_SECONDS`` before), the whole report. Returns the files read, how many are
-        still settling, and whether a new alert at ``exit_on`` stopped the reading."""
-        ready, waiting, changed = self.follower.poll(self.consumed)
+    def poll_once(self, on_event: Callable[[Event], None] | None = None, final: bool = False) -> tuple[int, int, bool]:
+        """Read every complete file (or rollout of rank files) not read yet: commit after each, then hand its steps
+        to ``on_event``; after the last (and every ``REPORT_SECONDS`` before), the whole report. Returns the units
+        read, how many files are still waiting, and whether a new alert at ``exit_on`` stopped the reading.
+        ``final``: the directory is taken as it stands (``--once``: ``Follower.poll``)."""
+        ready, waiting, changed = self.follower.poll(self.consumed, final)
         self._changed(changed)
         if self.pending and not ready:  # said now, with the report of what the state holds
             report = self.full_report()
@@ -385,9 +386,9 @@ class Watch:
                 on_event(report)
             return 0, waiting, self.policy.stops(report.alerts)
         reported = time.monotonic()
-        for index, (file, stamp) in enumerate(ready):
+        for index, unit in enumerate(ready):
             interrupts.check()
-            events: list[Event] = list(self._consume(file, stamp))
+            events: list[Event] = list(self._consume(unit))
             for event in events:  # the steps' lines first: the whole report costs more as steps accumulate
                 if on_event is not None:
                     on_event(event)
@@ -401,16 +402,15 @@ class Watch:
                 return index + 1, waiting, True
         return len(ready), waiting, False
 
-    def _consume(self, file: Any, stamp: FileStamp) -> list[StepEvent]:
+    def _consume(self, unit: Ready) -> list[StepEvent]:
         from rcdiag.io.paths import identity
         from rcdiag.state import combined_info, content_fingerprint, encode_state
 
+        file, stamp = unit.file, unit.stamps[0]
         name = str(file)
         got = accumulate(name, self.config, self.read)
-        if isinstance(file, Path):
-            now = os.stat(file)
-            if (now.st_size, now.st_mtime_ns) != (stamp.size, stamp.mtime_ns):
-                return []  # rewritten while read: read again once it settles
+        if not self.follower.unchanged(unit):
+            return []  # rewritten while read, or a rank file of its rollout appeared: read again once it settles
         if None in got.state.batches:
             raise InputError(
                 "has rows without a step (no step column, and no step in its name); a watch reports per step",
@@ -425,7 +425,7 @@ class Watch:
         self.state.merge(analyze_state(got.state))
         self.source = info if self.source is None else combined_info([self.source, info])
         self.screen = self.screen.merge(got.screen)
-        self.consumed[stamp.name] = stamp
+        self.consumed.update((each.name, each) for each in unit.stamps)
         self.device = got.device
         self.hits.forget(steps)
         for step in steps:
@@ -447,6 +447,7 @@ class Watch:
         self._commit(
             {
                 "file": stamp.to_dict(),
+                "with": [each.to_dict() for each in unit.stamps[1:]],
                 "source": dataclasses.asdict(info),
                 "screen": self.screen.to_dict(),
                 "counts": {"rows": state.rows, "tokens": state.tokens, "valid_tokens": state.valid_tokens},
@@ -515,7 +516,7 @@ class Watch:
         and the deliveries finished since the last poll."""
         start = last_new = time.monotonic()
         while True:
-            read, waiting, stopped = self.poll_once(on_event)
+            read, waiting, stopped = self.poll_once(on_event, final=once)
             if on_poll is not None:
                 on_poll(waiting, self.dispatcher.outcomes())
             if stopped:
