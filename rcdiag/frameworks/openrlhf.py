@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from rcdiag.core import formulas
 from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, weight_keys
 from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
 
@@ -65,10 +66,10 @@ class OpenRLHFSettings:
         if self.kind == "tis":
             return np.minimum(np.maximum(ratio, low), high)
         if self.kind == "icepop":
-            return ratio * ((ratio >= low) & (ratio <= high)).astype(np.float32)  # inf * 0 is NaN, as in torch
+            return ratio * formulas.rs_keep(ratio, low, high, True).astype(np.float32)  # inf * 0 is NaN, as in torch
         mean = (rows.row_sum(rows.diff).astype(np.float32) / rows.counts.astype(np.float32)).astype(np.float32)
         seq = np.exp(mean)
-        keep = ((seq >= low) & (seq <= high)).astype(np.float32)
+        keep = formulas.rs_keep(seq, low, high, True).astype(np.float32)
         return rows.per_token(keep) * ratio
 
 

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rcdiag.core.formulas import clamp_log_ratio
+from rcdiag.core import formulas
 from rcdiag.engine import register_whole_dump
 from rcdiag.fields import FieldError
 from rcdiag.metrics.block import Block
@@ -37,9 +37,8 @@ def response_terms(block: Block) -> np.ndarray:
     d32 = old - rollout  # float32, as the report's token pass forms it
     d = d32.astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
-        k3 = np.expm1(d) - d
-        em1 = np.expm1(clamp_log_ratio(np, d))
-        chi2 = em1 * (em1 + 2.0)
+        k3 = formulas.k3(np.expm1(d), d)
+        chi2 = formulas.chi2_term(np.expm1(formulas.clamp_log_ratio(np, d)))
     sums = np.zeros((counts.size, len(COLUMNS)))
     sums[:, 0] = counts
     row_old = np.bincount(which, weights=old.astype(np.float64), minlength=counts.size)
