@@ -1,12 +1,17 @@
 """The signature statistics' cost (issue 34's budget: a default analyze with its judgement at most 1.3x the plain
 analyze it replaced), measured in one run against the same analyze without them.
 
-    python benchmarks/signatures.py --tokens 20M --rounds 3
+    python benchmarks/signatures.py --tokens 20M --rounds 3 [--history]
 
 ``without`` is ``rcdiag.analyze`` with ``SignatureMetrics`` taken out of every batch (what analyze computed before
 issue 34), ``with`` is today's analyze; both verl's default configuration and the realistic IS/RS one. Rounds are
 interleaved (load on a shared machine hits both), medians reported, and the ratio with / without, wall and CPU time
 of this process.
+
+``--history``: the history test's cost where the token ids are read (``--explain``, ``watch``, analyze's extra pass
+on a verdict of noise or an unexplained mismatch), on the dump copied with a ``token_ids`` column (Zipf ids over
+151,936, as ``explain_tokens.py`` writes it): one pass reading the ids with the history pass off (the ids' decode
+alone) against the same with it on, and against the pass without the ids.
 """
 
 from __future__ import annotations
@@ -20,9 +25,14 @@ from pathlib import Path
 
 from _data import dump, parse_tokens
 from _methods import CONFIG
+from explain_tokens import with_ids
 
 import rcdiag
+from rcdiag.api import accumulate, analyze_state, build_report
 from rcdiag.metrics import batch
+from rcdiag.metrics.block import Block
+from rcdiag.metrics.signatures import SignatureMetrics
+from rcdiag.sections.token_ids import TokenIdsSection
 
 
 @contextlib.contextmanager
@@ -47,12 +57,62 @@ def timed(path: Path, config: rcdiag.CorrectionConfig, signatures: bool) -> tupl
         return time.perf_counter() - wall, time.process_time() - cpu
 
 
+@contextlib.contextmanager
+def without_history() -> Iterator[None]:
+    """``SignatureMetrics`` blind to the block's token ids (the ids are still read and screened)."""
+    update = SignatureMetrics.update
+
+    def blind(self: SignatureMetrics, block: Block) -> None:
+        tokens, block.tokens = block.tokens, None
+        try:
+            update(self, block)
+        finally:
+            block.tokens = tokens
+
+    SignatureMetrics.update = blind  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        SignatureMetrics.update = update  # type: ignore[method-assign]
+
+
+def one_pass(path: Path, ids: bool, history: bool) -> tuple[float, float]:
+    """One pass of the default analyze (no second pass): the ids read or not, the history pass on or off."""
+    context = contextlib.nullcontext() if history else without_history()
+    with context:
+        wall, cpu = time.perf_counter(), time.process_time()
+        got = accumulate(path, rcdiag.CorrectionConfig(), sections=[TokenIdsSection()] if ids else ())
+        build_report(analyze_state(got.state), got.info, got.device, got.screen)
+        return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def history(tokens: str, path: Path, rounds: int) -> None:
+    with_ids_path = with_ids(path, 151_936)
+    cases = {"no ids": (False, False), "ids, history off": (True, False), "ids, history on": (True, True)}
+    for ids, on in cases.values():  # warm-up
+        one_pass(with_ids_path, ids, on)
+    times: dict[str, list[tuple[float, float]]] = {}
+    for _ in range(rounds):
+        for name, (ids, on) in cases.items():
+            times.setdefault(name, []).append(one_pass(with_ids_path, ids, on))
+    med = {name: [statistics.median(t[i] for t in runs) for i in (0, 1)] for name, runs in times.items()}
+    print(f"{tokens} tokens with ids, {rounds} rounds (medians; one pass, verl's default configuration)")
+    for name, (wall, cpu) in med.items():
+        print(f"{name:18s} {wall:6.2f} s wall {cpu:6.2f} s CPU")
+    for a, b in (("ids, history on", "ids, history off"), ("ids, history on", "no ids")):
+        print(f"{a} / {b}: {med[a][0] / med[b][0]:.3f} wall, {med[a][1] / med[b][1]:.3f} CPU")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="20M")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--history", action="store_true", help="time the history test where token ids are read")
     args = parser.parse_args()
     path = dump(parse_tokens(args.tokens))
+    if args.history:
+        history(args.tokens, path, args.rounds)
+        return
     configs = {"default": rcdiag.CorrectionConfig(), "is_rs": CONFIG}
     for config in configs.values():  # warm-up: page cache, numba's cache
         timed(path, config, True)

@@ -14,7 +14,7 @@ from rcdiag._version import __version__
 from rcdiag.backend import Backend, NumpyBackend, get_backend
 from rcdiag.catalogue.checklist import checklist
 from rcdiag.catalogue.emit import ordered
-from rcdiag.config import CorrectionConfig
+from rcdiag.config import CorrectionConfig, preset
 from rcdiag.engine import Engine, EngineState, StepStates, number_rows
 from rcdiag.errors import ConfigError
 from rcdiag.explain.section import ExplainSection
@@ -25,6 +25,7 @@ from rcdiag.health import StepHits, batch_hits, evaluate
 from rcdiag.interrupts import checked
 from rcdiag.io import Chunk, open_dump, prefetch
 from rcdiag.io.base import SourceInfo
+from rcdiag.metrics.signatures import HISTORY_KEYS
 from rcdiag.options import ReadOptions
 from rcdiag.outputs import ledger, reads, refuse_inputs, writes
 from rcdiag.parallel import (
@@ -40,13 +41,14 @@ from rcdiag.parallel import (
     on_ray,
     too_many_workers,
 )
-from rcdiag.prescribe import effect_of
+from rcdiag.prescribe import SEQ_IS_PRESET, effect_of, seq_is_measured, seq_is_unmeasured
 from rcdiag.report import Finding, InputFacts, MicroBatchReport, Report, StepReport
 from rcdiag.sections import RunFacts, Section
 from rcdiag.sections.base import Values, ValuesRecord
-from rcdiag.signature_rules import signature_findings
+from rcdiag.sections.token_ids import TokenIdsSection
+from rcdiag.signature_rules import repeats, signature_findings
 from rcdiag.validate import Screen, ScreenStats, as_chunk
-from rcdiag.verdict import judge
+from rcdiag.verdict import history_untested, judge
 
 if TYPE_CHECKING:  # features a plain analyze does not run are imported when used (start-up time)
     from rcdiag.frameworks.registry import Chosen
@@ -173,7 +175,7 @@ def analyze(
         state, accumulated.info, accumulated.device, accumulated.screen, microbatch=micro, sections=wanted
     )
     write_sections(state, report, wanted)
-    return measure_prescription(report, path, read)
+    return complete_verdict(report, path, read)
 
 
 def _framework(
@@ -197,27 +199,82 @@ def write_sections(state: StepStates[Any], report: Report, sections: Sequence[Se
         section.write(state.whole_dump.get(section.KEY), record)
 
 
-def measure_prescription(report: Report, path: str | Path, read: ReadOptions | None = None) -> Report:
-    """``report`` with its verdict's prescription measured on the dump: the effect (rejected shares, IS ESS and
-    truncated share) is what analyze computes under the prescribed setting, and a setting that raises one of
-    analyze's own findings is flagged. Costs a second pass over the dump, only for a ``correct`` verdict, and none
-    when the report was already computed with that setting (docs/performance.md)."""
-    verdict = report.verdict
-    prescription = verdict.recommendation if verdict is not None else None
-    if verdict is None or prescription is None or prescription.effect is not None:
+def complete_verdict(report: Report, path: str | Path, read: ReadOptions | None = None) -> Report:
+    """``report`` with what its verdict left open answered on the dump, in one more pass (two where sequence-level
+    IS is offered):
+
+    * the history test (``repeated_tokens_lowered``), where the verdict names ``noise`` or ``unexplained`` and the
+      dump has token ids the first pass did not read (``rcdiag.verdict.history_untested``): a penalty on repeated
+      tokens would explain the mismatch, and reading the ids on every run would cost every analyze their decode;
+    * a ``correct`` verdict's prescription: its effect (rejected shares, IS ESS and truncated share) is what analyze
+      computes under the prescribed setting, and a setting that raises one of analyze's own findings is flagged;
+      where a next step offers sequence-level IS, its ESS measured under that preset (another pass).
+
+    No pass when neither is open, or when the report was already computed with the prescribed setting and no
+    history test is due (docs/performance.md)."""
+    history = history_untested(report)
+    setting = _prescribed(report)
+    if not history and setting is None:
         return report
-    config = CorrectionConfig(**prescription.config, verl_version=report.config["verl_version"])
-    if config.resolve().same_computation(CorrectionConfig(**report.config).resolve()):
-        under = report
-    else:
-        with warnings.catch_warnings(record=True):  # the first pass told the user everything about the dump
-            again = accumulate(path, config, read)
-        under = build_report(analyze_state(again.state), again.info, again.device, again.screen)
-    measured, steps = effect_of(prescription, under)
+    config = setting or CorrectionConfig(**report.config)
+    under = report
+    if history or not config.resolve().same_computation(CorrectionConfig(**report.config).resolve()):
+        under = _again(path, config, read, history)
+    if history:  # a history finding turns the verdict to fix (no prescription) or leaves it as it was
+        report = with_history(report, under)
+    verdict = report.verdict
+    if verdict is None or verdict.recommendation is None or setting is None:
+        return report
+    measured, steps, remedy = effect_of(verdict.recommendation, under)
+    headline = verdict.headline if remedy else f"{verdict.headline} (not a remedy on this dump: see next steps)"
+    offered = seq_is_unmeasured(report)
+    later = verdict.next_steps
+    if offered in later:  # the offer is worth a pass only with a prescription: measured, never guessed
+        seq_is = seq_is_measured(_again(path, preset(SEQ_IS_PRESET, report.config["verl_version"]), read, False))
+        later = tuple(seq_is if step == offered else step for step in later)
     return dataclasses.replace(
         report,
-        verdict=dataclasses.replace(verdict, recommendation=measured, next_steps=(*steps, *verdict.next_steps)),
+        verdict=dataclasses.replace(verdict, headline=headline, recommendation=measured, next_steps=(*steps, *later)),
     )
+
+
+def _prescribed(report: Report) -> CorrectionConfig | None:
+    """The setting the verdict prescribes, while its effect is still to be measured."""
+    prescription = report.verdict.recommendation if report.verdict is not None else None
+    if prescription is None or prescription.effect is not None:
+        return None
+    return CorrectionConfig(**prescription.config, verl_version=report.config["verl_version"])
+
+
+def _again(path: str | Path, config: CorrectionConfig, read: ReadOptions | None, token_ids: bool) -> Report:
+    """The dump's report under ``config`` (its token ids read too, with ``token_ids``), quietly: the first pass told
+    the user everything about the dump."""
+    with warnings.catch_warnings(record=True):
+        again = accumulate(path, config, read, sections=[TokenIdsSection()] if token_ids else ())
+    return build_report(analyze_state(again.state), again.info, again.device, again.screen)
+
+
+def with_history(report: Report, read_ids: Report) -> Report:
+    """``report`` with the history statistics of ``read_ids`` (the same dump with its token ids read), their finding,
+    the token column it read, and the verdict judged again."""
+    extras = {**report.extras, **{key: read_ids.extras.get(key) for key in HISTORY_KEYS}}
+    found = repeats(extras, report.input.valid_tokens)
+    findings = ordered([*report.findings, *([found] if found else [])])
+    column = read_ids.input.columns.get("token_ids")
+    facts = dataclasses.replace(
+        report.input,
+        columns={**report.input.columns, "token_ids": column},
+        dtypes={**report.input.dtypes, **({column: read_ids.input.dtypes[column]} if column else {})},
+    )
+    not_run = None if report.explain is None else report.explain.not_run
+    updated = dataclasses.replace(
+        report,
+        extras=extras,
+        findings=tuple(findings),
+        input=facts,
+        checklist=checklist(findings, report.metrics, not_run),
+    )
+    return dataclasses.replace(updated, verdict=judge(updated))
 
 
 @dataclass(frozen=True)

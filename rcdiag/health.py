@@ -258,11 +258,18 @@ def _k3_term(d: float) -> float:
     return k3(math.expm1(min(d, 700.0)), d)
 
 
+def sparse(shares: tuple[int, float, float]) -> bool:
+    """The ``sparse_outliers`` definition on ``outlier_shares``' result: some outliers, at most
+    ``OUTLIER_TOKEN_SHARE`` of the tokens, carrying at least ``OUTLIER_K3_SHARE`` of k3_kl."""
+    count, share, k3_share = shares
+    return count > 0 and share <= OUTLIER_TOKEN_SHARE and k3_share >= OUTLIER_K3_SHARE
+
+
 def _sparse_outliers(result: BatchResult, context: Context) -> list[Hit]:
     if result.log_ratio is None:
         return []
-    count, share, k3_share = outlier_shares(result.log_ratio)
-    if count == 0 or share > OUTLIER_TOKEN_SHARE or k3_share < OUTLIER_K3_SHARE:
+    count, share, k3_share = shares = outlier_shares(result.log_ratio)
+    if not sparse(shares):
         return []
     facts = (
         f"{count:,} tokens ({share:.3%} of the valid tokens) have |log-ratio| >= {OUTLIER_LOG_RATIO:g} and carry at "

@@ -24,6 +24,9 @@ TIS_THRESHOLD = 2.0
 """Token TIS's upper threshold: verl's default and its presets' (typical range 1.5-5)."""
 OUTLIER_BAND_NATS = 1.0
 """The token_k1 band rejects |log-ratio| beyond this: the sparse_outliers finding's definition of an outlier."""
+MOST_RESPONSES = 0.5
+"""A prescription whose RS rejects tokens in more than this share of the responses is no remedy (said in the
+verdict)."""
 REVIEW_CODES = (
     "is_saturated",
     "is_ess_low",
@@ -90,6 +93,10 @@ def candidate(report: Report, status: VerdictStatus, classes: frozenset[CauseCla
     return Candidate(prescription, _alternatives(report))
 
 
+SEQ_IS_PRESET = "decoupled_seq_is"
+"""The sequence-level IS a next step may offer, measured on the dump under this preset (never the prescription)."""
+
+
 def _alternatives(report: Report) -> list[str]:
     chi2_seq = report.metrics.get("rollout_corr/chi2_seq")
     hopeless = any(f.code == "seq_is_hopeless" for f in report.findings)
@@ -100,11 +107,32 @@ def _alternatives(report: Report) -> list[str]:
         ]
     if chi2_seq is None or chi2_seq < 0.0:
         return ["sequence-level IS cannot be judged here: chi2_seq is not measurable (negative or missing)"]
-    return [
-        f"sequence-level IS (decoupled_seq_is) is admissible here: chi2_seq {chi2_seq:.3g} leaves untruncated "
-        f"sequence weights an ESS of {1.0 / (1.0 + chi2_seq):.3g}; measure it with "
-        "`rcdiag analyze PATH --preset decoupled_seq_is`"
-    ]
+    return [seq_is_unmeasured(report)]
+
+
+def seq_is_unmeasured(report: Report) -> str:
+    """The step offering sequence-level IS before it is measured on the dump (``rcdiag.api`` replaces it with
+    ``seq_is_measured``; a report without a dump to re-read keeps it)."""
+    command = report.command("analyze", "--preset", SEQ_IS_PRESET)
+    return f"sequence-level IS ({SEQ_IS_PRESET}) was not measured on this dump: `{command}` measures its ESS"
+
+
+def seq_is_measured(under: Report) -> str:
+    """The step about sequence-level IS from ``under``, the dump's report under ``SEQ_IS_PRESET``: its measured ESS
+    and what it raises of ``REVIEW_CODES`` (an ESS below verl's 0.3 is ``is_ess_low``)."""
+    ess = under.metrics.get("rollout_corr/rollout_is_eff_sample_size")
+    truncated = under.metrics.get("rollout_corr/rollout_is_ratio_fraction_high")
+    raised = tuple(dict.fromkeys(f.code for f in under.findings if f.code in REVIEW_CODES))
+    measured = f"under {SEQ_IS_PRESET} this dump's ESS is {_number(ess)}"
+    if truncated is not None:
+        measured += f" with {truncated:.1%} of the sequence weights truncated"
+    if raised or ess is None:
+        return f"sequence-level IS is not an option here: {measured} (raises {', '.join(raised) or 'no ESS'})"
+    return f"sequence-level IS ({SEQ_IS_PRESET}) is admissible here: {measured}, raising none of analyze's findings"
+
+
+def _number(value: float | None) -> str:
+    return "not computed" if value is None else f"{value:.3g}"
 
 
 def matching_preset(config: dict[str, Any]) -> str | None:
@@ -140,9 +168,11 @@ def _yaml_value(value: Any) -> str:
     return f'"{text}"' if "_" in text and isinstance(value, str) and not text.isidentifier() else text
 
 
-def effect_of(prescription: Prescription, under: Report) -> tuple[Prescription, tuple[str, ...]]:
+def effect_of(prescription: Prescription, under: Report) -> tuple[Prescription, tuple[str, ...], bool]:
     """``prescription`` with its effect read from ``under`` (the report of the same dump computed with the
-    prescribed setting), and what it raises among ``REVIEW_CODES`` (flagged in ``why``, said in a next step)."""
+    prescribed setting), the next steps that what it raises calls for (``REVIEW_CODES``, flagged in ``why``), and
+    whether it is a remedy: RS that rejects tokens in most responses is not one (the outliers it rejects are then no
+    longer sparse, and the responses it leaves whole are a biased remnant)."""
     m = under.metrics
     rs = prescription.config.get("rollout_rs") is not None
     effect = Effect(
@@ -153,11 +183,18 @@ def effect_of(prescription: Prescription, under: Report) -> tuple[Prescription, 
     )
     raised = tuple(dict.fromkeys(f.code for f in under.findings if f.code in REVIEW_CODES))
     why = prescription.why
-    steps: tuple[str, ...] = ()
+    steps: list[str] = []
+    remedy = effect.responses_rejected <= MOST_RESPONSES
+    if not remedy:
+        why += f"; NOT A REMEDY: its RS rejects tokens in {effect.responses_rejected:.0%} of the responses"
+        steps.append(
+            f"the prescribed RS rejects tokens in {effect.responses_rejected:.0%} of the responses on this dump: it "
+            "is not a remedy (outliers in most responses are not sparse); find what moves so many tokens first"
+        )
     if raised:
         why += f"; FLAGGED: on this dump it raises {', '.join(raised)} (analyze's own findings)"
-        steps = (
-            f"the prescription raises {', '.join(raised)} on this dump: run `rcdiag sweep PATH` to choose a "
-            "threshold, and look for the cause of so large a mismatch first",
+        steps.append(
+            f"the prescription raises {', '.join(raised)} on this dump: run `{under.command('sweep')}` to choose a "
+            "threshold, and look for the cause of so large a mismatch first"
         )
-    return dataclasses.replace(prescription, effect=effect, why=why), steps
+    return dataclasses.replace(prescription, effect=effect, why=why), tuple(steps), remedy

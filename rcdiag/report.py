@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -209,6 +210,7 @@ CauseClass = Literal[
     "alignment",
     "offset",
     "logprob_mode",
+    "processing",
     "unexplained",
 ]
 
@@ -463,6 +465,13 @@ class Report:
     under that key."""
     checklist: tuple[ChecklistRow, ...] = ()
     """Every check of the finding catalogue with whether (and where) it fired (``rcdiag.catalogue.checklist``)."""
+
+    def command(self, *words: str) -> str:
+        """An rcdiag command line on this report's dump, its path shell-quoted (``DUMP`` where the report has no
+        one path to read again: merged states, chunks given in memory), for a next step to suggest."""
+        path = self.input.path
+        where = "DUMP" if self.device == "merged" or path in ("", "<memory>") else shlex.quote(path)
+        return " ".join(["rcdiag", words[0], where, *words[1:]])
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (schema documented in docs/json.md)."""

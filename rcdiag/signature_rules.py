@@ -8,11 +8,13 @@ model (tests/test_verdict_open_world.py).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from rcdiag.catalogue.emit import emit
 from rcdiag.catalogue.findings import Code
 from rcdiag.catalogue.metrics import KL_BANDS, known_key
+from rcdiag.metrics.signatures import HISTORY_KEYS
 from rcdiag.report import Finding
 
 KL, K3_KL, KL_SE, ABS_MEAN, SHAPE_CORR = (
@@ -57,6 +59,17 @@ ZERO_SHARE_MAX = 0.01
 valid tokens (0 on every clean real-model dump)."""
 BOTH_ZERO_SHARE_MAX = 0.5
 """mask_padding_valid: both log-probs exactly 0.0 on more than this share of valid tokens."""
+CERTAIN_LOWERED_MIN = 0.5
+"""certain_tokens_lowered: more than this share of the tokens one side gives p >= 0.99 scored more than 0.1 nats
+lower by the other (at least 0.999 for soft-capping at 4-10 on the tests' real model; at most 0.05 for a one-sided
+temperature up to 1.5, a repetition penalty, every other planted cause and every clean engine; 0.27 on a dump where
+one engine gives only the stop token probability 1)."""
+REPEAT_DROP_MIN = 0.05
+"""repeated_tokens_lowered: repeated tokens lowered by the rollout this much more than first occurrences (0.06,
+0.10 and 0.25 nats for repetition penalties of 5%, 10% and 30% on the tests' real model; at most 0.021 for every
+other planted cause and clean engine)."""
+MIN_GROUP_TOKENS = 30
+"""Fewer tokens in a group (near-certain ones, repeated or first-seen ones) leave its test silent."""
 
 SIGNATURE_CODES = (
     "mask_padding_valid",
@@ -64,6 +77,8 @@ SIGNATURE_CODES = (
     "logprobs_misaligned",
     "offset_per_response",
     "logprobs_not_sampled",
+    "certain_tokens_lowered",
+    "repeated_tokens_lowered",
     "mismatch_not_noise",
 )
 
@@ -95,7 +110,9 @@ def signature_findings(
     )
     if valid_tokens < MIN_TOKENS:
         return []
-    found = [_mask(read), _alignment(read), _offset(read), _not_sampled(read), _not_noise(metrics, extras)]
+    found = [_mask(read), _alignment(read), _offset(read), _not_sampled(read), _certain(read, valid_tokens)]
+    found.append(repeats(extras, valid_tokens))
+    found.append(_not_noise(metrics, extras))
     return [f for f in found if f is not None]
 
 
@@ -182,6 +199,47 @@ def _offset(read: _Read) -> Finding | None:
         f"(precision noise puts 1-4% there); the {higher}'s log-probs sit {abs(read.kl):.3g} nats higher on average",
         value=within,
         threshold=OFFSET_WITHIN_MAX,
+    )
+
+
+def _certain(read: _Read, valid_tokens: int) -> Finding | None:
+    """certain_tokens_lowered: most of the tokens one side is near-certain of lowered by the other."""
+    sides = []
+    for key, lowered, sure in (("certain", "rollout", "trainer"), ("rollout_certain", "trainer", "rollout")):
+        share, most = read.get(f"{key}_share"), read.get(f"{key}_lowered_share")
+        drop, se = read.get(f"{key}_drop"), read.get(f"{key}_drop_std_error")
+        if share is None or most is None or drop is None or se is None or share * valid_tokens < MIN_GROUP_TOKENS:
+            continue
+        if most > CERTAIN_LOWERED_MIN:
+            sides.append((most, drop, se, share, lowered, sure))
+    if not sides:
+        return None
+    most, drop, se, share, lowered, sure = max(sides)
+    return emit(
+        Code.CERTAIN_TOKENS_LOWERED,
+        f"of the tokens the {sure} gives p >= 0.99 ({share:.2%} of the valid tokens), the {lowered} scores {most:.1%} "
+        f"more than 0.1 nats lower ({drop:.3g} +- {se:.2g} nats on average, p x {math.exp(-drop):.3g}): no "
+        "temperature does that (it leaves near-certain tokens near-certain: 4% of them lowered that much at T = 1.5 "
+        "on the tests' model)",
+        value=most,
+        threshold=CERTAIN_LOWERED_MIN,
+    )
+
+
+def repeats(extras: dict[str, float | None], valid_tokens: int) -> Finding | None:
+    """repeated_tokens_lowered, where the token ids were read (``repeat_drop``)."""
+    drop, se, share = (extras.get(key) for key in HISTORY_KEYS)
+    if drop is None or se is None or share is None or min(share, 1 - share) * valid_tokens < MIN_GROUP_TOKENS:
+        return None
+    if drop <= REPEAT_DROP_MIN or drop <= Z * se:
+        return None
+    return emit(
+        Code.REPEATED_TOKENS_LOWERED,
+        f"the tokens whose id occurred earlier in their response ({share:.1%} of them) get {drop:.3g} +- {se:.2g} nats "
+        f"less from the rollout than first occurrences of the same trainer log-prob ({_in_errors(drop, se)}): the "
+        "rollout penalises what it has already generated",
+        value=drop,
+        threshold=REPEAT_DROP_MIN,
     )
 
 

@@ -11,16 +11,19 @@ no known signature is ``unexplained`` (status ``fix``), never noise. Only ``corr
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from rcdiag.catalogue import finding
 from rcdiag.catalogue.findings import Code, Role, detectors, of_class
+from rcdiag.health import outlier_shares, sparse
+from rcdiag.metrics.signatures import HISTORY_KEYS
 from rcdiag.prescribe import candidate
 from rcdiag.report import Cause, CauseClass, Finding, Report, Verdict, VerdictStatus
 from rcdiag.signature_rules import (
     ABS_MEAN,
     K3_KL,
     KL,
+    MIN_TOKENS,
     NOISE_K3_MAX,
     NOISE_SIGMAS,
     kl_beyond_noise,
@@ -32,9 +35,11 @@ from rcdiag.signature_rules import (
 DERIVED_CLASSES: dict[CauseClass, str] = {
     "noise": "a large mismatch (size findings, or k3_kl above NOISE_K3_MAX) with no other cause that passes the "
     "precision tests",
-    "unexplained": "besides mismatch_not_noise: a large mismatch with no other cause that fails a precision test",
+    "unexplained": "besides mismatch_not_noise: a large mismatch with no other cause that fails a precision test; "
+    "kl_k3_disagree with k3_kl above kl where the outliers are not sparse (a heavy tail over many tokens)",
     "truncation": "besides sampling_truncation: kl_k3_disagree with kl above k3_kl (mass missing)",
-    "outliers": "besides sparse_outliers: kl_k3_disagree with k3_kl above kl (a few huge ratios)",
+    "outliers": "besides sparse_outliers: kl_k3_disagree with k3_kl above kl where the sparse_outliers definition "
+    "holds on the dump's log-ratio histogram (a few huge ratios)",
     "logprob_mode": "besides logprobs_not_sampled: kl_negative where swapping the columns does not read as noise",
 }
 """Classes the verdict names from what no single finding's spec says (``judge``, ``_causes``); every other class
@@ -47,6 +52,7 @@ STATUS_OF: dict[CauseClass, VerdictStatus] = {
     "alignment": "broken",
     "offset": "fix",
     "logprob_mode": "fix",
+    "processing": "fix",
     "unexplained": "fix",
     "temperature": "fix",
     "truncation": "fix",
@@ -66,6 +72,17 @@ DEFAULT_DETECTORS = (Code.MISMATCH_TREND,)
 NO_TOKEN_IDS = "mismatch on a few token ids (it also needs token ids: none found in the dump; --token-col NAME)"
 """``token_specific`` not examined, on a dump without token ids (``InputFacts.columns["token_ids"]`` is ``None``):
 ``--explain`` alone would not test it."""
+HISTORY = "a penalty on repeated tokens (repetition, presence or frequency: it reads the token ids)"
+"""The history test (``repeated_tokens_lowered``) not examined: the dump's token ids were not read (analyze reads
+them on its own only where the verdict names noise or an unexplained mismatch)."""
+NO_HISTORY = (
+    "a penalty on repeated tokens (repetition, presence or frequency: it needs token ids: none found in the dump; "
+    "--token-col NAME)"
+)
+"""The history test, on a dump without token ids."""
+HISTORY_OPEN: tuple[CauseClass, ...] = ("noise", "unexplained")
+"""Classes a penalty on repeated tokens would replace: a verdict naming one of them on a dump whose token ids were not
+read asks for the history test (``history_untested``)."""
 CLASS_TEXT: dict[CauseClass, str] = {
     "noise": "precision-like noise, large",
     "temperature": "a temperature applied on one side only",
@@ -81,13 +98,19 @@ CLASS_TEXT: dict[CauseClass, str] = {
     "alignment": "the two columns are shifted by a position",
     "offset": "a constant log-prob offset on one side",
     "logprob_mode": "the rollout reports log-probs of another distribution than it sampled from",
+    "processing": "logit processing on one side",
     "unexplained": "a systematic mismatch that fits no known signature",
 }
 """Each class in words, for the headline."""
+PROCESSING_SIGNS = {
+    Code.CERTAIN_TOKENS_LOWERED: "large logits compressed: soft-capping",
+    Code.REPEATED_TOKENS_LOWERED: "a penalty on repeated tokens",
+}
+"""What each of ``processing``'s findings shows, after the class's words in the headline."""
 DATA_CLASSES: tuple[CauseClass, ...] = ("mask", "alignment", "offset")
 """Classes that explain the whole log-ratio by the data's layout: with one of them, the classes read from the
-log-ratio's sign or size (swapped columns, log-prob mode, the kl/k3 gap, the sign-reading detectors) name nothing
-of their own."""
+log-ratio's sign, size or shape (swapped columns, log-prob mode, processing, the kl/k3 gap, the sign-reading
+detectors) name nothing of their own."""
 UNMODELLED = (
     "sampling parameters applied on one side only (repetition, presence or frequency penalty, logit bias, "
     "soft-capping, min-p, a temperature)",
@@ -116,7 +139,7 @@ def judge(report: Report) -> Verdict:
             tests = f"; consistent with precision noise: {', '.join(passed)}" if passed else ""
             causes.append(Cause("noise", codes, size.evidence + tests))
     status: VerdictStatus = max((STATUS_OF[c.cls] for c in causes), key=_ORDER.index, default="healthy")
-    steps = [*_input_steps(findings), *_fix_steps(causes), *_config_steps(findings)]
+    steps = [*_input_steps(findings), *_fix_steps(causes), *_config_steps(findings, status)]
     recommendation = candidate(report, status, frozenset(c.cls for c in causes))
     if recommendation is not None:
         steps.extend(recommendation.alternatives)
@@ -133,6 +156,15 @@ def judge(report: Report) -> Verdict:
         recommendation=None if recommendation is None else recommendation.prescription,
         next_steps=tuple(steps),
     )
+
+
+def history_untested(report: Report) -> bool:
+    """The verdict names a class the history test could replace (``HISTORY_OPEN``) and the dump has token ids that
+    were not read (``InputFacts.columns`` leaves ``token_ids`` out then; it is ``None`` for a dump without them)."""
+    verdict = report.verdict
+    if verdict is None or "token_ids" in report.input.columns or report.input.path in ("", "<memory>"):
+        return False
+    return any(cause.cls in HISTORY_OPEN for cause in verdict.causes)
 
 
 class _Size:
@@ -170,6 +202,10 @@ def _reads_sign(found: Finding) -> bool:
     return finding(found.code).reads_sign
 
 
+def _reads_shape(found: Finding) -> bool:
+    return finding(found.code).reads_shape
+
+
 def _causes(findings: tuple[Finding, ...], report: Report) -> list[Cause]:
     by_class: dict[CauseClass, list[Finding]] = {}
     for f in findings:
@@ -180,10 +216,13 @@ def _causes(findings: tuple[Finding, ...], report: Report) -> list[Cause]:
     if "truncation" in by_class and offsets and all(f.code == Code.LOGPROB_OFFSET for f in offsets):
         del by_class["offset"]  # a truncation's missing mass reads as an offset of the capped ratio: not its own
     data = any(not _reads_sign(f) for cls in DATA_CLASSES for f in by_class.get(cls, []))
-    if data:  # the layout explains the log-ratio's sign and size
+    if data:  # the layout explains the log-ratio's sign, size and shape
         by_class.pop("swapped_columns", None)
         by_class.pop("logprob_mode", None)
+        by_class.pop("processing", None)
         _drop_sign_reading(by_class)
+    if "processing" in by_class:  # a processor's shape is what the shape-reading detectors see
+        _drop(by_class, _reads_shape)
     elif "swapped_columns" in by_class and not swap_consistent(report.extras):
         # kl < 0 on sampled tokens, but exchanging the columns does not make the dump read as noise: the rollout
         # reports log-probs of another distribution than it sampled from (raw log-probs at T != 1, another token's)
@@ -196,7 +235,8 @@ def _causes(findings: tuple[Finding, ...], report: Report) -> list[Cause]:
     if gap is not None and not data and not any(c in by_class for c in ("swapped_columns", "logprob_mode")):
         cls = _gap_class(report, "outliers" in by_class)
         by_class.setdefault(cls, []).append(gap)
-        by_class[cls].extend(f for f in findings if _is(f, "size"))  # its size is the same evidence
+        if cls != "unexplained":
+            by_class[cls].extend(f for f in findings if _is(f, "size"))  # its size is the same evidence
     named = [cls for cls in by_class if cls != "unexplained" and STATUS_OF[cls] in ("fix", "broken")]
     if named and "unexplained" in by_class:  # a named bug class explains what is systematic
         del by_class["unexplained"]
@@ -211,8 +251,13 @@ def _drop_sign_reading(by_class: dict[CauseClass, list[Finding]]) -> None:
     """Drop the findings that read which side scores a token higher (their spec's ``reads_sign``: with the columns
     swapped a 4-bit dump reads as a flatter rollout): on swapped columns, raw log-probs or a layout bug they see
     what the bug made, not a cause of their own."""
+    _drop(by_class, _reads_sign)
+
+
+def _drop(by_class: dict[CauseClass, list[Finding]], dropped: Callable[[Finding], bool]) -> None:
+    """Drop the findings ``dropped`` picks from their classes (a class left without a finding goes)."""
     for cls in list(by_class):
-        kept = [f for f in by_class[cls] if not _reads_sign(f)]
+        kept = [f for f in by_class[cls] if not dropped(f)]
         if kept:
             by_class[cls] = kept
         else:
@@ -222,15 +267,19 @@ def _drop_sign_reading(by_class: dict[CauseClass, list[Finding]]) -> None:
 def _gap_class(report: Report, outliers: bool) -> CauseClass:
     """kl - k3_kl = 1 - mean(ratio): on tokens sampled from the rollout engine the mean ratio is 1 unless the
     trainer's probabilities of them do not sum to 1 over the rollout's support (the rollout renormalised over a
-    top-k/top-p subset: mean ratio < 1, kl above k3_kl) or a few huge ratios dominate the mean (k3_kl above kl)."""
+    top-k/top-p subset: mean ratio < 1, kl above k3_kl) or a few huge ratios dominate the mean (k3_kl above kl):
+    ``outliers`` only where they are few (the ``sparse_outliers`` definition holds on the dump's log-ratio
+    histogram); a heavy tail over many tokens is systematic, ``unexplained``."""
     kl, k3 = report.metrics.get(KL), report.metrics.get(K3_KL)
-    if outliers or kl is None or k3 is None or kl <= k3:
+    if not outliers and kl is not None and k3 is not None and kl > k3:
+        return "truncation"
+    if outliers or (report.log_ratio is not None and sparse(outlier_shares(report.log_ratio))):
         return "outliers"
-    return "truncation"
+    return "unexplained"
 
 
 def _evidence(cls: CauseClass, group: list[Finding], report: Report) -> str:
-    if cls in ("truncation", "outliers") and any(f.code == Code.KL_K3_DISAGREE for f in group):
+    if cls in ("truncation", "outliers", "unexplained") and any(f.code == Code.KL_K3_DISAGREE for f in group):
         kl, k3 = report.metrics.get(KL), report.metrics.get(K3_KL)
         if kl is not None and k3 is not None:
             mean_ratio = 1.0 - (kl - k3)
@@ -240,15 +289,18 @@ def _evidence(cls: CauseClass, group: list[Finding], report: Report) -> str:
             )
             if cls == "truncation":
                 gap += f" (the rollout kept ~{mean_ratio:.1%} of the trainer's mass: renormalised over a subset)"
-            else:
+            elif cls == "outliers":
                 gap += " (a few huge ratios dominate the mean)"
+            elif report.log_ratio is not None:
+                _, share, _ = outlier_shares(report.log_ratio)
+                gap += f" ({share:.1%} of the tokens beyond 1 nat: a heavy tail, not sparse outliers)"
             others = [f.facts for f in group if f.code != Code.KL_K3_DISAGREE]
             return "; ".join([*others, gap])
     return "; ".join(f.facts for f in group)
 
 
 def _headline(status: VerdictStatus, causes: list[Cause], size: _Size, report: Report, setting: str | None) -> str:
-    names = "; ".join(CLASS_TEXT[c.cls] for c in causes)
+    names = "; ".join(_class_text(c) for c in causes)
     if status == "healthy":
         unexamined = " (bias detectors not run: see next steps)" if report.explain is None else ""
         return f"healthy: the engines agree to numerical noise: {size.evidence}{unexamined}"
@@ -257,6 +309,11 @@ def _headline(status: VerdictStatus, causes: list[Cause], size: _Size, report: R
     if status == "fix":
         return f"fix: {names}, which correction cannot repair: fix the engine or configuration first"
     return f"broken: {names}: the data or the configuration cannot be right as it is"
+
+
+def _class_text(cause: Cause) -> str:
+    signs = [PROCESSING_SIGNS[code] for code in cause.codes if code in PROCESSING_SIGNS]
+    return CLASS_TEXT[cause.cls] + (f" ({'; '.join(signs)})" if signs else "")
 
 
 def _input_steps(findings: Iterable[Finding]) -> list[str]:
@@ -289,18 +346,36 @@ def class_advice(cause: Cause) -> str:
     return next((spec.advice for spec in own or specs if spec.advice), "")
 
 
-def _config_steps(findings: tuple[Finding, ...]) -> list[str]:
-    return [f"the configured correction: {f.code}: {f.advice}" for f in findings if _is(f, "configuration")]
+def _config_steps(findings: tuple[Finding, ...], status: VerdictStatus) -> list[str]:
+    """The configured correction's findings; under ``fix`` or ``broken`` without their advice to tune it: no
+    threshold is the remedy there, and the correction is chosen again once the cause is fixed."""
+    raised = [f for f in findings if _is(f, "configuration")]
+    if raised and status in ("fix", "broken"):
+        codes = ", ".join(f.code for f in raised)
+        return [
+            f"the configured correction raises {codes} on this dump: no threshold is the remedy; fix the cause "
+            "above, then analyze the dump again to choose one"
+        ]
+    return [f"the configured correction: {f.code}: {f.advice}" for f in raised]
 
 
 def _not_examined(report: Report) -> list[str]:
-    """What the verdict could not test: ``--explain``'s detectors when they did not run (never read as a pass)."""
+    """What the verdict could not test: ``--explain``'s detectors when they did not run, and the history test where
+    the token ids were not read or the dump has none (never read as a pass)."""
+    columns = report.input.columns
+    lacks_ids = "token_ids" in columns and columns["token_ids"] is None
+    history = report.extras.get(HISTORY_KEYS[-1]) is None and report.input.valid_tokens >= MIN_TOKENS
     if report.explain is None:
-        lacks_ids = "token_ids" in report.input.columns and report.input.columns["token_ids"] is None
-        tests = "; ".join(
+        tests = [
             NO_TOKEN_IDS if lacks_ids and spec.code == Code.TOKEN_SPECIFIC else str(spec.detects)
             for spec in detectors()
             if spec.code not in DEFAULT_DETECTORS
-        )
-        return [f"not examined without --explain: {tests}. Run `rcdiag analyze PATH --explain` to test for them"]
-    return [f"{code} not run: {why.removeprefix('not run: ')}" for code, why in report.explain.not_run.items()]
+        ]
+        if history:
+            tests.append(NO_HISTORY if lacks_ids else HISTORY)
+        command = report.command("analyze", "--explain")
+        return [f"not examined without --explain: {'; '.join(tests)}. Run `{command}` to test for them"]
+    steps = [f"{code} not run: {why.removeprefix('not run: ')}" for code, why in report.explain.not_run.items()]
+    if history and lacks_ids:
+        steps.append(f"{Code.REPEATED_TOKENS_LOWERED} not run: {NO_HISTORY}")
+    return steps

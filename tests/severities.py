@@ -20,6 +20,8 @@ SEVERITIES = {
     "logprobs_misaligned": ERROR,
     "offset_per_response": ERROR,
     "logprobs_not_sampled": ERROR,
+    "certain_tokens_lowered": ERROR,
+    "repeated_tokens_lowered": ERROR,
     "mismatch_not_noise": WARNING,
     "mask_looks_inverted": WARNING,
     "mask_missing": WARNING,

@@ -58,6 +58,11 @@ def _run(tmp_path: Path, script: str, *args: str) -> str:
         ),
         ("signatures.py", ("--tokens", "200k", "--rounds", "1"), ["ratio", "default  without", "is_rs    without"]),
         (
+            "signatures.py",
+            ("--tokens", "200k", "--rounds", "1", "--history"),
+            ["ids, history on / ids, history off:", "ids, history on / no ids:"],
+        ),
+        (
             "cli_end_to_end.py",
             ("--tokens", "100k", "--small", "50k", "--rounds", "1"),
             ["| decode / analyze (default) |", "new: CPU", "| peak RSS sweep (default), small -> large |"],

@@ -41,7 +41,8 @@ DETECTORS_NOT_EXAMINED = (
     "not examined without --explain: a temperature applied on one side; a log-prob offset on one side; top-k/top-p "
     "renormalised on one side; mismatch growing along the response; mismatch on a few token ids"
 )
-RUN_EXPLAIN = ". Run `rcdiag analyze PATH --explain` to test for them"
+RUN_EXPLAIN = ". Run `rcdiag analyze {} --explain` to test for them"
+"""The command on the dump's own path (shell-quoted: the tests' paths need no quotes)."""
 
 
 def _dump(path: Path, *, rows: int = 6, probabilities: bool = False, token_ids: bool = False) -> Path:
@@ -263,7 +264,7 @@ def test_not_examined_says_what_is_really_missing(tmp_path: Path) -> None:
     with_ids = _dump(tmp_path / "ids.parquet", token_ids=True)
     columns, steps = _next_steps(with_ids)
     assert "token_ids" not in columns  # there, but read with --explain only
-    assert steps[-1] == DETECTORS_NOT_EXAMINED + RUN_EXPLAIN
+    assert steps[-1] == DETECTORS_NOT_EXAMINED + RUN_EXPLAIN.format(with_ids)
     columns, steps = _next_steps(with_ids, "--explain")
     assert columns["token_ids"] == "responses"
     assert "token_specific not run: 24 valid tokens with ids, needs 2,000" in steps
@@ -272,7 +273,9 @@ def test_not_examined_says_what_is_really_missing(tmp_path: Path) -> None:
     columns, steps = _next_steps(without)
     assert columns["token_ids"] is None
     assert steps[-1] == (
-        DETECTORS_NOT_EXAMINED + " (it also needs token ids: none found in the dump; --token-col NAME)" + RUN_EXPLAIN
+        DETECTORS_NOT_EXAMINED
+        + " (it also needs token ids: none found in the dump; --token-col NAME)"
+        + RUN_EXPLAIN.format(without)
     )
     text = run_capped("analyze", without)
     assert text.returncode == 0 and "needs token ids in the dump" not in text.stdout

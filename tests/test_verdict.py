@@ -272,9 +272,9 @@ def test_a_prescription_that_raises_a_finding_is_flagged() -> None:
     assert "is_saturated" in {f.code for f in under.findings}
     verdict = rcdiag.analyze(SAMPLES / "quantized_4bit.parquet").verdict
     assert verdict is not None and verdict.recommendation is not None
-    flagged, steps = effect_of(verdict.recommendation, under)
+    flagged, steps, remedy = effect_of(verdict.recommendation, under)
     assert "FLAGGED" in flagged.why and "is_saturated" in flagged.why
-    assert steps and "is_saturated" in steps[0]
+    assert steps and "is_saturated" in steps[0] and remedy  # no RS: no response rejected
     assert flagged.effect is not None
     assert flagged.effect.is_truncated_share == under.metrics["rollout_corr/rollout_is_ratio_fraction_high"]
 

@@ -54,11 +54,13 @@ def test_signature_statistics_equal_brute_force(tmp_path: Path) -> None:
     rng = np.random.default_rng(7)
     old_rows = table.column("old_log_prob").to_pylist()
     rollout_rows = table.column("rollout_log_prob").to_pylist()
+    token_rows = table.column("token_ids").to_pylist()
     masks = []
-    for i, (o, r) in enumerate(zip(old_rows, rollout_rows, strict=True)):
+    for i, (o, r, t) in enumerate(zip(old_rows, rollout_rows, token_rows, strict=True)):
         m = rng.random(len(o)) > 0.15
         o.extend([0.0, 0.0])
         r.extend([0.0, 0.0])
+        t.extend([-100, -100])  # padding ids no vocabulary holds (masked: never checked, never counted as seen)
         masks.append([*m.astype(int).tolist(), 0, 0])
         if i == 3:
             o[1], r[1] = -math.inf, -math.inf
@@ -71,11 +73,12 @@ def test_signature_statistics_equal_brute_force(tmp_path: Path) -> None:
             "old_log_prob": pa.array(old_rows, pa.list_(pa.float32())),
             "rollout_log_prob": pa.array(rollout_rows, pa.list_(pa.float32())),
             "response_mask": pa.array(masks, pa.list_(pa.int8())),
+            "token_ids": pa.array(token_rows, pa.list_(pa.int64())),
         }
     )
     path = tmp_path / "dump.parquet"
     pq.write_table(dumped, path, row_group_size=7)
-    extras = rcdiag.analyze(path).extras
+    extras = rcdiag.analyze(path, explain=True).extras  # --explain reads the token ids: the history test runs
 
     old32, rollout32, mask, row = _flat_file(path)
     o32, r32, rw = old32[mask], rollout32[mask], row[mask]
@@ -115,6 +118,48 @@ def test_signature_statistics_equal_brute_force(tmp_path: Path) -> None:
     assert extras["rcdiag/shifted_behind_ratio"] == pytest.approx(
         behind[pair].astype(np.float64).sum() / base, rel=1e-9
     )
+    o64, r64 = o32.astype(np.float64)[keep], r32.astype(np.float64)[keep]
+    for key, sure, lowered in (("certain", o64, d), ("rollout_certain", r64, -d)):
+        near = sure >= math.log(0.99)
+        mean = lowered[near].mean()
+        sums = np.bincount(rw_f[near], weights=lowered[near], minlength=row.max() + 1)
+        counts = np.bincount(rw_f[near], minlength=row.max() + 1)
+        assert extras[f"rcdiag/{key}_drop"] == pytest.approx(mean, rel=1e-9)
+        assert extras[f"rcdiag/{key}_drop_std_error"] == pytest.approx(
+            math.sqrt(((sums - mean * counts) ** 2).sum()) / counts.sum(), rel=1e-6
+        )
+        assert extras[f"rcdiag/{key}_share"] == pytest.approx(near.mean(), rel=1e-12)
+        assert extras[f"rcdiag/{key}_lowered_share"] == pytest.approx((lowered[near] > 0.1).mean(), rel=1e-12)
+    _assert_repeat_drop(path, extras)
+
+
+def _assert_repeat_drop(path: Path, extras: dict[str, Any]) -> None:
+    """repeat_drop by brute force: each position's id against a set of the ids before it in its row (masked
+    positions included, negative padding ids never), the slope by numpy's least squares, and the standard error
+    from each response's own residual sums."""
+    table = pq.read_table(path)
+    rows = zip(*(table.column(c).to_pylist() for c in ("old_log_prob", "rollout_log_prob", "response_mask",
+                                                         "token_ids")), strict=True)  # fmt: skip
+    tokens = []  # (row, repeated, trainer log-prob, log-ratio) of every valid token with a finite log-ratio
+    for i, (old, rollout, mask, ids) in enumerate(rows):
+        seen: set[int] = set()
+        for o, r, m, t in zip(old, rollout, mask, ids, strict=True):
+            o32, r32 = np.float32(o), np.float32(r)
+            d = float(o32) - float(r32) if np.isfinite(o32) and np.isfinite(r32) else math.nan
+            if m and math.isfinite(d):
+                tokens.append((i, t in seen, float(o32), d))
+            if t >= 0:
+                seen.add(t)
+    row, repeated, old_lp, d = (np.array(column) for column in zip(*tokens, strict=True))
+    slope = np.polyfit(old_lp, d, 1)[0]
+    residual = d - slope * old_lp
+    means = [residual[repeated].mean(), residual[~repeated].mean()]
+    assert extras["rcdiag/repeat_drop"] == pytest.approx(means[0] - means[1], rel=1e-9, abs=1e-12)
+    assert extras["rcdiag/repeat_share"] == pytest.approx(repeated.mean(), rel=1e-12)
+    units = np.zeros(row.max() + 1)
+    for group, mean, sign in ((repeated, means[0], 1.0), (~repeated, means[1], -1.0)):
+        units += sign * np.bincount(row[group], weights=residual[group] - mean, minlength=units.size) / group.sum()
+    assert extras["rcdiag/repeat_drop_std_error"] == pytest.approx(math.sqrt((units**2).sum()), rel=1e-6)
 
 
 def _flat_file(path: Path) -> tuple[np.ndarray, ...]:
@@ -149,9 +194,35 @@ def test_the_compiled_pass_equals_the_numpy_twin(seed: int) -> None:
         with np.errstate(invalid="ignore"):  # -inf - -inf: the engine runs every pass so
             kernel, arrays = signature_kernel(old, rollout, m, lengths), signature_arrays(old, rollout, m, lengths)
         np.testing.assert_allclose(kernel.totals, arrays.totals, rtol=1e-12, atol=1e-9)
-        for field in ("row_ratio", "row_reverse", "row_d"):
+        for field in ("row_ratio", "row_reverse", "row_d", "row_certain"):
             np.testing.assert_allclose(getattr(kernel, field), getattr(arrays, field), rtol=1e-12, atol=1e-9)
         np.testing.assert_array_equal(kernel.row_n, arrays.row_n)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_compiled_history_pass_equals_the_numpy_twin(seed: int) -> None:
+    """The history kernel against its numpy form: ids repeated within and across rows, negative and out-of-range
+    padding ids at masked positions, a repeat at a masked position, empty rows, -inf log-ratios."""
+    from rcdiag.kernels.signature_slots import ID_LIMIT
+    from rcdiag.metrics.signatures import history_arrays, history_kernel
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 40, 200).astype(np.int64)
+    n = int(lengths.sum())
+    old = (-rng.exponential(1.0, n)).astype(np.float32)
+    rollout = (old + rng.normal(0, 0.05, n)).astype(np.float32)
+    old[rng.random(n) < 0.01] = -np.inf
+    mask = rng.random(n) > 0.1
+    for dtype in (np.int32, np.int64):
+        tokens = rng.integers(0, 30, n).astype(dtype)
+        tokens[~mask & (rng.random(n) < 0.5)] = -100
+        if dtype == np.int64:
+            tokens[~mask & (rng.random(n) < 0.3)] = ID_LIMIT + 5
+        for m in (None, mask):
+            with np.errstate(invalid="ignore"):
+                kernel, arrays = (f(old, rollout, tokens, m, lengths) for f in (history_kernel, history_arrays))
+            np.testing.assert_allclose(kernel, arrays, rtol=1e-12, atol=1e-9)
+            assert kernel[:, 2].sum() > 0 and kernel[:, 5].sum() > 0
 
 
 # ------------------------------------------------------------------------------------------ the classes
@@ -163,11 +234,10 @@ PLANTED = {
     "offset": ("fix", "offset", "offset_per_response"),
     "offset_some": ("fix", "offset", "offset_per_response"),
     "raw_logprobs_0.7": ("fix", "logprob_mode", "logprobs_not_sampled"),
-    "repetition_penalty": ("fix", "unexplained", "mismatch_not_noise"),
-    "softcap": ("fix", "unexplained", "mismatch_not_noise"),
+    "repetition_penalty": ("fix", "processing", "repeated_tokens_lowered"),
+    "softcap": ("fix", "processing", "certain_tokens_lowered"),
 }
-"""Each planted defect's status, class and the signature finding that names it (``mismatch_not_noise`` where no
-signature names the cause yet, so the honest answer is ``unexplained``)."""
+"""Each planted defect's status, class and the signature finding that names it."""
 
 
 @pytest.mark.parametrize("seed", HELD_OUT)
@@ -186,6 +256,48 @@ def test_explain_keeps_the_class_the_signature_named(name: str) -> None:
     the bug made and do not override the class."""
     status, classes, _ = _verdict(defect_dump(name, HELD_OUT[0]), explain=True)
     assert (status, classes[0]) == PLANTED[name][:2]
+
+
+@pytest.mark.parametrize("seed", HELD_OUT)
+@pytest.mark.parametrize("name", ["repetition_penalty", "softcap"])
+def test_processing_is_named_alone_with_explain(name: str, seed: int) -> None:
+    """With --explain the temperature detector reads soft-capping's shape: processing, whose signature no temperature
+    fits, is the one class."""
+    status, classes, codes = _verdict(defect_dump(name, seed), explain=True)
+    assert (status, classes) == ("fix", ["processing"]) and PLANTED[name][2] in codes
+
+
+@pytest.mark.parametrize("seed", HELD_OUT)
+@pytest.mark.parametrize("name", ["temperature_0.7", "temperature_0.9"])
+def test_a_temperature_is_never_processing(name: str, seed: int) -> None:
+    for explain in (False, True):
+        _, classes, codes = _verdict(dump(name, seed), explain=explain)
+        assert "processing" not in classes and not codes & {"certain_tokens_lowered", "repeated_tokens_lowered"}
+    assert classes == ["temperature"]
+
+
+def test_the_history_test_reads_the_ids_only_where_the_verdict_asks(tmp_path: Path) -> None:
+    """The default analyze reads token ids in its one extra pass where the verdict names noise or an unexplained
+    mismatch (a penalty would explain it), never on a healthy dump; without ids it says what the test needs."""
+    report = rcdiag.analyze(defect_dump("repetition_penalty", 1))
+    assert report.input.columns["token_ids"] == "token_ids" and report.extras["rcdiag/repeat_share"] is not None
+    healthy = rcdiag.analyze(dump("bf16", 1))
+    assert "token_ids" not in healthy.input.columns and healthy.extras["rcdiag/repeat_share"] is None
+    assert (
+        "a penalty on repeated tokens (repetition, presence or frequency: it reads the token ids)"
+        in (healthy.verdict.next_steps[-1])
+    )
+    source = defect_dump("repetition_penalty", 2)
+    without = tmp_path / "no_ids"
+    without.mkdir()
+    for part in sorted(source.glob("*.parquet")):
+        pq.write_table(pq.read_table(part).drop(["token_ids"]), without / part.name)
+    for explain in (False, True):
+        report = rcdiag.analyze(without, explain=explain)
+        assert report.verdict is not None and report.input.columns["token_ids"] is None
+        assert [c.cls for c in report.verdict.causes] == ["unexplained"]
+        assert any("it needs token ids: none found in the dump; --token-col NAME" in step
+                   for step in report.verdict.next_steps)  # fmt: skip
 
 
 def test_a_one_sided_temperature_is_never_noise_without_explain() -> None:
@@ -207,14 +319,17 @@ def test_a_drift_across_steps_is_a_trend_without_explain() -> None:
 
 # ------------------------------------------------------------------------------------- false alarms
 
-CLEAN = [(name, seed) for name in ("clean_fp32", "bf16", "int4") for seed in (0, 1, 2)]
+CLEAN = [(name, seed) for name in ("clean_fp32", "bf16", "fp16", "int4") for seed in (0, 1, 2)]
 CLEAN_DEFECTS = [(name, seed) for name in ("kv_fp8", "stale") for seed in (0, 1, 2)]
 
 
+@pytest.mark.parametrize("explain", [False, True], ids=["default", "explain"])
 @pytest.mark.parametrize(("name", "seed"), CLEAN + CLEAN_DEFECTS)
-def test_clean_engines_raise_no_signature_and_no_bug_class(name: str, seed: int) -> None:
+def test_clean_engines_raise_no_signature_and_no_bug_class(name: str, seed: int, explain: bool) -> None:
+    """fp32, bf16, fp16, 4-bit, a float8 KV cache and a stale policy at three seeds (18 dumps), with the token ids
+    read (--explain) and as the default analyze reads them."""
     path = dump(name, seed) if (name, seed) in CLEAN else defect_dump(name, seed)
-    status, classes, codes = _verdict(path)
+    status, classes, codes = _verdict(path, explain)
     assert status in ("healthy", "correct")
     assert not set(classes) & BUG_CLASSES
     assert not codes & set(SIGNATURE_CODES)
@@ -239,27 +354,42 @@ def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
         (lambda: dump("temperature_0.7", 1), 1),
         (lambda: defect_dump("offset", 1), 1),
         (lambda: defect_dump("alignment", 2), 1),
+        (lambda: defect_dump("softcap", 1), 1),
+        (lambda: defect_dump("repetition_penalty", 2), 1),
         (lambda: dump("bf16", 1), 0),
         (lambda: defect_dump("stale", 1), 0),
     ],
-    ids=["temperature", "offset", "alignment", "bf16", "stale"],
+    ids=["temperature", "offset", "alignment", "softcap", "repetition_penalty", "bf16", "stale"],
 )
 def test_check_with_the_analyze_pack_fails_what_the_verdict_calls_a_bug(make: Any, want: int) -> None:
     done = _cli("check", make(), "--pack", "verl", "--pack", "analyze", "--format", "json")
     assert done.returncode == want, done.stderr
 
 
-def test_compare_judges_each_side_by_its_own_signature() -> None:
-    done = _cli("compare", dump("bf16", 1), defect_dump("raw_logprobs_0.7", 1), "--format", "json")
+@pytest.mark.parametrize(
+    ("name", "seed", "want"),
+    [("raw_logprobs_0.7", 1, "logprob_mode"), ("softcap", 2, "processing"), ("repetition_penalty", 1, "processing")],
+)
+def test_compare_judges_each_side_by_its_own_signature(name: str, seed: int, want: str) -> None:
+    done = _cli("compare", dump("bf16", 1), defect_dump(name, seed), "--format", "json")
     assert done.returncode == 0, done.stderr
     verdicts = json.loads(done.stdout)["verdicts"]
     assert verdicts["a"]["status"] == "healthy"
-    assert (verdicts["b"]["status"], verdicts["b"]["causes"][0]["class"]) == ("fix", "logprob_mode")
+    assert (verdicts["b"]["status"], [c["class"] for c in verdicts["b"]["causes"]]) == ("fix", [want])
 
 
-def test_watch_once_reads_the_same_class_as_analyze(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("name", "seed", "headline"),
+    [
+        ("offset_some", 2, "verdict fix: a constant log-prob offset on one side"),
+        ("softcap", 1, "verdict fix: logit processing on one side (large logits compressed: soft-capping)"),
+        ("repetition_penalty", 2, "verdict fix: logit processing on one side (a penalty on repeated tokens)"),
+    ],
+)
+def test_watch_once_reads_the_same_class_as_analyze(tmp_path: Path, name: str, seed: int, headline: str) -> None:
+    """watch reads each file's token ids as it comes (its steps' states keep the history test's sums)."""
     followed = tmp_path / "run"
-    shutil.copytree(defect_dump("offset_some", 2), followed)
+    shutil.copytree(defect_dump(name, seed), followed)
     done = _cli("watch", followed, "--once", "--settle", "0", "--state", tmp_path / "watch.state")
     assert done.returncode in (0, 1), done.stderr
-    assert "verdict fix: a constant log-prob offset on one side" in done.stdout
+    assert headline in done.stdout

@@ -55,6 +55,8 @@ class Code(StrEnum):
     LOGPROBS_MISALIGNED = "logprobs_misaligned"
     OFFSET_PER_RESPONSE = "offset_per_response"
     LOGPROBS_NOT_SAMPLED = "logprobs_not_sampled"
+    CERTAIN_TOKENS_LOWERED = "certain_tokens_lowered"
+    REPEATED_TOKENS_LOWERED = "repeated_tokens_lowered"
     MISMATCH_NOT_NOISE = "mismatch_not_noise"
     MASK_LOOKS_INVERTED = "mask_looks_inverted"
     MASK_MISSING = "mask_missing"
@@ -115,6 +117,10 @@ class FindingSpec:
     reads_sign: bool = False
     """It reads which side scores a token higher: on swapped columns, raw log-probs or a layout bug it sees what
     the bug made, so the verdict lets it name no cause of its own there."""
+    reads_shape: bool = False
+    """It reads how the log-ratio depends on a token's probability: logit processing (soft-capping, a penalty) gives
+    that shape too, so where ``processing`` is named by its own signature (which no temperature fits) it names no
+    cause of its own."""
     detects: str | None = None
     """A bias detector's test in words (the verdict lists those not examined); ``None``: not a detector."""
     class_advice: str | None = None
@@ -222,6 +228,29 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "temperature, penalties and truncation; vLLM logprobs_mode=processed_logprobs) of the sampled token, "
         "not raw ones or another token's.",
         cause="logprob_mode",
+    ),
+    FindingSpec(
+        "certain_tokens_lowered",
+        "error",
+        "more than half of the tokens one side gives p >= 0.99 are scored more than 0.1 nats lower by the other "
+        "(at least 30 such tokens)",
+        check="tokens one side is near-certain of stay near-certain on the other (no large logits compressed)",
+        advice="Logit processing on one side compresses the large logits that make a token near-certain: "
+        "soft-capping (softcap * tanh(logits / softcap), Gemma's final_logit_softcapping) applied by one engine only, "
+        "or another processor that flattens confident positions; no temperature does this. Apply the same logit "
+        "processing on both sides; correction cannot repair a shifted distribution.",
+        cause="processing",
+    ),
+    FindingSpec(
+        "repeated_tokens_lowered",
+        "error",
+        "tokens whose id occurred earlier in their response get at least 0.05 nats less from the rollout than first "
+        "occurrences of the same trainer log-prob, beyond 4 standard errors (token ids read)",
+        check="the rollout does not lower tokens repeated within a response (no repetition/presence/frequency penalty)",
+        advice="A repetition, presence or frequency penalty on the rollout side changes the distribution it samples "
+        "from, and the trainer scores without it: turn the penalties off for RL rollouts or apply the same ones to "
+        "the trainer's logits; correction cannot repair a shifted distribution.",
+        cause="processing",
     ),
     FindingSpec(
         "mismatch_not_noise",
@@ -391,6 +420,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         explain=True,
         cause="temperature",
         reads_sign=True,
+        reads_shape=True,
         detects="a temperature applied on one side",
     ),
     FindingSpec(
@@ -442,8 +472,9 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "k3_kl fitted to grow at least TREND_GROWTH_MIN-fold over at least TREND_MIN_STEPS steps, beyond the "
         "fit's scatter",
         check="mismatch does not grow across training steps",
-        advice="Mismatch that feeds on itself precedes collapse: correct it now (token or sequence IS, RS) and "
-        "look for the component that drifts with training.",
+        advice="Mismatch that feeds on itself precedes collapse: find the component that drifts with training (a "
+        "weight sync that lags or stops, a stale policy, an optimizer or precision change) before the run goes on; "
+        "a correction would only reweight a gap that keeps growing.",
         explain=True,
         cause="trend",
         detects="mismatch growing across steps",

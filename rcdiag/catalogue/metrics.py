@@ -406,12 +406,8 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "rcdiag/within_row_share", "extras", "share of the log-ratio's energy within responses (about 0: offset)"
     ),
-    MetricSpec(
-        "rcdiag/shifted_ahead_ratio", "extras", "mean |old[t] - rollout[t+1]| over mean |old[t] - rollout[t]|"
-    ),
-    MetricSpec(
-        "rcdiag/shifted_behind_ratio", "extras", "mean |old[t+1] - rollout[t]| over mean |old[t] - rollout[t]|"
-    ),
+    MetricSpec("rcdiag/shifted_ahead_ratio", "extras", "mean |old[t] - rollout[t+1]| over mean |old[t] - rollout[t]|"),
+    MetricSpec("rcdiag/shifted_behind_ratio", "extras", "mean |old[t+1] - rollout[t]| over mean |old[t] - rollout[t]|"),
     MetricSpec(
         "rcdiag/rollout_zero_fraction",
         "extras",
@@ -419,6 +415,27 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     MetricSpec("rcdiag/both_zero_fraction", "extras", "share of valid tokens exactly 0.0 on both sides (padding)"),
     MetricSpec("rcdiag/identical_fraction", "extras", "share of valid tokens bit-identical on both sides"),
+    MetricSpec(
+        "rcdiag/certain_drop", "extras", "mean log-ratio over the tokens the trainer gives p >= 0.99 (soft-capping)"
+    ),
+    MetricSpec("rcdiag/certain_drop_std_error", "extras", "standard error of certain_drop (responses)"),
+    MetricSpec("rcdiag/certain_share", "extras", "share of the tokens the trainer gives p >= 0.99"),
+    MetricSpec("rcdiag/certain_lowered_share", "extras", "share of those the rollout scores more than 0.1 nats lower"),
+    MetricSpec("rcdiag/rollout_certain_drop", "extras", "mean -log-ratio over the tokens the rollout gives p >= 0.99"),
+    MetricSpec("rcdiag/rollout_certain_drop_std_error", "extras", "standard error of rollout_certain_drop"),
+    MetricSpec("rcdiag/rollout_certain_share", "extras", "share of the tokens the rollout gives p >= 0.99"),
+    MetricSpec(
+        "rcdiag/rollout_certain_lowered_share",
+        "extras",
+        "share of those the trainer scores more than 0.1 nats lower",
+    ),
+    MetricSpec(
+        "rcdiag/repeat_drop",
+        "extras",
+        "how much more the rollout lowers tokens repeated within a response than first occurrences (token ids)",
+    ),
+    MetricSpec("rcdiag/repeat_drop_std_error", "extras", "standard error of repeat_drop (responses)"),
+    MetricSpec("rcdiag/repeat_share", "extras", "share of the tokens whose id occurred earlier in the response"),
 )
 """Every metric, in the order the docs list them (reports keep verl's insertion order)."""
 

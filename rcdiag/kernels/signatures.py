@@ -3,7 +3,8 @@
 
 One read of each row as it lies (padding included): the valid tokens' sums, each row's sums of the capped ratio,
 the reverse ratio and the log-ratio, and the pairs of neighbouring valid tokens. Totals go into ``totals`` at the
-slots ``TOTALS`` names (``rcdiag.kernels.signature_slots``).
+slots ``TOTALS`` names (``rcdiag.kernels.signature_slots``). ``history_pass`` reads a block's token ids too
+(only when they were read): which valid tokens repeat an id seen earlier in their row.
 """
 
 from __future__ import annotations
@@ -14,24 +15,28 @@ import numpy as np
 from numba import njit
 
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
-from rcdiag.kernels.signature_slots import TOTALS  # noqa: F401 (the slots of totals)
+from rcdiag.kernels.signature_slots import CERTAIN, HISTORY, TOTALS  # noqa: F401 (the slots)
 
 
 @njit(**JIT)
 def signature_pass(
-    old, rollout, old_bits, rollout_bits, mask, has_mask, lengths, cap, zero_trainer_max,
-    row_ratio, row_reverse, row_d, row_n, totals,
+    old, rollout, old_bits, rollout_bits, mask, has_mask, lengths, cap, zero_trainer_max, certain, lowered,
+    row_ratio, row_reverse, row_d, row_n, row_certain, totals,
 ):  # fmt: skip
     """Fold a block's raw rows (``lengths`` tokens each; ``mask`` where ``has_mask``) into ``totals`` and the
-    per-row sums (``row_*``, one entry per row); ``cap``: the largest ratio counted (e^3)."""
+    per-row sums (``row_*``, one entry per row; ``row_certain``: the ``CERTAIN`` columns); ``cap``: the largest
+    ratio counted (e^3); ``certain``: the log-prob from which a side counts as near-certain of a token; ``lowered``:
+    how many nats lower the other side must score such a token for it to count as lowered."""
     n = ratio = reverse = dsum = d2 = mid = mid2 = dmid = 0.0
     pairs = same_sum = ahead_sum = behind_sum = 0.0
     valid = zero = both = ident = 0.0
+    c_low = rc_low = 0.0
     start = 0
     for i in range(lengths.shape[0]):
         length = lengths[i]
         r_ratio = r_reverse = r_d = 0.0
         r_n = 0
+        c_d = c_n = rc_d = rc_n = 0.0
         prev = False
         prev_o = np.float32(0.0)
         prev_r = np.float32(0.0)
@@ -81,10 +86,24 @@ def signature_pass(
             r_reverse += v
             r_d += d
             r_n += 1
+            if o >= certain:
+                c_d += d
+                c_n += 1.0
+                if d > lowered:
+                    c_low += 1.0
+            if r >= certain:
+                rc_d -= d
+                rc_n += 1.0
+                if -d > lowered:
+                    rc_low += 1.0
         row_ratio[i] = r_ratio
         row_reverse[i] = r_reverse
         row_d[i] = r_d
         row_n[i] = r_n
+        row_certain[i, 0] = c_d
+        row_certain[i, 1] = c_n
+        row_certain[i, 2] = rc_d
+        row_certain[i, 3] = rc_n
         start += length
     totals[0] += n
     totals[1] += ratio
@@ -102,3 +121,35 @@ def signature_pass(
     totals[13] += zero
     totals[14] += both
     totals[15] += ident
+    totals[16] += c_low
+    totals[17] += rc_low
+
+
+@njit(**JIT)
+def history_pass(old, rollout, tokens, mask, has_mask, lengths, stamps, row_history):  # fmt: skip
+    """Fold a block's raw rows into ``row_history`` (the ``HISTORY`` columns, one row per row): each valid token
+    with a finite log-ratio is repeated when its id occurred at an earlier position of its row (masked positions
+    count: the engine saw them), else first seen. ``stamps`` (one entry per id below its length, every entry -1 on
+    entry) remembers the last row each id occurred in; ids beyond it take no part."""
+    limit = stamps.shape[0]
+    start = 0
+    for i in range(lengths.shape[0]):
+        length = lengths[i]
+        for k in range(length):
+            t = start + k
+            token = tokens[t]
+            if token < 0 or token >= limit:
+                continue
+            repeated = stamps[token] == i
+            stamps[token] = i
+            if has_mask and not mask[t]:
+                continue
+            o = np.float64(old[t])
+            d = o - np.float64(rollout[t])
+            if not math.isfinite(d):
+                continue
+            column = 0 if repeated else 3
+            row_history[i, column] += d
+            row_history[i, column + 1] += o
+            row_history[i, column + 2] += 1.0
+        start += length

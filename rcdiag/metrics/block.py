@@ -66,6 +66,7 @@ class Block:
         raw_lengths: np.ndarray | None = None,
         k1_bands: tuple[tuple[float, float], ...] = (),
         rows: RowContext | None = None,
+        tokens: np.ndarray | None = None,
     ) -> None:
         """``old``/``rollout`` are host arrays of the rows' tokens; with a boolean ``mask`` they still hold the
         padding (``raw_lengths`` tokens per row, ``lengths`` of them valid), which is dropped only when a
@@ -80,6 +81,9 @@ class Block:
         """(old, rollout, mask or ``None``, tokens per row) as given, on the host."""
         self.rows = rows
         """The rows' numbers, lengths, ids, step and token ids (given where a whole-dump accumulator reads them)."""
+        self.tokens = tokens
+        """The rows' token ids over all their positions, like ``raw``'s arrays, on the host (``None``: the dump has
+        none, or they were not read)."""
         self.seg = backend.segments(lengths)
         self.row_len: Array = backend.asarray(lengths.astype(np.float64))
         self.n_rows = self.seg.n_rows

@@ -18,6 +18,21 @@ own evidence when one fails:
 * ``shifted_ahead_ratio`` / ``shifted_behind_ratio``: mean |old[t] - rollout[t+1]| (and |old[t+1] - rollout[t]|)
   over mean |old[t] - rollout[t]|, over pairs of neighbouring valid tokens of one response: far below 1 when the two
   columns are offset by a position (an alignment bug), far above 1 otherwise.
+* ``certain_drop`` (and ``_std_error``, responses as the units): the mean of d over the tokens the trainer gives
+  p >= 0.99: how much probability the rollout takes off tokens the trainer is near-certain of. A temperature leaves
+  them near-certain (at most 0.05 nats at T = 1.5 on the tests' real model); soft-capping compresses exactly the
+  large logits that make them certain (0.4-2.9 nats). ``rollout_certain_drop``: the mean of -d over the tokens the
+  rollout gives p >= 0.99 (the trainer soft-capped). ``certain_share`` and ``rollout_certain_share``: the share of
+  the tokens each mean is over; ``certain_lowered_share`` and ``rollout_certain_lowered_share``: the share of those
+  the other side scores more than 0.1 nats lower (at least 0.999 for soft-capping; at most 0.05 for a temperature up
+  to 1.5, a penalty and every clean engine on the tests' real model; 0.27 where one engine gives only the stop token
+  probability 1), so a drop confined to a few tokens is not read as one on near-certain tokens at large.
+* ``repeat_drop`` (and ``_std_error``), only where the token ids were read: over the valid tokens whose id occurred
+  earlier in the response (masked positions included), the mean of d minus that of the tokens seen for the first
+  time, each first corrected by the dump's linear fit of d on the trainer's log-prob (so a temperature's shape, which
+  moves tokens by how likely they are, does not count): a repetition, presence or frequency penalty on the rollout
+  lowers exactly the repeated tokens (0.25 nats at a penalty of 1.3; within 0.021 of 0 on every other planted cause).
+  ``repeat_share``: the share of those tokens that are repeated.
 * ``rollout_zero_fraction``: valid tokens the rollout scores exactly 0.0 (probability 1) where the trainer gives
   p < e^-0.1: tokens it never sampled (prompt tokens or padding inside the mask). ``both_zero_fraction``: valid
   tokens exactly 0.0 on both sides (padding read as valid: an inverted mask). ``identical_fraction``: valid tokens
@@ -34,7 +49,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from rcdiag.kernels.signature_slots import TOTALS
+from rcdiag.kernels.signature_slots import CERTAIN, HISTORY, ID_LIMIT, TOTALS
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash, cluster_std_error
 from rcdiag.metrics.block import Block
 
@@ -42,6 +57,11 @@ RATIO_CAP_LOG = 3.0
 """Each token's ratio is capped at e^3 (as ``--explain``'s offset statistic), so a few outliers cannot move it."""
 ZERO_TRAINER_MAX = -0.1
 """A rollout log-prob of exactly 0.0 counts as a token it never sampled where the trainer's is below this."""
+CERTAIN_LOG = math.log(0.99)
+"""A side is near-certain of a token from this log-prob (p >= 0.99)."""
+LOWERED_NATS = 0.1
+"""A near-certain token counts as lowered where the other side scores it more than this lower (10% of its
+probability)."""
 
 SIGNATURE_KEYS = (
     "rcdiag/capped_ratio_mean",
@@ -55,7 +75,20 @@ SIGNATURE_KEYS = (
     "rcdiag/rollout_zero_fraction",
     "rcdiag/both_zero_fraction",
     "rcdiag/identical_fraction",
+    "rcdiag/certain_drop",
+    "rcdiag/certain_drop_std_error",
+    "rcdiag/certain_share",
+    "rcdiag/certain_lowered_share",
+    "rcdiag/rollout_certain_drop",
+    "rcdiag/rollout_certain_drop_std_error",
+    "rcdiag/rollout_certain_share",
+    "rcdiag/rollout_certain_lowered_share",
+    "rcdiag/repeat_drop",
+    "rcdiag/repeat_drop_std_error",
+    "rcdiag/repeat_share",
 )
+HISTORY_KEYS = SIGNATURE_KEYS[-3:]
+"""The statistics that need the token ids (the history test)."""
 
 
 class SignatureMetrics(Accumulator):
@@ -81,9 +114,23 @@ class SignatureMetrics(Accumulator):
         "rollout_zero": "sum",
         "both_zero": "sum",
         "identical": "sum",
+        "certain": "sum",
+        "certain_n": "sum",
+        "certain_rows": "moments",
+        "certain_lowered": "sum",
+        "rollout_certain": "sum",
+        "rollout_certain_n": "sum",
+        "rollout_certain_rows": "moments",
+        "rollout_certain_lowered": "sum",
+        "history": "sums",
+        "history_cross": "sums",
     }
+    SHAPES: ClassVar[dict[str, tuple[int, ...]]] = {"history": (len(HISTORY),), "history_cross": (len(HISTORY),) * 2}
+    """``history``: the ``HISTORY`` sums over the dump; ``history_cross``: the sum over responses of the outer
+    product of each response's ``HISTORY`` sums (what ``repeat_drop``'s standard error needs)."""
     COUNTED: ClassVar[frozenset[str]] = Accumulator.COUNTED | frozenset(
         {"n", "pairs", "valid", "rollout_zero", "both_zero", "identical", "d2", "mid2", "row_energy"}
+        | {"certain_n", "rollout_certain_n", "certain_lowered", "rollout_certain_lowered"}
     )
 
     def update(self, block: Block) -> None:
@@ -91,12 +138,14 @@ class SignatureMetrics(Accumulator):
         old = np.ascontiguousarray(old, dtype=np.float32)
         rollout = np.ascontiguousarray(rollout, dtype=np.float32)
         lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+        compiled = block.b.compiled
         sums = (
-            signature_kernel(old, rollout, mask, lengths)
-            if block.b.compiled
-            else signature_arrays(old, rollout, mask, lengths)
+            signature_kernel(old, rollout, mask, lengths) if compiled else signature_arrays(old, rollout, mask, lengths)
         )
         self.fold(sums)
+        if block.tokens is not None:
+            rows = (history_kernel if compiled else history_arrays)(old, rollout, block.tokens, mask, lengths)
+            self.add(history=rows.sum(axis=0), history_cross=rows.T @ rows)
 
     def fold(self, sums: SignatureSums) -> None:
         """Fold one block's sums into the state."""
@@ -112,10 +161,15 @@ class SignatureMetrics(Accumulator):
             pair_same=t["pair_same"],
             pair_ahead=t["pair_ahead"],
             pair_behind=t["pair_behind"],
+            certain_lowered=t["certain_lowered"],
+            rollout_certain_lowered=t["rollout_certain_lowered"],
         )
         if not n.size:
             return
         row_d = sums.row_d[kept]
+        c = dict(zip(CERTAIN, sums.row_certain.T, strict=True))
+        self._fold_certain("certain", c["certain_d"], c["certain_n"])
+        self._fold_certain("rollout_certain", c["rollout_certain_d"], c["rollout_certain_n"])
         self.add(
             n=t["n"],
             ratio=t["ratio"],
@@ -129,6 +183,12 @@ class SignatureMetrics(Accumulator):
             d_mid=t["d_mid"],
             row_energy=float(np.dot(row_d, row_d / n)),
         )
+
+    def _fold_certain(self, name: str, row_sums: np.ndarray, row_counts: np.ndarray) -> None:
+        held = row_counts > 0
+        if held.any():
+            moments = _row_moments(row_sums[held], row_counts[held])
+            self.add(**{name: float(row_sums.sum()), f"{name}_n": float(row_counts.sum()), f"{name}_rows": moments})
 
     def keys(self) -> list[str]:
         return list(SIGNATURE_KEYS)
@@ -160,7 +220,41 @@ class SignatureMetrics(Accumulator):
             values["rcdiag/shape_corr"] = max(-1.0, min(1.0, cov / math.sqrt(var_d * var_mid)))
         if st["d2"] > 0:
             values["rcdiag/within_row_share"] = max(st["d2"] - st["row_energy"], 0.0) / st["d2"]
+        for name in ("certain", "rollout_certain"):
+            count = st[f"{name}_n"]
+            if count > 0:
+                mean = st[name] / count
+                values[f"rcdiag/{name}_drop"] = mean
+                values[f"rcdiag/{name}_drop_std_error"] = cluster_std_error(st[f"{name}_rows"], mean, count)
+                values[f"rcdiag/{name}_share"] = count / n
+                values[f"rcdiag/{name}_lowered_share"] = st[f"{name}_lowered"] / count
+        values.update(self._repeat_drop())
         return values, []
+
+    def _repeat_drop(self) -> dict[str, MetricValue]:
+        """``repeat_drop``, its standard error (the delta method over responses, the fit's slope taken as known)
+        and ``repeat_share``; nothing where no token ids were read or a group is empty."""
+        st = self.state
+        h = dict(zip(HISTORY, st["history"].tolist(), strict=True))
+        n = st["n"]
+        if h["repeat_n"] == 0 or h["first_n"] == 0 or n == 0:
+            return {}
+        # the slope of d on the trainer's log-prob o = mid + d / 2, from the sums of d and mid
+        s_o = st["mid"] + st["d"] / 2
+        s_do = st["d_mid"] + st["d2"] / 2
+        s_oo = st["mid2"] + st["d_mid"] + st["d2"] / 4
+        var_o = s_oo / n - (s_o / n) ** 2
+        slope = (s_do / n - (st["d"] / n) * (s_o / n)) / var_o if var_o > 0 else 0.0
+        repeat = (h["repeat_d"] - slope * h["repeat_old"]) / h["repeat_n"]
+        first = (h["first_d"] - slope * h["first_old"]) / h["first_n"]
+        nr, nf = h["repeat_n"], h["first_n"]
+        weights = np.array([1 / nr, -slope / nr, -repeat / nr, -1 / nf, slope / nf, first / nf])
+        variance = float(weights @ st["history_cross"] @ weights)
+        return {
+            "rcdiag/repeat_drop": repeat - first,
+            "rcdiag/repeat_drop_std_error": math.sqrt(max(variance, 0.0)),
+            "rcdiag/repeat_share": nr / (nr + nf),
+        }
 
 
 def _row_moments(row_sums: np.ndarray, n: np.ndarray) -> tuple[float, float, float]:
@@ -176,13 +270,15 @@ def _row_moments(row_sums: np.ndarray, n: np.ndarray) -> tuple[float, float, flo
 @dataclass(frozen=True)
 class SignatureSums:
     """One block's sums: ``totals`` at the slots ``rcdiag.kernels.signatures.TOTALS`` names, and per row the sums
-    of the capped ratio - 1, the reverse ratio - 1, the log-ratio and the count of finite log-ratios."""
+    of the capped ratio - 1, the reverse ratio - 1, the log-ratio, the count of finite log-ratios and the
+    ``CERTAIN`` columns."""
 
     totals: np.ndarray
     row_ratio: np.ndarray
     row_reverse: np.ndarray
     row_d: np.ndarray
     row_n: np.ndarray
+    row_certain: np.ndarray
 
 
 def signature_kernel(
@@ -192,12 +288,64 @@ def signature_kernel(
     from rcdiag.kernels.signatures import signature_pass
 
     rows = lengths.shape[0]
-    out = SignatureSums(np.zeros(len(TOTALS)), np.empty(rows), np.empty(rows), np.empty(rows), np.empty(rows, np.int64))
-    flags = np.zeros(0, dtype=np.bool_) if mask is None else np.ascontiguousarray(mask, dtype=np.bool_)
-    signature_pass(
-        old, rollout, old.view(np.int32), rollout.view(np.int32), flags, mask is not None, lengths,
-        math.exp(RATIO_CAP_LOG), ZERO_TRAINER_MAX, out.row_ratio, out.row_reverse, out.row_d, out.row_n, out.totals,
+    out = SignatureSums(
+        np.zeros(len(TOTALS)), np.empty(rows), np.empty(rows), np.empty(rows), np.empty(rows, np.int64),
+        np.empty((rows, len(CERTAIN))),
     )  # fmt: skip
+    signature_pass(
+        old, rollout, old.view(np.int32), rollout.view(np.int32), _flags(mask), mask is not None, lengths,
+        math.exp(RATIO_CAP_LOG), ZERO_TRAINER_MAX, CERTAIN_LOG, LOWERED_NATS, out.row_ratio, out.row_reverse,
+        out.row_d, out.row_n, out.row_certain, out.totals,
+    )  # fmt: skip
+    return out
+
+
+def _flags(mask: np.ndarray | None) -> np.ndarray:
+    return np.zeros(0, dtype=np.bool_) if mask is None else np.ascontiguousarray(mask, dtype=np.bool_)
+
+
+def history_kernel(
+    old: np.ndarray, rollout: np.ndarray, tokens: np.ndarray, mask: np.ndarray | None, lengths: np.ndarray
+) -> np.ndarray:
+    """Each row's ``HISTORY`` sums by the compiled pass (``rcdiag.kernels.signatures.history_pass``)."""
+    from rcdiag.kernels.arrays import id_array
+    from rcdiag.kernels.signatures import history_pass
+
+    ids = id_array(tokens)
+    out = np.zeros((lengths.shape[0], len(HISTORY)))
+    stamps = np.full(_id_span(ids), -1, dtype=np.int64)
+    history_pass(old, rollout, ids, _flags(mask), mask is not None, lengths, stamps, out)
+    return out
+
+
+def _id_span(ids: np.ndarray) -> int:
+    """How many ids the history test tracks: those below the block's largest (and below ``ID_LIMIT``)."""
+    return min(max(int(ids.max()) + 1, 0), ID_LIMIT) if ids.size else 0
+
+
+def history_arrays(
+    old: np.ndarray, rollout: np.ndarray, tokens: np.ndarray, mask: np.ndarray | None, lengths: np.ndarray
+) -> np.ndarray:
+    """The same sums with numpy's array operations (a small dump's path): a position repeats an id when an earlier
+    position of its row holds the same id."""
+    rows = lengths.shape[0]
+    row = np.repeat(np.arange(rows), lengths)
+    ids = np.asarray(tokens, dtype=np.int64)
+    tracked = (ids >= 0) & (ids < ID_LIMIT)
+    order = np.lexsort((np.arange(ids.shape[0]), ids, row))
+    order = order[tracked[order]]
+    repeated = np.zeros(ids.shape[0], dtype=bool)
+    same = (row[order][1:] == row[order][:-1]) & (ids[order][1:] == ids[order][:-1])
+    repeated[order[1:]] = same
+    keep = tracked if mask is None else tracked & np.asarray(mask, dtype=bool)
+    o = old.astype(np.float64)
+    d = o - rollout.astype(np.float64)
+    keep &= np.isfinite(d)
+    out = np.zeros((rows, len(HISTORY)))
+    for column, group in ((0, keep & repeated), (3, keep & ~repeated)):
+        out[:, column] = np.bincount(row[group], weights=d[group], minlength=rows)
+        out[:, column + 1] = np.bincount(row[group], weights=o[group], minlength=rows)
+        out[:, column + 2] = np.bincount(row[group], minlength=rows)
     return out
 
 
@@ -221,6 +369,8 @@ def signature_arrays(
     mid = 0.5 * (o32.astype(np.float64) + r32.astype(np.float64))[finite]
     ratio = np.expm1(np.minimum(d, RATIO_CAP_LOG))
     reverse = np.expm1(np.minimum(-d, RATIO_CAP_LOG))
+    trainer_certain = o32[finite].astype(np.float64) >= CERTAIN_LOG
+    rollout_certain = r32[finite].astype(np.float64) >= CERTAIN_LOG
     totals = {
         "n": float(d.shape[0]),
         "ratio": float(ratio.sum()),
@@ -238,6 +388,8 @@ def signature_arrays(
         "rollout_zero": float(np.count_nonzero(zero & (o32 < ZERO_TRAINER_MAX))),
         "both_zero": float(np.count_nonzero(zero & (o32 == 0.0))),
         "identical": float(np.count_nonzero(o32.view(np.int32) == r32.view(np.int32))),
+        "certain_lowered": float(np.count_nonzero(d[trainer_certain] > LOWERED_NATS)),
+        "rollout_certain_lowered": float(np.count_nonzero(-d[rollout_certain] > LOWERED_NATS)),
     }
     return SignatureSums(
         np.array([totals[name] for name in TOTALS]),
@@ -245,4 +397,13 @@ def signature_arrays(
         np.bincount(rw, weights=reverse, minlength=rows),
         np.bincount(rw, weights=d, minlength=rows),
         np.bincount(rw, minlength=rows).astype(np.int64),
+        np.stack(
+            [
+                np.bincount(rw[trainer_certain], weights=d[trainer_certain], minlength=rows),
+                np.bincount(rw[trainer_certain], minlength=rows).astype(np.float64),
+                np.bincount(rw[rollout_certain], weights=-d[rollout_certain], minlength=rows),
+                np.bincount(rw[rollout_certain], minlength=rows).astype(np.float64),
+            ],
+            axis=1,
+        ),
     )

@@ -39,7 +39,7 @@ class Line:
 def effect_text(effect: Effect | None) -> str:
     """One line: what the prescription does on this dump (measured)."""
     if effect is None:
-        return "effect not measured (no dump to re-read: run `rcdiag analyze PATH` with the setting above)"
+        return "effect not measured (no dump to re-read: run rcdiag analyze on the dump with the setting above)"
     return "measured on this dump: " + ", ".join(f"{what} {value}" for what, value in effect_facts(effect))
 
 

@@ -39,6 +39,7 @@ from rcdiag.metrics.batch import BatchResult
 from rcdiag.options import ReadOptions
 from rcdiag.outputs import ledger, reads, writes
 from rcdiag.report import Report, StepReport
+from rcdiag.sections.token_ids import TokenIdsSection
 from rcdiag.validate import ScreenStats
 from rcdiag.watch.alerts import Alert, AlertPolicy, file_alert
 from rcdiag.watch.deliver import Delivery, Dispatcher
@@ -408,7 +409,7 @@ class Watch:
 
         file, stamp = unit.file, unit.stamps[0]
         name = str(file)
-        got = accumulate(name, self.config, self.read)
+        got = accumulate(name, self.config, self.read, sections=[TokenIdsSection()])  # the history test's ids
         if not self.follower.unchanged(unit):
             return []  # rewritten while read, or a rank file of its rollout appeared: read again once it settles
         if None in got.state.batches:
