@@ -102,7 +102,7 @@ CLASS_TEXT: dict[CauseClass, str] = {
     "unexplained": "a systematic mismatch that fits no known signature",
 }
 """Each class in words, for the headline."""
-PROCESSING_SIGNS = {
+PROCESSING_SIGNS: dict[str, str] = {
     Code.CERTAIN_TOKENS_LOWERED: "large logits compressed: soft-capping",
     Code.REPEATED_TOKENS_LOWERED: "a penalty on repeated tokens",
 }
