@@ -18,9 +18,9 @@ import pytest
 from shape_dumps import defect_dump, dump, realmodel
 
 import rcdiag
+from rcdiag.catalogue.findings import codes_with
 from rcdiag.prescribe import MOST_RESPONSES, effect_of
 from rcdiag.report import Effect, Prescription
-from rcdiag.verdict import CONFIG_CODES
 
 SPIKES = {"spikes_many": (0.05, 16, 256, 512), "spikes_long": (0.008, 192, 256, 256)}
 """Spiky rollouts beyond the table's ``spikes`` (rate 0.002): one token in twenty spiked (a heavy tail over many
@@ -136,7 +136,7 @@ def test_no_correction_is_urged_under_fix_or_broken(make: object, preset: str | 
     assert verdict is not None and verdict.status in ("fix", "broken") and verdict.recommendation is None
     for step in verdict.next_steps:
         assert not any(words in step for words in URGES), step
-    raised = [f.code for f in report.findings if f.code in CONFIG_CODES]
+    raised = [f.code for f in report.findings if f.code in codes_with("configuration")]
     said = [step for step in verdict.next_steps if "no threshold is the remedy" in step]
     assert len(said) == (1 if raised else 0) and all(code in said[0] for code in raised)
 
