@@ -231,8 +231,10 @@ def repeats(extras: dict[str, float | None], valid_tokens: int) -> Finding | Non
     drop, se, share = (extras.get(key) for key in HISTORY_KEYS)
     if drop is None or se is None or share is None or min(share, 1 - share) * valid_tokens < MIN_GROUP_TOKENS:
         return None
-    if drop <= REPEAT_DROP_MIN or drop <= Z * se:
-        return None
+    return _repeated(drop, se, share) if _clears(drop, se, REPEAT_DROP_MIN) else None
+
+
+def _repeated(drop: float, se: float, share: float) -> Finding:
     return emit(
         Code.REPEATED_TOKENS_LOWERED,
         f"the tokens whose id occurred earlier in their response ({share:.1%} of them) get {drop:.3g} +- {se:.2g} nats "
@@ -241,6 +243,11 @@ def repeats(extras: dict[str, float | None], valid_tokens: int) -> Finding | Non
         value=drop,
         threshold=REPEAT_DROP_MIN,
     )
+
+
+def _clears(value: float, se: float, floor: float) -> bool:
+    """``value`` above ``floor`` and beyond ``Z`` of its standard errors."""
+    return value > floor and value > Z * se
 
 
 def ratio_excess(read_extras: dict[str, float | None], key: str) -> tuple[float, float] | None:
@@ -257,7 +264,7 @@ def _not_sampled(read: _Read) -> Finding | None:
     if excess is None:
         return None
     gap, se = excess
-    if gap <= RATIO_OVER_MIN or gap <= Z * se:
+    if not _clears(gap, se, RATIO_OVER_MIN):
         return None
     return emit(
         Code.LOGPROBS_NOT_SAMPLED,
