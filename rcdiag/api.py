@@ -148,7 +148,7 @@ def analyze(
         reads(path)
         for section in explaining:
             section.vocabulary()
-    wanted: list[Any] = [*explaining, *sections, *riding]
+    wanted: list[Any] = [*explaining, *with_defaults([*sections, *riding])]
     collector = None
     if microbatch is not None:
         from rcdiag.microbatch.rows import RowCollector
@@ -190,6 +190,14 @@ def _framework(
     chosen = framework if isinstance(framework, Chosen) else choose(framework or "verl", options)
     config, riding = chosen.split(config)
     return config, [] if riding is None else [FrameworkSection(riding)]
+
+
+def with_defaults(sections: Sequence[Section]) -> list[Section]:
+    """The sections every analyze runs (exact match, ``rcdiag.sections.exact``) before those given, unless given."""
+    from rcdiag.sections.exact import ExactSection
+
+    given = list(sections)
+    return given if any(s.KEY == ExactSection.KEY for s in given) else [ExactSection(), *given]
 
 
 def write_sections(state: StepStates[Any], report: Report, sections: Sequence[Section]) -> None:
@@ -455,8 +463,11 @@ def analyze_chunks(
     read = ReadOptions.of(read, options)
     backend = _backend(read.device)
     screen = Screen(read.on_bad_row)
-    state = Engine(resolved, backend).run(screen(as_chunk(chunk, index) for index, chunk in enumerate(chunks)))
-    return build_report(analyze_state(state), SourceInfo(path="<memory>", format="chunks"), backend.name, screen.stats)
+    sections = with_defaults(())
+    engine = Engine(resolved, backend, new_wholes(sections))
+    state = engine.run(screen(as_chunk(chunk, index) for index, chunk in enumerate(chunks)))
+    info = SourceInfo(path="<memory>", format="chunks")
+    return build_report(analyze_state(state), info, backend.name, screen.stats, sections=sections)
 
 
 def _backend(device: str | Backend) -> Backend:

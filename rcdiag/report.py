@@ -194,7 +194,70 @@ class ChecklistRow:
         }
 
 
-VerdictStatus = Literal["healthy", "correct", "fix", "broken"]
+@dataclass(frozen=True)
+class FirstDifference:
+    """A response whose log-probs differ in some bit at a valid token: its row (reading order, skipped rows
+    included, 0-based), the list position of its first such token (padding included, 0-based), how many of its
+    valid tokens differ and by how many float32 ulps at most."""
+
+    row: int
+    position: int
+    tokens_different: int
+    max_ulp: int
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class ExactMatch:
+    """Bitwise exact match of the two log-prob columns over the valid tokens (``rcdiag.sections.exact``; JSON
+    ``exact``): tokens compared, those whose float32 bit patterns differ, the responses holding one, the greatest
+    distance in float32 ulps (``rcdiag.core.formulas.ulp_distance``; 0 when none differs) and the earliest differing
+    responses in reading order (at most ``rcdiag.sections.exact.FIRST_RESPONSES``)."""
+
+    responses_compared: int
+    """Responses read (empty and fully masked ones included; skipped bad rows not)."""
+    tokens_compared: int
+    tokens_different: int
+    responses_different: int
+    max_ulp: int
+    first_difference: tuple[FirstDifference, ...] = ()
+
+    @property
+    def identical(self) -> bool:
+        """No valid token differs, and at least one was compared (the verdict's ``identical``)."""
+        return self.tokens_compared > 0 and self.tokens_different == 0
+
+    def summary(self) -> str:
+        """One line: ``bitwise identical at all 43,992 valid tokens``, or ``1,234 of 43,992 valid tokens differ in
+        37 of 512 responses, max 3 ulp; first at row 5 position 17``."""
+        if not self.tokens_compared:
+            return "no valid token to compare"
+        if self.identical:
+            return f"bitwise identical at all {self.tokens_compared:,} valid tokens"
+        ulp = "ulp" if self.max_ulp == 1 else "ulps"
+        text = (
+            f"{self.tokens_different:,} of {self.tokens_compared:,} valid tokens differ in "
+            f"{self.responses_different:,} of {self.responses_compared:,} responses, max {self.max_ulp:,} {ulp}"
+        )
+        if self.first_difference:
+            first = self.first_difference[0]
+            text += f"; first at row {first.row} position {first.position}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "responses_compared": self.responses_compared,
+            "tokens_compared": self.tokens_compared,
+            "tokens_different": self.tokens_different,
+            "responses_different": self.responses_different,
+            "max_ulp": self.max_ulp,
+            "first_difference": [first.to_dict() for first in self.first_difference],
+        }
+
+
+VerdictStatus = Literal["identical", "healthy", "correct", "fix", "broken"]
 CauseClass = Literal[
     "noise",
     "temperature",

@@ -5,7 +5,8 @@ class it is evidence of, its role, whether it reads the log-ratio's sign); the k
 tail; without a named cause, the size of the mismatch against published levels
 (``NOISE_K3_MAX``) decides between ``healthy`` and ``correct``, and ``correct`` (class ``noise``) only when the
 mismatch passes the precision tests (``rcdiag.signature_rules.precision_tests``): a systematic mismatch that fits
-no known signature is ``unexplained`` (status ``fix``), never noise. Only ``correct`` gets a threshold prescription
+no known signature is ``unexplained`` (status ``fix``), never noise. A ``healthy`` dump whose valid tokens are all
+bitwise equal (``rcdiag.sections.exact``) is ``identical``. Only ``correct`` gets a threshold prescription
 (``rcdiag.prescribe``); its effect on the dump is measured by the library (``rcdiag.api``), never guessed here.
 """
 
@@ -121,7 +122,7 @@ UNMODELLED = (
 )
 """What an ``unexplained`` verdict asks to check: the causes rcdiag has no signature for yet, or whose signature
 needs ``--explain``."""
-_ORDER: tuple[VerdictStatus, ...] = ("healthy", "correct", "fix", "broken")
+_ORDER: tuple[VerdictStatus, ...] = ("identical", "healthy", "correct", "fix", "broken")
 
 
 def judge(report: Report) -> Verdict:
@@ -139,6 +140,9 @@ def judge(report: Report) -> Verdict:
             tests = f"; consistent with precision noise: {', '.join(passed)}" if passed else ""
             causes.append(Cause("noise", codes, size.evidence + tests))
     status: VerdictStatus = max((STATUS_OF[c.cls] for c in causes), key=_ORDER.index, default="healthy")
+    exact = report.sections.get("exact")
+    if status == "healthy" and exact is not None and exact.identical:
+        status = "identical"  # no mismatch at all: not noise, and nothing the detectors could examine
     steps = [*_input_steps(findings), *_fix_steps(causes), *_config_steps(findings, status)]
     recommendation = candidate(report, status, frozenset(c.cls for c in causes))
     if recommendation is not None:
@@ -148,7 +152,8 @@ def judge(report: Report) -> Verdict:
             "correction is optional at this level; if you want it, token-level TIS (decoupled_token_is: "
             "rollout_is token, threshold 2.0) is the robust default"
         )
-    steps.extend(_not_examined(report))
+    if status != "identical":
+        steps.extend(_not_examined(report))
     return Verdict(
         status=status,
         headline=_headline(status, causes, size, report, None if recommendation is None else recommendation.setting),
@@ -301,6 +306,9 @@ def _evidence(cls: CauseClass, group: list[Finding], report: Report) -> str:
 
 def _headline(status: VerdictStatus, causes: list[Cause], size: _Size, report: Report, setting: str | None) -> str:
     names = "; ".join(_class_text(c) for c in causes)
+    if status == "identical":
+        compared = report.sections["exact"].tokens_compared
+        return f"identical: the two log-prob columns are bitwise identical at all {compared:,} valid tokens"
     if status == "healthy":
         unexamined = " (bias detectors not run: see next steps)" if report.explain is None else ""
         return f"healthy: the engines agree to numerical noise: {size.evidence}{unexamined}"

@@ -154,6 +154,15 @@ def order_key(bits: Any) -> Any:
     return bits ^ ((bits >> 31) & _SIGN_OFF)
 
 
+def ulp_distance(key_a: Any, key_b: Any) -> Any:
+    """Float32 ulps between two values given by their order keys (``order_key`` of their int32 bit patterns),
+    widened to int64: the steps from one float32 to the other through every float32 between. 0 only for the same
+    bits; -0.0 and +0.0 are two adjacent values (1 ulp), the largest finite float and the infinity of its sign too;
+    across zero, both sides' distances to it plus that one step. At most 2^32 - 1, so int64 never overflows. A NaN's
+    key lies beyond the infinities' (the value screen keeps NaN out of the valid tokens)."""
+    return abs(key_a - key_b)
+
+
 KEY_LOWEST = np.int32(-0x80000000)
 """The least int32 key, beyond every float's: where a search for the greatest key starts."""
 KEY_HIGHEST = np.int32(0x7FFFFFFF)

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from rcdiag.core.formulas import order_key, ulp_distance
 from rcdiag.environment import Variable, whole_number
 
 SMALL_DUMP_BYTES = 32 << 20
@@ -72,3 +73,30 @@ def valid_lengths(mask: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     counts = np.zeros(mask.shape[0] + 1, dtype=np.int64)
     np.cumsum(mask, dtype=np.int64, out=counts[1:])
     return counts[ends[1:]] - counts[ends[:-1]]
+
+
+def row_differences(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | None, lengths: np.ndarray) -> np.ndarray:
+    """``rcdiag.kernels.tokens.differences_pass`` in numpy: per row of a raw block (float32 ``old``/``rollout``,
+    boolean ``mask`` or ``None``, ``lengths`` raw tokens each), [valid tokens whose bits differ, their greatest ulp
+    distance, the list position of the first (-1: none)], int64. Only the differing tokens are looked at twice."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    out = np.zeros((lengths.shape[0], 3), dtype=np.int64)
+    out[:, 2] = -1
+    old_bits = np.ascontiguousarray(old, dtype=np.float32).view(np.int32)
+    rollout_bits = np.ascontiguousarray(rollout, dtype=np.float32).view(np.int32)
+    differ = old_bits != rollout_bits
+    if mask is not None:
+        differ &= mask
+    at = np.flatnonzero(differ)
+    if not at.size:
+        return out
+    apart = ulp_distance(order_key(old_bits[at]).astype(np.int64), order_key(rollout_bits[at]).astype(np.int64))
+    starts = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    row = np.searchsorted(starts, at, side="right") - 1  # ascending, as ``at`` is
+    firsts = np.flatnonzero(np.diff(row, prepend=-1))
+    rows = row[firsts]
+    out[rows, 0] = np.diff(np.append(firsts, at.shape[0]))
+    out[rows, 1] = np.maximum.reduceat(apart, firsts)
+    out[rows, 2] = at[firsts] - starts[rows]
+    return out

@@ -76,6 +76,40 @@ class TokenBlock(Protocol):
 
 
 @dataclass(frozen=True)
+class BitDifferences:
+    """Per row of a block: its valid tokens whose two float32 log-probs differ in any bit (their bit patterns), the
+    greatest distance between the two in float32 ulps (``rcdiag.core.formulas.ulp_distance``: 0 for none) and the
+    list position (padding included, 0-based) of the first such token (-1 for none). int64, on the host: the
+    exact-match section's input (``rcdiag.sections.exact``) and the ``--sequences`` file's."""
+
+    tokens: np.ndarray
+    max_ulp: np.ndarray
+    first: np.ndarray
+
+    @classmethod
+    def of(cls, table: np.ndarray) -> BitDifferences:
+        """From a ``[rows, 3]`` table of (tokens, max_ulp, first)."""
+        return cls(table[:, 0], table[:, 1], table[:, 2])
+
+
+def bit_differences(
+    old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | None, lengths: np.ndarray, compiled: bool
+) -> BitDifferences:
+    """``BitDifferences`` of a raw block on the host (float32 ``old``/``rollout`` with padding, boolean ``mask`` or
+    ``None``, raw tokens per row): the kernel's pass (``compiled``), or its numpy form on a small dump's path."""
+    if not compiled:
+        from rcdiag.kernels.small import row_differences
+
+        return BitDifferences.of(row_differences(old, rollout, mask, lengths))
+    from rcdiag.kernels.tokens import N_DIFFERENCES, differences_pass
+
+    inputs = _kernel_inputs(old, rollout, mask, lengths)
+    table = np.empty((inputs[3].shape[0], N_DIFFERENCES), dtype=np.int64)
+    differences_pass(*inputs, table)
+    return BitDifferences.of(table)
+
+
+@dataclass(frozen=True)
 class TokenSums:
     """Per-row and per-block sums over a block's valid tokens, d = float32(old - rollout)."""
 
@@ -104,6 +138,8 @@ class TokenSums:
     """Tokens with |d| beyond verl's safety bound."""
     log_ratio_counts: np.ndarray
     """int64 counts of d in the ``len(EDGES) + 1`` bins of ``rcdiag.metrics.histogram`` (NaN in none)."""
+    differences: BitDifferences
+    """Each row's valid tokens whose two log-probs differ in any bit (CPU: taken in the same pass)."""
     bands: dict[tuple[float, float], BandRejection] = field(default_factory=dict)
     """What each token-level k1 RS band the block was asked for does (CPU: taken in the same pass)."""
 
@@ -119,7 +155,7 @@ def fused_token_sums(
     token valid) and each row's raw token count; with the ``BandRejection`` of each token-level k1 RS band ``(lo, hi)``
     (float32 bounds), taken in the same pass."""
     from rcdiag.core.formulas import order_key_floats
-    from rcdiag.kernels.tokens import N_COUNTS, N_SUMS, token_pass
+    from rcdiag.kernels.tokens import N_COUNTS, N_DIFFERENCES, N_SUMS, token_pass
 
     table = bin_table(EDGES)
     assert table is not None  # EDGES are float32 numbers, at most one per table cell
@@ -136,6 +172,7 @@ def fused_token_sums(
     band_hi = np.array([hi for _, hi in bands], dtype=np.float32)
     band_rows = np.empty((len(bands), n_rows), dtype=np.int64)
     band_out = np.zeros((len(bands), 5), dtype=np.float64)
+    row_diff = np.empty((n_rows, N_DIFFERENCES), dtype=np.int64)
     inputs = _kernel_inputs(old, rollout, mask, lengths)
     token_pass(
         *inputs,
@@ -152,6 +189,7 @@ def fused_token_sums(
         hist,
         band_rows,
         band_out,
+        row_diff,
     )
     empty, has_nan = row_counts[:, 0] == 0, row_counts[:, 1] > 0
     row_min = np.where(empty, math.inf, np.where(has_nan, math.nan, order_key_floats(row_keys[:, 0])))
@@ -173,6 +211,7 @@ def fused_token_sums(
         chi2_sum=float(sums[3]),
         clamped=int(counts[1]),
         log_ratio_counts=hist.sum(axis=0),
+        differences=BitDifferences.of(row_diff),
         bands={band: BandRejection.of(rows, out) for band, rows, out in zip(bands, band_rows, band_out, strict=True)},
     )
 
@@ -202,6 +241,7 @@ def generic_token_sums(block: TokenBlock, term_sums: tuple[float, float, float] 
         chi2_sum=chi2_sum,
         clamped=b.count(abs_lr > SAFETY_BOUND),
         log_ratio_counts=b.bin_counts(lr, EDGES),
+        differences=bit_differences(*block.raw, compiled=b.compiled),
     )
 
 

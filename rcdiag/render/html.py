@@ -25,6 +25,7 @@ from rcdiag.render.charts import (
     weights_figure,
 )
 from rcdiag.render.panels import STATUS_COLOURS, TRENDS, effect_facts
+from rcdiag.render.summary import exact_line
 from rcdiag.render.table import evenly_spaced
 from rcdiag.render.text import (
     BREAKDOWN_METRICS,
@@ -199,6 +200,7 @@ def _facts(report: Report) -> str:
         ("configuration", e(describe_config(report.config))),
         ("rows", f"{facts.rows:,}" + (f" ({facts.empty_rows:,} without a valid token)" if facts.empty_rows else "")),
         ("tokens", f"{facts.valid_tokens:,} valid of {facts.tokens:,}"),
+        *([("exact match", e(line.removeprefix("exact: ")))] if (line := exact_line(report)) is not None else []),
         ("steps", f"{facts.steps:,}" if facts.steps else "none (the dump is one batch)"),
         ("device", e(report.device)),
     ]

@@ -158,8 +158,15 @@ def sparkline(values: list[float | None], width: int = 12, floor: float | None =
 
 # ------------------------------------------------------------------------------------------------ the verdict
 
-STATUS_COLOURS: dict[str, str] = {"healthy": "#1a7f37", "correct": "#b08800", "fix": "#e16f24", "broken": "#cf222e"}
-"""The verdict badge's colour per status (green, amber, orange, red), in the HTML report and the PNG dashboard."""
+STATUS_COLOURS: dict[str, str] = {
+    "identical": "#0969da",
+    "healthy": "#1a7f37",
+    "correct": "#b08800",
+    "fix": "#e16f24",
+    "broken": "#cf222e",
+}
+"""The verdict badge's colour per status (blue, green, amber, orange, red), in the HTML report and the PNG
+dashboard."""
 
 
 def effect_facts(effect: Effect) -> list[tuple[str, str]]:

@@ -28,6 +28,13 @@ DETAILS_HINT = "every metric, the per-step table, the findings checklist and eac
 """The default view's last line."""
 
 
+def exact_line(report: Report) -> str | None:
+    """``exact: bitwise identical at all ...`` or ``exact: 1,234 of 43,992 valid tokens differ ...``: the exact match
+    in one line (``None``: a report without it, such as one merged from states saved before it existed)."""
+    exact = report.sections.get("exact")
+    return None if exact is None else "exact: " + exact.summary()
+
+
 @dataclass(frozen=True)
 class Check:
     """One health check on a row: a catalogue rule (``|kl| <= 0.1``) or a finding that names the row's metric."""

@@ -13,11 +13,12 @@ from rcdiag.render.summary import (
     OFFPOLICY,
     Check,
     correction_rows,
+    exact_line,
     health_warnings,
     offpolicy_rows,
 )
 from rcdiag.render.text import fmt
-from rcdiag.render.verdict_text import SEVERITY_STYLE, supporting_text
+from rcdiag.render.verdict_text import SEVERITY_STYLE, STATUS_STYLE, supporting_text
 from rcdiag.report import Report
 
 
@@ -35,6 +36,7 @@ def print_summary(report: Report, console: Console) -> None:
     rest = supporting_text(report, leave_out=OFFPOLICY)
     if rest:
         console.print(Text("rcdiag: " + rest, style="dim"))
+    print_exact(report, console)
     rows = correction_rows(report)
     if not rows:
         return
@@ -51,6 +53,14 @@ def print_summary(report: Report, console: Console) -> None:
         ess = (fmt(c.ess) if c.ess is not None else "",) if with_ess else ()
         table.add_row(c.name, c.setting, _share(c.tokens), _share(c.responses), *ess, _checks(c.checks, rules=False))
     console.print(table)
+
+
+def print_exact(report: Report, console: Console) -> None:
+    """The exact-match line (``rcdiag.render.summary.exact_line``), when the report has one."""
+    line = exact_line(report)
+    if line is not None:
+        identical = report.sections["exact"].identical
+        console.print(Text(line, style=STATUS_STYLE["identical"] if identical else "dim"))
 
 
 def print_health_warnings(report: Report, console: Console) -> None:

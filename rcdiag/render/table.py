@@ -14,7 +14,7 @@ from rcdiag.printable import printable
 from rcdiag.render import counted
 from rcdiag.render.panels import sparkline
 from rcdiag.render.summary import is_title, rs_keeps
-from rcdiag.render.summary_table import print_health_warnings, print_summary
+from rcdiag.render.summary_table import print_exact, print_health_warnings, print_summary
 from rcdiag.render.text import describe_config, describe_input, fmt, reading_context, where
 from rcdiag.render.verdict_text import SEVERITY_STYLE, STATUS_STYLE, verdict_lines
 from rcdiag.report import Report, Verdict
@@ -104,6 +104,7 @@ def _details(report: Report, console: Console) -> None:
     console.print(
         _metric_table("rcdiag diagnostics (not verl keys)" + title_suffix, list(report.extras), report.extras, context)
     )
+    print_exact(report, console)
     if report.steps:
         console.print(_trend_table(report))
     console.print(_checklist(report))

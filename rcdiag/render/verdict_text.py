@@ -11,7 +11,13 @@ from rcdiag.render.panels import effect_facts
 from rcdiag.render.text import fmt
 from rcdiag.report import Effect, Report, Verdict
 
-STATUS_STYLE = {"healthy": "bold green", "correct": "bold yellow", "fix": "bold red", "broken": "bold white on red"}
+STATUS_STYLE = {
+    "identical": "bold cyan",
+    "healthy": "bold green",
+    "correct": "bold yellow",
+    "fix": "bold red",
+    "broken": "bold white on red",
+}
 """Terminal colour of each status."""
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 """Terminal colour of each finding severity."""

@@ -17,6 +17,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "explain": ("rcdiag.explain.section", "ExplainSection"),
     "units": ("rcdiag.sections.units", "UnitsSection"),
     "framework": ("rcdiag.frameworks.section", "FrameworkSection"),
+    "exact": ("rcdiag.sections.exact", "ExactSection"),
 }
 """Each section's key -> (module, class); the class built with no arguments reads a merged state by its defaults."""
 
