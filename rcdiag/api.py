@@ -45,6 +45,7 @@ from rcdiag.prescribe import SEQ_IS_PRESET, effect_of, seq_is_measured, seq_is_u
 from rcdiag.report import Finding, InputFacts, MicroBatchReport, Report, StepReport
 from rcdiag.sections import RunFacts, Section
 from rcdiag.sections.base import Values, ValuesRecord
+from rcdiag.sections.exact import ExactSection
 from rcdiag.sections.token_ids import TokenIdsSection
 from rcdiag.signature_rules import repeats, signature_findings
 from rcdiag.validate import Screen, ScreenStats, as_chunk
@@ -194,8 +195,6 @@ def _framework(
 
 def with_defaults(sections: Sequence[Section]) -> list[Section]:
     """The sections every analyze runs (exact match, ``rcdiag.sections.exact``) before those given, unless given."""
-    from rcdiag.sections.exact import ExactSection
-
     given = list(sections)
     return given if any(s.KEY == ExactSection.KEY for s in given) else [ExactSection(), *given]
 

@@ -32,6 +32,7 @@ from rcdiag.frameworks.registry import choose
 from rcdiag.frameworks.section import FrameworkState
 from rcdiag.io.base import Chunk
 from rcdiag.metrics.base import Accumulator
+from rcdiag.sections.exact import FIRST_RESPONSES, ExactState
 from rcdiag.state import decode_state, encode_state
 from rcdiag.sweep.accumulated import SweepState, new_sweep_state
 from rcdiag.sweep.grid import SweepGrid
@@ -121,6 +122,32 @@ def _explain_reference(data: Data, state: EngineState) -> None:
 
 def _explain_members(state: EngineState) -> list[Accumulator]:
     return [*_per_step(state), *state.explain.parts().values()]
+
+
+def _exact_members(state: EngineState) -> list[Accumulator]:
+    return [*_per_step(state), state.whole_dump["exact"].sums]
+
+
+def _exact_reference(data: Data, state: EngineState) -> None:
+    """Bits compared token by token (``view(np.int32)``), ulps from the ordered integers written independently:
+    a float with the sign bit set is ``-(its magnitude's bits) - 1``."""
+    got = state.whole_dump["exact"].record()
+    mask = data.mask.astype(bool)
+    a, b = data.old.view(np.int32), data.rollout.view(np.int32)
+    differ = (a != b) & mask
+
+    def ordered(bits: np.ndarray) -> np.ndarray:
+        wide = bits.astype(np.int64)
+        return np.where(wide < 0, -(wide & 0x7FFFFFFF) - 1, wide)
+
+    ulps = np.abs(ordered(a) - ordered(b)) * mask
+    rows = [r for r in range(a.shape[0]) if differ[r].any()]
+    assert (got.tokens_compared, got.tokens_different) == (int(mask.sum()), int(differ.sum()))
+    assert (got.responses_compared, got.responses_different) == (a.shape[0], len(rows))
+    assert got.max_ulp == int(ulps.max())
+    want = [(r, int(np.flatnonzero(differ[r])[0]), int(differ[r].sum()), int(ulps[r].max())) for r in rows]
+    listed = [(f.row, f.position, f.tokens_different, f.max_ulp) for f in got.first_difference]
+    assert listed == want[:FIRST_RESPONSES]
 
 
 SWEEP = SweepGrid.from_specs({"token_k1": ["1.5", "0.5_2.0"], "seq_mean_k3": ["0.01", "0.5"], "is_token": ["2.0"]})
@@ -213,8 +240,15 @@ CASES: list[Case] = [
     _framework_case("trl", {}, _trl_reference),
     _framework_case("openrlhf", {"algo.advantage.is_correction_enable": True}, _openrlhf_reference),
     _framework_case("areal", {"use_decoupled_loss": True, "rejection_sampling": {"upper": 2.0}}, _areal_reference),
+    Case(
+        "exact",
+        lambda: (EngineState(CONFIG.resolve(), whole_dump={"exact": (whole := ExactState())}), whole),
+        _exact_members,
+        _exact_reference,
+    ),
 ]
-"""Every kind of accumulator: analyze's per-step ones, ``--explain``'s, the sweep's, each framework's (``--as``)."""
+"""Every kind of accumulator: analyze's per-step ones, ``--explain``'s, the sweep's, each framework's (``--as``),
+exact match's."""
 
 
 def _run(case: Case, data: Data, cuts: list[int]) -> EngineState:
@@ -300,8 +334,8 @@ def test_every_accumulator_is_covered() -> None:
 
 
 def test_an_explain_state_loads_in_a_process_that_imported_only_the_state_module(tmp_path: Path) -> None:
-    """Whole-dump kinds register when their feature is imported: loading a saved ``--explain`` state must work
-    from ``rcdiag.state`` alone (a fresh process), not only where the CLI happened to import ``rcdiag.explain``."""
+    """Whole-dump kinds register when their feature is imported: loading a saved ``--explain`` state (and the exact
+    match every analyze saves) must work from ``rcdiag.state`` alone (a fresh process), not only where the CLI happened to import ``rcdiag.explain``."""
     import subprocess
     import sys
 
@@ -327,4 +361,4 @@ def test_an_explain_state_loads_in_a_process_that_imported_only_the_state_module
     )
     loaded = subprocess.run([sys.executable, "-c", code, str(saved)], capture_output=True, text=True)
     assert loaded.returncode == 0, loaded.stderr
-    assert loaded.stdout.strip() == "['explain']"
+    assert loaded.stdout.strip() == "['exact', 'explain']"  # exact match rides on every analyze

@@ -102,6 +102,7 @@ def check(
     on_chunk: ProgressCallback | None = None,
     fail_on: FindingGate | None = None,
     framework: Chosen | None = None,
+    exact: bool = False,
     **options: Any,
 ) -> CheckResult:
     """Analyse ``path`` (and ``baseline``, read the same way) with ``config`` and evaluate ``rules``.
@@ -112,11 +113,13 @@ def check(
     ``fail_on`` also fails the check on the dump's findings (``FindingGate``; a named ``--explain`` code runs
     analyze's explain detectors). ``framework`` (``--as NAME``): its keys may be named by rules too (in full:
     ``sampling/importance_sampling_ratio/mean``); ``--as verl``'s options are put on ``config``.
+    ``exact`` also fails it unless the two log-prob columns are bitwise identical at every valid token
+    (``CheckResult.exact_failure`` names the first differing response and position).
     """
-    if not rules and fail_on is None:
+    if not rules and fail_on is None and not exact:
         raise ConfigError(
             "no rules to check: give --max/--min/--max-abs NAME=VALUE, --pack NAME, --fail-on SEVERITY|CODES, "
-            "--rules FILE, or a [tool.rcdiag.check] table in pyproject.toml."
+            "--exact, --rules FILE, or a [tool.rcdiag.check] table in pyproject.toml."
         )
     rules = list(dict.fromkeys(rules))  # an identical rule (same metric, bound, mode, source) is checked once
     riding = None
@@ -134,4 +137,4 @@ def check(
     explain = fail_on is not None and fail_on.explain
     report = analyze(path, config, read, on_chunk=on_chunk, explain=explain, framework=riding)
     base = analyze(baseline, config, read, on_chunk=on_chunk, framework=riding) if baseline is not None else None
-    return CheckResult(report, base, evaluate_rules(report, rules, base), fail_on)
+    return CheckResult(report, base, evaluate_rules(report, rules, base), fail_on, exact)

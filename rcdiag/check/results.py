@@ -62,6 +62,20 @@ class CheckResult:
     results: tuple[RuleResult, ...]
     fail_on: FindingGate | None = None
     """The gate on findings (``--fail-on``, ``--pack analyze``); ``None``: findings do not fail the check."""
+    exact: bool = False
+    """``--exact``: the check fails unless the dump's two log-prob columns are bitwise identical at every valid
+    token (``rcdiag.sections.exact``)."""
+
+    @property
+    def exact_failure(self) -> str | None:
+        """Why ``--exact`` fails (naming the first differing response and position), ``None`` when it holds or was
+        not asked for."""
+        if not self.exact:
+            return None
+        found = self.report.sections.get("exact")
+        if found is None:
+            return "this report has no exact match (a state saved before rcdiag compared bits)"
+        return None if found.identical else f"not bitwise identical: {found.summary()}"
 
     @property
     def failing_findings(self) -> tuple[Finding, ...]:
@@ -71,7 +85,7 @@ class CheckResult:
     @property
     def passed(self) -> bool:
         """True when no rule failed (skipped rules do not fail) and no finding fails the gate."""
-        return not self.failed and not self.failing_findings
+        return not self.failed and not self.failing_findings and self.exact_failure is None
 
     @property
     def failed(self) -> tuple[RuleResult, ...]:
@@ -83,7 +97,7 @@ class CheckResult:
         counts = self.counts()
         total = len(self.results)
         parts = []
-        if total or self.fail_on is None:
+        if total or (self.fail_on is None and not self.exact):
             held = (
                 f"{counts['failed']} of {total} rules failed"
                 if self.failed
@@ -94,6 +108,8 @@ class CheckResult:
             n = len(self.failing_findings)
             fails = f"{n} finding{'s' if n != 1 else ''} fail{'s' if n == 1 else ''}" if n else "no finding fails"
             parts.append(f"{fails} --fail-on {self.fail_on.describe()}")
+        if self.exact:
+            parts.append(self.exact_failure or "bitwise identical (--exact)")
         return f"{'PASSED' if self.passed else 'FAILED'}: {'; '.join(parts)}"
 
     def counts(self) -> dict[str, int]:
@@ -113,4 +129,13 @@ class CheckResult:
             "results": [r.to_dict() for r in self.results],
             "fail_on": self.fail_on.to_dict() if self.fail_on is not None else None,
             "failing_findings": [f.to_dict() for f in self.failing_findings],
+            "exact": self._exact_dict(),
         }
+
+    def _exact_dict(self) -> dict[str, Any] | None:
+        """``--exact``'s outcome: ``passed``, ``message`` and the report's exact match (null without ``--exact``)."""
+        if not self.exact:
+            return None
+        found = self.report.sections.get("exact")
+        message = self.exact_failure or f"bitwise identical: {found.summary()}"
+        return {"passed": self.exact_failure is None, "message": message, **(found.to_dict() if found else {})}

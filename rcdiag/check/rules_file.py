@@ -46,6 +46,8 @@ class RuleFile:
     """Resolved against the TOML file's directory."""
     fail_on: FindingGate | None = None
     """``fail_on = ["warning"]`` or ``packs = ["analyze"]``: the gate on findings (``--fail-on``)."""
+    exact: bool = False
+    """``exact = true``: fail unless the log-prob columns are bitwise identical (``--exact``)."""
 
     def refuse_router_replay(self, config: CorrectionConfig) -> None:
         """Refuse ``router_replay_mode = "R2"`` with the engine's final ``config`` in bypass mode, as verl 0.9.1's
@@ -71,7 +73,7 @@ class RuleFile:
             raise ConfigError(f"{self.path}: [engine]: {exc}") from None
 
 
-_TABLE_KEYS = {"packs", "fail_on", "steps", "tolerate", "baseline", "engine", "rule", *RULE_KINDS}
+_TABLE_KEYS = {"packs", "fail_on", "exact", "steps", "tolerate", "baseline", "engine", "rule", *RULE_KINDS}
 _RULE_KEYS = {"metric", "steps", "tolerate", *RULE_KINDS}
 ROUTER_REPLAY = "router_replay_mode"
 """``[engine]``'s key for the actor engine's ``router_replay.mode``, read only to refuse what verl 0.9.1 refuses."""
@@ -183,7 +185,10 @@ def _parse_table(path: Path, table: dict, where: str, steps: Any, tolerate: Any)
         raise fail("baseline must be a path string")
     # a path is relative to the rules file; a URL (s3://...) is kept as it is
     resolved = (baseline if "://" in baseline else path.parent / baseline) if baseline else None
-    return RuleFile(path, tuple(rules), dict(engine), resolved, gate)
+    exact = table.get("exact", False)
+    if not isinstance(exact, bool):
+        raise fail("exact must be true or false")
+    return RuleFile(path, tuple(rules), dict(engine), resolved, gate, exact)
 
 
 def _mode(value: Any, name: str, fail: Any) -> StepMode:

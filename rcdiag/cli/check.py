@@ -79,6 +79,16 @@ def check(
             show_default=False,
         ),
     ] = None,
+    exact: Annotated[
+        bool,
+        typer.Option(
+            "--exact",
+            help="Also fail unless the two log-prob columns are bitwise identical at every valid token (float32 bit "
+            "patterns; deterministic or batch-invariant inference); the failure names the first differing response "
+            "(row) and position.",
+            rich_help_panel=RULES,
+        ),
+    ] = False,
     rules_file: Annotated[
         Path | None,
         typer.Option(
@@ -144,13 +154,14 @@ def check(
 
     * `rcdiag check run.parquet --max k3_kl=1e-3 --max-abs kl=2e-3`
     * `rcdiag check run.parquet --fail-on warning` (any finding analyze warns about fails the gate)
+    * `rcdiag check run.parquet --exact` (fails unless both log-prob columns are bitwise identical)
     * `rcdiag check run.parquet --is token --pack verl --pack analyze --junit rcdiag.xml`
     * `rcdiag check new.parquet --baseline good.parquet --max-increase k3_kl=50% --steps mean`
     * `rcdiag check run.parquet --as trl --min rcdiag/trl/weight_mean=0.9` (a framework's own keys and rcdiag's
       readings of its correction; docs/frameworks.md)
 
-    Exit codes: 0 every rule holds and no finding fails `--fail-on`, 1 a rule or finding failed, 2 bad option, rule,
-    configuration or input, 3 internal error.
+    Exit codes: 0 every rule holds, no finding fails `--fail-on` and (with `--exact`) the columns are bitwise
+    identical, 1 a rule, finding or `--exact` failed, 2 bad option, rule, configuration or input, 3 internal error.
     """
     from rcdiag.check import check as run_check
     from rcdiag.check import find_project_rules, load_rules
@@ -199,6 +210,7 @@ def check(
             on_chunk=on_chunk,
             fail_on=ruled.gate,
             framework=framework,
+            exact=exact or (loaded is not None and loaded.exact),
         )
     _emit(result, out, junit_file, markdown_file)
     if not result.passed:

@@ -131,7 +131,8 @@ def watch(
         typer.Option(
             "--rules",
             metavar="FILE",
-            help="TOML rules, as for `check` (docs/check.md); relative rules (a baseline) are refused.",
+            help="TOML rules, as for `check` (docs/check.md); relative rules (a baseline) and `exact = true` are "
+            "refused.",
             rich_help_panel=ALERTS,
             show_default=False,
         ),
@@ -201,6 +202,13 @@ def watch(
 
     claim_state(path, state)  # before the rules file is read: a --state over it is refused
     loaded = load_rules(rules_file) if rules_file is not None else None
+    if loaded is not None and loaded.exact:
+        from rcdiag.errors import ConfigError
+
+        raise ConfigError(
+            f"{rules_file}: exact = true is check's gate (--exact); a watch reports the exact match in its report "
+            "but raises no alert on it: leave it out of the rules the watch reads"
+        )
     bounds = {"max": max_rules, "min": min_rules, "max_abs": max_abs_rules}
     ruled = rule_set(bounds, packs, fail_on, loaded)
     config = engine.config(base=loaded.config() if loaded is not None else None)

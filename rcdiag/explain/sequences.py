@@ -39,6 +39,9 @@ COLUMNS = (
     "max_abs_log_ratio",
     "position_of_max",
     "seq_is_weight",
+    "tokens_different",
+    "max_ulp",
+    "first_difference",
 )
 """Fixed columns; each enabled RS option adds ``rs_<option>_stat`` and ``rs_<option>_rejected``."""
 
@@ -100,6 +103,7 @@ class SequenceWriter:
             "max_abs_log_ratio": row_max.astype(np.float64),
             "position_of_max": _position_of_max(abs_lr, row_max, n.astype(np.int64), positions),
             "seq_is_weight": np.where(n > 0, weight, np.nan),
+            **_differences(block),
         }
         for option in self.resolved.rs_options:
             found = rejection(block, option)  # the engine's own, shared with the RS accumulators (memoised)
@@ -121,6 +125,13 @@ class SequenceWriter:
             raise OutputError(self.target, _reason(exc)) from None
         self.parts += 1
         self.buffer, self.buffered = [], 0
+
+
+def _differences(block: Block) -> dict[str, np.ndarray]:
+    """Each row's exact match (``rcdiag.metrics.tokens.BitDifferences``, the token pass's): its valid tokens whose
+    two log-probs differ in any bit, their greatest ulp distance, the list position of the first (-1: none)."""
+    found = block.sums.differences
+    return {"tokens_different": found.tokens, "max_ulp": found.max_ulp, "first_difference": found.first}
 
 
 def _position_of_max(abs_lr: np.ndarray, row_max: np.ndarray, n: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -160,7 +171,7 @@ def _series(pl: Any, name: str, values: np.ndarray) -> Any:
     series = pl.Series(name, values)
     if name in ("max_abs_log_ratio", "mean_log_ratio", "seq_is_weight"):
         series = series.fill_nan(None)
-    if name == "position_of_max":
+    if name in ("position_of_max", "first_difference"):
         series = pl.Series(name, np.where(values < 0, np.array(None, dtype=object), values).tolist(), dtype=pl.Int64)
     return series
 

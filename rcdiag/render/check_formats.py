@@ -19,9 +19,10 @@ def render_junit(result: CheckResult) -> str:
     counts = result.counts()
     facts = result.report.input
     gate = _gate_cases(result)
+    exact = exact_cases(result)
     totals = {
-        "tests": str(len(result.results) + len(gate)),
-        "failures": str(counts["failed"] + len(result.failing_findings)),
+        "tests": str(len(result.results) + len(gate) + len(exact)),
+        "failures": str(counts["failed"] + len(result.failing_findings) + sum(failed for _, failed, _ in exact)),
         "errors": "0",
         "skipped": str(counts["skipped"]),
     }
@@ -50,6 +51,11 @@ def render_junit(result: CheckResult) -> str:
         if failure_message is not None:
             failure = ET.SubElement(case, "failure", {"message": failure_message, "type": "rcdiag.FindingFailed"})
             failure.text = text
+    for name, failed, text in exact:
+        case = ET.SubElement(suite, "testcase", {"classname": "rcdiag.check.exact", "name": name})
+        if failed:
+            failure = ET.SubElement(case, "failure", {"message": text, "type": "rcdiag.NotIdentical"})
+            failure.text = text
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 
@@ -68,6 +74,17 @@ def _gate_cases(result: CheckResult) -> list[tuple[str, str | None, str]]:
         text = f"finding: {item.code} ({item.severity})\nfail on: {gate}{steps}\n{item.message}"
         cases.append((f"finding {item.code} ({item.severity})", item.message, text))
     return cases
+
+
+def exact_cases(result: CheckResult) -> list[tuple[str, bool, str]]:
+    """``--exact``'s one test case (none without it), as (name, failed, message): the message names the first
+    differing response and position when it fails."""
+    if not result.exact:
+        return []
+    failure = result.exact_failure
+    if failure is not None:
+        return [("bitwise identical", True, failure)]
+    return [("bitwise identical", False, result.report.sections["exact"].summary())]
 
 
 def _details(item: RuleResult) -> str:
@@ -116,6 +133,9 @@ def render_markdown(result: CheckResult) -> str:
         lines.append(
             "| " + " | ".join(_cell(c) for c in (mark, name, "", "", "", "--fail-on", failure_message or "")) + " |"
         )
+    for name, failed, text in exact_cases(result):
+        mark = _MARK["failed" if failed else "passed"]
+        lines.append("| " + " | ".join(_cell(c) for c in (mark, name, "", "", "", "--exact", text)) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -132,6 +152,9 @@ def github_annotations(result: CheckResult) -> list[str]:
     for finding in result.failing_findings:
         title = _property(f"rcdiag check: finding {finding.code}")
         out.append(f"::error title={title}::{_data(f'{result.report.input.path}: {finding.code}: {finding.message}')}")
+    if result.exact_failure is not None:
+        title = _property("rcdiag check: --exact")
+        out.append(f"::error title={title}::{_data(f'{result.report.input.path}: {result.exact_failure}')}")
     return out
 
 

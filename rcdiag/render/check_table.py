@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rcdiag.check import CheckResult
+from rcdiag.render.check_formats import exact_cases
 from rcdiag.printable import printable
 from rcdiag.render import counted
 from rcdiag.render.text import describe_config, fmt
@@ -69,5 +70,7 @@ def render_check(result: CheckResult, console: Console) -> None:
             )
         if not result.failing_findings:
             table.add_row(_MARK["passed"], f"no finding: {result.fail_on.describe()}", "", "", "", "", "--fail-on", "")
+    for name, failure, text in exact_cases(result):
+        table.add_row(_MARK["failed" if failure else "passed"], name, "", "", "", "", "--exact", Text(text))
     console.print(table)
     console.print(Text(result.verdict(), style="bold green" if result.passed else "bold red"))

@@ -282,7 +282,7 @@ def _tier(
     if raised:
         return 2, "raises " + "; ".join(raised)
     if level is None and rs is None:
-        return 1, "applies no correction (fine only where analyze's verdict is healthy)"
+        return 1, "applies no correction (fine only where analyze's verdict is identical or healthy)"
     return 0, ""
 
 

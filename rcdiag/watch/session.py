@@ -26,7 +26,7 @@ from typing import Any
 
 import rcdiag.interrupts as interrupts
 from rcdiag._version import __version__
-from rcdiag.api import accumulate, analyze_state, build_report
+from rcdiag.api import accumulate, analyze_state, build_report, with_defaults
 from rcdiag.check.metric_names import metric_names, validate_rules
 from rcdiag.config import CorrectionConfig
 from rcdiag.core.limits import finite_tree
@@ -39,6 +39,7 @@ from rcdiag.metrics.batch import BatchResult
 from rcdiag.options import ReadOptions
 from rcdiag.outputs import ledger, reads, writes
 from rcdiag.report import Report, StepReport
+from rcdiag.sections.exact import ExactState
 from rcdiag.sections.token_ids import TokenIdsSection
 from rcdiag.validate import ScreenStats
 from rcdiag.watch.alerts import Alert, AlertPolicy, file_alert
@@ -213,7 +214,9 @@ class Watch:
         self.dispatcher = dispatcher or Dispatcher()
         self.state_path = claim_state(location, state_path)
         self.follower = Follower(location, settle)
-        self.state = EngineState(self.resolved)
+        self.state = EngineState(self.resolved, whole_dump={ExactState.KEY: ExactState()})
+        """Every step's accumulators, and the exact match over every file read (a state saved before rcdiag
+        compared bits has none, and keeps none)."""
         self.source: SourceInfo | None = None
         """Every file read, as one source (its ``reads``: each file's path, size, time, inode, fingerprint)."""
         self.screen = ScreenStats()
@@ -317,6 +320,12 @@ class Watch:
                 raise ValueError(str(exc)) from None
             self.state.batches.update(part.batches)
             self.state.rows, self.state.tokens, self.state.valid_tokens = part.rows, part.tokens, part.valid_tokens
+            if ExactState.KEY in line:  # the exact match over every file read so far replaces the earlier one
+                try:
+                    exact = ExactState.from_state_dict(decode_state(line[ExactState.KEY]))
+                except FieldError as exc:
+                    raise ValueError(str(exc)) from None
+                self.state.whole_dump[ExactState.KEY] = exact
             self.source = info if self.source is None else combined_info([self.source, info])
             self.screen = screen
             for item in (line["file"], *line.get("with", ())):  # "with": the other rank files of a rollout
@@ -409,9 +418,11 @@ class Watch:
 
         file, stamp = unit.file, unit.stamps[0]
         name = str(file)
-        got = accumulate(name, self.config, self.read, sections=[TokenIdsSection()])  # the history test's ids
+        got = accumulate(name, self.config, self.read, sections=with_defaults([TokenIdsSection()]))  # ids: history
         if not self.follower.unchanged(unit):
             return []  # rewritten while read, or a rank file of its rollout appeared: read again once it settles
+        if ExactState.KEY not in self.state.whole_dump:  # a state saved before exact match: its files were not compared
+            got.state.whole_dump.pop(ExactState.KEY, None)
         if None in got.state.batches:
             raise InputError(
                 "has rows without a step (no step column, and no step in its name); a watch reports per step",
@@ -453,6 +464,7 @@ class Watch:
                 "screen": self.screen.to_dict(),
                 "counts": {"rows": state.rows, "tokens": state.tokens, "valid_tokens": state.valid_tokens},
                 "batches": [[step, encode_state(state.batches[step].state_dict())] for step in steps],
+                **{key: encode_state(whole.state_dict()) for key, whole in state.whole_dump.items()},
                 "alerted": {alert.key: event.step.step for event in events for alert in event.alerts},
             }
         )  # then report: a kill between the two loses this file's lines, never counts it twice
