@@ -213,7 +213,8 @@ class FirstDifference:
 class ExactMatch:
     """Bitwise exact match of the two log-prob columns over the valid tokens (``rcdiag.sections.exact``; JSON
     ``exact``): tokens compared, those whose float32 bit patterns differ, the responses holding one, the greatest
-    distance in float32 ulps (``rcdiag.core.formulas.ulp_distance``; 0 when none differs) and the earliest differing
+    distance in float32 ulps (``rcdiag.core.formulas.ulp_distance``; 0 when none differs, or only signed zeros
+    do) and the earliest differing
     responses in reading order (at most ``rcdiag.sections.exact.FIRST_RESPONSES``)."""
 
     responses_compared: int

@@ -75,7 +75,11 @@ class CheckResult:
         found = self.report.sections.get("exact")
         if found is None:
             return "this report has no exact match (a state saved before rcdiag compared bits)"
-        return None if found.identical else f"not bitwise identical: {found.summary()}"
+        if found.identical:
+            return None
+        if not found.tokens_compared:
+            return "no valid token to compare: nothing is shown bitwise identical"
+        return f"not bitwise identical: {found.summary()}"
 
     @property
     def failing_findings(self) -> tuple[Finding, ...]:

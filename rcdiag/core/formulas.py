@@ -154,13 +154,14 @@ def order_key(bits: Any) -> Any:
     return bits ^ ((bits >> 31) & _SIGN_OFF)
 
 
-def ulp_distance(key_a: Any, key_b: Any) -> Any:
-    """Float32 ulps between two values given by their order keys (``order_key`` of their int32 bit patterns),
-    widened to int64: the steps from one float32 to the other through every float32 between. 0 only for the same
-    bits; -0.0 and +0.0 are two adjacent values (1 ulp), the largest finite float and the infinity of its sign too;
-    across zero, both sides' distances to it plus that one step. At most 2^32 - 1, so int64 never overflows. A NaN's
-    key lies beyond the infinities' (the value screen keeps NaN out of the valid tokens)."""
-    return abs(key_a - key_b)
+def ulp_distance(bits_a: Any, bits_b: Any) -> Any:
+    """Float32 ulps between two values given as their int32 bit patterns widened to int64: how many steps of
+    ``nextafter`` lead from one to the other, i.e. the distance of their places in the ordered integer
+    representation (a float's magnitude bits, negated when its sign bit is set). -0.0 and +0.0 share place 0 (0
+    ulps: the same number, though their bits differ); across zero the distance is the sum of both magnitudes' ulps;
+    -inf is 1 ulp beyond -FLT_MAX, and -inf to +inf the largest distance, 4,278,190,080 (int64 never overflows). A
+    NaN's place lies beyond the infinity of its sign (the value screen keeps NaN out of the valid tokens)."""
+    return abs((bits_a & _SIGN_OFF) * ((bits_a >> 31) | 1) - (bits_b & _SIGN_OFF) * ((bits_b >> 31) | 1))
 
 
 KEY_LOWEST = np.int32(-0x80000000)

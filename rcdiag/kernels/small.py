@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from rcdiag.core.formulas import order_key, ulp_distance
+from rcdiag.core.formulas import ulp_distance
 from rcdiag.environment import Variable, whole_number
 
 SMALL_DUMP_BYTES = 32 << 20
@@ -90,7 +90,7 @@ def row_differences(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | Non
     at = np.flatnonzero(differ)
     if not at.size:
         return out
-    apart = ulp_distance(order_key(old_bits[at]).astype(np.int64), order_key(rollout_bits[at]).astype(np.int64))
+    apart = ulp_distance(old_bits[at].astype(np.int64), rollout_bits[at].astype(np.int64))
     starts = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
     np.cumsum(lengths, out=starts[1:])
     row = np.searchsorted(starts, at, side="right") - 1  # ascending, as ``at`` is

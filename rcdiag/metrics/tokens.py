@@ -78,7 +78,8 @@ class TokenBlock(Protocol):
 @dataclass(frozen=True)
 class BitDifferences:
     """Per row of a block: its valid tokens whose two float32 log-probs differ in any bit (their bit patterns), the
-    greatest distance between the two in float32 ulps (``rcdiag.core.formulas.ulp_distance``: 0 for none) and the
+    greatest distance between the two in float32 ulps (``rcdiag.core.formulas.ulp_distance``: 0 for none, and for
+    signed zeros, which differ in bits but not in value) and the
     list position (padding included, 0-based) of the first such token (-1 for none). int64, on the host: the
     exact-match section's input (``rcdiag.sections.exact``) and the ``--sequences`` file's."""
 

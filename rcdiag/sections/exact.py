@@ -2,9 +2,9 @@
 ulps at most, and where the first differences sit. On every analyze (docs/json.md, ``exact``).
 
 Deterministic and batch-invariant inference promises bitwise-equal log-probs; "kl near 0" cannot tell a dump that
-keeps that promise from one that misses it by an ulp. Bits are compared as bit patterns: -0.0 and +0.0 differ (1
-ulp apart, ``rcdiag.core.formulas.ulp_distance``), as do two NaN payloads (the value screen keeps NaN out of the
-valid tokens, so none reaches here), and masked tokens are never compared. The per-row counts come from the token
+keeps that promise from one that misses it by an ulp. Bits are compared as bit patterns: -0.0 and +0.0 differ
+(though 0 ulps apart: the same number, ``rcdiag.core.formulas.ulp_distance``), as would two NaN payloads (the value
+screen keeps NaN out of the valid tokens, so none reaches here), and masked tokens are never compared. The per-row counts come from the token
 pass, which reads both values of every token anyway (``rcdiag.metrics.tokens.BitDifferences``: in the CPU kernel's
 pass, benchmarks/exact.py); this accumulator only adds them up and keeps the earliest ``FIRST_RESPONSES`` differing
 responses in reading order (row numbers as read, skipped rows included: the same rows whatever the chunk size, the
@@ -62,7 +62,7 @@ class BitSums(Accumulator):
     }
     OWNER: ClassVar[str | None] = "exact"
     ITEMS: ClassVar[dict[str, type]] = {"first": _Listed}
-    COUNTED = Accumulator.COUNTED | {"different", "responses", "max_ulp"}
+    COUNTED = Accumulator.COUNTED | {"different", "responses"}  # (max_ulp is -inf before a differing token)
 
     def capacity(self, name: str) -> int:
         return FIRST_RESPONSES
