@@ -110,8 +110,8 @@ def analyze(
         tokenizer: a ``tokenizer.json`` (or a directory holding one) giving the text of the token ids in the
             by-token breakdown and the worst responses (``rcdiag[tokens]``; implies ``explain``).
         tokens: write the by-token table (one row per token id) to this Parquet file (implies ``explain``).
-        sections: more features riding on the run (``rcdiag.sections``), after ``--explain``'s; each record in
-            ``report.sections[KEY]``.
+        sections: more features riding on the run (``rcdiag.sections``), after ``--explain``'s and the exact match
+            every analyze runs (``rcdiag.sections.exact``); each record in ``report.sections[KEY]``.
         framework: also compute this framework's own correction and logged keys (``"trl"``, ``"openrlhf"``,
             ``"areal"``; docs/frameworks.md), merged into ``metrics`` and each step's, its release and options in
             ``report.sections["framework"]``; ``"verl"`` (the default) changes nothing but takes

@@ -392,3 +392,13 @@ def test_a_real_models_clean_fp32_dump_is_not_identical() -> None:
     assert 0 < exact.tokens_different <= exact.tokens_compared == report.input.valid_tokens
     assert exact.max_ulp >= 1 and not math.isnan(exact.max_ulp)
     print(f"clean_fp32 seed 0: {exact.summary()}; verdict {report.verdict.status}")
+
+
+def test_every_status_has_its_colours() -> None:
+    from typing import get_args
+
+    from rcdiag.render.panels import STATUS_COLOURS
+    from rcdiag.render.verdict_text import STATUS_STYLE
+    from rcdiag.report import VerdictStatus
+
+    assert set(get_args(VerdictStatus)) == set(STATUS_STYLE) == set(STATUS_COLOURS)

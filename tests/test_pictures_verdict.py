@@ -55,7 +55,7 @@ def verdict(status: str, prescribed: bool) -> Verdict:
     return Verdict(
         status=status,  # type: ignore[arg-type]
         headline=f"{status}: a hand-made headline & <tag>",
-        causes=() if status == "healthy" else (CAUSE,),
+        causes=() if status in ("identical", "healthy") else (CAUSE,),
         recommendation=PRESCRIPTION if prescribed else None,
         next_steps=("set the trainer's temperature to the rollout's", "dump again and re-run analyze"),
     )
@@ -83,7 +83,7 @@ def stepped() -> Report:
 
 
 @pytest.mark.parametrize("prescribed", [True, False])
-@pytest.mark.parametrize("status", ["healthy", "correct", "fix", "broken"])
+@pytest.mark.parametrize("status", ["identical", "healthy", "correct", "fix", "broken"])
 def test_html_opens_with_every_field_of_the_verdict(stepped: Report, status: str, prescribed: bool) -> None:
     text = render_html(dataclasses.replace(stepped, verdict=verdict(status, prescribed)))
     verdict_at = text.index('<div class="verdict')
@@ -91,7 +91,7 @@ def test_html_opens_with_every_field_of_the_verdict(stepped: Report, status: str
     assert f'<span class="badge {status}">{status.upper()}</span>' in text
     assert f".badge.{status}{{background:{STATUS_COLOURS[status]}}}" in text
     assert f"{status}: a hand-made headline &amp; &lt;tag&gt;" in text  # escaped, never raw HTML
-    if status != "healthy":
+    if status not in ("identical", "healthy"):
         assert "temperature_mismatch, kl_high" in text and "scaled copy &lt;slope 0.6&gt;" in text
     assert "set the trainer&#x27;s temperature to the rollout&#x27;s" in text and "dump again" in text
     if prescribed:
