@@ -100,18 +100,24 @@ def main() -> None:
         for name, tree in trees.items():
             rounds[name].append(measure(tree, path, args.repeats))
     tokens = rounds["new"][0]["tokens"]
-    print(f"{tokens / 1e6:.1f}M tokens; CPU ns per token, least of {args.repeats} runs, median of {args.rounds} rounds\n")
-    print("| figure | this tree | baseline | ratio (median of rounds) |\n|---|---|---|---|")
+    print(
+        f"{tokens / 1e6:.1f}M tokens; CPU ns per token, least of {args.repeats} runs, median of {args.rounds} rounds\n"
+    )
+    print("| figure | this tree | baseline | ratio, median of rounds (min-max) |\n|---|---|---|---|")
     for row in ROWS:
         new = [r[row] for r in rounds["new"] if row in r]
-        old = [r[row] for r in rounds.get("old", []) if row in r]
-        if row == "engine, no section":  # this tree's own share of the section: against the engine with it
+        if row == "engine, no section":  # this tree's own share of the section: the engine with it against this
             ratios = [r["engine"] / r[row] for r in rounds["new"]]
-            print(f"| {row} | {statistics.median(new):.2f} | | engine / this: {statistics.median(ratios):.3f} |")
+            print(f"| {row} | {statistics.median(new):.2f} | | engine / this: {_spread(ratios)} |")
             continue
-        ratio = statistics.median(a / b for a, b in zip(new, old, strict=True)) if old else None
+        old = [r[row] for r in rounds.get("old", []) if row in r]
+        ratios = [a / b for a, b in zip(new, old, strict=True)]
         base = f"{statistics.median(old):.2f}" if old else ""
-        print(f"| {row} | {statistics.median(new):.2f} | {base} | {'' if ratio is None else f'{ratio:.3f}'} |")
+        print(f"| {row} | {statistics.median(new):.2f} | {base} | {_spread(ratios) if ratios else ''} |")
+
+
+def _spread(ratios: list[float]) -> str:
+    return f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
 
 
 if __name__ == "__main__":

@@ -63,6 +63,11 @@ def _run(tmp_path: Path, script: str, *args: str) -> str:
             ["ids, history on / ids, history off:", "ids, history on / no ids:"],
         ),
         (
+            "exact.py",
+            ("--tokens", "200k", "--rounds", "1", "--repeats", "1", "--baseline", ".."),
+            ["| engine |", "| engine, no section |", "| analyze |", "engine / this: "],
+        ),
+        (
             "cli_end_to_end.py",
             ("--tokens", "100k", "--small", "50k", "--rounds", "1"),
             ["| decode / analyze (default) |", "new: CPU", "| peak RSS sweep (default), small -> large |"],

@@ -5,6 +5,7 @@ merges."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import dataclass
@@ -70,7 +71,7 @@ class Rows:
         """The rows as chunks split before each row of ``cuts``."""
         bounds = [0, *cuts, len(self.old)]
         out = []
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        for a, b in itertools.pairwise(bounds):
             lengths = [len(r) for r in self.old[a:b]]
             out.append(
                 Chunk(
@@ -169,7 +170,9 @@ def test_the_ulp_distance_is_the_steps_between_two_floats() -> None:
         assert ulps(np.array([a]), np.array([b]))[0] == want
     # the kernel and its numpy form on rows holding every case: the same counts, ulps and first positions
     old = np.array([-0.0, -1.0, -np.inf, -np.inf, 1e-45, -3.0], np.float32)
-    rollout = np.array([0.0, np.nextafter(np.float32(-1.0), np.float32(0)), -F32_MAX, -np.inf, -1e-45, -3.0], np.float32)
+    rollout = np.array(
+        [0.0, np.nextafter(np.float32(-1.0), np.float32(0)), -F32_MAX, -np.inf, -1e-45, -3.0], np.float32
+    )
     lengths = np.array([2, 2, 2], np.int64)
     want = np.array([[2, 1, 0], [1, 1, 0], [1, 2, 0]])
     assert (row_differences(old, rollout, None, lengths) == want).all()
@@ -196,7 +199,9 @@ def test_a_bitwise_identical_dump_reads_identical(tmp_path: Path, capsys: pytest
     assert want["tokens_different"] == 0 and want["tokens_compared"] > 0
     assert report["exact"] == want
     assert report["verdict"]["status"] == "identical"
-    assert report["verdict"]["headline"].startswith(f"identical: the two log-prob columns are bitwise identical at all {want['tokens_compared']:,}")
+    assert report["verdict"]["headline"].startswith(
+        f"identical: the two log-prob columns are bitwise identical at all {want['tokens_compared']:,}"
+    )
     assert report["verdict"]["causes"] == [] and report["verdict"]["recommendation"] is None
     code, out, _ = run(capsys, "analyze", str(path))
     assert code == 0 and "verdict  IDENTICAL" in out

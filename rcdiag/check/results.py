@@ -136,10 +136,19 @@ class CheckResult:
             "exact": self._exact_dict(),
         }
 
+    @property
+    def exact_message(self) -> str:
+        """``--exact``'s outcome in one line: why it fails (``exact_failure``), or the exact match that passed."""
+        failure = self.exact_failure
+        if failure is not None:
+            return failure
+        summary: str = self.report.sections["exact"].summary()  # no failure: the report has one, identical
+        return summary
+
     def _exact_dict(self) -> dict[str, Any] | None:
         """``--exact``'s outcome: ``passed``, ``message`` and the report's exact match (null without ``--exact``)."""
         if not self.exact:
             return None
         found = self.report.sections.get("exact")
-        message = self.exact_failure or f"bitwise identical: {found.summary()}"
-        return {"passed": self.exact_failure is None, "message": message, **(found.to_dict() if found else {})}
+        passed = self.exact_failure is None
+        return {"passed": passed, "message": self.exact_message, **(found.to_dict() if found is not None else {})}

@@ -81,10 +81,7 @@ def exact_cases(result: CheckResult) -> list[tuple[str, bool, str]]:
     differing response and position when it fails."""
     if not result.exact:
         return []
-    failure = result.exact_failure
-    if failure is not None:
-        return [("bitwise identical", True, failure)]
-    return [("bitwise identical", False, result.report.sections["exact"].summary())]
+    return [("bitwise identical", result.exact_failure is not None, result.exact_message)]
 
 
 def _details(item: RuleResult) -> str:

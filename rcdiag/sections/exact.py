@@ -4,11 +4,13 @@ ulps at most, and where the first differences sit. On every analyze (docs/json.m
 Deterministic and batch-invariant inference promises bitwise-equal log-probs; "kl near 0" cannot tell a dump that
 keeps that promise from one that misses it by an ulp. Bits are compared as bit patterns: -0.0 and +0.0 differ
 (though 0 ulps apart: the same number, ``rcdiag.core.formulas.ulp_distance``), as would two NaN payloads (the value
-screen keeps NaN out of the valid tokens, so none reaches here), and masked tokens are never compared. The per-row counts come from the token
-pass, which reads both values of every token anyway (``rcdiag.metrics.tokens.BitDifferences``: in the CPU kernel's
-pass, benchmarks/exact.py); this accumulator only adds them up and keeps the earliest ``FIRST_RESPONSES`` differing
-responses in reading order (row numbers as read, skipped rows included: the same rows whatever the chunk size, the
-order of steps within a chunk, the worker parts or the saved states merged).
+screen keeps NaN out of the valid tokens, so none reaches here), and masked tokens are never compared.
+
+The per-row counts come from the token pass, which reads both values of every token anyway
+(``rcdiag.metrics.tokens.BitDifferences``; its cost: benchmarks/exact.py). This accumulator only adds them up and
+keeps the earliest ``FIRST_RESPONSES`` differing responses in reading order: row numbers as read, skipped rows
+included, the same whatever the chunk size, the order of steps within a chunk, the worker parts or the saved states
+merged.
 """
 
 from __future__ import annotations
@@ -49,8 +51,8 @@ class _Listed:
 
 
 class BitSums(Accumulator):
-    """Responses and valid tokens compared, those whose bits differ, the responses holding one, the greatest ulp distance, and the
-    earliest ``FIRST_RESPONSES`` differing responses (a ``top`` state keyed by the negated row)."""
+    """Responses and valid tokens compared, those whose bits differ, the responses holding one, the greatest ulp
+    distance, and the earliest ``FIRST_RESPONSES`` differing responses (a ``top`` state keyed by the negated row)."""
 
     STATES: ClassVar[dict[str, Reduce]] = {
         "rows": "sum",
