@@ -129,8 +129,8 @@ def _exact_members(state: EngineState) -> list[Accumulator]:
 
 
 def _exact_reference(data: Data, state: EngineState) -> None:
-    """Bits compared token by token (``view(np.int32)``), ulps from the ordered integers written independently:
-    a float with the sign bit set is ``-(its magnitude's bits) - 1``."""
+    """Bits compared token by token (``view(np.int32)``), ulps from the ordered integers written with a branch: a
+    float's magnitude bits, negated when its sign bit is set."""
     got = state.whole_dump["exact"].record()
     mask = data.mask.astype(bool)
     a, b = data.old.view(np.int32), data.rollout.view(np.int32)
@@ -138,7 +138,7 @@ def _exact_reference(data: Data, state: EngineState) -> None:
 
     def ordered(bits: np.ndarray) -> np.ndarray:
         wide = bits.astype(np.int64)
-        return np.where(wide < 0, -(wide & 0x7FFFFFFF) - 1, wide)
+        return np.where(wide < 0, -(wide & 0x7FFFFFFF), wide)
 
     ulps = np.abs(ordered(a) - ordered(b)) * mask
     rows = [r for r in range(a.shape[0]) if differ[r].any()]

@@ -282,6 +282,10 @@ def test_a_rules_file_can_ask_for_exact(tmp_path: Path, capsys: pytest.CaptureFi
     rules.write_text("exact = 1\n")
     code, _, err = run(capsys, "check", str(tmp_path / "d.parquet"), "--rules", str(rules))
     assert code == 2 and "exact must be true or false" in err
+    rules.write_text("exact = true\n")  # a watch reports the exact match but does not gate on it: refused, not dropped
+    (tmp_path / "run").mkdir()
+    code, _, err = run(capsys, "watch", str(tmp_path / "run"), "--rules", str(rules), "--once")
+    assert code == 2 and "exact = true is check's gate (--exact)" in err
 
 
 # ------------------------------------------------------------------------------- the same counts every way
