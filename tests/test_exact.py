@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import run
+from conftest import require, run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -206,6 +206,12 @@ def test_a_bitwise_identical_dump_reads_identical(tmp_path: Path, capsys: pytest
     code, out, _ = run(capsys, "analyze", str(path))
     assert code == 0 and "verdict  IDENTICAL" in out
     assert f"exact: bitwise identical at all {want['tokens_compared']:,} valid tokens" in out.splitlines()
+    require("matplotlib", "matplotlib")
+    from rcdiag.render.html import render_html
+
+    page = render_html(rcdiag.analyze(path))
+    assert '<span class="badge identical">IDENTICAL</span>' in page
+    assert f"<th>exact match</th><td>bitwise identical at all {want['tokens_compared']:,} valid tokens</td>" in page
     code, out, err = run(capsys, "check", str(path), "--exact", "--format", "json")
     assert code == 0, err
     result = json.loads(out)
@@ -317,7 +323,7 @@ def test_chunks_workers_devices_and_saved_states_give_the_same_counts(
     path = rows.write(tmp_path / "many.parquet", row_group=16)
     for flags in ([], ["--chunk-tokens", "37"], ["--workers", "2"], ["--device", "torch-cpu"]):
         if flags == ["--device", "torch-cpu"]:
-            pytest.importorskip("torch")
+            require("torch", "torch")
         assert exact_json(path, *flags, capsys=capsys)["exact"] == want, flags
     monkeypatch.setenv("RCDIAG_SMALL_DUMP_BYTES", "0")  # the kernels instead of the small dump's numpy path
     assert exact_json(path, "--chunk-tokens", "50", capsys=capsys)["exact"] == want
