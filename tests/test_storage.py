@@ -41,6 +41,7 @@ def same_report(a: dict, b: dict) -> None:
     for key in ("rows", "tokens", "valid_tokens", "skipped_rows", "skipped_by_reason", "neg_inf_tokens", "files"):
         assert a["input"][key] == b["input"][key], key
     assert [f["code"] for f in a["findings"]] == [f["code"] for f in b["findings"]]
+    assert a["exact"] == b["exact"]  # counts and the first differing rows, in reading order, however it was read
 
 
 def analyze_json(capsys: pytest.CaptureFixture, path: str, *flags: str) -> dict:
