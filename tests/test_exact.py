@@ -417,3 +417,18 @@ def test_every_status_has_its_colours() -> None:
     from rcdiag.report import VerdictStatus
 
     assert set(get_args(VerdictStatus)) == set(STATUS_STYLE) == set(STATUS_COLOURS)
+
+
+def test_a_named_cause_outranks_identical(tmp_path: Path) -> None:
+    """Bitwise identical, but the mask covers padding (0.0 on both sides for most valid tokens): the mask is the
+    answer (``broken``), not ``identical``."""
+    rows = identical_rows(9, n=40)
+    for r in range(len(rows.old)):
+        pad = np.zeros(2 * len(rows.old[r]) + 2, np.float32)
+        rows.old[r] = np.concatenate([rows.old[r], pad])
+        rows.rollout[r] = np.concatenate([rows.rollout[r], pad])
+        rows.mask[r] = np.ones(len(rows.old[r]), np.int8)
+    report = rcdiag.analyze(rows.write(tmp_path / "padded.parquet"))
+    assert report.sections["exact"].identical
+    assert report.verdict is not None and report.verdict.status == "broken"
+    assert [cause.cls for cause in report.verdict.causes] == ["mask"]
