@@ -102,7 +102,7 @@ def watch(
         ),
     ] = False,
     timeout: _seconds("--timeout", "Exit (0) after this long.") = None,  # type: ignore[valid-type]
-    max_idle: _seconds("--max-idle", "Exit (0) after this long without a new file.") = None,  # type: ignore[valid-type]
+    max_idle: _seconds("--max-idle", "Exit (0) after this long without a new file (read, settling or waiting).") = None,  # type: ignore[valid-type]
     max_rules: _bounds("--max", "Alert when a metric goes above, e.g. `kl=1e-2` (and forecast the crossing).") = None,  # type: ignore[valid-type]
     min_rules: _bounds("--min", "Alert when a metric goes below, e.g. `rollout_is_eff_sample_size=0.8`.") = None,  # type: ignore[valid-type]
     max_abs_rules: _bounds("--max-abs", "Alert when a metric's absolute value goes above, e.g. `kl=0.1`.") = None,  # type: ignore[valid-type]

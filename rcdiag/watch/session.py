@@ -524,10 +524,12 @@ class Watch:
         on_poll: Callable[[int, list[Delivery]], None] | None = None,
     ) -> str:
         """Follow the location until an end: ``"once"`` (with ``once``, nothing left to read), ``"timeout"``,
-        ``"idle"`` (``max_idle`` seconds without a new file) or ``"alert"`` (a new alert at ``exit_on``).
+        ``"idle"`` (``max_idle`` seconds without a new file, read or waiting) or ``"alert"`` (a new alert at
+        ``exit_on``).
         ``on_event`` sees each step after its commit, and each whole report; ``on_poll`` the files still settling
         and the deliveries finished since the last poll."""
         start = last_new = time.monotonic()
+        was_waiting = 0
         while True:
             read, waiting, stopped = self.poll_once(on_event, final=once)
             if on_poll is not None:
@@ -537,6 +539,8 @@ class Watch:
             now = time.monotonic()
             if timeout is not None and now - start >= timeout:
                 return "timeout"
+            if waiting != was_waiting:  # a file appeared (settling, or a rank file waiting for its rollout)
+                last_new, was_waiting = now, waiting
             if read:
                 last_new = now
                 continue  # more may have landed meanwhile
