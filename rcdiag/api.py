@@ -46,6 +46,7 @@ from rcdiag.report import Finding, InputFacts, MicroBatchReport, Report, StepRep
 from rcdiag.sections import RunFacts, Section
 from rcdiag.sections.base import Values, ValuesRecord
 from rcdiag.sections.exact import ExactSection
+from rcdiag.sections.slices import SlicesSection
 from rcdiag.sections.token_ids import TokenIdsSection
 from rcdiag.signature_rules import repeats, signature_findings
 from rcdiag.validate import Screen, ScreenStats, as_chunk
@@ -110,8 +111,9 @@ def analyze(
         tokenizer: a ``tokenizer.json`` (or a directory holding one) giving the text of the token ids in the
             by-token breakdown and the worst responses (``rcdiag[tokens]``; implies ``explain``).
         tokens: write the by-token table (one row per token id) to this Parquet file (implies ``explain``).
-        sections: more features riding on the run (``rcdiag.sections``), after ``--explain``'s and the exact match
-            every analyze runs (``rcdiag.sections.exact``); each record in ``report.sections[KEY]``.
+        sections: more features riding on the run (``rcdiag.sections``), after ``--explain``'s and those every
+            analyze runs (``with_defaults``: the exact match and the slices, ``read.columns.by``'s tables and the
+            ``slice_concentrated`` test); each record in ``report.sections[KEY]``. One given replaces a default.
         framework: also compute this framework's own correction and logged keys (``"trl"``, ``"openrlhf"``,
             ``"areal"``; docs/frameworks.md), merged into ``metrics`` and each step's, its release and options in
             ``report.sections["framework"]``; ``"verl"`` (the default) changes nothing but takes
@@ -149,13 +151,14 @@ def analyze(
         reads(path)
         for section in explaining:
             section.vocabulary()
-    wanted: list[Any] = [*explaining, *with_defaults([*sections, *riding])]
+    read = ReadOptions.of(read, options)
+    by = read.columns.by if read.columns is not None else ()
+    wanted: list[Any] = [*explaining, *with_defaults([*sections, *riding], by)]
     collector = None
     if microbatch is not None:
         from rcdiag.microbatch.rows import RowCollector
 
         collector = RowCollector()
-    read = ReadOptions.of(read, options)
     if collector is not None and read.workers == "auto":
         read = read.replace(workers=1)  # micro-batches need one process
     if collector is not None and (read.workers != 1 or read.ray):
@@ -193,10 +196,13 @@ def _framework(
     return config, [] if riding is None else [FrameworkSection(riding)]
 
 
-def with_defaults(sections: Sequence[Section]) -> list[Section]:
-    """The sections every analyze runs (exact match, ``rcdiag.sections.exact``) before those given, unless given."""
+def with_defaults(sections: Sequence[Section], by: tuple[str, ...] = ()) -> list[Section]:
+    """The sections every analyze runs before those given, unless given: the exact match (``rcdiag.sections.exact``)
+    and the slices (``rcdiag.sections.slices``; ``by``: the ``--by`` columns)."""
     given = list(sections)
-    return given if any(s.KEY == ExactSection.KEY for s in given) else [ExactSection(), *given]
+    keys = {section.KEY for section in given}
+    defaults: list[Section] = [ExactSection(), SlicesSection(by)]
+    return [*(section for section in defaults if section.KEY not in keys), *given]
 
 
 def write_sections(state: StepStates[Any], report: Report, sections: Sequence[Section]) -> None:

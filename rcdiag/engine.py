@@ -349,7 +349,8 @@ def _row_context(chunk: Chunk, mask: np.ndarray | None, step: StepKey, a: int, b
     rows = chunk.rows
     assert rows is not None  # numbered when the chunk entered the engine
     tokens = None if chunk.tokens is None else chunk.tokens[int(chunk.offsets[a]) : int(chunk.offsets[b])]
-    return RowContext(lengths, mask, rows[a:b], None if ids is None else ids[a:b], step, tokens)
+    labels = None if chunk.labels is None else {name: values[a:b] for name, values in chunk.labels.items()}
+    return RowContext(lengths, mask, rows[a:b], None if ids is None else ids[a:b], step, tokens, labels)
 
 
 def _valid_lengths(mask: np.ndarray, lengths: np.ndarray, compiled: bool = True) -> np.ndarray:

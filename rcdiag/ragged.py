@@ -27,6 +27,7 @@ def take_rows(chunk: Chunk, rows: np.ndarray) -> Chunk:
         mask=None if chunk.mask is None else chunk.mask[index],
         tokens=None if chunk.tokens is None else chunk.tokens[index],
         nulls=None if chunk.nulls is None else (_taken(chunk.nulls[0], index), _taken(chunk.nulls[1], index)),
+        labels=None if chunk.labels is None else {name: values[rows] for name, values in chunk.labels.items()},
         **per_row,
     )
 

@@ -276,6 +276,7 @@ CauseClass = Literal[
     "logprob_mode",
     "processing",
     "unexplained",
+    "replica",
 ]
 
 
@@ -562,7 +563,7 @@ class Report:
         if self.microbatch is not None:
             out["microbatch"] = self.microbatch.to_dict()
         for key, record in self.sections.items():
-            out[key] = record.to_dict()
+            _place(out, getattr(record, "JSON_PATH", (key,)), record.to_dict())
         return out
 
     def steps_frame(self) -> Any:
@@ -582,3 +583,12 @@ class Report:
         if self.explain is None or self.explain.sequences_path is None:
             raise ValueError("no per-response file: run analyze(..., sequences='FILE.parquet') first")
         return pl.read_parquet(self.explain.sequences_path)
+
+
+def _place(out: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    """``value`` at ``path`` in ``out`` (a section's ``JSON_PATH``, e.g. ``breakdowns.by``), copying each table on
+    the way so that no record's own dict is changed."""
+    *parents, last = path
+    for name in parents:
+        out[name] = out = dict(out.get(name) or {})
+    out[last] = value

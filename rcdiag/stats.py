@@ -1,4 +1,5 @@
-"""Student's t tail and critical values, for noise tests on few (or unequal) responses, without scipy.
+"""Student's t tail and critical values, for noise tests on few (or unequal) responses, without scipy; the cluster
+variance of a ratio of per-response sums (responses as the units).
 
 The two-sided tail is P(|T_nu| > t) = I_x(nu/2, 1/2) with x = nu / (nu + t^2), the regularized incomplete beta
 function, evaluated by Lentz's continued fraction (Numerical Recipes, ``betacf``); the critical value is found by
@@ -8,6 +9,8 @@ safeguarded Newton steps on that tail.
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 _TINY = 1e-300
 
@@ -78,3 +81,13 @@ def t_critical(tail: float, dof: float) -> float:
             return nxt
         t = nxt
     return t
+
+
+def ratio_variance(tokens: np.ndarray, sums: np.ndarray, mean: float) -> float:
+    """The squared cluster standard error of a ratio of sums, ``sum(sums) / sum(tokens)`` = ``mean``, with
+    responses as the units (one entry each): the delta method's sum of squared residuals ``sums - mean * tokens``
+    over ``sum(tokens)^2``, with the small-sample factor n / (n - 1)."""
+    total = float(tokens.sum())
+    n = tokens.size
+    resid = sums - mean * tokens
+    return float(np.sum(resid * resid)) / total**2 * n / max(n - 1, 1)

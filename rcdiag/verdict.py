@@ -55,6 +55,7 @@ STATUS_OF: dict[CauseClass, VerdictStatus] = {
     "logprob_mode": "fix",
     "processing": "fix",
     "unexplained": "fix",
+    "replica": "fix",
     "temperature": "fix",
     "truncation": "fix",
     "position": "fix",
@@ -101,6 +102,7 @@ CLASS_TEXT: dict[CauseClass, str] = {
     "logprob_mode": "the rollout reports log-probs of another distribution than it sampled from",
     "processing": "logit processing on one side",
     "unexplained": "a systematic mismatch that fits no known signature",
+    "replica": "mismatch concentrated in a subset of rows (one replica, worker or slice)",
 }
 """Each class in words, for the headline."""
 PROCESSING_SIGNS: dict[str, str] = {

@@ -58,6 +58,8 @@ class Code(StrEnum):
     CERTAIN_TOKENS_LOWERED = "certain_tokens_lowered"
     REPEATED_TOKENS_LOWERED = "repeated_tokens_lowered"
     MISMATCH_NOT_NOISE = "mismatch_not_noise"
+    SLICE_CONCENTRATED = "slice_concentrated"
+    SLICE_STALE = "slice_stale"
     MASK_LOOKS_INVERTED = "mask_looks_inverted"
     MASK_MISSING = "mask_missing"
     IS_MEAN_OUT_OF_RANGE = "is_mean_out_of_range"
@@ -262,6 +264,27 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "logit bias, soft-capping, min-p, temperature), raw vs processed log-probs, the columns' alignment and the "
         "mask, and the engine and weights on each side; analyze --explain tests for a temperature and a truncation.",
         cause="unexplained",
+    ),
+    FindingSpec(
+        "slice_concentrated",
+        "warning",
+        "one value of a replica/rank/worker or --by column, or one block of rows in reading order, carries k3 per token "
+        "at least RATIO_MIN times the other rows' and above 1e-3, beyond z_critical standard errors (responses as "
+        "units; thresholds: rcdiag.sections.slices)",
+        check="no subset of rows (a replica, a worker, a --by value, a block of rows) carries the mismatch",
+        advice="One subset of the rows carries the mismatch. For an engine replica, worker or GPU: compare its weights "
+        "(a checkpoint not synced, quantised, in another dtype), engine version and kernels with the others'; for "
+        "another column (an environment, a data source): what differs on its rows (chat template, tool output inside "
+        "the mask, sampling settings). Fix that subset: correction would reweight the healthy rows with it.",
+        cause="replica",
+    ),
+    FindingSpec(
+        "slice_stale",
+        "info",
+        "as slice_concentrated, but within each value of a policy-version column the slice is no longer concentrated",
+        advice="The excess follows the policy version: those rows were sampled by an older policy (staleness in "
+        "asynchronous training), which importance sampling corrects; check the staleness bound if it is larger than "
+        "intended.",
     ),
     FindingSpec(
         "mask_looks_inverted",

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from rcdiag.stats import ratio_variance
+
 if TYPE_CHECKING:
     from rcdiag.report import Report
 
@@ -105,14 +107,6 @@ def _bootstrap(tokens: np.ndarray, sums: np.ndarray, rng: np.random.Generator) -
     return out
 
 
-def _cluster_variance(tokens: np.ndarray, sums: np.ndarray, mean: float) -> float:
-    """The squared cluster standard error of a ratio of sums (responses as units)."""
-    total = float(tokens.sum())
-    n = tokens.size
-    resid = sums - mean * tokens
-    return float(np.sum(resid * resid)) / total**2 * n / max(n - 1, 1)
-
-
 def responses_test(metric: str, a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> PairedTest:
     """Responses as units: ``a`` and ``b`` are (tokens, sums) per response."""
     (ta, sa), (tb, sb) = (_kept(*a), _kept(*b))
@@ -123,7 +117,7 @@ def responses_test(metric: str, a: tuple[np.ndarray, np.ndarray], b: tuple[np.nd
     difference = value_b - value_a
     method: Method
     if max(ta.size, tb.size) > BOOTSTRAP_MAX:
-        se = math.sqrt(_cluster_variance(ta, sa, value_a) + _cluster_variance(tb, sb, value_b))
+        se = math.sqrt(ratio_variance(ta, sa, value_a) + ratio_variance(tb, sb, value_b))
         z = _normal_quantile(1 - LEVEL / 2)
         p = math.erfc(abs(difference) / se / math.sqrt(2)) if se > 0 else (0.0 if difference else 1.0)
         low, high, method = difference - z * se, difference + z * se, "normal"

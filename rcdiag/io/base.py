@@ -35,6 +35,9 @@ class ColumnMap:
     """A per-response id column (``--id-col``) for reports that name responses; default: ``ID_ALIASES``."""
     token: str | None = None
     """The per-token id column (``--token-col``), read with ``--explain``; default: ``ALIASES["token"]``."""
+    by: tuple[str, ...] = ()
+    """Per-row scalar columns to break the mismatch down by (``--by``): each must exist. Columns named like a
+    replica or a policy version (``rcdiag.io.columns.LABEL_ALIASES``) are read too, without it."""
 
 
 @dataclass
@@ -52,6 +55,8 @@ class Chunk:
     ``nulls`` marks, per log-prob column (old, rollout; ``None`` for one without), the positions the file held as
     JSON null and the reader gave as NaN (prime-rl's non-finite values): set only when the chunk has one, and read
     only by the screen, to name such a value as the file holds it.
+    ``labels`` holds each row's value of every per-row label column read (``ColumnMap.by`` and the columns named like
+    a replica or a policy version), by column name.
     """
 
     old: np.ndarray
@@ -70,6 +75,7 @@ class Chunk:
     tokens: np.ndarray | None = None
     token_name: str = "token_ids"
     nulls: tuple[np.ndarray | None, np.ndarray | None] | None = None
+    labels: dict[str, np.ndarray] | None = None
 
     PER_ROW = ("steps", "seq_ids", "ids", "rows")
     """Optional per-row arrays: selecting rows selects these too."""

@@ -39,6 +39,21 @@ ALIASES: dict[str, tuple[str, ...]] = {
 ID_ALIASES = ("uid", "sample_id", "prompt_id")
 """Per-response id columns, in order of preference (list layouts; the long layout's id is its sequence id)."""
 
+LABEL_ALIASES: dict[str, tuple[str, ...]] = {
+    "replica": ("replica", "replica_id", "replica_rank", "rank", "dp_rank", "worker", "worker_id", "worker_rank",
+                "engine_id", "engine_rank", "server_id", "gpu", "gpu_id", "device_id"),
+    "policy_version": ("policy_version", "weight_version", "weights_version", "model_version", "param_version",
+                       "rollout_version", "policy_lag", "staleness"),
+}  # fmt: skip
+"""Per-row columns read on every run when the dump has them (exact names): which engine replica, worker or GPU
+produced a row, and which policy version sampled it (the verdict's ``replica`` class and its staleness split)."""
+
+
+def label_role(name: str) -> str | None:
+    """``"replica"`` or ``"policy_version"`` for a column named like one (``LABEL_ALIASES``), else ``None``."""
+    return next((role for role, names in LABEL_ALIASES.items() if name in names), None)
+
+
 ROLE_FLAGS = {"old": "--old-col", "rollout": "--rollout-col", "mask": "--mask-col", "step": "--step-col",
               "seq": "--seq-col", "token": "--token-col"}  # fmt: skip
 ROLE_KEYS = {"old": "old_log_prob", "rollout": "rollout_log_prob", "mask": "response_mask", "step": "step",
@@ -67,6 +82,9 @@ class Resolved:
     """The per-response id column (``None``: the dump has none)."""
     token: str | None = None
     """The per-token id column (``None``: the dump has none); read only with ``--explain``."""
+    labels: tuple[str, ...] = ()
+    """Per-row label columns read: those given with ``--by``, then those named like a replica or a policy version
+    (``LABEL_ALIASES``)."""
 
     def used(self, long: bool) -> dict[str, str | None]:
         """``InputFacts.columns``: canonical role name -> column used."""
@@ -132,8 +150,16 @@ def resolve(
             f"has no column '{columns.id}' (given with --id-col); columns present: {_list(present)}", path=path
         )
     default_id = chosen["seq"] if need_seq else next((name for name in ID_ALIASES if name in present), None)
-    resolved = Resolved(**chosen, id=columns.id or default_id)  # type: ignore[arg-type]
-    for name in dict.fromkeys(getattr(resolved, role) for role in (*ROLE_KEYS, "id", "token")):
+    missing = [name for name in columns.by if name not in present]
+    if missing:
+        raise InputError(
+            f"has no column '{missing[0]}' (given with --by); columns present: {_list(present)}", path=path
+        )
+    roles = {name for name in chosen.values() if name is not None}
+    recognised = [n for n in present if label_role(n) is not None and n not in roles and present.count(n) == 1]
+    labels = tuple(dict.fromkeys([*columns.by, *recognised]))
+    resolved = Resolved(**chosen, id=columns.id or default_id, labels=labels)  # type: ignore[arg-type]
+    for name in dict.fromkeys([*(getattr(resolved, role) for role in (*ROLE_KEYS, "id", "token")), *labels]):
         check_unique(present, name, path)
     return resolved
 

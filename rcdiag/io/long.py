@@ -194,6 +194,7 @@ def bucket_chunks(table: pa.Table, cols: Resolved, path: str, chunk_tokens: int)
             )
         steps = token_steps[starts]
     ids = seq_ids if cols.id in (None, cols.seq) else id_array(table.column(cols.id).combine_chunks())[starts]
+    labels = {name: id_array(table.column(name).combine_chunks())[starts] for name in cols.labels} or None
     tokens = None
     if cols.token is not None:
         tokens = token_values(table.column(cols.token).combine_chunks(), cols.token, path, None)
@@ -210,6 +211,7 @@ def bucket_chunks(table: pa.Table, cols: Resolved, path: str, chunk_tokens: int)
         seq_ids=seq_ids,
         ids=ids,
         tokens=tokens,
+        labels=labels,
     )
 
 

@@ -125,6 +125,7 @@ def slice_chunks(
     ids: np.ndarray | None = None,
     tokens: np.ndarray | None = None,
     nulls: tuple[np.ndarray | None, np.ndarray | None] | None = None,
+    labels: dict[str, np.ndarray] | None = None,
 ) -> Iterator[Chunk]:
     """Cut flat whole rows into chunks of at most ``chunk_tokens`` values (a longer row is its own chunk).
     ``first_row`` is the file row of the first row, or ``None`` when rows are not file rows (long layout).
@@ -153,6 +154,7 @@ def slice_chunks(
             tokens=None if tokens is None else tokens[lo:hi],
             token_name=cols.token or "token_ids",
             nulls=None if nulls is None else (_cut(nulls[0], lo, hi), _cut(nulls[1], lo, hi)),
+            labels=None if labels is None else {name: values[start:stop] for name, values in labels.items()},
         )
 
 

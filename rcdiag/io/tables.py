@@ -85,7 +85,9 @@ class TableFile(ABC):
         named = columns is not None and columns.token is not None
         if cols.token is not None and not named and not _is_token_type(schema.field(cols.token).type, self.long):
             cols = dataclasses.replace(cols, token=None)  # a recognised name holding something else: not ids
-        self.cols: Resolved = cols
+        given = () if columns is None else columns.by
+        labels = tuple(name for name in cols.labels if name in given or _is_label_type(schema.field(name).type))
+        self.cols: Resolved = dataclasses.replace(cols, labels=labels)  # a recognised name holding lists: not a label
         check_types(schema, self.cols, self.long, path)
         self.tokens_wanted = False
         """Whether ``read_columns`` includes the token-id column (``--explain``: ``Source.want_tokens``)."""
@@ -120,6 +122,7 @@ class TableFile(ABC):
         cols = self.cols
         names = [name for name in (cols.old, cols.rollout, cols.mask, cols.step, cols.seq) if name is not None]
         names += [cols.id] if cols.id is not None and cols.id not in names else []
+        names += [name for name in cols.labels if name not in names]
         return names + ([cols.token] if self.tokens_wanted and cols.token is not None else [])
 
     @property
@@ -136,6 +139,19 @@ def _is_token_type(arrow_type: pa.DataType, long: bool) -> bool:
             return False
         arrow_type = arrow_type.value_type
     return pa.types.is_integer(arrow_type) or (not long and pa.types.is_floating(arrow_type))
+
+
+def _is_label_type(arrow_type: pa.DataType) -> bool:
+    """A label (``--by``) is one number, string or boolean per row (a dictionary-encoded string too)."""
+    if pa.types.is_dictionary(arrow_type):
+        arrow_type = arrow_type.value_type
+    return (
+        pa.types.is_integer(arrow_type)
+        or pa.types.is_floating(arrow_type)
+        or pa.types.is_boolean(arrow_type)
+        or pa.types.is_string(arrow_type)
+        or pa.types.is_large_string(arrow_type)
+    )
 
 
 def _is_fact_type(arrow_type: pa.DataType) -> bool:
@@ -221,6 +237,14 @@ def check_types(schema: pa.Schema, cols: Resolved, long: bool, path: str) -> Non
             path=path,
             column=cols.token,
         )
+    for name in cols.labels:
+        if not _is_label_type(schema.field(name).type):
+            raise InputError(
+                f"has type {schema.field(name).type}, expected one number, string or boolean per row (--by breaks the "
+                "mismatch down by a per-row column: an environment, a data source, a replica, a policy version)",
+                path=path,
+                column=name,
+            )
     if long and cols.seq is not None:
         seq_type = schema.field(cols.seq).type
         if not (pa.types.is_integer(seq_type) or pa.types.is_string(seq_type) or pa.types.is_large_string(seq_type)):
@@ -248,6 +272,7 @@ def list_chunks(batch: Batch, cols: Resolved, chunk_tokens: int, token: str | No
     old = float_values(old_values)
     rollout = float_values(rollout_values)
     ids = id_array(data.column(cols.id)) if cols.id is not None else None
+    labels = {name: id_array(data.column(name)) for name in cols.labels} or None
     tokens = None
     if token is not None:
         token_offsets, token_list = flatten_list(data.column(token), token, path, row)
@@ -257,6 +282,7 @@ def list_chunks(batch: Batch, cols: Resolved, chunk_tokens: int, token: str | No
     yield from slice_chunks(
         old, rollout, offsets, mask, steps, cols, path, chunk_tokens, first_row=row, ids=ids, tokens=tokens,
         nulls=nulls,
+        labels=labels,
     )  # fmt: skip
 
 

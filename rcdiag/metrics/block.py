@@ -50,6 +50,8 @@ class RowContext:
     step: int | None
     tokens: np.ndarray | None = None
     """The rows' token ids over all their positions, like ``mask`` (``None``: the dump has none, or not read)."""
+    labels: dict[str, np.ndarray] | None = None
+    """Each label column's value per row (``Chunk.labels``; ``None``: no label column read)."""
 
 
 class Block:

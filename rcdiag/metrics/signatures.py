@@ -134,17 +134,11 @@ class SignatureMetrics(Accumulator):
     )
 
     def update(self, block: Block) -> None:
-        old, rollout, mask, lengths = block.raw
-        old = np.ascontiguousarray(old, dtype=np.float32)
-        rollout = np.ascontiguousarray(rollout, dtype=np.float32)
-        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
-        compiled = block.b.compiled
-        sums = (
-            signature_kernel(old, rollout, mask, lengths) if compiled else signature_arrays(old, rollout, mask, lengths)
-        )
-        self.fold(sums)
+        self.fold(block.once(signature_sums))
         if block.tokens is not None:
-            rows = (history_kernel if compiled else history_arrays)(old, rollout, block.tokens, mask, lengths)
+            old, rollout, mask, lengths = contiguous(block)
+            history = history_kernel if block.b.compiled else history_arrays
+            rows = history(old, rollout, block.tokens, mask, lengths)
             self.add(history=rows.sum(axis=0), history_cross=rows.T @ rows)
 
     def fold(self, sums: SignatureSums) -> None:
@@ -255,6 +249,25 @@ class SignatureMetrics(Accumulator):
             "rcdiag/repeat_drop_std_error": math.sqrt(max(variance, 0.0)),
             "rcdiag/repeat_share": nr / (nr + nf),
         }
+
+
+def contiguous(block: Block) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+    """The block's raw rows as the compiled passes take them: float32 log-probs and int64 lengths, contiguous."""
+    old, rollout, mask, lengths = block.raw
+    return (
+        np.ascontiguousarray(old, dtype=np.float32),
+        np.ascontiguousarray(rollout, dtype=np.float32),
+        mask,
+        np.ascontiguousarray(lengths, dtype=np.int64),
+    )
+
+
+def signature_sums(block: Block) -> SignatureSums:
+    """The block's signature sums (once per block: ``rcdiag.sections.slices`` reads its per-row sums too)."""
+    old, rollout, mask, lengths = contiguous(block)
+    if block.b.compiled:
+        return signature_kernel(old, rollout, mask, lengths)
+    return signature_arrays(old, rollout, mask, lengths)
 
 
 def _row_moments(row_sums: np.ndarray, n: np.ndarray) -> tuple[float, float, float]:

@@ -18,6 +18,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "units": ("rcdiag.sections.units", "UnitsSection"),
     "framework": ("rcdiag.frameworks.section", "FrameworkSection"),
     "exact": ("rcdiag.sections.exact", "ExactSection"),
+    "slices": ("rcdiag.sections.slices", "SlicesSection"),
 }
 """Each section's key -> (module, class); the class built with no arguments reads a merged state by its defaults."""
 
