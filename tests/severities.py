@@ -23,6 +23,8 @@ SEVERITIES = {
     "certain_tokens_lowered": ERROR,
     "repeated_tokens_lowered": ERROR,
     "mismatch_not_noise": WARNING,
+    "slice_concentrated": WARNING,
+    "slice_stale": INFO,
     "mask_looks_inverted": WARNING,
     "mask_missing": WARNING,
     "is_mean_out_of_range": WARNING,

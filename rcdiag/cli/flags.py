@@ -348,6 +348,18 @@ VocabOpt = Annotated[
         show_default=False,
     ),
 ]
+ByOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--by",
+        metavar="COLUMN",
+        help="Break the mismatch down by this per-row column (an environment, data source, task, rank, replica, "
+        "worker or policy version; repeatable): per value its rows, tokens, kl, k3_kl, mean |log-ratio|, share of "
+        "k3_kl and own status, and the slice_concentrated test over its values. A missing column stops with exit 2.",
+        rich_help_panel=INPUT,
+        show_default=False,
+    ),
+]
 QUIET = Flag(
     "quiet",
     Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar on stderr.", rich_help_panel=RUN)],
@@ -358,6 +370,7 @@ READ_FLAGS = FlagGroup(
     "read",
     (
         *(_column_flag(role) for role in COLUMN_ROLES),
+        Flag("by", ByOpt),
         Flag("on_bad_row", OnBadRowOpt, BadRowPolicy("error")),
         Flag("device", DeviceOpt, "cpu"),
         Flag("chunk_tokens", ChunkOpt, DEFAULT_CHUNK_TOKENS),
@@ -379,8 +392,9 @@ def _read_options(values: dict[str, Any]) -> Any:
     from rcdiag.io.base import ColumnMap
     from rcdiag.options import ReadOptions
 
-    fields = {k: v for k, v in values.items() if not k.endswith("_col")}
-    return ReadOptions(columns=ColumnMap(**_columns(values)), **fields | {"on_bad_row": values["on_bad_row"].value})
+    fields = {k: v for k, v in values.items() if not k.endswith("_col") and k != "by"}
+    columns = ColumnMap(**_columns(values), by=tuple(dict.fromkeys(values["by"] or ())))
+    return ReadOptions(columns=columns, **fields | {"on_bad_row": values["on_bad_row"].value})
 
 
 def given_path(value: Any) -> Any:

@@ -8,7 +8,18 @@ from rich.table import Table
 from rich.text import Text
 
 from rcdiag.printable import printable
-from rcdiag.render.text import BREAKDOWN_METRICS, BREAKDOWNS, WORST_COLUMNS, bucket_label, fmt, worst_cells
+from rcdiag.render.text import (
+    BREAKDOWN_METRICS,
+    BREAKDOWNS,
+    SLICE_COLUMNS,
+    WORST_COLUMNS,
+    bucket_label,
+    fmt,
+    shown_slices,
+    slice_cells,
+    slice_title,
+    worst_cells,
+)
 from rcdiag.render.token_text import (
     SHOWN,
     TOKEN_COLUMNS,
@@ -43,6 +54,26 @@ def render_explain(report: Report, console: Console) -> None:
     console.print(_worst(explained))
     for text in explained.texts:
         console.print(_highlighted(text, explained))
+
+
+TERMINAL_SLICES = 16
+"""Values of a ``--by`` column the terminal shows (those carrying most of k3_kl; the JSON and HTML have all)."""
+
+
+def render_slices(report: Report, console: Console) -> None:
+    """``--by``'s tables, one per column (nothing without ``--by``)."""
+    record = report.sections.get("slices")
+    if record is None:
+        return
+    for column, entries in record.tables.items():
+        shown = shown_slices(entries, TERMINAL_SLICES)
+        table = Table(title=slice_title(column, len(entries), len(shown)), title_justify="left", title_style="bold",
+                      show_edge=False, pad_edge=False)  # fmt: skip
+        for name in SLICE_COLUMNS:
+            table.add_column(name, justify="left" if name in ("value", "status") else "right")
+        for entry in shown:
+            table.add_row(*slice_cells(entry))
+        console.print(table)
 
 
 TERMINAL_TOKENS = 160

@@ -30,12 +30,15 @@ from rcdiag.render.table import evenly_spaced
 from rcdiag.render.text import (
     BREAKDOWN_METRICS,
     BREAKDOWNS,
+    SLICE_COLUMNS,
     WORST_COLUMNS,
     bucket_label,
     describe_config,
     describe_input,
     fmt,
     reading_context,
+    slice_cells,
+    slice_title,
     where,
     worst_cells,
 )
@@ -140,10 +143,29 @@ def render_html(report: Report) -> str:
             *_framework(report),
             section("Metrics" + (" (all steps pooled)" if report.steps else ""), _metrics(report)),
             *([section("Per step", _steps(report))] if report.steps else []),
+            *_slices(report),
             *_explain(report),
             *token_sections(report, section, table),
         ],
     )
+
+
+def _slices(report: Report) -> list[str]:
+    """With ``--by``: every value of each column, its share of the tokens and of k3_kl, and its own status."""
+    record = report.sections.get("slices")
+    if record is None:
+        return []
+    parts = []
+    for column, entries in record.tables.items():
+        rows = ([e(cell) for cell in slice_cells(entry)] for entry in entries)
+        parts.append(f"<h3>{e(slice_title(column, len(entries), len(entries)))}</h3>"
+                     + table(SLICE_COLUMNS, rows, numeric=range(1, len(SLICE_COLUMNS) - 1)))  # fmt: skip
+    note = (
+        f'<p class="note">The concentrated slice: {e(record.concentrated)}.</p>'
+        if record.concentrated
+        else '<p class="note">No slice carries the mismatch beyond its share of the tokens.</p>'
+    )
+    return [section("Mismatch by slice (--by)", note, *parts)]
 
 
 def _verdict(verdict: Verdict | None, side: str = "") -> str:

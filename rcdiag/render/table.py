@@ -46,9 +46,10 @@ def render_table(report: Report, console: Console, *, details: bool = False) -> 
 
         for part in microbatch_section(report):
             console.print(part)
-    if report.explain is not None:
-        from rcdiag.render.explain_table import render_explain
+    if report.explain is not None or report.sections.get("slices") is not None:
+        from rcdiag.render.explain_table import render_explain, render_slices
 
+        render_slices(report, console)
         render_explain(report, console)
     if not details:
         print_health_warnings(report, console)

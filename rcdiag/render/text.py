@@ -79,6 +79,46 @@ WORST_COLUMNS = ("row", "step", "id", "valid tokens", "log-ratio sum", "max |log
                  "old / rollout log-prob there")  # fmt: skip
 
 
+SLICE_COLUMNS = ("value", "rows", "tokens", "share of tokens", "kl", "k3_kl", "mean |log-ratio|", "share of k3_kl", "z",
+                 "status")  # fmt: skip
+"""``--by``'s table columns (``breakdowns.by.COLUMN``), terminal and HTML."""
+
+
+def slice_cells(entry: dict[str, Any]) -> tuple[str, ...]:
+    """One ``--by`` slice, in ``SLICE_COLUMNS`` order (the value as the dump holds it, made printable)."""
+    value = entry["value"]
+    return (
+        "null" if value is None else printable(str(value)),
+        f"{entry['rows']:,}",
+        f"{entry['tokens']:,}",
+        _percent(entry["token_share"]),
+        fmt(entry["kl"]),
+        fmt(entry["k3_kl"]),
+        fmt(entry["abs_log_ratio_mean"]),
+        _percent(entry["k3_share"]),
+        "—" if entry["z"] is None else f"{entry['z']:.3g}",
+        entry["status"],
+    )
+
+
+def slice_title(column: str, count: int, shown: int) -> str:
+    """The title of one ``--by`` table (saying when it shows only some of the column's values)."""
+    more = f"; the {shown} carrying most of k3_kl of its {count} values" if shown < count else ""
+    return printable(f"By {column} (--by {column}{more})")
+
+
+def shown_slices(entries: list[dict[str, Any]], most: int) -> list[dict[str, Any]]:
+    """At most ``most`` slices, those carrying the largest share of k3_kl, in the table's (reading) order."""
+    if len(entries) <= most:
+        return entries
+    kept = sorted(range(len(entries)), key=lambda i: -(entries[i]["k3_share"] or 0.0))[:most]
+    return [entries[i] for i in sorted(kept)]
+
+
+def _percent(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1%}"
+
+
 def bucket_label(entry: dict[str, Any]) -> str:
     """``[0, 32)``, ``[0.99, 1]``, ``>= 2048``."""
     lo, hi = entry["lo"], entry["hi"]

@@ -209,6 +209,20 @@ class SliceRows:
             "steps": [[step, table.tolist()] for step, table in self.tables().items()],
         }
 
+    def steps_state(self, steps: list[int | None]) -> dict[str, Any]:
+        """``state_dict`` with only ``steps``' responses (``rcdiag watch`` logs the steps a file touched)."""
+        out = self.state_dict()
+        out["steps"] = [[step, table] for step, table in out["steps"] if step in steps]
+        return out
+
+    def replace_steps(self, part: SliceRows) -> None:
+        """Take ``part``'s steps (a ``steps_state`` read back) in place of this state's, with its value tables."""
+        self._adopt(list(part.columns))
+        self.values, self._index, self.overflow = part.values, part._index, set(part.overflow)
+        self.steps.update(part.steps)
+        self.rows_read = part.rows_read
+        self._analysis = None
+
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> SliceRows:
         keys = {"given", "columns", "values", "overflow", "rows_read", "steps"}

@@ -15,6 +15,7 @@ from rcdiag.config import CorrectionConfig, router_replay_mode
 from rcdiag.engine import Engine
 from rcdiag.io import Chunk
 from rcdiag.io.base import SourceInfo
+from rcdiag.errors import ConfigError
 from rcdiag.options import ReadOptions
 from rcdiag.report import Finding, InputFacts
 from rcdiag.sweep.accumulated import PointResult, SweepState, new_sweep_state
@@ -48,6 +49,11 @@ def sweep(
     """
     grid = grid or build_grid()
     read = ReadOptions.of(read, options)
+    if read.columns is not None and read.columns.by:
+        raise ConfigError(
+            "--by breaks analyze's mismatch down by a column (analyze, check, compare, watch); a sweep scans "
+            "thresholds over the whole dump: run it without --by"
+        )
     new_state = functools.partial(_new_state, grid.specs(), grid.verl_version, target_reject)
     accumulated = accumulate(
         path,

@@ -31,6 +31,7 @@ from rcdiag.check.metric_names import metric_names, validate_rules
 from rcdiag.config import CorrectionConfig
 from rcdiag.core.limits import finite_tree
 from rcdiag.engine import EngineState
+from rcdiag.sections.slices import SliceRows, SlicesSection
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.health import BATCH_RULES, CONTEXT_RULES, Context, Hit, could_fire_in_context
 from rcdiag.io import storage
@@ -214,9 +215,12 @@ class Watch:
         self.dispatcher = dispatcher or Dispatcher()
         self.state_path = claim_state(location, state_path)
         self.follower = Follower(location, settle)
-        self.state = EngineState(self.resolved, whole_dump={ExactState.KEY: ExactState()})
-        """Every step's accumulators, and the exact match over every file read (a state saved before rcdiag
-        compared bits has none, and keeps none)."""
+        self.slices = SlicesSection(self.read.columns.by if self.read.columns is not None else ())
+        self.state = EngineState(
+            self.resolved, whole_dump={ExactState.KEY: ExactState(), SliceRows.KEY: self.slices.new_state()}
+        )
+        """Every step's accumulators, the exact match over every file read (a state saved before rcdiag compared
+        bits has none, and keeps none) and every row's slices (per step)."""
         self.source: SourceInfo | None = None
         """Every file read, as one source (its ``reads``: each file's path, size, time, inode, fingerprint)."""
         self.screen = ScreenStats()
@@ -267,6 +271,7 @@ class Watch:
             self.alerted = {str(key): step for key, step in saved["alerted"].items()}
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(f"holds a damaged watch table ({type(exc).__name__}: {exc})", path=name) from None
+        state.whole_dump.setdefault(SliceRows.KEY, self.slices.new_state())  # a state written before slices
         self.state, self.screen = analyze_state(state), screen
         self.source = combined_info(sources) if sources else None
         generation = saved.get("generation")
@@ -326,6 +331,8 @@ class Watch:
                 except FieldError as exc:
                     raise ValueError(str(exc)) from None
                 self.state.whole_dump[ExactState.KEY] = exact
+            if "slices" in line:
+                self._slices().replace_steps(SliceRows.from_state_dict(decode_state(line["slices"])))
             self.source = info if self.source is None else combined_info([self.source, info])
             self.screen = screen
             for item in (line["file"], *line.get("with", ())):  # "with": the other rank files of a rollout
@@ -376,6 +383,12 @@ class Watch:
         if self.log_bytes or self.generation is None:
             self.compact()
 
+    def _slices(self) -> SliceRows:
+        """The state's slices (every row's numbers, per step: ``rcdiag.sections.slices``)."""
+        slices = self.state.whole_dump[SliceRows.KEY]
+        assert isinstance(slices, SliceRows)
+        return slices
+
     def _info(self) -> SourceInfo:
         if self.source is None:
             return SourceInfo(path=self.location, format="", files=0)
@@ -418,7 +431,8 @@ class Watch:
 
         file, stamp = unit.file, unit.stamps[0]
         name = str(file)
-        got = accumulate(name, self.config, self.read, sections=with_defaults([TokenIdsSection()]))  # ids: history
+        sections = with_defaults([TokenIdsSection(), self.slices])  # ids: history; every row's slices
+        got = accumulate(name, self.config, self.read, sections=sections)
         if not self.follower.unchanged(unit):
             return []  # rewritten while read, or a rank file of its rollout appeared: read again once it settles
         if ExactState.KEY not in self.state.whole_dump:  # a state saved before exact match: its files were not compared
@@ -464,7 +478,12 @@ class Watch:
                 "screen": self.screen.to_dict(),
                 "counts": {"rows": state.rows, "tokens": state.tokens, "valid_tokens": state.valid_tokens},
                 "batches": [[step, encode_state(state.batches[step].state_dict())] for step in steps],
-                **{key: encode_state(whole.state_dict()) for key, whole in state.whole_dump.items()},
+                **{
+                    key: encode_state(whole.state_dict())
+                    for key, whole in state.whole_dump.items()
+                    if key != SliceRows.KEY  # per step, as the batches: the whole table each time would grow
+                },
+                "slices": encode_state(self._slices().steps_state(list(steps))),
                 "alerted": {alert.key: event.step.step for event in events for alert in event.alerts},
             }
         )  # then report: a kill between the two loses this file's lines, never counts it twice
