@@ -262,6 +262,22 @@ def test_a_rules_file_over_the_limit_is_refused(tmp_path: Path, monkeypatch: Any
             f"state.whole_dump.bogus is a state no imported module declares (known: {', '.join(sorted(KINDS))};",
         ),
         (
+            lambda p: p["state"]["whole_dump"]["slices"].__setitem__("rows_read", -1),
+            "slices.rows_read must be a count",
+        ),
+        (
+            lambda p: p["state"]["whole_dump"]["slices"]["steps"][0][1][0].append(1.0),
+            "slices.steps tables must have 3 columns",
+        ),
+        (
+            lambda p: p["state"]["whole_dump"]["slices"]["steps"][0][1][0].__setitem__(0, 1e6),
+            "slices.steps row numbers must be rows read (0 to 23)",
+        ),
+        (
+            lambda p: p["state"]["whole_dump"]["slices"].__setitem__("values", "[1"),
+            "slices.values must be a JSON list of each column's values",
+        ),
+        (
             lambda p: p["state"].__setitem__("whole_dump", [1]),
             "state.whole_dump must be a table of whole-dump states, got [1]",
         ),

@@ -132,7 +132,9 @@ def test_each_slice_equals_numpy_on_its_rows(tmp_path: Path) -> None:
     assert [row["value"] for row in rows] == list(dict.fromkeys(values))  # reading order of first appearance
     d = [(o - r).astype(np.float64) for o, r in zip(olds, rollouts, strict=True)]
     n = np.array([x.size for x in d], dtype=np.float64)
-    neg = np.array([float(r.astype(np.float64).sum() - o.astype(np.float64).sum()) for o, r in zip(olds, rollouts)])
+    neg = np.array(
+        [float(r.astype(np.float64).sum() - o.astype(np.float64).sum()) for o, r in zip(olds, rollouts, strict=True)]
+    )
     k3 = np.array([float(np.sum(np.expm1(x) - x)) for x in d])
     absolute = np.array([float(np.abs(x).sum()) for x in d])
     capped = np.array([float(np.sum(np.minimum(np.exp(x), math.exp(3)) - 1 - x)) for x in d])

@@ -268,9 +268,9 @@ FINDINGS: tuple[FindingSpec, ...] = (
     FindingSpec(
         "slice_concentrated",
         "warning",
-        "one value of a replica/rank/worker or --by column, or one block of rows in reading order, carries k3 per token "
-        "at least RATIO_MIN times the other rows' and above 1e-3, beyond z_critical standard errors (responses as "
-        "units; thresholds: rcdiag.sections.slices)",
+        "one value of a replica/rank/worker or --by column, or one block of rows in reading order, carries k3 per "
+        "token at least RATIO_MIN times the other rows' and above 1e-3, beyond z_critical standard errors (responses "
+        "as units; thresholds: rcdiag.sections.slices)",
         check="no subset of rows (a replica, a worker, a --by value, a block of rows) carries the mismatch",
         advice="One subset of the rows carries the mismatch. For an engine replica, worker or GPU: compare its weights "
         "(a checkpoint not synced, quantised, in another dtype), engine version and kernels with the others'; for "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -57,8 +57,8 @@ def compare(
     *,
     engine: EngineFlags,
     read: ReadOptions,
-    columns_a: dict[str, str],
-    columns_b: dict[str, str],
+    columns_a: dict[str, Any],
+    columns_b: dict[str, Any],
     out: Output,
 ) -> None:
     """Run both dumps through the same rollout correction and compare them: every metric with its difference and

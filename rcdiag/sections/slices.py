@@ -29,6 +29,7 @@ from rcdiag.catalogue.findings import Code
 from rcdiag.engine import register_whole_dump
 from rcdiag.errors import InputError
 from rcdiag.fields import FieldError
+from rcdiag.fields import step as saved_step
 from rcdiag.io.columns import label_role
 from rcdiag.metrics.signatures import signature_sums
 from rcdiag.report import Finding
@@ -250,12 +251,30 @@ class SliceRows:
         for pair in state["steps"]:
             if not isinstance(pair, list) or len(pair) != 2:
                 raise FieldError("slices.steps must be a list of [step, table] pairs")
-            step, listed = pair
-            table = np.asarray(listed, dtype=np.float64).reshape(-1, out.width) if listed else np.zeros((0, out.width))
+            step, listed = saved_step(pair[0], "slices.steps step"), pair[1]
+            if step in out.steps:
+                raise FieldError(f"slices.steps holds step {step} twice")
+            try:
+                table = np.asarray(listed, dtype=np.float64) if listed else np.zeros((0, out.width))
+            except (TypeError, ValueError):
+                table = np.zeros((0, 0))
             if table.ndim != 2 or table.shape[1] != out.width:
                 raise FieldError(f"slices.steps tables must have {out.width} columns")
+            out._check(table)
             out.steps[step] = [table]
         return out
+
+    def _check(self, table: np.ndarray) -> None:
+        """A saved table's row numbers are rows read, and its codes index their column's values (or are -1)."""
+        rows = table[:, 0]
+        if rows.size and not (np.all(rows >= 0) and np.all(rows < self.rows_read) and np.all(rows == np.floor(rows))):
+            raise FieldError(f"slices.steps row numbers must be rows read (0 to {self.rows_read - 1})")
+        base = len(BASE) + (len(DETAIL) if self.detail else 0)
+        for i, column in enumerate(self.columns):
+            codes = table[:, base + i]
+            if codes.size and not (np.all(codes >= -1) and np.all(codes < len(self.values[column]))):
+                count = len(self.values[column])
+                raise FieldError(f"slices.steps codes of column '{column}' must index its {count} values")
 
     @classmethod
     def layout(cls) -> dict[str, Any]:
@@ -399,7 +418,7 @@ def _analyse(state: SliceRows) -> Analysis:
     whole = np.concatenate([tables[s] for s in steps]) if steps else np.zeros((0, state.width))
     order = np.argsort(whole[:, 0], kind="stable")
     whole = whole[order]
-    step_of = np.concatenate([np.full(tables[s].shape[0], i) for i, s in enumerate(steps)])[order] if steps else []
+    step_of = np.concatenate([np.full(tables[s].shape[0], i) for i, s in enumerate(steps)] or [np.zeros(0)])[order]
     tokens, k3 = whole[:, 1], whole[:, 2]
     base = len(BASE) + (len(DETAIL) if state.detail else 0)
     codes = {column: whole[:, base + i].astype(np.int64) for i, column in enumerate(state.columns)}
@@ -419,7 +438,7 @@ def _analyse(state: SliceRows) -> Analysis:
                 what = f"the {int(inside.sum())} rows with {column} = {value!r}"
                 candidates.append(Candidate(what, test, inside, column, value))
     if not replica_column:
-        candidates.extend(_blocks(tokens, k3, np.asarray(step_of), steps, whole[:, 0]))
+        candidates.extend(_blocks(tokens, k3, step_of, steps, whole[:, 0]))
     critical = z_critical(len(candidates))
     hits = [c for c in candidates if c.test.concentrated(critical)]
     best = max(hits, key=lambda c: c.test.z, default=None)
@@ -435,7 +454,8 @@ def _analyse(state: SliceRows) -> Analysis:
     left_out = tuple(sorted(c for c in state.overflow if c not in state.given))
     shares = (0.0, 0.0)
     if best is not None:
-        shares = (_ratio(k3[best.inside].sum(), k3.sum()) or 0.0, _ratio(tokens[best.inside].sum(), tokens.sum()) or 0.0)
+        inside = best.inside
+        shares = (_ratio(k3[inside].sum(), k3.sum()) or 0.0, _ratio(tokens[inside].sum(), tokens.sum()) or 0.0)
     return Analysis(by, best, len(candidates), critical, versions, version_text, left_out, shares)
 
 
@@ -483,9 +503,7 @@ def _blocks(
     return out
 
 
-def _split(
-    tokens: np.ndarray, k3: np.ndarray, inside: np.ndarray, version: np.ndarray, column: str
-) -> tuple[str, str]:
+def _split(tokens: np.ndarray, k3: np.ndarray, inside: np.ndarray, version: np.ndarray, column: str) -> tuple[str, str]:
     """Whether the slice stands out within each policy version (``engine``) or only because its rows are of the
     versions that carry the mismatch (``stale``): its capped k3 against what the rest's k3 per token at each of its
     rows' versions predicts."""
@@ -641,4 +659,3 @@ class SlicesSection(PlainSection):
 
 def _z(z: float) -> str:
     return f"{z:.3g}" if math.isfinite(z) else "infinitely many"
-

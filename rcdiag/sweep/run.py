@@ -13,9 +13,9 @@ from rcdiag.backend import Backend, get_backend
 from rcdiag.catalogue.emit import emit
 from rcdiag.config import CorrectionConfig, router_replay_mode
 from rcdiag.engine import Engine
+from rcdiag.errors import ConfigError
 from rcdiag.io import Chunk
 from rcdiag.io.base import SourceInfo
-from rcdiag.errors import ConfigError
 from rcdiag.options import ReadOptions
 from rcdiag.report import Finding, InputFacts
 from rcdiag.sweep.accumulated import PointResult, SweepState, new_sweep_state

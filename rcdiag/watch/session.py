@@ -31,7 +31,6 @@ from rcdiag.check.metric_names import metric_names, validate_rules
 from rcdiag.config import CorrectionConfig
 from rcdiag.core.limits import finite_tree
 from rcdiag.engine import EngineState
-from rcdiag.sections.slices import SliceRows, SlicesSection
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.health import BATCH_RULES, CONTEXT_RULES, Context, Hit, could_fire_in_context
 from rcdiag.io import storage
@@ -41,6 +40,7 @@ from rcdiag.options import ReadOptions
 from rcdiag.outputs import ledger, reads, writes
 from rcdiag.report import Report, StepReport
 from rcdiag.sections.exact import ExactState
+from rcdiag.sections.slices import SliceRows, SlicesSection
 from rcdiag.sections.token_ids import TokenIdsSection
 from rcdiag.validate import ScreenStats
 from rcdiag.watch.alerts import Alert, AlertPolicy, file_alert
