@@ -33,6 +33,7 @@ from rcdiag.frameworks.section import FrameworkState
 from rcdiag.io.base import Chunk
 from rcdiag.metrics.base import Accumulator
 from rcdiag.sections.exact import FIRST_RESPONSES, ExactState
+from rcdiag.sections.slices import DETAIL, SliceRows
 from rcdiag.state import decode_state, encode_state
 from rcdiag.sweep.accumulated import SweepState, new_sweep_state
 from rcdiag.sweep.grid import SweepGrid
@@ -64,6 +65,7 @@ class Data:
             offsets=np.arange(rows + 1, dtype=np.int64) * width,
             mask=self.mask[a:b].astype(bool).reshape(-1),
             tokens=np.ascontiguousarray(self.ids[a:b]).reshape(-1),
+            labels={"env": np.array([f"e{row % 3}" for row in range(a, b)], dtype=object)},
         )
 
 
@@ -228,6 +230,25 @@ def _areal_reference(data: Data) -> dict[str, float]:
     }
 
 
+def _slices_reference(data: Data, state: EngineState) -> None:
+    """Every response's row, finite tokens, capped k3 (token ratios at most e^3), exact k3 and label against numpy."""
+    slices = state.whole_dump["slices"]
+    assert isinstance(slices, SliceRows)
+    (table,) = slices.tables().values()
+    d = data.old.astype(np.float64) - data.rollout.astype(np.float64)
+    valid = data.mask.astype(bool) & np.isfinite(d)
+    d0 = np.where(valid, d, 0.0)
+    capped = np.where(valid, np.minimum(np.exp(d0), math.exp(3)) - 1 - d0, 0.0).sum(axis=1)
+    d32 = np.where(valid, (data.old - data.rollout).astype(np.float64), 0.0)  # k3 reads d in float32, as the report
+    exact = np.where(valid, np.expm1(d32) - d32, 0.0).sum(axis=1)
+    assert table[:, 0].tolist() == list(range(data.old.shape[0]))
+    assert table[:, 1].tolist() == valid.sum(axis=1).tolist()
+    assert table[:, 2] == pytest.approx(capped, rel=1e-6, abs=1e-9)  # the capped ratio: the kernel's expm1
+    assert table[:, 3 + DETAIL.index("k3_exact")] == pytest.approx(exact, rel=1e-9, abs=1e-12)
+    codes = table[:, -1].astype(int)
+    assert [slices.values["env"][c] for c in codes] == [f"e{row % 3}" for row in range(data.old.shape[0])]
+
+
 CASES: list[Case] = [
     Case("per-step", lambda: (EngineState(CONFIG.resolve()), None), _per_step, _per_step_reference),
     Case(
@@ -246,9 +267,15 @@ CASES: list[Case] = [
         _exact_members,
         _exact_reference,
     ),
+    Case(
+        "slices",
+        lambda: (EngineState(CONFIG.resolve(), whole_dump={"slices": (whole := SliceRows(("env",)))}), whole),
+        lambda state: [*_per_step(state), state.whole_dump["slices"]],
+        _slices_reference,
+    ),
 ]
 """Every kind of accumulator: analyze's per-step ones, ``--explain``'s, the sweep's, each framework's (``--as``),
-exact match's."""
+exact match's, the slices' (with ``--by``)."""
 
 
 def _run(case: Case, data: Data, cuts: list[int]) -> EngineState:
