@@ -408,3 +408,26 @@ def test_the_long_layout_takes_each_sequence_value(tmp_path: Path) -> None:
 def test_sweep_refuses_by() -> None:
     done = _cli("sweep", defect_dump("replica", HELD_OUT[0]), "--by", "step")
     assert done.returncode == 2 and "a sweep scans thresholds over the whole dump" in done.stderr
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_compiled_pass_equals_the_numpy_twin(seed: int) -> None:
+    """The per-row sums of ``--by`` on one block: masked tokens, empty rows, -inf on one side and on both."""
+    from rcdiag.kernels.slices import slice_pass
+    from rcdiag.sections.slices import slice_arrays
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 30, 100).astype(np.int64)
+    n = int(lengths.sum())
+    old = (-rng.exponential(1.0, n)).astype(np.float32)
+    rollout = (old + rng.normal(0, 0.1, n)).astype(np.float32)
+    old[rng.random(n) < 0.02] = -np.inf
+    both = rng.random(n) < 0.02
+    old[both], rollout[both] = -np.inf, -np.inf
+    mask = rng.random(n) > 0.1
+    for m in (None, mask):
+        out = np.empty((lengths.size, 6))
+        with np.errstate(all="ignore"):
+            slice_pass(old, rollout, np.zeros(0, bool) if m is None else m, m is not None, lengths, out)
+            twin = slice_arrays(old, rollout, m, lengths)
+        np.testing.assert_allclose(out, twin, rtol=1e-12, atol=1e-12)

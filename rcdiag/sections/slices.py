@@ -10,8 +10,8 @@ standard errors of the difference (``rcdiag.stats.ratio_variance``: responses as
 slice tested). Row blocks are compared with the rest of their own step (a trend across steps is not a replica),
 and the same block of every step with the rest of every step.
 
-With ``--by`` each response also keeps its exact sums (``rcdiag.sections.units.response_terms``) and the moments
-the precision tests read, for the per-slice table (``breakdowns.by.COLUMN``): 14 numbers a response instead of 3.
+With ``--by`` each response also keeps its exact sums (one compiled pass, ``rcdiag.kernels.slices``) and the moments
+the precision tests read, for the per-slice table (``breakdowns.by.COLUMN``): 13 numbers a response instead of 3.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from rcdiag.io.columns import label_role
 from rcdiag.metrics.signatures import signature_sums
 from rcdiag.report import Finding
 from rcdiag.sections.base import PlainSection, RunFacts
-from rcdiag.sections.units import response_terms
 from rcdiag.signature_rules import NOISE_K3_MAX, mismatch_large, precision_tests
 from rcdiag.stats import ratio_variance
 
@@ -60,9 +59,10 @@ BLOCKS = (2, 4, 8, 16)
 """Each step's rows (in reading order) are cut into this many equal blocks, at every resolution."""
 BASE = ("row", "tokens", "k3")
 """Per response on every run: its row number, its tokens with a finite log-ratio, its capped k3 sum."""
-DETAIL = ("valid", "neg_lr", "k3_exact", "chi2", "abs_lr", "ratio", "d", "d2", "mid", "mid2", "d_mid")
-"""Per response with ``--by``: ``response_terms``' sums (valid tokens, -log-ratio, k3, chi2, |log-ratio|), the
-capped ratio - 1 and the log-ratio d, and the sums of d^2, mid, mid^2 and d * mid (mid: the two log-probs' mean)."""
+DETAIL = ("valid", "neg_lr", "k3_exact", "abs_lr", "ratio", "d", "d2", "mid", "mid2", "d_mid")
+"""Per response with ``--by``: valid tokens, the sums of -log-ratio (the block's row sums), k3 and |log-ratio|, of
+the capped ratio - 1 and d (the signature pass's), and of d^2, mid, mid^2 and d * mid (mid: the two log-probs' mean;
+``rcdiag.kernels.slices``)."""
 
 
 @cache
@@ -114,8 +114,10 @@ class SliceRows:
         sums = block.once(signature_sums)
         parts = [context.rows.astype(np.float64), sums.row_n.astype(np.float64), sums.row_ratio - sums.row_d]
         if self.detail:
-            parts.extend(response_terms(block).T)
-            parts.extend((sums.row_ratio, sums.row_d, *_moments(block)))
+            valid, neg_lr = block.b.to_numpy(block.row_len), -block.b.to_numpy(block.row_sum_lr)
+            row = _row_sums(block)
+            parts.extend((valid.astype(np.float64), neg_lr, row[:, 1], row[:, 0], sums.row_ratio, sums.row_d))
+            parts.extend(row[:, 2:].T)
         parts.extend(self._codes(column, labels[column]) for column in self.columns)
         self.steps.setdefault(context.step, []).append(np.column_stack(parts))
 
@@ -284,20 +286,42 @@ class SliceRows:
 register_whole_dump(SliceRows.KEY, SliceRows)
 
 
-def _moments(block: Block) -> tuple[np.ndarray, ...]:
-    """Per row: sums of d^2, mid, mid^2 and d * mid over its valid tokens with a finite d (d = old - rollout in
-    float32, then float64, as the signature pass; mid = their mean)."""
+def _row_sums(block: Block) -> np.ndarray:
+    """Per row (rows x 6): |d| and k3 over its valid tokens, d^2, mid, mid^2 and d * mid over those with a finite
+    log-ratio (``rcdiag.kernels.slices``, or its numpy twin ``slice_arrays``)."""
     old, rollout, mask, lengths = block.raw
+    old = np.ascontiguousarray(old, dtype=np.float32)
+    rollout = np.ascontiguousarray(rollout, dtype=np.float32)
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    if not block.b.compiled:
+        return slice_arrays(old, rollout, mask, lengths)
+    from rcdiag.kernels.slices import slice_pass
+
+    out = np.empty((lengths.shape[0], 6))
+    flags = np.zeros(0, dtype=np.bool_) if mask is None else np.ascontiguousarray(mask, dtype=np.bool_)
+    with np.errstate(all="ignore"):
+        slice_pass(old, rollout, flags, mask is not None, lengths, out)
+    return out
+
+
+def slice_arrays(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | None, lengths: np.ndarray) -> np.ndarray:
+    """``rcdiag.kernels.slices.slice_pass`` with numpy's array operations."""
     rows = lengths.shape[0]
     row = np.repeat(np.arange(rows), lengths)
     if mask is not None:
         old, rollout, row = old[mask], rollout[mask], row[mask]
-    with np.errstate(invalid="ignore"):
+    out = np.zeros((rows, 6))
+    with np.errstate(all="ignore"):
+        d32 = (old - rollout).astype(np.float64)
+        out[:, 0] = np.bincount(row, weights=np.abs(d32), minlength=rows)
+        out[:, 1] = np.bincount(row, weights=np.expm1(d32) - d32, minlength=rows)
         d = old.astype(np.float64) - rollout.astype(np.float64)
-    finite = np.isfinite(d)
-    d, row = d[finite], row[finite]
-    mid = 0.5 * (old.astype(np.float64) + rollout.astype(np.float64))[finite]
-    return tuple(np.bincount(row, weights=w, minlength=rows) for w in (d * d, mid, mid * mid, d * mid))
+        finite = np.isfinite(d)
+        d, row = d[finite], row[finite]
+        mid = 0.5 * (old.astype(np.float64) + rollout.astype(np.float64))[finite]
+    for i, weights in enumerate((d * d, mid, mid * mid, d * mid), start=2):
+        out[:, i] = np.bincount(row, weights=weights, minlength=rows)
+    return out
 
 
 def _plain(value: Any) -> Any:
