@@ -62,7 +62,8 @@ def main() -> None:
     print(f"{args.tokens} tokens, {args.rounds} rounds (medians)")
     for how in ways:
         wall, cpu = medians[how]
-        print(f"{how:8s} {wall:6.2f} s wall {cpu:6.2f} s CPU   ratio {wall / base[0]:.3f} wall, {cpu / base[1]:.3f} CPU")
+        ratios = f"ratio {wall / base[0]:.3f} wall, {cpu / base[1]:.3f} CPU"
+        print(f"{how:8s} {wall:6.2f} s wall {cpu:6.2f} s CPU   {ratios}")
 
 
 if __name__ == "__main__":

@@ -180,3 +180,17 @@ def test_sweep_takes_urls_and_ray(capsys: pytest.CaptureFixture, ray_local, loca
     for x, y in zip(merged["sweep"], local["sweep"], strict=True):
         for key, value in x["metrics"].items():
             assert value == pytest.approx(y["metrics"][key], rel=1e-12, abs=1e-12), (x["option"], key)
+
+
+def test_ray_keeps_the_slices_of_one_process(ray_local) -> None:
+    """The slices section's per-response numbers travel with each task's state: ``--by``'s table and the replica
+    the verdict names are those of one process (tests/realmodel's replica defect, one task per file)."""
+    from shape_dumps import defect_dump
+
+    for name, by in (("replica_column", ("replica",)), ("replica", ())):
+        path = defect_dump(name, 1)
+        one = rcdiag.analyze(path, columns=rcdiag.ColumnMap(by=by))
+        tasks = rcdiag.analyze(path, columns=rcdiag.ColumnMap(by=by), ray=True)
+        assert one.to_dict().get("breakdowns") == tasks.to_dict().get("breakdowns")
+        assert [c.evidence for c in tasks.verdict.causes] == [c.evidence for c in one.verdict.causes]  # type: ignore[union-attr]
+        assert tasks.verdict.causes[0].cls == "replica"  # type: ignore[union-attr]

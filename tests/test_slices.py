@@ -431,3 +431,22 @@ def test_the_compiled_pass_equals_the_numpy_twin(seed: int) -> None:
             slice_pass(old, rollout, np.zeros(0, bool) if m is None else m, m is not None, lengths, out)
             twin = slice_arrays(old, rollout, m, lengths)
         np.testing.assert_allclose(out, twin, rtol=1e-12, atol=1e-12)
+
+
+def test_by_reaches_check_and_compare() -> None:
+    """--by is an input flag: check refuses a missing column as analyze does, and compare's verdict of each side
+    tests the column's values."""
+    seed = HELD_OUT[0]
+    missing = _cli("check", defect_dump("replica", seed), "--pack", "analyze", "--by", "env")
+    assert missing.returncode == 2 and "has no column 'env' (given with --by)" in missing.stderr
+    compared = _cli(
+        "compare", dump("bf16", seed), defect_dump("replica_column", seed), "--by", "replica", "--format", "json"
+    )
+    assert compared.returncode == 2 and "has no column 'replica' (given with --by)" in compared.stderr  # A has none
+    both = _cli(
+        "compare", defect_dump("replica_column", HELD_OUT[1]), defect_dump("replica_column", seed), "--by", "step",
+        "--format", "json",
+    )  # fmt: skip
+    assert both.returncode == 0, both.stderr
+    verdicts = json.loads(both.stdout)["verdicts"]
+    assert [verdicts[side]["causes"][0]["evidence"][:33] for side in "ab"] == ["the 64 rows with replica = 3 carr"] * 2

@@ -236,6 +236,8 @@ PLANTED = {
     "raw_logprobs_0.7": ("fix", "logprob_mode", "logprobs_not_sampled"),
     "repetition_penalty": ("fix", "processing", "repeated_tokens_lowered"),
     "softcap": ("fix", "processing", "certain_tokens_lowered"),
+    "replica": ("fix", "replica", "slice_concentrated"),
+    "replica_column": ("fix", "replica", "slice_concentrated"),
 }
 """Each planted defect's status, class and the signature finding that names it."""
 
