@@ -142,7 +142,7 @@ def _is_token_type(arrow_type: pa.DataType, long: bool) -> bool:
 
 
 def _is_label_type(arrow_type: pa.DataType) -> bool:
-    """A label (``--by``) is one number, string or boolean per row (a dictionary-encoded string too)."""
+    """One number, string or boolean (a dictionary-encoded one too): a label (``--by``) holds one per row."""
     if pa.types.is_dictionary(arrow_type):
         arrow_type = arrow_type.value_type
     return (
@@ -161,13 +161,7 @@ def _is_fact_type(arrow_type: pa.DataType) -> bool:
         arrow_type = arrow_type.value_type
     if is_list_type(arrow_type):
         arrow_type = arrow_type.value_type
-    return (
-        pa.types.is_integer(arrow_type)
-        or pa.types.is_floating(arrow_type)
-        or pa.types.is_boolean(arrow_type)
-        or pa.types.is_string(arrow_type)
-        or pa.types.is_large_string(arrow_type)
-    )
+    return _is_label_type(arrow_type)
 
 
 def _mask_candidates(schema: pa.Schema, cols: Resolved) -> tuple[str, ...]:
