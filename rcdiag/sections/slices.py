@@ -57,6 +57,9 @@ FAMILY_ALPHA = 1e-4
 """False alarms per dump the critical value allows over every slice tested."""
 BLOCKS = (2, 4, 8, 16)
 """Each step's rows (in reading order) are cut into this many equal blocks, at every resolution."""
+MAX_STEPS_SCANNED = 64
+"""Each step's own blocks are tested in a dump of at most this many steps (30 tests a step); with more, only the same
+block of every step (a replica serves its share of every batch), so the scan stays a few hundred tests."""
 BASE = ("row", "tokens", "k3")
 """Per response on every run: its row number, its tokens with a finite log-ratio, its capped k3 sum."""
 DETAIL = ("valid", "neg_lr", "k3_exact", "abs_lr", "ratio", "d", "d2", "mid", "mid2", "d_mid")
@@ -120,6 +123,7 @@ class SliceRows:
             parts.extend(row[:, 2:].T)
         parts.extend(self._codes(column, labels[column]) for column in self.columns)
         self.steps.setdefault(context.step, []).append(np.column_stack(parts))
+        self._analysis = None
 
     def _adopt(self, columns: list[str]) -> None:
         self.columns = columns
@@ -403,8 +407,8 @@ class Candidate:
     what: str
     """The slice in words: ``replica=3 (column 'replica')``, ``rows 192-255 (...)``."""
     test: Excess
-    inside: np.ndarray
-    """Which responses of the dump (in reading order) it holds."""
+    members: np.ndarray
+    """The responses it holds (indices in reading order)."""
     column: str | None
     value: Any = None
     scope: str = ""
@@ -448,6 +452,7 @@ def _analyse(state: SliceRows) -> Analysis:
     codes = {column: whole[:, base + i].astype(np.int64) for i, column in enumerate(state.columns)}
     ordered = {column: _value_order(codes[column], len(state.values[column])) for column in state.columns}
     candidates: list[Candidate] = []
+    tested: dict[tuple[str, int], Excess] = {}
     replica_column = False
     for column in state.columns:
         role = label_role(column)
@@ -455,12 +460,12 @@ def _analyse(state: SliceRows) -> Analysis:
             continue
         replica_column = replica_column or role == "replica"
         for code in ordered[column]:
-            inside = codes[column] == code
-            test = excess(tokens, k3, inside)
+            members = np.flatnonzero(codes[column] == code)
+            test = excess(tokens, k3, _mask(members, tokens.shape[0]))
             if test is not None:
-                value = state.values[column][code]
-                what = f"the {int(inside.sum())} rows with {column} = {value!r}"
-                candidates.append(Candidate(what, test, inside, column, value))
+                tested[column, code] = test
+                what = f"the {members.size} rows with {column} = {state.values[column][code]!r}"
+                candidates.append(Candidate(what, test, members, column, state.values[column][code]))
     if not replica_column:
         candidates.extend(_blocks(tokens, k3, step_of, steps, whole[:, 0]))
     critical = z_critical(len(candidates))
@@ -468,19 +473,28 @@ def _analyse(state: SliceRows) -> Analysis:
     best = max(hits, key=lambda c: c.test.z, default=None)
     versions, version_text = None, ""
     version = next((c for c in state.columns if label_role(c) == "policy_version" and c not in state.overflow), None)
-    if best is not None and version is not None:
-        versions, version_text = _split(tokens, k3, best.inside, codes[version], version)
+    shares = (0.0, 0.0)
+    if best is not None:
+        inside = _mask(best.members, tokens.shape[0])
+        shares = (_ratio(k3[inside].sum(), k3.sum()) or 0.0, _ratio(tokens[inside].sum(), tokens.sum()) or 0.0)
+        if version is not None:
+            versions, version_text = _split(tokens, k3, inside, codes[version], version)
     by = {
-        column: [_row(state, whole, codes[column], code, column) for code in ordered[column]]
+        column: [
+            _row(state.values[column][code], whole, codes[column] == code, tested.get((column, code)))
+            for code in ordered[column]
+        ]
         for column in state.given
         if column in state.columns
     }
     left_out = tuple(sorted(c for c in state.overflow if c not in state.given))
-    shares = (0.0, 0.0)
-    if best is not None:
-        inside = best.inside
-        shares = (_ratio(k3[inside].sum(), k3.sum()) or 0.0, _ratio(tokens[inside].sum(), tokens.sum()) or 0.0)
     return Analysis(by, best, len(candidates), critical, versions, version_text, left_out, shares)
+
+
+def _mask(members: np.ndarray, size: int) -> np.ndarray:
+    inside = np.zeros(size, dtype=bool)
+    inside[members] = True
+    return inside
 
 
 def _value_order(codes: np.ndarray, count: int) -> list[int]:
@@ -495,35 +509,37 @@ def _blocks(
     tokens: np.ndarray, k3: np.ndarray, step_of: np.ndarray, steps: list[int | None], rows: np.ndarray
 ) -> list[Candidate]:
     """Each step's rows cut into ``BLOCKS`` equal blocks in reading order, each against the rest of its step; with
-    several steps, the same block of every step against the rest of every step."""
+    several steps, the same block of every step against the rest of every step (only those beyond
+    ``MAX_STEPS_SCANNED`` steps). Each step's blocks are tested on that step's responses alone."""
     out = []
-    same_block: dict[tuple[int, int], np.ndarray] = {}
+    same_block: dict[tuple[int, int], list[np.ndarray]] = {}
+    by_step = np.argsort(step_of, kind="stable")  # each step's responses, in reading order
+    bounds = np.searchsorted(step_of[by_step], np.arange(len(steps) + 1))
     for i, step in enumerate(steps):
-        members = np.flatnonzero(step_of == i)
-        in_step = np.zeros(tokens.shape[0], dtype=bool)
-        in_step[members] = True
+        members = by_step[bounds[i] : bounds[i + 1]]
+        t, c = tokens[members], k3[members]
         for count in BLOCKS:
             for j in range(count):
                 lo, hi = members.size * j // count, members.size * (j + 1) // count
-                inside = np.zeros(tokens.shape[0], dtype=bool)
-                inside[members[lo:hi]] = True
-                pooled = same_block.setdefault((count, j), np.zeros(tokens.shape[0], dtype=bool))
-                pooled |= inside
-                if hi <= lo:
+                same_block.setdefault((count, j), []).append(members[lo:hi])
+                if hi - lo < MIN_ROWS or members.size - (hi - lo) < MIN_ROWS or len(steps) > MAX_STEPS_SCANNED:
                     continue
-                test = excess(tokens[in_step], k3[in_step], inside[in_step])
+                inside = np.zeros(members.size, dtype=bool)
+                inside[lo:hi] = True
+                test = excess(t, c, inside)
                 if test is not None:
                     where = "the dump's rows" if step is None else f"step {step}'s rows"
                     first, last = int(rows[members[lo]]), int(rows[members[hi - 1]])
                     what = f"rows {first}-{last} (block {j + 1} of {count} of {where}, in reading order)"
                     scope = "" if step is None or len(steps) == 1 else f" of step {step}"
-                    out.append(Candidate(what, test, inside, None, scope=scope))
+                    out.append(Candidate(what, test, members[lo:hi], None, scope=scope))
     if len(steps) > 1:
-        for (count, j), inside in same_block.items():
-            test = excess(tokens, k3, inside)
+        for (count, j), parts in same_block.items():
+            pooled = np.concatenate(parts)
+            test = excess(tokens, k3, _mask(pooled, tokens.shape[0]))
             if test is not None:
                 what = f"block {j + 1} of {count} of every step's rows (in reading order)"
-                out.append(Candidate(what, test, inside, None))
+                out.append(Candidate(what, test, pooled, None))
     return out
 
 
@@ -556,17 +572,15 @@ def _split(tokens: np.ndarray, k3: np.ndarray, inside: np.ndarray, version: np.n
     )
 
 
-def _row(state: SliceRows, whole: np.ndarray, codes: np.ndarray, code: int, column: str) -> dict[str, Any]:
-    """One slice's row of ``breakdowns.by.COLUMN``."""
-    inside = codes == code
+def _row(value: Any, whole: np.ndarray, inside: np.ndarray, test: Excess | None) -> dict[str, Any]:
+    """One slice's row of ``breakdowns.by.COLUMN`` (``test``: its ``slice_concentrated`` test, if it had one)."""
     named = {name: whole[:, len(BASE) + i] for i, name in enumerate(DETAIL)}
-    valid, valid_all = named["valid"][inside], named["valid"]
+    valid_all = named["valid"]
     total_tokens, total_k3 = float(valid_all.sum()), float(named["k3_exact"].sum())
-    tokens = float(valid.sum())
+    tokens = float(valid_all[inside].sum())
     mean = {key: _ratio(named[key][inside].sum(), tokens) for key in ("neg_lr", "k3_exact", "abs_lr")}
-    test = excess(whole[:, 1], whole[:, 2], inside)
     return {
-        "value": state.values[column][code],
+        "value": value,
         "rows": int(inside.sum()),
         "tokens": int(tokens),
         "token_share": _ratio(tokens, total_tokens),
