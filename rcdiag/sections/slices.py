@@ -136,6 +136,8 @@ class SliceRows:
             return np.full(values.shape[0], -1.0)
         firsts, inverse = _distinct(values)
         codes = np.array([self._code(column, value) for value in firsts], dtype=np.float64)
+        if column in self.overflow:  # this block's values overflowed it
+            return np.full(values.shape[0], -1.0)
         return codes[inverse] if codes.size else np.zeros(0)
 
     def _code(self, column: str, value: Any) -> float:
