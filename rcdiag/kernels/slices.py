@@ -14,6 +14,7 @@ import numpy as np
 from numba import njit
 
 from rcdiag.kernels import JIT, compiling  # noqa: F401 (compiling: a notice when kernels compile)
+from rcdiag.kernels.scalar import k3 as k3_of
 
 
 @njit(**JIT)
@@ -31,7 +32,7 @@ def slice_pass(old, rollout, mask, has_mask, lengths, out):  # fmt: skip
             r = rollout[t]
             d32 = np.float64(o - r)
             absolute += abs(d32)
-            k3 += math.expm1(d32) - d32
+            k3 += k3_of(math.expm1(d32), d32)
             d = np.float64(o) - np.float64(r)
             if not math.isfinite(d):
                 continue

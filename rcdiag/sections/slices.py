@@ -26,6 +26,7 @@ import numpy as np
 
 from rcdiag.catalogue.emit import emit
 from rcdiag.catalogue.findings import Code
+from rcdiag.core import formulas
 from rcdiag.engine import register_whole_dump
 from rcdiag.errors import InputError
 from rcdiag.fields import FieldError
@@ -320,7 +321,7 @@ def slice_arrays(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | None, 
     with np.errstate(all="ignore"):
         d32 = (old - rollout).astype(np.float64)
         out[:, 0] = np.bincount(row, weights=np.abs(d32), minlength=rows)
-        out[:, 1] = np.bincount(row, weights=np.expm1(d32) - d32, minlength=rows)
+        out[:, 1] = np.bincount(row, weights=formulas.k3(np.expm1(d32), d32), minlength=rows)
         d = old.astype(np.float64) - rollout.astype(np.float64)
         finite = np.isfinite(d)
         d, row = d[finite], row[finite]
