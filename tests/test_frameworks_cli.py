@@ -128,7 +128,8 @@ def test_terminal_shows_the_framework_table(capsys: pytest.CaptureFixture) -> No
 
 
 @pytest.mark.parametrize(("name", "release"), [("trl", "TRL 1.16.0"), ("openrlhf", "OpenRLHF 0.11.0"),
-                                               ("areal", "AReaL 1.0.4"), ("verl", "verl 0.9.1")])  # fmt: skip
+                                               ("areal", "AReaL 1.0.4"), ("verl", "verl 0.9.1"),
+                                               ("skyrl", "SkyRL a9564572e")])  # fmt: skip
 def test_presets_as_shows_the_release_options_and_keys(name: str, release: str, capsys: pytest.CaptureFixture) -> None:
     code, out, _ = run(capsys, "presets", "--as", name)
     assert code == 0 and out.startswith(f"{release} (--as {name})")
@@ -144,7 +145,10 @@ def test_presets_as_shows_the_release_options_and_keys(name: str, release: str, 
     ("name", "options"),
     [("trl", {"vllm_importance_sampling_mode": "token_mask", "vllm_importance_sampling_clip_max": 1.05}),
      ("openrlhf", {"algo.advantage.is_correction_enable": True, "algo.advantage.is_correction_type": "seq-mask-tis"}),
-     ("areal", {"use_decoupled_loss": True, "rejection_sampling": {"level": "sequence", "upper": 1.02}})],
+     ("areal", {"use_decoupled_loss": True, "rejection_sampling": {"level": "sequence", "upper": 1.02}}),
+     ("skyrl", {"tis_ratio_type": "sequence", "sequence_mask_metric": "geometric",
+                "outlier_token_is_threshold_high": 100, "token_mask_is_threshold_low": 0.5,
+                "token_mask_is_threshold_high": 2})],
 )  # fmt: skip
 def test_state_files_and_workers_give_the_same_values(name: str, options: dict, tmp_path: Path) -> None:
     one = rcdiag.analyze(OUTLIERS, framework=name, framework_options=options, save_state=tmp_path / "s.json")

@@ -180,6 +180,33 @@ class TokenRows:
         self.counts: np.ndarray = b.to_numpy(block.row_len).astype(np.int64)
         self.n_tokens = int(self.old.shape[0])
         self.n_rows = int(self.counts.shape[0])
+        self._raw = block.raw
+
+    @cached_property
+    def raw_counts(self) -> np.ndarray:
+        """Each row's length as stored, its masked positions included: what a framework pads its batch to the
+        longest of (a padding-dependent value is computed on the step padded to its longest row)."""
+        return np.asarray(self._raw[3], dtype=np.int64)
+
+    @cached_property
+    def masked(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The masked positions inside the rows as stored: ``(old, rollout, row of each)``, float32; empty when
+        every stored position is valid."""
+        old, rollout, mask, lengths = self._raw
+        if mask is None:
+            empty = np.zeros(0, dtype=np.float32)
+            return empty, empty, np.zeros(0, dtype=np.int64)
+        rows = np.repeat(np.arange(self.n_rows, dtype=np.int64), np.asarray(lengths, dtype=np.int64))
+        off = ~np.asarray(mask, dtype=bool)
+        return (
+            np.asarray(old, dtype=np.float32)[off],
+            np.asarray(rollout, dtype=np.float32)[off],
+            rows[off],
+        )
+
+    def row_any(self, flags: np.ndarray) -> np.ndarray:
+        """Per row: does any valid token have ``flags`` set (``False`` for an empty row)."""
+        return self.row_sum(flags.astype(np.float64)) > 0
 
     @cached_property
     def diff(self) -> np.ndarray:

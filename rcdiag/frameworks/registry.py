@@ -21,9 +21,10 @@ FRAMEWORKS: dict[str, str] = {
     "trl": "rcdiag.frameworks.trl",
     "openrlhf": "rcdiag.frameworks.openrlhf",
     "areal": "rcdiag.frameworks.areal",
+    "skyrl": "rcdiag.frameworks.skyrl",
 }
 """``--as`` names rcdiag reproduces -> their module, in the order ``--help`` lists them."""
-PLANNED = ("nemo-rl", "slime", "skyrl", "prime-rl", "roll")
+PLANNED = ("nemo-rl", "slime", "prime-rl", "roll")
 """Names ``--as`` knows but does not reproduce yet: refused with a line saying so."""
 
 
