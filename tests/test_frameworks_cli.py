@@ -19,6 +19,7 @@ from rcdiag.frameworks.registry import FRAMEWORKS, choose
 
 SAMPLE = str(ROOT / "sample_data" / "healthy.parquet")
 OUTLIERS = str(ROOT / "sample_data" / "outliers.parquet")
+MIS_HELPER = "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp"
 
 
 def run(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
@@ -90,6 +91,10 @@ def test_values_bare_words_and_blocks_parse_as_documented() -> None:
         (("--as", "trl", "--preset", "decoupled_token_is"), "--preset configures verl's correction"),
         (("--as", "nemo-rl",), "rcdiag does not reproduce nemo-rl's correction yet"),
         (("--as", "megatron",), "--as megatron: unknown framework"),
+        (("--as", "slime", "--as-option", "use_tis=true", "--as-option", f"custom_tis_function_path={MIS_HELPER}",
+          "--as-option", "tis_level=geometric"), "Unsupported tis_level: geometric"),
+        (("--as", "slime", "--as-option", "use_tis=true", "--as-option", f"custom_tis_function_path={MIS_HELPER}",
+          "--as-option", "tis_mode=mask", "--as-option", "tis_lower_bound=3"), "needs tis_lower_bound < tis_upper_bound"),
     ],
 )  # fmt: skip
 def test_refusals_are_one_line_and_exit_2(args: tuple, message: str, capsys: pytest.CaptureFixture) -> None:
@@ -129,7 +134,7 @@ def test_terminal_shows_the_framework_table(capsys: pytest.CaptureFixture) -> No
 
 @pytest.mark.parametrize(("name", "release"), [("trl", "TRL 1.16.0"), ("openrlhf", "OpenRLHF 0.11.0"),
                                                ("areal", "AReaL 1.0.4"), ("verl", "verl 0.9.1"),
-                                               ("skyrl", "SkyRL a9564572e")])  # fmt: skip
+                                               ("skyrl", "SkyRL a9564572e"), ("slime", "slime 624b824a")])  # fmt: skip
 def test_presets_as_shows_the_release_options_and_keys(name: str, release: str, capsys: pytest.CaptureFixture) -> None:
     code, out, _ = run(capsys, "presets", "--as", name)
     assert code == 0 and out.startswith(f"{release} (--as {name})")
@@ -148,7 +153,8 @@ def test_presets_as_shows_the_release_options_and_keys(name: str, release: str, 
      ("areal", {"use_decoupled_loss": True, "rejection_sampling": {"level": "sequence", "upper": 1.02}}),
      ("skyrl", {"tis_ratio_type": "sequence", "sequence_mask_metric": "geometric",
                 "outlier_token_is_threshold_high": 100, "token_mask_is_threshold_low": 0.5,
-                "token_mask_is_threshold_high": 2})],
+                "token_mask_is_threshold_high": 2}),
+     ("slime", {"use_tis": True, "custom_tis_function_path": MIS_HELPER, "tis_level": "sequence"})],
 )  # fmt: skip
 def test_state_files_and_workers_give_the_same_values(name: str, options: dict, tmp_path: Path) -> None:
     one = rcdiag.analyze(OUTLIERS, framework=name, framework_options=options, save_state=tmp_path / "s.json")

@@ -14,13 +14,17 @@ import rcdiag
 from rcdiag.frameworks.registry import framework
 
 NAMES = sorted(path.stem for path in EXPECTED.glob("*.json"))
+TOLERANCES = {"slime": (1e-5, 1e-7)}
+"""(relative, absolute) where a framework sums float32 per-sample terms (slime: per-sample means of float32 sums,
+exp of float32 row sums): float32 rounding of those sums, in their order, not rcdiag's. Otherwise 2e-6 and 1e-9."""
 CASES = [(name, setting) for name in NAMES for setting in load(name)["settings"]]
 
 
 @pytest.mark.parametrize(("name", "setting"), CASES, ids=[f"{n}-{s}" for n, s in CASES])
 def test_matches_its_own_code(name: str, setting: str, tmp_path: Path) -> None:
     pytest.importorskip("torch")  # the real-model dumps are built with torch
-    assert compare(name, setting, tmp_path) > 0
+    rel, abs_ = TOLERANCES.get(name, (2e-6, 1e-9))
+    assert compare(name, setting, tmp_path, rel=rel, abs_=abs_) > 0
 
 
 @pytest.mark.parametrize("name", NAMES)

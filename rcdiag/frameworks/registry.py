@@ -22,9 +22,10 @@ FRAMEWORKS: dict[str, str] = {
     "openrlhf": "rcdiag.frameworks.openrlhf",
     "areal": "rcdiag.frameworks.areal",
     "skyrl": "rcdiag.frameworks.skyrl",
+    "slime": "rcdiag.frameworks.slime",
 }
 """``--as`` names rcdiag reproduces -> their module, in the order ``--help`` lists them."""
-PLANNED = ("nemo-rl", "slime", "prime-rl", "roll")
+PLANNED = ("nemo-rl", "prime-rl", "roll")
 """Names ``--as`` knows but does not reproduce yet: refused with a line saying so."""
 
 

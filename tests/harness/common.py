@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import tempfile
 import textwrap
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -115,9 +116,10 @@ def _plain(value: Any) -> Any:
     return value if math.isfinite(value) else None
 
 
-Oracle = Callable[[Mapping[str, Any], Any, Any, Any], tuple[dict[str, float], dict[str, float]]]
-"""``(options, old, rollout, mask) -> (the keys the framework logs, rcdiag's weight readings)`` for one view's
-padded (B, T) float32 tensors."""
+Oracle = Callable[[Mapping[str, Any], Any, Any, Any, Rows], tuple[dict[str, float], dict[str, float]]]
+"""``(options, old, rollout, mask, rows) -> (the keys the framework logs, rcdiag's weight readings)`` for one
+view: its padded (B, T) float32 tensors, and its rows as stored (for a framework that takes one tensor per
+sample)."""
 
 
 def run(
@@ -128,25 +130,11 @@ def run(
     ran: list[dict[str, Any]],
     settings: Mapping[str, Mapping[str, Any]],
     oracle: Oracle,
-    workdir: Path,
     notes: tuple[str, ...] = (),
 ) -> Path:
-    """Run ``oracle`` on every dump, setting and view; write ``expected/NAME.json``."""
-    dumps: dict[str, Any] = {}
-    for dump in DUMPS:
-        path = build(dump, workdir / dump)
-        results: dict[str, Any] = {}
-        for setting, options in settings.items():
-            per_view = {}
-            for view, rows in views(path):
-                old, rollout, mask = padded(rows)
-                logged, weights = oracle(options, old, rollout, mask)
-                per_view[view] = {
-                    "logged": {k: _plain(v) for k, v in logged.items()},
-                    "weights": {k: _plain(v) for k, v in weights.items()},
-                }
-            results[setting] = per_view
-        dumps[dump] = {"fingerprint": fingerprint(path), "results": results}
+    """Run ``oracle`` on every dump, setting and view; write ``expected/NAME.json`` (and print its path)."""
+    with tempfile.TemporaryDirectory() as workdir:
+        dumps = _results(settings, oracle, Path(workdir))
     out = EXPECTED / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     document = {
@@ -160,7 +148,27 @@ def run(
         "dumps": dumps,
     }
     out.write_text(json.dumps(document, indent=1, sort_keys=False) + "\n")
+    print(out)
     return out
+
+
+def _results(settings: Mapping[str, Mapping[str, Any]], oracle: Oracle, workdir: Path) -> dict[str, Any]:
+    dumps: dict[str, Any] = {}
+    for dump in DUMPS:
+        path = build(dump, workdir / dump)
+        results: dict[str, Any] = {}
+        for setting, options in settings.items():
+            per_view = {}
+            for view, rows in views(path):
+                old, rollout, mask = padded(rows)
+                logged, weights = oracle(options, old, rollout, mask, rows)
+                per_view[view] = {
+                    "logged": {k: _plain(v) for k, v in logged.items()},
+                    "weights": {k: _plain(v) for k, v in weights.items()},
+                }
+            results[setting] = per_view
+        dumps[dump] = {"fingerprint": fingerprint(path), "results": results}
+    return dumps
 
 
 # ------------------------------------------------------------------------------------------------ the test side
@@ -212,7 +220,7 @@ def compare(
                 compared += 1
             for reading, theirs in values["weights"].items():
                 mine = extras[f"rcdiag/{name}/{reading}"]
-                ok = close(mine, theirs, rel=2e-6, abs_=1e-9) if theirs is not None else mine is None
+                ok = close(mine, theirs, rel=rel, abs_=abs_) if theirs is not None else mine is None
                 assert ok, (dump, setting, view, reading, mine, theirs)
                 compared += 1
     return compared

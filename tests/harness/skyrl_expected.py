@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -101,7 +100,7 @@ def main() -> None:
     utils, config_class = _load(root)
     trainer_code = compile(lines_of(root, *TRAINER), TRAINER[0], "exec")
 
-    def oracle(options: Mapping[str, Any], old: Any, rollout: Any, mask: Any) -> tuple[dict, dict]:
+    def oracle(options: Mapping[str, Any], old: Any, rollout: Any, mask: Any, rows: Any) -> tuple[dict, dict]:
         config = config_class(**options.get(BLOCK, {}))
         loss_mask = mask.float()
         trainer = types.SimpleNamespace(all_metrics={})
@@ -111,26 +110,23 @@ def main() -> None:
         logged = {**trainer.all_metrics, **{f"policy/loss_metrics/{k}": v for k, v in metrics.items()}}
         return logged, weights_of(loss.expand_as(old) * kept, mask)
 
-    with tempfile.TemporaryDirectory() as workdir:
-        out = run(
-            "skyrl",
-            repository=REPOSITORY,
-            commit=COMMIT,
-            ran=[
-                pinned(root, UTILS),
-                pinned(root, TORCH_UTILS, 180, 192),
-                pinned(root, CONFIG, 793, 818),
-                pinned(root, *TRAINER),
-            ],
-            settings=SETTINGS,
-            oracle=oracle,
-            workdir=Path(workdir),
-            notes=(
-                "each view is one micro-batch: the step's rows padded to its longest (pads: log-prob 0, mask 0)",
-                "weights: apply_off_policy_correction's corrected loss (of a loss of ones) times its loss mask",
-            ),
-        )
-    print(out)
+    run(
+        "skyrl",
+        repository=REPOSITORY,
+        commit=COMMIT,
+        ran=[
+            pinned(root, UTILS),
+            pinned(root, TORCH_UTILS, 180, 192),
+            pinned(root, CONFIG, 793, 818),
+            pinned(root, *TRAINER),
+        ],
+        settings=SETTINGS,
+        oracle=oracle,
+        notes=(
+            "each view is one micro-batch: the step's rows padded to its longest (pads: log-prob 0, mask 0)",
+            "weights: apply_off_policy_correction's corrected loss (of a loss of ones) times its loss mask",
+        ),
+    )
 
 
 if __name__ == "__main__":
