@@ -95,6 +95,10 @@ def test_values_bare_words_and_blocks_parse_as_documented() -> None:
           "--as-option", "tis_level=geometric"), "Unsupported tis_level: geometric"),
         (("--as", "slime", "--as-option", "use_tis=true", "--as-option", f"custom_tis_function_path={MIS_HELPER}",
           "--as-option", "tis_mode=mask", "--as-option", "tis_lower_bound=3"), "needs tis_lower_bound < tis_upper_bound"),
+        (("--as", "prime-rl", "--as-option", "loss.ipo_threshold=0.3"),
+         "loss.ipo_threshold: Extra inputs are not permitted (the default loss has no ipo_threshold)"),
+        (("--as", "prime-rl", "--as-option", 'loss={"type": "ipo", "ipo_threshold": -1}'),
+         "loss.ipo_threshold: Input should be greater than or equal to 0"),
     ],
 )  # fmt: skip
 def test_refusals_are_one_line_and_exit_2(args: tuple, message: str, capsys: pytest.CaptureFixture) -> None:
@@ -134,7 +138,8 @@ def test_terminal_shows_the_framework_table(capsys: pytest.CaptureFixture) -> No
 
 @pytest.mark.parametrize(("name", "release"), [("trl", "TRL 1.16.0"), ("openrlhf", "OpenRLHF 0.11.0"),
                                                ("areal", "AReaL 1.0.4"), ("verl", "verl 0.9.1"),
-                                               ("skyrl", "SkyRL a9564572e"), ("slime", "slime 624b824a")])  # fmt: skip
+                                               ("skyrl", "SkyRL a9564572e"), ("slime", "slime 624b824a"),
+                                               ("prime-rl", "prime-rl 559b4477")])  # fmt: skip
 def test_presets_as_shows_the_release_options_and_keys(name: str, release: str, capsys: pytest.CaptureFixture) -> None:
     code, out, _ = run(capsys, "presets", "--as", name)
     assert code == 0 and out.startswith(f"{release} (--as {name})")
@@ -154,7 +159,8 @@ def test_presets_as_shows_the_release_options_and_keys(name: str, release: str, 
      ("skyrl", {"tis_ratio_type": "sequence", "sequence_mask_metric": "geometric",
                 "outlier_token_is_threshold_high": 100, "token_mask_is_threshold_low": 0.5,
                 "token_mask_is_threshold_high": 2}),
-     ("slime", {"use_tis": True, "custom_tis_function_path": MIS_HELPER, "tis_level": "sequence"})],
+     ("slime", {"use_tis": True, "custom_tis_function_path": MIS_HELPER, "tis_level": "sequence"}),
+     ("prime-rl", {"loss": {"type": "ipo", "ipo_threshold": 0.05}})],
 )  # fmt: skip
 def test_state_files_and_workers_give_the_same_values(name: str, options: dict, tmp_path: Path) -> None:
     one = rcdiag.analyze(OUTLIERS, framework=name, framework_options=options, save_state=tmp_path / "s.json")

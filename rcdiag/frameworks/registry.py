@@ -23,9 +23,10 @@ FRAMEWORKS: dict[str, str] = {
     "areal": "rcdiag.frameworks.areal",
     "skyrl": "rcdiag.frameworks.skyrl",
     "slime": "rcdiag.frameworks.slime",
+    "prime-rl": "rcdiag.frameworks.prime_rl",
 }
 """``--as`` names rcdiag reproduces -> their module, in the order ``--help`` lists them."""
-PLANNED = ("nemo-rl", "prime-rl", "roll")
+PLANNED = ("nemo-rl", "roll")
 """Names ``--as`` knows but does not reproduce yet: refused with a line saying so."""
 
 

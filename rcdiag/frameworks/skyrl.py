@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rcdiag.core.limits import SAFETY_BOUND
-from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, f32, weight_keys
+from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, f32, weight_keys
 from rcdiag.metrics.base import MetricValue, Moments, Reduce, VerlCrash
 
 BLOCK = "trainer.algorithm.off_policy_correction"
@@ -278,7 +278,7 @@ class SkyRLMetrics(FrameworkMetrics):
 def _safe_exp(d: np.ndarray) -> np.ndarray:
     """``safe_exp_delta``: exp of ``d`` clamped to [-20, 20], in float32."""
     bound = np.float32(SAFETY_BOUND)
-    return np.exp(np.clip(d.astype(np.float32), -bound, bound))
+    return exp32(np.clip(d.astype(np.float32), -bound, bound))
 
 
 def _moments(values: np.ndarray) -> Moments:

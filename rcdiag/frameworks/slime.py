@@ -28,7 +28,7 @@ import numpy as np
 
 from rcdiag.core.limits import SAFETY_BOUND
 from rcdiag.errors import ConfigError
-from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, weight_keys
+from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, weight_keys
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
 
 PREFIX = "train/"
@@ -198,7 +198,7 @@ class SlimeMetrics(FrameworkMetrics):
         if not s.runs_tis:
             return per_token, {}, ones, ones
         if s.function != MIS:
-            ratio = np.exp(d)
+            ratio = exp32(d)
             if s.function == ICEPOP:
                 inside = (ratio >= np.float32(s.clip_low)) & (ratio <= np.float32(s.clip))
                 weight = np.where(inside, ratio, np.float32(0.0))
@@ -206,7 +206,7 @@ class SlimeMetrics(FrameworkMetrics):
                 weight = np.minimum(np.maximum(ratio, np.float32(s.clip_low)), np.float32(s.clip))
             per_token[PREFIX + "tis"] = ratio
             per_token[PREFIX + "tis_clipfrac"] = (weight != ratio).astype(np.float32)
-            per_token[PREFIX + "tis_abs"] = np.abs(np.exp(d) - one)
+            per_token[PREFIX + "tis_abs"] = np.abs(exp32(d) - one)
             return per_token, {}, weight, ones
         return self._mis(rows, per_token)
 
@@ -221,23 +221,23 @@ class SlimeMetrics(FrameworkMetrics):
         mean_train = (rows.row_sum(rows.old).astype(np.float32) / count).astype(np.float32)
         mean_rollout = (rows.row_sum(rows.rollout).astype(np.float32) / count).astype(np.float32)
         log_ppl_diff = mean_rollout - mean_train
-        rho = np.exp(np.clip(d, -bound, bound))
+        rho = exp32(np.clip(d, -bound, bound))
         chi2_token = (rows.row_sum(rho * rho).astype(np.float32) / count).astype(np.float32) - one
         seq_sum = rows.row_sum(d).astype(np.float32)
         per_row = {
             "training_log_ppl": -mean_train,
-            "training_ppl": np.exp(-mean_train),
+            "training_ppl": exp32(-mean_train),
             "rollout_log_ppl": -mean_rollout,
-            "rollout_ppl": np.exp(-mean_rollout),
+            "rollout_ppl": exp32(-mean_rollout),
             "log_ppl_diff": log_ppl_diff,
             "log_ppl_abs_diff": np.abs(log_ppl_diff),
-            "ppl_ratio": np.exp(log_ppl_diff),
+            "ppl_ratio": exp32(log_ppl_diff),
             "chi2_token": chi2_token,
-            "chi2_seq": np.exp(np.float32(2.0) * np.clip(seq_sum, -bound, bound)) - one,
+            "chi2_seq": exp32(np.float32(2.0) * np.clip(seq_sum, -bound, bound)) - one,
         }
         named = {f"{PREFIX}mis_{k}": v for k, v in per_row.items()}
         per_token[f"{PREFIX}mis_kl"] = rows.rollout - rows.old
-        per_token[f"{PREFIX}mis_k3_kl"] = np.exp(d) - d - one
+        per_token[f"{PREFIX}mis_k3_kl"] = exp32(d) - d - one
         ones = np.ones(rows.n_tokens, dtype=np.float32)
         if not s.use_tis:
             return per_token, named, ones, ones
@@ -251,7 +251,7 @@ class SlimeMetrics(FrameworkMetrics):
             per_token[f"{PREFIX}mis_{key}"] = values.astype(np.float32)
 
         log_tis = level(mis.tis_level)
-        weights = np.exp(np.clip(log_tis, -bound, bound))
+        weights = exp32(np.clip(log_tis, -bound, bound))
         put("tis_weight_before_bound", weights)
         low, high = np.float32(mis.tis_lower), np.float32(mis.tis_upper)
         kept = ones.copy()
@@ -269,7 +269,7 @@ class SlimeMetrics(FrameworkMetrics):
         put("tis_weight_after_bound", weights)
         if mis.use_rs:
             log_rs = log_tis if mis.rs_level == mis.tis_level else level(mis.rs_level)
-            rs = np.exp(np.clip(log_rs, -bound, bound))
+            rs = exp32(np.clip(log_rs, -bound, bound))
             rs_low, rs_high = np.float32(mis.rs_lower), np.float32(mis.rs_upper)
             put("rs_mask_fraction_low", rs < rs_low)
             put("rs_mask_fraction_high", rs > rs_high)
