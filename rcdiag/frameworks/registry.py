@@ -24,9 +24,10 @@ FRAMEWORKS: dict[str, str] = {
     "skyrl": "rcdiag.frameworks.skyrl",
     "slime": "rcdiag.frameworks.slime",
     "prime-rl": "rcdiag.frameworks.prime_rl",
+    "nemo-rl": "rcdiag.frameworks.nemo_rl",
 }
 """``--as`` names rcdiag reproduces -> their module, in the order ``--help`` lists them."""
-PLANNED = ("nemo-rl", "roll")
+PLANNED = ("roll",)
 """Names ``--as`` knows but does not reproduce yet: refused with a line saying so."""
 
 
