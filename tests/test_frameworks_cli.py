@@ -89,7 +89,9 @@ def test_values_bare_words_and_blocks_parse_as_documented() -> None:
         (("--as", "openrlhf", "--as-option", "algo.advantage.is_correction_threshold=[1]"),
          "takes two numbers [low, high]"),
         (("--as", "trl", "--preset", "decoupled_token_is"), "--preset configures verl's correction"),
-        (("--as", "roll",), "rcdiag does not reproduce roll's correction yet"),
+        (("--as", "roll", "--as-option", 'filters=[{"enabled": true, "agg": "token"}]'),
+         "train_infer_correction.filters[0] has no field 'agg'"),
+        (("--as", "roll", "--as-option", 'filters={"enabled": true}'), "takes a JSON list of objects of enabled"),
         (("--as", "nemo-rl", "--as-option", "loss_fn.truncated_importance_sampling_type=tis"),
          "truncated importance sampling is only supported when use_importance_sampling_correction is True"),
         (("--as", "nemo-rl", "--as-option", "loss_fn.sequence_level_importance_ratios=true"),
@@ -143,7 +145,8 @@ def test_terminal_shows_the_framework_table(capsys: pytest.CaptureFixture) -> No
 @pytest.mark.parametrize(("name", "release"), [("trl", "TRL 1.16.0"), ("openrlhf", "OpenRLHF 0.11.0"),
                                                ("areal", "AReaL 1.0.4"), ("verl", "verl 0.9.1"),
                                                ("skyrl", "SkyRL a9564572e"), ("slime", "slime 624b824a"),
-                                               ("prime-rl", "prime-rl 559b4477"), ("nemo-rl", "NeMo-RL 7ea279abf")])  # fmt: skip
+                                               ("prime-rl", "prime-rl 559b4477"), ("nemo-rl", "NeMo-RL 7ea279abf"),
+                                               ("roll", "ROLL 8eb27cc2")])  # fmt: skip
 def test_presets_as_shows_the_release_options_and_keys(name: str, release: str, capsys: pytest.CaptureFixture) -> None:
     code, out, _ = run(capsys, "presets", "--as", name)
     assert code == 0 and out.startswith(f"{release} (--as {name})")
@@ -168,7 +171,10 @@ def test_presets_as_shows_the_release_options_and_keys(name: str, release: str, 
      ("nemo-rl", {"loss_fn.use_importance_sampling_correction": True,
                   "loss_fn.truncated_importance_sampling_type": "seq-mask-tis",
                   "loss_fn.truncated_importance_sampling_ratio": 1.01,
-                  "loss_fn.truncated_importance_sampling_ratio_min": 0.99, "grpo.seq_logprob_error_threshold": 1.05})],
+                  "loss_fn.truncated_importance_sampling_ratio_min": 0.99, "grpo.seq_logprob_error_threshold": 1.05}),
+     ("roll", {"is_weight": {"enabled": True, "weight_type": "segment"},
+               "filters": [{"enabled": True, "agg_type": "token", "diff_enabled": True},
+                           {"enabled": True, "agg_type": "sequence", "ratio_low": 0.5, "ratio_high": 2}]})],
 )  # fmt: skip
 def test_state_files_and_workers_give_the_same_values(name: str, options: dict, tmp_path: Path) -> None:
     one = rcdiag.analyze(OUTLIERS, framework=name, framework_options=options, save_state=tmp_path / "s.json")

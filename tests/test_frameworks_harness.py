@@ -14,10 +14,10 @@ import rcdiag
 from rcdiag.frameworks.registry import framework
 
 NAMES = sorted(path.stem for path in EXPECTED.glob("*.json"))
-TOLERANCES = {"slime": (1e-5, 1e-7), "prime-rl": (1e-5, 1e-7), "nemo-rl": (1e-5, 1e-7)}
+TOLERANCES = {"slime": (1e-5, 1e-7), "prime-rl": (1e-5, 1e-7), "nemo-rl": (1e-5, 1e-7), "roll": (1e-5, 1e-7)}
 """(relative, absolute) for frameworks whose keys sum float32 per-sample terms in their own order (slime's
 per-sample means, exp of float32 row sums) or average per-token values that cancel (``exp(d) - d - 1``, whose
-float32 ``exp(d)`` near 1 is rounded to 6e-8; NeMo-RL's KL and JS terms): float32 rounding of those terms. Otherwise 2e-6 and 1e-9."""
+float32 ``exp(d)`` near 1 is rounded to 6e-8; NeMo-RL's KL and JS terms, ROLL's probability differences): float32 rounding of those terms. Otherwise 2e-6 and 1e-9."""
 CASES = [(name, setting) for name in NAMES for setting in load(name)["settings"]]
 
 

@@ -88,6 +88,16 @@ def fingerprint(path: Path) -> str:
 # ------------------------------------------------------------------------------------------------ the harness side
 
 
+def checkout(doc: str | None, commit: str) -> Path:
+    """The framework checkout named on a harness's command line (``doc``: the harness's docstring)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    parser.add_argument("source", type=Path, help=f"a checkout of the framework's repository at {commit}")
+    root: Path = parser.parse_args().source.resolve()
+    return root
+
+
 def pinned(root: Path, path: str, first: int | None = None, last: int | None = None) -> dict[str, Any]:
     """What a harness ran from ``root/path`` (a line range, or the whole file): for the JSON's ``ran``."""
     lines = (root / path).read_text().splitlines()

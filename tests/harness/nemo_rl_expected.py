@@ -15,7 +15,6 @@ as unrelated: the cross-tokenizer distillation utilities, the distributed model 
 
 from __future__ import annotations
 
-import argparse
 import sys
 import types
 from collections.abc import Mapping
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness.common import lines_of, load_module, package, pinned, run, stub, weights_of
+from harness.common import checkout, lines_of, load_module, package, pinned, run, stub, weights_of
 
 REPOSITORY = "https://github.com/NVIDIA-NeMo/RL"
 COMMIT = "7ea279abfbeb698b092856d0dab61e7cf39bc909"
@@ -92,9 +91,7 @@ def _load(root: Path) -> Any:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("source", type=Path, help="a checkout of NeMo-RL at " + COMMIT)
-    root = parser.parse_args().source.resolve()
+    root = checkout(__doc__, COMMIT)
     import numpy as np
     import torch
     import yaml

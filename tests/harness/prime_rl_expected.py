@@ -17,7 +17,6 @@ its ``BaseConfig`` is pydantic's ``BaseModel``, extra fields forbidden) and ``pr
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import defaultdict
 from collections.abc import Mapping
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness.common import lines_of, load_module, package, pinned, run, stub, weights_of
+from harness.common import checkout, lines_of, load_module, package, pinned, run, stub, weights_of
 
 REPOSITORY = "https://github.com/PrimeIntellect-ai/prime-rl"
 COMMIT = "559b44772e471d1538537b8805cc77f3824a5e64"
@@ -72,9 +71,7 @@ def _load(root: Path) -> tuple[Any, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("source", type=Path, help="a checkout of prime-rl at " + COMMIT)
-    root = parser.parse_args().source.resolve()
+    root = checkout(__doc__, COMMIT)
     import torch
 
     loss, config = _load(root)

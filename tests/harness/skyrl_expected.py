@@ -13,7 +13,6 @@ trainer. Stubbed, as unrelated: ``jaxtyping`` (annotations of other functions of
 
 from __future__ import annotations
 
-import argparse
 import sys
 import types
 from collections.abc import Mapping
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness.common import lines_of, load_module, package, pinned, run, weights_of
+from harness.common import checkout, lines_of, load_module, package, pinned, run, weights_of
 
 REPOSITORY = "https://github.com/NovaSky-AI/SkyRL"
 COMMIT = "a9564572eb8e91076be43c1bd5e4615e3de17265"
@@ -92,9 +91,7 @@ def _load(root: Path) -> tuple[Any, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("source", type=Path, help="a checkout of SkyRL at " + COMMIT)
-    root = parser.parse_args().source.resolve()
+    root = checkout(__doc__, COMMIT)
     import torch
 
     utils, config_class = _load(root)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness.common import lines_of, load_module, package, pinned, run, stub, weights_of
+from harness.common import checkout, lines_of, load_module, package, pinned, run, stub, weights_of
 
 REPOSITORY = "https://github.com/THUDM/slime"
 COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"
@@ -120,9 +120,7 @@ def _load(root: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("source", type=Path, help="a checkout of slime at " + COMMIT)
-    root = parser.parse_args().source.resolve()
+    root = checkout(__doc__, COMMIT)
     import torch
     import yaml
 
