@@ -249,6 +249,54 @@ def _slices_reference(data: Data, state: EngineState) -> None:
     assert [slices.values["env"][c] for c in codes] == [f"e{row % 3}" for row in range(data.old.shape[0])]
 
 
+def _skyrl_reference(data: Data) -> dict[str, float]:
+    mask, d = _valid(data)
+    padded = np.exp(np.clip(d, -20, 20)) * mask  # SkyRL's ratio * loss_mask over the (B, T) batch, pads 0
+    return {
+        "policy/rollout_train_logprobs_abs_diff_mean": float(np.abs(d[mask]).mean()),
+        "policy/loss_metrics/is_ratio_mean": float(padded[mask].mean()),
+        "policy/loss_metrics/is_ratio_std": float(padded.std(ddof=1)),
+        "policy/loss_metrics/is_ratio_min": 0.0,
+    }
+
+
+def _slime_reference(data: Data) -> dict[str, float]:
+    mask, d = _valid(data)
+    count = np.maximum(mask.sum(axis=1), 1)
+    per_sample = (np.exp(d) * mask).sum(axis=1) / count  # every sample's masked mean, an empty one 0
+    return {"train/tis": float(per_sample.mean()), "train/train_rollout_logprob_abs_diff": float(
+        ((np.abs(d) * mask).sum(axis=1) / count).mean())}  # fmt: skip
+
+
+def _prime_rl_reference(data: Data) -> dict[str, float]:
+    mask, d = _valid(data)
+    moved = np.abs(np.exp(data.old.astype(np.float64)) - np.exp(data.rollout.astype(np.float64))) > 0.1
+    return {
+        "mismatch_kl/all/max": float((np.exp(d) - d - 1)[mask].max()),
+        "is_masked/mean": float(((moved & mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1)).mean()),
+    }
+
+
+def _nemo_rl_reference(data: Data) -> dict[str, float]:
+    mask, d = _valid(data)
+    per_sample = (np.exp(np.abs(d)) * mask).sum(axis=1)[mask.any(axis=1)] / mask.sum(axis=1)[mask.any(axis=1)]
+    return {
+        "train/token_mult_prob_error": float(np.exp(np.abs(d[mask])).mean()),
+        "train/num_valid_samples": float(mask.shape[0]),
+        "train/mean_seq_mult_prob_error": float(per_sample.mean()),
+    }
+
+
+def _roll_reference(data: Data) -> dict[str, float]:
+    mask, d = _valid(data)
+    ratio = np.exp(d)  # every stored position, masked ones too: ROLL's pass rate counts the whole padded batch
+    rows = mask.any(axis=1)
+    return {
+        "actor/train_infer_ratio_token_mean": float(((ratio * mask).sum(axis=1)[rows] / mask.sum(axis=1)[rows]).mean()),
+        "actor/train_infer_token_ratio_mask_mean": float(((ratio >= 0.8) & (ratio <= 1.2)).sum() / mask.sum()),
+    }
+
+
 CASES: list[Case] = [
     Case("per-step", lambda: (EngineState(CONFIG.resolve()), None), _per_step, _per_step_reference),
     Case(
@@ -261,6 +309,11 @@ CASES: list[Case] = [
     _framework_case("trl", {}, _trl_reference),
     _framework_case("openrlhf", {"algo.advantage.is_correction_enable": True}, _openrlhf_reference),
     _framework_case("areal", {"use_decoupled_loss": True, "rejection_sampling": {"upper": 2.0}}, _areal_reference),
+    _framework_case("skyrl", {"tis_ratio_type": "token", "sequence_mask_metric": "geometric"}, _skyrl_reference),
+    _framework_case("slime", {"use_tis": True}, _slime_reference),
+    _framework_case("prime-rl", {"loss": {"type": "ipo"}}, _prime_rl_reference),
+    _framework_case("nemo-rl", {}, _nemo_rl_reference),
+    _framework_case("roll", {"filters": [{"enabled": True}]}, _roll_reference),
     Case(
         "exact",
         lambda: (EngineState(CONFIG.resolve(), whole_dump={"exact": (whole := ExactState())}), whole),

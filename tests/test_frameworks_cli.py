@@ -19,6 +19,7 @@ from rcdiag.frameworks.registry import FRAMEWORKS, choose
 
 SAMPLE = str(ROOT / "sample_data" / "healthy.parquet")
 OUTLIERS = str(ROOT / "sample_data" / "outliers.parquet")
+MIS_HELPER = "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp"
 
 
 def run(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
@@ -88,8 +89,22 @@ def test_values_bare_words_and_blocks_parse_as_documented() -> None:
         (("--as", "openrlhf", "--as-option", "algo.advantage.is_correction_threshold=[1]"),
          "takes two numbers [low, high]"),
         (("--as", "trl", "--preset", "decoupled_token_is"), "--preset configures verl's correction"),
-        (("--as", "nemo-rl",), "rcdiag does not reproduce nemo-rl's correction yet"),
+        (("--as", "roll", "--as-option", 'filters=[{"enabled": true, "agg": "token"}]'),
+         "train_infer_correction.filters[0] has no field 'agg'"),
+        (("--as", "roll", "--as-option", 'filters={"enabled": true}'), "takes a JSON list of objects of enabled"),
+        (("--as", "nemo-rl", "--as-option", "loss_fn.truncated_importance_sampling_type=tis"),
+         "truncated importance sampling is only supported when use_importance_sampling_correction is True"),
+        (("--as", "nemo-rl", "--as-option", "loss_fn.sequence_level_importance_ratios=true"),
+         "sequence-level importance sampling (e.g. GSPO) is mutually exclusive with token-level loss"),
         (("--as", "megatron",), "--as megatron: unknown framework"),
+        (("--as", "slime", "--as-option", "use_tis=true", "--as-option", f"custom_tis_function_path={MIS_HELPER}",
+          "--as-option", "tis_level=geometric"), "Unsupported tis_level: geometric"),
+        (("--as", "slime", "--as-option", "use_tis=true", "--as-option", f"custom_tis_function_path={MIS_HELPER}",
+          "--as-option", "tis_mode=mask", "--as-option", "tis_lower_bound=3"), "needs tis_lower_bound < tis_upper_bound"),
+        (("--as", "prime-rl", "--as-option", "loss.ipo_threshold=0.3"),
+         "loss.ipo_threshold: Extra inputs are not permitted (the default loss has no ipo_threshold)"),
+        (("--as", "prime-rl", "--as-option", 'loss={"type": "ipo", "ipo_threshold": -1}'),
+         "loss.ipo_threshold: Input should be greater than or equal to 0"),
     ],
 )  # fmt: skip
 def test_refusals_are_one_line_and_exit_2(args: tuple, message: str, capsys: pytest.CaptureFixture) -> None:
@@ -128,7 +143,10 @@ def test_terminal_shows_the_framework_table(capsys: pytest.CaptureFixture) -> No
 
 
 @pytest.mark.parametrize(("name", "release"), [("trl", "TRL 1.16.0"), ("openrlhf", "OpenRLHF 0.11.0"),
-                                               ("areal", "AReaL 1.0.4"), ("verl", "verl 0.9.1")])  # fmt: skip
+                                               ("areal", "AReaL 1.0.4"), ("verl", "verl 0.9.1"),
+                                               ("skyrl", "SkyRL a9564572e"), ("slime", "slime 624b824a"),
+                                               ("prime-rl", "prime-rl 559b4477"), ("nemo-rl", "NeMo-RL 7ea279abf"),
+                                               ("roll", "ROLL 8eb27cc2")])  # fmt: skip
 def test_presets_as_shows_the_release_options_and_keys(name: str, release: str, capsys: pytest.CaptureFixture) -> None:
     code, out, _ = run(capsys, "presets", "--as", name)
     assert code == 0 and out.startswith(f"{release} (--as {name})")
@@ -144,7 +162,19 @@ def test_presets_as_shows_the_release_options_and_keys(name: str, release: str, 
     ("name", "options"),
     [("trl", {"vllm_importance_sampling_mode": "token_mask", "vllm_importance_sampling_clip_max": 1.05}),
      ("openrlhf", {"algo.advantage.is_correction_enable": True, "algo.advantage.is_correction_type": "seq-mask-tis"}),
-     ("areal", {"use_decoupled_loss": True, "rejection_sampling": {"level": "sequence", "upper": 1.02}})],
+     ("areal", {"use_decoupled_loss": True, "rejection_sampling": {"level": "sequence", "upper": 1.02}}),
+     ("skyrl", {"tis_ratio_type": "sequence", "sequence_mask_metric": "geometric",
+                "outlier_token_is_threshold_high": 100, "token_mask_is_threshold_low": 0.5,
+                "token_mask_is_threshold_high": 2}),
+     ("slime", {"use_tis": True, "custom_tis_function_path": MIS_HELPER, "tis_level": "sequence"}),
+     ("prime-rl", {"loss": {"type": "ipo", "ipo_threshold": 0.05}}),
+     ("nemo-rl", {"loss_fn.use_importance_sampling_correction": True,
+                  "loss_fn.truncated_importance_sampling_type": "seq-mask-tis",
+                  "loss_fn.truncated_importance_sampling_ratio": 1.01,
+                  "loss_fn.truncated_importance_sampling_ratio_min": 0.99, "grpo.seq_logprob_error_threshold": 1.05}),
+     ("roll", {"is_weight": {"enabled": True, "weight_type": "segment"},
+               "filters": [{"enabled": True, "agg_type": "token", "diff_enabled": True},
+                           {"enabled": True, "agg_type": "sequence", "ratio_low": 0.5, "ratio_high": 2}]})],
 )  # fmt: skip
 def test_state_files_and_workers_give_the_same_values(name: str, options: dict, tmp_path: Path) -> None:
     one = rcdiag.analyze(OUTLIERS, framework=name, framework_options=options, save_state=tmp_path / "s.json")

@@ -77,9 +77,11 @@ def _framework(found: object, console: object, release: str | None = None) -> No
     for column in ("default", "takes", "what"):
         options.add_column(column)
     for option in found.options:
-        rows = [(option, option.key)] + [(field, f"{option.key}.{field.key}") for field in option.fields]
+        each = "[]." if option.kind == "blocks" else "."  # a list's fields, in each of its blocks
+        rows = [(option, option.key)] + [(field, f"{option.key}{each}{field.key}") for field in option.fields]
         for item, key in rows:
-            default = "(its fields)" if item.fields and item.default is not None else json.dumps(item.default)
+            whole = item.fields and item.default is not None and item.kind == "block"
+            default = "(its fields)" if whole else json.dumps(item.default)
             options.add_row(key, default, item.accepts(), item.help)
     say(options)
     keys = Table(title="keys it logs", title_justify="left", show_edge=False, pad_edge=False)

@@ -8,7 +8,7 @@ import typer
 
 from rcdiag.cli.flags import VerlVersionOpt
 
-TARGETS = ("trl", "openrlhf", "areal")
+TARGETS = ("trl", "openrlhf", "areal", "skyrl")
 """``--to`` choices (``rcdiag.frameworks.translate.TARGETS``; tests/test_translate.py checks they agree)."""
 
 

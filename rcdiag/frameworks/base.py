@@ -17,7 +17,7 @@ from rcdiag.metrics.base import Accumulator, MetricValue, Reduce
 if TYPE_CHECKING:
     from rcdiag.metrics.block import Block
 
-Kind = Literal["bool", "number", "choice", "pair", "text", "block"]
+Kind = Literal["bool", "number", "choice", "pair", "text", "block", "blocks"]
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,8 @@ class Option:
 
     ``kind``: ``bool`` (true/false), ``number`` (an int or float), ``choice`` (one of ``choices``), ``pair`` (two
     numbers), ``text`` (a string or a number, kept as given: verl's thresholds), ``block`` (a nested block of
-    ``fields``, given whole as a JSON object, its other fields at their defaults, or one field at a time).
+    ``fields``, given whole as a JSON object, its other fields at their defaults, or one field at a time),
+    ``blocks`` (a list of such blocks, given whole as a JSON list: ROLL's filters).
     ``nullable``: ``null`` is a value (a bound that is off, a block that is off)."""
 
     key: str
@@ -54,6 +55,7 @@ class Option:
             "pair": "two numbers [low, high]",
             "text": "a number or a string",
             "block": "a JSON object of " + ", ".join(f.key for f in self.fields),
+            "blocks": "a JSON list of objects of " + ", ".join(f.key for f in self.fields),
         }[self.kind]
         return text + (" (or null)" if self.nullable else "")
 
@@ -74,14 +76,20 @@ class Option:
         if self.kind == "pair" and isinstance(value, list) and len(value) == 2 and all(map(_number, value)):
             return tuple(float(v) for v in value)
         if self.kind == "block" and isinstance(value, dict):
-            block = self.block_defaults()
-            for name, item in value.items():
-                field = self.field(str(name))
-                if field is None:
-                    raise ConfigError(f"{where}: {self.key} has no field {name!r}; its fields: {_fields(self)}")
-                block[field.key] = field.check(item, f"{where} ({self.key}.{name})")
-            return block
+            return self._block(value, where, self.key)
+        if self.kind == "blocks" and isinstance(value, list) and all(isinstance(item, dict) for item in value):
+            return [self._block(item, where, f"{self.key}[{i}]") for i, item in enumerate(value)]
         raise ConfigError(f"{where}: takes {self.accepts()}, got {value!r}")
+
+    def _block(self, value: dict[str, Any], where: str, name: str) -> dict[str, Any]:
+        """One block: ``value``'s fields checked, the others at their defaults."""
+        block = self.block_defaults()
+        for key, item in value.items():
+            field = self.field(str(key))
+            if field is None:
+                raise ConfigError(f"{where}: {name} has no field {key!r}; its fields: {_fields(self)}")
+            block[field.key] = field.check(item, f"{where} ({name}.{key})")
+        return block
 
 
 def _number(value: Any) -> bool:
@@ -180,6 +188,58 @@ class TokenRows:
         self.counts: np.ndarray = b.to_numpy(block.row_len).astype(np.int64)
         self.n_tokens = int(self.old.shape[0])
         self.n_rows = int(self.counts.shape[0])
+        self._raw = block.raw
+
+    @cached_property
+    def raw_counts(self) -> np.ndarray:
+        """Each row's length as stored, its masked positions included: what a framework pads its batch to the
+        longest of (a padding-dependent value is computed on the step padded to its longest row)."""
+        return np.asarray(self._raw[3], dtype=np.int64)
+
+    @cached_property
+    def masked(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The masked positions inside the rows as stored: ``(old, rollout, row of each)``, float32; empty when
+        every stored position is valid."""
+        old, rollout, mask, lengths = self._raw
+        if mask is None:
+            empty = np.zeros(0, dtype=np.float32)
+            return empty, empty, np.zeros(0, dtype=np.int64)
+        rows = np.repeat(np.arange(self.n_rows, dtype=np.int64), np.asarray(lengths, dtype=np.int64))
+        off = ~np.asarray(mask, dtype=bool)
+        return (
+            np.asarray(old, dtype=np.float32)[off],
+            np.asarray(rollout, dtype=np.float32)[off],
+            rows[off],
+        )
+
+    @cached_property
+    def runs(self) -> np.ndarray:
+        """Each valid token's run: a maximal stretch of valid positions inside its row as stored (a masked position
+        ends one), numbered from 0 in order (ROLL's segments, an agentic rollout's turns)."""
+        if not self.n_tokens:
+            return np.zeros(0, dtype=np.int64)
+        _, _, mask, lengths = self._raw
+        lengths = np.asarray(lengths, dtype=np.int64)
+        valid = np.ones(int(lengths.sum()), dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+        where = np.flatnonzero(valid)
+        row_start = np.zeros(valid.shape[0], dtype=bool)
+        row_start[np.cumsum(lengths)[:-1][lengths[1:] > 0]] = True
+        row_start[0] = True
+        new = np.ones(where.shape[0], dtype=bool)
+        new[1:] = (where[1:] != where[:-1] + 1) | row_start[where[1:]]
+        return np.cumsum(new) - 1
+
+    def run_mean(self, values: np.ndarray) -> np.ndarray:
+        """Each valid token's run mean of ``values``, float32 (a float32 sum over the run, as torch sums it)."""
+        runs = self.runs
+        n = int(runs[-1]) + 1 if runs.size else 0
+        sums = np.bincount(runs, weights=values.astype(np.float64), minlength=n).astype(np.float32)
+        counts = np.bincount(runs, minlength=n).astype(np.float32)
+        return (sums / counts)[runs].astype(np.float32)
+
+    def row_any(self, flags: np.ndarray) -> np.ndarray:
+        """Per row: does any valid token have ``flags`` set (``False`` for an empty row)."""
+        return self.row_sum(flags.astype(np.float64)) > 0
 
     @cached_property
     def diff(self) -> np.ndarray:
@@ -209,6 +269,14 @@ class TokenRows:
     def per_token(self, per_row: np.ndarray) -> np.ndarray:
         """A per-row value repeated on each of the row's valid tokens."""
         return np.repeat(per_row, self.counts)
+
+
+def exp32(values: np.ndarray) -> np.ndarray:
+    """``exp`` of float32 values as torch's float32 ``exp`` gives them: the float64 exp rounded once to float32.
+    numpy's own float32 ``exp`` is up to 2 ulps off and differs from torch's on ~40% of values near 0; this
+    differs on ~1% by one ulp, which matters where a framework subtracts (``exp(d) - d - 1``)."""
+    with np.errstate(over="ignore"):
+        return np.exp(values.astype(np.float64)).astype(np.float32)
 
 
 def f32(value: float | None) -> np.float32 | None:

@@ -21,10 +21,13 @@ FRAMEWORKS: dict[str, str] = {
     "trl": "rcdiag.frameworks.trl",
     "openrlhf": "rcdiag.frameworks.openrlhf",
     "areal": "rcdiag.frameworks.areal",
+    "skyrl": "rcdiag.frameworks.skyrl",
+    "slime": "rcdiag.frameworks.slime",
+    "prime-rl": "rcdiag.frameworks.prime_rl",
+    "nemo-rl": "rcdiag.frameworks.nemo_rl",
+    "roll": "rcdiag.frameworks.roll",
 }
 """``--as`` names rcdiag reproduces -> their module, in the order ``--help`` lists them."""
-PLANNED = ("nemo-rl", "slime", "skyrl", "prime-rl", "roll")
-"""Names ``--as`` knows but does not reproduce yet: refused with a line saying so."""
 
 
 def names() -> tuple[str, ...]:
@@ -37,10 +40,6 @@ def framework(name: str) -> Framework:
     key = name.strip().lower()
     module = FRAMEWORKS.get(key)
     if module is None:
-        if key in PLANNED:
-            raise ConfigError(
-                f"--as {name}: rcdiag does not reproduce {name}'s correction yet; it reproduces {', '.join(FRAMEWORKS)}"
-            )
         raise ConfigError(f"--as {name}: unknown framework; rcdiag reproduces {', '.join(FRAMEWORKS)}")
     found: Framework = importlib.import_module(module).FRAMEWORK
     return found

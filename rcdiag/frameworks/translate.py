@@ -23,7 +23,7 @@ from rcdiag.frameworks.registry import choose
 Match = Literal["same", "same_rejections", "nearest", "none"]
 """``same``: the same weight on every token; ``same_rejections``: the same tokens (or responses) rejected or
 zeroed, the kept ones weighted differently (said how); ``nearest``: the closest it has; ``none``: nothing alike."""
-TARGETS = ("trl", "openrlhf", "areal")
+TARGETS = ("trl", "openrlhf", "areal", "skyrl")
 """The frameworks a verl setting translates to."""
 
 
@@ -63,7 +63,7 @@ def combined(parts: list[Translation]) -> dict[str, Any] | None:
 
 
 def translate(config: CorrectionConfig, to: str) -> list[Translation]:
-    """Each part of ``config`` (verl's) in the terms of ``to`` (``trl``, ``openrlhf``, ``areal``); every option set is
+    """Each part of ``config`` (verl's) in the terms of ``to`` (``TARGETS``); every option set is
     checked by that framework's own validation (``choose``)."""
     target = to.strip().lower()
     if target not in TARGETS:
@@ -85,21 +85,27 @@ def translate(config: CorrectionConfig, to: str) -> list[Translation]:
     return parts
 
 
-_NO_NORMALIZE = "none of TRL 1.16.0, OpenRLHF 0.11.0 and AReaL 1.0.4 normalises the weights of a batch to mean 1"
+_NO_NORMALIZE = (
+    "none of TRL 1.16.0, OpenRLHF 0.11.0, AReaL 1.0.4 and SkyRL a9564572e normalises the weights of a batch to mean 1"
+)
 _BYPASS = {
     "trl": "TRL always recomputes the old log-probs when it corrects (vllm_importance_sampling_correction)",
     "openrlhf": "OpenRLHF recomputes the old log-probs; its correction compares them with vLLM's",
     "areal": "AReaL without actor.use_decoupled_loss trains on one engine's log-probs, which is bypass mode's view",
+    "skyrl": "SkyRL recomputes the old log-probs whenever an off-policy correction is on; its rollout_is and cispo "
+    "(cispo_anchor rollout) losses are the nearest to bypass mode, outside off_policy_correction",
 }
 _OFF: dict[str, dict[str, Any]] = {
     "trl": {"vllm_importance_sampling_correction": False},
     "openrlhf": {"algo.advantage.is_correction_enable": False},
     "areal": {"actor.rejection_sampling": None},
+    "skyrl": {},
 }
 _OFF_MEANING = {
     "trl": "no correction: TRL then logs no sampling/* key (verl still logs its off-policy metrics)",
     "openrlhf": "no correction (OpenRLHF's default): no vllm_kl either",
     "areal": "no rejection sampling (AReaL's default): no behave_* key either",
+    "skyrl": "no off-policy correction (SkyRL's default): it still logs policy/rollout_train_logprobs_abs_diff_*",
 }
 _DECOUPLED = {"actor.use_decoupled_loss": True}
 _AREAL_KEPT = "AReaL weights the kept ones by exp(prox - behave) (verl's RS alone keeps weight 1)"
@@ -119,6 +125,8 @@ def _is(spec: ISSpec, target: str) -> Translation:
         if lower is None:
             part = f"IS token TIS {upper:g} (each token's ratio clamped from above)"
             clamp = "; verl clamps the log-ratio at +-20 first (a difference only beyond e^20)"
+            if target == "skyrl":
+                return _skyrl_is(part, "token", None, upper)
             if target == "trl":
                 options = _trl("token_truncate", None, upper)
                 return Translation(part, "same", options, "token_truncate clamps each ratio at C_max" + clamp)
@@ -131,6 +139,8 @@ def _is(spec: ISSpec, target: str) -> Translation:
             options = {**_DECOUPLED, "actor.rejection_sampling": _areal("token", "clamp", "ratio", "mean", upper)}
             return Translation(part, "same", options, "AReaL's clamp takes lower 0 by default: one-sided" + clamp)
         part = f"IS token IcePop {lower:g}_{upper:g} (a ratio outside [L, U] weighted 0)"
+        if target == "skyrl":
+            return _skyrl_is(part, "token", lower, upper)
         if target == "trl":
             options = _trl("token_mask", lower, upper)
             return Translation(part, "same", options, "token_mask zeroes a ratio outside [C_min, C_max], inclusive")
@@ -146,6 +156,8 @@ def _is(spec: ISSpec, target: str) -> Translation:
         return Translation(part, "same", options, meaning)
     if lower is None:
         part = f"IS sequence TIS {upper:g} (the product of a response's ratios clamped from above)"
+        if target == "skyrl":
+            return _skyrl_is(part, "sequence", None, upper)
         if target == "trl":
             options = _trl("sequence_truncate", None, upper)
             return Translation(part, "same", options, "TRL does not clamp the log of the product (verl: +-20)")
@@ -160,6 +172,8 @@ def _is(spec: ISSpec, target: str) -> Translation:
         options = {**_DECOUPLED, "actor.rejection_sampling": _areal("sequence", "clamp", "ratio", "sum", upper)}
         return Translation(part, "nearest", options, meaning)
     part = f"IS sequence IcePop {lower:g}_{upper:g} (a response whose ratio product is outside [L, U] weighted 0)"
+    if target == "skyrl":
+        return _skyrl_is(part, "sequence", lower, upper)
     if target == "trl":
         options = _trl("sequence_mask", lower, upper)
         return Translation(part, "same", options, "sequence_mask zeroes a product outside [C_min, C_max]")
@@ -182,6 +196,8 @@ def _rs(option: RSOption, target: str) -> Translation:
         part += f" (keeps the ratio pi_train/pi_rollout in [{low:.6g}, {high:.6g}]: verl's k1 band is inverted)"
         if option.agg == "token":
             return _token_band(part, low, high, target, f"a token whose ratio is outside [{low:.6g}, {high:.6g}]")
+        if target == "skyrl" and option.agg in ("mean", "sum"):
+            return _skyrl_rows(part, "geometric" if option.agg == "mean" else "product", low, high)
         if option.agg == "mean":
             if target == "areal":
                 rejection = _areal("sequence", "mask", "ratio", "mean", high, low)
@@ -207,6 +223,14 @@ def _rs(option: RSOption, target: str) -> Translation:
         a, b = _band(estimator, option.upper)
         what = f"a token whose {estimator} exceeds {option.upper:g} (its ratio outside [{a:.6g}, {b:.6g}])"
         return _token_band(part, a, b, target, what)
+    if target == "skyrl" and option.agg == "max":
+        a, b = _band(estimator, option.upper)
+        options = _skyrl(outlier_token_is_threshold_low=a, outlier_token_is_threshold_high=b)
+        meaning = (
+            f"a response with any token whose {estimator} exceeds {option.upper:g} (its ratio outside [{a:.6g}, "
+            f"{b:.6g}]) vetoed by SkyRL's outlier bounds; the kept ones keep weight 1, as with verl's RS"
+        )
+        return Translation(part, "same_rejections", options, meaning)
     if target != "areal":
         return Translation(part, "none", meaning=f"{target} has no per-response KL bound")
     kl = "kl_k2" if estimator == "k2" else "kl_k3"
@@ -223,6 +247,9 @@ def _rs(option: RSOption, target: str) -> Translation:
 
 def _token_band(part: str, low: float, high: float, target: str, what: str) -> Translation:
     """A per-token ratio band as each target's token mask."""
+    if target == "skyrl":
+        options = _skyrl(token_mask_is_threshold_low=low, token_mask_is_threshold_high=high)
+        return Translation(part, "same_rejections", options, f"{what} masked by SkyRL's token mask; {_SKYRL_KEPT}")
     if target == "trl":
         options = _trl("token_mask", low, high)
         return Translation(part, "same_rejections", options, f"{what} zeroed; " + _RS_WEIGHT[target])
@@ -280,3 +307,44 @@ def _openrlhf(kind: str, low: float, high: float) -> dict[str, Any]:
 
 def _areal(level: str, action: str, metric: str, agg: str, upper: float, lower: float | None = None) -> dict[str, Any]:
     return {"level": level, "action": action, "metric": metric, "agg": agg, "upper": upper, "lower": lower}
+
+
+_SKYRL_KEPT = "the kept ones keep weight 1, as with verl's RS"
+_SKYRL_MASK = (
+    "SkyRL takes what it masks out of its loss mask, so its token-mean loss divides by the kept tokens (verl's "
+    "IcePop weights them 0 and keeps them in the mask)"
+)
+
+
+def _skyrl(**fields: Any) -> dict[str, Any]:
+    """SkyRL's ``off_policy_correction`` fields, each as its own option (so parts combine)."""
+    return {f"trainer.algorithm.off_policy_correction.{key}": value for key, value in fields.items()}
+
+
+def _skyrl_is(part: str, level: str, lower: float | None, upper: float) -> Translation:
+    """verl's IS weight as SkyRL's truncated weight, and IcePop's band as its token or product mask."""
+    if level == "token":
+        options = _skyrl(tis_ratio_type="token", token_tis_ratio_clip_high=upper)
+        if lower is None:
+            meaning = "tis_ratio_type token clamps each ratio at its cap; SkyRL clamps the log-ratio at +-20, as verl"
+            return Translation(part, "same", options, meaning)
+        options.update(_skyrl(token_mask_is_threshold_low=lower, token_mask_is_threshold_high=upper))
+        meaning = (
+            f"the token mask drops a ratio outside [L, U] and the token weight at cap U keeps the rest; {_SKYRL_MASK}"
+        )
+        return Translation(part, "same", options, meaning)
+    options = _skyrl(tis_ratio_type="sequence", sequence_tis_ratio_clip_high=upper)
+    if lower is None:
+        meaning = "tis_ratio_type sequence clamps exp(clamp(sum of log-ratios, +-20)) at its cap, as verl"
+        return Translation(part, "same", options, meaning)
+    options.update(_skyrl(sequence_mask_metric="product", product_mask_low=lower, product_mask_high=upper))
+    meaning = f"the product mask drops a response outside [L, U], the sequence weight keeps the rest; {_SKYRL_MASK}"
+    return Translation(part, "same", options, meaning)
+
+
+def _skyrl_rows(part: str, metric: str, low: float, high: float) -> Translation:
+    """A band on each response's geometric-mean or product ratio as SkyRL's sequence mask."""
+    prefix = "geo" if metric == "geometric" else "product"
+    options = _skyrl(sequence_mask_metric=metric, **{f"{prefix}_mask_low": low, f"{prefix}_mask_high": high})
+    meaning = f"the same responses masked by SkyRL's {metric} sequence mask; {_SKYRL_KEPT}"
+    return Translation(part, "same_rejections", options, meaning)

@@ -1,0 +1,214 @@
+"""prime-rl's mismatch KL and its trust-region masks (PrimeIntellect-ai/prime-rl 559b4477:
+``src/prime_rl/trainer/rl/loss.py`` ``compute_importance_ratio_and_mismatch_kl`` :100-106, ``ipo_loss_fn``
+:163-196, ``compute_loss`` :262-403; the trainer's ``mismatch_kl/all`` :496-512 of ``trainer/rl/train.py``; the
+statistics of ``Tensors.compute_stats`` and the keys ``filter_rl_trainer_tensor_stats_for_wandb`` keeps,
+``trainer/utils.py:238-319``).
+
+prime-rl has no separate old-policy recompute: its loss compares the trainer's log-probs with the inference
+engine's directly (rcdiag's ``old_log_prob`` and ``rollout_log_prob``; a prime-rl token export writes them as
+``trainer_logprobs`` and ``inference_logprobs``). ``mismatch_kl = exp(d) - d - 1`` with ``d = trainer - inference``
+in float32, over the flat valid tokens of the step: logged as ``mismatch_kl/all/mean``, ``/std`` (torch's unbiased)
+and ``/max`` (the median and min it also computes are filtered out before logging). The loss's per-sample metrics
+(each sample's mean, then ``/mean`` and ``/max`` over the step's samples) need the advantages under the default
+DPPO loss, whose mask depends on their sign; under the IPO loss (``loss.type = "ipo"``) a token is masked when
+``|exp(trainer) - exp(inference)| > ipo_threshold``, whatever the advantage: ``is_masked``, ``masked_mismatch_kl``
+and ``unmasked_mismatch_kl`` are computed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from rcdiag.errors import ConfigError
+from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, weight_keys
+from rcdiag.metrics.base import MetricValue, Moments, Reduce, VerlCrash
+
+NAME = "prime-rl"
+LOSS = "loss"
+KL = "mismatch_kl/all/"
+KL_KEYS = (KL + "mean", KL + "std", KL + "max")
+SAMPLE = ("is_masked", "masked_mismatch_kl", "unmasked_mismatch_kl")
+"""The IPO loss's per-sample metrics, in the (sorted) order ``compute_stats`` gives them."""
+FIELDS = {
+    "default": ("dppo_mask_low", "dppo_mask_high", "adv_tau", "kl_tau"),
+    "ipo": ("ipo_threshold", "adv_tau", "kl_tau"),
+}
+BLOCK_FIELDS = (
+    Option("type", "choice", "default", "default (DPPO-Binary-TV + KL) or ipo", choices=("default", "ipo")),
+    Option("dppo_mask_low", "number", 0.2, "default: mask a token whose probability fell more (negative A)"),
+    Option("dppo_mask_high", "number", 0.2, "default: mask a token whose probability rose more (positive A)"),
+    Option("ipo_threshold", "number", 0.1, "ipo: mask a token whose |probability change| exceeds this"),
+    Option("adv_tau", "number", 1.0, "temperature of the advantage term"),
+    Option("kl_tau", "number", 1e-3, "temperature of the KL term"),
+)
+
+
+@dataclass(frozen=True)
+class PrimeRLSettings:
+    kind: str
+    threshold: float | None
+    block: tuple[tuple[str, Any], ...]
+
+    @property
+    def ipo(self) -> bool:
+        return self.kind == "ipo"
+
+    def new_metrics(self) -> PrimeRLMetrics:
+        return PrimeRLMetrics(self)
+
+    def notes(self) -> tuple[str, ...]:
+        notes = [
+            "mismatch_kl/all/* are over the valid tokens of the whole step (every micro-batch and rank); prime-rl "
+            "also logs mismatch_kl/ENV/* per environment, which a dump does not record",
+        ]
+        if self.ipo:
+            notes.append(
+                "is_masked, masked_mismatch_kl and unmasked_mismatch_kl are each sample's mean, then the /mean and "
+                "/max over the step's samples (an empty sample counts, as 0)"
+            )
+            notes.append("rcdiag/prime-rl/* are rcdiag's: the unclipped ratio exp(trainer - inference) on each "
+                         "valid token the IPO mask keeps, 0 where it masks")  # fmt: skip
+        else:
+            notes.append(
+                "loss.type default (prime-rl's): its mask, is_masked*, masked_/unmasked_mismatch_kl and "
+                "masked_advantage_* depend on each token's advantage sign, which a dump of the two engines lacks: "
+                "left out, and so is the weight its loss puts on each token"
+            )
+        return tuple(notes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {LOSS: dict(self.block)}
+
+
+class PrimeRLMetrics(FrameworkMetrics):
+    """One step's ``mismatch_kl/all/*`` and, under the IPO loss, its per-sample metrics."""
+
+    NAME = NAME
+    STATES: ClassVar[dict[str, Reduce]] = {
+        **FrameworkMetrics.WEIGHT_STATES,
+        "kl": "moments",
+        "kl_max": "max",
+        "samples": "sum",
+        **{f"{name}_sum": "sum" for name in SAMPLE},
+        **{f"{name}_max": "max" for name in SAMPLE},
+    }
+    settings: PrimeRLSettings
+
+    def update(self, block: Any) -> None:
+        rows = TokenRows(block)
+        d = rows.diff
+        kl = exp32(d) - d - np.float32(1.0)
+        if rows.n_tokens:
+            x = kl.astype(np.float64)
+            mean = float(x.mean())
+            self.add(kl=Moments(float(x.size), mean, float(((x - mean) ** 2).sum())), kl_max=float(kl.max()))
+        if not self.settings.ipo:
+            return
+        assert self.settings.threshold is not None
+        masked = np.abs(exp32(rows.old) - exp32(rows.rollout)) > np.float32(self.settings.threshold)
+        n_masked = rows.row_sum(masked.astype(np.float64))
+        n = rows.counts.astype(np.float64)
+        per_sample = {
+            "is_masked": n_masked / np.maximum(n, 1.0),
+            "masked_mismatch_kl": rows.row_sum(np.where(masked, kl, np.float32(0.0))) / np.maximum(n_masked, 1.0),
+            "unmasked_mismatch_kl": rows.row_sum(np.where(masked, np.float32(0.0), kl)) / np.maximum(n - n_masked, 1),
+        }
+        self.add(samples=float(rows.n_rows))
+        for name, values in per_sample.items():
+            self.add(
+                **{f"{name}_sum": float(values.sum()), f"{name}_max": float(values.max()) if values.size else -math.inf}
+            )
+        self.add_weights(np.where(masked, np.float32(0.0), exp32(d)))
+
+    def keys(self) -> list[str]:
+        if not self.settings.ipo:
+            return list(KL_KEYS)
+        head = [f"{name}/{s}" for name in SAMPLE[:2] for s in ("mean", "max")]
+        return [*head, *KL_KEYS, f"{SAMPLE[2]}/mean", f"{SAMPLE[2]}/max", *self.weight_keys()]
+
+    def compute(self) -> tuple[dict[str, MetricValue], list[VerlCrash]]:
+        """prime-rl's values (NaN, here ``None``, for a step without a valid token) and rcdiag's."""
+        st = self.state
+        moments: Moments = st["kl"]
+        n = moments.n
+        values: dict[str, MetricValue] = {
+            KL_KEYS[0]: moments.mean if n else None,
+            KL_KEYS[1]: math.sqrt(max(moments.m2, 0.0) / (n - 1)) if n > 1 else None,
+            KL_KEYS[2]: st["kl_max"] if n else None,
+        }
+        if not self.settings.ipo:
+            return values, []
+        samples = st["samples"]
+        for name in SAMPLE:
+            values[f"{name}/mean"] = st[f"{name}_sum"] / samples if samples else None
+            values[f"{name}/max"] = st[f"{name}_max"] if samples else None
+        ordered = {key: values[key] for key in self.keys() if key in values}
+        return {**ordered, **self.weight_values()}, []
+
+
+def settings(values: Mapping[str, Any], given: frozenset[str] = frozenset()) -> PrimeRLSettings:
+    """pydantic's checks of ``DefaultLossConfig`` / ``IPOLossConfig``: each field >= 0, no field of the other type
+    (set to other than its default)."""
+    block = dict(values[LOSS])
+    kind = block["type"]
+    defaults = {f.key: f.default for f in BLOCK_FIELDS}
+    for field in sorted({*FIELDS["default"], *FIELDS["ipo"]}):
+        if field not in FIELDS[kind] and block[field] != defaults[field]:
+            raise ConfigError(f"{LOSS}.{field}: Extra inputs are not permitted (the {kind} loss has no {field})")
+        if block[field] < 0:
+            raise ConfigError(f"{LOSS}.{field}: Input should be greater than or equal to 0, got {block[field]}")
+    kept = {"type": kind, **{field: block[field] for field in FIELDS[kind]}}
+    return PrimeRLSettings(kind, block["ipo_threshold"] if kind == "ipo" else None, tuple(kept.items()))
+
+
+FRAMEWORK = Framework(
+    name=NAME,
+    title="prime-rl",
+    release="559b4477",
+    source=(
+        "src/prime_rl/trainer/rl/loss.py:100-106, 163-196, 262-403; src/prime_rl/trainer/rl/train.py:496-512; "
+        "src/prime_rl/trainer/utils.py:263-276, 284-321; packages/prime-rl-configs/src/prime_rl/configs/trainer.py:"
+        "494-520"
+    ),
+    options=(
+        Option(
+            LOSS, "block", {f.key: f.default for f in BLOCK_FIELDS}, "the RL loss (trainer.loss)", fields=BLOCK_FIELDS
+        ),
+    ),
+    keys=(
+        MetricKey(
+            "is_masked/mean",
+            "mean over samples of the share of each one's valid tokens the IPO mask drops",
+            "loss.type ipo",
+        ),
+        MetricKey("is_masked/max", "largest such share", "loss.type ipo"),
+        MetricKey(
+            "masked_mismatch_kl/mean",
+            "mean over samples of each one's mismatch_kl on the masked tokens",
+            "loss.type ipo",
+        ),
+        MetricKey("masked_mismatch_kl/max", "largest such mean", "loss.type ipo"),
+        MetricKey(KL_KEYS[0], "mean of exp(d) - d - 1, d = trainer - inference, over the step's valid tokens"),
+        MetricKey(KL_KEYS[1], "its standard deviation (unbiased)"),
+        MetricKey(KL_KEYS[2], "its largest value"),
+        MetricKey(
+            "unmasked_mismatch_kl/mean",
+            "mean over samples of each one's mismatch_kl on the kept tokens",
+            "loss.type ipo",
+        ),
+        MetricKey("unmasked_mismatch_kl/max", "largest such mean", "loss.type ipo"),
+        *weight_keys(NAME, "prime-rl", "loss-mask token", "prime-rl's IPO mask"),
+    ),
+    settings=settings,
+    prefixes=("trainer.",),
+    left_out=(
+        "left out: mismatch_kl per environment (the dump has no environment names), kl_ent_ratio and entropy "
+        "(the entropy), the default loss's masks and masked_advantage_* (the advantages) and loss (both)"
+    ),
+    batching="one training step (every micro-batch and rank of it)",
+)
