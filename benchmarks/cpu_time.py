@@ -4,7 +4,8 @@
 
 Stages: the bare decode (``decode``, the floor of benchmarks/throughput.py), rcdiag's reader (decode plus the
 conversion to chunks), the value screen, and the engine's maths for verl's default configuration and for the
-realistic one (``is_rs``, also with ``--explain``), over chunks held in memory. CPU time (``time.process_time``)
+realistic one (``is_rs``), each also with the bias detectors every analyze runs (``DetectorState``) and with
+``--explain``, over chunks held in memory. CPU time (``time.process_time``)
 hardly moves with other load on the machine, unlike wall time, so these figures explain the ratios of
 throughput.py: on two cores, rcdiag's wall time can go no lower than the sum of its stages' CPU time divided by
 two.
@@ -21,6 +22,7 @@ from _methods import CONFIG, decode
 import rcdiag
 from rcdiag.constants import DEFAULT_CHUNK_TOKENS
 from rcdiag.engine import Engine
+from rcdiag.explain.detector_state import DetectorState
 from rcdiag.explain.state import ExplainState
 from rcdiag.io import open_dump
 from rcdiag.validate import Screen
@@ -51,7 +53,11 @@ def main() -> None:
         "rcdiag reader (decode + chunks)": lambda: sum(1 for _ in open_dump(path).chunks(chunk)),
         "screen": lambda: list(Screen()(chunks)),
         "engine, default configuration": lambda: Engine(rcdiag.CorrectionConfig().resolve()).run(screened),
+        "engine, default configuration + detectors": lambda: Engine(
+            rcdiag.CorrectionConfig().resolve(), wholes=[DetectorState()]
+        ).run(screened),
         "engine, is_rs": lambda: Engine(CONFIG.resolve()).run(screened),
+        "engine, is_rs + detectors": lambda: Engine(CONFIG.resolve(), wholes=[DetectorState()]).run(screened),
         "engine, is_rs --explain": lambda: Engine(CONFIG.resolve(), wholes=[ExplainState()]).run(screened),
     }
     print(f"{tokens / 1e6:.1f}M tokens, chunk {chunk:,}; least CPU time of {args.repeats} runs, all threads\n")

@@ -160,7 +160,11 @@ import hashlib, json, sys, time
 import numpy as np
 import pyarrow.parquet as pq
 from rcdiag.explain.breakdowns import LOG_PROB_THRESHOLDS
-from rcdiag.explain.state import _EDGES, _LOG_LIKELY, _LOG_UNLIKELY, ExplainState
+from rcdiag.explain.state import ExplainState
+try:  # where a tree declares the pass's constants (rcdiag.explain.state before the detectors ran by default)
+    from rcdiag.explain.detector_state import _EDGES, _LOG_LIKELY, _LOG_UNLIKELY
+except ImportError:
+    from rcdiag.explain.state import _EDGES, _LOG_LIKELY, _LOG_UNLIKELY
 from rcdiag.explain.statistics import RATIO_CAP, SHIFT_TOL
 from rcdiag.kernels.explain import explain_block
 from rcdiag.kernels.token_ids import scatter_token_sums, valid_range

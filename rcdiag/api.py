@@ -17,6 +17,7 @@ from rcdiag.catalogue.emit import ordered
 from rcdiag.config import CorrectionConfig, preset
 from rcdiag.engine import Engine, EngineState, StepStates, number_rows
 from rcdiag.errors import ConfigError
+from rcdiag.explain.detector_section import DetectorSection
 from rcdiag.explain.section import ExplainSection
 from rcdiag.explain.sequences import cleanup, temporary_directory
 from rcdiag.explain.sequences import finish as finish_sequences
@@ -112,8 +113,9 @@ def analyze(
             by-token breakdown and the worst responses (``rcdiag[tokens]``; implies ``explain``).
         tokens: write the by-token table (one row per token id) to this Parquet file (implies ``explain``).
         sections: more features riding on the run (``rcdiag.sections``), after ``--explain``'s and those every
-            analyze runs (``with_defaults``: the exact match and the slices, ``read.columns.by``'s tables and the
-            ``slice_concentrated`` test); each record in ``report.sections[KEY]``. One given replaces a default.
+            analyze runs (``with_defaults``: the exact match, the bias detectors and the slices, ``read.columns.by``'s
+            tables and the ``slice_concentrated`` test); each record in ``report.sections[KEY]``. One given replaces a
+            default.
         framework: also compute this framework's own correction and logged keys (``"trl"``, ``"openrlhf"``,
             ``"areal"``; docs/frameworks.md), merged into ``metrics`` and each step's, its release and options in
             ``report.sections["framework"]``; ``"verl"`` (the default) changes nothing but takes
@@ -153,7 +155,7 @@ def analyze(
             section.vocabulary()
     read = ReadOptions.of(read, options)
     by = read.columns.by if read.columns is not None else ()
-    wanted: list[Any] = [*explaining, *with_defaults([*sections, *riding], by)]
+    wanted: list[Any] = [*explaining, *with_defaults([*sections, *riding], by, explained=bool(explaining))]
     collector = None
     if microbatch is not None:
         from rcdiag.microbatch.rows import RowCollector
@@ -196,12 +198,15 @@ def _framework(
     return config, [] if riding is None else [FrameworkSection(riding)]
 
 
-def with_defaults(sections: Sequence[Section], by: tuple[str, ...] = ()) -> list[Section]:
-    """The sections every analyze runs before those given, unless given: the exact match (``rcdiag.sections.exact``)
-    and the slices (``rcdiag.sections.slices``; ``by``: the ``--by`` columns)."""
-    given = list(sections)
+def with_defaults(
+    sections: Sequence[Section], by: tuple[str, ...] = (), *, explained: bool = False
+) -> list[Section]:
+    """The sections every analyze runs before those given, unless given: the exact match (``rcdiag.sections.exact``),
+    the bias detectors (``rcdiag.explain.detector_section``; ``explained``: ``--explain``'s section runs them on its
+    own sums, so theirs is left out) and the slices (``rcdiag.sections.slices``; ``by``: the ``--by`` columns)."""
+    given = [s for s in sections if not (explained and s.KEY == DetectorSection.KEY)]
     keys = {section.KEY for section in given}
-    defaults: list[Section] = [ExactSection(), SlicesSection(by)]
+    defaults: list[Section] = [ExactSection(), *([] if explained else [DetectorSection()]), SlicesSection(by)]
     return [*(section for section in defaults if section.KEY not in keys), *given]
 
 
@@ -279,7 +284,7 @@ def with_history(report: Report, read_ids: Report) -> Report:
         columns={**report.input.columns, "token_ids": column},
         dtypes={**report.input.dtypes, **({column: read_ids.input.dtypes[column]} if column else {})},
     )
-    not_run = None if report.explain is None else report.explain.not_run
+    not_run = report.detectors_not_run
     updated = dataclasses.replace(
         report,
         extras=extras,
@@ -539,8 +544,8 @@ def build_report(
         if record is not None:
             records[section.KEY] = record
         findings.extend(section.findings(whole, run))
-    if state.explain is None:  # the trend reads only the per-step metrics: run on every analyze
-        from rcdiag.explain.detectors import mismatch_trend
+    if not {ExplainSection.KEY, DetectorSection.KEY} & set(state.whole_dump):  # a state without the detectors'
+        from rcdiag.explain.detectors import mismatch_trend  # sums: the trend reads only the per-step metrics
 
         trend = mismatch_trend(stepped)
         findings.extend([] if trend is None else [trend])
@@ -555,6 +560,8 @@ def build_report(
         if isinstance(record, ValuesRecord):  # a framework's own keys (--as NAME) first, per step and pooled
             metrics, extras = {**record.pooled.metrics, **metrics}, {**extras, **record.pooled.extras}
             steps = tuple(_with_values(step, record.step_metrics(step.step)) for step in steps)
+    detectors = records.pop(DetectorSection.KEY, None)
+    not_run = explain.not_run if explain is not None else None if detectors is None else detectors.not_run
     report = Report(
         config=state.resolved.config.to_dict(),
         input=facts,
@@ -566,9 +573,10 @@ def build_report(
         version=__version__,
         log_ratio=pooled.log_ratio,
         explain=explain,
+        detectors=detectors,
         microbatch=microbatch,
         sections=records,
-        checklist=checklist(findings, pooled.metrics, None if explain is None else explain.not_run),
+        checklist=checklist(findings, pooled.metrics, not_run),
     )
     return dataclasses.replace(report, verdict=judge(report))
 

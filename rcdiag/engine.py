@@ -130,7 +130,8 @@ class StepStates(Generic[B]):
     tokens: int = 0
     valid_tokens: int = 0
     whole_dump: dict[str, WholeDump] = field(default_factory=dict)
-    """Whole-dump accumulators by ``KEY`` (``analyze --explain``'s: breakdowns, worst responses, detector sums)."""
+    """Whole-dump accumulators by ``KEY`` (the bias detectors' sums; ``--explain``'s breakdowns, worst responses and
+    detector sums; each section's)."""
 
     @property
     def explain(self) -> Any:
@@ -207,9 +208,14 @@ class StepStates(Generic[B]):
         """Rebuild a state saved by ``state_dict`` under the same configuration."""
         out = cls(resolved, **saved_counts(state))
         load_batches(out, state)
-        for key, saved in saved_whole_dump(state).items():
-            out.whole_dump[key] = whole_dump_kind(key).from_state_dict(saved)
+        load_whole_dump(out, state)
         return out
+
+
+def load_whole_dump(out: StepStates[Any], state: dict[str, Any]) -> None:
+    """Load a saved state's whole-dump accumulators into ``out``, each by its registered kind."""
+    for key, saved in saved_whole_dump(state).items():
+        out.whole_dump[key] = whole_dump_kind(key).from_state_dict(saved)
 
 
 def saved_whole_dump(state: Any) -> dict[str, Any]:
@@ -282,7 +288,9 @@ class Engine:
         whole_dump = {whole.KEY: whole for whole in wholes}
         self.state: StepStates[Any] = state if state is not None else EngineState(resolved, whole_dump=whole_dump)
         """What blocks are folded into: the analyze accumulators by default, or another state with the same
-        interface (the sweep's, which may ask for larger CPU blocks: ``cpu_block_tokens``)."""
+        interface (the sweep's, which may ask for larger CPU blocks: ``cpu_block_tokens``), ``wholes`` added to it."""
+        if state is not None:
+            state.whole_dump.update(whole_dump)
         cpu_block = getattr(self.state, "cpu_block_tokens", CPU_BLOCK_TOKENS)
         self.block_tokens = cpu_block if isinstance(self.backend, NumpyBackend) else GPU_BLOCK_TOKENS
         self.compiled = self.backend.compiled

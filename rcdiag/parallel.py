@@ -127,7 +127,8 @@ def merge_parts(source: Source, results: list[PartResult], job: Job) -> tuple[St
     """The merged state and counts of every part, in part order (the first bad row is the earliest)."""
     resolved = job.config.resolve()
     whole_dump = {whole.KEY: whole for whole in job.wholes()}
-    merged: StepStates[Any] = job.new_state() if job.new_state else EngineState(resolved, whole_dump=whole_dump)
+    merged: StepStates[Any] = job.new_state() if job.new_state else EngineState(resolved)
+    merged.whole_dump.update(whole_dump)
     stats = ScreenStats()
     part_rows = []
     first: Problem | None = None

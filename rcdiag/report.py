@@ -499,6 +499,18 @@ class ExplainReport:
 
 
 @dataclass(frozen=True)
+class DetectorsReport:
+    """The bias detectors every analyze runs (``rcdiag.explain.detector_section``; ``--explain`` reports them in its
+    own record): those that did not run, and why."""
+
+    not_run: dict[str, str]
+    """Detectors that had too little data to test, or need ``--explain`` (code: "not run: why")."""
+
+    def to_dict(self) -> dict[str, str]:
+        return dict(self.not_run)
+
+
+@dataclass(frozen=True)
 class Report:
     """The result of analysing one dump.
 
@@ -520,6 +532,9 @@ class Report:
     ``rcdiag.metrics.histogram``)."""
     explain: ExplainReport | None = None
     """Set by ``analyze --explain``."""
+    detectors: DetectorsReport | None = None
+    """Set by an analyze without ``--explain`` (whose record reports the detectors); ``None`` with ``--explain`` and
+    for a state without the detectors' sums."""
     microbatch: MicroBatchReport | None = None
     """How verl cut each step into micro-batches and what it computed there (``analyze`` with micro-batch
     options); ``None`` otherwise."""
@@ -560,11 +575,20 @@ class Report:
             out["detectors_not_run"] = dict(self.explain.not_run)
             if self.explain.sequences_path is not None:
                 out["sequences_path"] = self.explain.sequences_path
+        elif self.detectors is not None:
+            out["detectors_not_run"] = self.detectors.to_dict()
         if self.microbatch is not None:
             out["microbatch"] = self.microbatch.to_dict()
         for key, record in self.sections.items():
             _place(out, getattr(record, "JSON_PATH", (key,)), record.to_dict())
         return out
+
+    @property
+    def detectors_not_run(self) -> dict[str, str] | None:
+        """The bias detectors that did not run, and why (empty: every one ran); ``None`` when none ran."""
+        if self.explain is not None:
+            return self.explain.not_run
+        return None if self.detectors is None else self.detectors.not_run
 
     def steps_frame(self) -> Any:
         """Per-step metrics as a polars DataFrame: ``step``, ``rows``, ``valid_tokens``, then every metric."""

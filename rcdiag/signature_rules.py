@@ -37,7 +37,7 @@ RATIO_OVER_MIN = 0.005
 """logprobs_not_sampled: the capped mean IS ratio must also exceed 1 by this (0.5% of probability mass)."""
 DEFICIT_MIN = 0.003
 """precision test: a capped mean IS ratio this far below 1 beyond noise is mass missing, not noise (as
-``--explain``'s sampling_truncation)."""
+the sampling_truncation detector)."""
 SHAPE_CORR_MAX = 0.35
 """precision test: |corr(log-ratio, log-prob)| above this is a shaped mismatch (a temperature, a penalty, soft-capping:
 0.41-0.89 on the tests' real model), not noise (at most 0.27 measured: a 4-bit rollout)."""

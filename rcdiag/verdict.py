@@ -69,11 +69,6 @@ STATUS_OF: dict[CauseClass, VerdictStatus] = {
 BF16_ABS_LOG_RATIO = 0.01
 """Mean |log-ratio| reported for bf16 dense models (vLLM, Qwen3-4B: ~0.011; mismatch-practice.md), quoted in the
 headline as the yardstick."""
-DEFAULT_DETECTORS = (Code.MISMATCH_TREND,)
-"""Detectors every analyze runs (they read only the per-step metrics), so never "not examined"."""
-NO_TOKEN_IDS = "mismatch on a few token ids (it also needs token ids: none found in the dump; --token-col NAME)"
-"""``token_specific`` not examined, on a dump without token ids (``InputFacts.columns["token_ids"]`` is ``None``):
-``--explain`` alone would not test it."""
 HISTORY = "a penalty on repeated tokens (repetition, presence or frequency: it reads the token ids)"
 """The history test (``repeated_tokens_lowered``) not examined: the dump's token ids were not read (analyze reads
 them on its own only where the verdict names noise or an unexplained mismatch)."""
@@ -122,8 +117,7 @@ UNMODELLED = (
     "what the mask covers (prompt, padding, tool output)",
     "the engine and model versions and weights on each side",
 )
-"""What an ``unexplained`` verdict asks to check: the causes rcdiag has no signature for yet, or whose signature
-needs ``--explain``."""
+"""What an ``unexplained`` verdict asks to check: the causes rcdiag has no signature for yet."""
 _ORDER: tuple[VerdictStatus, ...] = ("identical", "healthy", "correct", "fix", "broken")
 
 
@@ -312,7 +306,7 @@ def _headline(status: VerdictStatus, causes: list[Cause], size: _Size, report: R
         compared = report.sections["exact"].tokens_compared
         return f"identical: the two log-prob columns are bitwise identical at all {compared:,} valid tokens"
     if status == "healthy":
-        unexamined = " (bias detectors not run: see next steps)" if report.explain is None else ""
+        unexamined = " (bias detectors not run: see next steps)" if report.detectors_not_run is None else ""
         return f"healthy: the engines agree to numerical noise: {size.evidence}{unexamined}"
     if status == "correct":
         return f"correct: {names} ({size.evidence}); correct it with {setting}"
@@ -370,22 +364,19 @@ def _config_steps(findings: tuple[Finding, ...], status: VerdictStatus) -> list[
 
 
 def _not_examined(report: Report) -> list[str]:
-    """What the verdict could not test: ``--explain``'s detectors when they did not run, and the history test where
-    the token ids were not read or the dump has none (never read as a pass)."""
+    """What the verdict could not test: each bias detector that did not run, and why, and the history test where the
+    token ids were not read or the dump has none (never read as a pass)."""
     columns = report.input.columns
     lacks_ids = "token_ids" in columns and columns["token_ids"] is None
     history = report.extras.get(HISTORY_KEYS[-1]) is None and report.input.valid_tokens >= MIN_TOKENS
-    if report.explain is None:
-        tests = [
-            NO_TOKEN_IDS if lacks_ids and spec.code == Code.TOKEN_SPECIFIC else str(spec.detects)
-            for spec in detectors()
-            if spec.code not in DEFAULT_DETECTORS
-        ]
+    not_run = report.detectors_not_run
+    if not_run is None:  # every analyze runs them: a report built from a state without their sums
+        tests = [str(spec.detects) for spec in detectors() if spec.code != Code.MISMATCH_TREND]  # the trend ran
         if history:
             tests.append(NO_HISTORY if lacks_ids else HISTORY)
-        command = report.command("analyze", "--explain")
-        return [f"not examined without --explain: {'; '.join(tests)}. Run `{command}` to test for them"]
-    steps = [f"{code} not run: {why.removeprefix('not run: ')}" for code, why in report.explain.not_run.items()]
-    if history and lacks_ids:
-        steps.append(f"{Code.REPEATED_TOKENS_LOWERED} not run: {NO_HISTORY}")
+        return [f"not examined (the state holds no detector sums): {'; '.join(tests)}"]
+    steps = [f"{code} not run: {why.removeprefix('not run: ')}" for code, why in not_run.items()]
+    if history:
+        why = NO_HISTORY if lacks_ids else f"{HISTORY}; run `{report.command('analyze', '--explain')}` to test for it"
+        steps.append(f"{Code.REPEATED_TOKENS_LOWERED} not run: {why}")
     return steps

@@ -25,6 +25,7 @@ from test_explain_kernel import reference as explain_reference
 
 import rcdiag
 from rcdiag.engine import Engine, EngineState
+from rcdiag.explain.detector_state import DetectorState
 from rcdiag.explain.state import ExplainState
 from rcdiag.explain.statistics import GroupSums, SumsAccumulator
 from rcdiag.frameworks.base import FrameworkMetrics
@@ -91,12 +92,20 @@ def _per_step_reference(data: Data, state: EngineState) -> None:
     assert_metrics_close(got, want)
 
 
-def _explain_reference(data: Data, state: EngineState) -> None:
-    explain = state.explain
+def _sums_reference(data: Data, got: dict[str, np.ndarray]) -> None:
+    """The explain pass's sums (``got``, by name) against the definitions (tests/test_explain_kernel.py)."""
     mask = data.mask.astype(bool)
     lengths = np.full(data.old.shape[0], data.old.shape[1], dtype=np.int64)
     want = explain_reference(data.old.reshape(-1), data.rollout.reshape(-1), mask.reshape(-1), lengths)
     size = explain_reference(data.old.reshape(-1), data.rollout.reshape(-1), mask.reshape(-1), lengths, True)
+    for name, values in got.items():
+        tolerance = 1e-6 if name in ("offset", "shape") else 1e-12  # the capped IS ratio: float32 exp
+        assert np.all(np.abs(values - want[name]) <= tolerance * size[name] + 1e-300), name
+
+
+def _explain_reference(data: Data, state: EngineState) -> None:
+    explain = state.explain
+    mask = data.mask.astype(bool)
     got = {
         "prob": explain.breakdowns.prob,
         "position": explain.breakdowns.position,
@@ -105,9 +114,7 @@ def _explain_reference(data: Data, state: EngineState) -> None:
         "offset": explain.offset.sums,
         "shape": explain.shape.sums,
     }
-    for name, values in got.items():
-        tolerance = 1e-6 if name in ("offset", "shape") else 1e-12  # the capped IS ratio: float32 exp
-        assert np.all(np.abs(values - want[name]) <= tolerance * size[name] + 1e-300), name
+    _sums_reference(data, got)
     d = (data.old.astype(np.float64) - data.rollout.astype(np.float64)) * mask
     sums = d.sum(axis=1)
     order = sorted(range(len(sums)), key=lambda r: (-abs(sums[r]), r))[: explain.worst.n]
@@ -120,6 +127,18 @@ def _explain_reference(data: Data, state: EngineState) -> None:
     assert table[:, 0].tolist() == [float(np.count_nonzero(valid_ids == i)) for i in ids.tolist()]
     lr = (data.old.astype(np.float64) - data.rollout.astype(np.float64))[mask]
     assert table[:, 1] == pytest.approx([lr[valid_ids == i].sum() for i in ids.tolist()], rel=1e-6, abs=1e-9)
+
+
+def _detectors_reference(data: Data, state: EngineState) -> None:
+    """The default analyze's detector sums: the definitions' (as ``--explain``'s same parts)."""
+    detectors = state.whole_dump["detectors"]
+    got = {
+        "position": detectors.position_sums,
+        "scale": detectors.scale.sums,
+        "offset": detectors.offset.sums,
+        "shape": detectors.shape.sums,
+    }
+    _sums_reference(data, got)
 
 
 def _explain_members(state: EngineState) -> list[Accumulator]:
@@ -305,6 +324,12 @@ CASES: list[Case] = [
         _explain_members,
         _explain_reference,
     ),
+    Case(
+        "detectors",
+        lambda: (EngineState(CONFIG.resolve(), whole_dump={"detectors": (whole := DetectorState())}), whole),
+        lambda state: [*_per_step(state), *state.whole_dump["detectors"].parts().values()],
+        _detectors_reference,
+    ),
     Case("sweep", lambda: (new_sweep_state(SWEEP, target_reject=0.01), None), _sweep_members, _sweep_reference),
     _framework_case("trl", {}, _trl_reference),
     _framework_case("openrlhf", {"algo.advantage.is_correction_enable": True}, _openrlhf_reference),
@@ -327,8 +352,8 @@ CASES: list[Case] = [
         _slices_reference,
     ),
 ]
-"""Every kind of accumulator: analyze's per-step ones, ``--explain``'s, the sweep's, each framework's (``--as``),
-exact match's, the slices' (with ``--by``)."""
+"""Every kind of accumulator: analyze's per-step ones, the bias detectors' (every analyze), ``--explain``'s, the
+sweep's, each framework's (``--as``), exact match's, the slices' (with ``--by``)."""
 
 
 def _run(case: Case, data: Data, cuts: list[int]) -> EngineState:

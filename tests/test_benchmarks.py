@@ -67,6 +67,13 @@ def _run(tmp_path: Path, script: str, *args: str) -> str:
             ("--tokens", "200k", "--rounds", "1", "--repeats", "1", "--baseline", ".."),
             ["| engine |", "| engine, no section |", "| analyze |", "engine / this: "],
         ),
+        ),
+        (
+            "default_detectors.py",
+            ("--tokens", "200k", "--rounds", "1", "--baseline", str(BENCHMARKS.parent)),  # this tree as the baseline
+            ["detectors / baseline: wall", "no detectors / baseline", "detectors / baseline without signatures"],
+        ),
+        ("default_detectors.py", ("--tokens", "200k", "--rounds", "1", "--kernels"), ["CPU ns a valid token"]),
         (
             "cli_end_to_end.py",
             ("--tokens", "100k", "--small", "50k", "--rounds", "1"),

@@ -512,7 +512,7 @@ NOT_COMPUTED_PLAIN = {  # the checks whose metric needs IS or RS, which plain an
     "rs_rejects_most_tokens": P + "rollout_rs_masked_fraction",
     "is_saturated": P + "rollout_is_ratio_fraction_high",
 }
-COMPUTED_PLAIN = {  # every other check of plain analyze (--explain's detectors appear only with --explain)
+COMPUTED_PLAIN = {  # every other check of plain analyze (the bias detectors' rows: DETECTORS, below)
     "verl_crash_empty_batch", "mask_looks_inverted", "mask_missing", "kl_high", "chi2_token_high", "kl_k3_disagree",
     "logprob_neg_inf", "metric_not_finite", "temperature_recorded_mismatch", "kl_negative", "sparse_outliers",
     "seq_is_hopeless", *SIGNATURE_CODES,
@@ -553,10 +553,12 @@ def test_plain_analyze_marks_each_check_without_its_metric_not_computed() -> Non
     assert not set(NOT_COMPUTED_PLAIN.values()) & set(data["metrics"])  # none of those metrics was computed
     assert {P + "kl", P + "chi2_token", P + "k3_kl"} <= set(data["metrics"])
     rows = checklist_rows(healthy)
-    assert set(rows) == set(NOT_COMPUTED_PLAIN) | COMPUTED_PLAIN
+    assert set(rows) == set(NOT_COMPUTED_PLAIN) | COMPUTED_PLAIN | set(DETECTORS)  # every analyze runs the detectors
     for code in NOT_COMPUTED_PLAIN:
         assert rows[code] == ("–", "not computed for this config"), code
-    for code in COMPUTED_PLAIN:
+    # token_specific needs --explain's by-token table (and token ids, which the sample lacks): "–" with why
+    assert rows.pop("token_specific") == ("–", "not run: the dump has no token ids (--token-col NAME)")
+    for code in COMPUTED_PLAIN | set(DETECTORS) - {"token_specific"}:
         assert rows[code] == ("✓", ""), code
 
 

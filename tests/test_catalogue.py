@@ -11,6 +11,7 @@ from conftest import ROOT
 from rich.console import Console
 
 import rcdiag
+from rcdiag import api
 from rcdiag.catalogue import FINDINGS, METRICS, PREFIX, every_key, finding, metric, reading
 from rcdiag.catalogue.metrics import PACKS, packs_help, rs_option, step_columns
 from rcdiag.check.metric_names import metric_names
@@ -99,8 +100,14 @@ def test_checklist_rows_come_from_the_finding_catalogue() -> None:
         if spec.check is not None and "analyze" in spec.commands:
             assert spec.code in text
     plain = Console(width=400, record=True)
-    render_table(rcdiag.analyze(path), plain, details=True)
-    assert not any(spec.code in plain.export_text() for spec in FINDINGS if spec.explain)  # rows only with --explain
+    render_table(rcdiag.analyze(path), plain, details=True)  # every analyze runs the bias detectors: their rows
+    shown = plain.export_text()
+    assert all(spec.code in shown for spec in FINDINGS if spec.explain)
+    assert any("token_specific" in line and "not run: the dump has no token ids" in line for line in shown.splitlines())
+    bare = api.accumulate(path)  # a state without the detectors' sums (none given): no row reads as a pass
+    unjudged = Console(width=400, record=True)
+    render_table(api.build_report(api.analyze_state(bare.state), bare.info, "cpu"), unjudged, details=True)
+    assert not any(spec.code in unjudged.export_text() for spec in FINDINGS if spec.explain)
     assert "IS weights average near 1: rollout_is_mean in [0.5, 2]" in text
     assert "chi2_token <= 1" in text
 
@@ -153,8 +160,8 @@ def test_every_cause_class_is_a_specs_class_or_derived_by_the_verdict() -> None:
 
 
 def test_detectors_and_their_texts_come_from_the_specs() -> None:
-    """The detectors are the specs with a ``detects`` text: ``--explain``'s (and the trend every analyze runs);
-    their codes, the CLI help and the verdict's "not examined" list read them there."""
+    """The detectors are the specs with a ``detects`` text (every analyze runs them, ``EXPLAIN_ONLY`` with
+    ``--explain``); their codes, the CLI help and the verdict's "not examined" list read them there."""
     from rcdiag.catalogue.findings import detectors
     from rcdiag.cli.flags import ExplainOpt
     from rcdiag.explain.detectors import DETECTORS

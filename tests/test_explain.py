@@ -392,7 +392,7 @@ def test_skipped_rows_keep_their_numbers(tmp_path: Path) -> None:
     [
         ("rcdiag.kernels.explain_encoding.SMALL", 0.3),  # the series cut-off
         ("rcdiag.kernels.explain_encoding.GOLDEN", 0x9E3779B97F4A7C13),  # the row-group hash
-        ("rcdiag.explain.state.SHIFT_TOL", 0.02),
+        ("rcdiag.explain.detector_state.SHIFT_TOL", 0.02),
     ],
 )
 def test_a_state_file_with_another_explain_layout_is_refused(

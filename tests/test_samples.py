@@ -85,6 +85,8 @@ def test_topk_offset_sample() -> None:
         "kl_high": (0, 1, 2, 3, 4, 5),
         "kl_k3_disagree": (0, 1, 2, 3, 4, 5),
         "mismatch_not_noise": None,  # 2% of the trainer's mass missing: not precision noise
+        "logprob_offset": None,  # the bias detectors, on every analyze (their numbers: tests/test_detectors.py)
+        "sampling_truncation": None,
     }
     assert_as_generated(path, "topk_offset", rcdiag.analyze(path), ("kl", "k3_kl", "token_mult_prob_error"))
 
@@ -92,7 +94,9 @@ def test_topk_offset_sample() -> None:
 def test_forgotten_temperature_sample() -> None:
     path = SAMPLES / "train_forgot_temperature.parquet"
     found = codes(path)
-    assert set(found) == {"kl_high", "chi2_token_high", "temperature_recorded_mismatch", "mismatch_not_noise"}
+    assert set(found) == {
+        "kl_high", "chi2_token_high", "temperature_recorded_mismatch", "mismatch_not_noise", "temperature_mismatch"
+    }  # fmt: skip
     assert found["kl_high"] == (0, 1, 2, 3, 4, 5)
     # the generator samples at T=0.6 and scores at T=1.0, and records both
     report = rcdiag.analyze(path)

@@ -43,7 +43,7 @@ SAMPLE = {
     "rollout_temperature_only": ("fix", ["temperature"]),
     "train_forgot_temperature": ("fix", ["temperature"]),
 }
-"""Without --explain (the recorded temperatures and the kl/k3 gap decide these)."""
+"""The default analyze (the recorded temperatures, the kl/k3 gap and the bias detectors decide these)."""
 SAMPLE_EXPLAINED = {
     "position_drift": ("fix", ["position"]),
     "step_trend": ("fix", ["trend"]),
@@ -72,8 +72,9 @@ def test_real_model_dumps_get_their_status_and_class(real_dumps: dict, scenario:
         assert verdict.recommendation.preset == (None if rs else "decoupled_token_is")
     else:
         assert verdict.recommendation is None
-    # without --explain, never a claim that the detectors' bugs are absent: the verdict says what it did not test
-    assert any("not examined without --explain" in step for step in verdict.next_steps)
+    # the bias detectors ran (every analyze runs them): nothing "not examined"; what did not run says why
+    assert not any("not examined" in step for step in verdict.next_steps)
+    assert any(step.startswith("token_specific not run: ") for step in verdict.next_steps)
 
 
 REAL_EXPLAINED = {
@@ -86,12 +87,13 @@ REAL_EXPLAINED = {
     "clean_fp32": ("healthy", []),
     "bf16": ("healthy", []),
 }
-"""With --explain: the detectors name the bug the size alone cannot."""
+"""The detectors name the bug the size alone cannot: in the default analyze (which runs them) as with --explain."""
 
 
+@pytest.mark.parametrize("explain", [False, True], ids=["default", "explain"])
 @pytest.mark.parametrize("scenario", sorted(REAL_EXPLAINED))
-def test_real_model_dumps_with_explain_name_the_planted_bug(real_dumps: dict, scenario: str) -> None:  # noqa: F811
-    report = rcdiag.analyze(real_dumps[scenario]["path"], explain=True)
+def test_real_model_dumps_name_the_planted_bug(real_dumps: dict, scenario: str, explain: bool) -> None:  # noqa: F811
+    report = rcdiag.analyze(real_dumps[scenario]["path"], explain=explain)
     assert report.verdict is not None
     assert (report.verdict.status, _classes(report)) == REAL_EXPLAINED[scenario], report.verdict.headline
     assert not any("not examined" in step for step in report.verdict.next_steps)
@@ -117,9 +119,10 @@ def test_causes_cite_only_findings_that_fired(name: str) -> None:
         assert not fired & bugs
 
 
+@pytest.mark.parametrize("explain", [False, True], ids=["default", "explain"])
 @pytest.mark.parametrize("name", sorted(SAMPLE_EXPLAINED))
-def test_samples_with_explain_name_the_detected_bug(name: str) -> None:
-    report = rcdiag.analyze(SAMPLES / f"{name}.parquet", explain=True)
+def test_samples_name_the_detected_bug(name: str, explain: bool) -> None:
+    report = rcdiag.analyze(SAMPLES / f"{name}.parquet", explain=explain)
     assert report.verdict is not None
     status, classes = SAMPLE_EXPLAINED[name]
     assert report.verdict.status == status and set(classes) <= set(_classes(report)), report.verdict.headline

@@ -302,9 +302,9 @@ def test_the_history_test_reads_the_ids_only_where_the_verdict_asks(tmp_path: Pa
                    for step in report.verdict.next_steps)  # fmt: skip
 
 
-def test_a_one_sided_temperature_is_never_noise_without_explain() -> None:
+def test_a_one_sided_temperature_is_named_with_and_without_explain() -> None:
     status, classes, _ = _verdict(dump("temperature_0.7", 1))
-    assert (status, classes) == ("fix", ["unexplained"])
+    assert (status, classes) == ("fix", ["temperature"])
     status, classes, _ = _verdict(dump("temperature_0.7", 1), explain=True)
     assert (status, classes) == ("fix", ["temperature"])
 

@@ -14,8 +14,8 @@ NOT_COMPUTED = "not computed for this config"
 
 
 def _checks(*, explain: bool) -> list[tuple[str, str | None, str]]:
-    """(code, full metric key or None, check) of every checklist row, from the finding catalogue; ``--explain``'s
-    detectors only when they ran."""
+    """(code, full metric key or None, check) of every checklist row, from the finding catalogue; the bias
+    detectors' only when they ran (``explain``: every analyze runs them)."""
     rows = []
     for spec in FINDINGS:
         if spec.check is None or "analyze" not in spec.commands or (spec.explain and not explain):
@@ -32,8 +32,9 @@ def _checks(*, explain: bool) -> list[tuple[str, str | None, str]]:
 def checklist(
     findings: Iterable[Finding], metrics: Mapping[str, float | None], not_run: Mapping[str, str] | None
 ) -> tuple[ChecklistRow, ...]:
-    """Every analyze check, given a report's findings and metrics; ``not_run``: why each ``--explain`` detector
-    that had too little data did not run (``None``: ``--explain`` did not run, and its rows are left out)."""
+    """Every analyze check, given a report's findings and metrics; ``not_run``: why each bias detector that did not
+    run did not (too little data; ``token_specific`` without ``--explain``); ``None``: the report holds none of their
+    results (a state saved without their sums), and their rows are left out, never read as passed."""
     fired: dict[str, Finding] = {}
     for found in findings:
         fired.setdefault(found.code, found)

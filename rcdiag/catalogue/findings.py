@@ -111,7 +111,8 @@ class FindingSpec:
     """What to try, appended to the measured facts of the message."""
     commands: tuple[Command, ...] = ("analyze",)
     explain: bool = False
-    """Given only by ``analyze --explain`` (its checklist rows are shown only then)."""
+    """A bias detector (``rcdiag.explain``): every analyze runs it (those of ``EXPLAIN_ONLY`` only with ``--explain``),
+    and its checklist row is shown wherever the detectors ran."""
     cause: CauseClass | None = None
     """The cause class it is evidence of (``rcdiag.verdict``); ``None``: it names no cause of its own."""
     role: Role | None = None
@@ -124,7 +125,8 @@ class FindingSpec:
     that shape too, so where ``processing`` is named by its own signature (which no temperature fits) it names no
     cause of its own."""
     detects: str | None = None
-    """A bias detector's test in words (the verdict lists those not examined); ``None``: not a detector."""
+    """A bias detector's test in words (a report without their results lists them as not examined); ``None``: not
+    a detector."""
     class_advice: str | None = None
     """What the verdict advises for its cause class as a whole, whichever finding showed it (truncation, seen by
     the kl/k3_kl gap alone, is cured as when this detector sees it); ``None``: the first finding's advice."""
@@ -262,7 +264,8 @@ FINDINGS: tuple[FindingSpec, ...] = (
         check="a large mismatch is precision-like noise",
         advice="A systematic difference, not precision noise: check the sampling parameters on each side (penalties, "
         "logit bias, soft-capping, min-p, temperature), raw vs processed log-probs, the columns' alignment and the "
-        "mask, and the engine and weights on each side; analyze --explain tests for a temperature and a truncation.",
+        "mask, and the engine and weights on each side; analyze's bias detectors test for a temperature, an offset, a "
+        "truncation and drift along the response.",
         cause="unexplained",
     ),
     FindingSpec(
@@ -430,7 +433,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         check="every metric is finite",
         role="input",
     ),
-    # analyze --explain's bias detectors (rcdiag.explain.detectors; docs/explain.md)
+    # the bias detectors, run by every analyze (rcdiag.explain.detectors; token_specific only with --explain)
     FindingSpec(
         "temperature_mismatch",
         "warning",
@@ -594,6 +597,10 @@ FINDINGS: tuple[FindingSpec, ...] = (
 )
 
 
+EXPLAIN_ONLY = (Code.TOKEN_SPECIFIC,)
+"""Detectors only ``analyze --explain`` runs: they read its by-token table (``rcdiag.explain.token_detector``)."""
+
+
 @cache
 def _by_code() -> dict[str, FindingSpec]:
     return {spec.code: spec for spec in FINDINGS}
@@ -620,7 +627,7 @@ def of_class(cls: CauseClass) -> tuple[FindingSpec, ...]:
 
 
 def detectors() -> tuple[FindingSpec, ...]:
-    """The bias detectors (``--explain``'s), in catalogue order."""
+    """The bias detectors (every analyze runs them; ``EXPLAIN_ONLY`` only with ``--explain``), in catalogue order."""
     return tuple(spec for spec in FINDINGS if spec.detects is not None)
 
 

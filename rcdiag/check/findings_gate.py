@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from rcdiag.catalogue.findings import SEVERITY_RANK, codes_for, finding
+from rcdiag.catalogue.findings import EXPLAIN_ONLY, SEVERITY_RANK, codes_for
 from rcdiag.errors import ConfigError
 from rcdiag.report import Finding, Report, Severity
 
@@ -28,8 +28,8 @@ class FindingGate:
 
     @property
     def explain(self) -> bool:
-        """True when a named code comes only from analyze's ``--explain`` detectors (check then runs them)."""
-        return any(finding(code).explain for code in self.codes)
+        """True when a named code comes only from ``analyze --explain`` (check then runs it)."""
+        return any(code in EXPLAIN_ONLY for code in self.codes)
 
     def describe(self) -> str:
         """``warning or worse, kl_k3_disagree`` (for tables and messages)."""

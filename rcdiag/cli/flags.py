@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rcdiag.catalogue.findings import detectors
+from rcdiag.catalogue.findings import EXPLAIN_ONLY, detectors
 from rcdiag.cli.engine_config import EngineFlags, ISLevel
 from rcdiag.cli.params import Flag, FlagGroup
 from rcdiag.constants import DEFAULT_CHUNK_TOKENS, DEVICES
@@ -431,7 +431,8 @@ ExplainOpt = Annotated[
     typer.Option(
         "--explain",
         help="Also break the mismatch down by token position, rollout probability and response length, list the "
-        f"worst responses and run the bias detectors ({', '.join(spec.code for spec in detectors())}).",
+        f"worst responses and, with token ids, run {', '.join(EXPLAIN_ONLY)} on the by-token table (the other bias "
+        f"detectors, {', '.join(s.code for s in detectors() if s.code not in EXPLAIN_ONLY)}, run on every analyze).",
         rich_help_panel=EXPLAIN,
     ),
 ]

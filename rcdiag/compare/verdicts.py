@@ -38,11 +38,18 @@ def _findings(a: Report, b: Report, t: TemperatureAnalysis) -> list[Finding]:
             )
         )
     shifted = {f.side for f in findings if f.code == "systematic_shift"}
-    findings.extend(_noise_findings(t, shifted))
+    judged = {side for side, (report, _) in sides.items() if _names_a_bug(report)}
+    findings.extend(_noise_findings(t, shifted, judged))
     problems = [f for f in findings if f.severity != "info"]
     if not problems and t.noise_ratio is not None and 1 / NOISE_RATIO_LIMIT < t.noise_ratio < NOISE_RATIO_LIMIT:
         findings.append(_consistent(t))
     return ordered(findings)
+
+
+def _names_a_bug(report: Report) -> bool:
+    """The side's own verdict names a bug (``fix`` or ``broken``: a temperature, a truncation, an offset, ...): its
+    mismatch is not engine noise, so ``engine_noise_differs`` (which blames the engines) says nothing about it."""
+    return report.verdict is not None and report.verdict.status in ("fix", "broken")
 
 
 def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[Finding]:
@@ -125,10 +132,11 @@ def _side_findings(side: Side, report: Report, st: SideTemperature) -> list[Find
     return out
 
 
-def _noise_findings(t: TemperatureAnalysis, shifted: set[Side | None]) -> list[Finding]:
+def _noise_findings(t: TemperatureAnalysis, shifted: set[Side | None], judged: set[Side]) -> list[Finding]:
     """The noise comparison on the point estimates; where the quieter side's kl is within ``SIGMAS`` standard
     errors of 0, "far apart" must also hold against the high end of its band. Silent for a side with a systematic
-    shift, where the estimate does not hold."""
+    shift, where the estimate does not hold; no ``engine_noise_differs`` for a side whose own verdict names a bug
+    (``judged``): the bug, not its engines, is what differs."""
     a, b = t.a, t.b
     if a.noise_high is None or b.noise_high is None:
         return []  # a temperature or kl is unknown
@@ -176,6 +184,8 @@ def _noise_findings(t: TemperatureAnalysis, shifted: set[Side | None]) -> list[F
                 threshold=NOISE_RATIO_LIMIT,
             )
         ]
+    if side in judged:
+        return []
     if noisy.source == "assumed":
         why = "With equal temperatures (assumed: neither dump records one) the temperature cannot be the cause, so"
     elif noisy.temperature == 1.0:

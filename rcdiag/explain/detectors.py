@@ -1,5 +1,5 @@
-"""The ``--explain`` detectors: statistic, threshold and evidence (docs/findings.md argues each threshold; the
-token detector is ``rcdiag.explain.token_detector``).
+"""The five bias detectors every analyze runs (``token_specific``, ``rcdiag.explain.token_detector``, needs
+``--explain``'s by-token table): statistic, threshold and evidence (docs/findings.md argues each threshold).
 
 Every detector returns at most one ``Finding`` whose message quotes its evidence and whose ``evidence`` dict
 holds the same numbers for machines. Noise is measured, not assumed, with whole responses as the independent
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -21,7 +21,6 @@ from rcdiag.catalogue.emit import emit
 from rcdiag.catalogue.findings import Code, detectors
 from rcdiag.catalogue.metrics import finding_threshold, known_key
 from rcdiag.explain.breakdowns import DOUBLING_EDGES, N_DOUBLING, SUMS, bucket_metrics
-from rcdiag.explain.state import ExplainState
 from rcdiag.explain.statistics import (
     LIKELY,
     RATIO_CAP,
@@ -106,19 +105,37 @@ CHI2_WARN = finding_threshold(Code.CHI2_TOKEN_HIGH).limit
 catalogue) projected by the trend."""
 
 
-def detect(state: ExplainState, steps: Sequence[tuple[int, dict[str, float | None]]]) -> list[Finding]:
+class DetectorSums(Protocol):
+    """What the detectors read of a state: the default analyze's (``rcdiag.explain.detector_state.DetectorState``)
+    or ``--explain``'s (``rcdiag.explain.state.ExplainState``), whose sums are the same."""
+
+    shape: ShapeSums
+    scale: ScaleSums
+    offset: OffsetSums
+
+    @property
+    def position_sums(self) -> np.ndarray: ...
+
+
+def detect(state: DetectorSums, steps: Sequence[tuple[int, dict[str, float | None]]]) -> list[Finding]:
     """Every detector's finding (none on a healthy dump)."""
+    trend = mismatch_trend(steps)
+    return [*detect_sums(state), *([] if trend is None else [trend])]
+
+
+def detect_sums(state: DetectorSums) -> list[Finding]:
+    """The findings of the detectors that read the sums alone (all but ``mismatch_trend``, which reads the steps'
+    metrics: ``rcdiag sweep`` computes none of its own)."""
     found = [
         temperature_mismatch(state.shape, state.scale),
         logprob_offset(state.offset),
         sampling_truncation(state.shape, state.offset),
         position_drift(state),
-        mismatch_trend(steps),
     ]
     return [f for f in found if f is not None]
 
 
-def not_run(state: ExplainState, steps: Sequence[tuple[int, dict[str, float | None]]]) -> dict[str, str]:
+def not_run(state: DetectorSums, steps: Sequence[tuple[int, dict[str, float | None]]]) -> dict[str, str]:
     """Why each detector that had too little data to test did not run (its checklist row shows "–", not ✓)."""
     reasons = {
         Code.TEMPERATURE_MISMATCH: _shape_data(state.shape),
@@ -154,8 +171,8 @@ def _offset_data(offset: OffsetSums) -> str | None:
     )
 
 
-def _position_data(state: ExplainState) -> str | None:
-    per_group = state.breakdowns.position_sums
+def _position_data(state: DetectorSums) -> str | None:
+    per_group = state.position_sums
     early = per_group[:, list(EARLY_BUCKETS)].sum(axis=1)[:, 0]
     late = per_group[:, LATE_FROM:].sum(axis=1)[:, 0]
     return (
@@ -387,14 +404,14 @@ def _k3(sums: np.ndarray) -> float | None:
     return value if value is not None and value > 0 else None
 
 
-def position_drift(state: ExplainState) -> Finding | None:
+def position_drift(state: DetectorSums) -> Finding | None:
     """Late positions' k3 KL several times the early positions', in the pooled data and in most hash groups.
 
     Position-independent mismatch gives every hash group a late/early ratio scattered around 1. Requiring the
     pooled ratio *and* the median group's ratio to reach DRIFT_RATIO_MIN, and DRIFT_GROUP_SHARE of the groups
     to exceed DRIFT_LOWER_MIN, keeps a few outlier tokens (which land in one or two groups) from firing it.
     """
-    per_group = state.breakdowns.position_sums  # (GROUPS, buckets, sums)
+    per_group = state.position_sums  # (GROUPS, buckets, sums)
     early = per_group[:, list(EARLY_BUCKETS)].sum(axis=1)
     late = per_group[:, LATE_FROM:].sum(axis=1)
     k3_early, k3_late = _k3(early.sum(axis=0)), _k3(late.sum(axis=0))

@@ -17,14 +17,13 @@ import numpy as np
 
 from rcdiag.engine import number_rows, register_whole_dump
 from rcdiag.errors import ConfigError
-from rcdiag.explain.breakdowns import DOUBLING_EDGES, GROUPS, LOG_PROB_THRESHOLDS, PROB_EDGES, SUMS, Breakdowns
-from rcdiag.explain.statistics import LIKELY, RATIO_CAP, SHIFT_TOL, UNLIKELY, OffsetSums, ScaleSums, ShapeSums
+from rcdiag.explain.breakdowns import Breakdowns
+from rcdiag.explain.detector_state import PartsState, fold_block, sums_layout
+from rcdiag.explain.statistics import OffsetSums, ScaleSums, ShapeSums
 from rcdiag.explain.tokens import DENSE_IDS, NO_TOKENS, TokenSums
 from rcdiag.explain.tokens import SUMS as TOKEN_SUMS
 from rcdiag.explain.worst import DEFAULT_WORST, PLOTTED, TEXT_TOKENS, TRACE_POINTS, WorstResponses
-from rcdiag.fields import FieldError, checked, integer, shown
-from rcdiag.io.base import Chunk
-from rcdiag.metrics.base import Accumulator
+from rcdiag.fields import checked, integer
 from rcdiag.metrics.batch import declared_states
 from rcdiag.metrics.block import Block, RowContext
 
@@ -58,44 +57,19 @@ class ExplainOptions:
         return writer.flush
 
 
-_NO_MASK = np.zeros(0, dtype=np.uint8)
-_EDGES = np.asarray(DOUBLING_EDGES, dtype=np.int64)
-_LOG_UNLIKELY = float(LOG_PROB_THRESHOLDS[PROB_EDGES.index(UNLIKELY) - 1])
-_LOG_LIKELY = float(LOG_PROB_THRESHOLDS[PROB_EDGES.index(LIKELY) - 1])
-"""The float32 thresholds on old_log_prob of ``ShapeSums``: x >= t exactly when exp(x) >= the probability edge."""
-
-
 def explain_layout() -> dict[str, Any]:
     """What the state's arrays mean (bucket edges, sums, groups, statistics, and the kernel's series cut-off and
     row-group hash), for the one state layout hash (``rcdiag.state.state_layout``): a state file written under
     another layout is refused rather than merged into numbers that mean something else."""
-    from rcdiag.kernels import explain_encoding
-
     return {
-        "sums": list(SUMS),
-        "groups": GROUPS,
-        "doubling_edges": list(DOUBLING_EDGES),
-        "prob_edges": list(PROB_EDGES),
-        "log_prob_thresholds": LOG_PROB_THRESHOLDS.tolist(),
-        "scale": list(ScaleSums.NAMES),
-        "offset": list(OffsetSums.NAMES),
-        "ratio_cap": RATIO_CAP,
-        "shift_tol": SHIFT_TOL,
-        "shape": {
-            "statistics": list(ShapeSums.STATISTICS),
-            "cluster": list(ShapeSums.CLUSTER),
-            "counts": list(ShapeSums.COUNTS),
-            "unlikely": UNLIKELY,
-            "likely": LIKELY,
-        },
+        **sums_layout(),
         "worst": {"plotted": PLOTTED, "trace_points": TRACE_POINTS, "text_tokens": TEXT_TOKENS},
         "tokens": {"sums": list(TOKEN_SUMS), "dense_ids": DENSE_IDS},
-        "kernel": explain_encoding.layout(),
         "accumulators": declared_states("explain"),
     }
 
 
-class ExplainState:
+class ExplainState(PartsState):
     """Everything ``--explain`` accumulates: a whole-dump accumulator (``rcdiag.engine.WholeDump``) made of
     accumulators of ``rcdiag.metrics.base`` (``PARTS``), fed by the engine block by block (``Block.rows`` carries
     the rows' numbers, lengths, ids and token ids)."""
@@ -118,8 +92,10 @@ class ExplainState:
         self.part_rows: list[int] = []
         """Rows read by each worker part, in order (``--workers``; for the ``--sequences`` row numbers)."""
 
-    def parts(self) -> dict[str, Accumulator]:
-        return {name: getattr(self, name) for name in self.PARTS}
+    @property
+    def position_sums(self) -> np.ndarray:
+        """(GROUPS, N_DOUBLING, len(SUMS)) position sums per hash group (what ``position_drift`` reads)."""
+        return self.breakdowns.position_sums
 
     def signature(self) -> tuple:
         return (type(self).__name__, self.worst.n)
@@ -132,54 +108,19 @@ class ExplainState:
             observer(block, block.rows)
 
     def _fold_sums(self, block: Block) -> None:
-        """The breakdowns', the detectors' and the by-token sums, in one fused pass over the block
-        (``rcdiag.kernels.explain``; on a small dump's numpy path its numpy form, ``rcdiag.kernels.small_explain``)."""
+        """The breakdowns', the detectors' and the by-token sums, in one fused pass over the block (``fold_block``)."""
         from rcdiag.kernels.arrays import id_array
 
-        explain_block: Callable[..., int]
-        if block.b.compiled:
-            from rcdiag.kernels import explain
-
-            explain_block = explain.explain_block
-        else:
-            from rcdiag.kernels import small_explain
-
-            explain_block = small_explain.explain_block
-
-        old, rollout, mask, lengths = block.raw  # the raw rows: the fused pass drops the padding row by row
-        row_len = block.row_len if isinstance(block.row_len, np.ndarray) else block.b.to_numpy(block.row_len)
         raw_tokens = None if block.rows is None else block.rows.tokens
         tokens = NO_TOKENS if raw_tokens is None else id_array(raw_tokens)
         table = self.tokens.dense if raw_tokens is None else self.tokens.pass_table()
-        beyond = explain_block(
-            np.ascontiguousarray(old, dtype=np.float32),
-            np.ascontiguousarray(rollout, dtype=np.float32),
-            row_len.astype(np.int64),
-            np.asarray(lengths, dtype=np.int64),
-            _NO_MASK if mask is None else np.asarray(mask).view(np.uint8),
-            _EDGES,
-            LOG_PROB_THRESHOLDS,
-            RATIO_CAP,
-            SHIFT_TOL,
-            self.breakdowns.prob,
-            self.breakdowns.position,
-            self.breakdowns.length,
-            self.scale.sums,
-            self.offset.sums,
-            _LOG_UNLIKELY,
-            _LOG_LIKELY,
-            self.shape.sums,
-            tokens,
-            table,
-        )
+        beyond = fold_block(
+            block, self.breakdowns.position, self.scale.sums, self.offset.sums, self.shape.sums,
+            prob=self.breakdowns.prob, length=self.breakdowns.length, tokens=tokens, table=table,
+        )  # fmt: skip
         if beyond:  # ids beyond the dense table as it was: it grows (the first blocks), or the sparse table
+            mask = block.raw[2]
             self.tokens.add_left(block, tokens, mask, table.shape[0])
-
-    def number(self, chunk: Chunk) -> Chunk:
-        """Give a chunk's rows their numbers in reading order (before any can be skipped)."""
-        chunk.rows = np.arange(self.rows_read, self.rows_read + chunk.n_rows, dtype=np.int64)
-        self.rows_read += chunk.n_rows
-        return chunk
 
     def merge(self, other: ExplainState) -> ExplainState:
         """Fold in the state of rows read after this state's rows; returns ``self``."""
@@ -195,17 +136,6 @@ class ExplainState:
         """The JSON ``breakdowns`` object (the report reads the worst list, the token table and the detectors'
         sums from the parts)."""
         return self.breakdowns.compute()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"rows_read": self.rows_read, **{name: part.state_dict() for name, part in self.parts().items()}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Replace the state with a saved one, every part checked against its declared states."""
-        if not isinstance(state, dict) or set(state) != {"rows_read", *self.PARTS}:
-            raise FieldError(f"explain must be a table of rows_read, {', '.join(self.PARTS)}, got {shown(state)}")
-        self.rows_read = integer(state["rows_read"], "explain.rows_read")
-        for name, part in self.parts().items():
-            part.load_state_dict(state[name])
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> ExplainState:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from rcdiag.catalogue.emit import emit
 from rcdiag.catalogue.findings import Code
 from rcdiag.explain.tokens import MIN_COUNT, TokenStats, TokenSums, token_stats
-from rcdiag.report import Finding
+from rcdiag.report import Finding, InputFacts
 
 if TYPE_CHECKING:
     from rcdiag.explain.vocabulary import Vocabulary
@@ -31,10 +31,18 @@ MIN_TOKENS = 2000
 """Fewer valid tokens with ids leave the detector silent."""
 
 
+NO_IDS = "not run: the dump has no token ids (--token-col NAME)"
+NEEDS_EXPLAIN = (
+    "not run: it reads the token-id column and --explain's by-token table, which analyze leaves out by default (the "
+    "ids' decode alone costs about 1.3x a plain analyze: docs/performance.md); --explain runs it"
+)
+"""Why an analyze without ``--explain`` does not run it on a dump that has token ids."""
+
+
 def token_not_run(sums: TokenSums) -> str | None:
     """Why the detector cannot run (no ids read, too few tokens), or ``None``."""
     if not sums.seen:
-        return "not run: the dump has no token ids (--token-col NAME)"
+        return NO_IDS
     stats = token_stats(sums)
     have = int(stats.total[0])
     return f"not run: {have:,} valid tokens with ids, needs {MIN_TOKENS:,}" if have < MIN_TOKENS else None
@@ -55,6 +63,19 @@ def concentrated(stats: TokenStats) -> list[int]:
     if carried >= K3_SHARE_MIN and float(tokens[chosen].sum()) <= TOKEN_SHARE_MAX:
         return chosen
     return []
+
+
+NOT_BUILT = "not run: it reads --explain's by-token table, which rcdiag.analyze_chunks does not build"
+
+
+def default_not_run(facts: InputFacts) -> str:
+    """Why an analyze without ``--explain`` did not run it: the dump's columns say whether it has token ids (a
+    ``token_ids`` of ``None``: none found; no ``token_ids`` at all: found, and left unread); chunks built by hand
+    (``rcdiag.analyze_chunks``) have no ``--explain``."""
+    if facts.format == "chunks":
+        return NOT_BUILT
+    columns = facts.columns
+    return NO_IDS if "token_ids" in columns and columns["token_ids"] is None else NEEDS_EXPLAIN
 
 
 def token_specific(sums: TokenSums, vocabulary: Vocabulary | None = None) -> Finding | None:

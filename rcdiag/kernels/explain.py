@@ -1,17 +1,19 @@
-"""``analyze --explain``'s per-token work in one fused pass over a block (rcdiag/explain/).
+"""``analyze --explain``'s per-token work in one fused pass over a block (rcdiag/explain/), and the bias detectors'
+part of it, which every analyze runs (``prob`` and ``length`` empty: no breakdown, no ids).
 
 ``explain_block`` takes the block's raw rows; a row with padding has its valid tokens copied into a row buffer
 (in L1) first. Per row, a few simple loops, each of which LLVM vectorizes (their fusion it does not):
 
 * ``_row_scale``: the scale co-moments, shift counts and shape sums (log-ratio over the tokens the trainer found
-  unlikely and likely) of the detectors, and each token's rollout-probability bucket (compared with log-space
-  thresholds, written out);
+  unlikely and likely) of the detectors;
 * ``_row_terms``: each token's k3 and chi2 terms (written out) and the capped IS ratio's sum;
 * ``_run_sums``, once per run of positions that share a position bucket (0-31, 32-63, 64-127, ...; the mask
   places each valid token at its position): the run's token count, log-ratio, |log-ratio|, k3 and chi2 sums, for
   the position and length breakdowns;
-* ``_four_buckets``, twice: the same sums per probability bucket, four buckets at a time, by a select per bucket
-  (a scatter into the buckets does not vectorize: twice the time, measured);
+* with the breakdowns, ``_row_buckets``: each token's rollout-probability bucket (compared with log-space
+  thresholds, written out; in a loop of its own, so that the detectors' sums are the same code with and without
+  the breakdowns), then ``_four_buckets``, twice: the same sums per probability bucket, four buckets at a time, by
+  a select per bucket (a scatter into the buckets does not vectorize: twice the time, measured);
 * with token ids, ``add_token_terms`` (``rcdiag.kernels.token_rows``), last: the row's tokens added to their ids'
   rows of the by-token table, from the terms already taken (a separate pass over the block, reading it again and
   taking the terms again, cost about a third more: docs/performance.md). The row's ids are compacted first and, over
@@ -129,16 +131,27 @@ def _run_sums(
 
 
 @njit(**JIT)
-def _row_scale(
-    old: np.ndarray, rollout: np.ndarray, bucket: np.ndarray, thresholds: np.ndarray, tol: np.float32,
-    unlikely: np.float32, likely: np.float32,
-) -> tuple[float, float, float, float, float, float, float, float, bool, tuple[float, ...]]:  # fmt: skip
-    """A row's scale co-moments over tokens with finite log-probs (n, x, y, xx, yy, xy; products in float32 as
-    numpy takes them), its shift counts (d < -tol, d > tol), whether every |d| is below ``SMALL``, each token's
-    probability bucket (written out), and the shape sums: count and sum of d over finite tokens with old below
-    ``unlikely`` and at or above ``likely``, and the likely ones shifted each way (d < -tol, d > tol)."""
+def _row_buckets(rollout: np.ndarray, bucket: np.ndarray, thresholds: np.ndarray) -> None:
+    """Each token's probability bucket (written out): how many of the seven float32 log-prob thresholds its rollout
+    log-prob reaches (NaN: none)."""
     t0, t1, t2, t3, t4, t5, t6 = (thresholds[0], thresholds[1], thresholds[2], thresholds[3], thresholds[4],
                                   thresholds[5], thresholds[6])  # fmt: skip
+    for j in range(rollout.shape[0]):
+        y = rollout[j]
+        bucket[j] = (
+            np.int64(y >= t0) + np.int64(y >= t1) + np.int64(y >= t2) + np.int64(y >= t3)
+            + np.int64(y >= t4) + np.int64(y >= t5) + np.int64(y >= t6)
+        )  # fmt: skip
+
+
+@njit(**JIT)
+def _row_scale(
+    old: np.ndarray, rollout: np.ndarray, tol: np.float32, unlikely: np.float32, likely: np.float32
+) -> tuple[float, float, float, float, float, float, float, float, bool, tuple[float, ...]]:
+    """A row's scale co-moments over tokens with finite log-probs (n, x, y, xx, yy, xy; products in float32 as
+    numpy takes them), its shift counts (d < -tol, d > tol), whether every |d| is below ``SMALL``, and the shape
+    sums: count and sum of d over finite tokens with old below ``unlikely`` and at or above ``likely``, and the
+    likely ones shifted each way (d < -tol, d > tol)."""
     n = up = down = big = 0
     n_lo = n_hi = hi_up = hi_down = 0
     s_lo = s_hi = 0.0
@@ -148,10 +161,6 @@ def _row_scale(
         x = old[j]
         y = rollout[j]
         d32 = x - y
-        bucket[j] = (
-            np.int64(y >= t0) + np.int64(y >= t1) + np.int64(y >= t2) + np.int64(y >= t3)
-            + np.int64(y >= t4) + np.int64(y >= t5) + np.int64(y >= t6)
-        )  # fmt: skip
         big += np.int64(not (abs(d32) < small))  # NaN included
         up += np.int64(d32 < -tol)
         down += np.int64(d32 > tol)
@@ -235,11 +244,14 @@ def explain_block(
     cluster sums of d over tokens with old below ``unlikely`` and at or above ``likely`` (float32 log-prob
     thresholds) and of the capped ratio minus 1, then the likely tokens shifted up and down. ``tokens``: the
     block's raw token ids (int32 or int64, like ``old``), or empty without ids; ``token_sums``: the by-token table
-    (ids, ``N_TOKEN_SUMS``) their valid tokens are added to (``rcdiag.kernels.token_rows``).
+    (ids, ``N_TOKEN_SUMS``) their valid tokens are added to (``rcdiag.kernels.token_rows``). ``prob`` and ``length``
+    empty (no rows): the detectors' sums alone (``position``, ``scale``, ``offset``, ``shape``; the default
+    analyze's ``rcdiag.explain.detector_state``), taken by the same code as with them, so the same bits.
     """
     n_rows = valid_len.shape[0]
     n_edges = edges.shape[0]
     has_mask = mask.shape[0] > 0
+    breakdowns = prob.shape[0] > 0
     cap = np.float32(ratio_cap)
     tol = np.float32(shift_tol)
     low = np.float32(unlikely)
@@ -284,9 +296,7 @@ def explain_block(
                 _compact(tokens[m : m + n_list], mask[m : m + n_list], row_tokens)
                 row_t = row_tokens[:n_valid]
             prefetch_token_rows(row_t, token_sums)
-        r_n, r_x, r_y, r_xx, r_yy, r_xy, r_up, r_down, small, r_shape = _row_scale(
-            row_x, row_y, row_bucket[:n_valid], thresholds, tol, low, high
-        )
+        r_n, r_x, r_y, r_xx, r_yy, r_xy, r_up, r_down, small, r_shape = _row_scale(row_x, row_y, tol, low, high)
         size = 0
         while size < n_edges and edges[size] < n_list:
             size += 1  # size: the row's runs
@@ -321,21 +331,23 @@ def explain_block(
             row_k3_sum += s_k3
             row_chi2_sum += s_chi2
             at += count
-        xs = row_x
-        ys = row_y
-        _four_buckets(row_bucket[:n_valid], xs, ys, row_k3[:n_valid], row_chi2[:n_valid], 0, prob)
-        _four_buckets(row_bucket[:n_valid], xs, ys, row_k3[:n_valid], row_chi2[:n_valid], 4, prob)
+        if breakdowns:
+            _row_buckets(row_y, row_bucket[:n_valid], thresholds)
+            xs = row_x
+            ys = row_y
+            _four_buckets(row_bucket[:n_valid], xs, ys, row_k3[:n_valid], row_chi2[:n_valid], 0, prob)
+            _four_buckets(row_bucket[:n_valid], xs, ys, row_k3[:n_valid], row_chi2[:n_valid], 4, prob)
+            bucket = 0
+            while bucket + 1 < n_edges and edges[bucket + 1] <= n_valid:
+                bucket += 1
+            length[bucket, 0] += n_valid
+            length[bucket, 1] += row_lr
+            length[bucket, 2] += row_abs
+            length[bucket, 3] += row_k3_sum
+            length[bucket, 4] += row_chi2_sum
         if has_tokens:  # last: the prefetched table rows have had the row's other loops' time to arrive
             skipped += add_token_terms(row_t, row_x, row_y, row_k3[:n_valid], row_chi2[:n_valid], token_sums)
         m += n_list
-        bucket = 0
-        while bucket + 1 < n_edges and edges[bucket + 1] <= n_valid:
-            bucket += 1
-        length[bucket, 0] += n_valid
-        length[bucket, 1] += row_lr
-        length[bucket, 2] += row_abs
-        length[bucket, 3] += row_k3_sum
-        length[bucket, 4] += row_chi2_sum
         scale[g, 0] += r_n
         scale[g, 1] += r_x
         scale[g, 2] += r_y

@@ -132,25 +132,8 @@ def _explain_block(
     for column, values in enumerate(terms, start=1):
         run_sums[:, column] = np.add.reduceat(values, run_first)
     np.add.at(position, (group[run_row], run_bucket), run_sums)
-
-    # length: a row's runs, added to its valid length's bucket
-    row_sums = np.add.reduceat(run_sums, np.searchsorted(run_first, first), axis=0)
-    row_sums[:, 0] = n_valid
-    np.add.at(length, np.searchsorted(edges, n_valid, side="right") - 1, row_sums)
-
-    # prob: a row's tokens per rollout-probability bucket (float32 log-prob thresholds), added row by row
-    prob_at = (y >= thresholds[0]).view(np.uint8).copy()  # NaN: bucket 0
-    for threshold in thresholds[1:]:
-        prob_at += (y >= threshold).view(np.uint8)
-    n_prob = prob.shape[0]
-    row = np.repeat(np.arange(n_rows), n_valid)  # each valid token's row (among the filled rows)
-    cell = row * n_prob + prob_at
-    cells = n_rows * n_prob
-    by_prob = np.empty((cells, 5))
-    by_prob[:, 0] = np.bincount(cell, minlength=cells)
-    for column, values in enumerate(terms, start=1):
-        by_prob[:, column] = np.bincount(cell, weights=values, minlength=cells)
-    np.add.at(prob, np.tile(np.arange(n_prob), n_rows), by_prob)
+    if prob.shape[0]:  # the breakdowns (none: the detectors' sums alone)
+        _breakdowns(run_sums, run_first, first, n_valid, edges, y, thresholds, terms, prob, length)
 
     # scale (finite log-probs; float32 products, as numpy takes them) and offset, per row, added to the row's group
     finite = (np.abs(x) < np.inf) & (np.abs(y) < np.inf)
@@ -181,6 +164,31 @@ def _explain_block(
         return 0
     ids = tokens if at is None else tokens[at]
     return _add_token_terms(ids, d, abs_d, k3, chi2, token_sums)
+
+
+def _breakdowns(
+    run_sums: np.ndarray, run_first: np.ndarray, first: np.ndarray, n_valid: np.ndarray, edges: np.ndarray,
+    y: np.ndarray, thresholds: np.ndarray, terms: tuple[np.ndarray, ...], prob: np.ndarray, length: np.ndarray,
+) -> None:  # fmt: skip
+    """The length and probability breakdowns of the filled rows (``_explain_block``'s position runs given)."""
+    # length: a row's runs, added to its valid length's bucket
+    row_sums = np.add.reduceat(run_sums, np.searchsorted(run_first, first), axis=0)
+    row_sums[:, 0] = n_valid
+    np.add.at(length, np.searchsorted(edges, n_valid, side="right") - 1, row_sums)
+
+    # prob: a row's tokens per rollout-probability bucket (float32 log-prob thresholds), added row by row
+    prob_at = (y >= thresholds[0]).view(np.uint8).copy()  # NaN: bucket 0
+    for threshold in thresholds[1:]:
+        prob_at += (y >= threshold).view(np.uint8)
+    n_rows, n_prob = n_valid.shape[0], prob.shape[0]
+    row = np.repeat(np.arange(n_rows), n_valid)  # each valid token's row (among the filled rows)
+    cell = row * n_prob + prob_at
+    cells = n_rows * n_prob
+    by_prob = np.empty((cells, 5))
+    by_prob[:, 0] = np.bincount(cell, minlength=cells)
+    for column, values in enumerate(terms, start=1):
+        by_prob[:, column] = np.bincount(cell, weights=values, minlength=cells)
+    np.add.at(prob, np.tile(np.arange(n_prob), n_rows), by_prob)
 
 
 def _add_token_terms(

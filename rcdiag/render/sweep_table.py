@@ -1,6 +1,6 @@
 """The terminal sweep: per option a table of its thresholds with the rejected shares, IS weight statistics, the
 worst step and a bar plot of the rejected share; a curve per option; then recommendations, the verl YAML, the
-presets ranked and any verl-would-crash finding."""
+presets ranked and any verl-would-crash finding; first, any bias detector's finding (a bug no threshold corrects)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from rcdiag.render.table import fmt
 from rcdiag.sweep.sweep_report import (
     GRID_NOTE,
     IS_SHARES,
+    NO_THRESHOLD_REMEDY,
     PRESET_RANKING,
     RS_SHARES,
     Recommendation,
@@ -54,6 +55,11 @@ def render_sweep(report: SweepReport, console: Console) -> None:
     if facts.skipped_rows:
         head.append(f"{facts.skipped_rows:,} rows skipped")
     console.print(Text(" · ".join(head), style="bold"))
+    bugs = [f for f in report.findings if f.severity == "warning"]
+    for found in bugs:  # the bias detectors: a bug the thresholds below do not correct
+        console.print(Text.assemble(("WARNING ", "yellow"), (f"[{found.code}] ", "bold"), printable(found.message)))
+    if bugs:
+        console.print(Text(NO_THRESHOLD_REMEDY, style="bold"))
     for option, rows in groupby(report.rows, key=lambda r: r.option):
         console.print(_option_table(option, list(rows)))
     if report.recommendations:
@@ -79,6 +85,8 @@ def render_sweep(report: SweepReport, console: Console) -> None:
     if report.presets:
         console.print(_presets(report))
     for finding in report.findings:
+        if finding.severity == "warning":
+            continue  # said first
         steps = f" (steps {', '.join(map(str, finding.steps))})" if finding.steps else ""
         console.print(
             Text.assemble(("ERROR ", "bold red"), (f"[{finding.code}] ", "bold"), printable(finding.message + steps))

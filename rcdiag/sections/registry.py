@@ -15,6 +15,7 @@ from rcdiag.sections.base import Section
 
 KINDS: dict[str, tuple[str, str]] = {
     "explain": ("rcdiag.explain.section", "ExplainSection"),
+    "detectors": ("rcdiag.explain.detector_section", "DetectorSection"),
     "units": ("rcdiag.sections.units", "UnitsSection"),
     "framework": ("rcdiag.frameworks.section", "FrameworkSection"),
     "exact": ("rcdiag.sections.exact", "ExactSection"),

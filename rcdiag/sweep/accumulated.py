@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import CorrectionConfig
 from rcdiag.core.limits import finite_f32
-from rcdiag.engine import StepStates, load_batches, saved_counts
+from rcdiag.engine import StepStates, load_batches, load_whole_dump, saved_counts
 from rcdiag.fields import checked, real
 from rcdiag.kernels import sweep_encoding
 from rcdiag.metrics.base import Accumulator, MetricValue, VerlCrash
@@ -148,6 +148,7 @@ class SweepState(StepStates[SweepBatch]):
             out.collector = Collector([option for option, _ in out.grid.options], out.passes)
             out.collector.load_state_dict(state["collector"])
         load_batches(out, state)
+        load_whole_dump(out, state)
         return out
 
 

@@ -14,6 +14,9 @@ from rcdiag.catalogue.emit import emit
 from rcdiag.config import CorrectionConfig, router_replay_mode
 from rcdiag.engine import Engine
 from rcdiag.errors import ConfigError
+from rcdiag.explain.detector_section import DetectorSection
+from rcdiag.explain.detector_state import DetectorState
+from rcdiag.explain.detectors import detect_sums
 from rcdiag.io import Chunk
 from rcdiag.io.base import SourceInfo
 from rcdiag.options import ReadOptions
@@ -62,6 +65,7 @@ def sweep(
         on_chunk=on_chunk,
         save_state=save_state,
         new_state=new_state,
+        sections=[DetectorSection()],  # the bias detectors, as analyze runs them: a bug no threshold corrects
     )
     state = accumulated.state
     assert isinstance(state, SweepState)
@@ -83,7 +87,8 @@ def sweep_chunks(
     read = ReadOptions.of(read, options)
     backend = read.device if isinstance(read.device, Backend) else get_backend(read.device)
     screen = Screen(read.on_bad_row)
-    Engine(state.resolved, backend, state=state).run(screen(as_chunk(chunk, i) for i, chunk in enumerate(chunks)))
+    engine = Engine(state.resolved, backend, [DetectorState()], state=state)
+    engine.run(screen(as_chunk(chunk, i) for i, chunk in enumerate(chunks)))
     facts = input_facts(state, SourceInfo(path="<memory>", format="chunks"), screen.stats)
     return build_sweep_report(state, facts, backend.name, min_ess)
 
@@ -126,10 +131,17 @@ def build_sweep_report(state: SweepState, facts: InputFacts, device: str, min_es
         presets=tuple(rank_presets(rows, min_ess, state.grid.verl_version, router_replay_mode(facts.metadata))),
         min_ess=min_ess,
         input=facts,
-        findings=tuple(_crash_findings(rows)),
+        findings=(*_detector_findings(state), *_crash_findings(rows)),
         device=device,
         verl_version=state.grid.verl_version,
     )
+
+
+def _detector_findings(state: SweepState) -> list[Finding]:
+    """The bias detectors' findings (all but ``mismatch_trend``, which reads per-step metrics the sweep does not
+    compute); none from a state without their sums (one saved by an older sweep)."""
+    detectors = state.whole_dump.get(DetectorState.KEY)
+    return detect_sums(detectors) if isinstance(detectors, DetectorState) else []
 
 
 def _crash_findings(rows: list[SweepRow]) -> list[Finding]:

@@ -193,6 +193,11 @@ class SweepReport:
         }
 
 
+NO_THRESHOLD_REMEDY = (
+    "no threshold below corrects what these findings name: fix the engine or the configuration first (rcdiag "
+    "analyze gives the verdict), then choose a threshold"
+)
+"""Said after the bias detectors' findings, before the tables."""
 ESS_FLOOR = 0.3
 """verl's ESS warning (is_ess_low): a preset leaving less raises it."""
 SATURATED_SHARE = 0.9

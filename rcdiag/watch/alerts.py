@@ -19,7 +19,7 @@ from rcdiag.check.evaluate import evaluate_rules
 from rcdiag.check.findings_gate import FindingGate
 from rcdiag.check.metric_names import resolve_metric
 from rcdiag.check.rules import Rule
-from rcdiag.report import Report, Severity
+from rcdiag.report import Finding, Report, Severity
 from rcdiag.watch.files import FileChange
 from rcdiag.watch.forecast import DEFAULT_LEVEL, DEFAULT_WINDOW, Direction, Forecast, NoTrend, trend
 
@@ -68,11 +68,13 @@ class AlertPolicy:
         return any(SEVERITY_RANK[a.severity] <= SEVERITY_RANK[self.exit_on] for a in alerts)
 
     def on_step(
-        self, steps: Report, step: int, alerted: Collection[str]
+        self, steps: Report, step: int, alerted: Collection[str], findings: Sequence[Finding] = ()
     ) -> tuple[list[Alert], list[Forecast], list[NoTrend]]:
-        """The new rule and forecast alerts (keys not in ``alerted``), the forecasts at ``step`` and the bounded
-        metrics a level change leaves without a trend; ``steps`` is a report whose steps are those up to ``step``."""
-        found: list[Alert] = []
+        """The new rule, forecast and finding alerts (keys not in ``alerted``), the forecasts at ``step`` and the
+        bounded metrics a level change leaves without a trend; ``steps`` is a report whose steps are those up to
+        ``step``, ``findings`` what is judged at it (the bias detectors: ``rcdiag.watch.session``), alerting as the
+        whole report's findings do (the same keys, so each alerts once)."""
+        found: list[Alert] = self._finding_alerts(findings, step)
         for result in evaluate_rules(steps, self.rules):
             if result.status == "failed":
                 message = f"{result.label}: {result.message}"
@@ -91,13 +93,17 @@ class AlertPolicy:
 
     def on_report(self, report: Report, step: int | None, alerted: Collection[str]) -> list[Alert]:
         """The new finding alerts of a whole report (attributed to ``step``, the last step read)."""
+        return _new(self._finding_alerts(report.findings, step), alerted)
+
+    def _finding_alerts(self, findings: Sequence[Finding], step: int | None) -> list[Alert]:
+        """An alert for each finding the gate fails on (none without a gate)."""
         if self.gate is None:
             return []
-        found = [
+        return [
             Alert(f"finding:{f.code}", "finding", f.severity, step, f.message, f.metric, f.value, None, f.to_dict())
-            for f in self.gate.failing(report)
+            for f in findings
+            if self.gate.fails(f)
         ]
-        return _new(found, alerted)
 
     def forecasts(self, report: Report) -> list[Forecast]:
         """The crossing forecast of each bounded rule (``max``, ``min``, ``max_abs``) whose metric is computed."""

@@ -5,7 +5,8 @@ Each file (a rollout's rank files as one: ``rcdiag.watch.files``) is read alone 
 accumulators are merged into the running ``EngineState``; merging is how results combine everywhere in rcdiag, so
 the steps' numbers are those of one analysis of the whole directory. After each file the state is committed, at a
 cost that does not grow with the run: one line appended to ``STATE.log`` (the file read, its source, the accumulators
-of the steps it added to, the screen, the alerts raised). The state file itself (an rcdiag state, which ``rcdiag
+of the steps it added to, the whole-dump sums of the run so far (the exact match, the bias detectors'), the
+screen, the alerts raised). The state file itself (an rcdiag state, which ``rcdiag
 merge`` also reads: the accumulators *and* the files consumed and the alerts raised) is rewritten whole or not at all
 (``rcdiag.outputs``) only when the log outgrows it, and when the watch ends: it then carries a new generation, and
 the log's lines of older ones are skipped. A watch killed at any point restarts from the state file and its log's
@@ -32,13 +33,14 @@ from rcdiag.config import CorrectionConfig
 from rcdiag.core.limits import finite_tree
 from rcdiag.engine import EngineState
 from rcdiag.errors import ConfigError, InputError
+from rcdiag.explain.detector_state import DetectorState
 from rcdiag.health import BATCH_RULES, CONTEXT_RULES, Context, Hit, could_fire_in_context
 from rcdiag.io import storage
 from rcdiag.io.base import SourceInfo
 from rcdiag.metrics.batch import BatchResult
 from rcdiag.options import ReadOptions
 from rcdiag.outputs import ledger, reads, writes
-from rcdiag.report import Report, StepReport
+from rcdiag.report import Finding, Report, StepReport
 from rcdiag.sections.exact import ExactState
 from rcdiag.sections.slices import SliceRows, SlicesSection
 from rcdiag.sections.token_ids import TokenIdsSection
@@ -217,10 +219,16 @@ class Watch:
         self.follower = Follower(location, settle)
         self.slices = SlicesSection(self.read.columns.by if self.read.columns is not None else ())
         self.state = EngineState(
-            self.resolved, whole_dump={ExactState.KEY: ExactState(), SliceRows.KEY: self.slices.new_state()}
+            self.resolved,
+            whole_dump={
+                ExactState.KEY: ExactState(),
+                DetectorState.KEY: DetectorState(),
+                SliceRows.KEY: self.slices.new_state(),
+            },
         )
-        """Every step's accumulators, the exact match over every file read (a state saved before rcdiag compared
-        bits has none, and keeps none) and every row's slices (per step)."""
+        """Every step's accumulators, the exact match and the bias detectors' sums over every file read (a state saved
+        before rcdiag compared bits, or ran the detectors by default, has not those, and keeps none) and every row's
+        slices (per step)."""
         self.source: SourceInfo | None = None
         """Every file read, as one source (its ``reads``: each file's path, size, time, inode, fingerprint)."""
         self.screen = ScreenStats()
@@ -325,12 +333,13 @@ class Watch:
                 raise ValueError(str(exc)) from None
             self.state.batches.update(part.batches)
             self.state.rows, self.state.tokens, self.state.valid_tokens = part.rows, part.tokens, part.valid_tokens
-            if ExactState.KEY in line:  # the exact match over every file read so far replaces the earlier one
-                try:
-                    exact = ExactState.from_state_dict(decode_state(line[ExactState.KEY]))
-                except FieldError as exc:
-                    raise ValueError(str(exc)) from None
-                self.state.whole_dump[ExactState.KEY] = exact
+            for kind in (ExactState, DetectorState):  # the run so far's, replacing the earlier one
+                if kind.KEY in line:
+                    try:
+                        whole = kind.from_state_dict(decode_state(line[kind.KEY]))
+                    except FieldError as exc:
+                        raise ValueError(str(exc)) from None
+                    self.state.whole_dump[kind.KEY] = whole
             if "slices" in line:
                 self._slices().replace_steps(SliceRows.from_state_dict(decode_state(line["slices"])))
             self.source = info if self.source is None else combined_info([self.source, info])
@@ -435,8 +444,9 @@ class Watch:
         got = accumulate(name, self.config, self.read, sections=sections)
         if not self.follower.unchanged(unit):
             return []  # rewritten while read, or a rank file of its rollout appeared: read again once it settles
-        if ExactState.KEY not in self.state.whole_dump:  # a state saved before exact match: its files were not compared
-            got.state.whole_dump.pop(ExactState.KEY, None)
+        for key in (ExactState.KEY, DetectorState.KEY):  # a state saved before exact match or the detectors: none
+            if key not in self.state.whole_dump:
+                got.state.whole_dump.pop(key, None)
         if None in got.state.batches:
             raise InputError(
                 "has rows without a step (no step column, and no step in its name); a watch reports per step",
@@ -463,7 +473,8 @@ class Watch:
         events = []
         for step in steps:
             upto = dataclasses.replace(self.report, steps=tuple(s for s in ordered if s.step <= step))
-            alerts, forecasts, flat = self.policy.on_step(upto, step, self.alerted)
+            found = self._step_findings(upto)
+            alerts, forecasts, flat = self.policy.on_step(upto, step, self.alerted, found)
             self.alerted.update((alert.key, step) for alert in alerts)
             events.append(
                 StepEvent(self.steps[step], stamp.name, step in revised, tuple(alerts), tuple(forecasts),
@@ -489,6 +500,23 @@ class Watch:
         )  # then report: a kill between the two loses this file's lines, never counts it twice
         self._dispatch([alert for event in events for alert in event.alerts])
         return events
+
+    def _detectors(self) -> DetectorState | None:
+        """The bias detectors' sums of the run so far (``None``: a watch state saved without them)."""
+        detectors = self.state.whole_dump.get(DetectorState.KEY)
+        return detectors if isinstance(detectors, DetectorState) else None
+
+    def _step_findings(self, upto: Report) -> list[Finding]:
+        """The bias detectors' findings at a step: their sums of the run so far, ``mismatch_trend`` over the steps up
+        to it (a run whose k3_kl climbs alerts at the step where the growth clears the fit's scatter)."""
+        from rcdiag.explain.detectors import detect, mismatch_trend
+
+        steps = [(s.step, s.metrics) for s in upto.steps]
+        detectors = self._detectors()
+        if detectors is not None:
+            return detect(detectors, steps)
+        trend = mismatch_trend(steps)
+        return [] if trend is None else [trend]
 
     def _changed(self, changed: list[FileChange]) -> None:
         """A file alert for each file read earlier that changed or went, once per file (its key is kept in the
