@@ -67,7 +67,6 @@ def _run(tmp_path: Path, script: str, *args: str) -> str:
             ("--tokens", "200k", "--rounds", "1", "--repeats", "1", "--baseline", ".."),
             ["| engine |", "| engine, no section |", "| analyze |", "engine / this: "],
         ),
-        ),
         (
             "default_detectors.py",
             ("--tokens", "200k", "--rounds", "1", "--baseline", str(BENCHMARKS.parent)),  # this tree as the baseline
