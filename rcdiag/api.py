@@ -198,9 +198,7 @@ def _framework(
     return config, [] if riding is None else [FrameworkSection(riding)]
 
 
-def with_defaults(
-    sections: Sequence[Section], by: tuple[str, ...] = (), *, explained: bool = False
-) -> list[Section]:
+def with_defaults(sections: Sequence[Section], by: tuple[str, ...] = (), *, explained: bool = False) -> list[Section]:
     """The sections every analyze runs before those given, unless given: the exact match (``rcdiag.sections.exact``),
     the bias detectors (``rcdiag.explain.detector_section``; ``explained``: ``--explain``'s section runs them on its
     own sums, so theirs is left out) and the slices (``rcdiag.sections.slices``; ``by``: the ``--by`` columns)."""
