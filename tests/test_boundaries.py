@@ -515,7 +515,7 @@ NOT_COMPUTED_PLAIN = {  # the checks whose metric needs IS or RS, which plain an
 COMPUTED_PLAIN = {  # every other check of plain analyze (the bias detectors' rows: DETECTORS, below)
     "verl_crash_empty_batch", "mask_looks_inverted", "mask_missing", "kl_high", "chi2_token_high", "kl_k3_disagree",
     "logprob_neg_inf", "metric_not_finite", "temperature_recorded_mismatch", "kl_negative", "sparse_outliers",
-    "seq_is_hopeless", *SIGNATURE_CODES,
+    "seq_is_hopeless", "slice_concentrated", *SIGNATURE_CODES,
 }  # fmt: skip
 
 
