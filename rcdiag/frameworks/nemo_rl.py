@@ -313,7 +313,7 @@ FRAMEWORK = Framework(
         Option(THRESHOLD, "number", None, "mask samples whose mean exp(|d|) exceeds this; null: off", nullable=True),
     ),
     keys=(
-        MetricKey(LOSS_KEYS[0], "token mean of exp(|prev - gen|): 1 = no mismatch (NeMo-RL's gate: the nemo-rl pack's bound)"),
+        MetricKey(LOSS_KEYS[0], "token mean of exp(|prev - gen|): 1 = no mismatch (the nemo-rl pack gates it)"),
         MetricKey(LOSS_KEYS[1], "token mean of the KL estimator with logr = prev - gen: KL(gen || train)"),
         MetricKey(LOSS_KEYS[2], "token mean of the KL estimator with logr = gen - prev: KL(train || gen)"),
         MetricKey(LOSS_KEYS[3], "token mean of the Jensen-Shannon divergence to the mixture (k3 form)"),
