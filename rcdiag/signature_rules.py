@@ -68,6 +68,18 @@ REPEAT_DROP_MIN = 0.05
 """repeated_tokens_lowered: repeated tokens lowered by the rollout this much more than first occurrences (0.06,
 0.10 and 0.25 nats for repetition penalties of 5%, 10% and 30% on the tests' real model; at most 0.021 for every
 other planted cause and clean engine)."""
+FAR_SHARE_MIN = 0.05
+"""logprobs_of_another_token: more than this share of the valid tokens scored more than 2 nats higher by the rollout
+than by the trainer (12.1-12.2% for a rollout reporting the top-1 token's log-prob on the tests' real model; at most
+0.5% for every clean engine, 2.9% for a repetition penalty, 3.7% for prompt tokens in the mask)."""
+FAR_TOP1_MIN = 0.1
+"""logprobs_of_another_token: and at least this share of those given p >= 1/2 by the rollout (its most likely token:
+0.25 for top-1 log-probs; at most 0.002 for a flatter rollout, which raises the unlikely tokens it samples but never
+to its most likely one: a temperature of 1.5 or 2, soft-capping at 4 or 10)."""
+FAR_MIRROR_MAX = 0.02
+"""logprobs_of_another_token: and at most this many tokens scored 2 nats higher by the trainer for each of those (0
+for top-1 log-probs: the reported log-prob is never below the sampled token's; 0.08-0.09 for soft-capping at 4,
+about 1 for an off-by-one trainer)."""
 MIN_GROUP_TOKENS = 30
 """Fewer tokens in a group (near-certain ones, repeated or first-seen ones) leave its test silent."""
 
@@ -77,6 +89,7 @@ SIGNATURE_CODES = (
     "logprobs_misaligned",
     "offset_per_response",
     "logprobs_not_sampled",
+    "logprobs_of_another_token",
     "certain_tokens_lowered",
     "repeated_tokens_lowered",
     "mismatch_not_noise",
@@ -110,7 +123,8 @@ def signature_findings(
     )
     if valid_tokens < MIN_TOKENS:
         return []
-    found = [_mask(read), _alignment(read), _offset(read), _not_sampled(read), _certain(read, valid_tokens)]
+    found = [_mask(read), _alignment(read), _offset(read), _not_sampled(read), _another_token(read)]
+    found.append(_certain(read, valid_tokens))
     found.append(repeats(extras, valid_tokens))
     found.append(_not_noise(metrics, extras))
     return [f for f in found if f is not None]
@@ -273,6 +287,28 @@ def _not_sampled(read: _Read) -> Finding | None:
         "so the rollout's log-probs are not those of the distribution its tokens were drawn from",
         value=1 + gap,
         threshold=1 + RATIO_OVER_MIN,
+    )
+
+
+def _another_token(read: _Read) -> Finding | None:
+    """logprobs_of_another_token: many tokens far more likely to the rollout than to the trainer, a good share of them
+    the rollout's most likely token, and almost none the other way: the rollout reports a log-prob at least as high
+    as the sampled token's, the top-1 token's."""
+    above, top1 = read.get("rollout_far_higher_share"), read.get("rollout_far_higher_top1_share")
+    below = read.get("trainer_far_higher_share")
+    if above is None or top1 is None or below is None or above <= FAR_SHARE_MIN or top1 < FAR_TOP1_MIN:
+        return None
+    if below > FAR_MIRROR_MAX * above:
+        return None
+    return emit(
+        Code.LOGPROBS_OF_ANOTHER_TOKEN,
+        f"{above:.1%} of the valid tokens get more than e^2 = 7.4 times the trainer's probability from the rollout "
+        f"({top1:.0%} of them at p >= 1/2: its most likely token), {below:.2%} the reverse: the rollout's log-prob is "
+        "almost never far below the trainer's, as when it reports the most likely token's instead of the sampled "
+        "one's (renormalising over a top-k/top-p set raises a kept token by at most 1/kept mass, a flatter rollout "
+        "raises only unlikely tokens, and precision noise moves tokens both ways)",
+        value=above,
+        threshold=FAR_SHARE_MIN,
     )
 
 

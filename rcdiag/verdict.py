@@ -41,7 +41,8 @@ DERIVED_CLASSES: dict[CauseClass, str] = {
     "truncation": "besides sampling_truncation: kl_k3_disagree with kl above k3_kl (mass missing)",
     "outliers": "besides sparse_outliers: kl_k3_disagree with k3_kl above kl where the sparse_outliers definition "
     "holds on the dump's log-ratio histogram (a few huge ratios)",
-    "logprob_mode": "besides logprobs_not_sampled: kl_negative where swapping the columns does not read as noise",
+    "logprob_mode": "besides logprobs_not_sampled and logprobs_of_another_token: kl_negative where swapping the "
+    "columns does not read as noise",
 }
 """Classes the verdict names from what no single finding's spec says (``judge``, ``_causes``); every other class
 is some finding's ``cause`` in the catalogue."""
@@ -100,11 +101,13 @@ CLASS_TEXT: dict[CauseClass, str] = {
     "replica": "mismatch concentrated in a subset of rows (one replica, worker or slice)",
 }
 """Each class in words, for the headline."""
-PROCESSING_SIGNS: dict[str, str] = {
+SIGNS: dict[str, str] = {
     Code.CERTAIN_TOKENS_LOWERED: "large logits compressed: soft-capping",
     Code.REPEATED_TOKENS_LOWERED: "a penalty on repeated tokens",
+    Code.LOGPROBS_OF_ANOTHER_TOKEN: "another token's: the most likely one's",
 }
-"""What each of ``processing``'s findings shows, after the class's words in the headline."""
+"""What a finding that shows one form of its class shows (``processing``'s two, ``logprob_mode``'s top-1 log-probs),
+after the class's words in the headline."""
 DATA_CLASSES: tuple[CauseClass, ...] = ("mask", "alignment", "offset")
 """Classes that explain the whole log-ratio by the data's layout: with one of them, the classes read from the
 log-ratio's sign, size or shape (swapped columns, log-prob mode, processing, the kl/k3 gap, the sign-reading
@@ -316,7 +319,7 @@ def _headline(status: VerdictStatus, causes: list[Cause], size: _Size, report: R
 
 
 def _class_text(cause: Cause) -> str:
-    signs = [PROCESSING_SIGNS[code] for code in cause.codes if code in PROCESSING_SIGNS]
+    signs = [SIGNS[code] for code in cause.codes if code in SIGNS]
     return CLASS_TEXT[cause.cls] + (f" ({'; '.join(signs)})" if signs else "")
 
 

@@ -20,6 +20,7 @@ SEVERITIES = {
     "logprobs_misaligned": ERROR,
     "offset_per_response": ERROR,
     "logprobs_not_sampled": ERROR,
+    "logprobs_of_another_token": ERROR,
     "certain_tokens_lowered": ERROR,
     "repeated_tokens_lowered": ERROR,
     "mismatch_not_noise": WARNING,

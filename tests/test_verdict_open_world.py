@@ -42,14 +42,25 @@ def _verdict(path: Path, explain: bool = False) -> tuple[str, list[str], set[str
 # ------------------------------------------------------------------------------------- the statistics
 
 
-def test_signature_statistics_equal_brute_force(tmp_path: Path) -> None:
+FAR_BOUNDARY = (  # (position, trainer, rollout) planted in row 6, valid
+    (3, -3.0, -1.0),  # d = -2 exactly: not far (strictly beyond 2 nats)
+    (4, -4.0, -0.5),  # far, and the rollout's p >= 1/2
+    (5, -4.0, float(np.float32(math.log(0.5)))),  # far; log(1/2) rounded to float32 lies below it: not p >= 1/2
+    (6, -1.0, -3.0),  # d = +2 exactly: not far
+    (7, -0.5, -3.0),  # the trainer far higher
+)
+
+
+@pytest.mark.parametrize("defect", ["offset_some", "top1_logprobs"])
+def test_signature_statistics_equal_brute_force(tmp_path: Path, defect: str) -> None:
     """Every signature statistic against numpy on a real-model dump whose rows carry masked padding, a masked
-    prompt, an exact-zero rollout token and a -inf on both sides (a NaN log-ratio, left out)."""
+    prompt, an exact-zero rollout token, a -inf on both sides (a NaN log-ratio, left out) and tokens on the far
+    shares' bounds (``FAR_BOUNDARY``); on an offset and on top-1 log-probs (whose far shares are large)."""
     pytest.importorskip("torch", reason="pip install torch==2.13.0 (tests/realmodel runs the tiny model)")
     import realmodel
 
     source = tmp_path / "src"
-    realmodel.make_defect_dump("offset_some", source, seed=7, n_responses=48, max_len=64)
+    realmodel.make_defect_dump(defect, source, seed=7, n_responses=48, max_len=64)
     table = pa.concat_tables(pq.read_table(p) for p in sorted(source.glob("*.parquet")))
     rng = np.random.default_rng(7)
     old_rows = table.column("old_log_prob").to_pylist()
@@ -68,6 +79,10 @@ def test_signature_statistics_equal_brute_force(tmp_path: Path) -> None:
         if i == 5:
             r[2] = 0.0
             masks[-1][2] = 1
+        if i == 6:
+            for position, trainer, rollout in FAR_BOUNDARY:
+                o[position], r[position] = trainer, rollout
+                masks[-1][position] = 1
     dumped = pa.table(
         {
             "old_log_prob": pa.array(old_rows, pa.list_(pa.float32())),
@@ -130,6 +145,14 @@ def test_signature_statistics_equal_brute_force(tmp_path: Path) -> None:
         )
         assert extras[f"rcdiag/{key}_share"] == pytest.approx(near.mean(), rel=1e-12)
         assert extras[f"rcdiag/{key}_lowered_share"] == pytest.approx((lowered[near] > 0.1).mean(), rel=1e-12)
+    rollout_far, trainer_far = d < -2.0, d > 2.0
+    assert extras["rcdiag/rollout_far_higher_share"] == pytest.approx(rollout_far.mean(), rel=1e-12)
+    assert extras["rcdiag/trainer_far_higher_share"] == pytest.approx(trainer_far.mean(), rel=1e-12)
+    top1 = (r32.astype(np.float64)[keep] >= math.log(0.5))[rollout_far]
+    assert extras["rcdiag/rollout_far_higher_top1_share"] == pytest.approx(top1.mean(), rel=1e-12)
+    assert trainer_far.sum() >= 1 and 0 < top1.sum() < top1.size
+    if defect == "top1_logprobs":  # the statistic is what the finding reads: large on top-1 log-probs
+        assert rollout_far.mean() > 0.05 and top1.mean() > 0.1
     _assert_repeat_drop(path, extras)
 
 
@@ -175,7 +198,9 @@ def _flat_file(path: Path) -> tuple[np.ndarray, ...]:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_compiled_pass_equals_the_numpy_twin(seed: int) -> None:
     """The signature kernel against its numpy form on one block: masked tokens, row ends, empty rows, -inf on one
-    side and on both, exact zeros, bit-identical tokens."""
+    side and on both, exact zeros, bit-identical tokens, tokens beyond 2 nats either way and on the far counts'
+    bounds."""
+    from rcdiag.kernels.signature_slots import TOTALS
     from rcdiag.metrics.signatures import signature_arrays, signature_kernel
 
     rng = np.random.default_rng(seed)
@@ -185,6 +210,10 @@ def test_the_compiled_pass_equals_the_numpy_twin(seed: int) -> None:
     rollout = (old + rng.normal(0, 0.05, n)).astype(np.float32)
     same = rng.random(n) < 0.2
     rollout[same] = old[same]
+    far = rng.random(n) < 0.1  # beyond 2 nats either way, some of them at the rollout's p >= 1/2
+    rollout[far] = np.where(rng.random(int(far.sum())) < 0.5, old[far] - 3.0, -rng.uniform(0.0, 1.0, int(far.sum())))
+    bounds = rng.choice(n, 4, replace=False)  # d exactly -2 and +2; the rollout exactly at float32(log 1/2)
+    old[bounds], rollout[bounds] = [-3.0, -1.0, -4.0, -4.0], [-1.0, -3.0, np.float32(math.log(0.5)), -0.5]
     rollout[rng.random(n) < 0.02] = 0.0
     old[rng.random(n) < 0.01] = -np.inf
     both = rng.random(n) < 0.01
@@ -197,6 +226,8 @@ def test_the_compiled_pass_equals_the_numpy_twin(seed: int) -> None:
         for field in ("row_ratio", "row_reverse", "row_d", "row_certain"):
             np.testing.assert_allclose(getattr(kernel, field), getattr(arrays, field), rtol=1e-12, atol=1e-9)
         np.testing.assert_array_equal(kernel.row_n, arrays.row_n)
+        far = ("rollout_far_higher", "rollout_far_higher_top1", "trainer_far_higher")
+        assert all(kernel.totals[TOTALS.index(name)] > 0 for name in far)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -234,6 +265,7 @@ PLANTED = {
     "offset": ("fix", "offset", "offset_per_response"),
     "offset_some": ("fix", "offset", "offset_per_response"),
     "raw_logprobs_0.7": ("fix", "logprob_mode", "logprobs_not_sampled"),
+    "top1_logprobs": ("fix", "logprob_mode", "logprobs_of_another_token"),
     "repetition_penalty": ("fix", "processing", "repeated_tokens_lowered"),
     "softcap": ("fix", "processing", "certain_tokens_lowered"),
     "replica": ("fix", "replica", "slice_concentrated"),
@@ -258,6 +290,14 @@ def test_explain_keeps_the_class_the_signature_named(name: str) -> None:
     the bug made and do not override the class."""
     status, classes, _ = _verdict(defect_dump(name, HELD_OUT[0]), explain=True)
     assert (status, classes[0]) == PLANTED[name][:2]
+
+
+@pytest.mark.parametrize("seed", HELD_OUT)
+def test_top1_log_probs_are_named_alone_with_explain(seed: int) -> None:
+    """--explain's truncation detector reads top-1 log-probs as renormalised (the rollout scores higher than the
+    trainer on most moving tokens): it reads the log-ratio's sign, so the signature's class is the one named."""
+    status, classes, codes = _verdict(defect_dump("top1_logprobs", seed), explain=True)
+    assert (status, classes) == ("fix", ["logprob_mode"]) and "logprobs_of_another_token" in codes
 
 
 @pytest.mark.parametrize("seed", HELD_OUT)
@@ -337,6 +377,96 @@ def test_clean_engines_raise_no_signature_and_no_bug_class(name: str, seed: int,
     assert not codes & set(SIGNATURE_CODES)
 
 
+OTHER_CAUSES = {  # each planted cause but top-1 log-probs: its classes in the default analyze at seeds 0-2
+    "temperature_0.7": {"unexplained"},
+    "temperature_0.9": {"unexplained"},
+    "topk_50": {"truncation"},
+    "topp_0.95": {"truncation"},
+    "spikes": {"outliers"},  # and, at one seed, trend
+    "rope_low_precision": {"outliers"},
+    "drift": {"trend"},
+    "defect:alignment": {"alignment"},
+    "defect:offset": {"offset"},
+    "defect:offset_some": {"offset"},
+    "defect:raw_logprobs_0.7": {"logprob_mode"},
+    "defect:repetition_penalty": {"processing"},
+    "defect:softcap": {"processing"},
+    "defect:prompt_in_mask": {"mask"},
+    "defect:inverted_mask": {"mask"},
+    "defect:replica": {"replica"},
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("name", sorted(OTHER_CAUSES))
+def test_top1_signature_is_silent_on_every_other_cause(name: str, seed: int) -> None:
+    """logprobs_of_another_token on every other planted cause: silent, and the cause keeps its class. Its far
+    shares there (seed 0): at most 2.9% of the tokens past -2 (a repetition penalty) but for soft-capping (65%,
+    with 0% of them at the rollout's p >= 1/2 and 8% mirrored) and an off-by-one trainer (14%, mirrored)."""
+    path = defect_dump(name.removeprefix("defect:"), seed) if name.startswith("defect:") else dump(name, seed)
+    _, classes, codes = _verdict(path)
+    assert "logprobs_of_another_token" not in codes
+    want = OTHER_CAUSES[name]
+    assert want <= set(classes) <= want | ({"trend"} if name == "spikes" else set()), classes
+
+
+PROBES = {  # built here (not cached): a flatter rollout and a noisy top-1 rollout, at a held-out seed
+    "temperature_2.0": ({"temperature": 2.0}, False),
+    "softcap_10": ({"softcap": 10.0}, False),
+    "top1_int4": ({"dtype": "bf16", "int4": True, "logprob_mode": "top1"}, True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROBES))
+def test_top1_signature_tells_a_flatter_rollout_from_top1(tmp_path: Path, name: str, monkeypatch: Any) -> None:
+    """A flatter rollout (T = 2, soft-capping at 10) scores many sampled tokens far above the trainer, one-sided
+    like top-1 log-probs (19% and 16% of them past -2 at seed 0), but none at its own p >= 1/2: the finding stays
+    silent. Top-1 log-probs from a 4-bit engine (noise both ways) still fire."""
+    pytest.importorskip("torch", reason="pip install torch==2.13.0 (tests/realmodel runs the tiny model)")
+    import realmodel
+    from realmodel.engines import Rollout
+    from realmodel.scenarios import Defect
+
+    fields, fires = PROBES[name]
+    monkeypatch.setitem(realmodel.DEFECTS, name, Defect(Rollout(**fields)))
+    realmodel.make_defect_dump(name, tmp_path / name, seed=HELD_OUT[0])
+    report = rcdiag.analyze(tmp_path / name)
+    assert report.verdict is not None
+    extras = report.extras
+    assert extras["rcdiag/rollout_far_higher_share"] > 0.05  # the share alone would fire
+    assert ("logprobs_of_another_token" in {f.code for f in report.findings}) == fires
+    if fires:
+        assert [c.cls for c in report.verdict.causes] == ["logprob_mode"]
+    else:
+        assert extras["rcdiag/rollout_far_higher_top1_share"] < 0.01
+        assert "logprob_mode" not in [c.cls for c in report.verdict.causes]
+
+
+def _far(above: float, top1: float | None, below: float) -> list[str]:
+    """The signature findings of pooled extras carrying only the far shares (the rule's boundaries)."""
+    from rcdiag.signature_rules import signature_findings
+
+    extras: dict[str, float | None] = {
+        "rcdiag/rollout_far_higher_share": above,
+        "rcdiag/rollout_far_higher_top1_share": top1,
+        "rcdiag/trainer_far_higher_share": below,
+    }
+    return [f.code for f in signature_findings({}, extras, 10_000)]
+
+
+def test_top1_signature_boundaries() -> None:
+    """Each bound of logprobs_of_another_token, on it and one step past it: more than 5% far above, at least a
+    tenth of those at the rollout's p >= 1/2, at most 1/50 as many far below."""
+    from rcdiag.signature_rules import FAR_MIRROR_MAX, FAR_SHARE_MIN, FAR_TOP1_MIN
+
+    fires = ["logprobs_of_another_token"]
+    assert (FAR_SHARE_MIN, FAR_TOP1_MIN, FAR_MIRROR_MAX) == (0.05, 0.1, 0.02)
+    assert _far(0.05, 0.5, 0.0) == [] and _far(math.nextafter(0.05, 1), 0.5, 0.0) == fires
+    assert _far(0.1, 0.1, 0.0) == fires and _far(0.1, math.nextafter(0.1, 0), 0.0) == []
+    assert _far(0.1, 0.5, 0.02 * 0.1) == fires and _far(0.1, 0.5, math.nextafter(0.02 * 0.1, 1)) == []
+    assert _far(0.1, None, 0.0) == [] and _far(0.0, None, 0.0) == []  # none far above: no share of them
+
+
 # --------------------------------------------------------------------- every command that judges
 
 
@@ -358,10 +488,11 @@ def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
         (lambda: defect_dump("alignment", 2), 1),
         (lambda: defect_dump("softcap", 1), 1),
         (lambda: defect_dump("repetition_penalty", 2), 1),
+        (lambda: defect_dump("top1_logprobs", 1), 1),
         (lambda: dump("bf16", 1), 0),
         (lambda: defect_dump("stale", 1), 0),
     ],
-    ids=["temperature", "offset", "alignment", "softcap", "repetition_penalty", "bf16", "stale"],
+    ids=["temperature", "offset", "alignment", "softcap", "repetition_penalty", "top1", "bf16", "stale"],
 )
 def test_check_with_the_analyze_pack_fails_what_the_verdict_calls_a_bug(make: Any, want: int) -> None:
     done = _cli("check", make(), "--pack", "verl", "--pack", "analyze", "--format", "json")
@@ -370,7 +501,12 @@ def test_check_with_the_analyze_pack_fails_what_the_verdict_calls_a_bug(make: An
 
 @pytest.mark.parametrize(
     ("name", "seed", "want"),
-    [("raw_logprobs_0.7", 1, "logprob_mode"), ("softcap", 2, "processing"), ("repetition_penalty", 1, "processing")],
+    [
+        ("raw_logprobs_0.7", 1, "logprob_mode"),
+        ("top1_logprobs", 2, "logprob_mode"),
+        ("softcap", 2, "processing"),
+        ("repetition_penalty", 1, "processing"),
+    ],
 )
 def test_compare_judges_each_side_by_its_own_signature(name: str, seed: int, want: str) -> None:
     done = _cli("compare", dump("bf16", 1), defect_dump(name, seed), "--format", "json")
@@ -386,6 +522,12 @@ def test_compare_judges_each_side_by_its_own_signature(name: str, seed: int, wan
         ("offset_some", 2, "verdict fix: a constant log-prob offset on one side"),
         ("softcap", 1, "verdict fix: logit processing on one side (large logits compressed: soft-capping)"),
         ("repetition_penalty", 2, "verdict fix: logit processing on one side (a penalty on repeated tokens)"),
+        (
+            "top1_logprobs",
+            1,
+            "verdict fix: the rollout reports log-probs of another distribution than it sampled from (another "
+            "token's: the most likely one's)",
+        ),
     ],
 )
 def test_watch_once_reads_the_same_class_as_analyze(tmp_path: Path, name: str, seed: int, headline: str) -> None:

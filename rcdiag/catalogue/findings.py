@@ -55,6 +55,7 @@ class Code(StrEnum):
     LOGPROBS_MISALIGNED = "logprobs_misaligned"
     OFFSET_PER_RESPONSE = "offset_per_response"
     LOGPROBS_NOT_SAMPLED = "logprobs_not_sampled"
+    LOGPROBS_OF_ANOTHER_TOKEN = "logprobs_of_another_token"
     CERTAIN_TOKENS_LOWERED = "certain_tokens_lowered"
     REPEATED_TOKENS_LOWERED = "repeated_tokens_lowered"
     MISMATCH_NOT_NOISE = "mismatch_not_noise"
@@ -231,6 +232,21 @@ FINDINGS: tuple[FindingSpec, ...] = (
         advice="Return the log-probs of the distribution the tokens were sampled from: processed log-probs (after "
         "temperature, penalties and truncation; vLLM logprobs_mode=processed_logprobs) of the sampled token, "
         "not raw ones or another token's.",
+        cause="logprob_mode",
+    ),
+    FindingSpec(
+        "logprobs_of_another_token",
+        "error",
+        "more than 5% of the valid tokens are scored more than 2 nats higher by the rollout than by the trainer, and "
+        "at most 1/50 as many the other way",
+        check="the rollout reports the sampled token's log-prob (no large share of tokens far above the trainer's "
+        "alone)",
+        advice="The rollout reports another token's log-prob than the sampled one's, most likely the top-1 token's "
+        "(the most likely token's): report the sampled token's own log-prob. vLLM returns the sampled token's entry "
+        "beside the top-k ones (each position's logprobs are keyed by token id; the OpenAI-compatible API's "
+        "`logprob` field is the sampled token's): read the sampled id's entry, not the first or highest entry of the "
+        "top-k list (`top_logprobs[0]`, max over the dict); check which entry your pipeline reads. No correction "
+        "repairs log-probs of another token.",
         cause="logprob_mode",
     ),
     FindingSpec(

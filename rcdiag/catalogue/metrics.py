@@ -430,6 +430,17 @@ METRICS: tuple[MetricSpec, ...] = (
         "share of those the trainer scores more than 0.1 nats lower",
     ),
     MetricSpec(
+        "rcdiag/rollout_far_higher_share",
+        "extras",
+        "share of the tokens the rollout scores more than 2 nats above the trainer (another token's log-prob)",
+    ),
+    MetricSpec(
+        "rcdiag/rollout_far_higher_top1_share",
+        "extras",
+        "share of those the rollout gives p >= 1/2 (its most likely token)",
+    ),
+    MetricSpec("rcdiag/trainer_far_higher_share", "extras", "share of the tokens the trainer scores 2 nats above"),
+    MetricSpec(
         "rcdiag/repeat_drop",
         "extras",
         "how much more the rollout lowers tokens repeated within a response than first occurrences (token ids)",

@@ -6,7 +6,8 @@ from __future__ import annotations
 TOTALS = (
     "n", "ratio", "reverse", "d", "d2", "mid", "mid2", "d_mid",
     "pairs", "pair_same", "pair_ahead", "pair_behind", "valid", "rollout_zero", "both_zero", "identical",
-    "certain_lowered", "rollout_certain_lowered",
+    "certain_lowered", "rollout_certain_lowered", "rollout_far_higher", "rollout_far_higher_top1",
+    "trainer_far_higher",
 )  # fmt: skip
 """The slots of ``rcdiag.kernels.signatures.signature_pass``'s ``totals``, in order."""
 CERTAIN = ("certain_d", "certain_n", "rollout_certain_d", "rollout_certain_n")

@@ -20,17 +20,19 @@ from rcdiag.kernels.signature_slots import CERTAIN, HISTORY, TOTALS  # noqa: F40
 
 @njit(**JIT)
 def signature_pass(
-    old, rollout, old_bits, rollout_bits, mask, has_mask, lengths, cap, zero_trainer_max, certain, lowered,
+    old, rollout, old_bits, rollout_bits, mask, has_mask, lengths, cap, zero_trainer_max, certain, lowered, far, top1,
     row_ratio, row_reverse, row_d, row_n, row_certain, totals,
 ):  # fmt: skip
     """Fold a block's raw rows (``lengths`` tokens each; ``mask`` where ``has_mask``) into ``totals`` and the
     per-row sums (``row_*``, one entry per row; ``row_certain``: the ``CERTAIN`` columns); ``cap``: the largest
     ratio counted (e^3); ``certain``: the log-prob from which a side counts as near-certain of a token; ``lowered``:
-    how many nats lower the other side must score such a token for it to count as lowered."""
+    how many nats lower the other side must score such a token for it to count as lowered; ``far``: how many nats
+    above the other side's log-prob a side's must be for the token to count as far higher there; ``top1``: the
+    rollout log-prob from which its token is its most likely one."""
     n = ratio = reverse = dsum = d2 = mid = mid2 = dmid = 0.0
     pairs = same_sum = ahead_sum = behind_sum = 0.0
     valid = zero = both = ident = 0.0
-    c_low = rc_low = 0.0
+    c_low = rc_low = r_far = r_far_top1 = t_far = 0.0
     start = 0
     for i in range(lengths.shape[0]):
         length = lengths[i]
@@ -86,6 +88,12 @@ def signature_pass(
             r_reverse += v
             r_d += d
             r_n += 1
+            if d < -far:
+                r_far += 1.0
+                if r >= top1:
+                    r_far_top1 += 1.0
+            elif d > far:
+                t_far += 1.0
             if o >= certain:
                 c_d += d
                 c_n += 1.0
@@ -123,6 +131,9 @@ def signature_pass(
     totals[15] += ident
     totals[16] += c_low
     totals[17] += rc_low
+    totals[18] += r_far
+    totals[19] += r_far_top1
+    totals[20] += t_far
 
 
 @njit(**JIT)

@@ -27,6 +27,15 @@ own evidence when one fails:
   the other side scores more than 0.1 nats lower (at least 0.999 for soft-capping; at most 0.05 for a temperature up
   to 1.5, a penalty and every clean engine on the tests' real model; 0.27 where one engine gives only the stop token
   probability 1), so a drop confined to a few tokens is not read as one on near-certain tokens at large.
+* ``rollout_far_higher_share``: the share of the tokens the rollout scores more than 2 nats above the trainer
+  (d < -2: more than e^2 = 7.4 times its probability); ``rollout_far_higher_top1_share``: the share of those the
+  rollout gives p >= 1/2 (so its most likely token); ``trainer_far_higher_share``: the mirror share (d > 2). A
+  rollout that reports the most likely token's log-prob instead of the sampled token's scores every token that is
+  not the argmax at the argmax's probability: 12% of the tokens past -2 on the tests' real model, a quarter of them
+  at p >= 1/2, and none past +2. Renormalisation over a top-k/top-p set raises a kept token by at most 1/kept mass
+  (never 2 nats on the tests' model), precision noise moves few tokens that far (at most 0.5%: a 4-bit rollout),
+  and a flatter rollout (a temperature above 1, soft-capping) raises the unlikely tokens it samples, never to
+  p >= 1/2.
 * ``repeat_drop`` (and ``_std_error``), only where the token ids were read: over the valid tokens whose id occurred
   earlier in the response (masked positions included), the mean of d minus that of the tokens seen for the first
   time, each first corrected by the dump's linear fit of d on the trainer's log-prob (so a temperature's shape, which
@@ -62,6 +71,11 @@ CERTAIN_LOG = math.log(0.99)
 LOWERED_NATS = 0.1
 """A near-certain token counts as lowered where the other side scores it more than this lower (10% of its
 probability)."""
+FAR_NATS = 2.0
+"""A token counts as far higher on one side where that side's log-prob exceeds the other's by more than this (e^2:
+7.4 times the probability)."""
+TOP1_LOG = math.log(0.5)
+"""A token the rollout gives at least this log-prob (p >= 1/2) is its most likely one."""
 
 SIGNATURE_KEYS = (
     "rcdiag/capped_ratio_mean",
@@ -83,6 +97,9 @@ SIGNATURE_KEYS = (
     "rcdiag/rollout_certain_drop_std_error",
     "rcdiag/rollout_certain_share",
     "rcdiag/rollout_certain_lowered_share",
+    "rcdiag/rollout_far_higher_share",
+    "rcdiag/rollout_far_higher_top1_share",
+    "rcdiag/trainer_far_higher_share",
     "rcdiag/repeat_drop",
     "rcdiag/repeat_drop_std_error",
     "rcdiag/repeat_share",
@@ -122,6 +139,9 @@ class SignatureMetrics(Accumulator):
         "rollout_certain_n": "sum",
         "rollout_certain_rows": "moments",
         "rollout_certain_lowered": "sum",
+        "rollout_far_higher": "sum",
+        "rollout_far_higher_top1": "sum",
+        "trainer_far_higher": "sum",
         "history": "sums",
         "history_cross": "sums",
     }
@@ -131,6 +151,7 @@ class SignatureMetrics(Accumulator):
     COUNTED: ClassVar[frozenset[str]] = Accumulator.COUNTED | frozenset(
         {"n", "pairs", "valid", "rollout_zero", "both_zero", "identical", "d2", "mid2", "row_energy"}
         | {"certain_n", "rollout_certain_n", "certain_lowered", "rollout_certain_lowered"}
+        | {"rollout_far_higher", "rollout_far_higher_top1", "trainer_far_higher"}
     )
 
     def update(self, block: Block) -> None:
@@ -157,6 +178,9 @@ class SignatureMetrics(Accumulator):
             pair_behind=t["pair_behind"],
             certain_lowered=t["certain_lowered"],
             rollout_certain_lowered=t["rollout_certain_lowered"],
+            rollout_far_higher=t["rollout_far_higher"],
+            rollout_far_higher_top1=t["rollout_far_higher_top1"],
+            trainer_far_higher=t["trainer_far_higher"],
         )
         if not n.size:
             return
@@ -212,6 +236,10 @@ class SignatureMetrics(Accumulator):
         cov = st["d_mid"] / n - (st["d"] / n) * (st["mid"] / n)
         if var_d > 1e-12 * max(st["d2"] / n, 1e-300) and var_mid > 0:
             values["rcdiag/shape_corr"] = max(-1.0, min(1.0, cov / math.sqrt(var_d * var_mid)))
+        for name in ("rollout_far_higher", "trainer_far_higher"):
+            values[f"rcdiag/{name}_share"] = st[name] / n
+        if st["rollout_far_higher"] > 0:
+            values["rcdiag/rollout_far_higher_top1_share"] = st["rollout_far_higher_top1"] / st["rollout_far_higher"]
         if st["d2"] > 0:
             values["rcdiag/within_row_share"] = max(st["d2"] - st["row_energy"], 0.0) / st["d2"]
         for name in ("certain", "rollout_certain"):
@@ -307,8 +335,8 @@ def signature_kernel(
     )  # fmt: skip
     signature_pass(
         old, rollout, old.view(np.int32), rollout.view(np.int32), _flags(mask), mask is not None, lengths,
-        math.exp(RATIO_CAP_LOG), ZERO_TRAINER_MAX, CERTAIN_LOG, LOWERED_NATS, out.row_ratio, out.row_reverse,
-        out.row_d, out.row_n, out.row_certain, out.totals,
+        math.exp(RATIO_CAP_LOG), ZERO_TRAINER_MAX, CERTAIN_LOG, LOWERED_NATS, FAR_NATS, TOP1_LOG,
+        out.row_ratio, out.row_reverse, out.row_d, out.row_n, out.row_certain, out.totals,
     )  # fmt: skip
     return out
 
@@ -382,8 +410,10 @@ def signature_arrays(
     mid = 0.5 * (o32.astype(np.float64) + r32.astype(np.float64))[finite]
     ratio = np.expm1(np.minimum(d, RATIO_CAP_LOG))
     reverse = np.expm1(np.minimum(-d, RATIO_CAP_LOG))
+    r64 = r32[finite].astype(np.float64)
     trainer_certain = o32[finite].astype(np.float64) >= CERTAIN_LOG
-    rollout_certain = r32[finite].astype(np.float64) >= CERTAIN_LOG
+    rollout_certain = r64 >= CERTAIN_LOG
+    rollout_far = d < -FAR_NATS
     totals = {
         "n": float(d.shape[0]),
         "ratio": float(ratio.sum()),
@@ -403,6 +433,9 @@ def signature_arrays(
         "identical": float(np.count_nonzero(o32.view(np.int32) == r32.view(np.int32))),
         "certain_lowered": float(np.count_nonzero(d[trainer_certain] > LOWERED_NATS)),
         "rollout_certain_lowered": float(np.count_nonzero(-d[rollout_certain] > LOWERED_NATS)),
+        "rollout_far_higher": float(np.count_nonzero(rollout_far)),
+        "rollout_far_higher_top1": float(np.count_nonzero(rollout_far & (r64 >= TOP1_LOG))),
+        "trainer_far_higher": float(np.count_nonzero(d > FAR_NATS)),
     }
     return SignatureSums(
         np.array([totals[name] for name in TOTALS]),
