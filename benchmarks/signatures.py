@@ -12,6 +12,11 @@ of this process.
 on a verdict of noise or an unexplained mismatch), on the dump copied with a ``token_ids`` column (Zipf ids over
 151,936, as ``explain_tokens.py`` writes it): one pass reading the ids with the history pass off (the ids' decode
 alone) against the same with it on, and against the pass without the ids.
+
+``--pass``: the signature pass alone (``rcdiag.metrics.signatures.signature_sums``, compiled) over the dump's rows
+in blocks of a million tokens, against one analyze of the dump in the same run: its time per token and its share of
+analyze. Run it with another tree on ``PYTHONPATH`` to compare the pass of two trees (this script uses only what
+both have).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 from _data import dump, parse_tokens
 from _methods import CONFIG
 from explain_tokens import with_ids
@@ -103,13 +110,57 @@ def history(tokens: str, path: Path, rounds: int) -> None:
         print(f"{a} / {b}: {med[a][0] / med[b][0]:.3f} wall, {med[a][1] / med[b][1]:.3f} CPU")
 
 
+def blocks(path: Path, size: int = 1_000_000) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """The dump's rows as the compiled pass takes them (float32 log-probs, a bool mask, int64 lengths), cut into
+    blocks of whole rows of about ``size`` tokens."""
+    table = pq.read_table(path, columns=["old_log_prob", "rollout_log_prob", "response_mask"])
+    columns = [table.column(name).combine_chunks() for name in table.column_names]
+    offsets = np.asarray(columns[0].offsets, dtype=np.int64)
+    values = [np.asarray(c.values) for c in columns]
+    out, start = [], 0
+    while start < offsets.size - 1:
+        end = int(np.searchsorted(offsets, offsets[start] + size, side="left"))
+        end = min(max(end, start + 1), offsets.size - 1)
+        lo, hi = offsets[start], offsets[end]
+        old, rollout = (np.ascontiguousarray(v[lo:hi], dtype=np.float32) for v in values[:2])
+        out.append((old, rollout, values[2][lo:hi].astype(np.bool_), np.diff(offsets[start : end + 1])))
+        start = end
+    return out
+
+
+def signature_pass(tokens: str, path: Path, rounds: int) -> None:
+    from rcdiag.metrics.signatures import signature_kernel
+
+    data = blocks(path)
+    count = sum(old.size for old, *_ in data)
+    signature_kernel(*data[0])  # warm-up: numba's cache
+    rcdiag.analyze(path)
+    passes, analyzes = [], []
+    for _ in range(rounds):
+        cpu = time.process_time()
+        for block in data:
+            signature_kernel(*block)
+        passes.append(time.process_time() - cpu)
+        cpu = time.process_time()
+        rcdiag.analyze(path)
+        analyzes.append(time.process_time() - cpu)
+    one, whole = statistics.median(passes), statistics.median(analyzes)
+    print(f"{tokens} tokens ({count:,}), {rounds} rounds (medians, CPU time of this process)")
+    print(f"signature pass {one:6.3f} s CPU ({one / count * 1e9:.2f} ns a token)   analyze {whole:6.2f} s CPU")
+    print(f"pass / analyze: {one / whole:.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="20M")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--history", action="store_true", help="time the history test where token ids are read")
+    parser.add_argument("--pass", dest="alone", action="store_true", help="time the signature pass alone")
     args = parser.parse_args()
     path = dump(parse_tokens(args.tokens))
+    if args.alone:
+        signature_pass(args.tokens, path, args.rounds)
+        return
     if args.history:
         history(args.tokens, path, args.rounds)
         return

@@ -57,6 +57,7 @@ def _run(tmp_path: Path, script: str, *args: str) -> str:
             ["| tree | one step | a step per row | many / one | per distinct step |", "| new | "],
         ),
         ("signatures.py", ("--tokens", "200k", "--rounds", "1"), ["ratio", "default  without", "is_rs    without"]),
+        ("signatures.py", ("--tokens", "200k", "--rounds", "1", "--pass"), ["signature pass", "pass / analyze:"]),
         (
             "signatures.py",
             ("--tokens", "200k", "--rounds", "1", "--history"),
