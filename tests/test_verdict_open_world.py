@@ -378,13 +378,14 @@ def test_clean_engines_raise_no_signature_and_no_bug_class(name: str, seed: int,
 
 
 OTHER_CAUSES = {  # each planted cause but top-1 log-probs: its classes in the default analyze at seeds 0-2
-    "temperature_0.7": {"unexplained"},
-    "temperature_0.9": {"unexplained"},
+    "temperature_0.7": {"temperature"},
+    "temperature_0.9": {"temperature"},
     "topk_50": {"truncation"},
     "topp_0.95": {"truncation"},
     "spikes": {"outliers"},  # and, at one seed, trend
     "rope_low_precision": {"outliers"},
     "drift": {"trend"},
+    "swapped_int4": {"swapped_columns"},
     "defect:alignment": {"alignment"},
     "defect:offset": {"offset"},
     "defect:offset_some": {"offset"},
