@@ -239,8 +239,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "error",
         "more than 5% of the valid tokens are scored more than 2 nats higher by the rollout than by the trainer, and "
         "at most 1/50 as many the other way",
-        check="the rollout reports the sampled token's log-prob (no large share of tokens far above the trainer's "
-        "alone)",
+        check="the rollout reports the sampled token's log-prob, not the most likely token's",
         advice="The rollout reports another token's log-prob than the sampled one's, most likely the top-1 token's "
         "(the most likely token's): report the sampled token's own log-prob. vLLM returns the sampled token's entry "
         "beside the top-k ones (each position's logprobs are keyed by token id; the OpenAI-compatible API's "
