@@ -52,7 +52,8 @@ def test_json_output_has_verl_keys_findings_config_input_steps(capsys: pytest.Ca
     assert data["input"]["rows"] == 384 and data["input"]["steps"] == 6 and data["input"]["skipped_rows"] == 0
     assert len(data["steps"]) == 6 and set(data["steps"][0]["metrics"]) == set(data["metrics"])
     codes = {f["code"] for f in data["findings"]}
-    assert codes == {"kl_high", "kl_k3_disagree", "mismatch_not_noise"}  # 2% of the mass missing: not noise
+    # 2% of the mass missing: not noise; the default detectors see the offset and the truncation the sample plants
+    assert codes == {"kl_high", "kl_k3_disagree", "mismatch_not_noise", "logprob_offset", "sampling_truncation"}
     finding = next(f for f in data["findings"] if f["code"] == "kl_high")
     assert set(finding) >= {"code", "severity", "message", "metric", "value", "threshold", "steps"}
     assert finding["metric"] == P + "kl" and finding["threshold"] == 0.1 and finding["steps"] == [0, 1, 2, 3, 4, 5]

@@ -22,9 +22,11 @@ def compare(*args: object) -> subprocess.CompletedProcess[str]:
 
 
 def test_no_temperatures_assumes_equal_ones_and_runs_the_noise_verdicts(tmp_path: Path) -> None:
-    """kl differs ~570x between the sides: that is engine_noise_differs, not only 'temperature unknown'."""
+    """kl differs ~45x between the sides (a 4-bit rollout, noise): that is engine_noise_differs, not only
+    'temperature unknown'. A side whose own verdict names a bug (a trainer that forgot the temperature: fix) is not
+    blamed on its engines' noise: its verdict says what it is."""
     a = with_metadata("healthy.parquet", tmp_path / "a.parquet", None)
-    b = with_metadata("train_forgot_temperature.parquet", tmp_path / "b.parquet", None)
+    b = with_metadata("quantized_4bit.parquet", tmp_path / "b.parquet", None)
     result = compare(a, b, "--format", "json")
     assert result.returncode == 0 and result.stderr == "", result.stderr
     out = json.loads(result.stdout)
@@ -39,6 +41,10 @@ def test_no_temperatures_assumes_equal_ones_and_runs_the_noise_verdicts(tmp_path
     table = compare(a, b)
     assert table.returncode == 0
     assert "WARNING [engine_noise_differs]" in table.stdout and "assumed" in table.stdout
+    bug = with_metadata("train_forgot_temperature.parquet", tmp_path / "bug.parquet", None)
+    out = json.loads(compare(a, bug, "--format", "json").stdout)
+    assert [(f["code"], f["side"]) for f in out["findings"]] == [("temperature_unknown", None)]
+    assert (out["b"]["verdict"]["status"], out["b"]["verdict"]["causes"][0]["class"]) == ("fix", "temperature")
 
 
 def test_a_kl_ratio_the_temperatures_cannot_explain_is_not_credited_to_them(tmp_path: Path) -> None:

@@ -186,7 +186,7 @@ def _trend_data(steps: Sequence[tuple[int, dict[str, float | None]]]) -> str | N
     if not steps:
         return "the dump has no steps"
     usable = sum(1 for _, m in steps if (v := m.get(K3_KL)) is not None and v > TREND_K3_FLOOR)
-    return _too_few(f"steps with k3_kl above {TREND_K3_FLOOR:g}", usable, TREND_MIN_STEPS)
+    return _too_few(f"step(s) with k3_kl above {TREND_K3_FLOOR:g}", usable, TREND_MIN_STEPS)
 
 
 # ------------------------------------------------------------------------------------------- temperature

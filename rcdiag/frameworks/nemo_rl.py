@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from rcdiag.core import formulas
 from rcdiag.errors import ConfigError
 from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, weight_keys
 from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
@@ -189,10 +190,10 @@ class NemoRLMetrics(FrameworkMetrics):
         zero = np.float32(0.0)
         if s.sequence:
             kept_d = np.where(rows.per_token(kept_row), d, zero)
-            weight = _finite(exp32(rows.row_sum(kept_d).astype(np.float32)))
+            weight = _nan_to_zero(exp32(rows.row_sum(kept_d).astype(np.float32)))
             tokens = rows.counts * kept_row
         else:
-            weight = _finite(exp32(d))
+            weight = _nan_to_zero(exp32(d))
             tokens = np.ones(rows.n_tokens, dtype=np.int64) * rows.per_token(kept_row)
         if s.high is None:
             return weight, 0.0
@@ -202,11 +203,11 @@ class NemoRLMetrics(FrameworkMetrics):
             out = (weight > high) | (weight < low)
             return np.minimum(np.maximum(weight, low), high), float((out * tokens).sum())
         if s.kind == "icepop":
-            inside = (weight >= low) & (weight <= high)
+            inside = formulas.rs_keep(weight, low, high, True)
             return np.where(inside, weight, zero), float((~inside * tokens).sum())
         log = np.where(np.isfinite(d), d, zero)
         geo = exp32((rows.row_sum(log).astype(np.float32) / (rows.counts.astype(np.float32) + EPS)).astype(np.float32))
-        inside = (geo >= low) & (geo <= high)
+        inside = formulas.rs_keep(geo, low, high, True)
         return weight * rows.per_token(inside.astype(np.float32)), float(np.count_nonzero(~inside & kept_row))
 
     def keys(self) -> list[str]:
@@ -232,7 +233,7 @@ class NemoRLMetrics(FrameworkMetrics):
         return {**values, **self.weight_values()}, []
 
 
-def _finite(weights: np.ndarray) -> np.ndarray:
+def _nan_to_zero(weights: np.ndarray) -> np.ndarray:
     """``torch.nan_to_num(w, nan=0.0, posinf=0.0, neginf=0.0)``."""
     return np.where(np.isfinite(weights), weights, np.float32(0.0)).astype(np.float32)
 

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from rcdiag.core import formulas
 from rcdiag.core.limits import SAFETY_BOUND
 from rcdiag.errors import ConfigError
 from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, weight_keys
@@ -265,7 +266,7 @@ class SlimeMetrics(FrameworkMetrics):
         else:
             put("tis_mask_fraction_low", weights < low)
             put("tis_mask_fraction_high", weights > high)
-            kept = ((weights >= low) & (weights <= high)).astype(np.float32)
+            kept = formulas.rs_keep(weights, low, high, True).astype(np.float32)
         put("tis_weight_after_bound", weights)
         if mis.use_rs:
             log_rs = log_tis if mis.rs_level == mis.tis_level else level(mis.rs_level)
@@ -273,7 +274,7 @@ class SlimeMetrics(FrameworkMetrics):
             rs_low, rs_high = np.float32(mis.rs_lower), np.float32(mis.rs_upper)
             put("rs_mask_fraction_low", rs < rs_low)
             put("rs_mask_fraction_high", rs > rs_high)
-            kept = kept * ((rs >= rs_low) & (rs <= rs_high)).astype(np.float32)
+            kept = kept * formulas.rs_keep(rs, rs_low, rs_high, True).astype(np.float32)
             if mis.veto is not None:
                 catastrophic = d < np.log(np.float32(mis.veto))
                 vetoed = rows.row_any(catastrophic)
