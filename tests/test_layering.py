@@ -25,11 +25,11 @@ LEAVES = frozenset(
     "rcdiag." + name
     for name in (
         "_version", "constants", "errors", "versions", "stats", "notices", "printable", "fields", "interrupts",
-        "environment", "core", "core.limits", "core.formulas", "core.bins",
+        "environment", "core", "core.limits", "core.formulas", "core.bins", "core.forecast",
     )
 )  # fmt: skip
 """Modules that import nothing of rcdiag but each other (``rcdiag.core``: the constants and formulas every engine
-path shares)."""
+path shares, and the one crossing forecast that the watch and the ``mismatch_trend`` detector share)."""
 FEATURES = (
     "rcdiag.explain",
     "rcdiag.sweep",

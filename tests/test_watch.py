@@ -269,7 +269,8 @@ def test_a_planted_regime_change_alerts_at_its_step_forecasts_it_and_reaches_com
     assert forecast[0]["step"] < forecast[0]["detail"]["earliest"] <= forecast[0]["detail"]["latest"]
     assert all(line["forecasts"] for line in lines if forecast[0]["step"] <= line["step"] < crossing)
     recent = [line["forecasts"][0] for line in lines[crossing - 5 : crossing]]  # each step's forecast, refitted
-    assert all(abs(f["expected"] - crossing) <= 3 for f in recent), recent
+    # k3_kl climbs linearly here; the log scale's line (rcdiag.core.forecast) bends up, so it is early, never late
+    assert all(crossing - 4 <= f["expected"] <= crossing + 1 for f in recent), recent
     assert any(f["earliest"] <= crossing <= f["latest"] for f in recent), recent
     assert not lines[crossing]["forecasts"]  # crossed: the rule says so
     piped = [json.loads(line) for line in received.read_text().splitlines()]

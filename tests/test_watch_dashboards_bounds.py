@@ -133,7 +133,8 @@ def test_a_level_jump_is_not_a_trend() -> None:
     climb = [1e-3] * 4 + [2e-2 + 2e-3 * k + 1e-5 * (-1) ** k for k in range(6)]
     made = trend("kl", list(range(10)), climb, 0.05)
     assert isinstance(made, Forecast) and made.points == 6
-    assert made.expected == pytest.approx(4 + 15, abs=0.5)  # 2e-2 + 2e-3 (x - 4) = 0.05 at x = 19
+    slope, intercept = np.polyfit(np.arange(4, 10), np.log(climb[4:]), 1)  # the climb's log-scale line alone
+    assert made.scale == "log" and made.expected == pytest.approx((math.log(0.05) - intercept) / slope, rel=1e-9)
 
 
 def test_a_linear_climb_is_never_read_as_a_level_change() -> None:
@@ -188,7 +189,10 @@ def test_watch_on_a_linear_climb_still_forecasts_the_crossing(tmp_path: Path) ->
     assert steps[-1]["metrics"]["rollout_corr/k3_kl"] == pytest.approx(1e-3 + 2e-3 * 11, rel=1e-3)
     assert all(s["no_trend"] == [] for s in steps)
     forecast = steps[-1]["forecasts"]
-    assert len(forecast) == 1 and forecast[0]["expected"] == pytest.approx(24.5, abs=0.5)  # 1e-3 + 2e-3 x = 0.05
+    planted = np.arange(2, 12)  # the last 10 steps, fitted on the log scale (k3_kl above 0, an upper bound)
+    slope, intercept = np.polyfit(planted, np.log(1e-3 + 2e-3 * planted), 1)
+    assert len(forecast) == 1 and forecast[0]["scale"] == "log"
+    assert forecast[0]["expected"] == pytest.approx((math.log(0.05) - intercept) / slope, rel=1e-2)  # early: 15
     alerts = [a for e in lines(done.stdout) for a in e["alerts"] if a["kind"] == "forecast"]
     assert [a["key"] for a in alerts] == ["forecast:rollout_corr/k3_kl:above:0.05"]
 
@@ -234,10 +238,7 @@ def test_the_mlflow_bounds_are_mlflows_own_variables_and_a_bad_one_is_refused(
     require("mlflow", "tracking")
     done = run_capped("analyze", SAMPLE, "--mlflow", "http://127.0.0.1:1", cwd=tmp_path)
     assert (done.returncode, done.stdout) == (2, "")
-    assert (
-        done.stderr
-        == "rcdiag: error: RCDIAG_MLFLOW_REQUEST_TIMEOUT='soon' is not a positive number of seconds.\n"
-    )
+    assert done.stderr == "rcdiag: error: RCDIAG_MLFLOW_REQUEST_TIMEOUT='soon' is not a positive number of seconds.\n"
 
 
 @pytest.mark.parametrize("command", ["analyze", "watch"])

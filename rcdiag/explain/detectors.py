@@ -20,6 +20,7 @@ import numpy as np
 from rcdiag.catalogue.emit import emit
 from rcdiag.catalogue.findings import Code, detectors
 from rcdiag.catalogue.metrics import finding_threshold, known_key
+from rcdiag.core.forecast import beyond, fit_line, forecast
 from rcdiag.explain.breakdowns import DOUBLING_EDGES, N_DOUBLING, SUMS, bucket_metrics
 from rcdiag.explain.statistics import (
     LIKELY,
@@ -487,8 +488,8 @@ def mismatch_trend(steps: Sequence[tuple[int, dict[str, float | None]]]) -> Find
     if len(points) < TREND_MIN_STEPS:
         return None
     _, x = _step_axis([p[0] for p in points])
-    y = np.log([p[1] for p in points])
-    slope, _, se = _fit(x, y)
+    line = fit_line(x.tolist(), [math.log(v) for _, v in points])
+    slope, se = (line.slope, line.slope_se) if line is not None else (0.0, math.inf)
     span = float(x[-1] - x[0])
     growth = _exp(slope * span)
     t = slope / se if se > 0 else math.inf
@@ -527,31 +528,19 @@ def mismatch_trend(steps: Sequence[tuple[int, dict[str, float | None]]]) -> Find
     )
 
 
-def _fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
-    """Least-squares slope, intercept and the slope's standard error."""
-    xm, ym = x.mean(), y.mean()
-    sxx = float(((x - xm) ** 2).sum())
-    slope = float(((x - xm) * (y - ym)).sum() / sxx) if sxx > 0 else 0.0
-    intercept = float(ym - slope * xm)
-    residual = y - (intercept + slope * x)
-    dof = len(x) - 2
-    se = math.sqrt(float((residual**2).sum()) / dof / sxx) if dof > 0 and sxx > 0 else math.inf
-    return slope, intercept, se
-
-
 def _crossing(steps: Sequence[tuple[int, dict[str, float | None]]], key: str, threshold: float) -> dict[str, Any]:
-    """When the metric's exponential fit reaches ``threshold`` (``already`` if the last step is above it)."""
+    """When the metric's fit on the log scale (``rcdiag.core.forecast``) reaches ``threshold``: the first step at
+    or after the expected one (``already`` if the last step is above it; ``None`` without a slope that clears the
+    fit's 90% prediction interval)."""
     read = [(s, m.get(key)) for s, m in steps]
     points = [(s, abs(v)) for s, v in read if v is not None and v != 0]
     if len(points) < TREND_MIN_STEPS:
         return {"step": None, "already": False}
-    if points[-1][1] > threshold:
+    if beyond(points[-1][1], threshold):
         return {"step": int(points[-1][0]), "already": True}
     origin, x = _step_axis([p[0] for p in points])
-    slope, intercept, _ = _fit(x, np.log([p[1] for p in points]))
-    if slope <= 0:
-        return {"step": None, "already": False}
-    return {"step": origin + math.ceil((math.log(threshold) - intercept) / slope), "already": False}
+    made = forecast(x.tolist(), [p[1] for p in points], threshold, scale="log")
+    return {"step": None if made is None else origin + math.ceil(made.expected), "already": False}
 
 
 def _step_axis(steps: list[int]) -> tuple[int, np.ndarray]:

@@ -1,19 +1,11 @@
-"""When will a metric cross its limit? A straight line through its recent steps, with a prediction interval.
+"""When will a bounded metric cross its limit? ``rcdiag.core.forecast``'s line with a prediction interval, through
+the metric's recent steps, after any level change among them.
 
-The last ``window`` steps' values ``y`` are fitted by least squares, ``y = a + b x`` (``x`` the step). With ``s``
-the residual standard deviation (``n - 2`` degrees of freedom), ``Sxx = sum (x - mean x)^2`` and ``t`` Student's
-two-sided critical value at ``level``, a new step's value lies, at that level, within
-
-    a + b x  +-  t s sqrt(1 + 1/n + (x - mean x)^2 / Sxx)
-
-The earliest crossing is the first step whose upper bound reaches the limit, the latest the first whose lower bound
-does; both are roots of one quadratic (``u = x - mean x``, ``c = limit - mean y``, ``k = t s``):
-
-    (b^2 - k^2/Sxx) u^2 - 2 b c u + c^2 - k^2 (1 + 1/n) = 0
-
-A forecast is made only when the slope points at the limit by more than ``t`` standard errors (``b^2 Sxx > k^2``,
-so the quadratic opens upward and both roots exist): a flat or noisy series forecasts nothing. Lower limits
-(``min`` rules) are forecast on ``-y``, ``max_abs`` rules on ``|y|``.
+The last ``window`` finite values are fitted (the recent trend, not the whole run). The scale follows the values
+(``scale_for``): an upper limit on values all above 0 (k3_kl, chi2_token, |kl|) is fitted on their logarithm, so
+growth by a factor per step, and a square law's, is not forecast late; a lower limit (``min`` rules) or a window
+holding a value at or below 0 is fitted on the values (benchmarks/forecast_models.py measured both on k3_kl).
+``max_abs`` rules are forecast on ``|y|``.
 
 A line fitted across a step change is not a trend: a metric flat at one level, then flat at another, gives a steep
 slope through the jump and forecasts a crossing that never comes. So the window is first tested for a level change
@@ -28,11 +20,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any
 
-from rcdiag.stats import t_critical
+from rcdiag.core.forecast import NEGLIGIBLE, Direction, Scale, beyond, fit_line, forecast
 
-Direction = Literal["above", "below"]
+__all__ = ["DEFAULT_LEVEL", "DEFAULT_WINDOW", "MIN_POINTS", "Direction", "Forecast", "NoTrend", "forecast_crossing",
+           "level_change", "scale_for", "trend"]  # fmt: skip
 
 DEFAULT_WINDOW = 10
 """Steps fitted: the recent trend, not the whole run (a regime change would be averaged away)."""
@@ -47,8 +40,6 @@ residuals; an F of 7 (n - 3) or more). On a linear trend one line fits about as 
 JUMP_STEPS = 4.0
 """... and the level jumps between them by more than this many steps of the new line's slope (a curve bending
 away from a line does not jump)."""
-NEGLIGIBLE = 1e-9
-"""A shift or a slope explaining less than this fraction of the values' spread is rounding, not a change."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +52,7 @@ class Forecast:
     last_step: int
     points: int
     slope: float
+    """The fitted change per step: of the values, or of their natural logarithm (``scale``)."""
     slope_se: float
     level: float
     expected: float
@@ -69,14 +61,17 @@ class Forecast:
     """The first step after ``last_step`` whose prediction interval reaches the limit."""
     latest: int
     """The first step after ``last_step`` whose whole prediction interval is beyond the limit."""
+    scale: Scale = "linear"
+    """``log``: the line is fitted to the values' logarithm (growth by a factor per step)."""
 
     @property
     def message(self) -> str:
         side = "crosses" if self.direction == "above" else "falls below"
         name = self.metric.rpartition("/")[2]
+        through = f"log {name} over the" if self.scale == "log" else "the"
         return (
             f"at the current rate, {name} {side} {self.limit:g} between steps {self.earliest} and {self.latest} "
-            f"(expected at step {self.expected:.0f}; a line through the last {self.points} steps, "
+            f"(expected at step {self.expected:.0f}; a line through {through} last {self.points} steps, "
             f"{self.level * 100:g}% prediction interval)"
         )
 
@@ -151,9 +146,7 @@ def trend(
     points = points[-window:]
     if len(points) < MIN_POINTS:
         return None
-    sign = 1.0 if direction == "above" else -1.0
-    bound = sign * limit
-    if sign * points[-1][1] >= bound:
+    if beyond(points[-1][1], limit, direction):
         return None  # crossed already: the rule itself says so
     start = level_change([x for x, _ in points], [y for _, y in points])
     if start:
@@ -190,36 +183,23 @@ def _best_shift(xs: Sequence[float], ys: Sequence[float]) -> int | None:
     ym = sum(ys) / n
     if sum((y - ym) ** 2 for y in ys) <= NEGLIGIBLE * max(abs(y) for y in ys) ** 2 * n:
         return None  # constant, to rounding
-    line = _fit(xs, ys)
+    line = fit_line(xs, ys)
     if line is None:
         return None
     best: tuple[float, int] | None = None
     for k in range(2, n):
         before, after = ys[:k], ys[k:]
         level = sum(before) / len(before)
-        fitted = _fit(xs[k:], after) if n - k >= MIN_POINTS else None
+        fitted = fit_line(xs[k:], after) if n - k >= MIN_POINTS else None
         if fitted is None:
             here, at, slope = _spread(after), sum(after) / len(after), 0.0
         else:
-            here, at, slope = fitted[2], fitted[0] + fitted[1] * xs[k], fitted[1]
+            here, at, slope = fitted.sse, fitted.intercept + fitted.slope * xs[k], fitted.slope
         here += _spread(before)
         jump = abs(at - level)
         if jump > JUMP_STEPS * abs(slope) * (xs[k] - xs[k - 1]) and (best is None or here < best[0]):
             best = (here, k)
-    return best[1] if best is not None and best[0] * CHANGE_RATIO < line[2] else None
-
-
-def _fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float] | None:
-    """The least-squares line ``a + b x`` and its squared residuals; ``None`` when the steps are all one."""
-    n = len(xs)
-    xm = sum(xs) / n
-    ym = sum(ys) / n
-    sxx = sum((x - xm) ** 2 for x in xs)
-    if sxx <= 0:
-        return None
-    b = sum((x - xm) * (y - ym) for x, y in zip(xs, ys, strict=True)) / sxx
-    a = ym - b * xm
-    return a, b, sum((y - a - b * x) ** 2 for x, y in zip(xs, ys, strict=True))
+    return best[1] if best is not None and best[0] * CHANGE_RATIO < line.sse else None
 
 
 def _spread(values: Sequence[float]) -> float:
@@ -227,34 +207,21 @@ def _spread(values: Sequence[float]) -> float:
     return sum((v - mean) ** 2 for v in values)
 
 
+def scale_for(values: Sequence[float], limit: float, direction: Direction) -> Scale:
+    """The fit's scale: the logarithm for an upper limit above 0 on values all above 0, else the values
+    (the module's docstring)."""
+    return "log" if direction == "above" and limit > 0 and min(values) > 0 else "linear"
+
+
 def _line(
     metric: str, points: list[tuple[int, float]], limit: float, direction: Direction, level: float
 ) -> Forecast | None:
-    """The straight line's crossing forecast (the module's docstring), or ``None``."""
-    n = len(points)
-    sign = 1.0 if direction == "above" else -1.0
+    """The crossing forecast of ``rcdiag.core.forecast`` through ``points``, or ``None``."""
     xs = [x for x, _ in points]
-    ys = [sign * y for _, y in points]
-    bound = sign * limit
-    xm = sum(xs) / n
-    ym = sum(ys) / n
-    sxx = sum((x - xm) ** 2 for x in xs)
-    if sxx <= 0:
+    ys = [y for _, y in points]
+    scale = scale_for(ys, limit, direction)
+    made = forecast(xs, ys, limit, direction=direction, scale=scale, level=level)
+    if made is None:
         return None
-    b = sum((x - xm) * (y - ym) for x, y in zip(xs, ys, strict=True)) / sxx
-    a = ym - b * xm
-    sse = sum((y - a - b * x) ** 2 for x, y in zip(xs, ys, strict=True))
-    s = math.sqrt(sse / (n - 2))
-    se = s / math.sqrt(sxx)
-    t = t_critical(1.0 - level, n - 2)
-    k = t * s
-    quad = b * b - k * k / sxx
-    if b <= 0 or quad <= 0 or b * b * sxx <= NEGLIGIBLE * sum((y - ym) ** 2 for y in ys):
-        return None
-    c = bound - ym
-    half = math.sqrt(max((b * c) ** 2 - quad * (c * c - k * k * (1 + 1 / n)), 0.0))
-    low, high = (b * c - half) / quad, (b * c + half) / quad
-    last = xs[-1]
-    earliest = max(last + 1, math.ceil(xm + low))
-    latest = max(last + 1, math.ceil(xm + high))
-    return Forecast(metric, limit, direction, last, n, sign * b, se, level, xm + c / b, earliest, latest)
+    return Forecast(metric, limit, direction, xs[-1], made.points, made.slope, made.slope_se, level, made.expected,
+                    made.earliest, made.latest, scale)  # fmt: skip
