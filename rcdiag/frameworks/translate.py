@@ -166,10 +166,9 @@ def _weight_family(unit: str) -> str:
 def _read(target: Framework, options: Mapping[str, Any]) -> Correction | None:
     """What ``options`` do in the target, read through its own settings; ``None`` where it refuses them."""
     try:
-        settings = choose(target.name, options).settings
+        return choose(target.name, options).settings.correction()
     except ConfigError:
         return None
-    return settings.correction()
 
 
 def _score(wanted: Correction, got: Correction, single: bool) -> tuple:
