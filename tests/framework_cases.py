@@ -108,7 +108,7 @@ def readings(weights: Any, mask: Any, truncated: Any = None) -> dict[str, float 
     kept = weights[m].double()
     n = kept.numel()
     square = float((kept * kept).sum())
-    responses = int(m.any(-1).sum())
+    responses = int(m.shape[0])  # every row, an empty one too (verl's seq_masked_fraction counts them so)
     zeroed_rows = int(((weights == 0) & m).any(-1).sum())
     return {
         "weight_mean": float(kept.mean()) if n else None,

@@ -47,8 +47,7 @@ def compare(
         typer.Option(
             "--baseline",
             metavar="PATH",
-            help="With more than two dumps: the one every other is compared with (one of the dumps given; "
-            "default: A).",
+            help="With more than two dumps: the one every other is compared with (one of the dumps given; default: A).",
             show_default=False,
         ),
     ] = None,

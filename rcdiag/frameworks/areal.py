@@ -25,7 +25,7 @@ import numpy as np
 
 from rcdiag.errors import ConfigError
 from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, weight_keys
-from rcdiag.frameworks.correction import Band, Correction, Form, Weight, ratio_band
+from rcdiag.frameworks.correction import Band, Correction, Form, Unit, Weight, ratio_band
 from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
 
 DECOUPLED = "actor.use_decoupled_loss"
@@ -75,7 +75,8 @@ class Rejection:
         is a band on its ratio; per response, the aggregate of the ratio (or of k1) is a product, geometric mean or
         largest ratio."""
         label = self.label()
-        low, high = self.lower, self.upper
+        low: float | None = self.lower
+        high: float | None = self.upper
         if self.metric in ("ratio", "kl_k1"):
             if self.metric == "kl_k1":
                 low, high = _exp(low), _exp(high)
@@ -85,7 +86,7 @@ class Rejection:
         if self.level == "sequence":
             return Band(f"{self.agg}_{kind}", low, high, label=label)
         if low is None or low <= 0:
-            return Band("ratio", *ratio_band(kind, high, clamp=None), label=label)
+            return Band("ratio", *ratio_band(kind, self.upper, clamp=None), label=label)
         return Band(f"token_{kind}", low, high, label=label)
 
     def label(self) -> str:
@@ -143,13 +144,13 @@ class ArealSettings:
         label = rs.label()
         if rs.action == "clamp":
             if rs.level == "token" or rs.agg == "mean":
-                unit = "token" if rs.level == "token" else "geomean"
+                unit: Unit = "token" if rs.level == "token" else "geomean"
                 return Correction(Weight(unit, rs.lower, rs.upper, label=label), quirks=quirks).normal()
             where = SEQUENCE_WORDS[rs.agg]
             text = f"{label}: the geometric-mean weight clamped only in a response whose {where} is outside"
             return Correction(Weight("geomean"), other=(text,), quirks=quirks)
-        unit = "geomean" if rs.level == "sequence" and rs.metric == "ratio" else "token"
-        return Correction(Weight(unit, label=label), (rs.band(),), quirks=quirks).normal()
+        weighted: Unit = "geomean" if rs.level == "sequence" and rs.metric == "ratio" else "token"
+        return Correction(Weight(weighted, label=label), (rs.band(),), quirks=quirks).normal()
 
     def to_dict(self) -> dict[str, Any]:
         rejection = None if self.rejection is None else self.rejection.__dict__.copy()

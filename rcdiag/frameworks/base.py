@@ -386,7 +386,8 @@ def weight_keys(name: str, title: str = "", token: str = "", zeroes: str = "") -
         ),
         MetricKey(
             f"rcdiag/{name}/zeroed_response_fraction",
-            f"rcdiag's: share of responses (with a {token}) in which {zeroes} zeroes at least one {token}",
+            f"rcdiag's: share of responses (every row, an empty one too, as verl counts them) in which {zeroes} "
+            f"zeroes at least one {token}",
         ),
         MetricKey(
             f"rcdiag/{name}/truncated_fraction",
@@ -435,7 +436,7 @@ class FrameworkMetrics(Accumulator):
             zeroed=float(np.count_nonzero(zero)),
             weight_sq_sum=float(np.square(weight64).sum()),
             truncated=0.0 if truncated is None else float(np.count_nonzero(truncated)),
-            responses=float(np.count_nonzero(rows.counts > 0)),
+            responses=float(rows.n_rows),
             responses_zeroed=float(np.count_nonzero(rows.row_any(zero))),
         )
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from rcdiag.errors import ConfigError
 from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, f32, weight_keys
-from rcdiag.frameworks.correction import UNIT_STATISTIC, Band, Correction, Form, Weight
+from rcdiag.frameworks.correction import UNIT_STATISTIC, Band, Correction, Form, Unit, Weight
 from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
 
 MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
@@ -77,7 +77,7 @@ class TRLSettings:
     def correction(self) -> Correction:
         if not self.enabled:
             return Correction(Weight("one", label="vllm_importance_sampling_correction: false"))
-        unit = "product" if self.sequence else "token"
+        unit: Unit = "product" if self.sequence else "token"
         bounds = f"[C_min, C_max] = [{_bound(self.clip_min)}, {_bound(self.clip_max)}]"
         quirk = "TRL does not clamp the log-ratio" + (" sum (above ~88.7 its exp is inf)" if self.sequence else "")
         what = "the product of a completion's ratios" if self.sequence else "each token's ratio"

@@ -18,7 +18,7 @@ from typing import Any
 from rcdiag.config import IS_LEVELS, CorrectionConfig, RSOption, refuse_router_replay
 from rcdiag.core.limits import SAFETY_BOUND
 from rcdiag.frameworks.base import Framework, MetricKey, Option, merge_options
-from rcdiag.frameworks.correction import Band, Correction, Form, Weight, ratio_band
+from rcdiag.frameworks.correction import Band, Correction, Form, Unit, Weight, ratio_band
 from rcdiag.versions import DEFAULT_VERSION
 
 BLOCK = "algorithm.rollout_correction"
@@ -84,7 +84,7 @@ def correction(config: CorrectionConfig) -> Correction:
     if spec is None:
         weight = Weight("one", label="rollout_is: null (no IS weight)")
     else:
-        unit = "token" if spec.level == "token" else "product"
+        unit: Unit = "token" if spec.level == "token" else "product"
         what = "each token's ratio" if spec.level == "token" else "the product of a response's ratios"
         if spec.lower is None:
             label = f"rollout_is {spec.level}, threshold {_spec(spec.upper)} (TIS: {what} clamped from above)"
@@ -189,12 +189,13 @@ def combine(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     return merged
 
 
+LEVEL_UNITS: tuple[tuple[str, Unit], ...] = (("token", "token"), ("sequence", "product"))
 FORMS = (
     Form("one", "none", lambda low, high: {"rollout_is": None, "rollout_rs": None}),
     *(
         form
         for normalize in (False, True)
-        for level, unit in (("token", "token"), ("sequence", "product"))
+        for level, unit in LEVEL_UNITS
         for form in (
             Form(unit, "clamp", _is(level, False, normalize), normalize=normalize),
             Form(

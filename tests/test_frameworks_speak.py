@@ -1,0 +1,151 @@
+"""The verdict speaks the user's framework (``analyze --as NAME``): the prescription in that framework's own settings,
+as its users write them, with its effect measured under its own semantics, checked against the framework's own
+code run on the same dump (tests/framework_oracles.py ``token_weights``); nothing prescribed under ``fix`` or
+``broken``. Through the CLI, on the tests' real-model dumps: int4 (``correct``: noise, token TIS 2), spikes
+(``correct``: sparse outliers, token TIS 2 with token_k1 RS), bf16 (``healthy``), a planted offset (``fix``) and a
+one-position shift (``broken``)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from framework_cases import all_rows, dump_rows, padded, readings
+from framework_oracles import require, token_weights
+
+from rcdiag.cli import main
+
+BAND = (1 / 2.718, 1 / 0.3679)
+"""verl's outlier band ``0.3679_2.718`` (token_k1, inverted): the ratios it keeps."""
+EXPECTED: dict[str, dict[str, tuple[str, dict[str, Any], str]]] = {
+    "trl": {
+        "int4": ("same", {"vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_min": None,
+                          "vllm_importance_sampling_clip_max": 2.0}, "vllm_importance_sampling_mode: token_truncate"),
+        "spikes": ("same_rejections", {"vllm_importance_sampling_mode": "token_mask",
+                                       "vllm_importance_sampling_clip_min": BAND[0],
+                                       "vllm_importance_sampling_clip_max": BAND[1]},
+                   "vllm_importance_sampling_mode: token_mask"),
+    },
+    "openrlhf": {
+        "int4": ("same", {"algo.advantage.is_correction_enable": True, "algo.advantage.is_correction_type": "tis",
+                          "algo.advantage.is_correction_threshold": [0.0, 2.0]},
+                 "--algo.advantage.is_correction_threshold 0.0 2.0"),
+        "spikes": ("same_rejections", {"algo.advantage.is_correction_enable": True,
+                                       "algo.advantage.is_correction_type": "icepop",
+                                       "algo.advantage.is_correction_threshold": list(BAND)},
+                   "--algo.advantage.is_correction_type icepop"),
+    },
+    "areal": {
+        "int4": ("same", {"actor.use_decoupled_loss": True, "actor.rejection_sampling": {
+            "level": "token", "action": "clamp", "metric": "ratio", "agg": "mean", "upper": 2.0, "lower": None}},
+                 "actor:\n  use_decoupled_loss: true\n  rejection_sampling:\n    level: token\n    action: clamp"),
+        "spikes": ("same_rejections", {"actor.use_decoupled_loss": True, "actor.rejection_sampling": {
+            "level": "token", "action": "mask", "metric": "ratio", "agg": "mean", "upper": BAND[1],
+            "lower": BAND[0]}}, "    action: mask\n    metric: ratio"),
+    },
+}  # fmt: skip
+"""Per framework and dump: how its setting matches verl's, the options (by hand: token TIS 2 is a one-sided
+clamp at 2; the outlier band is the ratio band [1/2.718, 1/0.3679], zeroed), and a line of its spelling."""
+
+
+def run(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exit_:
+        main(list(args))
+    out, _ = capsys.readouterr()
+    return int(exit_.value.code or 0), out
+
+
+def _same(got: Any, want: Any) -> bool:
+    if isinstance(want, dict):
+        return isinstance(got, dict) and got.keys() == want.keys() and all(_same(got[k], want[k]) for k in want)
+    if isinstance(want, list):
+        return isinstance(got, list) and len(got) == len(want) and all(map(_same, got, want))
+    if isinstance(want, float):
+        return isinstance(got, float) and math.isclose(got, want, rel_tol=1e-12)
+    return bool(got == want)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("scenario", ["int4", "spikes"])
+def test_the_prescription_in_the_frameworks_settings_with_its_effect(
+    name: str, scenario: str, capsys: pytest.CaptureFixture
+) -> None:
+    require(name)
+    from shape_dumps import dump
+
+    path = dump(scenario, 0)
+    code, out = run(capsys, "analyze", str(path), "--as", name, "--format", "json", "-q")
+    verdict = json.loads(out)["verdict"]
+    assert code == 0 and verdict["status"] == "correct"
+    prescription = verdict["recommendation"]
+    spoken = prescription["framework"]
+    match, options, spelling = EXPECTED[name][scenario]
+    assert spoken["name"] == name and spoken["match"] == match
+    assert _same(spoken["options"], options), spoken["options"]
+    assert spelling in spoken["paste"], spoken["paste"]
+    assert f"correct it with {spoken['release']}'s setting" in verdict["headline"]
+    # its effect, against the framework's own code on the same dump (all steps as one batch)
+    old, rollout, mask = padded(all_rows(dump_rows(path)))
+    weights = token_weights(name, spoken["options"], old, rollout, mask)
+    moved = (weights != 0) & ~torch_isclose(weights, (old - rollout).exp().double())
+    want = readings(weights, mask, moved)
+    effect = spoken["effect"]
+    for key, field in (("weight_mean", "weight_mean"), ("zeroed_fraction", "tokens_zeroed"),
+                       ("zeroed_response_fraction", "responses_zeroed"), ("truncated_fraction", "weights_truncated"),
+                       ("ess", "ess")):  # fmt: skip
+        assert math.isclose(effect[field], want[key], rel_tol=1e-5, abs_tol=1e-12), (field, effect[field], want[key])
+    verl = token_weights("verl", prescription["config"], old, rollout, mask)[mask.bool()]
+    if match == "same":  # the same weight on every token: verl's own weights' mean and share truncated
+        assert math.isclose(effect["weight_mean"], float(verl.mean()), rel_tol=1e-6)
+        assert math.isclose(effect["weights_truncated"], prescription["effect"]["is_truncated_share"], rel_tol=1e-9)
+        assert effect["weights_truncated"] > 0  # the dump trips the clamp
+    else:  # the same tokens zeroed, and so the same responses
+        assert effect["tokens_zeroed"] == pytest.approx(float((verl == 0).double().mean()), abs=1e-15)
+        assert effect["tokens_zeroed"] == pytest.approx(prescription["effect"]["tokens_rejected"], abs=1e-15)
+        assert effect["responses_zeroed"] == pytest.approx(prescription["effect"]["responses_rejected"], abs=1e-15)
+        assert effect["tokens_zeroed"] > 0 and effect["weights_truncated"] == 0
+
+
+def torch_isclose(a: Any, b: Any) -> Any:
+    import torch
+
+    return torch.isclose(a, b, rtol=1e-5, atol=0.0)
+
+
+def test_the_terminal_gives_the_frameworks_setting_first(capsys: pytest.CaptureFixture) -> None:
+    from shape_dumps import dump
+
+    code, out = run(capsys, "analyze", str(dump("spikes", 0)), "--as", "openrlhf", "-q")
+    assert code == 0
+    spoken = out.index("prescription in OpenRLHF 0.11.0 (--as openrlhf; same rejections as verl's setting)")
+    assert spoken < out.index("--algo.advantage.is_correction_type icepop") < out.index("verl's setting\n")
+    assert "measured on this dump under OpenRLHF 0.11.0's semantics: weight mean" in out
+    assert "what differs: the same tokens zeroed" in out
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_a_healthy_dump_names_the_optional_setting_in_the_framework(name: str, capsys: pytest.CaptureFixture) -> None:
+    from shape_dumps import dump
+
+    code, out = run(capsys, "analyze", str(dump("bf16", 0)), "--as", name, "--format", "json", "-q")
+    verdict = json.loads(out)["verdict"]
+    assert code == 0 and verdict["status"] == "healthy" and verdict["recommendation"] is None
+    optional = next(step for step in verdict["next_steps"] if step.startswith("correction is optional"))
+    release = {"trl": "TRL 1.16.0", "openrlhf": "OpenRLHF 0.11.0", "areal": "AReaL 1.0.4"}[name]
+    assert f"; in {release}: " in optional and optional.endswith("(same)")
+
+
+@pytest.mark.parametrize(("defect", "status"), [("offset", "fix"), ("alignment", "broken")])
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_nothing_is_prescribed_under_fix_or_broken(
+    defect: str, status: str, name: str, capsys: pytest.CaptureFixture
+) -> None:
+    from shape_dumps import defect_dump
+
+    code, out = run(capsys, "analyze", str(defect_dump(defect, 0)), "--as", name, "--format", "json", "-q")
+    verdict = json.loads(out)["verdict"]
+    assert code == 0 and verdict["status"] == status and verdict["recommendation"] is None
+    assert "correct it with" not in verdict["headline"]
+    assert not any("optional" in step for step in verdict["next_steps"])
