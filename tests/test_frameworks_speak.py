@@ -149,3 +149,63 @@ def test_nothing_is_prescribed_under_fix_or_broken(
     assert code == 0 and verdict["status"] == status and verdict["recommendation"] is None
     assert "correct it with" not in verdict["headline"]
     assert not any("optional" in step for step in verdict["next_steps"])
+
+
+# ------------------------------------------------------------------------------------------------ sweep --as NAME
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_sweep_recommends_in_the_frameworks_settings(name: str, capsys: pytest.CaptureFixture) -> None:
+    """Each recommendation in the framework's settings, its effect under the framework's own code on the dump; a
+    ``same`` claim truncates the share verl's recommendation targets, a ``same_rejections`` zeroes it; an option it
+    has nothing alike for says so."""
+    require(name)
+    from shape_dumps import dump
+
+    path = dump("spikes", 0)
+    args = ("sweep", str(path), "--is", "token", "--rs", "token_k1,seq_mean_k2", "--format", "json", "-q")
+    code, out = run(capsys, *args, "--as", name)
+    report = json.loads(out)
+    assert code == 0 and report["framework"] == {"trl": "TRL 1.16.0", "openrlhf": "OpenRLHF 0.11.0",
+                                                 "areal": "AReaL 1.0.4"}[name]  # fmt: skip
+    old, rollout, mask = padded(all_rows(dump_rows(path)))
+    by_option = {rec["option"]: rec for rec in report["recommendations"]}
+    for option, match in (("is_token", "same"), ("token_k1", "same_rejections")):
+        rec = by_option[option]
+        spoken = rec["framework"]
+        assert spoken["match"] == match, (option, spoken)
+        weights = token_weights(name, spoken["options"], old, rollout, mask)
+        moved = (weights != 0) & ~torch_isclose(weights, (old - rollout).exp().double())
+        want = readings(weights, mask, moved)
+        effect = spoken["effect"]
+        assert math.isclose(effect["weight_mean"], want["weight_mean"], rel_tol=1e-5)
+        assert math.isclose(effect["ess"], want["ess"], rel_tol=1e-5)
+        if match == "same":  # the weights verl's TIS threshold truncates, the share it was chosen for
+            assert effect["weights_truncated"] == pytest.approx(want["truncated_fraction"], abs=1e-15)
+            assert effect["weights_truncated"] == pytest.approx(rec["token_reject"], abs=1e-15)
+        else:
+            assert effect["tokens_zeroed"] == pytest.approx(want["zeroed_fraction"], abs=1e-15)
+            assert effect["tokens_zeroed"] == pytest.approx(rec["token_reject"], abs=1e-15)
+            assert effect["responses_zeroed"] == pytest.approx(rec["seq_reject"], abs=1e-15)
+    k2 = by_option["seq_mean_k2"]["framework"]  # a per-response KL bound: only AReaL has one
+    if name == "areal":
+        assert k2["match"] == "same_rejections" and k2["options"]["actor.rejection_sampling"]["metric"] == "kl_k2"
+    else:
+        assert k2["match"] == "none" and not k2["options"] and k2["effect"] is None and "no equivalent" in k2["meaning"]
+    code, plain = run(capsys, *args)
+    assert code == 0 and "framework" not in json.loads(plain)  # without --as: the sweep's JSON as it was
+    code, as_verl = run(capsys, *args, "--as", "verl")
+    assert code == 0 and as_verl == plain
+
+
+def test_the_sweep_terminal_and_refusal(capsys: pytest.CaptureFixture) -> None:
+    from shape_dumps import dump
+
+    path = str(dump("spikes", 0))
+    code, out = run(capsys, "sweep", path, "--rs", "token_k1", "--as", "trl", "-q")
+    assert code == 0 and "recommendations also in TRL 1.16.0's settings" in out
+    assert "In TRL 1.16.0's settings, measured on this dump under its semantics" in out
+    assert "in TRL 1.16.0 (same rejections)" in out and "vllm_importance_sampling_mode: token_mask" in out
+    with pytest.raises(SystemExit) as refused:
+        main(["sweep", path, "--as", "trl", "--as-option", "vllm_importance_sampling_mode=token_mask"])
+    assert refused.value.code == 2 and "--as-option has no use here" in capsys.readouterr().err

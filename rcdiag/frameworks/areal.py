@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rcdiag.errors import ConfigError
-from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, weight_keys
+from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, weight_keys
 from rcdiag.frameworks.correction import Band, Correction, Form, Unit, Weight, ratio_band
 from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
 
@@ -163,13 +163,13 @@ class ArealSettings:
         assert rs is not None
         raw = rows.diff if self.decoupled else np.zeros_like(rows.diff)
         lr = np.where(np.isfinite(raw), raw, np.float32(0.0))
-        weight = np.exp(lr)
+        weight = exp32(lr)
         original = weight
         metric = _metric(rs.metric, raw, lr)
         if rs.level == "sequence":
             count = np.maximum(rows.counts, 1).astype(np.float32)
             if rs.metric == "ratio":
-                weight = rows.per_token(np.exp(rows.row_sum(lr).astype(np.float32) / count))
+                weight = rows.per_token(exp32(rows.row_sum(lr).astype(np.float32) / count))
                 original = weight
             values = lr if rs.metric == "ratio" else metric
             if rs.agg == "max":
@@ -178,7 +178,7 @@ class ArealSettings:
                 agg = rows.row_sum(values).astype(np.float32)
                 if rs.agg == "mean":
                     agg = agg / count
-            row_metric = np.exp(agg) if rs.metric == "ratio" else agg
+            row_metric = exp32(agg) if rs.metric == "ratio" else agg
             inside = rows.per_token(rs.in_bounds(row_metric))
         else:
             inside = rs.in_bounds(metric) if rs.action == "mask" else np.ones(rows.n_tokens, dtype=bool)
@@ -210,12 +210,12 @@ def _g(value: float | None) -> str:
 def _metric(name: str, raw: np.ndarray, lr: np.ndarray) -> np.ndarray:
     """The rejection metric per token, as ``KLEstimator._compute_approx_kl`` computes it in float32 (unclamped)."""
     if name == "ratio":
-        return np.exp(lr)
+        return exp32(lr)
     if name == "kl_k1":
         return raw
     if name == "kl_k2":
         return raw * raw / np.float32(2.0)
-    return np.exp(-raw) - np.float32(1.0) + raw
+    return exp32(-raw) - np.float32(1.0) + raw
 
 
 class ArealMetrics(FrameworkMetrics):

@@ -343,10 +343,6 @@ class TokenRows:
             out[self.counts > 0] = np.add.reduceat(values.astype(np.float64), self._starts)
         return out
 
-    def row_any(self, flags: np.ndarray) -> np.ndarray:
-        """Per row: does any valid token have ``flags`` set (``False`` for an empty row)."""
-        return self.row_sum(flags.astype(np.float64)) > 0
-
     def row_max(self, values: np.ndarray, empty: float) -> np.ndarray:
         """Per-row maxima in ``values``' dtype (``empty`` for an empty row; NaN propagates, as torch's max)."""
         out = np.full(self.n_rows, empty, dtype=values.dtype)
@@ -362,9 +358,10 @@ class TokenRows:
 def exp32(values: np.ndarray) -> np.ndarray:
     """``exp`` of float32 values as torch's float32 ``exp`` gives them: the float64 exp rounded once to float32.
     numpy's own float32 ``exp`` is up to 2 ulps off and differs from torch's on ~40% of values near 0; this
-    differs on ~1% by one ulp, which matters where a framework subtracts (``exp(d) - d - 1``)."""
+    differs on ~1% by one ulp, which matters where a framework subtracts (``exp(d) - d - 1``) or bounds a ratio
+    within a few ulps of 1."""
     with np.errstate(over="ignore"):
-        return np.exp(values.astype(np.float64)).astype(np.float32)
+        return np.exp(np.asarray(values).astype(np.float64)).astype(np.float32)
 
 
 def f32(value: float | None) -> np.float32 | None:

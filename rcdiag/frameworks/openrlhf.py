@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rcdiag.core import formulas
-from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, weight_keys
+from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, weight_keys
 from rcdiag.frameworks.correction import Band, Correction, Form, Weight
 from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
 
@@ -77,13 +77,13 @@ class OpenRLHFSettings:
     def weights(self, rows: TokenRows) -> np.ndarray:
         """The coefficient on each valid token's loss (float32, bounds compared in float32 as torch does)."""
         low, high = np.float32(self.low), np.float32(self.high)
-        ratio = np.exp(rows.diff)
+        ratio = exp32(rows.diff)
         if self.kind == "tis":
             return np.minimum(np.maximum(ratio, low), high)
         if self.kind == "icepop":
             return ratio * formulas.rs_keep(ratio, low, high, True).astype(np.float32)  # inf * 0 is NaN, as in torch
         mean = (rows.row_sum(rows.diff).astype(np.float32) / rows.counts.astype(np.float32)).astype(np.float32)
-        seq = np.exp(mean)
+        seq = exp32(mean)
         keep = formulas.rs_keep(seq, low, high, True).astype(np.float32)
         return rows.per_token(keep) * ratio
 
@@ -101,7 +101,7 @@ class OpenRLHFMetrics(FrameworkMetrics):
         self.add(kl_sum=float((rows.rollout - rows.old).astype(np.float64).sum()))
         changed = None
         if self.settings.kind == "tis":  # where the clamp moved the ratio
-            ratio = np.exp(rows.diff)
+            ratio = exp32(rows.diff)
             changed = (weight != ratio) & ~np.isnan(ratio)
         self.add_weights(weight, rows, changed)
 

@@ -40,20 +40,21 @@ def chosen(setting: FrameworkSetting) -> Chosen | None:
     return choose(setting.name, setting.options) if setting.options else None
 
 
-def effect_of(record: Any) -> FrameworkEffect:
-    """The effect of a framework's correction on a dump, from the record of its run (``FrameworkRecord``: the
-    pooled ``rcdiag/NAME/*`` readings)."""
-    mean, zeroed, responses, truncated, ess = (key.key for key in weight_keys(record.name))
-    values = record.pooled.extras
+def effect_of(name: str, extras: Mapping[str, Any]) -> FrameworkEffect:
+    """The effect of framework ``name``'s correction on a dump, from the pooled readings of its run
+    (``rcdiag/NAME/*``)."""
+    mean, zeroed, responses, truncated, ess = (key.key for key in weight_keys(name))
     return FrameworkEffect(
-        weight_mean=values.get(mean),
-        tokens_zeroed=values.get(zeroed),
-        responses_zeroed=values.get(responses),
-        weights_truncated=values.get(truncated),
-        ess=values.get(ess),
+        weight_mean=extras.get(mean),
+        tokens_zeroed=extras.get(zeroed),
+        responses_zeroed=extras.get(responses),
+        weights_truncated=extras.get(truncated),
+        ess=extras.get(ess),
     )
 
 
 def measured(setting: FrameworkSetting, record: Any) -> FrameworkSetting:
-    """``setting`` with its effect read from ``record`` (its run on the dump; ``None``: it has nothing to run)."""
-    return dataclasses.replace(setting, effect=None if record is None else effect_of(record))
+    """``setting`` with its effect read from ``record`` (a ``FrameworkRecord`` of its run on the dump; ``None``: it
+    has nothing to run)."""
+    effect = None if record is None else effect_of(setting.name, record.pooled.extras)
+    return dataclasses.replace(setting, effect=effect)

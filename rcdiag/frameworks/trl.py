@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rcdiag.errors import ConfigError
-from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, f32, weight_keys
+from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, f32, weight_keys
 from rcdiag.frameworks.correction import UNIT_STATISTIC, Band, Correction, Form, Unit, Weight
 from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
 
@@ -125,7 +125,7 @@ class TRLMetrics(FrameworkMetrics):
         delta = np.abs(diff)
         delta = delta[~np.isnan(delta)]
         safe = np.nan_to_num(diff, nan=0.0)  # +-inf to +-float32's largest, as torch.nan_to_num
-        units = np.exp(rows.row_sum(safe).astype(np.float32) if self.settings.sequence else safe)
+        units = exp32(rows.row_sum(safe).astype(np.float32) if self.settings.sequence else safe)
         ratio = self.settings.apply(units)
         weight = rows.per_token(ratio) if self.settings.sequence else ratio
         changed = None

@@ -554,7 +554,24 @@ def _recommendations(report: SweepReport) -> str:
     if is_:
         headers = ("IS level (TIS)", "threshold", "weights truncated", *IS_SHARES, "nearest grid point", "verl YAML")
         parts.append(table(headers, is_, numeric=(3, 4)))
+    if report.framework is not None:
+        parts.append(_spoken(report))
     return "".join(parts)
+
+
+def _spoken(report: SweepReport) -> str:
+    """Under ``sweep --as NAME``: each recommendation in that framework's settings, measured under its semantics."""
+    from rcdiag.render.text import SPOKEN_COLUMNS, spoken_cells
+
+    rows = []
+    for r in report.recommendations:
+        if r.framework is None:
+            continue
+        cells = [e(cell) for cell in spoken_cells(r)]
+        paste = f"<pre>{e(r.framework.paste.rstrip())}</pre>" if r.framework.paste else ""
+        rows.append((*cells, paste + f'<p class="note">{e(r.framework.meaning)}</p>'))
+    title = f"<h3>In {e(report.framework)}'s settings, measured under its semantics</h3>"
+    return title + table((*SPOKEN_COLUMNS, "to paste; what differs"), rows, numeric=(3, 4, 5, 6, 7))
 
 
 def _presets(report: SweepReport) -> str:
