@@ -209,3 +209,65 @@ def test_the_sweep_terminal_and_refusal(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as refused:
         main(["sweep", path, "--as", "trl", "--as-option", "vllm_importance_sampling_mode=token_mask"])
     assert refused.value.code == 2 and "--as-option has no use here" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------ compare --as, check --as
+
+
+def test_compare_tables_the_frameworks_keys(capsys: pytest.CaptureFixture) -> None:
+    """Both sides --as TRL: its keys side by side, each side's value TRL's own lines' on that dump (all steps as one
+    batch), B's prescription in TRL's settings; the verl flags that would configure TRL's correction refused."""
+    require("trl")
+    from framework_oracles import trl_metrics
+    from shape_dumps import dump
+
+    a, b = dump("bf16", 0), dump("int4", 0)
+    code, out = run(capsys, "compare", str(a), str(b), "--as", "trl", "--format", "json", "-q")
+    result = json.loads(out)
+    assert code == 0
+    rows = {row["key"]: row for row in result["metrics"]}
+    keys = [row["key"] for row in result["metrics"]][:5]
+    assert keys == [f"sampling/{k}" for k in ("sampling_logp_difference/mean", "sampling_logp_difference/max",
+                                             "importance_sampling_ratio/min", "importance_sampling_ratio/mean",
+                                             "importance_sampling_ratio/max")]  # fmt: skip
+    for side, path in (("a", a), ("b", b)):
+        logged, _ = trl_metrics(*padded(all_rows(dump_rows(path))))
+        for key, value in logged.items():
+            assert math.isclose(rows[key][side], value, rel_tol=2e-6, abs_tol=1e-7), (side, key, rows[key][side], value)
+    row = rows["sampling/importance_sampling_ratio/mean"]
+    assert row["difference"] == pytest.approx(row["b"] - row["a"], rel=1e-12)
+    assert "rcdiag/trl/weight_mean" in rows and "rcdiag/trl/ess" in rows
+    assert result["b"]["verdict"]["recommendation"]["framework"]["name"] == "trl"
+    code, text = run(capsys, "compare", str(a), str(b), "--as", "trl", "-q")
+    assert code == 0 and "framework (both sides): TRL 1.16.0 (--as trl:" in text
+    assert "sampling/importance_sampling_ratio/mean" in text and "prescription in TRL 1.16.0" in text
+    with pytest.raises(SystemExit) as refused:
+        main(["compare", str(a), str(b), "--as", "trl", "--is", "token"])
+    assert refused.value.code == 2 and "--is configures verl's correction" in capsys.readouterr().err
+
+
+def test_check_rules_name_the_frameworks_new_readings(capsys: pytest.CaptureFixture) -> None:
+    """A rule on rcdiag's ESS of TRL's weights (`--steps mean`: the mean of each step's, each against TRL's own
+    weights on that step), and a baseline rule on TRL's own key."""
+    require("trl")
+    from framework_oracles import trl_metrics
+    from shape_dumps import dump
+
+    path, good = dump("int4", 0), dump("bf16", 0)
+    options = ("--as", "trl", "--as-option", "vllm_importance_sampling_mode=token_truncate")
+    steps = dump_rows(path)
+    per_step = []
+    for rows in steps.values():
+        old, rollout, mask = padded(rows)
+        _, ratio = trl_metrics(old, rollout, mask, vllm_importance_sampling_mode="token_truncate")
+        per_step.append(readings(ratio, mask)["ess"])
+    ess = sum(per_step) / len(per_step)
+    args = ("check", str(path), *options, "--steps", "mean", "--format", "json", "-q")
+    code, out = run(capsys, *args, "--min", f"rcdiag/trl/ess={ess * 0.999}")
+    result = json.loads(out)["results"][0]
+    assert code == 0 and result["status"] == "passed" and math.isclose(result["value"], ess, rel_tol=1e-5)
+    code, out = run(capsys, *args, "--min", f"rcdiag/trl/ess={ess * 1.001}")
+    assert code == 1 and json.loads(out)["results"][0]["status"] == "failed"
+    code, out = run(capsys, *args, "--baseline", str(good), "--max-increase",
+                    "sampling/sampling_logp_difference/mean=50%")  # fmt: skip
+    assert code == 1 and json.loads(out)["results"][0]["status"] == "failed"  # int4 moves 20x bf16's
