@@ -25,7 +25,7 @@ import numpy as np
 
 from rcdiag.errors import ConfigError
 from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, weight_keys
-from rcdiag.frameworks.correction import Band, Correction, Form, Unit, Weight, ratio_band
+from rcdiag.frameworks.correction import Band, Correction, Form, Unit, Weight, k_bound, ratio_band
 from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
 
 DECOUPLED = "actor.use_decoupled_loss"
@@ -138,8 +138,8 @@ class ArealSettings:
             text = f"{DECOUPLED}: false with {rs.label()}: every token {what} (a log-ratio of 0 is out of bounds)"
             return Correction(Weight("one"), other=(text,))
         quirks = (
-            "AReaL makes a non-finite log-ratio 0",
-            "AReaL drops a zeroed token from the loss but still divides by the original token count",
+            "makes a non-finite log-ratio 0",
+            "drops a zeroed token from the loss but still divides by the original token count",
         )
         label = rs.label()
         if rs.action == "clamp":
@@ -323,6 +323,16 @@ def _form(
     return options
 
 
+def _every_token(metric: str, kind: str) -> Callable[[float | None, float | None], dict[str, Any] | None]:
+    """A band on every token's ratio as the largest k of a response (``agg: max``), at the bound reaching it."""
+
+    def options(low: float | None, high: float | None) -> dict[str, Any] | None:
+        bound = k_bound(kind, low, high)
+        return None if bound is None else _form("sequence", "mask", metric, "max")(None, bound)
+
+    return options
+
+
 FORMS = (
     Form("one", "none", lambda low, high: {REJECTION: None}),
     Form("token", "clamp", _form("token", "clamp", "ratio")),
@@ -343,6 +353,11 @@ FORMS = (
         Form("token", "band", _form("sequence", "mask", metric, agg), statistic=f"{agg}_{kind}")
         for metric, kind in (("kl_k2", "k2"), ("kl_k3", "k3r"))
         for agg in ("sum", "mean", "max")
+    ),
+    Form("geomean", "band", lambda low, high: _form("sequence", "mask", "ratio", "max")(None, high), "all_ratios"),
+    *(
+        Form("token", "band", _every_token(metric, kind), statistic="all_ratios")
+        for metric, kind in (("kl_k2", "k2"), ("kl_k3", "k3r"))
     ),
 )
 """Every kind of rejection sampling, in the decoupled loss (AReaL's own checks refuse a ratio bound upper <= 1:

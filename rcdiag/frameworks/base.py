@@ -100,8 +100,8 @@ def _flag(key: str, value: Any) -> str:
     if value is True:
         return f"--{key}"
     if isinstance(value, list | tuple):
-        return f"--{key} " + " ".join(_scalar(v) for v in value)
-    return f"--{key} {_scalar(value)}"
+        return f"--{key} " + " ".join(scalar(v) for v in value)
+    return f"--{key} {scalar(value)}"
 
 
 def _yaml(tree: Mapping[str, Any], depth: int) -> list[str]:
@@ -111,14 +111,39 @@ def _yaml(tree: Mapping[str, Any], depth: int) -> list[str]:
         if isinstance(value, Mapping) and value:
             lines.append(f"{pad}{key}:")
             lines.extend(_yaml(value, depth + 1))
+        elif isinstance(value, list | tuple) and value and all(isinstance(v, Mapping) for v in value):
+            lines.append(f"{pad}{key}:")
+            for item in value:  # a list of blocks: each item's first field after its dash
+                block = _yaml(item, depth + 2)
+                lines.extend([f"{pad}  - {block[0].lstrip()}", *block[1:]] if block else [f"{pad}  - {{}}"])
         elif isinstance(value, list | tuple):
-            lines.append(f"{pad}{key}: [{', '.join(_scalar(v) for v in value)}]")
+            lines.append(f"{pad}{key}: [{', '.join(scalar(v) for v in value)}]")
         else:
-            lines.append(f"{pad}{key}: {_scalar(value)}")
+            lines.append(f"{pad}{key}: {scalar(value)}")
     return lines
 
 
-def _scalar(value: Any) -> str:
+def _toml(tree: Mapping[str, Any], path: str = "") -> list[str]:
+    """TOML: the plain values of a table, then each nested table under its dotted header."""
+    lines = [f"{key} = {_toml_value(value)}" for key, value in tree.items() if not isinstance(value, Mapping)]
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            name = f"{path}.{key}" if path else key
+            plain = [k for k, v in value.items() if not isinstance(v, Mapping)]
+            lines.extend([f"[{name}]"] if plain else [])
+            lines.extend(_toml(value, name))
+    return lines
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return scalar(value)
+
+
+def scalar(value: Any) -> str:
     """A YAML scalar: null, true/false, a number as Python writes it, a string quoted unless a plain word."""
     if value is None:
         return "null"
@@ -211,9 +236,9 @@ class Framework:
     a setting of another framework is translated into."""
     combine: Callable[[Sequence[Mapping[str, Any]]], dict[str, Any] | None] = merge_options
     """Two or more forms' options as one setting, or ``None`` where it cannot hold them together."""
-    spelling: Literal["yaml", "flags"] = "yaml"
-    """How its users write options: ``yaml`` (a config file, nested at the dots) or ``flags`` (argparse
-    ``--key value``)."""
+    spelling: Literal["yaml", "flags", "toml"] | Callable[[Mapping[str, Any]], str] = "yaml"
+    """How its users write options: ``yaml`` (a config file, nested at the dots), ``toml`` (the same in TOML
+    tables), ``flags`` (argparse ``--key value``), or its own function of the options (full keys)."""
 
     @property
     def label(self) -> str:
@@ -246,6 +271,8 @@ class Framework:
                 raise ConfigError(f"{self.label} has no option {key!r}")
             option, field = found
             full[option.key + ("." + field.key if field is not None else "")] = value
+        if callable(self.spelling):
+            return self.spelling(full)
         if self.spelling == "flags":
             return "\n".join(line for key, value in full.items() if (line := _flag(key, value))) + "\n"
         tree: dict[str, Any] = {}
@@ -255,7 +282,7 @@ class Framework:
             for part in path:
                 node = node.setdefault(part, {})
             node[last] = value
-        return "\n".join(_yaml(tree, 0)) + "\n"
+        return "\n".join(_toml(tree) if self.spelling == "toml" else _yaml(tree, 0)) + "\n"
 
 
 # ------------------------------------------------------------------------------------------------ host arrays

@@ -5,17 +5,20 @@ declares the ``Form``s its options can write one in; ``rcdiag.frameworks.transla
 With ``d = old - rollout`` per token (log pi_train/pi_rollout) and a response's valid tokens ``1..n``:
 
 * a ``Weight`` is ``one`` (1), ``token`` (``e^d``, the token's own ratio), ``product`` (``e^(sum d)``, every
-  token of the response the same) or ``geomean`` (``e^(mean d)``), clamped to ``[low, high]`` where given;
-* a ``Band`` zeroes the token (a per-token statistic) or every token of the response (a per-response one) whose
-  statistic lies outside ``[low, high]``. Per token: ``ratio`` (``e^d``; a bound on k1, k2 or k3 of one token is a
-  band on its ratio, ``ratio_band``), ``token_k2`` and ``token_k3r`` where a lower bound makes it no band. Per
-  response: ``product``, ``geomean``, ``max_ratio`` (``e^(max d)``), and ``AGG_KIND`` for AGG in sum, mean, max and
-  KIND ``k2`` (``d^2/2``), ``k3`` (verl's ``e^d - 1 - d``) or ``k3r`` (``e^-d - 1 + d``: AReaL's ``kl_k3``, the KL in
-  the other direction).
+  token of the response the same), ``geomean`` (``e^(mean d)``) or ``segment`` (``e^(mean d)`` over each run of
+  valid positions: ROLL's), clamped to ``[low, high]`` where given;
+* a ``Band`` zeroes the token (a per-token statistic), the run (``segment_*``) or every token of the response (a
+  per-response one) whose statistic lies outside ``[low, high]``. Per token: ``ratio`` (``e^d``; a bound on k1, k2
+  or k3 of one token is a band on its ratio, ``ratio_band``), ``diff`` (``p_train - p_rollout``, in probability),
+  ``token_k2``, ``token_k3`` and ``token_k3r`` where a lower bound makes them no band. Per response: ``product``,
+  ``geomean``, ``max_ratio`` (``e^(max d)``), ``all_ratios`` (every token's ratio: a response with one outside is
+  zeroed; an upper bound on the max of one token's k is such a band), ``mean_diff``, ``sum_diff``, ``mean_exp_abs``
+  (the mean of ``e^|d|``: NeMo-RL's), and ``AGG_KIND`` for AGG in sum, mean, max and KIND ``k2`` (``d^2/2``), ``k3``
+  (verl's ``e^d - 1 - d``) or ``k3r`` (``e^-d - 1 + d``: AReaL's ``kl_k3``, the KL in the other direction).
 
-Bounds are normalised (a ratio bound at or below 0 and a k bound at or below 0 are no bound), so two frameworks'
-readings of the same rule compare equal; each part keeps the source framework's own words (``label``) apart from
-what it means.
+Bounds are normalised (a lower bound at or below 0 of a statistic that is never negative is no bound; an upper
+bound on a band the weight is clamped inside makes the clamp nothing), so two frameworks' readings of the same rule
+compare equal; each part keeps the source framework's own words (``label``) apart from what it means.
 """
 
 from __future__ import annotations
@@ -27,12 +30,22 @@ from typing import Any, Literal
 
 from rcdiag.core.limits import SAFETY_BOUND
 
-Unit = Literal["one", "token", "product", "geomean"]
-TOKEN_STATISTICS = ("ratio", "token_k2", "token_k3", "token_k3r")
-"""Per-token statistics a band bounds (``ratio``, or a k estimate with a lower bound, which no ratio band is)."""
-RATIO_LIKE = ("ratio", "product", "geomean", "max_ratio")
-"""Statistics that are ratios (positive): a lower bound at or below 0 bounds nothing."""
-UNIT_STATISTIC: dict[str, str] = {"token": "ratio", "product": "product", "geomean": "geomean"}
+Unit = Literal["one", "token", "product", "geomean", "segment"]
+TOKEN_STATISTICS = ("ratio", "diff", "token_k2", "token_k3", "token_k3r")
+"""Per-token statistics a band bounds (``ratio``, ``diff``, or a k estimate with a lower bound, which no ratio band
+is)."""
+SEGMENT_STATISTICS = ("segment_ratio", "segment_diff")
+"""Statistics of a run of valid positions (ROLL's segments)."""
+RATIO_LIKE = ("ratio", "product", "geomean", "max_ratio", "all_ratios", "segment_ratio")
+"""Statistics that are ratios (positive)."""
+SIGNED = ("diff", "mean_diff", "sum_diff", "segment_diff")
+"""Statistics that can be negative (a probability difference): a lower bound below 0 still bounds."""
+UNIT_STATISTIC: dict[str, str] = {
+    "token": "ratio",
+    "product": "product",
+    "geomean": "geomean",
+    "segment": "segment_ratio",
+}
 """The statistic a weight of each unit is (a band on it is an IcePop-style mask of that weight)."""
 REL = 1e-9
 """Two bounds are the same bound within this relative difference (a bound that went through log and exp)."""
@@ -79,6 +92,7 @@ UNIT_WORDS: dict[str, str] = {
     "token": "each token's own ratio",
     "product": "the product of its response's ratios",
     "geomean": "its response's geometric-mean ratio",
+    "segment": "the geometric-mean ratio of its run of valid tokens",
 }
 
 
@@ -92,16 +106,26 @@ class Band:
     label: str = field(default="", compare=False)
 
     @property
-    def scope(self) -> Literal["token", "response"]:
-        return "token" if self.statistic in TOKEN_STATISTICS else "response"
+    def scope(self) -> Literal["token", "run", "response"]:
+        if self.statistic in TOKEN_STATISTICS:
+            return "token"
+        return "run" if self.statistic in SEGMENT_STATISTICS else "response"
 
     def normal(self) -> Band:
         low, high = self.low, self.high
-        if low is not None and low <= 0:  # every statistic is a ratio or a k estimate: never below 0
+        if low is not None and (math.isinf(low) or (low <= 0 and self.statistic not in SIGNED)):
             low = None
         if high is not None and math.isinf(high):
             high = None
-        return replace(self, low=low, high=high)
+        statistic = self.statistic
+        kind = statistic.split("_", 1)[-1]
+        if statistic.startswith("max_") and low is None and high is not None and kind in ("k2", "k3", "k3r"):
+            # the largest k of a response at most U: every token's k at most U, a band on every token's ratio
+            low, high = ratio_band(kind, high, clamp=None)
+            statistic = "all_ratios"
+        elif statistic == "max_ratio" and low is None:
+            statistic = "all_ratios"  # the largest ratio at most U: every one
+        return replace(self, statistic=statistic, low=low, high=high)
 
     def same(self, other: Band) -> bool:
         return self.statistic == other.statistic and _close(self.low, other.low) and _close(self.high, other.high)
@@ -109,14 +133,11 @@ class Band:
     def describe(self) -> str:
         """``a token whose ratio is outside [0.5, 2]``."""
         what = STATISTIC_WORDS.get(self.statistic) or _agg_words(self.statistic)
-        unit = "a token" if self.scope == "token" else "a response"
-        if self.low is not None and self.high is not None:
-            return f"{unit} whose {what} is outside [{_g(self.low)}, {_g(self.high)}]"
-        if self.high is not None:
-            return f"{unit} whose {what} is above {_g(self.high)}"
-        if self.low is not None:
-            return f"{unit} whose {what} is below {_g(self.low)}"
-        return f"no {unit.split()[1]} (no bound on its {what})"
+        unit = {"token": "a token", "run": "a run of valid tokens", "response": "a response"}[self.scope]
+        bound = _outside(self.low, self.high)
+        if self.statistic == "all_ratios":
+            return f"{unit} with any token ratio {bound}"
+        return f"{unit} whose {what} is {bound}" if bound else f"no {unit.split()[1]} (no bound on its {what})"
 
 
 STATISTIC_WORDS: dict[str, str] = {
@@ -127,6 +148,13 @@ STATISTIC_WORDS: dict[str, str] = {
     "product": "product of ratios",
     "geomean": "geometric-mean ratio",
     "max_ratio": "largest token ratio",
+    "all_ratios": "token ratios",
+    "diff": "p_train - p_rollout (probabilities)",
+    "mean_diff": "mean p_train - p_rollout",
+    "sum_diff": "sum of p_train - p_rollout",
+    "segment_ratio": "geometric-mean ratio (over the run)",
+    "segment_diff": "mean p_train - p_rollout (over the run)",
+    "mean_exp_abs": "mean of e^|d| (NeMo-RL's seq_mult_prob_error)",
 }
 KIND_WORDS = {
     "k2": "k2 = d^2/2",
@@ -154,10 +182,14 @@ class Correction:
     quirks: tuple[str, ...] = field(default=(), compare=False)
 
     def normal(self) -> Correction:
-        bands = tuple(b.normal() for b in self.bands)
-        return replace(
-            self, weight=self.weight.normal(), bands=tuple(b for b in bands if b.low is not None or b.high is not None)
-        )
+        bands = tuple(b for b in (b.normal() for b in self.bands) if b.low is not None or b.high is not None)
+        weight = self.weight.normal()
+        own = [b for b in bands if b.statistic == UNIT_STATISTIC.get(weight.unit)]
+        if weight.high is not None and any(b.high is not None and b.high <= weight.high for b in own):
+            weight = replace(weight, high=None)  # every kept weight is already at most the band's bound
+        if weight.low is not None and any(b.low is not None and b.low >= weight.low for b in own):
+            weight = replace(weight, low=None)
+        return replace(self, weight=weight, bands=bands)
 
     def same_bands(self, other: Correction) -> bool:
         mine, theirs = list(self.bands), list(other.bands)
@@ -247,11 +279,25 @@ def ratio_band(estimator: str, upper: float, clamp: float | None = SAFETY_BOUND)
         return math.exp(-root), math.exp(root)
 
     def k3(d: float) -> float:
-        return math.expm1(d) - d if estimator == "k3" else math.expm1(-d) + d
+        return k_estimate(estimator, d)
 
     a = -bound if k3(-bound) <= upper else _bisect(k3, upper, 0.0, -bound)
     b = bound if k3(bound) <= upper else _bisect(k3, upper, 0.0, bound)
     return math.exp(a), math.exp(b)
+
+
+def k_estimate(kind: str, d: float) -> float:
+    """One token's ``k2`` (d^2/2), ``k3`` (e^d - 1 - d) or ``k3r`` (e^-d - 1 + d) of its log-ratio ``d``."""
+    if kind == "k2":
+        return d * d / 2.0
+    return math.expm1(d) - d if kind == "k3" else math.expm1(-d) + d
+
+
+def k_bound(kind: str, low: float | None, high: float | None) -> float | None:
+    """The upper bound on one token's ``kind`` of k whose ratio band reaches both given ratio bounds (the wider
+    side's: it keeps every ratio inside ``[low, high]``, and the narrower side's band is the k's own)."""
+    reached = [k_estimate(kind, math.log(x)) for x in (low, high) if x is not None and x > 0]
+    return float(f"{max(reached):.12g}") if reached else None
 
 
 def _bisect(f: Callable[[float], float], level: float, inside: float, outside: float) -> float:
@@ -263,6 +309,14 @@ def _bisect(f: Callable[[float], float], level: float, inside: float, outside: f
         else:
             outside = mid
     return inside
+
+
+def _outside(low: float | None, high: float | None) -> str:
+    if low is not None and high is not None:
+        return f"outside [{_g(low)}, {_g(high)}]"
+    if high is not None:
+        return f"above {_g(high)}"
+    return "" if low is None else f"below {_g(low)}"
 
 
 def _close(a: float | None, b: float | None) -> bool:
@@ -277,15 +331,33 @@ def _g(value: float) -> str:
 
 def family(statistic: str) -> str:
     """Statistics one band can stand in for another's, nearest, with the same bounds: k estimates aggregated alike
-    (verl's k3 for AReaL's reversed k3, k2 for k3). A ratio statistic is its own family: a bound on a product
+    (verl's k3 for AReaL's reversed k3, k2 for k3). Any other statistic is its own family: a bound on a product
     means nothing for a geometric mean (the two differ by the response's length)."""
-    if statistic in RATIO_LIKE:
-        return statistic
-    if statistic in TOKEN_STATISTICS:
+    if statistic in ("token_k2", "token_k3", "token_k3r"):
         return "token_k"
-    return "k:" + statistic.split("_", 1)[0]
+    agg, _, kind = statistic.partition("_")
+    if agg in ("sum", "mean", "max") and kind in ("k2", "k3", "k3r"):
+        return "k:" + agg
+    return statistic
 
 
 def unit_family(unit: str) -> str:
-    """Weights of one kind: none, per token, or per response (a product or a geometric mean)."""
-    return {"product": "response", "geomean": "response"}.get(unit, unit)
+    """Weights of one kind: none, per token, or per response or run (a product or a geometric mean)."""
+    return {"product": "response", "geomean": "response", "segment": "response"}.get(unit, unit)
+
+
+CLAMP_QUIRK = f"clamps each log-ratio at +-{SAFETY_BOUND:g} before exp (a difference only beyond e^+-{SAFETY_BOUND:g})"
+"""verl's, SkyRL's and slime's MIS helper's arithmetic, said where it differs from the other side's."""
+
+
+NO_CLAMP_QUIRK = "does not clamp the log-ratio"
+"""TRL's, OpenRLHF's and slime's default TIS function's arithmetic."""
+
+
+def within_clamp(band: Band, bound: float = SAFETY_BOUND) -> Band:
+    """A ratio bound beyond a clamp of the log-ratio at +-``bound`` bounds nothing: no ratio gets there."""
+    if band.statistic not in RATIO_LIKE:
+        return band
+    low = None if band.low is not None and band.low < math.exp(-bound) else band.low
+    high = None if band.high is not None and band.high > math.exp(bound) else band.high
+    return replace(band, low=low, high=high)

@@ -19,7 +19,7 @@ import numpy as np
 
 from rcdiag.core import formulas
 from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, weight_keys
-from rcdiag.frameworks.correction import Band, Correction, Form, Weight
+from rcdiag.frameworks.correction import NO_CLAMP_QUIRK, Band, Correction, Form, Weight
 from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
 
 TYPES = ("tis", "icepop", "seq-mask-tis")
@@ -66,7 +66,7 @@ class OpenRLHFSettings:
         if self.loss != "ppo":
             return Correction(Weight("one", label=f"{LOSS}: {self.loss} (no IS correction)"))
         label = f"is_correction_type {self.kind} [{self.low:g}, {self.high:g}]"
-        quirks = ("OpenRLHF does not clamp the log-ratio",)
+        quirks = (NO_CLAMP_QUIRK,)
         if self.kind == "tis":
             weight = Weight("token", self.low, self.high, label=label + ": each token's ratio clamped (two-sided)")
             return Correction(weight, quirks=quirks).normal()

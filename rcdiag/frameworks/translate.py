@@ -225,9 +225,9 @@ def _meaning(match: Match, wanted: Correction, got: Correction, target: str, sou
     """What the target's setting does and, unless the same, what differs from the source's."""
     source = source or "the source"
     if match == "same":
-        text = "the same weight on every token"
-        quirks = [q for q in (*wanted.quirks, *got.quirks) if q not in set(wanted.quirks) & set(got.quirks)]
-        return text + ("; " + "; ".join(quirks) if quirks else "")
+        quirks = [f"{source} {q}" for q in wanted.quirks if q not in got.quirks]
+        quirks += [f"{target} {q}" for q in got.quirks if q not in wanted.quirks]
+        return "; ".join(["the same weight on every token", *quirks])
     if match == "same_rejections":
         zeroed = " and ".join(sorted({"tokens" if b.scope == "token" else "responses" for b in wanted.bands}))
         return (

@@ -79,7 +79,7 @@ class TRLSettings:
             return Correction(Weight("one", label="vllm_importance_sampling_correction: false"))
         unit: Unit = "product" if self.sequence else "token"
         bounds = f"[C_min, C_max] = [{_bound(self.clip_min)}, {_bound(self.clip_max)}]"
-        quirk = "TRL does not clamp the log-ratio" + (" sum (above ~88.7 its exp is inf)" if self.sequence else "")
+        quirk = "does not clamp the log-ratio" + (" sum (above ~88.7 its exp is inf)" if self.sequence else "")
         what = "the product of a completion's ratios" if self.sequence else "each token's ratio"
         if self.truncate:
             weight = Weight(unit, self.clip_min, self.clip_max, label=f"{self.mode} {bounds}: {what} clamped")

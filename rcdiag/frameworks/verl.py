@@ -12,13 +12,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from rcdiag.config import IS_LEVELS, CorrectionConfig, RSOption, refuse_router_replay
-from rcdiag.core.limits import SAFETY_BOUND
 from rcdiag.frameworks.base import Framework, MetricKey, Option, merge_options
-from rcdiag.frameworks.correction import Band, Correction, Form, Unit, Weight, ratio_band
+from rcdiag.frameworks.correction import (
+    CLAMP_QUIRK,
+    Band,
+    Correction,
+    Form,
+    Unit,
+    Weight,
+    k_bound,
+    ratio_band,
+    within_clamp,
+)
 from rcdiag.versions import DEFAULT_VERSION
 
 BLOCK = "algorithm.rollout_correction"
@@ -66,7 +75,6 @@ class VerlSettings:
         return correction(self.config())
 
 
-QUIRK = f"verl clamps each log-ratio at +-{SAFETY_BOUND:g} before exp (a difference only beyond e^+-{SAFETY_BOUND:g})"
 BYPASS = (
     "bypass_mode: the rollout's log-probs stand for old_log_probs (no recompute), and the correction moves into "
     "the policy loss against the current policy, which a dump of the two engines cannot show"
@@ -97,20 +105,9 @@ def correction(config: CorrectionConfig) -> Correction:
     bands.extend(_band(option) for option in resolved.rs_options)
     other = (BYPASS,) if config.bypass_mode else ()
     normalize = spec is not None and spec.batch_normalize
-    return Correction(weight, tuple(_within_clamp(b) for b in bands), normalize, other, (QUIRK,)).normal()
+    return Correction(weight, tuple(within_clamp(b) for b in bands), normalize, other, (CLAMP_QUIRK,)).normal()
 
 
-def _within_clamp(band: Band) -> Band:
-    """A ratio bound beyond verl's clamp (below e^-20 or above e^20) bounds nothing: no ratio verl computes gets
-    there (so ``OPEN_LOW`` and ``OPEN_HIGH`` write a one-sided band)."""
-    if band.statistic not in ("ratio", "product", "geomean"):
-        return band
-    low = None if band.low is not None and band.low < CLAMP_LOW else band.low
-    high = None if band.high is not None and band.high > CLAMP_HIGH else band.high
-    return replace(band, low=low, high=high)
-
-
-CLAMP_LOW, CLAMP_HIGH = math.exp(-SAFETY_BOUND), math.exp(SAFETY_BOUND)
 OPEN_LOW, OPEN_HIGH = 1e-9, 1e9
 """Bounds beyond verl's clamp, written where a band of another framework has no bound on that side."""
 
@@ -171,6 +168,17 @@ def _rs(name: str) -> Callable[[float | None, float | None], dict[str, Any] | No
     return options
 
 
+def _every_token(kind: str) -> Callable[[float | None, float | None], dict[str, Any] | None]:
+    """A band on every token's ratio as ``seq_max_<kind>``: the largest k of a response at most the bound that
+    reaches the band's bounds."""
+
+    def options(low: float | None, high: float | None) -> dict[str, Any] | None:
+        bound = k_bound(kind, low, high)
+        return None if bound is None else {"rollout_rs": f"seq_max_{kind}", "rollout_rs_threshold": bound}
+
+    return options
+
+
 RS_KEYS = ("rollout_rs", "rollout_rs_threshold")
 
 
@@ -207,14 +215,17 @@ FORMS = (
             ),
         )
     ),
+    Form("token", "none", lambda low, high: _is("token", True, False)(OPEN_LOW, OPEN_HIGH)),
+    Form("product", "none", lambda low, high: _is("sequence", True, False)(OPEN_LOW, OPEN_HIGH)),
     Form("one", "band", _rs("token_k1"), statistic="ratio"),
     Form("one", "band", _rs("seq_sum_k1"), statistic="product"),
     Form("one", "band", _rs("seq_mean_k1"), statistic="geomean"),
     *(
         Form("one", "band", _rs(f"seq_{agg}_{kind}"), statistic=f"{agg}_{kind}")
         for kind in ("k2", "k3")
-        for agg in ("sum", "mean", "max")
+        for agg in ("sum", "mean")
     ),
+    *(Form("one", "band", _every_token(kind), statistic="all_ratios") for kind in ("k2", "k3")),
 )
 """verl's IS (TIS, IcePop; batch-normalised or not) and RS options (a k1 band for a ratio band, written inverted)."""
 
