@@ -271,3 +271,55 @@ def test_check_rules_name_the_frameworks_new_readings(capsys: pytest.CaptureFixt
     code, out = run(capsys, *args, "--baseline", str(good), "--max-increase",
                     "sampling/sampling_logp_difference/mean=50%")  # fmt: skip
     assert code == 1 and json.loads(out)["results"][0]["status"] == "failed"  # int4 moves 20x bf16's
+
+
+# ------------------------------------------------------------------ the frameworks a harness checks (no release)
+
+HARNESSED = {
+    "skyrl": {"int4": "same", "spikes": "same"},
+    "slime": {"int4": "same", "spikes": "same"},
+    "nemo-rl": {"int4": "same", "spikes": "same_rejections"},
+    "roll": {"int4": "same", "spikes": "same"},
+    "prime-rl": {"int4": "nearest", "spikes": "nearest"},
+}
+"""How each framework without a release on the package index writes verl's prescription: TIS 2 (int4) and TIS 2
+with token_k1 RS (spikes). prime-rl's losses have no truncated weight: its IPO loss is the nearest."""
+
+
+@pytest.mark.parametrize("name", sorted(HARNESSED))
+@pytest.mark.parametrize("scenario", ["int4", "spikes"])
+def test_the_prescription_in_a_harnessed_frameworks_settings(
+    name: str, scenario: str, capsys: pytest.CaptureFixture
+) -> None:
+    """Its effect is what `analyze --as NAME` with those options computes (rcdiag's weights of NAME, checked against
+    NAME's own code in tests/test_frameworks_harness.py), and a same or same-rejections claim holds against verl's
+    own code on the dump."""
+    _verl_oracle()
+    from shape_dumps import dump
+
+    import rcdiag
+
+    path = dump(scenario, 0)
+    code, out = run(capsys, "analyze", str(path), "--as", name, "--format", "json", "-q")
+    prescription = json.loads(out)["verdict"]["recommendation"]
+    spoken = prescription["framework"]
+    assert code == 0 and spoken["name"] == name and spoken["match"] == HARNESSED[name][scenario], spoken
+    assert spoken["paste"] and spoken["options"]
+    direct = rcdiag.analyze(path, framework=name, framework_options=spoken["options"]).extras
+    effect = spoken["effect"]
+    for key, field in (("weight_mean", "weight_mean"), ("zeroed_fraction", "tokens_zeroed"),
+                       ("zeroed_response_fraction", "responses_zeroed"), ("truncated_fraction", "weights_truncated"),
+                       ("ess", "ess")):  # fmt: skip
+        assert effect[field] == pytest.approx(direct[f"rcdiag/{name}/{key}"], rel=1e-12, abs=1e-15), field
+    old, rollout, mask = padded(all_rows(dump_rows(path)))
+    verl = token_weights("verl", prescription["config"], old, rollout, mask)[mask.bool()]
+    if spoken["match"] == "same":
+        assert math.isclose(effect["weight_mean"], float(verl.mean()), rel_tol=1e-6)
+    if spoken["match"] in ("same", "same_rejections"):
+        assert effect["tokens_zeroed"] == pytest.approx(float((verl == 0).double().mean()), abs=1e-15)
+
+
+def _verl_oracle() -> None:
+    from verl_oracle import require_verl
+
+    require_verl("0.9.0")

@@ -189,7 +189,8 @@ class Correction:
             weight = replace(weight, high=None)  # every kept weight is already at most the band's bound
         if weight.low is not None and any(b.low is not None and b.low >= weight.low for b in own):
             weight = replace(weight, low=None)
-        return replace(self, weight=weight, bands=bands)
+        quirks = self.quirks if weight.unit != "one" or bands else ()  # no correction: no arithmetic to differ in
+        return replace(self, weight=weight, bands=bands, quirks=quirks)
 
     def same_bands(self, other: Correction) -> bool:
         mine, theirs = list(self.bands), list(other.bands)

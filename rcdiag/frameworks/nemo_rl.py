@@ -107,7 +107,8 @@ class NemoRLSettings:
         if self.kind in ("icepop", "seq-mask-tis"):
             statistic = UNIT_STATISTIC[unit] if self.kind == "icepop" else "geomean"
             bands.append(Band(statistic, self.low, self.high, label=label))
-        return Correction(weight, tuple(bands), quirks=quirks).normal()
+        other = (OVERFLOW,) if self.sequence else ()
+        return Correction(weight, tuple(bands), other=other, quirks=quirks).normal()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -264,6 +265,13 @@ class NemoRLMetrics(FrameworkMetrics):
             values.update(zip(keys, stats, strict=True))
         values[MASKED] = st["samples"] - st["kept_samples"]
         return {**values, **self.weight_values()}, []
+
+
+OVERFLOW = (
+    "a sample whose product of ratios overflows float32 (log-ratio sum above ~88.7) gets weight 0, where a clamp "
+    "(verl's, TRL's truncation) gives it the upper bound"
+)
+"""What NeMo-RL's per-sample weight does that the shared vocabulary cannot say: its nan_to_num before truncation."""
 
 
 def _g(value: float | None) -> str:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from rcdiag.errors import ConfigError
 from rcdiag.frameworks.base import Framework
-from rcdiag.frameworks.correction import Band, Correction, Form, family, unit_family
+from rcdiag.frameworks.correction import Band, Correction, Form, Weight, family, unit_family
 from rcdiag.frameworks.registry import Chosen, choose, framework, names
 
 Match = Literal["same", "same_rejections", "nearest", "none"]
@@ -138,6 +138,32 @@ def _candidates(
         merged = target.combine([a, b])
         if merged is not None:
             yield merged, False
+    parts = _components(wanted, target)
+    if len(parts) > 2:  # one form per component (the weight, each band), for targets that hold them all at once
+        for chosen in itertools.product(*parts):
+            merged = target.combine(list(chosen))
+            if merged is not None:
+                yield merged, False
+
+
+COMPONENT_CHOICES = 3
+"""Forms tried per component of a correction when composing one per component (the first in the target's order)."""
+
+
+def _components(wanted: Correction, target: Framework) -> list[list[dict[str, Any]]]:
+    """Per component of ``wanted`` (its weight, each band), the target's options that write that component alone:
+    the weight by a form of its unit (clamped, or not), a band by a form on its statistic."""
+    weight = wanted.weight
+    forms = [f for f in target.forms if f.unit == weight.unit and f.normalize == wanted.normalize]
+    weights = [
+        o for f in forms for o in _fill(f, Correction(weight)) if f.slot == ("clamp" if weight.clamped else "none")
+    ]
+    parts = [weights[:COMPONENT_CHOICES]] if weight.unit != "one" else []
+    for band in wanted.bands:
+        alone = Correction(Weight("one"), (band,))
+        found = [o for f in target.forms if f.slot == "band" and f.statistic == band.statistic for o in _fill(f, alone)]
+        parts.append(found[:COMPONENT_CHOICES])
+    return [p for p in parts if p]
 
 
 def _fill(form: Form, wanted: Correction) -> Iterator[dict[str, Any]]:
