@@ -286,7 +286,10 @@ def verl_config(option: str, spec: str) -> dict[str, str]:
 
 def verl_yaml(option: str, spec: str) -> str:
     """The lines to paste into verl's config for this option alone."""
-    body = "\n    ".join(f"{key}: {_yaml_value(value)}" for key, value in verl_config(option, spec).items())
+    fields = verl_config(option, spec).items()
+    body = "\n    ".join(
+        f"{key}: {_yaml_value(value) if key.endswith('_threshold') else value}" for key, value in fields
+    )
     return f"algorithm:\n  rollout_correction:\n    {body}\n"
 
 
