@@ -22,6 +22,9 @@ from rcdiag.explain.section import ExplainSection
 from rcdiag.explain.sequences import cleanup, temporary_directory
 from rcdiag.explain.sequences import finish as finish_sequences
 from rcdiag.explain.worst import DEFAULT_WORST
+from rcdiag.frameworks.section import FrameworkSection
+from rcdiag.frameworks.speak import chosen as spoken_chosen
+from rcdiag.frameworks.speak import measured as spoken_effect
 from rcdiag.health import StepHits, batch_hits, evaluate
 from rcdiag.interrupts import checked
 from rcdiag.io import Chunk, open_dump, prefetch
@@ -191,7 +194,6 @@ def _framework(
     if framework is None and not options:
         return config, []
     from rcdiag.frameworks.registry import Chosen, choose
-    from rcdiag.frameworks.section import FrameworkSection
 
     chosen = framework if isinstance(framework, Chosen) else choose(framework or "verl", options)
     config, riding = chosen.split(config)
@@ -233,24 +235,28 @@ def complete_verdict(report: Report, path: str | Path, read: ReadOptions | None 
     if not history and setting is None:
         return report
     config = setting or CorrectionConfig(**report.config)
+    riding, record = _spoken_run(report) if setting is not None else ([], None)
     under = report
     same = config.resolve().same_computation(CorrectionConfig(**report.config).resolve())
     if history:
         try:
-            under = _again(path, config, read, True)
+            under = _again(path, config, read, True, riding)
         except InputError as exc:  # the ids were read only for this test: a bad id column skips it, said once
             from rcdiag.notices import notify
 
             notify(f"the repeated-token test did not run: the dump's token ids cannot be read ({exc})")
             history = False
-    if not history and not same:
-        under = _again(path, config, read, False)
+    if not history and (riding or not same):
+        under = _again(path, config, read, False, riding)
     if history:  # a history finding turns the verdict to fix (no prescription) or leaves it as it was
         report = with_history(report, under)
     verdict = report.verdict
     if verdict is None or verdict.recommendation is None or setting is None:
         return report
     measured, steps, remedy = effect_of(verdict.recommendation, under)
+    if measured.framework is not None:  # under --as NAME: its setting's effect under its own semantics
+        ran = under.sections.get(FrameworkSection.KEY) if riding else record
+        measured = dataclasses.replace(measured, framework=spoken_effect(measured.framework, ran))
     headline = verdict.headline if remedy else f"{verdict.headline} (not a remedy on this dump: see next steps)"
     offered = seq_is_unmeasured(report)
     later = verdict.next_steps
@@ -271,12 +277,34 @@ def _prescribed(report: Report) -> CorrectionConfig | None:
     return CorrectionConfig(**prescription.config, verl_version=report.config["verl_version"])
 
 
-def _again(path: str | Path, config: CorrectionConfig, read: ReadOptions | None, token_ids: bool) -> Report:
-    """The dump's report under ``config`` (its token ids read too, with ``token_ids``), quietly: the first pass told
-    the user everything about the dump."""
+def _spoken_run(report: Report) -> tuple[list[Section], Any]:
+    """Under ``--as NAME``, what measures the prescription in that framework's settings: the section running them
+    on the dump (none when the first pass already ran exactly them, whose record is returned, or when the framework
+    has nothing alike)."""
+    verdict = report.verdict
+    spoken = verdict.recommendation.framework if verdict and verdict.recommendation else None
+    chosen = None if spoken is None else spoken_chosen(spoken)
+    if chosen is None:
+        return [], None
+    first = report.sections.get(FrameworkSection.KEY)
+    if first is not None and first.name == chosen.name and first.options == chosen.settings.to_dict():
+        return [], first
+    return [FrameworkSection(chosen)], None
+
+
+def _again(
+    path: str | Path,
+    config: CorrectionConfig,
+    read: ReadOptions | None,
+    token_ids: bool,
+    sections: Sequence[Section] = (),
+) -> Report:
+    """The dump's report under ``config`` (its token ids read too, with ``token_ids``; ``sections`` riding, such as
+    a framework's setting), quietly: the first pass told the user everything about the dump."""
+    riding = [*([TokenIdsSection()] if token_ids else []), *sections]
     with warnings.catch_warnings(record=True):
-        again = accumulate(path, config, read, sections=[TokenIdsSection()] if token_ids else ())
-    return build_report(analyze_state(again.state), again.info, again.device, again.screen)
+        again = accumulate(path, config, read, sections=riding)
+    return build_report(analyze_state(again.state), again.info, again.device, again.screen, sections=riding)
 
 
 def with_history(report: Report, read_ids: Report) -> Report:

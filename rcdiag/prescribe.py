@@ -1,4 +1,5 @@
-"""The prescription for a ``correct`` verdict: one verl setting, in verl's config syntax, with why.
+"""The prescription for a ``correct`` verdict: one verl setting, in verl's config syntax, with why; under ``--as NAME``
+also in that framework's own settings (``rcdiag.frameworks.speak``).
 
 Grounding (docs/verdict.md): token-level truncated IS (``rollout_is: token``, threshold 2.0, verl's default and
 the ``decoupled_token_is`` preset) is the robust default: each token's weight is capped on its own, so it stays
@@ -18,6 +19,7 @@ from typing import Any
 
 from rcdiag.config import PRESETS, CorrectionConfig
 from rcdiag.errors import ConfigError
+from rcdiag.frameworks.speak import riding, speak
 from rcdiag.report import CauseClass, Effect, Prescription, Report, VerdictStatus
 
 TIS_THRESHOLD = 2.0
@@ -49,12 +51,18 @@ class Candidate:
 
     @property
     def setting(self) -> str:
-        """The setting in a few words, for the headline."""
+        """The setting in a few words, for the headline: under ``--as NAME`` that framework's options first."""
         c = self.prescription.config
         text = f"{c['rollout_is']}-level TIS {c['rollout_is_threshold']:g}"
         if c.get("rollout_rs"):
             text += f" + {c['rollout_rs']} RS {c['rollout_rs_threshold']}"
-        return text + (f" ({self.prescription.preset})" if self.prescription.preset else "")
+        text += f" ({self.prescription.preset})" if self.prescription.preset else ""
+        spoken = self.prescription.framework
+        if spoken is None:
+            return text
+        if spoken.match == "none":
+            return f"{text} ({spoken.release} has nothing alike: see the prescription)"
+        return f"{spoken.release}'s setting in the prescription ({spoken.match.replace('_', ' ')} as verl's {text})"
 
 
 def outlier_band() -> str:
@@ -89,8 +97,25 @@ def candidate(report: Report, status: VerdictStatus, classes: frozenset[CauseCla
             "; the configured IS saturates (nearly every weight truncated to its bound): token-level TIS at "
             f"{TIS_THRESHOLD:g} neither multiplies ratios along the response nor caps below 1"
         )
-    prescription = Prescription(config, matching_preset(config), verl_yaml(config), None, why)
+    spoken = speak(config, name) if (name := riding(report.sections)) is not None else None
+    prescription = Prescription(config, matching_preset(config), verl_yaml(config), None, why, spoken)
     return Candidate(prescription, _alternatives(report))
+
+
+OPTIONAL = (
+    "correction is optional at this level; if you want it, token-level TIS (decoupled_token_is: rollout_is token, "
+    f"threshold {TIS_THRESHOLD:g}.0) is the robust default"
+)
+
+
+def optional_correction(report: Report) -> str:
+    """The next step of a ``healthy`` verdict: correction is optional, token-level TIS the robust default (under
+    ``--as NAME`` also in that framework's settings)."""
+    name = riding(report.sections)
+    if name is None:
+        return OPTIONAL
+    spoken = speak({"rollout_is": "token", "rollout_is_threshold": TIS_THRESHOLD}, name)
+    return f"{OPTIONAL}; in {spoken.release}: {spoken.summary} ({spoken.match.replace('_', ' ')})"
 
 
 SEQ_IS_PRESET = "decoupled_seq_is"

@@ -311,8 +311,71 @@ class Effect:
 
 
 @dataclass(frozen=True)
+class FrameworkEffect:
+    """What a framework's setting does on this dump under that framework's own semantics, measured by running its
+    correction (``analyze --as NAME``), never guessed: rcdiag's readings ``rcdiag/NAME/*``; ``None``: no valid
+    token (the ESS also when every weight is 0)."""
+
+    weight_mean: float | None
+    tokens_zeroed: float | None
+    responses_zeroed: float | None
+    """Share of the responses (every row, as verl counts them) in which it zeroes at least one token."""
+    weights_truncated: float | None
+    """Share of the valid tokens whose weight its clamp changed."""
+    ess: float | None
+    """(sum w)^2 / (N sum w^2) over the valid tokens."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {key: finite(value) for key, value in dataclasses.asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class FrameworkSetting:
+    """A verl setting in another framework's own settings (``--as NAME``): the options to paste, in its spelling,
+    how they match verl's (``same``, ``same_rejections``, ``nearest``, ``none``: ``rcdiag.frameworks.translate``)
+    and what differs, and their effect measured under its semantics."""
+
+    name: str
+    """The ``--as`` name."""
+    release: str
+    """``TRL 1.16.0``."""
+    match: str
+    options: dict[str, Any]
+    """As ``--as-option`` takes them (empty where it has nothing alike)."""
+    paste: str
+    """The options as its users write them (a YAML block or argparse flags)."""
+    meaning: str
+    effect: FrameworkEffect | None = None
+
+    @property
+    def summary(self) -> str:
+        """``vllm_importance_sampling_mode=token_truncate, vllm_importance_sampling_clip_max=2.0``: the options
+        that are set (a null bound left out)."""
+        shown = (f"{key}={_shown(value)}" for key, value in self.options.items() if value is not None)
+        return ", ".join(shown) or "nothing alike"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "release": self.release,
+            "match": self.match,
+            "options": dict(self.options),
+            "paste": self.paste,
+            "meaning": self.meaning,
+            "effect": None if self.effect is None else self.effect.to_dict(),
+        }
+
+
+def _shown(value: Any) -> str:
+    import json
+
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+@dataclass(frozen=True)
 class Prescription:
-    """One verl setting to use: the four rollout-correction keys, the preset it matches, its YAML and effect."""
+    """One verl setting to use: the four rollout-correction keys, the preset it matches, its YAML and effect; under
+    ``--as NAME`` (another framework than verl) the same setting in that framework's settings (``framework``)."""
 
     config: dict[str, Any]
     """``rollout_is``, ``rollout_is_threshold``, ``rollout_rs``, ``rollout_rs_threshold`` (verl's names)."""
@@ -320,15 +383,19 @@ class Prescription:
     yaml: str
     effect: Effect | None
     why: str
+    framework: FrameworkSetting | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "config": dict(self.config),
             "preset": self.preset,
             "yaml": self.yaml,
             "effect": None if self.effect is None else self.effect.to_dict(),
             "why": self.why,
         }
+        if self.framework is not None:  # only under --as NAME: a plain report's JSON is unchanged
+            out["framework"] = self.framework.to_dict()
+        return out
 
 
 @dataclass(frozen=True)

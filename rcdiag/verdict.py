@@ -18,7 +18,7 @@ from rcdiag.catalogue import finding
 from rcdiag.catalogue.findings import Code, Role, detectors, of_class
 from rcdiag.health import outlier_shares, sparse
 from rcdiag.metrics.signatures import HISTORY_KEYS
-from rcdiag.prescribe import candidate
+from rcdiag.prescribe import candidate, optional_correction
 from rcdiag.report import Cause, CauseClass, Finding, Report, Verdict, VerdictStatus
 from rcdiag.signature_rules import (
     ABS_MEAN,
@@ -147,10 +147,7 @@ def judge(report: Report) -> Verdict:
     if recommendation is not None:
         steps.extend(recommendation.alternatives)
     if status == "healthy":
-        steps.append(
-            "correction is optional at this level; if you want it, token-level TIS (decoupled_token_is: "
-            "rollout_is token, threshold 2.0) is the robust default"
-        )
+        steps.append(optional_correction(report))
     if status != "identical":
         steps.extend(_not_examined(report))
     return Verdict(

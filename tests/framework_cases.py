@@ -98,3 +98,32 @@ def close(ours: float | None, theirs: float, *, rel: float = 2e-6, abs_: float =
     if ours is None:
         return not math.isfinite(theirs)
     return math.isclose(ours, theirs, rel_tol=rel, abs_tol=abs_)
+
+
+def readings(weights: Any, mask: Any, truncated: Any = None) -> dict[str, float | None]:
+    """rcdiag's five readings of a correction (``rcdiag/NAME/*``), by brute force from the weight a framework's own
+    code put on each token of a padded (B, T) batch (0 where it drops the token) and, for a clamp, where the clamp
+    moved the weight (``truncated``, (B, T) bool; ``None``: nothing clamped)."""
+    m = mask.bool()
+    kept = weights[m].double()
+    n = kept.numel()
+    square = float((kept * kept).sum())
+    responses = int(m.shape[0])  # every row, an empty one too (verl's seq_masked_fraction counts them so)
+    zeroed_rows = int(((weights == 0) & m).any(-1).sum())
+    return {
+        "weight_mean": float(kept.mean()) if n else None,
+        "zeroed_fraction": float((kept == 0).double().mean()) if n else None,
+        "zeroed_response_fraction": zeroed_rows / responses if responses else None,
+        "truncated_fraction": (0.0 if truncated is None else float(truncated[m].double().mean())) if n else None,
+        "ess": float(kept.sum()) ** 2 / (n * square) if n and square else None,
+    }
+
+
+def check_readings(name: str, extras: dict[str, Any], expected: dict[str, float | None], where: Any = "") -> None:
+    """rcdiag's ``rcdiag/NAME/*`` equal the brute-force ``expected`` (float32 rounding of the weights' sums)."""
+    for key, want in expected.items():
+        got = extras[f"rcdiag/{name}/{key}"]
+        if want is None:
+            assert got is None, (where, key, got)
+            continue
+        assert got is not None and math.isclose(got, want, rel_tol=1e-5, abs_tol=1e-12), (where, key, got, want)

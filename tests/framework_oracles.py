@@ -299,3 +299,56 @@ if os.environ.get("RCDIAG_PRINT_ORACLE_HASHES"):  # pragma: no cover - how the p
     for name, (path, first, last, _) in [*(("trl", lines) for lines in TRL_LINES.values()), ("areal", AREAL_LINES)]:
         text = "\n".join((TARGETS / f"{name}-{RELEASES[name]}" / path).read_text().splitlines()[first - 1 : last])
         print(name, path, first, hashlib.sha256(text.encode()).hexdigest()[:8])
+
+
+def token_weights(name: str, options: Any, old: Any, rollout: Any, mask: Any) -> Any:
+    """The weight framework ``name``'s own code puts on each token's loss (0 where it drops the token; 1 without a
+    correction) for padded (B, T) float32 tensors, ``options`` as ``--as-option`` takes them (resolved by rcdiag's
+    option parser into the arguments of the framework's code): verl's ``compute_rollout_correction_and_rejection_mask``
+    (its IS weights times the mask its RS leaves), TRL's inline ratio, OpenRLHF's ``PolicyLoss`` coefficients, AReaL's
+    ``behave_imp_weight``. float64, (B, T); only the valid tokens (``mask``) mean anything."""
+    import torch
+
+    from rcdiag.frameworks.registry import choose
+
+    settings = choose(name, options).settings
+    ones = torch.ones(old.shape, dtype=torch.float64)
+    if name == "verl":
+        from verl_oracle import load_verl
+
+        loaded = load_verl("0.9.0")
+        assert loaded is not None
+        config = settings.config()  # type: ignore[attr-defined]  # VerlSettings
+        weights, kept, _ = loaded[0].compute_rollout_correction_and_rejection_mask(
+            old_log_prob=old,
+            rollout_log_prob=rollout,
+            response_mask=mask.to(torch.float32),
+            rollout_is=config.rollout_is,
+            rollout_is_threshold=config.rollout_is_threshold,
+            rollout_is_batch_normalize=config.rollout_is_batch_normalize,
+            rollout_rs=config.rollout_rs,
+            rollout_rs_threshold=config.rollout_rs_threshold,
+        )
+        applied = ones if weights is None else weights.batch["rollout_is_weights"].double()
+        return applied * kept.double()
+    if name == "trl":
+        given = settings.to_dict()
+        if not given["vllm_importance_sampling_correction"]:
+            return ones
+        _, ratio = trl_metrics(old, rollout, mask, **given)
+        return (ratio.double() * ones).reshape(old.shape)  # a sequence mode's (B, 1) broadcast over its tokens
+    if name == "openrlhf":
+        s: Any = settings
+        _, coefficients = openrlhf_metrics(
+            old, rollout, mask, enable=s.enable, threshold=(s.low, s.high), kind=s.kind, loss=s.loss
+        )
+        return ones if coefficients is None else coefficients.double()
+    assert name == "areal"
+    from rcdiag.frameworks.options import option_values
+
+    values, _ = option_values(choose(name).framework, options)  # as given: AReaL's own config resolves them
+    rejection = values["actor.rejection_sampling"]
+    if rejection is None:
+        return ones
+    _, weight = areal_metrics(old, rollout, mask, decoupled=values["actor.use_decoupled_loss"], rejection=rejection)
+    return weight.double()

@@ -30,7 +30,7 @@ from rcdiag.explain.state import ExplainState
 from rcdiag.explain.statistics import GroupSums, SumsAccumulator
 from rcdiag.frameworks.base import FrameworkMetrics
 from rcdiag.frameworks.registry import choose
-from rcdiag.frameworks.section import FrameworkState
+from rcdiag.frameworks.section import FrameworkState, SettingsState
 from rcdiag.io.base import Chunk
 from rcdiag.metrics.base import Accumulator
 from rcdiag.sections.exact import FIRST_RESPONSES, ExactState
@@ -216,6 +216,26 @@ def _framework_case(name: str, options: dict[str, Any], reference: Callable[[Dat
     return Case(f"framework-{name}", new, members, check)
 
 
+def _settings_case() -> Case:
+    """``sweep --as NAME``'s measures: several frameworks' settings, each pooled over the dump, in one state."""
+    chosen = (choose("trl", {}), choose("openrlhf", {"algo.advantage.is_correction_enable": True}))
+
+    def new() -> tuple[EngineState, Any]:
+        whole = SettingsState(chosen)
+        return EngineState(CONFIG.resolve(), whole_dump={"framework_settings": whole}), whole
+
+    def members(state: EngineState) -> list[Accumulator]:
+        return [*_per_step(state), *state.whole_dump["framework_settings"].metrics]
+
+    def check(data: Data, state: EngineState) -> None:
+        trl, openrlhf = (m.compute()[0] for m in state.whole_dump["framework_settings"].metrics)
+        for got, want in ((trl, _trl_reference(data)), (openrlhf, _openrlhf_reference(data))):
+            for key, value in want.items():
+                assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+
+    return Case("framework-settings", new, members, check)
+
+
 def _valid(data: Data) -> tuple[np.ndarray, np.ndarray]:
     mask = data.mask.astype(bool)
     return mask, data.old.astype(np.float64) - data.rollout.astype(np.float64)
@@ -339,6 +359,7 @@ CASES: list[Case] = [
     _framework_case("prime-rl", {"loss": {"type": "ipo"}}, _prime_rl_reference),
     _framework_case("nemo-rl", {}, _nemo_rl_reference),
     _framework_case("roll", {"filters": [{"enabled": True}]}, _roll_reference),
+    _settings_case(),
     Case(
         "exact",
         lambda: (EngineState(CONFIG.resolve(), whole_dump={"exact": (whole := ExactState())}), whole),

@@ -6,12 +6,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from rcdiag.cli.flags import ENGINE_FLAGS, READ_FLAGS, given_path, output_flags, path_argument, side_columns
+from rcdiag.cli.flags import AS_FLAGS, ENGINE_FLAGS, READ_FLAGS, given_path, output_flags, path_argument, side_columns
 from rcdiag.cli.params import with_flags
 
 if TYPE_CHECKING:
     from rcdiag.cli.engine_config import EngineFlags
     from rcdiag.cli.output import Output
+    from rcdiag.frameworks.registry import Chosen
     from rcdiag.options import ReadOptions
 
 TEMPERATURE = "Temperature"
@@ -28,7 +29,9 @@ def _temperature(side: str) -> object:
     )
 
 
-@with_flags(ENGINE_FLAGS, READ_FLAGS, side_columns("a"), side_columns("b"), output_flags("comparison", "compare"))
+@with_flags(
+    ENGINE_FLAGS, AS_FLAGS, READ_FLAGS, side_columns("a"), side_columns("b"), output_flags("comparison", "compare")
+)
 def compare(
     path_a: Annotated[str, path_argument("A", "Dump A (a path or URL).")],
     path_b: Annotated[str, path_argument("B", "Dump B (a path or URL).")],
@@ -47,8 +50,7 @@ def compare(
         typer.Option(
             "--baseline",
             metavar="PATH",
-            help="With more than two dumps: the one every other is compared with (one of the dumps given; "
-            "default: A).",
+            help="With more than two dumps: the one every other is compared with (one of the dumps given; default: A).",
             show_default=False,
         ),
     ] = None,
@@ -56,6 +58,7 @@ def compare(
     temperature_b: Annotated[float | None, _temperature("b")] = None,
     *,
     engine: EngineFlags,
+    framework: Chosen | None,
     read: ReadOptions,
     columns_a: dict[str, Any],
     columns_b: dict[str, Any],
@@ -73,6 +76,8 @@ def compare(
     * `rcdiag compare old_engine.parquet new_engine.parquet --temperature-a 0.7 --temperature-b 0.7 --is token`
     * `rcdiag compare a.parquet b.parquet --old-col-b logp_train --format json -o comparison.json`
     * `rcdiag compare bf16.parquet fp8.parquet mxfp8.parquet --baseline bf16.parquet`
+    * `rcdiag compare bf16.parquet int4.parquet --as trl` (TRL's own keys side by side, each side's prescription in
+      TRL's settings; docs/frameworks.md)
 
     Exit codes: 0 done (findings do not change it), 2 bad option, configuration or input, 3 internal error.
     """
@@ -88,6 +93,8 @@ def compare(
     check_temperature(temperature_a, "--temperature-a")
     check_temperature(temperature_b, "--temperature-b")
     config = engine.config()
+    if framework is not None:
+        config = engine.for_framework(framework, config)
     shared = read.columns
     assert shared is not None  # the command line's ReadOptions always hold a ColumnMap (cli/flags.py)
     read_a, read_b = (
@@ -108,6 +115,7 @@ def compare(
                 reads=(read_a, read_b),
                 temperatures=(temperature_a, temperature_b),
                 on_chunk=on_chunk,
+                framework=framework,
             )
         out.emit(result)
         return
@@ -121,5 +129,6 @@ def compare(
             temperature_a=temperature_a,
             temperature_b=temperature_b,
             on_chunk=on_chunk,
+            framework=framework,
         )
     out.emit(comparison)

@@ -6,11 +6,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rcdiag.cli.flags import ENGINE, READ_FLAGS, RELEASE_FLAGS, SaveStateOpt, output_flags, path_argument
+from rcdiag.cli.flags import AS_FLAGS, ENGINE, READ_FLAGS, RELEASE_FLAGS, SaveStateOpt, output_flags, path_argument
 from rcdiag.cli.params import with_flags
 
 if TYPE_CHECKING:
     from rcdiag.cli.output import Output
+    from rcdiag.frameworks.registry import Chosen
     from rcdiag.options import ReadOptions
 
 SWEEP = "Sweep"
@@ -23,7 +24,7 @@ SWEEP_FLAGS = {
 """verl's fields -> the sweep's flags, for its messages (``cli.engine_config.named_by_flags``)."""
 
 
-@with_flags(RELEASE_FLAGS, READ_FLAGS, output_flags("sweep", "sweep"))
+@with_flags(RELEASE_FLAGS, AS_FLAGS, READ_FLAGS, output_flags("sweep", "sweep"))
 def sweep(
     path: Annotated[
         str,
@@ -96,6 +97,7 @@ def sweep(
     save_state: SaveStateOpt = None,
     *,
     release: str,
+    framework: Chosen | None,
     read: ReadOptions,
     out: Output,
 ) -> None:
@@ -108,18 +110,27 @@ def sweep(
     * `rcdiag sweep run.parquet --rs seq_mean_k1 --thresholds 0.99_1.01,0.999_1.001 --format json`
     * `rcdiag sweep run.parquet --target-reject 0.005 --min-ess 0.5`
     * `rcdiag sweep shard-07.parquet --save-state s07.json`, then `rcdiag merge s*.json`
+    * `rcdiag sweep run.parquet --as trl` (each recommendation also in TRL's settings, measured under TRL's
+      semantics in one more pass; docs/frameworks.md)
 
     Exit codes: 0 done (verl-would-crash rows do not change it), 2 bad option, threshold or input, 3 internal error.
     """
     from rcdiag.cli.engine_config import named_by_flags
     from rcdiag.cli.output import checked_state_path
     from rcdiag.cli.progress import progress
+    from rcdiag.errors import ConfigError
+    from rcdiag.frameworks.registry import choose
     from rcdiag.outputs import reads
     from rcdiag.sweep.grid import build_grid, split_list
     from rcdiag.sweep.run import sweep as run_sweep
 
     with named_by_flags(SWEEP_FLAGS):
         grid = build_grid(split_list(is_levels), split_list(rs), split_list(thresholds), release)
+    if framework is not None and framework.settings.to_dict() != choose(framework.name).settings.to_dict():
+        raise ConfigError(
+            "sweep --as translates each recommendation whole into the framework's settings: --as-option has no use "
+            "here (give the options to `analyze --as`)"
+        )
     state_file = checked_state_path(save_state)
     reads(path)
     with progress(read, out) as on_chunk:
@@ -131,5 +142,6 @@ def sweep(
             save_state=state_file,
             target_reject=target_reject if recommend else None,
             min_ess=min_ess,
+            framework=None if framework is None else framework.name,
         )
     out.emit(report)

@@ -1,4 +1,4 @@
-"""``rcdiag translate``: what a verl setting means in another framework's terms."""
+"""``rcdiag translate``: what one framework's setting means in another's terms."""
 
 from __future__ import annotations
 
@@ -6,79 +6,109 @@ from typing import Annotated
 
 import typer
 
-from rcdiag.cli.flags import VerlVersionOpt
+from rcdiag.cli.flags import AS_NAMES, VerlVersionOpt
 
-TARGETS = ("trl", "openrlhf", "areal", "skyrl")
-"""``--to`` choices (``rcdiag.frameworks.translate.TARGETS``; tests/test_translate.py checks they agree)."""
+FORMATS = ("text", "json")
 
 
 def translate(
     setting: Annotated[
-        list[str],
+        list[str] | None,
         typer.Argument(
             metavar="SETTING...",
-            help="A verl preset (decoupled_geo_rs) or algorithm.rollout_correction fields as KEY=VALUE "
-            "(rollout_is=token rollout_is_threshold=2.0), as `analyze --as verl --as-option` takes them.",
+            help="The --from framework's options as KEY=VALUE, as `analyze --as NAME --as-option` takes them "
+            "(nothing: its defaults); for verl also a preset name (decoupled_geo_rs).",
             show_default=False,
         ),
-    ],
+    ] = None,
     to: Annotated[
         str,
         typer.Option(
             "--to",
-            metavar="|".join(TARGETS),
+            metavar="|".join(AS_NAMES),
             help="The framework whose options to give.",
             show_default=False,
         ),
-    ],
+    ] = "",
     source: Annotated[
         str,
-        typer.Option("--from", metavar="verl", help="The framework the setting is written for (verl only, for now)."),
+        typer.Option("--from", metavar="|".join(AS_NAMES), help="The framework the setting is written for."),
     ] = "verl",
     verl_version: VerlVersionOpt = None,
+    output_format: Annotated[
+        str,
+        typer.Option("--format", metavar="|".join(FORMATS), help="text (tables) or json (the translation)."),
+    ] = "text",
 ) -> None:
-    """Say what a verl setting means in another framework's terms: per part (its IS weight, each RS option), the
-    framework's options to give (`analyze --as NAME --as-option ...`), whether they put the same weight on every
-    token, reject the same tokens but weight the kept ones otherwise, or are only the nearest, and what differs
-    (one- vs two-sided clamps, products vs geometric means, rejection vs a zero weight, verl's inverted k1 band).
+    """Say what one framework's setting means in another's terms: per part (a weight and its own mask, each other
+    band), the target's options, whether they put the same weight on every token (`same`), zero the same tokens
+    but weight the kept ones otherwise (`same_rejections`), are only the `nearest` or have `none` alike, and what
+    differs (one- vs two-sided clamps, products vs geometric means, verl's inverted k1 band, AReaL's reversed k3);
+    then the whole setting as one of the target's, written as its users write it, and the `analyze --as` line.
 
     Examples: `rcdiag translate decoupled_geo_rs --to areal`,
-    `rcdiag translate rollout_rs=token_k1 rollout_rs_threshold=0.7_1.3 --to trl`.
+    `rcdiag translate rollout_rs=token_k1 rollout_rs_threshold=0.7_1.3 --to trl`,
+    `rcdiag translate --from trl --to openrlhf` (TRL's defaults).
     """
+    from rcdiag.cli.output import print_stdout
+    from rcdiag.config import PRESETS, preset
+    from rcdiag.errors import ConfigError
+    from rcdiag.frameworks.registry import choose
+    from rcdiag.frameworks.translate import translate as translated
+
+    if output_format not in FORMATS:
+        raise ConfigError(f"--format {output_format}: translate writes {' or '.join(FORMATS)}")
+    if not to:
+        raise ConfigError(f"--to: give the framework whose options to give ({', '.join(AS_NAMES)})")
+    given = setting or []
+    chosen = choose(source, given if not _preset(given, source) else [])
+    if _preset(given, source):
+        if given[0] not in PRESETS:
+            raise ConfigError(f"{given[0]}: not a verl preset ({', '.join(PRESETS)}) nor KEY=VALUE")
+        fields = preset(given[0], verl_version).to_dict()
+        fields.pop("verl_version")
+        chosen = choose("verl", fields)
+    elif chosen.name == "verl" and verl_version is not None:
+        chosen.settings.config(preset("disabled", verl_version))  # type: ignore[attr-defined]  # its grammar's checks
+    result = translated(chosen, to)
+    if output_format == "json":
+        import json
+
+        out = result.to_dict()
+        whole = result.whole
+        out["setting"]["paste"] = result.target.paste(whole.options) if whole.options else ""
+        print_stdout(json.dumps(out, indent=2))
+        return
+    _text(result, chosen)
+
+
+def _preset(given: list[str], source: str) -> bool:
+    return source.strip().lower() == "verl" and len(given) == 1 and "=" not in given[0]
+
+
+def _text(result: object, chosen: object) -> None:
     from rich.table import Table
     from rich.text import Text
 
     from rcdiag.cli.console import stdout_console
-    from rcdiag.config import PRESETS, preset
-    from rcdiag.errors import ConfigError
-    from rcdiag.frameworks.registry import choose, framework
-    from rcdiag.frameworks.translate import Translation, combined
-    from rcdiag.frameworks.translate import translate as translated
-    from rcdiag.frameworks.verl import VerlSettings
+    from rcdiag.frameworks.translate import Translated
 
-    if source.strip().lower() != "verl":
-        raise ConfigError(f"--from {source}: rcdiag translates verl's settings only, for now")
-    if len(setting) == 1 and "=" not in setting[0]:
-        if setting[0] not in PRESETS:
-            raise ConfigError(f"{setting[0]}: not a verl preset ({', '.join(PRESETS)}) nor KEY=VALUE")
-        config = preset(setting[0], verl_version)
-    else:
-        settings = choose("verl", setting).settings
-        assert isinstance(settings, VerlSettings)
-        config = settings.config(preset("disabled", verl_version))
-    parts = translated(config, to)
-    target = framework(to)
+    assert isinstance(result, Translated)
+    source, target = result.source, result.target
     console = stdout_console()
-    console.print(Text(f"verl {config.verl_version} -> {target.label} (--as {target.name})", style="bold"))
+    console.print(Text(f"{source.label} -> {target.label} (--as {target.name})", style="bold"))
     table = Table(show_edge=False, pad_edge=False)
-    for column in ("verl", "match", f"{target.title} (--as-option)", "what differs"):
+    for column in (source.title, "match", f"{target.title} (--as-option)", "what differs"):
         table.add_column(column)
-    for part in parts:
-        table.add_row(part.part, part.match, "\n".join(part.as_options()) or "—", part.meaning)
+    for part in result.parts:
+        cells = (part.part, part.match, "\n".join(part.as_options()) or "—", part.meaning)
+        table.add_row(*(Text(cell) for cell in cells))
     console.print(table)
-    setting_all = combined(parts)
-    if setting_all is None:
-        console.print(Text(f"{target.title} applies one of these at a time: they do not combine into one setting."))
-    elif setting_all:
-        line = " ".join(f"--as-option '{option}'" for option in Translation("", "same", setting_all).as_options())
-        console.print(Text(f"rcdiag analyze DUMP --as {target.name} {line}", style="cyan"), soft_wrap=True)
+    whole = result.whole
+    if whole.match == "none":
+        console.print(Text(f"as one setting: none. {whole.meaning}"))
+        return
+    console.print(Text(f"as one setting ({whole.match}): {whole.meaning}", style="bold"))
+    console.print(Text(target.paste(whole.options).rstrip()))
+    line = " ".join(f"--as-option '{option}'" for option in whole.as_options())
+    console.print(Text(f"rcdiag analyze DUMP --as {target.name} {line}", style="cyan"), soft_wrap=True)

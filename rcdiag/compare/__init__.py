@@ -15,9 +15,9 @@ holds the entry points ``compare`` and ``compare_reports``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rcdiag.api import ProgressCallback, analyze
 from rcdiag.compare.diffs import TREND_KEYS, _diffs, _slope
@@ -49,6 +49,9 @@ from rcdiag.config import CorrectionConfig
 from rcdiag.errors import ConfigError
 from rcdiag.options import ReadOptions
 from rcdiag.report import Report, Side
+
+if TYPE_CHECKING:
+    from rcdiag.frameworks.registry import Chosen
 
 __all__ = [
     "ASSUMED_TEMPERATURE",
@@ -89,14 +92,18 @@ def compare(
     temperature_a: float | None = None,
     temperature_b: float | None = None,
     on_chunk: ProgressCallback | None = None,
+    framework: str | Chosen | None = None,
+    framework_options: Mapping[str, Any] | Sequence[str] = (),
     **options: Any,
 ) -> Comparison:
     """Analyse both dumps with ``config`` and compare them.
 
     ``read`` (with any ``ReadOptions`` field given as a keyword on top) says how to read both dumps; ``read_b``,
     when given, replaces it for B (two dumps with different column names). Temperatures given here are used
-    instead of the dumps' ``temperature`` metadata; a disagreement is reported as a finding. Raises
-    ``ConfigError`` for a bad temperature and the errors of ``rcdiag.analyze`` for bad inputs.
+    instead of the dumps' ``temperature`` metadata; a disagreement is reported as a finding. ``framework`` (and its
+    ``framework_options``): both sides computed ``--as`` it, as ``rcdiag.analyze`` takes them: its keys compared
+    beside verl's, each side's prescription in its settings. Raises ``ConfigError`` for a bad temperature and the
+    errors of ``rcdiag.analyze`` for bad inputs.
     """
     for name, value in (("temperature_a", temperature_a), ("temperature_b", temperature_b)):
         check_temperature(value, name)
@@ -106,8 +113,9 @@ def compare(
     from rcdiag.sections.units import UnitsSection
 
     units = (UnitsSection(),)  # each response's sums, for the significance tests
-    report_a = analyze(path_a, config, read, on_chunk=on_chunk, sections=units)
-    report_b = analyze(path_b, config, read_b or read, on_chunk=on_chunk, sections=units)
+    chosen = _chosen(framework, framework_options)
+    report_a = analyze(path_a, config, read, on_chunk=on_chunk, sections=units, framework=chosen)
+    report_b = analyze(path_b, config, read_b or read, on_chunk=on_chunk, sections=units, framework=chosen)
     return compare_reports(report_a, report_b, temperature_a=temperature_a, temperature_b=temperature_b)
 
 
@@ -120,10 +128,13 @@ def compare_many(
     reads: Sequence[ReadOptions | None] = (),
     temperatures: Sequence[float | None] = (),
     on_chunk: ProgressCallback | None = None,
+    framework: str | Chosen | None = None,
+    framework_options: Mapping[str, Any] | Sequence[str] = (),
     **options: Any,
 ) -> Comparisons:
     """Every dump against ``paths[baseline]``, each dump read once. ``reads``/``temperatures``, where given, apply
-    per dump (by position); the tests' p-values are Holm-adjusted over the comparisons, per metric."""
+    per dump (by position); the tests' p-values are Holm-adjusted over the comparisons, per metric. ``framework``:
+    every dump computed ``--as`` it (``compare``)."""
     from rcdiag.sections.units import UnitsSection
 
     if len(paths) < 2:
@@ -136,8 +147,9 @@ def compare_many(
     config.resolve()
     read = ReadOptions.of(read, options)
     given = [*reads, *[None] * (len(paths) - len(reads))]
+    chosen = _chosen(framework, framework_options)
     reports = [
-        analyze(path, config, given[i] or read, on_chunk=on_chunk, sections=(UnitsSection(),))
+        analyze(path, config, given[i] or read, on_chunk=on_chunk, sections=(UnitsSection(),), framework=chosen)
         for i, path in enumerate(paths)
     ]
     temps = [*temperatures, *[None] * (len(paths) - len(temperatures))]
@@ -147,6 +159,20 @@ def compare_many(
         for i in others
     ]
     return Comparisons(reports[baseline], tuple(_holm_adjusted(pairs)))
+
+
+def _chosen(framework: str | Chosen | None, options: Mapping[str, Any] | Sequence[str]) -> Chosen | None:
+    """The framework both sides are computed ``--as`` (checked once, before either dump is read)."""
+    if framework is None and not options:
+        return None
+    from rcdiag.frameworks.registry import Chosen, choose
+
+    return framework if isinstance(framework, Chosen) else choose(framework or "verl", options)
+
+
+def _framework_of(report: Report) -> tuple[str, Any] | None:
+    record = report.sections.get("framework")
+    return None if record is None else (record.name, record.options)
 
 
 def _holm_adjusted(pairs: list[Comparison]) -> list[Comparison]:
@@ -168,6 +194,8 @@ def compare_reports(
     config_a, config_b = CorrectionConfig(**a.config).resolve(), CorrectionConfig(**b.config).resolve()
     if not config_a.same_computation(config_b):  # as merge judges states: 2.0 and "2" are one threshold
         raise ConfigError("the two reports were computed with different engine configurations; compare needs one.")
+    if _framework_of(a) != _framework_of(b):
+        raise ConfigError("the two reports were computed --as different frameworks or options; compare needs one.")
     temperature = _temperature_analysis(*_sides(a, b, temperature_a, temperature_b))
     steps_a = {s.step: s for s in a.steps}
     steps_b = {s.step: s for s in b.steps}

@@ -16,14 +16,16 @@ kept with a weight above 0, that count (``unclipped_behave_tokens``) and ``rs_fi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from rcdiag.errors import ConfigError
-from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, weight_keys
+from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, weight_keys
+from rcdiag.frameworks.correction import Band, Correction, Form, Unit, Weight, k_bound, ratio_band
 from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
 
 DECOUPLED = "actor.use_decoupled_loss"
@@ -68,6 +70,30 @@ class Rejection:
     upper: float
     lower: float | None
 
+    def band(self) -> Band:
+        """What a mask zeroes, in the shared vocabulary: a bound on one token's k1, or on its k2 or k3 from above,
+        is a band on its ratio; per response, the aggregate of the ratio (or of k1) is a product, geometric mean or
+        largest ratio."""
+        label = self.label()
+        low: float | None = self.lower
+        high: float | None = self.upper
+        if self.metric in ("ratio", "kl_k1"):
+            if self.metric == "kl_k1":
+                low, high = _exp(low), _exp(high)
+            statistic = "ratio" if self.level == "token" else SEQUENCE_RATIO[self.agg]
+            return Band(statistic, low, high, label=label)
+        kind = "k2" if self.metric == "kl_k2" else "k3r"
+        if self.level == "sequence":
+            return Band(f"{self.agg}_{kind}", low, high, label=label)
+        if low is None or low <= 0:
+            return Band("ratio", *ratio_band(kind, self.upper, clamp=None), label=label)
+        return Band(f"token_{kind}", low, high, label=label)
+
+    def label(self) -> str:
+        bounds = f"[{_g(self.lower)}, {_g(self.upper)}]"
+        agg = f" {self.agg}" if self.level == "sequence" else ""
+        return f"rejection_sampling {self.level} {self.action} {self.metric}{agg} {bounds}"
+
     def in_bounds(self, metric: np.ndarray) -> np.ndarray:
         """``_check_bounds``: within [lower, upper] (float32 compared with the bounds rounded to float32)."""
         inside = metric <= np.float32(self.upper)
@@ -99,23 +125,51 @@ class ArealSettings:
             )
         return tuple(notes)
 
+    def correction(self) -> Correction:
+        rs = self.rejection
+        if rs is None:
+            return Correction(Weight("one", label=f"{REJECTION}: null (no rejection sampling)"))
+        if not self.decoupled:  # lr = 0 on every token: weight 1, kept unless 0's metric is out of bounds
+            zero = np.float32(1.0) if rs.metric == "ratio" else np.float32(0.0)
+            if bool(rs.in_bounds(np.asarray([zero]))[0]):
+                label = f"{DECOUPLED}: false (one engine's log-probs on both sides: weight 1, nothing rejected)"
+                return Correction(Weight("one", label=label))
+            what = "dropped" if rs.action == "mask" else "weighted by the clamp's bound"
+            text = f"{DECOUPLED}: false with {rs.label()}: every token {what} (a log-ratio of 0 is out of bounds)"
+            return Correction(Weight("one"), other=(text,))
+        quirks = (
+            "makes a non-finite log-ratio 0",
+            "drops a zeroed token from the loss but still divides by the original token count",
+        )
+        label = rs.label()
+        if rs.action == "clamp":
+            if rs.level == "token" or rs.agg == "mean":
+                unit: Unit = "token" if rs.level == "token" else "geomean"
+                return Correction(Weight(unit, rs.lower, rs.upper, label=label), quirks=quirks).normal()
+            where = SEQUENCE_WORDS[rs.agg]
+            text = f"{label}: the geometric-mean weight clamped only in a response whose {where} is outside"
+            return Correction(Weight("geomean"), other=(text,), quirks=quirks)
+        weighted: Unit = "geomean" if rs.level == "sequence" and rs.metric == "ratio" else "token"
+        return Correction(Weight(weighted, label=label), (rs.band(),), quirks=quirks).normal()
+
     def to_dict(self) -> dict[str, Any]:
         rejection = None if self.rejection is None else self.rejection.__dict__.copy()
         return {DECOUPLED: self.decoupled, REJECTION: rejection}
 
-    def apply(self, rows: TokenRows) -> tuple[np.ndarray, np.ndarray, int]:
-        """(weight on each valid token, 0 where dropped; ``prox - behave`` per token; tokens filtered or clamped)."""
+    def apply(self, rows: TokenRows) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """(weight on each valid token, 0 where dropped; ``prox - behave`` per token; the tokens filtered or clamped
+        (``rs_filtered_fraction``'s); those clamped, ``None`` where it masks)."""
         rs = self.rejection
         assert rs is not None
         raw = rows.diff if self.decoupled else np.zeros_like(rows.diff)
         lr = np.where(np.isfinite(raw), raw, np.float32(0.0))
-        weight = np.exp(lr)
+        weight = exp32(lr)
         original = weight
         metric = _metric(rs.metric, raw, lr)
         if rs.level == "sequence":
             count = np.maximum(rows.counts, 1).astype(np.float32)
             if rs.metric == "ratio":
-                weight = rows.per_token(np.exp(rows.row_sum(lr).astype(np.float32) / count))
+                weight = rows.per_token(exp32(rows.row_sum(lr).astype(np.float32) / count))
                 original = weight
             values = lr if rs.metric == "ratio" else metric
             if rs.agg == "max":
@@ -124,31 +178,44 @@ class ArealSettings:
                 agg = rows.row_sum(values).astype(np.float32)
                 if rs.agg == "mean":
                     agg = agg / count
-            row_metric = np.exp(agg) if rs.metric == "ratio" else agg
+            row_metric = exp32(agg) if rs.metric == "ratio" else agg
             inside = rows.per_token(rs.in_bounds(row_metric))
         else:
             inside = rs.in_bounds(metric) if rs.action == "mask" else np.ones(rows.n_tokens, dtype=bool)
         if rs.action == "mask":
-            kept = inside
-            changed = int(np.count_nonzero(~inside))
-        else:
-            low = np.float32(rs.lower if rs.lower is not None else 0.0)
-            clamped = np.minimum(np.maximum(weight, low), np.float32(rs.upper))
-            weight = clamped if rs.level == "token" else np.where(inside, weight, clamped)
-            kept = np.ones(rows.n_tokens, dtype=bool)
-            changed = int(np.count_nonzero(original != weight))
-        return np.where(kept, weight, np.float32(0.0)), raw, changed
+            return np.where(inside, weight, np.float32(0.0)), raw, ~inside, None
+        low = np.float32(rs.lower if rs.lower is not None else 0.0)
+        clamped = np.minimum(np.maximum(weight, low), np.float32(rs.upper))
+        weight = clamped if rs.level == "token" else np.where(inside, weight, clamped)
+        moved = original != weight
+        return weight, raw, moved, moved
+
+
+SEQUENCE_RATIO = {"sum": "product", "mean": "geomean", "max": "max_ratio"}
+"""A response's aggregate of log-ratios, as a ratio statistic."""
+SEQUENCE_WORDS = {"sum": "product of ratios", "mean": "geometric-mean ratio", "max": "largest token ratio"}
+
+
+def _exp(value: float | None) -> float | None:
+    """A bound on a log-ratio as a bound on the ratio (``inf`` past float64's range)."""
+    if value is None:
+        return None
+    return math.exp(value) if value < 709.0 else math.inf
+
+
+def _g(value: float | None) -> str:
+    return "null" if value is None else f"{value:g}"
 
 
 def _metric(name: str, raw: np.ndarray, lr: np.ndarray) -> np.ndarray:
     """The rejection metric per token, as ``KLEstimator._compute_approx_kl`` computes it in float32 (unclamped)."""
     if name == "ratio":
-        return np.exp(lr)
+        return exp32(lr)
     if name == "kl_k1":
         return raw
     if name == "kl_k2":
         return raw * raw / np.float32(2.0)
-    return np.exp(-raw) - np.float32(1.0) + raw
+    return exp32(-raw) - np.float32(1.0) + raw
 
 
 class ArealMetrics(FrameworkMetrics):
@@ -170,7 +237,7 @@ class ArealMetrics(FrameworkMetrics):
 
     def update(self, block: Any) -> None:
         rows = TokenRows(block)
-        weight, raw, changed = self.settings.apply(rows)
+        weight, raw, changed, clamped = self.settings.apply(rows)
         behave = weight > 0
         kept_weight = weight[behave].astype(np.float64)
         kl = np.where(behave, raw, np.float32(0.0))[behave].astype(np.float64)
@@ -182,9 +249,9 @@ class ArealMetrics(FrameworkMetrics):
             kl_sum=float(kl.sum()),
             kl_min=float(kl.min()) if kl.size else np.inf,
             kl_max=float(kl.max()) if kl.size else -np.inf,
-            changed=float(changed),
+            changed=float(np.count_nonzero(changed)),
         )
-        self.add_weights(weight)
+        self.add_weights(weight, rows, clamped)
 
     def keys(self) -> list[str]:
         return [
@@ -240,6 +307,62 @@ def settings(values: Mapping[str, Any], given: frozenset[str] = frozenset()) -> 
     return ArealSettings(values[DECOUPLED], Rejection(level, action, metric, agg, upper, lower))
 
 
+def _form(
+    level: str, action: str, metric: str, agg: str = "mean", log: bool = False
+) -> Callable[[float | None, float | None], dict[str, Any] | None]:
+    """Rejection sampling of this kind with the bounds given (on the ratio; ``log``: written on its log, kl_k1)."""
+
+    def options(low: float | None, high: float | None) -> dict[str, Any] | None:
+        if high is None or (log and high <= 0):
+            return None
+        if log:
+            low, high = (None if low is None or low <= 0 else math.log(low)), math.log(high)
+        block = {"level": level, "action": action, "metric": metric, "agg": agg, "upper": high, "lower": low}
+        return {DECOUPLED: True, REJECTION: block}
+
+    return options
+
+
+def _every_token(metric: str, kind: str) -> Callable[[float | None, float | None], dict[str, Any] | None]:
+    """A band on every token's ratio as the largest k of a response (``agg: max``), at the bound reaching it."""
+
+    def options(low: float | None, high: float | None) -> dict[str, Any] | None:
+        bound = k_bound(kind, low, high)
+        return None if bound is None else _form("sequence", "mask", metric, "max")(None, bound)
+
+    return options
+
+
+FORMS = (
+    Form("one", "none", lambda low, high: {REJECTION: None}),
+    Form("token", "clamp", _form("token", "clamp", "ratio")),
+    Form("token", "band", _form("token", "mask", "ratio"), statistic="ratio"),
+    Form("token", "band", _form("token", "mask", "kl_k1", log=True), statistic="ratio"),
+    Form("token", "band", _form("token", "mask", "kl_k2"), statistic="token_k2"),
+    Form("token", "band", _form("token", "mask", "kl_k3"), statistic="token_k3r"),
+    Form("geomean", "clamp", _form("sequence", "clamp", "ratio")),
+    *(
+        Form("geomean", "band", _form("sequence", "mask", "ratio", agg), statistic=s)
+        for agg, s in SEQUENCE_RATIO.items()
+    ),
+    *(
+        Form("token", "band", _form("sequence", "mask", "kl_k1", agg, log=True), statistic=s)
+        for agg, s in SEQUENCE_RATIO.items()
+    ),
+    *(
+        Form("token", "band", _form("sequence", "mask", metric, agg), statistic=f"{agg}_{kind}")
+        for metric, kind in (("kl_k2", "k2"), ("kl_k3", "k3r"))
+        for agg in ("sum", "mean", "max")
+    ),
+    Form("geomean", "band", lambda low, high: _form("sequence", "mask", "ratio", "max")(None, high), "all_ratios"),
+    *(
+        Form("token", "band", _every_token(metric, kind), statistic="all_ratios")
+        for metric, kind in (("kl_k2", "k2"), ("kl_k3", "k3r"))
+    ),
+)
+"""Every kind of rejection sampling, in the decoupled loss (AReaL's own checks refuse a ratio bound upper <= 1:
+kl_k1 writes that band on the log-ratio)."""
+
 FRAMEWORK = Framework(
     name="areal",
     title="AReaL",
@@ -268,4 +391,5 @@ FRAMEWORK = Framework(
     ),
     prefixes=("actor.",),
     batching="one PPO update (ppo_update over the step's batch; rs_filtered_fraction per micro-batch call)",
+    forms=FORMS,
 )

@@ -4,7 +4,7 @@ arrays its accumulators read from a block (``TokenRows``)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 import numpy as np
 
 from rcdiag.errors import ConfigError
+from rcdiag.frameworks.correction import Correction, Form
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce
 
 if TYPE_CHECKING:
@@ -92,6 +93,68 @@ class Option:
         return block
 
 
+def _flag(key: str, value: Any) -> str:
+    """One argparse flag: a true ``store_true`` bare, a false one and ``null`` left out, a pair as two values."""
+    if value is None or value is False:
+        return ""
+    if value is True:
+        return f"--{key}"
+    if isinstance(value, list | tuple):
+        return f"--{key} " + " ".join(scalar(v) for v in value)
+    return f"--{key} {scalar(value)}"
+
+
+def _yaml(tree: Mapping[str, Any], depth: int) -> list[str]:
+    lines = []
+    for key, value in tree.items():
+        pad = "  " * depth
+        if isinstance(value, Mapping) and value:
+            lines.append(f"{pad}{key}:")
+            lines.extend(_yaml(value, depth + 1))
+        elif isinstance(value, list | tuple) and value and all(isinstance(v, Mapping) for v in value):
+            lines.append(f"{pad}{key}:")
+            for item in value:  # a list of blocks: each item's first field after its dash
+                block = _yaml(item, depth + 2)
+                lines.extend([f"{pad}  - {block[0].lstrip()}", *block[1:]] if block else [f"{pad}  - {{}}"])
+        elif isinstance(value, list | tuple):
+            lines.append(f"{pad}{key}: [{', '.join(scalar(v) for v in value)}]")
+        else:
+            lines.append(f"{pad}{key}: {scalar(value)}")
+    return lines
+
+
+def _toml(tree: Mapping[str, Any], path: str = "") -> list[str]:
+    """TOML: the plain values of a table, then each nested table under its dotted header."""
+    lines = [f"{key} = {_toml_value(value)}" for key, value in tree.items() if not isinstance(value, Mapping)]
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            name = f"{path}.{key}" if path else key
+            plain = [k for k, v in value.items() if not isinstance(v, Mapping)]
+            lines.extend([f"[{name}]"] if plain else [])
+            lines.extend(_toml(value, name))
+    return lines
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return scalar(value)
+
+
+def scalar(value: Any) -> str:
+    """A YAML scalar: null, true/false, a number as Python writes it, a string quoted unless a plain word."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    text = str(value)
+    return text if text.isidentifier() else f'"{text}"'
+
+
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -127,6 +190,23 @@ class Settings(Protocol):
         """Every option by its key, as resolved (the JSON's ``framework.options``)."""
         ...
 
+    def correction(self) -> Correction:
+        """What these settings do to a dump's tokens, in the shared vocabulary (``rcdiag.frameworks.correction``):
+        what ``translate`` reads a setting of this framework as, and grades another's against."""
+        ...
+
+
+def merge_options(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Option sets as one, or ``None`` where two set one option differently (the framework applies one of them at a
+    time): how most frameworks combine two forms."""
+    merged: dict[str, Any] = {}
+    for part in parts:
+        for key, value in part.items():
+            if key in merged and merged[key] != value:
+                return None
+            merged[key] = value
+    return merged
+
 
 @dataclass(frozen=True)
 class Framework:
@@ -151,6 +231,14 @@ class Framework:
     left_out: str = ""
     """The keys it logs beside these that a dump cannot give (the current policy's log-probs, advantages), never
     guessed: a note of every report computed ``--as`` it."""
+    forms: tuple[Form, ...] = ()
+    """How its options write a correction (``rcdiag.frameworks.correction.Form``), in its order of preference: what
+    a setting of another framework is translated into."""
+    combine: Callable[[Sequence[Mapping[str, Any]]], dict[str, Any] | None] = merge_options
+    """Two or more forms' options as one setting, or ``None`` where it cannot hold them together."""
+    spelling: Literal["yaml", "flags", "toml"] | Callable[[Mapping[str, Any]], str] = "yaml"
+    """How its users write options: ``yaml`` (a config file, nested at the dots), ``toml`` (the same in TOML
+    tables), ``flags`` (argparse ``--key value``), or its own function of the options (full keys)."""
 
     @property
     def label(self) -> str:
@@ -172,6 +260,29 @@ class Framework:
     def defaults(self) -> dict[str, Any]:
         """Every option at this release's default."""
         return {option.key: option.default for option in self.options}
+
+    def paste(self, options: Mapping[str, Any]) -> str:
+        """``options`` (keys as ``--as-option`` takes them) as its users write them: YAML nested at the dots, or
+        argparse flags; one option per line."""
+        full: dict[str, Any] = {}
+        for key, value in options.items():
+            found = self.locate(key)
+            if found is None:
+                raise ConfigError(f"{self.label} has no option {key!r}")
+            option, field = found
+            full[option.key + ("." + field.key if field is not None else "")] = value
+        if callable(self.spelling):
+            return self.spelling(full)
+        if self.spelling == "flags":
+            return "\n".join(line for key, value in full.items() if (line := _flag(key, value))) + "\n"
+        tree: dict[str, Any] = {}
+        for key, value in full.items():
+            node = tree
+            *path, last = key.split(".")
+            for part in path:
+                node = node.setdefault(part, {})
+            node[last] = value
+        return "\n".join(_toml(tree) if self.spelling == "toml" else _yaml(tree, 0)) + "\n"
 
 
 # ------------------------------------------------------------------------------------------------ host arrays
@@ -274,9 +385,10 @@ class TokenRows:
 def exp32(values: np.ndarray) -> np.ndarray:
     """``exp`` of float32 values as torch's float32 ``exp`` gives them: the float64 exp rounded once to float32.
     numpy's own float32 ``exp`` is up to 2 ulps off and differs from torch's on ~40% of values near 0; this
-    differs on ~1% by one ulp, which matters where a framework subtracts (``exp(d) - d - 1``)."""
+    differs on ~1% by one ulp, which matters where a framework subtracts (``exp(d) - d - 1``) or bounds a ratio
+    within a few ulps of 1."""
     with np.errstate(over="ignore"):
-        return np.exp(values.astype(np.float64)).astype(np.float32)
+        return np.exp(np.asarray(values).astype(np.float64)).astype(np.float32)
 
 
 def f32(value: float | None) -> np.float32 | None:
@@ -284,22 +396,50 @@ def f32(value: float | None) -> np.float32 | None:
     return None if value is None else np.float32(value)
 
 
-def weight_keys(name: str, title: str = "", token: str = "", zeroes: str = "") -> tuple[MetricKey, MetricKey]:
-    """rcdiag's two readings of framework ``name``'s correction, in its words (``title``: the framework; ``token``:
-    what it calls a valid token; ``zeroes``: what zeroes one)."""
-    mean = f"rcdiag's: mean weight {title} puts on a {token}'s loss (1 = no correction)"
-    zeroed = f"rcdiag's: share of {token}s whose loss {zeroes} zeroes (the gradient lost)"
-    return MetricKey(f"rcdiag/{name}/weight_mean", mean), MetricKey(f"rcdiag/{name}/zeroed_fraction", zeroed)
+def weight_keys(name: str, title: str = "", token: str = "", zeroes: str = "") -> tuple[MetricKey, ...]:
+    """rcdiag's readings of framework ``name``'s correction, in its words (``title``: the framework; ``token``: what it
+    calls a valid token; ``zeroes``: what zeroes one): the same five for every framework, so one dump can be judged
+    under several (and a prescription's effect measured under any)."""
+    return (
+        MetricKey(
+            f"rcdiag/{name}/weight_mean", f"rcdiag's: mean weight {title} puts on a {token}'s loss (1 = no correction)"
+        ),
+        MetricKey(
+            f"rcdiag/{name}/zeroed_fraction",
+            f"rcdiag's: share of {token}s whose loss {zeroes} zeroes (the gradient lost)",
+        ),
+        MetricKey(
+            f"rcdiag/{name}/zeroed_response_fraction",
+            f"rcdiag's: share of responses (every row, an empty one too, as verl counts them) in which {zeroes} "
+            f"zeroes at least one {token}",
+        ),
+        MetricKey(
+            f"rcdiag/{name}/truncated_fraction",
+            f"rcdiag's: share of {token}s whose weight {title}'s clamp changed (0 where it only masks)",
+        ),
+        MetricKey(
+            f"rcdiag/{name}/ess",
+            f"rcdiag's: effective sample size of {title}'s weights over the {token}s, (sum w)^2 / (N sum w^2)",
+        ),
+    )
 
 
 class FrameworkMetrics(Accumulator):
     """Base of each framework's per-step accumulator: built from its settings (which must match to merge), with
-    the states of rcdiag's reading of its correction, ``rcdiag/NAME/weight_mean`` and ``zeroed_fraction``."""
+    the states of rcdiag's readings of its correction (``weight_keys``)."""
 
     OWNER = "framework"
     NAME: ClassVar[str] = ""
     """The framework's ``--as`` name, in rcdiag's keys."""
-    WEIGHT_STATES: ClassVar[dict[str, Reduce]] = {"tokens": "sum", "weight_sum": "sum", "zeroed": "sum"}
+    WEIGHT_STATES: ClassVar[dict[str, Reduce]] = {
+        "tokens": "sum",
+        "weight_sum": "sum",
+        "zeroed": "sum",
+        "weight_sq_sum": "sum",
+        "truncated": "sum",
+        "responses": "sum",
+        "responses_zeroed": "sum",
+    }
     STATES: ClassVar[dict[str, Reduce]] = WEIGHT_STATES
 
     def __init__(self, settings: Any) -> None:
@@ -309,20 +449,34 @@ class FrameworkMetrics(Accumulator):
     def signature(self) -> tuple:
         return (type(self).__name__, self.settings)
 
-    def add_weights(self, weight: np.ndarray) -> None:
-        """Fold in the weight the framework puts on each valid token's loss (0 where it drops the token)."""
+    def add_weights(self, weight: np.ndarray, rows: TokenRows, truncated: np.ndarray | None) -> None:
+        """Fold in the weight the framework puts on each valid token's loss (0 where it drops the token), of the
+        block's ``rows``, and where its clamp changed the weight (``truncated``; ``None``: it clamps nothing here)."""
+        weight64 = weight.astype(np.float64)
+        zero = weight == 0
         self.add(
             tokens=float(weight.shape[0]),
-            weight_sum=float(weight.astype(np.float64).sum()),
-            zeroed=float(np.count_nonzero(weight == 0)),
+            weight_sum=float(weight64.sum()),
+            zeroed=float(np.count_nonzero(zero)),
+            weight_sq_sum=float(np.square(weight64).sum()),
+            truncated=0.0 if truncated is None else float(np.count_nonzero(truncated)),
+            responses=float(rows.n_rows),
+            responses_zeroed=float(np.count_nonzero(rows.row_any(zero))),
         )
 
     def weight_keys(self) -> list[str]:
         return [key.key for key in weight_keys(self.NAME)]
 
     def weight_values(self) -> dict[str, MetricValue]:
-        """The token mean of the weights and the share that is 0 (``None`` without a valid token)."""
+        """rcdiag's readings (``weight_keys``): ``None`` without a valid token (the ESS also when every weight is 0)."""
         st = self.state
         n = st["tokens"]
-        mean, zeroed = self.weight_keys()
-        return {mean: st["weight_sum"] / n if n else None, zeroed: st["zeroed"] / n if n else None}
+        mean, zeroed, responses, truncated, ess = self.weight_keys()
+        square = st["weight_sq_sum"]
+        return {
+            mean: st["weight_sum"] / n if n else None,
+            zeroed: st["zeroed"] / n if n else None,
+            responses: st["responses_zeroed"] / st["responses"] if st["responses"] else None,
+            truncated: st["truncated"] / n if n else None,
+            ess: st["weight_sum"] ** 2 / (n * square) if n and square else None,
+        }

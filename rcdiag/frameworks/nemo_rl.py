@@ -20,7 +20,7 @@ each sample's ``exp(|d|)`` mean (max, mean and min over samples with a valid tok
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -29,6 +29,7 @@ import numpy as np
 from rcdiag.core import formulas
 from rcdiag.errors import ConfigError
 from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, weight_keys
+from rcdiag.frameworks.correction import NO_CLAMP_QUIRK, UNIT_STATISTIC, Band, Correction, Form, Unit, Weight
 from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
 
 NAME = "nemo-rl"
@@ -53,7 +54,8 @@ EPS = np.float32(1e-8)
 
 @dataclass(frozen=True)
 class NemoRLSettings:
-    correction: bool
+    applied: bool
+    """``use_importance_sampling_correction``."""
     kind: str | None
     high: float | None
     low: float | None
@@ -79,15 +81,38 @@ class NemoRLSettings:
                 "with a (B,) sample mask: it broadcasts to the sum of the weights times the kept samples over their "
                 "count, on each micro-batch: rcdiag gives the step as one micro-batch"
             )
-        if not self.correction:
+        if not self.applied:
             notes.append(f"{CORRECTION} is false (NeMo-RL's default): the weights are logged, not applied")
         notes.append("rcdiag/nemo-rl/* are rcdiag's: the importance weight NeMo-RL applies to each valid token's "
                      "loss (1 without the correction), 0 for a sample the threshold masks")  # fmt: skip
         return tuple(notes)
 
+    def correction(self) -> Correction:
+        """Its importance weight (per token, or per sample: the product) truncated (tis: clamped to [min or 0,
+        max]) or masked (icepop: a band on it; seq-mask-tis: a band on each sample's geometric mean), applied only
+        with the correction on; and the GRPO trainer's threshold on each sample's mean e^|d|, applied either way."""
+        bands = []
+        if self.threshold is not None:
+            label = f"{THRESHOLD} {self.threshold:g}: a sample whose mean e^|prev - gen| is above it masked"
+            bands.append(Band("mean_exp_abs", None, self.threshold, label=label))
+        quirks = ("sets a non-finite weight to 0", NO_CLAMP_QUIRK)
+        if not self.applied:
+            weight = Weight("one", label=f"{CORRECTION}: false (the weights are logged, not applied)")
+            return Correction(weight, tuple(bands), quirks=quirks).normal()
+        unit: Unit = "product" if self.sequence else "token"
+        label = f"{CORRECTION}: true, {TYPE}: {self.kind}, [{_g(self.low)}, {_g(self.high)}]" + (
+            ", one weight per sample" if self.sequence else ""
+        )
+        weight = Weight(unit, self.low, self.high, label=label) if self.kind == "tis" else Weight(unit, label=label)
+        if self.kind in ("icepop", "seq-mask-tis"):
+            statistic = UNIT_STATISTIC[unit] if self.kind == "icepop" else "geomean"
+            bands.append(Band(statistic, self.low, self.high, label=label))
+        other = (OVERFLOW,) if self.sequence else ()
+        return Correction(weight, tuple(bands), other=other, quirks=quirks).normal()
+
     def to_dict(self) -> dict[str, Any]:
         return {
-            CORRECTION: self.correction,
+            CORRECTION: self.applied,
             TYPE: self.kind,
             RATIO: self.high,
             RATIO_MIN: self.low,
@@ -169,8 +194,12 @@ class NemoRLMetrics(FrameworkMetrics):
             seq_weight=float(weight.astype(np.float64).sum()) if s.sequence else 0.0,
             oob=oob,
         )
-        applied = token_weight if s.correction else np.ones(rows.n_tokens, dtype=np.float32)
-        self.add_weights(np.where(kept, applied, np.float32(0.0)))
+        applied = token_weight if s.applied else np.ones(rows.n_tokens, dtype=np.float32)
+        moved = None
+        if s.applied and s.kind == "tis":  # where the clamp moved a kept token's weight
+            raw = self._raw(rows, d, kept_row)
+            moved = (token_weight != (raw if raw.shape[0] == rows.n_tokens else rows.per_token(raw))) & kept
+        self.add_weights(np.where(kept, applied, np.float32(0.0)), rows, moved)
 
     def _errors(self, err: np.ndarray, valid: np.ndarray, kept_row: np.ndarray) -> None:
         """``compute_and_apply_seq_logprob_error_masking``'s per-sample statistics, before and after masking."""
@@ -188,12 +217,10 @@ class NemoRLMetrics(FrameworkMetrics):
         or samples for seq-mask-tis), over what the loss keeps."""
         s = self.settings
         zero = np.float32(0.0)
+        weight = self._raw(rows, d, kept_row)
         if s.sequence:
-            kept_d = np.where(rows.per_token(kept_row), d, zero)
-            weight = _nan_to_zero(exp32(rows.row_sum(kept_d).astype(np.float32)))
             tokens = rows.counts * kept_row
         else:
-            weight = _nan_to_zero(exp32(d))
             tokens = np.ones(rows.n_tokens, dtype=np.int64) * rows.per_token(kept_row)
         if s.high is None:
             return weight, 0.0
@@ -209,6 +236,13 @@ class NemoRLMetrics(FrameworkMetrics):
         geo = exp32((rows.row_sum(log).astype(np.float32) / (rows.counts.astype(np.float32) + EPS)).astype(np.float32))
         inside = formulas.rs_keep(geo, low, high, True)
         return weight * rows.per_token(inside.astype(np.float32)), float(np.count_nonzero(~inside & kept_row))
+
+    def _raw(self, rows: TokenRows, d: np.ndarray, kept_row: np.ndarray) -> np.ndarray:
+        """The importance weight before truncation: per token, or per sample over the samples kept."""
+        if self.settings.sequence:
+            kept_d = np.where(rows.per_token(kept_row), d, np.float32(0.0))
+            return _finite(exp32(rows.row_sum(kept_d).astype(np.float32)))
+        return _finite(exp32(d))
 
     def keys(self) -> list[str]:
         oob = [OOB] if self.settings.high is not None else []
@@ -233,7 +267,48 @@ class NemoRLMetrics(FrameworkMetrics):
         return {**values, **self.weight_values()}, []
 
 
-def _nan_to_zero(weights: np.ndarray) -> np.ndarray:
+OVERFLOW = (
+    "a sample whose product of ratios overflows float32 (log-ratio sum above ~88.7) gets weight 0, where a clamp "
+    "(verl's, TRL's truncation) gives it the upper bound"
+)
+"""What NeMo-RL's per-sample weight does that the shared vocabulary cannot say: its nan_to_num before truncation."""
+
+
+def _g(value: float | None) -> str:
+    return "null" if value is None else f"{value:g}"
+
+
+def _type(kind: str | None, sequence: bool) -> Callable[[float | None, float | None], dict[str, Any] | None]:
+    """The correction applied with this truncation type (``None``: none), per token or per sample."""
+
+    def options(low: float | None, high: float | None) -> dict[str, Any] | None:
+        base = {CORRECTION: True, SEQUENCE: sequence, TOKEN_LOSS: not sequence, TYPE: kind}
+        if kind is None:
+            return {**base, RATIO: None, RATIO_MIN: None}
+        if kind == "tis":
+            return None if high is None else {**base, RATIO: high, RATIO_MIN: low}
+        return {**base, RATIO: high or OPEN_HIGH, RATIO_MIN: low or 0.0}
+
+    return options
+
+
+OPEN_HIGH = 1e30
+"""An upper bound no finite weight NeMo-RL computes in practice reaches: a band with none written."""
+FORMS = (
+    Form("one", "none", lambda low, high: {CORRECTION: False, TYPE: None, RATIO: None, RATIO_MIN: None}),
+    Form("token", "none", _type(None, False)),
+    Form("token", "clamp", _type("tis", False)),
+    Form("token", "band", _type("icepop", False), statistic="ratio"),
+    Form("token", "band", _type("seq-mask-tis", False), statistic="geomean"),
+    Form("product", "none", _type(None, True)),
+    Form("product", "clamp", _type("tis", True)),
+    Form("product", "band", _type("icepop", True), statistic="product"),
+    Form("one", "band", lambda low, high: None if high is None else {THRESHOLD: high}, statistic="mean_exp_abs"),
+)
+"""Each truncation type, per token or per sample, and the GRPO trainer's threshold (which combines with them)."""
+
+
+def _finite(weights: np.ndarray) -> np.ndarray:
     """``torch.nan_to_num(w, nan=0.0, posinf=0.0, neginf=0.0)``."""
     return np.where(np.isfinite(weights), weights, np.float32(0.0)).astype(np.float32)
 
@@ -275,7 +350,7 @@ def settings(values: Mapping[str, Any], given: frozenset[str] = frozenset()) -> 
             "truncated_importance_sampling_ratio is set without a type)"
         )
     return NemoRLSettings(
-        correction=values[CORRECTION],
+        applied=values[CORRECTION],
         kind=kind,
         high=high,
         low=low,
@@ -336,4 +411,5 @@ FRAMEWORK = Framework(
         "(and need advantages), and masked_correct_pct needs the rewards: a dump of the two engines holds neither"
     ),
     batching="one GRPO step (one global batch; its micro-batches normalised by its global counts)",
+    forms=FORMS,
 )

@@ -11,14 +11,15 @@ weights by each micro-batch's action tokens, so a step's value is the token mean
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from rcdiag.core import formulas
-from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, weight_keys
+from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, weight_keys
+from rcdiag.frameworks.correction import NO_CLAMP_QUIRK, Band, Correction, Form, Weight
 from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
 
 TYPES = ("tis", "icepop", "seq-mask-tis")
@@ -59,16 +60,30 @@ class OpenRLHFSettings:
     def to_dict(self) -> dict[str, Any]:
         return {ENABLE: self.enable, THRESHOLD: [self.low, self.high], TYPE: self.kind, LOSS: self.loss}
 
+    def correction(self) -> Correction:
+        if not self.enable:
+            return Correction(Weight("one", label=f"{ENABLE}: false (no correction)"))
+        if self.loss != "ppo":
+            return Correction(Weight("one", label=f"{LOSS}: {self.loss} (no IS correction)"))
+        label = f"is_correction_type {self.kind} [{self.low:g}, {self.high:g}]"
+        quirks = (NO_CLAMP_QUIRK,)
+        if self.kind == "tis":
+            weight = Weight("token", self.low, self.high, label=label + ": each token's ratio clamped (two-sided)")
+            return Correction(weight, quirks=quirks).normal()
+        statistic = "ratio" if self.kind == "icepop" else "geomean"
+        band = Band(statistic, self.low, self.high, label=label)
+        return Correction(Weight("token", label=label), (band,), quirks=quirks).normal()
+
     def weights(self, rows: TokenRows) -> np.ndarray:
         """The coefficient on each valid token's loss (float32, bounds compared in float32 as torch does)."""
         low, high = np.float32(self.low), np.float32(self.high)
-        ratio = np.exp(rows.diff)
+        ratio = exp32(rows.diff)
         if self.kind == "tis":
             return np.minimum(np.maximum(ratio, low), high)
         if self.kind == "icepop":
             return ratio * formulas.rs_keep(ratio, low, high, True).astype(np.float32)  # inf * 0 is NaN, as in torch
         mean = (rows.row_sum(rows.diff).astype(np.float32) / rows.counts.astype(np.float32)).astype(np.float32)
-        seq = np.exp(mean)
+        seq = exp32(mean)
         keep = formulas.rs_keep(seq, low, high, True).astype(np.float32)
         return rows.per_token(keep) * ratio
 
@@ -84,7 +99,11 @@ class OpenRLHFMetrics(FrameworkMetrics):
         rows = TokenRows(block)
         weight = self.settings.weights(rows)
         self.add(kl_sum=float((rows.rollout - rows.old).astype(np.float64).sum()))
-        self.add_weights(weight)
+        changed = None
+        if self.settings.kind == "tis":  # where the clamp moved the ratio
+            ratio = exp32(rows.diff)
+            changed = (weight != ratio) & ~np.isnan(ratio)
+        self.add_weights(weight, rows, changed)
 
     def keys(self) -> list[str]:
         return [VLLM_KL, *self.weight_keys()]
@@ -100,6 +119,24 @@ def settings(values: Mapping[str, Any], given: frozenset[str] = frozenset()) -> 
     low, high = values[THRESHOLD]
     return OpenRLHFSettings(values[ENABLE], low, high, values[TYPE], values[LOSS])
 
+
+def _kind(kind: str) -> Callable[[float | None, float | None], dict[str, Any] | None]:
+    """This correction type with the bounds given (no upper bound: none OpenRLHF can take; no lower bound: 0)."""
+
+    def options(low: float | None, high: float | None) -> dict[str, Any] | None:
+        if high is None:
+            return None
+        return {ENABLE: True, TYPE: kind, THRESHOLD: [0.0 if low is None else low, high]}
+
+    return options
+
+
+FORMS = (
+    Form("one", "none", lambda low, high: {ENABLE: False}),
+    Form("token", "clamp", _kind("tis")),
+    Form("token", "band", _kind("icepop"), statistic="ratio"),
+    Form("token", "band", _kind("seq-mask-tis"), statistic="geomean"),
+)
 
 FRAMEWORK = Framework(
     name="openrlhf",
@@ -128,4 +165,6 @@ FRAMEWORK = Framework(
         "need advantages: a dump of the two engines holds neither"
     ),
     batching="one PPO training step (ppo_train over the step's experience; micro-batches token-weighted)",
+    forms=FORMS,
+    spelling="flags",
 )

@@ -26,6 +26,7 @@ import numpy as np
 
 from rcdiag.errors import ConfigError
 from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, weight_keys
+from rcdiag.frameworks.correction import NO_CLAMP_QUIRK, Band, Correction, Form, Weight
 from rcdiag.metrics.base import MetricValue, Moments, Reduce, VerlCrash
 
 NAME = "prime-rl"
@@ -84,6 +85,18 @@ class PrimeRLSettings:
     def to_dict(self) -> dict[str, Any]:
         return {LOSS: dict(self.block)}
 
+    def correction(self) -> Correction:
+        """The IPO loss: each token's own ratio, 0 where |p_train - p_inference| exceeds ``ipo_threshold`` (a band
+        on the probability difference; none at 1 or more, which no difference exceeds). The default loss's mask
+        reads the advantages' sign: nothing a dump can say."""
+        if not self.ipo:
+            text = "loss.type default: DPPO masks a token by its advantage's sign and probability change"
+            return Correction(Weight("one"), other=(text,))
+        assert self.threshold is not None
+        label = f"loss.type ipo, ipo_threshold {self.threshold:g}: each ratio, 0 where |p_train - p_inference| > it"
+        bands = (Band("diff", -self.threshold, self.threshold, label=label),) if self.threshold < 1 else ()
+        return Correction(Weight("token", label=label), bands, quirks=(NO_CLAMP_QUIRK,)).normal()
+
 
 class PrimeRLMetrics(FrameworkMetrics):
     """One step's ``mismatch_kl/all/*`` and, under the IPO loss, its per-sample metrics."""
@@ -123,7 +136,7 @@ class PrimeRLMetrics(FrameworkMetrics):
             self.add(
                 **{f"{name}_sum": float(values.sum()), f"{name}_max": float(values.max()) if values.size else -math.inf}
             )
-        self.add_weights(np.where(masked, np.float32(0.0), exp32(d)))
+        self.add_weights(np.where(masked, np.float32(0.0), exp32(d)), rows, None)
 
     def keys(self) -> list[str]:
         if not self.settings.ipo:
@@ -165,6 +178,19 @@ def settings(values: Mapping[str, Any], given: frozenset[str] = frozenset()) -> 
     kept = {"type": kind, **{field: block[field] for field in FIELDS[kind]}}
     return PrimeRLSettings(kind, block["ipo_threshold"] if kind == "ipo" else None, tuple(kept.items()))
 
+
+def _ipo(low: float | None, high: float | None) -> dict[str, Any] | None:
+    """A band on p_train - p_inference as IPO's threshold: symmetric (the wider side's bound), 1 for none."""
+    sides = [abs(b) for b in (low, high) if b is not None]
+    threshold = min(max(sides), 1.0) if sides else 1.0
+    return {LOSS: {"type": "ipo", "ipo_threshold": threshold}}
+
+
+FORMS = (
+    Form("token", "band", _ipo, statistic="diff"),
+    Form("token", "none", lambda low, high: _ipo(None, None)),
+)
+"""The IPO loss (its threshold 1 masks nothing); the default loss's mask needs the advantages."""
 
 FRAMEWORK = Framework(
     name=NAME,
@@ -211,4 +237,6 @@ FRAMEWORK = Framework(
         "(the entropy), the default loss's masks and masked_advantage_* (the advantages) and loss (both)"
     ),
     batching="one training step (every micro-batch and rank of it)",
+    forms=FORMS,
+    spelling="toml",
 )

@@ -19,7 +19,7 @@ valid tokens every filter keeps.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -27,6 +27,7 @@ import numpy as np
 
 from rcdiag.core.limits import F32_MAX
 from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, weight_keys
+from rcdiag.frameworks.correction import NO_CLAMP_QUIRK, Band, Correction, Form, Unit, Weight
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
 
 BLOCK = "train_infer_correction"
@@ -110,6 +111,24 @@ class RollSettings:
     def to_dict(self) -> dict[str, Any]:
         return dict(self.shown)
 
+    def correction(self) -> Correction:
+        """The IS weight at its granularity, clamped to [0, upper_bound]; each enabled filter's ratio and diff
+        tests as bands at theirs (a bound at float32's limit bounds nothing)."""
+        if self.weight:
+            label = f"is_weight {self.weight_type}, upper_bound {self.upper}"
+            weight = Weight(UNITS[self.weight_type], None, self.upper, label=label)
+        else:
+            weight = Weight("one", label="is_weight off (weight 1)")
+        bands = []
+        for i, tests in enumerate(self.filters):
+            for test in tests:
+                label = f"filter {i + 1}: {test.kind} at {test.agg} in [{test.low:g}, {test.high:g}]"
+                statistic = (RATIO_STATISTIC if test.kind == "ratio" else DIFF_STATISTIC)[test.agg]
+                low = None if test.low <= -F32_MAX else test.low
+                high = None if test.high >= F32_MAX else test.high
+                bands.append(Band(statistic, low, high, label=label))
+        return Correction(weight, tuple(bands), quirks=(NO_CLAMP_QUIRK,)).normal()
+
 
 class RollMetrics(FrameworkMetrics):
     """One batch's ``actor/train_infer_*`` keys: per-row mean sums at each granularity, and for each pass test
@@ -179,10 +198,12 @@ class RollMetrics(FrameworkMetrics):
             if test.kind != "clip":
                 kept &= token_ok
         weight = np.ones(rows.n_tokens, dtype=np.float32)
+        moved = None
         if s.weight:
             w = per_row[s.weight_type][0] if s.weight_type in per_row else per_token[s.weight_type][0]
             w = rows.per_token(w) if s.weight_type in per_row else w
             weight = np.minimum(np.maximum(w, np.float32(0.0)), np.float32(s.upper)) if s.upper is not None else w
+            moved = (weight != w) & kept if s.upper is not None else None
         self.add(
             rows=float(rows.n_rows),
             valid_rows=float(np.count_nonzero(valid)),
@@ -193,7 +214,7 @@ class RollMetrics(FrameworkMetrics):
             passing_rows=passing,
             final=float(np.count_nonzero(kept)),
         )
-        self.add_weights(np.where(kept, weight, np.float32(0.0)))
+        self.add_weights(np.where(kept, weight, np.float32(0.0)), rows, moved)
 
     def keys(self) -> list[str]:
         s = self.settings
@@ -223,6 +244,60 @@ class RollMetrics(FrameworkMetrics):
         if s.has_filters:
             values["actor/train_infer_final_mask_mean"] = st["final"] / (st["tokens"] + EPS)
         return {**values, **self.weight_values()}, []
+
+
+UNITS: dict[str, Unit] = {"token": "token", "geometric": "geomean", "sequence": "product", "segment": "segment"}
+RATIO_STATISTIC = {"token": "ratio", "geometric": "geomean", "sequence": "product", "segment": "segment_ratio"}
+DIFF_STATISTIC = {"token": "diff", "geometric": "mean_diff", "sequence": "sum_diff", "segment": "segment_diff"}
+"""Each granularity's weight, ratio and probability difference in the shared vocabulary."""
+OFF = {"enabled": False, "weight_type": "token", "upper_bound": None}
+
+
+def _weight(kind: str, clamped: bool) -> Callable[[float | None, float | None], dict[str, Any] | None]:
+    def options(low: float | None, high: float | None) -> dict[str, Any] | None:
+        if clamped and high is None:
+            return None
+        return {IS_WEIGHT: {"enabled": True, "weight_type": kind, "upper_bound": high if clamped else None}}
+
+    return options
+
+
+def _filter(agg: str, what: str) -> Callable[[float | None, float | None], dict[str, Any] | None]:
+    """One enabled filter testing the ratio or the difference at ``agg`` (a missing bound at float32's limit)."""
+
+    def options(low: float | None, high: float | None) -> dict[str, Any]:
+        low_bound = (0.0 if what == "ratio" else -F32_MAX) if low is None else low
+        high_bound = F32_MAX if high is None else high
+        rule = {f.key: f.default for f in FILTER_FIELDS}
+        rule.update(enabled=True, agg_type=agg, ratio_enabled=what == "ratio", diff_enabled=what == "diff")
+        rule.update({f"{what}_low": low_bound, f"{what}_high": high_bound})
+        return {FILTERS: [rule]}
+
+    return options
+
+
+def combine(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """One IS weight and any filters, in order."""
+    weights = {repr(p[IS_WEIGHT]): p[IS_WEIGHT] for p in parts if IS_WEIGHT in p and p[IS_WEIGHT]["enabled"]}
+    if len(weights) > 1:
+        return None
+    filters = [rule for p in parts for rule in p.get(FILTERS, [])]
+    out: dict[str, Any] = {IS_WEIGHT: next(iter(weights.values()), OFF)}
+    return {**out, FILTERS: filters} if filters or any(FILTERS in p for p in parts) else out
+
+
+FORMS = (
+    Form("one", "none", lambda low, high: {IS_WEIGHT: OFF, FILTERS: []}),
+    *(
+        form
+        for kind, unit in UNITS.items()
+        for form in (Form(unit, "clamp", _weight(kind, True)), Form(unit, "none", _weight(kind, False)))
+    ),
+    *(Form("one", "band", _filter(agg, "ratio"), statistic=s) for agg, s in RATIO_STATISTIC.items()),
+    *(Form("one", "band", _filter(agg, "diff"), statistic=s) for agg, s in DIFF_STATISTIC.items()),
+)
+"""The IS weight at each granularity and a filter on the ratio or the difference at each: ROLL applies the weight
+and every filter together."""
 
 
 def _mean(rows: TokenRows, values: np.ndarray, count: np.ndarray) -> np.ndarray:
@@ -305,4 +380,6 @@ FRAMEWORK = Framework(
         "padded per micro-batch"
     ),
     batching="one batch of apply_train_infer_correction_to_batch (padded to its longest row)",
+    forms=FORMS,
+    combine=combine,
 )

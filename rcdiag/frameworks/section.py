@@ -214,3 +214,109 @@ def _shown(value: Any) -> str:
 def framework_section(name: str, options: Mapping[str, Any] | list[str] | tuple[str, ...] = ()) -> FrameworkSection:
     """The section of ``--as name`` with ``options`` (``KEY=VALUE`` texts or keys to values)."""
     return FrameworkSection(choose(name, options))
+
+
+# ------------------------------------------------------------------------- several settings measured in one pass
+
+
+SETTINGS_KEY = "framework_settings"
+
+
+class SettingsState:
+    """A whole-dump accumulator (``rcdiag.engine.WholeDump``) of several frameworks' settings at once, each pooled
+    over the whole dump: how ``sweep --as NAME`` measures every recommendation in that framework's settings in one
+    pass."""
+
+    KEY = SETTINGS_KEY
+
+    def __init__(self, chosen: tuple[Chosen, ...]) -> None:
+        self.chosen = chosen
+        self.metrics = [c.settings.new_metrics() for c in chosen]
+        self.rows_read = 0
+        self.part_rows: list[int] = []
+
+    def update(self, block: Block) -> None:
+        for metrics in self.metrics:
+            if metrics is not None:
+                metrics.update(block)
+
+    def number(self, chunk: Any) -> Any:
+        chunk.rows = np.arange(self.rows_read, self.rows_read + chunk.n_rows, dtype=np.int64)
+        self.rows_read += chunk.n_rows
+        return chunk
+
+    def merge(self, other: SettingsState) -> SettingsState:
+        if self.signature() != other.signature():
+            raise ValueError("cannot merge the measures of other framework settings")
+        for mine, theirs in zip(self.metrics, other.metrics, strict=True):
+            if mine is not None and theirs is not None:
+                mine.merge(theirs)
+        self.rows_read += other.rows_read
+        return self
+
+    def signature(self) -> tuple:
+        return (type(self).__name__, *((c.name, c.settings) for c in self.chosen))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "settings": [[c.name, c.settings.to_dict()] for c in self.chosen],
+            "rows_read": self.rows_read,
+            "metrics": [None if m is None else m.state_dict() for m in self.metrics],
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: Any) -> SettingsState:
+        if not isinstance(state, dict) or set(state) != {"settings", "rows_read", "metrics"}:
+            raise FieldError(f"{SETTINGS_KEY} must be a table of settings, rows_read and metrics, got {shown(state)}")
+        settings, saved = state["settings"], state["metrics"]
+        if not isinstance(settings, list) or not isinstance(saved, list) or len(settings) != len(saved):
+            raise FieldError(f"{SETTINGS_KEY}: one saved accumulator per setting")
+        chosen = []
+        for item in settings:
+            if not (
+                isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], dict)
+            ):
+                raise FieldError(f"{SETTINGS_KEY}.settings: each a [name, options] pair, got {shown(item)}")
+            chosen.append(choose(item[0], item[1]))
+        out = cls(tuple(chosen))
+        out.rows_read = integer(state["rows_read"], f"{SETTINGS_KEY}.rows_read")
+        for metrics, part in zip(out.metrics, saved, strict=True):
+            if (metrics is None) != (part is None):
+                raise FieldError(f"{SETTINGS_KEY}.metrics: a setting's saved accumulator does not match it")
+            if metrics is not None:
+                metrics.load_state_dict(part)
+        return out
+
+    @classmethod
+    def layout(cls) -> dict[str, Any]:
+        return FrameworkState.layout()
+
+
+register_whole_dump(SETTINGS_KEY, SettingsState)
+
+
+@dataclass(frozen=True)
+class SettingsRecord:
+    """Each setting's pooled values (in the order given): the framework's keys and rcdiag's readings."""
+
+    values: tuple[StepValues, ...]
+
+    def to_dict(self) -> list[dict[str, Any]]:
+        return [{"metrics": v.metrics, "extras": v.extras} for v in self.values]
+
+
+class SettingsSection(PlainSection):
+    """Several frameworks' settings measured on the dump in one pass (``SettingsRecord``)."""
+
+    KEY: ClassVar[str] = SETTINGS_KEY
+
+    def __init__(self, chosen: tuple[Chosen, ...] = ()) -> None:
+        self.chosen = chosen
+
+    def new_state(self) -> SettingsState:
+        return SettingsState(self.chosen)
+
+    def record(self, state: SettingsState | None, run: RunFacts) -> SettingsRecord | None:
+        if state is None:
+            return None
+        return SettingsRecord(tuple(step_values(metrics) for metrics in state.metrics))

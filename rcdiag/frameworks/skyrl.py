@@ -18,15 +18,17 @@ batch whatever the correction (none when it has no valid token; torch's unbiased
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
 
 from rcdiag.core.limits import SAFETY_BOUND
 from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, f32, weight_keys
+from rcdiag.frameworks.correction import CLAMP_QUIRK, Band, Correction, Form, Weight, within_clamp
 from rcdiag.metrics.base import MetricValue, Moments, Reduce, VerlCrash
 
 BLOCK = "trainer.algorithm.off_policy_correction"
@@ -115,6 +117,33 @@ class SkyRLSettings:
     def to_dict(self) -> dict[str, Any]:
         return {BLOCK: dict(self.block)}
 
+    def correction(self) -> Correction:
+        """Its weight (token or sequence TIS: clamped from above) and masks (the outlier veto on every token's
+        ratio, the token mask, the geometric or product sequence mask), each a band; the log-ratio clamped at +-20
+        as verl's; what it masks leaves the loss mask."""
+        quirks = (CLAMP_QUIRK, "takes a masked token out of the loss mask (its token mean divides by the kept ones)")
+        label = f"{BLOCK}: " + ", ".join(f"{k}={_shown(v)}" for k, v in self.block if v != _DEFAULTS[k])
+        if not self.enabled:
+            return Correction(Weight("one", label=f"{BLOCK}: every correction off (no weight, nothing masked)"))
+        weight = Weight("one", label=label)
+        if self.tis == "token":
+            weight = Weight("token", None, self.token_cap, label=label)
+        elif self.tis == "sequence":
+            weight = Weight("product", None, self.sequence_cap, label=label)
+        bands = []
+        if self.outlier:
+            bands.append(Band("all_ratios", self.outlier_low, self.outlier_high, label=label))
+        if self.token_mask:
+            bands.append(Band("ratio", self.token_low, self.token_high, label=label))
+        if self.sequence_mask is not None:
+            statistic = "geomean" if self.sequence_mask == "geometric" else "product"
+            bands.append(Band(statistic, self.mask_low, self.mask_high, label=label))
+        other: tuple[str, ...] = ()
+        if self.token_mask and (self.tis == "sequence" or self.sequence_mask is not None):
+            other = (f"{label}: the sequence weight or mask over the tokens its token mask keeps, not the response",)
+        weight = replace(weight, high=None) if weight.high is not None and weight.high > CLAMP_HIGH else weight
+        return Correction(weight, tuple(within_clamp(b) for b in bands), other=other, quirks=quirks).normal()
+
 
 class SkyRLMetrics(FrameworkMetrics):
     """One step's ``policy/rollout_train_logprobs_abs_diff_*`` and ``policy/loss_metrics/*`` keys."""
@@ -159,7 +188,7 @@ class SkyRLMetrics(FrameworkMetrics):
                 diff=_moments(absdiff),
             )
         if not self.settings.enabled:
-            self.add_weights(np.ones(rows.n_tokens, dtype=np.float32))
+            self.add_weights(np.ones(rows.n_tokens, dtype=np.float32), rows, None)
             return
         ratio = _safe_exp(diff)
         if rows.n_tokens:
@@ -169,10 +198,13 @@ class SkyRLMetrics(FrameworkMetrics):
                 ratio_min=float(ratio.min()),
                 ratio_max=float(ratio.max()),
             )
-        self.add_weights(self._correct(rows, diff, ratio))
+        self.add_weights(*self._correct(rows, diff, ratio))
 
-    def _correct(self, rows: TokenRows, diff: np.ndarray, ratio: np.ndarray) -> np.ndarray:
-        """Apply SkyRL's corrections in its order, adding their counts; the weight on each valid token's loss."""
+    def _correct(
+        self, rows: TokenRows, diff: np.ndarray, ratio: np.ndarray
+    ) -> tuple[np.ndarray, TokenRows, np.ndarray | None]:
+        """Apply SkyRL's corrections in its order, adding their counts; the weight on each valid token's loss, the
+        rows, and where the truncation moved the weight."""
         s = self.settings
         keep = np.ones(rows.n_tokens, dtype=bool)
         if s.outlier:
@@ -187,17 +219,20 @@ class SkyRLMetrics(FrameworkMetrics):
             self.add(token_masked=float(np.count_nonzero(keep & ~inside)), token_valid=float(np.count_nonzero(keep)))
             keep &= inside
         weight = np.ones(rows.n_tokens, dtype=np.float32)
+        moved = None
         kept_diff = np.where(keep, diff, np.float32(0.0))
         seq_sum = rows.row_sum(kept_diff).astype(np.float32)  # torch's float32 sum of (log-ratio * loss_mask)
         if s.tis == "token":
             cap = np.float32(s.token_cap)
             self.add(tis_clipped=float(np.count_nonzero((ratio > cap) & keep)), tis_valid=float(np.count_nonzero(keep)))
             weight = np.minimum(ratio, cap)
+            moved = ratio > cap
         elif s.tis == "sequence":
             seq_ratio = _safe_exp(seq_sum)
             cap = np.float32(s.sequence_cap)
             self.add(tis_clipped=float(np.count_nonzero(seq_ratio > cap)))
             weight = rows.per_token(np.minimum(seq_ratio, cap))
+            moved = rows.per_token(seq_ratio > cap)
         if s.sequence_mask is not None:
             if s.sequence_mask == "geometric":
                 count = np.maximum(rows.row_sum(keep.astype(np.float64)), 1.0).astype(np.float32)
@@ -211,7 +246,7 @@ class SkyRLMetrics(FrameworkMetrics):
                 seq_low=float(np.count_nonzero(under)),
             )
             keep &= ~rows.per_token(over | under)
-        return np.where(keep, weight, np.float32(0.0))
+        return np.where(keep, weight, np.float32(0.0)), rows, None if moved is None else moved & keep
 
     def keys(self) -> list[str]:
         s = self.settings
@@ -275,6 +310,65 @@ class SkyRLMetrics(FrameworkMetrics):
         return mean, std, top, bottom
 
 
+CLAMP_HIGH = math.exp(SAFETY_BOUND)
+OPEN_LOW, OPEN_HIGH = 1e-9, 1e9
+"""Bounds beyond SkyRL's +-20 clamp: a missing bound written so it bounds nothing."""
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
+def _field(**fields: Any) -> dict[str, Any]:
+    """``off_policy_correction`` fields, each its own option (so two forms combine into one setting)."""
+    return {f"{BLOCK}.{key}": value for key, value in fields.items()}
+
+
+def _tis(level: str) -> Callable[[float | None, float | None], dict[str, Any] | None]:
+    cap = "token_tis_ratio_clip_high" if level == "token" else "sequence_tis_ratio_clip_high"
+
+    def options(low: float | None, high: float | None) -> dict[str, Any] | None:
+        return None if high is None else _field(tis_ratio_type=level, **{cap: high})
+
+    return options
+
+
+def _mask(metric: str | None) -> Callable[[float | None, float | None], dict[str, Any] | None]:
+    """A band as SkyRL's token mask (``None``), or its geometric or product sequence mask (both bounds: a missing
+    one written beyond the +-20 clamp)."""
+
+    def options(low: float | None, high: float | None) -> dict[str, Any] | None:
+        low, high = low or OPEN_LOW, high or OPEN_HIGH
+        if metric is None:
+            return _field(token_mask_is_threshold_low=low, token_mask_is_threshold_high=high)
+        prefix = SEQ_PREFIX[metric]
+        return _field(sequence_mask_metric=metric, **{f"{prefix}_mask_low": low, f"{prefix}_mask_high": high})
+
+    return options
+
+
+FORMS = (
+    Form("one", "none", lambda low, high: _field(tis_ratio_type=None)),
+    Form("token", "clamp", _tis("token")),
+    Form("product", "clamp", _tis("sequence")),
+    Form("token", "none", lambda low, high: _field(tis_ratio_type="token", token_tis_ratio_clip_high=OPEN_HIGH)),
+    Form(
+        "product", "none", lambda low, high: _field(tis_ratio_type="sequence", sequence_tis_ratio_clip_high=OPEN_HIGH)
+    ),
+    Form("one", "band", _mask(None), statistic="ratio"),
+    Form("one", "band", _mask("geometric"), statistic="geomean"),
+    Form("one", "band", _mask("product"), statistic="product"),
+    Form(
+        "one",
+        "band",
+        lambda low, high: _field(outlier_token_is_threshold_low=low, outlier_token_is_threshold_high=high),
+        statistic="all_ratios",
+    ),
+)
+"""Each correction as its own fields (a truncated weight, the token mask, a sequence mask, the outlier veto): SkyRL
+applies them together, so they combine; a missing bound is written beyond its +-20 clamp (it bounds nothing)."""
+
+
 def _safe_exp(d: np.ndarray) -> np.ndarray:
     """``safe_exp_delta``: exp of ``d`` clamped to [-20, 20], in float32."""
     bound = np.float32(SAFETY_BOUND)
@@ -315,7 +409,8 @@ def settings(values: Mapping[str, Any], given: frozenset[str] = frozenset()) -> 
     )
 
 
-_BLOCK = Option(BLOCK, "block", {f.key: f.default for f in FIELDS}, "SkyRL's off-policy correction", fields=FIELDS)
+_DEFAULTS = {f.key: f.default for f in FIELDS}
+_BLOCK = Option(BLOCK, "block", _DEFAULTS, "SkyRL's off-policy correction", fields=FIELDS)
 FRAMEWORK = Framework(
     name="skyrl",
     title="SkyRL",
@@ -390,4 +485,5 @@ FRAMEWORK = Framework(
         "advantages: a dump of the two engines holds neither"
     ),
     batching="one training step (its batch as one micro-batch, padded to its longest row)",
+    forms=FORMS,
 )

@@ -20,7 +20,7 @@ helper's rejections), its denominators the original counts.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -29,7 +29,28 @@ import numpy as np
 from rcdiag.core import formulas
 from rcdiag.core.limits import SAFETY_BOUND
 from rcdiag.errors import ConfigError
-from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, weight_keys
+from rcdiag.frameworks.base import (
+    Framework,
+    FrameworkMetrics,
+    MetricKey,
+    Option,
+    TokenRows,
+    exp32,
+    merge_options,
+    scalar,
+    weight_keys,
+)
+from rcdiag.frameworks.correction import (
+    CLAMP_QUIRK,
+    NO_CLAMP_QUIRK,
+    UNIT_STATISTIC,
+    Band,
+    Correction,
+    Form,
+    Unit,
+    Weight,
+    within_clamp,
+)
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
 
 PREFIX = "train/"
@@ -135,6 +156,41 @@ class SlimeSettings:
     def to_dict(self) -> dict[str, Any]:
         return dict(self.given)
 
+    def correction(self) -> Correction:
+        """slime's default TIS function (a two-sided clamp), ``icepop_function`` (a band on each ratio) or the MIS
+        helper (a weight at token, sequence or geometric level, truncated, clipped or masked; its rejection band,
+        its veto on every token's ratio; batch normalisation)."""
+        if not self.runs_tis:
+            return Correction(Weight("one", label="use_tis and get_mismatch_metrics false (slime's default)"))
+        bounds = f"[{self.clip_low:g}, {self.clip:g}]"
+        if self.function is None:
+            weight = Weight("token", self.clip_low, self.clip, label=f"the TIS function {bounds}: each ratio clamped")
+            return Correction(weight, quirks=(NO_CLAMP_QUIRK,)).normal()
+        if self.function == ICEPOP:
+            label = f"icepop_function {bounds}: a ratio outside set to 0"
+            band = Band("ratio", self.clip_low, self.clip, label=label)
+            return Correction(Weight("token", label=label), (band,), quirks=(NO_CLAMP_QUIRK,)).normal()
+        mis = self.mis
+        assert mis is not None
+        if not self.use_tis:
+            return Correction(Weight("one", label="the MIS helper without use_tis: its metrics only"))
+        unit = MIS_UNITS[mis.tis_level]
+        label = f"MIS tis_level {mis.tis_level}, tis_mode {mis.tis_mode} [{mis.tis_lower:g}, {mis.tis_upper:g}]"
+        bands = []
+        if mis.tis_mode == "mask":
+            weight = Weight(unit, label=label)
+            bands.append(Band(UNIT_STATISTIC[unit], mis.tis_lower, mis.tis_upper, label=label))
+        else:
+            low = mis.tis_lower if mis.tis_mode == "clip" else None
+            weight = Weight(unit, low, mis.tis_upper if mis.tis_upper <= CLAMP_HIGH else None, label=label)
+        if mis.use_rs:
+            rs = f"MIS use_rs rs_level {mis.rs_level} [{mis.rs_lower:g}, {mis.rs_upper:g}]"
+            bands.append(Band(UNIT_STATISTIC[MIS_UNITS[mis.rs_level]], mis.rs_lower, mis.rs_upper, label=rs))
+            if mis.veto is not None:
+                bands.append(Band("all_ratios", mis.veto, None, label=f"MIS rs_veto_threshold {mis.veto:g}"))
+        bands = [within_clamp(b) for b in bands]
+        return Correction(weight, tuple(bands), mis.batch_normalize, quirks=(CLAMP_QUIRK,)).normal()
+
 
 def _per_row(rows: TokenRows, values: np.ndarray) -> np.ndarray:
     """A per-row float32 value as the per-token tensor slime expands it to."""
@@ -187,7 +243,20 @@ class SlimeMetrics(FrameworkMetrics):
             sample=sample,
             token=token,
         )
-        self.add_weights(weight * kept)
+        self.add_weights(weight * kept, rows, self._truncated(per_token, kept))
+
+    def _truncated(self, per_token: dict[str, np.ndarray], kept: np.ndarray) -> np.ndarray | None:
+        """Where the TIS function's clamp moved a kept token's weight (``None`` where it only masks)."""
+        s = self.settings
+        if not s.runs_tis or s.function == ICEPOP:
+            return None
+        if s.function is None:
+            return (per_token[PREFIX + "tis_clipfrac"] != 0) & (kept != 0)
+        mis = s.mis
+        if mis is None or not s.use_tis or mis.tis_mode == "mask":
+            return None
+        before, after = (per_token[f"{PREFIX}mis_tis_weight_{w}_bound"] for w in ("before", "after"))
+        return (before != after) & (kept != 0)
 
     def _values(self, rows: TokenRows) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """(per-token values, per-row values, the weight before normalisation, the mask returned) by key."""
@@ -326,11 +395,18 @@ class SlimeMetrics(FrameworkMetrics):
                 filled = st["filled_rows"] if not s.per_token else st["tokens"]
                 value = factor * filled / (st["rows"] if not s.per_token else st["denominator"])
             values[key] = value
-        n = st["tokens"]
-        mean, zeroed = self.weight_keys()
-        values[mean] = st["weight_sum"] / factor / n if n else None
-        values[zeroed] = st["zeroed"] / n if n else None
+        values.update(self.weight_values())
+        mean = self.weight_keys()[0]
+        weight_mean = values[mean]
+        values[mean] = None if weight_mean is None else weight_mean / factor  # the ESS and shares: scale-free
         return values, []
+
+
+MIS_UNITS: dict[str, Unit] = {"token": "token", "sequence": "product", "geometric": "geomean"}
+"""The MIS helper's weight levels as weights."""
+CLAMP_HIGH = math.exp(SAFETY_BOUND)
+OPEN_LOW, OPEN_HIGH = 1e-9, 1e9
+"""Bounds beyond the MIS helper's +-20 clamp: a missing bound written so it bounds nothing."""
 
 
 def _row_reduce(rows: TokenRows, values: np.ndarray, function: Any, empty: np.float32) -> np.ndarray:
@@ -452,6 +528,103 @@ def _keys() -> tuple[MetricKey, ...]:
     )
 
 
+def _tis(function: str | None) -> Callable[[float | None, float | None], dict[str, Any] | None]:
+    """--use-tis with the default TIS function (a clamp) or icepop_function (a band), the bounds given."""
+
+    def options(low: float | None, high: float | None) -> dict[str, Any] | None:
+        if high is None and function is None:
+            return None
+        return {"use_tis": True, "custom_tis_function_path": function, "tis_clip": high or OPEN_HIGH,
+                "tis_clip_low": low or 0.0}  # fmt: skip
+
+    return options
+
+
+def _mis(level: str, mode: str, normalize: bool) -> Callable[[float | None, float | None], dict[str, Any] | None]:
+    """The MIS helper's weight at ``level`` in ``mode``, alone (no rejection, no veto: a rejection form adds them)."""
+
+    def options(low: float | None, high: float | None) -> dict[str, Any] | None:
+        if (mode == "clip" and low is None) or (mode == "truncate" and high is None):
+            return None
+        return {
+            "use_tis": True, "custom_tis_function_path": MIS, "tis_level": level, "tis_mode": mode,
+            "tis_lower_bound": low or OPEN_LOW, "tis_upper_bound": high or OPEN_HIGH, "use_rs": False,
+            "rs_veto_threshold": None, "tis_batch_normalize": normalize,
+        }  # fmt: skip
+
+    return options
+
+
+def _unclamped(level: str, normalize: bool) -> Callable[[float | None, float | None], dict[str, Any] | None]:
+    """The MIS weight truncated beyond its +-20 clamp: not truncated."""
+    return lambda low, high: _mis(level, "truncate", normalize)(None, OPEN_HIGH)
+
+
+def _rs(level: str) -> Callable[[float | None, float | None], dict[str, Any] | None]:
+    def options(low: float | None, high: float | None) -> dict[str, Any] | None:
+        return {"use_tis": True, "custom_tis_function_path": MIS, "use_rs": True, "rs_level": level,
+                "rs_lower_bound": low or OPEN_LOW, "rs_upper_bound": high or OPEN_HIGH}  # fmt: skip
+
+    return options
+
+
+def _veto(low: float | None, high: float | None) -> dict[str, Any] | None:
+    if low is None or high is not None:
+        return None
+    return {"use_tis": True, "custom_tis_function_path": MIS, "use_rs": True, "rs_veto_threshold": low}
+
+
+SWITCHES = {"use_rs": False, "rs_veto_threshold": None, "tis_batch_normalize": False}
+"""MIS fields a weight form turns off and another form may turn on: on wins when two forms combine."""
+
+
+def combine(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Forms as one setting: the MIS weight, its rejection and veto together (a switch one form turns on is on)."""
+    merged = merge_options([{k: v for k, v in part.items() if k not in SWITCHES} for part in parts])
+    if merged is None:
+        return None
+    for key, off in SWITCHES.items():
+        values = [part[key] for part in parts if key in part]
+        on = [v for v in values if v != off]
+        if len(set(map(repr, on))) > 1:
+            return None
+        if values:
+            merged[key] = on[0] if on else off
+    return merged
+
+
+def paste(options: Mapping[str, Any]) -> str:
+    """slime's arguments as its flags (``--use-tis``), the MIS helper's fields as mis.yaml's lines."""
+    flags = [
+        f"--{key.replace('_', '-')}" + ("" if value is True else f" {value}")
+        for key, value in options.items()
+        if key in _BASE and value is not None and value is not False
+    ]
+    mis = [f"  {key}: {scalar(value)}" for key, value in options.items() if key in _MIS]
+    return "\n".join([*flags, *(["mis.yaml:", *mis] if mis else [])]) + "\n"
+
+
+FORMS = (
+    Form("one", "none", lambda low, high: {"use_tis": False, "get_mismatch_metrics": False}),
+    Form("token", "clamp", _tis(None)),
+    Form("token", "band", _tis(ICEPOP), statistic="ratio"),
+    *(
+        form
+        for normalize in (False, True)
+        for level, unit in MIS_UNITS.items()
+        for form in (
+            Form(unit, "clamp", _mis(level, "truncate", normalize), normalize=normalize),
+            Form(unit, "clamp", _mis(level, "clip", normalize), normalize=normalize),
+            Form(unit, "band", _mis(level, "mask", normalize), statistic=UNIT_STATISTIC[unit], normalize=normalize),
+            Form(unit, "none", _unclamped(level, normalize)),
+        )
+    ),
+    *(Form("one", "band", _rs(level), statistic=UNIT_STATISTIC[unit]) for level, unit in MIS_UNITS.items()),
+    Form("one", "band", _veto, statistic="all_ratios"),
+)
+"""slime's TIS functions and the MIS helper's weights, rejection and veto (which combine); a missing bound is
+written beyond the helper's +-20 clamp."""
+
 FRAMEWORK = Framework(
     name="slime",
     title="slime",
@@ -471,4 +644,7 @@ FRAMEWORK = Framework(
         "engines holds neither"
     ),
     batching="one training step (its samples as one micro-batch; each sample its own rollout)",
+    forms=FORMS,
+    combine=combine,
+    spelling=paste,
 )

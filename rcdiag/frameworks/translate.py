@@ -1,53 +1,75 @@
-"""What a verl setting means in another framework's terms (``rcdiag translate SETTING --to NAME``).
+"""What one framework's setting means in another's terms (``rcdiag translate SETTING --from A --to B``; the verdict's
+prescription and the sweep's recommendations under ``--as NAME``).
 
-Each part of a verl configuration (its IS weight; each RS option) is translated on its own into the target's
-options, marked ``same`` (the target's code puts the same weight on every token), ``same_rejections`` (it rejects or
-zeroes the same tokens or responses, but weights the kept ones otherwise), ``nearest`` (the closest it has, with
-what differs) or ``none`` (nothing alike); tests run both on dumps and compare each claim. Where the
-semantics differ it says how: one- and two-sided clamps, products and geometric means, a rejection (verl's RS: the
-token leaves the loss, the kept ones keep weight 1) and a weight (a masked ratio: the kept ones carry their ratio),
-and verl's k1 band, which keeps the ratio pi_train/pi_rollout in [1/U, 1/L] for ``"L_U"``.
+Both sides speak the shared vocabulary of ``rcdiag.frameworks.correction``: the source reads its settings into a
+``Correction`` (``Settings.correction()``), and the target's declared ``Form``s propose option sets filled with the
+source's bounds, each read back through the target's own settings (its own checks refuse what it refuses) and
+graded against what the source does. A match is ``same`` (the same weight on every token), ``same_rejections``
+(the same tokens or responses zeroed, the kept ones weighted otherwise: said how), ``nearest`` (the closest it has,
+with every difference said) or ``none`` (nothing alike). Each part of the setting (its weight, each band) is
+translated on its own, and the whole setting as one (``Translated.whole``: what to paste).
 """
 
 from __future__ import annotations
 
-import math
+import itertools
+import json
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rcdiag.config import CorrectionConfig, ISSpec, RSOption
-from rcdiag.core.limits import SAFETY_BOUND
 from rcdiag.errors import ConfigError
-from rcdiag.frameworks.registry import choose
+from rcdiag.frameworks.base import Framework
+from rcdiag.frameworks.correction import Band, Correction, Form, Weight, family, unit_family
+from rcdiag.frameworks.registry import Chosen, choose, framework, names
 
 Match = Literal["same", "same_rejections", "nearest", "none"]
-"""``same``: the same weight on every token; ``same_rejections``: the same tokens (or responses) rejected or
-zeroed, the kept ones weighted differently (said how); ``nearest``: the closest it has; ``none``: nothing alike."""
-TARGETS = ("trl", "openrlhf", "areal", "skyrl")
-"""The frameworks a verl setting translates to."""
+"""``same``: the same weight on every token; ``same_rejections``: the same tokens (or responses) zeroed, the kept
+ones weighted otherwise (said how); ``nearest``: the closest it has; ``none``: nothing alike."""
+MATCHES: tuple[Match, ...] = ("same", "same_rejections", "nearest", "none")
 
 
 @dataclass(frozen=True)
 class Translation:
-    """One part of the verl setting in the target's terms."""
+    """One part of a setting (or the whole) in the target's terms."""
 
     part: str
-    """The verl part, in words (``IS token TIS 2``, ``RS seq_mean_k1 0.999_1.001``)."""
+    """The source's part, in its own words."""
     match: Match
     options: dict[str, Any] = field(default_factory=dict)
     """The target's options to give (``--as-option KEY=VALUE``); empty for ``none``."""
     meaning: str = ""
+    """What the target's options do, and what differs."""
 
     def as_options(self) -> list[str]:
         """The options as ``KEY=VALUE`` texts (JSON values)."""
-        import json
-
-        return [
-            f"{key}={value if isinstance(value, str) else json.dumps(value)}" for key, value in self.options.items()
-        ]
+        return [f"{key}={_text(value)}" for key, value in self.options.items()]
 
     def to_dict(self) -> dict[str, Any]:
         return {"part": self.part, "match": self.match, "options": self.options, "meaning": self.meaning}
+
+
+@dataclass(frozen=True)
+class Translated:
+    """A setting of ``source`` in ``target``'s terms: part by part, and as one setting of the target."""
+
+    source: Framework
+    target: Framework
+    parts: tuple[Translation, ...]
+    whole: Translation
+    """The target's one setting nearest the whole (``none``: nothing alike)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "from": self.source.label,
+            "to": self.target.label,
+            "parts": [part.to_dict() for part in self.parts],
+            "setting": self.whole.to_dict(),
+        }
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def combined(parts: list[Translation]) -> dict[str, Any] | None:
@@ -62,289 +84,204 @@ def combined(parts: list[Translation]) -> dict[str, Any] | None:
     return merged
 
 
-def translate(config: CorrectionConfig, to: str) -> list[Translation]:
-    """Each part of ``config`` (verl's) in the terms of ``to`` (``TARGETS``); every option set is
-    checked by that framework's own validation (``choose``)."""
-    target = to.strip().lower()
-    if target not in TARGETS:
-        raise ConfigError(f"--to {to}: rcdiag translates verl's settings to {', '.join(TARGETS)}")
-    resolved = config.resolve()
-    parts: list[Translation] = []
-    if resolved.is_spec is not None:
-        parts.append(_is(resolved.is_spec, target))
-        if resolved.is_spec.batch_normalize:
-            parts.append(Translation("IS batch normalization", "none", meaning=_NO_NORMALIZE))
-    parts.extend(_rs(option, target) for option in resolved.rs_options)
-    if config.bypass_mode:
-        parts.append(Translation("bypass_mode", "none", meaning=_BYPASS[target]))
-    if not parts:
-        parts.append(Translation("metrics only (no IS, no RS)", "same", _OFF[target], _OFF_MEANING[target]))
-    for part in parts:
-        if part.options:
-            choose(target, part.options)  # the framework's own checks: a translation it refuses is a bug here
-    return parts
+def translate(source: Chosen, to: str) -> Translated:
+    """``source`` (a framework with its settings) in the terms of framework ``to``: each part and the whole. Into
+    its own framework a setting is itself, whatever its forms can write."""
+    target = _target(to)
+    wanted = source.settings.correction()
+    parts = tuple(express(part, target, source.framework.title) for part in wanted.parts())
+    whole = express(wanted, target, source.framework.title, [p.options for p in parts if p.options])
+    if target.name == source.framework.name and whole.match != "same":
+        whole = Translation(wanted.label(), "same", source.settings.to_dict(), "the same framework and options")
+    return Translated(source.framework, target, parts, whole)
 
 
-_NO_NORMALIZE = (
-    "none of TRL 1.16.0, OpenRLHF 0.11.0, AReaL 1.0.4 and SkyRL a9564572e normalises the weights of a batch to mean 1"
-)
-_BYPASS = {
-    "trl": "TRL always recomputes the old log-probs when it corrects (vllm_importance_sampling_correction)",
-    "openrlhf": "OpenRLHF recomputes the old log-probs; its correction compares them with vLLM's",
-    "areal": "AReaL without actor.use_decoupled_loss trains on one engine's log-probs, which is bypass mode's view",
-    "skyrl": "SkyRL recomputes the old log-probs whenever an off-policy correction is on; its rollout_is and cispo "
-    "(cispo_anchor rollout) losses are the nearest to bypass mode, outside off_policy_correction",
-}
-_OFF: dict[str, dict[str, Any]] = {
-    "trl": {"vllm_importance_sampling_correction": False},
-    "openrlhf": {"algo.advantage.is_correction_enable": False},
-    "areal": {"actor.rejection_sampling": None},
-    "skyrl": {},
-}
-_OFF_MEANING = {
-    "trl": "no correction: TRL then logs no sampling/* key (verl still logs its off-policy metrics)",
-    "openrlhf": "no correction (OpenRLHF's default): no vllm_kl either",
-    "areal": "no rejection sampling (AReaL's default): no behave_* key either",
-    "skyrl": "no off-policy correction (SkyRL's default): it still logs policy/rollout_train_logprobs_abs_diff_*",
-}
-_DECOUPLED = {"actor.use_decoupled_loss": True}
-_AREAL_KEPT = "AReaL weights the kept ones by exp(prox - behave) (verl's RS alone keeps weight 1)"
-_RS_WEIGHT = {
-    "trl": "TRL's mask zeroes the ratio of the same tokens but weights the kept ones by their ratio (verl's RS "
-    "alone keeps weight 1)",
-    "openrlhf": "OpenRLHF zeroes the coefficient of the same tokens but weights the kept ones by their ratio (verl's "
-    "RS alone keeps weight 1)",
-    "areal": "AReaL drops the same tokens from the loss but weights the kept ones by exp(prox - behave) (verl's RS "
-    "alone keeps weight 1)",
-}
+def _target(to: str) -> Framework:
+    if to.strip().lower() not in names():
+        raise ConfigError(f"--to {to}: rcdiag translates between {', '.join(names())}")
+    return framework(to)
 
 
-def _is(spec: ISSpec, target: str) -> Translation:
-    upper, lower = spec.upper, spec.lower
-    if spec.level == "token":
-        if lower is None:
-            part = f"IS token TIS {upper:g} (each token's ratio clamped from above)"
-            clamp = "; verl clamps the log-ratio at +-20 first (a difference only beyond e^20)"
-            if target == "skyrl":
-                return _skyrl_is(part, "token", None, upper)
-            if target == "trl":
-                options = _trl("token_truncate", None, upper)
-                return Translation(part, "same", options, "token_truncate clamps each ratio at C_max" + clamp)
-            if target == "openrlhf":
-                options = _openrlhf("tis", 0.0, upper)
-                meaning = "OpenRLHF's tis clamps from both sides: a lower bound 0 makes it one-sided, as verl's"
-                return Translation(part, "same", options, meaning + clamp)
-            if upper <= 1.0:
-                return Translation(part, "none", meaning="AReaL refuses a ratio bound upper <= 1")
-            options = {**_DECOUPLED, "actor.rejection_sampling": _areal("token", "clamp", "ratio", "mean", upper)}
-            return Translation(part, "same", options, "AReaL's clamp takes lower 0 by default: one-sided" + clamp)
-        part = f"IS token IcePop {lower:g}_{upper:g} (a ratio outside [L, U] weighted 0)"
-        if target == "skyrl":
-            return _skyrl_is(part, "token", lower, upper)
-        if target == "trl":
-            options = _trl("token_mask", lower, upper)
-            return Translation(part, "same", options, "token_mask zeroes a ratio outside [C_min, C_max], inclusive")
-        if target == "openrlhf":
-            return Translation(part, "same", _openrlhf("icepop", lower, upper), "icepop keeps [low, high], inclusive")
-        if upper <= 1.0:
-            return Translation(part, "none", meaning="AReaL refuses a ratio bound upper <= 1")
-        options = {**_DECOUPLED, "actor.rejection_sampling": _areal("token", "mask", "ratio", "mean", upper, lower)}
-        meaning = (
-            "AReaL drops the token from the loss but still divides by the original token count: the gradient of a "
-            "zero weight"
-        )
-        return Translation(part, "same", options, meaning)
-    if lower is None:
-        part = f"IS sequence TIS {upper:g} (the product of a response's ratios clamped from above)"
-        if target == "skyrl":
-            return _skyrl_is(part, "sequence", None, upper)
-        if target == "trl":
-            options = _trl("sequence_truncate", None, upper)
-            return Translation(part, "same", options, "TRL does not clamp the log of the product (verl: +-20)")
-        if target == "openrlhf":
-            return Translation(part, "none", meaning="OpenRLHF 0.11.0 has no sequence-level weight")
-        meaning = (
-            "AReaL's sequence weight is the geometric mean of the ratios, not their product: these options clamp "
-            "the geometric-mean weight of the responses whose product exceeds the bound"
-        )
-        if upper <= 1.0:
-            return Translation(part, "none", meaning="AReaL refuses a ratio bound upper <= 1")
-        options = {**_DECOUPLED, "actor.rejection_sampling": _areal("sequence", "clamp", "ratio", "sum", upper)}
-        return Translation(part, "nearest", options, meaning)
-    part = f"IS sequence IcePop {lower:g}_{upper:g} (a response whose ratio product is outside [L, U] weighted 0)"
-    if target == "skyrl":
-        return _skyrl_is(part, "sequence", lower, upper)
-    if target == "trl":
-        options = _trl("sequence_mask", lower, upper)
-        return Translation(part, "same", options, "sequence_mask zeroes a product outside [C_min, C_max]")
-    if target == "openrlhf":
-        meaning = "OpenRLHF's seq-mask-tis bounds the geometric mean, not the product (and keeps token ratios)"
-        return Translation(part, "nearest", _openrlhf("seq-mask-tis", lower, upper), meaning)
-    if upper <= 1.0:
-        return Translation(part, "none", meaning="AReaL refuses a ratio bound upper <= 1")
-    options = {**_DECOUPLED, "actor.rejection_sampling": _areal("sequence", "mask", "ratio", "sum", upper, lower)}
-    meaning = "the same responses dropped (product outside [L, U]); AReaL weights the kept ones by the geometric mean"
-    return Translation(part, "nearest", options, meaning)
+def express(
+    wanted: Correction, target: Framework, source: str = "", extra: list[dict[str, Any]] | None = None
+) -> Translation:
+    """``wanted`` as the target's best setting (``source``: whose it is, in the words). Every form of the target is
+    filled with ``wanted``'s bounds, alone and in pairs (and ``extra``: option sets to try combined, such as each
+    part's translation), read back through the target's settings and graded; the best wins, the target's own order
+    of forms breaking ties."""
+    best: tuple[tuple, dict[str, Any], Correction] | None = None
+    for rank, (options, single) in enumerate(_candidates(wanted, target, extra or [])):
+        got = _read(target, options)
+        if got is None:
+            continue
+        score = (*_score(wanted, got, single), -rank)
+        if best is None or score > best[0]:
+            best = (score, options, got)
+    if best is None or not _shares(wanted, best[2]):
+        return Translation(wanted.label(), "none", meaning=_nothing(wanted, target))
+    _, options, got = best
+    match = _match(wanted, got)
+    return Translation(wanted.label(), match, options, _meaning(match, wanted, got, target.title, source))
 
 
-def _rs(option: RSOption, target: str) -> Translation:
-    spec = f"{option.lower:g}_{option.upper:g}" if option.is_k1 and option.lower is not None else f"{option.upper:g}"
-    part = f"RS {option.name} {spec}"
-    if option.is_k1:
-        assert option.lower is not None
-        low, high = 1.0 / option.upper, 1.0 / option.lower  # verl's inverted band: ratio kept in [1/U, 1/L]
-        part += f" (keeps the ratio pi_train/pi_rollout in [{low:.6g}, {high:.6g}]: verl's k1 band is inverted)"
-        if option.agg == "token":
-            return _token_band(part, low, high, target, f"a token whose ratio is outside [{low:.6g}, {high:.6g}]")
-        if target == "skyrl" and option.agg in ("mean", "sum"):
-            return _skyrl_rows(part, "geometric" if option.agg == "mean" else "product", low, high)
-        if option.agg == "mean":
-            if target == "areal":
-                rejection = _areal("sequence", "mask", "ratio", "mean", high, low)
-                options = {**_DECOUPLED, "actor.rejection_sampling": rejection}
-                return Translation(
-                    part, "same_rejections", options, "the same responses dropped (geometric mean); " + _AREAL_KEPT
-                )
-            if target == "openrlhf":
-                return Translation(part, "same_rejections", _openrlhf("seq-mask-tis", low, high), _RS_WEIGHT[target])
-            meaning = "TRL 1.16.0 has no geometric-mean mask (its sequence_mask bounds the product, which grows)"
-            return Translation(part, "none", meaning=meaning)
-        # seq_sum_k1: the product, each token's log-ratio clamped at +-20 first
-        if target == "trl":
-            options = _trl("sequence_mask", low, high)
-            return Translation(part, "same_rejections", options, "the same responses zeroed; " + _RS_WEIGHT[target])
-        if target == "areal":
-            options = {**_DECOUPLED, "actor.rejection_sampling": _areal("sequence", "mask", "ratio", "sum", high, low)}
-            meaning = "the same responses dropped; AReaL weights the kept ones by their geometric-mean ratio"
-            return Translation(part, "same_rejections", options, meaning + " (verl's RS alone keeps weight 1)")
-        return Translation(part, "none", meaning="OpenRLHF 0.11.0 bounds no product of ratios")
-    estimator = option.estimator
-    if option.agg == "token":
-        a, b = _band(estimator, option.upper)
-        what = f"a token whose {estimator} exceeds {option.upper:g} (its ratio outside [{a:.6g}, {b:.6g}])"
-        return _token_band(part, a, b, target, what)
-    if target == "skyrl" and option.agg == "max":
-        a, b = _band(estimator, option.upper)
-        options = _skyrl(outlier_token_is_threshold_low=a, outlier_token_is_threshold_high=b)
-        meaning = (
-            f"a response with any token whose {estimator} exceeds {option.upper:g} (its ratio outside [{a:.6g}, "
-            f"{b:.6g}]) vetoed by SkyRL's outlier bounds; the kept ones keep weight 1, as with verl's RS"
-        )
-        return Translation(part, "same_rejections", options, meaning)
-    if target != "areal":
-        return Translation(part, "none", meaning=f"{target} has no per-response KL bound")
-    kl = "kl_k2" if estimator == "k2" else "kl_k3"
-    options = {**_DECOUPLED, "actor.rejection_sampling": _areal("sequence", "mask", kl, option.agg, option.upper)}
-    if estimator == "k2":
-        meaning = f"the same responses dropped (the {option.agg} of lr^2/2); " + _AREAL_KEPT
-        return Translation(part, "same_rejections", options, meaning)
-    meaning = (
-        "AReaL's kl_k3 is exp(-lr) - 1 + lr, verl's k3 is exp(lr) - 1 - lr: the KL in the other direction, so the "
-        "same bound drops other responses"
+def _candidates(
+    wanted: Correction, target: Framework, extra: list[dict[str, Any]]
+) -> Iterator[tuple[dict[str, Any], bool]]:
+    """Option sets to try, each with whether it is one form alone."""
+    singles = [options for form in target.forms for options in _fill(form, wanted)]
+    yield from ((options, True) for options in singles)
+    if len(extra) > 1:
+        merged = target.combine(extra)
+        if merged is not None:
+            yield merged, False
+    for a, b in itertools.combinations(singles, 2):
+        merged = target.combine([a, b])
+        if merged is not None:
+            yield merged, False
+    parts = _components(wanted, target)
+    if len(parts) > 2:  # one form per component (the weight, each band), for targets that hold them all at once
+        for chosen in itertools.product(*parts):
+            merged = target.combine(list(chosen))
+            if merged is not None:
+                yield merged, False
+
+
+COMPONENT_CHOICES = 3
+"""Forms tried per component of a correction when composing one per component (the first in the target's order)."""
+
+
+def _components(wanted: Correction, target: Framework) -> list[list[dict[str, Any]]]:
+    """Per component of ``wanted`` (its weight, each band), the target's options that write that component alone:
+    the weight by a form of its unit (clamped, or not), a band by a form on its statistic."""
+    weight = wanted.weight
+    forms = [f for f in target.forms if f.unit == weight.unit and f.normalize == wanted.normalize]
+    weights = [
+        o for f in forms for o in _fill(f, Correction(weight)) if f.slot == ("clamp" if weight.clamped else "none")
+    ]
+    parts = [weights[:COMPONENT_CHOICES]] if weight.unit != "one" else []
+    for band in wanted.bands:
+        alone = Correction(Weight("one"), (band,))
+        found = [o for f in target.forms if f.slot == "band" and f.statistic == band.statistic for o in _fill(f, alone)]
+        parts.append(found[:COMPONENT_CHOICES])
+    return [p for p in parts if p]
+
+
+def _fill(form: Form, wanted: Correction) -> Iterator[dict[str, Any]]:
+    """The form's options with each of ``wanted``'s bounds that fit its slot."""
+    bounds: list[tuple[float | None, float | None]] = []
+    if form.slot == "none":
+        bounds.append((None, None))
+    elif form.slot == "clamp":
+        if wanted.weight.clamped:
+            bounds.append((wanted.weight.low, wanted.weight.high))
+        bounds.extend((b.low, b.high) for b in wanted.bands if family(b.statistic) == _weight_family(form.unit))
+    else:
+        bounds.extend((b.low, b.high) for b in wanted.bands if family(b.statistic) == family(form.statistic))
+        if wanted.weight.clamped and _weight_family(wanted.weight.unit) == family(form.statistic):
+            bounds.append((wanted.weight.low, wanted.weight.high))
+    for low, high in dict.fromkeys(bounds):
+        options = form.options(low, high)
+        if options is not None:
+            yield options
+
+
+def _weight_family(unit: str) -> str:
+    return family({"token": "ratio", "product": "product", "geomean": "geomean"}.get(unit, ""))
+
+
+def _read(target: Framework, options: Mapping[str, Any]) -> Correction | None:
+    """What ``options`` do in the target, read through its own settings; ``None`` where it refuses them."""
+    try:
+        return choose(target.name, options).settings.correction()
+    except ConfigError:
+        return None
+
+
+def _score(wanted: Correction, got: Correction, single: bool) -> tuple:
+    """How near ``got`` is to ``wanted``, compared as tuples: the same, the same bands; then band by band (exactly,
+    on the same statistic, on a statistic of the same kind, of the same family), then the weight, then one form
+    rather than two, a weight of the same kind, nothing extra."""
+
+    def count(alike: Callable[[Band, Band], bool]) -> int:
+        return sum(any(alike(w, g) for g in got.bands) for w in wanted.bands)
+
+    extra = sum(not any(g.same(w) for w in wanted.bands) for g in got.bands)
+    return (
+        got.same(wanted),
+        wanted.same_bands(got),
+        count(Band.same),
+        count(lambda w, g: w.statistic == g.statistic),
+        count(lambda w, g: _kind(w.statistic) == _kind(g.statistic)),
+        count(lambda w, g: family(w.statistic) == family(g.statistic)),
+        wanted.weight.same(got.weight),
+        wanted.weight.unit == got.weight.unit,
+        single,
+        unit_family(wanted.weight.unit) == unit_family(got.weight.unit),
+        -extra,
+        wanted.normalize == got.normalize,
     )
-    return Translation(part, "nearest", options, meaning)
 
 
-def _token_band(part: str, low: float, high: float, target: str, what: str) -> Translation:
-    """A per-token ratio band as each target's token mask."""
-    if target == "skyrl":
-        options = _skyrl(token_mask_is_threshold_low=low, token_mask_is_threshold_high=high)
-        return Translation(part, "same_rejections", options, f"{what} masked by SkyRL's token mask; {_SKYRL_KEPT}")
-    if target == "trl":
-        options = _trl("token_mask", low, high)
-        return Translation(part, "same_rejections", options, f"{what} zeroed; " + _RS_WEIGHT[target])
-    if target == "openrlhf":
-        return Translation(
-            part, "same_rejections", _openrlhf("icepop", low, high), f"{what} zeroed; " + _RS_WEIGHT[target]
+def _kind(statistic: str) -> str:
+    """A statistic's kind: verl's k3 and AReaL's reversed k3 are one kind, and a ratio is its own."""
+    return statistic.rsplit("_", 1)[-1].rstrip("r") if "_k" in statistic else statistic
+
+
+def _shares(wanted: Correction, got: Correction) -> bool:
+    """Whether ``got`` has anything of ``wanted``: a band alike, or a weight of the same kind (beyond weight 1)."""
+    if wanted.other:
+        return False
+    if wanted.same(got):
+        return True
+    if any(family(w.statistic) == family(g.statistic) for w in wanted.bands for g in got.bands):
+        return True
+    kind = unit_family(wanted.weight.unit)
+    return kind != "one" and kind == unit_family(got.weight.unit)
+
+
+def _match(wanted: Correction, got: Correction) -> Match:
+    if wanted.same(got):
+        return "same"
+    if wanted.bands and wanted.same_bands(got):
+        return "same_rejections"
+    return "nearest"
+
+
+def _meaning(match: Match, wanted: Correction, got: Correction, target: str, source: str) -> str:
+    """What the target's setting does and, unless the same, what differs from the source's."""
+    source = source or "the source"
+    if match == "same":
+        quirks = [f"{source} {q}" for q in wanted.quirks if q not in got.quirks]
+        quirks += [f"{target} {q}" for q in got.quirks if q not in wanted.quirks]
+        return "; ".join(["the same weight on every token", *quirks])
+    if match == "same_rejections":
+        zeroed = " and ".join(sorted({"tokens" if b.scope == "token" else "responses" for b in wanted.bands}))
+        return (
+            f"the same {zeroed} zeroed; the kept ones weighted otherwise: {target}'s weight is "
+            f"{got.weight.describe()} ({source}'s: {wanted.weight.describe()})"
         )
-    if high <= 1.0:
-        return Translation(part, "none", meaning="AReaL refuses a ratio bound upper <= 1")
-    options = {**_DECOUPLED, "actor.rejection_sampling": _areal("token", "mask", "ratio", "mean", high, low)}
-    return Translation(part, "same_rejections", options, f"{what} dropped; " + _AREAL_KEPT)
+    return "; ".join(_differences(wanted, got, target, source))
 
 
-def _band(estimator: str, upper: float) -> tuple[float, float]:
-    """The ratio band ``[e^a, e^b]`` where verl's k2 (d^2/2) or k3 (e^d - 1 - d) of ``d = log ratio`` stays <= upper
-    (d clamped at +-20)."""
-    if estimator == "k2":
-        root = math.sqrt(2.0 * upper)
-        return math.exp(-min(root, SAFETY_BOUND)), math.exp(min(root, SAFETY_BOUND))
-
-    def k3(d: float) -> float:
-        return math.expm1(d) - d
-
-    a = -SAFETY_BOUND if k3(-SAFETY_BOUND) <= upper else _bisect(k3, upper, 0.0, -SAFETY_BOUND)
-    b = SAFETY_BOUND if k3(SAFETY_BOUND) <= upper else _bisect(k3, upper, 0.0, SAFETY_BOUND)
-    return math.exp(a), math.exp(b)
-
-
-def _bisect(f: Any, level: float, inside: float, outside: float) -> float:
-    """The point between ``inside`` (f <= level) and ``outside`` (f > level) where f crosses ``level``."""
-    for _ in range(200):
-        mid = (inside + outside) / 2
-        if f(mid) <= level:
-            inside = mid
-        else:
-            outside = mid
-    return inside
+def _differences(wanted: Correction, got: Correction, target: str, source: str) -> list[str]:
+    out = []
+    if not wanted.weight.same(got.weight):
+        out.append(f"{target}'s weight is {got.weight.describe()} ({source}'s: {wanted.weight.describe()})")
+    left = list(got.bands)
+    for band in wanted.bands:
+        found = next((g for g in left if band.same(g)), None)
+        if found is None:
+            found = next((g for g in left if family(g.statistic) == family(band.statistic)), None)
+            if found is None:
+                out.append(f"{target} does not zero {band.describe()}")
+                continue
+            out.append(f"{target} zeroes {found.describe()} ({source}: {band.describe()})")
+        left.remove(found)
+    out.extend(f"{target} also zeroes {extra.describe()}" for extra in left)
+    if wanted.normalize != got.normalize:
+        out.append(f"{target} {'does not normalise' if wanted.normalize else 'also normalises'} the weights to mean 1")
+    return out or ["differs only in how it computes"]
 
 
-def _trl(mode: str, low: float | None, high: float) -> dict[str, Any]:
-    return {
-        "vllm_importance_sampling_mode": mode,
-        "vllm_importance_sampling_clip_min": low,
-        "vllm_importance_sampling_clip_max": high,
-    }
-
-
-def _openrlhf(kind: str, low: float, high: float) -> dict[str, Any]:
-    return {
-        "algo.advantage.is_correction_enable": True,
-        "algo.advantage.is_correction_type": kind,
-        "algo.advantage.is_correction_threshold": [low, high],
-    }
-
-
-def _areal(level: str, action: str, metric: str, agg: str, upper: float, lower: float | None = None) -> dict[str, Any]:
-    return {"level": level, "action": action, "metric": metric, "agg": agg, "upper": upper, "lower": lower}
-
-
-_SKYRL_KEPT = "the kept ones keep weight 1, as with verl's RS"
-_SKYRL_MASK = (
-    "SkyRL takes what it masks out of its loss mask, so its token-mean loss divides by the kept tokens (verl's "
-    "IcePop weights them 0 and keeps them in the mask)"
-)
-
-
-def _skyrl(**fields: Any) -> dict[str, Any]:
-    """SkyRL's ``off_policy_correction`` fields, each as its own option (so parts combine)."""
-    return {f"trainer.algorithm.off_policy_correction.{key}": value for key, value in fields.items()}
-
-
-def _skyrl_is(part: str, level: str, lower: float | None, upper: float) -> Translation:
-    """verl's IS weight as SkyRL's truncated weight, and IcePop's band as its token or product mask."""
-    if level == "token":
-        options = _skyrl(tis_ratio_type="token", token_tis_ratio_clip_high=upper)
-        if lower is None:
-            meaning = "tis_ratio_type token clamps each ratio at its cap; SkyRL clamps the log-ratio at +-20, as verl"
-            return Translation(part, "same", options, meaning)
-        options.update(_skyrl(token_mask_is_threshold_low=lower, token_mask_is_threshold_high=upper))
-        meaning = (
-            f"the token mask drops a ratio outside [L, U] and the token weight at cap U keeps the rest; {_SKYRL_MASK}"
-        )
-        return Translation(part, "same", options, meaning)
-    options = _skyrl(tis_ratio_type="sequence", sequence_tis_ratio_clip_high=upper)
-    if lower is None:
-        meaning = "tis_ratio_type sequence clamps exp(clamp(sum of log-ratios, +-20)) at its cap, as verl"
-        return Translation(part, "same", options, meaning)
-    options.update(_skyrl(sequence_mask_metric="product", product_mask_low=lower, product_mask_high=upper))
-    meaning = f"the product mask drops a response outside [L, U], the sequence weight keeps the rest; {_SKYRL_MASK}"
-    return Translation(part, "same", options, meaning)
-
-
-def _skyrl_rows(part: str, metric: str, low: float, high: float) -> Translation:
-    """A band on each response's geometric-mean or product ratio as SkyRL's sequence mask."""
-    prefix = "geo" if metric == "geometric" else "product"
-    options = _skyrl(sequence_mask_metric=metric, **{f"{prefix}_mask_low": low, f"{prefix}_mask_high": high})
-    meaning = f"the same responses masked by SkyRL's {metric} sequence mask; {_SKYRL_KEPT}"
-    return Translation(part, "same_rejections", options, meaning)
+def _nothing(wanted: Correction, target: Framework) -> str:
+    return f"{target.label} has no equivalent of: {wanted.describe()}"

@@ -12,14 +12,15 @@ completion tokens in the token modes (0 for none); the masked ratios' zeros are 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from rcdiag.errors import ConfigError
-from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, f32, weight_keys
+from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, f32, weight_keys
+from rcdiag.frameworks.correction import UNIT_STATISTIC, Band, Correction, Form, Unit, Weight
 from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
 
 MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
@@ -35,7 +36,8 @@ RATIO_MAX = "sampling/importance_sampling_ratio/max"
 class TRLSettings:
     """``GRPOConfig``'s four fields that shape the correction, after its ``__post_init__``."""
 
-    correction: bool
+    enabled: bool
+    """``vllm_importance_sampling_correction``."""
     mode: str
     clip_max: float | None
     clip_min: float | None
@@ -49,10 +51,10 @@ class TRLSettings:
         return self.mode.endswith("truncate")
 
     def new_metrics(self) -> TRLMetrics | None:
-        return TRLMetrics(self) if self.correction else None
+        return TRLMetrics(self) if self.enabled else None
 
     def notes(self) -> tuple[str, ...]:
-        if not self.correction:
+        if not self.enabled:
             return ("vllm_importance_sampling_correction is false: TRL computes no ratio and logs no sampling/* key",)
         unit = "sequence" if self.sequence else "completion token"
         return (
@@ -66,11 +68,25 @@ class TRLSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "vllm_importance_sampling_correction": self.correction,
+            "vllm_importance_sampling_correction": self.enabled,
             "vllm_importance_sampling_mode": self.mode,
             "vllm_importance_sampling_clip_max": self.clip_max,
             "vllm_importance_sampling_clip_min": self.clip_min,
         }
+
+    def correction(self) -> Correction:
+        if not self.enabled:
+            return Correction(Weight("one", label="vllm_importance_sampling_correction: false"))
+        unit: Unit = "product" if self.sequence else "token"
+        bounds = f"[C_min, C_max] = [{_bound(self.clip_min)}, {_bound(self.clip_max)}]"
+        quirk = "does not clamp the log-ratio" + (" sum (above ~88.7 its exp is inf)" if self.sequence else "")
+        what = "the product of a completion's ratios" if self.sequence else "each token's ratio"
+        if self.truncate:
+            weight = Weight(unit, self.clip_min, self.clip_max, label=f"{self.mode} {bounds}: {what} clamped")
+            return Correction(weight, quirks=(quirk,)).normal()
+        label = f"{self.mode} {bounds}: {what}, set to 0 outside"
+        band = Band(UNIT_STATISTIC[unit], self.clip_min, self.clip_max, label=label)
+        return Correction(Weight(unit, label=label), (band,), quirks=(quirk,)).normal()
 
     def apply(self, ratio: np.ndarray) -> np.ndarray:
         """The ratios after the mode's truncation or mask (float32, bounds rounded to float32 as torch does)."""
@@ -109,9 +125,13 @@ class TRLMetrics(FrameworkMetrics):
         delta = np.abs(diff)
         delta = delta[~np.isnan(delta)]
         safe = np.nan_to_num(diff, nan=0.0)  # +-inf to +-float32's largest, as torch.nan_to_num
-        units = np.exp(rows.row_sum(safe).astype(np.float32) if self.settings.sequence else safe)
+        units = exp32(rows.row_sum(safe).astype(np.float32) if self.settings.sequence else safe)
         ratio = self.settings.apply(units)
         weight = rows.per_token(ratio) if self.settings.sequence else ratio
+        changed = None
+        if self.settings.truncate:  # where the clamp moved the ratio (NaN stays NaN: not moved)
+            moved = (ratio != units) & ~np.isnan(units)
+            changed = rows.per_token(moved) if self.settings.sequence else moved
         self.add(
             diff_sum=float(delta.astype(np.float64).sum()),
             diff_n=float(delta.size),
@@ -121,7 +141,7 @@ class TRLMetrics(FrameworkMetrics):
             ratio_min=float(ratio.min()) if ratio.size else np.inf,
             ratio_max=float(ratio.max()) if ratio.size else -np.inf,
         )
-        self.add_weights(weight)
+        self.add_weights(weight, rows, changed)
 
     def keys(self) -> list[str]:
         return [DIFF_MEAN, DIFF_MAX, RATIO_MIN, RATIO_MEAN, RATIO_MAX, *self.weight_keys()]
@@ -161,6 +181,32 @@ def settings(values: Mapping[str, Any], given: frozenset[str] = frozenset()) -> 
     return TRLSettings(correction, mode, clip_max, clip_min)
 
 
+def _bound(value: float | None) -> str:
+    return "null" if value is None else f"{value:g}"
+
+
+def _mode(mode: str) -> Callable[[float | None, float | None], dict[str, Any]]:
+    def options(low: float | None, high: float | None) -> dict[str, Any]:
+        return {
+            "vllm_importance_sampling_mode": mode,
+            "vllm_importance_sampling_clip_min": low,
+            "vllm_importance_sampling_clip_max": high,
+        }
+
+    return options
+
+
+FORMS = (
+    Form("one", "none", lambda low, high: {"vllm_importance_sampling_correction": False}),
+    Form("token", "clamp", _mode("token_truncate")),
+    Form("token", "band", _mode("token_mask"), statistic="ratio"),
+    Form("token", "none", _mode("token_mask")),
+    Form("product", "clamp", _mode("sequence_truncate")),
+    Form("product", "band", _mode("sequence_mask"), statistic="product"),
+    Form("product", "none", _mode("sequence_mask")),
+)
+"""Each mode, its bounds from the setting translated (TRL's own check refuses a truncation without a bound)."""
+
 FRAMEWORK = Framework(
     name="trl",
     title="TRL",
@@ -194,4 +240,5 @@ FRAMEWORK = Framework(
         " the current policy: a dump of the two engines holds neither"
     ),
     batching="one generation batch (_generate_and_score_completions) on one process",
+    forms=FORMS,
 )

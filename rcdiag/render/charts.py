@@ -31,6 +31,7 @@ from rcdiag.render.panels import (
     Panel,
     Series,
     WeightSetting,
+    framework_effect_facts,
     panel_keys,
     series,
     weight_setting,
@@ -73,6 +74,8 @@ def side_look(label: str) -> Side:
         return SIDES[label]
     looks = list(SIDES.values())
     return looks[sum(map(ord, label)) % len(looks)]
+
+
 STYLE: dict[RcKeyType, Any] = {
     "font.size": 11,
     "axes.titlesize": 13,
@@ -222,6 +225,17 @@ def verdict_rows(verdict: Verdict) -> tuple[list[tuple[str, str]], list[tuple[st
     if rec is None:
         right.append(("text", "none: no setting prescribed for this dump"))
         return left, right
+    spoken = rec.framework
+    if spoken is not None:  # --as NAME: its own setting first, then verl's
+        match = spoken.match.replace("_", " ")
+        right.append(("text", f"in {spoken.release} ({match} as verl's):"))
+        right += [("code", line) for line in spoken.paste.rstrip().splitlines()]
+        if spoken.effect is not None:
+            facts = ", ".join(f"{what} {value}" for what, value in framework_effect_facts(spoken.effect))
+            right += [
+                ("text", line) for line in textwrap.wrap(f"measured: {facts}", right_width, subsequent_indent="   ")
+            ]
+        right.append(("text", "verl's setting:"))
     if rec.preset:
         right.append(("text", f"verl preset: {rec.preset}"))
     right += [("code", line) for line in rec.yaml.rstrip().splitlines()]

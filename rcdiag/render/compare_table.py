@@ -114,6 +114,9 @@ def _header(comparison: Comparison) -> Text:
     text.append("\n" + _describe("a", comparison.a))
     text.append("\n" + _describe("b", comparison.b))
     text.append("\nconfig (both sides): " + describe_config(comparison.a.config), style="dim")
+    record = comparison.a.sections.get("framework")
+    if record is not None:  # --as NAME: its keys side by side beside verl's
+        text.append("\nframework (both sides): " + printable(record.heading()), style="dim")
     return text
 
 

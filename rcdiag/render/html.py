@@ -24,7 +24,7 @@ from rcdiag.render.charts import (
     trend_figure,
     weights_figure,
 )
-from rcdiag.render.panels import STATUS_COLOURS, TRENDS, effect_facts
+from rcdiag.render.panels import STATUS_COLOURS, TRENDS, effect_facts, framework_effect_facts
 from rcdiag.render.summary import exact_line
 from rcdiag.render.table import evenly_spaced
 from rcdiag.render.text import (
@@ -191,7 +191,19 @@ def _verdict(verdict: Verdict | None, side: str = "") -> str:
             rows = [(e(what), e(value)) for what, value in effect_facts(rec.effect)]
             effect = '<p class="note">Measured on this dump:</p>' + table(("effect", "value"), rows, numeric=(1,))
         why = f"<p>{e(rec.why)}</p>" if rec.why else ""
-        parts.append(f"<h3>Prescription</h3>{preset}<pre>{e(rec.yaml.rstrip())}</pre>{effect}{why}")
+        spoken = rec.framework
+        if spoken is not None:  # --as NAME: the framework's own setting first, then verl's
+            measured = ""
+            if spoken.effect is not None:
+                rows = [(e(what), e(value)) for what, value in framework_effect_facts(spoken.effect)]
+                measured = (f'<p class="note">Measured on this dump under {e(spoken.release)}\'s semantics:</p>'
+                            + table(("effect", "value"), rows, numeric=(1,)))  # fmt: skip
+            match = spoken.match.replace("_", " ")
+            parts.append(f"<h3>Prescription in {e(spoken.release)} ({e(match)} as verl's setting)</h3>"
+                         f"<pre>{e(spoken.paste.rstrip())}</pre>{measured}<p>{e(spoken.meaning)}</p>")  # fmt: skip
+            parts.append(f"<h3>verl's setting</h3>{preset}<pre>{e(rec.yaml.rstrip())}</pre>{effect}{why}")
+        else:
+            parts.append(f"<h3>Prescription</h3>{preset}<pre>{e(rec.yaml.rstrip())}</pre>{effect}{why}")
     if verdict.next_steps:
         parts.append("<h3>Next steps</h3><ol>" + "".join(f"<li>{e(s)}</li>" for s in verdict.next_steps) + "</ol>")
     return f'<div class="verdict {e(verdict.status)}">{"".join(parts)}</div>'
@@ -542,7 +554,24 @@ def _recommendations(report: SweepReport) -> str:
     if is_:
         headers = ("IS level (TIS)", "threshold", "weights truncated", *IS_SHARES, "nearest grid point", "verl YAML")
         parts.append(table(headers, is_, numeric=(3, 4)))
+    if report.framework is not None:
+        parts.append(_spoken(report))
     return "".join(parts)
+
+
+def _spoken(report: SweepReport) -> str:
+    """Under ``sweep --as NAME``: each recommendation in that framework's settings, measured under its semantics."""
+    from rcdiag.render.text import SPOKEN_COLUMNS, spoken_cells
+
+    rows = []
+    for r in report.recommendations:
+        if r.framework is None:
+            continue
+        cells = [e(cell) for cell in spoken_cells(r)]
+        paste = f"<pre>{e(r.framework.paste.rstrip())}</pre>" if r.framework.paste else ""
+        rows.append((*cells, paste + f'<p class="note">{e(r.framework.meaning)}</p>'))
+    title = f"<h3>In {e(report.framework)}'s settings, measured under its semantics</h3>"
+    return title + table((*SPOKEN_COLUMNS, "to paste; what differs"), rows, numeric=(3, 4, 5, 6, 7))
 
 
 def _presets(report: SweepReport) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from rcdiag.catalogue import full_key, metric, short_key
 from rcdiag.catalogue.metrics import GROUP_NEEDS, rs_option
 from rcdiag.config import SAFETY_BOUND, parse_is_threshold
-from rcdiag.report import Effect, Histogram, Report
+from rcdiag.report import Effect, FrameworkEffect, Histogram, Report
 
 MAX_POINTS = 1500
 """A series longer than this is drawn as the minimum and maximum of each of ``MAX_POINTS // 2`` runs of steps, so
@@ -180,6 +180,17 @@ def effect_facts(effect: Effect) -> list[tuple[str, str]]:
     if effect.is_truncated_share is not None:
         facts.append(("IS weights truncated", _share(effect.is_truncated_share)))
     return facts
+
+
+def framework_effect_facts(effect: FrameworkEffect) -> list[tuple[str, str]]:
+    """A framework setting's measured effect (``--as NAME``), as (what, value) pairs."""
+    return [
+        ("weight mean", "—" if effect.weight_mean is None else f"{effect.weight_mean:.4g}"),
+        ("tokens zeroed", _share(effect.tokens_zeroed)),
+        ("responses with a token zeroed", _share(effect.responses_zeroed)),
+        ("weights truncated", _share(effect.weights_truncated)),
+        ("ESS of the weights", "—" if effect.ess is None else f"{effect.ess:.3g}"),
+    ]
 
 
 def _share(value: float | None) -> str:

@@ -14,6 +14,7 @@ from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.printable import printable
 from rcdiag.render.panels import sparkline
 from rcdiag.render.table import fmt
+from rcdiag.render.text import SPOKEN_COLUMNS, spoken_cells
 from rcdiag.sweep.sweep_report import (
     GRID_NOTE,
     IS_SHARES,
@@ -54,6 +55,8 @@ def render_sweep(report: SweepReport, console: Console) -> None:
         head.append(f"{facts.steps} steps (metrics pooled over steps)")
     if facts.skipped_rows:
         head.append(f"{facts.skipped_rows:,} rows skipped")
+    if report.framework is not None:
+        head.append(f"recommendations also in {report.framework}'s settings")
     console.print(Text(" · ".join(head), style="bold"))
     bugs = [f for f in report.findings if f.severity == "warning"]
     for found in bugs:  # the bias detectors: a bug the thresholds below do not correct
@@ -73,6 +76,14 @@ def render_sweep(report: SweepReport, console: Console) -> None:
             console.print(Text("verl YAML to paste (one option each):", style="bold"))
         for rec in pasteable:
             console.print(Text(rec.yaml.rstrip()))
+        if report.framework is not None:
+            console.print(_spoken(report))
+            for rec in report.recommendations:
+                spoken = rec.framework
+                if spoken is not None and spoken.paste:
+                    match = spoken.match.replace("_", " ")
+                    console.print(Text(f"# {rec.option} {rec.threshold} in {spoken.release} ({match})", style="bold"))
+                    console.print(Text(spoken.paste.rstrip()))
         for rec in report.recommendations:
             if rec.not_config:
                 console.print(
@@ -171,6 +182,16 @@ def _recommendations(report: SweepReport) -> list[Table]:
             table.add_row(rec.option, _threshold(rec), *row, _grid(rec))
         tables.append(table)
     return tables
+
+
+def _spoken(report: SweepReport) -> Table:
+    table = _table(f"In {report.framework}'s settings, measured on this dump under its semantics (--as)")
+    for name in (*SPOKEN_COLUMNS, "what differs"):
+        table.add_column(name, justify="right" if name in SPOKEN_COLUMNS[3:] else "left")
+    for rec in report.recommendations:
+        if rec.framework is not None:
+            table.add_row(*(Text(cell) for cell in (*spoken_cells(rec), rec.framework.meaning)))
+    return table
 
 
 def _threshold(rec: Recommendation) -> str:

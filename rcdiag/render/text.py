@@ -144,3 +144,28 @@ def worst_cells(entry: dict[str, Any]) -> tuple[str, ...]:
         "—" if entry["position_of_max"] is None else str(entry["position_of_max"]),
         at,
     )
+
+
+SPOKEN_COLUMNS = (
+    "option",
+    "verl threshold",
+    "match",
+    "tokens zeroed",
+    "responses zeroed",
+    "weights truncated",
+    "weight mean",
+    "ESS",
+)
+"""The columns of the recommendations in a framework's settings (``sweep --as NAME``), every renderer's."""
+
+
+def spoken_cells(rec: Any) -> tuple[str, ...]:
+    """A recommendation in the ``--as`` framework's settings: its match and its effect under that framework."""
+    spoken = rec.framework
+    assert spoken is not None
+    assert rec.threshold is not None
+    effect = spoken.effect
+    if effect is None:
+        return (rec.option, rec.threshold, spoken.match, "—", "—", "—", "—", "—")
+    shares = (effect.tokens_zeroed, effect.responses_zeroed, effect.weights_truncated, effect.weight_mean, effect.ess)
+    return (rec.option, rec.threshold, spoken.match.replace("_", " "), *(fmt(v) for v in shares))

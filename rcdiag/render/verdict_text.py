@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rcdiag.printable import printable
-from rcdiag.render.panels import effect_facts
+from rcdiag.render.panels import effect_facts, framework_effect_facts
 from rcdiag.render.text import fmt
-from rcdiag.report import Effect, Report, Verdict
+from rcdiag.report import Effect, FrameworkSetting, Report, Verdict
 
 STATUS_STYLE = {
     "identical": "bold cyan",
@@ -49,6 +49,21 @@ def effect_text(effect: Effect | None) -> str:
     return "measured on this dump: " + ", ".join(f"{what} {value}" for what, value in effect_facts(effect))
 
 
+def framework_lines(spoken: FrameworkSetting) -> list[Line]:
+    """The prescription in the ``--as`` framework's settings: heading, its options as its users write them, the
+    effect measured under its semantics, and how it matches verl's setting."""
+    match = spoken.match.replace("_", " ")
+    lines = [Line("heading", f"prescription in {spoken.release} (--as {spoken.name}; {match} as verl's setting)")]
+    lines.extend(Line("yaml", row) for row in spoken.paste.rstrip("\n").splitlines())
+    if spoken.effect is not None:
+        facts = ", ".join(f"{what} {value}" for what, value in framework_effect_facts(spoken.effect))
+        lines.append(Line("item", f"measured on this dump under {spoken.release}'s semantics: {facts}"))
+    elif spoken.options:
+        lines.append(Line("item", "effect not measured (no dump to re-read)"))
+    lines.append(Line("item", printable(("what differs: " if spoken.match != "same" else "") + spoken.meaning)))
+    return lines
+
+
 def verdict_lines(verdict: Verdict, report: Report | None = None) -> list[Line]:
     """The verdict, then (with ``report``) the supporting metrics."""
     lines = [Line("status", verdict.status.upper()), Line("headline", printable(verdict.headline))]
@@ -61,7 +76,10 @@ def verdict_lines(verdict: Verdict, report: Report | None = None) -> list[Line]:
     p = verdict.recommendation
     if p is not None:
         name = f" (verl preset {p.preset})" if p.preset else ""
-        lines.append(Line("heading", f"prescription{name}"))
+        if p.framework is not None:
+            lines.extend(framework_lines(p.framework))
+            name = f"verl's setting{name}"
+        lines.append(Line("heading", name.strip() if p.framework is not None else f"prescription{name}"))
         lines.extend(Line("yaml", row) for row in p.yaml.rstrip("\n").splitlines())
         lines.append(Line("item", effect_text(p.effect)))
         lines.append(Line("item", "why: " + p.why))

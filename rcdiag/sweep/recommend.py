@@ -277,13 +277,19 @@ def _float_spec(value: float) -> str:
     return short if np.float32(float(short)) == f else repr(float(f))
 
 
+def verl_config(option: str, spec: str) -> dict[str, str]:
+    """This option alone at this threshold, as verl's ``rollout_correction`` fields."""
+    if option in IS_OPTIONS.values():
+        return {"rollout_is": option.removeprefix("is_"), "rollout_is_threshold": spec}
+    return {"rollout_rs": option, "rollout_rs_threshold": spec}
+
+
 def verl_yaml(option: str, spec: str) -> str:
     """The lines to paste into verl's config for this option alone."""
-    if option in IS_OPTIONS.values():
-        level = option.removeprefix("is_")
-        body = f"rollout_is: {level}\n    rollout_is_threshold: {_yaml_value(spec)}"
-    else:
-        body = f"rollout_rs: {option}\n    rollout_rs_threshold: {_yaml_value(spec)}"
+    fields = verl_config(option, spec).items()
+    body = "\n    ".join(
+        f"{key}: {_yaml_value(value) if key.endswith('_threshold') else value}" for key, value in fields
+    )
     return f"algorithm:\n  rollout_correction:\n    {body}\n"
 
 

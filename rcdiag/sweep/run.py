@@ -3,12 +3,14 @@ the recommendations, the crash findings and the presets ranked) from it."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rcdiag.api import ProgressCallback, accumulate, input_facts
+from rcdiag.api import ProgressCallback, accumulate, analyze_state, build_report, input_facts
 from rcdiag.backend import Backend, get_backend
 from rcdiag.catalogue.emit import emit
 from rcdiag.config import CorrectionConfig, router_replay_mode
@@ -17,13 +19,17 @@ from rcdiag.errors import ConfigError
 from rcdiag.explain.detector_section import DetectorSection
 from rcdiag.explain.detector_state import DetectorState
 from rcdiag.explain.detectors import detect_sums
+from rcdiag.frameworks.registry import framework as framework_named
+from rcdiag.frameworks.section import SettingsSection
+from rcdiag.frameworks.speak import chosen as spoken_chosen
+from rcdiag.frameworks.speak import effect_of, speak
 from rcdiag.io import Chunk
 from rcdiag.io.base import SourceInfo
 from rcdiag.options import ReadOptions
-from rcdiag.report import Finding, InputFacts
+from rcdiag.report import Finding, FrameworkSetting, InputFacts
 from rcdiag.sweep.accumulated import PointResult, SweepState, new_sweep_state
 from rcdiag.sweep.grid import SweepGrid, build_grid
-from rcdiag.sweep.recommend import place_on_grid, recommend
+from rcdiag.sweep.recommend import place_on_grid, recommend, verl_config
 from rcdiag.sweep.sweep_report import SweepReport, SweepRow, rank_presets
 from rcdiag.validate import Screen, as_chunk
 
@@ -41,6 +47,7 @@ def sweep(
     save_state: str | Path | None = None,
     target_reject: float | None = 0.01,
     min_ess: float = 0.0,
+    framework: str | None = None,
     **options: Any,
 ) -> SweepReport:
     """Every option of ``grid`` (default: both IS levels and all 11 RS options over the default grids) at every
@@ -48,7 +55,9 @@ def sweep(
     same pass, docs/sweep.md); and verl's presets ranked (``min_ess``: those leaving a lower ESS last).
 
     ``read`` (or its fields as keywords) says how to read the dump, as for ``rcdiag.analyze``. Each row's
-    metrics equal ``rcdiag.analyze`` with that single option at that threshold.
+    metrics equal ``rcdiag.analyze`` with that single option at that threshold. With ``framework`` (an ``--as``
+    name other than verl), each recommendation is also given in that framework's settings, its effect measured
+    under its semantics in one more pass (``speak_recommendations``).
     """
     grid = grid or build_grid()
     read = ReadOptions.of(read, options)
@@ -70,7 +79,49 @@ def sweep(
     state = accumulated.state
     assert isinstance(state, SweepState)
     facts = input_facts(state, accumulated.info, accumulated.screen)
-    return build_sweep_report(state, facts, accumulated.device, min_ess)
+    report = build_sweep_report(state, facts, accumulated.device, min_ess)
+    return report if framework is None else speak_recommendations(report, path, framework, read)
+
+
+def speak_recommendations(
+    report: SweepReport, path: str | Path, name: str, read: ReadOptions | None = None
+) -> SweepReport:
+    """``report``'s recommendations also in framework ``name``'s settings (``rcdiag.frameworks.speak``), each one
+    that is a setting to paste, all measured on the dump at ``path`` in one pass under that framework's semantics;
+    ``--as verl`` changes nothing."""
+    chosen = framework_named(name)
+    if chosen.name == "verl":
+        return report
+    spoken = [
+        speak(verl_config(rec.option, rec.threshold), chosen.name) if rec.threshold and rec.yaml else None
+        for rec in report.recommendations
+    ]
+    measured = measure_settings(spoken, path, read)
+    recommendations = tuple(
+        dataclasses.replace(rec, framework=setting)
+        for rec, setting in zip(report.recommendations, measured, strict=True)
+    )
+    return dataclasses.replace(report, recommendations=recommendations, framework=chosen.label)
+
+
+def measure_settings(
+    settings: list[FrameworkSetting | None], path: str | Path, read: ReadOptions | None = None
+) -> list[FrameworkSetting | None]:
+    """Each setting with its effect on the dump, all run in one pass (``SettingsSection``); one with nothing alike
+    keeps no effect."""
+    runs = [(i, c) for i, s in enumerate(settings) if s is not None and (c := spoken_chosen(s)) is not None]
+    if not runs:
+        return settings
+    section = SettingsSection(tuple(c for _, c in runs))
+    with warnings.catch_warnings(record=True):  # the sweep's own pass told the user about the dump
+        again = accumulate(path, None, read, sections=[section])
+    report = build_report(analyze_state(again.state), again.info, again.device, again.screen, sections=[section])
+    out = list(settings)
+    for (i, _), pooled in zip(runs, report.sections[SettingsSection.KEY].values, strict=True):
+        setting = out[i]
+        assert setting is not None
+        out[i] = dataclasses.replace(setting, effect=effect_of(setting.name, pooled.extras))
+    return out
 
 
 def sweep_chunks(

@@ -11,7 +11,7 @@ from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import PRESETS, preset, refuse_router_replay
 from rcdiag.errors import ConfigError
 from rcdiag.metrics.base import MetricValue, VerlCrash
-from rcdiag.report import Finding, InputFacts
+from rcdiag.report import Finding, FrameworkSetting, InputFacts
 from rcdiag.versions import DEFAULT_VERSION
 
 SWEEP_SCHEMA_VERSION = 1
@@ -91,9 +91,12 @@ class Recommendation:
     nearest: GridNeighbour | None = None
     """Where the recommendation sits on the swept grid (set by ``place_on_grid``): the threshold is an exact value
     computed for the target, usually not one of the grid's points."""
+    framework: FrameworkSetting | None = None
+    """Under ``sweep --as NAME``: this setting in that framework's settings, measured under its semantics (``None``
+    for a recommendation that is no setting to paste)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "option": self.option,
             "threshold": self.threshold,
             "token_reject": self.token_reject,
@@ -105,6 +108,9 @@ class Recommendation:
             "nearest_grid_threshold": None if self.nearest is None else self.nearest.threshold,
             "nearest_grid_share": None if self.nearest is None else self.nearest.share,
         }
+        if self.framework is not None:  # only under --as NAME: a plain sweep's JSON is unchanged
+            out["framework"] = self.framework.to_dict()
+        return out
 
 
 RS_SHARES = ("tokens rejected", "responses rejected")
@@ -176,9 +182,11 @@ class SweepReport:
     version: str = __version__
     verl_version: str = DEFAULT_VERSION
     """The verl release whose semantics every row follows."""
+    framework: str | None = None
+    """Under ``--as NAME``: the framework whose settings the recommendations are also given in (``TRL 1.16.0``)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "schema_version": SWEEP_SCHEMA_VERSION,
             "rcdiag_version": self.version,
             "verl_version": self.verl_version,
@@ -191,6 +199,9 @@ class SweepReport:
             "input": self.input.to_dict(),
             "findings": [f.to_dict() for f in self.findings],
         }
+        if self.framework is not None:
+            out["framework"] = self.framework
+        return out
 
 
 NO_THRESHOLD_REMEDY = (
