@@ -86,6 +86,17 @@ def test_a_planted_bug_makes_the_sweep_urge_no_threshold(capsys: pytest.CaptureF
     assert f"RS thresholds ({NOT_URGED})" in text and f"verl presets on this dump ({NOT_URGED})" in text
 
 
+def test_an_inverted_mask_sweeps_to_a_broken_verdict_and_a_k1_band_it_can_write(capsys: pytest.CaptureFixture) -> None:
+    """Every valid token's log-ratio is exactly 0 (padding read as response): the k1 threshold that rejects the
+    target share is below float32's step at 1, so no short decimal band parses back to it; the sweep writes the
+    17-digit band (it crashed with an AssertionError before) and says the verdict first."""
+    swept = _json(capsys, "sweep", defect_dump("inverted_mask", 0), *SWEEP)
+    assert swept["verdict"]["status"] == "broken" and "mask" in _classes(swept["verdict"])
+    k1 = next(r for r in swept["recommendations"] if r["option"] == "token_k1")
+    low, high = (float(x) for x in k1["threshold"].split("_"))
+    assert low <= 1.0 <= high and high - low < 1e-6
+
+
 @pytest.mark.parametrize(
     ("scenario", "seed"), [("int4", 0), ("int4", 1), ("int4", 2), ("spikes", 0), ("spikes", 1)]
 )  # spikes at seed 2 is fix (mismatch_trend fires there too): analyze's verdict, which the sweep's follows
