@@ -464,17 +464,27 @@ def _what(key: str) -> str:
 
 
 def render_sweep_html(report: SweepReport) -> str:
-    """The sweep: each option's rejected share against its threshold with the recommended point, the
-    recommendations with their verl YAML, the presets ranked and every row."""
+    """The sweep: analyze's verdict on the dump and the advice that agrees with it, each option's rejected share
+    against its threshold with the recommended point, the recommendations with their verl YAML, the presets ranked
+    and every row."""
+    from rcdiag.sweep.sweep_report import NOT_URGED
+
     facts = report.input
+    advice = report.advice
+    urged = advice is None or advice.urges
+    said = "" if advice is None else f'<p class="headline">{e(advice.says)}</p>'
+    said += "" if advice is None or not advice.differs else f'<p class="note">{e(advice.differs)}</p>'
+    verdict = [section("Verdict", _verdict(report.verdict), said)] if report.verdict is not None else []
+    title = "Recommended thresholds" if urged else f"Thresholds at the target ({NOT_URGED})"
     target = "" if report.target_reject is None else f" · target {fmt(report.target_reject)} rejected"
     return page(
         "rcdiag sweep",
         f"{facts.path} · {facts.rows:,} rows · {facts.valid_tokens:,} valid tokens{target} · rcdiag {report.version}",
         [
+            *verdict,
             section("Findings", _findings(report.findings, "No finding: no threshold makes verl crash.")),
             section("Rejected share by threshold", _sweep_curves(report)),
-            *([section("Recommended thresholds", _recommendations(report))] if report.recommendations else []),
+            *([section(title, _recommendations(report))] if report.recommendations else []),
             *([section("verl presets on this dump", _presets(report))] if report.presets else []),
             section("Every threshold", _sweep_rows(report)),
         ],

@@ -1,6 +1,7 @@
 """The terminal sweep: per option a table of its thresholds with the rejected shares, IS weight statistics, the
 worst step and a bar plot of the rejected share; a curve per option; then recommendations, the verl YAML, the
-presets ranked and any verl-would-crash finding; first, any bias detector's finding (a bug no threshold corrects)."""
+presets ranked and any verl-would-crash finding; first, analyze's verdict on the dump, the advice that agrees with it
+(``rcdiag.sweep.advice``) and any bias detector's finding."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ from rich.text import Text
 from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.printable import printable
 from rcdiag.render.panels import sparkline
-from rcdiag.render.table import fmt
+from rcdiag.render.table import fmt, print_verdict
 from rcdiag.render.text import SPOKEN_COLUMNS, spoken_cells
 from rcdiag.sweep.sweep_report import (
     GRID_NOTE,
     IS_SHARES,
-    NO_THRESHOLD_REMEDY,
+    NOT_URGED,
     PRESET_RANKING,
     RS_SHARES,
     Recommendation,
@@ -58,26 +59,32 @@ def render_sweep(report: SweepReport, console: Console) -> None:
     if report.framework is not None:
         head.append(f"recommendations also in {report.framework}'s settings")
     console.print(Text(" · ".join(head), style="bold"))
-    bugs = [f for f in report.findings if f.severity == "warning"]
-    for found in bugs:  # the bias detectors: a bug the thresholds below do not correct
+    if report.verdict is not None:
+        print_verdict(report.verdict, console)
+    advice = report.advice
+    if advice is not None:
+        console.print(Text(printable(advice.says), style="bold"))
+        if advice.differs:
+            console.print(Text(printable(advice.differs)))
+    for found in (f for f in report.findings if f.severity == "warning"):  # the bias detectors
         console.print(Text.assemble(("WARNING ", "yellow"), (f"[{found.code}] ", "bold"), printable(found.message)))
-    if bugs:
-        console.print(Text(NO_THRESHOLD_REMEDY, style="bold"))
+    urged = advice is None or advice.urges
     for option, rows in groupby(report.rows, key=lambda r: r.option):
         console.print(_option_table(option, list(rows)))
     if report.recommendations:
-        for table in _recommendations(report):
+        for table in _recommendations(report, urged):
             console.print(table)
         console.print(Text(GRID_NOTE))
         for note, options in _notes(report).items():
             console.print(Text.assemble(("WARNING ", "yellow"), (f"{', '.join(options)}: ", "bold"), note))
         pasteable = [rec for rec in report.recommendations if rec.yaml]
         if pasteable:
-            console.print(Text("verl YAML to paste (one option each):", style="bold"))
+            said = "verl YAML to paste (one option each):" if urged else f"verl YAML of each ({NOT_URGED}):"
+            console.print(Text(said, style="bold"))
         for rec in pasteable:
             console.print(Text(rec.yaml.rstrip()))
         if report.framework is not None:
-            console.print(_spoken(report))
+            console.print(_spoken(report, urged))
             for rec in report.recommendations:
                 spoken = rec.framework
                 if spoken is not None and spoken.paste:
@@ -94,7 +101,7 @@ def render_sweep(report: SweepReport, console: Console) -> None:
                     )
                 )
     if report.presets:
-        console.print(_presets(report))
+        console.print(_presets(report, urged))
     for finding in report.findings:
         if finding.severity == "warning":
             continue  # said first
@@ -157,14 +164,16 @@ def _worst_step(row: SweepRow) -> str:
     return f"{next(step for v, step in present if v == value)} ({fmt(value)})"
 
 
-def _recommendations(report: SweepReport) -> list[Table]:
-    """RS recommendations (what they reject), then IS ones (what they truncate: TIS never rejects a sample)."""
+def _recommendations(report: SweepReport, urged: bool) -> list[Table]:
+    """RS recommendations (what they reject), then IS ones (what they truncate: TIS never rejects a sample); titled
+    as what each would do where no threshold is the remedy (not ``urged``)."""
     target = report.target_reject
+    lead, tail = ("Recommended ", "") if urged else ("", f" ({NOT_URGED})")
     rs = [rec for rec in report.recommendations if not rec.option.startswith("is_")]
     is_ = [rec for rec in report.recommendations if rec.option.startswith("is_")]
     tables = []
     if rs:
-        table = _table(f"Recommended RS thresholds: closest to {target:g} rejected without exceeding it")
+        table = _table(f"{lead}RS thresholds{tail}: closest to {target:g} rejected without exceeding it")
         columns = ("option", "threshold", "share targeted", *RS_SHARES, "nearest grid point")
         for name in columns:
             table.add_column(name, justify="left" if name in ("option", "threshold", "nearest grid point") else "right")
@@ -173,7 +182,7 @@ def _recommendations(report: SweepReport) -> list[Table]:
             table.add_row(rec.option, _threshold(rec), rec.share, *shares, _grid(rec))
         tables.append(table)
     if is_:
-        table = _table(f"Recommended IS thresholds (TIS): closest to {target:g} of the weights truncated, not above it")
+        table = _table(f"{lead}IS thresholds (TIS){tail}: closest to {target:g} of the weights truncated, not above it")
         columns = ("option", "threshold", "weights truncated", *IS_SHARES, "nearest grid point")
         for name in columns:
             table.add_column(name, justify="left" if name in ("option", "threshold", "nearest grid point") else "right")
@@ -184,8 +193,9 @@ def _recommendations(report: SweepReport) -> list[Table]:
     return tables
 
 
-def _spoken(report: SweepReport) -> Table:
-    table = _table(f"In {report.framework}'s settings, measured on this dump under its semantics (--as)")
+def _spoken(report: SweepReport, urged: bool) -> Table:
+    tail = "" if urged else f"; {NOT_URGED}"
+    table = _table(f"In {report.framework}'s settings, measured on this dump under its semantics (--as){tail}")
     for name in (*SPOKEN_COLUMNS, "what differs"):
         table.add_column(name, justify="right" if name in SPOKEN_COLUMNS[3:] else "left")
     for rec in report.recommendations:
@@ -218,8 +228,8 @@ def _notes(report: SweepReport) -> dict[str, list[str]]:
     return notes
 
 
-def _presets(report: SweepReport) -> Table:
-    table = _table(f"verl presets on this dump, {PRESET_RANKING}")
+def _presets(report: SweepReport, urged: bool) -> Table:
+    table = _table(f"verl presets on this dump{'' if urged else f' ({NOT_URGED})'}, {PRESET_RANKING}")
     for name in ("preset", "tokens rejected", "responses rejected", "IS truncated", "ESS", "note"):
         table.add_column(name, justify="left" if name in ("preset", "note") else "right")
     for preset in report.presets:

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from rcdiag.catalogue.metrics import PREFIX
-from rcdiag.config import CorrectionConfig
+from rcdiag.config import CorrectionConfig, ResolvedConfig
 from rcdiag.core.limits import finite_f32
-from rcdiag.engine import StepStates, load_batches, load_whole_dump, saved_counts
+from rcdiag.engine import EngineState, StepStates, load_batches, load_whole_dump, saved_counts
 from rcdiag.fields import checked, real
 from rcdiag.kernels import sweep_encoding
 from rcdiag.metrics.base import Accumulator, MetricValue, VerlCrash
-from rcdiag.metrics.batch import GroupedBatch, empty_batch_crash, prefixed_crash
+from rcdiag.metrics.batch import BatchMetrics, GroupedBatch, empty_batch_crash, prefixed_crash
 from rcdiag.metrics.block import Block
 from rcdiag.sweep.cells import Passes
 from rcdiag.sweep.collector import Collector
@@ -31,7 +31,7 @@ def sweep_layout() -> dict[str, Any]:
     """What the sweep's own state means beyond its accumulators' declared states (which the layout hash reads with
     every other accumulator's): the kernel's buckets and histogram modes; for the one state layout hash
     (``rcdiag.state.state_layout``)."""
-    return {"kernel": sweep_encoding.layout()}
+    return {"kernel": sweep_encoding.layout(), "batch": SweepBatch.LAYOUT}
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +44,24 @@ class PointResult:
 
 
 class SweepBatch(GroupedBatch):
-    """Every option of the grid over one batch: its accumulators (``groups``), fed, merged and saved as
-    ``BatchMetrics``' are."""
+    """Every option of the grid over one batch, and analyze's own metrics of it (``analysis``: verl's metrics-only
+    default, what the verdict reads): their accumulators (``groups``), fed, merged and saved as ``BatchMetrics``'
+    are."""
 
-    def __init__(self, grid: SweepGrid, passes: Passes, collector: Collector | None = None) -> None:
+    LAYOUT: ClassVar[str] = "analysis, then each option"
+    """What ``groups`` holds, in order (in the state layout hash: a sweep state saved without ``analysis`` is
+    refused, never read into the wrong groups)."""
+
+    def __init__(
+        self,
+        grid: SweepGrid,
+        passes: Passes,
+        collector: Collector | None = None,
+        resolved: ResolvedConfig | None = None,
+    ) -> None:
         super().__init__()
         self.grid = grid
+        self.analysis = BatchMetrics(resolved or CorrectionConfig(verl_version=grid.verl_version).resolve())
         self.collector = collector
         """The state's pooled collector for recommendations (fed every block; not this batch's to merge)."""
         version = verl_version(grid.verl_version)
@@ -58,8 +70,14 @@ class SweepBatch(GroupedBatch):
         ]
 
     def groups(self) -> list[Accumulator]:
-        """Every accumulator holding this batch's state, option by option in grid order."""
-        return [part for sweep in self.sweeps for part in sweep.parts()]
+        """Every accumulator holding this batch's state: analyze's, then option by option in grid order."""
+        return [*self.analysis.groups(), *(part for sweep in self.sweeps for part in sweep.parts())]
+
+    def analyzed(self) -> BatchMetrics:
+        """This batch's analyze metrics, with the batch's counts (the groups were fed through this batch)."""
+        self.analysis.rows, self.analysis.valid_tokens = self.rows, self.valid_tokens
+        self.analysis.empty_rows = self.empty_rows
+        return self.analysis
 
     def update(self, block: Block) -> None:
         super().update(block)
@@ -111,13 +129,20 @@ class SweepState(StepStates[SweepBatch]):
     passes, which do not mind the size (measured 34-37 ns a token at 1M, 36-40 at 256k)."""
 
     def new_batch(self) -> SweepBatch:
-        return SweepBatch(self.grid, self.passes, self.collector)
+        return SweepBatch(self.grid, self.passes, self.collector, self.resolved)
 
     def pooled(self) -> SweepBatch:
-        pooled = SweepBatch(self.grid, self.passes)
+        pooled = SweepBatch(self.grid, self.passes, resolved=self.resolved)
         for batch in self.batches.values():
             pooled.merge(batch)
         return pooled
+
+    def analyzed(self) -> EngineState:
+        """The state ``rcdiag analyze`` would have read from the same dump with verl's metrics-only default: each
+        step's analyze metrics and the whole-dump sections' states, shared with this state (read before the report
+        consumes the batches); what the verdict is built from."""
+        batches = {step: batch.analyzed() for step, batch in self.batches.items()}
+        return EngineState(self.resolved, batches, self.rows, self.tokens, self.valid_tokens, dict(self.whole_dump))
 
     def merge(self, other: SweepState) -> SweepState:
         if self.grid.specs() != other.grid.specs():

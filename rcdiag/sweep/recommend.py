@@ -256,7 +256,9 @@ def _smallest_with_log_at_least(s: float) -> np.float32:
 
 
 def _spec(option: str, threshold: float) -> str:
-    """A spec ``rcdiag analyze`` (and verl) parse back to exactly this threshold on the statistic."""
+    """A spec ``rcdiag analyze`` (and verl) parse back to exactly this threshold on the statistic; for a k1
+    threshold too small for any decimal band to reach (below float32's step at 1, as on a dump whose log-ratios are
+    all but zero), the band at 17 digits, whose bounds parse to the nearest log-thresholds verl can hold."""
     if option == "is_token" or not option.endswith("k1"):
         return _float_spec(threshold)
     # k1: keep -t <= log-ratio statistic <= t, i.e. the band [exp(-t), exp(t)], exact in float32.
@@ -267,7 +269,7 @@ def _spec(option: str, threshold: float) -> str:
         assert option_spec is not None
         if float(np.float32(option_spec.thr_hi)) == t and float(np.float32(option_spec.thr_lo)) == -t:
             return spec
-    raise AssertionError(f"no k1 band gives +-{t} exactly")
+    return f"{math.exp(-t):.17g}_{math.exp(t):.17g}"
 
 
 def _float_spec(value: float) -> str:

@@ -1,5 +1,5 @@
-"""Library entry points of the sweep: read a dump once into a ``SweepState``, then build the report (its rows,
-the recommendations, the crash findings and the presets ranked) from it."""
+"""Library entry points of the sweep: read a dump once into a ``SweepState``, then build the report (analyze's
+verdict on the same state, its rows, the recommendations, the crash findings and the presets ranked) from it."""
 
 from __future__ import annotations
 
@@ -10,13 +10,20 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rcdiag.api import ProgressCallback, accumulate, analyze_state, build_report, input_facts
+from rcdiag.api import (
+    ProgressCallback,
+    accumulate,
+    analyze_state,
+    build_report,
+    complete_verdict,
+    with_defaults,
+)
 from rcdiag.backend import Backend, get_backend
+from rcdiag.catalogue import finding
 from rcdiag.catalogue.emit import emit
 from rcdiag.config import CorrectionConfig, router_replay_mode
 from rcdiag.engine import Engine
 from rcdiag.errors import ConfigError
-from rcdiag.explain.detector_section import DetectorSection
 from rcdiag.explain.detector_state import DetectorState
 from rcdiag.explain.detectors import detect_sums
 from rcdiag.frameworks.registry import framework as framework_named
@@ -26,8 +33,10 @@ from rcdiag.frameworks.speak import effect_of, speak
 from rcdiag.io import Chunk
 from rcdiag.io.base import SourceInfo
 from rcdiag.options import ReadOptions
-from rcdiag.report import Finding, FrameworkSetting, InputFacts
+from rcdiag.parallel import new_wholes
+from rcdiag.report import Finding, FrameworkSetting, InputFacts, Report
 from rcdiag.sweep.accumulated import PointResult, SweepState, new_sweep_state
+from rcdiag.sweep.advice import advise
 from rcdiag.sweep.grid import SweepGrid, build_grid
 from rcdiag.sweep.recommend import place_on_grid, recommend, verl_config
 from rcdiag.sweep.sweep_report import SweepReport, SweepRow, rank_presets
@@ -67,6 +76,7 @@ def sweep(
             "thresholds over the whole dump: run it without --by"
         )
     new_state = functools.partial(_new_state, grid.specs(), grid.verl_version, target_reject)
+    sections = with_defaults(())  # the sections every analyze runs: the verdict reads them
     accumulated = accumulate(
         path,
         CorrectionConfig(verl_version=grid.verl_version),
@@ -74,12 +84,13 @@ def sweep(
         on_chunk=on_chunk,
         save_state=save_state,
         new_state=new_state,
-        sections=[DetectorSection()],  # the bias detectors, as analyze runs them: a bug no threshold corrects
+        sections=sections,
     )
     state = accumulated.state
     assert isinstance(state, SweepState)
-    facts = input_facts(state, accumulated.info, accumulated.screen)
-    report = build_sweep_report(state, facts, accumulated.device, min_ess)
+    device = accumulated.device
+    analysis = build_report(state.analyzed(), accumulated.info, device, accumulated.screen, sections=sections)
+    report = build_sweep_report(state, analysis.input, device, min_ess, complete_verdict(analysis, path, read))
     return report if framework is None else speak_recommendations(report, path, framework, read)
 
 
@@ -138,27 +149,35 @@ def sweep_chunks(
     read = ReadOptions.of(read, options)
     backend = read.device if isinstance(read.device, Backend) else get_backend(read.device)
     screen = Screen(read.on_bad_row)
-    engine = Engine(state.resolved, backend, [DetectorState()], state=state)
+    sections = with_defaults(())
+    engine = Engine(state.resolved, backend, new_wholes(sections), state=state)
     engine.run(screen(as_chunk(chunk, i) for i, chunk in enumerate(chunks)))
-    facts = input_facts(state, SourceInfo(path="<memory>", format="chunks"), screen.stats)
-    return build_sweep_report(state, facts, backend.name, min_ess)
+    info = SourceInfo(path="<memory>", format="chunks")
+    analysis = build_report(state.analyzed(), info, backend.name, screen.stats, sections=sections)
+    return build_sweep_report(state, analysis.input, backend.name, min_ess, analysis)
 
 
 def merge_sweep_states(paths: list[str | Path], min_ess: float = 0.0) -> SweepReport:
     """The sweep of one run over every shard whose ``rcdiag sweep --save-state`` files are given; recommendations
     (at the target the states were written with) when every state carries what they need."""
+    from rcdiag.sections.registry import load_kinds
     from rcdiag.state import combined_info, merge_state_files
 
+    load_kinds()
     state, sources, stats = merge_state_files(paths, "sweep")
     assert isinstance(state, SweepState)  # merge_state_files refused any other kind
-    facts = input_facts(state, combined_info(sources), stats)
-    return build_sweep_report(state, facts, "merged", min_ess)
+    analysis = build_report(state.analyzed(), combined_info(sources), "merged", stats)
+    return build_sweep_report(state, analysis.input, "merged", min_ess, analysis)
 
 
-def build_sweep_report(state: SweepState, facts: InputFacts, device: str, min_ess: float) -> SweepReport:
-    """Compute every row (pooled and per step), the recommendations, the crash findings and the preset ranking.
-    Consumes the state: each step's batch is dropped once its rows are computed (the pooled rows first), so the
-    states and the rows they give are not all held at once."""
+def build_sweep_report(
+    state: SweepState, facts: InputFacts, device: str, min_ess: float, analysis: Report | None = None
+) -> SweepReport:
+    """Compute every row (pooled and per step), the recommendations, the crash findings and the preset ranking;
+    with ``analysis`` (analyze's report of the same state: ``SweepState.analyzed``), its verdict, its bias detectors'
+    findings and the advice that agrees with the verdict (``rcdiag.sweep.advice``). Consumes the state: each step's
+    batch is dropped once its rows are computed (the pooled rows first), so the states and the rows they give are
+    not all held at once."""
     target = state.target_reject
     recommendations = recommend(state.collector, target) if state.collector and target is not None else None
     stepped = any(step is not None for step in state.batches)
@@ -175,22 +194,32 @@ def build_sweep_report(state: SweepState, facts: InputFacts, device: str, min_es
         crash_steps = tuple(int(step) for step, result in per_step if step is not None and result[key].crashes)
         crashes = point.crashes or next((result[key].crashes for _, result in per_step if result[key].crashes), ())
         rows.append(SweepRow(key[0], key[1], point.metrics, steps, crashes, crash_steps))
+    aimed = target if recommendations is not None else None
+    presets = tuple(rank_presets(rows, min_ess, state.grid.verl_version, router_replay_mode(facts.metadata)))
+    verdict = None if analysis is None else analysis.verdict
+    advice = None
+    if verdict is not None:
+        advice, presets = advise(verdict, presets, aimed)
     return SweepReport(
         rows=tuple(rows),
         recommendations=tuple(place_on_grid(recommendations or (), rows, target, state.grid.verl_version)),
-        target_reject=target if recommendations is not None else None,
-        presets=tuple(rank_presets(rows, min_ess, state.grid.verl_version, router_replay_mode(facts.metadata))),
+        target_reject=aimed,
+        presets=presets,
         min_ess=min_ess,
         input=facts,
-        findings=(*_detector_findings(state), *_crash_findings(rows)),
+        findings=(*_detector_findings(state, analysis), *_crash_findings(rows)),
         device=device,
         verl_version=state.grid.verl_version,
+        verdict=verdict,
+        advice=advice,
     )
 
 
-def _detector_findings(state: SweepState) -> list[Finding]:
-    """The bias detectors' findings (all but ``mismatch_trend``, which reads per-step metrics the sweep does not
-    compute); none from a state without their sums (one saved by an older sweep)."""
+def _detector_findings(state: SweepState, analysis: Report | None) -> list[Finding]:
+    """The bias detectors' findings: analyze's (``mismatch_trend`` included), else those read from the sums alone;
+    none from a state without their sums."""
+    if analysis is not None:
+        return [f for f in analysis.findings if finding(f.code).detects is not None]
     detectors = state.whole_dump.get(DetectorState.KEY)
     return detect_sums(detectors) if isinstance(detectors, DetectorState) else []
 

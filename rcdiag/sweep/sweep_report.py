@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from rcdiag._version import __version__
 from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import PRESETS, preset, refuse_router_replay
 from rcdiag.errors import ConfigError
 from rcdiag.metrics.base import MetricValue, VerlCrash
-from rcdiag.report import Finding, FrameworkSetting, InputFacts
+from rcdiag.report import Finding, FrameworkSetting, InputFacts, Prescription, Verdict
 from rcdiag.versions import DEFAULT_VERSION
 
 SWEEP_SCHEMA_VERSION = 1
@@ -167,6 +167,47 @@ class PresetRank:
         return dataclasses.asdict(self)
 
 
+Correction = Literal["prescribed", "optional", "none", "not_a_remedy"]
+"""What the verdict says of correcting this dump: ``correct`` prescribes one setting; ``healthy``: optional;
+``identical``: nothing to correct; ``fix`` / ``broken``: no threshold is the remedy."""
+NO_THRESHOLD_REMEDY = (
+    "no threshold is the remedy: fix the engine, the data or the configuration first, then sweep again; the "
+    "tables below only say what each threshold would do"
+)
+"""Said under a ``fix`` or ``broken`` verdict, before the tables."""
+NOT_URGED = "what each would do, not a remedy"
+"""How the recommendations are titled when no threshold is the remedy (``SweepAdvice.urges`` is false)."""
+
+
+@dataclass(frozen=True)
+class SweepAdvice:
+    """The sweep's headline advice, agreeing with the verdict (the rule: ``rcdiag.sweep.advice.advise``)."""
+
+    status: str
+    """The verdict's status."""
+    correction: Correction
+    says: str
+    """The sentence shown under the verdict, before the tables."""
+    first: Prescription | None = None
+    """The first recommendation: the verdict's prescription (``correct`` only)."""
+    differs: str | None = None
+    """Why the sweep's own recommendations or ranking differ from the prescription, said plainly."""
+
+    @property
+    def urges(self) -> bool:
+        """Whether the recommendations are settings to use (no: under ``fix`` and ``broken``)."""
+        return self.correction != "not_a_remedy"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "correction": self.correction,
+            "says": self.says,
+            "first": None if self.first is None else self.first.to_dict(),
+            "differs": self.differs,
+        }
+
+
 @dataclass(frozen=True)
 class SweepReport:
     """Everything ``rcdiag sweep`` prints."""
@@ -184,6 +225,10 @@ class SweepReport:
     """The verl release whose semantics every row follows."""
     framework: str | None = None
     """Under ``--as NAME``: the framework whose settings the recommendations are also given in (``TRL 1.16.0``)."""
+    verdict: Verdict | None = None
+    """``rcdiag analyze``'s verdict on the same dump, from the same facts (``None``: a report built without it)."""
+    advice: SweepAdvice | None = None
+    """What the sweep advises, agreeing with ``verdict`` (``rcdiag.sweep.advice``)."""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -191,6 +236,8 @@ class SweepReport:
             "rcdiag_version": self.version,
             "verl_version": self.verl_version,
             "device": self.device,
+            "verdict": None if self.verdict is None else self.verdict.to_dict(),
+            "advice": None if self.advice is None else self.advice.to_dict(),
             "sweep": [row.to_dict() for row in self.rows],
             "recommendations": [r.to_dict() for r in self.recommendations],
             "target_reject": self.target_reject,
@@ -204,11 +251,6 @@ class SweepReport:
         return out
 
 
-NO_THRESHOLD_REMEDY = (
-    "no threshold below corrects what these findings name: fix the engine or the configuration first (rcdiag "
-    "analyze gives the verdict), then choose a threshold"
-)
-"""Said after the bias detectors' findings, before the tables."""
 ESS_FLOOR = 0.3
 """verl's ESS warning (is_ess_low): a preset leaving less raises it."""
 SATURATED_SHARE = 0.9
