@@ -178,7 +178,7 @@ def _verdict(verdict: Verdict | None, side: str = "") -> str:
              f"{who}{e(verdict.headline)}</p>"]  # fmt: skip
     if verdict.causes:
         items = "".join(f"<li><strong>{e(c.cls.replace('_', ' '))}</strong> "
-                        f'<span class="code">[{e(", ".join(c.codes))}]</span>: {e(c.evidence)}</li>'
+                        f'<span class="code">[{e(", ".join(c.codes) or "-")}]</span>: {e(c.evidence)}</li>'
                         for c in verdict.causes)  # fmt: skip
         parts.append(f"<h3>Causes</h3><ul>{items}</ul>")
     rec = verdict.recommendation
