@@ -190,9 +190,10 @@ class Needs:
         what = "advantages" if self.inputs == ("advantages",) else "the current policy's log-probs" + (
             " and the advantages" if "advantages" in self.inputs else ""
         )
+        column = "columns" if len(self.inputs) > 1 else "a column"
         return (
-            f"left out: {', '.join(self.keys)} need {what}, which this dump lacks: a column {columns} makes them "
-            "computable"
+            f"left out: {', '.join(self.keys)} need {what}, which this dump lacks: {column} {columns} would make "
+            "them computable"
         )
 
 
