@@ -135,7 +135,8 @@ def with_loss_inputs(source: Path, directory: Path, seed: int, *, per_row: bool 
     out) and ``advantages`` (one per response, some exactly 0, or ``per_row=False`` one per token, its sign changing
     inside a row); drawn from their own seed, so the log-probs and mask stay the source's."""
     rng = np.random.default_rng(1000 + seed)
-    table = pq.read_table(source)
+    files = sorted(source.glob("*.parquet")) if source.is_dir() else [source]
+    table = pa.concat_tables([pq.read_table(file) for file in files])
     old_rows = table.column("old_log_prob").to_pylist()
     current, advantages = [], []
     for old in old_rows:
