@@ -187,8 +187,10 @@ class Needs:
 
     def note(self) -> str:
         columns = " and ".join(f"'{name}' ({INPUT_FLAGS[name]} NAME)" for name in self.inputs)
-        what = "advantages" if self.inputs == ("advantages",) else "the current policy's log-probs" + (
-            " and the advantages" if "advantages" in self.inputs else ""
+        what = (
+            "advantages"
+            if self.inputs == ("advantages",)
+            else "the current policy's log-probs" + (" and the advantages" if "advantages" in self.inputs else "")
         )
         column = "columns" if len(self.inputs) > 1 else "a column"
         return (

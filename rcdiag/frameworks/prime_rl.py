@@ -154,7 +154,8 @@ class PrimeRLMetrics(FrameworkMetrics):
         if not self.settings.ipo:  # the advantage's sign among the dropped tokens
             for name in ("masked_advantage_negative", "masked_advantage_positive"):
                 per_sample[name] = rows.row_sum((flags[name] & masked).astype(np.float64)) / np.maximum(n_masked, 1.0)
-        per_sample["masked_mismatch_kl"] = rows.row_sum(np.where(masked, kl, np.float32(0.0))) / np.maximum(n_masked, 1.0)
+        masked_kl = rows.row_sum(np.where(masked, kl, np.float32(0.0)))
+        per_sample["masked_mismatch_kl"] = masked_kl / np.maximum(n_masked, 1.0)
         per_sample["unmasked_mismatch_kl"] = rows.row_sum(np.where(masked, np.float32(0.0), kl)) / np.maximum(
             n - n_masked, 1
         )

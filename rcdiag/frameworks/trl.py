@@ -214,7 +214,7 @@ class TRLMetrics(FrameworkMetrics):
         s = self.settings
         log_ratio = current - rows.old
         if s.level == "sequence":
-            mean = (rows.row_sum(log_ratio).astype(np.float32) / np.maximum(rows.counts, 1).astype(np.float32))
+            mean = rows.row_sum(log_ratio).astype(np.float32) / np.maximum(rows.counts, 1).astype(np.float32)
             coef = exp32(mean.astype(np.float32))
             advantages, varies = input_constant_per_row(rows, advantages)
             self.add(clip_varies=float(varies))
@@ -223,8 +223,9 @@ class TRLMetrics(FrameworkMetrics):
         if s.loss_type == "cispo":
             low = high = (coef > f32(s.epsilon_high)) & (advantages > 0)
         else:
-            if s.delta is not None:
-                coef = np.minimum(coef, f32(s.delta))
+            delta = f32(s.delta)
+            if delta is not None:
+                coef = np.minimum(coef, delta)
             low = (coef < f32(1 - s.epsilon)) & (advantages < 0)
             high = (coef > f32(1 + s.epsilon_high)) & (advantages > 0)
         region = low | high
@@ -383,11 +384,10 @@ FRAMEWORK = Framework(
             "1 - epsilon with a negative advantage",
             "loss_type grpo/bnpo/dr_grpo/dapo/luspo, with the current policy and the advantages",
         ),
-        MetricKey(CLIP_KEYS[1], "share whose ratio (after delta) is above 1 + epsilon_high with a positive advantage",
-                  "the same"),  # fmt: skip
-        MetricKey(CLIP_KEYS[2], "share clipped either way", "the same"),
-        MetricKey(CLIP_KEYS[3], "least completion's share of low-clipped tokens", "the same"),
-        MetricKey(CLIP_KEYS[4], "greatest completion's share of high-clipped tokens", "the same"),
+        MetricKey(CLIP_KEYS[1], "share whose ratio (after delta) is above 1 + epsilon_high with a positive advantage"),
+        MetricKey(CLIP_KEYS[2], "share clipped either way"),
+        MetricKey(CLIP_KEYS[3], "least completion's share of low-clipped tokens"),
+        MetricKey(CLIP_KEYS[4], "greatest completion's share of high-clipped tokens"),
         MetricKey(
             CISPO_KEY,
             "share whose ratio is above epsilon_high with a positive advantage",

@@ -88,9 +88,13 @@ class TableFile(ABC):
             cols = dataclasses.replace(cols, token=None)  # a recognised name holding something else: not ids
         for role in LOSS_INPUTS:  # a recognised name holding something else: not this loss input
             name = getattr(cols, role)
-            if name is not None and getattr(columns or ColumnMap(), role) is None:
-                if not _is_loss_input_type(schema.field(name).type, self.long):
-                    cols = dataclasses.replace(cols, **{role: None})
+            given = getattr(columns or ColumnMap(), role)
+            if name is not None and given is None and not _is_loss_input_type(schema.field(name).type, self.long):
+                cols = (
+                    dataclasses.replace(cols, advantages=None)
+                    if role == "advantages"
+                    else dataclasses.replace(cols, current=None)
+                )
         given = () if columns is None else columns.by
         labels = tuple(name for name in cols.labels if name in given or _is_label_type(schema.field(name).type))
         self.cols: Resolved = dataclasses.replace(cols, labels=labels)  # a recognised name holding lists: not a label
