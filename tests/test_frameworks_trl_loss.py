@@ -132,3 +132,22 @@ def test_trl_clip_keys_through_the_cli_with_named_columns(tmp_path: Path, capsys
         assert got["metrics"][key] == pytest.approx(want[key], rel=1e-12)
     assert got["input"]["columns"]["advantages"] == "adv" and got["input"]["columns"]["log_prob"] == "pi"
     assert pa is not None and np is not None
+
+
+def test_the_loss_inputs_are_read_only_for_as(tmp_path: Path) -> None:
+    """A plain analyze neither decodes nor checks the optional loss inputs: an ``advantages`` column whose lists
+    do not match the log-probs' lengths is not read (the report as without it); ``--as`` reads it and stops at
+    the row, naming the column."""
+    import pyarrow as pa
+
+    old = [[-1.0, -0.5, -2.0], [-0.3, -0.7]]
+    rollout = [[-1.1, -0.5, -1.9], [-0.3, -0.8]]
+    table = {"old_log_prob": old, "rollout_log_prob": rollout, "response_mask": [[1, 1, 1], [1, 1]]}
+    plain, bad = tmp_path / "plain.parquet", tmp_path / "bad.parquet"
+    pq.write_table(pa.table(table), plain)
+    pq.write_table(pa.table({**table, "advantages": [[0.5, 0.5, 0.5], [0.5]]}), bad)
+    without = rcdiag.analyze(plain).to_dict()
+    report = rcdiag.analyze(bad).to_dict()
+    assert report["metrics"] == without["metrics"] and "advantages" not in report["input"]["columns"]
+    with pytest.raises(rcdiag.InputError, match="advantages"):
+        rcdiag.analyze(bad, framework="trl")

@@ -182,6 +182,7 @@ class FrameworkSection(PlainSection):
     reads a saved state's framework (``merge``)."""
 
     KEY: ClassVar[str] = KEY
+    wants_loss_inputs = True
 
     def __init__(self, chosen: Chosen | None = None) -> None:
         self.chosen = chosen
@@ -316,6 +317,7 @@ class SettingsSection(PlainSection):
     """Several frameworks' settings measured on the dump in one pass (``SettingsRecord``)."""
 
     KEY: ClassVar[str] = SETTINGS_KEY
+    wants_loss_inputs = True
 
     def __init__(self, chosen: tuple[Chosen, ...] = ()) -> None:
         self.chosen = chosen

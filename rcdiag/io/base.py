@@ -168,6 +168,9 @@ class Source(ABC):
     def want_tokens(self, wanted: bool) -> None:  # noqa: B027 (optional: a source without token ids ignores it)
         """Read the token-id column too (``--explain``), when the dump has one."""
 
+    def want_loss_inputs(self, wanted: bool) -> None:  # noqa: B027 (optional: a source without them ignores it)
+        """Read the optional loss inputs too (``--as``), when the dump has them."""
+
     @abstractmethod
     def seen_metadata(self) -> dict[str, list[str]]:
         """Run facts collected from columns while reading (``temperature`` ...), for a driver to combine."""

@@ -99,6 +99,9 @@ class TableFile(ABC):
         labels = tuple(name for name in cols.labels if name in given or _is_label_type(schema.field(name).type))
         self.cols: Resolved = dataclasses.replace(cols, labels=labels)  # a recognised name holding lists: not a label
         check_types(schema, self.cols, self.long, path)
+        self.loss_cols = self.cols
+        """``cols`` with the loss inputs the dump has; ``cols`` holds them only once wanted (``want_loss_inputs``)."""
+        self.cols = dataclasses.replace(self.cols, advantages=None, current=None)
         self.tokens_wanted = False
         """Whether ``read_columns`` includes the token-id column (``--explain``: ``Source.want_tokens``)."""
         used = {self.cols.old, self.cols.rollout, self.cols.mask, self.cols.step}
@@ -135,6 +138,11 @@ class TableFile(ABC):
         names += [name for name in cols.labels if name not in names]
         names += [name for name in cols.loss_inputs().values() if name not in names]
         return names + ([cols.token] if self.tokens_wanted and cols.token is not None else [])
+
+    def want_loss_inputs(self, wanted: bool) -> None:
+        """Read the loss-input columns the dump has (``--as``), or not."""
+        keep = self.loss_cols if wanted else dataclasses.replace(self.loss_cols, advantages=None, current=None)
+        self.cols = dataclasses.replace(self.cols, advantages=keep.advantages, current=keep.current)
 
     @property
     def token_column(self) -> str | None:
