@@ -372,6 +372,7 @@ def accumulate(
     source = open_dump(path, read.columns)
     backend = _for_size(backend, read.device, source.info)
     source.want_tokens(any(section.wants_tokens for section in sections))
+    source.want_loss_inputs(any(section.wants_loss_inputs for section in sections))
     for section in sections:
         section.prepare(source.info, read)
     asked = read.workers

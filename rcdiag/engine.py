@@ -343,6 +343,8 @@ class Engine:
                     self.backend, old[t0:t1], rollout[t0:t1], valid, mask=block_mask,
                     raw_lengths=lengths[r0 + b0 : r0 + b1], k1_bands=self.k1_bands, rows=rows,
                     tokens=None if chunk.tokens is None else chunk.tokens[t0:t1],
+                    loss_inputs=None if chunk.loss_inputs is None else
+                    {key: values[t0:t1] for key, values in chunk.loss_inputs.items()},
                 )  # fmt: skip
                 batch.update(block)
                 for whole in wholes:  # the device's block: its per-row values come to the host, its tokens are there

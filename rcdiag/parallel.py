@@ -107,6 +107,7 @@ def read_part(part: Part, job: Job, index: int = 0) -> PartResult:
     read = job.read
     source = open_part(part, read.columns)
     source.want_tokens(any(section.wants_tokens for section in job.sections))
+    source.want_loss_inputs(any(section.wants_loss_inputs for section in job.sections))
     screen = Screen(read.on_bad_row, verdict_at_end=False, vocab_size=read.vocab_size, compiled=job.compiled)
     resolved = job.config.resolve()
     wholes = job.wholes()

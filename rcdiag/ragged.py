@@ -28,6 +28,7 @@ def take_rows(chunk: Chunk, rows: np.ndarray) -> Chunk:
         tokens=None if chunk.tokens is None else chunk.tokens[index],
         nulls=None if chunk.nulls is None else (_taken(chunk.nulls[0], index), _taken(chunk.nulls[1], index)),
         labels=None if chunk.labels is None else {name: values[rows] for name, values in chunk.labels.items()},
+        loss_inputs=None if chunk.loss_inputs is None else {k: v[index] for k, v in chunk.loss_inputs.items()},
         **per_row,
     )
 

@@ -127,3 +127,58 @@ def check_readings(name: str, extras: dict[str, Any], expected: dict[str, float 
             assert got is None, (where, key, got)
             continue
         assert got is not None and math.isclose(got, want, rel_tol=1e-5, abs_tol=1e-12), (where, key, got, want)
+
+
+def with_loss_inputs(source: Path, directory: Path, seed: int, *, per_row: bool = True) -> Path:
+    """``source`` (a Parquet dump) with the loss inputs a trainer may dump beside the two engines' log-probs: the
+    current policy's log-probs ``log_prob`` (the old ones moved by a per-row drift and per-token noise, a few far
+    out) and ``advantages`` (one per response, some exactly 0, or ``per_row=False`` one per token, its sign changing
+    inside a row); drawn from their own seed, so the log-probs and mask stay the source's."""
+    rng = np.random.default_rng(1000 + seed)
+    files = sorted(source.glob("*.parquet")) if source.is_dir() else [source]
+    table = pa.concat_tables([pq.read_table(file) for file in files])
+    old_rows = table.column("old_log_prob").to_pylist()
+    current, advantages = [], []
+    for old in old_rows:
+        a = np.asarray(old, dtype=np.float32)
+        move = rng.normal(rng.normal(0.0, 0.1), 0.15, a.shape[0])
+        move[rng.random(a.shape[0]) < 0.01] *= 20.0
+        current.append((a + move).astype(np.float32).tolist())
+        if per_row:
+            advantages.append(float(rng.choice([0.0, rng.normal(0.0, 1.0)], p=[0.1, 0.9])))
+        else:
+            advantages.append(np.round(rng.normal(0.0, 1.0, a.shape[0]), 1).astype(np.float32).tolist())
+    kind = pa.float32() if per_row else pa.list_(pa.float32())
+    table = table.append_column("log_prob", pa.array(current, pa.list_(pa.float32())))
+    table = table.append_column("advantages", pa.array(advantages, kind))
+    path = directory / f"{source.stem}_inputs{'' if per_row else '_tokens'}.parquet"
+    directory.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+    return path
+
+
+def dump_inputs(path: Path) -> dict[int | None, list[tuple[np.ndarray, np.ndarray]]]:
+    """Each row's (current log-probs, advantages per token) by step, like ``dump_rows`` (a per-row advantage
+    repeated over the row)."""
+    table = pq.read_table(path)
+    current = table.column("log_prob").to_pylist()
+    advantages = table.column("advantages").to_pylist()
+    steps = table.column("step").to_pylist() if "step" in table.column_names else [None] * len(current)
+    out: dict[int | None, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for c, a, s in zip(current, advantages, steps, strict=True):
+        c32 = np.asarray(c, dtype=np.float32)
+        a32 = np.full(len(c), a, dtype=np.float32) if not isinstance(a, list) else np.asarray(a, dtype=np.float32)
+        out.setdefault(s, []).append((c32, a32))
+    return out
+
+
+def padded_inputs(rows: list[tuple[np.ndarray, np.ndarray]]) -> tuple[Any, Any]:
+    """(current, advantages) (B, T) torch tensors padded like ``padded`` (pads 0)."""
+    import torch
+
+    width = max((len(c) for c, _ in rows), default=0)
+    current = np.zeros((len(rows), width), dtype=np.float32)
+    advantages = np.zeros_like(current)
+    for i, (c, a) in enumerate(rows):
+        current[i, : len(c)], advantages[i, : len(a)] = c, a
+    return torch.from_numpy(current), torch.from_numpy(advantages)

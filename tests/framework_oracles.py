@@ -38,6 +38,9 @@ TRL_LINES = {
     "ratio": ("trl/trainer/grpo_trainer.py", 2660, 2707, "a43369a9"),
     "metrics": ("trl/trainer/grpo_trainer.py", 2860, 2896, "9ca40ea6"),
     "nan_reductions": ("trl/trainer/utils.py", 1124, 1156, "a3aa6dbf"),
+    "coef": ("trl/trainer/grpo_trainer.py", 3083, 3096, "3ae70766"),
+    "loss": ("trl/trainer/grpo_trainer.py", 3109, 3138, "d8177830"),
+    "loss_metrics": ("trl/trainer/grpo_trainer.py", 3253, 3288, "6f1ac673"),
 }
 """TRL 1.16.0's inline code the oracle runs: (file, first line, last line, first 8 hex digits of the SHA-256 of those
 lines joined by newlines)."""
@@ -114,6 +117,47 @@ def trl_metrics(old: Any, rollout: Any, mask: Any, **options: Any) -> tuple[dict
     exec(compile(trl_lines("metrics"), "trl/trainer/grpo_trainer.py", "exec"), scope)
     logged = {key: values[-1] for key, values in metrics["train"].items()}
     return logged, scope.get("vllm_importance_sampling_ratio")
+
+
+def trl_loss_metrics(old: Any, current: Any, mask: Any, advantages: Any, **options: Any) -> dict[str, float]:
+    """TRL 1.16.0's logged clip keys of ``_compute_loss`` for padded (B, T) float32 tensors, by running its own
+    lines (the ratio ``coef_1``, the loss types, the metrics): ``advantages`` (B,) as GRPOTrainer gives them, or
+    (B, T); ``options``: ``GRPOConfig``'s names (its defaults otherwise). The entropy it logs beside them is left
+    out (the dump has none: zeros stand in)."""
+    import math
+
+    import torch
+
+    settings = {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": None, "importance_sampling_level": "token",
+                "delta": None, **options}  # fmt: skip
+    metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list)}
+    epsilon_high = settings["epsilon_high"] if settings["epsilon_high"] is not None else settings["epsilon"]
+    trainer = types.SimpleNamespace(
+        accelerator=types.SimpleNamespace(gather=lambda tensor: tensor, reduce=lambda tensor, reduction: tensor),
+        _metrics=metrics,
+        importance_sampling_level=settings["importance_sampling_level"],
+        loss_type=settings["loss_type"],
+        epsilon_low=settings["epsilon"],
+        epsilon_high=epsilon_high,
+        beta=0.0,
+        args=types.SimpleNamespace(delta=settings["delta"], sapo_temperature_pos=1.0, sapo_temperature_neg=1.05),
+    )
+    scope: dict[str, Any] = {"torch": torch, "math": math}
+    exec(compile(trl_lines("nan_reductions"), "trl/trainer/utils.py", "exec"), scope)
+    mask = mask.to(torch.int64)
+    scope.update(
+        self=trainer,
+        mode="train",
+        mask=mask,
+        per_token_logps=current,
+        old_per_token_logps=old,
+        advantages=advantages.unsqueeze(1) if advantages.dim() == 1 else advantages,
+        entropies=torch.zeros_like(old),
+        inputs={},
+    )
+    for part in ("coef", "loss", "loss_metrics"):
+        exec(compile(trl_lines(part), "trl/trainer/grpo_trainer.py", "exec"), scope)
+    return {key: values[-1] for key, values in metrics["train"].items() if key != "entropy"}
 
 
 # ------------------------------------------------------------------------------------------------ module loading

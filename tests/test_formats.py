@@ -178,6 +178,8 @@ def test_nemo_rl_dumps(batch: dict, canonical: rcdiag.Report, tmp_path: Path) ->
         "old_log_prob": "prev_logprobs", "rollout_log_prob": "generation_logprobs",
         "response_mask": "token_loss_mask * sample_loss_mask", "step": "<file name>",
     }  # fmt: skip
+    as_trl = rcdiag.analyze(tmp_path, CONFIG, framework="trl").input.columns  # read only for --as
+    assert as_trl == {**report.input.columns, "advantages": "advantages"}
     single = rcdiag.analyze(tmp_path / "train_data_step7.jsonl", CONFIG)
     assert [s.step for s in single.steps] == [7]
     assert_metrics_close(single.metrics, canonical.steps[1].metrics, rel=1e-9, abs_tol=1e-12)

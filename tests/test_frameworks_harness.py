@@ -39,11 +39,12 @@ def test_the_json_names_the_commit_rcdiag_reproduces(name: str) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_settings_are_not_all_the_same_computation(name: str, tmp_path: Path) -> None:
-    """Each setting of the JSON changes what the framework logs or its weights on the wide synthetic dump."""
+    """Each setting of the JSON changes what the framework logs or its weights on the wide synthetic dump (with the
+    loss inputs: the same log-probs, and advantages for the settings that read them)."""
     from harness.common import build
 
     expected = load(name)
-    path = build("synthetic_s1_wide", tmp_path / "wide")
+    path = build("synthetic_s1_token_advantages", tmp_path / "wide")
     seen = set()
     for options in expected["settings"].values():
         report = rcdiag.analyze(path, framework=name, framework_options=options)

@@ -173,6 +173,50 @@ class MetricKey:
     when: str = ""
 
 
+INPUT_FLAGS = {"advantages": "--advantages-col", "log_prob": "--current-col"}
+"""Each optional loss input (``TokenRows.advantages``, ``TokenRows.current``) -> the flag naming its column."""
+
+
+@dataclass(frozen=True)
+class Needs:
+    """Keys a framework logs only from loss inputs a dump may lack (``INPUT_FLAGS``): computed when the dump has
+    every one of ``inputs``, else left out with a note naming the columns that would make them computable."""
+
+    keys: tuple[str, ...]
+    inputs: tuple[str, ...]
+
+    def note(self) -> str:
+        columns = " and ".join(f"'{name}' ({INPUT_FLAGS[name]} NAME)" for name in self.inputs)
+        what = (
+            "advantages"
+            if self.inputs == ("advantages",)
+            else "the current policy's log-probs" + (" and the advantages" if "advantages" in self.inputs else "")
+        )
+        column = "columns" if len(self.inputs) > 1 else "a column"
+        return (
+            f"left out: {', '.join(self.keys)} need {what}, which this dump lacks: {column} {columns} would make "
+            "them computable"
+        )
+
+
+def needs_notes(settings: Settings, computed: Mapping[str, Any]) -> tuple[str, ...]:
+    """The notes of ``settings``' ``needs`` (if it has any) whose keys are not among the ``computed`` values."""
+    needs: tuple[Needs, ...] = getattr(settings, "needs", lambda: ())()
+    return tuple(need.note() for need in needs if not any(key in computed for key in need.keys))
+
+
+def input_constant_per_row(rows: TokenRows, values: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each row's value of a per-token input (0 for an empty row) and how many rows hold more than one value over
+    their valid tokens (a per-completion input read per token)."""
+    first = np.zeros(rows.n_rows, dtype=np.float32)
+    if not rows.n_tokens:
+        return first, 0
+    nonempty = rows.counts > 0
+    first[nonempty] = values[rows._starts]
+    varies = rows.row_sum((values != np.repeat(first, rows.counts)).astype(np.float64)) > 0
+    return first, int(np.count_nonzero(varies))
+
+
 class Settings(Protocol):
     """A framework's resolved options: what builds the per-step accumulator. Frozen and picklable (worker
     processes and Ray tasks build their own accumulators from it)."""
@@ -300,6 +344,24 @@ class TokenRows:
         self.n_tokens = int(self.old.shape[0])
         self.n_rows = int(self.counts.shape[0])
         self._raw = block.raw
+        self._inputs = block.loss_inputs
+
+    def _valid_input(self, key: str) -> np.ndarray | None:
+        values = self._inputs.get(key)
+        if values is None:
+            return None
+        mask = self._raw[2]
+        return np.asarray(values if mask is None else values[np.asarray(mask, dtype=bool)], dtype=np.float32)
+
+    @cached_property
+    def advantages(self) -> np.ndarray | None:
+        """Each valid token's advantage, float32 (``None``: the dump has no advantages column)."""
+        return self._valid_input("advantages")
+
+    @cached_property
+    def current(self) -> np.ndarray | None:
+        """The current policy's log-prob of each valid token, float32 (``None``: the dump has no such column)."""
+        return self._valid_input("log_prob")
 
     @cached_property
     def raw_counts(self) -> np.ndarray:

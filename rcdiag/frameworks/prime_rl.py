@@ -9,10 +9,13 @@ engine's directly (rcdiag's ``old_log_prob`` and ``rollout_log_prob``; a prime-r
 ``trainer_logprobs`` and ``inference_logprobs``). ``mismatch_kl = exp(d) - d - 1`` with ``d = trainer - inference``
 in float32, over the flat valid tokens of the step: logged as ``mismatch_kl/all/mean``, ``/std`` (torch's unbiased)
 and ``/max`` (the median and min it also computes are filtered out before logging). The loss's per-sample metrics
-(each sample's mean, then ``/mean`` and ``/max`` over the step's samples) need the advantages under the default
-DPPO loss, whose mask depends on their sign; under the IPO loss (``loss.type = "ipo"``) a token is masked when
-``|exp(trainer) - exp(inference)| > ipo_threshold``, whatever the advantage: ``is_masked``, ``masked_mismatch_kl``
-and ``unmasked_mismatch_kl`` are computed.
+(each sample's mean, then ``/mean`` and ``/max`` over the step's samples): under the IPO loss (``loss.type =
+"ipo"``) a token is masked when ``|exp(trainer) - exp(inference)| > ipo_threshold``, whatever the advantage
+(``is_masked``, ``masked_mismatch_kl``, ``unmasked_mismatch_kl``); the default DPPO loss (``default_loss_fn``
+:109-159) masks by the advantage's sign (a rise above ``dppo_mask_high`` under a positive one, a fall below
+``-dppo_mask_low`` otherwise), so its keys (those three, ``is_masked_high|low``, ``masked_advantage_positive|
+negative``) are computed when the dump has the advantages (a prime-rl export holds them per token) and left out
+with a note otherwise.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rcdiag.errors import ConfigError
-from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, weight_keys
+from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Needs, Option, TokenRows, exp32, weight_keys
 from rcdiag.frameworks.correction import NO_CLAMP_QUIRK, Band, Correction, Form, Weight
 from rcdiag.metrics.base import MetricValue, Moments, Reduce, VerlCrash
 
@@ -35,6 +38,16 @@ KL = "mismatch_kl/all/"
 KL_KEYS = (KL + "mean", KL + "std", KL + "max")
 SAMPLE = ("is_masked", "masked_mismatch_kl", "unmasked_mismatch_kl")
 """The IPO loss's per-sample metrics, in the (sorted) order ``compute_stats`` gives them."""
+DEFAULT_SAMPLE = (
+    "is_masked",
+    "is_masked_high",
+    "is_masked_low",
+    "masked_advantage_negative",
+    "masked_advantage_positive",
+    "masked_mismatch_kl",
+    "unmasked_mismatch_kl",
+)
+"""The default loss's per-sample metrics (from the advantages' sign), in the order ``compute_stats`` gives them."""
 FIELDS = {
     "default": ("dppo_mask_low", "dppo_mask_high", "adv_tau", "kl_tau"),
     "ipo": ("ipo_threshold", "adv_tau", "kl_tau"),
@@ -62,24 +75,28 @@ class PrimeRLSettings:
     def new_metrics(self) -> PrimeRLMetrics:
         return PrimeRLMetrics(self)
 
+    def sample_keys(self) -> tuple[str, ...]:
+        """The per-sample metrics of this loss (the default loss's only with the advantages)."""
+        return SAMPLE if self.ipo else DEFAULT_SAMPLE
+
+    def needs(self) -> tuple[Needs, ...]:
+        if self.ipo:
+            return ()
+        return (Needs(tuple(f"{name}/{s}" for name in DEFAULT_SAMPLE for s in ("mean", "max")), ("advantages",)),)
+
     def notes(self) -> tuple[str, ...]:
         notes = [
             "mismatch_kl/all/* are over the valid tokens of the whole step (every micro-batch and rank); prime-rl "
             "also logs mismatch_kl/ENV/* per environment, which a dump does not record",
         ]
-        if self.ipo:
-            notes.append(
-                "is_masked, masked_mismatch_kl and unmasked_mismatch_kl are each sample's mean, then the /mean and "
-                "/max over the step's samples (an empty sample counts, as 0)"
-            )
-            notes.append("rcdiag/prime-rl/* are rcdiag's: the unclipped ratio exp(trainer - inference) on each "
-                         "valid token the IPO mask keeps, 0 where it masks")  # fmt: skip
-        else:
-            notes.append(
-                "loss.type default (prime-rl's): its mask, is_masked*, masked_/unmasked_mismatch_kl and "
-                "masked_advantage_* depend on each token's advantage sign, which a dump of the two engines lacks: "
-                "left out, and so is the weight its loss puts on each token"
-            )
+        notes.append(
+            ("" if self.ipo else "with the advantages, ")
+            + f"{', '.join(self.sample_keys())} are each sample's mean, then the /mean and /max over the step's "
+            "samples (an empty sample counts, as 0)"
+        )
+        mask = "IPO mask" if self.ipo else "DPPO mask (by each token's advantage sign)"
+        notes.append(f"rcdiag/prime-rl/* are rcdiag's: the unclipped ratio exp(trainer - inference) on each valid "
+                     f"token the {mask} keeps, 0 where it masks")  # fmt: skip
         return tuple(notes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -107,8 +124,8 @@ class PrimeRLMetrics(FrameworkMetrics):
         "kl": "moments",
         "kl_max": "max",
         "samples": "sum",
-        **{f"{name}_sum": "sum" for name in SAMPLE},
-        **{f"{name}_max": "max" for name in SAMPLE},
+        **{f"{name}_sum": "sum" for name in DEFAULT_SAMPLE},
+        **{f"{name}_max": "max" for name in DEFAULT_SAMPLE},
     }
     settings: PrimeRLSettings
 
@@ -120,29 +137,58 @@ class PrimeRLMetrics(FrameworkMetrics):
             x = kl.astype(np.float64)
             mean = float(x.mean())
             self.add(kl=Moments(float(x.size), mean, float(((x - mean) ** 2).sum())), kl_max=float(kl.max()))
-        if not self.settings.ipo:
+        if self.settings.ipo:
+            assert self.settings.threshold is not None
+            masked = np.abs(exp32(rows.old) - exp32(rows.rollout)) > np.float32(self.settings.threshold)
+            flags: dict[str, np.ndarray] = {"is_masked": masked}
+        elif rows.advantages is not None:
+            flags = self._dppo(rows, rows.advantages)
+            masked = flags["is_masked"]
+        else:
             return
-        assert self.settings.threshold is not None
-        masked = np.abs(exp32(rows.old) - exp32(rows.rollout)) > np.float32(self.settings.threshold)
-        n_masked = rows.row_sum(masked.astype(np.float64))
         n = rows.counts.astype(np.float64)
+        n_masked = rows.row_sum(masked.astype(np.float64))
         per_sample = {
-            "is_masked": n_masked / np.maximum(n, 1.0),
-            "masked_mismatch_kl": rows.row_sum(np.where(masked, kl, np.float32(0.0))) / np.maximum(n_masked, 1.0),
-            "unmasked_mismatch_kl": rows.row_sum(np.where(masked, np.float32(0.0), kl)) / np.maximum(n - n_masked, 1),
+            name: rows.row_sum(values.astype(np.float64)) / np.maximum(n, 1.0) for name, values in flags.items()
         }
+        if not self.settings.ipo:  # the advantage's sign among the dropped tokens
+            for name in ("masked_advantage_negative", "masked_advantage_positive"):
+                per_sample[name] = rows.row_sum((flags[name] & masked).astype(np.float64)) / np.maximum(n_masked, 1.0)
+        masked_kl = rows.row_sum(np.where(masked, kl, np.float32(0.0)))
+        per_sample["masked_mismatch_kl"] = masked_kl / np.maximum(n_masked, 1.0)
+        per_sample["unmasked_mismatch_kl"] = rows.row_sum(np.where(masked, np.float32(0.0), kl)) / np.maximum(
+            n - n_masked, 1
+        )
         self.add(samples=float(rows.n_rows))
-        for name, values in per_sample.items():
+        for name in self.settings.sample_keys():
+            values = per_sample[name]
             self.add(
                 **{f"{name}_sum": float(values.sum()), f"{name}_max": float(values.max()) if values.size else -math.inf}
             )
         self.add_weights(np.where(masked, np.float32(0.0), exp32(d)), rows, None)
 
+    def _dppo(self, rows: TokenRows, advantages: np.ndarray) -> dict[str, np.ndarray]:
+        """The default loss's masks (``default_loss_fn``): the probability change against its bound on the side of
+        the advantage's sign (a zero advantage takes the low side, as ``torch.where(A > 0, high, low)`` does)."""
+        block = dict(self.settings.block)
+        diff = exp32(rows.old) - exp32(rows.rollout)
+        high = diff > np.float32(block["dppo_mask_high"])
+        low = diff < -np.float32(block["dppo_mask_low"])
+        positive, negative = advantages > 0, advantages < 0
+        return {
+            "is_masked": np.where(positive, high, low),
+            "is_masked_high": positive & high,
+            "is_masked_low": negative & low,
+            "masked_advantage_negative": negative,
+            "masked_advantage_positive": positive,
+        }
+
     def keys(self) -> list[str]:
-        if not self.settings.ipo:
-            return list(KL_KEYS)
-        head = [f"{name}/{s}" for name in SAMPLE[:2] for s in ("mean", "max")]
-        return [*head, *KL_KEYS, f"{SAMPLE[2]}/mean", f"{SAMPLE[2]}/max", *self.weight_keys()]
+        """In ``compute_stats``' sorted order: the per-sample keys before ``mismatch_kl/all``, then
+        ``unmasked_mismatch_kl``."""
+        names = self.settings.sample_keys()
+        head = [f"{name}/{s}" for name in names[:-1] for s in ("mean", "max")]
+        return [*head, *KL_KEYS, f"{names[-1]}/mean", f"{names[-1]}/max", *self.weight_keys()]
 
     def compute(self) -> tuple[dict[str, MetricValue], list[VerlCrash]]:
         """prime-rl's values (NaN, here ``None``, for a step without a valid token) and rcdiag's."""
@@ -154,10 +200,10 @@ class PrimeRLMetrics(FrameworkMetrics):
             KL_KEYS[1]: math.sqrt(max(moments.m2, 0.0) / (n - 1)) if n > 1 else None,
             KL_KEYS[2]: st["kl_max"] if n else None,
         }
-        if not self.settings.ipo:
-            return values, []
         samples = st["samples"]
-        for name in SAMPLE:
+        if not samples and not self.settings.ipo:  # the default loss without the advantages
+            return values, []
+        for name in self.settings.sample_keys():
             values[f"{name}/mean"] = st[f"{name}_sum"] / samples if samples else None
             values[f"{name}/max"] = st[f"{name}_max"] if samples else None
         ordered = {key: values[key] for key in self.keys() if key in values}
@@ -209,32 +255,56 @@ FRAMEWORK = Framework(
     keys=(
         MetricKey(
             "is_masked/mean",
-            "mean over samples of the share of each one's valid tokens the IPO mask drops",
-            "loss.type ipo",
+            "mean over samples of the share of each one's valid tokens the mask drops",
+            "loss.type ipo; default with the advantages",
         ),
-        MetricKey("is_masked/max", "largest such share", "loss.type ipo"),
+        MetricKey("is_masked/max", "largest such share", "loss.type ipo; default with the advantages"),
+        MetricKey(
+            "is_masked_high/mean",
+            "mean over samples of the share of valid tokens masked for a rise above dppo_mask_high (A > 0)",
+            "loss.type default, with the advantages",
+        ),
+        MetricKey("is_masked_high/max", "largest such share", "loss.type default, with the advantages"),
+        MetricKey(
+            "is_masked_low/mean",
+            "mean over samples of the share of valid tokens masked for a fall below -dppo_mask_low (A < 0)",
+            "loss.type default, with the advantages",
+        ),
+        MetricKey("is_masked_low/max", "largest such share", "loss.type default, with the advantages"),
+        MetricKey(
+            "masked_advantage_negative/mean",
+            "mean over samples of the share of masked tokens with a negative advantage",
+            "loss.type default, with the advantages",
+        ),
+        MetricKey("masked_advantage_negative/max", "largest such share", "loss.type default, with the advantages"),
+        MetricKey(
+            "masked_advantage_positive/mean",
+            "mean over samples of the share of masked tokens with a positive advantage",
+            "loss.type default, with the advantages",
+        ),
+        MetricKey("masked_advantage_positive/max", "largest such share", "loss.type default, with the advantages"),
         MetricKey(
             "masked_mismatch_kl/mean",
             "mean over samples of each one's mismatch_kl on the masked tokens",
-            "loss.type ipo",
+            "loss.type ipo; default with the advantages",
         ),
-        MetricKey("masked_mismatch_kl/max", "largest such mean", "loss.type ipo"),
+        MetricKey("masked_mismatch_kl/max", "largest such mean", "loss.type ipo; default with the advantages"),
         MetricKey(KL_KEYS[0], "mean of exp(d) - d - 1, d = trainer - inference, over the step's valid tokens"),
         MetricKey(KL_KEYS[1], "its standard deviation (unbiased)"),
         MetricKey(KL_KEYS[2], "its largest value"),
         MetricKey(
             "unmasked_mismatch_kl/mean",
             "mean over samples of each one's mismatch_kl on the kept tokens",
-            "loss.type ipo",
+            "loss.type ipo; default with the advantages",
         ),
-        MetricKey("unmasked_mismatch_kl/max", "largest such mean", "loss.type ipo"),
+        MetricKey("unmasked_mismatch_kl/max", "largest such mean", "loss.type ipo; default with the advantages"),
         *weight_keys(NAME, "prime-rl", "loss-mask token", "prime-rl's IPO mask"),
     ),
     settings=settings,
     prefixes=("trainer.",),
     left_out=(
         "left out: mismatch_kl per environment (the dump has no environment names), kl_ent_ratio and entropy "
-        "(the entropy), the default loss's masks and masked_advantage_* (the advantages) and loss (both)"
+        "(the entropy) and loss (the whole loss)"
     ),
     batching="one training step (every micro-batch and rank of it)",
     forms=FORMS,

@@ -19,6 +19,7 @@ from rcdiag.catalogue.metrics import EXTRA_PREFIX
 from rcdiag.core.limits import finite
 from rcdiag.engine import StepKey, register_whole_dump, step_pairs
 from rcdiag.fields import FieldError, integer, shown
+from rcdiag.frameworks.base import needs_notes
 from rcdiag.frameworks.registry import Chosen, choose
 from rcdiag.metrics.base import Accumulator, MetricValue, verl_float
 from rcdiag.metrics.batch import declared_states
@@ -181,6 +182,7 @@ class FrameworkSection(PlainSection):
     reads a saved state's framework (``merge``)."""
 
     KEY: ClassVar[str] = KEY
+    wants_loss_inputs = True
 
     def __init__(self, chosen: Chosen | None = None) -> None:
         self.chosen = chosen
@@ -195,13 +197,19 @@ class FrameworkSection(PlainSection):
             return None
         chosen = state.chosen
         steps = {int(step): step_values(m) for step, m in state.steps.items() if step is not None}
+        pooled = step_values(state.pooled())
+        missing = needs_notes(chosen.settings, pooled.metrics)
         return FrameworkRecord(
             name=chosen.name,
             label=chosen.framework.label,
             source=chosen.framework.source,
             options=chosen.settings.to_dict(),
-            notes=(*chosen.settings.notes(), *((chosen.framework.left_out,) if chosen.framework.left_out else ())),
-            pooled=step_values(state.pooled()),
+            notes=(
+                *chosen.settings.notes(),
+                *missing,
+                *((chosen.framework.left_out,) if chosen.framework.left_out else ()),
+            ),
+            pooled=pooled,
             steps=steps,
             readings={key.key: key.reading for key in chosen.framework.keys},
         )
@@ -309,6 +317,7 @@ class SettingsSection(PlainSection):
     """Several frameworks' settings measured on the dump in one pass (``SettingsRecord``)."""
 
     KEY: ClassVar[str] = SETTINGS_KEY
+    wants_loss_inputs = True
 
     def __init__(self, chosen: tuple[Chosen, ...] = ()) -> None:
         self.chosen = chosen

@@ -35,6 +35,12 @@ class ColumnMap:
     """A per-response id column (``--id-col``) for reports that name responses; default: ``ID_ALIASES``."""
     token: str | None = None
     """The per-token id column (``--token-col``), read with ``--explain``; default: ``ALIASES["token"]``."""
+    advantages: str | None = None
+    """The advantages column (``--advantages-col``; per token, or one per row): read when present, for the
+    framework keys that need them (``--as``); default: ``ALIASES["advantages"]``."""
+    current: str | None = None
+    """The current policy's per-token log-probs (``--current-col``), read when present, for the framework keys that
+    compare it with the old policy (PPO clip fractions); default: ``ALIASES["current"]``."""
     by: tuple[str, ...] = ()
     """Per-row scalar columns to break the mismatch down by (``--by``): each must exist. Columns named like a
     replica or a policy version (``rcdiag.io.columns.LABEL_ALIASES``) are read too, without it."""
@@ -55,6 +61,9 @@ class Chunk:
     ``nulls`` marks, per log-prob column (old, rollout; ``None`` for one without), the positions the file held as
     JSON null and the reader gave as NaN (prime-rl's non-finite values): set only when the chunk has one, and read
     only by the screen, to name such a value as the file holds it.
+    ``loss_inputs`` holds, per position like ``old``, the optional loss inputs the dump has (``"advantages"``,
+    ``"log_prob"``: the current policy's log-probs), float32, a per-row advantage repeated over its row's positions;
+    read only by the framework sections (``--as``).
     ``labels`` holds each row's value of every per-row label column read (``ColumnMap.by`` and the columns named like
     a replica or a policy version), by column name.
     """
@@ -76,6 +85,7 @@ class Chunk:
     token_name: str = "token_ids"
     nulls: tuple[np.ndarray | None, np.ndarray | None] | None = None
     labels: dict[str, np.ndarray] | None = None
+    loss_inputs: dict[str, np.ndarray] | None = None
 
     PER_ROW = ("steps", "seq_ids", "ids", "rows")
     """Optional per-row arrays: selecting rows selects these too."""
@@ -157,6 +167,9 @@ class Source(ABC):
 
     def want_tokens(self, wanted: bool) -> None:  # noqa: B027 (optional: a source without token ids ignores it)
         """Read the token-id column too (``--explain``), when the dump has one."""
+
+    def want_loss_inputs(self, wanted: bool) -> None:  # noqa: B027 (optional: a source without them ignores it)
+        """Read the optional loss inputs too (``--as``), when the dump has them."""
 
     @abstractmethod
     def seen_metadata(self) -> dict[str, list[str]]:

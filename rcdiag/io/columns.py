@@ -31,6 +31,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "step": ("step", "global_step", "train_step", "training_step"),
     "seq": ("seq_id", "sequence_id", "seq_idx", "sample_id", "sample_idx", "response_id"),
     # verl's batch ``responses``; NeMo-RL's and prime-rl's ``token_ids`` (their log-probs cover the same positions)
+    # optional loss inputs (read for ``--as``): the advantages, and the current policy's log-probs (verl's actor
+    # ``log_prob``, TRL's ``per_token_logps``), which no trainer names like the old policy's
+    "advantages": ("advantages", "advantage", "token_advantages"),
+    "current": ("log_prob", "current_log_prob", "current_log_probs", "current_logprobs", "per_token_logps"),
     "token": ("responses", "response_ids", "response_token_ids", "token_ids", "output_ids", "output_token_ids",
               "completion_ids"),
 }  # fmt: skip
@@ -55,7 +59,8 @@ def label_role(name: str) -> str | None:
 
 
 ROLE_FLAGS = {"old": "--old-col", "rollout": "--rollout-col", "mask": "--mask-col", "step": "--step-col",
-              "seq": "--seq-col", "token": "--token-col"}  # fmt: skip
+              "seq": "--seq-col", "token": "--token-col", "advantages": "--advantages-col",
+              "current": "--current-col"}  # fmt: skip
 ROLE_KEYS = {"old": "old_log_prob", "rollout": "rollout_log_prob", "mask": "response_mask", "step": "step",
              "seq": "seq_id"}  # fmt: skip
 """Canonical names: the keys of ``InputFacts.columns``."""
@@ -66,7 +71,11 @@ _WHAT = {
     "step": "the training step",
     "seq": "the sequence id",
     "token": "the token ids",
+    "advantages": "the advantages",
+    "current": "the current policy's log-probs",
 }
+LOSS_INPUTS = {"advantages": "advantages", "current": "log_prob"}
+"""The optional loss-input roles -> their canonical names (``Chunk.loss_inputs`` keys, ``InputFacts.columns``)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,10 @@ class Resolved:
     """The per-response id column (``None``: the dump has none)."""
     token: str | None = None
     """The per-token id column (``None``: the dump has none); read only with ``--explain``."""
+    advantages: str | None = None
+    """The advantages column (``None``: the dump has none); read for ``--as``."""
+    current: str | None = None
+    """The current policy's log-prob column (``None``: the dump has none); read for ``--as``."""
     labels: tuple[str, ...] = ()
     """Per-row label columns read: those given with ``--by``, then those named like a replica or a policy version
     (``LABEL_ALIASES``)."""
@@ -93,7 +106,14 @@ class Resolved:
             out["seq_id"] = self.seq
         if self.id is not None and not (long and self.id == self.seq):
             out["id"] = self.id
+        for role, key in LOSS_INPUTS.items():
+            if getattr(self, role) is not None:
+                out[key] = getattr(self, role)
         return out
+
+    def loss_inputs(self) -> dict[str, str]:
+        """Canonical loss-input name -> the column holding it, for those the dump has."""
+        return {key: name for role, key in LOSS_INPUTS.items() if (name := getattr(self, role)) is not None}
 
 
 def resolve(
@@ -109,7 +129,7 @@ def resolve(
     present = list(names)
     columns = columns or ColumnMap()
     chosen: dict[str, str | None] = {}
-    for role in ("old", "rollout", "mask", "step", "seq", "token"):
+    for role in ("old", "rollout", "mask", "step", "seq", "token", "advantages", "current"):
         given = getattr(columns, role)
         if given is not None:
             if given not in present:
@@ -159,7 +179,8 @@ def resolve(
     recognised = [n for n in present if label_role(n) is not None and n not in roles and present.count(n) == 1]
     labels = tuple(dict.fromkeys([*columns.by, *recognised]))
     resolved = Resolved(**chosen, id=columns.id or default_id, labels=labels)  # type: ignore[arg-type]
-    for name in dict.fromkeys([*(getattr(resolved, role) for role in (*ROLE_KEYS, "id", "token")), *labels]):
+    roles_read = (*ROLE_KEYS, "id", "token", *LOSS_INPUTS)
+    for name in dict.fromkeys([*(getattr(resolved, role) for role in roles_read), *labels]):
         check_unique(present, name, path)
     return resolved
 

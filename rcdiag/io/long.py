@@ -34,7 +34,15 @@ from rcdiag.io.base import Chunk
 from rcdiag.io.columns import Resolved
 from rcdiag.io.limits import MAX_SPILL_BUCKETS
 from rcdiag.io.open_files import ensure_open_files, room
-from rcdiag.io.record_batches import Batch, exact_steps, id_array, mask_array, slice_chunks, token_values
+from rcdiag.io.record_batches import (
+    Batch,
+    exact_steps,
+    id_array,
+    loss_values,
+    mask_array,
+    slice_chunks,
+    token_values,
+)
 
 IN_MEMORY_FACTOR = 4
 BUCKET_FACTOR = 2
@@ -198,6 +206,7 @@ def bucket_chunks(table: pa.Table, cols: Resolved, path: str, chunk_tokens: int)
     tokens = None
     if cols.token is not None:
         tokens = token_values(table.column(cols.token).combine_chunks(), cols.token, path, None)
+    inputs = {key: loss_values(table.column(name)) for key, name in cols.loss_inputs().items()}
     yield from slice_chunks(
         old,
         rollout,
@@ -212,6 +221,7 @@ def bucket_chunks(table: pa.Table, cols: Resolved, path: str, chunk_tokens: int)
         ids=ids,
         tokens=tokens,
         labels=labels,
+        loss_inputs=inputs or None,
     )
 
 

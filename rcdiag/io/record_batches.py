@@ -102,6 +102,13 @@ def token_values(
     return flat if flat.dtype == np.int32 else flat.astype(np.int64, copy=False)
 
 
+def loss_values(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A loss input's numbers (an Arrow array, any numeric type) as float32; a null is NaN."""
+    array = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    out = array.cast(pa.float64()).to_numpy(zero_copy_only=False)
+    return np.asarray(out, dtype=np.float32)
+
+
 def check_group_rows(values: int, rows: int, path: str, group: int) -> None:
     """Before decoding a row group (Parquet): rows averaging more than ``ROW_TOKENS`` hold a response beyond it."""
     limit = ROW_TOKENS.value
@@ -126,6 +133,7 @@ def slice_chunks(
     tokens: np.ndarray | None = None,
     nulls: tuple[np.ndarray | None, np.ndarray | None] | None = None,
     labels: dict[str, np.ndarray] | None = None,
+    loss_inputs: dict[str, np.ndarray] | None = None,
 ) -> Iterator[Chunk]:
     """Cut flat whole rows into chunks of at most ``chunk_tokens`` values (a longer row is its own chunk).
     ``first_row`` is the file row of the first row, or ``None`` when rows are not file rows (long layout).
@@ -155,6 +163,7 @@ def slice_chunks(
             token_name=cols.token or "token_ids",
             nulls=None if nulls is None else (_cut(nulls[0], lo, hi), _cut(nulls[1], lo, hi)),
             labels=None if labels is None else {name: values[start:stop] for name, values in labels.items()},
+            loss_inputs=None if loss_inputs is None else {k: v[lo:hi] for k, v in loss_inputs.items()},
         )
 
 

@@ -65,6 +65,20 @@ class TableSource(Source):
         runs = balanced_runs([read["size"] for read in self.info.reads], n)
         return [Part(self.info.path, tuple(refs[i] for i in run)) for run in runs]
 
+    def want_loss_inputs(self, wanted: bool) -> None:
+        """``InputFacts.columns["advantages"|"log_prob"]``: each loss input's column once read (``--as``), left out
+        otherwise."""
+        for file in self.files:
+            file.want_loss_inputs(wanted)
+        first = self.files[0]
+        self.cols = first.cols
+        for key, name in first.loss_cols.loss_inputs().items():
+            if wanted:
+                self.info.columns[key] = name
+                self.info.dtypes[name] = str(first.schema.field(name).type)
+            else:
+                self.info.columns.pop(key, None)
+
     def want_tokens(self, wanted: bool) -> None:
         """``InputFacts.columns["token_ids"]``: the column when it is read; ``None`` when the dump has none (an
         absent optional column, which the verdict names); left out when the dump has one that is not read."""

@@ -19,12 +19,13 @@ import pyarrow as pa
 from rcdiag.errors import InputError
 from rcdiag.io.arrow_lists import check_same_lengths, flatten_list, float_values, is_list_type
 from rcdiag.io.base import Chunk, ColumnMap
-from rcdiag.io.columns import Resolved, check_unique, long_layout_reason, resolve
+from rcdiag.io.columns import LOSS_INPUTS, Resolved, check_unique, long_layout_reason, resolve
 from rcdiag.io.record_batches import (
     Batch,
     check_file_step,
     constant_steps,
     id_array,
+    loss_values,
     mask_array,
     slice_chunks,
     step_array,
@@ -85,10 +86,22 @@ class TableFile(ABC):
         named = columns is not None and columns.token is not None
         if cols.token is not None and not named and not _is_token_type(schema.field(cols.token).type, self.long):
             cols = dataclasses.replace(cols, token=None)  # a recognised name holding something else: not ids
+        for role in LOSS_INPUTS:  # a recognised name holding something else: not this loss input
+            name = getattr(cols, role)
+            given = getattr(columns or ColumnMap(), role)
+            if name is not None and given is None and not _is_loss_input_type(schema.field(name).type, self.long):
+                cols = (
+                    dataclasses.replace(cols, advantages=None)
+                    if role == "advantages"
+                    else dataclasses.replace(cols, current=None)
+                )
         given = () if columns is None else columns.by
         labels = tuple(name for name in cols.labels if name in given or _is_label_type(schema.field(name).type))
         self.cols: Resolved = dataclasses.replace(cols, labels=labels)  # a recognised name holding lists: not a label
         check_types(schema, self.cols, self.long, path)
+        self.loss_cols = self.cols
+        """``cols`` with the loss inputs the dump has; ``cols`` holds them only once wanted (``want_loss_inputs``)."""
+        self.cols = dataclasses.replace(self.cols, advantages=None, current=None)
         self.tokens_wanted = False
         """Whether ``read_columns`` includes the token-id column (``--explain``: ``Source.want_tokens``)."""
         used = {self.cols.old, self.cols.rollout, self.cols.mask, self.cols.step}
@@ -123,7 +136,13 @@ class TableFile(ABC):
         names = [name for name in (cols.old, cols.rollout, cols.mask, cols.step, cols.seq) if name is not None]
         names += [cols.id] if cols.id is not None and cols.id not in names else []
         names += [name for name in cols.labels if name not in names]
+        names += [name for name in cols.loss_inputs().values() if name not in names]
         return names + ([cols.token] if self.tokens_wanted and cols.token is not None else [])
+
+    def want_loss_inputs(self, wanted: bool) -> None:
+        """Read the loss-input columns the dump has (``--as``), or not."""
+        keep = self.loss_cols if wanted else dataclasses.replace(self.loss_cols, advantages=None, current=None)
+        self.cols = dataclasses.replace(self.cols, advantages=keep.advantages, current=keep.current)
 
     @property
     def token_column(self) -> str | None:
@@ -139,6 +158,14 @@ def _is_token_type(arrow_type: pa.DataType, long: bool) -> bool:
             return False
         arrow_type = arrow_type.value_type
     return pa.types.is_integer(arrow_type) or (not long and pa.types.is_floating(arrow_type))
+
+
+def _is_loss_input_type(arrow_type: pa.DataType, long: bool) -> bool:
+    """A loss input: a number per token (a list of them per response; the advantages also one number per
+    response)."""
+    if not long and is_list_type(arrow_type):
+        arrow_type = arrow_type.value_type
+    return pa.types.is_floating(arrow_type) or pa.types.is_integer(arrow_type)
 
 
 def _is_label_type(arrow_type: pa.DataType) -> bool:
@@ -231,6 +258,17 @@ def check_types(schema: pa.Schema, cols: Resolved, long: bool, path: str) -> Non
             path=path,
             column=cols.token,
         )
+    for role, key in LOSS_INPUTS.items():
+        name = getattr(cols, role)
+        if name is None:
+            continue
+        arrow_type = schema.field(name).type
+        per_row = role == "advantages" and not long and not is_list_type(arrow_type)
+        ok = _is_loss_input_type(arrow_type, long) and (per_row or long or is_list_type(arrow_type))
+        if not ok:
+            shape = "a number per row" if long else "a list of numbers (one per token)"
+            shape += "" if long or role != "advantages" else " or one number per response"
+            raise InputError(f"has type {arrow_type}, expected {shape} ({key})", path=path, column=name)
     for name in cols.labels:
         if not _is_label_type(schema.field(name).type):
             raise InputError(
@@ -273,11 +311,24 @@ def list_chunks(batch: Batch, cols: Resolved, chunk_tokens: int, token: str | No
         check_same_lengths(offsets, token_offsets, (cols.old, token), path, row)
         tokens = token_values(token_list, token, path, row, token_offsets)
     nulls = None if batch.nulls is None else (batch.nulls.get(cols.old), batch.nulls.get(cols.rollout))
+    inputs = {key: _loss_input(data.column(name), name, offsets, path, row) for key, name in cols.loss_inputs().items()}
     yield from slice_chunks(
         old, rollout, offsets, mask, steps, cols, path, chunk_tokens, first_row=row, ids=ids, tokens=tokens,
         nulls=nulls,
         labels=labels,
+        loss_inputs=inputs or None,
     )  # fmt: skip
+
+
+def _loss_input(column: Any, name: str, offsets: np.ndarray, path: str, row: int) -> np.ndarray:
+    """A loss input's values per position, float32: a list column as stored (its lengths those of the log-probs),
+    a per-row number (the advantages) repeated over its row's positions; a null is NaN."""
+    if is_list_type(column.type):
+        input_offsets, values = flatten_list(column, name, path, row)
+        check_same_lengths(offsets, input_offsets, ("the log-probs", name), path, row)
+        return loss_values(values)
+    per_row = loss_values(column)
+    return np.repeat(per_row, np.diff(offsets))
 
 
 def short(exc: BaseException) -> str:

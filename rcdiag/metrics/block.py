@@ -69,6 +69,7 @@ class Block:
         k1_bands: tuple[tuple[float, float], ...] = (),
         rows: RowContext | None = None,
         tokens: np.ndarray | None = None,
+        loss_inputs: dict[str, np.ndarray] | None = None,
     ) -> None:
         """``old``/``rollout`` are host arrays of the rows' tokens; with a boolean ``mask`` they still hold the
         padding (``raw_lengths`` tokens per row, ``lengths`` of them valid), which is dropped only when a
@@ -86,6 +87,9 @@ class Block:
         self.tokens = tokens
         """The rows' token ids over all their positions, like ``raw``'s arrays, on the host (``None``: the dump has
         none, or they were not read)."""
+        self.loss_inputs = loss_inputs or {}
+        """The dump's optional loss inputs over all the rows' positions, like ``raw``'s arrays, on the host
+        (``Chunk.loss_inputs``: ``"advantages"``, ``"log_prob"``); read only by the framework sections."""
         self.seg = backend.segments(lengths)
         self.row_len: Array = backend.asarray(lengths.astype(np.float64))
         self.n_rows = self.seg.n_rows
@@ -271,6 +275,7 @@ def _host_twin(block: Block) -> Block:
         raw_lengths=raw_lengths,
         k1_bands=block.k1_bands,
         rows=block.rows,
+        loss_inputs=block.loss_inputs,
     )
 
 

@@ -61,6 +61,9 @@ class Section(Protocol):
     """Its name: the saved state's ``whole_dump`` key, ``Report.sections``' key and its JSON key."""
     wants_tokens: bool
     """It reads the dump's token ids (the readers then decode them)."""
+    wants_loss_inputs: bool
+    """It reads the dump's optional loss inputs (advantages, the current policy's log-probs): only then do the
+    readers decode them, so a plain run neither pays for them nor stops at a bad one."""
 
     def prepare(self, info: SourceInfo, read: ReadOptions) -> None:
         """Refuse, before any value is read, what the section cannot do with this dump and these options (a
@@ -94,6 +97,7 @@ class PlainSection:
 
     KEY: ClassVar[str] = ""
     wants_tokens = False
+    wants_loss_inputs = False
 
     def prepare(self, info: SourceInfo, read: ReadOptions) -> None:
         return None

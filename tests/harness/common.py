@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from framework_cases import Rows, all_rows, close, dump_rows, padded, synthetic_dump
+from framework_cases import Rows, all_rows, close, dump_inputs, dump_rows, padded, synthetic_dump, with_loss_inputs
 from framework_oracles import _load as load_module
 from framework_oracles import _package as package
 from framework_oracles import _stub as stub
@@ -52,6 +52,9 @@ DUMPS: dict[str, Callable[[Path], Path]] = {
     "synthetic_s0": lambda d: synthetic_dump(d, 0),
     "synthetic_s1_wide": lambda d: synthetic_dump(d, 1, scale=0.3),
     "synthetic_s2_far": lambda d: synthetic_dump(d, 2, scale=0.3, outliers=25.0),
+    "bf16_s0_inputs": lambda d: with_loss_inputs(_real("bf16", 0)(d), d, 0),
+    "synthetic_s0_inputs": lambda d: with_loss_inputs(synthetic_dump(d, 0), d, 0),
+    "synthetic_s1_token_advantages": lambda d: with_loss_inputs(synthetic_dump(d, 1, scale=0.3), d, 1, per_row=False),
 }
 """Each dump the harnesses run on, by name -> how to build it (into a directory, for the synthetic ones)."""
 
@@ -73,15 +76,32 @@ def views(path: Path) -> Iterator[tuple[str, Rows]]:
     yield POOLED, all_rows(steps)
 
 
+def inputs_of(path: Path) -> dict[str, list[tuple[np.ndarray, np.ndarray]]] | None:
+    """Each view's rows' loss inputs (current log-probs, advantages per token) for a dump that has them."""
+    import pyarrow.parquet as pq
+
+    first = sorted(path.glob("*.parquet"))[0] if path.is_dir() else path
+    if "advantages" not in pq.read_schema(first).names:
+        return None
+    steps = dump_inputs(path)
+    out = {step_name(step): steps[step] for step in sorted(steps, key=lambda s: (s is None, s or 0))}
+    out[POOLED] = [row for rows in out.values() for row in rows]
+    return out
+
+
 def fingerprint(path: Path) -> str:
-    """SHA-256 of every row the harness reads (step, old, rollout, mask bytes), in order."""
+    """SHA-256 of every row the harness reads (step, old, rollout, mask bytes, and the loss inputs where the dump
+    has them), in order."""
     digest = hashlib.sha256()
+    inputs = inputs_of(path)
     for name, rows in views(path):
         if name == POOLED:
             break
         digest.update(name.encode())
         for old, rollout, mask in rows:
             digest.update(old.tobytes() + b"|" + rollout.tobytes() + b"|" + mask.astype(np.uint8).tobytes())
+        for current, advantages in inputs[name] if inputs is not None else ():
+            digest.update(current.tobytes() + b"|" + advantages.tobytes())
     return digest.hexdigest()
 
 
@@ -126,10 +146,11 @@ def _plain(value: Any) -> Any:
     return value if math.isfinite(value) else None
 
 
-Oracle = Callable[[Mapping[str, Any], Any, Any, Any, Rows], tuple[dict[str, float], dict[str, float]]]
-"""``(options, old, rollout, mask, rows) -> (the keys the framework logs, rcdiag's weight readings)`` for one
-view: its padded (B, T) float32 tensors, and its rows as stored (for a framework that takes one tensor per
-sample)."""
+Oracle = Callable[..., tuple[dict[str, float], dict[str, float]]]
+"""``(options, old, rollout, mask, rows[, inputs=]) -> (the keys the framework logs, rcdiag's weight readings)`` for
+one view: its padded (B, T) float32 tensors, and its rows as stored (for a framework that takes one tensor per
+sample); with ``run(with_inputs=True)`` also each row's loss inputs (current log-probs, advantages per token), or
+``None`` for a dump without them."""
 
 
 def run(
@@ -141,10 +162,11 @@ def run(
     settings: Mapping[str, Mapping[str, Any]],
     oracle: Oracle,
     notes: tuple[str, ...] = (),
+    with_inputs: bool = False,
 ) -> Path:
     """Run ``oracle`` on every dump, setting and view; write ``expected/NAME.json`` (and print its path)."""
     with tempfile.TemporaryDirectory() as workdir:
-        dumps = _results(settings, oracle, Path(workdir))
+        dumps = _results(settings, oracle, Path(workdir), with_inputs)
     out = EXPECTED / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     document = {
@@ -162,16 +184,24 @@ def run(
     return out
 
 
-def _results(settings: Mapping[str, Mapping[str, Any]], oracle: Oracle, workdir: Path) -> dict[str, Any]:
+def _results(
+    settings: Mapping[str, Mapping[str, Any]], oracle: Oracle, workdir: Path, with_inputs: bool = False
+) -> dict[str, Any]:
+    """``with_inputs``: the oracle takes the loss inputs (``inputs=``, ``None`` for a dump without them) and runs on
+    every dump; otherwise on the dumps without them only."""
     dumps: dict[str, Any] = {}
     for dump in DUMPS:
         path = build(dump, workdir / dump)
+        inputs = inputs_of(path)
+        if inputs is not None and not with_inputs:
+            continue
         results: dict[str, Any] = {}
         for setting, options in settings.items():
             per_view = {}
             for view, rows in views(path):
                 old, rollout, mask = padded(rows)
-                logged, weights = oracle(options, old, rollout, mask, rows)
+                extra = {"inputs": None if inputs is None else inputs[view]} if with_inputs else {}
+                logged, weights = oracle(options, old, rollout, mask, rows, **extra)
                 per_view[view] = {
                     "logged": {k: _plain(v) for k, v in logged.items()},
                     "weights": {k: _plain(v) for k, v in weights.items()},

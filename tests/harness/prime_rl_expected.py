@@ -9,7 +9,9 @@ builds from the config classes (``DefaultLossConfig`` / ``IPOLossConfig``, their
 range); ``Tensors.compute_stats``'s statistic lines (``trainer/utils.py``, exec'd per key on the key's gathered
 values: the gather across ranks and the move to the GPU are the one-process identity here); and
 ``filter_rl_trainer_tensor_stats_for_wandb`` (exec'd from its lines), which picks the keys prime-rl logs.
-Advantages are zero: the default loss's masks depend on their sign, so only the IPO loss's per-sample keys are kept.
+On a dump with advantages (``tests/framework_cases.with_loss_inputs``: per row, or per token) they are the loss's
+advantages and every key it logs from them is kept; elsewhere they are zero and the default loss's masks (which
+depend on their sign) are not compared, only the IPO loss's per-sample keys and ``mismatch_kl/all``.
 Stubbed, as unrelated: ``beartype`` and ``jaxtyping`` (annotations), ``pydantic_config`` (the config loader:
 its ``BaseConfig`` is pydantic's ``BaseModel``, extra fields forbidden) and ``prime_rl.utils.utils``
 (``import_object``, for custom losses).
@@ -38,9 +40,13 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "ipo": {"loss": {"type": "ipo"}},
     "ipo_0.02": {"loss": {"type": "ipo", "ipo_threshold": 0.02}},
     "ipo_0.5": {"loss": {"type": "ipo", "ipo_threshold": 0.5}},
+    "default_0.02_0.05": {"loss": {"dppo_mask_low": 0.02, "dppo_mask_high": 0.05}},
+    "default_0.005": {"loss": {"dppo_mask_low": 0.005, "dppo_mask_high": 0.005, "adv_tau": 0.5}},
 }
 ADVANTAGE_FREE = ("is_masked/", "masked_mismatch_kl/", "unmasked_mismatch_kl/", "mismatch_kl/all/")
 """The keys a dump without advantages can give (the IPO loss's; mismatch_kl's always)."""
+KEPT = (*ADVANTAGE_FREE, "is_masked_high/", "is_masked_low/", "masked_advantage_")
+"""The keys a dump with advantages gives (the default loss's too); the rest (loss, entropy) need the model."""
 
 
 def _load(root: Path) -> tuple[Any, Any]:
@@ -80,7 +86,9 @@ def main() -> None:
     filters: dict[str, Any] = {}
     exec(compile(lines_of(root, *FILTER), FILTER[0], "exec"), filters)
 
-    def oracle(options: Mapping[str, Any], old: Any, rollout: Any, mask: Any, rows: Any) -> tuple[dict, dict]:
+    def oracle(
+        options: Mapping[str, Any], old: Any, rollout: Any, mask: Any, rows: Any, inputs: Any = None
+    ) -> tuple[dict, dict]:
         block = dict(options.get("loss", {}))
         kind = block.pop("type", "default")
         loss_config = (config.IPOLossConfig if kind == "ipo" else config.DefaultLossConfig)(**block)
@@ -89,7 +97,10 @@ def main() -> None:
         inference = torch.cat([torch.from_numpy(b) for _, b, _ in rows]).reshape(1, -1)
         loss_mask = torch.cat([torch.from_numpy(m) for _, _, m in rows]).reshape(1, -1)
         split = [t.squeeze(0).split(lengths) for t in (trainer, inference, loss_mask)]
-        advantages = torch.zeros(trainer.shape[1], requires_grad=True)
+        if inputs is None:
+            advantages = torch.zeros(trainer.shape[1], requires_grad=True)
+        else:
+            advantages = torch.cat([torch.from_numpy(a) for _, a in inputs]).requires_grad_(True)
         scaled, loss_tensors = loss.compute_loss(
             trainer_logprobs=split[0],
             inference_logprobs=split[1],
@@ -114,8 +125,8 @@ def main() -> None:
         metrics: dict[str, float] = {}
         exec(stats, {"torch": torch, "gathered": gathered, "metrics": metrics})
         logged = filters["filter_rl_trainer_tensor_stats_for_wandb"](metrics)
-        logged = {k: v for k, v in logged.items() if k.startswith(ADVANTAGE_FREE)}
-        if kind != "ipo":
+        logged = {k: v for k, v in logged.items() if k.startswith(ADVANTAGE_FREE if inputs is None else KEPT)}
+        if kind != "ipo" and inputs is None:
             return {k: v for k, v in logged.items() if k.startswith("mismatch_kl/")}, {}
         scaled.backward()  # the loss is -sum(adv_tau * A * keep * ratio) + KL: dL/dA = -adv_tau * keep * ratio
         coefficient = -advantages.grad / loss_config.adv_tau
@@ -134,10 +145,12 @@ def main() -> None:
         ],
         settings=SETTINGS,
         oracle=oracle,
+        with_inputs=True,
         notes=(
-            "each view is one packed micro-batch of one step, on one rank; advantages 0 (the default loss's masks "
-            "need their sign: not compared)",
-            "weights (IPO): the pg term's coefficient keep_mask * importance_ratio, read as -dL/dA / adv_tau from "
+            "each view is one packed micro-batch of one step, on one rank; on the dumps with loss inputs the "
+            "advantages are theirs (per token; a per-row one repeated), elsewhere 0 (the default loss's masks need "
+            "their sign: not compared there)",
+            "weights (IPO, and the default loss with advantages): the pg term's coefficient keep_mask * importance_ratio, read as -dL/dA / adv_tau from "
             "compute_loss's loss (advantages a leaf of the graph)",
         ),
     )
