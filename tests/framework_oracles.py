@@ -294,6 +294,37 @@ def openrlhf_metrics(
     return (None if vllm_kl is None else float(vllm_kl)), coefficients
 
 
+def openrlhf_loss_metrics(
+    old: Any,
+    current: Any,
+    rollout: Any,
+    mask: Any,
+    advantages: Any,
+    *,
+    enable: bool = False,
+    threshold: tuple[float, float] = (0.5, 5.0),
+    kind: str = "tis",
+    loss: str = "ppo",
+    eps: tuple[float, float] = (0.2, 0.2),
+) -> dict[str, float]:
+    """OpenRLHF 0.11.0's ``PolicyLoss`` returns the actor logs (``ppo_clip_ratio``, ``ppo_kl``, ``vllm_kl`` where it
+    returns one) for padded (B, T) float32 tensors holding the whole step as one micro-batch (the actor weights each
+    micro-batch's value by its action tokens: the step's token mean), built as ``PPOActor`` builds it (``eps``:
+    ``eps_clip_low_high``, the threshold passed only where the correction is on)."""
+    module = openrlhf_loss()
+    policy = module.PolicyLoss(
+        clip_eps_low=eps[0],
+        clip_eps_high=eps[1],
+        policy_loss_type=loss,
+        enable_vllm_is_correction=enable,
+        vllm_is_truncated_threshold=list(threshold) if enable else None,
+        vllm_is_correction_type=kind,
+    )
+    _, clip_ratio, ppo_kl, vllm_kl = policy(current, old, advantages, action_mask=mask, rollout_log_probs=rollout)
+    out = {"ppo_clip_ratio": float(clip_ratio), "ppo_kl": float(ppo_kl)}
+    return out if vllm_kl is None else {**out, "vllm_kl": float(vllm_kl)}
+
+
 @cache
 def areal_tracker_module() -> Any:
     """AReaL 1.0.4's ``areal.utils.stats_tracker`` (loaded after ``areal_functional``, which stubs its imports)."""
