@@ -1,0 +1,120 @@
+"""``rcdiag analyze --as areal`` on dumps holding the current policy's log-probs and the advantages: the PPO loss's
+stats ``grpo_loss_fn`` logs (``importance_weight``, ``approx_kl``, ``new_logp``, ``actor_loss``, ``clip_ratio``,
+``dual_clip_ratio`` as avg/min/max, ``clipped_tokens``, ``dual_clipped_tokens``) beside rejection sampling's, against
+AReaL 1.0.4's own ``ppo_actor_loss_fn`` and logging lines (tests/framework_oracles.py), per step and pooled, on a
+real-model dump and synthetic ones with padding, empty and fully masked rows and long responses, per-row and
+per-token advantages, under AReaL's defaults and four other settings; without the columns the keys are left out
+with a note naming them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from framework_cases import (
+    all_rows,
+    close,
+    dump_inputs,
+    dump_rows,
+    padded,
+    padded_inputs,
+    synthetic_dump,
+    with_loss_inputs,
+)
+from framework_oracles import areal_loss_metrics, require
+
+import rcdiag
+
+DECOUPLED = "actor.use_decoupled_loss"
+REJECTION = "actor.rejection_sampling"
+SETTINGS: tuple[dict[str, Any], ...] = (
+    {},
+    {DECOUPLED: True, REJECTION: {"upper": 1.5, "lower": 0.7}, "actor.eps_clip_higher": 0.28},
+    {DECOUPLED: True, REJECTION: {"action": "clamp", "upper": 1.2}, "actor.c_clip": 1.5, "actor.eps_clip": 0.1},
+    {
+        DECOUPLED: True,
+        REJECTION: {"level": "sequence", "upper": 1.02, "lower": 0.98},
+        "actor.importance_sampling_level": "sequence",
+        "actor.eps_clip": 0.01,
+    },
+    {"actor.importance_sampling_level": "sequence", "actor.c_clip": 1.01, "actor.eps_clip": 0.02},
+)
+SCOPE = "ppo_actor/update/"
+LOSS = ("importance_weight/", "approx_kl/", "new_logp/", "actor_loss/", "clip_ratio/", "dual_clip_ratio/",
+        "clipped_tokens", "dual_clipped_tokens")  # fmt: skip
+
+
+def _dumps(tmp_path: Path) -> list[Path]:
+    from shape_dumps import dump
+
+    return [
+        with_loss_inputs(dump("bf16", 0), tmp_path / "real", 0),
+        with_loss_inputs(synthetic_dump(tmp_path, 0), tmp_path / "s0", 0),
+        with_loss_inputs(synthetic_dump(tmp_path, 1, scale=0.3), tmp_path / "s1", 1, per_row=False),
+    ]
+
+
+def _oracle_options(options: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "decoupled": options.get(DECOUPLED, False),
+        "rejection": options.get(REJECTION),
+        "eps_clip": options.get("actor.eps_clip", 0.2),
+        "eps_clip_higher": options.get("actor.eps_clip_higher"),
+        "c_clip": options.get("actor.c_clip"),
+        "level": options.get("actor.importance_sampling_level", "token"),
+    }
+
+
+def _loss_keys(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if k.removeprefix(SCOPE).startswith(LOSS)}
+
+
+@pytest.mark.parametrize(
+    "options", SETTINGS, ids=["defaults", "mask_band_eps_high", "clamp_dual", "sequence_both", "gspo_dual"]
+)
+def test_areal_loss_stats_match_its_own_code(options: dict, tmp_path: Path) -> None:
+    require("areal")
+    compared, clipped, dual = 0, 0, 0
+    for path in _dumps(tmp_path):
+        report = rcdiag.analyze(path, framework="areal", framework_options=options)
+        steps, inputs = dump_rows(path), dump_inputs(path)
+        order = sorted(steps, key=lambda s: (s is None, s or 0))
+        views = [(s.metrics, steps[s.step], inputs[s.step]) for s in report.steps]
+        views.append((report.metrics, all_rows(steps), [r for s in order for r in inputs[s]]))
+        for metrics, rows, loss_inputs in views:
+            old, rollout, mask = padded(rows)
+            current, advantages = padded_inputs(loss_inputs)
+            theirs = areal_loss_metrics(old, current, rollout, mask, advantages, **_oracle_options(options))
+            theirs_loss = _loss_keys(theirs)
+            ours = _loss_keys(metrics)
+            assert list(ours) == list(theirs_loss), (path.name, options, list(ours), list(theirs_loss))
+            for key, value in theirs.items():  # rejection sampling's keys too, as AReaL logs them beside
+                if key.endswith("rs_filtered_fraction"):
+                    continue  # the mean over micro-batch calls: tests/test_frameworks_oracles.py
+                assert close(metrics[key], value, rel=5e-5, abs_=2e-6), (path.name, options, key, metrics[key], value)
+                compared += 1
+            clipped += theirs[SCOPE + "clipped_tokens"] > 0
+            dual += theirs[SCOPE + "dual_clipped_tokens"] > 0
+    assert compared >= 100 and clipped >= 4, (compared, clipped)
+    assert dual >= 4 or options.get("actor.c_clip") is None, dual
+
+
+def test_areal_loss_stats_left_out_with_a_note_without_the_columns(tmp_path: Path) -> None:
+    path = synthetic_dump(tmp_path, 0)
+    report = rcdiag.analyze(path, framework="areal")
+    assert not _loss_keys(report.metrics)
+    notes = report.sections["framework"].notes
+    current = next(n for n in notes if n.startswith(f"left out: {SCOPE}importance_weight/avg"))
+    assert "'log_prob' (--current-col NAME)" in current and "advantages" not in current
+    both = next(n for n in notes if n.startswith(f"left out: {SCOPE}clipped_tokens"))
+    assert "'advantages' (--advantages-col NAME)" in both
+    with_inputs = rcdiag.analyze(with_loss_inputs(path, tmp_path / "in", 0), framework="areal")
+    assert not [n for n in with_inputs.sections["framework"].notes if n.startswith(f"left out: {SCOPE}")]
+    assert with_inputs.metrics[SCOPE + "clip_ratio/avg"] > 0
+
+
+def test_areal_c_clip_must_exceed_one(tmp_path: Path) -> None:
+    path = synthetic_dump(tmp_path, 0)
+    with pytest.raises(rcdiag.ConfigError, match=r"c_clip must be > 1\.0"):
+        rcdiag.analyze(path, framework="areal", framework_options={"actor.c_clip": 1.0})
