@@ -43,7 +43,6 @@ from rcdiag.frameworks.base import (
     Option,
     TokenRows,
     exp32,
-    f32,
     weight_keys,
 )
 from rcdiag.frameworks.correction import Band, Correction, Form, Unit, Weight, k_bound, ratio_band
@@ -291,7 +290,9 @@ class ArealMetrics(FrameworkMetrics):
         "valid": "sum",
         "clipped": "sum",
         "dual_clipped": "sum",
-        **{f"{name}_{s}": r for name in STATS for s, r in (("sum", "sum"), ("min", "min"), ("max", "max"))},
+        **{f"{name}_sum": "sum" for name in STATS},
+        **{f"{name}_min": "min" for name in STATS},
+        **{f"{name}_max": "max" for name in STATS},
         "kept": "sum",
         "kept_sum": "sum",
         "weight_min": "min",
@@ -349,13 +350,13 @@ class ArealMetrics(FrameworkMetrics):
         self.add(loss_seen=1.0, valid=float(rows.n_tokens))
         if advantages is not None:
             high = s.eps_clip if s.eps_clip_higher is None else s.eps_clip_higher
-            clipped_ratio = np.minimum(np.maximum(ratio, f32(1.0 - s.eps_clip)), f32(1.0 + high))
+            clipped_ratio = np.minimum(np.maximum(ratio, np.float32(1.0 - s.eps_clip)), np.float32(1.0 + high))
             loss1, loss2 = -advantages * ratio, -advantages * clipped_ratio
             clip = (loss1 < loss2) & keep
             loss = np.maximum(loss1, loss2)
             dual = np.zeros(rows.n_tokens, dtype=bool)
             if s.c_clip is not None:
-                loss3 = np.sign(advantages) * f32(s.c_clip) * advantages
+                loss3 = np.sign(advantages) * np.float32(s.c_clip) * advantages
                 dual = (loss3 < loss) & keep
                 loss = np.minimum(loss, loss3)
             if weight is not None:

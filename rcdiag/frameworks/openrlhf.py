@@ -26,7 +26,6 @@ from rcdiag.frameworks.base import (
     Option,
     TokenRows,
     exp32,
-    f32,
     weight_keys,
 )
 from rcdiag.frameworks.correction import NO_CLAMP_QUIRK, Band, Correction, Form, Weight
@@ -168,7 +167,7 @@ class OpenRLHFMetrics(FrameworkMetrics):
             log_ratio = current - rows.rollout if s.enable else raw
             mean = rows.row_sum(log_ratio).astype(np.float32) / np.maximum(rows.counts, 1).astype(np.float32)
             ratio = rows.per_token(exp32(mean.astype(np.float32)))
-        low, high = f32(1 - s.eps_low), f32(1 + s.eps_high)
+        low, high = np.float32(1 - s.eps_low), np.float32(1 + s.eps_high)  # torch's clamp rounds its bounds so
         surr1 = ratio * advantages
         surr2 = np.minimum(np.maximum(ratio, low), high) * advantages
         self.add(clip_seen=1.0, clipped=float(np.count_nonzero(surr2 < surr1)))
