@@ -12,16 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from framework_cases import (
-    all_rows,
-    close,
-    dump_inputs,
-    dump_rows,
-    padded,
-    padded_inputs,
-    synthetic_dump,
-    with_loss_inputs,
-)
+from framework_cases import close, loss_dumps, loss_views, synthetic_dump, with_loss_inputs
 from framework_oracles import areal_loss_metrics, require
 
 import rcdiag
@@ -45,16 +36,6 @@ LOSS = ("importance_weight/", "approx_kl/", "new_logp/", "actor_loss/", "clip_ra
         "clipped_tokens", "dual_clipped_tokens")  # fmt: skip
 
 
-def _dumps(tmp_path: Path) -> list[Path]:
-    from shape_dumps import dump
-
-    return [
-        with_loss_inputs(dump("bf16", 0), tmp_path / "real", 0),
-        with_loss_inputs(synthetic_dump(tmp_path, 0), tmp_path / "s0", 0),
-        with_loss_inputs(synthetic_dump(tmp_path, 1, scale=0.3), tmp_path / "s1", 1, per_row=False),
-    ]
-
-
 def _oracle_options(options: dict[str, Any]) -> dict[str, Any]:
     return {
         "decoupled": options.get(DECOUPLED, False),
@@ -76,15 +57,9 @@ def _loss_keys(metrics: dict) -> dict:
 def test_areal_loss_stats_match_its_own_code(options: dict, tmp_path: Path) -> None:
     require("areal")
     compared, clipped, dual = 0, 0, 0
-    for path in _dumps(tmp_path):
+    for path in loss_dumps(tmp_path):
         report = rcdiag.analyze(path, framework="areal", framework_options=options)
-        steps, inputs = dump_rows(path), dump_inputs(path)
-        order = sorted(steps, key=lambda s: (s is None, s or 0))
-        views = [(s.metrics, steps[s.step], inputs[s.step]) for s in report.steps]
-        views.append((report.metrics, all_rows(steps), [r for s in order for r in inputs[s]]))
-        for metrics, rows, loss_inputs in views:
-            old, rollout, mask = padded(rows)
-            current, advantages = padded_inputs(loss_inputs)
+        for metrics, old, rollout, mask, current, advantages in loss_views(report, path):
             theirs = areal_loss_metrics(old, current, rollout, mask, advantages, **_oracle_options(options))
             theirs_loss = _loss_keys(theirs)
             ours = _loss_keys(metrics)

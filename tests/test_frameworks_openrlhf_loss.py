@@ -11,16 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from framework_cases import (
-    all_rows,
-    close,
-    dump_inputs,
-    dump_rows,
-    padded,
-    padded_inputs,
-    synthetic_dump,
-    with_loss_inputs,
-)
+from framework_cases import close, loss_dumps, loss_views, synthetic_dump, with_loss_inputs
 from framework_oracles import openrlhf_loss_metrics, require
 
 import rcdiag
@@ -34,16 +25,6 @@ SETTINGS: tuple[dict[str, Any], ...] = (
     {ENABLE: True, "actor.policy_loss_type": "gspo", "actor.eps_clip": 0.01},
 )
 KEYS = ("ppo_clip_ratio", "ppo_kl", "vllm_kl")
-
-
-def _dumps(tmp_path: Path) -> list[Path]:
-    from shape_dumps import dump
-
-    return [
-        with_loss_inputs(dump("bf16", 0), tmp_path / "real", 0),
-        with_loss_inputs(synthetic_dump(tmp_path, 0), tmp_path / "s0", 0),
-        with_loss_inputs(synthetic_dump(tmp_path, 1, scale=0.3), tmp_path / "s1", 1, per_row=False),
-    ]
 
 
 def _oracle_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -61,16 +42,10 @@ def _oracle_options(options: dict[str, Any]) -> dict[str, Any]:
 def test_openrlhf_loss_keys_match_its_own_code(options: dict, tmp_path: Path) -> None:
     require("openrlhf")
     compared, clipped = 0, 0
-    for path in _dumps(tmp_path):
+    for path in loss_dumps(tmp_path):
         report = rcdiag.analyze(path, framework="openrlhf", framework_options=options)
-        steps, inputs = dump_rows(path), dump_inputs(path)
-        order = sorted(steps, key=lambda s: (s is None, s or 0))
-        views = [(s.metrics, steps[s.step], inputs[s.step]) for s in report.steps]
-        views.append((report.metrics, all_rows(steps), [r for s in order for r in inputs[s]]))
-        for metrics, rows, loss_inputs in views:
+        for metrics, old, rollout, mask, current, advantages in loss_views(report, path):
             ours = {k: metrics[k] for k in KEYS if k in metrics}
-            old, rollout, mask = padded(rows)
-            current, advantages = padded_inputs(loss_inputs)
             theirs = openrlhf_loss_metrics(old, current, rollout, mask, advantages, **_oracle_options(options))
             assert set(ours) == set(theirs), (path.name, options, list(ours), list(theirs))
             for key, value in theirs.items():

@@ -513,6 +513,26 @@ FORMS = (
 """Every kind of rejection sampling, in the decoupled loss (AReaL's own checks refuse a ratio bound upper <= 1:
 kl_k1 writes that band on the log-ratio)."""
 
+CURRENT_WHEN = "with the current policy"
+LOSS_WHEN = "with the current policy and the advantages"
+STAT_READINGS = {
+    "importance_weight": "the PPO ratio exp(current - prox), 0 where rejection sampling masks",
+    "approx_kl": "current - prox",
+    "new_logp": "the current log-prob",
+    "actor_loss": "the clipped PPO loss times the rejection weight",
+    "clip_ratio": "1 where the PPO clip binds on a kept token, else 0",
+    "dual_clip_ratio": "1 where the dual clip binds on a kept token, else 0",
+}
+
+
+def _stat_metric_keys(name: str, reading: str, when: str) -> tuple[MetricKey, ...]:
+    """A loss stat's three keys: its mean, least and greatest over the valid tokens."""
+    return tuple(
+        MetricKey(f"{SCOPE}{name}/{s}", f"{word} over the valid tokens of {reading}", when)
+        for s, word in (("avg", "mean"), ("min", "least"), ("max", "greatest"))
+    )
+
+
 FRAMEWORK = Framework(
     name="areal",
     title="AReaL",
@@ -541,46 +561,13 @@ FRAMEWORK = Framework(
         MetricKey(f"{KL}/min", "smallest prox - behave kept"),
         MetricKey(f"{KL}/max", "largest prox - behave kept"),
         MetricKey(FILTERED, "share of loss tokens rejection sampling dropped (mask) or clamped (clamp)"),
-        MetricKey(CLIPPED, "valid tokens kept whose PPO clip binds", "with the current policy and the advantages"),
-        MetricKey(
-            DUAL_CLIPPED,
-            "valid tokens kept whose dual clip binds (0 without c_clip)",
-            "with the current policy and the advantages",
+        MetricKey(CLIPPED, "valid tokens kept whose PPO clip binds", LOSS_WHEN),
+        MetricKey(DUAL_CLIPPED, "valid tokens kept whose dual clip binds (0 without c_clip)", LOSS_WHEN),
+        *(
+            key
+            for name, reading in STAT_READINGS.items()
+            for key in _stat_metric_keys(name, reading, LOSS_WHEN if name in LOSS_STATS else CURRENT_WHEN)
         ),
-        MetricKey(
-            f"{SCOPE}importance_weight/avg",
-            "mean over the valid tokens of the PPO ratio exp(current - prox), 0 where rejection sampling masks",
-            "with the current policy",
-        ),
-        MetricKey(f"{SCOPE}importance_weight/min", "its smallest", "with the current policy"),
-        MetricKey(f"{SCOPE}importance_weight/max", "its largest", "with the current policy"),
-        MetricKey(f"{SCOPE}approx_kl/avg", "mean current - prox over the valid tokens", "with the current policy"),
-        MetricKey(f"{SCOPE}approx_kl/min", "its smallest", "with the current policy"),
-        MetricKey(f"{SCOPE}approx_kl/max", "its largest", "with the current policy"),
-        MetricKey(f"{SCOPE}new_logp/avg", "mean current log-prob over the valid tokens", "with the current policy"),
-        MetricKey(f"{SCOPE}new_logp/min", "its smallest", "with the current policy"),
-        MetricKey(f"{SCOPE}new_logp/max", "its largest", "with the current policy"),
-        MetricKey(
-            f"{SCOPE}actor_loss/avg",
-            "mean over the valid tokens of the clipped PPO loss times the rejection weight",
-            "with the current policy and the advantages",
-        ),
-        MetricKey(f"{SCOPE}actor_loss/min", "its smallest", "with the current policy and the advantages"),
-        MetricKey(f"{SCOPE}actor_loss/max", "its largest", "with the current policy and the advantages"),
-        MetricKey(
-            f"{SCOPE}clip_ratio/avg",
-            "share of valid tokens whose PPO clip binds",
-            "with the current policy and the advantages",
-        ),
-        MetricKey(f"{SCOPE}clip_ratio/min", "0 or 1", "with the current policy and the advantages"),
-        MetricKey(f"{SCOPE}clip_ratio/max", "0 or 1", "with the current policy and the advantages"),
-        MetricKey(
-            f"{SCOPE}dual_clip_ratio/avg",
-            "share of valid tokens whose dual clip binds",
-            "with the current policy and the advantages",
-        ),
-        MetricKey(f"{SCOPE}dual_clip_ratio/min", "0 or 1", "with the current policy and the advantages"),
-        MetricKey(f"{SCOPE}dual_clip_ratio/max", "0 or 1", "with the current policy and the advantages"),
         *weight_keys("areal", "AReaL", "loss token", "AReaL's rejection sampling"),
     ),
     settings=settings,
