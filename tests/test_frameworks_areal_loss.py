@@ -93,3 +93,28 @@ def test_areal_c_clip_must_exceed_one(tmp_path: Path) -> None:
     path = synthetic_dump(tmp_path, 0)
     with pytest.raises(rcdiag.ConfigError, match=r"c_clip must be > 1\.0"):
         rcdiag.analyze(path, framework="areal", framework_options={"actor.c_clip": 1.0})
+
+
+def test_areal_loss_stats_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Columns under other names, given with --current-col and --advantages-col, options with --as-option."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from rcdiag.cli import app
+
+    path = with_loss_inputs(synthetic_dump(tmp_path, 0), tmp_path / "in", 0)
+    table = pq.read_table(path)
+    renamed = tmp_path / "renamed.parquet"
+    pq.write_table(table.rename_columns([*table.column_names[:-2], "pi", "adv"]), renamed)
+    options = {"actor.c_clip": 1.5, "actor.use_decoupled_loss": True}
+    with pytest.raises(SystemExit) as exited:
+        app(["analyze", str(renamed), "--as", "areal", "--as-option", "actor.c_clip=1.5", "--as-option",
+             "actor.use_decoupled_loss=true", "--current-col", "pi", "--advantages-col", "adv", "--format", "json",
+             "-q"], standalone_mode=True)  # fmt: skip
+    assert exited.value.code == 0
+    got = json.loads(capsys.readouterr().out)
+    want = rcdiag.analyze(path, framework="areal", framework_options=options).metrics
+    for key in ("clip_ratio/avg", "dual_clipped_tokens", "importance_weight/max", "actor_loss/avg"):
+        assert got["metrics"][SCOPE + key] == pytest.approx(want[SCOPE + key], rel=1e-12)
+    assert got["metrics"][SCOPE + "dual_clipped_tokens"] > 0
