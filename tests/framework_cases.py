@@ -182,3 +182,25 @@ def padded_inputs(rows: list[tuple[np.ndarray, np.ndarray]]) -> tuple[Any, Any]:
     for i, (c, a) in enumerate(rows):
         current[i, : len(c)], advantages[i, : len(a)] = c, a
     return torch.from_numpy(current), torch.from_numpy(advantages)
+
+
+def loss_dumps(tmp_path: Path) -> list[Path]:
+    """The dumps the loss keys are checked on: a real-model bf16 dump, and two synthetic ones (padding, empty and
+    fully masked rows, long responses), given a current policy and advantages per response, and per token."""
+    from shape_dumps import dump
+
+    return [
+        with_loss_inputs(dump("bf16", 0), tmp_path / "real", 0),
+        with_loss_inputs(synthetic_dump(tmp_path, 0), tmp_path / "s0", 0),
+        with_loss_inputs(synthetic_dump(tmp_path, 1, scale=0.3), tmp_path / "s1", 1, per_row=False),
+    ]
+
+
+def loss_views(report: Any, path: Path) -> list[tuple[dict[str, Any], Any, Any, Any, Any, Any]]:
+    """Each step's metrics and the pooled ones, with the rows they are of as a framework's trainer holds them: padded
+    (B, T) ``(metrics, old, rollout, mask, current, advantages)``."""
+    steps, inputs = dump_rows(path), dump_inputs(path)
+    order = sorted(steps, key=lambda s: (s is None, s or 0))
+    views = [(s.metrics, steps[s.step], inputs[s.step]) for s in report.steps]
+    views.append((report.metrics, all_rows(steps), [r for s in order for r in inputs[s]]))
+    return [(metrics, *padded(rows), *padded_inputs(loss_inputs)) for metrics, rows, loss_inputs in views]

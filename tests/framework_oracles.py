@@ -32,6 +32,8 @@ TARGETS = Path(__file__).resolve().parent.parent / ".gl"
 RELEASES = {"trl": "1.16.0", "openrlhf": "0.11.0", "areal": "1.0.4"}
 """The release of each framework the oracles run (installed under .gl/NAME-VERSION)."""
 AREAL_LINES = ("areal/trainer/ppo/actor.py", 539, 547, "b0957fb8")
+AREAL_LOSS_LINES = ("areal/trainer/ppo/actor.py", 515, 547, "a3f0e0a9")
+"""AReaL 1.0.4's logging of the whole PPO loss's stats in ``grpo_loss_fn``, rejection sampling's included."""
 """AReaL 1.0.4's logging of rejection sampling, inline in ``grpo_loss_fn`` (file, lines, SHA-256 prefix)."""
 
 TRL_LINES = {
@@ -294,6 +296,37 @@ def openrlhf_metrics(
     return (None if vllm_kl is None else float(vllm_kl)), coefficients
 
 
+def openrlhf_loss_metrics(
+    old: Any,
+    current: Any,
+    rollout: Any,
+    mask: Any,
+    advantages: Any,
+    *,
+    enable: bool = False,
+    threshold: tuple[float, float] = (0.5, 5.0),
+    kind: str = "tis",
+    loss: str = "ppo",
+    eps: tuple[float, float] = (0.2, 0.2),
+) -> dict[str, float]:
+    """OpenRLHF 0.11.0's ``PolicyLoss`` returns the actor logs (``ppo_clip_ratio``, ``ppo_kl``, ``vllm_kl`` where it
+    returns one) for padded (B, T) float32 tensors holding the whole step as one micro-batch (the actor weights each
+    micro-batch's value by its action tokens: the step's token mean), built as ``PPOActor`` builds it (``eps``:
+    ``eps_clip_low_high``, the threshold passed only where the correction is on)."""
+    module = openrlhf_loss()
+    policy = module.PolicyLoss(
+        clip_eps_low=eps[0],
+        clip_eps_high=eps[1],
+        policy_loss_type=loss,
+        enable_vllm_is_correction=enable,
+        vllm_is_truncated_threshold=list(threshold) if enable else None,
+        vllm_is_correction_type=kind,
+    )
+    _, clip_ratio, ppo_kl, vllm_kl = policy(current, old, advantages, action_mask=mask, rollout_log_probs=rollout)
+    out = {"ppo_clip_ratio": float(clip_ratio), "ppo_kl": float(ppo_kl)}
+    return out if vllm_kl is None else {**out, "vllm_kl": float(vllm_kl)}
+
+
 @cache
 def areal_tracker_module() -> Any:
     """AReaL 1.0.4's ``areal.utils.stats_tracker`` (loaded after ``areal_functional``, which stubs its imports)."""
@@ -339,8 +372,69 @@ def areal_metrics(
     return exported, stat["behave_imp_weight"]
 
 
+def areal_loss_metrics(
+    old: Any,
+    current: Any,
+    rollout: Any,
+    mask: Any,
+    advantages: Any,
+    *,
+    decoupled: bool = False,
+    rejection: dict[str, Any] | None = None,
+    eps_clip: float = 0.2,
+    eps_clip_higher: float | None = None,
+    c_clip: float | None = None,
+    level: str = "token",
+) -> dict[str, float]:
+    """AReaL 1.0.4's exported ``ppo_actor/update/*`` for one micro-batch holding the whole step: its
+    ``ppo_actor_loss_fn`` on our padded (B, T) tensors (the current policy ``current``; proximal = the trainer's
+    log-probs in decoupled mode, else the inference engine's, as its actor sets them with ``recompute_logprob``
+    false), then ``grpo_loss_fn``'s own logging lines (``AREAL_LOSS_LINES``) into a fresh
+    ``DistributedStatsTracker``, exported. The entropy it logs is left out (the dump has none: zeros stand in), and
+    so are ``n_tokens``, ``n_valid_tokens`` and ``old_logp``, which rcdiag does not give."""
+    import torch
+
+    functional = areal_functional()
+    config = None if rejection is None else functional.RejectionSamplingConfig(**rejection)
+    proximal = old if decoupled else rollout
+    mask = mask.bool()
+    _, stat = functional.ppo_actor_loss_fn(
+        logprobs=current,
+        proximal_logprobs=proximal,
+        old_logprobs=rollout,
+        advantages=advantages,
+        eps_clip=eps_clip,
+        eps_clip_higher=eps_clip_higher,
+        c_clip=c_clip,
+        loss_mask=mask,
+        rejection_sampling=config,
+        importance_sampling_level=level,
+    )
+    tracker = areal_tracker_module().DistributedStatsTracker()
+    scope = {
+        "stat": stat,
+        "stats_tracker": tracker,
+        "infer_token_denominator": lambda data, loss_mask: loss_mask.bool(),
+        "input_data": {},
+        "loss_mask": mask,
+        "rkl_stat": None,
+        "logprobs": current,
+        "old_logp": rollout,
+        "entropy": torch.zeros_like(current),
+    }
+    with tracker.scope("ppo_actor"), tracker.scope("update"):
+        exec(compile(pinned_lines("areal", *AREAL_LOSS_LINES), AREAL_LOSS_LINES[0], "exec"), scope)
+        exported = tracker.export()
+    left_out = ("n_tokens", "n_valid_tokens", "old_logp/", "entropy/", "rs_filtered_fraction__count")
+    return {k: v for k, v in exported.items() if not k.removeprefix("ppo_actor/update/").startswith(left_out)}
+
+
 if os.environ.get("RCDIAG_PRINT_ORACLE_HASHES"):  # pragma: no cover - how the pins above were taken
-    for name, (path, first, last, _) in [*(("trl", lines) for lines in TRL_LINES.values()), ("areal", AREAL_LINES)]:
+    for name, (path, first, last, _) in [
+        *(("trl", lines) for lines in TRL_LINES.values()),
+        ("areal", AREAL_LINES),
+        ("areal", AREAL_LOSS_LINES),
+    ]:
         text = "\n".join((TARGETS / f"{name}-{RELEASES[name]}" / path).read_text().splitlines()[first - 1 : last])
         print(name, path, first, hashlib.sha256(text.encode()).hexdigest()[:8])
 

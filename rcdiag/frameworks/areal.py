@@ -12,6 +12,17 @@ log-probs) is compared with ``[lower, upper]`` per token or per row (aggregated 
 log space for the ratio); ``mask`` drops what falls outside from the loss, ``clamp`` clamps the weight there.
 Logged: ``behave_imp_weight`` and ``behave_approx_kl`` (``prox - behave``) as ``avg``/``min``/``max`` over the tokens
 kept with a weight above 0, that count (``unclipped_behave_tokens``) and ``rs_filtered_fraction``.
+
+With the current policy's log-probs in the dump (``--current-col``), the PPO loss's stats, which ``grpo_loss_fn``
+logs whatever the rejection sampling, are computed too (``ppo_actor_loss_fn`` :497-560): over the valid tokens
+(``n_valid_tokens``, the loss mask before rejection sampling) the ``avg``/``min``/``max`` of ``importance_weight``
+(``exp(current - prox)``, 0 where rejection sampling masked the token; at ``importance_sampling_level: sequence`` the
+response's geometric mean over its kept tokens), ``approx_kl`` (``current - prox``) and ``new_logp``; with the
+advantages as well (``--advantages-col``; at the sequence level each response's mean over its kept tokens), the
+clip flags ``clip_ratio`` and ``dual_clip_ratio`` (and their counts ``clipped_tokens``, ``dual_clipped_tokens``:
+tokens kept by rejection sampling whose clipped loss binds) and ``actor_loss`` (each token's clipped loss times the
+rejection-sampling weight). The proximal policy is the trainer's log-probs in the decoupled loss, else the inference
+engine's (``recompute_logprob`` false, AReaL's default).
 """
 
 from __future__ import annotations
@@ -24,7 +35,16 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rcdiag.errors import ConfigError
-from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, weight_keys
+from rcdiag.frameworks.base import (
+    Framework,
+    FrameworkMetrics,
+    MetricKey,
+    Needs,
+    Option,
+    TokenRows,
+    exp32,
+    weight_keys,
+)
 from rcdiag.frameworks.correction import Band, Correction, Form, Unit, Weight, k_bound, ratio_band
 from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
 
@@ -35,6 +55,17 @@ WEIGHT = SCOPE + "behave_imp_weight"
 KL = SCOPE + "behave_approx_kl"
 KEPT = SCOPE + "unclipped_behave_tokens"
 FILTERED = SCOPE + "rs_filtered_fraction"
+EPS = "actor.eps_clip"
+EPS_HIGH = "actor.eps_clip_higher"
+C_CLIP = "actor.c_clip"
+LEVEL = "actor.importance_sampling_level"
+CLIPPED = SCOPE + "clipped_tokens"
+DUAL_CLIPPED = SCOPE + "dual_clipped_tokens"
+CURRENT_STATS = ("importance_weight", "approx_kl", "new_logp")
+"""The loss's stats from the current policy alone (``grpo_loss_fn``'s order)."""
+LOSS_STATS = ("actor_loss", "clip_ratio", "dual_clip_ratio")
+"""Those that need the advantages too."""
+STATS = (*CURRENT_STATS, *LOSS_STATS)
 FIELDS = (
     Option(
         "level",
@@ -100,17 +131,40 @@ class Rejection:
         return inside & (metric >= np.float32(self.lower)) if self.lower is not None else inside
 
 
+def stat_keys(names: tuple[str, ...]) -> tuple[str, ...]:
+    """``ppo_actor/update/NAME/avg|min|max`` of each name."""
+    return tuple(f"{SCOPE}{name}/{s}" for name in names for s in ("avg", "min", "max"))
+
+
 @dataclass(frozen=True)
 class ArealSettings:
     decoupled: bool
     rejection: Rejection | None
+    eps_clip: float = 0.2
+    eps_clip_higher: float | None = None
+    c_clip: float | None = None
+    level: str = "token"
+    """``importance_sampling_level`` of the PPO ratio (``sequence``: GSPO), apart from rejection sampling's."""
 
-    def new_metrics(self) -> ArealMetrics | None:
-        return ArealMetrics(self) if self.rejection is not None else None
+    def new_metrics(self) -> ArealMetrics:
+        """Always: the loss's stats are logged whatever the rejection sampling (from the loss inputs)."""
+        return ArealMetrics(self)
+
+    def needs(self) -> tuple[Needs, ...]:
+        return (
+            Needs(stat_keys(CURRENT_STATS), ("log_prob",)),
+            Needs((CLIPPED, DUAL_CLIPPED, *stat_keys(LOSS_STATS)), ("log_prob", "advantages")),
+        )
 
     def notes(self) -> tuple[str, ...]:
+        loss = (
+            "the loss's stats (importance_weight, approx_kl, new_logp, actor_loss, clip_ratio, dual_clip_ratio) are "
+            "over the step's valid tokens against the proximal policy (the trainer's log-probs in the decoupled loss, "
+            "else the inference engine's); AReaL logs them per PPO minibatch with that minibatch's policy: rcdiag's "
+            "are of the one current policy the dump holds",
+        )
         if self.rejection is None:
-            return (f"{REJECTION} is null (AReaL's default): it filters nothing and logs no behave_* key",)
+            return (f"{REJECTION} is null (AReaL's default): it filters nothing and logs no behave_* key", *loss)
         notes = [
             "rs_filtered_fraction is AReaL's mean over the step's micro-batch calls of each one's filtered share; "
             "rcdiag gives it for the step as one micro-batch (ppo_n_minibatches 1), pooled for all steps as one",
@@ -123,7 +177,7 @@ class ArealSettings:
                 f"{DECOUPLED} is false (AReaL's default): the trainer keeps one engine's log-probs, so AReaL sees "
                 "no mismatch (weights 1, KL 0) whatever the dump holds; set it true to compare the two",
             )
-        return tuple(notes)
+        return (*notes, *loss)
 
     def correction(self) -> Correction:
         rs = self.rejection
@@ -154,7 +208,14 @@ class ArealSettings:
 
     def to_dict(self) -> dict[str, Any]:
         rejection = None if self.rejection is None else self.rejection.__dict__.copy()
-        return {DECOUPLED: self.decoupled, REJECTION: rejection}
+        return {
+            DECOUPLED: self.decoupled,
+            REJECTION: rejection,
+            EPS: self.eps_clip,
+            EPS_HIGH: self.eps_clip_higher,
+            C_CLIP: self.c_clip,
+            LEVEL: self.level,
+        }
 
     def apply(self, rows: TokenRows) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
         """(weight on each valid token, 0 where dropped; ``prox - behave`` per token; the tokens filtered or clamped
@@ -224,6 +285,14 @@ class ArealMetrics(FrameworkMetrics):
     NAME = "areal"
     STATES: ClassVar[dict[str, Reduce]] = {
         **FrameworkMetrics.WEIGHT_STATES,
+        "loss_seen": "sum",
+        "adv_seen": "sum",
+        "valid": "sum",
+        "clipped": "sum",
+        "dual_clipped": "sum",
+        **{f"{name}_sum": "sum" for name in STATS},
+        **{f"{name}_min": "min" for name in STATS},
+        **{f"{name}_max": "max" for name in STATS},
         "kept": "sum",
         "kept_sum": "sum",
         "weight_min": "min",
@@ -237,7 +306,14 @@ class ArealMetrics(FrameworkMetrics):
 
     def update(self, block: Any) -> None:
         rows = TokenRows(block)
+        if self.settings.rejection is None:
+            if rows.current is not None:
+                self._loss(rows, rows.current, np.ones(rows.n_tokens, dtype=bool), None)
+            return
         weight, raw, changed, clamped = self.settings.apply(rows)
+        if rows.current is not None:
+            keep = ~changed if self.settings.rejection.action == "mask" else np.ones(rows.n_tokens, dtype=bool)
+            self._loss(rows, rows.current, keep, weight)
         behave = weight > 0
         kept_weight = weight[behave].astype(np.float64)
         kl = np.where(behave, raw, np.float32(0.0))[behave].astype(np.float64)
@@ -253,8 +329,70 @@ class ArealMetrics(FrameworkMetrics):
         )
         self.add_weights(weight, rows, clamped)
 
+    def _loss(self, rows: TokenRows, current: np.ndarray, keep: np.ndarray, weight: np.ndarray | None) -> None:
+        """``ppo_actor_loss_fn``'s stats (float32, as torch computes them): ``keep``, the tokens rejection sampling
+        leaves in the loss mask; ``weight``, its ``behave_imp_weight`` (``None``: off)."""
+        s = self.settings
+        prox = rows.old if s.decoupled else rows.rollout
+        log_ratio = current - prox
+        zero = np.float32(0.0)
+        advantages = rows.advantages
+        if s.level == "sequence":
+            count = np.maximum(rows.row_sum(keep), 1.0).astype(np.float32)
+            mean = rows.row_sum(np.where(keep, log_ratio, zero)).astype(np.float32) / count
+            ratio = np.where(keep, rows.per_token(exp32(mean.astype(np.float32))), zero)
+            if advantages is not None:
+                adv = rows.row_sum(np.where(keep, advantages, zero)).astype(np.float32) / count
+                advantages = np.where(keep, rows.per_token(adv.astype(np.float32)), zero)
+        else:
+            ratio = np.where(keep, exp32(log_ratio), zero)
+        stats = {"importance_weight": ratio, "approx_kl": log_ratio, "new_logp": current}
+        self.add(loss_seen=1.0, valid=float(rows.n_tokens))
+        if advantages is not None:
+            high = s.eps_clip if s.eps_clip_higher is None else s.eps_clip_higher
+            clipped_ratio = np.minimum(np.maximum(ratio, np.float32(1.0 - s.eps_clip)), np.float32(1.0 + high))
+            loss1, loss2 = -advantages * ratio, -advantages * clipped_ratio
+            clip = (loss1 < loss2) & keep
+            loss = np.maximum(loss1, loss2)
+            dual = np.zeros(rows.n_tokens, dtype=bool)
+            if s.c_clip is not None:
+                loss3 = np.sign(advantages) * np.float32(s.c_clip) * advantages
+                dual = (loss3 < loss) & keep
+                loss = np.minimum(loss, loss3)
+            if weight is not None:
+                loss = loss * weight
+            stats.update(actor_loss=loss, clip_ratio=clip.astype(np.float32), dual_clip_ratio=dual.astype(np.float32))
+            self.add(adv_seen=1.0, clipped=float(np.count_nonzero(clip)), dual_clipped=float(np.count_nonzero(dual)))
+        for name, values in stats.items():
+            self.add(
+                **{
+                    f"{name}_sum": float(values.astype(np.float64).sum()),
+                    f"{name}_min": float(values.min()) if values.size else np.inf,
+                    f"{name}_max": float(values.max()) if values.size else -np.inf,
+                }
+            )
+
+    def _loss_values(self) -> dict[str, MetricValue]:
+        """The loss's stats where every block had their inputs, in ``grpo_loss_fn``'s order (the denominators first);
+        an average or extreme without a valid token is dropped by AReaL, ``None`` here."""
+        st = self.state
+        if not st["loss_seen"]:
+            return {}
+        both = st["adv_seen"] == st["loss_seen"]
+        values: dict[str, MetricValue] = {CLIPPED: st["clipped"], DUAL_CLIPPED: st["dual_clipped"]} if both else {}
+        n = st["valid"]
+        for name in STATS if both else CURRENT_STATS:
+            values[f"{SCOPE}{name}/avg"] = st[f"{name}_sum"] / n if n else None
+            values[f"{SCOPE}{name}/min"] = st[f"{name}_min"] if n else None
+            values[f"{SCOPE}{name}/max"] = st[f"{name}_max"] if n else None
+        return values
+
     def keys(self) -> list[str]:
+        loss = [CLIPPED, DUAL_CLIPPED, *stat_keys(STATS)]
+        if self.settings.rejection is None:
+            return loss
         return [
+            *loss,
             KEPT,
             *(f"{key}/{s}" for key in (WEIGHT, KL) for s in ("avg", "min", "max")),
             FILTERED,
@@ -264,8 +402,11 @@ class ArealMetrics(FrameworkMetrics):
     def compute(self) -> tuple[dict[str, MetricValue], list[VerlCrash]]:
         """AReaL drops a key whose denominator is 0 (and a min/max that stays infinite); ``None`` here."""
         st = self.state
+        if self.settings.rejection is None:
+            return self._loss_values(), []
         kept, tokens = st["kept"], st["tokens"]
         return {  # in the order AReaL's tracker exports them (the denominator first)
+            **self._loss_values(),
             KEPT: kept,
             f"{WEIGHT}/avg": st["kept_sum"] / kept if kept else None,
             f"{WEIGHT}/min": st["weight_min"] if kept else None,
@@ -280,9 +421,18 @@ class ArealMetrics(FrameworkMetrics):
 
 def settings(values: Mapping[str, Any], given: frozenset[str] = frozenset()) -> ArealSettings:
     """``RejectionSamplingConfig.__post_init__``'s checks, with AReaL's messages."""
+    c_clip = values[C_CLIP]
+    if c_clip is not None and c_clip <= 1.0:
+        raise ConfigError(f"{C_CLIP} must be > 1.0 (AReaL asserts c_clip > 1.0), got {c_clip}")
+    loss = {
+        "eps_clip": values[EPS],
+        "eps_clip_higher": values[EPS_HIGH],
+        "c_clip": c_clip,
+        "level": values[LEVEL],
+    }
     block = values[REJECTION]
     if block is None:
-        return ArealSettings(values[DECOUPLED], None)
+        return ArealSettings(values[DECOUPLED], None, **loss)
     level, action, metric, agg = block["level"], block["action"], block["metric"], block["agg"]
     upper, lower = block["upper"], block["lower"]
     if lower is not None and lower > upper:
@@ -304,7 +454,7 @@ def settings(values: Mapping[str, Any], given: frozenset[str] = frozenset()) -> 
         )
     if action == "clamp" and lower is None:
         lower = 0.0
-    return ArealSettings(values[DECOUPLED], Rejection(level, action, metric, agg, upper, lower))
+    return ArealSettings(values[DECOUPLED], Rejection(level, action, metric, agg, upper, lower), **loss)
 
 
 def _form(
@@ -363,6 +513,26 @@ FORMS = (
 """Every kind of rejection sampling, in the decoupled loss (AReaL's own checks refuse a ratio bound upper <= 1:
 kl_k1 writes that band on the log-ratio)."""
 
+CURRENT_WHEN = "with the current policy"
+LOSS_WHEN = "with the current policy and the advantages"
+STAT_READINGS = {
+    "importance_weight": "the PPO ratio exp(current - prox), 0 where rejection sampling masks",
+    "approx_kl": "current - prox",
+    "new_logp": "the current log-prob",
+    "actor_loss": "the clipped PPO loss times the rejection weight",
+    "clip_ratio": "1 where the PPO clip binds on a kept token, else 0",
+    "dual_clip_ratio": "1 where the dual clip binds on a kept token, else 0",
+}
+
+
+def _stat_metric_keys(name: str, reading: str, when: str) -> tuple[MetricKey, ...]:
+    """A loss stat's three keys: its mean, least and greatest over the valid tokens."""
+    return tuple(
+        MetricKey(f"{SCOPE}{name}/{s}", f"{word} over the valid tokens of {reading}", when)
+        for s, word in (("avg", "mean"), ("min", "least"), ("max", "greatest"))
+    )
+
+
 FRAMEWORK = Framework(
     name="areal",
     title="AReaL",
@@ -371,6 +541,16 @@ FRAMEWORK = Framework(
     options=(
         Option(DECOUPLED, "bool", False, "decoupled PPO: proximal (trainer) vs behaviour (inference) log-probs"),
         Option(REJECTION, "block", None, "rejection sampling; null: off", nullable=True, fields=FIELDS),
+        Option(EPS, "number", 0.2, "PPO clip: the ratio clamped to [1 - eps_clip, 1 + eps_clip_higher]"),
+        Option(EPS_HIGH, "number", None, "PPO clip's upper side (null: eps_clip)", nullable=True),
+        Option(C_CLIP, "number", None, "dual clip (> 1): a token's loss at most c_clip |A|; null: off", nullable=True),
+        Option(
+            LEVEL,
+            "choice",
+            "token",
+            "the PPO ratio per token, or per response (GSPO: the geometric mean over its kept tokens)",
+            choices=("token", "sequence"),
+        ),
     ),
     keys=(
         MetricKey(KEPT, "tokens kept with a weight above 0 (the denominator of the behave_* averages)"),
@@ -381,13 +561,19 @@ FRAMEWORK = Framework(
         MetricKey(f"{KL}/min", "smallest prox - behave kept"),
         MetricKey(f"{KL}/max", "largest prox - behave kept"),
         MetricKey(FILTERED, "share of loss tokens rejection sampling dropped (mask) or clamped (clamp)"),
+        MetricKey(CLIPPED, "valid tokens kept whose PPO clip binds", LOSS_WHEN),
+        MetricKey(DUAL_CLIPPED, "valid tokens kept whose dual clip binds (0 without c_clip)", LOSS_WHEN),
+        *(
+            key
+            for name, reading in STAT_READINGS.items()
+            for key in _stat_metric_keys(name, reading, LOSS_WHEN if name in LOSS_STATS else CURRENT_WHEN)
+        ),
         *weight_keys("areal", "AReaL", "loss token", "AReaL's rejection sampling"),
     ),
     settings=settings,
     left_out=(
-        "left out: importance_weight, approx_kl, clip_ratio and actor_loss compare the current policy with "
-        "the proximal one (and need advantages), and M2PO (m2_threshold) sorts a whole micro-batch: a dump of"
-        " the two engines holds neither current log-probs nor advantages"
+        "left out: entropy (the current policy's entropies), n_tokens, n_valid_tokens and old_logp (not yet), "
+        "SAPO (use_sapo_loss) and M2PO (m2_threshold), which sorts a whole micro-batch"
     ),
     prefixes=("actor.",),
     batching="one PPO update (ppo_update over the step's batch; rs_filtered_fraction per micro-batch call)",

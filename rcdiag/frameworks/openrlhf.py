@@ -18,7 +18,16 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rcdiag.core import formulas
-from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, weight_keys
+from rcdiag.frameworks.base import (
+    Framework,
+    FrameworkMetrics,
+    MetricKey,
+    Needs,
+    Option,
+    TokenRows,
+    exp32,
+    weight_keys,
+)
 from rcdiag.frameworks.correction import NO_CLAMP_QUIRK, Band, Correction, Form, Weight
 from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
 
@@ -27,7 +36,12 @@ ENABLE = "algo.advantage.is_correction_enable"
 THRESHOLD = "algo.advantage.is_correction_threshold"
 TYPE = "algo.advantage.is_correction_type"
 LOSS = "actor.policy_loss_type"
+EPS = "actor.eps_clip"
+EPS_PAIR = "actor.eps_clip_low_high"
 VLLM_KL = "vllm_kl"
+CLIP_RATIO = "ppo_clip_ratio"
+PPO_KL = "ppo_kl"
+NEEDS = (Needs((PPO_KL,), ("log_prob",)), Needs((CLIP_RATIO,), ("log_prob", "advantages")))
 
 
 @dataclass(frozen=True)
@@ -37,28 +51,49 @@ class OpenRLHFSettings:
     high: float
     kind: str
     loss: str
+    eps_low: float = 0.2
+    eps_high: float = 0.2
 
     @property
     def corrects(self) -> bool:
         """``PolicyLoss`` applies the correction (and returns ``vllm_kl``) only for the PPO loss."""
         return self.enable and self.loss == "ppo"
 
-    def new_metrics(self) -> OpenRLHFMetrics | None:
-        return OpenRLHFMetrics(self) if self.corrects else None
+    def new_metrics(self) -> OpenRLHFMetrics:
+        """Always: ``ppo_kl`` and ``ppo_clip_ratio`` are logged whatever the correction (from the loss inputs)."""
+        return OpenRLHFMetrics(self)
+
+    def needs(self) -> tuple[Needs, ...]:
+        return NEEDS
 
     def notes(self) -> tuple[str, ...]:
+        loss = (
+            f"{PPO_KL} and {CLIP_RATIO} are token means of the step, as {VLLM_KL}; OpenRLHF averages them over its "
+            "max_epochs passes, each with the policy of that pass: rcdiag's are of the current policy the dump holds",
+        )
         if not self.enable:
-            return (f"{ENABLE} is false (OpenRLHF's default): it corrects nothing and logs no mismatch key",)
+            return (f"{ENABLE} is false (OpenRLHF's default): it corrects nothing and logs no mismatch key", *loss)
         if self.loss != "ppo":
-            return (f"{LOSS}={self.loss}: OpenRLHF 0.11.0 applies its IS correction and logs vllm_kl only for ppo",)
+            return (
+                f"{LOSS}={self.loss}: OpenRLHF 0.11.0 applies its IS correction and logs vllm_kl only for ppo "
+                "(gspo's ratio then starts from the rollout's log-probs)",
+                *loss,
+            )
         return (
+            *loss,
             "vllm_kl is the token mean of the step (OpenRLHF weights each micro-batch's mean by its action tokens); "
             "a micro-batch without an action token would make OpenRLHF's value NaN",
             "rcdiag/openrlhf/* are rcdiag's: the coefficient PolicyLoss puts on each action token's loss",
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {ENABLE: self.enable, THRESHOLD: [self.low, self.high], TYPE: self.kind, LOSS: self.loss}
+        return {
+            ENABLE: self.enable,
+            THRESHOLD: [self.low, self.high],
+            TYPE: self.kind,
+            LOSS: self.loss,
+            EPS_PAIR: [self.eps_low, self.eps_high],
+        }
 
     def correction(self) -> Correction:
         if not self.enable:
@@ -89,14 +124,27 @@ class OpenRLHFSettings:
 
 
 class OpenRLHFMetrics(FrameworkMetrics):
-    """One step's ``vllm_kl`` and rcdiag's token-weighted reading of the coefficients."""
+    """One step's ``vllm_kl``, rcdiag's token-weighted reading of the coefficients, and the loss's ``ppo_kl`` and
+    ``ppo_clip_ratio`` where the dump has their inputs."""
 
     NAME = "openrlhf"
-    STATES: ClassVar[dict[str, Reduce]] = {**FrameworkMetrics.WEIGHT_STATES, "kl_sum": "sum"}
+    STATES: ClassVar[dict[str, Reduce]] = {
+        **FrameworkMetrics.WEIGHT_STATES,
+        "kl_sum": "sum",
+        "loss_tokens": "sum",
+        "loss_seen": "sum",
+        "ppo_kl_sum": "sum",
+        "clip_seen": "sum",
+        "clipped": "sum",
+    }
     settings: OpenRLHFSettings
 
     def update(self, block: Any) -> None:
         rows = TokenRows(block)
+        if rows.current is not None:
+            self._loss(rows, rows.current, rows.advantages)
+        if not self.settings.corrects:
+            return
         weight = self.settings.weights(rows)
         self.add(kl_sum=float((rows.rollout - rows.old).astype(np.float64).sum()))
         changed = None
@@ -105,19 +153,51 @@ class OpenRLHFMetrics(FrameworkMetrics):
             changed = (weight != ratio) & ~np.isnan(ratio)
         self.add_weights(weight, rows, changed)
 
+    def _loss(self, rows: TokenRows, current: np.ndarray, advantages: np.ndarray | None) -> None:
+        """``PolicyLoss``'s ``ppo_kl`` (the mean of ``-(current - old)``) and, with the advantages, its clip flags
+        ``surr2 < surr1`` (float32, the bounds rounded to float32 as torch's clamp does)."""
+        s = self.settings
+        raw = current - rows.old
+        self.add(loss_seen=1.0, loss_tokens=float(rows.n_tokens), ppo_kl_sum=float((-raw).astype(np.float64).sum()))
+        if advantages is None:
+            return
+        if s.loss == "ppo":
+            ratio = exp32(np.clip(raw, np.float32(-20.0), np.float32(20.0)))
+        else:  # gspo: one ratio per response, exp of its mean log-ratio (against the rollout where it corrects)
+            log_ratio = current - rows.rollout if s.enable else raw
+            mean = rows.row_sum(log_ratio).astype(np.float32) / np.maximum(rows.counts, 1).astype(np.float32)
+            ratio = rows.per_token(exp32(mean.astype(np.float32)))
+        low, high = np.float32(1 - s.eps_low), np.float32(1 + s.eps_high)  # torch's clamp rounds its bounds so
+        surr1 = ratio * advantages
+        surr2 = np.minimum(np.maximum(ratio, low), high) * advantages
+        self.add(clip_seen=1.0, clipped=float(np.count_nonzero(surr2 < surr1)))
+
     def keys(self) -> list[str]:
-        return [VLLM_KL, *self.weight_keys()]
+        own = [VLLM_KL, *self.weight_keys()] if self.settings.corrects else []
+        return [CLIP_RATIO, PPO_KL, *own]
 
     def compute(self) -> tuple[dict[str, MetricValue], list[VerlCrash]]:
-        """A step without a valid token is NaN in OpenRLHF (0/0); ``None`` here."""
+        """A step without a valid token is NaN in OpenRLHF (0/0); ``None`` here. The loss's keys only where every
+        block had their inputs."""
         st = self.state
-        n = st["tokens"]
-        return {VLLM_KL: st["kl_sum"] / n if n else None, **self.weight_values()}, []
+        values: dict[str, MetricValue] = {}
+        loss_n = st["loss_tokens"]
+        if st["loss_seen"] and st["clip_seen"] == st["loss_seen"]:
+            values[CLIP_RATIO] = st["clipped"] / loss_n if loss_n else None
+        if st["loss_seen"]:
+            values[PPO_KL] = st["ppo_kl_sum"] / loss_n if loss_n else None
+        if self.settings.corrects:
+            n = st["tokens"]
+            values.update({VLLM_KL: st["kl_sum"] / n if n else None, **self.weight_values()})
+        return values, []
 
 
 def settings(values: Mapping[str, Any], given: frozenset[str] = frozenset()) -> OpenRLHFSettings:
+    """``train_ppo_ray``'s resolution of the clip: ``eps_clip_low_high`` where given, else ``eps_clip`` both sides."""
     low, high = values[THRESHOLD]
-    return OpenRLHFSettings(values[ENABLE], low, high, values[TYPE], values[LOSS])
+    pair = values[EPS_PAIR]
+    eps_low, eps_high = (values[EPS], values[EPS]) if pair is None else pair
+    return OpenRLHFSettings(values[ENABLE], low, high, values[TYPE], values[LOSS], eps_low, eps_high)
 
 
 def _kind(kind: str) -> Callable[[float | None, float | None], dict[str, Any] | None]:
@@ -154,16 +234,27 @@ FRAMEWORK = Framework(
             choices=TYPES,
         ),
         Option(LOSS, "choice", "ppo", "the policy loss (the correction applies to ppo only)", choices=("ppo", "gspo")),
+        Option(EPS, "number", 0.2, "PPO clip range, both sides (where eps_clip_low_high is not given)"),
+        Option(EPS_PAIR, "pair", None, "PPO clip [low, high]: the ratio clamped to [1 - low, 1 + high]", nullable=True),
     ),
     keys=(
         MetricKey(VLLM_KL, "token mean of rollout - old: ~KL(rollout||train), signed, not clamped"),
+        MetricKey(
+            CLIP_RATIO,
+            "token mean of surr2 < surr1: the share of action tokens whose PPO clip binds (ratio current/old beyond "
+            "[1 - eps_low, 1 + eps_high] on the advantage's side)",
+            "with the current policy and the advantages, whatever the correction",
+        ),
+        MetricKey(
+            PPO_KL,
+            "token mean of old - current (k1 of the old policy against the current one)",
+            "with the current policy, whatever the correction",
+        ),
         *weight_keys("openrlhf", "OpenRLHF", "action token", "OpenRLHF's correction"),
     ),
     settings=settings,
-    left_out=(
-        "left out: ppo_kl, ppo_clip_ratio and policy_loss compare the current policy with the old one and "
-        "need advantages: a dump of the two engines holds neither"
-    ),
+    left_out="left out: policy_loss (the whole loss, its aggregation over the optimizer step) and kl (the reference "
+    "model's log-probs)",
     batching="one PPO training step (ppo_train over the step's experience; micro-batches token-weighted)",
     forms=FORMS,
     spelling="flags",
