@@ -241,8 +241,8 @@ class NemoRLMetrics(FrameworkMetrics):
         """The importance weight before truncation: per token, or per sample over the samples kept."""
         if self.settings.sequence:
             kept_d = np.where(rows.per_token(kept_row), d, np.float32(0.0))
-            return _finite(exp32(rows.row_sum(kept_d).astype(np.float32)))
-        return _finite(exp32(d))
+            return _nan_to_zero(exp32(rows.row_sum(kept_d).astype(np.float32)))
+        return _nan_to_zero(exp32(d))
 
     def keys(self) -> list[str]:
         oob = [OOB] if self.settings.high is not None else []
@@ -308,7 +308,7 @@ FORMS = (
 """Each truncation type, per token or per sample, and the GRPO trainer's threshold (which combines with them)."""
 
 
-def _finite(weights: np.ndarray) -> np.ndarray:
+def _nan_to_zero(weights: np.ndarray) -> np.ndarray:
     """``torch.nan_to_num(w, nan=0.0, posinf=0.0, neginf=0.0)``."""
     return np.where(np.isfinite(weights), weights, np.float32(0.0)).astype(np.float32)
 
