@@ -162,7 +162,7 @@ class OpenRLHFMetrics(FrameworkMetrics):
         if advantages is None:
             return
         if s.loss == "ppo":
-            ratio = exp32(np.clip(raw, np.float32(-20.0), np.float32(20.0)))
+            ratio = exp32(formulas.clamp_log_ratio(np, raw).astype(np.float32))  # PolicyLoss's clamp at +-20
         else:  # gspo: one ratio per response, exp of its mean log-ratio (against the rollout where it corrects)
             log_ratio = current - rows.rollout if s.enable else raw
             mean = rows.row_sum(log_ratio).astype(np.float32) / np.maximum(rows.counts, 1).astype(np.float32)
