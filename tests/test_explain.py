@@ -295,6 +295,17 @@ def test_cli_explain_json_and_table(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "breakdowns" not in plain and "worst_sequences" not in plain
 
 
+def test_worst_given_as_its_default_still_turns_explain_on(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``--worst 10`` is a request for ``--explain`` like any other ``--worst``: the default is no sentinel."""
+    path, _, _ = planted(tmp_path)
+    code, out, err = cli(capsys, "analyze", path, "--worst", "10", "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert set(data["breakdowns"]) == {"position", "rollout_prob", "length"} and len(data["worst_sequences"]) == 10
+    assert rcdiag.analyze(path, worst=10).explain is not None
+    assert rcdiag.analyze(path).explain is None
+
+
 def test_cli_id_col_and_sequences(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     _, _, table = planted(tmp_path)
     renamed = tmp_path / "renamed.parquet"

@@ -18,6 +18,7 @@ from test_cli import run
 from verl_oracle import load_modules, require_verl
 
 from rcdiag import CorrectionConfig, MicroBatchSettings, analyze, preset
+from rcdiag.engine import Engine
 from rcdiag.errors import ConfigError
 from rcdiag.microbatch.partition import (
     SplitRefusedError,
@@ -27,7 +28,7 @@ from rcdiag.microbatch.partition import (
     workload,
 )
 from rcdiag.microbatch.plan import plan
-from rcdiag.microbatch.rows import RowCollector
+from rcdiag.microbatch.rows import MicroBatchRows
 from rcdiag.microbatch.simulate import StepMicroBatches, simulate_step
 from rcdiag.versions import VERSIONS
 
@@ -181,8 +182,8 @@ def _dump(seed: int, rows: int = 16, empty: int = 1, noise: float = 0.3) -> tupl
 
 def _simulate(arrays: tuple[np.ndarray, ...], config: CorrectionConfig, micro: MicroBatchSettings) -> StepMicroBatches:
 
-    collector = RowCollector()
-    collector.add(padded_chunk(*arrays))
+    collector = MicroBatchRows(micro)  # the micro-batch section's state, fed by the engine as analyze feeds it
+    Engine(config.resolve(), wholes=[collector]).run([padded_chunk(*arrays)])
     rows = collector.steps()[None]
     return simulate_step(None, rows, config.resolve(), micro)
 
