@@ -105,7 +105,7 @@ def _sums_reference(data: Data, got: dict[str, np.ndarray]) -> None:
 
 
 def _explain_reference(data: Data, state: EngineState) -> None:
-    explain = state.explain
+    explain = state.whole_dump["explain"]
     mask = data.mask.astype(bool)
     got = {
         "prob": explain.breakdowns.prob,
@@ -143,7 +143,7 @@ def _detectors_reference(data: Data, state: EngineState) -> None:
 
 
 def _explain_members(state: EngineState) -> list[Accumulator]:
-    return [*_per_step(state), *state.explain.parts().values()]
+    return [*_per_step(state), *state.whole_dump["explain"].parts().values()]
 
 
 def _exact_members(state: EngineState) -> list[Accumulator]:

@@ -493,7 +493,7 @@ def test_explain_takes_the_device_block(monkeypatch: pytest.MonkeyPatch, worst: 
         engine = Engine(rcdiag.CorrectionConfig().resolve(), backend, [ExplainState(worst)])
         engine.block_tokens = 500  # several blocks
         engine.run([copy.copy(chunk)])
-        states.append(json.dumps(engine.state.explain.state_dict()))
+        states.append(json.dumps(engine.state.whole_dump["explain"].state_dict()))
     blocks = len(backends) // 2
     assert blocks > 1 and backends == [NumpyBackend] * blocks + [TorchBackend] * blocks
     assert len(twins) == (blocks if worst else 0)
