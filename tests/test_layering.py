@@ -375,6 +375,6 @@ def test_a_higher_layer_is_named_by_string_only_in_the_pinned_public_aliases() -
     assert named == {(module, target) for module, table in PUBLIC_ALIASES.items() for target in table.values()}
     for module, table in PUBLIC_ALIASES.items():
         package = importlib.import_module(module)
-        assert package._API == table, module
+        assert table == package._API, module
         for name, target in table.items():
             assert getattr(package, name) is getattr(importlib.import_module(target), name)
