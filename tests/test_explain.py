@@ -306,6 +306,16 @@ def test_worst_given_as_its_default_still_turns_explain_on(tmp_path: Path, capsy
     assert rcdiag.analyze(path).explain is None
 
 
+def test_the_explain_keywords_are_a_shim_for_its_section(tmp_path: Path) -> None:
+    """``analyze(worst=3)`` builds ``--explain``'s section: passed as ``sections=`` it is the same run."""
+    from rcdiag.explain.section import ExplainSection
+
+    path, _, _ = planted(tmp_path)
+    shim = rcdiag.analyze(path, worst=3).to_dict()
+    assert rcdiag.analyze(path, sections=[ExplainSection(worst=3)]).to_dict() == shim
+    assert len(shim["worst_sequences"]) == 3 and "detectors_not_run" in shim
+
+
 def test_cli_id_col_and_sequences(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     _, _, table = planted(tmp_path)
     renamed = tmp_path / "renamed.parquet"
