@@ -126,7 +126,7 @@ def analyze_token_k1(path: Path, chunk_tokens: int) -> int:
 
 def sweep_default(path: Path, chunk_tokens: int, recommend: bool = True) -> int:
     """``rcdiag sweep`` with the default grids (every option), with or without recommendations."""
-    from rcdiag.sweep.run import sweep
+    from rcdiag.sweep import sweep
 
     report = sweep(path, chunk_tokens=chunk_tokens, target_reject=0.01 if recommend else None)
     return report.input.tokens

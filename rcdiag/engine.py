@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypedDict, TypeVar
 
 import numpy as np
 
@@ -40,7 +40,8 @@ class WholeDump(Protocol):
     """An accumulator of the whole dump beside the per-step ones (``--explain``'s): the protocol of
     ``rcdiag.metrics.base.Accumulator`` (its parts are such accumulators), fed every block on the host with its
     rows' context (``Block.rows``), and numbering rows in reading order (``number``) so that merged parts keep
-    global row numbers. The engine and the state files know it only by its ``KEY`` (``register_whole_dump``)."""
+    global row numbers. The engine and the state files know it only by its ``KEY``; a saved state's kinds are given
+    to them (``WholeDumpKinds``), the one table of them being ``rcdiag.sections.registry``."""
 
     KEY: str
     rows_read: int
@@ -55,15 +56,33 @@ class WholeDump(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
 
-WHOLE_DUMP: dict[str, Any] = {}
-"""Each kind of whole-dump accumulator by its ``KEY``: its class, with ``from_state_dict`` (a saved state) and
-``layout`` (what its saved state means, for ``rcdiag.state.state_layout``). A feature registers its own when it is
-imported (``register_whole_dump``), so the engine never imports a feature."""
+class WholeDumpKinds(Protocol):
+    """Where a saved state finds the kind of each whole-dump accumulator it holds, by key: the table of section kinds
+    (``rcdiag.sections.registry.KNOWN``) for a state file, a run's own sections for its worker parts
+    (``KindsOf``). The engine imports no feature: it is given the kinds."""
+
+    def whole_dump(self, key: str) -> Any:
+        """The class saved under ``key``, with ``from_state_dict`` and ``layout``; a ``FieldError`` for an unknown
+        key."""
+        ...
 
 
-def register_whole_dump(key: str, kind: Any) -> None:
-    """Make a kind of whole-dump accumulator loadable from a saved state under ``key``."""
-    WHOLE_DUMP[key] = kind
+@dataclass(frozen=True)
+class KindsOf:
+    """The kinds of the whole-dump accumulators a run keeps (each section's), by key: its worker parts' saved
+    states are read back with them."""
+
+    kinds: dict[str, Any]
+
+    @classmethod
+    def of(cls, wholes: Sequence[WholeDump]) -> KindsOf:
+        return cls({whole.KEY: type(whole) for whole in wholes})
+
+    def whole_dump(self, key: str) -> Any:
+        kind = self.kinds.get(key)
+        if kind is None:
+            raise FieldError(f"state.whole_dump.{key} is a state this run does not keep ({', '.join(self.kinds)})")
+        return kind
 
 
 def number_rows(chunks: Iterable[Chunk], wholes: Sequence[WholeDump] = ()) -> Iterator[Chunk]:
@@ -82,17 +101,6 @@ def number_chunk(chunk: Chunk, wholes: Sequence[WholeDump]) -> Chunk:
     for other in wholes[1:]:
         other.rows_read = wholes[0].rows_read
     return chunk
-
-
-def whole_dump_kind(key: str) -> Any:
-    """The registered kind saved under ``key``; a ``FieldError`` for one no imported feature declares."""
-    kind = WHOLE_DUMP.get(key)
-    if kind is None:
-        raise FieldError(
-            f"state.whole_dump.{key} is a state no imported module declares (known: {', '.join(sorted(WHOLE_DUMP))}; "
-            "import the feature that writes it, such as rcdiag.explain.state)"
-        )
-    return kind
 
 
 class StepBatch(Protocol):
@@ -124,6 +132,9 @@ class StepStates(Generic[B]):
     ``EngineState`` keeps ``rcdiag analyze``'s (``BatchMetrics``), ``rcdiag.sweep.accumulated.SweepState`` the sweep's;
     the engine's streaming, step grouping, state files, workers and merging serve both."""
 
+    KIND: ClassVar[str]
+    """Its declared kind (``analyze``, ``sweep``): a state file's ``kind``, and the report its merge gives."""
+
     resolved: ResolvedConfig
     batches: dict[StepKey, B] = field(default_factory=dict)
     rows: int = 0
@@ -132,11 +143,6 @@ class StepStates(Generic[B]):
     whole_dump: dict[str, WholeDump] = field(default_factory=dict)
     """Whole-dump accumulators by ``KEY`` (the bias detectors' sums; ``--explain``'s breakdowns, worst responses and
     detector sums; each section's)."""
-
-    @property
-    def explain(self) -> Any:
-        """The ``--explain`` state (saved under ``explain``), or ``None`` without ``--explain``."""
-        return self.whole_dump.get("explain")
 
     def new_batch(self) -> B:
         """An empty batch of this state's accumulators."""
@@ -204,18 +210,25 @@ class StepStates(Generic[B]):
         return out
 
     @classmethod
-    def from_state_dict(cls: type[S], resolved: ResolvedConfig, state: dict[str, Any]) -> S:
-        """Rebuild a state saved by ``state_dict`` under the same configuration."""
+    def from_state_dict(cls: type[S], resolved: ResolvedConfig, state: dict[str, Any], kinds: WholeDumpKinds) -> S:
+        """Rebuild a state saved by ``state_dict`` under the same configuration (``kinds``: its whole-dump
+        accumulators' classes by key)."""
         out = cls(resolved, **saved_counts(state))
         load_batches(out, state)
-        load_whole_dump(out, state)
+        load_whole_dump(out, state, kinds)
         return out
 
+    @classmethod
+    def layout(cls) -> dict[str, Any] | None:
+        """What this kind's own state means beyond its accumulators' declared states, for the one state layout hash
+        (``rcdiag.state.state_layout``); ``None``: nothing more."""
+        return None
 
-def load_whole_dump(out: StepStates[Any], state: dict[str, Any]) -> None:
-    """Load a saved state's whole-dump accumulators into ``out``, each by its registered kind."""
+
+def load_whole_dump(out: StepStates[Any], state: dict[str, Any], kinds: WholeDumpKinds) -> None:
+    """Load a saved state's whole-dump accumulators into ``out``, each by its kind in ``kinds``."""
     for key, saved in saved_whole_dump(state).items():
-        out.whole_dump[key] = whole_dump_kind(key).from_state_dict(saved)
+        out.whole_dump[key] = kinds.whole_dump(key).from_state_dict(saved)
 
 
 def saved_whole_dump(state: Any) -> dict[str, Any]:
@@ -229,6 +242,8 @@ def saved_whole_dump(state: Any) -> dict[str, Any]:
 @dataclass
 class EngineState(StepStates[BatchMetrics]):
     """``rcdiag analyze``'s state: one ``BatchMetrics`` per step."""
+
+    KIND: ClassVar[str] = "analyze"
 
     def new_batch(self) -> BatchMetrics:
         return BatchMetrics(self.resolved)

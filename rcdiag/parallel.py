@@ -22,7 +22,7 @@ from typing import Any
 import rcdiag.interrupts as interrupts
 from rcdiag.backend import NumpyBackend
 from rcdiag.config import CorrectionConfig
-from rcdiag.engine import Engine, EngineState, StepStates, WholeDump, number_rows
+from rcdiag.engine import Engine, EngineState, KindsOf, StepStates, WholeDump, number_rows
 from rcdiag.errors import ConfigError, RcdiagError
 from rcdiag.io import open_part, prefetch
 from rcdiag.io.base import Part, Source
@@ -127,15 +127,16 @@ def read_part(part: Part, job: Job, index: int = 0) -> PartResult:
 def merge_parts(source: Source, results: list[PartResult], job: Job) -> tuple[StepStates[Any], ScreenStats]:
     """The merged state and counts of every part, in part order (the first bad row is the earliest)."""
     resolved = job.config.resolve()
-    whole_dump = {whole.KEY: whole for whole in job.wholes()}
+    wholes = job.wholes()
+    kinds = KindsOf.of(wholes)
     merged: StepStates[Any] = job.new_state() if job.new_state else EngineState(resolved)
-    merged.whole_dump.update(whole_dump)
+    merged.whole_dump.update({whole.KEY: whole for whole in wholes})
     stats = ScreenStats()
     part_rows = []
     first: Problem | None = None
     seen: dict[str, set[str]] = {}
     for result in results:
-        part = type(merged).from_state_dict(resolved, result.state)
+        part = type(merged).from_state_dict(resolved, result.state, kinds)
         part_rows.append(next((saved.rows_read for saved in part.whole_dump.values()), 0))
         merged.merge(part)
         stats = stats.merge(ScreenStats.from_dict(result.stats))

@@ -564,6 +564,17 @@ class ExplainReport:
     """Token ids (and text, with a tokenizer) of the few worst responses, when the dump has token ids; not in the
     JSON."""
 
+    def to_dict(self) -> dict[str, Any]:
+        """Its keys at the top of the report's JSON (docs/json.md)."""
+        out: dict[str, Any] = {
+            "breakdowns": self.breakdowns,
+            "worst_sequences": list(self.worst_sequences),
+            "detectors_not_run": dict(self.not_run),
+        }
+        if self.sequences_path is not None:
+            out["sequences_path"] = self.sequences_path
+        return out
+
 
 @dataclass(frozen=True)
 class DetectorsReport:
@@ -637,11 +648,7 @@ class Report:
             "log_ratio_histogram": self.log_ratio.to_dict() if self.log_ratio is not None else None,
         }
         if self.explain is not None:
-            out["breakdowns"] = self.explain.breakdowns
-            out["worst_sequences"] = list(self.explain.worst_sequences)
-            out["detectors_not_run"] = dict(self.explain.not_run)
-            if self.explain.sequences_path is not None:
-                out["sequences_path"] = self.explain.sequences_path
+            out.update(self.explain.to_dict())
         elif self.detectors is not None:
             out["detectors_not_run"] = self.detectors.to_dict()
         if self.microbatch is not None:

@@ -18,13 +18,13 @@ import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from rcdiag._version import __version__
 from rcdiag.config import CorrectionConfig
-from rcdiag.engine import EngineState, StepStates, saved_whole_dump, whole_dump_kind
+from rcdiag.engine import StepStates, WholeDumpKinds, saved_whole_dump
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.fields import FieldError, dataclass_from, shown
 from rcdiag.io.base import SourceInfo
@@ -33,7 +33,6 @@ from rcdiag.validate import ScreenStats
 
 STATE_FORMAT = "rcdiag-state"
 STATE_VERSION = 1
-STATE_KINDS = ("analyze", "sweep")
 
 MAX_STATE_BYTES = 256 << 20
 """The largest state file read (a sweep state with recommendations keeps two numbers per response: ~5M responses)."""
@@ -49,16 +48,35 @@ STATE_INPUT = "the state file {source}"
 """How a refused output names a state file it would write over (rcdiag.outputs.Ledger)."""
 
 
-def state_layout(whole_dump: Iterable[str] = ()) -> str:
-    """The one version of every state file kind: a short hash of every accumulator's declared states and of the
-    constants the sweep state and the state's whole-dump accumulators (``whole_dump``: their keys, such as
-    ``explain``) depend on (bucket edges, groups and their hash, series cut-off, the sweep kernel's buckets). A
-    file written under another layout is refused, never merged into numbers that mean something else. Read when
-    called, so a changed declaration or constant shows at once."""
-    from rcdiag.sweep.accumulated import sweep_layout
+class StateKinds(WholeDumpKinds, Protocol):
+    """The kinds a state file may hold, given by the library (``rcdiag.sections.registry.KNOWN``, their one table):
+    the state kinds (``analyze``, ``sweep``) and each whole-dump accumulator's, and what refuses two states' merge."""
 
-    declared = {"accumulators": declared_states(), "sweep": sweep_layout()}
-    declared.update({key: whole_dump_kind(key).layout() for key in sorted(whole_dump)})
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every state kind, in order (``analyze`` first)."""
+        ...
+
+    def state(self, kind: str) -> type[StepStates[Any]]:
+        """The state class of ``kind`` (one of ``names``)."""
+        ...
+
+    def merge_refusal(self, key: str, mine: Any, theirs: Any, path: str, first: str) -> str | None:
+        """Why the whole-dump states under ``key`` of the first state file (``mine``, read from ``first``) and
+        another (``theirs``, from ``path``; either may be ``None``: not held) cannot merge; ``None``: they can."""
+        ...
+
+
+def state_layout(kinds: StateKinds, whole_dump: Iterable[str] = ()) -> str:
+    """The one version of every state file kind: a short hash of every accumulator's declared states and of the
+    constants each state kind (the sweep's: ``StepStates.layout``) and the state's whole-dump accumulators
+    (``whole_dump``: their keys, such as ``explain``) depend on (bucket edges, groups and their hash, series
+    cut-off, the sweep kernel's buckets). A file written under another layout is refused, never merged into numbers
+    that mean something else. Read when called, so a changed declaration or constant shows at once."""
+    own = {name: kinds.state(name).layout() for name in kinds.names}  # first: their modules declare accumulators
+    declared: dict[str, Any] = {"accumulators": declared_states()}
+    declared.update({name: layout for name, layout in own.items() if layout is not None})
+    declared.update({key: kinds.whole_dump(key).layout() for key in sorted(whole_dump)})
     text = json.dumps(declared, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -76,20 +94,22 @@ def save_state(
     state: StepStates[Any],
     sources: list[SourceInfo],
     screen: ScreenStats,
+    kinds: StateKinds,
     *,
     extra: dict[str, Any] | None = None,
     encoded: dict[str, Any] | None = None,
 ) -> None:
     """Write a state file atomically (a reader never sees a half-written file), locally or to object storage.
     ``extra``: more top-level keys written in the same file, at once (``rcdiag watch``'s files consumed);
-    ``encoded``: ``encode_state(state.state_dict())`` when the caller keeps it (``rcdiag watch``, per step)."""
+    ``encoded``: ``encode_state(state.state_dict())`` when the caller keeps it (``rcdiag watch``, per step);
+    ``kinds``: the kinds a state may hold (their layout is written with it)."""
     payload = {
         **(extra or {}),
         "format": STATE_FORMAT,
         "version": STATE_VERSION,
-        "kind": state_kind_of(state),
+        "kind": state.KIND,
         "rcdiag_version": __version__,
-        "layout": state_layout(state.whole_dump),
+        "layout": state_layout(kinds, state.whole_dump),
         "config": state.resolved.config.to_dict(),
         "sources": [_with_identity(info) for info in sources],
         "screen": screen.to_dict(),
@@ -106,15 +126,18 @@ def save_state(
     write_file(text, json.dumps(payload).encode(), mode=STATE_MODE)  # whole or not at all, owner-only
 
 
-def load_state(path: str | Path, kind: str | None = None) -> tuple[StepStates[Any], list[SourceInfo], ScreenStats]:
-    """Read a state file; any problem is an ``InputError`` naming the file (and the field at fault). ``kind``
-    (``"analyze"``, ``"sweep"``): the kind the caller reads; a state of another kind is refused naming both."""
-    state, sources, screen, _ = _load(str(path), kind)
+def load_state(
+    path: str | Path, kinds: StateKinds, kind: str | None = None
+) -> tuple[StepStates[Any], list[SourceInfo], ScreenStats]:
+    """Read a state file; any problem is an ``InputError`` naming the file (and the field at fault). ``kinds``: the
+    kinds it may hold (``rcdiag.sections.registry.KNOWN``); ``kind`` (``"analyze"``, ``"sweep"``): the kind the
+    caller reads; a state of another kind is refused naming both."""
+    state, sources, screen, _ = _load(str(path), kinds, kind)
     return state, sources, screen
 
 
 def _load(
-    name: str, expected: str | None = None
+    name: str, kinds: StateKinds, expected: str | None = None
 ) -> tuple[StepStates[Any], list[SourceInfo], ScreenStats, StateIdentity]:
     data, identity = read_state_bytes(name)
     payload = parse_state_json(data, name)
@@ -129,7 +152,7 @@ def _load(
             path=name,
         )
     try:
-        layout = state_layout(saved_whole_dump(payload.get("state")))
+        layout = state_layout(kinds, saved_whole_dump(payload.get("state")))
     except FieldError as exc:
         raise InputError(f"holds a field that does not fit: {exc}", path=name) from None
     if payload.get("layout") != layout:
@@ -143,13 +166,13 @@ def _load(
         )
     try:
         kind = payload.get("kind", "analyze")
-        if kind not in STATE_KINDS:
-            raise FieldError(f"kind must be one of {', '.join(STATE_KINDS)}, got {shown(kind)}")
+        if kind not in kinds.names:
+            raise FieldError(f"kind must be one of {', '.join(kinds.names)}, got {shown(kind)}")
         table = _table(payload, "state")
         _check_kind(name, kind, table)
         config = dataclass_from(CorrectionConfig, payload.get("config"), "config.", signed=_THRESHOLDS)
         resolved = config.resolve()
-        state = _state_class(kind).from_state_dict(resolved, _decode(table))
+        state = kinds.state(kind).from_state_dict(resolved, _decode(table), kinds)
         infos = payload.get("sources")
         if not isinstance(infos, list):
             raise FieldError(f"sources must be a list, got {shown(infos)}")
@@ -273,11 +296,6 @@ def _parse_constant(text: str) -> float:
     raise FieldError(f'the literal {text} (a state writes non-finite values as the strings "nan", "inf")')
 
 
-def state_kind_of(state: StepStates[Any]) -> str:
-    """``"sweep"`` for a sweep's state (``rcdiag sweep --save-state``), ``"analyze"`` otherwise."""
-    return "sweep" if hasattr(state, "grid") else "analyze"
-
-
 def state_kind(path: str | Path) -> str:
     """The kind of a state file (a path or URL), without loading its state (``"analyze"`` for files without one;
     a directory, prefix or glob: its first state file's)."""
@@ -294,23 +312,16 @@ def state_kind(path: str | Path) -> str:
     return payload.get("kind", "analyze") if isinstance(payload, dict) else "analyze"
 
 
-def _state_class(kind: str) -> type[StepStates[Any]]:
-    if kind == "sweep":
-        from rcdiag.sweep.accumulated import SweepState
-
-        return SweepState
-    return EngineState
-
-
 def _a(kind: str) -> str:
     return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
 def merge_state_files(
-    paths: list[str | Path], kind: str | None = None
+    paths: list[str | Path], kinds: StateKinds, kind: str | None = None
 ) -> tuple[StepStates[Any], list[SourceInfo], ScreenStats]:
-    """Load and merge state files; they must compute the same metrics. ``kind``: the kind of state the caller
-    merges (each file of another kind is refused naming both); ``None``: the first file's."""
+    """Load and merge state files; they must compute the same metrics. ``kinds``: the kinds they may hold
+    (``rcdiag.sections.registry.KNOWN``); ``kind``: the kind of state the caller merges (each file of another kind
+    is refused naming both); ``None``: the first file's (the merged state's ``KIND`` says which)."""
     from rcdiag.io.paths import state_files
     from rcdiag.outputs import reads
 
@@ -319,14 +330,14 @@ def merge_state_files(
     paths = [file for path in paths for file in state_files(str(path))]
     if not paths:
         raise ConfigError("no state files to merge")
-    merged, sources, screen, identity = _load(str(paths[0]), kind)
-    kind = state_kind_of(merged)
+    merged, sources, screen, identity = _load(str(paths[0]), kinds, kind)
+    kind = merged.KIND
     seen: dict[tuple, tuple[int, str | Path, Any]] = {}
     _check_not_merged(0, paths[0], sources, seen)
     states: dict[Any, str | Path] = {}
     _check_not_twice(paths[0], identity, states)
     for index, path in enumerate(paths[1:], 1):
-        state, more, more_screen, identity = _load(str(path), kind)
+        state, more, more_screen, identity = _load(str(path), kinds, kind)
         _check_not_merged(index, path, more, seen)  # first: it names the dump read twice
         _check_not_twice(path, identity, states)
         if not merged.resolved.same_computation(state.resolved):
@@ -334,22 +345,22 @@ def merge_state_files(
                 f"{path} was computed with a different configuration ({_describe(state.resolved.config)}) than "
                 f"{paths[0]} ({_describe(merged.resolved.config)}); states merge only under the same configuration"
             )
-        if (merged.explain is None) != (state.explain is None):
-            raise ConfigError(
-                f"{path} was {'' if state.explain is not None else 'not '}analysed with --explain but {paths[0]} "
-                f"was{'' if merged.explain is not None else ' not'}; merge states written with the same flags"
-            )
-        if merged.explain is not None and state.explain is not None and merged.explain.worst.n != state.explain.worst.n:
-            raise ConfigError(
-                f"{path} keeps {state.explain.worst.n} worst responses but {paths[0]} keeps {merged.explain.worst.n}; "
-                "use the same --worst"
-            )
+        _check_sections(kinds, merged, state, str(path), str(paths[0]))
         if merged.batches and state.batches and (None in merged.batches) != (None in state.batches):
             raise ConfigError(f"{path}: cannot merge a dump that has a step column with one that has none")
         merged.merge(state)
         sources.extend(more)
         screen = screen.merge(more_screen)
     return merged, sources, screen
+
+
+def _check_sections(kinds: StateKinds, merged: StepStates[Any], state: StepStates[Any], path: str, first: str) -> None:
+    """Refuse two states whose sections cannot merge (one written with ``--explain``, the other without; two
+    ``--worst``), as their kinds say (``StateKinds.merge_refusal``)."""
+    for key in dict.fromkeys([*merged.whole_dump, *state.whole_dump]):
+        refusal = kinds.merge_refusal(key, merged.whole_dump.get(key), state.whole_dump.get(key), path, first)
+        if refusal is not None:
+            raise ConfigError(refusal)
 
 
 def _check_not_twice(path: str | Path, identity: StateIdentity, states: dict[Any, str | Path]) -> None:

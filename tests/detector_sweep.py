@@ -43,7 +43,7 @@ def run(scenario: Scenario | str, seed: int, scratch: Path) -> tuple[set[str], d
     synthetic.write(synthetic.generate(scenario, rows=384, steps=6, seed=seed), path)
     acc = accumulate(path, sections=[ExplainSection()])
     report = build_report(acc.state, acc.info, "cpu", acc.screen)
-    state = acc.state.explain
+    state = acc.state.whole_dump["explain"]
     unlikely, ratio = state.shape.mean("unlikely"), state.shape.mean("ratio")
     moved = state.shape.count("likely_up") + state.shape.count("likely_down")
     n = state.offset.column("n").sum()

@@ -34,6 +34,7 @@ from rcdiag.frameworks.section import FrameworkState, SettingsState
 from rcdiag.io.base import Chunk
 from rcdiag.metrics.base import Accumulator
 from rcdiag.sections.exact import FIRST_RESPONSES, ExactState
+from rcdiag.sections.registry import KNOWN
 from rcdiag.sections.slices import DETAIL, SliceRows
 from rcdiag.state import decode_state, encode_state
 from rcdiag.sweep.accumulated import SweepState, new_sweep_state
@@ -104,7 +105,7 @@ def _sums_reference(data: Data, got: dict[str, np.ndarray]) -> None:
 
 
 def _explain_reference(data: Data, state: EngineState) -> None:
-    explain = state.explain
+    explain = state.whole_dump["explain"]
     mask = data.mask.astype(bool)
     got = {
         "prob": explain.breakdowns.prob,
@@ -142,7 +143,7 @@ def _detectors_reference(data: Data, state: EngineState) -> None:
 
 
 def _explain_members(state: EngineState) -> list[Accumulator]:
-    return [*_per_step(state), *state.explain.parts().values()]
+    return [*_per_step(state), *state.whole_dump["explain"].parts().values()]
 
 
 def _exact_members(state: EngineState) -> list[Accumulator]:
@@ -435,7 +436,7 @@ def test_a_state_file_round_trip_changes_nothing(case: Case) -> None:
     data = _data(2)
     first, second = _run(case, data, [17]), _run(case, data, [])
     text = json.dumps(encode_state(first.state_dict()))
-    loaded = type(first).from_state_dict(first.resolved, decode_state(json.loads(text)))
+    loaded = type(first).from_state_dict(first.resolved, decode_state(json.loads(text)), KNOWN)
     assert json.dumps(encode_state(loaded.state_dict())) == text
     later = _run(case, data, [])
     merged, merged_loaded = first.merge(second), loaded.merge(later)
@@ -460,8 +461,9 @@ def test_every_accumulator_is_covered() -> None:
 
 
 def test_an_explain_state_loads_in_a_process_that_imported_only_the_state_module(tmp_path: Path) -> None:
-    """Whole-dump kinds register when their feature is imported: loading a saved ``--explain`` state (and the exact
-    match every analyze saves) must work from ``rcdiag.state`` alone (a fresh process), not only where the CLI happened to import ``rcdiag.explain``."""
+    """Whole-dump kinds are one table (``rcdiag.sections.registry``), given to the state files: loading a saved
+    ``--explain`` state (and the exact match every analyze saves) works from ``rcdiag.state`` and that table alone
+    (a fresh process), whatever the process happened to import."""
     import subprocess
     import sys
 
@@ -482,7 +484,8 @@ def test_an_explain_state_loads_in_a_process_that_imported_only_the_state_module
     )
     assert run.returncode == 0, run.stderr
     code = (
-        "import sys; from rcdiag.state import load_state; state = load_state(sys.argv[1])[0]; "
+        "import sys; from rcdiag.state import load_state; from rcdiag.sections.registry import KNOWN; "
+        "state = load_state(sys.argv[1], KNOWN)[0]; "
         "print(sorted(state.whole_dump))"
     )
     loaded = subprocess.run([sys.executable, "-c", code, str(saved)], capture_output=True, text=True)

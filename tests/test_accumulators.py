@@ -15,6 +15,7 @@ import rcdiag
 from rcdiag.metrics.base import Accumulator, Reduce
 from rcdiag.metrics.extras import ExtraMetrics
 from rcdiag.metrics.rejection import RSOptionMetrics
+from rcdiag.sections.registry import KNOWN
 from rcdiag.state import load_state, state_layout
 
 
@@ -47,19 +48,19 @@ def state_file(tmp_path: Path) -> Path:
 
 
 def test_the_layout_follows_the_declared_states(monkeypatch: pytest.MonkeyPatch) -> None:
-    before = state_layout()
+    before = state_layout(KNOWN)
     monkeypatch.setattr(ExtraMetrics, "STATES", {**ExtraMetrics.STATES, "new_sum": "sum"})
-    added = state_layout()
+    added = state_layout(KNOWN)
     monkeypatch.setattr(ExtraMetrics, "STATES", {**ExtraMetrics.STATES, "new_sum": "max"})
-    assert len({before, added, state_layout()}) == 3
+    assert len({before, added, state_layout(KNOWN)}) == 3
     monkeypatch.undo()
-    assert state_layout() == before
+    assert state_layout(KNOWN) == before
 
 
 def test_a_file_from_another_layout_is_refused_naming_its_version(
     state_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    load_state(state_file)  # the layout it was written with loads
+    load_state(state_file, KNOWN)  # the layout it was written with loads
     payload = json.loads(state_file.read_text())
     payload["rcdiag_version"] = "0.0.7"
     state_file.write_text(json.dumps(payload))
@@ -69,13 +70,13 @@ def test_a_file_from_another_layout_is_refused_naming_its_version(
     with pytest.raises(
         rcdiag.InputError, match=r"s\.json: was written by rcdiag 0\.0\.7, whose states have another layout"
     ):
-        load_state(state_file)
+        load_state(state_file, KNOWN)
     monkeypatch.undo()
     # a file that records no layout (written before layouts were recorded) is refused too
     del payload["layout"]
     state_file.write_text(json.dumps(payload))
     with pytest.raises(rcdiag.InputError, match=r"rcdiag 0\.0\.7.*layout not recorded"):
-        load_state(state_file)
+        load_state(state_file, KNOWN)
 
 
 def test_the_cli_refuses_a_state_file_of_another_layout(

@@ -428,12 +428,12 @@ def test_exit_2(capsys: pytest.CaptureFixture, args: tuple[str, ...], expected: 
 
 
 def test_exit_3_on_an_internal_error(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    import rcdiag.check
+    import rcdiag.api.checking
 
     def boom(*args: object, **kwargs: object) -> None:
         raise KeyError("unexpected")
 
-    monkeypatch.setattr(rcdiag.check, "analyze", boom)
+    monkeypatch.setattr(rcdiag.api.checking, "analyze", boom)
     code, _, err = run(capsys, "check", HEALTHY, "--max", "kl=1")
     assert code == 3 and err.startswith("rcdiag: internal error: KeyError")
 

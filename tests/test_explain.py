@@ -295,6 +295,27 @@ def test_cli_explain_json_and_table(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "breakdowns" not in plain and "worst_sequences" not in plain
 
 
+def test_worst_given_as_its_default_still_turns_explain_on(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``--worst 10`` is a request for ``--explain`` like any other ``--worst``: the default is no sentinel."""
+    path, _, _ = planted(tmp_path)
+    code, out, err = cli(capsys, "analyze", path, "--worst", "10", "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert set(data["breakdowns"]) == {"position", "rollout_prob", "length"} and len(data["worst_sequences"]) == 10
+    assert rcdiag.analyze(path, worst=10).explain is not None
+    assert rcdiag.analyze(path).explain is None
+
+
+def test_the_explain_keywords_are_a_shim_for_its_section(tmp_path: Path) -> None:
+    """``analyze(worst=3)`` builds ``--explain``'s section: passed as ``sections=`` it is the same run."""
+    from rcdiag.explain.section import ExplainSection
+
+    path, _, _ = planted(tmp_path)
+    shim = rcdiag.analyze(path, worst=3).to_dict()
+    assert rcdiag.analyze(path, sections=[ExplainSection(worst=3)]).to_dict() == shim
+    assert len(shim["worst_sequences"]) == 3 and "detectors_not_run" in shim
+
+
 def test_cli_id_col_and_sequences(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     _, _, table = planted(tmp_path)
     renamed = tmp_path / "renamed.parquet"
@@ -482,7 +503,7 @@ def test_explain_takes_the_device_block(monkeypatch: pytest.MonkeyPatch, worst: 
         engine = Engine(rcdiag.CorrectionConfig().resolve(), backend, [ExplainState(worst)])
         engine.block_tokens = 500  # several blocks
         engine.run([copy.copy(chunk)])
-        states.append(json.dumps(engine.state.explain.state_dict()))
+        states.append(json.dumps(engine.state.whole_dump["explain"].state_dict()))
     blocks = len(backends) // 2
     assert blocks > 1 and backends == [NumpyBackend] * blocks + [TorchBackend] * blocks
     assert len(twins) == (blocks if worst else 0)

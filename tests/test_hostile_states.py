@@ -26,6 +26,7 @@ from rcdiag.check.rules_file import load_rules
 from rcdiag.cli import main
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.printable import printable
+from rcdiag.sections.registry import KINDS
 from tests.conftest import ROOT, SAMPLES, ragged_lists, random_batch, write_dump
 
 ESC = "\x1b"
@@ -258,7 +259,7 @@ def test_a_rules_file_over_the_limit_is_refused(tmp_path: Path, monkeypatch: Any
         ),
         (
             lambda p: p["state"]["whole_dump"].__setitem__("bogus", {}),
-            "state.whole_dump.bogus is a state no imported module declares (known: detectors, exact, explain,",
+            f"state.whole_dump.bogus is a state no section declares (known: {', '.join(sorted(KINDS))};",
         ),
         (
             lambda p: p["state"]["whole_dump"]["slices"].__setitem__("rows_read", -1),
@@ -306,8 +307,8 @@ def test_a_string_state_version_shows_its_type(tmp_path: Path, payload: dict[str
 def test_a_sweep_state_with_a_tampered_cell_count_is_refused(tmp_path: Path) -> None:
     old, rollout, mask = random_batch(np.random.default_rng(2), rows=6, width=5, noise=0.3)
     dump = write_dump(tmp_path / "d.parquet", ragged_lists(old, rollout, mask))
+    from rcdiag.sweep import sweep
     from rcdiag.sweep.grid import SweepGrid
-    from rcdiag.sweep.run import sweep
 
     sweep(dump, SweepGrid.from_specs({"token_k1": ["1.5", "2.0"]}), save_state=tmp_path / "s.json")
     data = json.loads((tmp_path / "s.json").read_text())
@@ -480,7 +481,7 @@ def test_a_warning_never_precedes_the_error_line(monkeypatch: Any, capsys: pytes
         warnings.warn("overflow encountered in cast", RuntimeWarning, stacklevel=1)
         raise InputError("holds a bad value", path="x.json")
 
-    monkeypatch.setattr("rcdiag.api.merge_states", warn_then_fail)
+    monkeypatch.setattr("rcdiag.api.merge", warn_then_fail)
     with pytest.raises(SystemExit) as caught:
         main(["merge", "x.json"])
     assert caught.value.code == 2

@@ -25,11 +25,12 @@ LEAVES = frozenset(
     "rcdiag." + name
     for name in (
         "_version", "constants", "errors", "versions", "stats", "notices", "printable", "fields", "interrupts",
-        "environment", "core", "core.limits", "core.formulas", "core.bins", "core.forecast",
+        "environment", "lazy", "core", "core.limits", "core.formulas", "core.bins", "core.forecast",
     )
 )  # fmt: skip
 """Modules that import nothing of rcdiag but each other (``rcdiag.core``: the constants and formulas every engine
-path shares, and the one crossing forecast that the watch and the ``mismatch_trend`` detector share)."""
+path shares, and the one crossing forecast that the watch and the ``mismatch_trend`` detector share; ``rcdiag.lazy``:
+names resolved when first asked for)."""
 FEATURES = (
     "rcdiag.explain",
     "rcdiag.sweep",
@@ -63,21 +64,23 @@ BELOW_FEATURES = (
 KNOWN_CYCLES: list[set[str]] = []
 """No import circle is left: the last one (``Block`` and the token passes of ``metrics/tokens.py``) went when the
 passes moved behind one interface chosen by the backend and the formulas into ``rcdiag.core``."""
-KNOWN_UPWARD = {
-    ("rcdiag.state", "rcdiag.sweep.accumulated"),
-}
-"""Debt (issue 20, one state protocol): the engine knows the sweep's state by name (its kind and layout in state
-files). (``--explain``'s state is a whole-dump accumulator the
-engine knows only by its key: ``rcdiag.engine.WholeDump``.)"""
+KNOWN_UPWARD: set[tuple[str, str]] = set()
+"""None left: the engine and the state files know no feature's state by name; the kinds are one table above them
+(``rcdiag.sections.registry``), which the library gives them (``rcdiag.state.StateKinds``)."""
 KNOWN_UPWARD_ELSEWHERE = {
-    ("rcdiag.check", "rcdiag.api"),
-    ("rcdiag.compare", "rcdiag.api"),
-    ("rcdiag.sweep.run", "rcdiag.api"),
     ("rcdiag.options", "rcdiag.backend"),
     ("rcdiag.options", "rcdiag.io.base"),
 }
-"""Debt (issue 20): ``check``, ``compare`` and the sweep run ``rcdiag.api.analyze``; ``ReadOptions`` names ``ColumnMap`` and ``Backend`` in its fields' types
-(under ``TYPE_CHECKING``)."""
+"""Debt (issue 20): ``ReadOptions`` names ``ColumnMap`` and ``Backend`` in its fields' types (under
+``TYPE_CHECKING``)."""
+PUBLIC_ALIASES = {
+    "rcdiag.check": {"check": "rcdiag.api", "analyze": "rcdiag.api"},
+    "rcdiag.compare": {"compare": "rcdiag.api", "compare_many": "rcdiag.api", "analyze": "rcdiag.api"},
+    "rcdiag.sweep": {"sweep": "rcdiag.api", "sweep_chunks": "rcdiag.api", "merge_sweep_states": "rcdiag.api"},
+}
+"""The library's entry points offered by name where users import them (``from rcdiag.check import check``): each
+feature package's ``_API`` table, resolved when first asked for (``rcdiag.lazy``), no import of the layer above.
+Pinned here, so no other name of a higher layer is reached that way."""
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("leaves", tuple(sorted(LEAVES))),
@@ -223,7 +226,7 @@ def test_the_version_module_imports_nothing() -> None:
 def test_the_graph_sees_lazy_relative_and_type_checking_imports() -> None:
     """The graph builder itself: imports inside functions and under TYPE_CHECKING are edges."""
     graph = _graph()
-    assert "rcdiag.sweep.accumulated" in graph["rcdiag.state"]  # inside a function
+    assert "rcdiag.io.storage" in graph["rcdiag.state"]  # inside a function
     assert "rcdiag.metrics.block" in graph["rcdiag.metrics.base"]  # under TYPE_CHECKING
     assert "rcdiag.catalogue.findings" in graph["rcdiag.catalogue"]  # the package's __init__
 
@@ -348,3 +351,30 @@ def test_typer_lives_only_in_the_cli_and_rich_only_there_and_in_console_renderer
             assert _in(module, ("rcdiag.cli",)), module
         if "rich" in used:
             assert _in(module, ("rcdiag.cli",)) or console_renderer, module
+
+
+def _string_constants(path: Path) -> set[str]:
+    return {
+        node.value
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
+
+
+def test_a_higher_layer_is_named_by_string_only_in_the_pinned_public_aliases() -> None:
+    """A module name in a string (``importlib``, a lazy table) is an import the graph cannot see: below the library
+    layer, only the feature packages' ``_API`` tables name it, and exactly as ``PUBLIC_ALIASES`` says."""
+    import importlib
+
+    named = {
+        (module, text)
+        for module, path in _modules().items()
+        for text in _string_constants(path)
+        if text.startswith("rcdiag.") and text in _modules() and _layer(text) > _layer(module)
+    }
+    assert named == {(module, target) for module, table in PUBLIC_ALIASES.items() for target in table.values()}
+    for module, table in PUBLIC_ALIASES.items():
+        package = importlib.import_module(module)
+        assert table == package._API, module
+        for name, target in table.items():
+            assert getattr(package, name) is getattr(importlib.import_module(target), name)

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from test_cli import run
 from verl_oracle import load_modules, require_verl
 
-from rcdiag import CorrectionConfig, MicroBatchSettings, analyze, preset
+from rcdiag import CorrectionConfig, MicroBatchSettings, analyze, merge_states, preset
+from rcdiag.engine import Engine
 from rcdiag.errors import ConfigError
 from rcdiag.microbatch.partition import (
     SplitRefusedError,
@@ -27,7 +28,7 @@ from rcdiag.microbatch.partition import (
     workload,
 )
 from rcdiag.microbatch.plan import plan
-from rcdiag.microbatch.rows import RowCollector
+from rcdiag.microbatch.rows import MicroBatchRows
 from rcdiag.microbatch.simulate import StepMicroBatches, simulate_step
 from rcdiag.versions import VERSIONS
 
@@ -181,8 +182,8 @@ def _dump(seed: int, rows: int = 16, empty: int = 1, noise: float = 0.3) -> tupl
 
 def _simulate(arrays: tuple[np.ndarray, ...], config: CorrectionConfig, micro: MicroBatchSettings) -> StepMicroBatches:
 
-    collector = RowCollector()
-    collector.add(padded_chunk(*arrays))
+    collector = MicroBatchRows(micro)  # the micro-batch section's state, fed by the engine as analyze feeds it
+    Engine(config.resolve(), wholes=[collector]).run([padded_chunk(*arrays)])
     rows = collector.steps()[None]
     return simulate_step(None, rows, config.resolve(), micro)
 
@@ -401,6 +402,29 @@ def test_chunking_does_not_change_the_split(seed: int, chunk: int, tmp_path_fact
     micro = MicroBatchSettings(micro_batch_size=2, dp_size=2)
     whole = analyze(path, config, microbatch=micro).to_dict()["microbatch"]
     assert analyze(path, config, microbatch=micro, chunk_tokens=chunk).to_dict()["microbatch"] == whole
+
+
+def test_the_micro_batches_are_a_section_kept_out_of_saved_states(tmp_path: Path) -> None:
+    """``microbatch=`` is a shim for the section: the same report given as ``sections=``; ``--save-state`` leaves
+    its rows out (every valid token), so the state merges into the report of a plain analyze; its state itself
+    still round-trips through the table of kinds."""
+    from rcdiag.microbatch.section import MicroBatchSection
+    from rcdiag.sections.registry import KNOWN
+
+    path = ROOT / "sample_data" / "outliers.parquet"
+    config = preset("decoupled_k3_rs", "0.7.1")
+    micro = MicroBatchSettings(micro_batch_size=8)
+    shim = analyze(path, config, microbatch=micro, save_state=tmp_path / "s.json").to_dict()
+    assert analyze(path, config, sections=[MicroBatchSection(micro)]).to_dict() == shim
+    assert shim["microbatch"]["settings"]["micro_batch_size"] == 8
+    saved = json.loads((tmp_path / "s.json").read_text())
+    assert sorted(saved["state"]["whole_dump"]) == ["detectors", "exact", "slices"]
+    merged = merge_states([tmp_path / "s.json"]).to_dict()
+    assert "microbatch" not in merged and merged["metrics"] == shim["metrics"]
+    rows = MicroBatchRows(micro)
+    Engine(config.resolve(), wholes=[rows]).run([padded_chunk(*_dump(3))])
+    back = KNOWN.whole_dump(MicroBatchRows.KEY).from_state_dict(json.loads(json.dumps(rows.state_dict())))
+    assert json.dumps(back.state_dict()) == json.dumps(rows.state_dict())
 
 
 def test_table_per_step_section(capsys: pytest.CaptureFixture) -> None:

@@ -147,8 +147,8 @@ def test_a_sweep_grid_keeps_a_token_exactly_on_its_k1_lower_bound() -> None:
     """Log-ratios old - rollout of -0.25 .. 0.25 (exact in float32) against a grid of three token_k1 bands whose
     lower bounds in log space are -0.125, -0.25 and -0.375: verl keeps a token whose -log-ratio (k1 = rollout -
     old) lies exactly on the lower bound, so each row rejects the tokens strictly below it, counted here."""
+    from rcdiag.sweep import sweep_chunks
     from rcdiag.sweep.grid import build_grid, resolve
-    from rcdiag.sweep.run import sweep_chunks
 
     d = np.array([-0.25, -0.125, 0.0, 0.125, 0.25, 0.375, 0.0625, -0.0625], dtype=np.float32)
     old = np.full((1, d.size), -1.0, dtype=np.float32)

@@ -124,7 +124,7 @@ def _r2_dump(tmp_path: Path) -> Path:
 
 
 def test_sweep_never_ranks_a_preset_verl_refuses_for_an_r2_run(tmp_path: Path) -> None:
-    from rcdiag.sweep.run import sweep
+    from rcdiag.sweep import sweep
 
     plain = sweep(ROOT / "sample_data" / "healthy.parquet")
     r2 = sweep(_r2_dump(tmp_path))

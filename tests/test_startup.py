@@ -213,9 +213,9 @@ def test_workers_auto_stays_in_one_process_where_processes_cannot_run(
     """Even where the rule would start workers, ``auto`` reads in one process for micro-batches (rows in order)
     and off the CPU (``--device``), where ``--workers 2`` is refused."""
     import rcdiag
-    import rcdiag.api as api
+    import rcdiag.api.reading as reading
 
-    monkeypatch.setattr(api, "choose_workers", lambda source: 2)
+    monkeypatch.setattr(reading, "choose_workers", lambda source: 2)
     sample = tmp_path / "d.parquet"
     _row_groups(sample, 4)  # four parts: --workers 2 would split it
     micro = rcdiag.MicroBatchSettings(micro_batch_size=2)

@@ -20,8 +20,8 @@ from verl_oracle import require_verl, verl_metrics
 
 import rcdiag
 from rcdiag.config import PRESETS
+from rcdiag.sweep import sweep_chunks
 from rcdiag.sweep.grid import DEFAULT_GRIDS, OPTIONS, build_grid, resolve
-from rcdiag.sweep.run import sweep_chunks
 
 P = "rollout_corr/"
 

@@ -19,10 +19,11 @@ from rcdiag.api import input_facts
 from rcdiag.engine import Engine
 from rcdiag.fields import FieldError
 from rcdiag.io.base import SourceInfo
+from rcdiag.sections.registry import KNOWN
 from rcdiag.sweep.accumulated import SweepState, new_sweep_state
+from rcdiag.sweep.build import build_sweep_report
 from rcdiag.sweep.grid import build_grid
 from rcdiag.sweep.recommend import recommend
-from rcdiag.sweep.run import build_sweep_report
 from rcdiag.validate import Screen, as_chunk
 
 STEPS = 4
@@ -86,11 +87,11 @@ def test_the_recommendations_are_the_same_from_a_saved_or_merged_state() -> None
     exactly what the state they came from does."""
     whole, _ = _state((1, 2))
     want = recommend(whole.collector, 0.05)  # type: ignore[arg-type]
-    loaded = SweepState.from_state_dict(whole.resolved, whole.state_dict())
+    loaded = SweepState.from_state_dict(whole.resolved, whole.state_dict(), KNOWN)
     assert recommend(loaded.collector, 0.05) == want  # type: ignore[arg-type]
     first, _ = _state((1,))
     second, _ = _state((2,))
-    second_loaded = SweepState.from_state_dict(second.resolved, second.state_dict())
+    second_loaded = SweepState.from_state_dict(second.resolved, second.state_dict(), KNOWN)
     assert recommend(first.merge(second_loaded).collector, 0.05) == want  # type: ignore[arg-type]
     assert any(r.threshold is not None for r in want)
 
@@ -130,4 +131,4 @@ def test_a_saved_collector_whose_statistics_and_lengths_disagree_is_refused(grou
     values = groups[group]["state"]["lengths" if group == 0 else "statistic"]
     del values[-1]
     with pytest.raises(FieldError, match=message):
-        SweepState.from_state_dict(state.resolved, saved)
+        SweepState.from_state_dict(state.resolved, saved, KNOWN)

@@ -16,10 +16,10 @@ from rcdiag.metrics.base import Accumulator, Moments
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.extras import ExtraMetrics
 from rcdiag.metrics.rejection import RSOptionMetrics
+from rcdiag.sweep import sweep_chunks
 from rcdiag.sweep.accumulated import SweepBatch
 from rcdiag.sweep.cells import Passes
 from rcdiag.sweep.grid import SweepGrid, resolve
-from rcdiag.sweep.run import sweep_chunks
 
 SPECS = {"token_k1": ["1.5", "2.0"], "seq_mean_k3": ["0.01", "0.5"], "is_token": ["2.0", "0.5_2.0"]}
 

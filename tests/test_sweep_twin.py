@@ -19,11 +19,10 @@ from test_token_kernel import _valid_lengths, raw_blocks
 from rcdiag.backend import NumpyBackend
 from rcdiag.kernels.sweep import SUB_BLOCK, scan
 from rcdiag.metrics.block import Block
-from rcdiag.sweep import scan_arrays
+from rcdiag.sweep import scan_arrays, sweep, sweep_chunks
 from rcdiag.sweep.cells import HISTOGRAM, HISTOGRAM_CLAMPED, NO_HISTOGRAM, Cells, Passes, uses_kernel
 from rcdiag.sweep.collector import BUCKETS
 from rcdiag.sweep.grid import build_grid
-from rcdiag.sweep.run import sweep, sweep_chunks
 
 NAMES = ("n", "mean", "m2", "high", "low", "row_n", "row_sum", "row_high", "row_low", "row_total")
 

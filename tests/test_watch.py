@@ -147,9 +147,10 @@ def test_a_live_writer_every_step_once_in_order_with_analyze_numbers(scripts: Pa
         same_numbers(line, expected[line["step"]])
     saved = json.loads(state.read_text())
     assert saved["format"] == "rcdiag-state"
+    from rcdiag.sections.registry import KNOWN
     from rcdiag.state import encode_state, load_state
 
-    assert saved["state"] == encode_state(load_state(state)[0].state_dict())  # the per-step cache, written whole
+    assert saved["state"] == encode_state(load_state(state, KNOWN)[0].state_dict())  # the per-step cache, written whole
     assert sorted(item["name"] for item in saved["watch"]["consumed"]) == sorted(p.name for p in run.iterdir())
     again = subprocess.run(rcdiag("watch", str(run), "--state", str(state), "--format", "json", "--once"),
                            capture_output=True, text=True, env=ENV)  # fmt: skip

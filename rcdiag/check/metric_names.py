@@ -7,12 +7,16 @@ with an error that says which option would compute it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from rcdiag.catalogue import EXTRA_PREFIX, PREFIX, every_key, full_key, metric, short_key
 from rcdiag.catalogue.metrics import DEBUG_PREFIX
 from rcdiag.check.rules import RELATIVE_KINDS, Rule
 from rcdiag.config import ResolvedConfig
 from rcdiag.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rcdiag.frameworks.registry import Chosen
 
 PREFIXES = (PREFIX, DEBUG_PREFIX, EXTRA_PREFIX)
 
@@ -51,3 +55,16 @@ def validate_rules(rules: Iterable[Rule], available: Sequence[str], *, has_basel
             raise _unknown_metric(rule, available)
         if rule.kind in RELATIVE_KINDS and not has_baseline:
             raise ConfigError(f"rule '{rule.describe()}' ({rule.source}) compares against a baseline: give --baseline.")
+
+
+def refuse_unlogged(rules: Sequence[Rule], chosen: Chosen) -> None:
+    """A rule on a key the framework logs, but not under these settings: say why (its notes), not "unknown"."""
+    declared = {key.key for key in chosen.framework.keys}
+    logged = set(chosen.keys())
+    for rule in rules:
+        if rule.metric in declared and rule.metric not in logged and not rule.optional:
+            why = "; ".join(chosen.settings.notes()[:1])
+            raise ConfigError(
+                f"rule '{rule.describe()}' ({rule.source}): {chosen.framework.label} does not log '{rule.metric}' "
+                f"with these options: {why}"
+            )

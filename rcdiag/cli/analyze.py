@@ -44,7 +44,7 @@ def analyze(
     ],
     save_state: SaveStateOpt = None,
     explain: ExplainOpt = False,
-    worst: WorstOpt = 10,
+    worst: WorstOpt = None,
     sequences: SequencesOpt = None,
     tokens: TokensOpt = None,
     tokenizer: TokenizerOpt = None,

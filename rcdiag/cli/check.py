@@ -163,7 +163,7 @@ def check(
     Exit codes: 0 every rule holds, no finding fails `--fail-on` and (with `--exact`) the columns are bitwise
     identical, 1 a rule, finding or `--exact` failed, 2 bad option, rule, configuration or input, 3 internal error.
     """
-    from rcdiag.check import check as run_check
+    from rcdiag.api import check as run_check
     from rcdiag.check import find_project_rules, load_rules
     from rcdiag.check.rule_set import rule_set
     from rcdiag.check.rules import is_step_mode

@@ -83,9 +83,9 @@ def compare(
     """
     import dataclasses
 
+    from rcdiag.api import compare as run_compare
     from rcdiag.cli.progress import progress
     from rcdiag.compare import check_temperature
-    from rcdiag.compare import compare as run_compare
     from rcdiag.outputs import reads
 
     paths = [path_a, path_b, *(more or [])]
@@ -101,7 +101,7 @@ def compare(
         read.replace(columns=dataclasses.replace(shared, **side)) if side else read for side in (columns_a, columns_b)
     )
     if len(paths) > 2 or baseline is not None:
-        from rcdiag.compare import compare_many
+        from rcdiag.api import compare_many
         from rcdiag.errors import ConfigError
 
         if baseline is not None and baseline not in paths:

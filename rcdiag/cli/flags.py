@@ -441,13 +441,15 @@ ExplainOpt = Annotated[
     ),
 ]
 WorstOpt = Annotated[
-    int,
+    int | None,
     typer.Option(
         "--worst",
         metavar="N",
         min=0,
-        help="Responses in --explain's worst-responses list (largest |sum of log-ratios|); implies --explain.",
+        help="Responses in --explain's worst-responses list (largest |sum of log-ratios|; default 10); implies "
+        "--explain (given as 10 too).",
         rich_help_panel=EXPLAIN,
+        show_default=False,
     ),
 ]
 SequencesOpt = path_option(

@@ -36,19 +36,17 @@ def merge(
     * `rcdiag analyze part-0.parquet --preset decoupled_geo_rs --save-state s0.json` (on each machine)
     * `rcdiag merge s0.json s1.json s2.json --format json -o report.json`
     """
+    from rcdiag.api import merge as merge_reports
     from rcdiag.explain.token_report import claim_tokenizer
     from rcdiag.outputs import reads
-    from rcdiag.state import STATE_INPUT, state_kind
+    from rcdiag.report import Report
+    from rcdiag.state import STATE_INPUT
 
     reads(*states, what=STATE_INPUT)  # before the first is read for its kind
     claim_tokenizer(tokenizer)  # and the tokenizer's file, read later by merge_states
 
-    if states and state_kind(states[0]) == "sweep":  # states of `rcdiag sweep --save-state`
-        from rcdiag.sweep.run import merge_sweep_states
-
-        out.as_kind("sweep", "merge").emit(merge_sweep_states(list(states)))
+    report = merge_reports(list(states), tokenizer=tokenizer)
+    if not isinstance(report, Report):  # states of `rcdiag sweep --save-state`: a sweep report
+        out.as_kind("sweep", "merge").emit(report)
         return
-    from rcdiag.api import merge_states
-
-    report = merge_states(list(states), tokenizer=tokenizer)
     out.emit(report, details=True) if details else out.emit(report)

@@ -115,6 +115,7 @@ def sweep(
 
     Exit codes: 0 done (verl-would-crash rows do not change it), 2 bad option, threshold or input, 3 internal error.
     """
+    from rcdiag.api import sweep as run_sweep
     from rcdiag.cli.engine_config import named_by_flags
     from rcdiag.cli.output import checked_state_path
     from rcdiag.cli.progress import progress
@@ -122,7 +123,6 @@ def sweep(
     from rcdiag.frameworks.registry import choose
     from rcdiag.outputs import reads
     from rcdiag.sweep.grid import build_grid, split_list
-    from rcdiag.sweep.run import sweep as run_sweep
 
     with named_by_flags(SWEEP_FLAGS):
         grid = build_grid(split_list(is_levels), split_list(rs), split_list(thresholds), release)

@@ -9,17 +9,16 @@ estimate far from the other side's. Every finding code is documented in docs/com
 
 The package splits by concern: ``records`` (the frozen result records), ``temperature`` (noise estimates),
 ``verdicts`` (findings) and ``diffs`` (metric differences and trends). This module re-exports the public API and
-holds the entry points ``compare`` and ``compare_reports``.
+compares reports (``compare_reports``, ``compare_against``); ``compare`` and ``compare_many``, which analyse the dumps
+first, are the library's (``rcdiag.api.comparing``), importable from here too.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
-from rcdiag.api import ProgressCallback, analyze
 from rcdiag.compare.diffs import TREND_KEYS, _diffs, _slope
 from rcdiag.compare.paired import LEVEL, PairedTest, holm, paired_tests
 from rcdiag.compare.records import (
@@ -47,11 +46,8 @@ from rcdiag.compare.temperature import (
 from rcdiag.compare.verdicts import COMPARE_FINDING_CODES, TEMPERATURE_KL_LIMIT, _findings
 from rcdiag.config import CorrectionConfig
 from rcdiag.errors import ConfigError
-from rcdiag.options import ReadOptions
+from rcdiag.lazy import exports
 from rcdiag.report import Report, Side
-
-if TYPE_CHECKING:
-    from rcdiag.frameworks.registry import Chosen
 
 __all__ = [
     "ASSUMED_TEMPERATURE",
@@ -74,100 +70,31 @@ __all__ = [
     "SideTemperature",
     "StepPair",
     "TemperatureAnalysis",
-    "analyze",
     "check_temperature",
-    "compare",
-    "compare_many",
+    "compare_against",
     "compare_reports",
 ]
 
+_API = {"compare": "rcdiag.api", "compare_many": "rcdiag.api", "analyze": "rcdiag.api"}
+"""The library's entry points users import from here (``from rcdiag.compare import compare``), found in the library
+layer (``rcdiag.api.comparing``) when first asked for: this package compares reports and never imports the layer
+above it (tests/test_layering.py pins these names)."""
 
-def compare(
-    path_a: str | Path,
-    path_b: str | Path,
-    config: CorrectionConfig | None = None,
-    read: ReadOptions | None = None,
-    *,
-    read_b: ReadOptions | None = None,
-    temperature_a: float | None = None,
-    temperature_b: float | None = None,
-    on_chunk: ProgressCallback | None = None,
-    framework: str | Chosen | None = None,
-    framework_options: Mapping[str, Any] | Sequence[str] = (),
-    **options: Any,
-) -> Comparison:
-    """Analyse both dumps with ``config`` and compare them.
-
-    ``read`` (with any ``ReadOptions`` field given as a keyword on top) says how to read both dumps; ``read_b``,
-    when given, replaces it for B (two dumps with different column names). Temperatures given here are used
-    instead of the dumps' ``temperature`` metadata; a disagreement is reported as a finding. ``framework`` (and its
-    ``framework_options``): both sides computed ``--as`` it, as ``rcdiag.analyze`` takes them: its keys compared
-    beside verl's, each side's prescription in its settings. Raises ``ConfigError`` for a bad temperature and the
-    errors of ``rcdiag.analyze`` for bad inputs.
-    """
-    for name, value in (("temperature_a", temperature_a), ("temperature_b", temperature_b)):
-        check_temperature(value, name)
-    config = config or CorrectionConfig()
-    config.resolve()
-    read = ReadOptions.of(read, options)
-    from rcdiag.sections.units import UnitsSection
-
-    units = (UnitsSection(),)  # each response's sums, for the significance tests
-    chosen = _chosen(framework, framework_options)
-    report_a = analyze(path_a, config, read, on_chunk=on_chunk, sections=units, framework=chosen)
-    report_b = analyze(path_b, config, read_b or read, on_chunk=on_chunk, sections=units, framework=chosen)
-    return compare_reports(report_a, report_b, temperature_a=temperature_a, temperature_b=temperature_b)
+__getattr__ = exports(__name__, _API)
 
 
-def compare_many(
-    paths: Sequence[str | Path],
-    config: CorrectionConfig | None = None,
-    read: ReadOptions | None = None,
-    *,
-    baseline: int = 0,
-    reads: Sequence[ReadOptions | None] = (),
-    temperatures: Sequence[float | None] = (),
-    on_chunk: ProgressCallback | None = None,
-    framework: str | Chosen | None = None,
-    framework_options: Mapping[str, Any] | Sequence[str] = (),
-    **options: Any,
+def compare_against(
+    reports: Sequence[Report], baseline: int = 0, temperatures: Sequence[float | None] = ()
 ) -> Comparisons:
-    """Every dump against ``paths[baseline]``, each dump read once. ``reads``/``temperatures``, where given, apply
-    per dump (by position); the tests' p-values are Holm-adjusted over the comparisons, per metric. ``framework``:
-    every dump computed ``--as`` it (``compare``)."""
-    from rcdiag.sections.units import UnitsSection
-
-    if len(paths) < 2:
-        raise ConfigError("compare needs at least two dumps.")
-    if not 0 <= baseline < len(paths):
-        raise ConfigError(f"the baseline must be one of the {len(paths)} dumps given.")
-    for i, value in enumerate(temperatures):
-        check_temperature(value, f"temperature of dump {i + 1}")
-    config = config or CorrectionConfig()
-    config.resolve()
-    read = ReadOptions.of(read, options)
-    given = [*reads, *[None] * (len(paths) - len(reads))]
-    chosen = _chosen(framework, framework_options)
-    reports = [
-        analyze(path, config, given[i] or read, on_chunk=on_chunk, sections=(UnitsSection(),), framework=chosen)
-        for i, path in enumerate(paths)
-    ]
-    temps = [*temperatures, *[None] * (len(paths) - len(temperatures))]
-    others = [i for i in range(len(paths)) if i != baseline]
+    """Every report against ``reports[baseline]`` (``compare_reports``), the tests' p-values Holm-adjusted over the
+    comparisons, per metric; ``temperatures``, where given, apply per report (by position)."""
+    temps = [*temperatures, *[None] * (len(reports) - len(temperatures))]
+    others = [i for i in range(len(reports)) if i != baseline]
     pairs = [
         compare_reports(reports[baseline], reports[i], temperature_a=temps[baseline], temperature_b=temps[i])
         for i in others
     ]
     return Comparisons(reports[baseline], tuple(_holm_adjusted(pairs)))
-
-
-def _chosen(framework: str | Chosen | None, options: Mapping[str, Any] | Sequence[str]) -> Chosen | None:
-    """The framework both sides are computed ``--as`` (checked once, before either dump is read)."""
-    if framework is None and not options:
-        return None
-    from rcdiag.frameworks.registry import Chosen, choose
-
-    return framework if isinstance(framework, Chosen) else choose(framework or "verl", options)
 
 
 def _framework_of(report: Report) -> tuple[str, Any] | None:

@@ -16,6 +16,7 @@ class DetectorSection(PlainSection):
     (docs/verdict.md); ``token_specific`` needs ``--explain``'s by-token table, and its not-run reason says so."""
 
     KEY: ClassVar[str] = DetectorState.KEY
+    STATE = DetectorState
 
     def new_state(self) -> DetectorState:
         return DetectorState()

@@ -14,7 +14,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rcdiag.engine import register_whole_dump
 from rcdiag.explain.breakdowns import DOUBLING_EDGES, GROUPS, LOG_PROB_THRESHOLDS, N_DOUBLING, PROB_EDGES, SUMS
 from rcdiag.explain.statistics import (
     LIKELY,
@@ -208,6 +207,3 @@ class DetectorState(PartsState):
         parts = [f"{type(part).__module__}.{type(part).__qualname__}" for part in cls().parts().values()]
         declared = dict(declared_states("detectors") + declared_states("explain"))
         return {**sums_layout(), "parts": {name: declared[name] for name in parts}}
-
-
-register_whole_dump(DetectorState.KEY, DetectorState)

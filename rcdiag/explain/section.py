@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rcdiag.errors import ConfigError, InputError
-from rcdiag.explain.state import ExplainOptions, ExplainState
+from rcdiag.explain.state import ExplainState
 from rcdiag.explain.worst import DEFAULT_WORST
 from rcdiag.io.columns import ALIASES
 from rcdiag.report import ExplainReport
@@ -24,10 +24,12 @@ TOKEN_ALIASES = ALIASES["token"]
 
 class ExplainSection(PlainSection):
     """Where the mismatch sits: breakdowns, worst responses, the bias detectors, the by-token table
-    (docs/explain.md). ``tokenizer`` names the token ids' text; ``tokens`` writes the by-token table there; the
-    ``--sequences`` rows are written while the dump is read (``observe``)."""
+    (docs/explain.md). Holds every option of ``--explain``: ``worst`` (the worst-list size), ``sequences`` (the
+    per-response file, written while the dump is read: ``observe``), ``tokenizer`` (the token ids' text) and
+    ``tokens`` (the by-token table's file)."""
 
     KEY: ClassVar[str] = ExplainState.KEY
+    STATE = ExplainState
     wants_tokens = True
 
     def __init__(
@@ -37,16 +39,14 @@ class ExplainSection(PlainSection):
         tokenizer: str | Path | None = None,
         tokens: str | Path | None = None,
     ) -> None:
-        self.options = ExplainOptions(worst, sequences)
+        if isinstance(worst, bool) or not isinstance(worst, int) or worst < 0:
+            raise ConfigError(f"worst must be 0 or more responses, got {worst}.")
+        self.worst = worst
+        self.sequences = sequences
         self.tokenizer = tokenizer
         self.tokens = tokens
         self._vocabulary: Vocabulary | None = None
         self._loaded = False
-
-    @property
-    def sequences(self) -> str | Path | None:
-        """The ``--sequences`` file (held by the options)."""
-        return self.options.sequences
 
     def __getstate__(self) -> dict[str, Any]:  # a worker needs the options, never the tokenizer
         return {**self.__dict__, "_vocabulary": None, "_loaded": False}
@@ -59,12 +59,19 @@ class ExplainSection(PlainSection):
             self._vocabulary, self._loaded = load_vocabulary(self.tokenizer), True
         return self._vocabulary
 
+    def outputs(self) -> list[tuple[str, str | Path]]:
+        named = (("sequences", self.sequences), ("tokens", self.tokens))
+        return [(name, path) for name, path in named if path is not None]
+
     def check_outputs(self) -> None:
         """The output paths' own rules (suffix, directory), before the ledger sees them."""
         if self.tokens is not None:
             from rcdiag.explain.token_report import check_tokens_target
 
             check_tokens_target(self.tokens)
+
+    def read_inputs(self) -> None:
+        self.vocabulary()
 
     def prepare(self, info: SourceInfo, read: ReadOptions) -> None:
         if self.sequences is not None:
@@ -84,10 +91,37 @@ class ExplainSection(PlainSection):
             )
 
     def new_state(self) -> ExplainState:
-        return self.options.new_state()
+        return ExplainState(self.worst)
+
+    def scratch(self) -> Path | None:
+        """With ``--sequences``: the scratch directory beside its file, where each part writes its rows."""
+        if self.sequences is None:
+            return None
+        from rcdiag.explain.sequences import temporary_directory
+
+        return temporary_directory(self.sequences)
 
     def observe(self, state: Any, resolved: Any, scratch: Path | None, part: int) -> Callable[[], None] | None:
-        return self.options.observe(state, resolved, scratch, part)
+        """With ``--sequences`` (``scratch``: the local directory of the parts' files), attach the part's writer to
+        ``state`` (its own directory under ``scratch``); returns what writes its last rows (``None``: no writer)."""
+        if scratch is None:
+            return None
+        from rcdiag.explain.sequences import SequenceWriter
+
+        writer = SequenceWriter(resolved, scratch / f"part-{part:04d}", self.sequences)
+        state.observers.append(writer)
+        return writer.flush
+
+    def gather(self, state: ExplainState, scratch: Path) -> None:
+        """The parts' ``--sequences`` files streamed into its file, each part's rows numbered after the rows read
+        before it (parts in reading order)."""
+        if self.sequences is None:
+            return
+        from rcdiag.explain.sequences import finish
+
+        directories = sorted(p for p in scratch.iterdir() if p.is_dir())
+        rows = state.part_rows or [0]
+        finish([(directory, sum(rows[:i])) for i, directory in enumerate(directories)], self.sequences)
 
     def record(self, state: ExplainState | None, run: RunFacts) -> ExplainReport | None:
         if state is None:
@@ -121,3 +155,17 @@ class ExplainSection(PlainSection):
             from rcdiag.explain.token_report import write_token_table
 
             write_token_table(state.tokens, self.tokens, self.vocabulary())
+
+    @classmethod
+    def merge_refusal(cls, mine: ExplainState | None, theirs: ExplainState | None, path: str, first: str) -> str | None:
+        """States written with and without ``--explain``, or with two ``--worst``, do not merge."""
+        if (mine is None) != (theirs is None):
+            return (
+                f"{path} was {'' if theirs is not None else 'not '}analysed with --explain but {first} "
+                f"was{'' if mine is not None else ' not'}; merge states written with the same flags"
+            )
+        if mine is not None and theirs is not None and mine.worst.n != theirs.worst.n:
+            return (
+                f"{path} keeps {theirs.worst.n} worst responses but {first} keeps {mine.worst.n}; use the same --worst"
+            )
+        return None

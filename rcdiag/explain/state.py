@@ -8,15 +8,11 @@ merge in reading order), so row numbers stay global.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rcdiag.engine import number_rows, register_whole_dump
-from rcdiag.errors import ConfigError
+from rcdiag.engine import number_rows
 from rcdiag.explain.breakdowns import Breakdowns
 from rcdiag.explain.detector_state import PartsState, fold_block, sums_layout
 from rcdiag.explain.statistics import OffsetSums, ScaleSums, ShapeSums
@@ -27,34 +23,7 @@ from rcdiag.fields import checked, integer
 from rcdiag.metrics.batch import declared_states
 from rcdiag.metrics.block import Block, RowContext
 
-__all__ = ["ExplainOptions", "ExplainState", "RowContext", "explain_layout", "number_rows"]
-
-
-@dataclass(frozen=True)
-class ExplainOptions:
-    """What ``--explain`` computes beyond its defaults: the worst-list size and the per-response file."""
-
-    worst: int = DEFAULT_WORST
-    sequences: str | Path | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.worst, bool) or not isinstance(self.worst, int) or self.worst < 0:
-            raise ConfigError(f"worst must be 0 or more responses, got {self.worst}.")
-
-    def new_state(self) -> ExplainState:
-        """An empty state for one read (a process, a worker part, a Ray task)."""
-        return ExplainState(self.worst)
-
-    def observe(self, state: ExplainState, resolved: Any, scratch: Path | None, part: int) -> Callable[[], None] | None:
-        """With ``--sequences`` (``scratch``: the local directory of the parts' files), attach the part's writer to
-        ``state`` (its own directory under ``scratch``); returns what writes its last rows (``None``: no writer)."""
-        if scratch is None:
-            return None
-        from rcdiag.explain.sequences import SequenceWriter
-
-        writer = SequenceWriter(resolved, scratch / f"part-{part:04d}", self.sequences)
-        state.observers.append(writer)
-        return writer.flush
+__all__ = ["ExplainState", "RowContext", "explain_layout", "number_rows"]
 
 
 def explain_layout() -> dict[str, Any]:
@@ -150,6 +119,3 @@ class ExplainState(PartsState):
     def layout(cls) -> dict[str, Any]:
         """What its saved state means: its parts' declared states and the constants they depend on."""
         return explain_layout()
-
-
-register_whole_dump(ExplainState.KEY, ExplainState)

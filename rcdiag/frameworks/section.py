@@ -17,7 +17,7 @@ import numpy as np
 
 from rcdiag.catalogue.metrics import EXTRA_PREFIX
 from rcdiag.core.limits import finite
-from rcdiag.engine import StepKey, register_whole_dump, step_pairs
+from rcdiag.engine import StepKey, step_pairs
 from rcdiag.fields import FieldError, integer, shown
 from rcdiag.frameworks.base import needs_notes
 from rcdiag.frameworks.registry import Chosen, choose
@@ -113,9 +113,6 @@ class FrameworkState:
         return {"accumulators": declared_states(KEY)}
 
 
-register_whole_dump(KEY, FrameworkState)
-
-
 @dataclass(frozen=True)
 class StepValues:
     """One step's (or the pooled) values: the framework's keys and rcdiag's readings of them."""
@@ -182,6 +179,7 @@ class FrameworkSection(PlainSection):
     reads a saved state's framework (``merge``)."""
 
     KEY: ClassVar[str] = KEY
+    STATE = FrameworkState
     wants_loss_inputs = True
 
     def __init__(self, chosen: Chosen | None = None) -> None:
@@ -300,9 +298,6 @@ class SettingsState:
         return FrameworkState.layout()
 
 
-register_whole_dump(SETTINGS_KEY, SettingsState)
-
-
 @dataclass(frozen=True)
 class SettingsRecord:
     """Each setting's pooled values (in the order given): the framework's keys and rcdiag's readings."""
@@ -317,6 +312,7 @@ class SettingsSection(PlainSection):
     """Several frameworks' settings measured on the dump in one pass (``SettingsRecord``)."""
 
     KEY: ClassVar[str] = SETTINGS_KEY
+    STATE = SettingsState
     wants_loss_inputs = True
 
     def __init__(self, chosen: tuple[Chosen, ...] = ()) -> None:

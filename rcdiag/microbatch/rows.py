@@ -1,16 +1,25 @@
 """Every row of every step, kept in dump order: micro-batching needs a whole step's rows at once (which rows share
 a micro-batch depends on all of them), where the engine streams. Only the valid tokens are kept, with each row's
-response length (its last valid position + 1, what verl's attention mask counts) and list width.
+response length (its last valid position + 1, what verl's attention mask counts) and list width
+(``MicroBatchRows``, the micro-batch section's state).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rcdiag.engine import step_pairs
+from rcdiag.errors import ConfigError
+from rcdiag.fields import FieldError, checked, counts, integer, reals
 from rcdiag.io.base import Chunk
+from rcdiag.microbatch.plan import MicroBatchSettings
+
+if TYPE_CHECKING:
+    from rcdiag.metrics.block import Block
+    from rcdiag.report import MicroBatchReport
 
 
 @dataclass
@@ -52,25 +61,30 @@ class _Parts:
         )
 
 
-class RowCollector:
-    """Passes chunks through (``tee``) and keeps their rows by step."""
+class MicroBatchRows:
+    """The micro-batch section's whole-dump accumulator (``rcdiag.engine.WholeDump``): every screened row by step,
+    in reading order, block by block (a block holds rows of one step, and each step's rows keep their order
+    however the engine groups them). One process only: a step's split depends on all its rows in order."""
 
-    def __init__(self) -> None:
+    KEY = "microbatch"
+    COLUMNS = ("old", "rollout", "valid_lengths", "response_lengths", "widths")
+    """What a step keeps (``StepRows``' fields), in a saved state."""
+
+    def __init__(self, settings: MicroBatchSettings) -> None:
+        self.settings = settings
         self._steps: dict[int | None, _Parts] = {}
+        self.rows_read = 0
+        self.part_rows: list[int] = []
+        self.simulated: MicroBatchReport | None = None
+        """The simulation of these rows, once made (``rcdiag.microbatch.section``: its record and findings read it)."""
 
-    def tee(self, chunks: Iterable[Chunk]) -> Iterator[Chunk]:
-        for chunk in chunks:
-            self.add(chunk)
-            yield chunk
-
-    def add(self, chunk: Chunk) -> None:
-        offsets = np.asarray(chunk.offsets, dtype=np.int64)
-        widths = np.diff(offsets)
+    def update(self, block: Block) -> None:
+        assert block.rows is not None  # the engine gives whole-dump accumulators their rows
+        old, rollout, mask, widths = block.raw
+        offsets = np.concatenate([[0], np.cumsum(widths)]).astype(np.int64)
         n = widths.shape[0]
-        mask = chunk.mask
         if mask is None:
-            valid, response, old, rollout = widths, widths, chunk.old, chunk.rollout
-            starts = offsets[:-1]
+            valid, response = widths, widths
         else:
             mask = np.asarray(mask, dtype=bool)
             positions = np.flatnonzero(mask)
@@ -78,23 +92,68 @@ class RowCollector:
             valid = np.bincount(row_of, minlength=n).astype(np.int64)
             response = np.zeros(n, np.int64)
             np.maximum.at(response, row_of, positions - offsets[row_of] + 1)
-            old, rollout = chunk.old[mask], chunk.rollout[mask]
-            starts = np.concatenate([[0], np.cumsum(valid)[:-1]]).astype(np.int64)
-        steps = chunk.steps
-        keys = [None] if steps is None else list(dict.fromkeys(int(s) for s in steps))
-        for key in keys:
-            rows = np.arange(n) if key is None else np.flatnonzero(steps == key)
-            parts = self._steps.setdefault(key, _Parts())
-            parts.old.append(_gather(old, starts, valid, rows))
-            parts.rollout.append(_gather(rollout, starts, valid, rows))
-            parts.valid_lengths.append(valid[rows])
-            parts.response_lengths.append(response[rows])
-            parts.widths.append(widths[rows])
+            old, rollout = old[mask], rollout[mask]
+        parts = self._steps.setdefault(block.rows.step, _Parts())
+        parts.old.append(np.asarray(old))
+        parts.rollout.append(np.asarray(rollout))
+        parts.valid_lengths.append(valid)
+        parts.response_lengths.append(response)
+        parts.widths.append(widths)
+
+    def number(self, chunk: Chunk) -> Chunk:
+        chunk.rows = np.arange(self.rows_read, self.rows_read + chunk.n_rows, dtype=np.int64)
+        self.rows_read += chunk.n_rows
+        return chunk
+
+    def merge(self, other: MicroBatchRows) -> MicroBatchRows:
+        """Fold in the rows read after this state's (each step's rows after this one's)."""
+        if self.signature() != other.signature():
+            raise ValueError("cannot merge micro-batch rows split under other settings")
+        for step, theirs in other._steps.items():
+            mine = self._steps.setdefault(step, _Parts())
+            for name in self.COLUMNS:
+                getattr(mine, name).extend(getattr(theirs, name))
+        self.rows_read += other.rows_read
+        return self
+
+    def signature(self) -> tuple:
+        return (type(self).__name__, self.settings)
 
     def steps(self) -> dict[int | None, StepRows]:
         """Each step's rows, steps ascending (``None``: a dump without steps)."""
         keys = sorted(self._steps, key=lambda k: (k is None, k or 0))
         return {key: self._steps[key].rows() for key in keys}
+
+    def state_dict(self) -> dict[str, Any]:
+        steps = [
+            [step, {name: getattr(rows, name).tolist() for name in self.COLUMNS}] for step, rows in self.steps().items()
+        ]
+        return {"settings": self.settings.to_dict(), "rows_read": self.rows_read, "steps": steps}
+
+    @classmethod
+    def from_state_dict(cls, state: Any) -> MicroBatchRows:
+        saved = checked(state, dict[str, Any], "microbatch")
+        if set(saved) != {"settings", "rows_read", "steps"}:
+            raise FieldError("microbatch must be a table of settings, rows_read and steps")
+        try:
+            out = cls(MicroBatchSettings(**checked(saved["settings"], dict[str, Any], "microbatch.settings")))
+        except (ConfigError, TypeError) as exc:
+            raise FieldError(f"microbatch.settings: {exc}") from None
+        out.rows_read = integer(saved["rows_read"], "microbatch.rows_read")
+        for step, table in step_pairs(saved["steps"], "microbatch.steps"):
+            columns = checked(table, dict[str, list[Any]], "microbatch.steps")
+            if set(columns) != set(cls.COLUMNS):
+                raise FieldError(f"microbatch.steps must hold {', '.join(cls.COLUMNS)}")
+            parts = out._steps.setdefault(step, _Parts())
+            parts.old.append(reals(columns["old"], "microbatch.steps.old").astype(np.float32))
+            parts.rollout.append(reals(columns["rollout"], "microbatch.steps.rollout").astype(np.float32))
+            for name in cls.COLUMNS[2:]:
+                getattr(parts, name).append(counts(columns[name], f"microbatch.steps.{name}").astype(np.int64))
+        return out
+
+    @classmethod
+    def layout(cls) -> dict[str, Any]:
+        return {"columns": list(cls.COLUMNS)}
 
 
 def _gather(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, rows: np.ndarray) -> np.ndarray:

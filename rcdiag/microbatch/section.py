@@ -1,14 +1,46 @@
-"""The micro-batch section of a report (the record ``rcdiag.report.MicroBatchReport``, JSON ``microbatch``,
-docs/json.md): simulating it, and its findings."""
+"""Micro-batches as a section (``rcdiag.sections``): every row kept by step while the dump is read (one process),
+each step split as verl's actor does and simulated (the record ``rcdiag.report.MicroBatchReport``, JSON
+``microbatch``, docs/json.md), and its findings."""
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 from rcdiag.catalogue.emit import emit
 from rcdiag.config import ResolvedConfig
 from rcdiag.microbatch.plan import MicroBatchSettings
-from rcdiag.microbatch.rows import StepRows
+from rcdiag.microbatch.rows import MicroBatchRows, StepRows
 from rcdiag.microbatch.simulate import simulate_step
 from rcdiag.report import LEGACY_ASSERT, Finding, MicroBatchPath, MicroBatchReport, StepMicroBatches
+from rcdiag.sections.base import PlainSection, RunFacts
+
+
+class MicroBatchSection(PlainSection):
+    """``analyze`` with micro-batch options (``rcdiag.MicroBatchSettings``): what verl computes and where it crashes
+    per micro-batch. Keeps every valid token until the run ends, in one process; its state is not saved
+    (``--save-state``): a state file would hold every token."""
+
+    KEY: ClassVar[str] = MicroBatchRows.KEY
+    STATE = MicroBatchRows
+    SAVED = False
+    ONE_PROCESS = "micro-batch options"
+
+    def __init__(self, settings: MicroBatchSettings | None = None) -> None:
+        self.settings = settings or MicroBatchSettings()
+
+    def new_state(self) -> MicroBatchRows:
+        return MicroBatchRows(self.settings)
+
+    def record(self, state: MicroBatchRows | None, run: RunFacts) -> MicroBatchReport | None:
+        if state is None:
+            return None
+        if state.simulated is None:
+            state.simulated = simulate(state.steps(), run.resolved, state.settings)
+        return state.simulated
+
+    def findings(self, state: MicroBatchRows | None, run: RunFacts) -> list[Finding]:
+        report = self.record(state, run)
+        return [] if report is None else findings(report)
 
 
 def findings(report: MicroBatchReport) -> list[Finding]:

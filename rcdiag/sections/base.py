@@ -59,11 +59,33 @@ class Section(Protocol):
 
     KEY: ClassVar[str]
     """Its name: the saved state's ``whole_dump`` key, ``Report.sections``' key and its JSON key."""
+    STATE: ClassVar[Any]
+    """The class of its whole-dump accumulator (``from_state_dict``, ``layout``: how a saved one is read back);
+    ``None`` for a section that keeps none."""
+    SAVED: ClassVar[bool]
+    """``--save-state`` saves its state (not the micro-batches': every valid token, in one process)."""
+    ONE_PROCESS: ClassVar[str]
+    """What needs every row in reading order in one process (``"micro-batch options"``), named in the refusal of
+    ``--workers`` and ``--ray``; empty: any number of processes."""
     wants_tokens: bool
     """It reads the dump's token ids (the readers then decode them)."""
     wants_loss_inputs: bool
     """It reads the dump's optional loss inputs (advantages, the current policy's log-probs): only then do the
     readers decode them, so a plain run neither pays for them nor stops at a bad one."""
+
+    def outputs(self) -> list[tuple[str, str | Path]]:
+        """The files it writes, each named like its keyword (``("sequences", path)``): the run refuses any over an
+        input before reading (``rcdiag.outputs``)."""
+        ...
+
+    def check_outputs(self) -> None:
+        """Its output paths' own rules (a suffix, a directory), checked before the ledger sees them."""
+        ...
+
+    def read_inputs(self) -> None:
+        """Read the files it needs besides the dump (a tokenizer), after the dump is named an input, before any
+        value is read."""
+        ...
 
     def prepare(self, info: SourceInfo, read: ReadOptions) -> None:
         """Refuse, before any value is read, what the section cannot do with this dump and these options (a
@@ -75,8 +97,17 @@ class Section(Protocol):
         computed from the run's facts alone."""
         ...
 
+    def scratch(self) -> Path | None:
+        """A scratch directory for the files ``observe`` writes while the dump is read (removed after the run);
+        ``None``: it writes none."""
+        ...
+
     def observe(self, state: Any, resolved: Any, scratch: Path | None, part: int) -> Callable[[], None] | None:
         """Attach per-row consumers writing under ``scratch`` (``--sequences``); returns what flushes them."""
+        ...
+
+    def gather(self, state: Any, scratch: Path) -> None:
+        """Once every part is read: join what ``observe`` wrote under ``scratch`` into its file."""
         ...
 
     def record(self, state: Any, run: RunFacts) -> SectionRecord | None:
@@ -91,22 +122,50 @@ class Section(Protocol):
         """Write the section's files (through ``rcdiag.outputs``); called after the report is built."""
         ...
 
+    @classmethod
+    def merge_refusal(cls, mine: Any, theirs: Any, path: str, first: str) -> str | None:
+        """Why its states in two state files (``first``'s, ``mine``, and ``path``'s, ``theirs``; ``None``: the file
+        holds none) cannot merge; ``None``: they can."""
+        ...
+
 
 class PlainSection:
     """Defaults for a section that needs no check, no token ids, no observers and no files."""
 
     KEY: ClassVar[str] = ""
+    STATE: ClassVar[Any] = None
+    SAVED: ClassVar[bool] = True
+    ONE_PROCESS: ClassVar[str] = ""
     wants_tokens = False
     wants_loss_inputs = False
+
+    def outputs(self) -> list[tuple[str, str | Path]]:
+        return []
+
+    def check_outputs(self) -> None:
+        return None
+
+    def read_inputs(self) -> None:
+        return None
 
     def prepare(self, info: SourceInfo, read: ReadOptions) -> None:
         return None
 
+    def scratch(self) -> Path | None:
+        return None
+
     def observe(self, state: Any, resolved: Any, scratch: Path | None, part: int) -> Callable[[], None] | None:
+        return None
+
+    def gather(self, state: Any, scratch: Path) -> None:
         return None
 
     def findings(self, state: Any, run: RunFacts) -> list[Finding]:
         return []
 
     def write(self, state: Any, record: Any) -> None:
+        return None
+
+    @classmethod
+    def merge_refusal(cls, mine: Any, theirs: Any, path: str, first: str) -> str | None:
         return None

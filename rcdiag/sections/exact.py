@@ -20,7 +20,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rcdiag.engine import register_whole_dump
 from rcdiag.fields import FieldError, integer
 from rcdiag.metrics.base import Accumulator, Reduce
 from rcdiag.metrics.batch import declared_states
@@ -154,13 +153,11 @@ class ExactState:
         )
 
 
-register_whole_dump(ExactState.KEY, ExactState)
-
-
 class ExactSection(PlainSection):
     """Exact match, on every analyze: its record in ``Report.sections["exact"]`` (the verdict's ``identical``)."""
 
     KEY: ClassVar[str] = ExactState.KEY
+    STATE = ExactState
 
     def new_state(self) -> ExactState:
         return ExactState()

@@ -27,7 +27,6 @@ import numpy as np
 from rcdiag.catalogue.emit import emit
 from rcdiag.catalogue.findings import Code
 from rcdiag.core import formulas
-from rcdiag.engine import register_whole_dump
 from rcdiag.errors import InputError
 from rcdiag.fields import FieldError
 from rcdiag.fields import step as saved_step
@@ -288,9 +287,6 @@ class SliceRows:
     @classmethod
     def layout(cls) -> dict[str, Any]:
         return {"base": list(BASE), "detail": list(DETAIL), "max_values": MAX_VALUES}
-
-
-register_whole_dump(SliceRows.KEY, SliceRows)
 
 
 def _row_sums(block: Block) -> np.ndarray:
@@ -656,6 +652,7 @@ class SlicesSection(PlainSection):
     of rows; with ``by`` (``--by``), the per-slice table of each column and the test over its values too."""
 
     KEY: ClassVar[str] = SliceRows.KEY
+    STATE = SliceRows
 
     def __init__(self, by: tuple[str, ...] = ()) -> None:
         self.by = tuple(by)

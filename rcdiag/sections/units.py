@@ -13,7 +13,6 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rcdiag.core import formulas
-from rcdiag.engine import register_whole_dump
 from rcdiag.fields import FieldError
 from rcdiag.metrics.block import Block
 from rcdiag.sections.base import PlainSection, RunFacts
@@ -108,9 +107,6 @@ class ResponseUnits:
         return {"columns": list(COLUMNS)}
 
 
-register_whole_dump(ResponseUnits.KEY, ResponseUnits)
-
-
 class UnitsRecord:
     """The per-response table a report keeps for ``compare`` (its JSON says only how many responses it holds)."""
 
@@ -129,6 +125,7 @@ class UnitsSection(PlainSection):
     """Keeps each response's sums (``compare`` asks for it; an analyze without it keeps nothing per response)."""
 
     KEY: ClassVar[str] = ResponseUnits.KEY
+    STATE = ResponseUnits
 
     def new_state(self) -> ResponseUnits:
         return ResponseUnits()

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from rcdiag.catalogue.metrics import PREFIX
 from rcdiag.config import CorrectionConfig, ResolvedConfig
 from rcdiag.core.limits import finite_f32
-from rcdiag.engine import EngineState, StepStates, load_batches, load_whole_dump, saved_counts
+from rcdiag.engine import EngineState, StepStates, WholeDumpKinds, load_batches, load_whole_dump, saved_counts
 from rcdiag.fields import checked, real
 from rcdiag.kernels import sweep_encoding
 from rcdiag.metrics.base import Accumulator, MetricValue, VerlCrash
@@ -116,6 +116,8 @@ def _shown(key: str) -> str:
 class SweepState(StepStates[SweepBatch]):
     """An engine state whose batches are sweeps over ``grid``."""
 
+    KIND: ClassVar[str] = "sweep"
+
     grid: SweepGrid = field(default_factory=lambda: SweepGrid(()))
     collector: Collector | None = None
     """Pooled over steps: what the recommendations need (``None``: no recommendations)."""
@@ -164,7 +166,11 @@ class SweepState(StepStates[SweepBatch]):
         }
 
     @classmethod
-    def from_state_dict(cls, resolved: Any, state: dict[str, Any]) -> SweepState:
+    def layout(cls) -> dict[str, Any]:
+        return sweep_layout()
+
+    @classmethod
+    def from_state_dict(cls, resolved: Any, state: dict[str, Any], kinds: WholeDumpKinds) -> SweepState:
         grid = checked(state["grid"], dict[str, list[str]], "state.grid")
         out = cls(resolved, **saved_counts(state), grid=SweepGrid.from_specs(grid, resolved.version.name))
         target = state.get("target_reject")
@@ -173,7 +179,7 @@ class SweepState(StepStates[SweepBatch]):
             out.collector = Collector([option for option, _ in out.grid.options], out.passes)
             out.collector.load_state_dict(state["collector"])
         load_batches(out, state)
-        load_whole_dump(out, state)
+        load_whole_dump(out, state, kinds)
         return out
 
 

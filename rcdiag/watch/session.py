@@ -42,6 +42,7 @@ from rcdiag.options import ReadOptions
 from rcdiag.outputs import ledger, reads, writes
 from rcdiag.report import Finding, Report, StepReport
 from rcdiag.sections.exact import ExactState
+from rcdiag.sections.registry import KNOWN
 from rcdiag.sections.slices import SliceRows, SlicesSection
 from rcdiag.sections.token_ids import TokenIdsSection
 from rcdiag.validate import ScreenStats
@@ -268,7 +269,7 @@ class Watch:
                 "another --state file",
                 path=name,
             )
-        state, sources, screen = load_state(name, "analyze")
+        state, sources, screen = load_state(name, KNOWN, "analyze")
         if not self.resolved.same_computation(state.resolved):
             raise ConfigError(
                 f"--state {name} was computed with another configuration ({state.resolved.config.to_dict()}); "
@@ -325,7 +326,7 @@ class Watch:
         if "file" in line:
             try:
                 part = EngineState.from_state_dict(
-                    self.resolved, decode_state({**line["counts"], "batches": line["batches"]})
+                    self.resolved, decode_state({**line["counts"], "batches": line["batches"]}), KNOWN
                 )
                 info = dataclass_from(SourceInfo, line["source"], "source.")
                 screen = dataclass_from(ScreenStats, line["screen"], "screen.")
@@ -380,7 +381,7 @@ class Watch:
             "generation": generation,
         }
         sources = [self.source] if self.source is not None else []
-        save_state(self.state_path, self.state, sources, self.screen, extra={WATCH_KEY: table})
+        save_state(self.state_path, self.state, sources, self.screen, KNOWN, extra={WATCH_KEY: table})
         self.generation = generation
         self.state_bytes = self.state_path.stat().st_size
         if self.log_bytes or self.log_path.exists():
