@@ -27,7 +27,7 @@ from rcdiag.explain.statistics import (
 )
 from rcdiag.explain.tokens import NO_TOKENS
 from rcdiag.fields import FieldError, integer, shown
-from rcdiag.io.base import Chunk
+from rcdiag.io.base import RowNumbering
 from rcdiag.metrics.base import Accumulator
 from rcdiag.metrics.batch import declared_states
 from rcdiag.metrics.block import Block
@@ -128,7 +128,7 @@ class PositionSums(SumsAccumulator):
     SHAPES: ClassVar[dict[str, tuple[int, ...]]] = {"sums": (GROUPS, N_DOUBLING, len(SUMS))}
 
 
-class PartsState:
+class PartsState(RowNumbering):
     """A whole-dump accumulator made of accumulators (its ``PARTS``, attributes of those names): rows numbered in
     reading order, and a saved state of ``rows_read`` and each part's, checked against their declarations."""
 
@@ -138,12 +138,6 @@ class PartsState:
 
     def parts(self) -> dict[str, Accumulator]:
         return {name: getattr(self, name) for name in self.PARTS}
-
-    def number(self, chunk: Chunk) -> Chunk:
-        """Give a chunk's rows their numbers in reading order (before any can be skipped)."""
-        chunk.rows = np.arange(self.rows_read, self.rows_read + chunk.n_rows, dtype=np.int64)
-        self.rows_read += chunk.n_rows
-        return chunk
 
     def state_dict(self) -> dict[str, Any]:
         return {"rows_read": self.rows_read, **{name: part.state_dict() for name, part in self.parts().items()}}

@@ -13,14 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import numpy as np
-
 from rcdiag.catalogue.metrics import EXTRA_PREFIX
 from rcdiag.core.limits import finite
 from rcdiag.engine import StepKey, step_pairs
 from rcdiag.fields import FieldError, integer, shown
 from rcdiag.frameworks.base import needs_notes
 from rcdiag.frameworks.registry import Chosen, choose
+from rcdiag.io.base import RowNumbering
 from rcdiag.metrics.base import Accumulator, MetricValue, verl_float
 from rcdiag.metrics.batch import declared_states
 from rcdiag.metrics.block import Block
@@ -29,7 +28,7 @@ from rcdiag.sections.base import PlainSection, RunFacts
 KEY = "framework"
 
 
-class FrameworkState:
+class FrameworkState(RowNumbering):
     """A whole-dump accumulator (``rcdiag.engine.WholeDump``): one framework accumulator per step."""
 
     KEY = KEY
@@ -54,11 +53,6 @@ class FrameworkState:
         metrics = self._step(step)
         if metrics is not None:
             metrics.update(block)
-
-    def number(self, chunk: Any) -> Any:
-        chunk.rows = np.arange(self.rows_read, self.rows_read + chunk.n_rows, dtype=np.int64)
-        self.rows_read += chunk.n_rows
-        return chunk
 
     def merge(self, other: FrameworkState) -> FrameworkState:
         if self.signature() != other.signature():
@@ -228,7 +222,7 @@ def framework_section(name: str, options: Mapping[str, Any] | list[str] | tuple[
 SETTINGS_KEY = "framework_settings"
 
 
-class SettingsState:
+class SettingsState(RowNumbering):
     """A whole-dump accumulator (``rcdiag.engine.WholeDump``) of several frameworks' settings at once, each pooled
     over the whole dump: how ``sweep --as NAME`` measures every recommendation in that framework's settings in one
     pass."""
@@ -245,11 +239,6 @@ class SettingsState:
         for metrics in self.metrics:
             if metrics is not None:
                 metrics.update(block)
-
-    def number(self, chunk: Any) -> Any:
-        chunk.rows = np.arange(self.rows_read, self.rows_read + chunk.n_rows, dtype=np.int64)
-        self.rows_read += chunk.n_rows
-        return chunk
 
     def merge(self, other: SettingsState) -> SettingsState:
         if self.signature() != other.signature():

@@ -46,6 +46,18 @@ class ColumnMap:
     replica or a policy version (``rcdiag.io.columns.LABEL_ALIASES``) are read too, without it."""
 
 
+class RowNumbering:
+    """A whole-dump state that numbers each chunk's rows in reading order, before any row can be skipped
+    (``rcdiag.engine.WholeDump.number``): the row numbers its findings and merges name."""
+
+    rows_read: int
+
+    def number(self, chunk: Chunk) -> Chunk:
+        chunk.rows = np.arange(self.rows_read, self.rows_read + chunk.n_rows, dtype=np.int64)
+        self.rows_read += chunk.n_rows
+        return chunk
+
+
 @dataclass
 class Chunk:
     """Whole rows as flat values: row ``i`` is ``values[offsets[i]:offsets[i+1]]``.

@@ -14,7 +14,7 @@ import numpy as np
 from rcdiag.engine import step_pairs
 from rcdiag.errors import ConfigError
 from rcdiag.fields import FieldError, checked, counts, integer, reals
-from rcdiag.io.base import Chunk
+from rcdiag.io.base import RowNumbering
 from rcdiag.microbatch.plan import MicroBatchSettings
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class _Parts:
         )
 
 
-class MicroBatchRows:
+class MicroBatchRows(RowNumbering):
     """The micro-batch section's whole-dump accumulator (``rcdiag.engine.WholeDump``): every screened row by step,
     in reading order, block by block (a block holds rows of one step, and each step's rows keep their order
     however the engine groups them). One process only: a step's split depends on all its rows in order."""
@@ -99,11 +99,6 @@ class MicroBatchRows:
         parts.valid_lengths.append(valid)
         parts.response_lengths.append(response)
         parts.widths.append(widths)
-
-    def number(self, chunk: Chunk) -> Chunk:
-        chunk.rows = np.arange(self.rows_read, self.rows_read + chunk.n_rows, dtype=np.int64)
-        self.rows_read += chunk.n_rows
-        return chunk
 
     def merge(self, other: MicroBatchRows) -> MicroBatchRows:
         """Fold in the rows read after this state's (each step's rows after this one's)."""

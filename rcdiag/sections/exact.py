@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rcdiag.fields import FieldError, integer
+from rcdiag.io.base import RowNumbering
 from rcdiag.metrics.base import Accumulator, Reduce
 from rcdiag.metrics.batch import declared_states
 from rcdiag.metrics.block import Block
@@ -91,7 +92,7 @@ class BitSums(Accumulator):
         return out
 
 
-class ExactState:
+class ExactState(RowNumbering):
     """The whole-dump accumulator (``rcdiag.engine.WholeDump``) of the exact-match section: ``BitSums`` and the row
     count that shifts a later part's row numbers when parts merge."""
 
@@ -104,12 +105,6 @@ class ExactState:
 
     def update(self, block: Block) -> None:
         self.sums.update(block)
-
-    def number(self, chunk: Any) -> Any:
-        """Give a chunk's rows their numbers in reading order (before any can be skipped)."""
-        chunk.rows = np.arange(self.rows_read, self.rows_read + chunk.n_rows, dtype=np.int64)
-        self.rows_read += chunk.n_rows
-        return chunk
 
     def merge(self, other: ExactState) -> ExactState:
         """Fold in the state of rows read after this state's rows; returns ``self``."""

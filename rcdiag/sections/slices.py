@@ -30,6 +30,7 @@ from rcdiag.core import formulas
 from rcdiag.errors import InputError
 from rcdiag.fields import FieldError
 from rcdiag.fields import step as saved_step
+from rcdiag.io.base import RowNumbering
 from rcdiag.io.columns import label_role
 from rcdiag.metrics.signatures import signature_sums
 from rcdiag.report import Finding
@@ -76,7 +77,7 @@ def z_critical(tests: int) -> float:
     return max(Z_MIN, NormalDist().inv_cdf(1 - FAMILY_ALPHA / (2 * max(tests, 1))))
 
 
-class SliceRows:
+class SliceRows(RowNumbering):
     """A whole-dump accumulator (``rcdiag.engine.WholeDump``): each response's ``BASE`` (and ``DETAIL``) numbers and
     its label codes, per step, merged in reading order (a later part's rows numbered after this one's)."""
 
@@ -102,11 +103,6 @@ class SliceRows:
     @property
     def width(self) -> int:
         return len(BASE) + (len(DETAIL) if self.detail else 0) + len(self.columns)
-
-    def number(self, chunk: Any) -> Any:
-        chunk.rows = np.arange(self.rows_read, self.rows_read + chunk.n_rows, dtype=np.int64)
-        self.rows_read += chunk.n_rows
-        return chunk
 
     def update(self, block: Block) -> None:
         context = block.rows

@@ -14,6 +14,7 @@ import numpy as np
 
 from rcdiag.core import formulas
 from rcdiag.fields import FieldError
+from rcdiag.io.base import RowNumbering
 from rcdiag.metrics.block import Block
 from rcdiag.sections.base import PlainSection, RunFacts
 
@@ -49,7 +50,7 @@ def response_terms(block: Block) -> np.ndarray:
     return sums
 
 
-class ResponseUnits:
+class ResponseUnits(RowNumbering):
     """A whole-dump accumulator (``rcdiag.engine.WholeDump``) of ``response_terms``, block by block, merged in
     reading order (a later part's responses after this one's)."""
 
@@ -62,11 +63,6 @@ class ResponseUnits:
 
     def update(self, block: Block) -> None:
         self.blocks.append(response_terms(block))
-
-    def number(self, chunk: Any) -> Any:
-        chunk.rows = np.arange(self.rows_read, self.rows_read + chunk.n_rows, dtype=np.int64)
-        self.rows_read += chunk.n_rows
-        return chunk
 
     def merge(self, other: ResponseUnits) -> ResponseUnits:
         self.blocks.extend(other.blocks)
