@@ -61,7 +61,7 @@ def test_a_band_no_one_should_paste_is_marked_and_offered_as_no_yaml() -> None:
         "the band is wider than e^+-20, verl's clamp on any ratio: the dump's mismatch is far beyond correction"
     )
     assert _recommended(report)["seq_mean_k1"]["not_config"] is None
-    yaml = out[out.index("verl YAML to paste") : out.index("NOT CONFIG")]
+    yaml = out[out.index("verl YAML") : out.index("NOT CONFIG")]
     assert "seq_mean_k1" in yaml and "seq_sum_k1" not in yaml and "e+109" not in yaml
     assert "5.48236e-110_1.82403e+109 (do not paste)" in out
     assert "NOT CONFIG seq_sum_k1 5.48236e-110_1.82403e+109: no YAML offered, do not paste it" in out
@@ -285,5 +285,5 @@ def test_recommendations_at_float_limits_are_no_config_and_still_find_their_grid
     assert recs["is_sequence"]["not_config"] == "beyond verl's clamp (e^20): it truncates nothing"
     assert recs["seq_sum_k2"]["nearest_grid_threshold"] == "10.0"  # next to 1.8e308 in value: no underflow
     assert recs["is_token"]["nearest_grid_threshold"] == "2.5"  # share 0, the nearest in value of those
-    yaml = out[out.index("verl YAML to paste") :]
+    yaml = out[out.index("verl YAML") :]
     assert "rollout_is_threshold: inf" not in yaml and "1.7976e+308" not in yaml.split("NOT CONFIG")[0]
