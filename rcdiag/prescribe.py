@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ from rcdiag.config import PRESETS, CorrectionConfig
 from rcdiag.errors import ConfigError
 from rcdiag.frameworks.speak import riding, speak
 from rcdiag.report import CauseClass, Effect, Prescription, Report, VerdictStatus
+from rcdiag.versions import DEFAULT_VERSION
 
 TIS_THRESHOLD = 2.0
 """Token TIS's upper threshold: verl's default and its presets' (typical range 1.5-5)."""
@@ -98,7 +100,8 @@ def candidate(report: Report, status: VerdictStatus, classes: frozenset[CauseCla
             f"{TIS_THRESHOLD:g} neither multiplies ratios along the response nor caps below 1"
         )
     spoken = speak(config, name) if (name := riding(report.sections)) is not None else None
-    prescription = Prescription(config, matching_preset(config), verl_yaml(config), None, why, spoken)
+    preset = matching_preset(prescribed_setting(config))
+    prescription = Prescription(config, preset, verl_yaml(config), None, why, spoken)
     return Candidate(prescription, _alternatives(report))
 
 
@@ -160,10 +163,16 @@ def _number(value: float | None) -> str:
     return "not computed" if value is None else f"{value:.3g}"
 
 
-def matching_preset(config: dict[str, Any]) -> str | None:
-    """The verl preset (decoupled mode) whose four settings equal ``config``, compared as verl parses them."""
+def prescribed_setting(config: Mapping[str, Any], version: str = DEFAULT_VERSION) -> CorrectionConfig:
+    """A prescription's four settings (``Prescription.config``) as the configuration analyze runs under verl
+    ``version``: the one place they become one."""
+    return CorrectionConfig(**config, verl_version=version)
+
+
+def matching_preset(config: CorrectionConfig) -> str | None:
+    """The verl preset (decoupled mode) whose four settings equal ``config``'s, compared as verl parses them."""
     try:
-        wanted = CorrectionConfig(**config).resolve()
+        wanted = config.resolve()
     except ConfigError:
         return None
     for name, build in PRESETS.items():

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rcdiag.catalogue.metrics import ReadingContext
-from rcdiag.config import CorrectionConfig
+from rcdiag.config import ResolvedConfig
 from rcdiag.printable import printable
 from rcdiag.report import ChecklistRow, Report
 
@@ -27,9 +27,9 @@ def describe_input(report: Report) -> str:
     return printable(f"{report.input.format}; columns {used}{steps}")  # names from a file: never raw to a terminal
 
 
-def describe_config(config: dict) -> str:
-    """One line saying what is computed."""
-    cfg = CorrectionConfig(**config)
+def describe_config(config: ResolvedConfig) -> str:
+    """One line saying what is computed (the fields as given: ``threshold=2`` stays ``2``)."""
+    cfg = config.config
     bits = []
     if cfg.rollout_is is not None and cfg.rollout_is_threshold is not None:
         bits.append(f"rollout_is={cfg.rollout_is} threshold={cfg.rollout_is_threshold}")
