@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rcdiag.catalogue.metrics import known_key
 from rcdiag.config import PRESETS, CorrectionConfig
 from rcdiag.errors import ConfigError
 from rcdiag.frameworks.speak import riding, speak
@@ -123,10 +124,21 @@ def optional_correction(report: Report) -> str:
 
 SEQ_IS_PRESET = "decoupled_seq_is"
 """The sequence-level IS a next step may offer, measured on the dump under this preset (never the prescription)."""
+CHI2_SEQ, IS_ESS, IS_TRUNCATED, RS_TOKENS, RS_RESPONSES = (
+    known_key(key)
+    for key in (
+        "chi2_seq",
+        "rollout_is_eff_sample_size",
+        "rollout_is_ratio_fraction_high",
+        "rollout_rs_masked_fraction",
+        "rollout_rs_seq_masked_fraction",
+    )
+)
+"""The metrics a prescription's effect and its alternatives are read from (the catalogue's names)."""
 
 
 def _alternatives(report: Report) -> list[str]:
-    chi2_seq = report.metrics.get("rollout_corr/chi2_seq")
+    chi2_seq = report.metrics.get(CHI2_SEQ)
     hopeless = any(f.code == "seq_is_hopeless" for f in report.findings)
     if hopeless:
         return [
@@ -148,8 +160,8 @@ def seq_is_unmeasured(report: Report) -> str:
 def seq_is_measured(under: Report) -> str:
     """The step about sequence-level IS from ``under``, the dump's report under ``SEQ_IS_PRESET``: its measured ESS
     and what it raises of ``REVIEW_CODES`` (an ESS below verl's 0.3 is ``is_ess_low``)."""
-    ess = under.metrics.get("rollout_corr/rollout_is_eff_sample_size")
-    truncated = under.metrics.get("rollout_corr/rollout_is_ratio_fraction_high")
+    ess = under.metrics.get(IS_ESS)
+    truncated = under.metrics.get(IS_TRUNCATED)
     raised = tuple(dict.fromkeys(f.code for f in under.findings if f.code in REVIEW_CODES))
     measured = f"under {SEQ_IS_PRESET} this dump's ESS is {_number(ess)}"
     if truncated is not None:
@@ -210,10 +222,10 @@ def effect_of(prescription: Prescription, under: Report) -> tuple[Prescription, 
     m = under.metrics
     rs = prescription.config.get("rollout_rs") is not None
     effect = Effect(
-        tokens_rejected=(m.get("rollout_corr/rollout_rs_masked_fraction") or 0.0) if rs else 0.0,
-        responses_rejected=(m.get("rollout_corr/rollout_rs_seq_masked_fraction") or 0.0) if rs else 0.0,
-        is_ess=m.get("rollout_corr/rollout_is_eff_sample_size"),
-        is_truncated_share=m.get("rollout_corr/rollout_is_ratio_fraction_high"),
+        tokens_rejected=(m.get(RS_TOKENS) or 0.0) if rs else 0.0,
+        responses_rejected=(m.get(RS_RESPONSES) or 0.0) if rs else 0.0,
+        is_ess=m.get(IS_ESS),
+        is_truncated_share=m.get(IS_TRUNCATED),
     )
     raised = tuple(dict.fromkeys(f.code for f in under.findings if f.code in REVIEW_CODES))
     why = prescription.why

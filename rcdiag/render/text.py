@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rcdiag.catalogue.metrics import ReadingContext
+from rcdiag.catalogue.metrics import ReadingContext, known_key
 from rcdiag.config import ResolvedConfig
 from rcdiag.printable import printable
 from rcdiag.report import ChecklistRow, Report
+
+KL_STD_ERROR = known_key("rcdiag/kl_std_error")
+"""kl's standard error, which the metric readings weigh kl against."""
 
 
 def fmt(value: float | None) -> str:
@@ -49,7 +52,7 @@ def describe_config(config: ResolvedConfig) -> str:
 
 def reading_context(report: Report) -> ReadingContext:
     """What the metric readings need from the report: kl's standard error and the findings that fired."""
-    return ReadingContext(report.extras.get("rcdiag/kl_std_error"), frozenset(f.code for f in report.findings))
+    return ReadingContext(report.extras.get(KL_STD_ERROR), frozenset(f.code for f in report.findings))
 
 
 def where(row: ChecklistRow) -> str:
