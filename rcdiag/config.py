@@ -148,12 +148,24 @@ class RSOption:
 
 @dataclass(frozen=True)
 class ResolvedConfig:
-    """A validated configuration: what the engine computes."""
+    """A validated configuration: what the engine computes, and the record a report carries (``Report.config``):
+    the fields as given and what verl's parser makes of them, resolved once where the report is built."""
 
     config: CorrectionConfig
     is_spec: ISSpec | None
     rs_options: tuple[RSOption, ...]
     version: VerlVersion
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as given (verl's names), for reports and state files: the form the state reader reads back."""
+        return self.config.to_dict()
+
+    def rs_option(self, name: str) -> RSOption:
+        """The resolved RS option ``name`` (``KeyError`` if this configuration does not run it)."""
+        for option in self.rs_options:
+            if option.name == name:
+                return option
+        raise KeyError(name)
 
     def same_computation(self, other: ResolvedConfig) -> bool:
         """Whether two configurations compute the same metrics (``2`` and ``"2.0"`` are the same threshold, and

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rcdiag.catalogue.metrics import known_key
 from rcdiag.config import PRESETS, CorrectionConfig
 from rcdiag.errors import ConfigError
 from rcdiag.frameworks.speak import riding, speak
 from rcdiag.report import CauseClass, Effect, Prescription, Report, VerdictStatus
+from rcdiag.versions import DEFAULT_VERSION
 
 TIS_THRESHOLD = 2.0
 """Token TIS's upper threshold: verl's default and its presets' (typical range 1.5-5)."""
@@ -98,7 +101,8 @@ def candidate(report: Report, status: VerdictStatus, classes: frozenset[CauseCla
             f"{TIS_THRESHOLD:g} neither multiplies ratios along the response nor caps below 1"
         )
     spoken = speak(config, name) if (name := riding(report.sections)) is not None else None
-    prescription = Prescription(config, matching_preset(config), verl_yaml(config), None, why, spoken)
+    preset = matching_preset(prescribed_setting(config))
+    prescription = Prescription(config, preset, verl_yaml(config), None, why, spoken)
     return Candidate(prescription, _alternatives(report))
 
 
@@ -120,10 +124,21 @@ def optional_correction(report: Report) -> str:
 
 SEQ_IS_PRESET = "decoupled_seq_is"
 """The sequence-level IS a next step may offer, measured on the dump under this preset (never the prescription)."""
+CHI2_SEQ, IS_ESS, IS_TRUNCATED, RS_TOKENS, RS_RESPONSES = (
+    known_key(key)
+    for key in (
+        "chi2_seq",
+        "rollout_is_eff_sample_size",
+        "rollout_is_ratio_fraction_high",
+        "rollout_rs_masked_fraction",
+        "rollout_rs_seq_masked_fraction",
+    )
+)
+"""The metrics a prescription's effect and its alternatives are read from (the catalogue's names)."""
 
 
 def _alternatives(report: Report) -> list[str]:
-    chi2_seq = report.metrics.get("rollout_corr/chi2_seq")
+    chi2_seq = report.metrics.get(CHI2_SEQ)
     hopeless = any(f.code == "seq_is_hopeless" for f in report.findings)
     if hopeless:
         return [
@@ -145,8 +160,8 @@ def seq_is_unmeasured(report: Report) -> str:
 def seq_is_measured(under: Report) -> str:
     """The step about sequence-level IS from ``under``, the dump's report under ``SEQ_IS_PRESET``: its measured ESS
     and what it raises of ``REVIEW_CODES`` (an ESS below verl's 0.3 is ``is_ess_low``)."""
-    ess = under.metrics.get("rollout_corr/rollout_is_eff_sample_size")
-    truncated = under.metrics.get("rollout_corr/rollout_is_ratio_fraction_high")
+    ess = under.metrics.get(IS_ESS)
+    truncated = under.metrics.get(IS_TRUNCATED)
     raised = tuple(dict.fromkeys(f.code for f in under.findings if f.code in REVIEW_CODES))
     measured = f"under {SEQ_IS_PRESET} this dump's ESS is {_number(ess)}"
     if truncated is not None:
@@ -160,10 +175,16 @@ def _number(value: float | None) -> str:
     return "not computed" if value is None else f"{value:.3g}"
 
 
-def matching_preset(config: dict[str, Any]) -> str | None:
-    """The verl preset (decoupled mode) whose four settings equal ``config``, compared as verl parses them."""
+def prescribed_setting(config: Mapping[str, Any], version: str = DEFAULT_VERSION) -> CorrectionConfig:
+    """A prescription's four settings (``Prescription.config``) as the configuration analyze runs under verl
+    ``version``: the one place they become one."""
+    return CorrectionConfig(**config, verl_version=version)
+
+
+def matching_preset(config: CorrectionConfig) -> str | None:
+    """The verl preset (decoupled mode) whose four settings equal ``config``'s, compared as verl parses them."""
     try:
-        wanted = CorrectionConfig(**config).resolve()
+        wanted = config.resolve()
     except ConfigError:
         return None
     for name, build in PRESETS.items():
@@ -201,10 +222,10 @@ def effect_of(prescription: Prescription, under: Report) -> tuple[Prescription, 
     m = under.metrics
     rs = prescription.config.get("rollout_rs") is not None
     effect = Effect(
-        tokens_rejected=(m.get("rollout_corr/rollout_rs_masked_fraction") or 0.0) if rs else 0.0,
-        responses_rejected=(m.get("rollout_corr/rollout_rs_seq_masked_fraction") or 0.0) if rs else 0.0,
-        is_ess=m.get("rollout_corr/rollout_is_eff_sample_size"),
-        is_truncated_share=m.get("rollout_corr/rollout_is_ratio_fraction_high"),
+        tokens_rejected=(m.get(RS_TOKENS) or 0.0) if rs else 0.0,
+        responses_rejected=(m.get(RS_RESPONSES) or 0.0) if rs else 0.0,
+        is_ess=m.get(IS_ESS),
+        is_truncated_share=m.get(IS_TRUNCATED),
     )
     raised = tuple(dict.fromkeys(f.code for f in under.findings if f.code in REVIEW_CODES))
     why = prescription.why

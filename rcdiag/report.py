@@ -7,6 +7,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rcdiag.config import ResolvedConfig
 from rcdiag.core.limits import finite, finite_tree
 
 Severity = Literal["error", "warning", "info"]
@@ -597,7 +598,10 @@ class Report:
     have logged; ``extras`` holds rcdiag's own ``rcdiag/*`` diagnostics. Non-finite values are ``None``.
     """
 
-    config: dict[str, Any]
+    config: ResolvedConfig
+    """The configuration it was computed with, resolved once where the report is built (``rcdiag.api.report``):
+    its fields (``config.config``) and what verl's parser makes of them (``is_spec``, ``rs_options``); in the JSON
+    as the fields (``ResolvedConfig.to_dict``)."""
     input: InputFacts
     metrics: dict[str, float | None]
     extras: dict[str, float | None]
@@ -637,7 +641,7 @@ class Report:
             "schema_version": SCHEMA_VERSION,
             "rcdiag_version": self.version,
             "verdict": None if self.verdict is None else self.verdict.to_dict(),
-            "config": self.config,
+            "config": self.config.to_dict(),
             "input": self.input.to_dict(),
             "device": self.device,
             "metrics": self.metrics,

@@ -90,7 +90,7 @@ def build_report(
     detectors = records.pop(DetectorSection.KEY, None)
     not_run = explain.not_run if explain is not None else None if detectors is None else detectors.not_run
     report = Report(
-        config=state.resolved.config.to_dict(),
+        config=state.resolved,
         input=facts,
         metrics=metrics,
         extras=extras,

@@ -20,7 +20,7 @@ from rcdiag.frameworks.speak import chosen as spoken_chosen
 from rcdiag.frameworks.speak import measured as spoken_effect
 from rcdiag.metrics.signatures import HISTORY_KEYS
 from rcdiag.options import ReadOptions
-from rcdiag.prescribe import SEQ_IS_PRESET, effect_of, seq_is_measured, seq_is_unmeasured
+from rcdiag.prescribe import SEQ_IS_PRESET, effect_of, prescribed_setting, seq_is_measured, seq_is_unmeasured
 from rcdiag.report import Report
 from rcdiag.sections import Section
 from rcdiag.sections.token_ids import TokenIdsSection
@@ -45,10 +45,10 @@ def complete_verdict(report: Report, path: str | Path, read: ReadOptions | None 
     setting = _prescribed(report)
     if not history and setting is None:
         return report
-    config = setting or CorrectionConfig(**report.config)
+    config = setting or report.config.config
     riding, record = _spoken_run(report) if setting is not None else ([], None)
     under = report
-    same = config.resolve().same_computation(CorrectionConfig(**report.config).resolve())
+    same = setting is None or setting.resolve().same_computation(report.config)
     if history:
         try:
             under = _again(path, config, read, True, riding)
@@ -72,7 +72,7 @@ def complete_verdict(report: Report, path: str | Path, read: ReadOptions | None 
     offered = seq_is_unmeasured(report)
     later = verdict.next_steps
     if offered in later:  # the offer is worth a pass only with a prescription: measured, never guessed
-        seq_is = seq_is_measured(_again(path, preset(SEQ_IS_PRESET, report.config["verl_version"]), read, False))
+        seq_is = seq_is_measured(_again(path, preset(SEQ_IS_PRESET, report.config.config.verl_version), read, False))
         later = tuple(seq_is if step == offered else step for step in later)
     return dataclasses.replace(
         report,
@@ -85,7 +85,7 @@ def _prescribed(report: Report) -> CorrectionConfig | None:
     prescription = report.verdict.recommendation if report.verdict is not None else None
     if prescription is None or prescription.effect is not None:
         return None
-    return CorrectionConfig(**prescription.config, verl_version=report.config["verl_version"])
+    return prescribed_setting(prescription.config, report.config.config.verl_version)
 
 
 def _spoken_run(report: Report) -> tuple[list[Section], Any]:

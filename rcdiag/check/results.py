@@ -127,7 +127,7 @@ class CheckResult:
             "rcdiag_version": self.report.version,
             "passed": self.passed,
             "counts": self.counts(),
-            "config": self.report.config,
+            "config": self.report.config.to_dict(),
             "input": self.report.input.to_dict(),
             "baseline": self.baseline.input.to_dict() if self.baseline is not None else None,
             "results": [r.to_dict() for r in self.results],

@@ -44,7 +44,6 @@ from rcdiag.compare.temperature import (
     check_temperature,
 )
 from rcdiag.compare.verdicts import COMPARE_FINDING_CODES, TEMPERATURE_KL_LIMIT, _findings
-from rcdiag.config import CorrectionConfig
 from rcdiag.errors import ConfigError
 from rcdiag.lazy import exports
 from rcdiag.report import Report, Side
@@ -118,8 +117,7 @@ def compare_reports(
     a: Report, b: Report, *, temperature_a: float | None = None, temperature_b: float | None = None
 ) -> Comparison:
     """``compare`` over two reports you already have (same engine configuration)."""
-    config_a, config_b = CorrectionConfig(**a.config).resolve(), CorrectionConfig(**b.config).resolve()
-    if not config_a.same_computation(config_b):  # as merge judges states: 2.0 and "2" are one threshold
+    if not a.config.same_computation(b.config):  # as merge judges states: 2.0 and "2" are one threshold
         raise ConfigError("the two reports were computed with different engine configurations; compare needs one.")
     if _framework_of(a) != _framework_of(b):
         raise ConfigError("the two reports were computed --as different frameworks or options; compare needs one.")

@@ -33,7 +33,7 @@ def render_junit(result: CheckResult) -> str:
         "dump": facts.path,
         "rows": str(facts.rows),
         "steps": str(facts.steps),
-        "config": json.dumps(result.report.config),
+        "config": json.dumps(result.report.config.to_dict()),
     }
     if result.baseline is not None:
         props["baseline"] = result.baseline.input.path

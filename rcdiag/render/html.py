@@ -499,7 +499,7 @@ def _upper(spec: str) -> float:
 def _shares(rows: list[SweepRow]) -> dict[str, tuple[list[float], list[float | None]]]:
     curves: dict[str, tuple[list[float], list[float | None]]] = {}
     for row in rows:
-        kind = ("IcePop " if "_" in row.threshold else "TIS ") if row.option.startswith("is_") else ""
+        kind = "" if row.is_spec is None else "IcePop " if row.icepop else "TIS "
         for what, value in (("tokens", row.token_reject), ("responses", row.seq_reject)):
             if value is None and what == "tokens" and row.option == "is_sequence":
                 continue

@@ -233,11 +233,10 @@ def weight_setting(report: Report) -> WeightSetting | None:
         effect = rec.effect
         beyond, ess = (effect.is_truncated_share, effect.is_ess) if effect is not None else (None, None)
         return WeightSetting("prescription", str(rec.config["rollout_is"]), upper, lower, beyond, ess)
-    level = report.config.get("rollout_is")
-    if not level or report.config.get("rollout_is_threshold") is None:
+    spec = report.config.is_spec
+    if spec is None:
         return None
-    upper, lower = parse_is_threshold(report.config["rollout_is_threshold"])
-    return WeightSetting("configuration", str(level), upper, lower,
+    return WeightSetting("configuration", spec.level, spec.upper, spec.lower,
                          report.metrics.get(full_key("rollout_is_ratio_fraction_high")),
                          report.metrics.get(full_key("rollout_is_eff_sample_size")))  # fmt: skip
 

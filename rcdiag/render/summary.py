@@ -12,7 +12,7 @@ from typing import Literal
 
 from rcdiag.catalogue import full_key, metric, short_key
 from rcdiag.catalogue.metrics import rs_option
-from rcdiag.config import CorrectionConfig
+from rcdiag.config import ISSpec, RSOption
 from rcdiag.printable import printable
 from rcdiag.render.text import where
 from rcdiag.report import Report, Severity
@@ -103,28 +103,22 @@ def offpolicy_rows(report: Report) -> list[MetricRow]:
     ]
 
 
-def is_setting(config: dict) -> str:
+def is_setting(spec: ISSpec) -> str:
     """``TIS: weights clamped at 2``, ``IcePop: weights outside [0.5, 2] zeroed``, with batch normalization."""
-    resolved = CorrectionConfig(**config).resolve().is_spec
-    assert resolved is not None
-    if resolved.icepop:
-        how = f"IcePop: weights outside [{resolved.lower:g}, {resolved.upper:g}] zeroed"
+    if spec.icepop:
+        how = f"IcePop: weights outside [{spec.lower:g}, {spec.upper:g}] zeroed"
     else:
-        how = f"TIS: weights clamped at {resolved.upper:g}"
-    return how + (", batch-normalized" if resolved.batch_normalize else "")
+        how = f"TIS: weights clamped at {spec.upper:g}"
+    return how + (", batch-normalized" if spec.batch_normalize else "")
 
 
-def is_title(config: dict) -> str:
+def is_title(spec: ISSpec) -> str:
     """The IS table's title in ``--details``."""
-    level = CorrectionConfig(**config).resolve().is_spec
-    assert level is not None
-    return f"IS weights, {level.level} level ({is_setting(config)})"
+    return f"IS weights, {spec.level} level ({is_setting(spec)})"
 
 
-def rs_keeps(option: str, config: dict) -> str:
+def rs_keeps(spec: RSOption) -> str:
     """What an RS option keeps: ``ratio pi_train/pi_rollout in [0.5, 2]``, ``k2 per token <= 0.01``."""
-    resolved = CorrectionConfig(**config).resolve()
-    spec = next(o for o in resolved.rs_options if o.name == option)
     if spec.is_k1:
         assert spec.lower is not None
         return f"ratio pi_train/pi_rollout in [{1 / spec.upper:.6g}, {1 / spec.lower:.6g}]"
@@ -138,7 +132,7 @@ def correction_rows(report: Report) -> list[CorrectionRow]:
     rows: list[CorrectionRow] = []
     is_keys = tuple(k for k in m if _group(k) == "is")
     if is_keys:
-        spec = CorrectionConfig(**report.config).resolve().is_spec
+        spec = report.config.is_spec
         assert spec is not None
         # TIS: the raw ratios above the bound are the truncated ones (per token, or per response at sequence
         # level); IcePop: the tokens it zeroes (rollout_is_oob_ratio, a share of tokens at either level).
@@ -147,7 +141,7 @@ def correction_rows(report: Report) -> list[CorrectionRow]:
         rows.append(
             CorrectionRow(
                 f"IS {spec.level}",
-                is_setting(report.config),
+                is_setting(spec),
                 m.get(beyond) if per_token else None,
                 None if per_token else m.get(beyond),
                 m.get(ESS),
@@ -163,7 +157,7 @@ def correction_rows(report: Report) -> list[CorrectionRow]:
         rows.append(
             CorrectionRow(
                 f"RS {option}",
-                rs_keeps(option, report.config),
+                rs_keeps(report.config.rs_option(option)),
                 m.get(tokens),
                 m.get(responses),
                 None,

@@ -93,9 +93,10 @@ def _details(report: Report, console: Console) -> None:
     console.print(_metric_table("Off-policy diagnostics" + title_suffix, off, metrics, context))
     is_keys = [k for k in metrics if _group(k) == "is"]
     if is_keys:
-        console.print(_metric_table(is_title(report.config) + title_suffix, is_keys, metrics, context))
+        assert report.config.is_spec is not None
+        console.print(_metric_table(is_title(report.config.is_spec) + title_suffix, is_keys, metrics, context))
     for option, keys in _rs_groups(metrics).items():
-        title = f"RS {option}: keeps {rs_keeps(option, report.config)}{title_suffix}"
+        title = f"RS {option}: keeps {rs_keeps(report.config.rs_option(option))}{title_suffix}"
         console.print(_metric_table(title, keys, metrics, context))
     aggregates = [k for k in metrics if _group(k) == "rs_aggregate"]
     if aggregates:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rcdiag.catalogue.metrics import ReadingContext
-from rcdiag.config import CorrectionConfig
+from rcdiag.catalogue.metrics import ReadingContext, known_key
+from rcdiag.config import ResolvedConfig
 from rcdiag.printable import printable
 from rcdiag.report import ChecklistRow, Report
+
+KL_STD_ERROR = known_key("rcdiag/kl_std_error")
+"""kl's standard error, which the metric readings weigh kl against."""
 
 
 def fmt(value: float | None) -> str:
@@ -27,9 +30,9 @@ def describe_input(report: Report) -> str:
     return printable(f"{report.input.format}; columns {used}{steps}")  # names from a file: never raw to a terminal
 
 
-def describe_config(config: dict) -> str:
-    """One line saying what is computed."""
-    cfg = CorrectionConfig(**config)
+def describe_config(config: ResolvedConfig) -> str:
+    """One line saying what is computed (the fields as given: ``threshold=2`` stays ``2``)."""
+    cfg = config.config
     bits = []
     if cfg.rollout_is is not None and cfg.rollout_is_threshold is not None:
         bits.append(f"rollout_is={cfg.rollout_is} threshold={cfg.rollout_is_threshold}")
@@ -49,7 +52,7 @@ def describe_config(config: dict) -> str:
 
 def reading_context(report: Report) -> ReadingContext:
     """What the metric readings need from the report: kl's standard error and the findings that fired."""
-    return ReadingContext(report.extras.get("rcdiag/kl_std_error"), frozenset(f.code for f in report.findings))
+    return ReadingContext(report.extras.get(KL_STD_ERROR), frozenset(f.code for f in report.findings))
 
 
 def where(row: ChecklistRow) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from rcdiag.catalogue.metrics import known_key
 from rcdiag.printable import printable
 from rcdiag.render.panels import effect_facts, framework_effect_facts
 from rcdiag.render.text import fmt
@@ -21,14 +22,17 @@ STATUS_STYLE = {
 """Terminal colour of each status."""
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 """Terminal colour of each finding severity."""
-SUPPORTING = (
-    ("kl", "rollout_corr/kl"),
-    ("k3_kl", "rollout_corr/k3_kl"),
-    ("chi2_token", "rollout_corr/chi2_token"),
-    ("chi2_seq", "rollout_corr/chi2_seq"),
-    ("mean |log-ratio|", "rcdiag/abs_log_ratio_mean"),
-    ("max |log-ratio|", "rcdiag/abs_log_ratio_max"),
-    ("kl std error", "rcdiag/kl_std_error"),
+SUPPORTING = tuple(
+    (label, known_key(key))
+    for label, key in (
+        ("kl", "kl"),
+        ("k3_kl", "k3_kl"),
+        ("chi2_token", "chi2_token"),
+        ("chi2_seq", "chi2_seq"),
+        ("mean |log-ratio|", "rcdiag/abs_log_ratio_mean"),
+        ("max |log-ratio|", "rcdiag/abs_log_ratio_max"),
+        ("kl std error", "rcdiag/kl_std_error"),
+    )
 )
 """The metrics a verdict rests on (label, key): under it in ``compare`` and ``--details``; by default, those not in
 the off-policy table (``rcdiag.render.summary.OFFPOLICY``) follow that table."""

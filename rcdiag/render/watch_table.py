@@ -11,6 +11,7 @@ import json
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from rcdiag.catalogue.metrics import known_key
 from rcdiag.printable import printable
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 
 SHOWN_STEPS = 12
 """Steps in the live view's table."""
-SHOWN_METRICS = ("rollout_corr/kl", "rollout_corr/k3_kl", "rollout_corr/chi2_token", "rollout_corr/log_ppl_abs_diff")
+SHOWN_METRICS = tuple(known_key(key) for key in ("kl", "k3_kl", "chi2_token", "log_ppl_abs_diff"))
 SHOWN_ALERTS = 8
 
 

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from rcdiag.catalogue.metrics import known_key
 from rcdiag.core import formulas
 from rcdiag.fields import FieldError
 from rcdiag.io.base import RowNumbering
@@ -21,10 +22,13 @@ from rcdiag.sections.base import PlainSection, RunFacts
 COLUMNS = ("tokens", "neg_lr", "k3", "chi2", "abs_lr")
 """Per response: valid tokens, and the sums of -log-ratio (kl), k3, chi2's ``ratio^2 - 1`` and |log-ratio|."""
 METRIC_COLUMNS = {
-    "rollout_corr/kl": "neg_lr",
-    "rollout_corr/k3_kl": "k3",
-    "rollout_corr/chi2_token": "chi2",
-    "rcdiag/abs_log_ratio_mean": "abs_lr",
+    known_key(key): column
+    for key, column in (
+        ("kl", "neg_lr"),
+        ("k3_kl", "k3"),
+        ("chi2_token", "chi2"),
+        ("rcdiag/abs_log_ratio_mean", "abs_lr"),
+    )
 }
 """Each tested metric (full key) and the per-response sum whose token mean it is."""
 

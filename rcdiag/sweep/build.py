@@ -34,12 +34,13 @@ def build_sweep_report(
     ]
     if pooled is None:
         pooled = per_step[0][1] if per_step else state.pooled().compute()
+    specs = {(option, point.spec): point.is_spec for option, points in state.grid.options for point in points}
     rows = []
     for key, point in pooled.items():
         steps = tuple((int(step), result[key].metrics) for step, result in per_step if step is not None)
         crash_steps = tuple(int(step) for step, result in per_step if step is not None and result[key].crashes)
         crashes = point.crashes or next((result[key].crashes for _, result in per_step if result[key].crashes), ())
-        rows.append(SweepRow(key[0], key[1], point.metrics, steps, crashes, crash_steps))
+        rows.append(SweepRow(key[0], key[1], point.metrics, steps, crashes, crash_steps, specs[key]))
     aimed = target if recommendations is not None else None
     presets = tuple(rank_presets(rows, min_ess, state.grid.verl_version, router_replay_mode(facts.metadata)))
     verdict = None if analysis is None else analysis.verdict

@@ -114,7 +114,7 @@ def place_on_grid(
     recommendations truncate. Specs are compared as verl ``version`` parses them (the grid's release)."""
     by_option: dict[str, list[SweepRow]] = {}
     for row in rows:
-        if not (row.option.startswith("is_") and "_" in row.threshold):
+        if not row.icepop:
             by_option.setdefault(row.option, []).append(row)
     return [
         dataclasses.replace(rec, nearest=_nearest(rec, by_option.get(rec.option, []), target, version))

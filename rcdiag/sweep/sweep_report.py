@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from rcdiag._version import __version__
 from rcdiag.catalogue.metrics import PREFIX
-from rcdiag.config import PRESETS, preset, refuse_router_replay
+from rcdiag.config import PRESETS, ISSpec, preset, refuse_router_replay
 from rcdiag.errors import ConfigError
 from rcdiag.metrics.base import MetricValue, VerlCrash
 from rcdiag.report import Finding, FrameworkSetting, InputFacts, Prescription, Verdict
@@ -27,6 +27,14 @@ class SweepRow:
     steps: tuple[tuple[int, dict[str, MetricValue]], ...]
     crashes: tuple[VerlCrash, ...]
     crash_steps: tuple[int, ...] = ()
+    is_spec: ISSpec | None = None
+    """What verl's parser makes of an IS option's threshold (IcePop or TIS, its bounds); ``None`` for RS. Not in
+    the JSON (``threshold`` says it as written)."""
+
+    @property
+    def icepop(self) -> bool:
+        """An IcePop IS band (weights outside [lower, upper] zeroed) rather than TIS or RS."""
+        return self.is_spec is not None and self.is_spec.icepop
 
     @property
     def token_reject(self) -> MetricValue:
@@ -64,8 +72,7 @@ def _sum(metrics: dict[str, MetricValue], high: str, low: str, row: SweepRow) ->
     hi, lo = metrics.get(PREFIX + high), metrics.get(PREFIX + low)
     if hi is None:
         return None
-    icepop = "_" in row.threshold
-    return hi + (lo or 0.0) if icepop else hi
+    return hi + (lo or 0.0) if row.icepop else hi
 
 
 @dataclass(frozen=True)
