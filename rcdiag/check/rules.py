@@ -9,27 +9,17 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, TypeGuard
+from typing import Any, Literal
 
 from rcdiag.errors import ConfigError
-from rcdiag.option_checks import choice, keyword, probability
+from rcdiag.option_checks import keyword
+from rcdiag.rule_options import STEP_MODE, TOLERATE, StepMode
 
 RuleKind = Literal["max", "min", "max_abs", "max_increase", "max_decrease"]
-StepMode = Literal["every", "last", "mean"]
 Status = Literal["passed", "failed", "skipped"]
 
 RULE_KINDS: tuple[RuleKind, ...] = ("max", "min", "max_abs", "max_increase", "max_decrease")
 RELATIVE_KINDS = ("max_increase", "max_decrease")
-STEP_MODES: tuple[StepMode, ...] = ("every", "last", "mean")
-STEP_MODE = choice(STEP_MODES)
-"""What ``--steps`` and a rules file's or rule's ``steps`` take (``rcdiag.option_checks``)."""
-TOLERATE = probability(below_one=True)
-"""What ``--tolerate`` and ``tolerate`` take: a share of steps that may fail (1 would pass every rule)."""
-
-
-def is_step_mode(text: str) -> TypeGuard[StepMode]:
-    """Whether ``text`` names a step mode (``--steps``, a rule's ``steps``)."""
-    return text in STEP_MODES
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,13 @@ from typing import Any
 
 from rcdiag.check.findings_gate import FindingGate, parse_fail_on
 from rcdiag.check.packs import packs_and_gate
-from rcdiag.check.rules import RULE_KINDS, STEP_MODE, TOLERATE, Rule, StepMode, _parse_bound
+from rcdiag.check.rules import RULE_KINDS, Rule, _parse_bound
 from rcdiag.config import CorrectionConfig, preset, refuse_router_replay
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.io.paths import regular_file
 from rcdiag.option_checks import key
 from rcdiag.outputs import reads
+from rcdiag.rule_options import STEP_MODE, TOLERATE, StepMode
 
 if sys.version_info >= (3, 11):
     import tomllib

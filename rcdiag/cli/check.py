@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from rcdiag.catalogue.metrics import packs_help
-from rcdiag.check.rules import STEP_MODE, TOLERATE, is_step_mode
 from rcdiag.cli.flags import AS_FLAGS, ENGINE_FLAGS, READ_FLAGS, given_path, output_flags, path_argument, path_option
 from rcdiag.cli.params import checked_flag, with_flags
+from rcdiag.rule_options import STEP_MODE, TOLERATE, is_step_mode
 
 if TYPE_CHECKING:
     from rcdiag.check import CheckResult
