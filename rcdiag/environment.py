@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from rcdiag.errors import SettingError
+from rcdiag.option_checks import refuse, variable
 
 T = TypeVar("T")
 
@@ -61,4 +62,4 @@ class Variable(Generic[T]):
         try:
             return self.parse(raw.strip())
         except ValueError:
-            raise SettingError(f"{self.name}={raw!r} is not {self.form}.") from None
+            raise refuse(variable(self.name), self.form, raw.strip(), SettingError) from None

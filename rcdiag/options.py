@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from rcdiag.constants import DEFAULT_CHUNK_TOKENS, DEVICES, MAX_CHUNK_TOKENS
 from rcdiag.errors import ConfigError
+from rcdiag.option_checks import Check, choice, count, keyword
 
 if TYPE_CHECKING:
     from rcdiag.backend import Backend
@@ -22,6 +23,11 @@ __all__ = ["BAD_ROW_POLICIES", "DEVICES", "ReadOptions"]  # DEVICES lives in rcd
 
 BAD_ROW_POLICIES = ("error", "skip")
 """``on_bad_row`` values: stop at the first bad row, or leave bad rows out and count them."""
+ON_BAD_ROW = choice(BAD_ROW_POLICIES)
+CHUNK_TOKENS = count(1, MAX_CHUNK_TOKENS, of="tokens")
+WORKERS = Check("an integer >= 1 or 'auto'", lambda v: v == "auto" or count(1).accepts(v), "0")
+VOCAB_SIZE = count(1, of="token ids")
+"""What each field takes (``rcdiag.option_checks``); the CLI's flags check the same before building the record."""
 
 
 @dataclass(frozen=True)
@@ -52,19 +58,12 @@ class ReadOptions:
     """Token ids (read with ``--explain`` when the dump has them) must be below this; ``None``: not checked."""
 
     def __post_init__(self) -> None:
-        if str(self.on_bad_row) not in BAD_ROW_POLICIES:
-            raise ConfigError(f"on_bad_row must be one of {', '.join(BAD_ROW_POLICIES)}, got '{self.on_bad_row}'.")
+        ON_BAD_ROW(str(self.on_bad_row), keyword("on_bad_row"))
         object.__setattr__(self, "on_bad_row", str(self.on_bad_row))
-        chunk = self.chunk_tokens
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= MAX_CHUNK_TOKENS:
-            raise ConfigError(f"chunk_tokens must be a number of tokens from 1 to {MAX_CHUNK_TOKENS:,}, got {chunk}.")
-        if self.workers != "auto" and (
-            isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1
-        ):
-            raise ConfigError(f"workers must be at least 1 or 'auto', got {self.workers}.")
-        vocab = self.vocab_size
-        if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1):
-            raise ConfigError(f"vocab_size must be a number of token ids, 1 or more, got {vocab}.")
+        CHUNK_TOKENS(self.chunk_tokens, keyword("chunk_tokens"))
+        WORKERS(self.workers, keyword("workers"))
+        if self.vocab_size is not None:
+            VOCAB_SIZE(self.vocab_size, keyword("vocab_size"))
         if self.ray_address is not None and not str(self.ray_address).strip():
             raise ConfigError("ray_address is empty (an unset variable?); give host:port, ray://host:port or auto.")
         if self.ray_address is not None:

@@ -341,8 +341,8 @@ def test_rules_file_top_level_and_pyproject_table(tmp_path: Path) -> None:
         ("max = {kl = 1", "not valid TOML"),
         ("maxx = {kl = 1.0}", "unknown key(s) maxx"),
         ("[max]\nkl = true", "the bound must be a number"),
-        ("steps = 'first'\n[max]\nkl = 1.0", "steps must be one of every, last, mean"),
-        ("tolerate = 'x'\n[max]\nkl = 1.0", "tolerate must be a fraction"),
+        ("steps = 'first'\n[max]\nkl = 1.0", "steps in {path} must be one of every, last, mean, got 'first'"),
+        ("tolerate = 'x'\n[max]\nkl = 1.0", "tolerate in {path} must be a fraction in [0, 1), got 'x'"),
         ("[[rule]]\nmetric = 'kl'", "sets no bound"),
         ("[[rule]]\nmetric = 'kl'\nmax = 1.0\nstep = 'last'", "unknown key(s) step"),
         ("[engine]\nrollout_iss = 'token'", "[engine] takes"),
@@ -353,7 +353,10 @@ def test_bad_rules_files_exit_2(capsys: pytest.CaptureFixture, tmp_path: Path, t
     path = tmp_path / "bad.toml"
     path.write_text(text)
     code, _, err = run(capsys, "check", HEALTHY, "--rules", str(path))
-    assert code == 2 and err.startswith(f"rcdiag: error: {path}") and message in err and err.count("\n") == 1, err
+    # a key's bad value names the key, then its file (rcdiag.option_checks); other errors start with the file
+    where = "rcdiag: error: " if "{path}" in message else f"rcdiag: error: {path}"
+    message = message.format(path=path)
+    assert code == 2 and err.startswith(where) and str(path) in err and message in err and err.count("\n") == 1, err
 
 
 def test_pyproject_in_the_current_directory(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
@@ -414,7 +417,7 @@ def test_process_exit_code_is_exactly_1(tmp_path: Path) -> None:
         (("--max", "kll=1"), "Available: training/rollout_probs_diff_valid, "),
         (("--max", "kl"), "--max expects NAME=VALUE"),
         (("--max-increase", "kl=50%"), "give --baseline"),
-        (("--max", "kl=1", "--steps", "first"), "--steps must be every, last or mean"),
+        (("--max", "kl=1", "--steps", "first"), "--steps must be one of every, last, mean, got 'first'"),
         (("--max", "kl=1", "--steps", "last", "--tolerate", "0.1"), "tolerate applies to steps='every' only"),
         (("--pack", "trl"), "unknown rule pack 'trl'"),
         ((), "no rules to check"),

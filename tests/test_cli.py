@@ -132,7 +132,10 @@ def test_chunk_tokens_does_not_change_the_report(capsys: pytest.CaptureFixture) 
             "rcdiag: error: Unknown preset 'decoupled_k1_rs'",
         ),
         (("analyze", HEALTHY, "--device", "tpu"), "rcdiag: error: Unknown device 'tpu'"),
-        (("analyze", HEALTHY, "--chunk-tokens", "0"), "rcdiag: error: Invalid value for '--chunk-tokens'"),
+        (
+            ("analyze", HEALTHY, "--chunk-tokens", "0"),
+            "rcdiag: error: --chunk-tokens must be a number of tokens from 1 to 1,099,511,627,776, got 0",
+        ),
     ],
 )
 def test_usage_and_input_errors_are_one_line_exit_2(capsys: pytest.CaptureFixture, args: tuple, expected: str) -> None:

@@ -146,8 +146,9 @@ def test_tensor_file_beyond_the_decoded_size_limit_is_refused(
     raise_it = f"if the file is genuine and memory allows, raise it: {TENSOR_BYTES.variable}="
     assert f"beyond rcdiag's limit of 100 bytes; {raise_it}" in err
     monkeypatch.setenv(TENSOR_BYTES.variable, "lots")
-    assert "RCDIAG_MAX_TENSOR_BYTES='lots' is not a whole number of bytes." in one_line_error(
-        capsys, "analyze", str(path)
+    assert (
+        "the environment variable RCDIAG_MAX_TENSOR_BYTES must be a whole number of bytes, got 'lots'"
+        in one_line_error(capsys, "analyze", str(path))
     )
 
 
@@ -368,7 +369,7 @@ def test_chunk_tokens_beyond_a_c_long_is_a_usage_error(tmp_path: Path, capsys: p
     for command in ("analyze", "sweep"):
         err = one_line_error(capsys, command, str(dump), "--chunk-tokens", str(10**20))
         assert err == (
-            f"rcdiag: error: chunk_tokens must be a number of tokens from 1 to 1,099,511,627,776, got {10**20}.\n"
+            f"rcdiag: error: --chunk-tokens must be a number of tokens from 1 to 1,099,511,627,776, got {10**20}\n"
         )
 
 

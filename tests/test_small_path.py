@@ -191,7 +191,7 @@ def test_the_choice_is_made_from_the_files_sizes(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv(SWITCH, "1_000_000_000")
     assert not compiled_for([SMALL_DUMP_BYTES])
     monkeypatch.setenv(SWITCH, "small")
-    with pytest.raises(SettingError, match=f"{SWITCH}='small' is not a whole number of bytes"):
+    with pytest.raises(SettingError, match=f"variable {SWITCH} must be a whole number of bytes, got 'small'"):
         compiled_for([1])
 
 
@@ -205,7 +205,9 @@ def test_a_bad_override_is_one_line_and_exit_2(tmp_path: Path) -> None:
         timeout=600,
     )
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [f"rcdiag: error: {SWITCH}='lots' is not a whole number of bytes."]
+    assert done.stderr.strip().splitlines() == [
+        f"rcdiag: error: the environment variable {SWITCH} must be a whole number of bytes, got 'lots'"
+    ]
 
 
 def test_worker_processes_take_the_runs_path(tmp_path: Path) -> None:

@@ -39,7 +39,10 @@ def test_gs_without_network_fails_in_bounded_time_with_one_line() -> None:
     assert quick.returncode == 2 and quicker < seconds, (quicker, seconds)
     bad, _ = rcdiag("analyze", "gs://some-bucket/run/", RCDIAG_STORAGE_RETRY_LIMIT="soon")
     assert bad.returncode == 2 and bad.stdout == ""
-    assert bad.stderr == "rcdiag: error: RCDIAG_STORAGE_RETRY_LIMIT='soon' is not a positive number of seconds.\n"
+    assert bad.stderr == (
+        "rcdiag: error: the environment variable RCDIAG_STORAGE_RETRY_LIMIT must be a positive number of seconds, "
+        "got 'soon'\n"
+    )
 
 
 @pytest.mark.parametrize(

@@ -238,7 +238,10 @@ def test_the_mlflow_bounds_are_mlflows_own_variables_and_a_bad_one_is_refused(
     require("mlflow", "tracking")
     done = run_capped("analyze", SAMPLE, "--mlflow", "http://127.0.0.1:1", cwd=tmp_path)
     assert (done.returncode, done.stdout) == (2, "")
-    assert done.stderr == "rcdiag: error: RCDIAG_MLFLOW_REQUEST_TIMEOUT='soon' is not a positive number of seconds.\n"
+    assert done.stderr == (
+        "rcdiag: error: the environment variable RCDIAG_MLFLOW_REQUEST_TIMEOUT must be a positive number of seconds, "
+        "got 'soon'\n"
+    )
 
 
 @pytest.mark.parametrize("command", ["analyze", "watch"])

@@ -20,18 +20,10 @@ from rcdiag.check.findings_gate import ANALYZE_PACK, ANALYZE_PACK_GATE, FindingG
 from rcdiag.check.metric_names import PREFIXES, metric_names, refuse_unlogged, resolve_metric, validate_rules
 from rcdiag.check.packs import PACK_SOURCES, describe_packs, pack, packs_and_gate
 from rcdiag.check.results import CheckResult, RuleResult
-from rcdiag.check.rules import (
-    RELATIVE_KINDS,
-    RULE_KINDS,
-    STEP_MODES,
-    Rule,
-    RuleKind,
-    Status,
-    StepMode,
-    parse_assignment,
-)
+from rcdiag.check.rules import RELATIVE_KINDS, RULE_KINDS, Rule, RuleKind, Status, parse_assignment
 from rcdiag.check.rules_file import CONFIG_TABLE, RuleFile, find_project_rules, load_rules
 from rcdiag.lazy import exports
+from rcdiag.rule_options import STEP_MODES, StepMode
 
 BASELINE_INPUT = "the baseline {source}"
 """How a refused output names the baseline dump (rcdiag.outputs.Ledger)."""

@@ -9,22 +9,17 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, TypeGuard
+from typing import Any, Literal
 
 from rcdiag.errors import ConfigError
+from rcdiag.option_checks import keyword
+from rcdiag.rule_options import STEP_MODE, TOLERATE, StepMode
 
 RuleKind = Literal["max", "min", "max_abs", "max_increase", "max_decrease"]
-StepMode = Literal["every", "last", "mean"]
 Status = Literal["passed", "failed", "skipped"]
 
 RULE_KINDS: tuple[RuleKind, ...] = ("max", "min", "max_abs", "max_increase", "max_decrease")
 RELATIVE_KINDS = ("max_increase", "max_decrease")
-STEP_MODES: tuple[StepMode, ...] = ("every", "last", "mean")
-
-
-def is_step_mode(text: str) -> TypeGuard[StepMode]:
-    """Whether ``text`` names a step mode (``--steps``, a rule's ``steps``)."""
-    return text in STEP_MODES
 
 
 @dataclass(frozen=True)
@@ -47,14 +42,12 @@ class Rule:
     def __post_init__(self) -> None:
         if self.kind not in RULE_KINDS:
             raise ConfigError(f"unknown rule kind '{self.kind}'; use one of {', '.join(RULE_KINDS)}.")
-        if self.steps not in STEP_MODES:
-            raise ConfigError(f"steps must be one of {', '.join(STEP_MODES)}, got '{self.steps}'.")
+        STEP_MODE(self.steps, keyword("steps"))
         if not math.isfinite(self.bound):
             raise ConfigError(f"the bound of a rule on '{self.metric}' must be a finite number, got {self.bound}.")
         if self.relative and self.kind not in RELATIVE_KINDS:
             raise ConfigError(f"a percentage bound only makes sense for max_increase/max_decrease ({self.metric}).")
-        if not 0.0 <= self.tolerate < 1.0:
-            raise ConfigError(f"tolerate must be a fraction in [0, 1), got {self.tolerate}.")
+        TOLERATE(self.tolerate, keyword("tolerate"))
         if self.tolerate and self.steps != "every":
             raise ConfigError(f"tolerate applies to steps='every' only (rule on '{self.metric}' has '{self.steps}').")
         if self.kind == "max_abs" and self.bound < 0:

@@ -15,11 +15,13 @@ from typing import Any
 
 from rcdiag.check.findings_gate import FindingGate, parse_fail_on
 from rcdiag.check.packs import packs_and_gate
-from rcdiag.check.rules import RULE_KINDS, STEP_MODES, Rule, StepMode, _parse_bound
+from rcdiag.check.rules import RULE_KINDS, Rule, _parse_bound
 from rcdiag.config import CorrectionConfig, preset, refuse_router_replay
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.io.paths import regular_file
+from rcdiag.option_checks import key
 from rcdiag.outputs import reads
+from rcdiag.rule_options import STEP_MODE, TOLERATE, StepMode
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -137,8 +139,12 @@ def _parse_table(path: Path, table: dict, where: str, steps: Any, tolerate: Any)
     unknown = sorted(set(table) - _TABLE_KEYS)
     if unknown:
         raise fail(f"unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(_TABLE_KEYS))}")
-    steps = _mode(table.get("steps", steps), "steps", fail)
-    tolerate = _fraction(table.get("tolerate", tolerate), "tolerate", fail)
+
+    def place(name: str, label: str = "") -> str:  # `[tool.rcdiag.check] [[rule]] #2 steps in pyproject.toml`
+        return key(name, path, " ".join(part for part in (where if where != "top level" else "", label) if part))
+
+    steps = STEP_MODE(table.get("steps", steps), place("steps"), InputError)
+    tolerate = float(TOLERATE(table.get("tolerate", tolerate), place("tolerate"), InputError))
     rules: list[Rule] = []
     source = path.name
     try:
@@ -171,8 +177,8 @@ def _parse_table(path: Path, table: dict, where: str, steps: Any, tolerate: Any)
             for kind in kinds:
                 bound, relative = _parse_bound(entry[kind], kind, f"{path}: {where} [[rule]] #{index + 1} {kind}")
                 label = f"[[rule]] #{index + 1}"
-                rule_steps = _mode(entry.get("steps", steps), f"{label} steps", fail)
-                rule_tolerate = _fraction(entry.get("tolerate", tolerate), f"{label} tolerate", fail)
+                rule_steps = STEP_MODE(entry.get("steps", steps), place("steps", label), InputError)
+                rule_tolerate = float(TOLERATE(entry.get("tolerate", tolerate), place("tolerate", label), InputError))
                 rules.append(Rule(entry["metric"], kind, bound, relative, rule_steps, rule_tolerate, source))
     except ConfigError as exc:
         message = str(exc)
@@ -189,18 +195,6 @@ def _parse_table(path: Path, table: dict, where: str, steps: Any, tolerate: Any)
     if not isinstance(exact, bool):
         raise fail("exact must be true or false")
     return RuleFile(path, tuple(rules), dict(engine), resolved, gate, exact)
-
-
-def _mode(value: Any, name: str, fail: Any) -> StepMode:
-    if value not in STEP_MODES:
-        raise fail(f"{name} must be one of {', '.join(STEP_MODES)}, got {value!r}")
-    return value
-
-
-def _fraction(value: Any, name: str, fail: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
-        raise fail(f"{name} must be a fraction in [0, 1), got {value!r}")
-    return float(value)
 
 
 def _list_of_str(value: Any, name: str, fail: Any) -> list[str]:

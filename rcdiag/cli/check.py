@@ -11,7 +11,8 @@ import typer
 
 from rcdiag.catalogue.metrics import packs_help
 from rcdiag.cli.flags import AS_FLAGS, ENGINE_FLAGS, READ_FLAGS, given_path, output_flags, path_argument, path_option
-from rcdiag.cli.params import with_flags
+from rcdiag.cli.params import checked_flag, with_flags
+from rcdiag.rule_options import STEP_MODE, TOLERATE, is_step_mode
 
 if TYPE_CHECKING:
     from rcdiag.check import CheckResult
@@ -109,6 +110,7 @@ def check(
         typer.Option(
             "--steps",
             metavar="MODE",
+            callback=checked_flag(STEP_MODE),
             help="Which steps a rule reads: `every` (each step must hold; a failure names the step), `last`, or "
             "`mean` (over steps). Rules files may set their own.",
             rich_help_panel=RULES,
@@ -119,6 +121,7 @@ def check(
         typer.Option(
             "--tolerate",
             metavar="FRACTION",
+            callback=checked_flag(TOLERATE),
             help="With `--steps every`: the fraction of steps allowed to fail (e.g. 0.1).",
             rich_help_panel=RULES,
         ),
@@ -166,17 +169,13 @@ def check(
     from rcdiag.api import check as run_check
     from rcdiag.check import find_project_rules, load_rules
     from rcdiag.check.rule_set import rule_set
-    from rcdiag.check.rules import is_step_mode
     from rcdiag.cli.output import checked_path
     from rcdiag.cli.progress import progress
-    from rcdiag.errors import ConfigError
     from rcdiag.outputs import reads
 
     junit_file, markdown_file = checked_path(junit, "--junit"), checked_path(markdown, "--markdown")
     reads(path)  # every output is an input's clash from here on: the rules file's, pyproject.toml's, the baseline's
-
-    if not is_step_mode(steps):
-        raise ConfigError(f"--steps must be every, last or mean, got '{steps}'.")
+    assert is_step_mode(steps)  # --steps' callback refused any other (rcdiag.option_checks)
     loaded = (
         load_rules(rules_file, steps=steps, tolerate=tolerate)
         if rules_file

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from rcdiag.cli.flags import AS_FLAGS, ENGINE_FLAGS, READ_FLAGS, given_path, output_flags, path_argument, side_columns
-from rcdiag.cli.params import with_flags
+from rcdiag.cli.params import checked_flag, with_flags
+from rcdiag.option_checks import positive
 
 if TYPE_CHECKING:
     from rcdiag.cli.engine_config import EngineFlags
@@ -22,6 +23,7 @@ def _temperature(side: str) -> object:
     return typer.Option(
         f"--temperature-{side}",
         metavar="T",
+        callback=checked_flag(positive()),  # as rcdiag.compare.check_temperature
         help=f"Rollout sampling temperature of {side.upper()} (default: the dump's `temperature` metadata; when "
         "both are known and differ, the flag is used and a finding says so).",
         rich_help_panel=TEMPERATURE,
@@ -85,13 +87,10 @@ def compare(
 
     from rcdiag.api import compare as run_compare
     from rcdiag.cli.progress import progress
-    from rcdiag.compare import check_temperature
     from rcdiag.outputs import reads
 
     paths = [path_a, path_b, *(more or [])]
     reads(*paths)  # all before A is read: an output over B is refused first
-    check_temperature(temperature_a, "--temperature-a")
-    check_temperature(temperature_b, "--temperature-b")
     config = engine.config()
     if framework is not None:
         config = engine.for_framework(framework, config)

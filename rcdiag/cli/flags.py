@@ -14,9 +14,10 @@ import typer
 
 from rcdiag.catalogue.findings import EXPLAIN_ONLY, detectors
 from rcdiag.cli.engine_config import EngineFlags, ISLevel
-from rcdiag.cli.params import Flag, FlagGroup
+from rcdiag.cli.params import Flag, FlagGroup, checked_flag
 from rcdiag.constants import DEFAULT_CHUNK_TOKENS, DEVICES
-from rcdiag.options import BAD_ROW_POLICIES
+from rcdiag.option_checks import count
+from rcdiag.options import BAD_ROW_POLICIES, CHUNK_TOKENS, ON_BAD_ROW, VOCAB_SIZE, WORKERS
 from rcdiag.render.registry import FORMATS, ResultKind, format_names, pictures
 from rcdiag.versions import DEFAULT_VERSION, VERSIONS
 
@@ -179,7 +180,15 @@ MICRO = "Micro-batches (how verl's actor cuts each step; analyze)"
 
 def _count_option(flag: str, help_text: str) -> Any:
     return Annotated[
-        int | None, typer.Option(flag, metavar="N", help=help_text, rich_help_panel=MICRO, min=1, show_default=False)
+        int | None,
+        typer.Option(
+            flag,
+            metavar="N",
+            help=help_text,
+            rich_help_panel=MICRO,
+            callback=checked_flag(count(1)),
+            show_default=False,
+        ),
     ]
 
 
@@ -193,7 +202,8 @@ MICROBATCH_FLAGS = FlagGroup(
         Flag("dp_size", _count_option("--dp-size", "Data-parallel ranks the step is split over. Default: 1.")),
         Flag("max_token_len", _count_option("--max-token-len", "Dynamic batch size: verl's rearrange_micro_batches "
              "with this token budget per micro-batch (`ppo_max_token_len_per_gpu`); needs --prompt-len.")),
-        Flag("prompt_len", Annotated[int | None, typer.Option("--prompt-len", metavar="P", min=0, rich_help_panel=MICRO,
+        Flag("prompt_len", Annotated[int | None, typer.Option("--prompt-len", metavar="P", rich_help_panel=MICRO,
+             callback=checked_flag(count(0)),
              show_default=False, help="Prompt tokens per row (dumps hold none): sequence length = P + response "
              "length, for --max-token-len and --balance-batch.")]),
         Flag("balance_batch", Annotated[bool, typer.Option("--balance-batch", rich_help_panel=MICRO,
@@ -261,12 +271,12 @@ def side_columns(side: str) -> FlagGroup:
     return FlagGroup(f"columns_{side}", flags, lambda values: _columns(values, side))
 
 
-BadRowPolicy = enum.Enum("BadRowPolicy", {name: name for name in BAD_ROW_POLICIES}, type=str)  # type: ignore[misc]
-"""``--on-bad-row`` choices, from ``rcdiag.options``."""
 OnBadRowOpt = Annotated[
-    BadRowPolicy,
+    str,
     typer.Option(
         "--on-bad-row",
+        metavar="|".join(BAD_ROW_POLICIES),
+        callback=checked_flag(ON_BAD_ROW),
         help="Rows with NaN, +inf, a log-prob above +1e-3 or a mask value other than 0/1 at a valid position: "
         "`error` stops with exit 2 naming the first; `skip` leaves them out and reports how many, by reason.",
         rich_help_panel=INPUT,
@@ -290,7 +300,7 @@ ChunkOpt = Annotated[
         help="Read about N tokens at a time (bounds memory; never changes a metric). A longer response "
         "forms its own chunk.",
         rich_help_panel=RUN,
-        min=1,
+        callback=checked_flag(CHUNK_TOKENS),
     ),
 ]
 
@@ -300,12 +310,9 @@ def _workers(text: str | int) -> int | str:
     if str(text).strip().lower() == "auto":
         return "auto"
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise typer.BadParameter(f"{text!r} is not a number of processes (1 or more) or 'auto'.")
-    return value
+        return str(text)  # refused by the flag's check, quoted as given
 
 
 WorkersOpt = Annotated[
@@ -314,6 +321,7 @@ WorkersOpt = Annotated[
         "--workers",
         metavar="N|auto",
         parser=_workers,
+        callback=checked_flag(WORKERS),
         help="Split the dump (a Parquet file's row groups, or the files of a directory of shards) among N "
         "processes (CPU); the report is the same as with one. `auto`: as many as can beat one process here "
         "(one per two cores, each with at least 512 MiB of the dump; often one).",
@@ -346,7 +354,7 @@ VocabOpt = Annotated[
     typer.Option(
         "--vocab-size",
         metavar="N",
-        min=1,
+        callback=checked_flag(VOCAB_SIZE),
         help="Token ids (read with --explain) must be below N; a larger one stops with exit 2 naming it.",
         rich_help_panel=INPUT,
         show_default=False,
@@ -375,7 +383,7 @@ READ_FLAGS = FlagGroup(
     (
         *(_column_flag(role) for role in COLUMN_ROLES),
         Flag("by", ByOpt),
-        Flag("on_bad_row", OnBadRowOpt, BadRowPolicy("error")),
+        Flag("on_bad_row", OnBadRowOpt, "error"),
         Flag("device", DeviceOpt, "cpu"),
         Flag("chunk_tokens", ChunkOpt, DEFAULT_CHUNK_TOKENS),
         Flag("workers", WorkersOpt, 1),
@@ -398,7 +406,7 @@ def _read_options(values: dict[str, Any]) -> Any:
 
     fields = {k: v for k, v in values.items() if not k.endswith("_col") and k != "by"}
     columns = ColumnMap(**_columns(values), by=tuple(dict.fromkeys(values["by"] or ())))
-    return ReadOptions(columns=columns, **fields | {"on_bad_row": values["on_bad_row"].value})
+    return ReadOptions(columns=columns, **fields)
 
 
 def given_path(value: Any) -> Any:
@@ -445,7 +453,7 @@ WorstOpt = Annotated[
     typer.Option(
         "--worst",
         metavar="N",
-        min=0,
+        callback=checked_flag(count(0)),
         help="Responses in --explain's worst-responses list (largest |sum of log-ratios|; default 10); implies "
         "--explain (given as 10 too).",
         rich_help_panel=EXPLAIN,

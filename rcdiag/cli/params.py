@@ -8,11 +8,14 @@ every check a builder makes happens before any file is opened).
 
 from __future__ import annotations
 
+import enum
 import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from rcdiag.option_checks import Check, flag
 
 F = TypeVar("F", bound=Callable[..., Any])
 KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY
@@ -72,3 +75,19 @@ def with_flags(*groups: FlagGroup) -> Callable[[F], F]:
 
 def _evaluated(annotation: Any, command: Callable[..., Any]) -> Any:
     return eval(annotation, command.__globals__) if isinstance(annotation, str) else annotation
+
+
+def checked_flag(check: Check) -> Callable[[Any, Any, Any], Any]:
+    """A typer callback holding a flag's value to ``check`` (``rcdiag.option_checks``): a bad value is the
+    template's one line naming the flag as typed (``--workers must be ..., got 0``), exit 2. The check rides on
+    the callback (``.check``) so the tests can find every checked flag and give it a bad value."""
+
+    def callback(ctx: Any, param: Any, value: Any) -> Any:
+        if value is None:
+            return value
+        given = value.value if isinstance(value, enum.Enum) else value
+        check(given, flag(max(param.opts, key=len)))
+        return value
+
+    callback.check = check  # type: ignore[attr-defined]
+    return callback

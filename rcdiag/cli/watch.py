@@ -12,9 +12,10 @@ import typer
 
 from rcdiag.catalogue.metrics import packs_help
 from rcdiag.cli.flags import ENGINE_FLAGS, READ_FLAGS, path_argument
-from rcdiag.cli.params import with_flags
+from rcdiag.cli.params import checked_flag, with_flags
 from rcdiag.cli.tracking import TRACKING_FLAGS
 from rcdiag.errors import ExitCode, RcdiagError
+from rcdiag.option_checks import count, duration
 
 if TYPE_CHECKING:
     from rcdiag.cli.engine_config import EngineFlags
@@ -44,7 +45,8 @@ class ExitOn(str, enum.Enum):
 
 def _seconds(flag: str, help_text: str, panel: str = FOLLOW) -> Any:
     return Annotated[
-        float | None, typer.Option(flag, metavar="SECONDS", min=0.0, help=help_text, rich_help_panel=panel)
+        float | None,
+        typer.Option(flag, metavar="SECONDS", callback=checked_flag(duration()), help=help_text, rich_help_panel=panel),
     ]
 
 
@@ -82,14 +84,20 @@ def watch(
     ] = WatchFormat.table,
     poll: Annotated[
         float,
-        typer.Option("--poll", metavar="SECONDS", min=0.01, help="Seconds between listings.", rich_help_panel=FOLLOW),
+        typer.Option(
+            "--poll",
+            metavar="SECONDS",
+            callback=checked_flag(duration(0.01)),
+            help="Seconds between listings.",
+            rich_help_panel=FOLLOW,
+        ),
     ] = 0.5,
     settle: Annotated[
         float,
         typer.Option(
             "--settle",
             metavar="SECONDS",
-            min=0.0,
+            callback=checked_flag(duration()),
             help="A file not written by DumpWriter is read once its size and modification time have not changed "
             "for this long (DumpWriter's parts appear whole, by rename). 0: read files as soon as they appear.",
             rich_help_panel=FOLLOW,
@@ -171,7 +179,7 @@ def watch(
         typer.Option(
             "--forecast-horizon",
             metavar="STEPS",
-            min=1,
+            callback=checked_flag(count(1)),
             help="Alert when a bounded metric's trend is expected to cross its bound within this many steps.",
             rich_help_panel=ALERTS,
         ),

@@ -11,13 +11,16 @@ from typing import Literal
 
 from rcdiag.compare.records import K3, KL, KL_SE, SideTemperature, TemperatureAnalysis
 from rcdiag.constants import TEMPERATURE_KEY, TRAIN_TEMPERATURE_KEY
-from rcdiag.errors import ConfigError, InputError
+from rcdiag.errors import InputError
+from rcdiag.option_checks import positive
 from rcdiag.report import Report
 
 NOISE_RATIO_LIMIT = 3.0
 """Noise estimates further apart than this factor are not the same engine noise (kl differs by 9x)."""
 SIGMAS = 2.0
 """Noise estimates carry a band from kl +- this many standard errors; "far apart" must hold across the bands."""
+TEMPERATURE = positive()
+"""What a given temperature takes (``rcdiag.option_checks``)."""
 ASSUMED_TEMPERATURE = 1.0
 """The temperature taken on both sides when neither dump records one: equal temperatures are assumed, and the
 noise ratio and every verdict are the same for any common value."""
@@ -26,8 +29,8 @@ noise ratio and every verdict are the same for any common value."""
 def check_temperature(value: float | None, name: str) -> None:
     """A given temperature must be a positive finite number; ``name`` is how the caller spelled it (the library's
     ``temperature_a``, the CLI's ``--temperature-a``)."""
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"{name} must be a positive number, got {value}.")
+    if value is not None:
+        TEMPERATURE(value, name)
 
 
 def _metadata_temperature(report: Report, key: str, option: str) -> float | None:

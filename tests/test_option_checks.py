@@ -1,0 +1,121 @@
+"""Every bounded user option goes through one template (``rcdiag.option_checks``): a bad value is one line,
+``<where> must be <what>, got <value>``, naming the flag, keyword, variable or file key, with exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import typer
+from conftest import ROOT, run
+
+import rcdiag
+from rcdiag.cli import app
+from rcdiag.errors import ConfigError, SettingError
+from rcdiag.option_checks import choice, count, duration, positive, probability
+
+DUMP = str(ROOT / "sample_data" / "healthy.parquet")
+
+
+def _options() -> list[tuple[str, object]]:
+    """(command, click option) for every option of every command."""
+    group = typer.main.get_command(app)
+    ctx = typer.Context(group)
+    found = []
+    for name in group.list_commands(ctx):  # type: ignore[attr-defined]
+        command = group.get_command(ctx, name)  # type: ignore[attr-defined]
+        found += [(name, p) for p in command.params if p.opts[0].startswith("-")]
+    return found
+
+
+def _numeric(option: object) -> bool:
+    annotation = getattr(getattr(option, "type_descriptor", None), "annotation", None)
+    return annotation in (int, float)
+
+
+CHECKED = [(c, o) for c, o in _options() if getattr(o.callback, "check", None) is not None]  # type: ignore[attr-defined]
+
+
+def test_every_bounded_flag_goes_through_the_template() -> None:
+    """No flag keeps typer's own bounds (``min=``/``max=``: pydantic's wording), and every number a flag takes is
+    checked by the template."""
+    for command, option in _options():
+        name = max(option.opts, key=len)  # type: ignore[attr-defined]
+        assert getattr(option, "min", None) is None and getattr(option, "max", None) is None, (command, name)
+        if _numeric(option):
+            assert getattr(option.callback, "check", None) is not None, f"rcdiag {command} {name} is not checked"  # type: ignore[attr-defined]
+    assert {max(o.opts, key=len) for _, o in CHECKED} >= {  # type: ignore[attr-defined]
+        "--workers", "--chunk-tokens", "--vocab-size", "--on-bad-row", "--steps", "--tolerate", "--worst",
+        "--target-reject", "--poll", "--forecast-horizon", "--temperature-a",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("command", "option"),
+    CHECKED,
+    ids=[f"{c} {max(o.opts, key=len)}" for c, o in CHECKED],  # type: ignore[attr-defined]
+)
+def test_a_bad_value_is_the_template_line(
+    capsys: pytest.CaptureFixture, tmp_path: Path, command: str, option: object
+) -> None:
+    check = option.callback.check  # type: ignore[attr-defined]
+    name = max(option.opts, key=len)  # type: ignore[attr-defined]
+    paths = {"compare": [DUMP, DUMP], "watch": [str(tmp_path)]}.get(command, [DUMP])
+    code, out, err = run(capsys, command, *paths, name, check.example)
+    assert code == 2 and out == "", err
+    assert err.startswith(f"rcdiag: error: {name} must be {check.what}, got ") and err.count("\n") == 1, err
+
+
+def test_the_checks_and_their_boundaries() -> None:
+    assert probability()(1.0, "--p") == 1.0 and probability()(0, "--p") == 0
+    with pytest.raises(ConfigError, match=r"^--p must be a fraction in \[0, 1\), got 1$"):
+        probability(below_one=True)(1, "--p")
+    with pytest.raises(ConfigError, match=r"^--p must be a probability in \[0, 1\], got nan$"):
+        probability()(float("nan"), "--p")
+    assert count(1, 3)(3, "n") == 3
+    with pytest.raises(ConfigError, match=r"^n must be an integer from 1 to 3, got 4$"):
+        count(1, 3)(4, "n")
+    with pytest.raises(ConfigError, match=r"^n must be an integer >= 1, got True$"):
+        count(1)(True, "n")
+    with pytest.raises(ConfigError, match=r"^n must be an integer >= 0, got '1'$"):
+        count(0)("1", "n")
+    assert duration(0.01)(0.01, "--poll") == 0.01
+    with pytest.raises(ConfigError, match=r"^--poll must be a number of seconds >= 0.01, got 0.005$"):
+        duration(0.01)(0.005, "--poll")
+    with pytest.raises(ConfigError, match=r"^t must be a positive number, got 0$"):
+        positive()(0, "t")
+    with pytest.raises(ConfigError, match=r"^s must be one of a, b, got 'c'$"):
+        choice(("a", "b"))("c", "s")
+
+
+def test_library_keywords_name_themselves() -> None:
+    for field, value, what in [
+        ("workers", 0, "an integer >= 1 or 'auto'"),
+        ("chunk_tokens", 0, "a number of tokens from 1 to 1,099,511,627,776"),
+        ("vocab_size", 0, "a number of token ids >= 1"),
+        ("on_bad_row", "drop", "one of error, skip"),
+    ]:
+        with pytest.raises(ConfigError) as caught:
+            rcdiag.ReadOptions(**{field: value})  # type: ignore[arg-type]
+        assert str(caught.value) == f"{field} must be {what}, got {value!r}"
+
+
+def test_environment_variables_name_themselves(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rcdiag.io.storage import RETRY_LIMIT
+
+    monkeypatch.setenv(RETRY_LIMIT.env, "-2")
+    with pytest.raises(SettingError) as caught:
+        RETRY_LIMIT.seconds()
+    assert str(caught.value) == (
+        f"the environment variable {RETRY_LIMIT.env} must be a positive number of seconds, got '-2'"
+    )
+
+
+def test_pyproject_keys_name_table_and_file(capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "pyproject.toml").write_text("[tool.rcdiag.check]\ntolerate = 1.5\n[tool.rcdiag.check.max]\nkl = 1\n")
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(capsys, "check", DUMP)
+    assert (code, err) == (
+        2,
+        "rcdiag: error: [tool.rcdiag.check] tolerate in pyproject.toml must be a fraction in [0, 1), got 1.5\n",
+    )
