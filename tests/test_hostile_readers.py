@@ -259,7 +259,7 @@ def test_every_rcdiag_variable_is_read_through_the_one_parser(monkeypatch: pytes
         monkeypatch.setenv(name, "zz")
         with pytest.raises(SettingError) as info:
             check_environment()
-        assert str(info.value) == f"{name}='zz' is not {form}."
+        assert str(info.value) == f"the environment variable {name} must be {form}, got 'zz'"
         monkeypatch.delenv(name)
     check_environment()
 
@@ -295,4 +295,5 @@ def test_a_bad_variable_is_one_line_naming_it_whatever_the_input(
     ignored for a local file."""
     monkeypatch.setenv(name, value)
     path = _inputs(tmp_path)[kind]
-    assert one_line(run_capped("analyze", path)) == f"rcdiag: error: {name}={value!r} is not {FORMS[name]}.\n"
+    said = f"rcdiag: error: the environment variable {name} must be {FORMS[name]}, got {value!r}\n"
+    assert one_line(run_capped("analyze", path)) == said
