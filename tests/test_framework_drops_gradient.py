@@ -20,7 +20,7 @@ from shape_dumps import defect_dump, dump
 import rcdiag
 from rcdiag.catalogue.findings import Code
 from rcdiag.cli import main
-from rcdiag.frameworks.gradient import ESS_MIN, WEIGHT_MEAN_MIN, ZEROED_MAX, failed_bounds
+from rcdiag.frameworks.gradient import ESS_FLOOR, WEIGHT_MEAN_MIN, ZEROED_MAX, failed_bounds
 from rcdiag.frameworks.registry import FRAMEWORKS, choose
 
 CODE = Code.FRAMEWORK_DROPS_GRADIENT
@@ -38,7 +38,7 @@ def _path(scenario: str, seed: int) -> Path:
 
 
 def test_the_bounds_are_inclusive_and_each_fails_alone() -> None:
-    assert (WEIGHT_MEAN_MIN, ZEROED_MAX, ESS_MIN) == (0.5, 0.5, 0.3)
+    assert (WEIGHT_MEAN_MIN, ZEROED_MAX, ESS_FLOOR) == (0.5, 0.5, 0.3)
     assert failed_bounds(0.5, 0.5, 0.3) == [] and failed_bounds(None, None, None) == []
     assert len(failed_bounds(math.nextafter(0.5, 0), 0.0, 1.0)) == 1
     assert len(failed_bounds(1.0, math.nextafter(0.5, 1), 1.0)) == 1
@@ -80,7 +80,7 @@ def test_trl_default_sequence_mask_collapses_on_int4(seed: int) -> None:
     assert "vllm_importance_sampling_mode=sequence_mask" in found.message
     assert "vllm_importance_sampling_clip_max=3.0" in found.message and "(--as trl)" in found.message
     weights = report.sections["framework"].pooled.extras
-    assert weights["rcdiag/trl/weight_mean"] < 0.2 and weights["rcdiag/trl/ess"] < ESS_MIN
+    assert weights["rcdiag/trl/weight_mean"] < 0.2 and weights["rcdiag/trl/ess"] < ESS_FLOOR
     # the verdict names it, and what it prescribes in TRL's options does not itself trip the finding
     assert any(CODE in step for step in report.verdict.next_steps)
     spoken = report.verdict.recommendation.framework if report.verdict.recommendation else None
@@ -90,12 +90,12 @@ def test_trl_default_sequence_mask_collapses_on_int4(seed: int) -> None:
 
 
 def test_no_false_alarm_on_clean_scenarios_under_every_framework_default() -> None:
-    fired = []
-    for scenario, seed in CLEAN:
-        path = _path(scenario, seed)
-        for name in RIDING:
-            if CODE in _codes(rcdiag.analyze(path, framework=choose(name, {}))):
-                fired.append((scenario, seed, name))
+    fired = [
+        (scenario, seed, name)
+        for scenario, seed in CLEAN
+        for name in RIDING
+        if CODE in _codes(rcdiag.analyze(_path(scenario, seed), framework=choose(name, {})))
+    ]
     assert fired == [], f"false alarms: {len(fired)} of {len(CLEAN) * len(RIDING)}: {fired}"
 
 

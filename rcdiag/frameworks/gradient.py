@@ -23,7 +23,7 @@ WEIGHT_MEAN_MIN = 0.5
 """Below it the framework's weights keep less than half of the loss's mass: most of the gradient is gone."""
 ZEROED_MAX = 0.5
 """Above it the framework's mask zeroes most of the valid tokens' losses."""
-ESS_MIN = float(finding_threshold(Code.IS_ESS_LOW).limit)
+ESS_FLOOR = float(finding_threshold(Code.IS_ESS_LOW).limit)
 """verl's minimum ESS of its own IS weights (0.3): below it a few tokens carry most of the weight."""
 
 
@@ -35,8 +35,8 @@ def failed_bounds(weight_mean: MetricValue, zeroed: MetricValue, ess: MetricValu
         failed.append(f"weight mean {weight_mean:.3g} < {WEIGHT_MEAN_MIN:g}")
     if zeroed is not None and zeroed > ZEROED_MAX:
         failed.append(f"{zeroed:.1%} of the tokens zeroed > {ZEROED_MAX:.0%}")
-    if ess is not None and ess < ESS_MIN:
-        failed.append(f"ESS of the weights {ess:.3g} < {ESS_MIN:g}")
+    if ess is not None and ess < ESS_FLOOR:
+        failed.append(f"ESS of the weights {ess:.3g} < {ESS_FLOOR:g}")
     return failed
 
 
