@@ -73,6 +73,7 @@ class Code(StrEnum):
     SPARSE_OUTLIERS = "sparse_outliers"
     RS_REJECTS_ALL_TOKENS = "rs_rejects_all_tokens"
     RS_REJECTS_MOST_TOKENS = "rs_rejects_most_tokens"
+    FRAMEWORK_DROPS_GRADIENT = "framework_drops_gradient"
     LOGPROB_NEG_INF = "logprob_neg_inf"
     METRIC_NOT_FINITE = "metric_not_finite"
     TEMPERATURE_MISMATCH = "temperature_mismatch"
@@ -429,6 +430,16 @@ FINDINGS: tuple[FindingSpec, ...] = (
         metric="rollout_rs_masked_fraction",
         advice="verl's RS is a hard filter for extreme outliers; removing this much of a batch trains on a biased "
         "subset. Loosen that option's --rs-threshold (rcdiag sweep scans thresholds for one that fits).",
+        role="configuration",
+    ),
+    FindingSpec(
+        "framework_drops_gradient",
+        "warning",
+        "under --as NAME, NAME's own correction keeps a weight mean below 0.5, zeroes more than 50% of the valid "
+        "tokens, or leaves an ESS of its weights below verl's minimum (0.3)",
+        advice="Training then learns from a small share of the batch, or from a few tokens: use a token-level "
+        "truncation in that framework's options (the verdict's prescription gives one, measured on this dump) rather "
+        "than a sequence-level weight or mask, which multiplies every token's ratio along long responses.",
         role="configuration",
     ),
     FindingSpec(

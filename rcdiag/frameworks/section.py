@@ -18,11 +18,13 @@ from rcdiag.core.limits import finite
 from rcdiag.engine import StepKey, step_pairs
 from rcdiag.fields import FieldError, integer, shown
 from rcdiag.frameworks.base import needs_notes
+from rcdiag.frameworks.gradient import drops_gradient
 from rcdiag.frameworks.registry import Chosen, choose
 from rcdiag.io.base import RowNumbering
 from rcdiag.metrics.base import Accumulator, MetricValue, verl_float
 from rcdiag.metrics.batch import declared_states
 from rcdiag.metrics.block import Block
+from rcdiag.report import Finding
 from rcdiag.sections.base import PlainSection, RunFacts
 
 KEY = "framework"
@@ -205,6 +207,14 @@ class FrameworkSection(PlainSection):
             steps=steps,
             readings={key.key: key.reading for key in chosen.framework.keys},
         )
+
+    def findings(self, state: FrameworkState | None, run: RunFacts) -> list[Finding]:
+        """``framework_drops_gradient`` where the framework's correction, pooled over the dump, takes away most of
+        the gradient (``rcdiag.frameworks.gradient``)."""
+        if state is None:
+            return []
+        found = drops_gradient(state.chosen, step_values(state.pooled()).extras)
+        return [] if found is None else [found]
 
 
 def _shown(value: Any) -> str:
