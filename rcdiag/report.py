@@ -374,12 +374,25 @@ def _shown(value: Any) -> str:
 
 
 @dataclass(frozen=True)
+class PrescribedSetting:
+    """A prescription's four rollout-correction keys, by verl's names, as given (a threshold a number or verl's
+    string): the JSON ``verdict.recommendation.config``."""
+
+    rollout_is: str | None
+    rollout_is_threshold: float | str | None
+    rollout_rs: str | None = None
+    rollout_rs_threshold: float | str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class Prescription:
     """One verl setting to use: the four rollout-correction keys, the preset it matches, its YAML and effect; under
     ``--as NAME`` (another framework than verl) the same setting in that framework's settings (``framework``)."""
 
-    config: dict[str, Any]
-    """``rollout_is``, ``rollout_is_threshold``, ``rollout_rs``, ``rollout_rs_threshold`` (verl's names)."""
+    config: PrescribedSetting
     preset: str | None
     yaml: str
     effect: Effect | None
@@ -388,7 +401,7 @@ class Prescription:
 
     def to_dict(self) -> dict[str, Any]:
         out = {
-            "config": dict(self.config),
+            "config": self.config.to_dict(),
             "preset": self.preset,
             "yaml": self.yaml,
             "effect": None if self.effect is None else self.effect.to_dict(),

@@ -18,7 +18,7 @@ from conftest import ROOT, SAMPLES, run
 import rcdiag
 from rcdiag.explain.worst import WorstResponse
 from rcdiag.io.columns import ColumnMap
-from rcdiag.report import BucketRow, ExplainBreakdowns, SliceRow, TokenBreakdown, TokenRow, WorstRow
+from rcdiag.report import BucketRow, ExplainBreakdowns, PrescribedSetting, SliceRow, TokenBreakdown, TokenRow, WorstRow
 
 ROWS = (BucketRow, TokenRow, TokenBreakdown, ExplainBreakdowns, WorstRow, SliceRow)
 STOP = str(SAMPLES / "stop_token.parquet")
@@ -135,3 +135,25 @@ def test_every_renderer_draws_the_rows(tmp_path: Path, capsys: pytest.CaptureFix
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     code, _, _ = run(capsys, "analyze", STOP, "--explain", "--by", "step", "--format", "json", "-o", str(out))
     assert code == 0 and json.loads(out.read_text())["worst_sequences"][0]["row"] == worst.row
+
+
+def test_a_prescription_carries_its_setting_typed() -> None:
+    """``verdict.recommendation.config`` is a ``PrescribedSetting``: verl's four keys in the JSON's order, read by
+    attribute everywhere (no ``rec.config["rollout_is"]``), and the setting analyze measures it under."""
+    from rcdiag.prescribe import outlier_band, prescribed_setting
+
+    report = rcdiag.analyze(str(SAMPLES / "outliers.parquet"))
+    assert report.verdict is not None and report.verdict.recommendation is not None
+    setting = report.verdict.recommendation.config
+    assert setting == PrescribedSetting("token", 2.0, "token_k1", outlier_band())
+    shown = json.loads(json.dumps(report.to_dict()))["verdict"]["recommendation"]["config"]
+    assert list(shown.items()) == [("rollout_is", "token"), ("rollout_is_threshold", 2.0),
+                                   ("rollout_rs", "token_k1"), ("rollout_rs_threshold", outlier_band())]  # fmt: skip
+    assert PrescribedSetting(**shown) == setting
+    band = prescribed_setting(setting).resolve().rs_option("token_k1")  # |log-ratio| <= 1 nat, to 4 digits
+    assert (band.lower, band.upper) == (pytest.approx(math.exp(-1.0), rel=5e-4), pytest.approx(math.e, rel=5e-4))
+    as_dict = re.compile(r"\b(rec|recommendation|prescription|first)\.config(\[|\.get\()")
+    package = ROOT / "rcdiag"
+    offenders = [(str(path), line.strip()) for path in sorted(package.rglob("*.py"))
+                 for line in path.read_text().splitlines() if as_dict.search(line)]  # fmt: skip
+    assert offenders == []
