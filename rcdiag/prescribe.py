@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +21,7 @@ from rcdiag.catalogue.metrics import known_key
 from rcdiag.config import PRESETS, CorrectionConfig
 from rcdiag.errors import ConfigError
 from rcdiag.frameworks.speak import riding, speak
-from rcdiag.report import CauseClass, Effect, Prescription, Report, VerdictStatus
+from rcdiag.report import CauseClass, Effect, PrescribedSetting, Prescription, Report, VerdictStatus
 from rcdiag.versions import DEFAULT_VERSION
 
 TIS_THRESHOLD = 2.0
@@ -56,9 +55,9 @@ class Candidate:
     def setting(self) -> str:
         """The setting in a few words, for the headline: under ``--as NAME`` that framework's options first."""
         c = self.prescription.config
-        text = f"{c['rollout_is']}-level TIS {c['rollout_is_threshold']:g}"
-        if c.get("rollout_rs"):
-            text += f" + {c['rollout_rs']} RS {c['rollout_rs_threshold']}"
+        text = f"{c.rollout_is}-level TIS {c.rollout_is_threshold:g}"
+        if c.rollout_rs:
+            text += f" + {c.rollout_rs} RS {c.rollout_rs_threshold}"
         text += f" ({self.prescription.preset})" if self.prescription.preset else ""
         spoken = self.prescription.framework
         if spoken is None:
@@ -77,20 +76,14 @@ def candidate(report: Report, status: VerdictStatus, classes: frozenset[CauseCla
     """The setting for a ``correct`` verdict; ``None`` for any other status (no threshold repairs a bug)."""
     if status != "correct":
         return None
-    config: dict[str, Any] = {
-        "rollout_is": "token",
-        "rollout_is_threshold": TIS_THRESHOLD,
-        "rollout_rs": None,
-        "rollout_rs_threshold": None,
-    }
+    setting = PrescribedSetting("token", TIS_THRESHOLD)
     why = (
         "token-level truncated IS is the robust default: each token's weight is capped at "
         f"{TIS_THRESHOLD:g} on its own, so it stays stable on long responses where sequence-level weights collapse "
         "(seed 004; practice reports it most robust on long horizons)"
     )
     if "outliers" in classes:
-        config["rollout_rs"] = "token_k1"
-        config["rollout_rs_threshold"] = outlier_band()
+        setting = dataclasses.replace(setting, rollout_rs="token_k1", rollout_rs_threshold=outlier_band())
         why += (
             f"; token_k1 RS on the band |log-ratio| <= {OUTLIER_BAND_NATS:g} nat rejects the sparse outlier tokens "
             "that carry most of k3_kl instead of letting them set the weights"
@@ -100,9 +93,9 @@ def candidate(report: Report, status: VerdictStatus, classes: frozenset[CauseCla
             "; the configured IS saturates (nearly every weight truncated to its bound): token-level TIS at "
             f"{TIS_THRESHOLD:g} neither multiplies ratios along the response nor caps below 1"
         )
-    spoken = speak(config, name) if (name := riding(report.sections)) is not None else None
-    preset = matching_preset(prescribed_setting(config))
-    prescription = Prescription(config, preset, verl_yaml(config), None, why, spoken)
+    spoken = speak(setting.to_dict(), name) if (name := riding(report.sections)) is not None else None
+    preset = matching_preset(prescribed_setting(setting))
+    prescription = Prescription(setting, preset, verl_yaml(setting), None, why, spoken)
     return Candidate(prescription, _alternatives(report))
 
 
@@ -175,10 +168,10 @@ def _number(value: float | None) -> str:
     return "not computed" if value is None else f"{value:.3g}"
 
 
-def prescribed_setting(config: Mapping[str, Any], version: str = DEFAULT_VERSION) -> CorrectionConfig:
+def prescribed_setting(setting: PrescribedSetting, version: str = DEFAULT_VERSION) -> CorrectionConfig:
     """A prescription's four settings (``Prescription.config``) as the configuration analyze runs under verl
     ``version``: the one place they become one."""
-    return CorrectionConfig(**config, verl_version=version)
+    return CorrectionConfig(**setting.to_dict(), verl_version=version)
 
 
 def matching_preset(config: CorrectionConfig) -> str | None:
@@ -200,10 +193,10 @@ def matching_preset(config: CorrectionConfig) -> str | None:
     return None
 
 
-def verl_yaml(config: dict[str, Any]) -> str:
+def verl_yaml(setting: PrescribedSetting) -> str:
     """The four settings as lines to paste into verl's config."""
-    keys = ("rollout_is", "rollout_is_threshold", "rollout_rs", "rollout_rs_threshold")
-    lines = ["algorithm:", "  rollout_correction:", *(f"    {key}: {_yaml_value(config.get(key))}" for key in keys)]
+    pasted = (f"    {key}: {_yaml_value(value)}" for key, value in setting.to_dict().items())
+    lines = ["algorithm:", "  rollout_correction:", *pasted]
     return "\n".join(lines) + "\n"
 
 
@@ -220,7 +213,7 @@ def effect_of(prescription: Prescription, under: Report) -> tuple[Prescription, 
     whether it is a remedy: RS that rejects tokens in most responses is not one (the outliers it rejects are then no
     longer sparse, and the responses it leaves whole are a biased remnant)."""
     m = under.metrics
-    rs = prescription.config.get("rollout_rs") is not None
+    rs = prescription.config.rollout_rs is not None
     effect = Effect(
         tokens_rejected=(m.get(RS_TOKENS) or 0.0) if rs else 0.0,
         responses_rejected=(m.get(RS_RESPONSES) or 0.0) if rs else 0.0,

@@ -374,12 +374,25 @@ def _shown(value: Any) -> str:
 
 
 @dataclass(frozen=True)
+class PrescribedSetting:
+    """A prescription's four rollout-correction keys, by verl's names, as given (a threshold a number or verl's
+    string): the JSON ``verdict.recommendation.config``."""
+
+    rollout_is: str | None
+    rollout_is_threshold: float | str | None
+    rollout_rs: str | None = None
+    rollout_rs_threshold: float | str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class Prescription:
     """One verl setting to use: the four rollout-correction keys, the preset it matches, its YAML and effect; under
     ``--as NAME`` (another framework than verl) the same setting in that framework's settings (``framework``)."""
 
-    config: dict[str, Any]
-    """``rollout_is``, ``rollout_is_threshold``, ``rollout_rs``, ``rollout_rs_threshold`` (verl's names)."""
+    config: PrescribedSetting
     preset: str | None
     yaml: str
     effect: Effect | None
@@ -388,7 +401,7 @@ class Prescription:
 
     def to_dict(self) -> dict[str, Any]:
         out = {
-            "config": dict(self.config),
+            "config": self.config.to_dict(),
             "preset": self.preset,
             "yaml": self.yaml,
             "effect": None if self.effect is None else self.effect.to_dict(),
@@ -546,13 +559,131 @@ class MicroBatchReport:
 
 
 @dataclass(frozen=True)
+class BucketRow:
+    """One bucket of a breakdown (JSON ``breakdowns.position[i]``, ...): ``[lo, hi)`` (``hi`` ``None``: open
+    ended), its valid tokens and verl's token metrics over them (``None`` for an empty bucket)."""
+
+    lo: float
+    hi: float | None
+    tokens: int
+    kl: float | None
+    k3_kl: float | None
+    chi2_token: float | None
+    abs_log_ratio_mean: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class TokenRow:
+    """One ranked token id (JSON ``breakdowns.token.by_k3_share[i]``, docs/explain.md)."""
+
+    id: int
+    text: str | None
+    """Its text with ``--tokenizer``, else ``None``."""
+    tokens: int
+    token_share: float
+    k3_share: float | None
+    kl: float | None
+    k3_kl: float | None
+    chi2_token: float | None
+    abs_log_ratio_mean: float | None
+    z: float | None
+    significant: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class TokenBreakdown:
+    """The by-token table's size, its test and its two ranked lists (JSON ``breakdowns.token``)."""
+
+    ids: int
+    tokens: int
+    min_count: int
+    ids_tested: int
+    z_critical: float
+    by_k3_share: tuple[TokenRow, ...]
+    by_abs_log_ratio: tuple[TokenRow, ...]
+
+    def ranked(self) -> tuple[tuple[str, tuple[TokenRow, ...]], ...]:
+        """The two ranked lists by their JSON names, in the table's order."""
+        return (("by_k3_share", self.by_k3_share), ("by_abs_log_ratio", self.by_abs_log_ratio))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {k: getattr(self, k) for k in ("ids", "tokens", "min_count", "ids_tested", "z_critical")}
+        return out | {name: [row.to_dict() for row in rows] for name, rows in self.ranked()}
+
+
+@dataclass(frozen=True)
+class ExplainBreakdowns:
+    """``--explain``'s breakdowns (JSON ``breakdowns``): one row per bucket of position, rollout probability and
+    length (docs/json.md); with token ids, the by-token table (``token``)."""
+
+    position: tuple[BucketRow, ...]
+    rollout_prob: tuple[BucketRow, ...]
+    length: tuple[BucketRow, ...]
+    token: TokenBreakdown | None = None
+
+    def bucketed(self) -> tuple[tuple[str, tuple[BucketRow, ...]], ...]:
+        """The three bucketed breakdowns by their JSON names, in the report's order."""
+        return (("position", self.position), ("rollout_prob", self.rollout_prob), ("length", self.length))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {name: [row.to_dict() for row in rows] for name, rows in self.bucketed()}
+        if self.token is not None:
+            out["token"] = self.token.to_dict()
+        return out
+
+
+@dataclass(frozen=True)
+class SliceRow:
+    """One value of a ``--by`` column (JSON ``breakdowns.by.COLUMN[i]``, docs/json.md): its rows and tokens, verl's
+    token metrics over them, its share of the dump's k3, its ``slice_concentrated`` z (``None``: not tested) and
+    its own status (``healthy``, ``correct``, ``fix``)."""
+
+    value: Any
+    rows: int
+    tokens: int
+    token_share: float | None
+    kl: float | None
+    k3_kl: float | None
+    abs_log_ratio_mean: float | None
+    k3_share: float | None
+    z: float | None
+    status: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class WorstRow:
+    """One of the worst responses (JSON ``worst_sequences[i]``); a non-finite value is ``None``."""
+
+    row: int
+    step: int | None
+    id: Any
+    length: int
+    """Valid tokens."""
+    log_ratio_sum: float | None
+    max_abs_log_ratio: float | None
+    position_of_max: int | None
+    old_log_prob_at_max: float | None
+    rollout_log_prob_at_max: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class ExplainReport:
     """``analyze --explain``: where the mismatch sits (breakdowns) and which responses carry most of it."""
 
-    breakdowns: dict[str, Any]
-    """``position``, ``rollout_prob`` and ``length``: one entry per bucket (docs/json.md); ``token`` (with token
-    ids): the by-token table's ranked lists (docs/explain.md)."""
-    worst_sequences: tuple[dict[str, Any], ...]
+    breakdowns: ExplainBreakdowns
+    worst_sequences: tuple[WorstRow, ...]
     """Most extreme |log-ratio sum| first."""
     sequences_path: str | None = None
     """Where ``--sequences`` wrote one row per response."""
@@ -568,8 +699,8 @@ class ExplainReport:
     def to_dict(self) -> dict[str, Any]:
         """Its keys at the top of the report's JSON (docs/json.md)."""
         out: dict[str, Any] = {
-            "breakdowns": self.breakdowns,
-            "worst_sequences": list(self.worst_sequences),
+            "breakdowns": self.breakdowns.to_dict(),
+            "worst_sequences": [row.to_dict() for row in self.worst_sequences],
             "detectors_not_run": dict(self.not_run),
         }
         if self.sequences_path is not None:

@@ -21,6 +21,7 @@ import rcdiag
 from rcdiag import synthetic
 from rcdiag.cli import main
 from rcdiag.explain.breakdowns import LOG_PROB_THRESHOLDS, PROB_EDGES, prob_bucket
+from rcdiag.report import BucketRow
 
 # ------------------------------------------------------------------------------------------ helpers
 
@@ -72,17 +73,17 @@ def expected_buckets(index: np.ndarray, lr: np.ndarray, count: int) -> list[dict
     return out
 
 
-def assert_buckets(got: list[dict], want: list[dict]) -> None:
+def assert_buckets(got: tuple[BucketRow, ...], want: list[dict]) -> None:
     assert len(got) <= len(want)
     assert all(w["tokens"] == 0 for w in want[len(got) :])
     for g, w in zip(got, want, strict=False):
-        assert g["tokens"] == w["tokens"]
+        assert g.tokens == w["tokens"]
         for key in ("kl", "k3_kl", "chi2_token", "abs_log_ratio_mean"):
             if w["tokens"] == 0:
-                assert g[key] is None
+                assert getattr(g, key) is None
             else:
                 # float32 per-token maths (as verl) against float64: about 1e-7 relative per token
-                assert g[key] == pytest.approx(w[key], rel=1e-6, abs=1e-7), key
+                assert getattr(g, key) == pytest.approx(w[key], rel=1e-6, abs=1e-7), key
 
 
 def long_dump(tmp_path: Path, **kwargs) -> tuple[Path, pa.Table]:
@@ -103,18 +104,18 @@ def test_breakdowns_equal_an_independent_float64_computation(tmp_path: Path) -> 
     lr = (data["old"] - data["rollout"])[valid]
     breakdowns = report.explain.breakdowns
 
-    assert_buckets(breakdowns["position"], expected_buckets(doubling_index(data["position"][valid]), lr, 27))
+    assert_buckets(breakdowns.position, expected_buckets(doubling_index(data["position"][valid]), lr, 27))
     probability = np.exp(data["rollout"][valid])
     prob_index = np.searchsorted(np.array(PROB_EDGES[1:-1]), probability, side="right")
-    assert_buckets(breakdowns["rollout_prob"], expected_buckets(prob_index, lr, 8))
+    assert_buckets(breakdowns.rollout_prob, expected_buckets(prob_index, lr, 8))
     valid_per_row = np.bincount(data["row"][valid], minlength=len(data["lengths"]))
-    assert_buckets(breakdowns["length"], expected_buckets(doubling_index(valid_per_row[data["row"][valid]]), lr, 27))
+    assert_buckets(breakdowns.length, expected_buckets(doubling_index(valid_per_row[data["row"][valid]]), lr, 27))
 
     for name in ("position", "rollout_prob", "length"):
-        assert sum(b["tokens"] for b in breakdowns[name]) == report.input.valid_tokens
-    assert [(b["lo"], b["hi"]) for b in breakdowns["position"][:3]] == [(0, 32), (32, 64), (64, 128)]
-    assert breakdowns["rollout_prob"][-1]["lo"] == 0.99 and breakdowns["rollout_prob"][-1]["hi"] == 1.0
-    assert len(breakdowns["rollout_prob"]) == 8
+        assert sum(b.tokens for b in getattr(breakdowns, name)) == report.input.valid_tokens
+    assert [(b.lo, b.hi) for b in breakdowns.position[:3]] == [(0, 32), (32, 64), (64, 128)]
+    assert breakdowns.rollout_prob[-1].lo == 0.99 and breakdowns.rollout_prob[-1].hi == 1.0
+    assert len(breakdowns.rollout_prob) == 8
 
 
 def test_probability_buckets_agree_with_float64_exp_exactly_at_their_edges() -> None:
@@ -161,16 +162,18 @@ def test_planted_worst_responses_are_found_exactly(tmp_path: Path, workers: int)
     report = rcdiag.analyze(path, explain=True, worst=5, chunk_tokens=3000, workers=workers)
     worst = report.explain.worst_sequences
     want = brute_force_worst(table, 5)
-    assert [w["row"] for w in worst] == [r for r, _ in want]
-    assert [w["row"] for w in worst[:3]] == [95, 7, 150]  # planted: sizes 0.08 n + 5, 0.05 n, 0.02 n
+    assert [w.row for w in worst] == [r for r, _ in want]
+    assert [w.row for w in worst[:3]] == [95, 7, 150]  # planted: sizes 0.08 n + 5, 0.05 n, 0.02 n
     for got, (_, total) in zip(worst, want, strict=True):
-        assert got["log_ratio_sum"] == pytest.approx(total, rel=1e-9)
+        assert got.log_ratio_sum == pytest.approx(total, rel=1e-9)
     top = worst[0]
-    assert top["id"] == "u0095" and top["step"] == 2
-    assert top["position_of_max"] == 3
-    assert top["max_abs_log_ratio"] == pytest.approx(5.0 - 0.08, abs=1e-5) or top["max_abs_log_ratio"] >= 5.0
-    assert top["old_log_prob_at_max"] - top["rollout_log_prob_at_max"] == pytest.approx(5.0, abs=1e-5)
-    assert top["length"] == sum(table.column("response_mask")[95].as_py())
+    assert top.id == "u0095" and top.step == 2
+    assert top.position_of_max == 3
+    assert top.max_abs_log_ratio is not None
+    assert top.max_abs_log_ratio == pytest.approx(5.0 - 0.08, abs=1e-5) or top.max_abs_log_ratio >= 5.0
+    assert top.old_log_prob_at_max is not None and top.rollout_log_prob_at_max is not None
+    assert top.old_log_prob_at_max - top.rollout_log_prob_at_max == pytest.approx(5.0, abs=1e-5)
+    assert top.length == sum(table.column("response_mask")[95].as_py())
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -180,11 +183,12 @@ def test_chunk_size_changes_nothing(tmp_path: Path, chunk: int, worst: int) -> N
     a = rcdiag.analyze(path, explain=True, worst=worst)
     b = rcdiag.analyze(path, explain=True, worst=worst, chunk_tokens=chunk)
     assert a.explain.worst_sequences == b.explain.worst_sequences
-    for name, buckets in a.explain.breakdowns.items():
-        for x, y in zip(buckets, b.explain.breakdowns[name], strict=True):
-            assert x["tokens"] == y["tokens"]
+    for (_, buckets), (_, others) in zip(a.explain.breakdowns.bucketed(), b.explain.breakdowns.bucketed(), strict=True):
+        for x, y in zip(buckets, others, strict=True):
+            assert x.tokens == y.tokens
             for key in ("kl", "k3_kl", "chi2_token", "abs_log_ratio_mean"):
-                assert x[key] == y[key] or x[key] == pytest.approx(y[key], rel=1e-9, abs=1e-15)
+                u, v = getattr(x, key), getattr(y, key)
+                assert u == v or u == pytest.approx(v, rel=1e-9, abs=1e-15)
     assert [f.code for f in a.findings] == [f.code for f in b.findings]
 
 
@@ -356,12 +360,12 @@ def test_row_order_changes_no_breakdown_or_detector(tmp_path: Path) -> None:
     pq.write_table(table.take(pa.array(order)), shuffled, row_group_size=33)
     a = rcdiag.analyze(path, explain=True)
     b = rcdiag.analyze(shuffled, explain=True, chunk_tokens=5000)
-    for name, buckets in a.explain.breakdowns.items():
-        for x, y in zip(buckets, b.explain.breakdowns[name], strict=True):
-            assert x["tokens"] == y["tokens"]
-            assert x["kl"] == y["kl"] or x["kl"] == pytest.approx(y["kl"], rel=1e-9, abs=1e-15)
+    for (_, buckets), (_, others) in zip(a.explain.breakdowns.bucketed(), b.explain.breakdowns.bucketed(), strict=True):
+        for x, y in zip(buckets, others, strict=True):
+            assert x.tokens == y.tokens
+            assert x.kl == y.kl or x.kl == pytest.approx(y.kl, rel=1e-9, abs=1e-15)
     # the same responses are the worst, under their new row numbers
-    assert [order[w["row"]] for w in b.explain.worst_sequences] == [w["row"] for w in a.explain.worst_sequences]
+    assert [order[w.row] for w in b.explain.worst_sequences] == [w.row for w in a.explain.worst_sequences]
     assert [f.code for f in a.findings] == [f.code for f in b.findings]
 
 
@@ -393,8 +397,8 @@ def test_long_layout_names_responses_by_sequence_id(tmp_path: Path) -> None:
         pa.table({"seq_id": seq[order], "old_log_prob": old[order], "rollout_log_prob": rollout[order]}), path
     )
     worst = rcdiag.analyze(path, worst=1).explain.worst_sequences[0]
-    assert worst["id"] == 20 and worst["length"] == 60
-    assert worst["log_ratio_sum"] == pytest.approx(60 * 0.3, rel=1e-5)
+    assert worst.id == 20 and worst.length == 60
+    assert worst.log_ratio_sum == pytest.approx(60 * 0.3, rel=1e-5)
 
 
 def test_skipped_rows_keep_their_numbers(tmp_path: Path) -> None:
@@ -405,7 +409,7 @@ def test_skipped_rows_keep_their_numbers(tmp_path: Path) -> None:
     pq.write_table(pa.table(data, schema=table.schema), bad)
     report = rcdiag.analyze(bad, explain=True, worst=3, on_bad_row="skip")
     assert report.input.skipped_rows == 1
-    assert [w["row"] for w in report.explain.worst_sequences] == [95, 7, 150]
+    assert [w.row for w in report.explain.worst_sequences] == [95, 7, 150]
 
 
 @pytest.mark.parametrize(

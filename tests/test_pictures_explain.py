@@ -76,7 +76,7 @@ def test_traces_are_the_worst_responses_tokens_whatever_the_chunking(workers: in
     split = rcdiag.analyze(DRIFT, explain=True, chunk_tokens=5000, workers=workers)
     assert whole.explain.traces == split.explain.traces  # type: ignore[union-attr]
     traces = whole.explain.traces  # type: ignore[union-attr]
-    assert [t.row for t in traces] == [w["row"] for w in whole.explain.worst_sequences[:PLOTTED]]  # type: ignore[union-attr]
+    assert [t.row for t in traces] == [w.row for w in whole.explain.worst_sequences[:PLOTTED]]  # type: ignore[union-attr]
     for trace in traces:
         mask = np.asarray(table.column("response_mask")[trace.row].as_py(), dtype=bool)
         lr = (lists(table, "old_log_prob", trace.row) - lists(table, "rollout_log_prob", trace.row))[mask]
@@ -118,5 +118,5 @@ def test_explain_html_opens_offline_with_breakdowns_worst_and_traces(
     text = page.read_text()
     assert text.count('class="chart"') == 6 + 3 + PLOTTED  # trends, breakdowns, traces (and the histogram: wide)
     for worst in report.explain.worst_sequences[:PLOTTED]:  # type: ignore[union-attr]
-        assert f"row {worst['row']}, step {worst['step']}" in load.text
+        assert f"row {worst.row}, step {worst.step}" in load.text
     assert len(text) < 5_000_000

@@ -19,7 +19,7 @@ from test_pictures import assert_clean_offline_load, not_blank
 
 import rcdiag
 from rcdiag.compare import compare, compare_reports
-from rcdiag.report import Cause, Effect, Prescription, Report, Verdict
+from rcdiag.report import Cause, Effect, PrescribedSetting, Prescription, Report, Verdict
 from rcdiag.sweep import sweep
 from rcdiag.sweep.grid import build_grid
 
@@ -40,8 +40,7 @@ PROBLEM = SAMPLES / "train_forgot_temperature.parquet"
 OUTLIERS = SAMPLES / "outliers.parquet"
 YAML = "rollout_is: token\nrollout_is_threshold: 1.5\nrollout_rs: token_k1\nrollout_rs_threshold: 0.5_2.0\n"
 PRESCRIPTION = Prescription(
-    config={"rollout_is": "token", "rollout_is_threshold": 1.5, "rollout_rs": "token_k1",
-            "rollout_rs_threshold": "0.5_2.0"},
+    config=PrescribedSetting("token", 1.5, "token_k1", "0.5_2.0"),
     preset="decoupled_token_is",
     yaml=YAML,
     effect=Effect(tokens_rejected=0.0123, responses_rejected=0.25, is_ess=0.87, is_truncated_share=0.0042),
@@ -217,7 +216,7 @@ def test_is_weights_are_drawn_under_the_prescription_else_the_configured_is(flat
     ax = charts.weights_figure([(None, dataclasses.replace(configured, verdict=None))]).axes[0]  # type: ignore[union-attr]
     high = configured.metrics["rollout_corr/rollout_is_ratio_fraction_high"]
     assert f"IS caps at 2 (configuration, {100 * high:.3g}% beyond)" in [line.get_label() for line in ax.get_lines()]
-    sequence = dataclasses.replace(PRESCRIPTION, config={**PRESCRIPTION.config, "rollout_is": "sequence"})
+    sequence = dataclasses.replace(PRESCRIPTION, config=dataclasses.replace(PRESCRIPTION.config, rollout_is="sequence"))
     seq = dataclasses.replace(
         flat_explained, verdict=dataclasses.replace(verdict("fix", True), recommendation=sequence)
     )
@@ -266,7 +265,9 @@ def test_compare_draws_a_and_b_apart_in_every_panel(stepped: Report) -> None:
     text = render_comparison_html(comparison)
     assert text.count("<svg") == len(TRENDS) + 1
     colours = [look.colours[0] for look in SIDES.values()]  # A, B and the further dumps of a compare of several
-    assert len(set(colours)) == len(SIDES) >= 2 and charts.WARN not in {c for look in SIDES.values() for c in look.colours}
+    assert len(set(colours)) == len(SIDES) >= 2 and charts.WARN not in {
+        c for look in SIDES.values() for c in look.colours
+    }
 
 
 def test_compare_without_steps_draws_inside_both_dumps_apart(flat: Path, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 from conftest import run
 from shape_dumps import defect_dump, dump
 
-from rcdiag.report import Prescription, Verdict
+from rcdiag.report import PrescribedSetting, Prescription, Verdict
 from rcdiag.sweep.advice import advise
 from rcdiag.sweep.sweep_report import NO_THRESHOLD_REMEDY, NOT_URGED, PresetRank
 
@@ -150,7 +150,7 @@ def test_the_html_sweep_shows_the_verdict_first(tmp_path: Path, capsys: pytest.C
 
 
 # The rule, on hand-built verdicts: each status, and each reason the ranking and the prescription differ.
-TOKEN_IS = {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": None, "rollout_rs_threshold": None}
+TOKEN_IS = PrescribedSetting("token", 2.0)
 
 
 def _rank(name: str, tier: int = 0, note: str = "") -> PresetRank:

@@ -173,9 +173,9 @@ def test_one_shifted_id_is_ranked_first_and_detected(
     target = int(vocabulary.tokenizer.token_to_id("Ġgives"))
     data = shifted(make_rows(stream, eos_id(vocabulary)), {target}, 0.4)
     report = rcdiag.analyze(write(tmp_path / "d.parquet", data), tokenizer=vocabulary.path)
-    token = report.explain.breakdowns["token"]
-    assert token["by_k3_share"][0]["id"] == target and token["by_k3_share"][0]["text"] == "\u2423gives"
-    assert [e["id"] for e in token["by_abs_log_ratio"]] == [target]
+    token = report.explain.breakdowns.token
+    assert token.by_k3_share[0].id == target and token.by_k3_share[0].text == "\u2423gives"
+    assert [e.id for e in token.by_abs_log_ratio] == [target]
     found = token_finding(report)
     assert found is not None and found.evidence["ids"] == [target]
     assert f"id {target} \u2423gives" in found.message
@@ -189,8 +189,8 @@ def test_the_stop_token_alone_gets_the_special_token_hint(
     data = make_rows(stream, eos)
     data["rollout"] = [np.concatenate([r[:-1], [0.0]]).astype(np.float32) for r in data["rollout"]]
     report = rcdiag.analyze(write(tmp_path / "d.parquet", data), explain=True, tokenizer=vocabulary.path)
-    assert report.explain.breakdowns["token"]["by_k3_share"][0]["id"] == eos
-    assert report.explain.breakdowns["token"]["by_k3_share"][0]["text"] == "\u27e8<|im_end|>\u27e9"
+    assert report.explain.breakdowns.token.by_k3_share[0].id == eos
+    assert report.explain.breakdowns.token.by_k3_share[0].text == "\u27e8<|im_end|>\u27e9"
     found = token_finding(report)
     assert found is not None and found.evidence["per_id"][0]["special"] is True
     assert "Special token" in found.message and "stop token" in found.message
@@ -201,10 +201,10 @@ def test_the_stop_token_alone_gets_the_special_token_hint(
 def test_digits_only_rank_digit_ids(tmp_path: Path, stream: np.ndarray, vocabulary: Vocabulary) -> None:
     digits = {i for i in set(stream.tolist()) if vocabulary.raw(i).strip().isdigit()}
     data = shifted(make_rows(stream, eos_id(vocabulary)), digits, 0.3)
-    token = rcdiag.analyze(write(tmp_path / "d.parquet", data), explain=True).explain.breakdowns["token"]
-    ranked = [e["id"] for e in token["by_abs_log_ratio"]]
+    token = rcdiag.analyze(write(tmp_path / "d.parquet", data), explain=True).explain.breakdowns.token
+    ranked = [e.id for e in token.by_abs_log_ratio]
     assert ranked and set(ranked) <= digits
-    counted = [e["id"] for e in token["by_k3_share"] if e["tokens"] >= MIN_COUNT]
+    counted = [e.id for e in token.by_k3_share if e.tokens >= MIN_COUNT]
     assert set(counted[: len(ranked)]) <= digits
 
 
@@ -216,7 +216,7 @@ def test_quiet_on_clean_and_on_mismatch_spread_over_every_id(
         data = make_rows(stream, eos_id(vocabulary), seed=seed, noise=noise)
         report = rcdiag.analyze(write(tmp_path / f"d{seed}.parquet", data), explain=True)
         assert token_finding(report) is None
-        assert len(report.explain.breakdowns["token"]["by_abs_log_ratio"]) <= 1
+        assert len(report.explain.breakdowns.token.by_abs_log_ratio) <= 1
     assert "token_specific" not in report.explain.not_run
 
 
@@ -255,13 +255,13 @@ def test_shards_merged_and_workers_equal_one_pass(tmp_path: Path, stream: np.nda
         states.append(tmp_path / f"s{i}.json")
         rcdiag.analyze(write(tmp_path / f"p{i}.parquet", part), explain=True, save_state=states[-1])
     merged = rcdiag.merge_states(states, tokenizer=vocabulary.path)
-    assert merged.explain.breakdowns["token"]["by_k3_share"][0]["text"] == "\u27e8<|im_end|>\u27e9"
+    assert merged.explain.breakdowns.token.by_k3_share[0].text == "\u27e8<|im_end|>\u27e9"
     plain = rcdiag.merge_states(states)
-    assert_same_tokens(plain.explain.breakdowns["token"], whole.explain.breakdowns["token"])
+    assert_same_tokens(plain.explain.breakdowns.token.to_dict(), whole.explain.breakdowns.token.to_dict())
     assert [t.row for t in plain.explain.texts] == [t.row for t in whole.explain.texts]
     assert [t.ids for t in plain.explain.texts] == [t.ids for t in whole.explain.texts]
     workers = rcdiag.analyze(tmp_path / "all.parquet", explain=True, workers=2)
-    assert_same_tokens(workers.explain.breakdowns["token"], whole.explain.breakdowns["token"])
+    assert_same_tokens(workers.explain.breakdowns.token.to_dict(), whole.explain.breakdowns.token.to_dict())
     assert [t.ids for t in workers.explain.texts] == [t.ids for t in whole.explain.texts]
 
 

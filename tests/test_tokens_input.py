@@ -38,7 +38,7 @@ def dump(path: Path, token_name: str = "responses", tokens: list | None = None, 
 
 def table_ids(report: rcdiag.Report) -> dict[int, int]:
     """id -> valid tokens, from the by-token breakdown (every id has fewer than MIN_COUNT tokens: read the file)."""
-    return {entry["id"]: entry["tokens"] for entry in report.explain.breakdowns["token"]["by_k3_share"]}
+    return {entry.id: entry.tokens for entry in report.explain.breakdowns.token.by_k3_share}
 
 
 @pytest.mark.parametrize("name", ["responses", "response_ids", "token_ids", "output_ids"])
@@ -54,7 +54,7 @@ def test_recognised_names_are_read_with_explain_or_for_the_repeated_token_test(t
     assert ("token_ids" in plain.input.columns) == opened
     explained = rcdiag.analyze(path, explain=True, tokens=tmp_path / "t.parquet")
     assert explained.input.columns["token_ids"] == name
-    assert explained.explain.breakdowns["token"]["tokens"] == 5  # valid tokens only: the padding's -100 is not read
+    assert explained.explain.breakdowns.token.tokens == 5  # valid tokens only: the padding's -100 is not read
     import polars as pl
 
     table = pl.read_parquet(tmp_path / "t.parquet")
@@ -64,13 +64,13 @@ def test_recognised_names_are_read_with_explain_or_for_the_repeated_token_test(t
 def test_a_recognised_name_holding_text_is_not_token_ids(tmp_path: Path) -> None:
     path = dump(tmp_path / "d.parquet", "responses", tokens=["a", "b", "c"], token_type=pa.string())
     report = rcdiag.analyze(path, explain=True)
-    assert report.input.columns["token_ids"] is None and "token" not in report.explain.breakdowns
+    assert report.input.columns["token_ids"] is None and report.explain.breakdowns.token is None
     assert report.explain.not_run["token_specific"].startswith("not run: the dump has no token ids")
 
 
 def test_token_col_names_any_column_and_must_hold_integers(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     path = dump(tmp_path / "d.parquet", "ids_of_tokens")
-    assert rcdiag.analyze(path, explain=True).explain.breakdowns.get("token") is None
+    assert rcdiag.analyze(path, explain=True).explain.breakdowns.token is None
     code, out, _ = run(capsys, "analyze", str(path), "--explain", "--token-col", "ids_of_tokens", "--format", "json")
     assert code == 0 and json.loads(out)["breakdowns"]["token"]["ids"] == 4
     bad = dump(
@@ -127,14 +127,14 @@ def test_nemo_rl_and_prime_rl_token_ids(tmp_path: Path) -> None:
     nemo.write_text(json.dumps(record) + "\n" + json.dumps(record) + "\n")
     report = rcdiag.analyze(nemo, explain=True)
     assert report.input.columns["token_ids"] == "token_ids"
-    assert report.explain.breakdowns["token"]["ids"] == 2 and report.explain.breakdowns["token"]["tokens"] == 4
+    assert report.explain.breakdowns.token.ids == 2 and report.explain.breakdowns.token.tokens == 4
     prime = tmp_path / "run" / "token_exports" / "step_1"
     prime.mkdir(parents=True)
     line = {"step": 1, "token_ids": [4, 4, 5], "loss_mask": [False, True, True],
             "trainer_logprobs": [0.0, -1.0, -2.0], "inference_logprobs": [0.0, -1.1, -2.0]}  # fmt: skip
     (prime / "rank_0.jsonl").write_text(json.dumps(line) + "\n")
     report = rcdiag.analyze(tmp_path / "run", explain=True)
-    assert report.explain.breakdowns["token"]["ids"] == 2
+    assert report.explain.breakdowns.token.ids == 2
 
 
 def test_json_token_ids_must_be_whole_numbers(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
@@ -162,13 +162,13 @@ def test_long_layout_and_tensor_files_carry_ids(tmp_path: Path) -> None:
         ),
         long,
     )
-    token = rcdiag.analyze(long, explain=True).explain.breakdowns["token"]
-    assert token["ids"] == 3 and token["tokens"] == 4
+    token = rcdiag.analyze(long, explain=True).explain.breakdowns.token
+    assert token.ids == 3 and token.tokens == 4
     npz = tmp_path / "step_4.npz"
     np.savez(npz, old_log_probs=-np.ones((2, 3), np.float32), rollout_log_probs=-np.ones((2, 3), np.float32),
              response_mask=np.array([[1, 1, 0], [1, 0, 0]]), responses=np.array([[1, 2, -1], [2, -1, -1]]))  # fmt: skip
-    token = rcdiag.analyze(npz, explain=True).explain.breakdowns["token"]
-    assert token["ids"] == 2 and token["tokens"] == 3
+    token = rcdiag.analyze(npz, explain=True).explain.breakdowns.token
+    assert token.ids == 2 and token.tokens == 3
 
 
 def test_dump_writer_writes_token_ids(tmp_path: Path) -> None:
@@ -179,7 +179,7 @@ def test_dump_writer_writes_token_ids(tmp_path: Path) -> None:
                  token_ids=np.array([[3, 4, -1], [3, 5, 6]]))  # fmt: skip
     report = rcdiag.analyze(tmp_path / "run", explain=True)
     assert report.input.columns["token_ids"] == "token_ids"
-    assert report.explain.breakdowns["token"]["ids"] == 4
+    assert report.explain.breakdowns.token.ids == 4
     with pytest.raises(ValueError, match=r"step 2 gives no optional column but .* holds steps with token_ids"):
         writer.write(step=2, old_log_prob=old, rollout_log_prob=old, response_mask=mask)
     with pytest.raises(ValueError, match=r"row 0, position 1: token_ids holds -1, not a token id"):

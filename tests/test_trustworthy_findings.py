@@ -163,7 +163,7 @@ def test_rare_huge_tokens_at_uniform_positions_fire_sparse_outliers_and_no_detec
     found = codes(report)
     assert "sparse_outliers" in found
     assert not set(DETECTORS) & set(found), found
-    flat = [b["abs_log_ratio_mean"] for b in report.explain.breakdowns["position"]]
+    flat = [b.abs_log_ratio_mean for b in report.explain.breakdowns.position]
     assert max(flat) / min(flat) < 1.3  # the bulk does not drift
 
 

@@ -67,8 +67,8 @@ def test_real_model_dumps_get_their_status_and_class(real_dumps: dict, scenario:
     assert verdict.headline.startswith(status + ":")
     if status == "correct":
         assert verdict.recommendation is not None and verdict.recommendation.effect is not None
-        assert verdict.recommendation.config["rollout_is"] == "token"
-        assert verdict.recommendation.config["rollout_rs"] == rs
+        assert verdict.recommendation.config.rollout_is == "token"
+        assert verdict.recommendation.config.rollout_rs == rs
         assert verdict.recommendation.preset == (None if rs else "decoupled_token_is")
     else:
         assert verdict.recommendation is None
@@ -175,7 +175,7 @@ def test_effect_matches_a_brute_force_count(real_dumps: dict) -> None:  # noqa: 
     path = real_dumps["spikes"]["path"]
     verdict = rcdiag.analyze(path).verdict
     assert verdict is not None and verdict.recommendation is not None
-    assert verdict.recommendation.config["rollout_rs_threshold"] == outlier_band()
+    assert verdict.recommendation.config.rollout_rs_threshold == outlier_band()
     effect = verdict.recommendation.effect
     assert effect is not None
     lr, response, rows = _arrays(path)

@@ -20,7 +20,7 @@ from shape_dumps import defect_dump, dump, realmodel
 import rcdiag
 from rcdiag.catalogue.findings import codes_with
 from rcdiag.prescribe import MOST_RESPONSES, effect_of
-from rcdiag.report import Effect, Prescription
+from rcdiag.report import Effect, PrescribedSetting, Prescription
 
 SPIKES = {"spikes_many": (0.05, 16, 256, 512), "spikes_long": (0.008, 192, 256, 256)}
 """Spiky rollouts beyond the table's ``spikes`` (rate 0.002): one token in twenty spiked (a heavy tail over many
@@ -70,7 +70,7 @@ def test_a_heavy_tail_over_many_tokens_is_never_sparse_outliers(tmp_path_factory
 def test_sparse_outliers_stay_outliers() -> None:
     report = rcdiag.analyze(dump("spikes", 1))
     assert report.verdict is not None and [c.cls for c in report.verdict.causes] == ["outliers"]
-    assert report.verdict.recommendation is not None and report.verdict.recommendation.config["rollout_rs"]
+    assert report.verdict.recommendation is not None and report.verdict.recommendation.config.rollout_rs
 
 
 def test_rs_rejecting_tokens_in_most_responses_is_said_to_be_no_remedy(
@@ -95,8 +95,7 @@ def test_rs_rejecting_tokens_in_most_responses_is_said_to_be_no_remedy(
 def test_no_remedy_from_more_than_half_the_responses(share: float, remedy: bool) -> None:
     report = rcdiag.analyze(dump("spikes", 1))
     metrics = {**report.metrics, "rollout_corr/rollout_rs_seq_masked_fraction": share}
-    config = {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "token_k1",
-              "rollout_rs_threshold": "0.3679_2.718"}  # fmt: skip
+    config = PrescribedSetting("token", 2.0, "token_k1", "0.3679_2.718")
     prescription = Prescription(config, None, "", None, "why")
     measured, _, is_remedy = effect_of(prescription, rcdiag.Report(**{**_fields(report), "metrics": metrics}))
     assert is_remedy is remedy and isinstance(measured.effect, Effect)

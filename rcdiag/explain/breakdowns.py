@@ -19,6 +19,7 @@ import numpy as np
 from rcdiag.core.limits import finite
 from rcdiag.metrics.base import Accumulator, Reduce
 from rcdiag.metrics.offpolicy import token_metrics
+from rcdiag.report import BucketRow, ExplainBreakdowns
 
 GROUPS = 16
 """Rows are dealt into this many groups by a hash of their content (never by position in the dump, so workers
@@ -112,13 +113,13 @@ class Breakdowns(Accumulator):
         """(GROUPS, N_DOUBLING, len(SUMS)) position sums per hash group."""
         return self.position
 
-    def compute(self) -> dict[str, list[dict[str, Any]]]:  # type: ignore[override]
-        """The JSON ``breakdowns`` object."""
-        return {
-            "position": _rows(self.position.sum(axis=0), DOUBLING_EDGES, open_end=True),
-            "rollout_prob": _rows(self.prob, PROB_EDGES, open_end=False),
-            "length": _rows(self.length, DOUBLING_EDGES, open_end=True),
-        }
+    def compute(self) -> ExplainBreakdowns:  # type: ignore[override]
+        """The report's breakdowns (without the by-token table, which the explain section adds)."""
+        return ExplainBreakdowns(
+            position=_rows(self.position.sum(axis=0), DOUBLING_EDGES, open_end=True),
+            rollout_prob=_rows(self.prob, PROB_EDGES, open_end=False),
+            length=_rows(self.length, DOUBLING_EDGES, open_end=True),
+        )
 
 
 def bucket_metrics(sums: np.ndarray) -> dict[str, float | None]:
@@ -131,7 +132,7 @@ def bucket_metrics(sums: np.ndarray) -> dict[str, float | None]:
     return {k: finite(v) for k, v in values.items()}
 
 
-def _rows(sums: np.ndarray, edges: tuple, *, open_end: bool) -> list[dict[str, Any]]:
+def _rows(sums: np.ndarray, edges: tuple, *, open_end: bool) -> tuple[BucketRow, ...]:
     """One entry per bucket, from the first up to the last bucket holding a token (all of them for bounded
     edges)."""
     filled = np.flatnonzero(sums[:, 0])
@@ -139,5 +140,5 @@ def _rows(sums: np.ndarray, edges: tuple, *, open_end: bool) -> list[dict[str, A
     out = []
     for k in range(last + 1):
         hi = edges[k + 1] if k + 1 < len(edges) else None
-        out.append({"lo": edges[k], "hi": hi, "tokens": int(sums[k, 0]), **bucket_metrics(sums[k])})
-    return out
+        out.append(BucketRow(lo=edges[k], hi=hi, tokens=int(sums[k, 0]), **bucket_metrics(sums[k])))
+    return tuple(out)

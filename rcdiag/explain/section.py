@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -130,12 +131,12 @@ class ExplainSection(PlainSection):
         from rcdiag.explain.token_report import decoded_texts, token_not_run_reason, token_section
 
         vocabulary = self.vocabulary()
-        breakdowns: dict[str, Any] = state.breakdowns.compute()
+        breakdowns = state.breakdowns.compute()
         if state.tokens.seen:
-            breakdowns["token"] = token_section(state.tokens, vocabulary)
+            breakdowns = dataclasses.replace(breakdowns, token=token_section(state.tokens, vocabulary))
         return ExplainReport(
             breakdowns=breakdowns,
-            worst_sequences=tuple(entry.to_dict() for entry in state.worst.entries()),
+            worst_sequences=tuple(entry.reported() for entry in state.worst.entries()),
             traces=tuple(state.worst.plotted()),
             sequences_path=None if self.sequences is None else str(self.sequences),
             not_run={**not_run(state, run.steps), **token_not_run_reason(state.tokens)},

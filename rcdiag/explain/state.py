@@ -22,6 +22,7 @@ from rcdiag.explain.worst import DEFAULT_WORST, PLOTTED, TEXT_TOKENS, TRACE_POIN
 from rcdiag.fields import checked, integer
 from rcdiag.metrics.batch import declared_states
 from rcdiag.metrics.block import Block, RowContext
+from rcdiag.report import ExplainBreakdowns
 
 __all__ = ["ExplainState", "RowContext", "explain_layout", "number_rows"]
 
@@ -101,9 +102,9 @@ class ExplainState(PartsState):
         self.rows_read += other.rows_read
         return self
 
-    def compute(self) -> dict[str, Any]:
-        """The JSON ``breakdowns`` object (the report reads the worst list, the token table and the detectors'
-        sums from the parts)."""
+    def compute(self) -> ExplainBreakdowns:
+        """The report's breakdowns, without the by-token table (the report reads the worst list, the token table
+        and the detectors' sums from the parts)."""
         return self.breakdowns.compute()
 
     @classmethod

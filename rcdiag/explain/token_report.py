@@ -14,7 +14,7 @@ from rcdiag.errors import InputError, OutputError
 from rcdiag.explain.token_detector import token_not_run, token_specific
 from rcdiag.explain.tokens import TokenSums, ranked_ids, token_breakdown, token_stats
 from rcdiag.explain.vocabulary import TOKENIZER_INPUT, Vocabulary, tokenizer_file
-from rcdiag.report import Finding, TokenText
+from rcdiag.report import Finding, TokenBreakdown, TokenText
 
 TABLE_COLUMNS = (
     "id", "text", "tokens", "token_share", "kl", "k3_kl", "chi2_token", "abs_log_ratio_mean", "k3_share", "z",
@@ -41,7 +41,7 @@ def claim_tokenizer(path: str | Path | None) -> None:
     outputs.reads(tokenizer_file(path), what=TOKENIZER_INPUT)
 
 
-def token_section(sums: TokenSums, vocabulary: Vocabulary | None) -> dict[str, Any]:
+def token_section(sums: TokenSums, vocabulary: Vocabulary | None) -> TokenBreakdown:
     """``breakdowns.token``."""
     texts = None if vocabulary is None else vocabulary.texts(ranked_ids(sums))
     return token_breakdown(sums, texts)

@@ -28,6 +28,7 @@ import numpy as np
 from rcdiag.core.limits import finite
 from rcdiag.metrics.base import Accumulator, Reduce
 from rcdiag.metrics.block import Block
+from rcdiag.report import TokenBreakdown, TokenRow
 
 SUMS = ("tokens", "lr", "abs_lr", "k3", "chi2", "lr_sq")
 """Per-id sums: valid tokens, log-ratio, |log-ratio|, k3 and chi2 terms, log-ratio squared."""
@@ -233,38 +234,37 @@ def _token_stats(sums: TokenSums) -> TokenStats:
     return TokenStats(ids, table, total, z, critical, count)
 
 
-def token_breakdown(sums: TokenSums, texts: dict[int, str] | None = None) -> dict[str, Any]:
-    """The JSON ``breakdowns.token`` object: the table's size and the two ranked lists (docs/explain.md)."""
+def token_breakdown(sums: TokenSums, texts: dict[int, str] | None = None) -> TokenBreakdown:
+    """The report's by-token table: its size and the two ranked lists (JSON ``breakdowns.token``, docs/explain.md)."""
     from rcdiag.explain.breakdowns import bucket_metrics
 
     stats = token_stats(sums)
     shares, token_shares = stats.k3_share, stats.token_share
 
-    def entry(i: int) -> dict[str, Any]:
+    def entry(i: int) -> TokenRow:
         tokens, lr, abs_lr, k3, chi2, _ = (float(v) for v in stats.sums[i])
         metrics = bucket_metrics(np.array([tokens, lr, abs_lr, k3, chi2]))
         token_id = int(stats.ids[i])
-        z = float(stats.z[i])
-        return {
-            "id": token_id,
-            "text": None if texts is None else texts.get(token_id),
-            "tokens": int(tokens),
-            "token_share": float(token_shares[i]),
-            "k3_share": finite(float(shares[i])),
+        return TokenRow(
+            id=token_id,
+            text=None if texts is None else texts.get(token_id),
+            tokens=int(tokens),
+            token_share=float(token_shares[i]),
+            k3_share=finite(float(shares[i])),
             **metrics,
-            "z": finite(z),
-            "significant": bool(stats.significant[i]),
-        }
+            z=finite(float(stats.z[i])),
+            significant=bool(stats.significant[i]),
+        )
 
-    return {
-        "ids": int(stats.ids.shape[0]),
-        "tokens": int(stats.total[0]),
-        "min_count": MIN_COUNT,
-        "ids_tested": stats.tested,
-        "z_critical": stats.z_critical,
-        "by_k3_share": [entry(int(i)) for i in stats.k3_order()[:TOP]],
-        "by_abs_log_ratio": [entry(int(i)) for i in stats.abs_order()[:TOP]],
-    }
+    return TokenBreakdown(
+        ids=int(stats.ids.shape[0]),
+        tokens=int(stats.total[0]),
+        min_count=MIN_COUNT,
+        ids_tested=stats.tested,
+        z_critical=stats.z_critical,
+        by_k3_share=tuple(entry(int(i)) for i in stats.k3_order()[:TOP]),
+        by_abs_log_ratio=tuple(entry(int(i)) for i in stats.abs_order()[:TOP]),
+    )
 
 
 def ranked_ids(sums: TokenSums) -> list[int]:

@@ -22,7 +22,7 @@ import numpy as np
 from rcdiag.fields import FieldError, checked, counts, dataclass_from, integer, reals, shown
 from rcdiag.metrics.base import Accumulator, Reduce, Top
 from rcdiag.metrics.block import Block, on_host
-from rcdiag.report import TokenText, TokenTrace
+from rcdiag.report import TokenText, TokenTrace, WorstRow
 
 DEFAULT_WORST = 10
 PLOTTED = 5
@@ -95,8 +95,11 @@ class WorstResponse:
         size = abs(self.log_ratio_sum)
         return (math.inf if size != size else size, -self.row)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
+    def reported(self) -> WorstRow:
+        """The report's row: the same fields, a non-finite value ``None``."""
+        fields: dict[str, Any] = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                                  for k, v in asdict(self).items()}  # fmt: skip
+        return WorstRow(**fields)
 
 
 @dataclass

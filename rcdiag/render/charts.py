@@ -39,7 +39,7 @@ from rcdiag.render.panels import (
 )
 from rcdiag.render.text import BREAKDOWNS, bucket_label, fmt
 from rcdiag.render.verdict_text import effect_text
-from rcdiag.report import Histogram, Report, Verdict
+from rcdiag.report import BucketRow, Histogram, Report, Verdict
 
 if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType
@@ -185,8 +185,8 @@ def dashboard(reports: Sequence[tuple[str | None, Report]], title: str) -> Figur
             draw_histogram(bottom.add_subplot(grid[0, :2]), histograms, share=len(reports) > 1)
         draw_weights(bottom.add_subplot(grid[0, 2]), histograms, weight_settings(reports))
         if explained and report.explain is not None:
-            for i, (name, title_) in enumerate(BREAKDOWNS.items()):
-                draw_explained(bottom.add_subplot(grid[1, i]), title_, report.explain.breakdowns[name])
+            for i, (name, buckets) in enumerate(report.explain.breakdowns.bucketed()):
+                draw_explained(bottom.add_subplot(grid[1, i]), BREAKDOWNS[name], buckets)
     return fig
 
 
@@ -480,10 +480,10 @@ CHARTED = ("kl", "k3_kl")
 """The breakdown metrics drawn as bars (the tables show every one)."""
 
 
-def draw_explained(ax: Axes, title: str, entries: Sequence[dict]) -> None:
+def draw_explained(ax: Axes, title: str, entries: Sequence[BucketRow]) -> None:
     """One of explain's breakdowns (position, rollout probability, length) as bars of ``CHARTED`` per bucket."""
     labels = [bucket_label(entry) for entry in entries]
-    draw_breakdown(ax, title, labels, {key: [entry[key] for entry in entries] for key in CHARTED})
+    draw_breakdown(ax, title, labels, {key: [getattr(entry, key) for entry in entries] for key in CHARTED})
 
 
 def draw_breakdown(ax: Axes, title: str, labels: Sequence[str], series: dict[str, Sequence[float | None]]) -> None:

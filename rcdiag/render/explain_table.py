@@ -32,7 +32,7 @@ from rcdiag.render.token_text import (
     token_note,
     window,
 )
-from rcdiag.report import ExplainReport, Report
+from rcdiag.report import BucketRow, ExplainReport, Report, TokenRow
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -44,12 +44,12 @@ def render_explain(report: Report, console: Console) -> None:
     explained = report.explain
     if explained is None:
         return
-    for name, title in BREAKDOWNS.items():
-        console.print(_breakdown(title, explained.breakdowns[name]))
-    token = explained.breakdowns.get("token")
+    for name, rows in explained.breakdowns.bucketed():
+        console.print(_breakdown(BREAKDOWNS[name], rows))
+    token = explained.breakdowns.token
     if token is not None:
-        for name, title in TOKEN_TABLES.items():
-            console.print(_token_table(title, token[name]))
+        for name, ranked in token.ranked():
+            console.print(_token_table(TOKEN_TABLES[name], ranked))
         console.print(Text(token_note(token), style="dim"))
     console.print(_worst(explained))
     for text in explained.texts:
@@ -80,7 +80,7 @@ TERMINAL_TOKENS = 160
 """Tokens of a worst response the terminal shows, around its largest |log-ratio|."""
 
 
-def _token_table(title: str, entries: list[dict[str, Any]]) -> Table:
+def _token_table(title: str, entries: tuple[TokenRow, ...]) -> Table:
     table = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
     for column in TOKEN_COLUMNS:
         table.add_column(column, justify="left" if column == "text" else "right", no_wrap=column == "text")
@@ -94,7 +94,7 @@ def _token_table(title: str, entries: list[dict[str, Any]]) -> Table:
 def _highlighted(text: Any, explained: ExplainReport) -> Text:
     """A worst response's text around its peak, each token on a background coloured by its log-ratio (red: the
     trainer's log-prob is higher, blue: the rollout's)."""
-    entry = next((e for e in explained.worst_sequences if e["row"] == text.row), None)
+    entry = next((e for e in explained.worst_sequences if e.row == text.row), None)
     a, b = window(text, TERMINAL_TOKENS)
     shown = Text()
     shown.append(f"{caption(text, entry)}, valid tokens {text.start + a}-{text.start + b - 1}: ", style="bold")
@@ -104,14 +104,16 @@ def _highlighted(text: Any, explained: ExplainReport) -> Text:
     return shown
 
 
-def _breakdown(title: str, entries: list[dict[str, Any]]) -> Table:
+def _breakdown(title: str, entries: tuple[BucketRow, ...]) -> Table:
     table = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
     table.add_column("bucket", no_wrap=True)
     table.add_column("tokens", justify="right")
     for label in BREAKDOWN_METRICS.values():
         table.add_column(label, justify="right")
     for entry in entries:
-        table.add_row(bucket_label(entry), f"{entry['tokens']:,}", *(fmt(entry[key]) for key in BREAKDOWN_METRICS))
+        table.add_row(
+            bucket_label(entry), f"{entry.tokens:,}", *(fmt(getattr(entry, key)) for key in BREAKDOWN_METRICS)
+        )
     return table
 
 

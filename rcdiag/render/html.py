@@ -219,9 +219,9 @@ def _inside(reports: Sequence[tuple[str | None, Report]]) -> list[str]:
     if weights is not None:
         charts.append(chart(svg(weights, "weights")))
     if len(reports) == 1 and (explained := reports[0][1].explain) is not None:
-        for i, (name, title) in enumerate(BREAKDOWNS.items()):
+        for i, (name, rows) in enumerate(explained.breakdowns.bucketed()):
             fig = figure(5.6, 3.6)
-            draw_explained(fig.subplots(), title, explained.breakdowns[name])
+            draw_explained(fig.subplots(), BREAKDOWNS[name], rows)
             charts.append(chart(svg(fig, f"breakdown{i}")))
     return [note, _histogram(reports), f'<div class="grid">{"".join(charts)}</div>']
 
@@ -327,28 +327,28 @@ def _explain(report: Report) -> list[str]:
     if explained is None:
         return []
     charts, tables = [], []
-    for i, (name, title) in enumerate(BREAKDOWNS.items()):
-        entries = explained.breakdowns[name]
+    for i, (name, entries) in enumerate(explained.breakdowns.bucketed()):
+        title = BREAKDOWNS[name]
         labels = [bucket_label(entry) for entry in entries]
         if report.steps:  # without steps the charts are already up top, inside the dump
             fig = figure(5.6, 3.6)
             draw_explained(fig.subplots(), title, entries)
             charts.append(chart(svg(fig, f"breakdown{i}")))
-        rows = [(e(label), f"{entry['tokens']:,}", *(fmt(entry[key]) for key in BREAKDOWN_METRICS))
+        rows = [(e(label), f"{entry.tokens:,}", *(fmt(getattr(entry, key)) for key in BREAKDOWN_METRICS))
                 for label, entry in zip(labels, entries, strict=True)]  # fmt: skip
         headers = ("bucket", "tokens", *(e(label) for label in BREAKDOWN_METRICS.values()))
         tables.append(f"<h3>{e(title)}</h3>" + table(headers, rows, numeric=range(1, len(headers))))
     where = section("Where the mismatch sits (--explain)", f'<div class="grid">{"".join(charts)}</div>', *tables)
     worst = table(WORST_COLUMNS, ([e(cell) for cell in worst_cells(entry)] for entry in explained.worst_sequences),
                   numeric=(0, 1, 3, 4, 5, 6))  # fmt: skip
-    entries = {entry["row"]: entry for entry in explained.worst_sequences}
+    listed = {entry.row: entry for entry in explained.worst_sequences}
     plots = []
     for i, trace in enumerate(explained.traces):
-        entry = entries[trace.row]
-        step = "" if entry["step"] is None else f", step {entry['step']}"
+        entry = listed[trace.row]
+        step = "" if entry.step is None else f", step {entry.step}"
         fig = figure(5.6, 3.2)
-        draw_trace(fig.subplots(), f"row {trace.row}{step}: sum {fmt(entry['log_ratio_sum'])}", trace.positions,
-                   trace.log_ratios, entry["position_of_max"])  # fmt: skip
+        draw_trace(fig.subplots(), f"row {trace.row}{step}: sum {fmt(entry.log_ratio_sum)}", trace.positions,
+                   trace.log_ratios, entry.position_of_max)  # fmt: skip
         plots.append(chart(svg(fig, f"trace{i}")))
     note = (
         f'<p class="note">The {len(plots)} worst, token by token (a response longer than the plot keeps each run '

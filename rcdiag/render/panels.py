@@ -228,11 +228,11 @@ def weight_setting(report: Report) -> WeightSetting | None:
     when neither applies IS."""
     verdict = report.verdict
     rec = verdict.recommendation if verdict is not None else None
-    if rec is not None and rec.config.get("rollout_is") and rec.config.get("rollout_is_threshold") is not None:
-        upper, lower = parse_is_threshold(rec.config["rollout_is_threshold"])
+    if rec is not None and rec.config.rollout_is and rec.config.rollout_is_threshold is not None:
+        upper, lower = parse_is_threshold(rec.config.rollout_is_threshold)
         effect = rec.effect
         beyond, ess = (effect.is_truncated_share, effect.is_ess) if effect is not None else (None, None)
-        return WeightSetting("prescription", str(rec.config["rollout_is"]), upper, lower, beyond, ess)
+        return WeightSetting("prescription", rec.config.rollout_is, upper, lower, beyond, ess)
     spec = report.config.is_spec
     if spec is None:
         return None

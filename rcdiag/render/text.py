@@ -3,12 +3,13 @@ a checklist row fired (the rows themselves: ``Report.checklist``). Imports no ri
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rcdiag.catalogue.metrics import ReadingContext, known_key
 from rcdiag.config import ResolvedConfig
 from rcdiag.printable import printable
-from rcdiag.report import ChecklistRow, Report
+from rcdiag.report import BucketRow, ChecklistRow, Report, SliceRow, WorstRow
 
 KL_STD_ERROR = known_key("rcdiag/kl_std_error")
 """kl's standard error, which the metric readings weigh kl against."""
@@ -87,20 +88,20 @@ SLICE_COLUMNS = ("value", "rows", "tokens", "share of tokens", "kl", "k3_kl", "m
 """``--by``'s table columns (``breakdowns.by.COLUMN``), terminal and HTML."""
 
 
-def slice_cells(entry: dict[str, Any]) -> tuple[str, ...]:
+def slice_cells(entry: SliceRow) -> tuple[str, ...]:
     """One ``--by`` slice, in ``SLICE_COLUMNS`` order (the value as the dump holds it, made printable)."""
-    value = entry["value"]
+    value = entry.value
     return (
         "null" if value is None else printable(str(value)),
-        f"{entry['rows']:,}",
-        f"{entry['tokens']:,}",
-        _percent(entry["token_share"]),
-        fmt(entry["kl"]),
-        fmt(entry["k3_kl"]),
-        fmt(entry["abs_log_ratio_mean"]),
-        _percent(entry["k3_share"]),
-        "—" if entry["z"] is None else f"{entry['z']:.3g}",
-        entry["status"],
+        f"{entry.rows:,}",
+        f"{entry.tokens:,}",
+        _percent(entry.token_share),
+        fmt(entry.kl),
+        fmt(entry.k3_kl),
+        fmt(entry.abs_log_ratio_mean),
+        _percent(entry.k3_share),
+        "—" if entry.z is None else f"{entry.z:.3g}",
+        entry.status,
     )
 
 
@@ -110,11 +111,11 @@ def slice_title(column: str, count: int, shown: int) -> str:
     return printable(f"By {column} (--by {column}{more})")
 
 
-def shown_slices(entries: list[dict[str, Any]], most: int) -> list[dict[str, Any]]:
+def shown_slices(entries: Sequence[SliceRow], most: int) -> Sequence[SliceRow]:
     """At most ``most`` slices, those carrying the largest share of k3_kl, in the table's (reading) order."""
     if len(entries) <= most:
         return entries
-    kept = sorted(range(len(entries)), key=lambda i: -(entries[i]["k3_share"] or 0.0))[:most]
+    kept = sorted(range(len(entries)), key=lambda i: -(entries[i].k3_share or 0.0))[:most]
     return [entries[i] for i in sorted(kept)]
 
 
@@ -122,29 +123,29 @@ def _percent(value: float | None) -> str:
     return "—" if value is None else f"{value:.1%}"
 
 
-def bucket_label(entry: dict[str, Any]) -> str:
+def bucket_label(entry: BucketRow) -> str:
     """``[0, 32)``, ``[0.99, 1]``, ``>= 2048``."""
-    lo, hi = entry["lo"], entry["hi"]
+    lo, hi = entry.lo, entry.hi
     if hi is None:
         return f">= {lo:g}"
     return f"[{lo:g}, {hi:g}{']' if hi == 1.0 and isinstance(hi, float) else ')'}"
 
 
-def worst_cells(entry: dict[str, Any]) -> tuple[str, ...]:
+def worst_cells(entry: WorstRow) -> tuple[str, ...]:
     """One worst-responses row, in ``WORST_COLUMNS`` order."""
     at = (
         "—"
-        if entry["old_log_prob_at_max"] is None
-        else f"{fmt(entry['old_log_prob_at_max'])} / {fmt(entry['rollout_log_prob_at_max'])}"
+        if entry.old_log_prob_at_max is None
+        else f"{fmt(entry.old_log_prob_at_max)} / {fmt(entry.rollout_log_prob_at_max)}"
     )
     return (
-        str(entry["row"]),
-        "—" if entry["step"] is None else str(entry["step"]),
-        "—" if entry["id"] is None else printable(entry["id"]),
-        f"{entry['length']:,}",
-        fmt(entry["log_ratio_sum"]),
-        fmt(entry["max_abs_log_ratio"]),
-        "—" if entry["position_of_max"] is None else str(entry["position_of_max"]),
+        str(entry.row),
+        "—" if entry.step is None else str(entry.step),
+        "—" if entry.id is None else printable(entry.id),
+        f"{entry.length:,}",
+        fmt(entry.log_ratio_sum),
+        fmt(entry.max_abs_log_ratio),
+        "—" if entry.position_of_max is None else str(entry.position_of_max),
         at,
     )
 

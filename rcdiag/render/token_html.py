@@ -19,7 +19,7 @@ from rcdiag.render.token_text import (
     token_cells,
     token_note,
 )
-from rcdiag.report import Report, TokenText
+from rcdiag.report import Report, TokenText, WorstRow
 
 STYLE = (
     "<style>.tokens{font-family:ui-monospace,'SFMono-Regular',Menlo,Consolas,monospace;font-size:13px;"
@@ -38,17 +38,17 @@ def token_sections(report: Report, section: Any, table: Any) -> list[str]:
     """The by-token table and the highlighted worst responses (nothing without token ids); ``section`` and
     ``table`` are the page's own builders (``rcdiag.render.html``)."""
     explained = report.explain
-    if explained is None or "token" not in explained.breakdowns:
+    token = None if explained is None else explained.breakdowns.token
+    if explained is None or token is None:
         return []
-    token = explained.breakdowns["token"]
     tables = []
-    for name, title in TOKEN_TABLES.items():
-        rows = [[_e(cell) for cell in token_cells(entry)] for entry in token[name]]
-        tables.append(f"<h3>{_e(title)}</h3>" + table(TOKEN_COLUMNS, rows, numeric=(0, 2, 3, 4, 5, 6, 7)))
+    for name, ranked in token.ranked():
+        rows = [[_e(cell) for cell in token_cells(entry)] for entry in ranked]
+        tables.append(f"<h3>{_e(TOKEN_TABLES[name])}</h3>" + table(TOKEN_COLUMNS, rows, numeric=(0, 2, 3, 4, 5, 6, 7)))
     out = [section("Which tokens carry the mismatch (--explain)", f'<p class="note">{_e(token_note(token))}</p>',
                    *tables)]  # fmt: skip
     if explained.texts:
-        entries = {entry["row"]: entry for entry in explained.worst_sequences}
+        entries = {entry.row: entry for entry in explained.worst_sequences}
         texts = [highlighted(text, entries.get(text.row)) for text in explained.texts]
         out.append(section("Worst responses as text (log-ratio per token; hover for values)", STYLE, legend(), *texts))
     return out
@@ -60,7 +60,7 @@ def legend() -> str:
     return f'<p class="legend note">log-ratio = old − rollout log-prob: {cells}</p>'
 
 
-def highlighted(text: TokenText, entry: dict[str, Any] | None) -> str:
+def highlighted(text: TokenText, entry: WorstRow | None) -> str:
     """One response: a heading and its tokens as spans, each with its id, log-ratio and log-probs on hover."""
     spans = []
     for token_id, piece, value in zip(text.ids, pieces(text), text.log_ratios, strict=True):

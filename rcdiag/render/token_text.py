@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from rcdiag.printable import printable
 from rcdiag.render.text import fmt
-from rcdiag.report import TokenText
+from rcdiag.report import TokenBreakdown, TokenRow, TokenText, WorstRow
 
 TOKEN_TABLES = {
     "by_k3_share": "By token id: largest share of the dump's k3",
@@ -24,28 +23,28 @@ QUIET = 0.01
 """|log-ratio| below which a token is not highlighted (noise)."""
 
 
-def token_note(token: dict[str, Any]) -> str:
+def token_note(token: TokenBreakdown) -> str:
     """One line on the table: how many ids and tokens, and the test."""
     return (
-        f"{token['ids']:,} token ids over {token['tokens']:,} valid tokens; ranked: ids with at least "
-        f"{token['min_count']} tokens; significant (*): mean |log-ratio| above the rest's by z > "
-        f"{token['z_critical']:.2f} ({token['ids_tested']:,} ids tested, 1% family-wise)."
+        f"{token.ids:,} token ids over {token.tokens:,} valid tokens; ranked: ids with at least "
+        f"{token.min_count} tokens; significant (*): mean |log-ratio| above the rest's by z > "
+        f"{token.z_critical:.2f} ({token.ids_tested:,} ids tested, 1% family-wise)."
     )
 
 
-def token_cells(entry: dict[str, Any]) -> tuple[str, ...]:
+def token_cells(entry: TokenRow) -> tuple[str, ...]:
     """One ranked id's row, in ``TOKEN_COLUMNS`` order."""
-    share = entry["k3_share"]
-    z = entry["z"]
+    share = entry.k3_share
+    z = entry.z
     return (
-        str(entry["id"]),
-        "—" if entry["text"] is None else printable(entry["text"]),
-        f"{entry['tokens']:,}",
-        f"{entry['token_share']:.2%}",
+        str(entry.id),
+        "—" if entry.text is None else printable(entry.text),
+        f"{entry.tokens:,}",
+        f"{entry.token_share:.2%}",
         "—" if share is None else f"{share:.1%}",
-        fmt(entry["k3_kl"]),
-        fmt(entry["abs_log_ratio_mean"]),
-        ("—" if z is None else f"{z:.1f}") + (" *" if entry["significant"] else ""),
+        fmt(entry.k3_kl),
+        fmt(entry.abs_log_ratio_mean),
+        ("—" if z is None else f"{z:.1f}") + (" *" if entry.significant else ""),
     )
 
 
@@ -84,9 +83,9 @@ def rgb(log_ratio: float) -> tuple[int, int, int]:
     return round(255 - 175 * s), round(255 - 120 * s), 255
 
 
-def caption(text: TokenText, entry: dict[str, Any] | None) -> str:
+def caption(text: TokenText, entry: WorstRow | None) -> str:
     """What a highlighted response is: its row, step and log-ratio sum, and which of its tokens are shown."""
     where = f"row {text.row}"
     if entry is not None:
-        where += ("" if entry["step"] is None else f", step {entry['step']}") + f", sum {fmt(entry['log_ratio_sum'])}"
+        where += ("" if entry.step is None else f", step {entry.step}") + f", sum {fmt(entry.log_ratio_sum)}"
     return where

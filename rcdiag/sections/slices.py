@@ -33,7 +33,7 @@ from rcdiag.fields import step as saved_step
 from rcdiag.io.base import RowNumbering
 from rcdiag.io.columns import label_role
 from rcdiag.metrics.signatures import signature_sums
-from rcdiag.report import Finding
+from rcdiag.report import Finding, SliceRow
 from rcdiag.sections.base import PlainSection, RunFacts
 from rcdiag.signature_rules import NOISE_K3_MAX, mismatch_large, precision_tests
 from rcdiag.stats import ratio_variance
@@ -415,7 +415,7 @@ class Analysis:
     """Every slice tested and what the report keeps: the per-column tables (``--by``), the most concentrated
     slice and how a policy-version column splits it."""
 
-    tables: dict[str, list[dict[str, Any]]]
+    tables: dict[str, tuple[SliceRow, ...]]
     best: Candidate | None
     tests: int
     critical: float
@@ -475,10 +475,10 @@ def _analyse(state: SliceRows) -> Analysis:
         if version is not None:
             versions, version_text = _split(tokens, k3, inside, codes[version], version)
     by = {
-        column: [
+        column: tuple(
             _row(state.values[column][code], whole, codes[column] == code, tested.get((column, code)))
             for code in ordered[column]
-        ]
+        )
         for column in state.given
         if column in state.columns
     }
@@ -567,25 +567,25 @@ def _split(tokens: np.ndarray, k3: np.ndarray, inside: np.ndarray, version: np.n
     )
 
 
-def _row(value: Any, whole: np.ndarray, inside: np.ndarray, test: Excess | None) -> dict[str, Any]:
+def _row(value: Any, whole: np.ndarray, inside: np.ndarray, test: Excess | None) -> SliceRow:
     """One slice's row of ``breakdowns.by.COLUMN`` (``test``: its ``slice_concentrated`` test, if it had one)."""
     named = {name: whole[:, len(BASE) + i] for i, name in enumerate(DETAIL)}
     valid_all = named["valid"]
     total_tokens, total_k3 = float(valid_all.sum()), float(named["k3_exact"].sum())
     tokens = float(valid_all[inside].sum())
     mean = {key: _ratio(named[key][inside].sum(), tokens) for key in ("neg_lr", "k3_exact", "abs_lr")}
-    return {
-        "value": value,
-        "rows": int(inside.sum()),
-        "tokens": int(tokens),
-        "token_share": _ratio(tokens, total_tokens),
-        "kl": mean["neg_lr"],
-        "k3_kl": mean["k3_exact"],
-        "abs_log_ratio_mean": mean["abs_lr"],
-        "k3_share": _ratio(float(named["k3_exact"][inside].sum()), total_k3),
-        "z": None if test is None or not math.isfinite(test.z) else test.z,
-        "status": _status(named, inside, whole[:, 1]),
-    }
+    return SliceRow(
+        value=value,
+        rows=int(inside.sum()),
+        tokens=int(tokens),
+        token_share=_ratio(tokens, total_tokens),
+        kl=mean["neg_lr"],
+        k3_kl=mean["k3_exact"],
+        abs_log_ratio_mean=mean["abs_lr"],
+        k3_share=_ratio(float(named["k3_exact"][inside].sum()), total_k3),
+        z=None if test is None or not math.isfinite(test.z) else test.z,
+        status=_status(named, inside, whole[:, 1]),
+    )
 
 
 def _ratio(top: float, bottom: float) -> float | None:
@@ -634,13 +634,13 @@ class SlicesRecord:
 
     JSON_PATH: ClassVar[tuple[str, ...]] = ("breakdowns", "by")
 
-    def __init__(self, tables: dict[str, list[dict[str, Any]]], concentrated: str | None) -> None:
+    def __init__(self, tables: dict[str, tuple[SliceRow, ...]], concentrated: str | None) -> None:
         self.tables = tables
         self.concentrated = concentrated
         """The concentrated slice, in words (``None``: none)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {column: list(rows) for column, rows in self.tables.items()}
+        return {column: [row.to_dict() for row in rows] for column, rows in self.tables.items()}
 
 
 class SlicesSection(PlainSection):

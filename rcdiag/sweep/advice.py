@@ -55,8 +55,7 @@ def advise(
 
 
 def _setting(prescription: Prescription) -> str:
-    c = prescription.config
-    text = ", ".join(f"{key} {c[key]}" for key in c if c[key] is not None)
+    text = ", ".join(f"{key} {value}" for key, value in prescription.config.to_dict().items() if value is not None)
     return text + (f" (verl preset {prescription.preset})" if prescription.preset else " (no verl preset)")
 
 
