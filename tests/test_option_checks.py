@@ -50,6 +50,33 @@ def test_every_bounded_flag_goes_through_the_template() -> None:
     }  # fmt: skip
 
 
+CHOICES = [(c, o) for c, o in _options() if o.type_descriptor.is_choice]  # type: ignore[attr-defined]
+
+
+def test_every_choice_flag_goes_through_the_template() -> None:
+    """A choice flag (an enum annotation) answers a bad value with the template, not click's wording, and still
+    lists its choices in ``--help`` and completes them in the shell."""
+    names = {(c, max(o.opts, key=len)) for c, o in CHOICES}  # type: ignore[attr-defined]
+    assert names >= {
+        ("analyze", "--format"), ("analyze", "--is"), ("compare", "--format"), ("check", "--is"),
+        ("merge", "--format"), ("sweep", "--format"), ("watch", "--format"), ("watch", "--exit-on"),
+    }  # fmt: skip
+    group = typer.main.get_command(app)
+    for command, option in CHOICES:
+        values = [choice.value for choice in option.type_descriptor.choices]  # type: ignore[attr-defined]
+        check = getattr(option.callback, "check", None)  # type: ignore[attr-defined]
+        assert check is not None, f"rcdiag {command} {max(option.opts, key=len)} is not checked"  # type: ignore[attr-defined]
+        assert check.what == f"one of {', '.join(values)}" and not check.accepts(check.example)
+        ctx = typer.Context(group.get_command(typer.Context(group), command))  # type: ignore[attr-defined]
+        assert [item.value for item in option.shell_complete(ctx, "")] == values  # type: ignore[attr-defined]
+        assert option.display_type(ctx) == f"<{'|'.join(values)}>"  # type: ignore[attr-defined]
+
+
+def test_a_choice_reaches_the_command_as_its_enum(capsys: pytest.CaptureFixture) -> None:
+    code, out, _ = run(capsys, "analyze", DUMP, "--is", "sequence", "--format", "json")
+    assert code == 0 and '"rollout_is": "sequence"' in out
+
+
 @pytest.mark.parametrize(
     ("command", "option"),
     CHECKED,

@@ -14,7 +14,7 @@ import typer
 
 from rcdiag.catalogue.findings import EXPLAIN_ONLY, detectors
 from rcdiag.cli.engine_config import EngineFlags, ISLevel
-from rcdiag.cli.params import Flag, FlagGroup, checked_flag
+from rcdiag.cli.params import Flag, FlagGroup, checked_flag, choice_flag
 from rcdiag.constants import DEFAULT_CHUNK_TOKENS, DEVICES
 from rcdiag.option_checks import count
 from rcdiag.options import BAD_ROW_POLICIES, CHUNK_TOKENS, ON_BAD_ROW, VOCAB_SIZE, WORKERS
@@ -29,6 +29,7 @@ IsOpt = Annotated[
     ISLevel | None,
     typer.Option(
         "--is",
+        **choice_flag(ISLevel),
         help="IS weight level (verl's `rollout_is`); `none` turns IS off. Default: off.",
         rich_help_panel=ENGINE,
         show_default=False,
@@ -505,7 +506,9 @@ def output_flags(kind: ResultKind, command: str) -> FlagGroup:
     configuration error, raised before anything is read."""
     fmt = Flag(
         "output_format",
-        Annotated[FormatName, typer.Option("--format", help=FORMAT_HELP, rich_help_panel=OUTPUT)],
+        Annotated[
+            FormatName, typer.Option("--format", **choice_flag(FormatName), help=FORMAT_HELP, rich_help_panel=OUTPUT)
+        ],
         FormatName("table"),
     )
     out = Flag("output", path_option("--output", "Write the result here instead of stdout.", OUTPUT, "-o"))
