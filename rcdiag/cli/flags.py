@@ -16,9 +16,9 @@ from rcdiag.catalogue.findings import EXPLAIN_ONLY, detectors
 from rcdiag.cli.engine_config import EngineFlags, ISLevel
 from rcdiag.cli.params import Flag, FlagGroup, checked_flag, choice_flag
 from rcdiag.constants import DEFAULT_CHUNK_TOKENS, DEVICES
-from rcdiag.option_checks import count
-from rcdiag.options import BAD_ROW_POLICIES, CHUNK_TOKENS, ON_BAD_ROW, VOCAB_SIZE, WORKERS
+from rcdiag.options import BAD_ROW_POLICIES, CHUNK_TOKENS, ON_BAD_ROW, RAY_ADDRESS, VOCAB_SIZE, WORKERS
 from rcdiag.render.registry import FORMATS, ResultKind, format_names, pictures
+from rcdiag.section_options import MICROBATCH, WORST
 from rcdiag.versions import DEFAULT_VERSION, VERSIONS
 
 ENGINE = "Rollout correction (verl's algorithm.rollout_correction)"
@@ -180,6 +180,7 @@ MICRO = "Micro-batches (how verl's actor cuts each step; analyze)"
 
 
 def _count_option(flag: str, help_text: str) -> Any:
+    check = MICROBATCH[flag.removeprefix("--").replace("-", "_")]
     return Annotated[
         int | None,
         typer.Option(
@@ -187,7 +188,7 @@ def _count_option(flag: str, help_text: str) -> Any:
             metavar="N",
             help=help_text,
             rich_help_panel=MICRO,
-            callback=checked_flag(count(1)),
+            callback=checked_flag(check),
             show_default=False,
         ),
     ]
@@ -204,7 +205,7 @@ MICROBATCH_FLAGS = FlagGroup(
         Flag("max_token_len", _count_option("--max-token-len", "Dynamic batch size: verl's rearrange_micro_batches "
              "with this token budget per micro-batch (`ppo_max_token_len_per_gpu`); needs --prompt-len.")),
         Flag("prompt_len", Annotated[int | None, typer.Option("--prompt-len", metavar="P", rich_help_panel=MICRO,
-             callback=checked_flag(count(0)),
+             callback=checked_flag(MICROBATCH["prompt_len"]),
              show_default=False, help="Prompt tokens per row (dumps hold none): sequence length = P + response "
              "length, for --max-token-len and --balance-batch.")]),
         Flag("balance_batch", Annotated[bool, typer.Option("--balance-batch", rich_help_panel=MICRO,
@@ -344,6 +345,7 @@ RayAddressOpt = Annotated[
     typer.Option(
         "--ray-address",
         metavar="ADDRESS",
+        callback=checked_flag(RAY_ADDRESS),
         help="The Ray cluster for `--ray` (`host:6379`, `ray://host:10001`, `auto`); implies `--ray`. Default: "
         "`RAY_ADDRESS`, else a local instance.",
         rich_help_panel=RUN,
@@ -454,7 +456,7 @@ WorstOpt = Annotated[
     typer.Option(
         "--worst",
         metavar="N",
-        callback=checked_flag(count(0)),
+        callback=checked_flag(WORST),
         help="Responses in --explain's worst-responses list (largest |sum of log-ratios|; default 10); implies "
         "--explain (given as 10 too).",
         rich_help_panel=EXPLAIN,
