@@ -27,6 +27,9 @@ ON_BAD_ROW = choice(BAD_ROW_POLICIES)
 CHUNK_TOKENS = count(1, MAX_CHUNK_TOKENS, of="tokens")
 WORKERS = Check("an integer >= 1 or 'auto'", lambda v: v == "auto" or count(1).accepts(v), "0")
 VOCAB_SIZE = count(1, of="token ids")
+RAY_ADDRESS = Check(
+    "a Ray address (host:port, ray://host:port or auto; empty: an unset variable?)", lambda v: bool(str(v).strip()), ""
+)
 """What each field takes (``rcdiag.option_checks``); the CLI's flags check the same before building the record."""
 
 
@@ -64,9 +67,8 @@ class ReadOptions:
         WORKERS(self.workers, keyword("workers"))
         if self.vocab_size is not None:
             VOCAB_SIZE(self.vocab_size, keyword("vocab_size"))
-        if self.ray_address is not None and not str(self.ray_address).strip():
-            raise ConfigError("ray_address is empty (an unset variable?); give host:port, ray://host:port or auto.")
         if self.ray_address is not None:
+            RAY_ADDRESS(self.ray_address, keyword("ray_address"))
             object.__setattr__(self, "ray", True)
         if self.ray and self.workers != 1:
             raise ConfigError("workers and ray both split the dump; use one (ray runs a task per part).")

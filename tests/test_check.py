@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -23,6 +24,10 @@ from rcdiag.metrics.extras import EXTRA_KEYS
 from rcdiag.metrics.signatures import SIGNATURE_KEYS
 from rcdiag.render.check_formats import github_annotations, render_junit, render_markdown
 from rcdiag.report import StepReport
+
+FINITE_TEXT = "a finite number (a percentage or 'abs:' only for max_increase/max_decrease)"
+"""What a bound of an absolute rule kind takes (``rcdiag.check.rules.parse_bound``)."""
+FINITE = re.escape(FINITE_TEXT)
 
 P = "rollout_corr/"
 HEALTHY = str(SAMPLES / "healthy.parquet")
@@ -59,13 +64,18 @@ def test_parse_assignment() -> None:
     for text, kind, message in [
         ("kl", "max", "--max expects NAME=VALUE"),
         ("kl=", "max", "--max expects NAME=VALUE"),
-        ("kl=abc", "max", "'abc' is not a number"),
-        ("kl=5%", "max", "a percentage is only allowed for max_increase/max_decrease"),
-        ("kl=-5%", "max_increase", "must be >= 0"),
-        ("kl=nan", "max", "must be a finite number"),
+        ("kl=abc", "max", f"^--max kl must be {FINITE}, got 'abc'$"),
+        ("kl=5%", "max", f"^--max kl must be {FINITE}, got '5%'$"),
+        ("kl=-5%", "max_increase", r"^--max kl must be an allowed increase/decrease >= 0, got '-5%'$"),
+        ("kl=nan", "max", f"^--max kl must be {FINITE}, got 'nan'$"),
     ]:
         with pytest.raises(ConfigError, match=message):
             parse_assignment(text, kind, option="--max")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^the bound of the rule on 'kl' must be a finite number, got inf$"):
+        Rule("kl", "max", math.inf)
+    with pytest.raises(ConfigError, match=r"^the max_abs bound of the rule on 'kl' must be a number >= 0, got -1$"):
+        Rule("kl", "max_abs", -1)
+    assert Rule("kl", "max_abs", 0.0).bound == 0.0
     with pytest.raises(ConfigError, match="tolerate applies to steps='every' only"):
         Rule("kl", "max", 1.0, steps="last", tolerate=0.1)
     with pytest.raises(ConfigError, match=r"tolerate must be a fraction in \[0, 1\)"):
@@ -340,7 +350,8 @@ def test_rules_file_top_level_and_pyproject_table(tmp_path: Path) -> None:
     [
         ("max = {kl = 1", "not valid TOML"),
         ("maxx = {kl = 1.0}", "unknown key(s) maxx"),
-        ("[max]\nkl = true", "the bound must be a number"),
+        ("[max]\nkl = true", "[max] kl in {path} must be " + FINITE_TEXT + ", got True"),
+        ("[[rule]]\nmetric = 'kl'\nmax_increase = 5", "[[rule]] #1 max_increase in {path} must be a share of"),
         ("steps = 'first'\n[max]\nkl = 1.0", "steps in {path} must be one of every, last, mean, got 'first'"),
         ("tolerate = 'x'\n[max]\nkl = 1.0", "tolerate in {path} must be a fraction in [0, 1), got 'x'"),
         ("[[rule]]\nmetric = 'kl'", "sets no bound"),

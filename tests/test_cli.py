@@ -109,7 +109,10 @@ def test_chunk_tokens_does_not_change_the_report(capsys: pytest.CaptureFixture) 
     ("args", "expected"),
     [
         (("analyze", "missing.parquet"), "rcdiag: error: missing.parquet: file not found"),
-        (("analyze", HEALTHY, "--is", "geometric"), "rcdiag: error: Invalid value for '--is'"),
+        (
+            ("analyze", HEALTHY, "--is", "geometric"),
+            "rcdiag: error: --is must be one of token, sequence, none, got 'geometric'",
+        ),
         (("analyze", HEALTHY, "--bogus"), "rcdiag: error: No such option: --bogus"),
         (
             ("analyze", HEALTHY, "--rs", "token_k1"),

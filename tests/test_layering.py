@@ -25,7 +25,7 @@ LEAVES = frozenset(
     "rcdiag." + name
     for name in (
         "_version", "constants", "errors", "versions", "stats", "notices", "printable", "fields", "interrupts",
-        "environment", "option_checks", "rule_options", "lazy", "core", "core.limits", "core.formulas", "core.bins", "core.forecast",
+        "environment", "option_checks", "rule_options", "section_options", "lazy", "core", "core.limits", "core.formulas", "core.bins", "core.forecast",
     )
 )  # fmt: skip
 """Modules that import nothing of rcdiag but each other (``rcdiag.core``: the constants and formulas every engine

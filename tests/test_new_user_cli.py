@@ -197,7 +197,7 @@ def test_sweep_names_its_own_flags(tmp_path: Path) -> None:
         ("sweep", path, "--is", "token", "--thresholds", "3_2"),
         f"rcdiag: error: --thresholds lower bound must be <= upper bound. {IS_FORMS}",
     )
-    _one_line(("sweep", path, "--is", "tok"), "rcdiag: error: Invalid --is: tok. Must be one of {'token', 'sequence'}.")
+    _one_line(("sweep", path, "--is", "tok"), "rcdiag: error: --is must be one of token, sequence, got 'tok'")
 
 
 def test_a_rules_files_field_keeps_its_name(tmp_path: Path) -> None:

@@ -50,6 +50,33 @@ def test_every_bounded_flag_goes_through_the_template() -> None:
     }  # fmt: skip
 
 
+CHOICES = [(c, o) for c, o in _options() if o.type_descriptor.is_choice]  # type: ignore[attr-defined]
+
+
+def test_every_choice_flag_goes_through_the_template() -> None:
+    """A choice flag (an enum annotation) answers a bad value with the template, not click's wording, and still
+    lists its choices in ``--help`` and completes them in the shell."""
+    names = {(c, max(o.opts, key=len)) for c, o in CHOICES}  # type: ignore[attr-defined]
+    assert names >= {
+        ("analyze", "--format"), ("analyze", "--is"), ("compare", "--format"), ("check", "--is"),
+        ("merge", "--format"), ("sweep", "--format"), ("watch", "--format"), ("watch", "--exit-on"),
+    }  # fmt: skip
+    group = typer.main.get_command(app)
+    for command, option in CHOICES:
+        values = [choice.value for choice in option.type_descriptor.choices]  # type: ignore[attr-defined]
+        check = getattr(option.callback, "check", None)  # type: ignore[attr-defined]
+        assert check is not None, f"rcdiag {command} {max(option.opts, key=len)} is not checked"  # type: ignore[attr-defined]
+        assert check.what == f"one of {', '.join(values)}" and not check.accepts(check.example)
+        ctx = typer.Context(group.get_command(typer.Context(group), command))  # type: ignore[attr-defined]
+        assert [item.value for item in option.shell_complete(ctx, "")] == values  # type: ignore[attr-defined]
+        assert option.display_type(ctx) == f"<{'|'.join(values)}>"  # type: ignore[attr-defined]
+
+
+def test_a_choice_reaches_the_command_as_its_enum(capsys: pytest.CaptureFixture) -> None:
+    code, out, _ = run(capsys, "analyze", DUMP, "--is", "sequence", "--format", "json")
+    assert code == 0 and '"rollout_is": "sequence"' in out
+
+
 @pytest.mark.parametrize(
     ("command", "option"),
     CHECKED,
@@ -98,6 +125,46 @@ def test_library_keywords_name_themselves() -> None:
         with pytest.raises(ConfigError) as caught:
             rcdiag.ReadOptions(**{field: value})  # type: ignore[arg-type]
         assert str(caught.value) == f"{field} must be {what}, got {value!r}"
+
+
+def test_section_and_sweep_keywords_name_themselves() -> None:
+    """The micro-batch settings, explain's ``worst``, the sweep's grid and ``ray_address`` take the template too,
+    with the same words as their flags (``rcdiag.section_options``)."""
+    from rcdiag.explain.section import ExplainSection
+    from rcdiag.microbatch import MicroBatchSettings
+    from rcdiag.sweep import build_grid
+
+    rs = "token_k1, token_k2, token_k3, seq_sum_k1, seq_sum_k2, seq_sum_k3, seq_mean_k1, seq_mean_k2, seq_mean_k3"
+    for build, message in [
+        (lambda: MicroBatchSettings(micro_batch_size=0), "micro_batch_size must be a number of rows >= 1, got 0"),
+        (lambda: MicroBatchSettings(mini_batch_size=2.0), "mini_batch_size must be a number of rows >= 1, got 2.0"),
+        (lambda: MicroBatchSettings(dp_size=True), "dp_size must be a number of ranks >= 1, got True"),
+        (lambda: MicroBatchSettings(max_token_len=0, prompt_len=1), "max_token_len must be a number of tokens >= 1, got 0"),
+        (lambda: MicroBatchSettings(prompt_len=-1, balance_batch=True), "prompt_len must be a number of tokens >= 0, got -1"),
+        (lambda: ExplainSection(worst=-1), "worst must be a number of responses >= 0, got -1"),
+        (lambda: build_grid(is_levels=["geometric"]), "is_levels must be one of token, sequence, got 'geometric'"),
+        (lambda: build_grid(rs_options=["seq_max_k1"]), f"rs_options must be one of {rs}, seq_max_k2, seq_max_k3, got 'seq_max_k1'"),
+        (lambda: build_grid(rs_options=["token_k1"], thresholds=[" "]), "thresholds must be one or more threshold specs, got [' ']"),
+        (lambda: rcdiag.ReadOptions(ray_address=" "), "ray_address must be a Ray address (host:port, ray://host:port or auto; empty: an unset variable?), got ' '"),
+    ]:  # fmt: skip
+        with pytest.raises(ConfigError) as caught:
+            build()
+        assert str(caught.value) == message
+    assert MicroBatchSettings(prompt_len=0, balance_batch=True).prompt_len == 0  # the boundaries pass
+    assert MicroBatchSettings(micro_batch_size=1).micro_batch_size == 1 and ExplainSection(worst=0).worst == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (("--is", "tok"), "--is must be one of token, sequence, got 'tok'"),
+        (("--rs", "token_k1,seq_max_k1"), "--rs must be one of token_k1, "),
+        (("--rs", "token_k1", "--thresholds", ","), "--thresholds must be one or more threshold specs, got []"),
+    ],
+)
+def test_the_sweep_grid_names_its_flags(capsys: pytest.CaptureFixture, args: tuple[str, ...], line: str) -> None:
+    code, out, err = run(capsys, "sweep", DUMP, *args)
+    assert code == 2 and out == "" and err.startswith(f"rcdiag: error: {line}") and err.count("\n") == 1, err
 
 
 def test_environment_variables_name_themselves(monkeypatch: pytest.MonkeyPatch) -> None:

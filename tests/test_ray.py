@@ -81,7 +81,13 @@ def test_without_ray_the_flag_names_the_extra(
 
 def test_ray_options(capsys: pytest.CaptureFixture, local_run: Path) -> None:
     assert rcdiag.ReadOptions(ray_address="auto").ray
-    for kwargs, message in (({"ray": True, "workers": 2}, "use one"), ({"ray_address": " "}, "is empty")):
+    for kwargs, message in (
+        ({"ray": True, "workers": 2}, "use one"),
+        (
+            {"ray_address": " "},
+            r"^ray_address must be a Ray address \(host:port, ray://host:port or auto; empty: an unset variable\?\), got ' '$",
+        ),
+    ):
         with pytest.raises(rcdiag.ConfigError, match=message):
             rcdiag.ReadOptions(**kwargs)
     code, _, err = run(capsys, "analyze", str(local_run), "--ray", "--device", "torch-cpu")

@@ -142,8 +142,8 @@ def test_icepop_crash_row_has_the_crash_finding_and_the_sweep_goes_on(capsys: py
         (("--rs", "token_k2", "--thresholds", "0.1_0.2"), "single upper bound"),
         (("--is", "token", "--thresholds", "3_2"), "lower bound must be <= upper bound"),
         (("--rs", "token_k1,token_k2", "--thresholds", "0.1"), "exactly one"),
-        (("--rs", "seq_max_k1"), "Invalid --rs option"),  # the flag, not verl's field (tests/test_new_user_cli.py)
-        (("--is", "row"), "Invalid --is: row"),
+        (("--rs", "seq_max_k1"), "--rs must be one of token_k1, "),  # the flag, not the keyword (test_option_checks)
+        (("--is", "row"), "--is must be one of token, sequence, got 'row'"),
     ],
 )
 def test_refused_thresholds_are_exit_2_with_one_line(capsys: pytest.CaptureFixture, args: tuple, message: str) -> None:

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rcdiag.errors import ConfigError
-from rcdiag.option_checks import keyword
+from rcdiag.errors import ConfigError, RcdiagError
+from rcdiag.option_checks import keyword, refuse
 from rcdiag.rule_options import STEP_MODE, TOLERATE, StepMode
 
 RuleKind = Literal["max", "min", "max_abs", "max_increase", "max_decrease"]
@@ -44,14 +44,14 @@ class Rule:
             raise ConfigError(f"unknown rule kind '{self.kind}'; use one of {', '.join(RULE_KINDS)}.")
         STEP_MODE(self.steps, keyword("steps"))
         if not math.isfinite(self.bound):
-            raise ConfigError(f"the bound of a rule on '{self.metric}' must be a finite number, got {self.bound}.")
+            raise refuse(f"the bound of the rule on '{self.metric}'", "a finite number", self.bound)
         if self.relative and self.kind not in RELATIVE_KINDS:
             raise ConfigError(f"a percentage bound only makes sense for max_increase/max_decrease ({self.metric}).")
         TOLERATE(self.tolerate, keyword("tolerate"))
         if self.tolerate and self.steps != "every":
             raise ConfigError(f"tolerate applies to steps='every' only (rule on '{self.metric}' has '{self.steps}').")
         if self.kind == "max_abs" and self.bound < 0:
-            raise ConfigError(f"a max_abs bound must be >= 0 ({self.metric}={self.bound}).")
+            raise refuse(f"the max_abs bound of the rule on '{self.metric}'", "a number >= 0", self.bound)
 
     def describe(self, key: str | None = None) -> str:
         """``rollout_corr/kl <= 0.002``, ``|kl| <= 0.1``, ``kl <= baseline + 50%``."""
@@ -84,7 +84,7 @@ def parse_assignment(
     name, sep, value = text.partition("=")
     if not sep or not name.strip() or not value.strip():
         raise ConfigError(f"{option} expects NAME=VALUE (e.g. {option} kl=2e-3), got '{text}'.")
-    bound, relative = _parse_bound(value.strip(), kind, f"{option} {text}")
+    bound, relative = parse_bound(value.strip(), kind, f"{option} {name.strip()}")
     return Rule(name.strip(), kind, bound, relative, steps, tolerate, option)
 
 
@@ -92,28 +92,31 @@ ABSOLUTE_PREFIX = "abs:"
 """``kl=abs:1e-4``: an allowed increase/decrease in the metric's own units (``kl=50%``: a share of |baseline|)."""
 
 
-def _parse_bound(value: Any, kind: RuleKind, where: str) -> tuple[float, bool]:
-    """``(bound, relative)``. A relative kind needs its unit spelled out (``50%`` or ``abs:0.002``): a bare number
-    is refused, since ``kl=50`` meant as 50% would be an absolute +50 that always passes."""
+def parse_bound(value: Any, kind: RuleKind, where: str, error: type[RcdiagError] = ConfigError) -> tuple[float, bool]:
+    """``(bound, relative)`` of the bound ``where`` names (``--max kl``, ``[max] kl in rules.toml``); a bad one is
+    the option-check template's ``error``. A relative kind needs its unit spelled out (``50%`` or ``abs:0.002``): a
+    bare number is refused, since ``kl=50`` meant as 50% would be an absolute +50 that always passes."""
+    unit = kind in RELATIVE_KINDS
+    what = (
+        f"a share of |baseline| ('{value}%') or an amount in the metric's own units ('{ABSOLUTE_PREFIX}{value}')"
+        if unit
+        else "a finite number (a percentage or 'abs:' only for max_increase/max_decrease)"
+    )
     if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ConfigError(f"{where}: the bound must be a number{' with a unit' if kind in RELATIVE_KINDS else ''}.")
+        raise refuse(where, what, value, error)
     text = value.strip() if isinstance(value, str) else value
     relative = isinstance(text, str) and text.endswith("%")
     absolute = isinstance(text, str) and text.lower().startswith(ABSOLUTE_PREFIX)
-    if kind in RELATIVE_KINDS and not (relative or absolute):
-        raise ConfigError(
-            f"{where}: give the unit of an allowed change: '{value}%' (a share of |baseline|) or "
-            f"'{ABSOLUTE_PREFIX}{value}' (in the metric's own units)."
-        )
-    if (relative or absolute) and kind not in RELATIVE_KINDS:
-        unit = "a percentage" if relative else f"'{ABSOLUTE_PREFIX}'"
-        raise ConfigError(f"{where}: {unit} is only allowed for max_increase/max_decrease.")
+    if unit != (relative or absolute):
+        raise refuse(where, what, value, error)
     if isinstance(text, str):
         text = text.removesuffix("%") if relative else text[len(ABSOLUTE_PREFIX) :] if absolute else text
     try:
         number = float(text)
     except ValueError:
-        raise ConfigError(f"{where}: '{value}' is not a number.") from None
-    if kind in RELATIVE_KINDS and number < 0:
-        raise ConfigError(f"{where}: an allowed increase/decrease must be >= 0.")
+        raise refuse(where, what, value, error) from None
+    if not math.isfinite(number):
+        raise refuse(where, what, value, error)
+    if unit and number < 0:
+        raise refuse(where, "an allowed increase/decrease >= 0", value, error)
     return (number / 100.0 if relative else number), relative

@@ -15,7 +15,7 @@ from typing import Any
 
 from rcdiag.check.findings_gate import FindingGate, parse_fail_on
 from rcdiag.check.packs import packs_and_gate
-from rcdiag.check.rules import RULE_KINDS, Rule, _parse_bound
+from rcdiag.check.rules import RULE_KINDS, Rule, parse_bound
 from rcdiag.config import CorrectionConfig, preset, refuse_router_replay
 from rcdiag.errors import ConfigError, InputError
 from rcdiag.io.paths import regular_file
@@ -158,7 +158,7 @@ def _parse_table(path: Path, table: dict, where: str, steps: Any, tolerate: Any)
             if not isinstance(entries, dict):
                 raise fail(f"[{kind}] must be a table of NAME = VALUE")
             for metric, value in entries.items():
-                bound, relative = _parse_bound(value, kind, f"{path}: {where} [{kind}] {metric}")
+                bound, relative = parse_bound(value, kind, place(metric, f"[{kind}]"), InputError)
                 rules.append(Rule(metric, kind, bound, relative, steps, tolerate, source))
         entries = table.get("rule", [])
         if not isinstance(entries, list):
@@ -175,8 +175,8 @@ def _parse_table(path: Path, table: dict, where: str, steps: Any, tolerate: Any)
             if not kinds:
                 raise fail(f"[[rule]] #{index + 1} ({entry['metric']}) sets no bound ({', '.join(RULE_KINDS)})")
             for kind in kinds:
-                bound, relative = _parse_bound(entry[kind], kind, f"{path}: {where} [[rule]] #{index + 1} {kind}")
                 label = f"[[rule]] #{index + 1}"
+                bound, relative = parse_bound(entry[kind], kind, place(kind, label), InputError)
                 rule_steps = STEP_MODE(entry.get("steps", steps), place("steps", label), InputError)
                 rule_tolerate = float(TOLERATE(entry.get("tolerate", tolerate), place("tolerate", label), InputError))
                 rules.append(Rule(entry["metric"], kind, bound, relative, rule_steps, rule_tolerate, source))

@@ -14,11 +14,11 @@ import typer
 
 from rcdiag.catalogue.findings import EXPLAIN_ONLY, detectors
 from rcdiag.cli.engine_config import EngineFlags, ISLevel
-from rcdiag.cli.params import Flag, FlagGroup, checked_flag
+from rcdiag.cli.params import Flag, FlagGroup, checked_flag, choice_flag
 from rcdiag.constants import DEFAULT_CHUNK_TOKENS, DEVICES
-from rcdiag.option_checks import count
-from rcdiag.options import BAD_ROW_POLICIES, CHUNK_TOKENS, ON_BAD_ROW, VOCAB_SIZE, WORKERS
+from rcdiag.options import BAD_ROW_POLICIES, CHUNK_TOKENS, ON_BAD_ROW, RAY_ADDRESS, VOCAB_SIZE, WORKERS
 from rcdiag.render.registry import FORMATS, ResultKind, format_names, pictures
+from rcdiag.section_options import MICROBATCH, WORST
 from rcdiag.versions import DEFAULT_VERSION, VERSIONS
 
 ENGINE = "Rollout correction (verl's algorithm.rollout_correction)"
@@ -29,6 +29,7 @@ IsOpt = Annotated[
     ISLevel | None,
     typer.Option(
         "--is",
+        **choice_flag(ISLevel),
         help="IS weight level (verl's `rollout_is`); `none` turns IS off. Default: off.",
         rich_help_panel=ENGINE,
         show_default=False,
@@ -179,6 +180,7 @@ MICRO = "Micro-batches (how verl's actor cuts each step; analyze)"
 
 
 def _count_option(flag: str, help_text: str) -> Any:
+    check = MICROBATCH[flag.removeprefix("--").replace("-", "_")]
     return Annotated[
         int | None,
         typer.Option(
@@ -186,7 +188,7 @@ def _count_option(flag: str, help_text: str) -> Any:
             metavar="N",
             help=help_text,
             rich_help_panel=MICRO,
-            callback=checked_flag(count(1)),
+            callback=checked_flag(check),
             show_default=False,
         ),
     ]
@@ -203,7 +205,7 @@ MICROBATCH_FLAGS = FlagGroup(
         Flag("max_token_len", _count_option("--max-token-len", "Dynamic batch size: verl's rearrange_micro_batches "
              "with this token budget per micro-batch (`ppo_max_token_len_per_gpu`); needs --prompt-len.")),
         Flag("prompt_len", Annotated[int | None, typer.Option("--prompt-len", metavar="P", rich_help_panel=MICRO,
-             callback=checked_flag(count(0)),
+             callback=checked_flag(MICROBATCH["prompt_len"]),
              show_default=False, help="Prompt tokens per row (dumps hold none): sequence length = P + response "
              "length, for --max-token-len and --balance-batch.")]),
         Flag("balance_batch", Annotated[bool, typer.Option("--balance-batch", rich_help_panel=MICRO,
@@ -343,6 +345,7 @@ RayAddressOpt = Annotated[
     typer.Option(
         "--ray-address",
         metavar="ADDRESS",
+        callback=checked_flag(RAY_ADDRESS),
         help="The Ray cluster for `--ray` (`host:6379`, `ray://host:10001`, `auto`); implies `--ray`. Default: "
         "`RAY_ADDRESS`, else a local instance.",
         rich_help_panel=RUN,
@@ -453,7 +456,7 @@ WorstOpt = Annotated[
     typer.Option(
         "--worst",
         metavar="N",
-        callback=checked_flag(count(0)),
+        callback=checked_flag(WORST),
         help="Responses in --explain's worst-responses list (largest |sum of log-ratios|; default 10); implies "
         "--explain (given as 10 too).",
         rich_help_panel=EXPLAIN,
@@ -505,7 +508,9 @@ def output_flags(kind: ResultKind, command: str) -> FlagGroup:
     configuration error, raised before anything is read."""
     fmt = Flag(
         "output_format",
-        Annotated[FormatName, typer.Option("--format", help=FORMAT_HELP, rich_help_panel=OUTPUT)],
+        Annotated[
+            FormatName, typer.Option("--format", **choice_flag(FormatName), help=FORMAT_HELP, rich_help_panel=OUTPUT)
+        ],
         FormatName("table"),
     )
     out = Flag("output", path_option("--output", "Write the result here instead of stdout.", OUTPUT, "-o"))

@@ -15,9 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from rcdiag.option_checks import Check, flag
+from rcdiag.option_checks import Check, choice, flag
 
 F = TypeVar("F", bound=Callable[..., Any])
+E = TypeVar("E", bound=enum.Enum)
 KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY
 
 
@@ -77,17 +78,29 @@ def _evaluated(annotation: Any, command: Callable[..., Any]) -> Any:
     return eval(annotation, command.__globals__) if isinstance(annotation, str) else annotation
 
 
-def checked_flag(check: Check) -> Callable[[Any, Any, Any], Any]:
+def checked_flag(check: Check, into: Callable[[Any], Any] | None = None) -> Callable[[Any, Any, Any], Any]:
     """A typer callback holding a flag's value to ``check`` (``rcdiag.option_checks``): a bad value is the
-    template's one line naming the flag as typed (``--workers must be ..., got 0``), exit 2. The check rides on
-    the callback (``.check``) so the tests can find every checked flag and give it a bad value."""
+    template's one line naming the flag as typed (``--workers must be ..., got 0``), exit 2; ``into`` turns a
+    value that passes into what the command takes. The check rides on the callback (``.check``) so the tests can
+    find every checked flag and give it a bad value."""
 
     def callback(ctx: Any, param: Any, value: Any) -> Any:
         if value is None:
             return value
         given = value.value if isinstance(value, enum.Enum) else value
         check(given, flag(max(param.opts, key=len)))
-        return value
+        return value if into is None else into(given)
 
     callback.check = check  # type: ignore[attr-defined]
     return callback
+
+
+def choice_flag(choices: type[E]) -> dict[str, Any]:
+    """``typer.Option`` keywords for a flag taking one of ``choices``' values: typer still lists them in
+    ``--help`` and completes them in the shell (from the annotation), but the value reaches the callback as typed,
+    so a bad one is the template's line (``--format must be one of table, json, got 'x'``), not click's."""
+    return {"parser": _as_typed, "callback": checked_flag(choice(m.value for m in choices), into=choices)}
+
+
+def _as_typed(value: Any) -> Any:
+    return value

@@ -21,6 +21,9 @@ SWEEP_FLAGS = {
     "rollout_rs": "--rs",
     "rollout_is_threshold": "--thresholds",
     "rollout_rs_threshold": "--thresholds",
+    "is_levels": "--is",
+    "rs_options": "--rs",
+    "thresholds": "--thresholds",
 }
 """verl's fields -> the sweep's flags, for its messages (``cli.engine_config.named_by_flags``)."""
 

@@ -12,7 +12,7 @@ import typer
 
 from rcdiag.catalogue.metrics import packs_help
 from rcdiag.cli.flags import ENGINE_FLAGS, READ_FLAGS, path_argument
-from rcdiag.cli.params import checked_flag, with_flags
+from rcdiag.cli.params import checked_flag, choice_flag, with_flags
 from rcdiag.cli.tracking import TRACKING_FLAGS
 from rcdiag.errors import ExitCode, RcdiagError
 from rcdiag.option_checks import count, duration
@@ -78,6 +78,7 @@ def watch(
         WatchFormat,
         typer.Option(
             "--format",
+            **choice_flag(WatchFormat),
             help="`table`: a live view on a terminal, one line per step otherwise; `json`: one JSON object per step "
             "per line (flushed).",
         ),
@@ -169,6 +170,7 @@ def watch(
         ExitOn | None,
         typer.Option(
             "--exit-on",
+            **choice_flag(ExitOn),
             help="Stop with exit 1 on a new alert of this severity or worse (rules fail as `error`, forecasts warn).",
             rich_help_panel=ALERTS,
             show_default=False,

@@ -11,7 +11,9 @@ from rcdiag.errors import ConfigError, InputError
 from rcdiag.explain.state import ExplainState
 from rcdiag.explain.worst import DEFAULT_WORST
 from rcdiag.io.columns import ALIASES
+from rcdiag.option_checks import keyword
 from rcdiag.report import ExplainReport
+from rcdiag.section_options import WORST
 from rcdiag.sections.base import PlainSection, RunFacts
 
 if TYPE_CHECKING:
@@ -40,9 +42,7 @@ class ExplainSection(PlainSection):
         tokenizer: str | Path | None = None,
         tokens: str | Path | None = None,
     ) -> None:
-        if isinstance(worst, bool) or not isinstance(worst, int) or worst < 0:
-            raise ConfigError(f"worst must be 0 or more responses, got {worst}.")
-        self.worst = worst
+        self.worst = WORST(worst, keyword("worst"))
         self.sequences = sequences
         self.tokenizer = tokenizer
         self.tokens = tokens

@@ -26,6 +26,8 @@ from rcdiag.microbatch.partition import (
     micro_batch_count,
     rearrange_micro_batches,
 )
+from rcdiag.option_checks import keyword
+from rcdiag.section_options import MICROBATCH
 from rcdiag.versions import VerlVersion
 
 
@@ -50,12 +52,9 @@ class MicroBatchSettings:
     """Make dynamic micro-batch counts equal across ranks under v0.7.1 (always so from v0.8.0)."""
 
     def __post_init__(self) -> None:
-        for name in ("micro_batch_size", "mini_batch_size", "dp_size", "max_token_len"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ConfigError(f"{name} must be a positive integer, got {value}.")
-        if self.prompt_len is not None and (not isinstance(self.prompt_len, int) or self.prompt_len < 0):
-            raise ConfigError(f"prompt_len must be a non-negative integer, got {self.prompt_len}.")
+        for name, check in MICROBATCH.items():
+            if getattr(self, name) is not None:
+                check(getattr(self, name), keyword(name))
         if self.micro_batch_size is not None and self.max_token_len is not None:
             raise ConfigError(
                 "give one of --micro-batch-size N (static micro-batches) or --max-token-len L (dynamic batch size), "

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from rcdiag.config import IS_LEVELS, RS_OPTIONS, CorrectionConfig, ISSpec, RSOption
 from rcdiag.errors import ConfigError
+from rcdiag.option_checks import choice, keyword, refuse
 from rcdiag.versions import DEFAULT_VERSION, VerlVersion, verl_version
 
 IS_OPTIONS = {"token": "is_token", "sequence": "is_sequence"}
@@ -92,6 +93,10 @@ def resolve(option: str, spec: str, version: str = DEFAULT_VERSION) -> GridPoint
     return GridPoint(text, rs_option=resolved.rs_options[0])
 
 
+_IS_LEVEL = choice(IS_LEVELS)
+_RS_OPTION = choice(RS_OPTIONS)
+
+
 def build_grid(
     is_levels: list[str] | None = None,
     rs_options: list[str] | None = None,
@@ -104,15 +109,8 @@ def build_grid(
     replaces the default grid and needs exactly one option.
     """
     release = verl_version(version)
-    options: list[str] = []
-    for level in is_levels or []:
-        if level not in IS_LEVELS:
-            raise ConfigError(f"Invalid rollout_is: {level}. Must be one of {{'token', 'sequence'}}.")
-        options.append(IS_OPTIONS[level])
-    for name in rs_options or []:
-        if name not in RS_OPTIONS:
-            raise ConfigError(f"Invalid rollout_rs option: {name}. Must be one of {sorted(RS_OPTIONS)}.")
-        options.append(name)
+    options = [IS_OPTIONS[_IS_LEVEL(level, keyword("is_levels"))] for level in is_levels or []]
+    options += [_RS_OPTION(name, keyword("rs_options")) for name in rs_options or []]
     options = list(dict.fromkeys(options)) or list(OPTIONS)
     if thresholds is not None:
         if len(options) != 1:
@@ -121,7 +119,7 @@ def build_grid(
             )
         specs = [spec.strip() for spec in thresholds if spec.strip()]
         if not specs:
-            raise ConfigError("--thresholds needs at least one threshold.")
+            raise refuse(keyword("thresholds"), "one or more threshold specs", thresholds)
         return SweepGrid.from_specs({options[0]: list(dict.fromkeys(specs))}, release.name)
     return SweepGrid.from_specs(
         {option: [s for s in DEFAULT_GRIDS[option] if _available(option, s, release)] for option in options},
