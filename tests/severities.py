@@ -22,6 +22,7 @@ SEVERITIES = {
     "logprobs_not_sampled": ERROR,
     "logprobs_of_another_token": ERROR,
     "certain_tokens_lowered": ERROR,
+    "framework_drops_gradient": WARNING,  # under --as: the framework's own correction, not the engines
     "repeated_tokens_lowered": ERROR,
     "mismatch_not_noise": WARNING,
     "slice_concentrated": WARNING,
