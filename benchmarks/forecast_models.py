@@ -2,7 +2,7 @@
 (on the last 10 steps, or on every step), scored on runs whose later steps are known.
 
 Three kinds of run, several seeds each: the real tiny model whose rollout weights drift further every step
-(tests/realmodel ``drift``, 24 steps: k3_kl grows as the step squared); the planted run of tests/test_watch.py
+(tests/realmodel ``drift``, 24 steps: k3_kl grows as the step squared); the planted run of tests/watch/test_watch.py
 (flat, then a logit noise whose variance grows linearly: k3_kl linear in the step); the synthetic ``step_trend``
 (logit noise 1.5x per step: k3_kl exponential, the sample_data dump's scenario). For every cut (the first ``m``
 steps seen, ``m >= 5``) and every later step ``m + h`` (``h`` = 2..8), the limit is the value at that step, and
@@ -63,7 +63,7 @@ def synthetic_run(name: str, seed: int, steps: int) -> list[float]:
     if not path.exists():
         tables = []
         for step in range(steps):
-            if name == "planted":  # tests/test_watch.py's STEPS_SCRIPT
+            if name == "planted":  # tests/watch/test_watch.py's STEPS_SCRIPT
                 noise = 0.02 * (np.sqrt(1 + 0.5 * (step - 5)) if step >= 6 else 1.0)
                 scenario = synthetic.with_overrides("healthy", noise=noise)
             else:

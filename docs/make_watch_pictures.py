@@ -1,4 +1,4 @@
-"""Regenerate the pictures of docs/watch.md from the planted run of tests/test_watch.py:
+"""Regenerate the pictures of docs/watch.md from the planted run of tests/watch/test_watch.py:
 
     python docs/make_watch_pictures.py
 
@@ -37,7 +37,7 @@ from browser import FLAGS, DevTools, _page_socket, find_chromium  # noqa: E402  
 
 IMAGES = ROOT / "docs" / "img"
 STEPS, PLANTED_FROM, LIMIT = 20, 6, 1e-3
-"""The planted run of tests/test_watch.py and the bound the docs watch it with."""
+"""The planted run of tests/watch/test_watch.py and the bound the docs watch it with."""
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 LOOPBACK_ONLY = [
     *(f for f in FLAGS if not f.startswith(("--host-resolver", "--proxy-server"))),
@@ -47,7 +47,7 @@ LOOPBACK_ONLY = [
 
 
 def write_planted(directory: Path) -> None:
-    """tests/test_watch.py's planted run: noise 0.02 to step 5, then growing so that k3_kl grows linearly."""
+    """tests/watch/test_watch.py's planted run: noise 0.02 to step 5, then growing so that k3_kl grows linearly."""
     from rcdiag import synthetic
     from rcdiag.writer import DumpWriter
 

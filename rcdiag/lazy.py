@@ -1,6 +1,6 @@
 """Names a package offers but resolves only when first asked for (PEP 562): start-up time, and the library's entry
 points offered where users import them (``from rcdiag.check import check``) by packages below the library layer,
-which never import it (tests/test_layering.py pins every such name)."""
+which never import it (tests/lint/test_layering.py pins every such name)."""
 
 from __future__ import annotations
 

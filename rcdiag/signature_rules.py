@@ -3,7 +3,7 @@ signatures.py), on every run, and ``precision_tests`` says whether a mismatch is
 
 Read on the whole dump (all steps pooled): a pipeline bug is there at every step, and pooling gives the tests their
 power. docs/verdict.md gives each signature, its threshold and its measured false-alarm rate on the tests' real
-model (tests/test_verdict_open_world.py).
+model (tests/verdict/test_verdict_open_world.py).
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ from missing_components import missing, pytest_runtest_makereport  # noqa: F401 
 import rcdiag
 from rcdiag.io import Chunk
 
-ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent  # the shared helpers live here; the tests sit in one folder per area
+ROOT = TESTS.parent
 SAMPLES = ROOT / "sample_data"
 
 
@@ -272,12 +273,13 @@ def browser() -> object:
     return harness
 
 
-def run(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
-    """``rcdiag ARGS`` in this process: its exit code, stdout and stderr."""
+def run(capsys: pytest.CaptureFixture, *args: str | Path) -> tuple[int, str, str]:
+    """``rcdiag ARGS`` in this process, as a user runs it: its exit code, stdout and stderr (the one in-process CLI
+    runner every test imports)."""
     from rcdiag.cli import main
 
     with pytest.raises(SystemExit) as info:
-        main(list(args))
+        main([str(a) for a in args])
     out, err = capsys.readouterr()
     return int(info.value.code or 0), out, err
 

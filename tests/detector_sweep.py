@@ -6,7 +6,7 @@ Clean dumps: every seed at temperatures 0.6, 0.8, 1.0, 1.2 (the same on both sid
 0.1, 0.3, plus a 4-bit rollout and rare outlier tokens at temperatures 0.6 and 1.0; each must give no detector
 finding. Bug dumps: each detector's scenario over the same seeds must give that detector. Prints every false
 alarm and miss, and each statistic's largest value on the clean dumps (the margin to its threshold). Too slow for
-the suite (tests/test_detectors.py runs 30 smaller dumps over the grid); about 6 minutes on 2 cores.
+the suite (tests/findings/test_detectors.py runs 30 smaller dumps over the grid); about 6 minutes on 2 cores.
 """
 
 from __future__ import annotations

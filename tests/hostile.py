@@ -1,4 +1,4 @@
-"""Builders of hostile and corrupt dumps for tests/test_hostile_*.py, and the capped subprocess that reads them.
+"""Builders of hostile and corrupt dumps for tests/io/test_hostile_*.py, and the capped subprocess that reads them.
 
 Every file is built in the test's tmp_path from a valid one (written by pyarrow) whose bytes are then patched, so no
 binary that could hurt a reader is ever committed. ``run_capped`` runs the real CLI in a subprocess under an

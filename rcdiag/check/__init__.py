@@ -62,6 +62,6 @@ __all__ = [
 _API = {"check": "rcdiag.api", "analyze": "rcdiag.api"}
 """The library's entry points users import from here (``from rcdiag.check import check``), found in the library layer
 (``rcdiag.api.checking``) when first asked for: this package holds the rules and their evaluation and never imports
-the layer above it (tests/test_layering.py pins these names)."""
+the layer above it (tests/lint/test_layering.py pins these names)."""
 
 __getattr__ = exports(__name__, _API)

@@ -1,7 +1,7 @@
 """rcdiag's sub-commands, each built when first asked for: a run or ``rcdiag CMD --help`` imports one command's
 module and turns one signature into click parameters, not all eight. Each is built as typer builds a command of a
 group (``typer.main.get_command`` of a Typer that holds that command alone), so its help and behaviour are those of
-the eager build (tests/test_cli_lazy.py). ``rcdiag --help`` lists every command by its name and help alone, so it
+the eager build (tests/cli/test_cli_lazy.py). ``rcdiag --help`` lists every command by its name and help alone, so it
 reads each one's docstring from its module's source (``listed``) and builds none (building the seven was over half
 of its time).
 

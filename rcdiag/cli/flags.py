@@ -132,8 +132,8 @@ def _engine_flags(values: dict[str, Any]) -> EngineFlags:
 
 FRAMEWORK = "Framework (whose correction and keys; docs/frameworks.md)"
 AS_NAMES = ("verl", "trl", "openrlhf", "areal", "skyrl", "slime", "prime-rl", "nemo-rl", "roll")
-"""``--as`` choices, as ``rcdiag.frameworks.registry.FRAMEWORKS`` names them (tests/test_frameworks_cli.py checks it;
-the registry is not imported for ``--help``)."""
+"""``--as`` choices, as ``rcdiag.frameworks.registry.FRAMEWORKS`` names them (tests/frameworks/test_frameworks_cli.py
+checks it; the registry is not imported for ``--help``)."""
 
 
 def as_option(help_text: str) -> Any:

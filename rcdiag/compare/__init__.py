@@ -77,7 +77,7 @@ __all__ = [
 _API = {"compare": "rcdiag.api", "compare_many": "rcdiag.api", "analyze": "rcdiag.api"}
 """The library's entry points users import from here (``from rcdiag.compare import compare``), found in the library
 layer (``rcdiag.api.comparing``) when first asked for: this package compares reports and never imports the layer
-above it (tests/test_layering.py pins these names)."""
+above it (tests/lint/test_layering.py pins these names)."""
 
 __getattr__ = exports(__name__, _API)
 

@@ -4,7 +4,7 @@ else of ``--explain``'s (no probability or length breakdown, no worst list, no b
 
 They are taken by the explain pass itself (``rcdiag.kernels.explain``, or its numpy form on a small dump) with the
 breakdowns left out: the same code adds the same numbers as under ``--explain``, so the detectors find the same
-with and without it (tests/test_default_detectors.py). ``fold_block`` is that one call, for both states.
+with and without it (tests/findings/test_default_detectors.py). ``fold_block`` is that one call, for both states.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The kernels' Taylor series for ``e^d - 1`` and ``e^d - 1 - d``: polynomials LLVM vectorizes, where numba's
 ``math.expm1`` calls libm one value at a time (5 ns a token).
 
-There are two, on purpose, each pinned bit for bit by its tests (tests/test_token_kernel.py,
-tests/test_explain_kernel.py) and by the numbers analyze and ``--explain`` have written:
+There are two, on purpose, each pinned bit for bit by its tests (tests/engine/test_token_kernel.py,
+tests/engine/test_explain_kernel.py) and by the numbers analyze and ``--explain`` have written:
 
 * ``k3_series`` (the analyze token pass and the RS statistics, ``kernels/tokens.py``, ``kernels/statistics.py``):
   k3 = e^d - 1 - d itself, its even and odd parts in d^2 to d^13/13!, for |d| < ``K3_SERIES_MAX``

@@ -4,8 +4,8 @@ Importing numba and loading its first cached kernel (numba initialising its CPU 
 (0.3-0.85 s measured, docs/performance.md "Where a small run's time goes"; a fresh machine also compiles, 3 s),
 which is most of a small dump's run. Below the threshold the numpy backend takes the array passes
 (``rcdiag.metrics.tokens.ArrayPasses``, the torch path's code on numpy, held to the kernels by
-tests/test_token_kernel.py and tests/test_small_path.py) and the numpy forms below of the kernels a plain analyze
-calls outside the token passes: the token-id range (``rcdiag.kernels.token_ids``) and the valid tokens per row
+tests/engine/test_token_kernel.py and tests/engine/test_small_path.py) and the numpy forms below of the kernels a plain
+analyze calls outside the token passes: the token-id range (``rcdiag.kernels.token_ids``) and the valid tokens per row
 (``rcdiag.kernels.tokens``); the value screen's range (``rcdiag.kernels.screen``) is numpy's own ``min`` and ``max``
 there (``rcdiag.validate``). Every one of these gives
 exactly the kernel's answer (integers, extremes); the token sums agree to float64 rounding. The choice is made once

@@ -10,8 +10,8 @@ sums, a row's scale, offset and shape sums are added to its group and the cluste
 each token is added to its id's row in token order. Counts are therefore the kernel's exactly; sums differ from its
 sums by float64 rounding only (its vector lanes and fused multiply-adds add in another order), and the per-token
 terms are the kernel's formulas (``rcdiag.core.formulas``) on numpy's ``expm1``, within two ulps of the kernel's
-``expm1_reduced`` (tests/test_explain_kernel.py), so k3 of a tiny log-ratio keeps the kernel's digits. Held to the
-kernel and to the brute-force reference by tests/test_explain_twin.py.
+``expm1_reduced`` (tests/engine/test_explain_kernel.py), so k3 of a tiny log-ratio keeps the kernel's digits. Held to
+the kernel and to the brute-force reference by tests/engine/test_explain_twin.py.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Three passes, each giving one record whatever the device: the token pass (``Toke
 verl's off-policy metrics, rcdiag's extras and the log-ratio histogram fold in), the statistic pass (``Statistic``:
 an RS option's k1/k2/k3 per token with its per-row sums and extremes) and the band pass (``BandRejection``: what an RS
 threshold band rejects, per row). Both implementations give the same numbers up to float64 rounding (tested,
-tests/test_token_kernel.py). The passes read a block (``rcdiag.metrics.block.Block``, named here only as the
+tests/engine/test_token_kernel.py). The passes read a block (``rcdiag.metrics.block.Block``, named here only as the
 ``TokenBlock`` protocol: the block imports this module's records).
 """
 

@@ -26,7 +26,7 @@ __all__ = [
 
 _API = {"sweep": "rcdiag.api", "sweep_chunks": "rcdiag.api", "merge_sweep_states": "rcdiag.api"}
 """The library's entry points users import from here (``from rcdiag.sweep import sweep``), found in the library layer
-(``rcdiag.api.sweeping``) when first asked for: this package never imports the layer above it (tests/test_layering.py
-pins these names)."""
+(``rcdiag.api.sweeping``) when first asked for: this package never imports the layer above it
+(tests/lint/test_layering.py pins these names)."""
 
 __getattr__ = exports(__name__, _API)

@@ -13,7 +13,7 @@ sub-block; the rest moves in the last bits (the kernel contracts ``d * d + s`` a
 multiply-adds and reorders its row sums under fast-math), and the cells' extremes are the kernel's values (the sign
 of a zero tied with another may differ). On torch the scatters' order is the device's (atomics on a GPU): floats to
 rounding, counts exact. Only per-cell and per-row results (and the histogram's counts) come back to the host. Held
-to the kernel by tests/test_sweep_twin.py.
+to the kernel by tests/sweep/test_sweep_twin.py.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ DEFAULT_LEVEL = 0.9
 CHANGE_RATIO = 8.0
 """A level change: a flat level, then a line, fit the window this many times better than one line (squared
 residuals; an F of 7 (n - 3) or more). On a linear trend one line fits about as well whatever the noise: none of
-2,000 noisy lines at each of three noise levels was cut short (tests/test_watch_dashboards_bounds.py)."""
+2,000 noisy lines at each of three noise levels was cut short (tests/watch/test_watch_dashboards_bounds.py)."""
 JUMP_STEPS = 4.0
 """... and the level jumps between them by more than this many steps of the new line's slope (a curve bending
 away from a line does not jump)."""
