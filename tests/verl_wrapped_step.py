@@ -1,4 +1,4 @@
-"""Run in a subprocess by tests/verl/test_verl_integration.py: verl's REAL rollout-correction step on real
+"""Run in a subprocess by tests/verl_parity/test_verl_integration.py: verl's REAL rollout-correction step on real
 ``DataProto`` batches, before and after ``rcdiag.integrations.verl.hook.install``, called the way verl's trainer
 calls it (from a method of an object with ``global_steps``).
 

@@ -1,5 +1,5 @@
 """rcdiag against verl v0.9.0 itself: same keys, same order, same values, same crashes (the other releases:
-tests/verl/test_verl_versions.py).
+tests/verl_parity/test_verl_versions.py).
 
 verl is loaded from its installed files (``pip install --no-deps --target .gl/verl-0.9.0 verl==0.9.0``, done by
 .ci/run); without it

@@ -324,5 +324,5 @@ def test_help_says_how_to_run_it() -> None:
 
 def _rollout_corr(metrics: dict) -> dict:
     """The ``rollout_corr/*`` keys of a step: what the wrapped rollout correction logs (verl's trainer logs the
-    ``training/*`` debug metrics elsewhere, when it recomputes old_log_probs; tests/verl/test_verl_debug_metrics.py)."""
+    ``training/*`` debug metrics elsewhere, when it recomputes old_log_probs; tests/verl_parity/test_verl_debug_metrics.py)."""
     return {k: v for k, v in metrics.items() if k.startswith("rollout_corr/")}

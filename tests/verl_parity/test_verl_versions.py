@@ -1,7 +1,7 @@
 """``--verl-version``: rcdiag against the code of each verl release it reproduces (v0.7.1, v0.8.0, v0.9.0; 0.9.1
 runs 0.9.0's byte-identical code), loaded from .gl/verl-<version> (tests/verl_oracle.py).
 
-Same keys, same order, same values (the tolerances of tests/verl/test_verl_conformance.py, with v0.7.1's std/ESS on
+Same keys, same order, same values (the tolerances of tests/verl_parity/test_verl_conformance.py, with v0.7.1's std/ESS on
 the raw weights clamped to [1/U, U]); options a release lacked are refused naming the first release with them.
 """
 
