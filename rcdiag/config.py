@@ -492,3 +492,16 @@ def preset(name: str, version: str | None = None) -> CorrectionConfig:
     if name in PRESET_FEATURES:
         needs(release, PRESET_FEATURES[name], f"The preset {name}")
     return build().replace(verl_version=release.name)
+
+
+def rollout_correction_yaml(fields: Mapping[str, Any]) -> str:
+    """``algorithm.rollout_correction`` fields as lines to paste into verl's config: ``None`` is ``null``; a string
+    holding ``_`` that is not a name (a band ``"0.5_2.0"``) is quoted, so YAML reads it as the string verl parses,
+    while an option name (``token_k1``) stays bare."""
+
+    def value(v: Any) -> str:
+        text = "null" if v is None else str(v)
+        return f'"{text}"' if isinstance(v, str) and "_" in text and not text.isidentifier() else text
+
+    pasted = (f"    {key}: {value(v)}" for key, v in fields.items())
+    return "\n".join(["algorithm:", "  rollout_correction:", *pasted]) + "\n"

@@ -15,10 +15,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 from rcdiag.catalogue.metrics import known_key
-from rcdiag.config import PRESETS, CorrectionConfig
+from rcdiag.config import PRESETS, CorrectionConfig, rollout_correction_yaml
 from rcdiag.errors import ConfigError
 from rcdiag.frameworks.speak import riding, speak
 from rcdiag.report import CauseClass, Effect, PrescribedSetting, Prescription, Report, VerdictStatus
@@ -195,16 +194,7 @@ def matching_preset(config: CorrectionConfig) -> str | None:
 
 def verl_yaml(setting: PrescribedSetting) -> str:
     """The four settings as lines to paste into verl's config."""
-    pasted = (f"    {key}: {_yaml_value(value)}" for key, value in setting.to_dict().items())
-    lines = ["algorithm:", "  rollout_correction:", *pasted]
-    return "\n".join(lines) + "\n"
-
-
-def _yaml_value(value: Any) -> str:
-    if value is None:
-        return "null"
-    text = str(value)
-    return f'"{text}"' if "_" in text and isinstance(value, str) and not text.isidentifier() else text
+    return rollout_correction_yaml(setting.to_dict())
 
 
 def effect_of(prescription: Prescription, under: Report) -> tuple[Prescription, tuple[str, ...], bool]:

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from rcdiag.config import SAFETY_BOUND
+from rcdiag.config import SAFETY_BOUND, rollout_correction_yaml
 from rcdiag.core.formulas import POS_INF_KEY
 from rcdiag.core.limits import F32_MAX
 from rcdiag.sweep.collector import BUCKETS, Collector, bucket, edge
@@ -288,15 +288,7 @@ def verl_config(option: str, spec: str) -> dict[str, str]:
 
 def verl_yaml(option: str, spec: str) -> str:
     """The lines to paste into verl's config for this option alone."""
-    fields = verl_config(option, spec).items()
-    body = "\n    ".join(
-        f"{key}: {_yaml_value(value) if key.endswith('_threshold') else value}" for key, value in fields
-    )
-    return f"algorithm:\n  rollout_correction:\n    {body}\n"
-
-
-def _yaml_value(spec: str) -> str:
-    return f'"{spec}"' if "_" in spec else spec
+    return rollout_correction_yaml(verl_config(option, spec))
 
 
 def recommend(collector: Collector, target: float) -> list[Recommendation]:
