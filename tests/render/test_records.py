@@ -23,7 +23,7 @@ COMPARE_KEYS = ["code", "severity", "message", "side", "metric", "value", "thres
 
 def test_the_records_module_defines_only_records() -> None:
     """No ``Protocol``: every section a renderer reads is a frozen dataclass of ``rcdiag.records.report``."""
-    tree = ast.parse((ROOT / "rcdiag" / "report.py").read_text())
+    tree = ast.parse((ROOT / "rcdiag" / "records" / "report.py").read_text())
     classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
     assert classes
     for node in classes:

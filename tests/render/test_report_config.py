@@ -21,7 +21,7 @@ ICEPOP = CorrectionConfig(rollout_is="token", rollout_is_threshold="0.5_2.0", ro
                           rollout_rs_threshold="0.5")  # fmt: skip
 TIS = CorrectionConfig(rollout_is="token", rollout_is_threshold="2")
 
-BUILDERS = {"config.py": 1, "prescribe.py": 1}
+BUILDERS = {"settings/correction.py": 1, "diagnosis/prescribe.py": 1}
 """The only places a configuration is made from loose fields: verl's presets, and a prescription's four settings
 (``prescribe.prescribed_setting``). A state file's is read by ``dataclass_from`` in ``rcdiag.engine.state_files``."""
 
@@ -141,5 +141,5 @@ def test_the_verdict_and_renderers_read_metrics_by_the_catalogues_names() -> Non
     assert extras and extras <= set(every_key())
 
 
-READERS = ("render/", "verdict.py", "prescribe.py", "sections/units.py")
+READERS = ("render/", "diagnosis/verdict.py", "diagnosis/prescribe.py", "sections/units.py")
 """The modules that read a report's metrics to judge or show them."""
