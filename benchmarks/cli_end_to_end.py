@@ -18,7 +18,7 @@ more run after the timed ones). Commands:
 * ``--workers auto`` and ``--workers 2`` against one process (``is_rs``);
 * ``--baseline TREE``: every rcdiag command also run from an older source tree (``git archive COMMIT | tar -x``),
   interleaved with the new one, so the table's old and new figures come from the same run;
-* a 10k-token dump whose verdict is ``healthy`` and one whose verdict is ``correct`` (``rcdiag.synthetic``'s
+* a 10k-token dump whose verdict is ``healthy`` and one whose verdict is ``correct`` (``rcdiag.io.synthetic``'s
   ``healthy`` and ``outliers`` scenarios), kernels cached; ``--help``; bare ``python -c pass``, typer + rich's help
   module alone (the floor for ``--help``) and the libraries a run imports alone (``RUN_IMPORTS``: the floor for
   the 10k-token run);
@@ -38,7 +38,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from _data import DATA, dump, parse_tokens
 
-import rcdiag.synthetic as synthetic
+import rcdiag.io.synthetic as synthetic
 
 RCDIAG = [sys.executable, "-m", "rcdiag"]
 IS_RS = ["--is", "sequence", "--is-threshold", "2.0", "--rs", "token_k1,seq_mean_k1", "--rs-threshold",

@@ -20,12 +20,12 @@ from _data import dump, parse_tokens
 from _methods import CONFIG, decode
 
 import rcdiag
-from rcdiag.constants import DEFAULT_CHUNK_TOKENS
-from rcdiag.engine import Engine
+from rcdiag.engine.stream import Engine
 from rcdiag.explain.detector_state import DetectorState
 from rcdiag.explain.state import ExplainState
 from rcdiag.io import open_dump
-from rcdiag.validate import Screen
+from rcdiag.io.screen import Screen
+from rcdiag.settings.constants import DEFAULT_CHUNK_TOKENS
 
 
 def best_cpu(run, repeats: int) -> float:

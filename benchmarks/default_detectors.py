@@ -154,9 +154,9 @@ def kernels(path: Path, rounds: int) -> None:
     import numpy as np
     import pyarrow.parquet as pq
 
-    from rcdiag.backend import NumpyBackend
     from rcdiag.explain.detector_state import DetectorState
     from rcdiag.explain.state import ExplainState
+    from rcdiag.metrics.backend import NumpyBackend
     from rcdiag.metrics.block import Block
 
     table = pq.read_table(path, columns=["old_log_prob", "rollout_log_prob", "response_mask"]).slice(0, 5000)

@@ -33,9 +33,9 @@ from _data import dump, parse_tokens
 CHILD = r"""
 import json, sys, time
 import rcdiag
-from rcdiag.engine import Engine
+from rcdiag.engine.stream import Engine
 from rcdiag.io import open_dump
-from rcdiag.validate import Screen
+from rcdiag.io.screen import Screen
 
 path, repeats = sys.argv[1], int(sys.argv[2])
 try:

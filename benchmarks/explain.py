@@ -19,7 +19,7 @@ from _data import dump, parse_tokens
 from _methods import rcdiag_e2e, rcdiag_explain
 from memory import peak
 
-from rcdiag.constants import DEFAULT_CHUNK_TOKENS
+from rcdiag.settings.constants import DEFAULT_CHUNK_TOKENS
 
 
 def main() -> None:

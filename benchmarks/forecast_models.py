@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import rcdiag  # noqa: E402
-from rcdiag import synthetic  # noqa: E402
 from rcdiag.core.forecast import Scale, forecast  # noqa: E402
+from rcdiag.io import synthetic  # noqa: E402
 
 K3 = "rollout_corr/k3_kl"
 SEEDS = (0, 1, 2)

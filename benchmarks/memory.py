@@ -20,7 +20,7 @@ from pathlib import Path
 
 from _data import dump, ipc_copy, parse_tokens
 
-from rcdiag.constants import DEFAULT_CHUNK_TOKENS
+from rcdiag.settings.constants import DEFAULT_CHUNK_TOKENS
 
 HERE = Path(__file__).resolve().parent
 CHILD = """

@@ -27,9 +27,9 @@ from pathlib import Path
 from _data import DATA, dump, parse_tokens
 
 import rcdiag
-import rcdiag.synthetic as synthetic
-from rcdiag.backend import NumpyBackend
+import rcdiag.io.synthetic as synthetic
 from rcdiag.kernels.small import SWITCH
+from rcdiag.metrics.backend import NumpyBackend
 
 ROOT = Path(__file__).resolve().parents[1]
 

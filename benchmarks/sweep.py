@@ -20,7 +20,7 @@ from _data import dump, parse_tokens
 from _methods import analyze_token_k1, sweep_default
 from memory import peak
 
-from rcdiag.constants import DEFAULT_CHUNK_TOKENS
+from rcdiag.settings.constants import DEFAULT_CHUNK_TOKENS
 
 
 def main() -> None:

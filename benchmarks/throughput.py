@@ -38,17 +38,17 @@ from _methods import CONFIG, decode, padded, rcdiag_e2e, scan_sum
 from startup import startup
 
 import rcdiag
-from rcdiag.constants import DEFAULT_CHUNK_TOKENS
-from rcdiag.options import ReadOptions
+from rcdiag.settings.constants import DEFAULT_CHUNK_TOKENS
+from rcdiag.settings.reading import ReadOptions
 
 Method = Callable[[], int]
 
 
 def maths_only(path: Path, chunk_tokens: int, tokens: int) -> Method:
     """The engine alone (screen + maths, one thread) over the first ``tokens`` of the dump held in memory."""
-    from rcdiag.engine import Engine
+    from rcdiag.engine.stream import Engine
     from rcdiag.io import open_dump
-    from rcdiag.validate import Screen
+    from rcdiag.io.screen import Screen
 
     chunks, held = [], 0
     for chunk in open_dump(path).chunks(chunk_tokens):

@@ -65,7 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     tokens = parse_tokens(args.tokens_per_step)
 
-    from rcdiag.writer import DumpWriter
+    from rcdiag.io.dump_writer import DumpWriter
 
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="rcdiag-watch-bench-") as scratch:

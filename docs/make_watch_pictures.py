@@ -48,8 +48,8 @@ LOOPBACK_ONLY = [
 
 def write_planted(directory: Path) -> None:
     """tests/watch/test_watch.py's planted run: noise 0.02 to step 5, then growing so that k3_kl grows linearly."""
-    from rcdiag import synthetic
-    from rcdiag.writer import DumpWriter
+    from rcdiag.io import synthetic
+    from rcdiag.io.dump_writer import DumpWriter
 
     writer = DumpWriter(directory, metadata={"temperature": 1.0})
     for step in range(STEPS):

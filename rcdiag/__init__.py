@@ -24,37 +24,37 @@ _EXPORTS = {
     "analyze_chunks": "rcdiag.api",
     "accumulate": "rcdiag.api",
     "merge_states": "rcdiag.api",
-    "PRESETS": "rcdiag.config",
-    "CorrectionConfig": "rcdiag.config",
-    "preset": "rcdiag.config",
-    "ConfigError": "rcdiag.errors",
-    "ExitCode": "rcdiag.errors",
-    "ReadOptions": "rcdiag.options",
-    "InputError": "rcdiag.errors",
-    "RcdiagError": "rcdiag.errors",
+    "PRESETS": "rcdiag.settings.correction",
+    "CorrectionConfig": "rcdiag.settings.correction",
+    "preset": "rcdiag.settings.correction",
+    "ConfigError": "rcdiag.runtime.errors",
+    "ExitCode": "rcdiag.runtime.errors",
+    "ReadOptions": "rcdiag.settings.reading",
+    "InputError": "rcdiag.runtime.errors",
+    "RcdiagError": "rcdiag.runtime.errors",
     "Chunk": "rcdiag.io",
     "ColumnMap": "rcdiag.io",
-    "Finding": "rcdiag.report",
-    "InputFacts": "rcdiag.report",
-    "Report": "rcdiag.report",
-    "StepReport": "rcdiag.report",
-    "DumpWriter": "rcdiag.writer",
+    "Finding": "rcdiag.records.report",
+    "InputFacts": "rcdiag.records.report",
+    "Report": "rcdiag.records.report",
+    "StepReport": "rcdiag.records.report",
+    "DumpWriter": "rcdiag.io.dump_writer",
     "MicroBatchSettings": "rcdiag.microbatch",
-    "VERSIONS": "rcdiag.versions",
+    "VERSIONS": "rcdiag.settings.versions",
 }
 
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
     from rcdiag.api import accumulate, analyze, analyze_chunks, merge_states  # noqa: F401
-    from rcdiag.config import PRESETS, CorrectionConfig, preset  # noqa: F401
-    from rcdiag.errors import ConfigError, ExitCode, InputError, RcdiagError  # noqa: F401
     from rcdiag.io import Chunk, ColumnMap  # noqa: F401
+    from rcdiag.io.dump_writer import DumpWriter  # noqa: F401
     from rcdiag.microbatch import MicroBatchSettings  # noqa: F401
-    from rcdiag.options import ReadOptions  # noqa: F401
-    from rcdiag.report import Finding, InputFacts, Report, StepReport  # noqa: F401
-    from rcdiag.versions import VERSIONS  # noqa: F401
-    from rcdiag.writer import DumpWriter  # noqa: F401
+    from rcdiag.records.report import Finding, InputFacts, Report, StepReport  # noqa: F401
+    from rcdiag.runtime.errors import ConfigError, ExitCode, InputError, RcdiagError  # noqa: F401
+    from rcdiag.settings.correction import PRESETS, CorrectionConfig, preset  # noqa: F401
+    from rcdiag.settings.reading import ReadOptions  # noqa: F401
+    from rcdiag.settings.versions import VERSIONS  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

@@ -3,14 +3,14 @@
     python sample_data/make_samples.py
 
 Each file is a canonical dump (one row per response; old_log_prob, rollout_log_prob, response_mask, step)
-made by ``rcdiag.synthetic``; sample_data/README.md lists what ``rcdiag analyze`` should find in each.
+made by ``rcdiag.io.synthetic``; sample_data/README.md lists what ``rcdiag analyze`` should find in each.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from rcdiag import synthetic
+from rcdiag.io import synthetic
 
 HERE = Path(__file__).resolve().parent
 SAMPLES = {

@@ -4,7 +4,7 @@
 
 * ``tokenizer.json``: a byte-level BPE of ``VOCAB`` ids trained on ``corpus()`` (arithmetic word problems written
   from templates with a seeded generator), with the special tokens ``<|endoftext|>`` and ``<|im_end|>``;
-* ``stop_token.parquet``: ``rcdiag.synthetic``'s healthy dump (seeded) with a ``token_ids`` column: each response
+* ``stop_token.parquet``: ``rcdiag.io.synthetic``'s healthy dump (seeded) with a ``token_ids`` column: each response
   is a run of the tokenized corpus ending in ``<|im_end|>``; the rollout engine reports log-prob 0 for that stop
   token (it appended it by its stop rule rather than sampling it), while the trainer scores it as the model does.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from rcdiag import synthetic
+from rcdiag.io import synthetic
 
 HERE = Path(__file__).resolve().parent
 VOCAB = 400

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from rcdiag import synthetic
 from rcdiag.api import accumulate, build_report
 from rcdiag.explain import detectors
 from rcdiag.explain.section import ExplainSection
-from rcdiag.synthetic import SCENARIOS, Scenario
+from rcdiag.io import synthetic
+from rcdiag.io.synthetic import SCENARIOS, Scenario
 
 BUGS = {
     "rollout_temperature_only": "temperature_mismatch",

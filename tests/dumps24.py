@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rcdiag import synthetic
+from rcdiag.io import synthetic
 
 
 def write_padded(path: Path, old: np.ndarray, rollout: np.ndarray, steps: np.ndarray | None = None) -> Path:

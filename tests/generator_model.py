@@ -1,5 +1,5 @@
 """What the synthetic generator's parameters imply, computed without sampling tokens: an independent oracle for
-values measured on generated dumps (``rcdiag.synthetic``).
+values measured on generated dumps (``rcdiag.io.synthetic``).
 
 At each position the generator draws logits z (vocabulary ``vocab``, scale lognormal(log 2.5, 0.5)) and engine
 noise eps; the rollout engine's distribution is q = softmax((z + eps) / T_rollout) (renormalised over its top-k),
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rcdiag.synthetic import SCENARIOS, Scenario
+from rcdiag.io.synthetic import SCENARIOS, Scenario
 
 
 @dataclass(frozen=True)

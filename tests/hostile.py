@@ -151,7 +151,7 @@ def random_damage(directory: Path, kind: str, count: int, seed: int = 0) -> dict
     import random
 
     import rcdiag
-    from rcdiag.errors import RcdiagError
+    from rcdiag.runtime.errors import RcdiagError
 
     source = directory / f"valid.{kind}"
     table = list_table(LENGTHS * 20)

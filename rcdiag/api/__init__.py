@@ -22,7 +22,7 @@ from rcdiag.api.progress import ProgressCallback, ReadProgress
 from rcdiag.api.reading import Accumulated, accumulate, accumulate_chunks, merge_files
 from rcdiag.api.report import analyze_state, build_report, input_facts
 from rcdiag.api.second_pass import complete_verdict, with_history
-from rcdiag.lazy import exports
+from rcdiag.runtime.lazy import exports
 
 _LATER = {
     "merge": "rcdiag.api.merging",

@@ -11,19 +11,19 @@ from rcdiag.api.progress import ProgressCallback
 from rcdiag.api.reading import accumulate, accumulate_chunks
 from rcdiag.api.report import analyze_state, build_report, record_of
 from rcdiag.api.second_pass import complete_verdict
-from rcdiag.config import CorrectionConfig
-from rcdiag.engine import StepStates
+from rcdiag.engine.stream import StepStates
 from rcdiag.explain.detector_section import DetectorSection
 from rcdiag.explain.section import ExplainSection
 from rcdiag.explain.worst import DEFAULT_WORST
 from rcdiag.io import Chunk
+from rcdiag.io.outputs import ledger, reads, writes
 from rcdiag.microbatch.section import MicroBatchSection
-from rcdiag.options import ReadOptions
-from rcdiag.outputs import ledger, reads, writes
-from rcdiag.report import Report
+from rcdiag.records.report import Report
 from rcdiag.sections import Section
 from rcdiag.sections.exact import ExactSection
 from rcdiag.sections.slices import SlicesSection
+from rcdiag.settings.correction import CorrectionConfig
+from rcdiag.settings.reading import ReadOptions
 
 if TYPE_CHECKING:  # features a plain analyze does not run are imported when used (start-up time)
     from rcdiag.frameworks.registry import Chosen

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import rcdiag.outputs as outputs
+import rcdiag.io.outputs as outputs
 from rcdiag.api.analysis import analyze
 from rcdiag.api.progress import ProgressCallback
 from rcdiag.check import BASELINE_INPUT
@@ -16,10 +16,10 @@ from rcdiag.check.findings_gate import FindingGate
 from rcdiag.check.metric_names import metric_names, refuse_unlogged, validate_rules
 from rcdiag.check.results import CheckResult
 from rcdiag.check.rules import Rule
-from rcdiag.config import CorrectionConfig
-from rcdiag.errors import ConfigError
 from rcdiag.explain.section import ExplainSection
-from rcdiag.options import ReadOptions
+from rcdiag.runtime.errors import ConfigError
+from rcdiag.settings.correction import CorrectionConfig
+from rcdiag.settings.reading import ReadOptions
 
 if TYPE_CHECKING:
     from rcdiag.frameworks.registry import Chosen
@@ -64,7 +64,7 @@ def check(
     if riding is not None:
         refuse_unlogged(rules, riding)
     validate_rules(rules, available, has_baseline=baseline is not None)
-    outputs.reads(path)  # both dumps are the run's inputs before either is read (rcdiag.outputs.Ledger)
+    outputs.reads(path)  # both dumps are the run's inputs before either is read (rcdiag.io.outputs.Ledger)
     outputs.reads(baseline, what=BASELINE_INPUT)
     read = ReadOptions.of(read, options)
     explaining = [ExplainSection()] if fail_on is not None and fail_on.explain else []

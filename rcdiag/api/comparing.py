@@ -11,9 +11,9 @@ from rcdiag.api.analysis import analyze
 from rcdiag.api.progress import ProgressCallback
 from rcdiag.compare import check_temperature, compare_against, compare_reports
 from rcdiag.compare.records import Comparison, Comparisons
-from rcdiag.config import CorrectionConfig
-from rcdiag.errors import ConfigError
-from rcdiag.options import ReadOptions
+from rcdiag.runtime.errors import ConfigError
+from rcdiag.settings.correction import CorrectionConfig
+from rcdiag.settings.reading import ReadOptions
 
 if TYPE_CHECKING:
     from rcdiag.frameworks.registry import Chosen

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 from rcdiag.api.reading import merge_files
 from rcdiag.api.report import analyze_state, build_report
 from rcdiag.explain.section import ExplainSection
-from rcdiag.outputs import reads
-from rcdiag.report import Report
+from rcdiag.io.outputs import reads
+from rcdiag.records.report import Report
 
 if TYPE_CHECKING:
     from rcdiag.sweep.sweep_report import SweepReport
@@ -22,7 +22,7 @@ def merge(
     """The report the states' declared kind makes (the first file's ``kind``; every other must be of it): an analyze
     report (``merge_states``, ``tokenizer`` giving the token ids' text) or a sweep's (``merge_sweep_states``,
     ``min_ess`` ranking the presets)."""
-    from rcdiag.state import state_kind
+    from rcdiag.engine.state_files import state_kind
 
     if paths and state_kind(paths[0]) == "sweep":  # states of `rcdiag sweep --save-state`
         from rcdiag.api.sweeping import merge_sweep_states
@@ -34,7 +34,7 @@ def merge(
 def merge_states(paths: list[str | Path], *, tokenizer: str | Path | None = None) -> Report:
     """The report of one run over every shard whose state files are given (``analyze --save-state``);
     ``tokenizer`` gives the token ids' text (``analyze(tokenizer=...)``)."""
-    from rcdiag.state import STATE_INPUT
+    from rcdiag.engine.state_files import STATE_INPUT
 
     reads(*paths, what=STATE_INPUT)  # the command line's outputs are refused over them before the tokenizer is read
     explain = ExplainSection(tokenizer=tokenizer)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from rcdiag.engine.parallel import PartResult
 from rcdiag.io import Chunk
-from rcdiag.parallel import PartResult
 
 
 @dataclass(frozen=True)

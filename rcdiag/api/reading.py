@@ -12,16 +12,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from rcdiag.api.progress import PartProgress, ProgressCallback, report_progress
-from rcdiag.backend import Backend, NumpyBackend, get_backend
-from rcdiag.config import CorrectionConfig
-from rcdiag.engine import Engine, StepStates, number_rows
-from rcdiag.errors import ConfigError
-from rcdiag.interrupts import checked
-from rcdiag.io import Chunk, open_dump, prefetch
-from rcdiag.io.base import SourceInfo
-from rcdiag.options import ReadOptions
-from rcdiag.outputs import refuse_inputs, remove_directory
-from rcdiag.parallel import (
+from rcdiag.engine.parallel import (
     RAY_MAX_PARTS,
     Job,
     StateFactory,
@@ -33,8 +24,17 @@ from rcdiag.parallel import (
     on_ray,
     too_many_workers,
 )
+from rcdiag.engine.stream import Engine, StepStates, number_rows
+from rcdiag.io import Chunk, open_dump, prefetch
+from rcdiag.io.base import SourceInfo
+from rcdiag.io.outputs import refuse_inputs, remove_directory
+from rcdiag.io.screen import Screen, ScreenStats, as_chunk
+from rcdiag.metrics.backend import Backend, NumpyBackend, get_backend
+from rcdiag.runtime.errors import ConfigError
+from rcdiag.runtime.interrupts import checked
 from rcdiag.sections import Section
-from rcdiag.validate import Screen, ScreenStats, as_chunk
+from rcdiag.settings.correction import CorrectionConfig
+from rcdiag.settings.reading import ReadOptions
 
 
 @dataclass(frozen=True)
@@ -116,8 +116,8 @@ def accumulate(
         if scratch is not None:
             remove_directory(scratch)
     if save_state is not None:
+        from rcdiag.engine.state_files import save_state as write_state
         from rcdiag.sections.registry import KNOWN
-        from rcdiag.state import save_state as write_state
 
         write_state(save_state, _saved(state, sections), [source.info], stats, KNOWN)
     return Accumulated(state, source.info, backend.name, stats)
@@ -146,8 +146,8 @@ def accumulate_chunks(
 def merge_files(paths: list[str | Path], kind: str | None = None) -> Accumulated:
     """Saved states (``--save-state``) merged into the state of one run over every shard: of ``kind`` (``analyze``,
     ``sweep``; each file of another kind refused), else of the first file's (the state's ``KIND`` says which)."""
+    from rcdiag.engine.state_files import combined_info, merge_state_files
     from rcdiag.sections.registry import KNOWN
-    from rcdiag.state import combined_info, merge_state_files
 
     state, sources, stats = merge_state_files(paths, KNOWN, kind)
     return Accumulated(state, combined_info(sources), "merged", stats)
@@ -193,7 +193,7 @@ _SAID: set[str] = set()
 def _say_once(note: str | None) -> None:
     """``note`` as a notice, the first time this process meets it."""
     if note is not None and note not in _SAID:
-        from rcdiag.notices import notify
+        from rcdiag.runtime.notices import notify
 
         _SAID.add(note)
         notify(note)

@@ -10,19 +10,19 @@ from typing import Any
 from rcdiag._version import __version__
 from rcdiag.catalogue.checklist import checklist
 from rcdiag.catalogue.emit import ordered
-from rcdiag.engine import EngineState, StepStates
-from rcdiag.errors import ConfigError
+from rcdiag.diagnosis.health import StepHits, batch_hits, evaluate
+from rcdiag.diagnosis.signature_rules import signature_findings
+from rcdiag.diagnosis.verdict import judge
+from rcdiag.engine.stream import EngineState, StepStates
 from rcdiag.explain.detector_section import DetectorSection
 from rcdiag.explain.section import ExplainSection
-from rcdiag.health import StepHits, batch_hits, evaluate
 from rcdiag.io.base import SourceInfo
+from rcdiag.io.screen import ScreenStats
 from rcdiag.microbatch.section import MicroBatchSection
-from rcdiag.report import Finding, InputFacts, Report, StepReport
+from rcdiag.records.report import Finding, InputFacts, Report, StepReport
+from rcdiag.runtime.errors import ConfigError
 from rcdiag.sections import RunFacts, Section
 from rcdiag.sections.base import Values, ValuesRecord
-from rcdiag.signature_rules import signature_findings
-from rcdiag.validate import ScreenStats
-from rcdiag.verdict import judge
 
 
 def analyze_state(state: StepStates[Any]) -> EngineState:

@@ -13,19 +13,19 @@ from rcdiag.api.reading import accumulate
 from rcdiag.api.report import analyze_state, build_report
 from rcdiag.catalogue.checklist import checklist
 from rcdiag.catalogue.emit import ordered
-from rcdiag.config import CorrectionConfig, preset
-from rcdiag.errors import InputError
+from rcdiag.diagnosis.prescribe import SEQ_IS_PRESET, effect_of, prescribed_setting, seq_is_measured, seq_is_unmeasured
+from rcdiag.diagnosis.signature_rules import repeats
+from rcdiag.diagnosis.verdict import history_untested, judge
 from rcdiag.frameworks.section import FrameworkSection
 from rcdiag.frameworks.speak import chosen as spoken_chosen
 from rcdiag.frameworks.speak import measured as spoken_effect
 from rcdiag.metrics.signatures import HISTORY_KEYS
-from rcdiag.options import ReadOptions
-from rcdiag.prescribe import SEQ_IS_PRESET, effect_of, prescribed_setting, seq_is_measured, seq_is_unmeasured
-from rcdiag.report import Report
+from rcdiag.records.report import Report
+from rcdiag.runtime.errors import InputError
 from rcdiag.sections import Section
 from rcdiag.sections.token_ids import TokenIdsSection
-from rcdiag.signature_rules import repeats
-from rcdiag.verdict import history_untested, judge
+from rcdiag.settings.correction import CorrectionConfig, preset
+from rcdiag.settings.reading import ReadOptions
 
 
 def complete_verdict(report: Report, path: str | Path, read: ReadOptions | None = None) -> Report:
@@ -33,8 +33,9 @@ def complete_verdict(report: Report, path: str | Path, read: ReadOptions | None 
     IS is offered):
 
     * the history test (``repeated_tokens_lowered``), where the verdict names ``noise`` or ``unexplained`` and the
-      dump has token ids the first pass did not read (``rcdiag.verdict.history_untested``): a penalty on repeated
-      tokens would explain the mismatch, and reading the ids on every run would cost every analyze their decode;
+      dump has token ids the first pass did not read (``rcdiag.diagnosis.verdict.history_untested``): a penalty on
+      repeated tokens would explain the mismatch, and reading the ids on every run would cost every analyze their
+      decode;
     * a ``correct`` verdict's prescription: its effect (rejected shares, IS ESS and truncated share) is what analyze
       computes under the prescribed setting, and a setting that raises one of analyze's own findings is flagged;
       where a next step offers sequence-level IS, its ESS measured under that preset (another pass).
@@ -53,7 +54,7 @@ def complete_verdict(report: Report, path: str | Path, read: ReadOptions | None 
         try:
             under = _again(path, config, read, True, riding)
         except InputError as exc:  # the ids were read only for this test: a bad id column skips it, said once
-            from rcdiag.notices import notify
+            from rcdiag.runtime.notices import notify
 
             notify(f"the repeated-token test did not run: the dump's token ids cannot be read ({exc})")
             history = False

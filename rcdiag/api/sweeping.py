@@ -18,20 +18,20 @@ from rcdiag.api.progress import ProgressCallback
 from rcdiag.api.reading import Accumulated, accumulate, accumulate_chunks, merge_files
 from rcdiag.api.report import analyze_state, build_report
 from rcdiag.api.second_pass import complete_verdict
-from rcdiag.config import CorrectionConfig
-from rcdiag.errors import ConfigError
 from rcdiag.frameworks.registry import framework as framework_named
 from rcdiag.frameworks.section import SettingsSection
 from rcdiag.frameworks.speak import chosen as spoken_chosen
 from rcdiag.frameworks.speak import effect_of, speak
 from rcdiag.io import Chunk
-from rcdiag.options import ReadOptions
-from rcdiag.report import FrameworkSetting, Report
+from rcdiag.records.report import FrameworkSetting, Report
+from rcdiag.runtime.errors import ConfigError
 from rcdiag.sections import Section
-from rcdiag.sweep.accumulated import SweepState, new_sweep_state
+from rcdiag.settings.correction import CorrectionConfig
+from rcdiag.settings.reading import ReadOptions
 from rcdiag.sweep.build import build_sweep_report
 from rcdiag.sweep.grid import SweepGrid, build_grid
 from rcdiag.sweep.recommend import verl_config
+from rcdiag.sweep.state import SweepState, new_sweep_state
 from rcdiag.sweep.sweep_report import SweepReport
 
 

@@ -61,7 +61,7 @@ _MODULE = {
 
 def __getattr__(name: str) -> Any:
     """The tables on first use: no submodule is imported for the package alone (``rcdiag --help`` reads the
-    metrics' packs; a command's help the detectors; neither imports ``rcdiag.report``, which ``emit`` does)."""
+    metrics' packs; a command's help the detectors; neither imports ``rcdiag.records.report``, which ``emit`` does)."""
     if name in __all__:
         module = _MODULE.get(name, "metrics")
         return getattr(importlib.import_module(f"rcdiag.catalogue.{module}"), name)

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 
 from rcdiag.catalogue.findings import FINDINGS
 from rcdiag.catalogue.metrics import metric
-from rcdiag.report import ChecklistRow, Finding
+from rcdiag.records.report import ChecklistRow, Finding
 
 NOT_COMPUTED = "not computed for this config"
 """The reason of a row whose metric this configuration does not compute."""

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from rcdiag.catalogue.findings import finding, listing_order
-from rcdiag.report import Finding, Side
+from rcdiag.records.report import Finding, Side
 
 
 def emit(

@@ -18,7 +18,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from rcdiag.report import CauseClass, Severity
+    from rcdiag.records.report import CauseClass, Severity
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum
@@ -116,7 +116,7 @@ class FindingSpec:
     """A bias detector (``rcdiag.explain``): every analyze runs it (those of ``EXPLAIN_ONLY`` only with ``--explain``),
     and its checklist row is shown wherever the detectors ran."""
     cause: CauseClass | None = None
-    """The cause class it is evidence of (``rcdiag.verdict``); ``None``: it names no cause of its own."""
+    """The cause class it is evidence of (``rcdiag.diagnosis.verdict``); ``None``: it names no cause of its own."""
     role: Role | None = None
     """What it is about when it names no cause (``Role``); ``None``: neither."""
     reads_sign: bool = False
@@ -391,7 +391,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "is_saturated",
         "warning",
         "IS on and at least IS_SATURATED_SHARE of the raw ratios are beyond the upper threshold (thresholds: "
-        "rcdiag.health)",
+        "rcdiag.diagnosis.health)",
         check="IS weights are not all truncated at the threshold (the correction is not a constant)",
         metric="rollout_is_ratio_fraction_high",
         advice="Truncation replaced (nearly) every weight by the threshold, so IS multiplies every sample by the "
@@ -404,7 +404,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         "sparse_outliers",
         "warning",
         "at most OUTLIER_TOKEN_SHARE of the tokens have |log-ratio| >= OUTLIER_LOG_RATIO and carry at least "
-        "OUTLIER_K3_SHARE of k3_kl (thresholds: rcdiag.health)",
+        "OUTLIER_K3_SHARE of k3_kl (thresholds: rcdiag.diagnosis.health)",
         check="k3_kl is not carried by a few outlier tokens",
         advice="A heavy tail of its own, not precision noise: a few huge tokens (MoE routing flips, "
         "nondeterministic or buggy kernels, a token mis-scored on one side) dominate k3_kl and chi2, so averages "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Literal
 
-from rcdiag.config import RS_OPTIONS
+from rcdiag.settings.correction import RS_OPTIONS
 
 PREFIX = "rollout_corr/"
 """verl's prefix for the keys it logs."""

@@ -22,11 +22,11 @@ from rcdiag.check.packs import PACK_SOURCES, describe_packs, pack, packs_and_gat
 from rcdiag.check.results import CheckResult, RuleResult
 from rcdiag.check.rules import RELATIVE_KINDS, RULE_KINDS, Rule, RuleKind, Status, parse_assignment
 from rcdiag.check.rules_file import CONFIG_TABLE, RuleFile, find_project_rules, load_rules
-from rcdiag.lazy import exports
-from rcdiag.rule_options import STEP_MODES, StepMode
+from rcdiag.runtime.lazy import exports
+from rcdiag.settings.rule_options import STEP_MODES, StepMode
 
 BASELINE_INPUT = "the baseline {source}"
-"""How a refused output names the baseline dump (rcdiag.outputs.Ledger)."""
+"""How a refused output names the baseline dump (rcdiag.io.outputs.Ledger)."""
 
 __all__ = [
     "ANALYZE_PACK",

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from rcdiag.check.metric_names import _unknown_metric, resolve_metric
 from rcdiag.check.results import RuleResult
 from rcdiag.check.rules import RELATIVE_KINDS, Rule, Status
-from rcdiag.errors import ConfigError
-from rcdiag.report import Report
+from rcdiag.records.report import Report
+from rcdiag.runtime.errors import ConfigError
 
 
 def evaluate_rules(report: Report, rules: Sequence[Rule], baseline: Report | None = None) -> tuple[RuleResult, ...]:

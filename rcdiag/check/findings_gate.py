@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from rcdiag.catalogue.findings import EXPLAIN_ONLY, SEVERITY_RANK, codes_for
-from rcdiag.errors import ConfigError
-from rcdiag.report import Finding, Report, Severity
+from rcdiag.records.report import Finding, Report, Severity
+from rcdiag.runtime.errors import ConfigError
 
 ANALYZE_PACK = "analyze"
 """``--pack analyze``: analyze's own checks as a gate (``ANALYZE_PACK_GATE``)."""

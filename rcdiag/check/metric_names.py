@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from rcdiag.catalogue import EXTRA_PREFIX, PREFIX, every_key, full_key, metric, short_key
 from rcdiag.catalogue.metrics import DEBUG_PREFIX
 from rcdiag.check.rules import RELATIVE_KINDS, Rule
-from rcdiag.config import ResolvedConfig
-from rcdiag.errors import ConfigError
+from rcdiag.runtime.errors import ConfigError
+from rcdiag.settings.correction import ResolvedConfig
 
 if TYPE_CHECKING:
     from rcdiag.frameworks.registry import Chosen

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from rcdiag.catalogue.metrics import PACKS, pack_rules
 from rcdiag.check.findings_gate import ANALYZE_PACK, ANALYZE_PACK_GATE, FindingGate
 from rcdiag.check.rules import Rule, StepMode
-from rcdiag.errors import ConfigError
+from rcdiag.runtime.errors import ConfigError
 
 PACK_SOURCES = PACKS
 

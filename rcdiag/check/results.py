@@ -11,7 +11,7 @@ from typing import Any
 
 from rcdiag.check.findings_gate import FindingGate
 from rcdiag.check.rules import Rule, Status
-from rcdiag.report import SCHEMA_VERSION, Finding, Report
+from rcdiag.records.report import SCHEMA_VERSION, Finding, Report
 
 
 @dataclass(frozen=True)

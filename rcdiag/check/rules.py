@@ -11,9 +11,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rcdiag.errors import ConfigError, RcdiagError
-from rcdiag.option_checks import keyword, refuse
-from rcdiag.rule_options import STEP_MODE, TOLERATE, StepMode
+from rcdiag.runtime.errors import ConfigError, RcdiagError
+from rcdiag.runtime.option_checks import keyword, refuse
+from rcdiag.settings.rule_options import STEP_MODE, TOLERATE, StepMode
 
 RuleKind = Literal["max", "min", "max_abs", "max_increase", "max_decrease"]
 Status = Literal["passed", "failed", "skipped"]

@@ -16,12 +16,12 @@ from typing import Any
 from rcdiag.check.findings_gate import FindingGate, parse_fail_on
 from rcdiag.check.packs import packs_and_gate
 from rcdiag.check.rules import RULE_KINDS, Rule, parse_bound
-from rcdiag.config import CorrectionConfig, preset, refuse_router_replay
-from rcdiag.errors import ConfigError, InputError
+from rcdiag.io.outputs import reads
 from rcdiag.io.paths import regular_file
-from rcdiag.option_checks import key
-from rcdiag.outputs import reads
-from rcdiag.rule_options import STEP_MODE, TOLERATE, StepMode
+from rcdiag.runtime.errors import ConfigError, InputError
+from rcdiag.runtime.option_checks import key
+from rcdiag.settings.correction import CorrectionConfig, preset, refuse_router_replay
+from rcdiag.settings.rule_options import STEP_MODE, TOLERATE, StepMode
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -33,7 +33,7 @@ MAX_RULES_BYTES = 1 << 20
 """The largest rules file (or pyproject.toml) read: rules are a few lines."""
 RULES_INPUT = "the rules file {source}"
 PROJECT_INPUT = "the project file {source} (read for its [tool.rcdiag.check]; --no-pyproject skips it)"
-"""How a refused output names the file rules were read from (rcdiag.outputs.Ledger)."""
+"""How a refused output names the file rules were read from (rcdiag.io.outputs.Ledger)."""
 
 
 @dataclass(frozen=True)

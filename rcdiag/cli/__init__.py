@@ -1,7 +1,7 @@
 """The ``rcdiag`` command line: parse, call the library, render. Nothing else lives here.
 
 ``main`` is the console-script entry point. It turns every user error into one line on stderr and the
-documented exit code (2), a Ctrl-C or SIGTERM into ``rcdiag: aborted`` (130 or 143; rcdiag.interrupts), and any
+documented exit code (2), a Ctrl-C or SIGTERM into ``rcdiag: aborted`` (130 or 143; rcdiag.runtime.interrupts), and any
 other exception into exit code 3 with a hint to report it; it never shows a traceback. A closed stdout never
 changes the exit code.
 """
@@ -16,14 +16,14 @@ from typing import Any, Literal, NoReturn
 
 import typer
 
-import rcdiag.interrupts as interrupts
-import rcdiag.outputs as outputs
+import rcdiag.io.outputs as outputs
+import rcdiag.runtime.interrupts as interrupts
 from rcdiag._version import __version__
 from rcdiag.cli.commands import HELP_NAMES, Group, LazyCommands, collection_paused
 from rcdiag.cli.notices import notices_live_warnings_held, show_held
 from rcdiag.cli.stdout import StdoutClosedError, stdout_gone
-from rcdiag.errors import ExitCode, RcdiagError
-from rcdiag.printable import printable
+from rcdiag.runtime.errors import ExitCode, RcdiagError
+from rcdiag.runtime.printable import printable
 
 MARKUP: Literal["markdown"] = "markdown"
 
@@ -191,7 +191,7 @@ def _abort(*, program: bool = False) -> NoReturn:
     """Ctrl-C or SIGTERM: no partial output file, one line, 130 (143 for SIGTERM). In the program itself (``main``
     called without arguments) the process then ends at once (``interrupts.end_process``); a caller of ``main`` in
     its own process gets ``SystemExit``."""
-    from rcdiag.outputs import remove_temporaries
+    from rcdiag.io.outputs import remove_temporaries
 
     remove_temporaries()
     signum = interrupts.received()

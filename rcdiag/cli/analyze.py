@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from rcdiag.export.tracking import TrackingOptions
     from rcdiag.frameworks.registry import Chosen
     from rcdiag.microbatch import MicroBatchSettings
-    from rcdiag.options import ReadOptions
+    from rcdiag.settings.reading import ReadOptions
 
 
 @with_flags(ENGINE_FLAGS, AS_FLAGS, MICROBATCH_FLAGS, READ_FLAGS, TRACKING_FLAGS, output_flags("report", "analyze"))
@@ -85,7 +85,7 @@ def analyze(
     from rcdiag.api import analyze as run_analysis
     from rcdiag.cli.output import checked_path, checked_state_path
     from rcdiag.cli.progress import progress
-    from rcdiag.outputs import reads
+    from rcdiag.io.outputs import reads
 
     config = engine.config()
     if framework is not None:

@@ -12,14 +12,14 @@ import typer
 from rcdiag.catalogue.metrics import packs_help
 from rcdiag.cli.flags import AS_FLAGS, ENGINE_FLAGS, READ_FLAGS, given_path, output_flags, path_argument, path_option
 from rcdiag.cli.params import checked_flag, with_flags
-from rcdiag.rule_options import STEP_MODE, TOLERATE, is_step_mode
+from rcdiag.settings.rule_options import STEP_MODE, TOLERATE, is_step_mode
 
 if TYPE_CHECKING:
     from rcdiag.check import CheckResult
     from rcdiag.cli.engine_config import EngineFlags
     from rcdiag.cli.output import Output
     from rcdiag.frameworks.registry import Chosen
-    from rcdiag.options import ReadOptions
+    from rcdiag.settings.reading import ReadOptions
 
 RULES = "Rules"
 CI = "CI output"
@@ -171,11 +171,11 @@ def check(
     from rcdiag.check.rule_set import rule_set
     from rcdiag.cli.output import checked_path
     from rcdiag.cli.progress import progress
-    from rcdiag.outputs import reads
+    from rcdiag.io.outputs import reads
 
     junit_file, markdown_file = checked_path(junit, "--junit"), checked_path(markdown, "--markdown")
     reads(path)  # every output is an input's clash from here on: the rules file's, pyproject.toml's, the baseline's
-    assert is_step_mode(steps)  # --steps' callback refused any other (rcdiag.option_checks)
+    assert is_step_mode(steps)  # --steps' callback refused any other (rcdiag.runtime.option_checks)
     loaded = (
         load_rules(rules_file, steps=steps, tolerate=tolerate)
         if rules_file
@@ -218,7 +218,7 @@ def check(
 
 def _emit(result: CheckResult, out: Output, junit: Path | None, markdown: Path | None) -> None:
     from rcdiag.cli.output import print_stdout
-    from rcdiag.outputs import write_file
+    from rcdiag.io.outputs import write_file
     from rcdiag.render.check_formats import github_annotations, render_junit, render_markdown
 
     if junit is not None:

@@ -8,13 +8,13 @@ import typer
 
 from rcdiag.cli.flags import AS_FLAGS, ENGINE_FLAGS, READ_FLAGS, given_path, output_flags, path_argument, side_columns
 from rcdiag.cli.params import checked_flag, with_flags
-from rcdiag.option_checks import positive
+from rcdiag.runtime.option_checks import positive
 
 if TYPE_CHECKING:
     from rcdiag.cli.engine_config import EngineFlags
     from rcdiag.cli.output import Output
     from rcdiag.frameworks.registry import Chosen
-    from rcdiag.options import ReadOptions
+    from rcdiag.settings.reading import ReadOptions
 
 TEMPERATURE = "Temperature"
 
@@ -87,7 +87,7 @@ def compare(
 
     from rcdiag.api import compare as run_compare
     from rcdiag.cli.progress import progress
-    from rcdiag.outputs import reads
+    from rcdiag.io.outputs import reads
 
     paths = [path_a, path_b, *(more or [])]
     reads(*paths)  # all before A is read: an output over B is refused first
@@ -101,7 +101,7 @@ def compare(
     )
     if len(paths) > 2 or baseline is not None:
         from rcdiag.api import compare_many
-        from rcdiag.errors import ConfigError
+        from rcdiag.runtime.errors import ConfigError
 
         if baseline is not None and baseline not in paths:
             raise ConfigError(f"--baseline {baseline} is none of the dumps given ({', '.join(paths)}).")

@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 
 from rcdiag.cli.stdout import StdoutClosedError, stdout_gone
-from rcdiag.errors import OutputError
+from rcdiag.runtime.errors import OutputError
 
 PIPE_WIDTH = 160
 

@@ -10,9 +10,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from rcdiag.config import CorrectionConfig, ThresholdError, preset
-from rcdiag.errors import ConfigError
-from rcdiag.versions import verl_version
+from rcdiag.runtime.errors import ConfigError
+from rcdiag.settings.correction import CorrectionConfig, ThresholdError, preset
+from rcdiag.settings.versions import verl_version
 
 FIELD_FLAGS = {
     "rollout_is": "--is",

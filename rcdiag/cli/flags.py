@@ -15,11 +15,11 @@ import typer
 from rcdiag.catalogue.findings import EXPLAIN_ONLY, detectors
 from rcdiag.cli.engine_config import EngineFlags, ISLevel
 from rcdiag.cli.params import Flag, FlagGroup, checked_flag, choice_flag
-from rcdiag.constants import DEFAULT_CHUNK_TOKENS, DEVICES
-from rcdiag.options import BAD_ROW_POLICIES, CHUNK_TOKENS, ON_BAD_ROW, RAY_ADDRESS, VOCAB_SIZE, WORKERS
 from rcdiag.render.registry import FORMATS, ResultKind, format_names, pictures
-from rcdiag.section_options import MICROBATCH, WORST
-from rcdiag.versions import DEFAULT_VERSION, VERSIONS
+from rcdiag.settings.constants import DEFAULT_CHUNK_TOKENS, DEVICES
+from rcdiag.settings.reading import BAD_ROW_POLICIES, CHUNK_TOKENS, ON_BAD_ROW, RAY_ADDRESS, VOCAB_SIZE, WORKERS
+from rcdiag.settings.section_options import MICROBATCH, WORST
+from rcdiag.settings.versions import DEFAULT_VERSION, VERSIONS
 
 ENGINE = "Rollout correction (verl's algorithm.rollout_correction)"
 RUN = "Run"
@@ -105,7 +105,7 @@ RELEASE_FLAGS = FlagGroup("release", (VERSION_FLAG,), lambda values: _release(va
 
 
 def _release(name: str | None) -> str:
-    from rcdiag.versions import verl_version
+    from rcdiag.settings.versions import verl_version
 
     return verl_version(name).name
 
@@ -405,7 +405,7 @@ QUIET_FLAGS = FlagGroup("quiet", (QUIET,), lambda values: values["quiet"])
 
 def _read_options(values: dict[str, Any]) -> Any:
     from rcdiag.io.base import ColumnMap
-    from rcdiag.options import ReadOptions
+    from rcdiag.settings.reading import ReadOptions
 
     fields = {k: v for k, v in values.items() if not k.endswith("_col") and k != "by"}
     columns = ColumnMap(**_columns(values), by=tuple(dict.fromkeys(values["by"] or ())))

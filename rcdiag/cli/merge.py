@@ -37,10 +37,10 @@ def merge(
     * `rcdiag merge s0.json s1.json s2.json --format json -o report.json`
     """
     from rcdiag.api import merge as merge_reports
+    from rcdiag.engine.state_files import STATE_INPUT
     from rcdiag.explain.token_report import claim_tokenizer
-    from rcdiag.outputs import reads
-    from rcdiag.report import Report
-    from rcdiag.state import STATE_INPUT
+    from rcdiag.io.outputs import reads
+    from rcdiag.records.report import Report
 
     reads(*states, what=STATE_INPUT)  # before the first is read for its kind
     claim_tokenizer(tokenizer)  # and the tokenizer's file, read later by merge_states

@@ -1,5 +1,5 @@
-"""Warnings on the command line: the library's notices (``rcdiag.notices.Notice``) as one ``rcdiag: ...`` line each
-on stderr, a ``Busy`` one at once and the others once the command has succeeded; any other warning (numpy, torch)
+"""Warnings on the command line: the library's notices (``rcdiag.runtime.notices.Notice``) as one ``rcdiag: ...`` line
+each on stderr, a ``Busy`` one at once and the others once the command has succeeded; any other warning (numpy, torch)
 held back likewise and shown as Python shows it. A failing command leaves exactly one line, its error."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from rcdiag.notices import Busy, Notice
+from rcdiag.runtime.notices import Busy, Notice
 
 
 @contextmanager

@@ -1,7 +1,7 @@
 """Where and how a result is written, for every command: stdout or ``-o FILE``, in a registered format, and the
 "wrote" line on stderr. Output paths are checked when the flags are read, before anything is read or written, and
-added to the run's outputs (rcdiag.outputs.Ledger, which refuses one over an input); files are written by
-rcdiag.outputs (whole or not at all, never over an input)."""
+added to the run's outputs (rcdiag.io.outputs.Ledger, which refuses one over an input); files are written by
+rcdiag.io.outputs (whole or not at all, never over an input)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import rcdiag.interrupts as interrupts
-import rcdiag.outputs as outputs
+import rcdiag.io.outputs as outputs
+import rcdiag.runtime.interrupts as interrupts
 from rcdiag.cli.stdout import StdoutClosedError, stdout_gone
-from rcdiag.errors import ConfigError, OutputError
 from rcdiag.render.registry import FORMATS, Renderer, ResultKind, check_extra, renderer
+from rcdiag.runtime.errors import ConfigError, OutputError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -67,7 +67,7 @@ def checked_path(text: str | None, flag: str) -> Path | None:
     """``text`` as a file path that can be written, or ``None`` when the flag was not given. An empty value (an
     unset variable such as ``$GITHUB_STEP_SUMMARY``), a value that looks like a flag (``--html -q``: give ``./-q``),
     a directory, a missing directory or something that is not a file, device or FIFO is a ``ConfigError`` naming
-    ``flag``. The path is added to the run's outputs (rcdiag.outputs.Ledger): one that is an input is refused."""
+    ``flag``. The path is added to the run's outputs (rcdiag.io.outputs.Ledger): one that is an input is refused."""
     if text is None:
         return None
     if not text.strip():

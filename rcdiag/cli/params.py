@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from rcdiag.option_checks import Check, choice, flag
+from rcdiag.runtime.option_checks import Check, choice, flag
 
 F = TypeVar("F", bound=Callable[..., Any])
 E = TypeVar("E", bound=enum.Enum)
@@ -79,7 +79,7 @@ def _evaluated(annotation: Any, command: Callable[..., Any]) -> Any:
 
 
 def checked_flag(check: Check, into: Callable[[Any], Any] | None = None) -> Callable[[Any, Any, Any], Any]:
-    """A typer callback holding a flag's value to ``check`` (``rcdiag.option_checks``): a bad value is the
+    """A typer callback holding a flag's value to ``check`` (``rcdiag.runtime.option_checks``): a bad value is the
     template's one line naming the flag as typed (``--workers must be ..., got 0``), exit 2; ``into`` turns a
     value that passes into what the command takes. The check rides on the callback (``.check``) so the tests can
     find every checked flag and give it a bad value."""

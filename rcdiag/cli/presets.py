@@ -17,8 +17,8 @@ def presets(verl_version: VerlVersionOpt = None, as_name: PresetsAsOpt = None) -
     from rich.table import Table
 
     from rcdiag.cli.console import stdout_console
-    from rcdiag.config import PRESET_FEATURES, PRESETS, preset
-    from rcdiag.versions import verl_version as release_of
+    from rcdiag.settings.correction import PRESET_FEATURES, PRESETS, preset
+    from rcdiag.settings.versions import verl_version as release_of
 
     console = stdout_console()
     if as_name is not None:

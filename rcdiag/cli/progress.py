@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rcdiag.cli.output import Output
-    from rcdiag.options import ReadOptions
+    from rcdiag.settings.reading import ReadOptions
 
 
 def wanted(quiet: bool, json_to_stdout: bool) -> bool:

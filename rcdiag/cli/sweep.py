@@ -8,12 +8,12 @@ import typer
 
 from rcdiag.cli.flags import AS_FLAGS, ENGINE, READ_FLAGS, RELEASE_FLAGS, SaveStateOpt, output_flags, path_argument
 from rcdiag.cli.params import checked_flag, with_flags
-from rcdiag.option_checks import probability
+from rcdiag.runtime.option_checks import probability
 
 if TYPE_CHECKING:
     from rcdiag.cli.output import Output
     from rcdiag.frameworks.registry import Chosen
-    from rcdiag.options import ReadOptions
+    from rcdiag.settings.reading import ReadOptions
 
 SWEEP = "Sweep"
 SWEEP_FLAGS = {
@@ -121,9 +121,9 @@ def sweep(
     from rcdiag.cli.engine_config import named_by_flags
     from rcdiag.cli.output import checked_state_path
     from rcdiag.cli.progress import progress
-    from rcdiag.errors import ConfigError
     from rcdiag.frameworks.registry import choose
-    from rcdiag.outputs import reads
+    from rcdiag.io.outputs import reads
+    from rcdiag.runtime.errors import ConfigError
     from rcdiag.sweep.grid import build_grid, split_list
 
     with named_by_flags(SWEEP_FLAGS):

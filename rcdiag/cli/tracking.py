@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from rcdiag.cli.params import Flag, FlagGroup
-from rcdiag.errors import ConfigError
 from rcdiag.export.tracking import DEFAULT_EXPERIMENT, MlflowTracker, TensorBoardTracker, TrackingOptions
-from rcdiag.outputs import writes
+from rcdiag.io.outputs import writes
+from rcdiag.runtime.errors import ConfigError
 
 if TYPE_CHECKING:
-    from rcdiag.report import Report
+    from rcdiag.records.report import Report
 
 PANEL = "Dashboards (TensorBoard, MLflow: verl's tracker backends)"
 
@@ -67,7 +67,7 @@ def tracking_options(
             raise ConfigError(f"{flag} was given '{value}': give a {'directory' if flag == '--tensorboard' else 'URI'}")
     if tensorboard is None and mlflow is None:
         return None
-    writes(tensorboard, "--tensorboard")  # refused over (or inside) an input: rcdiag.outputs.Ledger
+    writes(tensorboard, "--tensorboard")  # refused over (or inside) an input: rcdiag.io.outputs.Ledger
     options = TrackingOptions(tensorboard, mlflow, mlflow_experiment or DEFAULT_EXPERIMENT, mlflow_run_name,
                               mlflow_run_id)  # fmt: skip
     options.check()

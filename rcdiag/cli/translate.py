@@ -51,10 +51,10 @@ def translate(
     `rcdiag translate --from trl --to openrlhf` (TRL's defaults).
     """
     from rcdiag.cli.output import print_stdout
-    from rcdiag.config import PRESETS, preset
-    from rcdiag.errors import ConfigError
     from rcdiag.frameworks.registry import choose
     from rcdiag.frameworks.translate import translate as translated
+    from rcdiag.runtime.errors import ConfigError
+    from rcdiag.settings.correction import PRESETS, preset
 
     if output_format not in FORMATS:
         raise ConfigError(f"--format {output_format}: translate writes {' or '.join(FORMATS)}")

@@ -14,14 +14,14 @@ from rcdiag.catalogue.metrics import packs_help
 from rcdiag.cli.flags import ENGINE_FLAGS, READ_FLAGS, path_argument
 from rcdiag.cli.params import checked_flag, choice_flag, with_flags
 from rcdiag.cli.tracking import TRACKING_FLAGS
-from rcdiag.errors import ExitCode, RcdiagError
-from rcdiag.option_checks import count, duration
+from rcdiag.runtime.errors import ExitCode, RcdiagError
+from rcdiag.runtime.option_checks import count, duration
 
 if TYPE_CHECKING:
     from rcdiag.cli.engine_config import EngineFlags
     from rcdiag.export.tracking import Tracker, TrackingOptions
-    from rcdiag.options import ReadOptions
     from rcdiag.render.watch_table import WatchScreen
+    from rcdiag.settings.reading import ReadOptions
     from rcdiag.watch import Delivery, Watch
     from rcdiag.watch.session import Event
 
@@ -213,7 +213,7 @@ def watch(
     claim_state(path, state)  # before the rules file is read: a --state over it is refused
     loaded = load_rules(rules_file) if rules_file is not None else None
     if loaded is not None and loaded.exact:
-        from rcdiag.errors import ConfigError
+        from rcdiag.runtime.errors import ConfigError
 
         raise ConfigError(
             f"{rules_file}: exact = true is check's gate (--exact); a watch reports the exact match in its report "
@@ -262,7 +262,7 @@ def _view(format_name: str, session: Watch) -> _View:
 
 def _open_trackers(tracking: TrackingOptions | None, path: str, *, resume: bool) -> list[Tracker]:
     """``--tensorboard`` / ``--mlflow``, opened before the first step (``--tensorboard`` was refused inside the
-    watched directory, where an event file would be read as a dump: rcdiag.outputs.Ledger); ``resume`` (the state
+    watched directory, where an event file would be read as a dump: rcdiag.io.outputs.Ledger); ``resume`` (the state
     holds files read): TensorBoard continues the latest run of its directory, whose steps this watch logged."""
     if tracking is None:
         return []

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rcdiag.compare.diffs import TREND_KEYS, _diffs, _slope
+from rcdiag.compare.findings import COMPARE_FINDING_CODES, TEMPERATURE_KL_LIMIT, _findings
 from rcdiag.compare.paired import LEVEL, PairedTest, holm, paired_tests
 from rcdiag.compare.records import (
     K3,
@@ -43,10 +44,9 @@ from rcdiag.compare.temperature import (
     _temperature_analysis,
     check_temperature,
 )
-from rcdiag.compare.verdicts import COMPARE_FINDING_CODES, TEMPERATURE_KL_LIMIT, _findings
-from rcdiag.errors import ConfigError
-from rcdiag.lazy import exports
-from rcdiag.report import Report, Side
+from rcdiag.records.report import Report, Side
+from rcdiag.runtime.errors import ConfigError
+from rcdiag.runtime.lazy import exports
 
 __all__ = [
     "ASSUMED_TEMPERATURE",

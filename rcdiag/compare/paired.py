@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from rcdiag.stats import ratio_variance
+from rcdiag.core.stats import ratio_variance
 
 if TYPE_CHECKING:
-    from rcdiag.report import Report
+    from rcdiag.records.report import Report
 
 LEVEL = 0.05
 """Two-sided level of every test (95% intervals)."""

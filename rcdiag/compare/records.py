@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from rcdiag.catalogue.metrics import full_key
 from rcdiag.compare.paired import PairedTest
-from rcdiag.report import SCHEMA_VERSION, Finding, Report
+from rcdiag.records.report import SCHEMA_VERSION, Finding, Report
 
 KL = full_key("kl")
 K3 = full_key("k3_kl")
@@ -20,7 +20,7 @@ KL_SE = full_key("rcdiag/kl_std_error")
 
 
 CompareFinding = Finding
-"""A finding about the pair: a ``rcdiag.report.Finding`` whose ``side`` says which dump (the old name, kept)."""
+"""A finding about the pair: a ``rcdiag.records.report.Finding`` whose ``side`` says which dump (the old name, kept)."""
 
 
 @dataclass(frozen=True)

@@ -10,17 +10,17 @@ import math
 from typing import Literal
 
 from rcdiag.compare.records import K3, KL, KL_SE, SideTemperature, TemperatureAnalysis
-from rcdiag.constants import TEMPERATURE_KEY, TRAIN_TEMPERATURE_KEY
-from rcdiag.errors import InputError
-from rcdiag.option_checks import positive
-from rcdiag.report import Report
+from rcdiag.records.report import Report
+from rcdiag.runtime.errors import InputError
+from rcdiag.runtime.option_checks import positive
+from rcdiag.settings.constants import TEMPERATURE_KEY, TRAIN_TEMPERATURE_KEY
 
 NOISE_RATIO_LIMIT = 3.0
 """Noise estimates further apart than this factor are not the same engine noise (kl differs by 9x)."""
 SIGMAS = 2.0
 """Noise estimates carry a band from kl +- this many standard errors; "far apart" must hold across the bands."""
 TEMPERATURE = positive()
-"""What a given temperature takes (``rcdiag.option_checks``)."""
+"""What a given temperature takes (``rcdiag.runtime.option_checks``)."""
 ASSUMED_TEMPERATURE = 1.0
 """The temperature taken on both sides when neither dump records one: equal temperatures are assumed, and the
 noise ratio and every verdict are the same for any common value."""

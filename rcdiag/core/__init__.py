@@ -1,5 +1,5 @@
 """The numbers and formulas every engine path shares, written once (a leaf: it imports numpy and, for ``forecast``'s
-Student-t, ``rcdiag.stats``).
+Student-t, ``rcdiag.core.stats``).
 
 ``limits``: verl's ±20 log-ratio clamp, float32's range, and the two ways a report drops what is not a number.
 ``formulas``: k1/k2/k3 and chi2 per token, IS weights and their truncation, the RS keep rule and a band's clip, the

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from rcdiag.stats import t_critical
+from rcdiag.core.stats import t_critical
 
 Direction = Literal["above", "below"]
 Scale = Literal["linear", "log"]

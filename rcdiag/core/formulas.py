@@ -2,7 +2,7 @@
 
 Every function here is plain arithmetic over its arguments, so one definition serves every level: Python floats
 (the accumulators), numpy arrays and torch tensors (the array path, ``xp`` being ``numpy`` or an
-``rcdiag.backend.Backend``, which both have ``exp``, ``expm1``, ``clip`` and ``where``) and numba scalars (the
+``rcdiag.metrics.backend.Backend``, which both have ``exp``, ``expm1``, ``clip`` and ``where``) and numba scalars (the
 kernels compile these very functions, inlined: ``rcdiag.kernels.scalar``). Scalar selects (``a if c else b``)
 are for kernels and Python floats only; their array forms take ``xp``. A function a kernel compiles calls no other
 function of this module (numba compiles a call only into a compiled function).

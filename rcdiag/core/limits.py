@@ -1,5 +1,5 @@
 """verl's clamp on log-ratios and float32's range: the constants every metric, kernel and report rounds against.
-Without numpy at import (the CLI's ``--help`` reads ``SAFETY_BOUND`` through ``rcdiag.config``)."""
+Without numpy at import (the CLI's ``--help`` reads ``SAFETY_BOUND`` through ``rcdiag.settings.correction``)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import numpy as np
 from rcdiag.core.limits import finite
 from rcdiag.metrics.base import Accumulator, Reduce
 from rcdiag.metrics.offpolicy import token_metrics
-from rcdiag.report import BucketRow, ExplainBreakdowns
+from rcdiag.records.report import BucketRow, ExplainBreakdowns
 
 GROUPS = 16
 """Rows are dealt into this many groups by a hash of their content (never by position in the dump, so workers

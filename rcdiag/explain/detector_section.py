@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from rcdiag.explain.detector_state import DetectorState
-from rcdiag.report import DetectorsReport, Finding
+from rcdiag.records.report import DetectorsReport, Finding
 from rcdiag.sections.base import PlainSection, RunFacts
 
 

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rcdiag.explain.breakdowns import DOUBLING_EDGES, GROUPS, LOG_PROB_THRESHOLDS, N_DOUBLING, PROB_EDGES, SUMS
+from rcdiag.explain.by_token import NO_TOKENS
 from rcdiag.explain.statistics import (
     LIKELY,
     RATIO_CAP,
@@ -25,12 +26,11 @@ from rcdiag.explain.statistics import (
     ShapeSums,
     SumsAccumulator,
 )
-from rcdiag.explain.tokens import NO_TOKENS
-from rcdiag.fields import FieldError, integer, shown
 from rcdiag.io.base import RowNumbering
 from rcdiag.metrics.base import Accumulator
 from rcdiag.metrics.batch import declared_states
 from rcdiag.metrics.block import Block
+from rcdiag.runtime.fields import FieldError, integer, shown
 
 _NO_MASK = np.zeros(0, dtype=np.uint8)
 _NO_BREAKDOWN = np.zeros((0, len(SUMS)))
@@ -95,8 +95,8 @@ def fold_block(
 
 
 def sums_layout() -> dict[str, Any]:
-    """What the detectors' sums mean (for the state layout hash, ``rcdiag.state.state_layout``): the sums per
-    bucket, the groups and their hash, the position edges, the statistics' names and thresholds and the kernel's
+    """What the detectors' sums mean (for the state layout hash, ``rcdiag.engine.state_files.state_layout``): the sums
+    per bucket, the groups and their hash, the position edges, the statistics' names and thresholds and the kernel's
     constants. ``--explain``'s layout holds the same (``rcdiag.explain.state.explain_layout``)."""
     from rcdiag.kernels import explain_encoding
 
@@ -152,7 +152,7 @@ class PartsState(RowNumbering):
 
 
 class DetectorState(PartsState):
-    """The detectors' sums of the whole dump: a whole-dump accumulator (``rcdiag.engine.WholeDump``) of four
+    """The detectors' sums of the whole dump: a whole-dump accumulator (``rcdiag.engine.stream.WholeDump``) of four
     accumulators (``PARTS``), fed by the engine block by block. It reads no row's number, id or token id; it numbers
     rows only as every whole-dump accumulator does (``number``), so that it can ride beside others."""
 

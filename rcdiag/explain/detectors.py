@@ -21,6 +21,7 @@ from rcdiag.catalogue.emit import emit
 from rcdiag.catalogue.findings import Code, detectors
 from rcdiag.catalogue.metrics import finding_threshold, known_key
 from rcdiag.core.forecast import beyond, fit_line, forecast
+from rcdiag.core.stats import t_critical
 from rcdiag.explain.breakdowns import DOUBLING_EDGES, N_DOUBLING, SUMS, bucket_metrics
 from rcdiag.explain.statistics import (
     LIKELY,
@@ -33,8 +34,7 @@ from rcdiag.explain.statistics import (
     ShapeSums,
     group_spread,
 )
-from rcdiag.report import Finding
-from rcdiag.stats import t_critical
+from rcdiag.records.report import Finding
 
 DETECTORS = tuple(spec.code for spec in detectors())
 """The detectors' codes, in catalogue order (their wording and advice live in the finding catalogue)."""

@@ -7,20 +7,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from rcdiag.errors import ConfigError, InputError
 from rcdiag.explain.state import ExplainState
 from rcdiag.explain.worst import DEFAULT_WORST
 from rcdiag.io.columns import ALIASES
-from rcdiag.option_checks import keyword
-from rcdiag.report import ExplainReport
-from rcdiag.section_options import WORST
+from rcdiag.records.report import ExplainReport
+from rcdiag.runtime.errors import ConfigError, InputError
+from rcdiag.runtime.option_checks import keyword
 from rcdiag.sections.base import PlainSection, RunFacts
+from rcdiag.settings.section_options import WORST
 
 if TYPE_CHECKING:
     from rcdiag.explain.vocabulary import Vocabulary
     from rcdiag.io.base import SourceInfo
-    from rcdiag.options import ReadOptions
-    from rcdiag.report import Finding
+    from rcdiag.records.report import Finding
+    from rcdiag.settings.reading import ReadOptions
 
 TOKEN_ALIASES = ALIASES["token"]
 

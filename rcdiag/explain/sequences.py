@@ -15,16 +15,16 @@ from typing import Any
 
 import numpy as np
 
-import rcdiag.outputs as outputs
-from rcdiag.backend import NumpyBackend
-from rcdiag.config import ResolvedConfig
+import rcdiag.io.outputs as outputs
 from rcdiag.core.formulas import is_weight
-from rcdiag.errors import InputError, OutputError
 from rcdiag.explain.breakdowns import token_positions
-from rcdiag.fields import INT64_MAX
+from rcdiag.metrics.backend import NumpyBackend
 from rcdiag.metrics.block import Block, RowContext, on_host
 from rcdiag.metrics.importance import ISMetrics
 from rcdiag.metrics.rejection import rejection
+from rcdiag.runtime.errors import InputError, OutputError
+from rcdiag.runtime.fields import INT64_MAX
+from rcdiag.settings.correction import ResolvedConfig
 
 BATCH_ROWS = 1 << 16
 
@@ -128,7 +128,7 @@ class SequenceWriter:
 
 
 def _differences(block: Block) -> dict[str, np.ndarray]:
-    """Each row's exact match (``rcdiag.metrics.tokens.BitDifferences``, the token pass's): its valid tokens whose
+    """Each row's exact match (``rcdiag.metrics.token_passes.BitDifferences``, the token pass's): its valid tokens whose
     two log-probs differ in any bit, their greatest ulp distance, the list position of the first (-1: none)."""
     found = block.sums.differences
     return {"tokens_different": found.tokens, "max_ulp": found.max_ulp, "first_difference": found.first}

@@ -12,25 +12,25 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag.engine import number_rows
+from rcdiag.engine.stream import number_rows
 from rcdiag.explain.breakdowns import Breakdowns
+from rcdiag.explain.by_token import DENSE_IDS, NO_TOKENS, TokenSums
+from rcdiag.explain.by_token import SUMS as TOKEN_SUMS
 from rcdiag.explain.detector_state import PartsState, fold_block, sums_layout
 from rcdiag.explain.statistics import OffsetSums, ScaleSums, ShapeSums
-from rcdiag.explain.tokens import DENSE_IDS, NO_TOKENS, TokenSums
-from rcdiag.explain.tokens import SUMS as TOKEN_SUMS
 from rcdiag.explain.worst import DEFAULT_WORST, PLOTTED, TEXT_TOKENS, TRACE_POINTS, WorstResponses
-from rcdiag.fields import checked, integer
 from rcdiag.metrics.batch import declared_states
 from rcdiag.metrics.block import Block, RowContext
-from rcdiag.report import ExplainBreakdowns
+from rcdiag.records.report import ExplainBreakdowns
+from rcdiag.runtime.fields import checked, integer
 
 __all__ = ["ExplainState", "RowContext", "explain_layout", "number_rows"]
 
 
 def explain_layout() -> dict[str, Any]:
     """What the state's arrays mean (bucket edges, sums, groups, statistics, and the kernel's series cut-off and
-    row-group hash), for the one state layout hash (``rcdiag.state.state_layout``): a state file written under
-    another layout is refused rather than merged into numbers that mean something else."""
+    row-group hash), for the one state layout hash (``rcdiag.engine.state_files.state_layout``): a state file written
+    under another layout is refused rather than merged into numbers that mean something else."""
     return {
         **sums_layout(),
         "worst": {"plotted": PLOTTED, "trace_points": TRACE_POINTS, "text_tokens": TEXT_TOKENS},
@@ -40,7 +40,7 @@ def explain_layout() -> dict[str, Any]:
 
 
 class ExplainState(PartsState):
-    """Everything ``--explain`` accumulates: a whole-dump accumulator (``rcdiag.engine.WholeDump``) made of
+    """Everything ``--explain`` accumulates: a whole-dump accumulator (``rcdiag.engine.stream.WholeDump``) made of
     accumulators of ``rcdiag.metrics.base`` (``PARTS``), fed by the engine block by block (``Block.rows`` carries
     the rows' numbers, lengths, ids and token ids)."""
 

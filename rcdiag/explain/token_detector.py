@@ -1,6 +1,6 @@
 """The ``token_specific`` detector: the mismatch sits on a few token ids (docs/findings.md argues the thresholds).
 
-From the by-token table (``rcdiag.explain.tokens``): take the ids with at least ``MIN_COUNT`` tokens, largest share
+From the by-token table (``rcdiag.explain.by_token``): take the ids with at least ``MIN_COUNT`` tokens, largest share
 of the dump's k3 first, while each one's mean |log-ratio| is significantly above the rest's (the table's test),
 up to ``MAX_IDS`` of them. It fires when such ids carry at least ``K3_SHARE_MIN`` of the k3 while being at most
 ``TOKEN_SHARE_MAX`` of the valid tokens. Numerical noise spreads over ids in proportion to their counts (a share
@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from rcdiag.catalogue.emit import emit
 from rcdiag.catalogue.findings import Code
-from rcdiag.explain.tokens import MIN_COUNT, TokenStats, TokenSums, token_stats
-from rcdiag.report import Finding, InputFacts
+from rcdiag.explain.by_token import MIN_COUNT, TokenStats, TokenSums, token_stats
+from rcdiag.records.report import Finding, InputFacts
 
 if TYPE_CHECKING:
     from rcdiag.explain.vocabulary import Vocabulary

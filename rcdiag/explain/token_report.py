@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 
-import rcdiag.outputs as outputs
-from rcdiag.errors import InputError, OutputError
+import rcdiag.io.outputs as outputs
+from rcdiag.explain.by_token import TokenSums, ranked_ids, token_breakdown, token_stats
 from rcdiag.explain.token_detector import token_not_run, token_specific
-from rcdiag.explain.tokens import TokenSums, ranked_ids, token_breakdown, token_stats
 from rcdiag.explain.vocabulary import TOKENIZER_INPUT, Vocabulary, tokenizer_file
-from rcdiag.report import Finding, TokenBreakdown, TokenText
+from rcdiag.records.report import Finding, TokenBreakdown, TokenText
+from rcdiag.runtime.errors import InputError, OutputError
 
 TABLE_COLUMNS = (
     "id", "text", "tokens", "token_share", "kl", "k3_kl", "chi2_token", "abs_log_ratio_mean", "k3_share", "z",
@@ -32,7 +32,7 @@ def load_vocabulary(path: str | Path | None) -> Vocabulary | None:
 
 
 def claim_tokenizer(path: str | Path | None) -> None:
-    """Add the file ``--tokenizer PATH`` reads to the run's inputs (rcdiag.outputs.Ledger), before it is read: an
+    """Add the file ``--tokenizer PATH`` reads to the run's inputs (rcdiag.io.outputs.Ledger), before it is read: an
     output over it is refused."""
     if path is None:
         return

@@ -14,14 +14,14 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from rcdiag.errors import ConfigError, InputError
-from rcdiag.printable import printable
+from rcdiag.runtime.errors import ConfigError, InputError
+from rcdiag.runtime.printable import printable
 
 EXTRA = "tokens"
 """The optional extra that installs ``tokenizers``."""
 FILE_NAME = "tokenizer.json"
 TOKENIZER_INPUT = "the tokenizer {source}"
-"""How a refused output names the tokenizer file (rcdiag.outputs.Ledger)."""
+"""How a refused output names the tokenizer file (rcdiag.io.outputs.Ledger)."""
 _INVISIBLE = re.compile(r"[\u00a0\u1680\u2000-\u200d\u202f\u205f\u2060\u3000\ufeff]")
 SPACE = "\u2423"
 """How a space shows in a token's text (an open box)."""

@@ -19,10 +19,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rcdiag.fields import FieldError, checked, counts, dataclass_from, integer, reals, shown
 from rcdiag.metrics.base import Accumulator, Reduce, Top
 from rcdiag.metrics.block import Block, on_host
-from rcdiag.report import TokenText, TokenTrace, WorstRow
+from rcdiag.records.report import TokenText, TokenTrace, WorstRow
+from rcdiag.runtime.fields import FieldError, checked, counts, dataclass_from, integer, reals, shown
 
 DEFAULT_WORST = 10
 PLOTTED = 5

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rcdiag.errors import ConfigError, OutputError
-from rcdiag.fields import INT64_MAX, INT64_MIN
 from rcdiag.io.storage import Timeout
+from rcdiag.runtime.errors import ConfigError, OutputError
+from rcdiag.runtime.fields import INT64_MAX, INT64_MIN
 
 if TYPE_CHECKING:
-    from rcdiag.report import Report
+    from rcdiag.records.report import Report
 
 INSTALL = "pip install 'rcdiag[tracking]'"
 """What installs both client libraries (pyproject.toml's ``tracking`` extra)."""
@@ -105,7 +105,7 @@ class TensorBoardTracker:
         except OSError as error:
             raise OutputError(self.directory, error.strerror or str(error)) from None
         if self.directory != self.asked:
-            from rcdiag.notices import notify
+            from rcdiag.runtime.notices import notify
 
             notify(
                 f"note: {self.asked} holds TensorBoard event files already; this run's are in {self.directory} (one "
@@ -292,7 +292,7 @@ def check_store(uri: str) -> None:
         return
     name = uri.removeprefix(SQLITE).partition("?")[0]
     if name and name != ":memory:":
-        from rcdiag.outputs import check_destination
+        from rcdiag.io.outputs import check_destination
 
         check_destination(Path(name), "--mlflow")
 

@@ -34,7 +34,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rcdiag.errors import ConfigError
 from rcdiag.frameworks.base import (
     Framework,
     FrameworkMetrics,
@@ -47,6 +46,7 @@ from rcdiag.frameworks.base import (
 )
 from rcdiag.frameworks.correction import Band, Correction, Form, Unit, Weight, k_bound, ratio_band
 from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
+from rcdiag.runtime.errors import ConfigError
 
 DECOUPLED = "actor.use_decoupled_loss"
 REJECTION = "actor.rejection_sampling"

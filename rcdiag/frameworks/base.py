@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import numpy as np
 
-from rcdiag.errors import ConfigError
 from rcdiag.frameworks.correction import Correction, Form
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce
+from rcdiag.runtime.errors import ConfigError
 
 if TYPE_CHECKING:
     from rcdiag.metrics.block import Block

@@ -17,7 +17,7 @@ from rcdiag.frameworks.base import scalar, weight_keys
 from rcdiag.frameworks.registry import Chosen
 from rcdiag.frameworks.translate import translate
 from rcdiag.metrics.base import MetricValue
-from rcdiag.report import Finding
+from rcdiag.records.report import Finding
 
 WEIGHT_MEAN_MIN = 0.5
 """Below it the framework's weights keep less than half of the loss's mass: most of the gradient is gone."""

@@ -27,10 +27,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rcdiag.core import formulas
-from rcdiag.errors import ConfigError
 from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, weight_keys
 from rcdiag.frameworks.correction import NO_CLAMP_QUIRK, UNIT_STATISTIC, Band, Correction, Form, Unit, Weight
 from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
+from rcdiag.runtime.errors import ConfigError
 
 NAME = "nemo-rl"
 P = "train/"

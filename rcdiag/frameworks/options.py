@@ -13,8 +13,8 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rcdiag.errors import ConfigError
 from rcdiag.frameworks.base import Framework
+from rcdiag.runtime.errors import ConfigError
 
 
 def parse_value(text: str) -> Any:

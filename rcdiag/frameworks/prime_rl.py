@@ -27,10 +27,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rcdiag.errors import ConfigError
 from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Needs, Option, TokenRows, exp32, weight_keys
 from rcdiag.frameworks.correction import NO_CLAMP_QUIRK, Band, Correction, Form, Weight
 from rcdiag.metrics.base import MetricValue, Moments, Reduce, VerlCrash
+from rcdiag.runtime.errors import ConfigError
 
 NAME = "prime-rl"
 LOSS = "loss"

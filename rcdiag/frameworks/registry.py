@@ -11,9 +11,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rcdiag.config import CorrectionConfig
-from rcdiag.errors import ConfigError
 from rcdiag.frameworks.base import Framework, Settings
+from rcdiag.runtime.errors import ConfigError
+from rcdiag.settings.correction import CorrectionConfig
 
 DEFAULT = "verl"
 FRAMEWORKS: dict[str, str] = {

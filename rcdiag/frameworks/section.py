@@ -15,8 +15,7 @@ from typing import Any, ClassVar
 
 from rcdiag.catalogue.metrics import EXTRA_PREFIX
 from rcdiag.core.limits import finite
-from rcdiag.engine import StepKey, step_pairs
-from rcdiag.fields import FieldError, integer, shown
+from rcdiag.engine.stream import StepKey, step_pairs
 from rcdiag.frameworks.base import needs_notes
 from rcdiag.frameworks.gradient import drops_gradient
 from rcdiag.frameworks.registry import Chosen, choose
@@ -24,14 +23,15 @@ from rcdiag.io.base import RowNumbering
 from rcdiag.metrics.base import Accumulator, MetricValue, verl_float
 from rcdiag.metrics.batch import declared_states
 from rcdiag.metrics.block import Block
-from rcdiag.report import Finding
+from rcdiag.records.report import Finding
+from rcdiag.runtime.fields import FieldError, integer, shown
 from rcdiag.sections.base import PlainSection, RunFacts
 
 KEY = "framework"
 
 
 class FrameworkState(RowNumbering):
-    """A whole-dump accumulator (``rcdiag.engine.WholeDump``): one framework accumulator per step."""
+    """A whole-dump accumulator (``rcdiag.engine.stream.WholeDump``): one framework accumulator per step."""
 
     KEY = KEY
 
@@ -233,9 +233,9 @@ SETTINGS_KEY = "framework_settings"
 
 
 class SettingsState(RowNumbering):
-    """A whole-dump accumulator (``rcdiag.engine.WholeDump``) of several frameworks' settings at once, each pooled
-    over the whole dump: how ``sweep --as NAME`` measures every recommendation in that framework's settings in one
-    pass."""
+    """A whole-dump accumulator (``rcdiag.engine.stream.WholeDump``) of several frameworks' settings at once, each
+    pooled over the whole dump: how ``sweep --as NAME`` measures every recommendation in that framework's settings in
+    one pass."""
 
     KEY = SETTINGS_KEY
 

@@ -28,7 +28,6 @@ import numpy as np
 
 from rcdiag.core import formulas
 from rcdiag.core.limits import SAFETY_BOUND
-from rcdiag.errors import ConfigError
 from rcdiag.frameworks.base import (
     Framework,
     FrameworkMetrics,
@@ -52,6 +51,7 @@ from rcdiag.frameworks.correction import (
     within_clamp,
 )
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
+from rcdiag.runtime.errors import ConfigError
 
 PREFIX = "train/"
 ABS_DIFF = PREFIX + "train_rollout_logprob_abs_diff"

@@ -12,7 +12,7 @@ from typing import Any
 from rcdiag.frameworks.base import weight_keys
 from rcdiag.frameworks.registry import Chosen, choose, framework
 from rcdiag.frameworks.translate import translate
-from rcdiag.report import FrameworkEffect, FrameworkSetting
+from rcdiag.records.report import FrameworkEffect, FrameworkSetting
 
 VERL_FIELDS = ("rollout_is", "rollout_is_threshold", "rollout_rs", "rollout_rs_threshold", "rollout_is_batch_normalize")
 """The ``rollout_correction`` fields a prescription or a recommendation sets."""

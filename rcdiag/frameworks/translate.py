@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rcdiag.errors import ConfigError
 from rcdiag.frameworks.base import Framework
 from rcdiag.frameworks.correction import Band, Correction, Form, Weight, family, unit_family
 from rcdiag.frameworks.registry import Chosen, choose, framework, names
+from rcdiag.runtime.errors import ConfigError
 
 Match = Literal["same", "same_rejections", "nearest", "none"]
 """``same``: the same weight on every token; ``same_rejections``: the same tokens (or responses) zeroed, the kept

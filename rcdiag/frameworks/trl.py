@@ -27,7 +27,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rcdiag.errors import ConfigError
 from rcdiag.frameworks.base import (
     Framework,
     FrameworkMetrics,
@@ -42,6 +41,7 @@ from rcdiag.frameworks.base import (
 )
 from rcdiag.frameworks.correction import UNIT_STATISTIC, Band, Correction, Form, Unit, Weight
 from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
+from rcdiag.runtime.errors import ConfigError
 
 MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 PREFIX = "sampling/"

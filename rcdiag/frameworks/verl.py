@@ -1,5 +1,5 @@
 """verl (``--as verl``, the default): its options are ``algorithm.rollout_correction``'s fields, which configure
-rcdiag's own verl engine (``rcdiag.config``, every ``rollout_corr/*`` key), and the actor engine's
+rcdiag's own verl engine (``rcdiag.settings.correction``, every ``rollout_corr/*`` key), and the actor engine's
 ``router_replay`` block, read only to refuse what verl refuses.
 
 verl 0.9.1 refuses ``router_replay.mode: R2`` together with ``rollout_correction.bypass_mode: true``
@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rcdiag.config import IS_LEVELS, CorrectionConfig, RSOption, refuse_router_replay
 from rcdiag.frameworks.base import Framework, MetricKey, Option, merge_options
 from rcdiag.frameworks.correction import (
     CLAMP_QUIRK,
@@ -28,7 +27,8 @@ from rcdiag.frameworks.correction import (
     ratio_band,
     within_clamp,
 )
-from rcdiag.versions import DEFAULT_VERSION
+from rcdiag.settings.correction import IS_LEVELS, CorrectionConfig, RSOption, refuse_router_replay
+from rcdiag.settings.versions import DEFAULT_VERSION
 
 BLOCK = "algorithm.rollout_correction"
 ROUTER_REPLAY = ("actor_rollout_ref.actor.megatron.router_replay", "actor_rollout_ref.actor.veomni.router_replay")

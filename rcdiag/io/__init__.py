@@ -14,9 +14,9 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rcdiag.errors import InputError
 from rcdiag.io.paths import GLOB_CHARS, FilePath, expand, map_files, read_head
 from rcdiag.io.registry import NOT_DUMPS, InputFormat, candidates, format_names, suffixes
+from rcdiag.runtime.errors import InputError
 
 if TYPE_CHECKING:
     from rcdiag.io.base import ColumnMap, Part, Source
@@ -99,7 +99,7 @@ def _one_kind(label: str, kinds: dict[FilePath, InputFormat]) -> dict[FilePath, 
     kept = {file: fmt for file, fmt in kinds.items() if not any(p.search(file.name) for p, _ in skip)} or kinds
     if len(kept) < len(kinds):
         from rcdiag.io.paths import describe_left_out
-        from rcdiag.notices import notify
+        from rcdiag.runtime.notices import notify
 
         why = {f.name: next(title for p, title in skip if p.search(f.name)) for f in kinds if f not in kept}
         notify(

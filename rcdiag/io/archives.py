@@ -14,8 +14,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from rcdiag.errors import InputError
 from rcdiag.io.limits import COMPRESSED_MEMBER_MIN, COMPRESSION_RATIO, TENSOR_BYTES
+from rcdiag.runtime.errors import InputError
 
 
 def check_members(archive: zipfile.ZipFile, path: str) -> None:

@@ -15,11 +15,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap
 from rcdiag.io.paths import arrow_input, open_input
 from rcdiag.io.record_batches import Batch
 from rcdiag.io.tables import TableFile, schema_metadata, short
+from rcdiag.runtime.errors import InputError
 
 FILE_MAGIC = b"ARROW1"
 

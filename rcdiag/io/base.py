@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag.constants import DEFAULT_CHUNK_TOKENS
+from rcdiag.settings.constants import DEFAULT_CHUNK_TOKENS
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class ColumnMap:
 
 class RowNumbering:
     """A whole-dump state that numbers each chunk's rows in reading order, before any row can be skipped
-    (``rcdiag.engine.WholeDump.number``): the row numbers its findings and merges name."""
+    (``rcdiag.engine.stream.WholeDump.number``): the row numbers its findings and merges name."""
 
     rows_read: int
 
@@ -63,7 +63,7 @@ class Chunk:
     """Whole rows as flat values: row ``i`` is ``values[offsets[i]:offsets[i+1]]``.
 
     ``old`` and ``rollout`` are float32; ``mask`` is a bool array (``None`` = every position valid). Readers
-    may leave the mask in its stored numeric type; ``rcdiag.validate.Screen`` checks it is 0/1 and makes it
+    may leave the mask in its stored numeric type; ``rcdiag.io.screen.Screen`` checks it is 0/1 and makes it
     bool before the engine sees it. ``steps`` gives each row's step (``None`` = no step column).
     ``first_row`` is the index of the first row in ``source``, and ``seq_ids`` (long layout) the sequence id of
     each row, both for error messages. ``screened`` marks a chunk whose values were already checked.

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap
+from rcdiag.runtime.errors import InputError
 
 ALIASES: dict[str, tuple[str, ...]] = {
     "old": (

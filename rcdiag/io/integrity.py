@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rcdiag.errors import InputError
 from rcdiag.io.record_batches import Batch
 from rcdiag.io.tables import short
+from rcdiag.runtime.errors import InputError
 
 
 def check_batch(batch: Batch) -> None:

@@ -25,12 +25,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap
 from rcdiag.io.limits import JSON_LINE_CHARS, MAX_JSON_DEPTH
 from rcdiag.io.paths import open_text
 from rcdiag.io.record_batches import Batch
 from rcdiag.io.tables import TableFile
+from rcdiag.runtime.errors import InputError
 
 
 def unwrap(value: Any) -> Any:
@@ -171,7 +171,7 @@ class JsonRecordsFile(TableFile):
         if batch:
             yield self._batch(batch, columns, first_row)
         if self.nulls.count:
-            from rcdiag.notices import notify
+            from rcdiag.runtime.notices import notify
 
             notify(self.nulls.notice(self.path))
             self.nulls = NullCount()

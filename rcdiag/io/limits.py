@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from rcdiag.environment import Variable, whole_number
-from rcdiag.errors import InputError
+from rcdiag.runtime.environment import Variable, whole_number
+from rcdiag.runtime.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -97,10 +97,10 @@ def memory_named(path: str) -> Iterator[None]:
 def check_environment() -> None:
     """Every ``RCDIAG_*`` variable that is set holds a value it takes, else one ``SettingError`` naming it: checked
     when a dump is opened, so a bad value is refused whatever the input (one the input does not use too), in the
-    message every variable gives (``rcdiag.environment``)."""
+    message every variable gives (``rcdiag.runtime.environment``)."""
     from rcdiag.io.storage import TIMEOUTS
     from rcdiag.kernels.small import SMALL_DUMP
-    from rcdiag.notices import COMPILE_NOTICE
+    from rcdiag.runtime.notices import COMPILE_NOTICE
 
     for limit in LIMITS:
         limit.value  # noqa: B018 - read to be checked

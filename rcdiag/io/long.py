@@ -28,7 +28,6 @@ from typing import IO
 import numpy as np
 import pyarrow as pa
 
-from rcdiag.errors import InputError
 from rcdiag.io.arrow_lists import float_values
 from rcdiag.io.base import Chunk
 from rcdiag.io.columns import Resolved
@@ -43,6 +42,7 @@ from rcdiag.io.record_batches import (
     slice_chunks,
     token_values,
 )
+from rcdiag.runtime.errors import InputError
 
 IN_MEMORY_FACTOR = 4
 BUCKET_FACTOR = 2

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag.errors import InputError
 from rcdiag.io.archives import check_members, npy_declared_bytes
 from rcdiag.io.base import ColumnMap
 from rcdiag.io.paths import open_input
 from rcdiag.io.tensors import TensorFile
+from rcdiag.runtime.errors import InputError
 
 
 def load_npz(path: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from rcdiag.errors import InputError
+from rcdiag.runtime.errors import InputError
 
 RESERVE = 32
 """Descriptors kept free for everything else (the interpreter, libraries, outputs)."""

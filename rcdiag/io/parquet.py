@@ -14,12 +14,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap, balanced_runs
 from rcdiag.io.parquet_footer import read_footer
 from rcdiag.io.paths import arrow_input, read_buffer
 from rcdiag.io.record_batches import Batch, check_group_rows
 from rcdiag.io.tables import TableFile, schema_metadata, short
+from rcdiag.runtime.errors import InputError
 
 READ_BUFFER = 1 << 20
 GROUPS_AHEAD = 2

@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rcdiag.errors import InputError
+from rcdiag.runtime.errors import InputError
 
 MAGIC = 4
 """Bytes of ``PAR1`` at the start of the file (and at its end, after the footer length)."""

@@ -6,7 +6,7 @@ listed in natural order (``step_2`` before ``step_10``), so results and errors a
 names starting with ``.`` or ``_`` (temporary and marker files, e.g. a half-written DumpWriter part or
 ``_SUCCESS``) are never read. A local file is read once however many names reach it (a symlink, a hard link, a
 glob through a linked directory), and a glob never follows a link back into a directory it is already inside: each
-is said in a ``rcdiag.notices.Notice`` (a ``rcdiag: note:`` line).
+is said in a ``rcdiag.runtime.notices.Notice`` (a ``rcdiag: note:`` line).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from rcdiag.errors import InputError
 from rcdiag.io import registry, storage
 from rcdiag.io.storage import FilePath, RemotePath
+from rcdiag.runtime.errors import InputError
 
 GLOB_CHARS = "*?["
 
@@ -117,7 +117,7 @@ def regular_file(name: str | Path, what: str = "", *, directory: bool = False) -
 
 def notice(text: str) -> None:
     """Tell the user something about the input that is not an error (the CLI prints ``rcdiag: note: TEXT``)."""
-    from rcdiag.notices import notify
+    from rcdiag.runtime.notices import notify
 
     notify(f"note: {text}")
 
@@ -176,7 +176,7 @@ def state_files(path: str) -> list[str]:
         files = list_files(Path(text), (".json",))
         special = special_entries(Path(text))
         if special:
-            from rcdiag.notices import notify
+            from rcdiag.runtime.notices import notify
 
             notify(describe_left_out(text, special))
     elif is_glob:
@@ -221,7 +221,7 @@ def glob_files(pattern: str) -> list[Path] | None:
     if not files:
         raise InputError("matches no file" + (f"; {describe_left_out('', special)}" if special else ""), path=pattern)
     if special:
-        from rcdiag.notices import notify
+        from rcdiag.runtime.notices import notify
 
         notify(describe_left_out(pattern, special))
     return files
@@ -315,7 +315,7 @@ LEFT_OUT_NAMED = 5
 def note_left_out(label: str, root: FilePath, kept: Sequence[FilePath]) -> None:
     """Say (a ``Notice``) which files under the directory or prefix ``root`` are not read, and why: nothing is
     left out silently."""
-    from rcdiag.notices import notify
+    from rcdiag.runtime.notices import notify
 
     left = left_out(root, kept)
     if left:

@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag.errors import InputError
 from rcdiag.io import storage
 from rcdiag.io.limits import ROW_TOKENS
 from rcdiag.io.paths import natural_key
 from rcdiag.io.storage import FilePath, RemotePath
+from rcdiag.runtime.errors import InputError
 
 RANK_FILE = re.compile(r"^(\d+)_(\d+)\.pt$")
 """``{rollout_id}_{rank}.pt``: the name Miles' and slime's ``--dump-details`` give each rank's train data."""

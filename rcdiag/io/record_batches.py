@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from rcdiag.errors import InputError
-from rcdiag.fields import STEP_RANGE
 from rcdiag.io.base import Chunk, split_rows
 from rcdiag.io.columns import Resolved
 from rcdiag.io.limits import ROW_TOKENS
+from rcdiag.runtime.errors import InputError
+from rcdiag.runtime.fields import STEP_RANGE
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def step_array(column: pa.Array, name: str, path: str, first_row: int) -> np.nda
 def exact_steps(values: np.ndarray) -> np.ndarray:
     """Steps of any integer column as int64, or kept uint64 when one lies beyond int64 (a uint64 step of 2**63 or
     more, which int64 would make negative): every step stays exact, and the engine keys its batches by the
-    Python ``int`` of each (``rcdiag.fields.STEP_RANGE``)."""
+    Python ``int`` of each (``rcdiag.runtime.fields.STEP_RANGE``)."""
     if values.dtype == np.uint64 and values.size and int(values.max()) > np.iinfo(np.int64).max:
         return values
     return values.astype(np.int64, copy=False)

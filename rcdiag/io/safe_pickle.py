@@ -18,9 +18,9 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from rcdiag.errors import InputError
 from rcdiag.io.limits import TENSOR_BYTES
 from rcdiag.io.paths import open_input
+from rcdiag.runtime.errors import InputError
 
 
 def load(path: str, admitted: Mapping[tuple[str, str], Any], holds: str) -> Any:

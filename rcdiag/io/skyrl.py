@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag.errors import InputError
 from rcdiag.io import safe_pickle
 from rcdiag.io.base import ColumnMap
 from rcdiag.io.tensors import TensorFile
 from rcdiag.io.torch_load import load_torch, to_numpy, torch_module
+from rcdiag.runtime.errors import InputError
 
 HOLDS = "a SkyRL training batch"
 MODULES = ("skyrl.backends.skyrl_train.training_batch", "skyrl_train.training_batch")

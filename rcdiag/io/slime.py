@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rcdiag.errors import InputError
+from rcdiag.runtime.errors import InputError
 
 FORMATS = (1, 2)
 """The ``format_version`` values read (format 1 writes none)."""

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import unquote, urlsplit
 
-from rcdiag.environment import Variable, positive_seconds
-from rcdiag.errors import InputError
+from rcdiag.runtime.environment import Variable, positive_seconds
+from rcdiag.runtime.errors import InputError
 
 SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 READ_BUFFER = 8 << 20

@@ -12,7 +12,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from rcdiag.errors import InputError
 from rcdiag.io.arrow_lists import is_list_type
 from rcdiag.io.base import DEFAULT_CHUNK_TOKENS, Chunk, Part, Source, SourceInfo, balanced_runs
 from rcdiag.io.integrity import check_batch
@@ -21,6 +20,7 @@ from rcdiag.io.long import group_sequences
 from rcdiag.io.paths import identity, map_files
 from rcdiag.io.record_batches import Batch
 from rcdiag.io.tables import TableFile, check_unmasked, list_chunks
+from rcdiag.runtime.errors import InputError
 
 MAX_METADATA_VALUES = 8
 

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rcdiag.errors import InputError
 from rcdiag.io.arrow_lists import check_same_lengths, flatten_list, float_values, is_list_type
 from rcdiag.io.base import Chunk, ColumnMap
 from rcdiag.io.columns import LOSS_INPUTS, Resolved, check_unique, long_layout_reason, resolve
@@ -31,6 +30,7 @@ from rcdiag.io.record_batches import (
     step_array,
     token_values,
 )
+from rcdiag.runtime.errors import InputError
 
 METADATA_COLUMNS = {
     "temperature": "temperature",

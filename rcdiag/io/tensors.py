@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rcdiag.errors import InputError
 from rcdiag.io.base import ColumnMap
 from rcdiag.io.record_batches import Batch
 from rcdiag.io.tables import METADATA_COLUMNS, TableFile
+from rcdiag.runtime.errors import InputError
 
 FILE_STEP_KEYS = ("step", "global_step", "rollout_id")
 NAME_STEP = re.compile(r"step[_-]?(\d+)", re.IGNORECASE)

@@ -18,9 +18,9 @@ from typing import IO, Any
 
 import numpy as np
 
-from rcdiag.errors import InputError
 from rcdiag.io.archives import check_members
 from rcdiag.io.limits import TENSOR_BYTES
+from rcdiag.runtime.errors import InputError
 
 NEEDS_TORCH = "reading it needs PyTorch (pip install torch, or pip install 'rcdiag[gpu]')"
 

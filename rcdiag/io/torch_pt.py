@@ -23,13 +23,13 @@ from typing import Any
 
 import numpy as np
 
-import rcdiag.outputs as outputs
-from rcdiag.errors import InputError
+import rcdiag.io.outputs as outputs
 from rcdiag.io import rank_files, slime
 from rcdiag.io.base import ColumnMap
 from rcdiag.io.paths import open_input
 from rcdiag.io.tensors import TensorFile
 from rcdiag.io.torch_load import load_torch, to_numpy
+from rcdiag.runtime.errors import InputError
 
 SLIME_ALIASES: dict[str, tuple[str, ...]] = {"old": ("log_probs",)}
 """slime calls the trainer's log-probs ``log_probs``; recognised only inside slime's ``rollout_data``."""

@@ -11,13 +11,13 @@ from typing import Any
 
 from numba.core import event
 
-from rcdiag.errors import SettingError
-from rcdiag.notices import COMPILE_NOTICE
+from rcdiag.runtime.errors import SettingError
+from rcdiag.runtime.notices import COMPILE_NOTICE
 
 COMPILING = "compiling kernels (first run on this machine only)..."
 """The notice's text (the CLI prints it as ``rcdiag: compiling kernels ...`` on stderr)."""
 SWITCH = COMPILE_NOTICE.name
-"""Set to ``0`` to leave the notice out (``rcdiag.notices.COMPILE_NOTICE``)."""
+"""Set to ``0`` to leave the notice out (``rcdiag.runtime.notices.COMPILE_NOTICE``)."""
 
 
 def _wanted() -> bool:
@@ -41,7 +41,7 @@ class _FirstCompile(event.Listener):
         module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
         if module.startswith("rcdiag."):
             _FirstCompile.said = True
-            from rcdiag.notices import Busy, notify
+            from rcdiag.runtime.notices import Busy, notify
 
             notify(COMPILING, Busy)
 

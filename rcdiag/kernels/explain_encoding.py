@@ -1,6 +1,6 @@
 """The constants the ``--explain`` kernel (``rcdiag.kernels.explain``) encodes its sums with: the series cut-off of
 its ``expm1`` and the hash that deals rows into groups. Plain constants, without numba, so the state layout
-(``rcdiag.state.state_layout``) can name them without compiling anything."""
+(``rcdiag.engine.state_files.state_layout``) can name them without compiling anything."""
 
 from __future__ import annotations
 

@@ -3,11 +3,11 @@
 Importing numba and loading its first cached kernel (numba initialising its CPU target) is a fixed cost per process
 (0.3-0.85 s measured, docs/performance.md "Where a small run's time goes"; a fresh machine also compiles, 3 s),
 which is most of a small dump's run. Below the threshold the numpy backend takes the array passes
-(``rcdiag.metrics.tokens.ArrayPasses``, the torch path's code on numpy, held to the kernels by
+(``rcdiag.metrics.token_passes.ArrayPasses``, the torch path's code on numpy, held to the kernels by
 tests/engine/test_token_kernel.py and tests/engine/test_small_path.py) and the numpy forms below of the kernels a plain
 analyze calls outside the token passes: the token-id range (``rcdiag.kernels.token_ids``) and the valid tokens per row
-(``rcdiag.kernels.tokens``); the value screen's range (``rcdiag.kernels.screen``) is numpy's own ``min`` and ``max``
-there (``rcdiag.validate``). Every one of these gives
+(``rcdiag.kernels.metric_pass``); the value screen's range (``rcdiag.kernels.screen``) is numpy's own ``min`` and
+``max`` there (``rcdiag.io.screen``). Every one of these gives
 exactly the kernel's answer (integers, extremes); the token sums agree to float64 rounding. The choice is made once
 per run, from the dump's file sizes, before the first block (``compiled_for``): a dump of unknown size (chunks given
 in memory, a file without a known size) takes the kernels. This module imports no numba.
@@ -20,7 +20,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from rcdiag.core.formulas import ulp_distance
-from rcdiag.environment import Variable, whole_number
+from rcdiag.runtime.environment import Variable, whole_number
 
 SMALL_DUMP_BYTES = 32 << 20
 """Dumps whose files hold fewer bytes take the numpy path: 32 MiB, about 3.5M tokens of zstd Parquet (8.8 bytes a
@@ -66,7 +66,7 @@ def valid_range(ids: np.ndarray, mask: np.ndarray) -> tuple[int, int, int]:
 
 
 def valid_lengths(mask: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``rcdiag.kernels.tokens.valid_lengths`` in numpy: the valid tokens (int64) of each row of ``lengths`` raw
+    """``rcdiag.kernels.metric_pass.valid_lengths`` in numpy: the valid tokens (int64) of each row of ``lengths`` raw
     tokens (a running count of the mask, differenced at the row ends: empty rows included)."""
     ends = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
     np.cumsum(lengths, out=ends[1:])
@@ -76,7 +76,7 @@ def valid_lengths(mask: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 def row_differences(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray | None, lengths: np.ndarray) -> np.ndarray:
-    """``rcdiag.kernels.tokens.differences_pass`` in numpy: per row of a raw block (float32 ``old``/``rollout``,
+    """``rcdiag.kernels.metric_pass.differences_pass`` in numpy: per row of a raw block (float32 ``old``/``rollout``,
     boolean ``mask`` or ``None``, ``lengths`` raw tokens each), [valid tokens whose bits differ, their greatest ulp
     distance, the list position of the first (-1: none)], int64. Only the differing tokens are looked at twice."""
     lengths = np.asarray(lengths, dtype=np.int64)

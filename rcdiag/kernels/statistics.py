@@ -4,7 +4,7 @@ d = clamp(float32(old - rollout), ±20), and what the RS options reduce them to.
 ``statistic`` computes the statistic of every valid token from the log-ratios the token pass compacted
 (``Block.lr``; float32, the values the array path's ``_k_stat`` gives on torch), ``row_reductions`` its per-row
 float64 sums and NaN-propagating extremes, and ``threshold_pass`` counts what a k2/k3 band rejects per row and takes
-the moments of the statistic clipped to it (k1 bands are counted on the log-ratios by ``rcdiag.kernels.tokens``:
+the moments of the statistic clipped to it (k1 bands are counted on the log-ratios by ``rcdiag.kernels.metric_pass``:
 in the token pass for the configuration's bands, else by ``k1_band_pass``). The statistic itself is computed by a
 kernel without fast-math flags, so k1 and k2 are the very float32 operations numpy does (0.5 * d * d, left to
 right); k3 is the float64 value rounded once to float32, from ``rcdiag.kernels.series.k3_series`` below its
@@ -126,7 +126,7 @@ def _centred_squares(stat, lo, hi, mean):
 def threshold_pass(stat, lengths, lo, hi, two_sided, row_rejected, out):
     """Per-row rejected counts into ``row_rejected``; ``out`` = (above, below, n, mean, M2) of the statistic
     clipped to [lo, hi] (float32 bounds; moments centred on this block's mean, as ``Backend.moments``). k1
-    bands take the token pass's kernel instead (``rcdiag.kernels.tokens.k1_band_pass``)."""
+    bands take the token pass's kernel instead (``rcdiag.kernels.metric_pass.k1_band_pass``)."""
     lo32 = np.float32(lo)
     hi32 = np.float32(hi)
     above = 0

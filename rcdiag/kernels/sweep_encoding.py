@@ -1,6 +1,6 @@
 """The encoding the sweep's kernel (``rcdiag.kernels.sweep``) works in: the cell table's buckets of float32 bit
 patterns, the histogram modes and sizes. Plain constants, without numba, so the sweep feature and its state
-layout (``rcdiag.state.state_layout``) can name them without compiling anything."""
+layout (``rcdiag.engine.state_files.state_layout``) can name them without compiling anything."""
 
 from __future__ import annotations
 

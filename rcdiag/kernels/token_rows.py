@@ -2,7 +2,7 @@
 
 Shared by the explain pass (``rcdiag.kernels.explain``, which adds each row's tokens while the row's terms are in
 L1) and the stand-alone pass (``rcdiag.kernels.token_ids``), so both add the same terms in the same order: a
-row of ``out`` per id holds the sums of ``rcdiag.explain.tokens.SUMS`` (tokens, log-ratio, |log-ratio|, k3, chi2,
+row of ``out`` per id holds the sums of ``rcdiag.explain.by_token.SUMS`` (tokens, log-ratio, |log-ratio|, k3, chi2,
 log-ratio squared).
 
 ``prefetch_token_rows`` asks the CPU for a run's rows of the table ahead of the addition (a hint: no value changes).

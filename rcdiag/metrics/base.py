@@ -28,7 +28,7 @@ import numpy as np
 from rcdiag.catalogue.findings import finding
 from rcdiag.core.formulas import chan_merge, chan_merge_comoment, chan_merge_share
 from rcdiag.core.limits import F32_MAX
-from rcdiag.fields import FieldError, checked, counts, dataclass_from, real, reals, shown
+from rcdiag.runtime.fields import FieldError, checked, counts, dataclass_from, real, reals, shown
 
 if TYPE_CHECKING:
     from rcdiag.metrics.block import Block

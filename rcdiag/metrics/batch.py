@@ -15,9 +15,7 @@ from typing import Any
 import numpy as np
 
 from rcdiag.catalogue.metrics import EXTRA_PREFIX, full_key
-from rcdiag.config import ResolvedConfig
 from rcdiag.core.limits import finite
-from rcdiag.fields import FieldError, integer, shown
 from rcdiag.metrics.base import Accumulator, MetricValue, VerlCrash, verl_float
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.debug import DebugMetrics
@@ -27,7 +25,9 @@ from rcdiag.metrics.importance import ISMetrics
 from rcdiag.metrics.offpolicy import OffPolicyMetrics
 from rcdiag.metrics.rejection import RSAggregateMetrics, RSOptionMetrics
 from rcdiag.metrics.signatures import SignatureMetrics
-from rcdiag.report import Histogram
+from rcdiag.records.report import Histogram
+from rcdiag.runtime.fields import FieldError, integer, shown
+from rcdiag.settings.correction import ResolvedConfig
 
 
 @dataclass(frozen=True)
@@ -219,8 +219,8 @@ def load_groups(groups: list[Accumulator], saved_groups: Any) -> None:
 
 def declared_states(owner: str | None = None) -> list:
     """Every accumulator's declared state (class, state names, their reductions, bins, shapes, items), sorted: the
-    accumulators' part of the state layout (``rcdiag.state.state_layout``). ``owner``: those of that whole-dump
-    accumulator (``Accumulator.OWNER``; its layout declares them), else the engine's per-step ones."""
+    accumulators' part of the state layout (``rcdiag.engine.state_files.state_layout``). ``owner``: those of that
+    whole-dump accumulator (``Accumulator.OWNER``; its layout declares them), else the engine's per-step ones."""
     declared: dict[str, list] = {}
     pending = list(Accumulator.__subclasses__())
     while pending:

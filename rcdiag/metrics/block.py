@@ -9,7 +9,7 @@ float32 arithmetic keeps a few digits of a small k3 and so can keep a token whos
 A block holds the rows' raw tokens and their mask; ``old``, ``rollout`` and everything derived from them are the
 valid tokens only (padding dropped on first use), and a row may have zero valid tokens (an empty or fully masked
 response, which still counts in verl's all-rows metrics). The per-token passes (``sums``, ``statistic``, ``band``
-and the log-ratio's ranges) come from the backend's ``passes`` (``rcdiag.metrics.tokens``: the compiled kernels on
+and the log-ratio's ranges) come from the backend's ``passes`` (``rcdiag.metrics.token_passes``: the compiled kernels on
 numpy, numpy's array operations for a small dump, array operations on torch), chosen once per backend; the block
 caches what they give. Derived per-token and per-row arrays are computed once, on first use, and shared by every
 metric group; a value several accumulators share is computed once per block by ``once``.
@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from rcdiag.backend import Array, Backend, NumpyBackend
-from rcdiag.config import Estimator
 from rcdiag.core.formulas import clamp_log_ratio
 from rcdiag.core.limits import SAFETY_BOUND
+from rcdiag.metrics.backend import Array, Backend, NumpyBackend
+from rcdiag.settings.correction import Estimator
 
 if TYPE_CHECKING:
-    from rcdiag.metrics.tokens import BandRejection, Statistic, TokenPasses, TokenSums
+    from rcdiag.metrics.token_passes import BandRejection, Statistic, TokenPasses, TokenSums
 
 T = TypeVar("T")
 

@@ -6,7 +6,7 @@ response mask, every valid token of the batch. It compares the two engines in pr
 ``p = exp(log-prob)``:
 
 * ``rollout_probs_diff_valid``: 1 for a batch with a valid token; 0 without one (verl >= 0.8.0, the others
-  NaN; verl 0.7.1 raises instead, ``rcdiag.versions.VerlVersion.debug_metrics_on_empty``);
+  NaN; verl 0.7.1 raises instead, ``rcdiag.settings.versions.VerlVersion.debug_metrics_on_empty``);
 * ``rollout_probs_diff_max`` / ``_mean`` / ``_std``: of ``|p_old - p_rollout|`` over the valid tokens, the std
   with Bessel's correction (``torch.std``; NaN for a single token);
 * ``rollout_actor_probs_pearson_corr``: ``torch.corrcoef`` of ``p_old`` and ``p_rollout`` (clipped to [-1, 1];
@@ -27,7 +27,7 @@ from typing import ClassVar
 from rcdiag.core.formulas import correlation
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
 from rcdiag.metrics.block import Block
-from rcdiag.versions import VerlVersion
+from rcdiag.settings.versions import VerlVersion
 
 DEBUG_KEYS = (
     "training/rollout_probs_diff_valid",

@@ -21,7 +21,8 @@ from rcdiag.metrics.block import Block
 
 class LogRatioHistogram(Accumulator):
     """Counts of valid tokens per log-ratio bin (``len(EDGES) + 1`` bins) and of NaN log-ratios (both sides
-    ``-inf``), which no bin holds. Reports no metric: ``rcdiag.report.Histogram`` carries it to the renderers."""
+    ``-inf``), which no bin holds. Reports no metric: ``rcdiag.records.report.Histogram`` carries it to the
+    renderers."""
 
     STATES: ClassVar[dict[str, Reduce]] = {"counts": "counts", "nan": "sum"}
     BINS: ClassVar[int] = EDGES.shape[0] + 1

@@ -8,7 +8,7 @@ The ``seq_*`` metrics and the sequence-level ratio fractions run over **all** ro
 weight 0, so it always counts as ``seq_fraction_low``); the batch-normalization factor at sequence level
 averages over rows with a valid token only.
 
-Two releases differ (``rcdiag.versions``), each a flag here rather than a second accumulator: up to v0.7.1 the
+Two releases differ (``rcdiag.settings.versions``), each a flag here rather than a second accumulator: up to v0.7.1 the
 metrics describe the *raw* weights (truncation came after them) and std/ESS clamp them to ``[1/U, U]``; v0.8.0
 took ``rollout_is_seq_fraction_*`` from the per-row mean of the applied weights.
 """
@@ -20,13 +20,13 @@ from typing import ClassVar
 
 import numpy as np
 
-from rcdiag.backend import Array, Backend
-from rcdiag.config import SAFETY_BOUND, ISSpec
 from rcdiag.core.formulas import icepop, is_weight, truncate_array
 from rcdiag.core.limits import f32
+from rcdiag.metrics.backend import Array, Backend
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
 from rcdiag.metrics.block import Block
-from rcdiag.versions import VerlVersion
+from rcdiag.settings.correction import SAFETY_BOUND, ISSpec
+from rcdiag.settings.versions import VerlVersion
 
 _SEQ_KEYS = (
     "rollout_is_seq_mean",

@@ -19,12 +19,12 @@ from typing import ClassVar
 
 import numpy as np
 
-from rcdiag.backend import Array
-from rcdiag.config import Estimator, RSOption
 from rcdiag.core.formulas import rs_keep
 from rcdiag.core.limits import f32
+from rcdiag.metrics.backend import Array
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
 from rcdiag.metrics.block import Block
+from rcdiag.settings.correction import Estimator, RSOption
 
 _SUFFIXES = (
     "mean",

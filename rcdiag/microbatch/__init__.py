@@ -2,6 +2,6 @@
 where it crashes) per micro-batch. Used by ``analyze`` with micro-batch options (docs/verl-differences.md)."""
 
 from rcdiag.microbatch.plan import MicroBatchSettings
-from rcdiag.report import MicroBatchReport
+from rcdiag.records.report import MicroBatchReport
 
 __all__ = ["MicroBatchReport", "MicroBatchSettings"]

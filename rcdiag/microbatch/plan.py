@@ -19,16 +19,16 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag.errors import ConfigError
 from rcdiag.microbatch.partition import (
     SplitRefusedError,
     balance_batch_order,
     micro_batch_count,
     rearrange_micro_batches,
 )
-from rcdiag.option_checks import keyword
-from rcdiag.section_options import MICROBATCH
-from rcdiag.versions import VerlVersion
+from rcdiag.runtime.errors import ConfigError
+from rcdiag.runtime.option_checks import keyword
+from rcdiag.settings.section_options import MICROBATCH
+from rcdiag.settings.versions import VerlVersion
 
 
 @dataclass(frozen=True)

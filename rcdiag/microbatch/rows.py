@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rcdiag.engine import step_pairs
-from rcdiag.errors import ConfigError
-from rcdiag.fields import FieldError, checked, counts, integer, reals
+from rcdiag.engine.stream import step_pairs
 from rcdiag.io.base import RowNumbering
 from rcdiag.microbatch.plan import MicroBatchSettings
+from rcdiag.runtime.errors import ConfigError
+from rcdiag.runtime.fields import FieldError, checked, counts, integer, reals
 
 if TYPE_CHECKING:
     from rcdiag.metrics.block import Block
-    from rcdiag.report import MicroBatchReport
+    from rcdiag.records.report import MicroBatchReport
 
 
 @dataclass
@@ -62,8 +62,8 @@ class _Parts:
 
 
 class MicroBatchRows(RowNumbering):
-    """The micro-batch section's whole-dump accumulator (``rcdiag.engine.WholeDump``): every screened row by step,
-    in reading order, block by block (a block holds rows of one step, and each step's rows keep their order
+    """The micro-batch section's whole-dump accumulator (``rcdiag.engine.stream.WholeDump``): every screened row by
+    step, in reading order, block by block (a block holds rows of one step, and each step's rows keep their order
     however the engine groups them). One process only: a step's split depends on all its rows in order."""
 
     KEY = "microbatch"

@@ -1,5 +1,5 @@
 """Micro-batches as a section (``rcdiag.sections``): every row kept by step while the dump is read (one process),
-each step split as verl's actor does and simulated (the record ``rcdiag.report.MicroBatchReport``, JSON
+each step split as verl's actor does and simulated (the record ``rcdiag.records.report.MicroBatchReport``, JSON
 ``microbatch``, docs/json.md), and its findings."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from __future__ import annotations
 from typing import ClassVar
 
 from rcdiag.catalogue.emit import emit
-from rcdiag.config import ResolvedConfig
 from rcdiag.microbatch.plan import MicroBatchSettings
 from rcdiag.microbatch.rows import MicroBatchRows, StepRows
 from rcdiag.microbatch.simulate import simulate_step
-from rcdiag.report import LEGACY_ASSERT, Finding, MicroBatchPath, MicroBatchReport, StepMicroBatches
+from rcdiag.records.report import LEGACY_ASSERT, Finding, MicroBatchPath, MicroBatchReport, StepMicroBatches
 from rcdiag.sections.base import PlainSection, RunFacts
+from rcdiag.settings.correction import ResolvedConfig
 
 
 class MicroBatchSection(PlainSection):

@@ -22,10 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag.backend import NumpyBackend
 from rcdiag.catalogue.metrics import PREFIX
-from rcdiag.config import ResolvedConfig
 from rcdiag.core.limits import finite
+from rcdiag.metrics.backend import NumpyBackend
 from rcdiag.metrics.base import MetricValue, verl_float
 from rcdiag.metrics.batch import BatchMetrics, BatchResult
 from rcdiag.metrics.block import Block
@@ -34,7 +33,8 @@ from rcdiag.metrics.rejection import rejected_tokens
 from rcdiag.microbatch.partition import SplitRefusedError
 from rcdiag.microbatch.plan import MicroBatchSettings, plan
 from rcdiag.microbatch.rows import StepRows, take
-from rcdiag.report import BYPASS_VALUEERROR, MicroBatch, StepMicroBatches
+from rcdiag.records.report import BYPASS_VALUEERROR, MicroBatch, StepMicroBatches
+from rcdiag.settings.correction import ResolvedConfig
 
 
 def reduce_by_name(key: str, values: list[float]) -> float:

@@ -23,7 +23,7 @@ from matplotlib.figure import Figure, SubFigure
 from matplotlib.ticker import MaxNLocator
 
 from rcdiag.catalogue import short_key
-from rcdiag.config import SAFETY_BOUND
+from rcdiag.records.report import BucketRow, Histogram, Report, Verdict
 from rcdiag.render import log_hist
 from rcdiag.render.panels import (
     STATUS_COLOURS,
@@ -39,7 +39,7 @@ from rcdiag.render.panels import (
 )
 from rcdiag.render.text import BREAKDOWNS, bucket_label, fmt
 from rcdiag.render.verdict_text import effect_text
-from rcdiag.report import BucketRow, Histogram, Report, Verdict
+from rcdiag.settings.correction import SAFETY_BOUND
 
 if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType

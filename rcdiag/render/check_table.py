@@ -7,10 +7,10 @@ from rich.table import Table
 from rich.text import Text
 
 from rcdiag.check import CheckResult
-from rcdiag.printable import printable
 from rcdiag.render import counted
 from rcdiag.render.check_formats import exact_cases
 from rcdiag.render.text import describe_config, fmt
+from rcdiag.runtime.printable import printable
 
 _MARK = {"passed": Text("✓", style="green"), "failed": Text("✗", style="bold red"), "skipped": Text("–", style="dim")}
 

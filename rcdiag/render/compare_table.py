@@ -9,13 +9,13 @@ from rich.text import Text
 
 from rcdiag.catalogue.metrics import short_key, step_columns
 from rcdiag.compare import Comparison, Comparisons, MetricDiff
-from rcdiag.printable import printable
+from rcdiag.records.report import Report
 from rcdiag.render import counted
 from rcdiag.render.panels import sparkline
 from rcdiag.render.table import SPARK_WIDTH, print_verdict, step_table
 from rcdiag.render.text import describe_config, fmt
 from rcdiag.render.verdict_text import SEVERITY_STYLE
-from rcdiag.report import Report
+from rcdiag.runtime.printable import printable
 
 MAX_STEP_ROWS = 24
 

@@ -3,10 +3,10 @@ varies inside it) as a PNG 1920 pixels wide, for a slide or an issue."""
 
 from __future__ import annotations
 
+from rcdiag.records.report import Report
 from rcdiag.render import counted
 from rcdiag.render.charts import dashboard, png
 from rcdiag.render.text import describe_config
-from rcdiag.report import Report
 
 
 def render_png(report: Report) -> bytes:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 from rich.text import Text
 
-from rcdiag.printable import printable
+from rcdiag.records.report import BucketRow, ExplainReport, Report, TokenRow
 from rcdiag.render.text import (
     BREAKDOWN_METRICS,
     BREAKDOWNS,
@@ -32,7 +32,7 @@ from rcdiag.render.token_text import (
     token_note,
     window,
 )
-from rcdiag.report import BucketRow, ExplainReport, Report, TokenRow
+from rcdiag.runtime.printable import printable
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -9,9 +9,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rcdiag.printable import printable
+from rcdiag.records.report import Report
 from rcdiag.render.text import fmt
-from rcdiag.report import Report
+from rcdiag.runtime.printable import printable
 
 
 def render_framework(report: Report, console: Console) -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from rcdiag.catalogue import metric, reading, short_key
 from rcdiag.catalogue.metrics import step_columns
+from rcdiag.records.report import Finding, Report, Verdict
 from rcdiag.render import counted
 from rcdiag.render.charts import (
     draw_explained,
@@ -43,7 +44,6 @@ from rcdiag.render.text import (
     worst_cells,
 )
 from rcdiag.render.token_html import token_sections
-from rcdiag.report import Finding, Report, Verdict
 
 if TYPE_CHECKING:
     from rcdiag.compare.records import Comparison, Comparisons

@@ -8,8 +8,8 @@ from rich.table import Table
 from rich.text import Text
 
 from rcdiag.catalogue.metrics import known_key
+from rcdiag.records.report import LEGACY_ASSERT, MicroBatchReport, Report
 from rcdiag.render.text import fmt
-from rcdiag.report import LEGACY_ASSERT, MicroBatchReport, Report
 
 MAX_CRASH_ROWS = 20
 PATHS = {

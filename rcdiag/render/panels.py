@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from rcdiag.catalogue import full_key, metric, short_key
 from rcdiag.catalogue.metrics import GROUP_NEEDS, rs_option
-from rcdiag.config import SAFETY_BOUND, parse_is_threshold
-from rcdiag.report import Effect, FrameworkEffect, Histogram, Report
+from rcdiag.records.report import Effect, FrameworkEffect, Histogram, Report
+from rcdiag.settings.correction import SAFETY_BOUND, parse_is_threshold
 
 MAX_POINTS = 1500
 """A series longer than this is drawn as the minimum and maximum of each of ``MAX_POINTS // 2`` runs of steps, so

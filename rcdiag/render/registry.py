@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rcdiag.errors import ConfigError
+from rcdiag.runtime.errors import ConfigError
 
 ResultKind = Literal["report", "comparison", "check", "sweep", "watch", "watch_line"]
 """``watch`` is the live view on a terminal (a screen object fed every event); ``watch_line`` one event as lines."""

@@ -12,10 +12,10 @@ from typing import Literal
 
 from rcdiag.catalogue import full_key, metric, short_key
 from rcdiag.catalogue.metrics import rs_option
-from rcdiag.config import ISSpec, RSOption
-from rcdiag.printable import printable
+from rcdiag.records.report import Report, Severity
 from rcdiag.render.text import where
-from rcdiag.report import Report, Severity
+from rcdiag.runtime.printable import printable
+from rcdiag.settings.correction import ISSpec, RSOption
 
 OFFPOLICY = tuple(full_key(k) for k in ("kl", "k3_kl", "chi2_token", "chi2_seq", "training_ppl", "rollout_ppl"))
 """The off-policy table's rows, in the design card's order; every other metric is behind ``--details``."""

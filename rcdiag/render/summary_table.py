@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rcdiag.catalogue import finding
+from rcdiag.records.report import Report
 from rcdiag.render.summary import (
     DETAILS_HINT,
     OFFPOLICY,
@@ -19,7 +20,6 @@ from rcdiag.render.summary import (
 )
 from rcdiag.render.text import fmt
 from rcdiag.render.verdict_text import SEVERITY_STYLE, STATUS_STYLE, supporting_text
-from rcdiag.report import Report
 
 
 def print_summary(report: Report, console: Console) -> None:

@@ -12,10 +12,10 @@ from rich.table import Table
 from rich.text import Text
 
 from rcdiag.catalogue.metrics import PREFIX
-from rcdiag.printable import printable
 from rcdiag.render.panels import sparkline
 from rcdiag.render.table import fmt, print_verdict
 from rcdiag.render.text import SPOKEN_COLUMNS, spoken_cells
+from rcdiag.runtime.printable import printable
 from rcdiag.sweep.sweep_report import (
     GRID_NOTE,
     IS_SHARES,

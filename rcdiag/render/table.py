@@ -10,14 +10,14 @@ from rich.text import Text
 
 from rcdiag.catalogue import metric, reading, short_key
 from rcdiag.catalogue.metrics import ReadingContext, rs_option, step_columns
-from rcdiag.printable import printable
+from rcdiag.records.report import Report, Verdict
 from rcdiag.render import counted
 from rcdiag.render.panels import sparkline
 from rcdiag.render.summary import is_title, rs_keeps
 from rcdiag.render.summary_table import print_exact, print_health_warnings, print_summary
 from rcdiag.render.text import describe_config, describe_input, fmt, reading_context, where
 from rcdiag.render.verdict_text import SEVERITY_STYLE, STATUS_STYLE, verdict_lines
-from rcdiag.report import Report, Verdict
+from rcdiag.runtime.printable import printable
 
 T = TypeVar("T")
 MAX_TREND_ROWS = 24

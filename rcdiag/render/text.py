@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from rcdiag.catalogue.metrics import ReadingContext, known_key
-from rcdiag.config import ResolvedConfig
-from rcdiag.printable import printable
-from rcdiag.report import BucketRow, ChecklistRow, Report, SliceRow, WorstRow
+from rcdiag.records.report import BucketRow, ChecklistRow, Report, SliceRow, WorstRow
+from rcdiag.runtime.printable import printable
+from rcdiag.settings.correction import ResolvedConfig
 
 KL_STD_ERROR = known_key("rcdiag/kl_std_error")
 """kl's standard error, which the metric readings weigh kl against."""

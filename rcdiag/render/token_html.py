@@ -8,6 +8,7 @@ import html
 import math
 from typing import Any
 
+from rcdiag.records.report import Report, TokenText, WorstRow
 from rcdiag.render.text import fmt
 from rcdiag.render.token_text import (
     TOKEN_COLUMNS,
@@ -19,7 +20,6 @@ from rcdiag.render.token_text import (
     token_cells,
     token_note,
 )
-from rcdiag.report import Report, TokenText, WorstRow
 
 STYLE = (
     "<style>.tokens{font-family:ui-monospace,'SFMono-Regular',Menlo,Consolas,monospace;font-size:13px;"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
-from rcdiag.printable import printable
+from rcdiag.records.report import TokenBreakdown, TokenRow, TokenText, WorstRow
 from rcdiag.render.text import fmt
-from rcdiag.report import TokenBreakdown, TokenRow, TokenText, WorstRow
+from rcdiag.runtime.printable import printable
 
 TOKEN_TABLES = {
     "by_k3_share": "By token id: largest share of the dump's k3",
@@ -16,7 +16,7 @@ TOKEN_TABLES = {
 """``breakdowns.token``'s ranked lists and their titles."""
 TOKEN_COLUMNS = ("id", "text", "tokens", "share of tokens", "share of k3", "k3_kl", "mean |log-ratio|", "z")
 SHOWN = 10
-"""Rows of each ranked list the terminal shows (the JSON and HTML carry ``rcdiag.explain.tokens.TOP``)."""
+"""Rows of each ranked list the terminal shows (the JSON and HTML carry ``rcdiag.explain.by_token.TOP``)."""
 SCALE = 1.0
 """|log-ratio| at which a token's highlight is at full strength."""
 QUIET = 0.01

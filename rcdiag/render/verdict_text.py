@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rcdiag.catalogue.metrics import known_key
-from rcdiag.printable import printable
+from rcdiag.records.report import Effect, FrameworkSetting, Report, Verdict
 from rcdiag.render.panels import effect_facts, framework_effect_facts
 from rcdiag.render.text import fmt
-from rcdiag.report import Effect, FrameworkSetting, Report, Verdict
+from rcdiag.runtime.printable import printable
 
 STATUS_STYLE = {
     "identical": "bold cyan",

@@ -12,12 +12,12 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from rcdiag.catalogue.metrics import known_key
-from rcdiag.printable import printable
+from rcdiag.runtime.printable import printable
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-    from rcdiag.report import Report
+    from rcdiag.records.report import Report
     from rcdiag.watch import StepEvent
     from rcdiag.watch.session import Event, ReportEvent
 

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from rcdiag.config import ResolvedConfig
-    from rcdiag.engine import WholeDump
+    from rcdiag.engine.stream import WholeDump
     from rcdiag.io.base import SourceInfo
-    from rcdiag.options import ReadOptions
-    from rcdiag.report import Finding, InputFacts
+    from rcdiag.records.report import Finding, InputFacts
+    from rcdiag.settings.correction import ResolvedConfig
+    from rcdiag.settings.reading import ReadOptions
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class RunFacts:
 
 
 class SectionRecord(Protocol):
-    """A section's typed, frozen result (``rcdiag.report``): what its renderers read and its JSON holds."""
+    """A section's typed, frozen result (``rcdiag.records.report``): what its renderers read and its JSON holds."""
 
     def to_dict(self) -> Any: ...
 
@@ -75,7 +75,7 @@ class Section(Protocol):
 
     def outputs(self) -> list[tuple[str, str | Path]]:
         """The files it writes, each named like its keyword (``("sequences", path)``): the run refuses any over an
-        input before reading (``rcdiag.outputs``)."""
+        input before reading (``rcdiag.io.outputs``)."""
         ...
 
     def check_outputs(self) -> None:
@@ -119,7 +119,7 @@ class Section(Protocol):
         ...
 
     def write(self, state: Any, record: Any) -> None:
-        """Write the section's files (through ``rcdiag.outputs``); called after the report is built."""
+        """Write the section's files (through ``rcdiag.io.outputs``); called after the report is built."""
         ...
 
     @classmethod

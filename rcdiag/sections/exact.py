@@ -7,7 +7,7 @@ keeps that promise from one that misses it by an ulp. Bits are compared as bit p
 screen keeps NaN out of the valid tokens, so none reaches here), and masked tokens are never compared.
 
 The per-row counts come from the token pass, which reads both values of every token anyway
-(``rcdiag.metrics.tokens.BitDifferences``; its cost: benchmarks/exact.py). This accumulator only adds them up and
+(``rcdiag.metrics.token_passes.BitDifferences``; its cost: benchmarks/exact.py). This accumulator only adds them up and
 keeps the earliest ``FIRST_RESPONSES`` differing responses in reading order: row numbers as read, skipped rows
 included, the same whatever the chunk size, the order of steps within a chunk, the worker parts or the saved states
 merged.
@@ -20,12 +20,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rcdiag.fields import FieldError, integer
 from rcdiag.io.base import RowNumbering
 from rcdiag.metrics.base import Accumulator, Reduce
 from rcdiag.metrics.batch import declared_states
 from rcdiag.metrics.block import Block
-from rcdiag.report import ExactMatch, FirstDifference
+from rcdiag.records.report import ExactMatch, FirstDifference
+from rcdiag.runtime.fields import FieldError, integer
 from rcdiag.sections.base import PlainSection, RunFacts
 
 FIRST_RESPONSES = 5
@@ -93,8 +93,8 @@ class BitSums(Accumulator):
 
 
 class ExactState(RowNumbering):
-    """The whole-dump accumulator (``rcdiag.engine.WholeDump``) of the exact-match section: ``BitSums`` and the row
-    count that shifts a later part's row numbers when parts merge."""
+    """The whole-dump accumulator (``rcdiag.engine.stream.WholeDump``) of the exact-match section: ``BitSums`` and the
+    row count that shifts a later part's row numbers when parts merge."""
 
     KEY = "exact"
 

@@ -3,7 +3,7 @@
 A run's state holds each section's whole-dump accumulator under its key; ``merge``, a state file read back and a
 report built from a state no section object was given for (``rcdiag.api.build_report``) find the kind here, imported
 when needed (a plain analyze imports none of them). The engine and the state files import no feature: the library
-gives them this table (``KNOWN``, a ``rcdiag.state.StateKinds``). A new section adds one line to ``KINDS``.
+gives them this table (``KNOWN``, a ``rcdiag.engine.state_files.StateKinds``). A new section adds one line to ``KINDS``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import importlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rcdiag.engine import StepStates
-from rcdiag.fields import FieldError
+from rcdiag.engine.stream import StepStates
+from rcdiag.runtime.fields import FieldError
 from rcdiag.sections.base import Section
 
 KINDS: dict[str, tuple[str, str]] = {
@@ -29,8 +29,8 @@ KINDS: dict[str, tuple[str, str]] = {
 """Each section's key -> (module, class); the class built with no arguments reads a merged state by its defaults,
 and its ``STATE`` is the class of its whole-dump accumulator."""
 STATE_KINDS: dict[str, tuple[str, str]] = {
-    "analyze": ("rcdiag.engine", "EngineState"),
-    "sweep": ("rcdiag.sweep.accumulated", "SweepState"),
+    "analyze": ("rcdiag.engine.stream", "EngineState"),
+    "sweep": ("rcdiag.sweep.state", "SweepState"),
 }
 """Each kind of state (``StepStates.KIND``: a state file's ``kind``) -> (module, class)."""
 
@@ -43,7 +43,7 @@ def section_kind(key: str) -> type[Section]:
 
 
 class Kinds:
-    """``KINDS`` and ``STATE_KINDS`` as the state files read them (``rcdiag.state.StateKinds``)."""
+    """``KINDS`` and ``STATE_KINDS`` as the state files read them (``rcdiag.engine.state_files.StateKinds``)."""
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -67,7 +67,7 @@ class Kinds:
 
 
 KNOWN = Kinds()
-"""Every kind a state may hold: what the library gives ``rcdiag.state`` to read, merge and save states."""
+"""Every kind a state may hold: what the library gives ``rcdiag.engine.state_files`` to read, merge and save states."""
 
 
 def sections_for(whole_dump: Mapping[str, Any], given: Iterable[Section]) -> list[Section]:

@@ -6,7 +6,7 @@ order. The unit is the response: each keeps its row number and, from the signatu
 of its own), its tokens with a finite log-ratio and its k3 with each token's ratio capped at e^3 (equal to k3
 wherever no ratio exceeds 20, so one extreme token cannot make a slice stand out). A slice is *concentrated* when
 its k3 per token is at least ``RATIO_MIN`` times the rest's, above ``NOISE_K3_MAX``, and beyond ``z_critical``
-standard errors of the difference (``rcdiag.stats.ratio_variance``: responses as the units; Bonferroni over every
+standard errors of the difference (``rcdiag.core.stats.ratio_variance``: responses as the units; Bonferroni over every
 slice tested). Row blocks are compared with the rest of their own step (a trend across steps is not a replica),
 and the same block of every step with the rest of every step.
 
@@ -27,16 +27,16 @@ import numpy as np
 from rcdiag.catalogue.emit import emit
 from rcdiag.catalogue.findings import Code
 from rcdiag.core import formulas
-from rcdiag.errors import InputError
-from rcdiag.fields import FieldError
-from rcdiag.fields import step as saved_step
+from rcdiag.core.stats import ratio_variance
+from rcdiag.diagnosis.signature_rules import NOISE_K3_MAX, mismatch_large, precision_tests
 from rcdiag.io.base import RowNumbering
 from rcdiag.io.columns import label_role
 from rcdiag.metrics.signatures import signature_sums
-from rcdiag.report import Finding, SliceRow
+from rcdiag.records.report import Finding, SliceRow
+from rcdiag.runtime.errors import InputError
+from rcdiag.runtime.fields import FieldError
+from rcdiag.runtime.fields import step as saved_step
 from rcdiag.sections.base import PlainSection, RunFacts
-from rcdiag.signature_rules import NOISE_K3_MAX, mismatch_large, precision_tests
-from rcdiag.stats import ratio_variance
 
 if TYPE_CHECKING:
     from rcdiag.metrics.block import Block
@@ -78,8 +78,8 @@ def z_critical(tests: int) -> float:
 
 
 class SliceRows(RowNumbering):
-    """A whole-dump accumulator (``rcdiag.engine.WholeDump``): each response's ``BASE`` (and ``DETAIL``) numbers and
-    its label codes, per step, merged in reading order (a later part's rows numbered after this one's)."""
+    """A whole-dump accumulator (``rcdiag.engine.stream.WholeDump``): each response's ``BASE`` (and ``DETAIL``)
+    numbers and its label codes, per step, merged in reading order (a later part's rows numbered after this one's)."""
 
     KEY = "slices"
 
@@ -594,8 +594,8 @@ def _ratio(top: float, bottom: float) -> float | None:
 
 
 def _status(named: dict[str, np.ndarray], inside: np.ndarray, finite: np.ndarray) -> str:
-    """The slice's own status by the verdict's size and precision tests (``rcdiag.signature_rules``) on its numbers:
-    ``healthy`` below the noise level, ``correct`` when the tests pass, ``fix`` when one fails."""
+    """The slice's own status by the verdict's size and precision tests (``rcdiag.diagnosis.signature_rules``) on its
+    numbers: ``healthy`` below the noise level, ``correct`` when the tests pass, ``fix`` when one fails."""
     valid, n = named["valid"][inside], finite[inside]
     kl = _ratio(named["neg_lr"][inside].sum(), valid.sum())
     k3 = _ratio(named["k3_exact"][inside].sum(), valid.sum())
@@ -667,7 +667,7 @@ class SlicesSection(PlainSection):
             return []
         found = analyse(state)
         for column in found.left_out:
-            from rcdiag.notices import notify
+            from rcdiag.runtime.notices import notify
 
             notify(
                 f"column '{column}' is named like a replica column but holds more than {MAX_VALUES:,} distinct values: "

@@ -14,9 +14,9 @@ import numpy as np
 
 from rcdiag.catalogue.metrics import known_key
 from rcdiag.core import formulas
-from rcdiag.fields import FieldError
 from rcdiag.io.base import RowNumbering
 from rcdiag.metrics.block import Block
+from rcdiag.runtime.fields import FieldError
 from rcdiag.sections.base import PlainSection, RunFacts
 
 COLUMNS = ("tokens", "neg_lr", "k3", "chi2", "abs_lr")
@@ -55,7 +55,7 @@ def response_terms(block: Block) -> np.ndarray:
 
 
 class ResponseUnits(RowNumbering):
-    """A whole-dump accumulator (``rcdiag.engine.WholeDump``) of ``response_terms``, block by block, merged in
+    """A whole-dump accumulator (``rcdiag.engine.stream.WholeDump``) of ``response_terms``, block by block, merged in
     reading order (a later part's responses after this one's)."""
 
     KEY = "units"

@@ -11,7 +11,7 @@ This package holds the sweep's state, accumulators and report (``build``: the re
 
 from __future__ import annotations
 
-from rcdiag.lazy import exports
+from rcdiag.runtime.lazy import exports
 from rcdiag.sweep.grid import DEFAULT_GRIDS, SweepGrid, build_grid
 from rcdiag.sweep.sweep_report import Recommendation, SweepReport, SweepRow
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rcdiag.report import Prescription, Verdict
+from rcdiag.records.report import Prescription, Verdict
 from rcdiag.sweep.sweep_report import NO_THRESHOLD_REMEDY, Correction, PresetRank, SweepAdvice
 
 CORRECTION: dict[str, Correction] = {

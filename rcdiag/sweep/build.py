@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from rcdiag.catalogue import finding
 from rcdiag.catalogue.emit import emit
-from rcdiag.config import router_replay_mode
 from rcdiag.explain.detector_state import DetectorState
 from rcdiag.explain.detectors import detect_sums
-from rcdiag.report import Finding, InputFacts, Report
-from rcdiag.sweep.accumulated import PointResult, SweepState
+from rcdiag.records.report import Finding, InputFacts, Report
+from rcdiag.settings.correction import router_replay_mode
 from rcdiag.sweep.advice import advise
 from rcdiag.sweep.recommend import place_on_grid, recommend
+from rcdiag.sweep.state import PointResult, SweepState
 from rcdiag.sweep.sweep_report import SweepReport, SweepRow, rank_presets
 
 

@@ -26,7 +26,7 @@ from rcdiag.kernels.sweep_encoding import AMBIGUOUS, HISTOGRAM, HISTOGRAM_CLAMPE
 from rcdiag.metrics.base import MomentArrays, Moments
 
 if TYPE_CHECKING:
-    from rcdiag.backend import Backend
+    from rcdiag.metrics.backend import Backend
     from rcdiag.metrics.block import Block
 
 T = TypeVar("T")
@@ -148,7 +148,7 @@ def uses_kernel(backend: Backend) -> bool:
     """Whether the sweep's pass runs the numba kernel on this backend (the compiled numpy backend), or the array
     twin (``rcdiag.sweep.scan_arrays``: a small dump's numpy path, which imports no numba, and torch, whose blocks
     stay on the device)."""
-    from rcdiag.backend import NumpyBackend
+    from rcdiag.metrics.backend import NumpyBackend
 
     return isinstance(backend, NumpyBackend) and backend.compiled
 

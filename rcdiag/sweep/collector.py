@@ -15,12 +15,12 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from rcdiag.fields import FieldError
 from rcdiag.kernels.sweep_encoding import BUCKETS, HISTOGRAM, HISTOGRAM_CLAMPED, SHIFT
 from rcdiag.metrics.base import Accumulator, Reduce
 from rcdiag.metrics.batch import groups_state, load_groups, merge_groups
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.rejection import row_statistic
+from rcdiag.runtime.fields import FieldError
 from rcdiag.sweep.cells import Passes
 from rcdiag.sweep.grid import resolve
 

@@ -1,18 +1,18 @@
 """What a sweep covers: the options (two IS levels, eleven RS options) and the thresholds of each.
 
 Every threshold is a spec as written for ``rcdiag analyze`` (``2.0``, ``0.5_2.0``) and is resolved by verl's own
-parsers (``rcdiag.config``), so a spec verl refuses is refused here with verl's message. The default grids cover
-verl's documented typical ranges (docs/sweep.md) and every threshold a verl preset uses.
+parsers (``rcdiag.settings.correction``), so a spec verl refuses is refused here with verl's message. The default
+grids cover verl's documented typical ranges (docs/sweep.md) and every threshold a verl preset uses.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rcdiag.config import IS_LEVELS, RS_OPTIONS, CorrectionConfig, ISSpec, RSOption
-from rcdiag.errors import ConfigError
-from rcdiag.option_checks import choice, keyword, refuse
-from rcdiag.versions import DEFAULT_VERSION, VerlVersion, verl_version
+from rcdiag.runtime.errors import ConfigError
+from rcdiag.runtime.option_checks import choice, keyword, refuse
+from rcdiag.settings.correction import IS_LEVELS, RS_OPTIONS, CorrectionConfig, ISSpec, RSOption
+from rcdiag.settings.versions import DEFAULT_VERSION, VerlVersion, verl_version
 
 IS_OPTIONS = {"token": "is_token", "sequence": "is_sequence"}
 """``--is`` level -> the option name a sweep row carries."""
@@ -63,7 +63,7 @@ class SweepGrid:
 
     options: tuple[tuple[str, tuple[GridPoint, ...]], ...]
     verl_version: str = DEFAULT_VERSION
-    """The verl release whose semantics every point follows (``rcdiag.versions``)."""
+    """The verl release whose semantics every point follows (``rcdiag.settings.versions``)."""
 
     def thresholds(self, option: str) -> tuple[GridPoint, ...]:
         return dict(self.options)[option]

@@ -19,15 +19,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rcdiag.config import Estimator, RSOption
 from rcdiag.core.formulas import rs_keep
 from rcdiag.metrics.base import Accumulator, MetricValue, MomentArrays, Reduce, VerlCrash
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.importance import ISMetrics
 from rcdiag.metrics.rejection import RSAggregateMetrics, RSOptionMetrics, bounds, row_statistic, threshold_free_states
+from rcdiag.settings.correction import Estimator, RSOption
+from rcdiag.settings.versions import VerlVersion
 from rcdiag.sweep.cells import CellMap, Cells, Passes, band_map, clip_map, count_above, count_below
 from rcdiag.sweep.grid import GridPoint
-from rcdiag.versions import VerlVersion
 
 Values = tuple[dict[str, MetricValue], list[VerlCrash]]
 

@@ -23,9 +23,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from rcdiag.config import SAFETY_BOUND, rollout_correction_yaml
 from rcdiag.core.formulas import POS_INF_KEY
 from rcdiag.core.limits import F32_MAX
+from rcdiag.settings.correction import SAFETY_BOUND, rollout_correction_yaml
 from rcdiag.sweep.collector import BUCKETS, Collector, bucket, edge
 from rcdiag.sweep.grid import IS_OPTIONS, resolve
 from rcdiag.sweep.sweep_report import GridNeighbour, Recommendation, SweepRow

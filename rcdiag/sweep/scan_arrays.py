@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from rcdiag.backend import Backend, NumpyBackend
 from rcdiag.core.formulas import NEG_INF_KEY, POS_INF_KEY, chan_merge_share, order_key
 from rcdiag.kernels.sweep_encoding import AMBIGUOUS, BUCKETS, HISTOGRAM_CLAMPED, NO_HISTOGRAM, SHIFT, SUB_BLOCK
+from rcdiag.metrics.backend import Backend, NumpyBackend
 
 LANES = 4
 """The kernel's interleaved copies of its per-cell sums and of the histogram."""

@@ -8,11 +8,11 @@ from typing import Any, Literal
 
 from rcdiag._version import __version__
 from rcdiag.catalogue.metrics import PREFIX
-from rcdiag.config import PRESETS, ISSpec, preset, refuse_router_replay
-from rcdiag.errors import ConfigError
 from rcdiag.metrics.base import MetricValue, VerlCrash
-from rcdiag.report import Finding, FrameworkSetting, InputFacts, Prescription, Verdict
-from rcdiag.versions import DEFAULT_VERSION
+from rcdiag.records.report import Finding, FrameworkSetting, InputFacts, Prescription, Verdict
+from rcdiag.runtime.errors import ConfigError
+from rcdiag.settings.correction import PRESETS, ISSpec, preset, refuse_router_replay
+from rcdiag.settings.versions import DEFAULT_VERSION
 
 SWEEP_SCHEMA_VERSION = 1
 
@@ -282,7 +282,7 @@ def rank_presets(
     (IS saturated, an ESS below verl's 0.3 or ``min_ess``, RS rejecting most tokens). Within a tier: token-level IS
     alone first (the robust default), then token IS with RS, RS alone, sequence-level IS; then fewer tokens and
     responses rejected, fewer weights truncated, higher ESS. A preset verl refuses with the run's ``router_replay``
-    mode (R2 with bypass mode, verl 0.9.1: ``rcdiag.config.refuse_router_replay``) is never ranked."""
+    mode (R2 with bypass mode, verl 0.9.1: ``rcdiag.settings.correction.refuse_router_replay``) is never ranked."""
     by_key = {(row.option, row.threshold): row for row in rows}
     ranked = []
     for name in PRESETS:

@@ -19,7 +19,7 @@ from rcdiag.check.evaluate import evaluate_rules
 from rcdiag.check.findings_gate import FindingGate
 from rcdiag.check.metric_names import resolve_metric
 from rcdiag.check.rules import Rule
-from rcdiag.report import Finding, Report, Severity
+from rcdiag.records.report import Finding, Report, Severity
 from rcdiag.watch.files import FileChange
 from rcdiag.watch.forecast import DEFAULT_LEVEL, DEFAULT_WINDOW, Direction, Forecast, NoTrend, trend
 

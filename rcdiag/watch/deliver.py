@@ -18,7 +18,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from rcdiag.errors import ConfigError
+from rcdiag.runtime.errors import ConfigError
 
 COMMAND_TIMEOUT = 30.0
 """Seconds an ``--on-alert`` command may run before it is killed (reported as a failure)."""

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from rcdiag.io import storage
+from rcdiag.io.dump_writer import PART
 from rcdiag.io.paths import directory_files
 from rcdiag.io.rank_files import rollout_files, unit_of
 from rcdiag.io.storage import FilePath, RemotePath
-from rcdiag.writer import PART
 
 DEFAULT_SETTLE = 2.0
 """Seconds a file written by another writer than DumpWriter must stay unchanged before it is read."""

@@ -8,7 +8,7 @@ cost that does not grow with the run: one line appended to ``STATE.log`` (the fi
 of the steps it added to, the whole-dump sums of the run so far (the exact match, the bias detectors'), the
 screen, the alerts raised). The state file itself (an rcdiag state, which ``rcdiag
 merge`` also reads: the accumulators *and* the files consumed and the alerts raised) is rewritten whole or not at all
-(``rcdiag.outputs``) only when the log outgrows it, and when the watch ends: it then carries a new generation, and
+(``rcdiag.io.outputs``) only when the log outgrows it, and when the watch ends: it then carries a new generation, and
 the log's lines of older ones are skipped. A watch killed at any point restarts from the state file and its log's
 complete lines of the same generation (a line cut by the kill is dropped, its file read again): a file is counted
 once or not at all, never twice, and an alert is not raised again.
@@ -25,27 +25,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import rcdiag.interrupts as interrupts
+import rcdiag.runtime.interrupts as interrupts
 from rcdiag._version import __version__
 from rcdiag.api import accumulate, analyze_state, build_report, with_defaults
 from rcdiag.check.metric_names import metric_names, validate_rules
-from rcdiag.config import CorrectionConfig
 from rcdiag.core.limits import finite_tree
-from rcdiag.engine import EngineState
-from rcdiag.errors import ConfigError, InputError
+from rcdiag.diagnosis.health import BATCH_RULES, CONTEXT_RULES, Context, Hit, could_fire_in_context
+from rcdiag.engine.stream import EngineState
 from rcdiag.explain.detector_state import DetectorState
-from rcdiag.health import BATCH_RULES, CONTEXT_RULES, Context, Hit, could_fire_in_context
 from rcdiag.io import storage
 from rcdiag.io.base import SourceInfo
+from rcdiag.io.outputs import ledger, reads, writes
+from rcdiag.io.screen import ScreenStats
 from rcdiag.metrics.batch import BatchResult
-from rcdiag.options import ReadOptions
-from rcdiag.outputs import ledger, reads, writes
-from rcdiag.report import Finding, Report, StepReport
+from rcdiag.records.report import Finding, Report, StepReport
+from rcdiag.runtime.errors import ConfigError, InputError
 from rcdiag.sections.exact import ExactState
 from rcdiag.sections.registry import KNOWN
 from rcdiag.sections.slices import SliceRows, SlicesSection
 from rcdiag.sections.token_ids import TokenIdsSection
-from rcdiag.validate import ScreenStats
+from rcdiag.settings.correction import CorrectionConfig
+from rcdiag.settings.reading import ReadOptions
 from rcdiag.watch.alerts import Alert, AlertPolicy, file_alert
 from rcdiag.watch.deliver import Delivery, Dispatcher
 from rcdiag.watch.files import DEFAULT_SETTLE, FileChange, FileStamp, Follower, Ready
@@ -80,12 +80,12 @@ def default_state_path(location: str) -> Path:
 
 
 WATCHED_INPUT = "the watched directory {source}"
-"""How a refused output names the watched location (rcdiag.outputs.Ledger)."""
+"""How a refused output names the watched location (rcdiag.io.outputs.Ledger)."""
 
 
 def claim_state(location: str, state_path: str | Path | None) -> Path:
     """The watch's state file (``--state``, else ``default_state_path``), added with its log to the run's outputs
-    and ``location`` to its inputs (rcdiag.outputs.Ledger): a state over an input (a rules file, a file of the
+    and ``location`` to its inputs (rcdiag.io.outputs.Ledger): a state over an input (a rules file, a file of the
     watched directory) is refused before anything is read. The state itself is the watch's own: it is read back
     on a restart, never an input."""
     path = Path(state_path) if state_path is not None else default_state_path(location)
@@ -256,7 +256,7 @@ class Watch:
     def _load(self) -> None:
         if not self.state_path.exists():
             return
-        from rcdiag.state import combined_info, load_state, parse_state_json, read_state_bytes
+        from rcdiag.engine.state_files import combined_info, load_state, parse_state_json, read_state_bytes
 
         name = str(self.state_path)
         payload = parse_state_json(read_state_bytes(name)[0], name)
@@ -297,7 +297,7 @@ class Watch:
         """Apply the log's complete lines of this generation; cut a last line a kill left incomplete."""
         import json
 
-        from rcdiag.outputs import write_file
+        from rcdiag.io.outputs import write_file
 
         if not self.log_path.exists():
             return
@@ -320,8 +320,8 @@ class Watch:
 
     def _apply(self, line: dict[str, Any]) -> None:
         """One commit of the log: a file read (its steps' accumulators replace theirs), and the alerts raised."""
-        from rcdiag.fields import FieldError, dataclass_from
-        from rcdiag.state import combined_info, decode_state
+        from rcdiag.engine.state_files import combined_info, decode_state
+        from rcdiag.runtime.fields import FieldError, dataclass_from
 
         if "file" in line:
             try:
@@ -355,7 +355,7 @@ class Watch:
         format yet or the log has outgrown it."""
         import json
 
-        from rcdiag.outputs import STATE_MODE, write_file
+        from rcdiag.io.outputs import STATE_MODE, write_file
 
         if self.generation is None:
             self.compact()
@@ -369,8 +369,8 @@ class Watch:
     def compact(self) -> None:
         """The state file written whole (accumulators, files consumed, alerts raised) with a new generation, then
         the log emptied: a kill between the two leaves a log whose lines the new state already holds, and skips."""
-        from rcdiag.outputs import STATE_MODE, write_file
-        from rcdiag.state import save_state
+        from rcdiag.engine.state_files import save_state
+        from rcdiag.io.outputs import STATE_MODE, write_file
 
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
         generation = secrets.token_hex(8)
@@ -436,8 +436,8 @@ class Watch:
         return len(ready), waiting, False
 
     def _consume(self, unit: Ready) -> list[StepEvent]:
+        from rcdiag.engine.state_files import combined_info, content_fingerprint, encode_state
         from rcdiag.io.paths import identity
-        from rcdiag.state import combined_info, content_fingerprint, encode_state
 
         file, stamp = unit.file, unit.stamps[0]
         name = str(file)

@@ -19,11 +19,11 @@ from verl_oracle import require_verl, verl_metrics
 
 import rcdiag
 from rcdiag.check import Rule, check, evaluate_rules, load_rules, metric_names, pack, parse_assignment
-from rcdiag.errors import ConfigError, InputError
 from rcdiag.metrics.extras import EXTRA_KEYS
 from rcdiag.metrics.signatures import SIGNATURE_KEYS
+from rcdiag.records.report import StepReport
 from rcdiag.render.check_formats import github_annotations, render_junit, render_markdown
-from rcdiag.report import StepReport
+from rcdiag.runtime.errors import ConfigError, InputError
 
 FINITE_TEXT = "a finite number (a percentage or 'abs:' only for max_increase/max_decrease)"
 """What a bound of an absolute rule kind takes (``rcdiag.check.rules.parse_bound``)."""
@@ -364,7 +364,7 @@ def test_bad_rules_files_exit_2(capsys: pytest.CaptureFixture, tmp_path: Path, t
     path = tmp_path / "bad.toml"
     path.write_text(text)
     code, _, err = run(capsys, "check", HEALTHY, "--rules", str(path))
-    # a key's bad value names the key, then its file (rcdiag.option_checks); other errors start with the file
+    # a key's bad value names the key, then its file (rcdiag.runtime.option_checks); other errors start with the file
     where = "rcdiag: error: " if "{path}" in message else f"rcdiag: error: {path}"
     message = message.format(path=path)
     assert code == 2 and err.startswith(where) and str(path) in err and message in err and err.count("\n") == 1, err

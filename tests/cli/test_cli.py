@@ -176,7 +176,7 @@ def test_internal_error_exit_3(capsys: pytest.CaptureFixture, monkeypatch: pytes
 def test_presets_command_lists_all_nineteen(capsys: pytest.CaptureFixture) -> None:
     code, out, _ = run(capsys, "presets")
     assert code == 0
-    from rcdiag.config import PRESETS
+    from rcdiag.settings.correction import PRESETS
 
     for name in PRESETS:
         assert name in out

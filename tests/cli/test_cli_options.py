@@ -257,7 +257,7 @@ def test_compare_reports_with_equal_configurations_spelled_differently() -> None
     """The library's compare_reports, as merge judges states: threshold 2.0 and "2" are one configuration."""
     from rcdiag import CorrectionConfig, analyze
     from rcdiag.compare import compare_reports
-    from rcdiag.errors import ConfigError
+    from rcdiag.runtime.errors import ConfigError
 
     a = analyze(HEALTHY, CorrectionConfig(rollout_is="token", rollout_is_threshold=2.0))
     b = analyze(HEALTHY, CorrectionConfig(rollout_is="token", rollout_is_threshold="2"))
@@ -270,7 +270,7 @@ def test_compare_reports_with_equal_configurations_spelled_differently() -> None
 def test_library_errors_name_no_cli_flag() -> None:
     from rcdiag import analyze
     from rcdiag.compare import compare
-    from rcdiag.errors import ConfigError
+    from rcdiag.runtime.errors import ConfigError
 
     with pytest.raises(ConfigError) as info:
         analyze(HEALTHY, device="tpu")
@@ -281,7 +281,7 @@ def test_library_errors_name_no_cli_flag() -> None:
 
 def test_library_device_errors_name_no_cli_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     from rcdiag import analyze
-    from rcdiag.errors import ConfigError
+    from rcdiag.runtime.errors import ConfigError
 
     monkeypatch.setitem(sys.modules, "torch", None)  # PyTorch not installed
     with pytest.raises(ConfigError) as info:

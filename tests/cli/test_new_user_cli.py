@@ -19,7 +19,7 @@ from conftest import ROOT, write_dump
 from hostile import run_capped
 
 import rcdiag
-from rcdiag.errors import InputError
+from rcdiag.runtime.errors import InputError
 
 EMPTY = "the path is empty (an unset shell variable?); give a file, directory, glob or URL"
 K1_FORMS = "An RS threshold for token_k1: U (the ratio band [1/U, U], e.g. 2.0) or L_U (e.g. 0.5_2.0)."

@@ -239,7 +239,7 @@ def test_every_page_counts_the_detectors_the_catalogue_has() -> None:
 
 
 def test_input_page_lists_every_synthetic_scenario() -> None:
-    from rcdiag.synthetic import SCENARIOS
+    from rcdiag.io.synthetic import SCENARIOS
 
     text = _read("docs/input.md")
     sentence = text[text.index("Its scenarios") :]

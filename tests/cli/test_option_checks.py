@@ -1,4 +1,4 @@
-"""Every bounded user option goes through one template (``rcdiag.option_checks``): a bad value is one line,
+"""Every bounded user option goes through one template (``rcdiag.runtime.option_checks``): a bad value is one line,
 ``<where> must be <what>, got <value>``, naming the flag, keyword, variable or file key, with exit 2."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from conftest import ROOT, run
 
 import rcdiag
 from rcdiag.cli import app
-from rcdiag.errors import ConfigError, SettingError
-from rcdiag.option_checks import choice, count, duration, positive, probability
+from rcdiag.runtime.errors import ConfigError, SettingError
+from rcdiag.runtime.option_checks import choice, count, duration, positive, probability
 
 DUMP = str(ROOT / "sample_data" / "healthy.parquet")
 
@@ -129,7 +129,7 @@ def test_library_keywords_name_themselves() -> None:
 
 def test_section_and_sweep_keywords_name_themselves() -> None:
     """The micro-batch settings, explain's ``worst``, the sweep's grid and ``ray_address`` take the template too,
-    with the same words as their flags (``rcdiag.section_options``)."""
+    with the same words as their flags (``rcdiag.settings.section_options``)."""
     from rcdiag.explain.section import ExplainSection
     from rcdiag.microbatch import MicroBatchSettings
     from rcdiag.sweep import build_grid

@@ -197,7 +197,7 @@ def test_a_signal_mid_run_aborts_cleanly(tmp_path: Path, big_dump: Path, case: s
 def test_an_exception_a_signal_turned_into_is_an_abort(tmp_path: Path) -> None:
     """A Ctrl-C while a nogil numba kernel runs surfaces as numba's SystemError; the recorded signal decides."""
     code = (
-        "import signal, rcdiag.api, rcdiag.interrupts as i\n"
+        "import signal, rcdiag.api, rcdiag.runtime.interrupts as i\n"
         "def analyze(*a, **k):\n"
         "    i._received = signal.SIGINT\n"
         "    raise SystemError('CPUDispatcher(<function scan>) returned a result with an exception set')\n"
@@ -214,7 +214,7 @@ def test_a_signal_whose_exception_was_swallowed_still_aborts_before_any_file(tmp
     """A signal that lands in a callback from C (llvmlite's, while numba compiles) has its exception printed as
     "Exception ignored" and dropped by Python; the run must still end as an abort, writing nothing."""
     code = (
-        "import ctypes, signal, rcdiag.api, rcdiag.interrupts as i\n"
+        "import ctypes, signal, rcdiag.api, rcdiag.runtime.interrupts as i\n"
         "real = rcdiag.api.analyze\n"
         "def analyze(*a, **k):\n"
         "    ctypes.CFUNCTYPE(None)(lambda: i.handle(signal.SIGTERM, None))()  # raised in a C callback: swallowed\n"

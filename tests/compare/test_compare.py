@@ -16,9 +16,9 @@ from generator_model import expected
 from severities import checked
 
 import rcdiag
-from rcdiag import synthetic
 from rcdiag.compare import COMPARE_FINDING_CODES, compare, compare_reports
-from rcdiag.errors import ConfigError, InputError
+from rcdiag.io import synthetic
+from rcdiag.runtime.errors import ConfigError, InputError
 
 P = "rollout_corr/"
 ROWS = 128

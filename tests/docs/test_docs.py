@@ -11,9 +11,9 @@ from conftest import ROOT, random_batch, run_padded
 
 from rcdiag.catalogue import FINDINGS, PREFIX, every_key, finding
 from rcdiag.catalogue.findings import listing_order
-from rcdiag.config import PRESETS, RS_OPTIONS, CorrectionConfig
-from rcdiag.errors import ExitCode
-from rcdiag.health import FINDING_CODES
+from rcdiag.diagnosis.health import FINDING_CODES
+from rcdiag.runtime.errors import ExitCode
+from rcdiag.settings.correction import PRESETS, RS_OPTIONS, CorrectionConfig
 
 DOCS = "\n".join(path.read_text() for path in sorted((ROOT / "docs").glob("*.md")))
 

@@ -174,7 +174,7 @@ def test_the_pages_hold_examples_and_every_not_here_entry_is_still_on_a_page() -
 @pytest.mark.parametrize("example", [e for e in EXAMPLES if runnable(e)], ids=str)
 def test_every_example_runs_and_prints_what_its_page_shows(example: Example, workspace: Path) -> None:
     if "demo.parquet" in example.command and not (workspace / "demo.parquet").exists():
-        from rcdiag import synthetic  # docs/index.md's own line that writes its demo dump
+        from rcdiag.io import synthetic  # docs/index.md's own line that writes its demo dump
 
         synthetic.write(synthetic.generate("healthy"), str(workspace / "demo.parquet"))
     done = rcdiag_run(*_argv(example, workspace), cwd=workspace)

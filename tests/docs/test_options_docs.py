@@ -71,9 +71,9 @@ def test_documented_choices_are_the_help_choices(name: str) -> None:
 
 def test_the_device_choices_agree_with_the_backend() -> None:
     """``--device`` lists the spellings ``get_backend`` accepts; an unlisted one is refused."""
-    from rcdiag.backend import get_backend
-    from rcdiag.constants import DEVICES
-    from rcdiag.errors import ConfigError
+    from rcdiag.metrics.backend import get_backend
+    from rcdiag.runtime.errors import ConfigError
+    from rcdiag.settings.constants import DEVICES
 
     assert DOCUMENTED["analyze"]["--device"] == list(DEVICES)
     assert get_backend("cpu").name == "cpu"

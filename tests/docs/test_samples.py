@@ -136,7 +136,7 @@ def test_every_generator_scenario_ships_as_a_sample() -> None:
     sys.path.insert(0, str(SAMPLES))
     import make_samples
 
-    from rcdiag import synthetic
+    from rcdiag.io import synthetic
 
     assert {scenario for scenario, _ in make_samples.SAMPLES.values()} == set(synthetic.SCENARIOS)
     for filename in make_samples.SAMPLES:
@@ -147,7 +147,7 @@ def test_generator_reproduces_the_shipped_files(tmp_path: Path) -> None:
     sys.path.insert(0, str(SAMPLES))
     import make_samples
 
-    from rcdiag import synthetic
+    from rcdiag.io import synthetic
 
     for filename, (scenario, seed) in make_samples.SAMPLES.items():
         path = tmp_path / filename

@@ -24,7 +24,8 @@ from reference import all_metrics
 from test_explain_kernel import reference as explain_reference
 
 import rcdiag
-from rcdiag.engine import Engine, EngineState
+from rcdiag.engine.state_files import decode_state, encode_state
+from rcdiag.engine.stream import Engine, EngineState
 from rcdiag.explain.detector_state import DetectorState
 from rcdiag.explain.state import ExplainState
 from rcdiag.explain.statistics import GroupSums, SumsAccumulator
@@ -36,10 +37,9 @@ from rcdiag.metrics.base import Accumulator
 from rcdiag.sections.exact import FIRST_RESPONSES, ExactState
 from rcdiag.sections.registry import KNOWN
 from rcdiag.sections.slices import DETAIL, SliceRows
-from rcdiag.state import decode_state, encode_state
-from rcdiag.sweep.accumulated import SweepState, new_sweep_state
 from rcdiag.sweep.grid import SweepGrid
 from rcdiag.sweep.option_sweeps import RSSweep
+from rcdiag.sweep.state import SweepState, new_sweep_state
 
 CONFIG = rcdiag.CorrectionConfig(
     rollout_is="token", rollout_rs="token_k1,seq_mean_k3", rollout_rs_threshold="0.5_2.0,0.01"
@@ -462,7 +462,7 @@ def test_every_accumulator_is_covered() -> None:
 
 def test_an_explain_state_loads_in_a_process_that_imported_only_the_state_module(tmp_path: Path) -> None:
     """Whole-dump kinds are one table (``rcdiag.sections.registry``), given to the state files: loading a saved
-    ``--explain`` state (and the exact match every analyze saves) works from ``rcdiag.state`` and that table alone
+    ``--explain`` state (and the exact match every analyze saves) works from ``rcdiag.engine.state_files`` and that table alone
     (a fresh process), whatever the process happened to import."""
     import subprocess
     import sys
@@ -484,7 +484,7 @@ def test_an_explain_state_loads_in_a_process_that_imported_only_the_state_module
     )
     assert run.returncode == 0, run.stderr
     code = (
-        "import sys; from rcdiag.state import load_state; from rcdiag.sections.registry import KNOWN; "
+        "import sys; from rcdiag.engine.state_files import load_state; from rcdiag.sections.registry import KNOWN; "
         "state = load_state(sys.argv[1], KNOWN)[0]; "
         "print(sorted(state.whole_dump))"
     )

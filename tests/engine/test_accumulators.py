@@ -12,11 +12,11 @@ import pytest
 from conftest import ragged_lists, random_batch, write_dump
 
 import rcdiag
+from rcdiag.engine.state_files import load_state, state_layout
 from rcdiag.metrics.base import Accumulator, Reduce
 from rcdiag.metrics.extras import ExtraMetrics
 from rcdiag.metrics.rejection import RSOptionMetrics
 from rcdiag.sections.registry import KNOWN
-from rcdiag.state import load_state, state_layout
 
 
 def _accumulators() -> list[type[Accumulator]]:

@@ -12,7 +12,7 @@ from conftest import ROOT, assert_metrics_close, padded_chunk, random_batch
 from reference import all_metrics
 
 import rcdiag
-from rcdiag.engine import Engine
+from rcdiag.engine.stream import Engine
 from rcdiag.io import Chunk
 
 CONFIG = {"rollout_is": "token", "rollout_rs": "token_k1,seq_mean_k3", "rollout_rs_threshold": "0.5_2.0,0.01"}

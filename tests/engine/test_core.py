@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 from numba import njit
 from test_token_kernel import _valid_lengths, raw_blocks
 
-from rcdiag.backend import NumpyBackend
 from rcdiag.core import formulas
 from rcdiag.core.limits import F32_MAX, LOG_F32_MAX, SAFETY_BOUND, finite, finite_f32, finite_tree
 from rcdiag.kernels import scalar
+from rcdiag.metrics.backend import NumpyBackend
 from rcdiag.metrics.block import Block
-from rcdiag.metrics.tokens import ArrayPasses, CompiledPasses
+from rcdiag.metrics.token_passes import ArrayPasses, CompiledPasses
 
 # What a formula or constant of rcdiag.core looks like when written again elsewhere.
 COPIES = {

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rcdiag
-from rcdiag.engine import Engine
+from rcdiag.engine.stream import Engine
 from rcdiag.explain.breakdowns import DOUBLING_EDGES, GROUPS, LOG_PROB_THRESHOLDS, N_DOUBLING, N_PROB, PROB_EDGES
 from rcdiag.explain.state import ExplainState, number_rows
 from rcdiag.explain.statistics import LIKELY, RATIO_CAP, SHIFT_TOL, UNLIKELY, ShapeSums

@@ -20,11 +20,11 @@ from test_explain_kernel import LOG_LIKELY, LOG_UNLIKELY, NAMES, SHAPE_RATIO, as
 from test_small_path import _cli_modules, _far_apart, _flat
 
 import rcdiag
-from rcdiag.backend import NumpyBackend
 from rcdiag.explain.breakdowns import DOUBLING_EDGES, LOG_PROB_THRESHOLDS
 from rcdiag.explain.statistics import RATIO_CAP, SHIFT_TOL
 from rcdiag.kernels import explain, small_explain, token_ids
 from rcdiag.kernels.explain_encoding import SMALL
+from rcdiag.metrics.backend import NumpyBackend
 
 EDGES = np.asarray(DOUBLING_EDGES, dtype=np.int64)
 TABLE = 50

@@ -35,7 +35,7 @@ def test_compiling_is_said_once_on_a_cold_cache_and_not_on_a_warm_one(tmp_path: 
 def test_worker_processes_say_it_once_through_the_driver(tmp_path: Path) -> None:
     """Each spawned worker compiles on a cold cache; their notices reach stderr once, as the CLI's line, not as
     a Python warning from each process."""
-    from rcdiag import synthetic
+    from rcdiag.io import synthetic
 
     dump = tmp_path / "two_parts.parquet"
     synthetic.write(synthetic.generate("healthy", rows=200, seed=0), dump, row_group_size=100)

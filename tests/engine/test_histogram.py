@@ -134,7 +134,7 @@ def test_cuda_bins_like_numpy() -> None:
 def test_the_lookup_table_bins_every_float32_as_the_binary_search_does() -> None:
     """The numpy backend bins float32 values through a table of their top 16 bits (docs/performance.md); every
     bit pattern, the edges and their neighbours included, lands where ``searchsorted`` over the edges puts it."""
-    from rcdiag.backend import NumpyBackend
+    from rcdiag.metrics.backend import NumpyBackend
 
     rng = np.random.default_rng(5)
     edges32 = EDGES.astype(np.float32)

@@ -22,7 +22,7 @@ from conftest import padded_chunk, run
 
 import rcdiag
 from rcdiag.explain import token_detector
-from rcdiag.explain.tokens import ALPHA, MIN_COUNT, SUMS, TokenStats, _token_stats
+from rcdiag.explain.by_token import ALPHA, MIN_COUNT, SUMS, TokenStats, _token_stats
 from rcdiag.watch.alerts import AlertPolicy
 from rcdiag.watch.forecast import Forecast
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rcdiag
-from rcdiag.engine import Engine
+from rcdiag.engine.stream import Engine
 from rcdiag.io import Chunk
 
 CONFIG = rcdiag.CorrectionConfig(
@@ -161,7 +161,7 @@ def test_reader_chunk_size_does_not_matter(tmp_path: Path, chunk_tokens: int) ->
 
 def test_torch_backend_matches_numpy() -> None:
     pytest.importorskip("torch")
-    from rcdiag.backend import TorchBackend
+    from rcdiag.metrics.backend import TorchBackend
 
     rng = np.random.default_rng(21)
     old, rollout, mask = random_batch(rng, rows=40, width=30, noise=0.4, empty_rows=3, outliers=0.02)

@@ -14,8 +14,8 @@ from conftest import run
 from test_storage import analyze_json, same_report
 
 import rcdiag
+from rcdiag.engine.parallel import RAY_RETRIES, Job, PartFailedError, on_ray
 from rcdiag.io import Part
-from rcdiag.parallel import RAY_RETRIES, Job, PartFailedError, on_ray
 
 
 def test_ray_on_local_shards_equals_one_process(capsys: pytest.CaptureFixture, ray_local, local_run: Path) -> None:

@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 from test_token_kernel import _assert_chi2, _close, _valid_lengths, raw_blocks
 
 import rcdiag
-from rcdiag.backend import NumpyBackend
-from rcdiag.errors import SettingError
 from rcdiag.kernels import small
 from rcdiag.kernels.small import SMALL_DUMP_BYTES, SWITCH, compiled_for
+from rcdiag.metrics.backend import NumpyBackend
 from rcdiag.metrics.block import Block
-from rcdiag.metrics.tokens import CompiledPasses, NumpyPasses
+from rcdiag.metrics.token_passes import CompiledPasses, NumpyPasses
+from rcdiag.runtime.errors import SettingError
 
 RS_IS = rcdiag.CorrectionConfig(
     rollout_is="token",
@@ -166,8 +166,8 @@ def test_decisions_at_the_bounds_are_the_kernels(block, estimator, seed, fused) 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 30), min_size=1, max_size=20), st.integers(0, 2**32 - 1), st.booleans())
 def test_the_numpy_forms_of_the_screen_kernels(lengths, seed, all_valid) -> None:  # type: ignore[no-untyped-def]
+    from rcdiag.kernels.metric_pass import valid_lengths
     from rcdiag.kernels.token_ids import valid_range
-    from rcdiag.kernels.tokens import valid_lengths
 
     rng = np.random.default_rng(seed)
     lengths_arr = np.array(lengths, dtype=np.int64)
@@ -213,7 +213,7 @@ def test_a_bad_override_is_one_line_and_exit_2(tmp_path: Path) -> None:
 def test_worker_processes_take_the_runs_path(tmp_path: Path) -> None:
     """A small dump read by two worker processes gives what one process gives, to the bit: the parts take the
     path the run chose (the kernels' sums would differ in their last bits)."""
-    from rcdiag import synthetic
+    from rcdiag.io import synthetic
 
     dump = tmp_path / "two_parts.parquet"
     synthetic.write(synthetic.generate("healthy", rows=200, seed=0), dump, row_group_size=100)

@@ -10,14 +10,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rcdiag.config import CorrectionConfig
-from rcdiag.engine import Engine
+from rcdiag.engine.stream import Engine
+from rcdiag.explain.by_token import DENSE_IDS, TokenSums
 from rcdiag.explain.state import ExplainState
-from rcdiag.explain.tokens import DENSE_IDS, TokenSums
 from rcdiag.io import Chunk, open_dump
 from rcdiag.io.record_batches import token_values
 from rcdiag.kernels.token_rows import PREFETCH_TABLE_BYTES, prefetch_token_rows
 from rcdiag.metrics.block import Block
+from rcdiag.settings.correction import CorrectionConfig
 
 
 class BothPasses(ExplainState):

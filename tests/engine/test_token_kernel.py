@@ -1,4 +1,4 @@
-"""The fused CPU token pass (``rcdiag.kernels.tokens``) against brute force in extended precision, and against the
+"""The fused CPU token pass (``rcdiag.kernels.metric_pass``) against brute force in extended precision, and against the
 generic path (the backend's elementwise operations, which torch runs) on the same blocks."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_histogram import brute_force
 
-from rcdiag.backend import NumpyBackend
+from rcdiag.metrics.backend import NumpyBackend
 from rcdiag.metrics.block import Block
-from rcdiag.metrics.tokens import fused_token_sums, generic_token_sums
+from rcdiag.metrics.token_passes import fused_token_sums, generic_token_sums
 
 LOG_F32_MAX = math.log(float(np.finfo(np.float32).max))
 

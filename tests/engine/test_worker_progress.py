@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import rcdiag
-from rcdiag import synthetic
 from rcdiag.api import ReadProgress
+from rcdiag.io import synthetic
 
 
 def test_workers_report_rows_before_a_part_ends(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ from rcdiag import api
 from rcdiag.catalogue import FINDINGS, METRICS, PREFIX, every_key, finding, metric, reading
 from rcdiag.catalogue.metrics import PACKS, packs_help, rs_option, step_columns
 from rcdiag.check.metric_names import metric_names
-from rcdiag.config import RS_OPTIONS, CorrectionConfig
 from rcdiag.render.table import render_table
+from rcdiag.settings.correction import RS_OPTIONS, CorrectionConfig
 
 SOURCES = {path: path.read_text() for path in sorted((ROOT / "rcdiag").rglob("*.py"))}
 
@@ -149,8 +149,8 @@ def test_every_code_has_one_spec_and_one_enum_member() -> None:
 def test_every_cause_class_is_a_specs_class_or_derived_by_the_verdict() -> None:
     from typing import get_args
 
-    from rcdiag.report import CauseClass
-    from rcdiag.verdict import DERIVED_CLASSES, STATUS_OF
+    from rcdiag.diagnosis.verdict import DERIVED_CLASSES, STATUS_OF
+    from rcdiag.records.report import CauseClass
 
     classes = set(get_args(CauseClass))
     named = {spec.cause for spec in FINDINGS if spec.cause is not None}
@@ -175,8 +175,8 @@ def test_detectors_and_their_texts_come_from_the_specs() -> None:
 
 def test_thresholds_restated_elsewhere_are_read_from_the_catalogue() -> None:
     from rcdiag.catalogue.metrics import finding_threshold
+    from rcdiag.diagnosis.health import seq_is_usable_ess
     from rcdiag.explain import detectors
-    from rcdiag.health import seq_is_usable_ess
 
     assert (detectors.KL_WARN, detectors.CHI2_WARN) == (0.1, 1.0)  # verl's own warnings, from the catalogue
     assert finding_threshold("kl_high").limit == detectors.KL_WARN
@@ -195,8 +195,8 @@ def test_a_renamed_metric_fails_where_it_is_read() -> None:
 def test_the_verdict_advises_from_the_specs() -> None:
     """A class's fix step: its ``class_advice`` (truncation, whether the detector or the kl/k3 gap showed it);
     else its own finding's advice, never another class's (kl_negative under ``logprob_mode``)."""
-    from rcdiag.report import Cause
-    from rcdiag.verdict import class_advice
+    from rcdiag.diagnosis.verdict import class_advice
+    from rcdiag.records.report import Cause
 
     truncation = finding("sampling_truncation").class_advice
     assert truncation is not None and truncation.startswith("Return log-probs of the same distribution")

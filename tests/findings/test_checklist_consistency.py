@@ -23,9 +23,9 @@ from conftest import SAMPLES
 from dumps24 import long_biased, short_without_steps, swapped, uniform_spikes, write_padded
 
 import rcdiag
-from rcdiag import synthetic
 from rcdiag.catalogue import reading
 from rcdiag.catalogue.metrics import METRICS
+from rcdiag.io import synthetic
 from rcdiag.render.text import reading_context
 
 P = "rollout_corr/"

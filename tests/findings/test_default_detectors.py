@@ -22,13 +22,13 @@ from shape_dumps import defect_dump, dump
 from test_explain_kernel import assert_sums_match, blocks
 
 import rcdiag
-from rcdiag.backend import NumpyBackend
 from rcdiag.explain.detector_state import DetectorState
 from rcdiag.explain.detectors import DETECTORS
 from rcdiag.explain.state import ExplainState
 from rcdiag.explain.token_detector import NEEDS_EXPLAIN, NOT_BUILT
+from rcdiag.metrics.backend import NumpyBackend
 from rcdiag.metrics.block import Block
-from rcdiag.report import Report
+from rcdiag.records.report import Report
 
 PARTS = ("position", "scale", "offset", "shape")
 PLANTED = {

@@ -16,12 +16,12 @@ from generator_model import expected
 from severities import checked
 
 import rcdiag
-from rcdiag import synthetic
 from rcdiag.explain import detectors
 from rcdiag.explain.breakdowns import GROUPS, N_DOUBLING, SUMS
 from rcdiag.explain.detectors import DETECTORS, mismatch_trend, position_drift
 from rcdiag.explain.state import ExplainState
-from rcdiag.synthetic import SCENARIOS, Scenario
+from rcdiag.io import synthetic
+from rcdiag.io.synthetic import SCENARIOS, Scenario
 
 TEMPERATURES = (0.6, 0.8, 1.0, 1.2)
 NOISES = (0.01, 0.03, 0.1, 0.3)

@@ -11,7 +11,7 @@ from severities import checked
 from test_scenarios import rows_with_ratios
 
 import rcdiag
-from rcdiag.health import FINDING_CODES
+from rcdiag.diagnosis.health import FINDING_CODES
 
 P = "rollout_corr/"
 

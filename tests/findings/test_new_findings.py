@@ -15,10 +15,10 @@ from severities import checked
 from test_scenarios import rows_with_ratios
 
 import rcdiag
-from rcdiag import synthetic
-from rcdiag.health import Context, _kl_k3, kl_k3_critical
+from rcdiag.diagnosis.health import Context, _kl_k3, kl_k3_critical
+from rcdiag.io import synthetic
+from rcdiag.io.screen import ScreenStats
 from rcdiag.metrics.batch import BatchResult
-from rcdiag.validate import ScreenStats
 
 P = "rollout_corr/"
 

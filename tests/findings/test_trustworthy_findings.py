@@ -15,10 +15,7 @@ from test_detectors import drift_state
 from test_scenarios import rows_with_ratios
 
 import rcdiag
-from rcdiag import synthetic
-from rcdiag.explain.breakdowns import SUMS
-from rcdiag.explain.detectors import DETECTORS, DRIFT_ABS_RATIO_MIN, position_drift
-from rcdiag.health import (
+from rcdiag.diagnosis.health import (
     IS_SATURATED_SHARE,
     OUTLIER_K3_SHARE,
     OUTLIER_TOKEN_SHARE,
@@ -29,9 +26,12 @@ from rcdiag.health import (
     kl_k3_critical,
     outlier_shares,
 )
+from rcdiag.explain.breakdowns import SUMS
+from rcdiag.explain.detectors import DETECTORS, DRIFT_ABS_RATIO_MIN, position_drift
+from rcdiag.io import synthetic
 from rcdiag.metrics.batch import BatchResult
 from rcdiag.metrics.histogram import EDGES
-from rcdiag.report import Histogram
+from rcdiag.records.report import Histogram
 
 P = "rollout_corr/"
 NEW = {"kl_negative", "is_saturated", "seq_is_hopeless", "sparse_outliers"}

@@ -12,9 +12,9 @@ from conftest import ROOT, run
 
 import rcdiag
 from rcdiag.cli.flags import AS_NAMES
-from rcdiag.errors import ConfigError
 from rcdiag.frameworks.options import parse_value
 from rcdiag.frameworks.registry import FRAMEWORKS, choose
+from rcdiag.runtime.errors import ConfigError
 
 SAMPLE = str(ROOT / "sample_data" / "healthy.parquet")
 OUTLIERS = str(ROOT / "sample_data" / "outliers.parquet")

@@ -27,9 +27,9 @@ from harness.common import load
 
 import rcdiag
 from rcdiag.cli.flags import AS_NAMES
-from rcdiag.config import PRESETS, preset
 from rcdiag.frameworks.registry import choose, framework, names
 from rcdiag.frameworks.translate import express, translate
+from rcdiag.settings.correction import PRESETS, preset
 
 ENABLE = {"algo.advantage.is_correction_enable": True}
 DECOUPLED = {"actor.use_decoupled_loss": True}

@@ -23,8 +23,8 @@ import pytest
 from conftest import ROOT
 from hostile import Result, run_capped
 
-from rcdiag.errors import SettingError
 from rcdiag.io.limits import MAX_JSON_DEPTH, TENSOR_BYTES, check_environment
+from rcdiag.runtime.errors import SettingError
 
 GOOD = {"old_log_prob": [-0.5, -1.0], "rollout_log_prob": [-0.6, -1.1], "response_mask": [1, 1]}
 

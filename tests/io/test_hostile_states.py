@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 
 import rcdiag
-from rcdiag import state as state_module
 from rcdiag.check.rules_file import load_rules
 from rcdiag.cli import main
-from rcdiag.errors import ConfigError, InputError
-from rcdiag.printable import printable
+from rcdiag.engine import state_files as state_module
+from rcdiag.runtime.errors import ConfigError, InputError
+from rcdiag.runtime.printable import printable
 from rcdiag.sections.registry import KINDS
 from tests.conftest import ROOT, SAMPLES, ragged_lists, random_batch, write_dump
 

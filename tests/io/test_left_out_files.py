@@ -1,5 +1,5 @@
 """Nothing is left out silently: files of a directory or prefix that are not read are named on stderr with why,
-every run (real subprocesses), and the library warns with ``rcdiag.notices.Notice``."""
+every run (real subprocesses), and the library warns with ``rcdiag.runtime.notices.Notice``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from conftest import SAMPLES
 
 import rcdiag
-from rcdiag.notices import Notice
+from rcdiag.runtime.notices import Notice
 
 
 def mixed(tmp_path: Path) -> Path:

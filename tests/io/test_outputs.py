@@ -1,7 +1,7 @@
 """Output files, through real subprocesses: never written over an input (refused before reading), written whole or
 not at all (a temporary renamed when complete), every write checked (``cannot write PATH: REASON``, exit 2),
 devices and FIFOs written in place and never replaced, state files 0600, a path that looks like a flag refused
-(rcdiag/outputs.py, docs/exit-codes.md)."""
+(rcdiag/io/outputs.py, docs/exit-codes.md)."""
 
 from __future__ import annotations
 

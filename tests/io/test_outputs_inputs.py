@@ -1,4 +1,4 @@
-"""No output is written over any file a run reads (rcdiag/outputs.py ``Ledger``), through real subprocesses: rules
+"""No output is written over any file a run reads (rcdiag/io/outputs.py ``Ledger``), through real subprocesses: rules
 files, pyproject.toml found in the current directory, a rules file's baseline, tokenizer files (named, or found in a
 directory), a watch's rules, merge's tokenizer; reached by a hard link or a symlink too. Each is refused before the
 dump or the protected file is read (both are built so that reading them first would say so), exit 2, one line
@@ -16,8 +16,8 @@ from conftest import SAMPLES
 from hostile import run_capped
 
 import rcdiag
-from rcdiag import outputs
-from rcdiag.errors import ConfigError, OutputError
+from rcdiag.io import outputs
+from rcdiag.runtime.errors import ConfigError, OutputError
 
 HEALTHY = SAMPLES / "healthy.parquet"
 NOT_A_DUMP = b"PAR1 this is not a dump: a command that read it first would say so\n"

@@ -11,7 +11,7 @@ import pytest
 from conftest import ragged_lists, random_batch, write_dump
 
 import rcdiag
-from rcdiag.errors import InputError
+from rcdiag.runtime.errors import InputError
 
 P = "rollout_corr/"
 CONFIG = rcdiag.CorrectionConfig(rollout_is="token", rollout_rs="seq_mean_k1", rollout_rs_threshold="0.9_1.1")
@@ -244,7 +244,7 @@ def test_row_groups_of_mixed_sizes_come_in_file_order(tmp_path: Path) -> None:
 
 
 def test_sparse_and_dense_segment_counts_agree() -> None:
-    from rcdiag.backend import NumpyBackend
+    from rcdiag.metrics.backend import NumpyBackend
 
     rng = np.random.default_rng(4)
     lengths = rng.integers(0, 30, 200)  # empty rows included

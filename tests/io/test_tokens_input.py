@@ -44,8 +44,8 @@ def table_ids(report: rcdiag.Report) -> dict[int, int]:
 @pytest.mark.parametrize("name", ["responses", "response_ids", "token_ids", "output_ids"])
 def test_recognised_names_are_read_with_explain_or_for_the_repeated_token_test(tmp_path: Path, name: str) -> None:
     """A plain analyze reads the ids only where its verdict names a class a penalty on repeated tokens could
-    replace (noise, unexplained: ``rcdiag.verdict.history_untested``), in its second pass."""
-    from rcdiag.verdict import HISTORY_OPEN
+    replace (noise, unexplained: ``rcdiag.diagnosis.verdict.history_untested``), in its second pass."""
+    from rcdiag.diagnosis.verdict import HISTORY_OPEN
 
     path = dump(tmp_path / "d.parquet", name)
     plain = rcdiag.analyze(path)

@@ -21,55 +21,45 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "rcdiag"
 
-LEAVES = frozenset(
-    "rcdiag." + name
-    for name in (
-        "_version", "constants", "errors", "versions", "stats", "notices", "printable", "fields", "interrupts",
-        "environment", "option_checks", "rule_options", "section_options", "lazy", "core", "core.limits", "core.formulas", "core.bins", "core.forecast",
-    )
-)  # fmt: skip
-"""Modules that import nothing of rcdiag but each other (``rcdiag.core``: the constants and formulas every engine
-path shares, and the one crossing forecast that the watch and the ``mismatch_trend`` detector share; ``rcdiag.lazy``:
-names resolved when first asked for)."""
+LEAVES = ("rcdiag._version", "rcdiag.core", "rcdiag.runtime")
+"""Folders that import nothing of rcdiag but each other: ``rcdiag.core`` (the formulas every engine path shares,
+the Student-t tests, the one crossing forecast) and ``rcdiag.runtime`` (errors and exit codes, the option template,
+notices, signals, the ``RCDIAG_*`` variables, lazy names, terminal-safe text)."""
+CONFIGURATION = ("rcdiag.settings",)
 FEATURES = (
     "rcdiag.explain",
     "rcdiag.sweep",
     "rcdiag.microbatch",
     "rcdiag.compare",
     "rcdiag.check",
-    "rcdiag.health",
+    "rcdiag.diagnosis",
     "rcdiag.sections",
     "rcdiag.frameworks",
 )
-LIBRARY_API = ("rcdiag.api", "rcdiag.writer")
+LIBRARY_API = ("rcdiag.api",)
 BELOW_FEATURES = (
-    *sorted(LEAVES),
-    "rcdiag.config",
-    "rcdiag.options",
+    *LEAVES,
+    *CONFIGURATION,
+    "rcdiag.records",
     "rcdiag.catalogue",
-    "rcdiag.report",
-    "rcdiag.io",
-    "rcdiag.validate",
-    "rcdiag.ragged",
-    "rcdiag.outputs",
     "rcdiag.kernels",
-    "rcdiag.backend",
+    "rcdiag.io",
     "rcdiag.metrics",
     "rcdiag.engine",
-    "rcdiag.parallel",
-    "rcdiag.state",
 )
-"""The layers below the features: leaves, configuration, catalogue, records, input, kernels, maths, engine."""
+"""The layers below the features: leaves, configuration, records, catalogue, kernels, input, maths, engine."""
+TOP_LEVEL = {"rcdiag", "rcdiag.__main__", "rcdiag._version"}
+"""The only modules outside a folder: the package's lazy exports, ``python -m rcdiag`` and the version."""
 
 KNOWN_CYCLES: list[set[str]] = []
 """No import circle is left: the last one (``Block`` and the token passes of ``metrics/tokens.py``) went when the
 passes moved behind one interface chosen by the backend and the formulas into ``rcdiag.core``."""
 KNOWN_UPWARD: set[tuple[str, str]] = set()
 """None left: the engine and the state files know no feature's state by name; the kinds are one table above them
-(``rcdiag.sections.registry``), which the library gives them (``rcdiag.state.StateKinds``)."""
+(``rcdiag.sections.registry``), which the library gives them (``rcdiag.engine.state_files.StateKinds``)."""
 KNOWN_UPWARD_ELSEWHERE = {
-    ("rcdiag.options", "rcdiag.backend"),
-    ("rcdiag.options", "rcdiag.io.base"),
+    ("rcdiag.settings.reading", "rcdiag.metrics.backend"),
+    ("rcdiag.settings.reading", "rcdiag.io.base"),
 }
 """Debt (issue 20): ``ReadOptions`` names ``ColumnMap`` and ``Backend`` in its fields' types (under
 ``TYPE_CHECKING``)."""
@@ -79,20 +69,20 @@ PUBLIC_ALIASES = {
     "rcdiag.sweep": {"sweep": "rcdiag.api", "sweep_chunks": "rcdiag.api", "merge_sweep_states": "rcdiag.api"},
 }
 """The library's entry points offered by name where users import them (``from rcdiag.check import check``): each
-feature package's ``_API`` table, resolved when first asked for (``rcdiag.lazy``), no import of the layer above.
+feature package's ``_API`` table, resolved when first asked for (``rcdiag.runtime.lazy``), no import of the layer above.
 Pinned here, so no other name of a higher layer is reached that way."""
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("leaves", tuple(sorted(LEAVES))),
-    ("configuration", ("rcdiag.config", "rcdiag.options")),
-    ("records", ("rcdiag.report",)),
+    ("leaves", LEAVES),
+    ("configuration", CONFIGURATION),
+    ("records", ("rcdiag.records",)),
     ("catalogue", ("rcdiag.catalogue",)),
     ("kernels", ("rcdiag.kernels",)),
-    ("input", ("rcdiag.io", "rcdiag.validate", "rcdiag.ragged", "rcdiag.outputs")),
-    ("maths", ("rcdiag.backend", "rcdiag.metrics")),
-    ("engine", ("rcdiag.engine", "rcdiag.parallel", "rcdiag.state")),
-    ("features", (*FEATURES, "rcdiag.verdict", "rcdiag.prescribe", "rcdiag.signature_rules")),
-    ("library API", (*LIBRARY_API, "rcdiag", "rcdiag.synthetic")),
+    ("input", ("rcdiag.io",)),
+    ("maths", ("rcdiag.metrics",)),
+    ("engine", ("rcdiag.engine",)),
+    ("features", FEATURES),
+    ("library API", (*LIBRARY_API, "rcdiag")),
     ("exports", ("rcdiag.export",)),
     ("integrations", ("rcdiag.integrations",)),
     ("watch", ("rcdiag.watch",)),
@@ -100,7 +90,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("CLI", ("rcdiag.cli", "rcdiag.__main__")),
 )
 """docs/architecture.md's layers, bottom to top, in the order their "may import" column allows: a module may
-import its own layer and those listed before it. ``rcdiag`` itself is the package's ``__init__`` (lazy exports)."""
+import its own layer and those listed before it. Each layer is whole folders: the folders show the layers.
+``rcdiag`` itself is the package's ``__init__`` (lazy exports)."""
 
 
 def _imports(path: Path) -> Iterator[str]:
@@ -226,7 +217,7 @@ def test_the_version_module_imports_nothing() -> None:
 def test_the_graph_sees_lazy_relative_and_type_checking_imports() -> None:
     """The graph builder itself: imports inside functions and under TYPE_CHECKING are edges."""
     graph = _graph()
-    assert "rcdiag.io.storage" in graph["rcdiag.state"]  # inside a function
+    assert "rcdiag.io.storage" in graph["rcdiag.engine.state_files"]  # inside a function
     assert "rcdiag.metrics.block" in graph["rcdiag.metrics.base"]  # under TYPE_CHECKING
     assert "rcdiag.catalogue.findings" in graph["rcdiag.catalogue"]  # the package's __init__
 
@@ -236,28 +227,43 @@ def test_no_import_circle() -> None:
 
 
 def test_the_cycle_finder_finds_a_planted_circle() -> None:
-    graph = {**_graph(), "rcdiag.report": _graph()["rcdiag.report"] | {"rcdiag.explain.worst"}}
-    assert any({"rcdiag.report", "rcdiag.explain.worst"} <= cycle for cycle in _cycles(graph))
+    graph = {**_graph(), "rcdiag.records.report": _graph()["rcdiag.records.report"] | {"rcdiag.explain.worst"}}
+    assert any({"rcdiag.records.report", "rcdiag.explain.worst"} <= cycle for cycle in _cycles(graph))
 
 
 def test_leaves_import_only_leaves() -> None:
-    offenders = {(m, d) for m in LEAVES for d in _graph()[m] if d not in LEAVES}
+    graph = _graph()
+    offenders = {(m, d) for m in graph if _in(m, LEAVES) for d in graph[m] if not _in(d, LEAVES)}
     assert offenders == set()
 
 
-def test_the_records_module_imports_only_leaves_and_configuration() -> None:
-    """A report carries its resolved configuration (``Report.config``: ``rcdiag.config.ResolvedConfig``)."""
-    assert _graph()["rcdiag.report"] - LEAVES <= {"rcdiag.config"}
+def test_every_module_sits_in_a_folder_that_is_one_layer() -> None:
+    """No module sits flat in ``rcdiag/`` but the three of ``TOP_LEVEL``, and every layer names whole folders."""
+    assert {m for m in _modules() if m.count(".") == 1 and not (PACKAGE / m.split(".")[1]).is_dir()} | {
+        "rcdiag"
+    } == TOP_LEVEL
+    for _, prefixes in LAYERS:
+        for prefix in prefixes:
+            assert prefix in TOP_LEVEL or (PACKAGE / prefix.split(".", 1)[1].replace(".", "/")).is_dir(), prefix
 
 
-def test_configuration_imports_only_leaves() -> None:
-    assert _graph()["rcdiag.config"] - LEAVES == set()
+def test_the_records_import_only_leaves_and_configuration() -> None:
+    """A report carries its resolved configuration (``Report.config``: ``rcdiag.settings.correction.ResolvedConfig``)."""
+    graph = _graph()
+    above = {d for m in graph if _in(m, ("rcdiag.records",)) for d in graph[m] if not _in(d, (*LEAVES, *CONFIGURATION))}
+    assert above == set()
+
+
+def test_configuration_imports_only_leaves_but_the_known_debts() -> None:
+    graph = _graph()
+    above = {(m, d) for m in graph if _in(m, CONFIGURATION) for d in graph[m] if not _in(d, (*LEAVES, *CONFIGURATION))}
+    assert above == KNOWN_UPWARD_ELSEWHERE
 
 
 def test_the_catalogue_imports_only_configuration_and_records() -> None:
-    allowed = LEAVES | {"rcdiag.config", "rcdiag.report"}
+    allowed = (*LEAVES, *CONFIGURATION, "rcdiag.records", "rcdiag.catalogue")
     offenders = {(m, d) for m in _graph() if _in(m, ("rcdiag.catalogue",)) for d in _graph()[m]}
-    assert {(m, d) for m, d in offenders if d not in allowed and not _in(d, ("rcdiag.catalogue",))} == set()
+    assert {(m, d) for m, d in offenders if not _in(d, allowed)} == set()
 
 
 def test_kernels_import_only_numpy_numba_and_configuration() -> None:
@@ -266,20 +272,15 @@ def test_kernels_import_only_numpy_numba_and_configuration() -> None:
     for module, path in _modules().items():
         if not _in(module, ("rcdiag.kernels",)):
             continue
-        above = {d for d in graph[module] if d not in LEAVES | {"rcdiag.config"} and not _in(d, ("rcdiag.kernels",))}
+        above = {d for d in graph[module] if not _in(d, (*LEAVES, *CONFIGURATION, "rcdiag.kernels"))}
         assert above == set(), module
         assert _third_party(path) <= {"numpy", "numba", "llvmlite"}, module
 
 
 def test_input_imports_only_leaves_kernels_and_input() -> None:
-    allowed = ("rcdiag.io", "rcdiag.validate", "rcdiag.ragged", "rcdiag.outputs", "rcdiag.kernels", *LEAVES)
+    allowed = ("rcdiag.io", "rcdiag.kernels", *LEAVES, *CONFIGURATION)
     graph = _graph()
-    offenders = {
-        (m, d)
-        for m in graph
-        if _in(m, ("rcdiag.io", "rcdiag.validate", "rcdiag.ragged", "rcdiag.outputs"))
-        for d in graph[m]
-    }
+    offenders = {(m, d) for m in graph if _in(m, ("rcdiag.io",)) for d in graph[m]}
     assert {(m, d) for m, d in offenders if not _in(d, allowed)} == set()
 
 
@@ -318,10 +319,10 @@ def test_no_layer_imports_one_above_it_but_the_known_debts() -> None:
 @pytest.mark.parametrize(
     ("module", "imported"),
     [
-        ("rcdiag.report", "rcdiag.microbatch.section"),  # records -> a feature
-        ("rcdiag.kernels.sweep", "rcdiag.sweep.accumulated"),  # a kernel -> its feature
-        ("rcdiag.metrics.block", "rcdiag.engine"),  # maths -> engine
-        ("rcdiag.health", "rcdiag.render.text"),  # a feature -> a renderer
+        ("rcdiag.records.report", "rcdiag.microbatch.section"),  # records -> a feature
+        ("rcdiag.kernels.sweep", "rcdiag.sweep.state"),  # a kernel -> its feature
+        ("rcdiag.metrics.block", "rcdiag.engine.stream"),  # maths -> engine
+        ("rcdiag.diagnosis.health", "rcdiag.render.text"),  # a feature -> a renderer
         ("rcdiag.render.html", "rcdiag.cli.output"),  # a renderer -> the CLI
     ],
 )

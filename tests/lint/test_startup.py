@@ -1,6 +1,6 @@
 """What the command line costs before it reads a dump: ``rcdiag --help`` imports none of the heavy libraries
 (docs/performance.md#start-up), and ``--workers auto`` starts a second process only where it can win
-(``rcdiag.parallel.auto_workers``)."""
+(``rcdiag.engine.parallel.auto_workers``)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, SAMPLES
 
-import rcdiag.parallel as parallel
+import rcdiag.engine.parallel as parallel
 from rcdiag.cli.commands import COMMANDS
+from rcdiag.engine.parallel import CPUS_PER_PROCESS, MIN_BYTES_PER_WORKER, auto_workers, choose_workers
 from rcdiag.io import open_dump
-from rcdiag.parallel import CPUS_PER_PROCESS, MIN_BYTES_PER_WORKER, auto_workers, choose_workers
 
 HEAVY = ("numpy", "numba", "llvmlite", "pyarrow", "polars", "torch", "matplotlib", "pandas", "scipy")
 """Libraries ``--help`` must not import: each costs tens of milliseconds (numba and torch far more)."""
@@ -56,9 +56,9 @@ def test_help_lists_the_commands_without_importing_them() -> None:
     catalogue, which imports no records)."""
     names = _modules_after("--help")
     assert not names & {f"rcdiag.cli.{name}" for name in COMMANDS}, sorted(names)
-    assert not names & {"rcdiag.cli.flags", "rcdiag.catalogue.metrics", "rcdiag.report", "rcdiag.api"}
+    assert not names & {"rcdiag.cli.flags", "rcdiag.catalogue.metrics", "rcdiag.records.report", "rcdiag.api"}
     for name in COMMANDS:
-        assert not _modules_after(name, "--help") & {"rcdiag.report", "rcdiag.api"}
+        assert not _modules_after(name, "--help") & {"rcdiag.records.report", "rcdiag.api"}
 
 
 def test_a_command_listed_without_a_literal_docstring_is_built(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,12 +21,12 @@ from verl_oracle import require_verl, verl_metrics
 import rcdiag
 from rcdiag.catalogue.findings import FINDINGS
 from rcdiag.catalogue.metrics import thresholds_with_findings
+from rcdiag.diagnosis.health import evaluate
+from rcdiag.diagnosis.signature_rules import SIGNATURE_CODES
 from rcdiag.explain.breakdowns import GROUPS, N_DOUBLING, SUMS
 from rcdiag.explain.detectors import DETECTORS, TREND_K3_FLOOR, logprob_offset, mismatch_trend, position_drift
 from rcdiag.explain.state import ExplainState
-from rcdiag.health import evaluate
 from rcdiag.metrics.batch import BatchResult
-from rcdiag.signature_rules import SIGNATURE_CODES
 
 P = "rollout_corr/"
 LOG2 = float(np.float32(math.log(2.0)))  # verl compares k1 with log(U) rounded to float32

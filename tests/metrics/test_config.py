@@ -7,8 +7,8 @@ import math
 import pytest
 
 import rcdiag
-from rcdiag.config import PRESETS, CorrectionConfig, parse_is_threshold, parse_rs_thresholds, preset
-from rcdiag.errors import ConfigError
+from rcdiag.runtime.errors import ConfigError
+from rcdiag.settings.correction import PRESETS, CorrectionConfig, parse_is_threshold, parse_rs_thresholds, preset
 
 
 @pytest.mark.parametrize(

@@ -20,11 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rcdiag
-from rcdiag.backend import NumpyBackend
 from rcdiag.core.formulas import ulp_distance
 from rcdiag.io import Chunk
 from rcdiag.kernels.small import row_differences
-from rcdiag.metrics.tokens import fused_token_sums
+from rcdiag.metrics.backend import NumpyBackend
+from rcdiag.metrics.token_passes import fused_token_sums
 from rcdiag.sections.exact import FIRST_RESPONSES
 
 F32_MAX = np.finfo(np.float32).max
@@ -364,8 +364,8 @@ def test_any_split_into_chunks_gives_the_brute_force(seed: int, n: int, cuts: li
 
 
 def test_a_watch_keeps_the_exact_match_across_files_and_restarts(tmp_path: Path) -> None:
+    from rcdiag.io.dump_writer import DumpWriter
     from rcdiag.watch import Watch
-    from rcdiag.writer import DumpWriter
 
     rows = identical_rows(8, n=30)
     directory, state = tmp_path / "run", tmp_path / "watch.state.json"
@@ -412,9 +412,9 @@ def test_a_real_models_clean_fp32_dump_is_not_identical() -> None:
 def test_every_status_has_its_colours() -> None:
     from typing import get_args
 
+    from rcdiag.records.report import VerdictStatus
     from rcdiag.render.panels import STATUS_COLOURS
     from rcdiag.render.verdict_text import STATUS_STYLE
-    from rcdiag.report import VerdictStatus
 
     assert set(get_args(VerdictStatus)) == set(STATUS_STYLE) == set(STATUS_COLOURS)
 

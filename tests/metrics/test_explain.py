@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rcdiag
-from rcdiag import synthetic
 from rcdiag.explain.breakdowns import LOG_PROB_THRESHOLDS, PROB_EDGES, prob_bucket
-from rcdiag.report import BucketRow
+from rcdiag.io import synthetic
+from rcdiag.records.report import BucketRow
 
 # ------------------------------------------------------------------------------------------ helpers
 
@@ -449,9 +449,9 @@ def test_trailing_padding_changes_nothing(tmp_path: Path, pad: int, seed: int) -
 def test_the_worst_list_keeps_raw_tokens_only_for_responses_that_may_be_plotted() -> None:
     """Each response beats every earlier one, so each enters the list at the top and pushes the others down: the
     list holds at most a few raw traces (bounded memory), and the plotted ones are the top responses' tokens."""
-    from rcdiag.backend import NumpyBackend
     from rcdiag.explain.state import RowContext
     from rcdiag.explain.worst import PLOTTED, WorstResponses, token_trace
+    from rcdiag.metrics.backend import NumpyBackend
     from rcdiag.metrics.block import Block
 
     rng = np.random.default_rng(5)
@@ -479,10 +479,10 @@ def test_explain_takes_the_device_block(monkeypatch: pytest.MonkeyPatch, worst: 
     follows the device's summation order) asks for the block's host twin, once a block. The state is the one the
     numpy engine gives, bit for bit."""
     pytest.importorskip("torch", reason="pip install torch to run the device path on CPU tensors")
-    from rcdiag.backend import NumpyBackend, TorchBackend
-    from rcdiag.engine import Engine
+    from rcdiag.engine.stream import Engine
     from rcdiag.explain.state import ExplainState
     from rcdiag.metrics import block as block_module
+    from rcdiag.metrics.backend import NumpyBackend, TorchBackend
 
     rng = np.random.default_rng(11)
     old, rollout, mask = random_batch(rng, rows=60, width=50, outliers=0.02)

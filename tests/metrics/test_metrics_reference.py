@@ -8,7 +8,7 @@ from conftest import assert_metrics_close, random_batch, run_padded
 from reference import all_metrics
 from severities import checked
 
-from rcdiag.config import RS_OPTIONS
+from rcdiag.settings.correction import RS_OPTIONS
 
 CONFIGS = [
     {},

@@ -9,7 +9,7 @@ import pytest
 from conftest import random_batch, run_padded
 
 import rcdiag
-from rcdiag.errors import ConfigError, InputError
+from rcdiag.runtime.errors import ConfigError, InputError
 
 P = "rollout_corr/"
 

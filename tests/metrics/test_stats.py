@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rcdiag.stats import regularized_beta, t_critical, t_two_sided_tail
+from rcdiag.core.stats import regularized_beta, t_critical, t_two_sided_tail
 
 
 @pytest.mark.parametrize(

@@ -18,11 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rcdiag
-from rcdiag.config import CorrectionConfig
-from rcdiag.engine import Engine
+from rcdiag.engine.stream import Engine
+from rcdiag.explain.by_token import DENSE_IDS, MIN_COUNT, TokenSums
 from rcdiag.explain.state import ExplainState
-from rcdiag.explain.tokens import DENSE_IDS, MIN_COUNT, TokenSums
 from rcdiag.io import Chunk
+from rcdiag.settings.correction import CorrectionConfig
 
 pytest.importorskip("tokenizers")
 sys.path.insert(0, str(SAMPLES))
@@ -302,7 +302,7 @@ def test_token_sums_state_round_trip_and_refusals() -> None:
     sums.load_state_dict({"seen": 1.0, "table": table})
     assert sums.state_dict()["table"]["ids"] == [3, DENSE_IDS + 1] and sums.seen
     assert sums.dense.shape[0] > 3 and sums.sparse_ids.tolist() == [DENSE_IDS + 1]
-    from rcdiag.fields import FieldError
+    from rcdiag.runtime.fields import FieldError
 
     with pytest.raises(FieldError, match="ascending"):
         TokenSums().load_state_dict({"seen": 1.0, "table": {"ids": [4, 3], "sums": [1.0] * 12}})

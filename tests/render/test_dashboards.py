@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT, SAMPLES, one_line_error, require, run, write_dump
 
 from rcdiag.export.tracking import MlflowTracker, TensorBoardTracker, TrackingOptions, export_report, step_values
-from rcdiag.report import Report
+from rcdiag.records.report import Report
 
 SAMPLE = SAMPLES / "step_trend.parquet"
 
@@ -209,8 +209,8 @@ def test_an_event_directory_inside_the_dump_is_refused(capsys: pytest.CaptureFix
 
 def _stepped_directory(directory: Path, steps: int) -> Path:
     """A run's dump directory as DumpWriter leaves it: one file per step."""
-    from rcdiag import synthetic
-    from rcdiag.writer import DumpWriter
+    from rcdiag.io import synthetic
+    from rcdiag.io.dump_writer import DumpWriter
 
     table = synthetic.generate("healthy", rows=8 * steps, steps=steps, seed=7, median_length=20, max_length=40)
     writer = DumpWriter(directory)

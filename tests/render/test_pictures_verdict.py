@@ -18,7 +18,7 @@ from test_pictures import assert_clean_offline_load, not_blank
 
 import rcdiag
 from rcdiag.compare import compare, compare_reports
-from rcdiag.report import Cause, Effect, PrescribedSetting, Prescription, Report, Verdict
+from rcdiag.records.report import Cause, Effect, PrescribedSetting, Prescription, Report, Verdict
 from rcdiag.sweep import sweep
 from rcdiag.sweep.grid import build_grid
 

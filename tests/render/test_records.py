@@ -1,4 +1,4 @@
-"""``rcdiag.report`` holds every record a renderer reads: a feature's section is a plain frozen record there (no
+"""``rcdiag.records.report`` holds every record a renderer reads: a feature's section is a plain frozen record there (no
 protocol standing in for a feature's class), and ``compare``'s findings are ``Finding``s with a ``side``, written
 to JSON with the keys docs/compare.md lists."""
 
@@ -13,7 +13,7 @@ from conftest import ROOT, SAMPLES
 import rcdiag
 from rcdiag import MicroBatchSettings, analyze, preset
 from rcdiag.compare import CompareFinding, compare_reports
-from rcdiag.report import Finding, MicroBatchReport, StepMicroBatches
+from rcdiag.records.report import Finding, MicroBatchReport, StepMicroBatches
 
 ANALYZE_KEYS = ["code", "severity", "message", "metric", "value", "threshold", "steps", "detail", "evidence"]
 """An ``analyze`` finding's JSON keys, in order (docs/json.md)."""
@@ -22,12 +22,12 @@ COMPARE_KEYS = ["code", "severity", "message", "side", "metric", "value", "thres
 
 
 def test_the_records_module_defines_only_records() -> None:
-    """No ``Protocol``: every section a renderer reads is a frozen dataclass of ``rcdiag.report``."""
-    tree = ast.parse((ROOT / "rcdiag" / "report.py").read_text())
+    """No ``Protocol``: every section a renderer reads is a frozen dataclass of ``rcdiag.records.report``."""
+    tree = ast.parse((ROOT / "rcdiag" / "records" / "report.py").read_text())
     classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
     assert classes
     for node in classes:
-        record = getattr(rcdiag.report, node.name)
+        record = getattr(rcdiag.records.report, node.name)
         assert dataclasses.is_dataclass(record), node.name
         assert record.__dataclass_params__.frozen, node.name
 

@@ -1,6 +1,6 @@
 """A report carries its configuration resolved once (``Report.config``, a ``ResolvedConfig`` built where the report
 is built): no module rebuilds it from a dict, the JSON says the fields as given, a state file's configuration is
-read back in one place (``rcdiag.state``), and IcePop is told from TIS by what verl's parser made of the threshold."""
+read back in one place (``rcdiag.engine.state_files``), and IcePop is told from TIS by what verl's parser made of the threshold."""
 
 from __future__ import annotations
 
@@ -13,17 +13,17 @@ from conftest import ROOT, SAMPLES, run
 
 import rcdiag
 from rcdiag.compare import compare_reports
-from rcdiag.config import CorrectionConfig, ResolvedConfig
-from rcdiag.errors import ConfigError
+from rcdiag.runtime.errors import ConfigError
+from rcdiag.settings.correction import CorrectionConfig, ResolvedConfig
 
 OUTLIERS = str(SAMPLES / "outliers.parquet")
 ICEPOP = CorrectionConfig(rollout_is="token", rollout_is_threshold="0.5_2.0", rollout_rs="token_k2",
                           rollout_rs_threshold="0.5")  # fmt: skip
 TIS = CorrectionConfig(rollout_is="token", rollout_is_threshold="2")
 
-BUILDERS = {"config.py": 1, "prescribe.py": 1}
+BUILDERS = {"settings/correction.py": 1, "diagnosis/prescribe.py": 1}
 """The only places a configuration is made from loose fields: verl's presets, and a prescription's four settings
-(``prescribe.prescribed_setting``). A state file's is read by ``dataclass_from`` in ``rcdiag.state``."""
+(``prescribe.prescribed_setting``). A state file's is read by ``dataclass_from`` in ``rcdiag.engine.state_files``."""
 
 
 def _sources() -> dict[str, str]:
@@ -141,5 +141,5 @@ def test_the_verdict_and_renderers_read_metrics_by_the_catalogues_names() -> Non
     assert extras and extras <= set(every_key())
 
 
-READERS = ("render/", "verdict.py", "prescribe.py", "sections/units.py")
+READERS = ("render/", "diagnosis/verdict.py", "diagnosis/prescribe.py", "sections/units.py")
 """The modules that read a report's metrics to judge or show them."""

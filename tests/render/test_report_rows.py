@@ -1,4 +1,4 @@
-"""``--explain``'s breakdowns, its worst responses and ``--by``'s slices are typed rows (``rcdiag.report``: ``BucketRow``,
+"""``--explain``'s breakdowns, its worst responses and ``--by``'s slices are typed rows (``rcdiag.records.report``: ``BucketRow``,
 ``TokenRow`` in a ``TokenBreakdown``, ``ExplainBreakdowns``, ``WorstRow``, ``SliceRow``), built once where the record
 is built: the renderers read their attributes, never a dict key, and ``to_dict`` gives the JSON's keys in the JSON's
 order, read back into the same rows."""
@@ -18,7 +18,15 @@ from conftest import ROOT, SAMPLES, run
 import rcdiag
 from rcdiag.explain.worst import WorstResponse
 from rcdiag.io.columns import ColumnMap
-from rcdiag.report import BucketRow, ExplainBreakdowns, PrescribedSetting, SliceRow, TokenBreakdown, TokenRow, WorstRow
+from rcdiag.records.report import (
+    BucketRow,
+    ExplainBreakdowns,
+    PrescribedSetting,
+    SliceRow,
+    TokenBreakdown,
+    TokenRow,
+    WorstRow,
+)
 
 ROWS = (BucketRow, TokenRow, TokenBreakdown, ExplainBreakdowns, WorstRow, SliceRow)
 STOP = str(SAMPLES / "stop_token.parquet")
@@ -140,7 +148,7 @@ def test_every_renderer_draws_the_rows(tmp_path: Path, capsys: pytest.CaptureFix
 def test_a_prescription_carries_its_setting_typed() -> None:
     """``verdict.recommendation.config`` is a ``PrescribedSetting``: verl's four keys in the JSON's order, read by
     attribute everywhere (no ``rec.config["rollout_is"]``), and the setting analyze measures it under."""
-    from rcdiag.prescribe import outlier_band, prescribed_setting
+    from rcdiag.diagnosis.prescribe import outlier_band, prescribed_setting
 
     report = rcdiag.analyze(str(SAMPLES / "outliers.parquet"))
     assert report.verdict is not None and report.verdict.recommendation is not None

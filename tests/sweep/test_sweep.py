@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from verl_oracle import require_verl, verl_metrics
 
 import rcdiag
-from rcdiag.config import PRESETS
+from rcdiag.settings.correction import PRESETS
 from rcdiag.sweep import sweep_chunks
 from rcdiag.sweep.grid import DEFAULT_GRIDS, OPTIONS, build_grid, resolve
 

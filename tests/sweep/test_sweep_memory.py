@@ -16,15 +16,15 @@ import pytest
 from conftest import padded_chunk, random_batch
 
 from rcdiag.api import input_facts
-from rcdiag.engine import Engine
-from rcdiag.fields import FieldError
+from rcdiag.engine.stream import Engine
 from rcdiag.io.base import SourceInfo
+from rcdiag.io.screen import Screen, as_chunk
+from rcdiag.runtime.fields import FieldError
 from rcdiag.sections.registry import KNOWN
-from rcdiag.sweep.accumulated import SweepState, new_sweep_state
 from rcdiag.sweep.build import build_sweep_report
 from rcdiag.sweep.grid import build_grid
 from rcdiag.sweep.recommend import recommend
-from rcdiag.validate import Screen, as_chunk
+from rcdiag.sweep.state import SweepState, new_sweep_state
 
 STEPS = 4
 

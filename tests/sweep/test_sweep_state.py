@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 from conftest import padded_chunk, random_batch
 
-from rcdiag.backend import NumpyBackend
 from rcdiag.metrics import rejection
+from rcdiag.metrics.backend import NumpyBackend
 from rcdiag.metrics.base import Accumulator, Moments
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.extras import ExtraMetrics
 from rcdiag.metrics.rejection import RSOptionMetrics
 from rcdiag.sweep import sweep_chunks
-from rcdiag.sweep.accumulated import SweepBatch
 from rcdiag.sweep.cells import Passes
 from rcdiag.sweep.grid import SweepGrid, resolve
+from rcdiag.sweep.state import SweepBatch
 
 SPECS = {"token_k1": ["1.5", "2.0"], "seq_mean_k3": ["0.01", "0.5"], "is_token": ["2.0", "0.5_2.0"]}
 
@@ -139,7 +139,7 @@ def test_an_update_leaves_every_state_outside_filled_states_empty(spec: tuple[st
     """``filled_states`` is what ``set_states`` insists on: a state ``update`` fills but ``filled_states`` leaves out
     would be left empty by the sweep without a word."""
     from rcdiag.metrics.importance import ISMetrics
-    from rcdiag.versions import verl_version
+    from rcdiag.settings.versions import verl_version
 
     threshold = resolve(*spec)
     accumulator: Accumulator = (

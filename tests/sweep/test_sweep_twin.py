@@ -16,8 +16,8 @@ from test_small_path import _far_apart, _flat, _without_numba_then_forced
 from test_sweep_kernel import blocks
 from test_token_kernel import _valid_lengths, raw_blocks
 
-from rcdiag.backend import NumpyBackend
 from rcdiag.kernels.sweep import SUB_BLOCK, scan
+from rcdiag.metrics.backend import NumpyBackend
 from rcdiag.metrics.block import Block
 from rcdiag.sweep import scan_arrays, sweep, sweep_chunks
 from rcdiag.sweep.cells import HISTOGRAM, HISTOGRAM_CLAMPED, NO_HISTOGRAM, Cells, Passes, uses_kernel
@@ -192,7 +192,7 @@ def test_the_cuda_paths_code_on_cpu_tensors_is_the_numpy_twin(block, per_row, mo
     """The twin on torch tensors (``--device cuda``'s code, here on a CPU device) gives the numpy twin's results:
     counts, histograms and extremes equal, sums to float64 rounding."""
     pytest.importorskip("torch")
-    from rcdiag.backend import TorchBackend
+    from rcdiag.metrics.backend import TorchBackend
 
     x, lengths, edges = block
     backend = TorchBackend("cpu")
@@ -216,7 +216,7 @@ def test_the_torch_sweep_keeps_its_tokens_on_the_device(monkeypatch: pytest.Monk
     """A sweep on a torch backend brings no per-token array to the host (issue 20: it copied each block's statistics
     for the kernel): only per-row and per-cell arrays and the histograms' fixed-size counts."""
     torch = pytest.importorskip("torch")
-    from rcdiag.backend import TorchBackend
+    from rcdiag.metrics.backend import TorchBackend
 
     rng = np.random.default_rng(3)
     old, rollout, mask = random_batch(rng, rows=24, width=1000, noise=0.05, empty_rows=2, outliers=0.01)

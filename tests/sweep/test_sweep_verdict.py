@@ -13,7 +13,7 @@ import pytest
 from conftest import run
 from shape_dumps import defect_dump, dump
 
-from rcdiag.report import PrescribedSetting, Prescription, Verdict
+from rcdiag.records.report import PrescribedSetting, Prescription, Verdict
 from rcdiag.sweep.advice import advise
 from rcdiag.sweep.sweep_report import NO_THRESHOLD_REMEDY, NOT_URGED, PresetRank
 

@@ -19,9 +19,9 @@ from test_real_model import real_dumps  # noqa: F401  (the session fixture build
 
 import rcdiag
 from rcdiag.catalogue import FINDINGS
-from rcdiag.prescribe import OUTLIER_BAND_NATS, REVIEW_CODES, TIS_THRESHOLD, outlier_band
-from rcdiag.report import Report
-from rcdiag.verdict import STATUS_OF
+from rcdiag.diagnosis.prescribe import OUTLIER_BAND_NATS, REVIEW_CODES, TIS_THRESHOLD, outlier_band
+from rcdiag.diagnosis.verdict import STATUS_OF
+from rcdiag.records.report import Report
 
 REAL = {
     # scenario: (status, cause classes, prescribed RS option or None)
@@ -268,7 +268,7 @@ def test_every_cause_class_has_a_status() -> None:
 def test_a_prescription_that_raises_a_finding_is_flagged() -> None:
     """effect_of reads the effect from the report computed under the setting and flags what it raises (here a
     token threshold of 0.5, which saturates: is_saturated)."""
-    from rcdiag.prescribe import effect_of
+    from rcdiag.diagnosis.prescribe import effect_of
 
     config = rcdiag.CorrectionConfig(rollout_is="token", rollout_is_threshold=0.5)
     under = rcdiag.analyze(SAMPLES / "healthy.parquet", config)

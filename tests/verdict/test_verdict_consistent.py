@@ -20,8 +20,8 @@ from shape_dumps import defect_dump, dump, realmodel
 
 import rcdiag
 from rcdiag.catalogue.findings import codes_with
-from rcdiag.prescribe import MOST_RESPONSES, effect_of
-from rcdiag.report import Effect, PrescribedSetting, Prescription
+from rcdiag.diagnosis.prescribe import MOST_RESPONSES, effect_of
+from rcdiag.records.report import Effect, PrescribedSetting, Prescription
 
 SPIKES = {"spikes_many": (0.05, 16, 256, 512), "spikes_long": (0.008, 192, 256, 256)}
 """Spiky rollouts beyond the table's ``spikes`` (rate 0.002): one token in twenty spiked (a heavy tail over many

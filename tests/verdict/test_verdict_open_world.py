@@ -26,8 +26,8 @@ from conftest import ROOT
 from shape_dumps import defect_dump, dump
 
 import rcdiag
-from rcdiag.signature_rules import SIGNATURE_CODES
-from rcdiag.verdict import STATUS_OF
+from rcdiag.diagnosis.signature_rules import SIGNATURE_CODES
+from rcdiag.diagnosis.verdict import STATUS_OF
 
 HELD_OUT = (1, 2)
 """Seeds the thresholds were not read from (seed 0)."""
@@ -446,7 +446,7 @@ def test_top1_signature_tells_a_flatter_rollout_from_top1(tmp_path: Path, name: 
 
 def _far(above: float, top1: float | None, below: float) -> list[str]:
     """The signature findings of pooled extras carrying only the far shares (the rule's boundaries)."""
-    from rcdiag.signature_rules import signature_findings
+    from rcdiag.diagnosis.signature_rules import signature_findings
 
     extras: dict[str, float | None] = {
         "rcdiag/rollout_far_higher_share": above,
@@ -459,7 +459,7 @@ def _far(above: float, top1: float | None, below: float) -> list[str]:
 def test_top1_signature_boundaries() -> None:
     """Each bound of logprobs_of_another_token, on it and one step past it: more than 5% far above, at least a
     tenth of those at the rollout's p >= 1/2, at most 1/50 as many far below."""
-    from rcdiag.signature_rules import FAR_MIRROR_MAX, FAR_SHARE_MIN, FAR_TOP1_MIN
+    from rcdiag.diagnosis.signature_rules import FAR_MIRROR_MAX, FAR_SHARE_MIN, FAR_TOP1_MIN
 
     fires = ["logprobs_of_another_token"]
     assert (FAR_SHARE_MIN, FAR_TOP1_MIN, FAR_MIRROR_MAX) == (0.05, 0.1, 0.02)

@@ -17,8 +17,7 @@ from hypothesis import strategies as st
 from verl_oracle import load_modules, require_verl
 
 from rcdiag import CorrectionConfig, MicroBatchSettings, analyze, merge_states, preset
-from rcdiag.engine import Engine
-from rcdiag.errors import ConfigError
+from rcdiag.engine.stream import Engine
 from rcdiag.microbatch.partition import (
     SplitRefusedError,
     balance_batch_order,
@@ -29,7 +28,8 @@ from rcdiag.microbatch.partition import (
 from rcdiag.microbatch.plan import plan
 from rcdiag.microbatch.rows import MicroBatchRows
 from rcdiag.microbatch.simulate import StepMicroBatches, simulate_step
-from rcdiag.versions import VERSIONS
+from rcdiag.runtime.errors import ConfigError
+from rcdiag.settings.versions import VERSIONS
 
 pytestmark = pytest.mark.verl
 try:

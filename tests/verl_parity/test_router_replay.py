@@ -16,10 +16,10 @@ import pytest
 from conftest import ROOT
 
 import rcdiag
-from rcdiag.config import PRESETS, preset, refuse_router_replay
-from rcdiag.constants import ROUTER_REPLAY_KEY
-from rcdiag.errors import ConfigError
-from rcdiag.writer import DumpWriter
+from rcdiag.io.dump_writer import DumpWriter
+from rcdiag.runtime.errors import ConfigError
+from rcdiag.settings.constants import ROUTER_REPLAY_KEY
+from rcdiag.settings.correction import PRESETS, preset, refuse_router_replay
 
 MODES = ("disabled", "R2", "R3")
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from reference import all_metrics
 from verl_oracle import load_verl, require_verl, verl_metrics
 
-from rcdiag.config import PRESETS, RS_OPTIONS
+from rcdiag.settings.correction import PRESETS, RS_OPTIONS
 
 pytestmark = pytest.mark.verl
 try:

@@ -296,7 +296,7 @@ def test_torch_backend_agrees_with_numpy() -> None:
     """The array path on torch (``TorchBackend``, here on the CPU; a GPU runs the same operations) gives numpy's
     values to float32 rounding: the two libraries' float32 ``exp`` differ in the last bit or two."""
     pytest.importorskip("torch")
-    from rcdiag.backend import TorchBackend
+    from rcdiag.metrics.backend import TorchBackend
 
     old, rollout, mask = random_batch(np.random.default_rng(1), rows=30, width=40, noise=0.2, empty_rows=3)
     chunks = [padded_chunk(old[a : a + 7], rollout[a : a + 7], mask[a : a + 7]) for a in range(0, 30, 7)]

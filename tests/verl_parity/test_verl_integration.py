@@ -19,10 +19,10 @@ import pytest
 from conftest import ROOT, assert_metrics_close, missing, require
 from verl_oracle import verl_root
 
-from rcdiag.errors import ConfigError
 from rcdiag.integrations.verl.hook import DUMP_DIR_ENV, training_step
 from rcdiag.integrations.verl.launch import SETUP_HOOK, parse, summary
-from rcdiag.writer import DumpWriter
+from rcdiag.io.dump_writer import DumpWriter
+from rcdiag.runtime.errors import ConfigError
 
 VERL_DEPS = ("tensordict", "omegaconf", "transformers", "codetiming", "orjson")
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}

@@ -20,9 +20,9 @@ from test_verl_conformance import CONFIGS, F32_ULP, VALUE_ULPS, _close, any_conf
 from verl_oracle import ORACLE_VERSIONS, load_verl, require_verl, verl_metrics
 
 from rcdiag import analyze
-from rcdiag.config import PRESETS, CorrectionConfig, preset
-from rcdiag.errors import ConfigError
-from rcdiag.versions import DEFAULT_VERSION, VERSIONS
+from rcdiag.runtime.errors import ConfigError
+from rcdiag.settings.correction import PRESETS, CorrectionConfig, preset
+from rcdiag.settings.versions import DEFAULT_VERSION, VERSIONS
 
 pytestmark = pytest.mark.verl
 try:

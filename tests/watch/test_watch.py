@@ -29,8 +29,8 @@ STEPS_SCRIPT = textwrap.dedent(
     """
     import sys, time
     import numpy as np
-    from rcdiag import synthetic
-    from rcdiag.writer import DumpWriter
+    from rcdiag.io import synthetic
+    from rcdiag.io.dump_writer import DumpWriter
 
     PLANTED_FROM = 6
     def step_table(step, planted):
@@ -147,8 +147,8 @@ def test_a_live_writer_every_step_once_in_order_with_analyze_numbers(scripts: Pa
         same_numbers(line, expected[line["step"]])
     saved = json.loads(state.read_text())
     assert saved["format"] == "rcdiag-state"
+    from rcdiag.engine.state_files import encode_state, load_state
     from rcdiag.sections.registry import KNOWN
-    from rcdiag.state import encode_state, load_state
 
     assert saved["state"] == encode_state(load_state(state, KNOWN)[0].state_dict())  # the per-step cache, written whole
     assert sorted(item["name"] for item in saved["watch"]["consumed"]) == sorted(p.name for p in run.iterdir())
@@ -508,8 +508,8 @@ def test_a_damaged_log_line_is_one_error_naming_the_log_and_line(scripts: Path, 
 @pytest.mark.parametrize("sample", ["outliers.parquet", "topk_offset.parquet", "train_forgot_temperature.parquet"])
 def test_kept_hits_give_a_full_evaluations_findings_at_every_step(sample: str) -> None:
     from rcdiag.api import accumulate
-    from rcdiag.config import CorrectionConfig
-    from rcdiag.health import CONTEXT_RULES, Context, could_fire_in_context, evaluate
+    from rcdiag.diagnosis.health import CONTEXT_RULES, Context, could_fire_in_context, evaluate
+    from rcdiag.settings.correction import CorrectionConfig
     from rcdiag.watch.session import KeptHits
 
     got = accumulate(str(ROOT / "sample_data" / sample), CorrectionConfig())

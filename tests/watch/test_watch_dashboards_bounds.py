@@ -270,8 +270,8 @@ def test_a_report_goes_to_mlflow_in_whole_batches_not_a_call_per_step(
     from mlflow.tracking import MlflowClient
 
     import rcdiag
-    from rcdiag import synthetic
     from rcdiag.export.tracking import MLFLOW_BATCH, TrackingOptions, export_report
+    from rcdiag.io import synthetic
 
     dump = tmp_path / "steps.parquet"
     synthetic.write(
@@ -364,8 +364,8 @@ def test_workers_beyond_what_helps_are_said_once_and_still_started(tmp_path: Pat
 
 
 def test_the_workers_note_follows_the_auto_rule(tmp_path: Path) -> None:
+    from rcdiag.engine.parallel import MIN_BYTES_PER_WORKER, auto_workers, too_many_workers
     from rcdiag.io import open_dump
-    from rcdiag.parallel import MIN_BYTES_PER_WORKER, auto_workers, too_many_workers
 
     run = tmp_path / "run"
     run.mkdir()

@@ -24,9 +24,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeGuard
 
-from rcdiag.constants import ROUTER_REPLAY_KEY
-from rcdiag.notices import notify
-from rcdiag.writer import DumpWriter
+from rcdiag.io.dump_writer import DumpWriter
+from rcdiag.runtime.notices import notify
+from rcdiag.settings.constants import ROUTER_REPLAY_KEY
 
 HELPER = "verl.trainer.ppo.rollout_corr_helper"
 STEP_FUNCTION = "compute_rollout_correction_and_add_to_batch"

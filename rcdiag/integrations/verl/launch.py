@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rcdiag.errors import ConfigError, ExitCode
 from rcdiag.integrations.verl.hook import DUMP_DIR_ENV, install
-from rcdiag.writer import PART
+from rcdiag.io.dump_writer import PART
+from rcdiag.runtime.errors import ConfigError, ExitCode
 
 USAGE = "python -m rcdiag.integrations.verl <verl's arguments> +rcdiag.dump_dir=DIR [+rcdiag.main=MODULE]"
 DEFAULT_MAIN = "verl.trainer.main_ppo"

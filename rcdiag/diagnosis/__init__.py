@@ -1,0 +1,2 @@
+"""Judging a finished report: health findings (``health``), signature findings (``signature_rules``), the verdict
+(``verdict``) and its prescription (``prescribe``)."""

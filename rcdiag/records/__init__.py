@@ -1,0 +1,1 @@
+"""The frozen records a run returns and every renderer reads (``report``)."""
