@@ -11,7 +11,7 @@ import typer
 
 from rcdiag.catalogue.metrics import packs_help
 from rcdiag.cli.flags import AS_FLAGS, ENGINE_FLAGS, READ_FLAGS, given_path, output_flags, path_argument, path_option
-from rcdiag.cli.params import checked_flag, with_flags
+from rcdiag.cli.params import checked_option, with_flags
 from rcdiag.settings.rule_options import STEP_MODE, TOLERATE, is_step_mode
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ def check(
         typer.Option(
             "--steps",
             metavar="MODE",
-            callback=checked_flag(STEP_MODE),
+            **checked_option(STEP_MODE),
             help="Which steps a rule reads: `every` (each step must hold; a failure names the step), `last`, or "
             "`mean` (over steps). Rules files may set their own.",
             rich_help_panel=RULES,
@@ -121,7 +121,7 @@ def check(
         typer.Option(
             "--tolerate",
             metavar="FRACTION",
-            callback=checked_flag(TOLERATE),
+            **checked_option(TOLERATE),
             help="With `--steps every`: the fraction of steps allowed to fail (e.g. 0.1).",
             rich_help_panel=RULES,
         ),

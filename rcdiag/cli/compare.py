@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from rcdiag.cli.flags import AS_FLAGS, ENGINE_FLAGS, READ_FLAGS, given_path, output_flags, path_argument, side_columns
-from rcdiag.cli.params import checked_flag, with_flags
+from rcdiag.cli.params import checked_option, with_flags
 from rcdiag.runtime.option_checks import positive
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ def _temperature(side: str) -> object:
     return typer.Option(
         f"--temperature-{side}",
         metavar="T",
-        callback=checked_flag(positive()),  # as rcdiag.compare.check_temperature
+        **checked_option(positive()),  # as rcdiag.compare.check_temperature
         help=f"Rollout sampling temperature of {side.upper()} (default: the dump's `temperature` metadata; when "
         "both are known and differ, the flag is used and a finding says so).",
         rich_help_panel=TEMPERATURE,

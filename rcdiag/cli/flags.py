@@ -14,7 +14,7 @@ import typer
 
 from rcdiag.catalogue.findings import EXPLAIN_ONLY, detectors
 from rcdiag.cli.engine_config import EngineFlags, ISLevel
-from rcdiag.cli.params import Flag, FlagGroup, checked_flag, choice_flag
+from rcdiag.cli.params import Flag, FlagGroup, checked_option, choice_flag
 from rcdiag.render.registry import FORMATS, ResultKind, format_names, pictures
 from rcdiag.settings.constants import DEFAULT_CHUNK_TOKENS, DEVICES
 from rcdiag.settings.reading import BAD_ROW_POLICIES, CHUNK_TOKENS, ON_BAD_ROW, RAY_ADDRESS, VOCAB_SIZE, WORKERS
@@ -188,7 +188,7 @@ def _count_option(flag: str, help_text: str) -> Any:
             metavar="N",
             help=help_text,
             rich_help_panel=MICRO,
-            callback=checked_flag(check),
+            **checked_option(check),
             show_default=False,
         ),
     ]
@@ -205,7 +205,7 @@ MICROBATCH_FLAGS = FlagGroup(
         Flag("max_token_len", _count_option("--max-token-len", "Dynamic batch size: verl's rearrange_micro_batches "
              "with this token budget per micro-batch (`ppo_max_token_len_per_gpu`); needs --prompt-len.")),
         Flag("prompt_len", Annotated[int | None, typer.Option("--prompt-len", metavar="P", rich_help_panel=MICRO,
-             callback=checked_flag(MICROBATCH["prompt_len"]),
+             **checked_option(MICROBATCH["prompt_len"]),
              show_default=False, help="Prompt tokens per row (dumps hold none): sequence length = P + response "
              "length, for --max-token-len and --balance-batch.")]),
         Flag("balance_batch", Annotated[bool, typer.Option("--balance-batch", rich_help_panel=MICRO,
@@ -278,7 +278,7 @@ OnBadRowOpt = Annotated[
     typer.Option(
         "--on-bad-row",
         metavar="|".join(BAD_ROW_POLICIES),
-        callback=checked_flag(ON_BAD_ROW),
+        **checked_option(ON_BAD_ROW),
         help="Rows with NaN, +inf, a log-prob above +1e-3 or a mask value other than 0/1 at a valid position: "
         "`error` stops with exit 2 naming the first; `skip` leaves them out and reports how many, by reason.",
         rich_help_panel=INPUT,
@@ -302,28 +302,15 @@ ChunkOpt = Annotated[
         help="Read about N tokens at a time (bounds memory; never changes a metric). A longer response "
         "forms its own chunk.",
         rich_help_panel=RUN,
-        callback=checked_flag(CHUNK_TOKENS),
+        **checked_option(CHUNK_TOKENS),
     ),
 ]
-
-
-def _workers(text: str | int) -> int | str:
-    """``--workers``: a number of processes, 1 or more, or ``auto``."""
-    if str(text).strip().lower() == "auto":
-        return "auto"
-    try:
-        return int(text)
-    except ValueError:
-        return str(text)  # refused by the flag's check, quoted as given
-
-
 WorkersOpt = Annotated[
     str,
     typer.Option(
         "--workers",
         metavar="N|auto",
-        parser=_workers,
-        callback=checked_flag(WORKERS),
+        **checked_option(WORKERS),
         help="Split the dump (a Parquet file's row groups, or the files of a directory of shards) among N "
         "processes (CPU); the report is the same as with one. `auto`: as many as can beat one process here "
         "(one per two cores, each with at least 512 MiB of the dump; often one).",
@@ -345,7 +332,7 @@ RayAddressOpt = Annotated[
     typer.Option(
         "--ray-address",
         metavar="ADDRESS",
-        callback=checked_flag(RAY_ADDRESS),
+        **checked_option(RAY_ADDRESS),
         help="The Ray cluster for `--ray` (`host:6379`, `ray://host:10001`, `auto`); implies `--ray`. Default: "
         "`RAY_ADDRESS`, else a local instance.",
         rich_help_panel=RUN,
@@ -357,7 +344,7 @@ VocabOpt = Annotated[
     typer.Option(
         "--vocab-size",
         metavar="N",
-        callback=checked_flag(VOCAB_SIZE),
+        **checked_option(VOCAB_SIZE),
         help="Token ids (read with --explain) must be below N; a larger one stops with exit 2 naming it.",
         rich_help_panel=INPUT,
         show_default=False,
@@ -456,7 +443,7 @@ WorstOpt = Annotated[
     typer.Option(
         "--worst",
         metavar="N",
-        callback=checked_flag(WORST),
+        **checked_option(WORST),
         help="Responses in --explain's worst-responses list (largest |sum of log-ratios|; default 10); implies "
         "--explain (given as 10 too).",
         rich_help_panel=EXPLAIN,

@@ -78,11 +78,12 @@ def _evaluated(annotation: Any, command: Callable[..., Any]) -> Any:
     return eval(annotation, command.__globals__) if isinstance(annotation, str) else annotation
 
 
-def checked_flag(check: Check, into: Callable[[Any], Any] | None = None) -> Callable[[Any, Any, Any], Any]:
-    """A typer callback holding a flag's value to ``check`` (``rcdiag.runtime.option_checks``): a bad value is the
-    template's one line naming the flag as typed (``--workers must be ..., got 0``), exit 2; ``into`` turns a
-    value that passes into what the command takes. The check rides on the callback (``.check``) so the tests can
-    find every checked flag and give it a bad value."""
+def checked_option(check: Check, into: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+    """``typer.Option`` keywords holding a flag's value to ``check`` (``rcdiag.runtime.option_checks``): the flag's text
+    reaches the check as its ``read`` makes it (a number's text the number, any other text as typed), so every bad
+    value, ``0`` or ``abc``, is the template's one line naming the flag as typed (``--workers must be ..., got
+    'two'``), exit 2, never typer's wording; ``into`` turns a value that passes into what the command takes. The
+    check rides on the callback (``.check``) so the tests can find every checked flag and give it bad values."""
 
     def callback(ctx: Any, param: Any, value: Any) -> Any:
         if value is None:
@@ -92,15 +93,11 @@ def checked_flag(check: Check, into: Callable[[Any], Any] | None = None) -> Call
         return value if into is None else into(given)
 
     callback.check = check  # type: ignore[attr-defined]
-    return callback
+    return {"parser": check.read, "callback": callback}
 
 
 def choice_flag(choices: type[E]) -> dict[str, Any]:
-    """``typer.Option`` keywords for a flag taking one of ``choices``' values: typer still lists them in
-    ``--help`` and completes them in the shell (from the annotation), but the value reaches the callback as typed,
-    so a bad one is the template's line (``--format must be one of table, json, got 'x'``), not click's."""
-    return {"parser": _as_typed, "callback": checked_flag(choice(m.value for m in choices), into=choices)}
-
-
-def _as_typed(value: Any) -> Any:
-    return value
+    """``checked_option`` for a flag taking one of ``choices``' values: typer still lists them in ``--help`` and
+    completes them in the shell (from the annotation), but a bad one is the template's line (``--format must be
+    one of table, json, got 'x'``), not click's."""
+    return checked_option(choice(m.value for m in choices), into=choices)

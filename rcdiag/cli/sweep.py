@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from rcdiag.cli.flags import AS_FLAGS, ENGINE, READ_FLAGS, RELEASE_FLAGS, SaveStateOpt, output_flags, path_argument
-from rcdiag.cli.params import checked_flag, with_flags
+from rcdiag.cli.params import checked_option, with_flags
 from rcdiag.runtime.option_checks import probability
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def sweep(
             help="Recommend per option the threshold rejecting the share closest to F without exceeding it "
             "(token share for token_* and token IS, response share for seq_* and sequence IS).",
             rich_help_panel=SWEEP,
-            callback=checked_flag(probability()),
+            **checked_option(probability()),
         ),
     ] = 0.01,
     recommend: Annotated[
@@ -93,7 +93,7 @@ def sweep(
             metavar="E",
             help="Rank verl's presets whose IS leaves an ESS below E last.",
             rich_help_panel=SWEEP,
-            callback=checked_flag(probability()),
+            **checked_option(probability()),
         ),
     ] = 0.0,
     save_state: SaveStateOpt = None,

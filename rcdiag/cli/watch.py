@@ -12,7 +12,7 @@ import typer
 
 from rcdiag.catalogue.metrics import packs_help
 from rcdiag.cli.flags import ENGINE_FLAGS, READ_FLAGS, path_argument
-from rcdiag.cli.params import checked_flag, choice_flag, with_flags
+from rcdiag.cli.params import checked_option, choice_flag, with_flags
 from rcdiag.cli.tracking import TRACKING_FLAGS
 from rcdiag.runtime.errors import ExitCode, RcdiagError
 from rcdiag.runtime.option_checks import count, duration
@@ -46,7 +46,7 @@ class ExitOn(str, enum.Enum):
 def _seconds(flag: str, help_text: str, panel: str = FOLLOW) -> Any:
     return Annotated[
         float | None,
-        typer.Option(flag, metavar="SECONDS", callback=checked_flag(duration()), help=help_text, rich_help_panel=panel),
+        typer.Option(flag, metavar="SECONDS", **checked_option(duration()), help=help_text, rich_help_panel=panel),
     ]
 
 
@@ -88,7 +88,7 @@ def watch(
         typer.Option(
             "--poll",
             metavar="SECONDS",
-            callback=checked_flag(duration(0.01)),
+            **checked_option(duration(0.01)),
             help="Seconds between listings.",
             rich_help_panel=FOLLOW,
         ),
@@ -98,7 +98,7 @@ def watch(
         typer.Option(
             "--settle",
             metavar="SECONDS",
-            callback=checked_flag(duration()),
+            **checked_option(duration()),
             help="A file not written by DumpWriter is read once its size and modification time have not changed "
             "for this long (DumpWriter's parts appear whole, by rename). 0: read files as soon as they appear.",
             rich_help_panel=FOLLOW,
@@ -181,7 +181,7 @@ def watch(
         typer.Option(
             "--forecast-horizon",
             metavar="STEPS",
-            callback=checked_flag(count(1)),
+            **checked_option(count(1)),
             help="Alert when a bounded metric's trend is expected to cross its bound within this many steps.",
             rich_help_panel=ALERTS,
         ),

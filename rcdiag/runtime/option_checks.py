@@ -4,7 +4,9 @@ An option reaches rcdiag from a flag (``--workers``), a library keyword (``ReadO
 environment variable, or a key of a rules file or pyproject.toml; wherever it was written, a bad value is the same
 one line naming that place, what the option takes and what it was given (exit 2, no traceback). ``where`` says the
 place (``flag``, ``keyword``, ``variable``, ``key``); a ``Check`` says what a value must be and tests it. The CLI
-attaches a ``Check`` to a flag (``rcdiag.cli.params.checked_option``); the other readers call it with their ``where``.
+attaches a ``Check`` to a flag (``rcdiag.cli.params.checked_option``), which hands the check the flag's text as its
+``read`` makes it: a number's text becomes the number, other text stays as typed for the check to refuse, so a flag
+given ``abc`` is refused with the same line as one given ``0``; the other readers call it with their ``where``.
 (Saved states and records read back are ``rcdiag.runtime.fields``' job: a damaged file, not a user's option.)
 """
 
@@ -56,28 +58,56 @@ def refuse(where: str, what: str, value: Any, error: type[RcdiagError] = ConfigE
     return error(problem(where, what, value))
 
 
-@dataclass(frozen=True)
-class Check:
-    """What an option takes: ``what`` as the message says it, ``accepts`` the test, ``example`` a bad value as it
-    would be typed on a command line (the tests give it to every checked flag)."""
-
-    what: str
-    accepts: Callable[[Any], bool]
-    example: str
-
-    def __call__(self, value: Any, where: str, error: type[RcdiagError] = ConfigError) -> Any:
-        """``value`` if the option takes it, else the template's error naming ``where``."""
-        if not self.accepts(value):
-            raise refuse(where, self.what, value, error)
-        return value
-
-
 def _number(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
 
 
 def _integer(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, int)
+
+
+def as_typed(value: Any) -> Any:
+    """A flag's text, kept as typed (a name, an address)."""
+    return value
+
+
+def integer_text(value: Any) -> Any:
+    """An integer's text as the integer (as ``int`` reads it, ``1_000`` too; ``2.0``, zeros after the point, as
+    2), any other text kept as typed, for the check to refuse."""
+    if not isinstance(value, str):
+        return value
+    whole, point, zeros = value.strip().partition(".")
+    try:
+        return int(whole if point and not zeros.strip("0") else value)
+    except ValueError:
+        return value
+
+
+def number_text(value: Any) -> Any:
+    """A number's text as a float (as ``float`` reads it: ``1e-3``, ``inf``, ``nan``, left to the check), any
+    other text kept as typed, for the check to refuse."""
+    try:
+        return float(value) if isinstance(value, str) or _integer(value) else value
+    except ValueError:
+        return value
+
+
+@dataclass(frozen=True)
+class Check:
+    """What an option takes: ``what`` as the message says it, ``accepts`` the test, ``example`` a bad value as it
+    would be typed on a command line (the tests give it to every checked flag), ``read`` how a flag's text becomes
+    the value tested (``integer_text``, ``number_text``; text as typed by default)."""
+
+    what: str
+    accepts: Callable[[Any], bool]
+    example: str
+    read: Callable[[Any], Any] = as_typed
+
+    def __call__(self, value: Any, where: str, error: type[RcdiagError] = ConfigError) -> Any:
+        """``value`` if the option takes it, else the template's error naming ``where``."""
+        if not self.accepts(value):
+            raise refuse(where, self.what, value, error)
+        return value
 
 
 def choice(names: Iterable[str]) -> Check:
@@ -91,20 +121,21 @@ def count(low: int = 1, high: int | None = None, *, of: str = "") -> Check:
     ``a number of tokens from 1 to 268,435,456``)."""
     noun = f"a number of {of}" if of else "an integer"
     what = f"{noun} >= {low}" if high is None else f"{noun} from {low:,} to {high:,}"
-    return Check(what, lambda v: _integer(v) and low <= v and (high is None or v <= high), str(low - 1))
+    return Check(what, lambda v: _integer(v) and low <= v and (high is None or v <= high), str(low - 1), integer_text)
 
 
 def positive(of: str = "") -> Check:
     """A finite number above 0 (``of="seconds"``: ``a positive number of seconds``)."""
-    return Check(f"a positive number{f' of {of}' if of else ''}", lambda v: _number(v) and v > 0, "0")
+    return Check(f"a positive number{f' of {of}' if of else ''}", lambda v: _number(v) and v > 0, "0", number_text)
 
 
 def duration(minimum: float = 0.0) -> Check:
     """A number of seconds, finite and at least ``minimum``."""
-    return Check(f"a number of seconds >= {minimum:g}", lambda v: _number(v) and v >= minimum, str(minimum - 1))
+    what = f"a number of seconds >= {minimum:g}"
+    return Check(what, lambda v: _number(v) and v >= minimum, str(minimum - 1), number_text)
 
 
 def probability(*, below_one: bool = False) -> Check:
     """A number in [0, 1] (``below_one``: in [0, 1), a share of steps that may fail, where 1 would pass all)."""
     what, top = ("a fraction in [0, 1)", "1") if below_one else ("a probability in [0, 1]", "1.5")
-    return Check(what, lambda v: _number(v) and v >= 0 and (v < 1 if below_one else v <= 1), top)
+    return Check(what, lambda v: _number(v) and v >= 0 and (v < 1 if below_one else v <= 1), top, number_text)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rcdiag.runtime.errors import ConfigError
-from rcdiag.runtime.option_checks import Check, choice, count, keyword
+from rcdiag.runtime.option_checks import Check, choice, count, integer_text, keyword
 from rcdiag.settings.constants import DEFAULT_CHUNK_TOKENS, DEVICES, MAX_CHUNK_TOKENS
 
 if TYPE_CHECKING:
@@ -25,7 +25,14 @@ BAD_ROW_POLICIES = ("error", "skip")
 """``on_bad_row`` values: stop at the first bad row, or leave bad rows out and count them."""
 ON_BAD_ROW = choice(BAD_ROW_POLICIES)
 CHUNK_TOKENS = count(1, MAX_CHUNK_TOKENS, of="tokens")
-WORKERS = Check("an integer >= 1 or 'auto'", lambda v: v == "auto" or count(1).accepts(v), "0")
+
+
+def _workers_text(value: Any) -> Any:
+    """``--workers``' text: ``auto`` (any case), else as an integer's (``option_checks.integer_text``)."""
+    return "auto" if str(value).strip().lower() == "auto" else integer_text(value)
+
+
+WORKERS = Check("an integer >= 1 or 'auto'", lambda v: v == "auto" or count(1).accepts(v), "0", _workers_text)
 VOCAB_SIZE = count(1, of="token ids")
 RAY_ADDRESS = Check(
     "a Ray address (host:port, ray://host:port or auto; empty: an unset variable?)", lambda v: bool(str(v).strip()), ""

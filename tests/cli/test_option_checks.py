@@ -12,7 +12,15 @@ from conftest import ROOT, run
 import rcdiag
 from rcdiag.cli import app
 from rcdiag.runtime.errors import ConfigError, SettingError
-from rcdiag.runtime.option_checks import choice, count, duration, positive, probability
+from rcdiag.runtime.option_checks import (
+    choice,
+    count,
+    duration,
+    integer_text,
+    number_text,
+    positive,
+    probability,
+)
 
 DUMP = str(ROOT / "sample_data" / "healthy.parquet")
 
@@ -91,6 +99,73 @@ def test_a_bad_value_is_the_template_line(
     code, out, err = run(capsys, command, *paths, name, check.example)
     assert code == 2 and out == "", err
     assert err.startswith(f"rcdiag: error: {name} must be {check.what}, got ") and err.count("\n") == 1, err
+
+
+NUMBERS = [(c, o) for c, o in CHECKED if _numeric(o) or max(o.opts, key=len) == "--workers"]  # type: ignore[attr-defined]
+
+
+def test_every_number_flag_reads_its_text_as_a_number() -> None:
+    """An int flag's check reads integers, a float flag's numbers (else ``abc`` would reach the check as text
+    unread, or ``2.5`` pass an int flag's reading as a float); ``--workers`` (``N|auto``) reads integers too."""
+    names = {(c, max(o.opts, key=len)) for c, o in NUMBERS}  # type: ignore[attr-defined]
+    assert names >= {
+        ("analyze", "--chunk-tokens"), ("analyze", "--workers"), ("analyze", "--worst"), ("analyze", "--prompt-len"),
+        ("compare", "--temperature-b"), ("check", "--tolerate"), ("sweep", "--min-ess"), ("watch", "--poll"),
+        ("watch", "--forecast-horizon"), ("sweep", "--vocab-size"),
+    }  # fmt: skip
+    for command, option in NUMBERS:
+        read = option.callback.check.read  # type: ignore[attr-defined]
+        annotation = option.type_descriptor.annotation  # type: ignore[attr-defined]
+        assert read(" 12 ") == 12 and read("abc") == "abc", (command, option.opts)  # type: ignore[attr-defined]
+        assert (read("2.5") == "2.5") if annotation is not float else (read("2.5") == 2.5), (command, option.opts)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("command", "option"),
+    NUMBERS,
+    ids=[f"{c} {max(o.opts, key=len)}" for c, o in NUMBERS],  # type: ignore[attr-defined]
+)
+@pytest.mark.parametrize("text", ["abc", "", "1,5"])
+def test_a_non_number_is_the_template_line(
+    capsys: pytest.CaptureFixture, tmp_path: Path, command: str, option: object, text: str
+) -> None:
+    """Not typer's "Invalid value ... is not a valid integer" with a usage block: the same line as a number out of
+    range, the text quoted as given."""
+    check = option.callback.check  # type: ignore[attr-defined]
+    name = max(option.opts, key=len)  # type: ignore[attr-defined]
+    paths = {"compare": [DUMP, DUMP], "watch": [str(tmp_path)]}.get(command, [DUMP])
+    code, out, err = run(capsys, command, *paths, name, text)
+    assert (code, out, err) == (2, "", f"rcdiag: error: {name} must be {check.what}, got {text!r}\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (("analyze", DUMP, "--chunk-tokens", "abc"), "--chunk-tokens must be a number of tokens from 1 to 1,099,511,627,776, got 'abc'"),
+        (("analyze", DUMP, "--workers", "two"), "--workers must be an integer >= 1 or 'auto', got 'two'"),
+        (("analyze", DUMP, "--micro-batch-size", "2.5"), "--micro-batch-size must be a number of rows >= 1, got '2.5'"),
+        (("compare", DUMP, DUMP, "--temperature-a", "hot"), "--temperature-a must be a positive number, got 'hot'"),
+        (("check", DUMP, "--tolerate", "ten%"), "--tolerate must be a fraction in [0, 1), got 'ten%'"),
+        (("sweep", DUMP, "--target-reject", "1e"), "--target-reject must be a probability in [0, 1], got '1e'"),
+        (("watch", ".", "--poll", "1s"), "--poll must be a number of seconds >= 0.01, got '1s'"),
+    ],
+)  # fmt: skip
+def test_a_non_number_names_the_flag(capsys: pytest.CaptureFixture, args: tuple[str, ...], line: str) -> None:
+    assert run(capsys, *args) == (2, "", f"rcdiag: error: {line}\n")
+
+
+def test_number_texts_read_as_before(capsys: pytest.CaptureFixture) -> None:
+    """What typer accepted still passes: ``int`` and ``float`` syntax, blanks around, ``_`` between digits, zeros
+    after an integer's point; a float flag's value is a float."""
+    assert [integer_text(t) for t in ("7", " 7 ", "1_000", "2.0", "2.", "-3", "2.5", "1e3", ".0", "0x10")] == [
+        7, 7, 1000, 2, 2, -3, "2.5", "1e3", ".0", "0x10",
+    ]  # fmt: skip
+    assert [number_text(t) for t in ("1", " 1e-3 ", "1_0", "inf", "x", "")] == [1.0, 1e-3, 10.0, float("inf"), "x", ""]
+    assert type(number_text(1)) is float and number_text(True) is True and integer_text(3) == 3
+    code, out, err = run(
+        capsys, "analyze", DUMP, "--chunk-tokens", "1_000.0", "--workers", " AUTO ", "--format", "json"
+    )
+    assert code == 0 and '"rollout_is"' in out, err
 
 
 def test_the_checks_and_their_boundaries() -> None:

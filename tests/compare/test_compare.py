@@ -289,7 +289,7 @@ def test_cli_json_and_engine_flags(capsys: pytest.CaptureFixture, tmp_path: Path
     [
         (("--temperature-a", "0"), "error: --temperature-a must be a positive number, got 0"),
         (("--temperature-b", "nan"), "error: --temperature-b must be a positive number"),
-        (("--temperature-a", "hot"), "Invalid value for '--temperature-a'"),
+        (("--temperature-a", "hot"), "error: --temperature-a must be a positive number, got 'hot'"),
         (("--is", "token", "--is-threshold", "5_2"), "lower bound must be <= upper bound"),
     ],
 )
