@@ -54,6 +54,19 @@ def random_batch(
     return old, rollout, mask
 
 
+def rows_with_ratios(ratios: list[list[float]], rollout_lp: float = -3.0) -> tuple[np.ndarray, ...]:
+    """A padded batch whose per-token ratios pi_train/pi_rollout are given (NaN = padding)."""
+    width = max(len(r) for r in ratios) if ratios else 0
+    old = np.full((len(ratios), width), -1.0, np.float32)
+    rollout = np.full((len(ratios), width), rollout_lp, np.float32)
+    mask = np.zeros((len(ratios), width), np.int64)
+    for i, row in enumerate(ratios):
+        for j, r in enumerate(row):
+            old[i, j] = rollout_lp + math.log(r)
+            mask[i, j] = 1
+    return old, rollout, mask
+
+
 def padded_chunk(old: np.ndarray, rollout: np.ndarray, mask: np.ndarray, steps: np.ndarray | None = None) -> Chunk:
     """A padded batch as one chunk (padding stays in, with mask 0)."""
     rows, width = old.shape
@@ -258,6 +271,36 @@ def s3_run(s3_server: Any, local_run: Path) -> str:
     for file in local_run.iterdir():
         s3_server.upload_file(str(file), BUCKET, f"run1/{file.name}")
     return f"s3://{BUCKET}/run1/"
+
+
+@pytest.fixture(scope="module")
+def big_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4M tokens (20,000 responses of 200) in row groups of 1,000: seconds of work with ``child_process.SLOW``'s chunks."""
+    rows, length = 20_000, 200
+    rng = np.random.default_rng(0)
+    n = rows * length
+    old = (-np.abs(rng.normal(1.0, 0.5, n)) - 0.05).astype(np.float32)
+    rollout = np.minimum(old + rng.normal(0, 0.01, n), 0).astype(np.float32)
+    offsets = pa.array(np.arange(0, n + 1, length, dtype=np.int32))
+    table = pa.table(
+        {
+            "old_log_prob": pa.ListArray.from_arrays(offsets, pa.array(old)),
+            "rollout_log_prob": pa.ListArray.from_arrays(offsets, pa.array(rollout)),
+            "response_mask": pa.ListArray.from_arrays(offsets, pa.array(np.ones(n, np.int8))),
+            "step": pa.array(np.arange(rows) // 1000, pa.int64()),
+        }
+    )
+    path = tmp_path_factory.mktemp("big") / "big.parquet"
+    pq.write_table(table, path, row_group_size=1000, compression="none")
+    return path
+
+
+@pytest.fixture(scope="session")
+def real_dumps() -> dict[str, dict]:
+    """Every realmodel scenario's dump (``scenario_dumps.built_dumps``): path, tokens, steps, seconds by name."""
+    from scenario_dumps import built_dumps
+
+    return built_dumps()
 
 
 @pytest.fixture(scope="session")

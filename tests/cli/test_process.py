@@ -11,18 +11,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT, SAMPLES, require
+from child_process import ENV, SLOW, has_open
+from conftest import SAMPLES, require
 
 HEALTHY = str(SAMPLES / "healthy.parquet")
-ENV = os.environ | {"PYTHONPATH": str(ROOT)}
-SLOW = ("--chunk-tokens", "2048", "-q")
-"""Small chunks: the run over ``big_dump`` takes seconds, so a signal lands mid-run."""
-
-
 def rcdiag(*args: str, cwd: Path, stdout: int | None = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "rcdiag", *args], cwd=cwd, env=ENV, stdout=stdout, stderr=subprocess.PIPE, text=True
@@ -84,35 +78,6 @@ def test_a_full_stdout_is_a_write_error(tmp_path: Path) -> None:
         assert (done.returncode, done.stderr) == (2, "rcdiag: error: cannot write stdout: No space left on device\n")
 
 
-@pytest.fixture(scope="module")
-def big_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """4M tokens (20,000 responses of 200) in row groups of 1,000: seconds of work with ``SLOW``'s chunks."""
-    rows, length = 20_000, 200
-    rng = np.random.default_rng(0)
-    n = rows * length
-    old = (-np.abs(rng.normal(1.0, 0.5, n)) - 0.05).astype(np.float32)
-    rollout = np.minimum(old + rng.normal(0, 0.01, n), 0).astype(np.float32)
-    offsets = pa.array(np.arange(0, n + 1, length, dtype=np.int32))
-    table = pa.table(
-        {
-            "old_log_prob": pa.ListArray.from_arrays(offsets, pa.array(old)),
-            "rollout_log_prob": pa.ListArray.from_arrays(offsets, pa.array(rollout)),
-            "response_mask": pa.ListArray.from_arrays(offsets, pa.array(np.ones(n, np.int8))),
-            "step": pa.array(np.arange(rows) // 1000, pa.int64()),
-        }
-    )
-    path = tmp_path_factory.mktemp("big") / "big.parquet"
-    pq.write_table(table, path, row_group_size=1000, compression="none")
-    return path
-
-
-def _has_open(pid: int, path: Path) -> bool:
-    try:
-        return any(os.readlink(f"/proc/{pid}/fd/{fd}") == str(path) for fd in os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return False
-
-
 def _children(pid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -141,7 +106,7 @@ def interrupt(
         [sys.executable, "-m", "rcdiag", *args], cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     deadline = time.monotonic() + 120
-    while not _has_open(process.pid, dump) and process.poll() is None and time.monotonic() < deadline:
+    while not has_open(process.pid, dump) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     time.sleep(0.5)
     assert process.poll() is None, "the run ended before it could be interrupted"

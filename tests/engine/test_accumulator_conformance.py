@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import SAMPLES, assert_metrics_close, random_batch
+from explain_sums_reference import reference as explain_reference
 from reference import all_metrics
-from test_explain_kernel import reference as explain_reference
 
 import rcdiag
 from rcdiag.engine.state_files import decode_state, encode_state
@@ -94,7 +94,7 @@ def _per_step_reference(data: Data, state: EngineState) -> None:
 
 
 def _sums_reference(data: Data, got: dict[str, np.ndarray]) -> None:
-    """The explain pass's sums (``got``, by name) against the definitions (tests/engine/test_explain_kernel.py)."""
+    """The explain pass's sums (``got``, by name) against the definitions (tests/explain_sums_reference.py)."""
     mask = data.mask.astype(bool)
     lengths = np.full(data.old.shape[0], data.old.shape[1], dtype=np.int64)
     want = explain_reference(data.old.reshape(-1), data.rollout.reshape(-1), mask.reshape(-1), lengths)

@@ -13,7 +13,7 @@ from conftest import ROOT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import njit
-from test_token_kernel import _valid_lengths, raw_blocks
+from token_sums_reference import raw_blocks, valid_per_row
 
 from rcdiag.core import formulas
 from rcdiag.core.limits import F32_MAX, LOG_F32_MAX, SAFETY_BOUND, finite, finite_f32, finite_tree
@@ -137,7 +137,7 @@ def test_the_two_pass_implementations_agree(block, estimator, band) -> None:  # 
     """The same numpy block through the compiled and the array passes: the same statistic (k1, k2 to the bit; k3 to
     one float32 ulp), the same per-row extremes, the same rejections and counts."""
     old, rollout, mask, lengths = block
-    valid = lengths if mask is None else _valid_lengths(mask, lengths)
+    valid = lengths if mask is None else valid_per_row(mask, lengths)
     blocks = {}
     for passes in (CompiledPasses(), ArrayPasses()):
         the_block = Block(NumpyBackend(), old, rollout, valid, mask=mask, raw_lengths=lengths)

@@ -1,5 +1,5 @@
 """The small-dump path's numpy forms of ``--explain``'s passes (``rcdiag.kernels.small_explain``) against the brute-force
-reference of tests/engine/test_explain_kernel.py and against the kernels they stand in for (``rcdiag.kernels.explain``,
+reference of tests/explain_sums_reference.py and against the kernels they stand in for (``rcdiag.kernels.explain``,
 ``rcdiag.kernels.token_ids``): counts and skipped ids exactly, sums to float64 rounding, over NaN, infinite and huge
 log-ratios, empty and fully masked rows, values on the probability-bucket edges and the series cut-off, token ids
 beyond the table and blocks split anywhere; then whole reports, and a real small ``--explain`` that loads no numba."""
@@ -13,11 +13,11 @@ from unittest.mock import patch
 
 import numpy as np
 import pytest
+from compiled_paths import cli_modules, far_apart, flat
 from conftest import SAMPLES
+from explain_sums_reference import LOG_LIKELY, LOG_UNLIKELY, NAMES, SHAPE_RATIO, assert_sums_match, blocks, empty_sums
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_explain_kernel import LOG_LIKELY, LOG_UNLIKELY, NAMES, SHAPE_RATIO, assert_sums_match, blocks, empty_sums
-from test_small_path import _cli_modules, _far_apart, _flat
 
 import rcdiag
 from rcdiag.explain.breakdowns import DOUBLING_EDGES, LOG_PROB_THRESHOLDS
@@ -93,7 +93,7 @@ def assert_twin_is_the_kernel(data, tokens, cuts=()) -> None:  # type: ignore[no
     want, want_table, want_skipped = fold(explain.explain_block, old, rollout, mask, lengths, tokens, cuts)
     assert_sums_match(got, old, rollout, mask, lengths)
     assert got_skipped == want_skipped
-    from test_explain_kernel import reference
+    from explain_sums_reference import reference
 
     size = reference(old, rollout, mask, lengths, magnitude=True)
     for name in NAMES:
@@ -251,8 +251,8 @@ def test_a_small_explain_report_is_the_kernels(sample: str) -> None:
     worst responses and ranked token ids, every count equal and every float within 1e-11 of the other."""
     path = SAMPLES / sample
     reports = [rcdiag.analyze(path, explain=True, device=NumpyBackend(compiled=c)).to_dict() for c in (True, False)]
-    compiled, numpy = (_flat(r) for r in reports)
-    assert _far_apart(compiled, numpy) == []
+    compiled, numpy = (flat(r) for r in reports)
+    assert far_apart(compiled, numpy) == []
     kernel, twin = reports  # strings (messages, the verdict) and lists compared whole above; restated:
     assert twin["verdict"] == kernel["verdict"]
     codes = [[(f["code"], f["severity"]) for f in report["findings"]] for report in reports]
@@ -269,7 +269,7 @@ def test_a_small_explain_imports_no_numba(tmp_path: Path) -> None:
     """A real small ``analyze --explain`` with token ids, on a fresh machine (empty numba cache): no numba or llvmlite
     module loaded, nothing compiled or said, the by-token ranking in its JSON."""
     args = ("analyze", str(SAMPLES / "stop_token.parquet"), "--explain", "--format", "json")
-    done, loaded = _cli_modules(tmp_path, *args)
+    done, loaded = cli_modules(tmp_path, *args)
     assert done.returncode == 0, done.stderr
     assert loaded == [] and done.stderr == ""
     assert not any((tmp_path / "numba_cache").rglob("*.nbi"))

@@ -11,23 +11,10 @@ import pytest
 from conftest import padded_chunk, random_batch, write_dump
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from token_sums_reference import brute_force
 
 import rcdiag
 from rcdiag.metrics.histogram import EDGES, LogRatioHistogram
-
-
-def brute_force(log_ratios: np.ndarray) -> list[int]:
-    """Bin i holds edges[i-1] <= x < edges[i], counted value by value against the float64 edges."""
-    bounds = [-math.inf, *EDGES.tolist(), math.inf]
-    counts = [0] * (len(bounds) - 1)
-    for x in log_ratios.astype(np.float64).tolist():
-        if x != x:
-            continue
-        i = next(
-            i for i in range(len(counts)) if bounds[i] <= x < bounds[i + 1] or (x == math.inf and i == len(counts) - 1)
-        )
-        counts[i] += 1
-    return counts
 
 
 def test_edges_are_symmetric_logarithmic_and_float32() -> None:

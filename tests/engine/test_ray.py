@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from conftest import run
-from test_storage import analyze_json, same_report
+from shard_reports import analyze_json, same_report
 
 import rcdiag
 from rcdiag.engine.parallel import RAY_RETRIES, Job, PartFailedError, on_ray

@@ -3,7 +3,6 @@ kernels' findings, verdict and RS decisions, its metrics within float64 rounding
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
@@ -11,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from compiled_paths import far_apart, flat, without_numba_then_forced
 from conftest import SAMPLES
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_token_kernel import _assert_chi2, _close, _valid_lengths, raw_blocks
+from token_sums_reference import assert_chi2_close, raw_blocks, same_or_close, valid_per_row
 
 import rcdiag
 from rcdiag.kernels import small
@@ -30,72 +30,10 @@ RS_IS = rcdiag.CorrectionConfig(
     rollout_rs="token_k1,token_k2,token_k3,seq_mean_k1,seq_max_k3",
     rollout_rs_threshold="0.5_2.0,0.02,0.01,0.999_1.001,0.05",
 )
-MODULES = """
-import runpy, sys
-out, sys.argv = sys.argv[1], ["rcdiag", *sys.argv[2:]]
-try:
-    runpy.run_module("rcdiag", run_name="__main__")
-except SystemExit:
-    pass
-open(out, "w").write(" ".join(sorted(m for m in sys.modules if m.split(".")[0] in ("numba", "llvmlite"))))
-"""
-"""Runs the CLI as ``python -m rcdiag`` does, then writes the numba and llvmlite modules it loaded to ``argv[1]``."""
-
-
-def _cli_modules(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
-    """A real CLI run in a fresh interpreter (an empty numba cache of its own) and the numba modules it loaded."""
-    out = tmp_path / "modules.txt"
-    full_env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba_cache"), "RCDIAG_COMPILE_NOTICE": "1", **env}
-    done = subprocess.run(
-        [sys.executable, "-c", MODULES, str(out), *args], capture_output=True, text=True, env=full_env, timeout=600
-    )
-    return done, out.read_text().split()
-
-
 def test_a_small_analyze_imports_no_numba_and_compiles_nothing(tmp_path: Path) -> None:
     """A fresh machine (empty numba cache): a small dump's analyze loads no numba module, says nothing about
     compiling and writes no kernel cache; forced to the kernels (``RCDIAG_SMALL_DUMP_BYTES=0``) it does all three."""
-    _without_numba_then_forced(tmp_path, "analyze", str(SAMPLES / "healthy.parquet"), "--format", "json")
-
-
-def _without_numba_then_forced(
-    tmp_path: Path, *args: str
-) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
-    """The command on an empty numba cache: it loads no numba module, says nothing and writes no kernel cache;
-    forced to the kernels (``RCDIAG_SMALL_DUMP_BYTES=0``) it loads numba, says it compiles and writes the cache.
-    Returns both runs."""
-    done, loaded = _cli_modules(tmp_path, *args)
-    assert done.returncode == 0, done.stderr
-    assert loaded == [] and done.stderr == ""
-    assert not any((tmp_path / "numba_cache").rglob("*.nbi"))
-    forced, loaded = _cli_modules(tmp_path, *args, **{SWITCH: "0"})
-    assert forced.returncode == 0, forced.stderr
-    assert "numba" in loaded and "compiling kernels" in forced.stderr
-    assert any((tmp_path / "numba_cache").rglob("*.nbi"))
-    return done, forced
-
-
-def _flat(value: object, key: str = "") -> dict[str, object]:
-    if isinstance(value, dict):
-        return {k: v for name, item in value.items() for k, v in _flat(item, f"{key}.{name}").items()}
-    if isinstance(value, list | tuple):
-        return {k: v for i, item in enumerate(value) for k, v in _flat(item, f"{key}[{i}]").items()}
-    return {key: value}
-
-
-def _far_apart(want: dict[str, object], got: dict[str, object]) -> list[tuple[str, object, object]]:
-    """The keys of two flattened reports (``_flat``) whose values differ: a float by more than 1e-11 relative (NaN
-    equals NaN), anything else at all; a key in one report only is listed too."""
-    far: list[tuple[str, object, object]] = [(key, got.get(key), None) for key in got.keys() - want.keys()]
-    for key, expected in want.items():
-        found = got.get(key)
-        if isinstance(expected, float) and isinstance(found, float):
-            same = found == expected or (math.isnan(found) and math.isnan(expected))
-            if not (same or math.isclose(found, expected, rel_tol=1e-11)):
-                far.append((key, found, expected))
-        elif key not in got or found != expected:
-            far.append((key, found, expected))
-    return far
+    without_numba_then_forced(tmp_path, "analyze", str(SAMPLES / "healthy.parquet"), "--format", "json")
 
 
 @pytest.mark.parametrize("sample", sorted(p.name for p in SAMPLES.glob("*.parquet")))
@@ -105,16 +43,16 @@ def test_the_small_path_gives_the_kernels_report(sample: str, config: rcdiag.Cor
     (RS masked tokens and rows included) equal, every float within 1e-11 of the other (measured: 4e-13 at worst,
     a sequence chi2 whose row sums are exponentiated)."""
     path = SAMPLES / sample
-    compiled = _flat(rcdiag.analyze(path, config, device=NumpyBackend(compiled=True)).to_dict())
-    numpy = _flat(rcdiag.analyze(path, config, device=NumpyBackend(compiled=False)).to_dict())
-    assert _far_apart(compiled, numpy) == []
+    compiled = flat(rcdiag.analyze(path, config, device=NumpyBackend(compiled=True)).to_dict())
+    numpy = flat(rcdiag.analyze(path, config, device=NumpyBackend(compiled=False)).to_dict())
+    assert far_apart(compiled, numpy) == []
     masked = [k for k in compiled if k.endswith(("masked_tokens", "masked_rows")) or "rollout_rs_masked" in k]
     assert config is None or masked
 
 
 def _blocks(block: tuple, bands: tuple = ()) -> tuple[Block, Block]:
     old, rollout, mask, lengths = block
-    valid = lengths if mask is None else _valid_lengths(mask, lengths)
+    valid = lengths if mask is None else valid_per_row(mask, lengths)
     compiled = Block(NumpyBackend(), old, rollout, valid, mask=mask, raw_lengths=lengths, k1_bands=bands)
     numpy = Block(NumpyBackend(compiled=False), old, rollout, valid, mask=mask, raw_lengths=lengths)
     assert isinstance(compiled.passes, CompiledPasses) and isinstance(numpy.passes, NumpyPasses)
@@ -135,11 +73,11 @@ def test_the_numpy_token_sums_are_the_kernels(block) -> None:  # type: ignore[no
     compiled, numpy = (b.sums for b in _blocks(block))
     assert (compiled.nan, compiled.clamped) == (numpy.nan, numpy.clamped)
     assert compiled.log_ratio_counts.tolist() == numpy.log_ratio_counts.tolist()
-    assert _close(compiled.lr_min, numpy.lr_min, 0) and _close(compiled.lr_max, numpy.lr_max, 0)
+    assert same_or_close(compiled.lr_min, numpy.lr_min, 0) and same_or_close(compiled.lr_max, numpy.lr_max, 0)
     assert np.allclose(compiled.row_sum_old, numpy.row_sum_old, rtol=1e-12, atol=0, equal_nan=True)
     for name in ("abs_sum", "exp_abs_sum", "k3_sum"):
-        assert _close(getattr(compiled, name), getattr(numpy, name)), name
-    _assert_chi2(compiled.chi2_sum, numpy.chi2_sum, 2 * numpy.abs_sum + abs(numpy.chi2_sum))
+        assert same_or_close(getattr(compiled, name), getattr(numpy, name)), name
+    assert_chi2_close(compiled.chi2_sum, numpy.chi2_sum, 2 * numpy.abs_sum + abs(numpy.chi2_sum))
 
 
 @settings(max_examples=300, deadline=None)

@@ -9,35 +9,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_histogram import brute_force
+from token_sums_reference import SPECIAL, assert_chi2_close, brute_force, raw_blocks, same_or_close, valid_per_row
 
 from rcdiag.metrics.backend import NumpyBackend
 from rcdiag.metrics.block import Block
 from rcdiag.metrics.token_passes import fused_token_sums, generic_token_sums
 
 LOG_F32_MAX = math.log(float(np.finfo(np.float32).max))
-
-# log-probs a dump can hold: typical ones, tiny and large mismatches, the series' edge, infinities and NaN-makers
-SPECIAL = [0.0, -1e-7, -0.2499, -0.25, -0.2501, -3.0, -19.99, -20.0, -20.5, -89.0, -100.0, -np.inf]
-
-
-@st.composite
-def raw_blocks(draw):
-    """A raw block: rows of random lengths (some empty), values near each other or special, a mask or none."""
-    lengths = np.array(draw(st.lists(st.integers(0, 40), min_size=1, max_size=12)), dtype=np.int64)
-    n = int(lengths.sum())
-    seed = draw(st.integers(0, 2**32 - 1))
-    rng = np.random.default_rng(seed)
-    old = -np.abs(rng.normal(0.0, 2.0, n))
-    scale = draw(st.sampled_from([1e-6, 1e-3, 0.05, 0.3, 3.0]))
-    rollout = old + rng.normal(0.0, scale, n)
-    for values in (old, rollout):
-        special = rng.random(n) < draw(st.sampled_from([0.0, 0.05, 0.3]))
-        values[special] = rng.choice(SPECIAL, int(special.sum()))
-    rollout = np.minimum(rollout, 0.0)
-    mask = None if draw(st.booleans()) else rng.random(n) < 0.8
-    return old.astype(np.float32), rollout.astype(np.float32), mask, lengths
-
 
 def reference(old, rollout, mask, lengths) -> dict:
     """Token by token in Python floats (and long double for e^x - 1), the rules of verl's float32 arithmetic."""
@@ -86,12 +64,6 @@ def _sum(values: list[float]) -> float:
     return math.fsum(values)
 
 
-def _close(a: float, b: float, rel: float = 1e-12) -> bool:
-    if math.isnan(b) or math.isinf(b):
-        return (math.isnan(a) and math.isnan(b)) or a == b
-    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-300)
-
-
 @pytest.fixture(autouse=True)
 def _quiet():
     with np.errstate(all="ignore"):  # -inf - -inf: NaN, on purpose
@@ -107,57 +79,43 @@ def test_fused_pass_matches_brute_force(block) -> None:
     assert np.allclose(got.row_sum_old, ref["rows"][0], rtol=1e-12, atol=0, equal_nan=True)
     assert np.allclose(got.row_sum_rollout, ref["rows"][1], rtol=1e-12, atol=0, equal_nan=True)
     lo, hi = ref["range"]
-    assert _close(got.lr_min, lo, 0) and _close(got.lr_max, hi, 0)
+    assert same_or_close(got.lr_min, lo, 0) and same_or_close(got.lr_max, hi, 0)
     assert np.array_equal(got.row_lr_min, ref["row_range"][0], equal_nan=True)
     assert np.array_equal(got.row_lr_max, ref["row_range"][1], equal_nan=True)
     assert (got.nan, got.clamped) == (ref["nan"], ref["clamped"])
     assert got.log_ratio_counts.tolist() == ref["counts"]
     for name, value in (("abs", got.abs_sum), ("exp", got.exp_abs_sum), ("k3", got.k3_sum)):
-        assert _close(value, ref["sums"][name]), (name, value, ref["sums"][name])
-    _assert_chi2(got.chi2_sum, ref["sums"]["chi2"], ref["chi2_scale"])
+        assert same_or_close(value, ref["sums"][name]), (name, value, ref["sums"][name])
+    assert_chi2_close(got.chi2_sum, ref["sums"]["chi2"], ref["chi2_scale"])
 
 
 @settings(max_examples=200, deadline=None)
 @given(raw_blocks())
 def test_fused_pass_matches_the_generic_path(block) -> None:
     old, rollout, mask, lengths = block
-    valid = lengths if mask is None else _valid_lengths(mask, lengths)
+    valid = lengths if mask is None else valid_per_row(mask, lengths)
     fused = fused_token_sums(old, rollout, mask, lengths)
     generic = generic_token_sums(Block(NumpyBackend(), old, rollout, valid, mask=mask, raw_lengths=lengths))
     assert np.allclose(fused.row_sum_old, generic.row_sum_old, rtol=1e-12, atol=0, equal_nan=True)
     assert np.allclose(fused.row_sum_rollout, generic.row_sum_rollout, rtol=1e-12, atol=0, equal_nan=True)
-    assert _close(fused.lr_min, generic.lr_min, 0) and _close(fused.lr_max, generic.lr_max, 0)
+    assert same_or_close(fused.lr_min, generic.lr_min, 0) and same_or_close(fused.lr_max, generic.lr_max, 0)
     assert (fused.nan, fused.clamped) == (generic.nan, generic.clamped)
     assert fused.log_ratio_counts.tolist() == generic.log_ratio_counts.tolist()
     # the generic path computes e^|d| with numpy's float32 exp (as verl would): equal within its few ulps
-    assert _close(fused.exp_abs_sum, generic.exp_abs_sum, 4e-7)
-    assert _close(fused.abs_sum, generic.abs_sum, 1e-10)
-    _assert_chi2(fused.chi2_sum, generic.chi2_sum, 2 * generic.abs_sum + abs(generic.chi2_sum))
+    assert same_or_close(fused.exp_abs_sum, generic.exp_abs_sum, 4e-7)
+    assert same_or_close(fused.abs_sum, generic.abs_sum, 1e-10)
+    assert_chi2_close(fused.chi2_sum, generic.chi2_sum, 2 * generic.abs_sum + abs(generic.chi2_sum))
     # the generic path's expm1(d) - d cancels: about one ulp of d per token, absolute (the series does not)
     k3, k3_generic = fused.k3_sum, generic.k3_sum
     if math.isfinite(k3_generic):
         assert math.isclose(k3, k3_generic, rel_tol=1e-10, abs_tol=1e-15 * generic.abs_sum), (k3, k3_generic)
     else:
-        assert _close(k3, k3_generic)
+        assert same_or_close(k3, k3_generic)
 
 
 def _block(old, rollout, mask, lengths) -> Block:
-    valid = lengths if mask is None else _valid_lengths(mask, lengths)
+    valid = lengths if mask is None else valid_per_row(mask, lengths)
     return Block(NumpyBackend(), old, rollout, valid, mask=mask, raw_lengths=lengths)
-
-
-def _assert_chi2(got: float, expected: float, scale: float) -> None:
-    """chi2 terms e^(2d) - 1 have both signs, so their sum can cancel: compared at the rounding of its terms
-    (``scale`` bounds the sum of their magnitudes; e^(2d) - 1 is about 2d for small d)."""
-    if math.isfinite(expected) and math.isfinite(scale):
-        assert math.isclose(got, expected, rel_tol=1e-12, abs_tol=1e-13 * scale), (got, expected)
-    else:
-        assert _close(got, expected), (got, expected)
-
-
-def _valid_lengths(mask: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    ends = np.cumsum(lengths)
-    return np.array([int(mask[e - n : e].sum()) for n, e in zip(lengths.tolist(), ends.tolist(), strict=True)], dtype=np.int64)
 
 
 @pytest.mark.parametrize("d", [0.2499999, 0.25, -0.25, 0.2500001, 1e-30, -1e-8, 19.999, 20.0, 20.0001, 88.7, 88.8])
@@ -168,7 +126,7 @@ def test_series_edge_and_bounds(d: float) -> None:
     got = fused_token_sums(old, rollout, None, np.array([1]))
     ref = reference(old, rollout, None, np.array([1]))
     for name, value in (("exp", got.exp_abs_sum), ("k3", got.k3_sum), ("chi2", got.chi2_sum)):
-        assert _close(value, ref["sums"][name]), (d, name, value, ref["sums"][name])  # one token: no cancelling
+        assert same_or_close(value, ref["sums"][name]), (d, name, value, ref["sums"][name])  # one token: no cancelling
     assert got.clamped == ref["clamped"]
 
 
@@ -186,7 +144,7 @@ def test_statistic_pass_matches_numpy(block, estimator) -> None:
     """The fused statistic equals numpy's per-token arrays (k1, k2 to the bit; k3, rounded once from float64, to
     one float32 ulp) and its per-row sums and extremes equal numpy's segment reductions."""
     old, rollout, mask, lengths = block
-    valid = lengths if mask is None else _valid_lengths(mask, lengths)
+    valid = lengths if mask is None else valid_per_row(mask, lengths)
     keep = np.ones(old.shape[0], dtype=bool) if mask is None else mask
     d = np.clip(old[keep] - rollout[keep], np.float32(-20), np.float32(20))
     expected = {
@@ -202,10 +160,10 @@ def test_statistic_pass_matches_numpy(block, estimator) -> None:
     ends = np.cumsum(valid)
     for r, (n, end) in enumerate(zip(valid.tolist(), ends.tolist(), strict=True)):
         row = got.stat[end - n : end].astype(np.float64)
-        assert _close(got.row_sum[r], math.fsum(row.tolist()) if not np.isnan(row).any() else math.nan, 1e-12)
+        assert same_or_close(got.row_sum[r], math.fsum(row.tolist()) if not np.isnan(row).any() else math.nan, 1e-12)
         top = np.max(row) if n else -math.inf  # NaN propagates, as torch's max
         bottom = np.min(row) if n else math.inf
-        assert _close(got.row_max[r], top, 0) and _close(got.row_min[r], bottom, 0)
+        assert same_or_close(got.row_max[r], top, 0) and same_or_close(got.row_min[r], bottom, 0)
 
 
 BANDS = [(-0.3, 0.3), (0.0, 1e-3), (0.2, -0.2), (-20.0, 20.0), (-25.0, 3.0), (-0.6931472, 0.6931472)]
@@ -223,7 +181,7 @@ def test_band_matches_brute_force(block, estimator, thresholds, path) -> None:
     rejected, an inverted k1 band rejecting everything, bounds at and beyond the clamp), from the statistic's
     own pass and, for k1, from the token pass that takes the configuration's bands while it reads the rows."""
     old, rollout, mask, lengths = block
-    valid = lengths if mask is None else _valid_lengths(mask, lengths)
+    valid = lengths if mask is None else valid_per_row(mask, lengths)
     lo, hi = (float(np.float32(x)) for x in thresholds)
     two_sided = estimator == "k1"
     fused = path == "token pass" and two_sided
@@ -285,7 +243,7 @@ def test_padding_anywhere_changes_no_bit(block, seed) -> None:
     for name in ("lr", "row_lr_min", "row_lr_max", "row_sum_old", "row_sum_rollout", "log_ratio_counts"):
         assert np.array_equal(getattr(plain, name), getattr(padded, name), equal_nan=True), name
     for name in ("lr_min", "lr_max", "nan", "abs_sum", "exp_abs_sum", "k3_sum", "chi2_sum", "clamped"):
-        assert _close(getattr(plain, name), getattr(padded, name), 0), name
+        assert same_or_close(getattr(plain, name), getattr(padded, name), 0), name
 
 
 @settings(max_examples=300, deadline=None)
@@ -301,7 +259,7 @@ def test_screen_range_matches_numpy(patterns, seed) -> None:
         values = np.where(rng.random(values.shape[0]) < 0.9, rng.normal(0, 10, values.shape[0]), values)
         values = values.astype(np.float32)
     lo, hi = value_range(values)
-    assert _close(lo, float(values.min()), 0) and _close(hi, float(values.max()), 0)
+    assert same_or_close(lo, float(values.min()), 0) and same_or_close(hi, float(values.max()), 0)
 
 
 def test_a_block_is_freed_without_the_cycle_collector() -> None:

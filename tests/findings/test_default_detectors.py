@@ -16,10 +16,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from conftest import SAMPLES, run
+from explain_sums_reference import assert_sums_match, blocks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from shape_dumps import defect_dump, dump
-from test_explain_kernel import assert_sums_match, blocks
 
 import rcdiag
 from rcdiag.explain.detector_state import DetectorState
@@ -65,7 +65,7 @@ def _block(old, rollout, mask, lengths, compiled: bool) -> Block:  # type: ignor
 @given(data=blocks(), compiled=st.booleans())
 def test_the_detectors_sums_are_the_explain_pass_without_its_breakdowns(data, compiled: bool) -> None:  # type: ignore[no-untyped-def]
     """On the kernel (``compiled``) and on its numpy twin: bit for bit what ``--explain``'s pass adds to the same
-    sums, and the definitions' (tests/engine/test_explain_kernel.py's brute force): counts exactly, sums to rounding."""
+    sums, and the definitions' (tests/explain_sums_reference.py's brute force): counts exactly, sums to rounding."""
     old, rollout, mask, lengths = data
     block = _block(old, rollout, mask, lengths, compiled)
     slim, full = DetectorState(), ExplainState()

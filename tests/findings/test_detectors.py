@@ -12,14 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import SAMPLES
+from explain_states import drift_state
 from generator_model import expected
 from severities import checked
 
 import rcdiag
 from rcdiag.explain import detectors
-from rcdiag.explain.breakdowns import GROUPS, N_DOUBLING, SUMS
 from rcdiag.explain.detectors import DETECTORS, mismatch_trend, position_drift
-from rcdiag.explain.state import ExplainState
 from rcdiag.io import synthetic
 from rcdiag.io.synthetic import SCENARIOS, Scenario
 
@@ -136,17 +135,6 @@ def test_topk_sample_offset_is_the_missing_mass() -> None:
 
 
 # ------------------------------------------------------------------------------------------ boundaries
-
-
-def drift_state(early_k3: float, late_k3: float) -> ExplainState:
-    """Every row group holds 1024 early and 1024 late tokens with the given k3_kl."""
-    state = ExplainState()
-    sums = np.zeros((GROUPS, N_DOUBLING, len(SUMS)))
-    for bucket, k3 in ((0, early_k3), (4, late_k3)):
-        sums[:, bucket, 0] = 1024
-        sums[:, bucket, SUMS.index("k3")] = 1024 * k3
-    state.breakdowns.position = sums
-    return state
 
 
 def test_position_drift_threshold_is_inclusive() -> None:

@@ -6,9 +6,8 @@ import math
 
 import numpy as np
 import pytest
-from conftest import padded_chunk, random_batch, run_padded
+from conftest import padded_chunk, random_batch, rows_with_ratios, run_padded
 from severities import checked
-from test_scenarios import rows_with_ratios
 
 import rcdiag
 from rcdiag.diagnosis.health import FINDING_CODES

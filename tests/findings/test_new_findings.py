@@ -9,10 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, padded_chunk, run_padded
+from conftest import ROOT, padded_chunk, rows_with_ratios, run_padded
 from generator_model import expected
 from severities import checked
-from test_scenarios import rows_with_ratios
 
 import rcdiag
 from rcdiag.diagnosis.health import Context, _kl_k3, kl_k3_critical

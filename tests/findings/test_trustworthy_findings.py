@@ -8,11 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SAMPLES, padded_chunk
+from conftest import SAMPLES, padded_chunk, rows_with_ratios
 from dumps24 import long_biased, short_without_steps, swapped, uniform_spikes
+from explain_states import drift_state
 from severities import checked
-from test_detectors import drift_state
-from test_scenarios import rows_with_ratios
 
 import rcdiag
 from rcdiag.diagnosis.health import (

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from child_process import ENV, SLOW, has_open
 from conftest import SAMPLES, require, write_dump
 from hostile import run_capped
-from test_process import ENV, SLOW, _has_open, big_dump  # noqa: F401  (the fixture, asked for by name)
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo") or sys.platform != "linux", reason="FIFOs and /proc: Linux")
 
@@ -253,14 +253,14 @@ def test_a_signal_ends_a_waiting_watch_at_once(tmp_path: Path, signum: int, code
 @pytest.mark.parametrize(("signum", "code"), SIGNALS)
 def test_a_signal_ends_a_run_reading_a_large_dump_at_once(
     tmp_path: Path,
-    big_dump: Path,  # noqa: F811  (test_process's fixture)
+    big_dump: Path,
     signum: int,
     code: int,
 ) -> None:
     opened: list[float] = []
 
     def reading(process: subprocess.Popen) -> bool:
-        if not opened and _has_open(process.pid, big_dump):
+        if not opened and has_open(process.pid, big_dump):
             opened.append(time.monotonic())
         return bool(opened) and time.monotonic() - opened[0] > 0.5
 

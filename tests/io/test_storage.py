@@ -5,7 +5,6 @@ from there; a missing bucket, key or prefix is exit 2 with one line naming the U
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -13,40 +12,10 @@ import pyarrow as pa
 import pyarrow.feather as feather
 import pytest
 from conftest import BUCKET, SAMPLES, random_batch, run, shard_columns
+from shard_reports import FLAGS, analyze_json, close, same_report
 
 import rcdiag
 from rcdiag.io.storage import filesystem
-
-FLAGS = ("--is", "token", "--rs", "token_k1,seq_mean_k3", "--rs-threshold", "0.7_1.4,0.05", "--on-bad-row", "skip")
-
-
-def close(a: dict, b: dict, tol: float = 1e-12) -> None:
-    assert list(a) == list(b)
-    for key in a:
-        if a[key] is None or b[key] is None:
-            assert a[key] is None and b[key] is None, key
-        else:
-            assert math.isclose(a[key], b[key], rel_tol=tol, abs_tol=tol), (key, a[key], b[key])
-
-
-def same_report(a: dict, b: dict) -> None:
-    """Two JSON reports with the same metrics (1e-12), steps and counts (skipped rows included)."""
-    close(a["metrics"], b["metrics"])
-    close(a["extras"], b["extras"])
-    assert [s["step"] for s in a["steps"]] == [s["step"] for s in b["steps"]]
-    for x, y in zip(a["steps"], b["steps"], strict=True):
-        close(x["metrics"], y["metrics"])
-        assert x["rows"] == y["rows"]
-    for key in ("rows", "tokens", "valid_tokens", "skipped_rows", "skipped_by_reason", "neg_inf_tokens", "files"):
-        assert a["input"][key] == b["input"][key], key
-    assert [f["code"] for f in a["findings"]] == [f["code"] for f in b["findings"]]
-    assert a["exact"] == b["exact"]  # counts and the first differing rows, in reading order, however it was read
-
-
-def analyze_json(capsys: pytest.CaptureFixture, path: str, *flags: str) -> dict:
-    code, out, err = run(capsys, "analyze", path, *FLAGS, *flags, "--format", "json")
-    assert code == 0, err
-    return json.loads(out)
 
 
 def test_a_prefix_a_glob_and_an_object_read_as_the_local_files(

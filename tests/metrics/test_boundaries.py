@@ -13,9 +13,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, SAMPLES, run_padded
+from conftest import ROOT, SAMPLES, rows_with_ratios, run_padded
 from severities import SEVERITIES, checked
-from test_scenarios import rows_with_ratios
 from verl_oracle import require_verl, verl_metrics
 
 import rcdiag

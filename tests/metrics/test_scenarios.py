@@ -6,25 +6,12 @@ import math
 
 import numpy as np
 import pytest
-from conftest import random_batch, run_padded
+from conftest import random_batch, rows_with_ratios, run_padded
 
 import rcdiag
 from rcdiag.runtime.errors import ConfigError, InputError
 
 P = "rollout_corr/"
-
-
-def rows_with_ratios(ratios: list[list[float]], rollout_lp: float = -3.0) -> tuple[np.ndarray, ...]:
-    """A padded batch whose per-token ratios pi_train/pi_rollout are given (NaN = padding)."""
-    width = max(len(r) for r in ratios) if ratios else 0
-    old = np.full((len(ratios), width), -1.0, np.float32)
-    rollout = np.full((len(ratios), width), rollout_lp, np.float32)
-    mask = np.zeros((len(ratios), width), np.int64)
-    for i, row in enumerate(ratios):
-        for j, r in enumerate(row):
-            old[i, j] = rollout_lp + math.log(r)
-            mask[i, j] = 1
-    return old, rollout, mask
 
 
 def test_token_rs_masks_tokens_and_keeps_weights() -> None:

@@ -14,26 +14,12 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import ROOT, SAMPLES, one_line_error, require, run, write_dump
+from tracking_readers import mlflow_metrics, tensorboard_scalars
 
 from rcdiag.export.tracking import MlflowTracker, TensorBoardTracker, TrackingOptions, export_report, step_values
 from rcdiag.records.report import Report
 
 SAMPLE = SAMPLES / "step_trend.parquet"
-
-
-def tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
-    """tag -> [(step, value)] as TensorBoard's own reader loads them."""
-    accumulator = require("tensorboard.backend.event_processing.event_accumulator", "tracking")
-    events = accumulator.EventAccumulator(str(directory), size_guidance={accumulator.SCALARS: 0})
-    events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-
-
-def mlflow_metrics(uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
-    """key -> [(step, value)] of one run, as MLflow's own client reads them."""
-    client = require("mlflow.tracking", "tracking").MlflowClient(tracking_uri=uri)
-    keys = client.get_run(run_id).data.metrics
-    return {key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key)) for key in keys}
 
 
 def expected(report: dict[str, Any], *, float32: bool = False) -> dict[str, list[tuple[int, float]]]:

@@ -3,7 +3,6 @@ sparklines, the size bound, the missing plotting extra and the start-up imports.
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import subprocess
@@ -15,45 +14,19 @@ import pytest
 from conftest import ROOT, SAMPLES, run
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from page_checks import not_blank, opened
 
 from rcdiag.catalogue import metric
 from rcdiag.render.panels import MAX_POINTS, TRENDS, sparkline, thinned
 
 pytest.importorskip("matplotlib")
-Image = pytest.importorskip("PIL.Image")  # matplotlib's own dependency
+pytest.importorskip("PIL.Image")  # matplotlib's own dependency (page_checks.not_blank reads the pictures with it)
 
 PROBLEM = str(SAMPLES / "train_forgot_temperature.parquet")
 HEALTHY = str(SAMPLES / "healthy.parquet")
 ENGINE = ("--is", "token", "--rs", "token_k1,seq_mean_k3", "--rs-threshold", "0.5_2.0,0.01")
 MAIN_METRICS = ("kl", "k3_kl", "chi2_token", "chi2_seq", "ppl_ratio", "rollout_is_mean", "rollout_is_eff_sample_size",
                 "rollout_rs_masked_fraction")  # fmt: skip
-
-
-def not_blank(png: bytes) -> tuple[int, int]:
-    """The image's size, after checking it is a picture: many colours, a good share of non-white pixels."""
-    image = Image.open(io.BytesIO(png)).convert("RGB")
-    pixels = np.asarray(image)
-    inked = (pixels < 235).any(axis=2).mean()
-    colours = len(np.unique(pixels.reshape(-1, 3)[:: max(pixels.shape[0] * pixels.shape[1] // 200_000, 1)], axis=0))
-    assert inked > 0.03 and colours > 50, (inked, colours)
-    return image.size
-
-
-def assert_clean_offline_load(load: object, page: Path) -> None:
-    assert load.requests == [page.resolve().as_uri()]  # type: ignore[attr-defined]  # the file itself, nothing else
-    assert load.failed == [] and load.console_errors == []  # type: ignore[attr-defined]
-    not_blank(load.screenshot)  # type: ignore[attr-defined]
-
-
-def opened(browser: object, capsys: pytest.CaptureFixture, tmp_path: Path, *args: str) -> tuple[Path, object, dict]:
-    """Run ``rcdiag ARGS --html`` (and ``--format json``), open the page offline and check that it loaded
-    cleanly: the page, what the browser saw, and the JSON result."""
-    page, result = tmp_path / "page.html", tmp_path / "result.json"
-    code, _, err = run(capsys, *args, "-q", "--html", str(page), "--format", "json", "-o", str(result))
-    assert code == 0 and f"wrote {page}" in err
-    load = browser.open_offline(page)  # type: ignore[attr-defined]
-    assert_clean_offline_load(load, page)
-    return page, load, json.loads(result.read_text())
 
 
 # ------------------------------------------------------------------------------------------- the browser

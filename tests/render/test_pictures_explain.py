@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from conftest import SAMPLES, run
-from test_pictures import opened
+from page_checks import opened
 
 import rcdiag
 from rcdiag.explain.worst import PLOTTED, TRACE_POINTS, token_trace

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SAMPLES, run
-from test_pictures import opened
+from page_checks import opened
 
 pytest.importorskip("matplotlib")
 OUTLIERS = str(SAMPLES / "outliers.parquet")

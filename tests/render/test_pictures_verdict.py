@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from conftest import SAMPLES, run
-from test_pictures import assert_clean_offline_load, not_blank
+from page_checks import assert_clean_offline_load, not_blank
 
 import rcdiag
 from rcdiag.compare import compare, compare_reports

@@ -94,8 +94,7 @@ def _prefixes(option: str) -> tuple[str, ...]:
 
 def test_every_row_equals_verl_per_step(capsys: pytest.CaptureFixture, stepped_dump: tuple) -> None:
     torch = require_verl()  # skips saying what to install; fails under CI=true
-    from test_verl_conformance import _close as close_to_verl
-    from test_verl_conformance import spreads
+    from verl_cases import close_to_verl, spreads
 
     path, old, rollout, mask = stepped_dump
     per_step = old.shape[0] // 3

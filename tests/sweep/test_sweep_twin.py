@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from compiled_paths import far_apart, flat, without_numba_then_forced
 from conftest import SAMPLES, padded_chunk, random_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_small_path import _far_apart, _flat, _without_numba_then_forced
-from test_sweep_kernel import blocks
-from test_token_kernel import _valid_lengths, raw_blocks
+from sweep_blocks import blocks
+from token_sums_reference import raw_blocks, valid_per_row
 
 from rcdiag.kernels.sweep import SUB_BLOCK, scan
 from rcdiag.metrics.backend import NumpyBackend
@@ -132,7 +132,7 @@ def test_a_masked_block_takes_the_twin_on_the_numpy_path(block, seed) -> None:  
     backend, the twin on the numpy path; the k statistics are the same bits on both paths (tests/engine/test_small_path.py),
     so each cell holds the same tokens, edges at the block's own values included."""
     old, rollout, mask, lengths = block
-    valid = lengths if mask is None else _valid_lengths(mask, lengths)
+    valid = lengths if mask is None else valid_per_row(mask, lengths)
     made = [Block(NumpyBackend(compiled=c), old, rollout, valid, mask=mask, raw_lengths=lengths) for c in (True, False)]
     assert uses_kernel(made[0].b) and not uses_kernel(made[1].b)
     rng = np.random.default_rng(seed)
@@ -157,7 +157,7 @@ COUNTED = ("masked_fraction", "fraction_high", "fraction_low", "oob_ratio", "_re
 
 
 def _sweep_json(path: Path, compiled: bool) -> dict[str, object]:
-    return _flat(sweep(path, device=NumpyBackend(compiled=compiled)).to_dict())
+    return flat(sweep(path, device=NumpyBackend(compiled=compiled)).to_dict())
 
 
 @pytest.mark.parametrize("sample", sorted(p.name for p in SAMPLES.glob("*.parquet")))
@@ -167,7 +167,7 @@ def test_every_sample_sweep_is_the_kernels(sample: str) -> None:
     every float within 1e-11 (measured: 6.3e-13 at worst)."""
     want, got = _sweep_json(SAMPLES / sample, True), _sweep_json(SAMPLES / sample, False)
     assert got.keys() == want.keys()
-    assert _far_apart(want, got) == []
+    assert far_apart(want, got) == []
     counted = [k for k in want if k.endswith(COUNTED) or k.startswith(".recommendations")]
     assert len(counted) > 100
     assert [got[k] for k in counted] == [want[k] for k in counted]  # counts over counts: exactly
@@ -177,7 +177,7 @@ def test_a_small_sweep_imports_no_numba(tmp_path: Path) -> None:
     """A fresh machine (empty numba cache): a small dump's sweep loads no numba or llvmlite module, says nothing
     about compiling and writes no kernel cache; forced to the kernels it does all three, and prints the same
     counts."""
-    done, forced = _without_numba_then_forced(tmp_path, "sweep", str(SAMPLES / "healthy.parquet"), "--format", "json")
+    done, forced = without_numba_then_forced(tmp_path, "sweep", str(SAMPLES / "healthy.parquet"), "--format", "json")
     counts = [line for line in done.stdout.splitlines() if "masked_fraction" in line]
     assert len(counts) > 100
     assert counts == [line for line in forced.stdout.splitlines() if "masked_fraction" in line]

@@ -9,87 +9,27 @@ is pinned elsewhere; here only what is clearly right today (nothing at warning l
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT, TESTS
+from conftest import ROOT
+from scenario_dumps import CHECKPOINT, N_RESPONSES, SCENARIO_NAMES
+from shape_dumps import realmodel
 
 import rcdiag
 
-HERE = TESTS / "realmodel"
-CHECKPOINT = HERE / "checkpoint.pt"
-N_RESPONSES = 512
-SEED = 0
-SCENARIO_NAMES = [
-    "clean_fp32",
-    "bf16",
-    "int4",
-    "temperature_0.9",
-    "temperature_0.7",
-    "topk_50",
-    "topp_0.95",
-    "rope_low_precision",
-    "drift",
-    "spikes",
-    "swapped",
-    "swapped_int4",
-]
-"""The dumps the tests build: every scenario but fp16 (bf16 stands for the precision class). Spelled out so that
-the module imports without torch, and a missing torch is reported by each test (a failure under CI=true)."""
 SWAPPED = ("swapped", "swapped_int4")
-
-
-def realmodel() -> Any:
-    """tests/realmodel (it needs torch: without it the test skips saying what to install, or fails under CI)."""
-    pytest.importorskip("torch")
-    import realmodel as package
-
-    return package
 
 
 BUILD_BUDGET_S = 240.0
 """All twelve dumps, cold, on 2 loaded cores (measured: see the module's fixture output and the README)."""
-
-
-def _cache_key() -> str:
-    digest = hashlib.sha256()
-    for file in [*sorted(HERE.glob("*.py")), CHECKPOINT]:
-        digest.update(file.name.encode() + file.read_bytes())
-    digest.update(f"{N_RESPONSES} {SEED}".encode())
-    return digest.hexdigest()[:16]
-
-
-@pytest.fixture(scope="session")
-def real_dumps() -> dict[str, dict]:
-    """Every scenario's dump, built once and cached on disk under the temp directory, keyed by the hash of the
-    model code, the checkpoint and the sizes (a second session reuses them). Each entry: path, tokens, seconds."""
-    root = Path(tempfile.gettempdir()) / f"rcdiag-realmodel-{_cache_key()}"
-    index = root / "index.json"
-    make_dump = realmodel().make_dump
-    if not index.exists():
-        building = Path(tempfile.mkdtemp(prefix=".building-", dir=root.parent))
-        built = {}
-        for name in SCENARIO_NAMES:
-            dump = make_dump(name, building / name, seed=SEED, n_responses=N_RESPONSES)
-            built[name] = {"tokens": dump.tokens, "steps": dump.steps, "seconds": round(dump.seconds, 2)}
-        (building / "index.json").write_text(json.dumps(built, indent=1))
-        try:
-            building.rename(root)
-        except OSError:  # another session finished first
-            shutil.rmtree(building, ignore_errors=True)
-    built = json.loads(index.read_text())
-    return {name: {**facts, "path": root / name} for name, facts in built.items()}
 
 
 def columns(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -264,7 +204,9 @@ def test_rcdiag_raises_nothing_on_the_clean_dump(real_dumps: dict[str, dict]) ->
 
 
 if __name__ == "__main__":  # the table of measured values: PYTHONPATH=.:tests python tests/verdict/test_real_model.py
-    for name, facts in real_dumps.__wrapped__().items():
+    from scenario_dumps import built_dumps
+
+    for name, facts in built_dumps().items():
         d, response = log_ratio(facts["path"])
         report = _analyze(facts["path"])
         m = report["metrics"]

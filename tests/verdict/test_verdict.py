@@ -15,7 +15,6 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, SAMPLES
 from dumps24 import long_biased
-from test_real_model import real_dumps  # noqa: F401  (the session fixture building the real-model dumps)
 
 import rcdiag
 from rcdiag.catalogue import FINDINGS
@@ -58,7 +57,7 @@ def _classes(report: Report) -> list[str]:
 
 
 @pytest.mark.parametrize("scenario", sorted(REAL))
-def test_real_model_dumps_get_their_status_and_class(real_dumps: dict, scenario: str) -> None:  # noqa: F811
+def test_real_model_dumps_get_their_status_and_class(real_dumps: dict, scenario: str) -> None:
     status, classes, rs = REAL[scenario]
     report = rcdiag.analyze(real_dumps[scenario]["path"])
     verdict = report.verdict
@@ -92,7 +91,7 @@ REAL_EXPLAINED = {
 
 @pytest.mark.parametrize("explain", [False, True], ids=["default", "explain"])
 @pytest.mark.parametrize("scenario", sorted(REAL_EXPLAINED))
-def test_real_model_dumps_name_the_planted_bug(real_dumps: dict, scenario: str, explain: bool) -> None:  # noqa: F811
+def test_real_model_dumps_name_the_planted_bug(real_dumps: dict, scenario: str, explain: bool) -> None:
     report = rcdiag.analyze(real_dumps[scenario]["path"], explain=explain)
     assert report.verdict is not None
     assert (report.verdict.status, _classes(report)) == REAL_EXPLAINED[scenario], report.verdict.headline
@@ -169,7 +168,7 @@ def _arrays(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return lr, response, len(lengths)
 
 
-def test_effect_matches_a_brute_force_count(real_dumps: dict) -> None:  # noqa: F811
+def test_effect_matches_a_brute_force_count(real_dumps: dict) -> None:
     """spikes: token TIS 2.0 + token_k1 on |log-ratio| <= 1: the rejected tokens and responses, the truncated share
     and the ESS, counted over the dump's arrays with numpy."""
     path = real_dumps["spikes"]["path"]
@@ -207,7 +206,7 @@ def _cli_analyze(path: Path, *args: str) -> dict:
 
 
 @pytest.mark.parametrize("scenario", ["int4", "spikes"])
-def test_every_prescription_passes_analyzes_own_findings(real_dumps: dict, scenario: str) -> None:  # noqa: F811
+def test_every_prescription_passes_analyzes_own_findings(real_dumps: dict, scenario: str) -> None:
     """The prescribed setting, given to ``rcdiag analyze`` on the same dump, raises none of the findings a
     prescription is checked against, and its metrics are the effect the verdict quoted (no second pass then)."""
     path = real_dumps[scenario]["path"]

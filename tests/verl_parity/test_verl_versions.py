@@ -1,7 +1,7 @@
 """``--verl-version``: rcdiag against the code of each verl release it reproduces (v0.7.1, v0.8.0, v0.9.0; 0.9.1
 runs 0.9.0's byte-identical code), loaded from .gl/verl-<version> (tests/verl_oracle.py).
 
-Same keys, same order, same values (the tolerances of tests/verl_parity/test_verl_conformance.py, with v0.7.1's std/ESS on
+Same keys, same order, same values (the tolerances of tests/verl_cases.py, with v0.7.1's std/ESS on
 the raw weights clamped to [1/U, U]); options a release lacked are refused naming the first release with them.
 """
 
@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT, ragged_lists, random_batch, run, run_padded, write_dump
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_verl_conformance import CONFIGS, F32_ULP, VALUE_ULPS, _close, any_config, spreads
+from verl_cases import CONFIGS, F32_ULP, VALUE_ULPS, any_config, close_to_verl, spreads
 from verl_oracle import ORACLE_VERSIONS, load_verl, require_verl, verl_metrics
 
 from rcdiag import analyze
@@ -104,7 +104,7 @@ def assert_matches(ours: dict, expected: dict, bounds: dict, raw_magnitude: floa
         elif key == P + "rollout_is_seq_std":  # torch.std of float32 row means, which v0.7.1 takes of raw weights
             ok = math.isclose(got, want, rel_tol=1e-4, abs_tol=VALUE_ULPS * F32_ULP * raw_magnitude + 1e-6)
         else:
-            ok = _close(got, want, key, bounds)
+            ok = close_to_verl(got, want, key, bounds)
         if not ok:
             bad.append((key, got, want))
     assert not bad, bad

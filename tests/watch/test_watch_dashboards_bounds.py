@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, SAMPLES, require, write_dump
 from hostile import run_capped
-from test_dashboards import tensorboard_scalars
+from tracking_readers import tensorboard_scalars
 
 from rcdiag.watch.forecast import MIN_POINTS, Forecast, NoTrend, forecast_crossing, trend
 
