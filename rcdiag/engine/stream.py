@@ -244,9 +244,11 @@ class EngineState(StepStates[BatchMetrics]):
     """``rcdiag analyze``'s state: one ``BatchMetrics`` per step."""
 
     KIND: ClassVar[str] = "analyze"
+    debug: bool = True
+    """Whether its batches compute verl's ``training/*`` debug metrics (the sweep's verdict pass does not)."""
 
     def new_batch(self) -> BatchMetrics:
-        return BatchMetrics(self.resolved)
+        return BatchMetrics(self.resolved, debug=self.debug)
 
 
 class SavedCounts(TypedDict):

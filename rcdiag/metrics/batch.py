@@ -125,10 +125,16 @@ class GroupedBatch(ABC):
 class BatchMetrics(GroupedBatch):
     """The accumulators of one batch; ``update`` with blocks, ``merge`` batches, ``compute`` the metrics."""
 
-    def __init__(self, resolved: ResolvedConfig) -> None:
+    def __init__(self, resolved: ResolvedConfig, *, debug: bool = True) -> None:
+        """``debug=False`` leaves out verl's ``training/*`` debug metrics: the sweep's verdict reads none of them,
+        and on its hot path they cost a fifth of what heading it with analyze's verdict adds."""
         super().__init__()
         self.resolved = resolved
-        self.debug = None if resolved.config.bypass_mode else DebugMetrics(resolved.version)
+        decoupled = not resolved.config.bypass_mode
+        self.debug = DebugMetrics(resolved.version) if decoupled and debug else None
+        self.debug_raises_on_empty = decoupled and not resolved.version.debug_metrics_on_empty
+        """verl 0.7.1's ``calculate_debug_metrics`` raises first on a batch without a valid token (decoupled mode),
+        whether or not its metrics are computed here."""
         self.importance = ISMetrics(resolved.is_spec, resolved.version) if resolved.is_spec is not None else None
         self.rs_options = [RSOptionMetrics(option) for option in resolved.rs_options]
         self.rs_aggregate = RSAggregateMetrics(resolved.rs_options) if self.rs_options else None
@@ -167,7 +173,7 @@ class BatchMetrics(GroupedBatch):
             raw.update(values)
             crashes.extend(prefixed_crash(crash) for crash in group_crashes)
         if self.valid_tokens == 0:
-            crashes = [empty_batch_crash(debug_raises=self.debug is not None and not self.debug.on_empty)]
+            crashes = [empty_batch_crash(debug_raises=self.debug_raises_on_empty)]
         metrics: dict[str, MetricValue] = {}
         extras: dict[str, MetricValue] = {}
         for key, value in raw.items():

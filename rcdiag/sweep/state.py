@@ -45,10 +45,10 @@ class PointResult:
 
 class SweepBatch(GroupedBatch):
     """Every option of the grid over one batch, and analyze's own metrics of it (``analysis``: verl's metrics-only
-    default, what the verdict reads): their accumulators (``groups``), fed, merged and saved as ``BatchMetrics``'
-    are."""
+    default, what the verdict reads, less verl's ``training/*`` debug metrics, which no rule reads): their
+    accumulators (``groups``), fed, merged and saved as ``BatchMetrics``' are."""
 
-    LAYOUT: ClassVar[str] = "analysis, then each option"
+    LAYOUT: ClassVar[str] = "analysis without debug, then each option"
     """What ``groups`` holds, in order (in the state layout hash: a sweep state saved without ``analysis`` is
     refused, never read into the wrong groups)."""
 
@@ -61,7 +61,9 @@ class SweepBatch(GroupedBatch):
     ) -> None:
         super().__init__()
         self.grid = grid
-        self.analysis = BatchMetrics(resolved or CorrectionConfig(verl_version=grid.verl_version).resolve())
+        self.analysis = BatchMetrics(
+            resolved or CorrectionConfig(verl_version=grid.verl_version).resolve(), debug=False
+        )
         self.collector = collector
         """The state's pooled collector for recommendations (fed every block; not this batch's to merge)."""
         version = verl_version(grid.verl_version)
@@ -144,7 +146,9 @@ class SweepState(StepStates[SweepBatch]):
         step's analyze metrics and the whole-dump sections' states, shared with this state (read before the report
         consumes the batches); what the verdict is built from."""
         batches = {step: batch.analyzed() for step, batch in self.batches.items()}
-        return EngineState(self.resolved, batches, self.rows, self.tokens, self.valid_tokens, dict(self.whole_dump))
+        state = EngineState(self.resolved, batches, self.rows, self.tokens, self.valid_tokens, dict(self.whole_dump))
+        state.debug = False  # its batches hold no debug group, so the pooled batch holds none either
+        return state
 
     def merge(self, other: SweepState) -> SweepState:
         if self.grid.specs() != other.grid.specs():

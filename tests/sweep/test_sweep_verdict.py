@@ -209,3 +209,38 @@ def test_sweep_chunks_gives_analyze_chunks_verdict() -> None:
         analyzed, swept = rcdiag.analyze_chunks(chunks), sweep_chunks(chunks)
         assert swept.verdict == analyzed.verdict is not None
         assert swept.advice is not None and swept.advice.status == analyzed.verdict.status
+
+
+def test_the_verdict_pass_runs_no_debug_metrics_and_keeps_verl_0_7_1s_empty_batch_crash() -> None:
+    """The sweep's verdict pass leaves out verl's ``training/*`` debug metrics (no rule reads them; they cost a fifth
+    of what heading the sweep with a verdict adds), yet says what verl 0.7.1 does with a step without a valid token
+    (``calculate_debug_metrics`` raises first, in decoupled mode), as analyze does: the same verdict, word for word."""
+    import numpy as np
+
+    import rcdiag
+    from rcdiag.io import Chunk
+    from rcdiag.metrics.debug import DebugMetrics
+    from rcdiag.sweep import sweep_chunks
+    from rcdiag.sweep.cells import Passes
+    from rcdiag.sweep.grid import build_grid
+    from rcdiag.sweep.state import SweepBatch
+
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(20, 60, size=200)
+    old = -rng.exponential(2.0, lengths.sum()).astype(np.float32) - 0.5
+    rollout = (old + rng.normal(0.0, 0.05, old.size)).astype(np.float32)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    steps = np.repeat([0, 1], 100).astype(np.int64)
+    mask = np.ones(old.size, dtype=np.float32)
+    mask[offsets[100] :] = 0.0  # step 1: no valid token
+    chunks = [Chunk(old, rollout, offsets, mask=mask, steps=steps)]
+    grid = build_grid(rs_options=["token_k1"], version="0.7.1")
+    analyzed = rcdiag.analyze_chunks(chunks, rcdiag.CorrectionConfig(verl_version="0.7.1"))
+    swept = sweep_chunks(chunks, grid)
+    assert any(key.startswith("training/") for key in analyzed.steps[0].metrics)
+    assert any("calculate_debug_metrics" in finding.message for finding in analyzed.findings)
+    assert swept.verdict == analyzed.verdict is not None
+    assert "calculate_debug_metrics" in json.dumps(swept.verdict.to_dict())
+    batch = SweepBatch(grid, Passes())
+    assert not any(isinstance(group, DebugMetrics) for group in batch.groups())
+    assert batch.analysis.debug_raises_on_empty
