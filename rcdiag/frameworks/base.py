@@ -432,6 +432,16 @@ class TokenRows:
             out[self.counts > 0] = np.add.reduceat(values.astype(np.float64), self._starts)
         return out
 
+    def row_mean(self, values: np.ndarray, keep: np.ndarray | None = None) -> np.ndarray:
+        """Per-row float32 means of ``values`` over the valid tokens (those ``keep`` flags, where given), as torch's
+        masked mean with its count clamped to 1: a float32 sum over a float32 count (0 for a row with none)."""
+        if keep is None:
+            count = np.maximum(self.counts, 1).astype(np.float32)
+        else:
+            count = np.maximum(self.row_sum(keep), 1.0).astype(np.float32)
+            values = np.where(keep, values, np.float32(0.0))
+        return self.row_sum(values).astype(np.float32) / count
+
     def row_max(self, values: np.ndarray, empty: float) -> np.ndarray:
         """Per-row maxima in ``values``' dtype (``empty`` for an empty row; NaN propagates, as torch's max)."""
         out = np.full(self.n_rows, empty, dtype=values.dtype)

@@ -214,8 +214,7 @@ class TRLMetrics(FrameworkMetrics):
         s = self.settings
         log_ratio = current - rows.old
         if s.level == "sequence":
-            mean = rows.row_sum(log_ratio).astype(np.float32) / np.maximum(rows.counts, 1).astype(np.float32)
-            coef = exp32(mean.astype(np.float32))
+            coef = exp32(rows.row_mean(log_ratio))
             advantages, varies = input_constant_per_row(rows, advantages)
             self.add(clip_varies=float(varies))
         else:
