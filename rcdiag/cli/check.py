@@ -32,12 +32,8 @@ def check(
     max_rules: bound_option(  # type: ignore[valid-type]
         "--max", "Upper bound, e.g. `kl=2e-3` (short or full metric name). Repeatable.", RULES
     ) = None,
-    min_rules: bound_option(  # type: ignore[valid-type]
-        "--min", "Lower bound, e.g. `rollout_is_eff_sample_size=0.8`. Repeatable.", RULES
-    ) = None,
-    max_abs_rules: bound_option(  # type: ignore[valid-type]
-        "--max-abs", "Bound on the absolute value, e.g. `kl=0.1`. Repeatable.", RULES
-    ) = None,
+    min_rules: bound_option("--min", "Lower bound, e.g. `rollout_is_eff_sample_size=0.8`. Repeatable.", RULES) = None,  # type: ignore[valid-type]
+    max_abs_rules: bound_option("--max-abs", "Bound on the absolute value, e.g. `kl=0.1`. Repeatable.", RULES) = None,  # type: ignore[valid-type]
     max_increase: bound_option(  # type: ignore[valid-type]
         "--max-increase",
         "At most this much above the baseline: `kl=50%` (of |baseline|) or `kl=abs:1e-4` (absolute; a bare "
