@@ -322,11 +322,9 @@ class ArealMetrics(FrameworkMetrics):
             kept_sum=float(kept_weight.sum()),
             weight_min=float(kept_weight.min()) if kept_weight.size else np.inf,
             weight_max=float(kept_weight.max()) if kept_weight.size else -np.inf,
-            kl_sum=float(kl.sum()),
-            kl_min=float(kl.min()) if kl.size else np.inf,
-            kl_max=float(kl.max()) if kl.size else -np.inf,
             changed=float(np.count_nonzero(changed)),
         )
+        self.add_spread("kl", kl)
         self.add_weights(weight, rows, clamped)
 
     def _loss(self, rows: TokenRows, current: np.ndarray, keep: np.ndarray, weight: np.ndarray | None) -> None:
@@ -359,13 +357,7 @@ class ArealMetrics(FrameworkMetrics):
             stats.update(actor_loss=loss, clip_ratio=clip.astype(np.float32), dual_clip_ratio=dual.astype(np.float32))
             self.add(adv_seen=1.0, clipped=float(np.count_nonzero(clip)), dual_clipped=float(np.count_nonzero(dual)))
         for name, values in stats.items():
-            self.add(
-                **{
-                    f"{name}_sum": float(values.astype(np.float64).sum()),
-                    f"{name}_min": float(values.min()) if values.size else np.inf,
-                    f"{name}_max": float(values.max()) if values.size else -np.inf,
-                }
-            )
+            self.add_spread(name, values)
 
     def _loss_values(self) -> dict[str, MetricValue]:
         """The loss's stats where every block had their inputs, in ``grpo_loss_fn``'s order (the denominators first);

@@ -536,6 +536,18 @@ class FrameworkMetrics(Accumulator):
             responses_zeroed=float(np.count_nonzero(rows.row_any(zero))),
         )
 
+    def add_spread(self, name: str, values: np.ndarray) -> None:
+        """Fold in ``values``' count, float64 sum, least and greatest, into those of the states ``{name}_n``,
+        ``{name}_sum``, ``{name}_min`` and ``{name}_max`` this accumulator declares (none: the extremes' identities,
+        +-inf, which leave a min or max state as it was)."""
+        spread = {
+            f"{name}_n": float(values.size),
+            f"{name}_sum": float(values.astype(np.float64).sum()),
+            f"{name}_min": float(values.min()) if values.size else np.inf,
+            f"{name}_max": float(values.max()) if values.size else -np.inf,
+        }
+        self.add(**{key: value for key, value in spread.items() if key in self.STATES})
+
     def weight_keys(self) -> list[str]:
         return [key.key for key in weight_keys(self.NAME)]
 

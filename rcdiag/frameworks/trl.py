@@ -195,15 +195,8 @@ class TRLMetrics(FrameworkMetrics):
         if self.settings.truncate:  # where the clamp moved the ratio (NaN stays NaN: not moved)
             moved = (ratio != units) & ~np.isnan(units)
             changed = rows.per_token(moved) if self.settings.sequence else moved
-        self.add(
-            diff_sum=float(delta.astype(np.float64).sum()),
-            diff_n=float(delta.size),
-            diff_max=float(delta.max()) if delta.size else -np.inf,
-            ratio_sum=float(ratio.astype(np.float64).sum()),
-            ratio_n=float(ratio.size),
-            ratio_min=float(ratio.min()) if ratio.size else np.inf,
-            ratio_max=float(ratio.max()) if ratio.size else -np.inf,
-        )
+        self.add_spread("diff", delta)
+        self.add_spread("ratio", ratio)
         self.add_weights(weight, rows, changed)
         if rows.current is not None and rows.advantages is not None and self.settings.loss_keys():
             self._clip(rows, rows.current, rows.advantages)
