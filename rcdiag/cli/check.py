@@ -12,6 +12,7 @@ import typer
 from rcdiag.catalogue.metrics import packs_help
 from rcdiag.cli.flags import AS_FLAGS, ENGINE_FLAGS, READ_FLAGS, given_path, output_flags, path_argument, path_option
 from rcdiag.cli.params import checked_option, with_flags
+from rcdiag.cli.rule_flags import bound_option, fail_on_option, pack_option, rules_option
 from rcdiag.settings.rule_options import STEP_MODE, TOLERATE, is_step_mode
 
 if TYPE_CHECKING:
@@ -25,61 +26,37 @@ RULES = "Rules"
 CI = "CI output"
 
 
-def _assignments(help_text: str, flag: str) -> object:
-    return typer.Option(flag, metavar="NAME=VALUE", help=help_text, rich_help_panel=RULES, show_default=False)
-
-
 @with_flags(ENGINE_FLAGS, AS_FLAGS, READ_FLAGS, output_flags("check", "check"))
 def check(
     path: Annotated[str, path_argument("PATH", "The dump to check (a path or URL).")],
-    max_rules: Annotated[
-        list[str] | None, _assignments("Upper bound, e.g. `kl=2e-3` (short or full metric name). Repeatable.", "--max")
-    ] = None,
-    min_rules: Annotated[
-        list[str] | None, _assignments("Lower bound, e.g. `rollout_is_eff_sample_size=0.8`. Repeatable.", "--min")
-    ] = None,
-    max_abs_rules: Annotated[
-        list[str] | None, _assignments("Bound on the absolute value, e.g. `kl=0.1`. Repeatable.", "--max-abs")
-    ] = None,
-    max_increase: Annotated[
-        list[str] | None,
-        _assignments(
-            "At most this much above the baseline: `kl=50%` (of |baseline|) or `kl=abs:1e-4` (absolute; a bare "
-            "number is refused). Needs `--baseline`. Repeatable.",
-            "--max-increase",
-        ),
-    ] = None,
-    max_decrease: Annotated[
-        list[str] | None,
-        _assignments(
-            "At most this much below the baseline, e.g. `rollout_is_eff_sample_size=10%`. Needs `--baseline`.",
-            "--max-decrease",
-        ),
-    ] = None,
-    packs: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--pack",
-            metavar="NAME",
-            help=f"Rule pack from documented practice: {packs_help()}; or `analyze`: fail on every finding "
-            "analyze rates warning or error (as `--fail-on warning`). Rules on metrics the configuration does not "
-            "compute are skipped. Repeatable.",
-            rich_help_panel=RULES,
-            show_default=False,
-        ),
-    ] = None,
-    fail_on: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--fail-on",
-            metavar="SEVERITY|CODES",
-            help="Also fail on analyze's findings: a severity (`warning`: any warning or error; `error`; `info`) "
-            "and/or finding codes, comma-separated (`kl_k3_disagree,position_drift`; docs/findings.md). A code only "
-            "`--explain` gives runs the explain detectors. Repeatable.",
-            rich_help_panel=RULES,
-            show_default=False,
-        ),
-    ] = None,
+    max_rules: bound_option(  # type: ignore[valid-type]
+        "--max", "Upper bound, e.g. `kl=2e-3` (short or full metric name). Repeatable.", RULES
+    ) = None,
+    min_rules: bound_option("--min", "Lower bound, e.g. `rollout_is_eff_sample_size=0.8`. Repeatable.", RULES) = None,  # type: ignore[valid-type]
+    max_abs_rules: bound_option("--max-abs", "Bound on the absolute value, e.g. `kl=0.1`. Repeatable.", RULES) = None,  # type: ignore[valid-type]
+    max_increase: bound_option(  # type: ignore[valid-type]
+        "--max-increase",
+        "At most this much above the baseline: `kl=50%` (of |baseline|) or `kl=abs:1e-4` (absolute; a bare "
+        "number is refused). Needs `--baseline`. Repeatable.",
+        RULES,
+    ) = None,
+    max_decrease: bound_option(  # type: ignore[valid-type]
+        "--max-decrease",
+        "At most this much below the baseline, e.g. `rollout_is_eff_sample_size=10%`. Needs `--baseline`.",
+        RULES,
+    ) = None,
+    packs: pack_option(  # type: ignore[valid-type]
+        f"Rule pack from documented practice: {packs_help()}; or `analyze`: fail on every finding "
+        "analyze rates warning or error (as `--fail-on warning`). Rules on metrics the configuration does not "
+        "compute are skipped. Repeatable.",
+        RULES,
+    ) = None,
+    fail_on: fail_on_option(  # type: ignore[valid-type]
+        "Also fail on analyze's findings: a severity (`warning`: any warning or error; `error`; `info`) "
+        "and/or finding codes, comma-separated (`kl_k3_disagree,position_drift`; docs/findings.md). A code only "
+        "`--explain` gives runs the explain detectors. Repeatable.",
+        RULES,
+    ) = None,
     exact: Annotated[
         bool,
         typer.Option(
@@ -90,17 +67,11 @@ def check(
             rich_help_panel=RULES,
         ),
     ] = False,
-    rules_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--rules",
-            metavar="FILE",
-            help="TOML rules: its `[tool.rcdiag.check]` table, or its top level (format: docs/check.md). "
-            "Without it, `./pyproject.toml`'s `[tool.rcdiag.check]` is used when present.",
-            rich_help_panel=RULES,
-            show_default=False,
-        ),
-    ] = None,
+    rules_file: rules_option(  # type: ignore[valid-type]
+        "TOML rules: its `[tool.rcdiag.check]` table, or its top level (format: docs/check.md). "
+        "Without it, `./pyproject.toml`'s `[tool.rcdiag.check]` is used when present.",
+        RULES,
+    ) = None,
     no_pyproject: Annotated[
         bool,
         typer.Option("--no-pyproject", help="Ignore `./pyproject.toml`.", rich_help_panel=RULES),

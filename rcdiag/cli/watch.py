@@ -13,6 +13,7 @@ import typer
 from rcdiag.catalogue.metrics import packs_help
 from rcdiag.cli.flags import ENGINE_FLAGS, READ_FLAGS, path_argument
 from rcdiag.cli.params import checked_option, choice_flag, with_flags
+from rcdiag.cli.rule_flags import bound_option, fail_on_option, pack_option, rules_option
 from rcdiag.cli.tracking import TRACKING_FLAGS
 from rcdiag.runtime.errors import ExitCode, RcdiagError
 from rcdiag.runtime.option_checks import count, duration
@@ -47,13 +48,6 @@ def _seconds(flag: str, help_text: str, panel: str = FOLLOW) -> Any:
     return Annotated[
         float | None,
         typer.Option(flag, metavar="SECONDS", **checked_option(duration()), help=help_text, rich_help_panel=panel),
-    ]
-
-
-def _bounds(flag: str, help_text: str) -> Any:
-    return Annotated[
-        list[str] | None,
-        typer.Option(flag, metavar="NAME=VALUE", help=help_text, rich_help_panel=ALERTS, show_default=False),
     ]
 
 
@@ -112,40 +106,25 @@ def watch(
     ] = False,
     timeout: _seconds("--timeout", "Exit (0) after this long.") = None,  # type: ignore[valid-type]
     max_idle: _seconds("--max-idle", "Exit (0) after this long without a new file (read, settling or waiting).") = None,  # type: ignore[valid-type]
-    max_rules: _bounds("--max", "Alert when a metric goes above, e.g. `kl=1e-2` (and forecast the crossing).") = None,  # type: ignore[valid-type]
-    min_rules: _bounds("--min", "Alert when a metric goes below, e.g. `rollout_is_eff_sample_size=0.8`.") = None,  # type: ignore[valid-type]
-    max_abs_rules: _bounds("--max-abs", "Alert when a metric's absolute value goes above, e.g. `kl=0.1`.") = None,  # type: ignore[valid-type]
-    packs: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--pack",
-            metavar="NAME",
-            help=f"Rule pack: {packs_help()}; or `analyze` (alert on every warning or error finding). Repeatable.",
-            rich_help_panel=ALERTS,
-            show_default=False,
-        ),
-    ] = None,
-    fail_on: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--fail-on",
-            metavar="SEVERITY|CODES",
-            help="Findings that alert: a severity and/or finding codes, as for `check`. Default: `warning`.",
-            rich_help_panel=ALERTS,
-            show_default=False,
-        ),
-    ] = None,
-    rules_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--rules",
-            metavar="FILE",
-            help="TOML rules, as for `check` (docs/check.md); relative rules (a baseline) and `exact = true` are "
-            "refused.",
-            rich_help_panel=ALERTS,
-            show_default=False,
-        ),
-    ] = None,
+    max_rules: bound_option(  # type: ignore[valid-type]
+        "--max", "Alert when a metric goes above, e.g. `kl=1e-2` (and forecast the crossing).", ALERTS
+    ) = None,
+    min_rules: bound_option(  # type: ignore[valid-type]
+        "--min", "Alert when a metric goes below, e.g. `rollout_is_eff_sample_size=0.8`.", ALERTS
+    ) = None,
+    max_abs_rules: bound_option(  # type: ignore[valid-type]
+        "--max-abs", "Alert when a metric's absolute value goes above, e.g. `kl=0.1`.", ALERTS
+    ) = None,
+    packs: pack_option(  # type: ignore[valid-type]
+        f"Rule pack: {packs_help()}; or `analyze` (alert on every warning or error finding). Repeatable.", ALERTS
+    ) = None,
+    fail_on: fail_on_option(  # type: ignore[valid-type]
+        "Findings that alert: a severity and/or finding codes, as for `check`. Default: `warning`.", ALERTS
+    ) = None,
+    rules_file: rules_option(  # type: ignore[valid-type]
+        "TOML rules, as for `check` (docs/check.md); relative rules (a baseline) and `exact = true` are refused.",
+        ALERTS,
+    ) = None,
     on_alert: Annotated[
         str | None,
         typer.Option(

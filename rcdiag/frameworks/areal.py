@@ -45,6 +45,7 @@ from rcdiag.frameworks.base import (
     weight_keys,
 )
 from rcdiag.frameworks.correction import Band, Correction, Form, Unit, Weight, k_bound, ratio_band
+from rcdiag.frameworks.loss import ppo_clip
 from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
 from rcdiag.runtime.errors import ConfigError
 
@@ -228,17 +229,16 @@ class ArealSettings:
         original = weight
         metric = _metric(rs.metric, raw, lr)
         if rs.level == "sequence":
-            count = np.maximum(rows.counts, 1).astype(np.float32)
             if rs.metric == "ratio":
-                weight = rows.per_token(exp32(rows.row_sum(lr).astype(np.float32) / count))
+                weight = rows.per_token(exp32(rows.row_mean(lr)))
                 original = weight
             values = lr if rs.metric == "ratio" else metric
             if rs.agg == "max":
                 agg = rows.row_max(values, np.float32(0.0))
+            elif rs.agg == "mean":
+                agg = rows.row_mean(values)
             else:
                 agg = rows.row_sum(values).astype(np.float32)
-                if rs.agg == "mean":
-                    agg = agg / count
             row_metric = exp32(agg) if rs.metric == "ratio" else agg
             inside = rows.per_token(rs.in_bounds(row_metric))
         else:
@@ -322,11 +322,9 @@ class ArealMetrics(FrameworkMetrics):
             kept_sum=float(kept_weight.sum()),
             weight_min=float(kept_weight.min()) if kept_weight.size else np.inf,
             weight_max=float(kept_weight.max()) if kept_weight.size else -np.inf,
-            kl_sum=float(kl.sum()),
-            kl_min=float(kl.min()) if kl.size else np.inf,
-            kl_max=float(kl.max()) if kl.size else -np.inf,
             changed=float(np.count_nonzero(changed)),
         )
+        self.add_spread("kl", kl)
         self.add_weights(weight, rows, clamped)
 
     def _loss(self, rows: TokenRows, current: np.ndarray, keep: np.ndarray, weight: np.ndarray | None) -> None:
@@ -338,22 +336,17 @@ class ArealMetrics(FrameworkMetrics):
         zero = np.float32(0.0)
         advantages = rows.advantages
         if s.level == "sequence":
-            count = np.maximum(rows.row_sum(keep), 1.0).astype(np.float32)
-            mean = rows.row_sum(np.where(keep, log_ratio, zero)).astype(np.float32) / count
-            ratio = np.where(keep, rows.per_token(exp32(mean.astype(np.float32))), zero)
+            ratio = np.where(keep, rows.per_token(exp32(rows.row_mean(log_ratio, keep))), zero)
             if advantages is not None:
-                adv = rows.row_sum(np.where(keep, advantages, zero)).astype(np.float32) / count
-                advantages = np.where(keep, rows.per_token(adv.astype(np.float32)), zero)
+                advantages = np.where(keep, rows.per_token(rows.row_mean(advantages, keep)), zero)
         else:
             ratio = np.where(keep, exp32(log_ratio), zero)
         stats = {"importance_weight": ratio, "approx_kl": log_ratio, "new_logp": current}
         self.add(loss_seen=1.0, valid=float(rows.n_tokens))
         if advantages is not None:
             high = s.eps_clip if s.eps_clip_higher is None else s.eps_clip_higher
-            clipped_ratio = np.minimum(np.maximum(ratio, np.float32(1.0 - s.eps_clip)), np.float32(1.0 + high))
-            loss1, loss2 = -advantages * ratio, -advantages * clipped_ratio
-            clip = (loss1 < loss2) & keep
-            loss = np.maximum(loss1, loss2)
+            loss, binds = ppo_clip(ratio, advantages, s.eps_clip, high)
+            clip = binds & keep
             dual = np.zeros(rows.n_tokens, dtype=bool)
             if s.c_clip is not None:
                 loss3 = np.sign(advantages) * np.float32(s.c_clip) * advantages
@@ -364,13 +357,7 @@ class ArealMetrics(FrameworkMetrics):
             stats.update(actor_loss=loss, clip_ratio=clip.astype(np.float32), dual_clip_ratio=dual.astype(np.float32))
             self.add(adv_seen=1.0, clipped=float(np.count_nonzero(clip)), dual_clipped=float(np.count_nonzero(dual)))
         for name, values in stats.items():
-            self.add(
-                **{
-                    f"{name}_sum": float(values.astype(np.float64).sum()),
-                    f"{name}_min": float(values.min()) if values.size else np.inf,
-                    f"{name}_max": float(values.max()) if values.size else -np.inf,
-                }
-            )
+            self.add_spread(name, values)
 
     def _loss_values(self) -> dict[str, MetricValue]:
         """The loss's stats where every block had their inputs, in ``grpo_loss_fn``'s order (the denominators first);

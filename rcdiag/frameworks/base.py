@@ -432,6 +432,16 @@ class TokenRows:
             out[self.counts > 0] = np.add.reduceat(values.astype(np.float64), self._starts)
         return out
 
+    def row_mean(self, values: np.ndarray, keep: np.ndarray | None = None) -> np.ndarray:
+        """Per-row float32 means of ``values`` over the valid tokens (those ``keep`` flags, where given), as torch's
+        masked mean with its count clamped to 1: a float32 sum over a float32 count (0 for a row with none)."""
+        if keep is None:
+            count = np.maximum(self.counts, 1).astype(np.float32)
+        else:
+            count = np.maximum(self.row_sum(keep), 1.0).astype(np.float32)
+            values = np.where(keep, values, np.float32(0.0))
+        return self.row_sum(values).astype(np.float32) / count
+
     def row_max(self, values: np.ndarray, empty: float) -> np.ndarray:
         """Per-row maxima in ``values``' dtype (``empty`` for an empty row; NaN propagates, as torch's max)."""
         out = np.full(self.n_rows, empty, dtype=values.dtype)
@@ -525,6 +535,18 @@ class FrameworkMetrics(Accumulator):
             responses=float(rows.n_rows),
             responses_zeroed=float(np.count_nonzero(rows.row_any(zero))),
         )
+
+    def add_spread(self, name: str, values: np.ndarray) -> None:
+        """Fold in ``values``' count, float64 sum, least and greatest, into those of the states ``{name}_n``,
+        ``{name}_sum``, ``{name}_min`` and ``{name}_max`` this accumulator declares (none: the extremes' identities,
+        +-inf, which leave a min or max state as it was)."""
+        spread = {
+            f"{name}_n": float(values.size),
+            f"{name}_sum": float(values.astype(np.float64).sum()),
+            f"{name}_min": float(values.min()) if values.size else np.inf,
+            f"{name}_max": float(values.max()) if values.size else -np.inf,
+        }
+        self.add(**{key: value for key, value in spread.items() if key in self.STATES})
 
     def weight_keys(self) -> list[str]:
         return [key.key for key in weight_keys(self.NAME)]

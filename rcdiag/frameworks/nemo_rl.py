@@ -204,13 +204,7 @@ class NemoRLMetrics(FrameworkMetrics):
     def _errors(self, err: np.ndarray, valid: np.ndarray, kept_row: np.ndarray) -> None:
         """``compute_and_apply_seq_logprob_error_masking``'s per-sample statistics, before and after masking."""
         for prefix, rows in (("err", valid), ("kept", valid & kept_row)):
-            values = err[rows].astype(np.float64)
-            self.add(**{
-                f"{prefix}_n": float(values.size),
-                f"{prefix}_sum": float(values.sum()),
-                f"{prefix}_max": float(values.max()) if values.size else -np.inf,
-                f"{prefix}_min": float(values.min()) if values.size else np.inf,
-            })  # fmt: skip
+            self.add_spread(prefix, err[rows].astype(np.float64))
 
     def _weights(self, rows: TokenRows, d: np.ndarray, kept_row: np.ndarray) -> tuple[np.ndarray, float]:
         """The importance weights after truncation (per token, or per sample) and the out-of-bounds count (tokens,

@@ -29,6 +29,7 @@ from rcdiag.frameworks.base import (
     weight_keys,
 )
 from rcdiag.frameworks.correction import NO_CLAMP_QUIRK, Band, Correction, Form, Weight
+from rcdiag.frameworks.loss import ppo_clip
 from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
 
 TYPES = ("tis", "icepop", "seq-mask-tis")
@@ -164,13 +165,9 @@ class OpenRLHFMetrics(FrameworkMetrics):
         if s.loss == "ppo":
             ratio = exp32(formulas.clamp_log_ratio(np, raw).astype(np.float32))  # PolicyLoss's clamp at +-20
         else:  # gspo: one ratio per response, exp of its mean log-ratio (against the rollout where it corrects)
-            log_ratio = current - rows.rollout if s.enable else raw
-            mean = rows.row_sum(log_ratio).astype(np.float32) / np.maximum(rows.counts, 1).astype(np.float32)
-            ratio = rows.per_token(exp32(mean.astype(np.float32)))
-        low, high = np.float32(1 - s.eps_low), np.float32(1 + s.eps_high)  # torch's clamp rounds its bounds so
-        surr1 = ratio * advantages
-        surr2 = np.minimum(np.maximum(ratio, low), high) * advantages
-        self.add(clip_seen=1.0, clipped=float(np.count_nonzero(surr2 < surr1)))
+            ratio = rows.per_token(exp32(rows.row_mean(current - rows.rollout if s.enable else raw)))
+        _, binds = ppo_clip(ratio, advantages, s.eps_low, s.eps_high)
+        self.add(clip_seen=1.0, clipped=float(np.count_nonzero(binds)))
 
     def keys(self) -> list[str]:
         own = [VLLM_KL, *self.weight_keys()] if self.settings.corrects else []

@@ -161,10 +161,7 @@ class PrimeRLMetrics(FrameworkMetrics):
         )
         self.add(samples=float(rows.n_rows))
         for name in self.settings.sample_keys():
-            values = per_sample[name]
-            self.add(
-                **{f"{name}_sum": float(values.sum()), f"{name}_max": float(values.max()) if values.size else -math.inf}
-            )
+            self.add_spread(name, per_sample[name])
         self.add_weights(np.where(masked, np.float32(0.0), exp32(d)), rows, None)
 
     def _dppo(self, rows: TokenRows, advantages: np.ndarray) -> dict[str, np.ndarray]:

@@ -287,12 +287,10 @@ class SlimeMetrics(FrameworkMetrics):
         mis = s.mis
         assert mis is not None
         d, one, bound = rows.diff, np.float32(1.0), np.float32(SAFETY_BOUND)
-        count = np.maximum(rows.counts, 1).astype(np.float32)
-        mean_train = (rows.row_sum(rows.old).astype(np.float32) / count).astype(np.float32)
-        mean_rollout = (rows.row_sum(rows.rollout).astype(np.float32) / count).astype(np.float32)
+        mean_train, mean_rollout = rows.row_mean(rows.old), rows.row_mean(rows.rollout)
         log_ppl_diff = mean_rollout - mean_train
         rho = exp32(np.clip(d, -bound, bound))
-        chi2_token = (rows.row_sum(rho * rho).astype(np.float32) / count).astype(np.float32) - one
+        chi2_token = rows.row_mean(rho * rho) - one
         seq_sum = rows.row_sum(d).astype(np.float32)
         per_row = {
             "training_log_ppl": -mean_train,
@@ -315,7 +313,7 @@ class SlimeMetrics(FrameworkMetrics):
         def level(name: str) -> np.ndarray:
             if name == "token":
                 return d
-            return rows.per_token(seq_sum if name == "sequence" else (seq_sum / count).astype(np.float32))
+            return rows.per_token(seq_sum if name == "sequence" else rows.row_mean(d))
 
         def put(key: str, values: np.ndarray) -> None:
             per_token[f"{PREFIX}mis_{key}"] = values.astype(np.float32)
@@ -355,7 +353,7 @@ class SlimeMetrics(FrameworkMetrics):
             reduce = {"is_ratio_mean_final": None, "is_ratio_min_final": np.minimum, "is_ratio_max_final": np.maximum}
             function = reduce[key]
             if function is None:
-                named[f"{PREFIX}mis_{key}"] = (rows.row_sum(weights).astype(np.float32) / count).astype(np.float32)
+                named[f"{PREFIX}mis_{key}"] = rows.row_mean(weights)
             else:
                 empty = np.float32(0.0)
                 named[f"{PREFIX}mis_{key}"] = _row_reduce(rows, weights, function, empty)

@@ -195,15 +195,8 @@ class TRLMetrics(FrameworkMetrics):
         if self.settings.truncate:  # where the clamp moved the ratio (NaN stays NaN: not moved)
             moved = (ratio != units) & ~np.isnan(units)
             changed = rows.per_token(moved) if self.settings.sequence else moved
-        self.add(
-            diff_sum=float(delta.astype(np.float64).sum()),
-            diff_n=float(delta.size),
-            diff_max=float(delta.max()) if delta.size else -np.inf,
-            ratio_sum=float(ratio.astype(np.float64).sum()),
-            ratio_n=float(ratio.size),
-            ratio_min=float(ratio.min()) if ratio.size else np.inf,
-            ratio_max=float(ratio.max()) if ratio.size else -np.inf,
-        )
+        self.add_spread("diff", delta)
+        self.add_spread("ratio", ratio)
         self.add_weights(weight, rows, changed)
         if rows.current is not None and rows.advantages is not None and self.settings.loss_keys():
             self._clip(rows, rows.current, rows.advantages)
@@ -214,8 +207,7 @@ class TRLMetrics(FrameworkMetrics):
         s = self.settings
         log_ratio = current - rows.old
         if s.level == "sequence":
-            mean = rows.row_sum(log_ratio).astype(np.float32) / np.maximum(rows.counts, 1).astype(np.float32)
-            coef = exp32(mean.astype(np.float32))
+            coef = exp32(rows.row_mean(log_ratio))
             advantages, varies = input_constant_per_row(rows, advantages)
             self.add(clip_varies=float(varies))
         else:
