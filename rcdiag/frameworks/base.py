@@ -546,7 +546,10 @@ class FrameworkMetrics(Accumulator):
             f"{name}_min": float(values.min()) if values.size else np.inf,
             f"{name}_max": float(values.max()) if values.size else -np.inf,
         }
-        self.add(**{key: value for key, value in spread.items() if key in self.STATES})
+        declared = {key: value for key, value in spread.items() if key in self.STATES}
+        if not declared:  # a misspelt name would otherwise fold nothing, and its keys would read as never seen
+            raise KeyError(f"{type(self).__name__} declares none of the states {', '.join(spread)}")
+        self.add(**declared)
 
     def weight_keys(self) -> list[str]:
         return [key.key for key in weight_keys(self.NAME)]
