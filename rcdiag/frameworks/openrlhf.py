@@ -26,6 +26,7 @@ from rcdiag.frameworks.base import (
     Option,
     TokenRows,
     exp32,
+    readings_note,
     weight_keys,
 )
 from rcdiag.frameworks.correction import NO_CLAMP_QUIRK, Band, Correction, Form, Weight
@@ -84,7 +85,7 @@ class OpenRLHFSettings:
             *loss,
             "vllm_kl is the token mean of the step (OpenRLHF weights each micro-batch's mean by its action tokens); "
             "a micro-batch without an action token would make OpenRLHF's value NaN",
-            "rcdiag/openrlhf/* are rcdiag's: the coefficient PolicyLoss puts on each action token's loss",
+            readings_note("openrlhf", "the coefficient PolicyLoss puts on each action token's loss"),
         )
 
     def to_dict(self) -> dict[str, Any]:

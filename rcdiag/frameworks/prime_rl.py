@@ -27,7 +27,17 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Needs, Option, TokenRows, exp32, weight_keys
+from rcdiag.frameworks.base import (
+    Framework,
+    FrameworkMetrics,
+    MetricKey,
+    Needs,
+    Option,
+    TokenRows,
+    exp32,
+    readings_note,
+    weight_keys,
+)
 from rcdiag.frameworks.correction import NO_CLAMP_QUIRK, Band, Correction, Form, Weight
 from rcdiag.metrics.base import MetricValue, Moments, Reduce, VerlCrash
 from rcdiag.runtime.errors import ConfigError
@@ -95,8 +105,8 @@ class PrimeRLSettings:
             "samples (an empty sample counts, as 0)"
         )
         mask = "IPO mask" if self.ipo else "DPPO mask (by each token's advantage sign)"
-        notes.append(f"rcdiag/prime-rl/* are rcdiag's: the unclipped ratio exp(trainer - inference) on each valid "
-                     f"token the {mask} keeps, 0 where it masks")  # fmt: skip
+        notes.append(readings_note(NAME, f"the unclipped ratio exp(trainer - inference) on each valid token the "
+                                  f"{mask} keeps, 0 where it masks"))  # fmt: skip
         return tuple(notes)
 
     def to_dict(self) -> dict[str, Any]:
