@@ -534,6 +534,11 @@ def framework_key(framework: str, stat: str) -> str:
     return f"{EXTRA_PREFIX}{framework}/{stat}"
 
 
+def framework_note(framework: str, what: str) -> str:
+    """The note under a framework's report that says which of its keys are rcdiag's readings, and of what."""
+    return f"{framework_key(framework, EVERY_STAT)} are rcdiag's: {what}"
+
+
 def finding_threshold(code: str) -> Threshold:
     """The threshold whose failure is finding ``code`` (``kl_high``: ``|kl| <= 0.1``): its one place."""
     return next(t for _, t in thresholds_with_findings() if t.finding == code)

@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from rcdiag.catalogue.metrics import framework_note
 from rcdiag.frameworks.base import (
     Framework,
     FrameworkMetrics,
@@ -42,7 +43,6 @@ from rcdiag.frameworks.base import (
     Option,
     TokenRows,
     exp32,
-    readings_note,
     weight_keys,
 )
 from rcdiag.frameworks.correction import Band, Correction, Form, Unit, Weight, k_bound, ratio_band
@@ -170,7 +170,7 @@ class ArealSettings:
         notes = [
             "rs_filtered_fraction is AReaL's mean over the step's micro-batch calls of each one's filtered share; "
             "rcdiag gives it for the step as one micro-batch (ppo_n_minibatches 1), pooled for all steps as one",
-            readings_note("areal", "the weight AReaL puts on each token's loss, 0 where rejection sampling drops it"),
+            framework_note("areal", "the weight AReaL puts on each token's loss, 0 where rejection sampling drops it"),
         ]
         if not self.decoupled:
             notes.insert(

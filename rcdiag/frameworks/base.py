@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import numpy as np
 
-from rcdiag.catalogue.metrics import EVERY_STAT, FRAMEWORK_STATS, framework_key
+from rcdiag.catalogue.metrics import FRAMEWORK_STATS, framework_key
 from rcdiag.frameworks.correction import Correction, Form
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce
 from rcdiag.runtime.errors import ConfigError
@@ -483,11 +483,6 @@ def weight_keys(name: str, title: str = "", token: str = "", zeroes: str = "") -
         "ess": f"rcdiag's: effective sample size of {title}'s weights over the {token}s, (sum w)^2 / (N sum w^2)",
     }
     return tuple(MetricKey(framework_key(name, stat), readings[stat]) for stat in FRAMEWORK_STATS)
-
-
-def readings_note(name: str, what: str) -> str:
-    """The note that says which keys of framework ``name``'s report are rcdiag's readings, and of what."""
-    return f"{framework_key(name, EVERY_STAT)} are rcdiag's: {what}"
 
 
 class FrameworkMetrics(Accumulator):
