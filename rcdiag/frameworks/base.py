@@ -541,7 +541,7 @@ class FrameworkMetrics(Accumulator):
         self.add(**declared)
 
     def weight_keys(self) -> list[str]:
-        return [key.key for key in weight_keys(self.NAME)]
+        return [framework_key(self.NAME, stat) for stat in FRAMEWORK_STATS]
 
     def weight_values(self) -> dict[str, MetricValue]:
         """rcdiag's readings (``weight_keys``): ``None`` without a valid token (the ESS also when every weight is 0)."""
