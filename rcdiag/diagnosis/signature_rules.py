@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from rcdiag.catalogue.emit import emit
 from rcdiag.catalogue.findings import Code
 from rcdiag.catalogue.keys import Key
-from rcdiag.catalogue.metrics import KL_BANDS
-from rcdiag.metrics.signatures import HISTORY_KEYS, RATIO_KEYS
+from rcdiag.catalogue.metrics import KL_BANDS, known_key
+from rcdiag.metrics.signatures import CERTAIN_KEYS, HISTORY_KEYS, RATIO_KEYS
 from rcdiag.records.report import Finding
 
 NOISE_K3_MAX = next(band.below for band in KL_BANDS if band.text.startswith("small"))
@@ -104,7 +104,8 @@ class _Read:
     extras: dict[str, float | None]
 
     def get(self, key: str) -> float | None:
-        return self.extras.get(key)
+        """An extra by its full key (``Key``); ``KeyError`` for a name the catalogue lacks, never a silent ``None``."""
+        return self.extras.get(known_key(key))
 
 
 def signature_findings(
@@ -216,9 +217,10 @@ def _offset(read: _Read) -> Finding | None:
 def _certain(read: _Read, valid_tokens: int) -> Finding | None:
     """certain_tokens_lowered: most of the tokens one side is near-certain of lowered by the other."""
     sides = []
-    for key, lowered, sure in (("certain", "rollout", "trainer"), ("rollout_certain", "trainer", "rollout")):
-        share, most = read.get(f"{key}_share"), read.get(f"{key}_lowered_share")
-        drop, se = read.get(f"{key}_drop"), read.get(f"{key}_drop_std_error")
+    for side, lowered, sure in (("certain", "rollout", "trainer"), ("rollout_certain", "trainer", "rollout")):
+        drop_key, error_key, share_key, lowered_key = CERTAIN_KEYS[side]
+        share, most = read.get(share_key), read.get(lowered_key)
+        drop, se = read.get(drop_key), read.get(error_key)
         if share is None or most is None or drop is None or se is None or share * valid_tokens < MIN_GROUP_TOKENS:
             continue
         if most > CERTAIN_LOWERED_MIN:
