@@ -12,19 +12,20 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rcdiag.catalogue.emit import emit, ordered
     from rcdiag.catalogue.findings import FINDINGS, Code, FindingSpec, codes_for, finding
+    from rcdiag.catalogue.keys import EXTRA_PREFIX, PREFIX, Key
     from rcdiag.catalogue.metrics import (
-        EXTRA_PREFIX,
         METRICS,
-        PREFIX,
         Band,
         MetricSpec,
         Threshold,
         every_key,
         finding_threshold,
+        framework_key,
         full_key,
         known_key,
         metric,
         reading,
+        rs_key,
         short_key,
     )
 
@@ -36,6 +37,7 @@ __all__ = [
     "Band",
     "Code",
     "FindingSpec",
+    "Key",
     "MetricSpec",
     "Threshold",
     "codes_for",
@@ -43,11 +45,13 @@ __all__ = [
     "every_key",
     "finding",
     "finding_threshold",
+    "framework_key",
     "full_key",
     "known_key",
     "metric",
     "ordered",
     "reading",
+    "rs_key",
     "short_key",
 ]
 
@@ -55,6 +59,7 @@ __all__ = [
 _MODULE = {
     **dict.fromkeys(("FINDINGS", "Code", "FindingSpec", "codes_for", "finding"), "findings"),
     **dict.fromkeys(("emit", "ordered"), "emit"),
+    **dict.fromkeys(("Key", "PREFIX", "EXTRA_PREFIX"), "keys"),
 }
 """Where each name lives (the rest: ``metrics``)."""
 

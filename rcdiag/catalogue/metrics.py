@@ -1,8 +1,10 @@
 """Every metric rcdiag reports: its key, table group, reading, and the thresholds that judge it.
 
-verl's keys are declared without their ``rollout_corr/`` prefix (``kl``), verl's debug metrics and rcdiag's own with
-theirs (``training/rollout_probs_diff_max``, ``rcdiag/kl_std_error``). A per-option RS key is declared once as a
-template, ``rollout_rs_{option}_<suffix>``, and stands for that suffix of every RS option. Each ``Threshold`` is a
+Each key is spelled once, in ``rcdiag.catalogue.keys`` (``Key.KL`` is ``rollout_corr/kl``; verl's debug metrics and
+rcdiag's own under ``training/`` and ``rcdiag/``); the specs and every module that computes or reads a metric name it
+from there. A per-option RS key is declared once as a template, ``rollout_rs_{option}_<suffix>``, and stands for that
+suffix of every RS option (``rs_key`` builds one); a framework's readings of its weights are one family per framework
+(``framework_key``). Each ``Threshold`` is a
 health check: with a ``finding`` code, ``analyze`` warns when it fails; with ``packs``, ``rcdiag check --pack``
 turns it into rules.
 """
@@ -14,14 +16,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Literal
 
+from rcdiag.catalogue.keys import DEBUG_PREFIX, EXTRA_PREFIX, PREFIX, Key
 from rcdiag.settings.correction import RS_OPTIONS
-
-PREFIX = "rollout_corr/"
-"""verl's prefix for the keys it logs."""
-EXTRA_PREFIX = "rcdiag/"
-"""rcdiag's own diagnostics (not verl keys)."""
-DEBUG_PREFIX = "training/"
-"""verl's prefix for its debug metrics (``calculate_debug_metrics``), declared and reported with it."""
 
 Group = Literal["offpolicy", "is", "rs_option", "rs_aggregate", "extras", "debug"]
 ThresholdKind = Literal["min", "max", "max_abs", "range"]
@@ -207,10 +203,10 @@ _OPT = "rollout_rs_{option}_"
 
 METRICS: tuple[MetricSpec, ...] = (
     # verl's off-policy metrics (always present)
-    MetricSpec("training_ppl", "offpolicy", "mean per-response perplexity under the trainer"),
-    MetricSpec("training_log_ppl", "offpolicy", "mean per-response log-perplexity under the trainer"),
+    MetricSpec(Key.TRAINING_PPL, "offpolicy", "mean per-response perplexity under the trainer"),
+    MetricSpec(Key.TRAINING_LOG_PPL, "offpolicy", "mean per-response log-perplexity under the trainer"),
     MetricSpec(
-        "kl",
+        Key.KL,
         "offpolicy",
         "~KL(rollout||train) per token",
         bands=KL_BANDS,
@@ -220,7 +216,7 @@ METRICS: tuple[MetricSpec, ...] = (
         per_step=("analyze", "compare", "compare_trend"),
     ),
     MetricSpec(
-        "k3_kl",
+        Key.K3_KL,
         "offpolicy",
         "low-variance estimate of the same KL (should match kl)",
         bands=KL_BANDS,
@@ -231,10 +227,10 @@ METRICS: tuple[MetricSpec, ...] = (
         ),
         per_step=("analyze", "compare", "compare_trend"),
     ),
-    MetricSpec("rollout_ppl", "offpolicy", "mean per-response perplexity under the rollout engine"),
-    MetricSpec("rollout_log_ppl", "offpolicy", "mean per-response log-perplexity under the rollout engine"),
+    MetricSpec(Key.ROLLOUT_PPL, "offpolicy", "mean per-response perplexity under the rollout engine"),
+    MetricSpec(Key.ROLLOUT_LOG_PPL, "offpolicy", "mean per-response log-perplexity under the rollout engine"),
     MetricSpec(
-        "log_ppl_diff",
+        Key.LOG_PPL_DIFF,
         "offpolicy",
         "mean log-PPL(train) - log-PPL(rollout)",
         bands=(
@@ -244,18 +240,18 @@ METRICS: tuple[MetricSpec, ...] = (
         ),
     ),
     MetricSpec(
-        "log_ppl_abs_diff",
+        Key.LOG_PPL_ABS_DIFF,
         "offpolicy",
         "mean |log-PPL gap| per response: size of the gap regardless of sign",
         per_step=("analyze", "compare_trend"),
     ),
     MetricSpec(
-        "log_ppl_diff_max", "offpolicy", "largest per-response log-PPL gap (trainer finds this response least likely)"
+        Key.LOG_PPL_DIFF_MAX, "offpolicy", "largest per-response log-PPL gap (trainer finds this response least likely)"
     ),
-    MetricSpec("log_ppl_diff_min", "offpolicy", "most negative per-response log-PPL gap"),
-    MetricSpec("ppl_ratio", "offpolicy", "mean of PPL_train/PPL_rollout per response; 1 = no gap"),
+    MetricSpec(Key.LOG_PPL_DIFF_MIN, "offpolicy", "most negative per-response log-PPL gap"),
+    MetricSpec(Key.PPL_RATIO, "offpolicy", "mean of PPL_train/PPL_rollout per response; 1 = no gap"),
     MetricSpec(
-        "chi2_token",
+        Key.CHI2_TOKEN,
         "offpolicy",
         "E[ratio^2] - 1 per token",
         bands=(NEGATIVE_CHI2, Band(0.1, "small spread"), Band(math.inf, "wide spread of token ratios")),
@@ -264,32 +260,32 @@ METRICS: tuple[MetricSpec, ...] = (
         per_step=("analyze", "compare", "compare_trend"),
     ),
     MetricSpec(
-        "chi2_seq",
+        Key.CHI2_SEQ,
         "offpolicy",
         "E[(prod ratio)^2] - 1 per response: the variance a sequence-level IS weight would have; grows with length",
         bands=(NEGATIVE_CHI2,),
     ),
     # verl's IS metrics
     MetricSpec(
-        "rollout_is_mean",
+        Key.ROLLOUT_IS_MEAN,
         "is",
         "mean applied IS weight; ~1 when the mismatch is noise",
         thresholds=(Threshold("range", (0.5, 2.0), finding="is_mean_out_of_range", packs=("verl",)),),
         breach="systematic shift",
     ),
-    MetricSpec("rollout_is_ratio_fraction_high", "is", "share with raw ratio above the upper bound"),
-    MetricSpec("rollout_is_ratio_fraction_low", "is", "share with raw ratio below the lower bound (1/U for TIS)"),
-    MetricSpec("rollout_is_max", "is", "largest applied IS weight"),
-    MetricSpec("rollout_is_min", "is", "smallest applied IS weight"),
+    MetricSpec(Key.ROLLOUT_IS_RATIO_FRACTION_HIGH, "is", "share with raw ratio above the upper bound"),
+    MetricSpec(Key.ROLLOUT_IS_RATIO_FRACTION_LOW, "is", "share with raw ratio below the lower bound (1/U for TIS)"),
+    MetricSpec(Key.ROLLOUT_IS_MAX, "is", "largest applied IS weight"),
+    MetricSpec(Key.ROLLOUT_IS_MIN, "is", "smallest applied IS weight"),
     MetricSpec(
-        "rollout_is_std",
+        Key.ROLLOUT_IS_STD,
         "is",
         "spread of applied IS weights",
         thresholds=(Threshold("max", 1.0, finding="is_std_high", packs=("verl",)),),
         breach="high variance",
     ),
     MetricSpec(
-        "rollout_is_eff_sample_size",
+        Key.ROLLOUT_IS_EFF_SAMPLE_SIZE,
         "is",
         "effective share of the batch after weighting",
         bands=(Band(0.5, "low"), Band(math.inf, "healthy")),
@@ -297,27 +293,27 @@ METRICS: tuple[MetricSpec, ...] = (
         breach="too low",
         per_step=("analyze",),
     ),
-    MetricSpec("rollout_is_seq_mean", "is", "mean over responses of the per-response mean weight"),
-    MetricSpec("rollout_is_seq_std", "is", "spread of per-response mean weights"),
-    MetricSpec("rollout_is_seq_max", "is", "largest per-response mean weight"),
-    MetricSpec("rollout_is_seq_min", "is", "smallest per-response mean weight (0 for empty responses)"),
-    MetricSpec("rollout_is_seq_max_deviation", "is", "largest |per-response mean weight - 1|"),
+    MetricSpec(Key.ROLLOUT_IS_SEQ_MEAN, "is", "mean over responses of the per-response mean weight"),
+    MetricSpec(Key.ROLLOUT_IS_SEQ_STD, "is", "spread of per-response mean weights"),
+    MetricSpec(Key.ROLLOUT_IS_SEQ_MAX, "is", "largest per-response mean weight"),
+    MetricSpec(Key.ROLLOUT_IS_SEQ_MIN, "is", "smallest per-response mean weight (0 for empty responses)"),
+    MetricSpec(Key.ROLLOUT_IS_SEQ_MAX_DEVIATION, "is", "largest |per-response mean weight - 1|"),
     MetricSpec(
-        "rollout_is_seq_fraction_high", "is", "share of responses whose mean raw weight exceeds the upper bound"
+        Key.ROLLOUT_IS_SEQ_FRACTION_HIGH, "is", "share of responses whose mean raw weight exceeds the upper bound"
     ),
     MetricSpec(
-        "rollout_is_seq_fraction_low",
+        Key.ROLLOUT_IS_SEQ_FRACTION_LOW,
         "is",
         "share of responses whose mean raw weight is below the lower bound (empty responses count here)",
     ),
     MetricSpec(
-        "rollout_is_oob_ratio",
+        Key.ROLLOUT_IS_OOB_RATIO,
         "is",
         "share of tokens IcePop zeroed (raw ratio outside [L, U])",
         needs="it needs an IcePop --is-threshold L_U",
     ),
     MetricSpec(
-        "rollout_is_batch_norm_factor",
+        Key.ROLLOUT_IS_BATCH_NORM_FACTOR,
         "is",
         "the mean weight the batch is divided by to normalise it to 1",
         needs="it needs --batch-normalize",
@@ -342,7 +338,7 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     # verl's RS aggregates
     MetricSpec(
-        "rollout_rs_masked_fraction",
+        Key.ROLLOUT_RS_MASKED_FRACTION,
         "rs_aggregate",
         "share of valid tokens rejected by any RS option",
         thresholds=(Threshold("max", 0.2, finding="rs_rejects_most_tokens"),),
@@ -350,103 +346,97 @@ METRICS: tuple[MetricSpec, ...] = (
         per_step=("analyze",),
     ),
     MetricSpec(
-        "rollout_rs_seq_masked_fraction", "rs_aggregate", "share of all responses with at least one rejected token"
+        Key.ROLLOUT_RS_SEQ_MASKED_FRACTION, "rs_aggregate", "share of all responses with at least one rejected token"
     ),
     # verl's debug metrics (calculate_debug_metrics, decoupled mode), under their own prefix
     MetricSpec(
-        "training/rollout_probs_diff_valid",
+        Key.ROLLOUT_PROBS_DIFF_VALID,
         "debug",
         "1 when the batch has a valid token (0 without one, verl >= 0.8.0; verl 0.7.1 raises)",
     ),
-    MetricSpec("training/rollout_probs_diff_max", "debug", "largest |p_train - p_rollout| of any token"),
+    MetricSpec(Key.ROLLOUT_PROBS_DIFF_MAX, "debug", "largest |p_train - p_rollout| of any token"),
     MetricSpec(
-        "training/rollout_probs_diff_mean",
+        Key.ROLLOUT_PROBS_DIFF_MEAN,
         "debug",
         "mean |p_train - p_rollout| per token: the gap in probability space, where log-prob gaps at p ~ 0 weigh little",
     ),
-    MetricSpec("training/rollout_probs_diff_std", "debug", "spread of |p_train - p_rollout| (unbiased, torch.std)"),
+    MetricSpec(Key.ROLLOUT_PROBS_DIFF_STD, "debug", "spread of |p_train - p_rollout| (unbiased, torch.std)"),
     MetricSpec(
-        "training/rollout_actor_probs_pearson_corr",
+        Key.ROLLOUT_ACTOR_PROBS_PEARSON_CORR,
         "debug",
         "Pearson correlation of the token probabilities of both engines; 1 = they agree up to a linear map",
     ),
     # rcdiag's own diagnostics
     MetricSpec(
-        "rcdiag/abs_log_ratio_mean",
+        Key.ABS_LOG_RATIO_MEAN,
         "extras",
         "mean |log-prob gap| per token (TRL/slime/SkyRL's abs-diff metric)",
         per_step=("compare_trend",),
     ),
-    MetricSpec("rcdiag/abs_log_ratio_max", "extras", "largest |log-prob gap| of any token"),
+    MetricSpec(Key.ABS_LOG_RATIO_MAX, "extras", "largest |log-prob gap| of any token"),
     MetricSpec(
-        "rcdiag/token_mult_prob_error",
+        Key.TOKEN_MULT_PROB_ERROR,
         "extras",
         "mean exp(|gap|) per token (NeMo-RL's metric; its gate is 1.05)",
         thresholds=(Threshold("max", 1.05, packs=("nemo-rl",)),),
     ),
-    MetricSpec("rcdiag/kl_std_error", "extras", "standard error of kl (responses as independent units)"),
+    MetricSpec(Key.KL_STD_ERROR, "extras", "standard error of kl (responses as independent units)"),
     MetricSpec(
-        "rcdiag/kl_std_error_dof",
+        Key.KL_STD_ERROR_DOF,
         "extras",
         "effective responses behind kl_std_error (its degrees of freedom + 1); few when a few long responses dominate",
     ),
-    MetricSpec("rcdiag/clamped_token_fraction", "extras", "share of tokens with |gap| > 20, where verl's clamps bite"),
+    MetricSpec(Key.CLAMPED_TOKEN_FRACTION, "extras", "share of tokens with |gap| > 20, where verl's clamps bite"),
     # the signature statistics the verdict tells noise from bugs by (rcdiag/metrics/signatures.py)
     MetricSpec(
-        "rcdiag/capped_ratio_mean",
+        Key.CAPPED_RATIO_MEAN,
         "extras",
         "mean IS ratio capped at e^3: at most 1 when the rollout's log-probs are those it sampled from",
     ),
-    MetricSpec("rcdiag/capped_ratio_std_error", "extras", "standard error of capped_ratio_mean (responses)"),
-    MetricSpec("rcdiag/reverse_ratio_mean", "extras", "the same with the columns exchanged (at most 1 if swapped)"),
-    MetricSpec("rcdiag/reverse_ratio_std_error", "extras", "standard error of reverse_ratio_mean (responses)"),
+    MetricSpec(Key.CAPPED_RATIO_STD_ERROR, "extras", "standard error of capped_ratio_mean (responses)"),
+    MetricSpec(Key.REVERSE_RATIO_MEAN, "extras", "the same with the columns exchanged (at most 1 if swapped)"),
+    MetricSpec(Key.REVERSE_RATIO_STD_ERROR, "extras", "standard error of reverse_ratio_mean (responses)"),
+    MetricSpec(Key.SHAPE_CORR, "extras", "correlation of the log-ratio with the log-prob (temperature-like shapes)"),
+    MetricSpec(Key.WITHIN_ROW_SHARE, "extras", "share of the log-ratio's energy within responses (about 0: offset)"),
+    MetricSpec(Key.SHIFTED_AHEAD_RATIO, "extras", "mean |old[t] - rollout[t+1]| over mean |old[t] - rollout[t]|"),
+    MetricSpec(Key.SHIFTED_BEHIND_RATIO, "extras", "mean |old[t+1] - rollout[t]| over mean |old[t] - rollout[t]|"),
     MetricSpec(
-        "rcdiag/shape_corr", "extras", "correlation of the log-ratio with the log-prob (temperature-like shapes)"
-    ),
-    MetricSpec(
-        "rcdiag/within_row_share", "extras", "share of the log-ratio's energy within responses (about 0: offset)"
-    ),
-    MetricSpec("rcdiag/shifted_ahead_ratio", "extras", "mean |old[t] - rollout[t+1]| over mean |old[t] - rollout[t]|"),
-    MetricSpec("rcdiag/shifted_behind_ratio", "extras", "mean |old[t+1] - rollout[t]| over mean |old[t] - rollout[t]|"),
-    MetricSpec(
-        "rcdiag/rollout_zero_fraction",
+        Key.ROLLOUT_ZERO_FRACTION,
         "extras",
         "share of valid tokens the rollout scores exactly 0.0 where the trainer does not (tokens never sampled)",
     ),
-    MetricSpec("rcdiag/both_zero_fraction", "extras", "share of valid tokens exactly 0.0 on both sides (padding)"),
-    MetricSpec("rcdiag/identical_fraction", "extras", "share of valid tokens bit-identical on both sides"),
+    MetricSpec(Key.BOTH_ZERO_FRACTION, "extras", "share of valid tokens exactly 0.0 on both sides (padding)"),
+    MetricSpec(Key.IDENTICAL_FRACTION, "extras", "share of valid tokens bit-identical on both sides"),
+    MetricSpec(Key.CERTAIN_DROP, "extras", "mean log-ratio over the tokens the trainer gives p >= 0.99 (soft-capping)"),
+    MetricSpec(Key.CERTAIN_DROP_STD_ERROR, "extras", "standard error of certain_drop (responses)"),
+    MetricSpec(Key.CERTAIN_SHARE, "extras", "share of the tokens the trainer gives p >= 0.99"),
+    MetricSpec(Key.CERTAIN_LOWERED_SHARE, "extras", "share of those the rollout scores more than 0.1 nats lower"),
+    MetricSpec(Key.ROLLOUT_CERTAIN_DROP, "extras", "mean -log-ratio over the tokens the rollout gives p >= 0.99"),
+    MetricSpec(Key.ROLLOUT_CERTAIN_DROP_STD_ERROR, "extras", "standard error of rollout_certain_drop"),
+    MetricSpec(Key.ROLLOUT_CERTAIN_SHARE, "extras", "share of the tokens the rollout gives p >= 0.99"),
     MetricSpec(
-        "rcdiag/certain_drop", "extras", "mean log-ratio over the tokens the trainer gives p >= 0.99 (soft-capping)"
-    ),
-    MetricSpec("rcdiag/certain_drop_std_error", "extras", "standard error of certain_drop (responses)"),
-    MetricSpec("rcdiag/certain_share", "extras", "share of the tokens the trainer gives p >= 0.99"),
-    MetricSpec("rcdiag/certain_lowered_share", "extras", "share of those the rollout scores more than 0.1 nats lower"),
-    MetricSpec("rcdiag/rollout_certain_drop", "extras", "mean -log-ratio over the tokens the rollout gives p >= 0.99"),
-    MetricSpec("rcdiag/rollout_certain_drop_std_error", "extras", "standard error of rollout_certain_drop"),
-    MetricSpec("rcdiag/rollout_certain_share", "extras", "share of the tokens the rollout gives p >= 0.99"),
-    MetricSpec(
-        "rcdiag/rollout_certain_lowered_share",
+        Key.ROLLOUT_CERTAIN_LOWERED_SHARE,
         "extras",
         "share of those the trainer scores more than 0.1 nats lower",
     ),
     MetricSpec(
-        "rcdiag/rollout_far_higher_share",
+        Key.ROLLOUT_FAR_HIGHER_SHARE,
         "extras",
         "share of the tokens the rollout scores more than 2 nats above the trainer (another token's log-prob)",
     ),
     MetricSpec(
-        "rcdiag/rollout_far_higher_top1_share",
+        Key.ROLLOUT_FAR_HIGHER_TOP1_SHARE,
         "extras",
         "share of those the rollout gives p >= 1/2 (its most likely token)",
     ),
-    MetricSpec("rcdiag/trainer_far_higher_share", "extras", "share of the tokens the trainer scores 2 nats above"),
+    MetricSpec(Key.TRAINER_FAR_HIGHER_SHARE, "extras", "share of the tokens the trainer scores 2 nats above"),
     MetricSpec(
-        "rcdiag/repeat_drop",
+        Key.REPEAT_DROP,
         "extras",
         "how much more the rollout lowers tokens repeated within a response than first occurrences (token ids)",
     ),
-    MetricSpec("rcdiag/repeat_drop_std_error", "extras", "standard error of repeat_drop (responses)"),
-    MetricSpec("rcdiag/repeat_share", "extras", "share of the tokens whose id occurred earlier in the response"),
+    MetricSpec(Key.REPEAT_DROP_STD_ERROR, "extras", "standard error of repeat_drop (responses)"),
+    MetricSpec(Key.REPEAT_SHARE, "extras", "share of the tokens whose id occurred earlier in the response"),
 )
 """Every metric, in the order the docs list them (reports keep verl's insertion order)."""
 
@@ -522,6 +512,31 @@ def known_key(key: str) -> str:
     if full not in _index():
         raise KeyError(f"{key!r} is not a metric of the catalogue (rcdiag.catalogue.metrics)")
     return full
+
+
+def rs_key(option: str, suffix: str) -> str:
+    """The full key of RS option ``option``'s ``suffix`` (``token_k1``, ``masked_fraction`` ->
+    ``rollout_corr/rollout_rs_token_k1_masked_fraction``); ``KeyError`` for an option or suffix the catalogue lacks."""
+    return known_key(_OPT.format(option=option) + suffix)
+
+
+FRAMEWORK_STATS = ("weight_mean", "zeroed_fraction", "zeroed_response_fraction", "truncated_fraction", "ess")
+"""rcdiag's readings of a framework's correction weights, the same for every framework (``rcdiag/<name>/<stat>``)."""
+EVERY_STAT = "*"
+"""``framework_key(name, EVERY_STAT)``: the whole family, as the docs and a framework's notes name it."""
+
+
+def framework_key(framework: str, stat: str) -> str:
+    """The key of rcdiag's reading ``stat`` of framework ``framework``'s weights (``slime``, ``ess`` ->
+    ``rcdiag/slime/ess``; ``EVERY_STAT``: ``rcdiag/slime/*``); ``KeyError`` for a stat not in ``FRAMEWORK_STATS``."""
+    if stat != EVERY_STAT and stat not in FRAMEWORK_STATS:
+        raise KeyError(f"{stat!r} is not one of rcdiag's framework readings {FRAMEWORK_STATS}")
+    return f"{EXTRA_PREFIX}{framework}/{stat}"
+
+
+def framework_note(framework: str, what: str) -> str:
+    """The note under a framework's report that says which of its keys are rcdiag's readings, and of what."""
+    return f"{framework_key(framework, EVERY_STAT)} are rcdiag's: {what}"
 
 
 def finding_threshold(code: str) -> Threshold:

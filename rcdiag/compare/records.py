@@ -10,13 +10,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rcdiag.catalogue.metrics import full_key
+from rcdiag.catalogue.keys import Key
 from rcdiag.compare.paired import PairedTest
 from rcdiag.records.report import SCHEMA_VERSION, Finding, Report
 
-KL = full_key("kl")
-K3 = full_key("k3_kl")
-KL_SE = full_key("rcdiag/kl_std_error")
+KL = Key.KL
+K3 = Key.K3_KL
+KL_SE = Key.KL_STD_ERROR
 
 
 CompareFinding = Finding

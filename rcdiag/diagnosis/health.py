@@ -15,14 +15,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-from rcdiag.catalogue import full_key
 from rcdiag.catalogue.emit import emit, ordered
 from rcdiag.catalogue.findings import Code, codes_for
+from rcdiag.catalogue.keys import Key
 from rcdiag.catalogue.metrics import (
     DEBUG_PREFIX,
     MetricSpec,
     Threshold,
     finding_threshold,
+    rs_key,
     rs_option,
     thresholds_with_findings,
 )
@@ -86,12 +87,12 @@ BatchRule = Callable[[BatchResult, Context], list[Hit]]
 
 
 def _value(result: BatchResult, key: str) -> float | None:
-    key = full_key(key)
+    """A full key's value (``Key``), an extra's or a verl metric's."""
     return result.extras[key] if key in result.extras else result.metrics.get(key)
 
 
 def _threshold_hit(result: BatchResult, spec: MetricSpec, threshold: Threshold) -> Hit | None:
-    value = _value(result, spec.key)
+    value = _value(result, spec.name)
     if value is None or threshold.holds(value):
         return None
     code = threshold.finding
@@ -113,9 +114,7 @@ def _rs_most_facts(result: BatchResult, value: float, name: str, rule: str) -> s
     shares = {
         option: share
         for key, share in result.metrics.items()
-        if share is not None
-        and (option := rs_option(key)) is not None
-        and key == full_key(f"rollout_rs_{option}_masked_fraction")
+        if share is not None and (option := rs_option(key)) is not None and key == rs_key(option, "masked_fraction")
     }
     text = f"RS rejects {value:.1%} of the valid tokens (against {rule})"
     if shares:
@@ -144,8 +143,8 @@ def kl_k3_critical(tests: int, dof: float | None = None) -> float:
 
 
 def _kl_k3(result: BatchResult, context: Context) -> list[Hit]:
-    kl, k3, se = _value(result, "kl"), _value(result, "k3_kl"), _value(result, "rcdiag/kl_std_error") or 0.0
-    responses = _value(result, "rcdiag/kl_std_error_dof")
+    kl, k3, se = _value(result, Key.KL), _value(result, Key.K3_KL), _value(result, Key.KL_STD_ERROR) or 0.0
+    responses = _value(result, Key.KL_STD_ERROR_DOF)
     if kl is None or k3 is None or responses is None or responses < 2.0:
         return []  # fewer than two responses' worth: no noise estimate to test against
     gap = kl - k3
@@ -161,7 +160,7 @@ def _kl_k3(result: BatchResult, context: Context) -> list[Hit]:
         f"errors of kl (rcdiag/kl_std_error = {se:.3g}, {dof:.3g} degrees of freedom); noise stays within "
         f"{limit:.2f} standard errors over {steps} tested (false-alarm rate {KL_K3_FALSE_ALARM_RATE:g} per dump)"
     )
-    return [Hit(Code.KL_K3_DISAGREE, full_key("kl"), kl, tolerance, facts, abs(gap) / tolerance)]
+    return [Hit(Code.KL_K3_DISAGREE, Key.KL, kl, tolerance, facts, abs(gap) / tolerance)]
 
 
 def kl_negative_limit(se: float, dof: float, tests: int) -> float:
@@ -171,8 +170,8 @@ def kl_negative_limit(se: float, dof: float, tests: int) -> float:
 
 
 def _kl_negative(result: BatchResult, context: Context) -> list[Hit]:
-    kl, se = _value(result, "kl"), _value(result, "rcdiag/kl_std_error") or 0.0
-    responses = _value(result, "rcdiag/kl_std_error_dof")
+    kl, se = _value(result, Key.KL), _value(result, Key.KL_STD_ERROR) or 0.0
+    responses = _value(result, Key.KL_STD_ERROR_DOF)
     if kl is None or responses is None or responses < 2.0:
         return []
     limit = kl_negative_limit(se, responses - 1.0, context.batches)
@@ -183,15 +182,15 @@ def _kl_negative(result: BatchResult, context: Context) -> list[Hit]:
         f"kl = {kl:.4g} is negative by {sigmas} standard errors (rcdiag/kl_std_error = {se:.3g}; noise stays "
         f"within {limit:.3g} at the false-alarm rate {KL_K3_FALSE_ALARM_RATE:g} per dump)"
     )
-    return [Hit(Code.KL_NEGATIVE, full_key("kl"), kl, -limit, facts, -kl / limit)]
+    return [Hit(Code.KL_NEGATIVE, Key.KL, kl, -limit, facts, -kl / limit)]
 
 
 def _is_saturated(result: BatchResult, context: Context) -> list[Hit]:
-    share = _value(result, "rollout_is_ratio_fraction_high")
+    share = _value(result, Key.ROLLOUT_IS_RATIO_FRACTION_HIGH)
     if share is None or share < IS_SATURATED_SHARE:
         return []
-    mean, std = _value(result, "rollout_is_mean"), _value(result, "rollout_is_std")
-    ess = _value(result, "rollout_is_eff_sample_size")
+    mean, std = _value(result, Key.ROLLOUT_IS_MEAN), _value(result, Key.ROLLOUT_IS_STD)
+    ess = _value(result, Key.ROLLOUT_IS_EFF_SAMPLE_SIZE)
     facts = ", ".join(
         f"{name} = {value:.4g}"
         for name, value in (("rollout_is_mean", mean), ("rollout_is_std", std), ("ESS", ess))
@@ -201,7 +200,7 @@ def _is_saturated(result: BatchResult, context: Context) -> list[Hit]:
         f"{share:.1%} of the raw IS ratios exceed the upper threshold (from {IS_SATURATED_SHARE:.0%} the weights are "
         f"a constant){'; ' + facts if facts else ''}"
     )
-    key = full_key("rollout_is_ratio_fraction_high")
+    key = Key.ROLLOUT_IS_RATIO_FRACTION_HIGH
     return [Hit(Code.IS_SATURATED, key, share, IS_SATURATED_SHARE, statement, share)]
 
 
@@ -217,7 +216,7 @@ def seq_is_ess(chi2_seq: float) -> float:
 
 
 def _seq_is_hopeless(result: BatchResult, context: Context) -> list[Hit]:
-    chi2 = _value(result, "chi2_seq")
+    chi2 = _value(result, Key.CHI2_SEQ)
     floor = seq_is_usable_ess()
     if chi2 is None or seq_is_ess(chi2) >= floor:
         return []
@@ -226,7 +225,7 @@ def _seq_is_hopeless(result: BatchResult, context: Context) -> list[Hit]:
         f"chi2_seq = {chi2:.4g}: untruncated sequence IS weights have an effective sample size of "
         f"1 / (1 + chi2_seq) = {ess:.3g} of the responses, below {floor:g}"
     )
-    return [Hit(Code.SEQ_IS_HOPELESS, full_key("chi2_seq"), chi2, 1.0 / floor - 1.0, facts, chi2)]
+    return [Hit(Code.SEQ_IS_HOPELESS, Key.CHI2_SEQ, chi2, 1.0 / floor - 1.0, facts, chi2)]
 
 
 def outlier_shares(histogram: Histogram) -> tuple[int, float, float]:
@@ -279,11 +278,11 @@ def _sparse_outliers(result: BatchResult, context: Context) -> list[Hit]:
 
 
 def _rs_all(result: BatchResult, context: Context) -> list[Hit]:
-    value = _value(result, "rollout_rs_masked_fraction")
+    value = _value(result, Key.ROLLOUT_RS_MASKED_FRACTION)
     if value is None or value < 1.0:
         return []
     facts = "rejection sampling rejects every valid token of the batch"
-    return [Hit(Code.RS_REJECTS_ALL_TOKENS, full_key("rollout_rs_masked_fraction"), value, 1.0, facts, value)]
+    return [Hit(Code.RS_REJECTS_ALL_TOKENS, Key.ROLLOUT_RS_MASKED_FRACTION, value, 1.0, facts, value)]
 
 
 def _not_finite(result: BatchResult, context: Context) -> list[Hit]:
@@ -332,7 +331,7 @@ def could_fire_in_context(result: BatchResult, tests: int) -> bool:
     """Whether a context rule (kl/k3_kl, kl_negative) may fire on ``result`` among ``tests`` batches. Both compare
     against Student's t critical value, never below the normal one: a batch within the normal bound fires neither
     (``False``), and t's quantile, the costly part of a report of many steps, is not computed for it."""
-    kl, k3, se = _value(result, "kl"), _value(result, "k3_kl"), _value(result, "rcdiag/kl_std_error") or 0.0
+    kl, k3, se = _value(result, Key.KL), _value(result, Key.K3_KL), _value(result, Key.KL_STD_ERROR) or 0.0
     if kl is None or not all(math.isfinite(v) for v in (kl, se, 0.0 if k3 is None else k3)):
         return True  # the rules themselves say what a missing or non-finite value does
     normal = NORMAL_MARGIN * kl_k3_critical(tests) * se

@@ -16,7 +16,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from rcdiag.catalogue.metrics import known_key
+from rcdiag.catalogue.keys import Key
 from rcdiag.frameworks.speak import riding, speak
 from rcdiag.records.report import CauseClass, Effect, PrescribedSetting, Prescription, Report, VerdictStatus
 from rcdiag.runtime.errors import ConfigError
@@ -117,14 +117,11 @@ def optional_correction(report: Report) -> str:
 SEQ_IS_PRESET = "decoupled_seq_is"
 """The sequence-level IS a next step may offer, measured on the dump under this preset (never the prescription)."""
 CHI2_SEQ, IS_ESS, IS_TRUNCATED, RS_TOKENS, RS_RESPONSES = (
-    known_key(key)
-    for key in (
-        "chi2_seq",
-        "rollout_is_eff_sample_size",
-        "rollout_is_ratio_fraction_high",
-        "rollout_rs_masked_fraction",
-        "rollout_rs_seq_masked_fraction",
-    )
+    Key.CHI2_SEQ,
+    Key.ROLLOUT_IS_EFF_SAMPLE_SIZE,
+    Key.ROLLOUT_IS_RATIO_FRACTION_HIGH,
+    Key.ROLLOUT_RS_MASKED_FRACTION,
+    Key.ROLLOUT_RS_SEQ_MASKED_FRACTION,
 )
 """The metrics a prescription's effect and its alternatives are read from (the catalogue's names)."""
 

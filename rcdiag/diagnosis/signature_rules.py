@@ -13,14 +13,11 @@ from dataclasses import dataclass
 
 from rcdiag.catalogue.emit import emit
 from rcdiag.catalogue.findings import Code
+from rcdiag.catalogue.keys import Key
 from rcdiag.catalogue.metrics import KL_BANDS, known_key
-from rcdiag.metrics.signatures import HISTORY_KEYS
+from rcdiag.metrics.signatures import CERTAIN_KEYS, HISTORY_KEYS, RATIO_KEYS
 from rcdiag.records.report import Finding
 
-KL, K3_KL, KL_SE, ABS_MEAN, SHAPE_CORR = (
-    known_key(key) for key in ("kl", "k3_kl", "rcdiag/kl_std_error", "rcdiag/abs_log_ratio_mean", "rcdiag/shape_corr")
-)
-"""The keys the signatures and the verdict read, named by the metric catalogue (a renamed metric fails here)."""
 NOISE_K3_MAX = next(band.below for band in KL_BANDS if band.text.startswith("small"))
 """A mismatch is large from this k3_kl (1e-3): the top of the range published for dense bf16 models (1e-5..1e-3),
 the kl readings' "small: typical of dense models" band, read from the catalogue; a bf16 rollout of the tests' real
@@ -107,7 +104,8 @@ class _Read:
     extras: dict[str, float | None]
 
     def get(self, key: str) -> float | None:
-        return self.extras.get(known_key(f"rcdiag/{key}"))
+        """An extra by its full key (``Key``); ``KeyError`` for a name the catalogue lacks, never a silent ``None``."""
+        return self.extras.get(known_key(key))
 
 
 def signature_findings(
@@ -115,10 +113,10 @@ def signature_findings(
 ) -> list[Finding]:
     """The signature findings of a whole dump's pooled metrics and extras."""
     read = _Read(
-        metrics.get(KL),
-        extras.get(KL_SE),
-        metrics.get(K3_KL),
-        extras.get(ABS_MEAN),
+        metrics.get(Key.KL),
+        extras.get(Key.KL_STD_ERROR),
+        metrics.get(Key.K3_KL),
+        extras.get(Key.ABS_LOG_RATIO_MEAN),
         extras,
     )
     if valid_tokens < MIN_TOKENS:
@@ -132,13 +130,13 @@ def signature_findings(
 
 def kl_beyond_noise(metrics: dict[str, float | None], extras: dict[str, float | None]) -> bool:
     """kl beyond ``NOISE_SIGMAS`` of its standard errors (or without one)."""
-    kl, se = metrics.get(KL), extras.get(KL_SE)
+    kl, se = metrics.get(Key.KL), extras.get(Key.KL_STD_ERROR)
     return kl is not None and (se is None or abs(kl) > NOISE_SIGMAS * se)
 
 
 def mismatch_large(metrics: dict[str, float | None], extras: dict[str, float | None]) -> bool:
     """k3_kl above ``NOISE_K3_MAX`` and kl beyond its noise."""
-    k3 = metrics.get(K3_KL)
+    k3 = metrics.get(Key.K3_KL)
     return k3 is not None and k3 > NOISE_K3_MAX and kl_beyond_noise(metrics, extras)
 
 
@@ -149,7 +147,7 @@ def _not_noise(metrics: dict[str, float | None], extras: dict[str, float | None]
     _, failed = precision_tests(metrics, extras)
     if not failed:
         return None
-    k3 = metrics.get(K3_KL)
+    k3 = metrics.get(Key.K3_KL)
     return emit(
         Code.MISMATCH_NOT_NOISE,
         f"the mismatch (k3_kl {k3:.3g}, above {NOISE_K3_MAX:g}) is not precision noise: {'; '.join(failed)}",
@@ -159,7 +157,7 @@ def _not_noise(metrics: dict[str, float | None], extras: dict[str, float | None]
 
 
 def _mask(read: _Read) -> Finding | None:
-    both, unsampled = read.get("both_zero_fraction"), read.get("rollout_zero_fraction")
+    both, unsampled = read.get(Key.BOTH_ZERO_FRACTION), read.get(Key.ROLLOUT_ZERO_FRACTION)
     if both is not None and both > BOTH_ZERO_SHARE_MAX:
         return emit(
             Code.MASK_PADDING_VALID,
@@ -180,7 +178,7 @@ def _mask(read: _Read) -> Finding | None:
 
 
 def _alignment(read: _Read) -> Finding | None:
-    ahead, behind = read.get("shifted_ahead_ratio"), read.get("shifted_behind_ratio")
+    ahead, behind = read.get(Key.SHIFTED_AHEAD_RATIO), read.get(Key.SHIFTED_BEHIND_RATIO)
     if ahead is None or behind is None or read.abs_mean is None or read.abs_mean < ALIGN_ABS_MIN:
         return None
     ratio = min(ahead, behind)
@@ -201,7 +199,7 @@ def _alignment(read: _Read) -> Finding | None:
 
 
 def _offset(read: _Read) -> Finding | None:
-    within = read.get("within_row_share")
+    within = read.get(Key.WITHIN_ROW_SHARE)
     if within is None or within > OFFSET_WITHIN_MAX or read.kl is None or read.kl_se is None:
         return None
     if abs(read.kl) <= OFFSET_SIGMAS * read.kl_se or read.kl == 0.0:
@@ -219,9 +217,10 @@ def _offset(read: _Read) -> Finding | None:
 def _certain(read: _Read, valid_tokens: int) -> Finding | None:
     """certain_tokens_lowered: most of the tokens one side is near-certain of lowered by the other."""
     sides = []
-    for key, lowered, sure in (("certain", "rollout", "trainer"), ("rollout_certain", "trainer", "rollout")):
-        share, most = read.get(f"{key}_share"), read.get(f"{key}_lowered_share")
-        drop, se = read.get(f"{key}_drop"), read.get(f"{key}_drop_std_error")
+    for side, lowered, sure in (("certain", "rollout", "trainer"), ("rollout_certain", "trainer", "rollout")):
+        drop_key, error_key, share_key, lowered_key = CERTAIN_KEYS[side]
+        share, most = read.get(share_key), read.get(lowered_key)
+        drop, se = read.get(drop_key), read.get(error_key)
         if share is None or most is None or drop is None or se is None or share * valid_tokens < MIN_GROUP_TOKENS:
             continue
         if most > CERTAIN_LOWERED_MIN:
@@ -264,17 +263,17 @@ def _clears(value: float, se: float, floor: float) -> bool:
     return value > floor and value > Z * se
 
 
-def ratio_excess(read_extras: dict[str, float | None], key: str) -> tuple[float, float] | None:
-    """(mean - 1, its standard error) of a capped ratio (``capped`` or ``reverse``), when known."""
-    mean = read_extras.get(known_key(f"rcdiag/{key}_ratio_mean"))
-    se = read_extras.get(known_key(f"rcdiag/{key}_ratio_std_error"))
+def ratio_excess(read_extras: dict[str, float | None], keys: tuple[str, str]) -> tuple[float, float] | None:
+    """(mean - 1, its standard error) of a capped ratio (``RATIO_KEYS``' ``ratio`` or ``reverse``), when known."""
+    mean_key, error_key = keys
+    mean, se = read_extras.get(mean_key), read_extras.get(error_key)
     if mean is None or se is None:
         return None
     return mean - 1.0, se
 
 
 def _not_sampled(read: _Read) -> Finding | None:
-    excess = ratio_excess(read.extras, "capped")
+    excess = ratio_excess(read.extras, RATIO_KEYS["ratio"])
     if excess is None:
         return None
     gap, se = excess
@@ -294,8 +293,8 @@ def _another_token(read: _Read) -> Finding | None:
     """logprobs_of_another_token: many tokens far more likely to the rollout than to the trainer, a good share of them
     the rollout's most likely token, and almost none the other way: the rollout reports a log-prob at least as high
     as the sampled token's, the top-1 token's."""
-    above, top1 = read.get("rollout_far_higher_share"), read.get("rollout_far_higher_top1_share")
-    below = read.get("trainer_far_higher_share")
+    above, top1 = read.get(Key.ROLLOUT_FAR_HIGHER_SHARE), read.get(Key.ROLLOUT_FAR_HIGHER_TOP1_SHARE)
+    below = read.get(Key.TRAINER_FAR_HIGHER_SHARE)
     if above is None or top1 is None or below is None or above <= FAR_SHARE_MIN or top1 < FAR_TOP1_MIN:
         return None
     if below > FAR_MIRROR_MAX * above:
@@ -320,8 +319,8 @@ def _in_errors(gap: float, se: float) -> str:
 def swap_consistent(extras: dict[str, float | None]) -> bool:
     """Exchanging the columns makes the dump read as precision noise: the reverse ratio at most 1 within noise and
     no shaped mismatch (a shaped one swapped would still be a bug: raw log-probs, a penalty)."""
-    excess = ratio_excess(extras, "reverse")
-    corr = extras.get(SHAPE_CORR)
+    excess = ratio_excess(extras, RATIO_KEYS["reverse"])
+    corr = extras.get(Key.SHAPE_CORR)
     if excess is None:
         return False
     gap, se = excess
@@ -331,7 +330,7 @@ def swap_consistent(extras: dict[str, float | None]) -> bool:
 def precision_tests(metrics: dict[str, float | None], extras: dict[str, float | None]) -> tuple[list[str], list[str]]:
     """The precision-noise tests as (passed, failed) sentences; noise is named only when none fails."""
     passed, failed = [], []
-    excess = ratio_excess(extras, "capped")
+    excess = ratio_excess(extras, RATIO_KEYS["ratio"])
     if excess is not None:
         gap, se = excess
         text = f"mean IS ratio {1 + gap:.4g} +- {se:.2g}"
@@ -339,7 +338,7 @@ def precision_tests(metrics: dict[str, float | None], extras: dict[str, float | 
             failed.append(f"{text}: {-gap:.2%} of the trainer's mass is missing on the rollout's support")
         else:
             passed.append(f"{text} (at most 1 on sampled tokens)")
-    corr = extras.get(SHAPE_CORR)
+    corr = extras.get(Key.SHAPE_CORR)
     if corr is not None:
         text = f"corr(log-ratio, log-prob) {corr:+.2f}"
         if abs(corr) > SHAPE_CORR_MAX:
@@ -347,7 +346,7 @@ def precision_tests(metrics: dict[str, float | None], extras: dict[str, float | 
             failed.append(f"{text}: the mismatch depends on how likely a token is ({side}), beyond {SHAPE_CORR_MAX}")
         else:
             passed.append(f"{text} (within {SHAPE_CORR_MAX})")
-    k3 = metrics.get(K3_KL)
+    k3 = metrics.get(Key.K3_KL)
     if k3 is not None:
         if k3 > ENVELOPE_K3:
             failed.append(f"k3_kl {k3:.3g} beyond every published precision range (at most {ENVELOPE_K3:g}, MoE)")

@@ -17,12 +17,10 @@ from collections.abc import Callable, Iterable
 
 from rcdiag.catalogue import finding
 from rcdiag.catalogue.findings import Code, Role, detectors, of_class
+from rcdiag.catalogue.keys import Key
 from rcdiag.diagnosis.health import outlier_shares, sparse
 from rcdiag.diagnosis.prescribe import candidate, optional_correction
 from rcdiag.diagnosis.signature_rules import (
-    ABS_MEAN,
-    K3_KL,
-    KL,
     MIN_TOKENS,
     NOISE_K3_MAX,
     NOISE_SIGMAS,
@@ -174,9 +172,9 @@ class _Size:
 
     def __init__(self, report: Report) -> None:
         m, e = report.metrics, report.extras
-        self.k3 = m.get(K3_KL)
-        self.kl = m.get(KL)
-        self.abs_mean = e.get(ABS_MEAN)
+        self.k3 = m.get(Key.K3_KL)
+        self.kl = m.get(Key.KL)
+        self.abs_mean = e.get(Key.ABS_LOG_RATIO_MEAN)
         self.beyond_noise = kl_beyond_noise(m, e)
         self.large = mismatch_large(m, e)
 
@@ -272,7 +270,7 @@ def _gap_class(report: Report, outliers: bool) -> CauseClass:
     top-k/top-p subset: mean ratio < 1, kl above k3_kl) or a few huge ratios dominate the mean (k3_kl above kl):
     ``outliers`` only where they are few (the ``sparse_outliers`` definition holds on the dump's log-ratio
     histogram); a heavy tail over many tokens is systematic, ``unexplained``."""
-    kl, k3 = report.metrics.get(KL), report.metrics.get(K3_KL)
+    kl, k3 = report.metrics.get(Key.KL), report.metrics.get(Key.K3_KL)
     if not outliers and kl is not None and k3 is not None and kl > k3:
         return "truncation"
     if outliers or (report.log_ratio is not None and sparse(outlier_shares(report.log_ratio))):
@@ -282,7 +280,7 @@ def _gap_class(report: Report, outliers: bool) -> CauseClass:
 
 def _evidence(cls: CauseClass, group: list[Finding], report: Report) -> str:
     if cls in ("truncation", "outliers", "unexplained") and any(f.code == Code.KL_K3_DISAGREE for f in group):
-        kl, k3 = report.metrics.get(KL), report.metrics.get(K3_KL)
+        kl, k3 = report.metrics.get(Key.KL), report.metrics.get(Key.K3_KL)
         if kl is not None and k3 is not None:
             mean_ratio = 1.0 - (kl - k3)
             gap = (

@@ -19,7 +19,8 @@ import numpy as np
 
 from rcdiag.catalogue.emit import emit
 from rcdiag.catalogue.findings import Code, detectors
-from rcdiag.catalogue.metrics import finding_threshold, known_key
+from rcdiag.catalogue.keys import Key
+from rcdiag.catalogue.metrics import finding_threshold
 from rcdiag.core.forecast import beyond, fit_line, forecast
 from rcdiag.core.stats import t_critical
 from rcdiag.explain.breakdowns import DOUBLING_EDGES, N_DOUBLING, SUMS, bucket_metrics
@@ -99,7 +100,7 @@ TREND_T_MIN = 4.0
 TREND_HALVES_MIN = 1.4
 """mismatch_trend: the median k3_kl of the later half of the steps over that of the earlier half (one spiking
 step cannot move a median)."""
-KL, K3_KL, CHI2_TOKEN = (known_key(key) for key in ("kl", "k3_kl", "chi2_token"))
+KL, K3_KL, CHI2_TOKEN = Key.KL, Key.K3_KL, Key.CHI2_TOKEN
 KL_WARN = finding_threshold(Code.KL_HIGH).limit
 CHI2_WARN = finding_threshold(Code.CHI2_TOKEN_HIGH).limit
 """verl's warning thresholds (|kl| > 0.1, chi2_token > 1.0: kl_high's and chi2_token_high's, from the metric

@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from rcdiag.catalogue.metrics import framework_note
 from rcdiag.frameworks.base import (
     Framework,
     FrameworkMetrics,
@@ -169,8 +170,7 @@ class ArealSettings:
         notes = [
             "rs_filtered_fraction is AReaL's mean over the step's micro-batch calls of each one's filtered share; "
             "rcdiag gives it for the step as one micro-batch (ppo_n_minibatches 1), pooled for all steps as one",
-            "rcdiag/areal/* are rcdiag's: the weight AReaL puts on each token's loss, 0 where rejection sampling "
-            "drops it",
+            framework_note("areal", "the weight AReaL puts on each token's loss, 0 where rejection sampling drops it"),
         ]
         if not self.decoupled:
             notes.insert(

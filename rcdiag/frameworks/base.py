@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import numpy as np
 
+from rcdiag.catalogue.metrics import FRAMEWORK_STATS, framework_key
 from rcdiag.frameworks.correction import Correction, Form
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce
 from rcdiag.runtime.errors import ConfigError
@@ -472,28 +473,16 @@ def weight_keys(name: str, title: str = "", token: str = "", zeroes: str = "") -
     """rcdiag's readings of framework ``name``'s correction, in its words (``title``: the framework; ``token``: what it
     calls a valid token; ``zeroes``: what zeroes one): the same five for every framework, so one dump can be judged
     under several (and a prescription's effect measured under any)."""
-    return (
-        MetricKey(
-            f"rcdiag/{name}/weight_mean", f"rcdiag's: mean weight {title} puts on a {token}'s loss (1 = no correction)"
-        ),
-        MetricKey(
-            f"rcdiag/{name}/zeroed_fraction",
-            f"rcdiag's: share of {token}s whose loss {zeroes} zeroes (the gradient lost)",
-        ),
-        MetricKey(
-            f"rcdiag/{name}/zeroed_response_fraction",
-            f"rcdiag's: share of responses (every row, an empty one too, as verl counts them) in which {zeroes} "
-            f"zeroes at least one {token}",
-        ),
-        MetricKey(
-            f"rcdiag/{name}/truncated_fraction",
-            f"rcdiag's: share of {token}s whose weight {title}'s clamp changed (0 where it only masks)",
-        ),
-        MetricKey(
-            f"rcdiag/{name}/ess",
-            f"rcdiag's: effective sample size of {title}'s weights over the {token}s, (sum w)^2 / (N sum w^2)",
-        ),
-    )
+    readings = {
+        "weight_mean": f"rcdiag's: mean weight {title} puts on a {token}'s loss (1 = no correction)",
+        "zeroed_fraction": f"rcdiag's: share of {token}s whose loss {zeroes} zeroes (the gradient lost)",
+        "zeroed_response_fraction": f"rcdiag's: share of responses (every row, an empty one too, as verl counts "
+        f"them) in which {zeroes} zeroes at least one {token}",
+        "truncated_fraction": f"rcdiag's: share of {token}s whose weight {title}'s clamp changed (0 where it only "
+        "masks)",
+        "ess": f"rcdiag's: effective sample size of {title}'s weights over the {token}s, (sum w)^2 / (N sum w^2)",
+    }
+    return tuple(MetricKey(framework_key(name, stat), readings[stat]) for stat in FRAMEWORK_STATS)
 
 
 class FrameworkMetrics(Accumulator):
@@ -552,7 +541,7 @@ class FrameworkMetrics(Accumulator):
         self.add(**declared)
 
     def weight_keys(self) -> list[str]:
-        return [key.key for key in weight_keys(self.NAME)]
+        return [framework_key(self.NAME, stat) for stat in FRAMEWORK_STATS]
 
     def weight_values(self) -> dict[str, MetricValue]:
         """rcdiag's readings (``weight_keys``): ``None`` without a valid token (the ESS also when every weight is 0)."""

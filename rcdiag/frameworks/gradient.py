@@ -1,5 +1,5 @@
 """``framework_drops_gradient``: under ``--as NAME``, whether NAME's own correction takes away most of the gradient on
-this dump, judged from rcdiag's readings of it (``rcdiag/<name>/*``, ``weight_keys``), and said in NAME's options.
+this dump, judged from rcdiag's readings of it (``rcdiag/<name>/*``, ``framework_key``), and said in NAME's options.
 
 Three bounds, each failing alone (every bound inclusive: the value on it holds): the mean weight on a valid token's
 loss below ``WEIGHT_MEAN_MIN`` (less than half the loss's mass is left: TRL's default ``sequence_mask`` on long
@@ -12,8 +12,8 @@ from collections.abc import Mapping
 
 from rcdiag.catalogue.emit import emit
 from rcdiag.catalogue.findings import Code
-from rcdiag.catalogue.metrics import finding_threshold
-from rcdiag.frameworks.base import scalar, weight_keys
+from rcdiag.catalogue.metrics import finding_threshold, framework_key
+from rcdiag.frameworks.base import scalar
 from rcdiag.frameworks.registry import Chosen
 from rcdiag.frameworks.translate import translate
 from rcdiag.metrics.base import MetricValue
@@ -42,7 +42,8 @@ def failed_bounds(weight_mean: MetricValue, zeroed: MetricValue, ess: MetricValu
 
 def drops_gradient(chosen: Chosen, extras: Mapping[str, MetricValue]) -> Finding | None:
     """The finding where ``chosen``'s correction, read from its pooled ``extras``, fails a bound; ``None`` else."""
-    mean, zeroed, responses, _, ess = (key.key for key in weight_keys(chosen.name))
+    stats = ("weight_mean", "zeroed_fraction", "zeroed_response_fraction", "ess")
+    mean, zeroed, responses, ess = (framework_key(chosen.name, stat) for stat in stats)
     failed = failed_bounds(extras.get(mean), extras.get(zeroed), extras.get(ess))
     if not failed:
         return None

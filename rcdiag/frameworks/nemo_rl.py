@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from rcdiag.catalogue.metrics import framework_note
 from rcdiag.core import formulas
 from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, weight_keys
 from rcdiag.frameworks.correction import NO_CLAMP_QUIRK, UNIT_STATISTIC, Band, Correction, Form, Unit, Weight
@@ -83,8 +84,13 @@ class NemoRLSettings:
             )
         if not self.applied:
             notes.append(f"{CORRECTION} is false (NeMo-RL's default): the weights are logged, not applied")
-        notes.append("rcdiag/nemo-rl/* are rcdiag's: the importance weight NeMo-RL applies to each valid token's "
-                     "loss (1 without the correction), 0 for a sample the threshold masks")  # fmt: skip
+        notes.append(
+            framework_note(
+                NAME,
+                "the importance weight NeMo-RL applies to each valid token's loss (1 without the correction), "
+                "0 for a sample the threshold masks",
+            )
+        )
         return tuple(notes)
 
     def correction(self) -> Correction:

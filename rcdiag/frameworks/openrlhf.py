@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from rcdiag.catalogue.metrics import framework_note
 from rcdiag.core import formulas
 from rcdiag.frameworks.base import (
     Framework,
@@ -84,7 +85,7 @@ class OpenRLHFSettings:
             *loss,
             "vllm_kl is the token mean of the step (OpenRLHF weights each micro-batch's mean by its action tokens); "
             "a micro-batch without an action token would make OpenRLHF's value NaN",
-            "rcdiag/openrlhf/* are rcdiag's: the coefficient PolicyLoss puts on each action token's loss",
+            framework_note("openrlhf", "the coefficient PolicyLoss puts on each action token's loss"),
         )
 
     def to_dict(self) -> dict[str, Any]:

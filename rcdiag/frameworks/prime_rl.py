@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from rcdiag.catalogue.metrics import framework_note
 from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Needs, Option, TokenRows, exp32, weight_keys
 from rcdiag.frameworks.correction import NO_CLAMP_QUIRK, Band, Correction, Form, Weight
 from rcdiag.metrics.base import MetricValue, Moments, Reduce, VerlCrash
@@ -95,8 +96,12 @@ class PrimeRLSettings:
             "samples (an empty sample counts, as 0)"
         )
         mask = "IPO mask" if self.ipo else "DPPO mask (by each token's advantage sign)"
-        notes.append(f"rcdiag/prime-rl/* are rcdiag's: the unclipped ratio exp(trainer - inference) on each valid "
-                     f"token the {mask} keeps, 0 where it masks")  # fmt: skip
+        notes.append(
+            framework_note(
+                NAME,
+                f"the unclipped ratio exp(trainer - inference) on each valid token the {mask} keeps, 0 where it masks",
+            )
+        )
         return tuple(notes)
 
     def to_dict(self) -> dict[str, Any]:

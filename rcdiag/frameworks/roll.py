@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from rcdiag.catalogue.metrics import framework_note
 from rcdiag.core.limits import F32_MAX
 from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, weight_keys
 from rcdiag.frameworks.correction import NO_CLAMP_QUIRK, Band, Correction, Form, Unit, Weight
@@ -105,7 +106,7 @@ class RollSettings:
                 "its batch was padded (its prompt positions too); rcdiag pads the step to its longest row as "
                 "stored, pads with log-probs 0 (ratio 1, diff 0), and the pooled view to the dump's longest row"
             )
-        notes.append("rcdiag/roll/* are rcdiag's: the IS weight (1 when off) times the filters' mask, per token")
+        notes.append(framework_note("roll", "the IS weight (1 when off) times the filters' mask, per token"))
         return tuple(notes)
 
     def to_dict(self) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from rcdiag.catalogue.metrics import framework_note
 from rcdiag.core.limits import SAFETY_BOUND
 from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, f32, weight_keys
 from rcdiag.frameworks.correction import CLAMP_QUIRK, Band, Correction, Form, Weight, within_clamp
@@ -111,7 +112,7 @@ class SkyRLSettings:
             "masked position a 0, so they depend on the padding: rcdiag pads the step to its longest row (and "
             "all steps pooled to the longest of the dump)"
         )
-        notes.append("rcdiag/skyrl/* are rcdiag's: the truncated weight times the loss mask SkyRL keeps, per token")
+        notes.append(framework_note("skyrl", "the truncated weight times the loss mask SkyRL keeps, per token"))
         return tuple(notes)
 
     def to_dict(self) -> dict[str, Any]:

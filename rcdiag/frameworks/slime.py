@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from rcdiag.catalogue.metrics import framework_note
 from rcdiag.core import formulas
 from rcdiag.core.limits import SAFETY_BOUND
 from rcdiag.frameworks.base import (
@@ -149,8 +150,11 @@ class SlimeSettings:
         if self.function == MIS and self.mis is not None and self.mis.batch_normalize and self.use_tis:
             notes.append("tis_batch_normalize normalises over the micro-batch: rcdiag takes the step (pooled: "
                          "every step) as one micro-batch")  # fmt: skip
-        notes.append("rcdiag/slime/* are rcdiag's: the weight the TIS function puts on each valid token's loss "
-                     "times the mask it returns")  # fmt: skip
+        notes.append(
+            framework_note(
+                "slime", "the weight the TIS function puts on each valid token's loss times the mask it returns"
+            )
+        )
         return tuple(notes)
 
     def to_dict(self) -> dict[str, Any]:

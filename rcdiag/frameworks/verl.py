@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rcdiag.catalogue.keys import PREFIX
 from rcdiag.frameworks.base import Framework, MetricKey, Option, merge_options
 from rcdiag.frameworks.correction import (
     CLAMP_QUIRK,
@@ -251,7 +252,7 @@ FRAMEWORK = Framework(
         ),
     ),
     keys=(
-        MetricKey("rollout_corr/*", "every key of verl's rollout correction (docs/metrics.md)"),
+        MetricKey(PREFIX + "*", "every key of verl's rollout correction (docs/metrics.md)"),
         MetricKey("training/rollout_probs_diff_*", "verl's debug metrics", when="decoupled mode"),
     ),
     settings=settings,

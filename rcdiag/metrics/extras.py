@@ -19,16 +19,17 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
+from rcdiag.catalogue.keys import Key
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash, cluster_std_error
 from rcdiag.metrics.block import Block
 
 EXTRA_KEYS = (
-    "rcdiag/abs_log_ratio_mean",
-    "rcdiag/abs_log_ratio_max",
-    "rcdiag/token_mult_prob_error",
-    "rcdiag/kl_std_error",
-    "rcdiag/kl_std_error_dof",
-    "rcdiag/clamped_token_fraction",
+    Key.ABS_LOG_RATIO_MEAN,
+    Key.ABS_LOG_RATIO_MAX,
+    Key.TOKEN_MULT_PROB_ERROR,
+    Key.KL_STD_ERROR,
+    Key.KL_STD_ERROR_DOF,
+    Key.CLAMPED_TOKEN_FRACTION,
 )
 
 
@@ -75,10 +76,10 @@ class ExtraMetrics(Accumulator):
         # sum_i (S_i - m n_i)^2 = sum_i n_i^2 (x_i - m)^2 = M2 + W (mu - m)^2 (x_i, mu, M2, W: row-mean moments)
         x = st["row_mean"]
         return {
-            "rcdiag/abs_log_ratio_mean": st["abs_sum"] / n,
-            "rcdiag/abs_log_ratio_max": st["abs_max"],
-            "rcdiag/token_mult_prob_error": st["exp_abs"] / n,
-            "rcdiag/kl_std_error": cluster_std_error(x, mean_lr, n),
-            "rcdiag/kl_std_error_dof": x.n**2 / st["n_4"],  # x.n = sum_i n_i^2
-            "rcdiag/clamped_token_fraction": st["clamped"] / n,
+            Key.ABS_LOG_RATIO_MEAN: st["abs_sum"] / n,
+            Key.ABS_LOG_RATIO_MAX: st["abs_max"],
+            Key.TOKEN_MULT_PROB_ERROR: st["exp_abs"] / n,
+            Key.KL_STD_ERROR: cluster_std_error(x, mean_lr, n),
+            Key.KL_STD_ERROR_DOF: x.n**2 / st["n_4"],  # x.n = sum_i n_i^2
+            Key.CLAMPED_TOKEN_FRACTION: st["clamped"] / n,
         }, []

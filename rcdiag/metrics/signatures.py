@@ -58,6 +58,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from rcdiag.catalogue.keys import Key
 from rcdiag.kernels.signature_slots import CERTAIN, HISTORY, ID_LIMIT, TOTALS
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash, cluster_std_error
 from rcdiag.metrics.block import Block
@@ -78,34 +79,51 @@ TOP1_LOG = math.log(0.5)
 """A token the rollout gives at least this log-prob (p >= 1/2) is its most likely one."""
 
 SIGNATURE_KEYS = (
-    "rcdiag/capped_ratio_mean",
-    "rcdiag/capped_ratio_std_error",
-    "rcdiag/reverse_ratio_mean",
-    "rcdiag/reverse_ratio_std_error",
-    "rcdiag/shape_corr",
-    "rcdiag/within_row_share",
-    "rcdiag/shifted_ahead_ratio",
-    "rcdiag/shifted_behind_ratio",
-    "rcdiag/rollout_zero_fraction",
-    "rcdiag/both_zero_fraction",
-    "rcdiag/identical_fraction",
-    "rcdiag/certain_drop",
-    "rcdiag/certain_drop_std_error",
-    "rcdiag/certain_share",
-    "rcdiag/certain_lowered_share",
-    "rcdiag/rollout_certain_drop",
-    "rcdiag/rollout_certain_drop_std_error",
-    "rcdiag/rollout_certain_share",
-    "rcdiag/rollout_certain_lowered_share",
-    "rcdiag/rollout_far_higher_share",
-    "rcdiag/rollout_far_higher_top1_share",
-    "rcdiag/trainer_far_higher_share",
-    "rcdiag/repeat_drop",
-    "rcdiag/repeat_drop_std_error",
-    "rcdiag/repeat_share",
+    Key.CAPPED_RATIO_MEAN,
+    Key.CAPPED_RATIO_STD_ERROR,
+    Key.REVERSE_RATIO_MEAN,
+    Key.REVERSE_RATIO_STD_ERROR,
+    Key.SHAPE_CORR,
+    Key.WITHIN_ROW_SHARE,
+    Key.SHIFTED_AHEAD_RATIO,
+    Key.SHIFTED_BEHIND_RATIO,
+    Key.ROLLOUT_ZERO_FRACTION,
+    Key.BOTH_ZERO_FRACTION,
+    Key.IDENTICAL_FRACTION,
+    Key.CERTAIN_DROP,
+    Key.CERTAIN_DROP_STD_ERROR,
+    Key.CERTAIN_SHARE,
+    Key.CERTAIN_LOWERED_SHARE,
+    Key.ROLLOUT_CERTAIN_DROP,
+    Key.ROLLOUT_CERTAIN_DROP_STD_ERROR,
+    Key.ROLLOUT_CERTAIN_SHARE,
+    Key.ROLLOUT_CERTAIN_LOWERED_SHARE,
+    Key.ROLLOUT_FAR_HIGHER_SHARE,
+    Key.ROLLOUT_FAR_HIGHER_TOP1_SHARE,
+    Key.TRAINER_FAR_HIGHER_SHARE,
+    Key.REPEAT_DROP,
+    Key.REPEAT_DROP_STD_ERROR,
+    Key.REPEAT_SHARE,
 )
 HISTORY_KEYS = SIGNATURE_KEYS[-3:]
 """The statistics that need the token ids (the history test)."""
+RATIO_KEYS = {
+    "ratio": (Key.CAPPED_RATIO_MEAN, Key.CAPPED_RATIO_STD_ERROR),
+    "reverse": (Key.REVERSE_RATIO_MEAN, Key.REVERSE_RATIO_STD_ERROR),
+}
+"""Each capped-ratio state's mean and standard error."""
+FAR_KEYS = {"rollout_far_higher": Key.ROLLOUT_FAR_HIGHER_SHARE, "trainer_far_higher": Key.TRAINER_FAR_HIGHER_SHARE}
+"""Each far-higher count's share."""
+CERTAIN_KEYS = {
+    "certain": (Key.CERTAIN_DROP, Key.CERTAIN_DROP_STD_ERROR, Key.CERTAIN_SHARE, Key.CERTAIN_LOWERED_SHARE),
+    "rollout_certain": (
+        Key.ROLLOUT_CERTAIN_DROP,
+        Key.ROLLOUT_CERTAIN_DROP_STD_ERROR,
+        Key.ROLLOUT_CERTAIN_SHARE,
+        Key.ROLLOUT_CERTAIN_LOWERED_SHARE,
+    ),
+}
+"""Each near-certain side's drop, its standard error, its share and its lowered share."""
 
 
 class SignatureMetrics(Accumulator):
@@ -216,40 +234,38 @@ class SignatureMetrics(Accumulator):
         values: dict[str, MetricValue] = dict.fromkeys(SIGNATURE_KEYS)
         valid = st["valid"]
         if valid > 0:
-            values["rcdiag/rollout_zero_fraction"] = st["rollout_zero"] / valid
-            values["rcdiag/both_zero_fraction"] = st["both_zero"] / valid
-            values["rcdiag/identical_fraction"] = st["identical"] / valid
+            values[Key.ROLLOUT_ZERO_FRACTION] = st["rollout_zero"] / valid
+            values[Key.BOTH_ZERO_FRACTION] = st["both_zero"] / valid
+            values[Key.IDENTICAL_FRACTION] = st["identical"] / valid
         if st["pair_same"] > 0:
-            values["rcdiag/shifted_ahead_ratio"] = st["pair_ahead"] / st["pair_same"]
-            values["rcdiag/shifted_behind_ratio"] = st["pair_behind"] / st["pair_same"]
+            values[Key.SHIFTED_AHEAD_RATIO] = st["pair_ahead"] / st["pair_same"]
+            values[Key.SHIFTED_BEHIND_RATIO] = st["pair_behind"] / st["pair_same"]
         n = st["n"]
         if n == 0:
             return values, []
-        for name in ("ratio", "reverse"):
+        for name, (mean_key, error_key) in RATIO_KEYS.items():
             mean = st[name] / n
-            values[f"rcdiag/{'capped' if name == 'ratio' else 'reverse'}_ratio_mean"] = 1.0 + mean
-            values[f"rcdiag/{'capped' if name == 'ratio' else 'reverse'}_ratio_std_error"] = cluster_std_error(
-                st[f"{name}_rows"], mean, n
-            )
+            values[mean_key] = 1.0 + mean
+            values[error_key] = cluster_std_error(st[f"{name}_rows"], mean, n)
         var_d = st["d2"] / n - (st["d"] / n) ** 2
         var_mid = st["mid2"] / n - (st["mid"] / n) ** 2
         cov = st["d_mid"] / n - (st["d"] / n) * (st["mid"] / n)
         if var_d > 1e-12 * max(st["d2"] / n, 1e-300) and var_mid > 0:
-            values["rcdiag/shape_corr"] = max(-1.0, min(1.0, cov / math.sqrt(var_d * var_mid)))
-        for name in ("rollout_far_higher", "trainer_far_higher"):
-            values[f"rcdiag/{name}_share"] = st[name] / n
+            values[Key.SHAPE_CORR] = max(-1.0, min(1.0, cov / math.sqrt(var_d * var_mid)))
+        for name, key in FAR_KEYS.items():
+            values[key] = st[name] / n
         if st["rollout_far_higher"] > 0:
-            values["rcdiag/rollout_far_higher_top1_share"] = st["rollout_far_higher_top1"] / st["rollout_far_higher"]
+            values[Key.ROLLOUT_FAR_HIGHER_TOP1_SHARE] = st["rollout_far_higher_top1"] / st["rollout_far_higher"]
         if st["d2"] > 0:
-            values["rcdiag/within_row_share"] = max(st["d2"] - st["row_energy"], 0.0) / st["d2"]
-        for name in ("certain", "rollout_certain"):
+            values[Key.WITHIN_ROW_SHARE] = max(st["d2"] - st["row_energy"], 0.0) / st["d2"]
+        for name, (drop, error, share, lowered) in CERTAIN_KEYS.items():
             count = st[f"{name}_n"]
             if count > 0:
                 mean = st[name] / count
-                values[f"rcdiag/{name}_drop"] = mean
-                values[f"rcdiag/{name}_drop_std_error"] = cluster_std_error(st[f"{name}_rows"], mean, count)
-                values[f"rcdiag/{name}_share"] = count / n
-                values[f"rcdiag/{name}_lowered_share"] = st[f"{name}_lowered"] / count
+                values[drop] = mean
+                values[error] = cluster_std_error(st[f"{name}_rows"], mean, count)
+                values[share] = count / n
+                values[lowered] = st[f"{name}_lowered"] / count
         values.update(self._repeat_drop())
         return values, []
 
@@ -273,9 +289,9 @@ class SignatureMetrics(Accumulator):
         weights = np.array([1 / nr, -slope / nr, -repeat / nr, -1 / nf, slope / nf, first / nf])
         variance = float(weights @ st["history_cross"] @ weights)
         return {
-            "rcdiag/repeat_drop": repeat - first,
-            "rcdiag/repeat_drop_std_error": math.sqrt(max(variance, 0.0)),
-            "rcdiag/repeat_share": nr / (nr + nf),
+            Key.REPEAT_DROP: repeat - first,
+            Key.REPEAT_DROP_STD_ERROR: math.sqrt(max(variance, 0.0)),
+            Key.REPEAT_SHARE: nr / (nr + nf),
         }
 
 

@@ -7,7 +7,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from rcdiag.catalogue.metrics import known_key
+from rcdiag.catalogue.keys import Key
 from rcdiag.records.report import LEGACY_ASSERT, MicroBatchReport, Report
 from rcdiag.render.text import fmt
 
@@ -58,7 +58,7 @@ def _per_step_table(report: MicroBatchReport, whole: dict[int, dict[str, float |
         "bypass kl",
     ):
         table.add_column(name, justify="right", no_wrap=True)
-    key = known_key("kl")
+    key = Key.KL
     for step in report.steps:
         legacy, bypass = step.legacy_metrics or {}, step.bypass_metrics or {}
         table.add_row(

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rcdiag.catalogue import full_key, metric, short_key
+from rcdiag.catalogue import metric, short_key
+from rcdiag.catalogue.keys import Key
 from rcdiag.catalogue.metrics import GROUP_NEEDS, rs_option
 from rcdiag.records.report import Effect, FrameworkEffect, Histogram, Report
 from rcdiag.settings.correction import SAFETY_BOUND, parse_is_threshold
@@ -66,12 +67,12 @@ class Panel:
 
 
 TRENDS: tuple[Panel, ...] = (
-    Panel("IS weight mean", (full_key("rollout_is_mean"),), ideal=1.0),
-    Panel("Effective sample size", (full_key("rollout_is_eff_sample_size"),)),
-    Panel("RS rejected share of tokens", (full_key("rollout_rs_masked_fraction"),), per_rs_option=True),
-    Panel("KL: kl vs k3_kl", (full_key("kl"), full_key("k3_kl")), ideal=0.0),
-    Panel("PPL ratio (train / rollout)", (full_key("ppl_ratio"),), ideal=1.0),
-    Panel("Chi-square divergence", (full_key("chi2_token"), full_key("chi2_seq"))),
+    Panel("IS weight mean", (Key.ROLLOUT_IS_MEAN,), ideal=1.0),
+    Panel("Effective sample size", (Key.ROLLOUT_IS_EFF_SAMPLE_SIZE,)),
+    Panel("RS rejected share of tokens", (Key.ROLLOUT_RS_MASKED_FRACTION,), per_rs_option=True),
+    Panel("KL: kl vs k3_kl", (Key.KL, Key.K3_KL), ideal=0.0),
+    Panel("PPL ratio (train / rollout)", (Key.PPL_RATIO,), ideal=1.0),
+    Panel("Chi-square divergence", (Key.CHI2_TOKEN, Key.CHI2_SEQ)),
 )
 """The dashboard, in the seed's 2x3 order (its empty slot holds the RS rejected share)."""
 
@@ -237,8 +238,8 @@ def weight_setting(report: Report) -> WeightSetting | None:
     if spec is None:
         return None
     return WeightSetting("configuration", spec.level, spec.upper, spec.lower,
-                         report.metrics.get(full_key("rollout_is_ratio_fraction_high")),
-                         report.metrics.get(full_key("rollout_is_eff_sample_size")))  # fmt: skip
+                         report.metrics.get(Key.ROLLOUT_IS_RATIO_FRACTION_HIGH),
+                         report.metrics.get(Key.ROLLOUT_IS_EFF_SAMPLE_SIZE))  # fmt: skip
 
 
 def weight_tails(histogram: Histogram) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:

@@ -10,18 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from rcdiag.catalogue import full_key, metric, short_key
-from rcdiag.catalogue.metrics import rs_option
+from rcdiag.catalogue import metric, short_key
+from rcdiag.catalogue.keys import Key
+from rcdiag.catalogue.metrics import rs_key, rs_option
 from rcdiag.records.report import Report, Severity
 from rcdiag.render.text import where
 from rcdiag.runtime.printable import printable
 from rcdiag.settings.correction import ISSpec, RSOption
 
-OFFPOLICY = tuple(full_key(k) for k in ("kl", "k3_kl", "chi2_token", "chi2_seq", "training_ppl", "rollout_ppl"))
+OFFPOLICY = (Key.KL, Key.K3_KL, Key.CHI2_TOKEN, Key.CHI2_SEQ, Key.TRAINING_PPL, Key.ROLLOUT_PPL)
 """The off-policy table's rows, in the design card's order; every other metric is behind ``--details``."""
-ESS = full_key("rollout_is_eff_sample_size")
-RS_TOKENS = full_key("rollout_rs_masked_fraction")
-RS_RESPONSES = full_key("rollout_rs_seq_masked_fraction")
+ESS = Key.ROLLOUT_IS_EFF_SAMPLE_SIZE
+RS_TOKENS = Key.ROLLOUT_RS_MASKED_FRACTION
+RS_RESPONSES = Key.ROLLOUT_RS_SEQ_MASKED_FRACTION
 WARNING_SEVERITIES = ("error", "warning")
 """The findings listed as health warnings; an ``info`` finding's advice is in the verdict's next steps."""
 DETAILS_HINT = "every metric, the per-step table, the findings checklist and each finding's full message: --details"
@@ -136,7 +137,7 @@ def correction_rows(report: Report) -> list[CorrectionRow]:
         assert spec is not None
         # TIS: the raw ratios above the bound are the truncated ones (per token, or per response at sequence
         # level); IcePop: the tokens it zeroes (rollout_is_oob_ratio, a share of tokens at either level).
-        beyond = full_key("rollout_is_oob_ratio" if spec.icepop else "rollout_is_ratio_fraction_high")
+        beyond = Key.ROLLOUT_IS_OOB_RATIO if spec.icepop else Key.ROLLOUT_IS_RATIO_FRACTION_HIGH
         per_token = spec.icepop or spec.level == "token"
         rows.append(
             CorrectionRow(
@@ -153,7 +154,7 @@ def correction_rows(report: Report) -> list[CorrectionRow]:
         if (option := rs_option(key)) is not None:
             options.setdefault(option, []).append(key)
     for option, keys in options.items():
-        tokens, responses = (full_key(f"rollout_rs_{option}_{s}") for s in ("masked_fraction", "seq_masked_fraction"))
+        tokens, responses = (rs_key(option, s) for s in ("masked_fraction", "seq_masked_fraction"))
         rows.append(
             CorrectionRow(
                 f"RS {option}",

@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rcdiag.catalogue.metrics import PREFIX
+from rcdiag.catalogue.keys import Key
+from rcdiag.catalogue.metrics import rs_key
 from rcdiag.render.panels import sparkline
 from rcdiag.render.table import fmt, print_verdict
 from rcdiag.render.text import SPOKEN_COLUMNS, spoken_cells
@@ -28,7 +29,6 @@ from rcdiag.sweep.sweep_report import (
     weights_truncated,
 )
 
-P = PREFIX
 BAR_WIDTH = 20
 
 
@@ -131,11 +131,11 @@ def _option_table(option: str, rows: list[SweepRow]) -> Table:
         if is_option:
             m = row.metrics
             cells += [
-                fmt(m.get(P + "rollout_is_mean")),
-                fmt(m.get(P + "rollout_is_std")),
-                fmt(m.get(P + "rollout_is_eff_sample_size")),
-                fmt(m.get(P + "rollout_is_ratio_fraction_high")),
-                fmt(m.get(P + "rollout_is_ratio_fraction_low")),
+                fmt(m.get(Key.ROLLOUT_IS_MEAN)),
+                fmt(m.get(Key.ROLLOUT_IS_STD)),
+                fmt(m.get(Key.ROLLOUT_IS_EFF_SAMPLE_SIZE)),
+                fmt(m.get(Key.ROLLOUT_IS_RATIO_FRACTION_HIGH)),
+                fmt(m.get(Key.ROLLOUT_IS_RATIO_FRACTION_LOW)),
             ]
         else:
             cells.append(fmt(row.seq_reject))
@@ -150,9 +150,9 @@ def _worst_step(row: SweepRow) -> str:
     if not row.steps:
         return "—"
     if row.option.startswith("is_"):
-        key, pick = P + "rollout_is_eff_sample_size", min
+        key, pick = Key.ROLLOUT_IS_EFF_SAMPLE_SIZE, min
     else:
-        key, pick = P + f"rollout_rs_{row.option}_masked_fraction", max
+        key, pick = rs_key(row.option, "masked_fraction"), max
     if row.crash_steps:
         return f"{row.crash_steps[0]} (crash)"
     present = [(value, step) for step, m in row.steps if (value := m.get(key)) is not None]

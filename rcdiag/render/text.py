@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rcdiag.catalogue.metrics import ReadingContext, known_key
+from rcdiag.catalogue.keys import Key
+from rcdiag.catalogue.metrics import ReadingContext
 from rcdiag.records.report import BucketRow, ChecklistRow, Report, SliceRow, WorstRow
 from rcdiag.runtime.printable import printable
 from rcdiag.settings.correction import ResolvedConfig
 
-KL_STD_ERROR = known_key("rcdiag/kl_std_error")
+KL_STD_ERROR = Key.KL_STD_ERROR
 """kl's standard error, which the metric readings weigh kl against."""
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from rcdiag.catalogue.metrics import known_key
+from rcdiag.catalogue.keys import Key
 from rcdiag.records.report import Effect, FrameworkSetting, Report, Verdict
 from rcdiag.render.panels import effect_facts, framework_effect_facts
 from rcdiag.render.text import fmt
@@ -22,17 +22,14 @@ STATUS_STYLE = {
 """Terminal colour of each status."""
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 """Terminal colour of each finding severity."""
-SUPPORTING = tuple(
-    (label, known_key(key))
-    for label, key in (
-        ("kl", "kl"),
-        ("k3_kl", "k3_kl"),
-        ("chi2_token", "chi2_token"),
-        ("chi2_seq", "chi2_seq"),
-        ("mean |log-ratio|", "rcdiag/abs_log_ratio_mean"),
-        ("max |log-ratio|", "rcdiag/abs_log_ratio_max"),
-        ("kl std error", "rcdiag/kl_std_error"),
-    )
+SUPPORTING = (
+    ("kl", Key.KL),
+    ("k3_kl", Key.K3_KL),
+    ("chi2_token", Key.CHI2_TOKEN),
+    ("chi2_seq", Key.CHI2_SEQ),
+    ("mean |log-ratio|", Key.ABS_LOG_RATIO_MEAN),
+    ("max |log-ratio|", Key.ABS_LOG_RATIO_MAX),
+    ("kl std error", Key.KL_STD_ERROR),
 )
 """The metrics a verdict rests on (label, key): under it in ``compare`` and ``--details``; by default, those not in
 the off-policy table (``rcdiag.render.summary.OFFPOLICY``) follow that table."""

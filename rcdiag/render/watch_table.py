@@ -11,7 +11,7 @@ import json
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from rcdiag.catalogue.metrics import known_key
+from rcdiag.catalogue.keys import Key
 from rcdiag.runtime.printable import printable
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 SHOWN_STEPS = 12
 """Steps in the live view's table."""
-SHOWN_METRICS = tuple(known_key(key) for key in ("kl", "k3_kl", "chi2_token", "log_ppl_abs_diff"))
+SHOWN_METRICS = (Key.KL, Key.K3_KL, Key.CHI2_TOKEN, Key.LOG_PPL_ABS_DIFF)
 SHOWN_ALERTS = 8
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from rcdiag.catalogue.emit import emit
 from rcdiag.catalogue.findings import Code
+from rcdiag.catalogue.keys import Key
 from rcdiag.core import formulas
 from rcdiag.core.stats import ratio_variance
 from rcdiag.diagnosis.signature_rules import NOISE_K3_MAX, mismatch_large, precision_tests
@@ -599,15 +600,15 @@ def _status(named: dict[str, np.ndarray], inside: np.ndarray, finite: np.ndarray
     valid, n = named["valid"][inside], finite[inside]
     kl = _ratio(named["neg_lr"][inside].sum(), valid.sum())
     k3 = _ratio(named["k3_exact"][inside].sum(), valid.sum())
-    metrics: dict[str, float | None] = {"rollout_corr/kl": kl, "rollout_corr/k3_kl": k3}
+    metrics: dict[str, float | None] = {Key.KL: kl, Key.K3_KL: k3}
     extras: dict[str, float | None] = {}
     if kl is not None and valid.size > 1:
-        extras["rcdiag/kl_std_error"] = math.sqrt(ratio_variance(valid, named["neg_lr"][inside], kl))
+        extras[Key.KL_STD_ERROR] = math.sqrt(ratio_variance(valid, named["neg_lr"][inside], kl))
     ratio = _ratio(named["ratio"][inside].sum(), n.sum())
     if ratio is not None and n.size > 1:
-        extras["rcdiag/capped_ratio_mean"] = 1.0 + ratio
-        extras["rcdiag/capped_ratio_std_error"] = math.sqrt(ratio_variance(n, named["ratio"][inside], ratio))
-    extras["rcdiag/shape_corr"] = _correlation({key: float(named[key][inside].sum()) for key in named}, n.sum())
+        extras[Key.CAPPED_RATIO_MEAN] = 1.0 + ratio
+        extras[Key.CAPPED_RATIO_STD_ERROR] = math.sqrt(ratio_variance(n, named["ratio"][inside], ratio))
+    extras[Key.SHAPE_CORR] = _correlation({key: float(named[key][inside].sum()) for key in named}, n.sum())
     if not mismatch_large(metrics, extras):
         return "healthy"
     return "fix" if precision_tests(metrics, extras)[1] else "correct"

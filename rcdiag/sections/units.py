@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from rcdiag.catalogue.metrics import known_key
+from rcdiag.catalogue.keys import Key
 from rcdiag.core import formulas
 from rcdiag.io.base import RowNumbering
 from rcdiag.metrics.block import Block
@@ -21,15 +21,7 @@ from rcdiag.sections.base import PlainSection, RunFacts
 
 COLUMNS = ("tokens", "neg_lr", "k3", "chi2", "abs_lr")
 """Per response: valid tokens, and the sums of -log-ratio (kl), k3, chi2's ``ratio^2 - 1`` and |log-ratio|."""
-METRIC_COLUMNS = {
-    known_key(key): column
-    for key, column in (
-        ("kl", "neg_lr"),
-        ("k3_kl", "k3"),
-        ("chi2_token", "chi2"),
-        ("rcdiag/abs_log_ratio_mean", "abs_lr"),
-    )
-}
+METRIC_COLUMNS = {Key.KL: "neg_lr", Key.K3_KL: "k3", Key.CHI2_TOKEN: "chi2", Key.ABS_LOG_RATIO_MEAN: "abs_lr"}
 """Each tested metric (full key) and the per-response sum whose token mean it is."""
 
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rcdiag._version import __version__
-from rcdiag.catalogue.metrics import PREFIX
+from rcdiag.catalogue.keys import Key
+from rcdiag.catalogue.metrics import rs_key
 from rcdiag.metrics.base import MetricValue, VerlCrash
 from rcdiag.records.report import Finding, FrameworkSetting, InputFacts, Prescription, Verdict
 from rcdiag.runtime.errors import ConfigError
@@ -41,22 +42,22 @@ class SweepRow:
         """Share of valid tokens rejected (RS) or truncated / zeroed (IS: beyond the bounds)."""
         if self.option.startswith("is_"):
             if self.option == "is_token":
-                return _sum(self.metrics, "rollout_is_ratio_fraction_high", "rollout_is_ratio_fraction_low", self)
+                return _sum(self.metrics, Key.ROLLOUT_IS_RATIO_FRACTION_HIGH, Key.ROLLOUT_IS_RATIO_FRACTION_LOW, self)
             return None
-        return self.metrics.get(f"{PREFIX}rollout_rs_{self.option}_masked_fraction")
+        return self.metrics.get(rs_key(self.option, "masked_fraction"))
 
     @property
     def seq_reject(self) -> MetricValue:
         """Share of responses with a rejected token (RS), or beyond the bounds (sequence IS)."""
         if self.option == "is_sequence":
-            return _sum(self.metrics, "rollout_is_ratio_fraction_high", "rollout_is_ratio_fraction_low", self)
+            return _sum(self.metrics, Key.ROLLOUT_IS_RATIO_FRACTION_HIGH, Key.ROLLOUT_IS_RATIO_FRACTION_LOW, self)
         if self.option.startswith("is_"):
             return None
-        return self.metrics.get(f"{PREFIX}rollout_rs_{self.option}_seq_masked_fraction")
+        return self.metrics.get(rs_key(self.option, "seq_masked_fraction"))
 
     @property
     def ess(self) -> MetricValue:
-        return self.metrics.get(PREFIX + "rollout_is_eff_sample_size")
+        return self.metrics.get(Key.ROLLOUT_IS_EFF_SAMPLE_SIZE)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -69,7 +70,7 @@ class SweepRow:
 
 def _sum(metrics: dict[str, MetricValue], high: str, low: str, row: SweepRow) -> MetricValue:
     """IS: TIS truncates above U only (the high share); IcePop zeroes both sides."""
-    hi, lo = metrics.get(PREFIX + high), metrics.get(PREFIX + low)
+    hi, lo = metrics.get(high), metrics.get(low)
     if hi is None:
         return None
     return hi + (lo or 0.0) if row.icepop else hi

@@ -12,7 +12,7 @@ from rich.console import Console
 
 import rcdiag
 from rcdiag import api
-from rcdiag.catalogue import FINDINGS, METRICS, PREFIX, every_key, finding, metric, reading
+from rcdiag.catalogue import FINDINGS, METRICS, PREFIX, Key, every_key, finding, framework_key, metric, reading, rs_key
 from rcdiag.catalogue.metrics import PACKS, packs_help, rs_option, step_columns
 from rcdiag.check.metric_names import metric_names
 from rcdiag.render.table import render_table
@@ -23,7 +23,7 @@ SOURCES = {path: path.read_text() for path in sorted((ROOT / "rcdiag").rglob("*.
 
 def test_the_prefix_is_written_once() -> None:
     places = [path.name for path, text in SOURCES.items() for _ in re.finditer(r"[\"']rollout_corr/[\"']", text)]
-    assert places == ["metrics.py"]
+    assert places == ["keys.py"]
 
 
 @pytest.mark.parametrize(
@@ -45,6 +45,27 @@ def test_every_computed_key_is_in_the_catalogue() -> None:
     assert metric("kl") is metric(PREFIX + "kl") and metric("no_such_metric") is None
 
 
+def test_every_declared_key_is_one_name_of_key_in_catalogue_order() -> None:
+    names = {name: value for name, value in vars(Key).items() if name.isupper()}
+    declared = [spec.name for spec in METRICS if "{option}" not in spec.key]
+    assert list(names.values()) == declared and len(set(declared)) == len(declared)
+    assert all(name == value.split("/", 1)[1].upper() for name, value in names.items())
+    assert Key.KL == "rollout_corr/kl" and Key.KL_STD_ERROR == "rcdiag/kl_std_error"
+    assert Key.ROLLOUT_PROBS_DIFF_MAX == "training/rollout_probs_diff_max"
+
+
+def test_key_families_are_built_and_checked() -> None:
+    assert rs_key("token_k1", "seq_fraction_low") == PREFIX + "rollout_rs_token_k1_seq_fraction_low"
+    with pytest.raises(KeyError):
+        rs_key("token_k2", "seq_fraction_low")  # k1 options only
+    with pytest.raises(KeyError):
+        rs_key("no_such_option", "masked_fraction")
+    assert framework_key("slime", "ess") == "rcdiag/slime/ess"
+    assert framework_key("roll", "*") == "rcdiag/roll/*"
+    with pytest.raises(KeyError):
+        framework_key("slime", "weight_max")
+
+
 def test_rs_templates_expand_to_each_option() -> None:
     assert rs_option(PREFIX + "rollout_rs_seq_mean_k1_masked_fraction") == "seq_mean_k1"
     assert metric("rollout_rs_token_k2_seq_fraction_low") is None  # k1 options only
@@ -63,7 +84,7 @@ def test_finding_codes_are_unique_and_thresholds_name_real_codes() -> None:
     assert len(codes) == len(set(codes))
     for spec in METRICS:
         for threshold in spec.thresholds:
-            assert threshold.finding is None or finding(threshold.finding).metric == spec.key
+            assert threshold.finding is None or finding(threshold.finding).metric == spec.short
             assert set(threshold.packs) <= set(PACKS)
 
 

@@ -125,21 +125,3 @@ def test_sweep_html_labels_icepop_and_tis_curves_by_the_resolved_kind(
     code, _, _ = run(capsys, "sweep", OUTLIERS, "--is", "token", "--thresholds", "1.5,2.0", "-q", "--html",
                      str(page_tis), "-o", str(tmp_path / "y"))  # fmt: skip
     assert code == 0 and "TIS tokens" in page_tis.read_text() and "IcePop tokens" not in page_tis.read_text()
-
-
-def test_the_verdict_and_renderers_read_metrics_by_the_catalogues_names() -> None:
-    """A verl key spelled out in full (``"rollout_corr/kl"``) reads ``None`` once the metric is renamed, and the
-    verdict reads healthy: readers name it short, through ``known_key``, which fails where it is read instead.
-    rcdiag's own keys have no short name: each one a reader spells is one the catalogue declares."""
-    from rcdiag.catalogue.metrics import every_key
-
-    readers = {name: text for name, text in _sources().items() if name.startswith(READERS)}
-    spelled = [(name, line.strip()) for name, text in readers.items() for line in text.splitlines()
-               if re.search(r'"rollout_corr/\w', line)]  # fmt: skip
-    assert spelled == []
-    extras = {key for text in readers.values() for key in re.findall(r'"(rcdiag/[\w/]+)"', text)}
-    assert extras and extras <= set(every_key())
-
-
-READERS = ("render/", "diagnosis/verdict.py", "diagnosis/prescribe.py", "sections/units.py")
-"""The modules that read a report's metrics to judge or show them."""
