@@ -23,6 +23,7 @@ from rcdiag.catalogue.metrics import (
     MetricSpec,
     Threshold,
     finding_threshold,
+    known_key,
     rs_key,
     rs_option,
     thresholds_with_findings,
@@ -87,7 +88,9 @@ BatchRule = Callable[[BatchResult, Context], list[Hit]]
 
 
 def _value(result: BatchResult, key: str) -> float | None:
-    """A full key's value (``Key``), an extra's or a verl metric's."""
+    """A full key's value (``Key``), an extra's or a verl metric's; a key the catalogue does not declare raises
+    (``known_key``) instead of reading ``None``, which would read as healthy."""
+    key = known_key(key)
     return result.extras[key] if key in result.extras else result.metrics.get(key)
 
 
