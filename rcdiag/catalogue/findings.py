@@ -440,6 +440,7 @@ FINDINGS: tuple[FindingSpec, ...] = (
         advice="Training then learns from a small share of the batch, or from a few tokens: use a token-level "
         "truncation in that framework's options (the verdict's prescription gives one, measured on this dump) rather "
         "than a sequence-level weight or mask, which multiplies every token's ratio along long responses.",
+        commands=("analyze", "compare"),
         role="configuration",
     ),
     FindingSpec(
