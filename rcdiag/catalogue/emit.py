@@ -47,6 +47,15 @@ def emit(
     )
 
 
+def at_steps(steps: tuple[int, ...], total: int) -> str:
+    """Where a finding grouped over steps holds: ``at 2 of 4 steps (1, 3)`` (the first ten listed) or ``at all 4
+    steps``."""
+    if len(steps) < total:
+        listed = ", ".join(map(str, steps[:10])) + (", ..." if len(steps) > 10 else "")
+        return f"at {len(steps)} of {total} steps ({listed})"
+    return f"at all {total} steps"
+
+
 def ordered(findings: Iterable[Finding]) -> list[Finding]:
     """``findings`` by severity, then catalogue order (then side, for ``compare``'s); stable otherwise."""
     return sorted(findings, key=lambda f: (*listing_order(f.code, f.severity), f.side or ""))

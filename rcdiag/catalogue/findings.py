@@ -435,11 +435,12 @@ FINDINGS: tuple[FindingSpec, ...] = (
     FindingSpec(
         "framework_drops_gradient",
         "warning",
-        "under --as NAME, NAME's own correction keeps a weight mean below 0.5, zeroes more than 50% of the valid "
-        "tokens, or leaves an ESS of its weights below verl's minimum (0.3)",
+        "under --as NAME, NAME's own correction, pooled or at some steps, keeps a weight mean below 0.5, zeroes "
+        "more than 50% of the valid tokens, or leaves an ESS of its weights below verl's minimum (0.3)",
         advice="Training then learns from a small share of the batch, or from a few tokens: use a token-level "
         "truncation in that framework's options (the verdict's prescription gives one, measured on this dump) rather "
         "than a sequence-level weight or mask, which multiplies every token's ratio along long responses.",
+        commands=("analyze", "compare"),
         role="configuration",
     ),
     FindingSpec(

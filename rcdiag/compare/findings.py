@@ -43,7 +43,26 @@ def _findings(a: Report, b: Report, t: TemperatureAnalysis) -> list[Finding]:
     problems = [f for f in findings if f.severity != "info"]
     if not problems and t.noise_ratio is not None and 1 / NOISE_RATIO_LIMIT < t.noise_ratio < NOISE_RATIO_LIMIT:
         findings.append(_consistent(t))
+    findings.extend(_configuration_findings(sides))  # about the correction, not the engines: no noise verdict waits
     return ordered(findings)
+
+
+def _configuration_findings(sides: dict[Side, tuple[Report, SideTemperature]]) -> list[Finding]:
+    """Each side's ``framework_drops_gradient`` (under ``--as NAME``), carried with its side: the facts of the
+    side's own finding, its value and bound."""
+    return [
+        emit(
+            item.code,
+            f"side {side}: {item.facts}",
+            side=side,
+            metric=item.metric,
+            value=item.value,
+            threshold=item.threshold,
+        )
+        for side, (report, _) in sides.items()
+        for item in report.findings
+        if item.code == Code.FRAMEWORK_DROPS_GRADIENT
+    ]
 
 
 def _names_a_bug(report: Report) -> bool:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-from rcdiag.catalogue.emit import emit, ordered
+from rcdiag.catalogue.emit import at_steps, emit, ordered
 from rcdiag.catalogue.findings import Code, codes_for
 from rcdiag.catalogue.keys import Key
 from rcdiag.catalogue.metrics import (
@@ -378,12 +378,7 @@ def _grouped(code: str, hits: list[tuple[int | None, Hit]], with_steps: bool, to
     facts, steps = worst.facts, None
     if with_steps:
         steps = tuple(sorted(int(step) for step, _ in hits if step is not None))
-        if len(steps) < total:
-            listed = ", ".join(map(str, steps[:10])) + (", ..." if len(steps) > 10 else "")
-            where = f"at {len(steps)} of {total} steps ({listed})"
-        else:
-            where = f"at all {total} steps"
-        facts = f"{where}; worst at step {worst_step}: {facts}"
+        facts = f"{at_steps(steps, total)}; worst at step {worst_step}: {facts}"
     return emit(
         code,
         facts,

@@ -209,11 +209,12 @@ class FrameworkSection(PlainSection):
         )
 
     def findings(self, state: FrameworkState | None, run: RunFacts) -> list[Finding]:
-        """``framework_drops_gradient`` where the framework's correction, pooled over the dump, takes away most of
-        the gradient (``rcdiag.frameworks.gradient``)."""
+        """``framework_drops_gradient`` where the framework's correction, pooled over the dump or at some of its
+        steps, takes away most of the gradient (``rcdiag.frameworks.gradient``)."""
         if state is None:
             return []
-        found = drops_gradient(state.chosen, step_values(state.pooled()).extras)
+        steps = {int(step): step_values(m).extras for step, m in state.steps.items() if step is not None}
+        found = drops_gradient(state.chosen, step_values(state.pooled()).extras, steps)
         return [] if found is None else [found]
 
 

@@ -1,11 +1,13 @@
 """The sweep's report from its state: analyze's verdict on the same state and the advice that agrees with it, every
-row (pooled and per step), the recommendations, the bias detectors' and the crash findings, and verl's presets
-ranked. The library reads the dump and builds analyze's report of it (``rcdiag.api.sweeping``)."""
+row (pooled and per step), the recommendations, the bias detectors', the ``--as`` framework's and the crash
+findings, and verl's presets ranked. The library reads the dump and builds analyze's report of it
+(``rcdiag.api.sweeping``)."""
 
 from __future__ import annotations
 
 from rcdiag.catalogue import finding
 from rcdiag.catalogue.emit import emit
+from rcdiag.catalogue.findings import Code
 from rcdiag.explain.detector_state import DetectorState
 from rcdiag.explain.detectors import detect_sums
 from rcdiag.records.report import Finding, InputFacts, Report
@@ -54,7 +56,7 @@ def build_sweep_report(
         presets=presets,
         min_ess=min_ess,
         input=facts,
-        findings=(*_detector_findings(state, analysis), *_crash_findings(rows)),
+        findings=(*_detector_findings(state, analysis), *_framework_findings(analysis), *_crash_findings(rows)),
         device=device,
         verl_version=state.grid.verl_version,
         verdict=verdict,
@@ -69,6 +71,12 @@ def _detector_findings(state: SweepState, analysis: Report | None) -> list[Findi
         return [f for f in analysis.findings if finding(f.code).detects is not None]
     detectors = state.whole_dump.get(DetectorState.KEY)
     return detect_sums(detectors) if isinstance(detectors, DetectorState) else []
+
+
+def _framework_findings(analysis: Report | None) -> list[Finding]:
+    """Under ``sweep --as NAME``, analyze's ``framework_drops_gradient`` on the same pass: NAME's own correction
+    judged, as ``analyze --as NAME`` judges it."""
+    return [] if analysis is None else [f for f in analysis.findings if f.code == Code.FRAMEWORK_DROPS_GRADIENT]
 
 
 def _crash_findings(rows: list[SweepRow]) -> list[Finding]:
