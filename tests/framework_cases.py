@@ -76,7 +76,7 @@ def synthetic_dump(
                 mask[-max(1, n // 4) :] = 0  # padding at the end (values present, masked)
             if n > 10 and i % 7 == 2:
                 mask[n // 3 : n // 2] = 0  # masked inside (a tool's output)
-            if n and i % 11 == 3 or step == masked_step:
+            if (n and i % 11 == 3) or step == masked_step:
                 mask[:] = 0  # a fully masked row
             old_rows.append(old.astype(np.float32).tolist())
             rollout_rows.append(rollout.astype(np.float32).tolist())

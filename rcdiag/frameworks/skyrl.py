@@ -244,8 +244,11 @@ class SkyRLMetrics(FrameworkMetrics):
         """The valid tokens' |current - rollout| (float32, as the worker subtracts): its sum, sum of squares and
         extremes."""
         x = absdiff.astype(np.float64)
-        self.add(current_seen=1.0, current_sum=float(x.sum()), current_sq_sum=float(np.square(absdiff).astype(
-            np.float64).sum()))
+        self.add(
+            current_seen=1.0,
+            current_sum=float(x.sum()),
+            current_sq_sum=float(np.square(absdiff).astype(np.float64).sum()),
+        )
         if absdiff.size:
             self.add(current_max=float(absdiff.max()), current_min=float(absdiff.min()))
 
@@ -547,7 +550,8 @@ FRAMEWORK = Framework(
         MetricKey(MINIBATCH_KEYS[0], "mean |current - rollout| over the valid tokens (0 for none)", CURRENT_WHEN),
         MetricKey(MINIBATCH_KEYS[1], "largest |current - rollout| * mask over the padded batch", CURRENT_WHEN),
         MetricKey(
-            MINIBATCH_KEYS[2], "smallest |current - rollout| * mask over the padded batch: 0 wherever there is a pad",
+            MINIBATCH_KEYS[2],
+            "smallest |current - rollout| * mask over the padded batch: 0 wherever there is a pad",
             CURRENT_WHEN,
         ),
         MetricKey(MINIBATCH_KEYS[3], "sqrt(max(0, mean square - mean^2)) of |current - rollout|", CURRENT_WHEN),

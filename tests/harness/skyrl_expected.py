@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from framework_cases import padded_inputs
+
 from harness.common import checkout, lines_of, load_module, package, pinned, run, weights_of
 
 REPOSITORY = "https://github.com/NovaSky-AI/SkyRL"
@@ -105,8 +106,13 @@ def main() -> None:
 
     utils, config_class = _load(root)
     trainer_code = compile(lines_of(root, *TRAINER), TRAINER[0], "exec")
-    worker: dict[str, Any] = {"torch": torch, "Dict": dict, "List": list, "Optional": Optional,
-                              "masked_mean": sys.modules["skyrl.backends.skyrl_train.utils.torch_utils"].masked_mean}
+    worker: dict[str, Any] = {
+        "torch": torch,
+        "Dict": dict,
+        "List": list,
+        "Optional": Optional,
+        "masked_mean": sys.modules["skyrl.backends.skyrl_train.utils.torch_utils"].masked_mean,
+    }
     exec(compile(lines_of(root, *WORKER_UTILS), WORKER_UTILS[0], "exec"), worker)
     worker_call = compile(lines_of(root, *WORKER_CALL), WORKER_CALL[0], "exec")
     finalize: dict[str, Any] = {"math": math, "Dict": dict, **worker}
