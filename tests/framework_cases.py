@@ -55,9 +55,12 @@ def all_rows(steps: dict[int | None, Rows]) -> Rows:
     return [row for step in sorted(steps, key=lambda s: (s is None, s or 0)) for row in steps[step]]
 
 
-def synthetic_dump(directory: Path, seed: int, *, scale: float = 0.05, outliers: float = 3.0) -> Path:
+def synthetic_dump(
+    directory: Path, seed: int, *, scale: float = 0.05, outliers: float = 3.0, masked_step: int | None = None
+) -> Path:
     """Three steps of rows with masked padding at their ends and inside, empty and fully masked rows, a few long
-    responses (up to 3,000 tokens) and rare outlier tokens (``outliers`` nats); written as one Parquet file."""
+    responses (up to 3,000 tokens) and rare outlier tokens (``outliers`` nats); written as one Parquet file.
+    ``masked_step``: every row of that step fully masked (a step without a valid token)."""
     rng = np.random.default_rng(seed)
     old_rows, rollout_rows, mask_rows, step_rows = [], [], [], []
     for step in range(3):
@@ -73,7 +76,7 @@ def synthetic_dump(directory: Path, seed: int, *, scale: float = 0.05, outliers:
                 mask[-max(1, n // 4) :] = 0  # padding at the end (values present, masked)
             if n > 10 and i % 7 == 2:
                 mask[n // 3 : n // 2] = 0  # masked inside (a tool's output)
-            if n and i % 11 == 3:
+            if (n and i % 11 == 3) or step == masked_step:
                 mask[:] = 0  # a fully masked row
             old_rows.append(old.astype(np.float32).tolist())
             rollout_rows.append(rollout.astype(np.float32).tolist())

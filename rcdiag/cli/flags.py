@@ -242,7 +242,7 @@ COLUMN_ROLES = {
     "advantages": "each token's advantage (a list per response, or one number per response), read for the --as "
     "framework keys that need it (default: advantages, advantage, token_advantages)",
     "current": "the current policy's per-token log-probs, read for the --as framework keys that compare it with the "
-    "old policy (default: log_prob, current_log_prob(s), current_logprobs, per_token_logps)",
+    "old policy or the rollout (default: log_prob, current_log_prob(s), current_logprobs, per_token_logps)",
 }
 """``ColumnMap`` field -> what its column holds; each gives ``--<field>-col`` (and ``--<field>-col-a/-b`` in
 compare)."""

@@ -14,6 +14,15 @@ with any valid token's ratio outside [low, high] leaves the loss mask), the per-
 the mask). Every fraction of rows is over all B rows of the batch (an empty row's ratio is 1). The trainer logs
 the four ``rollout_train_logprobs_abs_diff`` keys of |old - rollout| over the valid tokens of the whole training
 batch whatever the correction (none when it has no valid token; torch's unbiased std).
+
+With the current policy's log-probs in the dump (``--current-col``), the worker's
+``policy/minibatch_rollout_logprobs_abs_diff_*`` (``compute_minibatch_rollout_logprob_diff_metrics``,
+``skyrl/backends/skyrl_train/workers/worker_utils.py:34-58``, called at ``worker.py:1125-1127``), whatever the
+correction: |current - rollout| per micro-batch (the step as one), ``_mean`` its masked token mean (0 without a valid
+token), ``_max`` and ``_min`` of ``|current - rollout| * loss_mask`` over the padded (B, T) tensor (every pad and
+masked position a 0), and ``_std`` as the trainer rebuilds it from the float32 mean and mean square
+(``finalize_minibatch_rollout_logprob_diff_std``, ``skyrl/train/utils/trainer_utils.py:38-53``):
+``sqrt(max(0, sq_mean - mean^2))``.
 """
 
 from __future__ import annotations
@@ -28,7 +37,17 @@ import numpy as np
 
 from rcdiag.catalogue.metrics import framework_note
 from rcdiag.core.limits import SAFETY_BOUND
-from rcdiag.frameworks.base import Framework, FrameworkMetrics, MetricKey, Option, TokenRows, exp32, f32, weight_keys
+from rcdiag.frameworks.base import (
+    Framework,
+    FrameworkMetrics,
+    MetricKey,
+    Needs,
+    Option,
+    TokenRows,
+    exp32,
+    f32,
+    weight_keys,
+)
 from rcdiag.frameworks.correction import CLAMP_QUIRK, Band, Correction, Form, Weight, within_clamp
 from rcdiag.metrics.base import MetricValue, Moments, Reduce, VerlCrash
 
@@ -39,6 +58,10 @@ LOSS = "policy/loss_metrics/"
 DIFF = "policy/rollout_train_logprobs_abs_diff_"
 DIFF_KEYS = tuple(DIFF + s for s in ("max", "min", "mean", "std"))
 IS_KEYS = tuple(f"{LOSS}is_ratio_{s}" for s in ("mean", "std", "max", "min"))
+MINIBATCH = "policy/minibatch_rollout_logprobs_abs_diff_"
+MINIBATCH_KEYS = tuple(MINIBATCH + s for s in ("mean", "max", "min", "std"))
+"""In the order the trainer logs them (the worker's mean, max, min; the std rebuilt from the moments last)."""
+NEEDS = (Needs(MINIBATCH_KEYS, ("log_prob",)),)
 OUTLIER_KEYS = tuple(f"{LOSS}outlier_seq_{s}_ratio" for s in ("masked", "over_high", "under_low"))
 TOKEN_MASK = LOSS + "token_mask_ratio"
 TIS_KEYS = {"token": LOSS + "tis_token_clip_high_ratio", "sequence": LOSS + "tis_seq_clip_high_ratio"}
@@ -95,10 +118,18 @@ class SkyRLSettings:
     def new_metrics(self) -> SkyRLMetrics:
         return SkyRLMetrics(self)
 
+    def needs(self) -> tuple[Needs, ...]:
+        return NEEDS
+
     def notes(self) -> tuple[str, ...]:
         notes = [
             "policy/rollout_train_logprobs_abs_diff_* are over the valid tokens of the whole training batch (the "
             "dump step); SkyRL logs none for a batch without a valid token",
+            "policy/minibatch_rollout_logprobs_abs_diff_* (with the current policy) are SkyRL's per micro-batch "
+            "values, averaged over the step's micro-batches, mini-batches and epochs (min of _min, max of _max, "
+            "the std rebuilt from the averaged moments), each with the policy of its pass: rcdiag gives the step as "
+            "one micro-batch of the one current policy the dump holds; _max and _min are over the padded (B, T) "
+            "tensor with every pad and masked position a 0",
         ]
         if not self.enabled:
             notes.append(
@@ -172,6 +203,12 @@ class SkyRLMetrics(FrameworkMetrics):
         "seq_masked": "sum",
         "seq_high": "sum",
         "seq_low": "sum",
+        "current_seen": "sum",
+        "blocks": "sum",
+        "current_sum": "sum",
+        "current_sq_sum": "sum",
+        "current_max": "max",
+        "current_min": "min",
     }
     settings: SkyRLSettings
 
@@ -180,7 +217,9 @@ class SkyRLMetrics(FrameworkMetrics):
         diff = rows.diff
         absdiff = np.abs(diff)
         width = float(rows.raw_counts.max()) if rows.n_rows else -math.inf
-        self.add(rows=float(rows.n_rows), width=width)
+        self.add(rows=float(rows.n_rows), width=width, blocks=1.0)
+        if rows.current is not None:
+            self._minibatch(np.abs(rows.current - rows.rollout))
         if rows.n_tokens:
             self.add(
                 diff_sum=float(absdiff.astype(np.float64).sum()),
@@ -200,6 +239,18 @@ class SkyRLMetrics(FrameworkMetrics):
                 ratio_max=float(ratio.max()),
             )
         self.add_weights(*self._correct(rows, diff, ratio))
+
+    def _minibatch(self, absdiff: np.ndarray) -> None:
+        """The valid tokens' |current - rollout| (float32, as the worker subtracts): its sum, sum of squares and
+        extremes."""
+        x = absdiff.astype(np.float64)
+        self.add(
+            current_seen=1.0,
+            current_sum=float(x.sum()),
+            current_sq_sum=float(np.square(absdiff).astype(np.float64).sum()),
+        )
+        if absdiff.size:
+            self.add(current_max=float(absdiff.max()), current_min=float(absdiff.min()))
 
     def _correct(
         self, rows: TokenRows, diff: np.ndarray, ratio: np.ndarray
@@ -263,7 +314,7 @@ class SkyRLMetrics(FrameworkMetrics):
             if s.sequence_mask is not None:
                 prefix = f"{LOSS}{SEQ_PREFIX[s.sequence_mask]}_sequence_mask_"
                 keys.extend(prefix + part for part in ("masked_ratio", "over_high_ratio", "under_low_ratio"))
-        return [*keys, *self.weight_keys()]
+        return [*keys, *MINIBATCH_KEYS, *self.weight_keys()]
 
     def compute(self) -> tuple[dict[str, MetricValue], list[VerlCrash]]:
         """SkyRL's values (``None`` where it logs none or crashes: a key of an empty batch) and rcdiag's."""
@@ -290,7 +341,25 @@ class SkyRLMetrics(FrameworkMetrics):
                 parts = (st["seq_masked"], st["seq_high"], st["seq_low"])
                 for part, value in zip(("masked_ratio", "over_high_ratio", "under_low_ratio"), parts, strict=True):
                     values[prefix + part] = value / per_row
+        if st["current_seen"] and st["current_seen"] == st["blocks"]:
+            values.update(zip(MINIBATCH_KEYS, self._minibatch_values(), strict=True))
         return {**values, **self.weight_values()}, []
+
+    def _minibatch_values(self) -> tuple[MetricValue, MetricValue, MetricValue, MetricValue]:
+        """``compute_minibatch_rollout_logprob_diff_metrics`` on the step padded to its longest row, its float32
+        mean and mean square (``.item()``) making the std (``None`` for an empty tensor, whose max raises)."""
+        st = self.state
+        n = st["tokens"]
+        width = st["width"] if st["width"] > 0 else 0.0
+        size = st["rows"] * width
+        if size == 0:
+            return None, None, None, None
+        mean = float(np.float32(st["current_sum"] / max(n, 1.0)))
+        square = float(np.float32(st["current_sq_sum"] / max(n, 1.0)))
+        top, bottom = (st["current_max"], st["current_min"]) if n else (0.0, 0.0)
+        if size > n:
+            top, bottom = max(top, 0.0), min(bottom, 0.0)
+        return mean, top, bottom, math.sqrt(max(0.0, square - mean**2))
 
     def _padded_ratio(self) -> tuple[MetricValue, MetricValue, MetricValue, MetricValue]:
         """``is_ratio_mean`` (masked) and the std, max and min of ``ratio * loss_mask`` over the step padded to
@@ -311,6 +380,7 @@ class SkyRLMetrics(FrameworkMetrics):
         return mean, std, top, bottom
 
 
+CURRENT_WHEN = "with the current policy (--current-col), whatever the correction"
 CLAMP_HIGH = math.exp(SAFETY_BOUND)
 OPEN_LOW, OPEN_HIGH = 1e-9, 1e9
 """Bounds beyond SkyRL's +-20 clamp: a missing bound written so it bounds nothing."""
@@ -418,7 +488,8 @@ FRAMEWORK = Framework(
     release="a9564572e",
     source=(
         "skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py:9-348; "
-        "skyrl/backends/skyrl_train/utils/torch_utils.py:180-192; skyrl/train/trainer.py:1383-1406"
+        "skyrl/backends/skyrl_train/utils/torch_utils.py:180-192; skyrl/train/trainer.py:1383-1406; "
+        "skyrl/backends/skyrl_train/workers/worker_utils.py:34-58; skyrl/train/utils/trainer_utils.py:38-53"
     ),
     options=(
         _BLOCK,
@@ -476,14 +547,21 @@ FRAMEWORK = Framework(
                 ("under_low_ratio", "below the low bound"),
             )
         ),
+        MetricKey(MINIBATCH_KEYS[0], "mean |current - rollout| over the valid tokens (0 for none)", CURRENT_WHEN),
+        MetricKey(MINIBATCH_KEYS[1], "largest |current - rollout| * mask over the padded batch", CURRENT_WHEN),
+        MetricKey(
+            MINIBATCH_KEYS[2],
+            "smallest |current - rollout| * mask over the padded batch: 0 wherever there is a pad",
+            CURRENT_WHEN,
+        ),
+        MetricKey(MINIBATCH_KEYS[3], "sqrt(max(0, mean square - mean^2)) of |current - rollout|", CURRENT_WHEN),
         *weight_keys("skyrl", "SkyRL", "loss-mask token", "SkyRL's correction"),
     ),
     settings=settings,
     prefixes=("trainer.algorithm.", BLOCK + "."),
     left_out=(
-        "left out: minibatch_rollout_logprobs_abs_diff_* compare the current policy's log-probs (in the train "
-        "step) with the rollout's, and clip_ratio, policy_loss, policy_kl and entropy need the current policy and "
-        "advantages: a dump of the two engines holds neither"
+        "left out: clip_ratio, policy_loss, policy_kl and entropy need the whole loss, the reference model or the "
+        "current policy's entropies, which rcdiag does not compute"
     ),
     batching="one training step (its batch as one micro-batch, padded to its longest row)",
     forms=FORMS,

@@ -15,6 +15,10 @@ weighs the loss, with ``get_mismatch_metrics`` alone too), ``icepop_function`` (
 ``use_tis`` its truncate / clip / mask weight at token, sequence or geometric level, rejection sampling with a veto,
 and batch normalisation over the step). The abs diff's numerator uses the mask the TIS function returns (the MIS
 helper's rejections), its denominators the original counts.
+
+With the current policy's log-probs in the dump (``--current-col``) and the TIS function running, ``ois``
+(``loss.py:1063``, reported at ``:1159``): exp(current - old) in float32 (``(-ppo_kl).exp()``, ``ppo_kl = old -
+current``), reduced as the others with the original masks.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from rcdiag.frameworks.base import (
     Framework,
     FrameworkMetrics,
     MetricKey,
+    Needs,
     Option,
     TokenRows,
     exp32,
@@ -56,6 +61,7 @@ from rcdiag.runtime.errors import ConfigError
 
 PREFIX = "train/"
 ABS_DIFF = PREFIX + "train_rollout_logprob_abs_diff"
+OIS = PREFIX + "ois"
 ICEPOP = "slime.backends.megatron_utils.loss.icepop_function"
 MIS = "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp"
 PPL_KEYS = (
@@ -104,7 +110,8 @@ class SlimeSettings:
         return self.mismatch or self.use_tis
 
     def keys(self) -> list[str]:
-        """The keys in the order slime reports them (``ois`` left out)."""
+        """The keys of the dump's two engines in the order slime reports them (``ois``, from the current policy,
+        placed by ``SlimeMetrics.keys``)."""
         if not self.runs_tis:
             return [ABS_DIFF]
         if self.function != MIS:
@@ -129,6 +136,10 @@ class SlimeSettings:
 
     def new_metrics(self) -> SlimeMetrics:
         return SlimeMetrics(self)
+
+    def needs(self) -> tuple[Needs, ...]:
+        """``ois``, where the TIS function runs, from the current policy."""
+        return (Needs((OIS,), ("log_prob",)),) if self.runs_tis else ()
 
     def notes(self) -> tuple[str, ...]:
         mean = (
@@ -213,6 +224,10 @@ class SlimeMetrics(FrameworkMetrics):
         "denominator": "sum",
         "sample": "sums",
         "token": "sums",
+        "blocks": "sum",
+        "ois_seen": "sum",
+        "ois_sample": "sum",
+        "ois_token": "sum",
     }
     settings: SlimeSettings
 
@@ -246,7 +261,11 @@ class SlimeMetrics(FrameworkMetrics):
             denominator=float(denominator.sum()),
             sample=sample,
             token=token,
+            blocks=1.0,
         )
+        if self.settings.runs_tis and rows.current is not None:
+            ois = rows.row_sum(exp32(rows.current - rows.old))  # (-ppo_kl).exp(), ppo_kl = old - current
+            self.add(ois_seen=1.0, ois_sample=float((ois / denominator).sum()), ois_token=float(ois.sum()))
         self.add_weights(weight * kept, rows, self._truncated(per_token, kept))
 
     def _truncated(self, per_token: dict[str, np.ndarray], kept: np.ndarray) -> np.ndarray | None:
@@ -366,7 +385,9 @@ class SlimeMetrics(FrameworkMetrics):
         return per_token, named, weights, kept
 
     def keys(self) -> list[str]:
-        return [*self.settings.keys(), *self.weight_keys()]
+        """slime's order: ``ois`` after the abs diff, before the TIS function's keys."""
+        keys = self.settings.keys()
+        return [*keys[:1], *([OIS] if self.settings.runs_tis else []), *keys[1:], *self.weight_keys()]
 
     def _factor(self) -> float:
         """``compute_mis_weights``'s batch-normalisation mean (1 when off, or when the mean is not above 1e-8)."""
@@ -397,6 +418,9 @@ class SlimeMetrics(FrameworkMetrics):
                 filled = st["filled_rows"] if not s.per_token else st["tokens"]
                 value = factor * filled / (st["rows"] if not s.per_token else st["denominator"])
             values[key] = value
+            if key == ABS_DIFF and s.runs_tis and st["blocks"] and st["ois_seen"] == st["blocks"]:
+                total, over = ("ois_token", "denominator") if s.per_token else ("ois_sample", "rows")
+                values[OIS] = st[total] / st[over] if st["rows"] else None
         values.update(self.weight_values())
         mean = self.weight_keys()[0]
         weight_mean = values[mean]
@@ -525,6 +549,11 @@ def _keys() -> tuple[MetricKey, ...]:
     }
     return (
         MetricKey(ABS_DIFF, "|old - rollout| (the numerator on the tokens the TIS function keeps)"),
+        MetricKey(
+            OIS,
+            "exp(current - old), the current policy against the old one (sample mean)",
+            "the TIS function runs, with the current policy (--current-col)",
+        ),
         *(MetricKey(PREFIX + key, reading, "the TIS function runs") for key, reading in readings.items()),
         *weight_keys("slime", "slime", "loss-mask token", "the TIS function"),
     )
@@ -632,7 +661,7 @@ FRAMEWORK = Framework(
     title="slime",
     release="624b824a",
     source=(
-        "slime/backends/megatron_utils/loss.py:884-931, 1050-1092, 1136-1163, 1317; "
+        "slime/backends/megatron_utils/loss.py:884-931, 1031-1033, 1050-1092, 1136-1163, 1317; "
         "slime/backends/megatron_utils/cp_utils.py:47-124; slime/observability/train_metric_utils.py:18-59; "
         "examples/train_infer_mismatch_helper/mis.py, mis.yaml"
     ),
@@ -640,10 +669,9 @@ FRAMEWORK = Framework(
     keys=_keys(),
     settings=settings,
     left_out=(
-        "left out: ois compares the current policy with the old one, and pg_loss, pg_clipfrac, ppo_kl, "
-        "entropy_loss and kl_loss need the current policy and advantages (so does "
-        "train_rollout_logprob_abs_diff with use_rollout_logprobs, which rcdiag does not take): a dump of the two "
-        "engines holds neither"
+        "left out: pg_loss, pg_clipfrac, ppo_kl, entropy_loss and kl_loss (the loss, its entropies and the reference "
+        "model), and train_rollout_logprob_abs_diff with use_rollout_logprobs (against the current policy), which "
+        "rcdiag does not compute"
     ),
     batching="one training step (its samples as one micro-batch; each sample its own rollout)",
     forms=FORMS,

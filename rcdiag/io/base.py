@@ -40,7 +40,7 @@ class ColumnMap:
     framework keys that need them (``--as``); default: ``ALIASES["advantages"]``."""
     current: str | None = None
     """The current policy's per-token log-probs (``--current-col``), read when present, for the framework keys that
-    compare it with the old policy (PPO clip fractions); default: ``ALIASES["current"]``."""
+    compare it with the old policy (PPO clip fractions) or the rollout; default: ``ALIASES["current"]``."""
     by: tuple[str, ...] = ()
     """Per-row scalar columns to break the mismatch down by (``--by``): each must exist. Columns named like a
     replica or a policy version (``rcdiag.io.columns.LABEL_ALIASES``) are read too, without it."""

@@ -10,7 +10,8 @@ pooled, to float32 rounding. Rerun a harness when its framework's pin or the dum
 
 The dumps: two real-model ones (tests/shape_dumps.py, seeded) and three synthetic ones (tests/framework_cases.py,
 seeded): masked padding at row ends and inside rows, empty and fully masked rows, 3,000-token rows, outlier
-tokens, and (``synthetic_s2_far``) log-ratios beyond the +-20 clamps. A view is one step, or every step pooled,
+tokens, (``synthetic_s2_far``) log-ratios beyond the +-20 clamps, and (``synthetic_s3_masked_step_inputs``) a step
+without a valid token; the ``_inputs`` ones also hold a current policy and advantages. A view is one step, or every step pooled,
 padded to its longest row (pads: log-prob 0, mask 0) as a trainer pads its batch.
 """
 
@@ -55,6 +56,7 @@ DUMPS: dict[str, Callable[[Path], Path]] = {
     "bf16_s0_inputs": lambda d: with_loss_inputs(_real("bf16", 0)(d), d, 0),
     "synthetic_s0_inputs": lambda d: with_loss_inputs(synthetic_dump(d, 0), d, 0),
     "synthetic_s1_token_advantages": lambda d: with_loss_inputs(synthetic_dump(d, 1, scale=0.3), d, 1, per_row=False),
+    "synthetic_s3_masked_step_inputs": lambda d: with_loss_inputs(synthetic_dump(d, 3, masked_step=1), d, 3),
 }
 """Each dump the harnesses run on, by name -> how to build it (into a directory, for the synthetic ones)."""
 

@@ -6,21 +6,28 @@ Runs, from that checkout: ``apply_off_policy_correction`` (``off_policy_correcti
 ``safe_exp_delta`` and ``masked_mean`` from ``torch_utils.py``) on each view as one micro-batch, its config class
 ``OffPolicyCorrectionConfig`` (``skyrl/train/config/config.py``, its defaults) and the trainer's inline
 ``rollout_train_logprobs_abs_diff`` lines (``skyrl/train/trainer.py``), exec'd with ``self`` standing for the
-trainer. Stubbed, as unrelated: ``jaxtyping`` (annotations of other functions of torch_utils) and the two
+trainer. On the dumps with the current policy's log-probs (``tests/framework_cases.with_loss_inputs``) also the
+worker's ``minibatch_rollout_logprobs_abs_diff_*``: ``compute_minibatch_rollout_logprob_diff_metrics`` and
+``reduce_metrics`` (``worker_utils.py``, exec'd from their lines with the key constants; the step one micro-batch,
+its current policy padded as the batch), their call's place in the worker's status (``worker.py``) and the
+trainer's ``finalize_minibatch_rollout_logprob_diff_std`` (``trainer_utils.py``). Stubbed, as unrelated: ``jaxtyping`` (annotations of other functions of torch_utils) and the two
 ``skyrl_gym`` environment configs config.py imports. The keys get the prefixes the workers add
 (``worker.py:1121-1122``: ``loss_metrics/``; ``trainer.py:1577-1578``: ``policy/``).
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from framework_cases import padded_inputs
+
 from harness.common import checkout, lines_of, load_module, package, pinned, run, weights_of
 
 REPOSITORY = "https://github.com/NovaSky-AI/SkyRL"
@@ -29,6 +36,9 @@ UTILS = "skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py"
 TORCH_UTILS = "skyrl/backends/skyrl_train/utils/torch_utils.py"
 CONFIG = "skyrl/train/config/config.py"
 TRAINER = ("skyrl/train/trainer.py", 1383, 1406)
+WORKER_UTILS = ("skyrl/backends/skyrl_train/workers/worker_utils.py", 21, 91)
+WORKER_CALL = ("skyrl/backends/skyrl_train/workers/worker.py", 1125, 1127)
+FINALIZE = ("skyrl/train/utils/trainer_utils.py", 38, 53)
 BLOCK = "trainer.algorithm.off_policy_correction"
 SETTINGS: dict[str, dict[str, Any]] = {
     "defaults": {},
@@ -96,8 +106,30 @@ def main() -> None:
 
     utils, config_class = _load(root)
     trainer_code = compile(lines_of(root, *TRAINER), TRAINER[0], "exec")
+    worker: dict[str, Any] = {
+        "torch": torch,
+        "Dict": dict,
+        "List": list,
+        "Optional": Optional,
+        "masked_mean": sys.modules["skyrl.backends.skyrl_train.utils.torch_utils"].masked_mean,
+    }
+    exec(compile(lines_of(root, *WORKER_UTILS), WORKER_UTILS[0], "exec"), worker)
+    worker_call = compile(lines_of(root, *WORKER_CALL), WORKER_CALL[0], "exec")
+    finalize: dict[str, Any] = {"math": math, "Dict": dict, **worker}
+    exec(compile(lines_of(root, *FINALIZE), FINALIZE[0], "exec"), finalize)
 
-    def oracle(options: Mapping[str, Any], old: Any, rollout: Any, mask: Any, rows: Any) -> tuple[dict, dict]:
+    def minibatch(current: Any, rollout: Any, loss_mask: Any) -> dict[str, float]:
+        """The worker's status keys of one micro-batch, reduced over the step's one micro-batch and finalised."""
+        scope = {**worker, "status": {}, "action_log_probs": current, "rollout_action_logprobs": rollout,
+                 "loss_mask": loss_mask}  # fmt: skip
+        exec(worker_call, scope)
+        reduced = worker["reduce_metrics"]({k: [v] for k, v in scope["status"].items()})
+        finalize["finalize_minibatch_rollout_logprob_diff_std"](reduced)
+        return {f"policy/{k}": v for k, v in reduced.items()}
+
+    def oracle(
+        options: Mapping[str, Any], old: Any, rollout: Any, mask: Any, rows: Any, inputs: Any = None
+    ) -> tuple[dict, dict]:
         config = config_class(**options.get(BLOCK, {}))
         loss_mask = mask.float()
         trainer = types.SimpleNamespace(all_metrics={})
@@ -105,6 +137,9 @@ def main() -> None:
                             "action_log_probs": old})  # fmt: skip
         loss, kept, metrics = utils.apply_off_policy_correction(torch.ones_like(old), old, rollout, loss_mask, config)
         logged = {**trainer.all_metrics, **{f"policy/loss_metrics/{k}": v for k, v in metrics.items()}}
+        if inputs is not None:
+            current, _ = padded_inputs(inputs)
+            logged.update(minibatch(current, rollout, loss_mask))
         return logged, weights_of(loss.expand_as(old) * kept, mask)
 
     run(
@@ -116,12 +151,18 @@ def main() -> None:
             pinned(root, TORCH_UTILS, 180, 192),
             pinned(root, CONFIG, 793, 818),
             pinned(root, *TRAINER),
+            pinned(root, *WORKER_UTILS),
+            pinned(root, *WORKER_CALL),
+            pinned(root, *FINALIZE),
         ],
         settings=SETTINGS,
         oracle=oracle,
+        with_inputs=True,
         notes=(
             "each view is one micro-batch: the step's rows padded to its longest (pads: log-prob 0, mask 0)",
             "weights: apply_off_policy_correction's corrected loss (of a loss of ones) times its loss mask",
+            "minibatch_rollout_logprobs_abs_diff_* on the dumps with the current policy only: the step one "
+            "micro-batch of one mini-batch and one epoch, its current log-probs padded as the batch (pads 0)",
         ),
     )
 

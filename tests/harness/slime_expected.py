@@ -11,6 +11,9 @@ holding the batch: ``vanilla_tis_function`` and ``icepop_function`` exec'd from 
 defaults are slime's argparse defaults (read from ``arguments.py``) and mis.yaml's values. Stubbed, as unrelated:
 Megatron's ``mpu`` (context parallelism of size 1), ``slime.utils.http_utils``, and the observability and
 flops modules ``train_metric_utils`` imports for other functions. The keys get ``model.py:883``'s ``train/``.
+On the dumps with the current policy's log-probs (``tests/framework_cases.with_loss_inputs``) the batch's policy
+log-probs are theirs and ``ppo_kl`` is ``policy_loss_function``'s own (its lines for a non-GSPO estimator), so the
+TIS block's ``ois`` is kept; elsewhere the scope gives the current policy the old log-probs and ``ois`` is dropped.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ TIS_FUNCTIONS = (LOSS, 884, 931)
 TIS_BLOCK = (LOSS, 1050, 1092)
 REPORTED = (LOSS, 1136, 1163)
 NUM_TOKENS = (LOSS, 1317, 1317)
+PPO_KL = (LOSS, 1031, 1033)
 CP_UTILS = "slime/backends/megatron_utils/cp_utils.py"
 METRIC_UTILS = "slime/observability/train_metric_utils.py"
 MISC = "slime/utils/misc.py"
@@ -130,8 +134,11 @@ def main() -> None:
     tis_block = compile(lines_of(root, *TIS_BLOCK), LOSS, "exec")
     reported = compile(lines_of(root, *REPORTED), LOSS, "exec")
     num_tokens = compile(lines_of(root, *NUM_TOKENS), LOSS, "exec")
+    ppo_kl = compile(lines_of(root, *PPO_KL), LOSS, "exec")
 
-    def oracle(options: Mapping[str, Any], old: Any, rollout: Any, mask: Any, rows: Any) -> tuple[dict, dict]:
+    def oracle(
+        options: Mapping[str, Any], old: Any, rollout: Any, mask: Any, rows: Any, inputs: Any = None
+    ) -> tuple[dict, dict]:
         values = {**base, **options}
         if values["custom_tis_function_path"] == MIS_PATH:
             values = {**base, **mis_yaml, **options}
@@ -171,12 +178,16 @@ def main() -> None:
             "entropy_loss": zero,
             "pg_clipfrac": zero,
         }
+        if inputs is not None:  # the current policy's log-probs, and ppo_kl = old - current as slime computes it
+            scope.update(old_log_probs=old_list, log_probs=[torch.from_numpy(c) for c, _ in inputs])
+            exec(ppo_kl, scope)
         exec(tis_block, scope)
         weight = scope["pg_loss"]
         kept = torch.cat(scope.get("modified_response_masks", masks)) if masks else torch.zeros(0)
         exec(reported, scope)
         exec(num_tokens, scope)
-        log = {k: v for k, v in scope["reported_loss"].items() if k not in _NOT_FROM_A_DUMP}
+        left_out = _NOT_FROM_A_DUMP if inputs is None else _NOT_FROM_A_DUMP[:-1]
+        log = {k: v for k, v in scope["reported_loss"].items() if k not in left_out}
         values_tensor = torch.tensor(
             [scope["num_tokens"] if args.calculate_per_token_loss else 0, *log.values()]  # loss.py:1355-1366
         )
@@ -204,6 +215,7 @@ def main() -> None:
             pinned(root, *TIS_BLOCK),
             pinned(root, *REPORTED),
             pinned(root, *NUM_TOKENS),
+            pinned(root, *PPO_KL),
             pinned(root, CP_UTILS),
             pinned(root, METRIC_UTILS),
             pinned(root, MISC),
@@ -214,16 +226,19 @@ def main() -> None:
         ],
         settings=SETTINGS,
         oracle=oracle,
+        with_inputs=True,
         notes=(
             "each view is one micro-batch of one training step; each row a sample, its own rollout",
-            "pg_loss, entropy_loss, pg_clipfrac, ppo_kl and ois need the current policy and advantages: not "
-            "compared (the scope gives the current policy the old log-probs, so ois would read 1)",
+            "pg_loss, entropy_loss, pg_clipfrac and ppo_kl need the current policy and advantages: not compared; "
+            "ois (current vs old) only on the dumps with a current policy (elsewhere the scope gives the current "
+            "policy the old log-probs, so ois would read 1)",
             "weights: the TIS function's pg_loss (of a loss of ones) times the mask it returns",
         ),
     )
 
 
 _NOT_FROM_A_DUMP = ("loss", "pg_loss", "entropy_loss", "pg_clipfrac", "ppo_kl", "ois")
+"""What the harness does not compare; ``ois``, last, is compared on the dumps with a current policy."""
 
 
 if __name__ == "__main__":
