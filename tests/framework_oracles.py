@@ -308,22 +308,27 @@ def openrlhf_loss_metrics(
     kind: str = "tis",
     loss: str = "ppo",
     eps: tuple[float, float] = (0.2, 0.2),
+    dual_clip: float | None = None,
 ) -> dict[str, float]:
-    """OpenRLHF 0.11.0's ``PolicyLoss`` returns the actor logs (``ppo_clip_ratio``, ``ppo_kl``, ``vllm_kl`` where it
-    returns one) for padded (B, T) float32 tensors holding the whole step as one micro-batch (the actor weights each
+    """OpenRLHF 0.11.0's ``PolicyLoss`` returns the actor logs (``policy_loss``, the loss it returns, aggregated with
+    no ``loss_batch_info``: the step as one micro-batch and one optimizer step; ``ppo_clip_ratio``, ``ppo_kl``,
+    ``vllm_kl`` where it returns one) for padded (B, T) float32 tensors holding the whole step as one micro-batch (the actor weights each
     micro-batch's value by its action tokens: the step's token mean), built as ``PPOActor`` builds it (``eps``:
     ``eps_clip_low_high``, the threshold passed only where the correction is on)."""
     module = openrlhf_loss()
     policy = module.PolicyLoss(
         clip_eps_low=eps[0],
         clip_eps_high=eps[1],
+        dual_clip=dual_clip,
         policy_loss_type=loss,
         enable_vllm_is_correction=enable,
         vllm_is_truncated_threshold=list(threshold) if enable else None,
         vllm_is_correction_type=kind,
     )
-    _, clip_ratio, ppo_kl, vllm_kl = policy(current, old, advantages, action_mask=mask, rollout_log_probs=rollout)
-    out = {"ppo_clip_ratio": float(clip_ratio), "ppo_kl": float(ppo_kl)}
+    policy_loss, clip_ratio, ppo_kl, vllm_kl = policy(
+        current, old, advantages, action_mask=mask, rollout_log_probs=rollout
+    )
+    out = {"policy_loss": float(policy_loss), "ppo_clip_ratio": float(clip_ratio), "ppo_kl": float(ppo_kl)}
     return out if vllm_kl is None else {**out, "vllm_kl": float(vllm_kl)}
 
 

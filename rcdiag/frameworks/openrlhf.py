@@ -7,6 +7,11 @@ by a coefficient from ``r = exp(old - rollout)`` (float32, no clamp on the log):
 ratio ``exp(masked mean of old - rollout)`` lies in [low, high] and zeroes the row otherwise. The one key it logs
 is ``vllm_kl``: the masked mean of ``rollout - old`` (signed k1, no clamp), per micro-batch, which the actor
 weights by each micro-batch's action tokens, so a step's value is the token mean of the step, however it was cut.
+
+With the current policy's log-probs and the advantages, ``policy_loss``: ``PolicyLoss``'s own loss (the clipped
+surrogate, dual-clip with ``actor.dual_clip``, times the correction's coefficient where it applies), aggregated as
+``aggregate_loss`` does for the step as one micro-batch and one optimizer step: the token mean for ppo, the mean
+over the responses with an action token of each one's token mean for gspo.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from rcdiag.frameworks.base import (
 from rcdiag.frameworks.correction import NO_CLAMP_QUIRK, Band, Correction, Form, Weight
 from rcdiag.frameworks.loss import ppo_clip
 from rcdiag.metrics.base import MetricValue, Reduce, VerlCrash
+from rcdiag.runtime.errors import ConfigError
 
 TYPES = ("tis", "icepop", "seq-mask-tis")
 ENABLE = "algo.advantage.is_correction_enable"
@@ -43,7 +49,9 @@ EPS_PAIR = "actor.eps_clip_low_high"
 VLLM_KL = "vllm_kl"
 CLIP_RATIO = "ppo_clip_ratio"
 PPO_KL = "ppo_kl"
-NEEDS = (Needs((PPO_KL,), ("log_prob",)), Needs((CLIP_RATIO,), ("log_prob", "advantages")))
+POLICY_LOSS = "policy_loss"
+DUAL_CLIP = "actor.dual_clip"
+NEEDS = (Needs((PPO_KL,), ("log_prob",)), Needs((POLICY_LOSS, CLIP_RATIO), ("log_prob", "advantages")))
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,7 @@ class OpenRLHFSettings:
     loss: str
     eps_low: float = 0.2
     eps_high: float = 0.2
+    dual_clip: float | None = None
 
     @property
     def corrects(self) -> bool:
@@ -72,6 +81,9 @@ class OpenRLHFSettings:
         loss = (
             f"{PPO_KL} and {CLIP_RATIO} are token means of the step, as {VLLM_KL}; OpenRLHF averages them over its "
             "max_epochs passes, each with the policy of that pass: rcdiag's are of the current policy the dump holds",
+            f"{POLICY_LOSS} is aggregate_loss's for the step as one micro-batch and one optimizer step; OpenRLHF "
+            "divides each micro-batch's masked sum by the optimizer step's action tokens (gspo: responses), so a step "
+            "cut into several micro-batches or optimizer steps logs other numbers",
         )
         if not self.enable:
             return (f"{ENABLE} is false (OpenRLHF's default): it corrects nothing and logs no mismatch key", *loss)
@@ -95,6 +107,7 @@ class OpenRLHFSettings:
             TYPE: self.kind,
             LOSS: self.loss,
             EPS_PAIR: [self.eps_low, self.eps_high],
+            DUAL_CLIP: self.dual_clip,
         }
 
     def correction(self) -> Correction:
@@ -138,16 +151,18 @@ class OpenRLHFMetrics(FrameworkMetrics):
         "ppo_kl_sum": "sum",
         "clip_seen": "sum",
         "clipped": "sum",
+        "loss_sum": "sum",
+        "loss_rows": "sum",
     }
     settings: OpenRLHFSettings
 
     def update(self, block: Any) -> None:
         rows = TokenRows(block)
+        weight = self.settings.weights(rows) if self.settings.corrects else None
         if rows.current is not None:
-            self._loss(rows, rows.current, rows.advantages)
-        if not self.settings.corrects:
+            self._loss(rows, rows.current, rows.advantages, weight)
+        if weight is None:
             return
-        weight = self.settings.weights(rows)
         self.add(kl_sum=float((rows.rollout - rows.old).astype(np.float64).sum()))
         changed = None
         if self.settings.kind == "tis":  # where the clamp moved the ratio
@@ -155,9 +170,12 @@ class OpenRLHFMetrics(FrameworkMetrics):
             changed = (weight != ratio) & ~np.isnan(ratio)
         self.add_weights(weight, rows, changed)
 
-    def _loss(self, rows: TokenRows, current: np.ndarray, advantages: np.ndarray | None) -> None:
+    def _loss(
+        self, rows: TokenRows, current: np.ndarray, advantages: np.ndarray | None, weight: np.ndarray | None
+    ) -> None:
         """``PolicyLoss``'s ``ppo_kl`` (the mean of ``-(current - old)``) and, with the advantages, its clip flags
-        ``surr2 < surr1`` (float32, the bounds rounded to float32 as torch's clamp does)."""
+        ``surr2 < surr1`` (float32, the bounds rounded to float32 as torch's clamp does) and its loss (times the
+        correction's coefficient ``weight`` where it applies; gspo: each response's token mean)."""
         s = self.settings
         raw = current - rows.old
         self.add(loss_seen=1.0, loss_tokens=float(rows.n_tokens), ppo_kl_sum=float((-raw).astype(np.float64).sum()))
@@ -167,12 +185,22 @@ class OpenRLHFMetrics(FrameworkMetrics):
             ratio = exp32(formulas.clamp_log_ratio(np, raw).astype(np.float32))  # PolicyLoss's clamp at +-20
         else:  # gspo: one ratio per response, exp of its mean log-ratio (against the rollout where it corrects)
             ratio = rows.per_token(exp32(rows.row_mean(current - rows.rollout if s.enable else raw)))
-        _, binds = ppo_clip(ratio, advantages, s.eps_low, s.eps_high)
-        self.add(clip_seen=1.0, clipped=float(np.count_nonzero(binds)))
+        loss, binds = ppo_clip(ratio, advantages, s.eps_low, s.eps_high)
+        if s.dual_clip is not None:  # -max(min(surr1, surr2), dual_clip * A) where A < 0
+            loss = np.where(advantages < 0, np.minimum(loss, -(np.float32(s.dual_clip) * advantages)), loss)
+        if weight is not None:
+            loss = weight * loss
+        if s.loss == "ppo":
+            total, counted = float(loss.astype(np.float64).sum()), float(rows.n_tokens)
+        else:
+            filled = rows.counts > 0
+            means = rows.row_sum(loss)[filled] / rows.counts[filled]
+            total, counted = float(means.sum()), float(np.count_nonzero(filled))
+        self.add(clip_seen=1.0, clipped=float(np.count_nonzero(binds)), loss_sum=total, loss_rows=counted)
 
     def keys(self) -> list[str]:
         own = [VLLM_KL, *self.weight_keys()] if self.settings.corrects else []
-        return [CLIP_RATIO, PPO_KL, *own]
+        return [POLICY_LOSS, CLIP_RATIO, PPO_KL, *own]
 
     def compute(self) -> tuple[dict[str, MetricValue], list[VerlCrash]]:
         """A step without a valid token is NaN in OpenRLHF (0/0); ``None`` here. The loss's keys only where every
@@ -181,6 +209,7 @@ class OpenRLHFMetrics(FrameworkMetrics):
         values: dict[str, MetricValue] = {}
         loss_n = st["loss_tokens"]
         if st["loss_seen"] and st["clip_seen"] == st["loss_seen"]:
+            values[POLICY_LOSS] = st["loss_sum"] / st["loss_rows"] if st["loss_rows"] else None
             values[CLIP_RATIO] = st["clipped"] / loss_n if loss_n else None
         if st["loss_seen"]:
             values[PPO_KL] = st["ppo_kl_sum"] / loss_n if loss_n else None
@@ -195,7 +224,10 @@ def settings(values: Mapping[str, Any], given: frozenset[str] = frozenset()) -> 
     low, high = values[THRESHOLD]
     pair = values[EPS_PAIR]
     eps_low, eps_high = (values[EPS], values[EPS]) if pair is None else pair
-    return OpenRLHFSettings(values[ENABLE], low, high, values[TYPE], values[LOSS], eps_low, eps_high)
+    dual = values[DUAL_CLIP]
+    if dual is not None and not dual > 1.0:
+        raise ConfigError(f"{DUAL_CLIP}={dual:g}: dual_clip must be > 1.0 (PolicyLoss asserts it)")
+    return OpenRLHFSettings(values[ENABLE], low, high, values[TYPE], values[LOSS], eps_low, eps_high, dual)
 
 
 def _kind(kind: str) -> Callable[[float | None, float | None], dict[str, Any] | None]:
@@ -220,7 +252,8 @@ FRAMEWORK = Framework(
     name="openrlhf",
     title="OpenRLHF",
     release="0.11.0",
-    source="openrlhf/models/loss.py:116-230 (PolicyLoss); openrlhf/trainer/ray/ppo_actor.py:197-221, 306-317",
+    source="openrlhf/models/loss.py:11-39, 116-230 (aggregate_loss, PolicyLoss); "
+    "openrlhf/trainer/ray/ppo_actor.py:197-221, 306-317",
     options=(
         Option(ENABLE, "bool", False, "apply the vLLM IS correction (and log vllm_kl)"),
         Option(THRESHOLD, "pair", (0.5, 5.0), "[low, high] bounds of the coefficient"),
@@ -234,6 +267,9 @@ FRAMEWORK = Framework(
         Option(LOSS, "choice", "ppo", "the policy loss (the correction applies to ppo only)", choices=("ppo", "gspo")),
         Option(EPS, "number", 0.2, "PPO clip range, both sides (where eps_clip_low_high is not given)"),
         Option(EPS_PAIR, "pair", None, "PPO clip [low, high]: the ratio clamped to [1 - low, 1 + high]", nullable=True),
+        Option(
+            DUAL_CLIP, "number", None, "dual-clip PPO's bound (above 1) on a negative advantage's loss", nullable=True
+        ),
     ),
     keys=(
         MetricKey(VLLM_KL, "token mean of rollout - old: ~KL(rollout||train), signed, not clamped"),
@@ -244,6 +280,12 @@ FRAMEWORK = Framework(
             "with the current policy and the advantages, whatever the correction",
         ),
         MetricKey(
+            POLICY_LOSS,
+            "PolicyLoss's loss: -min(surr1, surr2) (dual-clip with actor.dual_clip) times the correction's "
+            "coefficient, the token mean (gspo: the mean of each response's token mean)",
+            "with the current policy and the advantages, whatever the correction",
+        ),
+        MetricKey(
             PPO_KL,
             "token mean of old - current (k1 of the old policy against the current one)",
             "with the current policy, whatever the correction",
@@ -251,8 +293,7 @@ FRAMEWORK = Framework(
         *weight_keys("openrlhf", "OpenRLHF", "action token", "OpenRLHF's correction"),
     ),
     settings=settings,
-    left_out="left out: policy_loss (the whole loss, its aggregation over the optimizer step) and kl (the reference "
-    "model's log-probs)",
+    left_out="left out: kl (the reference model's log-probs) and entropy_loss (the entropies)",
     batching="one PPO training step (ppo_train over the step's experience; micro-batches token-weighted)",
     forms=FORMS,
     spelling="flags",

@@ -18,7 +18,11 @@ helper's rejections), its denominators the original counts.
 
 With the current policy's log-probs in the dump (``--current-col``) and the TIS function running, ``ois``
 (``loss.py:1063``, reported at ``:1159``): exp(current - old) in float32 (``(-ppo_kl).exp()``, ``ppo_kl = old -
-current``), reduced as the others with the original masks.
+current``), reduced as the others with the original masks. With that column, whatever the TIS function, ``ppo_kl``
+(``loss.py:1033``, reduced at ``:1107``), and with the advantages too (``--advantages-col``) the PPO loss's
+``pg_clipfrac`` and ``pg_loss`` (``compute_policy_loss``, ``slime/utils/ppo_utils.py:125-148``: the clipped
+surrogate with ``eps_clip`` / ``eps_clip_high``, dual-clip with ``eps_clip_c``; ``pg_loss`` times the TIS
+function's weight): reduced, as the abs diff, over the mask the TIS function returns (``loss.py:1094-1107``).
 """
 
 from __future__ import annotations
@@ -56,12 +60,17 @@ from rcdiag.frameworks.correction import (
     Weight,
     within_clamp,
 )
+from rcdiag.frameworks.loss import ppo_clip
 from rcdiag.metrics.base import Accumulator, MetricValue, Reduce, VerlCrash
 from rcdiag.runtime.errors import ConfigError
 
 PREFIX = "train/"
 ABS_DIFF = PREFIX + "train_rollout_logprob_abs_diff"
 OIS = PREFIX + "ois"
+PG_LOSS, PG_CLIPFRAC, PPO_KL = (PREFIX + k for k in ("pg_loss", "pg_clipfrac", "ppo_kl"))
+LOSS_KEYS = (PG_LOSS, PG_CLIPFRAC, PPO_KL)
+"""The PPO loss's keys in slime's order, before the abs diff."""
+NEEDS = (Needs((PPO_KL,), ("log_prob",)), Needs((PG_LOSS, PG_CLIPFRAC), ("log_prob", "advantages")))
 ICEPOP = "slime.backends.megatron_utils.loss.icepop_function"
 MIS = "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp"
 PPL_KEYS = (
@@ -103,6 +112,9 @@ class SlimeSettings:
     function: str | None
     mis: Mis | None
     given: tuple[tuple[str, Any], ...]
+    eps_clip: float = 0.2
+    eps_clip_high: float = 0.2
+    eps_clip_c: float | None = None
 
     @property
     def runs_tis(self) -> bool:
@@ -138,8 +150,8 @@ class SlimeSettings:
         return SlimeMetrics(self)
 
     def needs(self) -> tuple[Needs, ...]:
-        """``ois``, where the TIS function runs, from the current policy."""
-        return (Needs((OIS,), ("log_prob",)),) if self.runs_tis else ()
+        """The loss's keys from the current policy (and the advantages); ``ois`` too where the TIS function runs."""
+        return (*NEEDS, *((Needs((OIS,), ("log_prob",)),) if self.runs_tis else ()))
 
     def notes(self) -> tuple[str, ...]:
         mean = (
@@ -228,13 +240,18 @@ class SlimeMetrics(FrameworkMetrics):
         "ois_seen": "sum",
         "ois_sample": "sum",
         "ois_token": "sum",
+        "kl_seen": "sum",
+        "loss_seen": "sum",
+        "loss_sample": "sums",
+        "loss_token": "sums",
     }
     settings: SlimeSettings
 
     def __init__(self, settings: SlimeSettings) -> None:
         self.settings = settings
         size = len(settings.keys())
-        Accumulator.__init__(self, {"sample": size, "token": size})
+        n = len(LOSS_KEYS)
+        Accumulator.__init__(self, {"sample": size, "token": size, "loss_sample": n, "loss_token": n})
 
     def update(self, block: Any) -> None:
         rows = TokenRows(block)
@@ -266,7 +283,32 @@ class SlimeMetrics(FrameworkMetrics):
         if self.settings.runs_tis and rows.current is not None:
             ois = rows.row_sum(exp32(rows.current - rows.old))  # (-ppo_kl).exp(), ppo_kl = old - current
             self.add(ois_seen=1.0, ois_sample=float((ois / denominator).sum()), ois_token=float(ois.sum()))
+        if rows.current is not None:
+            self._loss(rows, rows.current, weight, kept, denominator)
         self.add_weights(weight * kept, rows, self._truncated(per_token, kept))
+
+    def _loss(
+        self, rows: TokenRows, current: np.ndarray, weight: np.ndarray, kept: np.ndarray, denominator: np.ndarray
+    ) -> None:
+        """``pg_loss`` (the PPO loss times the TIS function's weight), ``pg_clipfrac`` (``surr2 > surr1``) and
+        ``ppo_kl`` (old - current) per token, summed over the mask the TIS function returns (``pg_loss``'s factor
+        of batch normalisation applied in ``compute``)."""
+        s = self.settings
+        ppo_kl = rows.old - current
+        per_token = [np.zeros(rows.n_tokens, dtype=np.float32)] * 2 + [ppo_kl]
+        advantages = rows.advantages
+        if advantages is not None:
+            loss, binds = ppo_clip(exp32(-ppo_kl), advantages, s.eps_clip, s.eps_clip_high)
+            if s.eps_clip_c is not None:  # dual-clip: a negative advantage's loss at most -eps_clip_c * A
+                loss = np.where(advantages < 0, np.minimum(-np.float32(s.eps_clip_c) * advantages, loss), loss)
+            per_token[:2] = [loss * weight, binds.astype(np.float32)]
+        sums = np.array([rows.row_sum(np.where(kept != 0, v, np.float32(0.0))) for v in per_token])
+        self.add(
+            kl_seen=1.0,
+            loss_seen=float(advantages is not None),
+            loss_sample=(sums / denominator).sum(axis=1),
+            loss_token=sums.sum(axis=1),
+        )
 
     def _truncated(self, per_token: dict[str, np.ndarray], kept: np.ndarray) -> np.ndarray | None:
         """Where the TIS function's clamp moved a kept token's weight (``None`` where it only masks)."""
@@ -385,9 +427,10 @@ class SlimeMetrics(FrameworkMetrics):
         return per_token, named, weights, kept
 
     def keys(self) -> list[str]:
-        """slime's order: ``ois`` after the abs diff, before the TIS function's keys."""
+        """slime's order: the loss's keys before the abs diff, ``ois`` after it, before the TIS function's keys."""
         keys = self.settings.keys()
-        return [*keys[:1], *([OIS] if self.settings.runs_tis else []), *keys[1:], *self.weight_keys()]
+        ois = [OIS] if self.settings.runs_tis else []
+        return [*LOSS_KEYS, *keys[:1], *ois, *keys[1:], *self.weight_keys()]
 
     def _factor(self) -> float:
         """``compute_mis_weights``'s batch-normalisation mean (1 when off, or when the mean is not above 1e-8)."""
@@ -407,6 +450,12 @@ class SlimeMetrics(FrameworkMetrics):
         st, s = self.state, self.settings
         factor = self._factor()
         values: dict[str, MetricValue] = {}
+        total, over = ("loss_token", "denominator") if s.per_token else ("loss_sample", "rows")
+        seen = {PG_LOSS: "loss_seen", PG_CLIPFRAC: "loss_seen", PPO_KL: "kl_seen"}
+        for i, key in enumerate(LOSS_KEYS):
+            if st["blocks"] and st[seen[key]] == st["blocks"]:
+                value = st[total][i] / st[over] if st["rows"] else None
+                values[key] = value / factor if value is not None and key == PG_LOSS else value
         for i, key in enumerate(s.keys()):
             if s.per_token:
                 value = st["token"][i] / st["denominator"] if st["rows"] else None
@@ -476,6 +525,9 @@ def settings(values: Mapping[str, Any], given: frozenset[str] = frozenset()) -> 
             if mis.batch_normalize and mis.tis_level == "geometric":
                 raise ConfigError("Unsupported tis_level: geometric (slime's MIS helper raises it at the first step "
                                   "with tis_batch_normalize true)")  # fmt: skip
+    eps_c = values["eps_clip_c"]
+    if eps_c is not None and not eps_c > 1.0:
+        raise ConfigError(f"eps_clip_c={eps_c:g} must be above 1: compute_policy_loss asserts it at every step")
     shown = {key: values[key] for key in _BASE}
     if function == MIS:
         shown.update({key: values[key] for key in _MIS})
@@ -488,6 +540,9 @@ def settings(values: Mapping[str, Any], given: frozenset[str] = frozenset()) -> 
         function=function,
         mis=mis,
         given=tuple(shown.items()),
+        eps_clip=values["eps_clip"],
+        eps_clip_high=values["eps_clip"] if values["eps_clip_high"] is None else values["eps_clip_high"],
+        eps_clip_c=eps_c,
     )
 
 
@@ -499,6 +554,9 @@ OPTIONS = (
     Option("calculate_per_token_loss", "bool", False, "--calculate-per-token-loss: token means, not sample means"),
     Option("custom_tis_function_path", "choice", None, "--custom-tis-function-path: null (slime's default), "
            "icepop_function or the MIS helper", choices=(ICEPOP, MIS), nullable=True),
+    Option("eps_clip", "number", 0.2, "--eps-clip: PPO clip range (pg_loss, pg_clipfrac)"),
+    Option("eps_clip_high", "number", None, "--eps-clip-high: upper clip range (null: eps_clip)", nullable=True),
+    Option("eps_clip_c", "number", None, "--eps-clip-c: dual-clip PPO's bound (above 1)", nullable=True),
     Option("use_rs", "bool", True, "MIS (mis.yaml): rejection sampling"),
     Option("tis_level", "choice", "token", "MIS: weight level", choices=LEVELS),
     Option("rs_level", "choice", "token", "MIS: rejection level", choices=LEVELS),
@@ -510,8 +568,8 @@ OPTIONS = (
     Option("rs_veto_threshold", "number", 1e-4, "MIS: reject a sample with a token ratio below", nullable=True),
     Option("tis_batch_normalize", "bool", True, "MIS: normalise the weights to mean 1 over the batch"),
 )  # fmt: skip
-_BASE = tuple(o.key for o in OPTIONS[:6])
-_MIS = tuple(o.key for o in OPTIONS[6:])
+_BASE = tuple(o.key for o in OPTIONS[:9])
+_MIS = tuple(o.key for o in OPTIONS[9:])
 
 
 def _keys() -> tuple[MetricKey, ...]:
@@ -548,6 +606,21 @@ def _keys() -> tuple[MetricKey, ...]:
         "mis_is_ratio_max_final": "sample's largest final weight",
     }
     return (
+        MetricKey(
+            PG_LOSS,
+            "the PPO clipped surrogate (dual-clip with eps_clip_c) times the TIS function's weight",
+            "with the current policy and the advantages, whatever the TIS function",
+        ),
+        MetricKey(
+            PG_CLIPFRAC,
+            "share of tokens whose PPO clip binds (surr2 > surr1)",
+            "with the current policy and the advantages, whatever the TIS function",
+        ),
+        MetricKey(
+            PPO_KL,
+            "old - current (k1 of the old policy against the current one)",
+            "with the current policy, whatever the TIS function",
+        ),
         MetricKey(ABS_DIFF, "|old - rollout| (the numerator on the tokens the TIS function keeps)"),
         MetricKey(
             OIS,
@@ -661,7 +734,8 @@ FRAMEWORK = Framework(
     title="slime",
     release="624b824a",
     source=(
-        "slime/backends/megatron_utils/loss.py:884-931, 1031-1033, 1050-1092, 1136-1163, 1317; "
+        "slime/backends/megatron_utils/loss.py:884-931, 964, 1031-1044, 1050-1107, 1136-1163, 1317; "
+        "slime/utils/ppo_utils.py:125-148; "
         "slime/backends/megatron_utils/cp_utils.py:47-124; slime/observability/train_metric_utils.py:18-59; "
         "examples/train_infer_mismatch_helper/mis.py, mis.yaml"
     ),
@@ -669,7 +743,7 @@ FRAMEWORK = Framework(
     keys=_keys(),
     settings=settings,
     left_out=(
-        "left out: pg_loss, pg_clipfrac, ppo_kl, entropy_loss and kl_loss (the loss, its entropies and the reference "
+        "left out: loss, entropy_loss and kl_loss (the whole loss, its entropies and the reference "
         "model), and train_rollout_logprob_abs_diff with use_rollout_logprobs (against the current policy), which "
         "rcdiag does not compute"
     ),

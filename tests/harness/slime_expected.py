@@ -14,6 +14,9 @@ flops modules ``train_metric_utils`` imports for other functions. The keys get `
 On the dumps with the current policy's log-probs (``tests/framework_cases.with_loss_inputs``) the batch's policy
 log-probs are theirs and ``ppo_kl`` is ``policy_loss_function``'s own (its lines for a non-GSPO estimator), so the
 TIS block's ``ois`` is kept; elsewhere the scope gives the current policy the old log-probs and ``ois`` is dropped.
+There, too, a copy of the scope holds the advantages and runs the PPO loss (``compute_policy_loss`` from its lines
+in ``ppo_utils.py``, advantage_estimator grpo, the eps flags' defaults and their resolution from ``arguments.py``),
+the TIS block again on that loss and the reducer's lines: ``pg_loss``, ``pg_clipfrac`` and ``ppo_kl`` as logged.
 """
 
 from __future__ import annotations
@@ -37,6 +40,13 @@ TIS_BLOCK = (LOSS, 1050, 1092)
 REPORTED = (LOSS, 1136, 1163)
 NUM_TOKENS = (LOSS, 1317, 1317)
 PPO_KL = (LOSS, 1031, 1033)
+ADVANTAGES = (LOSS, 964, 964)
+PG_LOSS = (LOSS, 1035, 1044)
+REDUCED = (LOSS, 1094, 1107)
+PPO_UTILS = "slime/utils/ppo_utils.py"
+POLICY_LOSS = (PPO_UTILS, 125, 148)
+EPS_FLAGS = ("slime/utils/arguments.py", 899, 906)
+EPS_HIGH = ("slime/utils/arguments.py", 1876, 1877)
 CP_UTILS = "slime/backends/megatron_utils/cp_utils.py"
 METRIC_UTILS = "slime/observability/train_metric_utils.py"
 MISC = "slime/utils/misc.py"
@@ -79,6 +89,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
         "tis_batch_normalize": False,
     },
     "mis_metrics_only": {"get_mismatch_metrics": True, "custom_tis_function_path": MIS_PATH},
+    "tis_dual_clip": {"use_tis": True, "eps_clip": 0.1, "eps_clip_high": 0.3, "eps_clip_c": 3.0},
 }
 
 
@@ -92,7 +103,17 @@ def argparse_defaults(root: Path) -> dict[str, Any]:
         defaults[flag.replace("-", "_")] = eval(found.group(2))  # a literal: True, False, 2.0, 0, None
     assert "store_true" in lines_of(root, *PER_TOKEN_FLAG)
     defaults["calculate_per_token_loss"] = False
+    eps = lines_of(root, *EPS_FLAGS)
+    for flag in ("eps-clip", "eps-clip-high", "eps-clip-c"):
+        found = re.search(rf'"--{flag}",(.*?)default=([^,\n]+),', eps, re.S)
+        assert found is not None, flag
+        defaults[flag.replace("-", "_")] = eval(found.group(2))  # 0.2, None, None
     return defaults
+
+
+def resolve_eps_clip_high(root: Path, args: argparse.Namespace) -> None:
+    """``arguments.py``'s own lines: no eps_clip_high means eps_clip."""
+    exec(compile(lines_of(root, *EPS_HIGH), "arguments.py", "exec"), {"args": args})
 
 
 def _load(root: Path) -> dict[str, Any]:
@@ -120,7 +141,9 @@ def _load(root: Path) -> dict[str, Any]:
     loss.__dict__.update({"torch": __import__("torch"), "Any": Any})
     exec(compile(lines_of(root, *TIS_FUNCTIONS), LOSS, "exec"), loss.__dict__)
     sys.modules[loss.__name__] = loss
-    return {"misc": misc, "cp_utils": cp_utils, "metric_utils": metric_utils, "loss": loss}
+    ppo_utils: dict[str, Any] = {"torch": __import__("torch")}  # compute_policy_loss alone, from its lines
+    exec(compile(lines_of(root, *POLICY_LOSS), PPO_UTILS, "exec"), ppo_utils)
+    return {"misc": misc, "cp_utils": cp_utils, "metric_utils": metric_utils, "loss": loss, "ppo_utils": ppo_utils}
 
 
 def main() -> None:
@@ -135,6 +158,9 @@ def main() -> None:
     reported = compile(lines_of(root, *REPORTED), LOSS, "exec")
     num_tokens = compile(lines_of(root, *NUM_TOKENS), LOSS, "exec")
     ppo_kl = compile(lines_of(root, *PPO_KL), LOSS, "exec")
+    advantages_line = compile(lines_of(root, *ADVANTAGES), LOSS, "exec")
+    pg_loss_lines = compile(lines_of(root, *PG_LOSS), LOSS, "exec")
+    reduced_lines = compile(lines_of(root, *REDUCED), LOSS, "exec")
 
     def oracle(
         options: Mapping[str, Any], old: Any, rollout: Any, mask: Any, rows: Any, inputs: Any = None
@@ -143,7 +169,10 @@ def main() -> None:
         if values["custom_tis_function_path"] == MIS_PATH:
             values = {**base, **mis_yaml, **options}
             values["use_tis"] = options.get("use_tis", base["use_tis"])  # the flag, not the example's yaml
-        args = argparse.Namespace(use_rollout_logprobs=False, use_kl_loss=False, use_opsm=False, **values)
+        args = argparse.Namespace(
+            use_rollout_logprobs=False, use_kl_loss=False, use_opsm=False, advantage_estimator="grpo", **values
+        )
+        resolve_eps_clip_high(root, args)
         old_list = [torch.from_numpy(a) for a, _, _ in rows]
         rollout_list = [torch.from_numpy(b) for _, b, _ in rows]
         masks = [torch.from_numpy(m.astype("int32")) for _, _, m in rows]
@@ -178,15 +207,25 @@ def main() -> None:
             "entropy_loss": zero,
             "pg_clipfrac": zero,
         }
+        policy = None
         if inputs is not None:  # the current policy's log-probs, and ppo_kl = old - current as slime computes it
             scope.update(old_log_probs=old_list, log_probs=[torch.from_numpy(c) for c, _ in inputs])
             exec(ppo_kl, scope)
+            # the loss on a copy of the scope: the PPO loss of the advantages, through the same TIS block, reduced
+            batch_inputs = {**batch, "advantages": [torch.from_numpy(a) for _, a in inputs]}
+            policy = {**scope, "batch": batch_inputs, "compute_cispo_loss": None, **parts["ppo_utils"]}
+            exec(advantages_line, policy)
+            exec(pg_loss_lines, policy)
         exec(tis_block, scope)
         weight = scope["pg_loss"]
         kept = torch.cat(scope.get("modified_response_masks", masks)) if masks else torch.zeros(0)
+        if policy is not None:
+            exec(tis_block, policy)
+            exec(reduced_lines, policy)
+            scope = policy
         exec(reported, scope)
         exec(num_tokens, scope)
-        left_out = _NOT_FROM_A_DUMP if inputs is None else _NOT_FROM_A_DUMP[:-1]
+        left_out = _NOT_FROM_A_DUMP if inputs is None else _NOT_FROM_A_DUMP[:2]
         log = {k: v for k, v in scope["reported_loss"].items() if k not in left_out}
         values_tensor = torch.tensor(
             [scope["num_tokens"] if args.calculate_per_token_loss else 0, *log.values()]  # loss.py:1355-1366
@@ -223,22 +262,29 @@ def main() -> None:
             pinned(root, MIS_YAML),
             pinned(root, *ARGUMENTS),
             pinned(root, *PER_TOKEN_FLAG),
+            pinned(root, *ADVANTAGES),
+            pinned(root, *PG_LOSS),
+            pinned(root, *REDUCED),
+            pinned(root, *POLICY_LOSS),
+            pinned(root, *EPS_FLAGS),
+            pinned(root, *EPS_HIGH),
         ],
         settings=SETTINGS,
         oracle=oracle,
         with_inputs=True,
         notes=(
             "each view is one micro-batch of one training step; each row a sample, its own rollout",
-            "pg_loss, entropy_loss, pg_clipfrac and ppo_kl need the current policy and advantages: not compared; "
-            "ois (current vs old) only on the dumps with a current policy (elsewhere the scope gives the current "
-            "policy the old log-probs, so ois would read 1)",
+            "loss and entropy_loss (the entropies) are not compared; pg_loss, pg_clipfrac, ppo_kl and ois only on "
+            "the dumps with a current policy and advantages (compute_policy_loss, advantage_estimator grpo, through "
+            "the TIS block and the reducer; elsewhere the scope gives the current policy the old log-probs)",
             "weights: the TIS function's pg_loss (of a loss of ones) times the mask it returns",
         ),
     )
 
 
-_NOT_FROM_A_DUMP = ("loss", "pg_loss", "entropy_loss", "pg_clipfrac", "ppo_kl", "ois")
-"""What the harness does not compare; ``ois``, last, is compared on the dumps with a current policy."""
+_NOT_FROM_A_DUMP = ("loss", "entropy_loss", "pg_loss", "pg_clipfrac", "ppo_kl", "ois")
+"""What the harness does not compare; all but the first two (the whole loss, the entropies) are compared on the dumps
+with a current policy and advantages."""
 
 
 if __name__ == "__main__":
