@@ -342,7 +342,7 @@ class ArealMetrics(FrameworkMetrics):
         else:
             ratio = np.where(keep, exp32(log_ratio), zero)
         stats = {"importance_weight": ratio, "approx_kl": log_ratio, "new_logp": current}
-        self.add(loss_seen=1.0, valid=float(rows.n_tokens))
+        self.add(loss_seen=float(rows.n_rows), valid=float(rows.n_tokens))  # rows, not blocks: however cut
         if advantages is not None:
             high = s.eps_clip if s.eps_clip_higher is None else s.eps_clip_higher
             loss, binds = ppo_clip(ratio, advantages, s.eps_clip, high)
@@ -355,7 +355,11 @@ class ArealMetrics(FrameworkMetrics):
             if weight is not None:
                 loss = loss * weight
             stats.update(actor_loss=loss, clip_ratio=clip.astype(np.float32), dual_clip_ratio=dual.astype(np.float32))
-            self.add(adv_seen=1.0, clipped=float(np.count_nonzero(clip)), dual_clipped=float(np.count_nonzero(dual)))
+            self.add(
+                adv_seen=float(rows.n_rows),
+                clipped=float(np.count_nonzero(clip)),
+                dual_clipped=float(np.count_nonzero(dual)),
+            )
         for name, values in stats.items():
             self.add_spread(name, values)
 

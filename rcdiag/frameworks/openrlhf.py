@@ -178,7 +178,11 @@ class OpenRLHFMetrics(FrameworkMetrics):
         correction's coefficient ``weight`` where it applies; gspo: each response's token mean)."""
         s = self.settings
         raw = current - rows.old
-        self.add(loss_seen=1.0, loss_tokens=float(rows.n_tokens), ppo_kl_sum=float((-raw).astype(np.float64).sum()))
+        self.add(
+            loss_seen=float(rows.n_rows),
+            loss_tokens=float(rows.n_tokens),
+            ppo_kl_sum=float((-raw).astype(np.float64).sum()),
+        )
         if advantages is None:
             return
         if s.loss == "ppo":
@@ -196,7 +200,9 @@ class OpenRLHFMetrics(FrameworkMetrics):
             filled = rows.counts > 0
             means = rows.row_sum(loss)[filled] / rows.counts[filled]
             total, counted = float(means.sum()), float(np.count_nonzero(filled))
-        self.add(clip_seen=1.0, clipped=float(np.count_nonzero(binds)), loss_sum=total, loss_rows=counted)
+        self.add(
+            clip_seen=float(rows.n_rows), clipped=float(np.count_nonzero(binds)), loss_sum=total, loss_rows=counted
+        )
 
     def keys(self) -> list[str]:
         own = [VLLM_KL, *self.weight_keys()] if self.settings.corrects else []

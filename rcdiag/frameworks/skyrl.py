@@ -204,7 +204,6 @@ class SkyRLMetrics(FrameworkMetrics):
         "seq_high": "sum",
         "seq_low": "sum",
         "current_seen": "sum",
-        "blocks": "sum",
         "current_sum": "sum",
         "current_sq_sum": "sum",
         "current_max": "max",
@@ -217,9 +216,9 @@ class SkyRLMetrics(FrameworkMetrics):
         diff = rows.diff
         absdiff = np.abs(diff)
         width = float(rows.raw_counts.max()) if rows.n_rows else -math.inf
-        self.add(rows=float(rows.n_rows), width=width, blocks=1.0)
+        self.add(rows=float(rows.n_rows), width=width)
         if rows.current is not None:
-            self._minibatch(np.abs(rows.current - rows.rollout))
+            self._minibatch(np.abs(rows.current - rows.rollout), rows.n_rows)
         if rows.n_tokens:
             self.add(
                 diff_sum=float(absdiff.astype(np.float64).sum()),
@@ -240,12 +239,12 @@ class SkyRLMetrics(FrameworkMetrics):
             )
         self.add_weights(*self._correct(rows, diff, ratio))
 
-    def _minibatch(self, absdiff: np.ndarray) -> None:
+    def _minibatch(self, absdiff: np.ndarray, n_rows: int) -> None:
         """The valid tokens' |current - rollout| (float32, as the worker subtracts): its sum, sum of squares and
         extremes."""
         x = absdiff.astype(np.float64)
         self.add(
-            current_seen=1.0,
+            current_seen=float(n_rows),  # rows, not blocks: a state is the same however the rows were cut
             current_sum=float(x.sum()),
             current_sq_sum=float(np.square(absdiff).astype(np.float64).sum()),
         )
@@ -341,7 +340,7 @@ class SkyRLMetrics(FrameworkMetrics):
                 parts = (st["seq_masked"], st["seq_high"], st["seq_low"])
                 for part, value in zip(("masked_ratio", "over_high_ratio", "under_low_ratio"), parts, strict=True):
                     values[prefix + part] = value / per_row
-        if st["current_seen"] and st["current_seen"] == st["blocks"]:
+        if st["current_seen"] and st["current_seen"] == st["rows"]:
             values.update(zip(MINIBATCH_KEYS, self._minibatch_values(), strict=True))
         return {**values, **self.weight_values()}, []
 

@@ -236,7 +236,6 @@ class SlimeMetrics(FrameworkMetrics):
         "denominator": "sum",
         "sample": "sums",
         "token": "sums",
-        "blocks": "sum",
         "ois_seen": "sum",
         "ois_sample": "sum",
         "ois_token": "sum",
@@ -278,11 +277,12 @@ class SlimeMetrics(FrameworkMetrics):
             denominator=float(denominator.sum()),
             sample=sample,
             token=token,
-            blocks=1.0,
         )
         if self.settings.runs_tis and rows.current is not None:
             ois = rows.row_sum(exp32(rows.current - rows.old))  # (-ppo_kl).exp(), ppo_kl = old - current
-            self.add(ois_seen=1.0, ois_sample=float((ois / denominator).sum()), ois_token=float(ois.sum()))
+            self.add(
+                ois_seen=float(rows.n_rows), ois_sample=float((ois / denominator).sum()), ois_token=float(ois.sum())
+            )
         if rows.current is not None:
             self._loss(rows, rows.current, weight, kept, denominator)
         self.add_weights(weight * kept, rows, self._truncated(per_token, kept))
@@ -304,8 +304,8 @@ class SlimeMetrics(FrameworkMetrics):
             per_token[:2] = [loss * weight, binds.astype(np.float32)]
         sums = np.array([rows.row_sum(np.where(kept != 0, v, np.float32(0.0))) for v in per_token])
         self.add(
-            kl_seen=1.0,
-            loss_seen=float(advantages is not None),
+            kl_seen=float(rows.n_rows),  # rows, not blocks: a state is the same however the rows were cut
+            loss_seen=float(rows.n_rows) if advantages is not None else 0.0,
             loss_sample=(sums / denominator).sum(axis=1),
             loss_token=sums.sum(axis=1),
         )
@@ -453,7 +453,7 @@ class SlimeMetrics(FrameworkMetrics):
         total, over = ("loss_token", "denominator") if s.per_token else ("loss_sample", "rows")
         seen = {PG_LOSS: "loss_seen", PG_CLIPFRAC: "loss_seen", PPO_KL: "kl_seen"}
         for i, key in enumerate(LOSS_KEYS):
-            if st["blocks"] and st[seen[key]] == st["blocks"]:
+            if st["rows"] and st[seen[key]] == st["rows"]:
                 value = st[total][i] / st[over] if st["rows"] else None
                 values[key] = value / factor if value is not None and key == PG_LOSS else value
         for i, key in enumerate(s.keys()):
@@ -467,7 +467,7 @@ class SlimeMetrics(FrameworkMetrics):
                 filled = st["filled_rows"] if not s.per_token else st["tokens"]
                 value = factor * filled / (st["rows"] if not s.per_token else st["denominator"])
             values[key] = value
-            if key == ABS_DIFF and s.runs_tis and st["blocks"] and st["ois_seen"] == st["blocks"]:
+            if key == ABS_DIFF and s.runs_tis and st["rows"] and st["ois_seen"] == st["rows"]:
                 total, over = ("ois_token", "denominator") if s.per_token else ("ois_sample", "rows")
                 values[OIS] = st[total] / st[over] if st["rows"] else None
         values.update(self.weight_values())

@@ -230,7 +230,7 @@ class TRLMetrics(FrameworkMetrics):
             high_means = rows.row_sum(high) / n
             units, seen = rows.n_tokens, rows.counts > 0  # an empty completion's mean is NaN: left out
         self.add(
-            clip_seen=1.0,
+            clip_seen=float(rows.n_rows),  # rows, not blocks: a state is the same however the rows were cut
             clip_units=float(units),
             clip_low=float(np.count_nonzero(low)),
             clip_high=float(np.count_nonzero(high)),

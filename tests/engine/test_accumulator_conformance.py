@@ -58,6 +58,8 @@ class Data:
     rollout: np.ndarray
     mask: np.ndarray
     ids: np.ndarray
+    current: np.ndarray
+    advantages: np.ndarray
 
     def chunk(self, a: int, b: int) -> Chunk:
         rows, width = self.old[a:b].shape
@@ -68,6 +70,10 @@ class Data:
             mask=self.mask[a:b].astype(bool).reshape(-1),
             tokens=np.ascontiguousarray(self.ids[a:b]).reshape(-1),
             labels={"env": np.array([f"e{row % 3}" for row in range(a, b)], dtype=object)},
+            loss_inputs={  # the current policy and per-token advantages: the --as loss keys' states too
+                "log_prob": np.ascontiguousarray(self.current[a:b]).reshape(-1),
+                "advantages": np.ascontiguousarray(self.advantages[a:b]).reshape(-1),
+            },
         )
 
 
@@ -397,7 +403,9 @@ def _data(seed: int) -> Data:
     old, rollout, mask = random_batch(rng, rows=40, width=30, outliers=0.02)
     ids = rng.integers(0, 50, old.shape).astype(np.int64)
     ids[rng.random(old.shape) < 0.05] = (1 << 22) + rng.integers(0, 3)  # beyond the dense table: the sparse rows
-    return Data(old, rollout, mask, ids)
+    current = (old + rng.normal(0.0, 0.02, old.shape)).astype(np.float32)
+    advantages = rng.normal(0.0, 1.0, old.shape).astype(np.float32)
+    return Data(old, rollout, mask, ids, current, advantages)
 
 
 def _close(a: Any, b: Any, where: str = "") -> None:
