@@ -101,7 +101,7 @@ def analyze(
         >>> report = analyze("sample_data/healthy.parquet", preset("decoupled_geo_rs"))  # doctest: +SKIP
         >>> report.metrics["rollout_corr/kl"]  # doctest: +SKIP
     """
-    config, riding = _framework(framework, framework_options, config)
+    config, riding = framework_sections(framework, framework_options, config)
     micro = [] if microbatch is None else [MicroBatchSection(microbatch)]
     given = [*_explain(explain, worst, sequences, tokenizer, tokens), *sections, *riding, *micro]
     with ledger():  # every output against every input, the tokenizer's file included, before any is read
@@ -135,7 +135,7 @@ def _explain(
     return [ExplainSection(DEFAULT_WORST if worst is None else worst, sequences, tokenizer, tokens)]
 
 
-def _framework(
+def framework_sections(
     framework: str | Chosen | None, options: Mapping[str, Any] | Sequence[str], config: CorrectionConfig | None
 ) -> tuple[CorrectionConfig | None, list[Section]]:
     """``config`` as ``--as verl``'s options set it, or the section computing another framework's keys."""

@@ -13,14 +13,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rcdiag.api.analysis import with_defaults
+from rcdiag.api.analysis import framework_sections, with_defaults
 from rcdiag.api.progress import ProgressCallback
 from rcdiag.api.reading import Accumulated, accumulate, accumulate_chunks, merge_files
 from rcdiag.api.report import analyze_state, build_report
 from rcdiag.api.second_pass import complete_verdict
-from rcdiag.frameworks.registry import choose
 from rcdiag.frameworks.registry import framework as framework_named
-from rcdiag.frameworks.section import FrameworkSection, SettingsSection
+from rcdiag.frameworks.section import SettingsSection
 from rcdiag.frameworks.speak import chosen as spoken_chosen
 from rcdiag.frameworks.speak import effect_of, speak
 from rcdiag.io import Chunk
@@ -71,7 +70,7 @@ def sweep(
     new_state = functools.partial(_new_state, grid.specs(), grid.verl_version, target_reject)
     # the sections every analyze runs (the verdict reads them) and, under --as NAME, NAME's own correction judged on
     # the same pass, as analyze --as judges it (framework_drops_gradient)
-    sections = with_defaults(_riding(framework))
+    sections = with_defaults(framework_sections(framework, (), None)[1])
     accumulated = accumulate(
         path,
         CorrectionConfig(verl_version=grid.verl_version),
@@ -84,14 +83,6 @@ def sweep(
     analysis = _analysis(accumulated, sections)
     report = _report(accumulated, min_ess, complete_verdict(analysis, path, read))
     return report if framework is None else speak_recommendations(report, path, framework, read)
-
-
-def _riding(name: str | None) -> list[Section]:
-    """The section of ``--as name`` at its defaults (none for verl, whose own metrics the sweep already reads)."""
-    if name is None:
-        return []
-    _, riding = choose(name).split(None)
-    return [] if riding is None else [FrameworkSection(riding)]
 
 
 def speak_recommendations(

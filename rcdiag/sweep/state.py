@@ -146,9 +146,9 @@ class SweepState(StepStates[SweepBatch]):
         step's analyze metrics and the whole-dump sections' states, shared with this state (read before the report
         consumes the batches); what the verdict is built from."""
         batches = {step: batch.analyzed() for step, batch in self.batches.items()}
-        state = EngineState(self.resolved, batches, self.rows, self.tokens, self.valid_tokens, dict(self.whole_dump))
-        state.debug = False  # its batches hold no debug group, so the pooled batch holds none either
-        return state
+        whole_dump = dict(self.whole_dump)
+        # debug=False: its batches hold no debug group, so the pooled batch it makes must hold none either
+        return EngineState(self.resolved, batches, self.rows, self.tokens, self.valid_tokens, whole_dump, debug=False)
 
     def merge(self, other: SweepState) -> SweepState:
         if self.grid.specs() != other.grid.specs():
