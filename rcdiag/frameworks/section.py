@@ -77,6 +77,11 @@ class FrameworkState(RowNumbering):
                 pooled.merge(metrics)
         return pooled
 
+    def values(self) -> tuple[StepValues, dict[int, StepValues]]:
+        """The values pooled over the dump, and each numbered step's: what the record shows and the findings read."""
+        steps = {int(step): step_values(m) for step, m in self.steps.items() if step is not None}
+        return step_values(self.pooled()), steps
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "name": self.chosen.name,
@@ -190,8 +195,7 @@ class FrameworkSection(PlainSection):
         if state is None:
             return None
         chosen = state.chosen
-        steps = {int(step): step_values(m) for step, m in state.steps.items() if step is not None}
-        pooled = step_values(state.pooled())
+        pooled, steps = state.values()
         missing = needs_notes(chosen.settings, pooled.metrics)
         return FrameworkRecord(
             name=chosen.name,
@@ -213,8 +217,8 @@ class FrameworkSection(PlainSection):
         steps, takes away most of the gradient (``rcdiag.frameworks.gradient``)."""
         if state is None:
             return []
-        steps = {int(step): step_values(m).extras for step, m in state.steps.items() if step is not None}
-        found = drops_gradient(state.chosen, step_values(state.pooled()).extras, steps)
+        pooled, steps = state.values()
+        found = drops_gradient(state.chosen, pooled.extras, {step: values.extras for step, values in steps.items()})
         return [] if found is None else [found]
 
 

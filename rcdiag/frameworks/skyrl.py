@@ -348,34 +348,40 @@ class SkyRLMetrics(FrameworkMetrics):
         """``compute_minibatch_rollout_logprob_diff_metrics`` on the step padded to its longest row, its float32
         mean and mean square (``.item()``) making the std (``None`` for an empty tensor, whose max raises)."""
         st = self.state
-        n = st["tokens"]
-        width = st["width"] if st["width"] > 0 else 0.0
-        size = st["rows"] * width
+        n, size = st["tokens"], self._padded_size()
         if size == 0:
             return None, None, None, None
         mean = float(np.float32(st["current_sum"] / max(n, 1.0)))
         square = float(np.float32(st["current_sq_sum"] / max(n, 1.0)))
-        top, bottom = (st["current_max"], st["current_min"]) if n else (0.0, 0.0)
+        top, bottom = self._padded_extremes("current", size)
+        return mean, top, bottom, math.sqrt(max(0.0, square - mean**2))
+
+    def _padded_size(self) -> float:
+        """Positions in the step padded to its longest row (rows x width)."""
+        st = self.state
+        return st["rows"] * (st["width"] if st["width"] > 0 else 0.0)
+
+    def _padded_extremes(self, name: str, size: float) -> tuple[float, float]:
+        """The max and min of ``{name}_max``/``{name}_min`` over the padded step, each pad and masked position a 0."""
+        st = self.state
+        n = st["tokens"]
+        top, bottom = (st[f"{name}_max"], st[f"{name}_min"]) if n else (0.0, 0.0)
         if size > n:
             top, bottom = max(top, 0.0), min(bottom, 0.0)
-        return mean, top, bottom, math.sqrt(max(0.0, square - mean**2))
+        return top, bottom
 
     def _padded_ratio(self) -> tuple[MetricValue, MetricValue, MetricValue, MetricValue]:
         """``is_ratio_mean`` (masked) and the std, max and min of ``ratio * loss_mask`` over the step padded to
         its longest row, each pad and masked position a 0."""
         st = self.state
-        n = st["tokens"]
-        width = st["width"] if st["width"] > 0 else 0.0
-        size = st["rows"] * width
+        n, size = st["tokens"], self._padded_size()
         mean = st["ratio_sum"] / max(n, 1.0)
         if size == 0:
             return mean, None, None, None  # SkyRL's max of an empty tensor raises
         zeros = size - n
         padded = st["ratio"].merge(Moments(zeros, 0.0, 0.0)) if zeros else st["ratio"]
         std = math.sqrt(padded.m2 / (size - 1)) if size > 1 else math.nan
-        top, bottom = (st["ratio_max"], st["ratio_min"]) if n else (0.0, 0.0)
-        if zeros:
-            top, bottom = max(top, 0.0), min(bottom, 0.0)
+        top, bottom = self._padded_extremes("ratio", size)
         return mean, std, top, bottom
 
 
